@@ -1,0 +1,32 @@
+"""eagle_kernels: kernels for EAGLE-style speculative decoding.
+
+Five ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
+``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``. Each dispatches by device to the
+C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
+says which.
+"""
+
+import warnings
+
+from . import _dispatch, _registration, reference
+from ._dispatch import backend_of
+from ._types import DraftCandidates, Tree, VerifyOutput
+from .ops import build_tree, compact_kv, draft_expand, tree_attention, verify
+
+__version__ = "0.1.0"
+
+if not _dispatch.HAS_CPP:
+    warnings.warn(
+        "eagle_kernels: the C++ extension eagle_kernels._C is not available "
+        f"({_dispatch.CPP_IMPORT_ERROR}); every op without a Triton kernel runs on the "
+        "PyTorch reference path. Reinstall with a C++ compiler to get the native kernels.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+_registration.register()
+
+__all__ = [
+    "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv",
+    "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
+]

@@ -1,0 +1,243 @@
+"""Input validation and output shapes shared by every backend and by the fake kernels.
+
+Each ``check_<op>`` takes the op's contract signature plus ``values``: whether to run the
+checks that read tensor data (they synchronise with the host, so the dispatcher runs them on
+CPU tensors always and on CUDA tensors only with ``EAGLE_KERNELS_CHECK_VALUES=1``). Every
+failure is a ``ValueError`` whose message starts with the name of the offending argument.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _fail(name: str, expected: str, got) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None):
+    """Validate one tensor argument. ``dtype`` may be a dtype or a tuple of dtypes; ``shape``
+    entries may be ``None`` for "any size"."""
+    if not isinstance(t, torch.Tensor):
+        _fail(name, "a torch.Tensor", type(t).__name__)
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in allowed:
+            _fail(name, "dtype " + " or ".join(str(d) for d in allowed), t.dtype)
+    if ndim is not None and t.dim() != ndim:
+        _fail(name, f"{ndim} dimensions", f"shape {tuple(t.shape)}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(e is not None and e != g for e, g in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+            _fail(name, f"shape {want}", f"shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        _fail(name, f"a tensor on {device} like the other inputs", f"one on {t.device}")
+
+
+def values_checked(device: torch.device) -> bool:
+    """Whether data-reading checks run for tensors on ``device`` (see module docstring)."""
+    if device.type in ("cpu",):
+        return True
+    return os.environ.get("EAGLE_KERNELS_CHECK_VALUES", "0") == "1"
+
+
+def mask_words(num_nodes: int) -> int:
+    """Number of int64 words per tree-mask row."""
+    return (num_nodes + 63) // 64
+
+
+def kv_capacity(k_cache, block_table, layered: bool = False) -> int:
+    """Positions per request a cache can hold (contiguous: S; paged: pages * page_size)."""
+    dims = k_cache.shape[1:] if layered else k_cache.shape
+    if block_table is None:
+        return dims[1]
+    return block_table.shape[1] * dims[1]
+
+
+def _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, batch, layered, device):
+    """Shared by tree_attention (rank 4) and compact_kv (rank 4, or 5 with a layer dim)."""
+    ndims = (4, 5) if layered else (4,)
+    if k_cache.dim() not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        _fail("k_cache", f"{want} dimensions", f"shape {tuple(k_cache.shape)}")
+    check_tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=device)
+    check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, ndim=1, device=device)
+    if batch is None:
+        batch = cache_seqlens.shape[0]
+    check_tensor("cache_seqlens", cache_seqlens, shape=(batch,))
+    dims = k_cache.shape[1:] if k_cache.dim() == 5 else k_cache.shape
+    if block_table is None:
+        if dims[0] != batch:
+            _fail("k_cache", f"batch dim {batch} (contiguous cache [B, S, Hkv, D])", f"shape {tuple(k_cache.shape)}")
+    else:
+        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=device)
+        check_tensor("block_table", block_table, shape=(batch, None))
+    return batch
+
+
+def _check_kv_values(k_cache, cache_seqlens, block_table, needed, name_needed):
+    """``needed`` [B]: positions each request must be able to address."""
+    layered = k_cache.dim() == 5
+    capacity = kv_capacity(k_cache, block_table, layered)
+    if bool((cache_seqlens < 0).any()):
+        _fail("cache_seqlens", "non-negative lengths", cache_seqlens.tolist())
+    if bool((needed > capacity).any()):
+        _fail("cache_seqlens", f"{name_needed} <= cache capacity {capacity}", needed.tolist())
+    if block_table is not None:
+        num_pages = k_cache.shape[1] if layered else k_cache.shape[0]
+        page_size = k_cache.shape[2] if layered else k_cache.shape[1]
+        pages_used = (needed + page_size - 1) // page_size
+        cols = torch.arange(block_table.shape[1], device=block_table.device)
+        used = cols[None, :] < pages_used[:, None]
+        bad = used & ((block_table < 0) | (block_table >= num_pages))
+        if bool(bad.any()):
+            _fail("block_table", f"page ids in [0, {num_pages}) for the pages in use", block_table.tolist())
+
+
+# --------------------------------------------------------------------------- tree_attention
+def check_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None,
+                         sm_scale=None, values=True):
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=4)
+    device = q.device
+    B, N, Hq, D = q.shape
+    check_tensor("k_cache", k_cache, dtype=q.dtype, ndim=4, device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, B, False, device)
+    Hkv = k_cache.shape[2]
+    if Hkv == 0 or Hq % Hkv != 0:
+        _fail("k_cache", f"a KV head count dividing Hq = {Hq}", Hkv)
+    if k_cache.shape[3] != D:
+        _fail("k_cache", f"head dim {D} as in q", k_cache.shape[3])
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, N, mask_words(N)), device=device)
+    if sm_scale is not None and not isinstance(sm_scale, (float, int)):
+        _fail("sm_scale", "a float or None", type(sm_scale).__name__)
+    if values and values_checked(device):
+        _check_kv_values(k_cache, cache_seqlens, block_table, cache_seqlens.long() + N,
+                         "cache_seqlens + N")
+
+
+def tree_attention_shape(q, *args, **kwargs):
+    return q.shape
+
+
+# ----------------------------------------------------------------------------- draft_expand
+def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, values=True):
+    check_tensor("logits", logits, dtype=FLOAT_DTYPES, ndim=3)
+    B, M, V = logits.shape
+    device = logits.device
+    check_tensor("frontier_scores", frontier_scores, dtype=torch.float32, shape=(B, M), device=device)
+    if not isinstance(top_k, int) or not 1 <= top_k <= V:
+        _fail("top_k", f"an int in [1, V = {V}]", top_k)
+    if M == 0 or V == 0:
+        _fail("logits", "at least one frontier node and one vocabulary entry", f"shape {tuple(logits.shape)}")
+    if d2t is not None:
+        check_tensor("d2t", d2t, dtype=torch.int64, shape=(V,), device=device)
+
+
+def draft_expand_shapes(logits, frontier_scores, top_k, **_):
+    B, M, _V = logits.shape
+    return (B, M * top_k), (B, M * top_k), (B, top_k)
+
+
+# ------------------------------------------------------------------------------- build_tree
+def check_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes, *, values=True):
+    check_tensor("cand_tokens", cand_tokens, dtype=torch.int64, ndim=2)
+    B, C = cand_tokens.shape
+    device = cand_tokens.device
+    check_tensor("root_tokens", root_tokens, dtype=torch.int64, shape=(B,), device=device)
+    check_tensor("cand_scores", cand_scores, dtype=torch.float32, shape=(B, C), device=device)
+    check_tensor("cand_parents", cand_parents, dtype=torch.int32, shape=(B, C), device=device)
+    if not isinstance(num_nodes, int) or num_nodes < 1:
+        _fail("num_nodes", "an int >= 1", num_nodes)
+    if num_nodes - 1 > C:
+        _fail("num_nodes", f"num_nodes - 1 <= C = {C} candidates in cand_tokens", num_nodes)
+    if values and values_checked(device) and C > 0:
+        index = torch.arange(C, device=device, dtype=torch.int32)
+        if bool(((cand_parents < -1) | (cand_parents >= index)).any()):
+            _fail("cand_parents", "-1 <= cand_parents[b, c] < c", cand_parents.tolist())
+        # The contract's closure argument (selection contains every selected node's
+        # ancestors) needs children never to outscore their parents.
+        scores = torch.nan_to_num(cand_scores, nan=float("-inf"))
+        parent_scores = torch.gather(scores, 1, cand_parents.clamp(min=0).long())
+        outscores = (cand_parents >= 0) & (scores > parent_scores)
+        if bool(outscores.any()):
+            b, c = (int(i) for i in outscores.nonzero()[0])
+            _fail("cand_scores", "no candidate scoring above its parent",
+                  f"candidate {c} of request {b} above its parent {int(cand_parents[b, c])}")
+
+
+def build_tree_shapes(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes):
+    B = cand_tokens.shape[0]
+    return (B, num_nodes), (B, num_nodes), (B, num_nodes), (B, num_nodes, mask_words(num_nodes))
+
+
+# ----------------------------------------------------------------------------------- verify
+def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
+                 top_p=None, seed=None, offset=None, values=True):
+    check_tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, ndim=3)
+    B, N, V = target_logits.shape
+    device = target_logits.device
+    check_tensor("tokens", tokens, dtype=torch.int64, shape=(B, N), device=device)
+    check_tensor("parents", parents, dtype=torch.int32, shape=(B, N), device=device)
+    if not isinstance(max_depth, int) or max_depth < 0:
+        _fail("max_depth", "an int >= 0", max_depth)
+    if N == 0 or V == 0:
+        _fail("target_logits", "at least one node and one vocabulary entry", f"shape {tuple(target_logits.shape)}")
+    optional = (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+                ("top_p", top_p, torch.float32), ("seed", seed, torch.int64),
+                ("offset", offset, torch.int64))
+    for name, t, dtype in optional:
+        if t is not None:
+            check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
+    if not (values and values_checked(device)):
+        return
+    index = torch.arange(N, device=device, dtype=torch.int32)
+    if bool((parents[:, 0] != -1).any()):
+        _fail("parents", "parents[:, 0] == -1 (node 0 is the root)", parents[:, 0].tolist())
+    if N > 1 and bool(((parents[:, 1:] < 0) | (parents[:, 1:] >= index[1:])).any()):
+        _fail("parents", "0 <= parents[b, i] < i for i >= 1", parents.tolist())
+    if N > 1 and bool(((tokens[:, 1:] < 0) | (tokens[:, 1:] >= V)).any()):
+        _fail("tokens", f"draft tokens in [0, V = {V})", tokens.tolist())
+    if temperature is not None and bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
+        _fail("temperature", "finite values >= 0", temperature.tolist())
+    if top_k is not None and bool((top_k < 0).any()):
+        _fail("top_k", "values >= 0", top_k.tolist())
+    if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
+        _fail("top_p", "values in (0, 1]", top_p.tolist())
+
+
+def verify_shapes(tokens, parents, target_logits, *, max_depth, **_):
+    B = target_logits.shape[0]
+    return (B,), (B, max_depth + 1), (B, max_depth + 1), (B,)
+
+
+# ------------------------------------------------------------------------------- compact_kv
+def check_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None,
+                     values=True):
+    check_tensor("k_cache", k_cache, dtype=FLOAT_DTYPES)
+    device = k_cache.device
+    check_tensor("accept_nodes", accept_nodes, dtype=torch.int32, ndim=2, device=device)
+    B, A = accept_nodes.shape
+    if A < 1:
+        _fail("accept_nodes", "shape [B, max_depth + 1] with max_depth >= 0", f"shape {tuple(accept_nodes.shape)}")
+    check_tensor("accept_len", accept_len, dtype=torch.int32, shape=(B,), device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, B, True, device)
+    if not (values and values_checked(device)):
+        return
+    if bool(((accept_len < 0) | (accept_len >= A)).any()):
+        _fail("accept_len", f"values in [0, {A - 1}]", accept_len.tolist())
+    steps = torch.arange(A, device=device)
+    on_path = steps[None, :] <= accept_len[:, None]
+    nodes = accept_nodes.long()
+    if bool((on_path[:, 0] & (nodes[:, 0] != 0)).any()):
+        _fail("accept_nodes", "accept_nodes[:, 0] == 0 (the root)", accept_nodes.tolist())
+    rising = nodes[:, 1:] > nodes[:, :-1]
+    if A > 1 and bool((on_path[:, 1:] & ~rising).any()):
+        _fail("accept_nodes", "strictly increasing node indices along the accepted path", accept_nodes.tolist())
+    last = torch.gather(nodes, 1, accept_len.long()[:, None])[:, 0]
+    _check_kv_values(k_cache, cache_seqlens, block_table, cache_seqlens.long() + last + 1,
+                     "cache_seqlens + accept_nodes[accept_len] + 1")

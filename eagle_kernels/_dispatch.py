@@ -1,0 +1,124 @@
+"""Which implementation of an op runs for a device, and the callables for each backend.
+
+Backends (docs/design.md): ``reference`` (plain PyTorch), ``cpp`` (csrc/: C++ on CPU, CUDA on
+GPU, reached through the registered ``torch.ops.eagle_kernels`` operator) and ``triton``
+(eagle_kernels/triton/, on CPU tensors only under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import warnings
+
+import torch
+
+from . import _checks, _types, reference
+from ._schemas import OPS
+
+BACKENDS = ("reference", "cpp", "triton")
+BACKEND_ENV = "EAGLE_KERNELS_BACKEND"
+
+RESULT_TYPES = {
+    "draft_expand": _types.DraftCandidates,
+    "build_tree": _types.Tree,
+    "verify": _types.VerifyOutput,
+}
+
+CHECKS = {op: getattr(_checks, f"check_{op}") for op in OPS}
+
+try:
+    importlib.import_module("eagle_kernels._C")  # registers the native operators
+
+    HAS_CPP = True
+    CPP_IMPORT_ERROR = None
+except ImportError as error:  # no compiler at install time, or a broken build
+    HAS_CPP = False
+    CPP_IMPORT_ERROR = error
+
+# (op, device type) pairs served by a native kernel; filled by _registration before it adds
+# the Python routing kernels to the free dispatch keys.
+NATIVE_KERNELS: set[tuple[str, str]] = set()
+
+
+def _device_type(device) -> str:
+    return torch.device(device).type if not isinstance(device, str) or ":" in device else device
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_function(op: str):
+    try:
+        module = importlib.import_module(f"eagle_kernels.triton.{op}")
+    except ImportError:  # no such kernel yet, or triton missing
+        return None
+    return getattr(module, op, None)
+
+
+def _cpp_callable(op: str):
+    native = getattr(torch.ops.eagle_kernels, op)
+    result_type = RESULT_TYPES.get(op)
+    check = CHECKS[op]
+
+    def run(*args, **kwargs):
+        check(*args, **kwargs)
+        out = native(*args, **kwargs)
+        return result_type(*out) if result_type is not None else out
+
+    run.__name__ = f"{op}_cpp"
+    return run
+
+
+def implementation(op: str, backend: str, device) -> tuple[object, str]:
+    """``(callable, "")`` for ``backend``'s implementation of ``op`` on ``device``, or
+    ``(None, reason)`` when there is none."""
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
+    device_type = _device_type(device)
+    if backend == "reference":
+        return getattr(reference, op), ""
+    if backend == "cpp":
+        if not HAS_CPP:
+            return None, f"the C++ extension is not built ({CPP_IMPORT_ERROR})"
+        if (op, device_type) not in NATIVE_KERNELS:
+            return None, f"no native {op} kernel for {device_type} tensors yet"
+        return _cpp_callable(op), ""
+    if backend == "triton":
+        if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return None, "triton runs CPU tensors only under TRITON_INTERPRET=1"
+        fn = _triton_function(op)
+        if fn is None:
+            return None, f"no triton {op} kernel yet"
+        return fn, ""
+    raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_forced_fallback(op: str, forced: str, device_type: str, reason: str) -> None:
+    warnings.warn(f"{BACKEND_ENV}={forced}: {reason}; {op} on {device_type} runs the reference",
+                  stacklevel=3)
+
+
+def backend_of(op: str, device) -> str:
+    """Name of the backend ``eagle_kernels.<op>`` uses for tensors on ``device``."""
+    device_type = _device_type(device)
+    forced = os.environ.get(BACKEND_ENV, "auto")
+    if forced != "auto":
+        if forced not in BACKENDS:
+            raise ValueError(f"{BACKEND_ENV}: expected auto or one of {BACKENDS}, got {forced!r}")
+        fn, reason = implementation(op, forced, device_type)
+        if fn is None:
+            _warn_forced_fallback(op, forced, device_type, reason)
+            return "reference"
+        return forced
+    preference = ("cpp", "triton") if device_type == "cuda" else ("cpp",)
+    for backend in preference:
+        if implementation(op, backend, device_type)[0] is not None:
+            return backend
+    return "reference"
+
+
+def run(op: str, device, *args, **kwargs):
+    """Run ``op`` on the backend chosen for ``device``."""
+    fn, _ = implementation(op, backend_of(op, device), device)
+    return fn(*args, **kwargs)

@@ -1,0 +1,89 @@
+"""Registration of ``torch.ops.eagle_kernels``: schemas, routing kernels and fakes.
+
+The C++ extension defines the schemas and registers its native kernels for the CPU/CUDA keys.
+Every key it leaves free gets a Python kernel that routes through ``backend_of``; without the
+extension the schemas are defined here from ``_schemas.SCHEMAS``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _dispatch
+from ._schemas import OPS, SCHEMAS
+
+_DEVICE_KEYS = (("cpu", "CPU"), ("cuda", "CUDA"))
+_libraries: list[torch.library.Library] = []  # registrations live as long as these objects
+
+
+def _routing_kernel(op: str, device_type: str):
+    def kernel(*args, **kwargs):
+        out = _dispatch.run(op, device_type, *args, **kwargs)
+        return tuple(out) if isinstance(out, tuple) else out
+
+    kernel.__name__ = f"{op}_{device_type}_router"
+    return kernel
+
+
+def _fake_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None,
+                         sm_scale=None):
+    _checks.check_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
+                                 block_table=block_table, sm_scale=sm_scale, values=False)
+    return q.new_empty(_checks.tree_attention_shape(q))
+
+
+def _fake_draft_expand(logits, frontier_scores, top_k, *, d2t=None):
+    _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t, values=False)
+    tokens, scores, frontier = _checks.draft_expand_shapes(logits, frontier_scores, top_k)
+    return (logits.new_empty(tokens, dtype=torch.int64), logits.new_empty(scores, dtype=torch.float32),
+            logits.new_empty(frontier, dtype=torch.int32))
+
+
+def _fake_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes):
+    _checks.check_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes,
+                             values=False)
+    shapes = _checks.build_tree_shapes(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes)
+    dtypes = (torch.int64, torch.int32, torch.int32, torch.int64)
+    return tuple(cand_tokens.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
+
+
+def _fake_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
+                 top_p=None, seed=None, offset=None):
+    _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
+                         top_k=top_k, top_p=top_p, seed=seed, offset=offset, values=False)
+    shapes = _checks.verify_shapes(tokens, parents, target_logits, max_depth=max_depth)
+    dtypes = (torch.int32, torch.int32, torch.int64, torch.int32)
+    return tuple(target_logits.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
+
+
+def _fake_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None):
+    _checks.check_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len,
+                             block_table=block_table, values=False)
+
+
+FAKES = {
+    "tree_attention": _fake_tree_attention,
+    "draft_expand": _fake_draft_expand,
+    "build_tree": _fake_build_tree,
+    "verify": _fake_verify,
+    "compact_kv": _fake_compact_kv,
+}
+
+
+def register() -> None:
+    if not _dispatch.HAS_CPP:
+        definitions = torch.library.Library("eagle_kernels", "DEF")
+        for schema in SCHEMAS.values():
+            definitions.define(schema)
+        _libraries.append(definitions)
+    for op in OPS:
+        for device_type, key in _DEVICE_KEYS:
+            if torch._C._dispatch_has_kernel_for_dispatch_key(f"eagle_kernels::{op}", key):
+                _dispatch.NATIVE_KERNELS.add((op, device_type))
+    kernels = torch.library.Library("eagle_kernels", "IMPL")
+    for op in OPS:
+        for device_type, key in _DEVICE_KEYS:
+            if (op, device_type) not in _dispatch.NATIVE_KERNELS:
+                kernels.impl(op, _routing_kernel(op, device_type), key)
+        torch.library.register_fake(f"eagle_kernels::{op}", FAKES[op], lib=kernels)
+    _libraries.append(kernels)

@@ -1,0 +1,32 @@
+"""Operator schemas of ``torch.ops.eagle_kernels``.
+
+The C++ extension defines the same strings in ``csrc/torch_bindings.cpp``; this copy defines
+the library when the extension is not built. ``python_tests/test_registration.py`` keeps the
+two identical.
+"""
+
+SCHEMAS = {
+    "tree_attention": (
+        "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
+        "Tensor? tree_mask=None, *, Tensor? block_table=None, float? sm_scale=None) -> Tensor"
+    ),
+    "draft_expand": (
+        "draft_expand(Tensor logits, Tensor frontier_scores, int top_k, *, Tensor? d2t=None) "
+        "-> (Tensor, Tensor, Tensor)"
+    ),
+    "build_tree": (
+        "build_tree(Tensor root_tokens, Tensor cand_tokens, Tensor cand_scores, "
+        "Tensor cand_parents, int num_nodes) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "verify": (
+        "verify(Tensor tokens, Tensor parents, Tensor target_logits, *, int max_depth, "
+        "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, "
+        "Tensor? offset=None) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "compact_kv": (
+        "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
+        "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()"
+    ),
+}
+
+OPS = tuple(SCHEMAS)

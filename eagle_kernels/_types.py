@@ -1,0 +1,34 @@
+"""Result types of the ops (NamedTuples, so they unpack like the registered ops' tuples)."""
+
+from typing import NamedTuple
+
+import torch
+
+
+class Tree(NamedTuple):
+    """A verify tree. Shapes: tokens int64 [B, N], parents int32 [B, N],
+    depths int32 [B, N], mask int64 [B, N, ceil(N / 64)]."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    mask: torch.Tensor
+
+
+class DraftCandidates(NamedTuple):
+    """One depth of expansion. Shapes: tokens int64 [B, M * top_k],
+    scores float32 [B, M * top_k], frontier int32 [B, top_k]."""
+
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    frontier: torch.Tensor
+
+
+class VerifyOutput(NamedTuple):
+    """Verification result. Shapes: accept_len int32 [B], accept_nodes int32
+    [B, max_depth + 1], out_tokens int64 [B, max_depth + 1], status int32 [B]."""
+
+    accept_len: torch.Tensor
+    accept_nodes: torch.Tensor
+    out_tokens: torch.Tensor
+    status: torch.Tensor

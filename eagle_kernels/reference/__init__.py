@@ -1,0 +1,14 @@
+"""Readable PyTorch implementations of every op: the truth the kernels are tested against.
+
+They follow the contract line by line, run on any device, and compute in float64 when given
+float64 inputs. They are slow on purpose: loops over requests and nodes read like the spec.
+"""
+
+from .build_tree import build_tree
+from .compact_kv import compact_kv
+from .draft_expand import draft_expand
+from .random import philox4x32, uniform
+from .tree_attention import tree_attention
+from .verify import verify
+
+__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "philox4x32", "uniform"]

@@ -1,0 +1,162 @@
+"""Reference ``verify``: greedy and lossless sampling verification of a draft tree.
+
+Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) generalised to trees whose
+draft children are deterministic (EAGLE-2, Li et al. 2024, §4): at node ``u`` the children are
+tried in node order; child ``c`` with token ``x`` is accepted with probability ``p_u(x)``
+under the *current* residual ``p_u``; a rejection zeroes ``p_u(x)`` and renormalises. When
+every child fails, or ``u`` is a leaf, the bonus token is drawn from the residual. The emitted
+sequence then has exactly the target distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _checks
+from .._types import VerifyOutput
+from .random import ACCEPT_DRAW, BONUS_DRAW, uniform
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Probabilities are float32, float64 when the logits are float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def row_is_bad(row: torch.Tensor) -> bool:
+    """NaN or +inf anywhere, or no finite entry (-inf alone is an ordinary mask)."""
+    return bool(torch.isnan(row).any() or torch.isposinf(row).any() or not torch.isfinite(row).any())
+
+
+def greedy_token(row: torch.Tensor) -> int:
+    """argmax with ties to the smaller id (torch.argmax returns the first maximum)."""
+    return int(torch.argmax(row))
+
+
+def fallback_token(root_row: torch.Tensor) -> int:
+    """Bonus token of a request with a bad row: argmax over its finite root logits, else 0."""
+    finite = torch.isfinite(root_row)
+    if not bool(finite.any()):
+        return 0
+    masked = torch.where(finite, root_row, torch.full_like(root_row, float("-inf")))
+    return greedy_token(masked)
+
+
+def mass_strictly_above(p: torch.Tensor) -> torch.Tensor:
+    """For each x, the total probability of the tokens strictly more probable than x
+    (ties share one value, so the top-p filter never splits a tie)."""
+    ascending, _ = torch.sort(p.to(torch.float64))
+    # suffix[i] = sum of ascending[i:], with suffix[len] = 0.
+    suffix = torch.cat([ascending.flip(0).cumsum(0).flip(0), ascending.new_zeros(1)])
+    first_strictly_above = torch.searchsorted(ascending, p.to(torch.float64), right=True)
+    return suffix[first_strictly_above]
+
+
+def sampling_probs(row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """``p_u`` of the contract: logits / temperature -> top-k -> softmax -> top-p -> renormalise.
+
+    Ties are kept together by both filters: top-k keeps ``x`` iff fewer than ``k`` logits are
+    strictly larger, top-p keeps ``x`` iff the mass strictly more probable than ``x`` is below
+    ``top_p``.
+    """
+    dtype = compute_dtype(row.dtype)
+    scaled = row.to(dtype) / torch.tensor(temperature, dtype=torch.float32).to(dtype)
+    if top_k > 0:
+        ascending, _ = torch.sort(scaled)
+        strictly_larger = scaled.numel() - torch.searchsorted(ascending, scaled, right=True)
+        scaled = torch.where(strictly_larger < top_k, scaled, torch.full_like(scaled, float("-inf")))
+    probs = torch.softmax(scaled, dim=0)
+    if top_p < 1.0:
+        keep = mass_strictly_above(probs) < top_p
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
+    return probs
+
+
+def sample_inverse_cdf(weights: torch.Tensor, coin: float) -> int:
+    """Smallest x with cumsum(weights)[x] > coin * sum(weights), summed in float64 in token
+    order; the largest x with positive weight if rounding leaves none."""
+    cumulative = weights.to(torch.float64).cumsum(0)
+    target = coin * float(cumulative[-1])
+    above = torch.nonzero(cumulative > target)
+    if above.numel() > 0:
+        return int(above[0, 0])
+    return int(torch.nonzero(weights > 0)[-1, 0])
+
+
+def children_of(parents_row: torch.Tensor, node: int) -> list[int]:
+    return [int(c) for c in torch.nonzero(parents_row == node).flatten()]
+
+
+def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
+           seed=None, offset=None) -> VerifyOutput:
+    """Verify a batch of draft trees against the target's logits.
+
+    Shapes
+    ------
+    tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V] (any float dtype);
+    optional per-request temperature float32 [B] (0 = greedy row), top_k int32 [B] (0 = off),
+    top_p float32 [B] (1 = off), seed int64 [B], offset int64 [B].
+
+    Returns
+    -------
+    VerifyOutput(accept_len int32 [B], accept_nodes int32 [B, max_depth + 1],
+    out_tokens int64 [B, max_depth + 1], status int32 [B]); padding is -1.
+    """
+    _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
+                         top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+    B, N, V = target_logits.shape
+    device = target_logits.device
+    accept_len = torch.zeros(B, dtype=torch.int32, device=device)
+    accept_nodes = torch.full((B, max_depth + 1), -1, dtype=torch.int32, device=device)
+    out_tokens = torch.full((B, max_depth + 1), -1, dtype=torch.int64, device=device)
+    status = torch.zeros(B, dtype=torch.int32, device=device)
+
+    for b in range(B):
+        row_temperature = 0.0 if temperature is None else float(temperature[b])
+        row_top_k = 0 if top_k is None else int(top_k[b])
+        row_top_p = 1.0 if top_p is None else float(top_p[b])
+        row_seed = 0 if seed is None else int(seed[b])
+        row_offset = 0 if offset is None else int(offset[b])
+        logits = target_logits[b]
+
+        path, emitted, bad = [0], [], False
+        node = 0
+        while True:
+            row = logits[node]
+            if row_is_bad(row):
+                bad = True
+                break
+            children = children_of(parents[b], node) if len(path) <= max_depth else []
+            if row_temperature == 0.0:
+                target_token = greedy_token(row)
+                child = next((c for c in children if int(tokens[b, c]) == target_token), None)
+                if child is None:
+                    emitted.append(target_token)
+                    break
+            else:
+                weights = sampling_probs(row, row_temperature, row_top_k, row_top_p)
+                child = None
+                for c in children:
+                    x = int(tokens[b, c])
+                    mass = float(weights.to(torch.float64).sum())
+                    coin = float(uniform(row_seed, row_offset, c, ACCEPT_DRAW))
+                    if weights[x] > 0 and coin < float(weights[x]) / mass:
+                        child = c
+                        break
+                    weights = weights.clone()
+                    weights[x] = 0
+                if child is None:
+                    coin = float(uniform(row_seed, row_offset, node, BONUS_DRAW))
+                    emitted.append(sample_inverse_cdf(weights, coin))
+                    break
+            path.append(child)
+            emitted.append(int(tokens[b, child]))
+            node = child
+
+        if bad:
+            status[b] = 1
+            path, emitted = [0], [fallback_token(logits[0])]
+        accept_len[b] = len(path) - 1
+        accept_nodes[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
+        out_tokens[b, : len(emitted)] = torch.tensor(emitted, dtype=torch.int64)
+    return VerifyOutput(accept_len, accept_nodes, out_tokens, status)

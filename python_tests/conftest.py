@@ -1,0 +1,64 @@
+"""Shared fixtures: every test body runs once per backend against the reference."""
+
+import os
+
+# The Triton interpreter must be chosen before triton is first imported, so that the
+# triton backend runs on CPU tensors in tests.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from eagle_kernels import _dispatch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+    config.addinivalue_line("markers", "slow: statistical tests that take seconds")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="no CUDA device on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(params=_dispatch.BACKENDS)
+def backend(request):
+    """Name of the backend under test: reference, cpp or triton."""
+    return request.param
+
+
+@pytest.fixture
+def op_impl(backend):
+    """``op_impl("verify")`` is the current backend's implementation for CPU tensors
+    (Triton under the interpreter); skips when that backend has no kernel for the op."""
+
+    def get(op):
+        fn, reason = _dispatch.implementation(op, backend, "cpu")
+        if fn is None:
+            pytest.skip(reason)
+        return fn
+
+    return get
+
+
+@pytest.fixture
+def gpu_op_impl():
+    """Like ``op_impl`` but for CUDA tensors and the path ``eagle_kernels.<op>`` takes there."""
+    if not HAS_CUDA:
+        pytest.skip("no CUDA device on this machine")
+
+    def get(op):
+        backend = _dispatch.backend_of(op, "cuda")
+        fn, reason = _dispatch.implementation(op, backend, "cuda")
+        if fn is None:
+            pytest.skip(reason)
+        return fn
+
+    return get

@@ -1,0 +1,191 @@
+"""Operator registration, fakes, opcheck and backend selection."""
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import eagle_kernels
+from eagle_kernels import _dispatch
+from eagle_kernels._schemas import OPS, SCHEMAS
+
+
+def small_inputs(op):
+    """A valid call of each op on small CPU tensors: (args, kwargs)."""
+    g = torch.Generator().manual_seed(0)
+    if op == "tree_attention":
+        B, N, Hq, Hkv, D, S = 2, 5, 4, 2, 16, 16
+        q = torch.randn(B, N, Hq, D, generator=g)
+        k = torch.randn(B, S, Hkv, D, generator=g)
+        v = torch.randn(B, S, Hkv, D, generator=g)
+        seqlens = torch.tensor([3, 7], dtype=torch.int32)
+        parents = torch.tensor([-1, 0, 0, 1, 2])
+        mask = torch.zeros(B, N, 1, dtype=torch.int64)
+        for i in range(N):
+            node = i
+            while node >= 0:
+                mask[:, i, 0] |= 1 << node
+                node = int(parents[node])
+        return (q, k, v, seqlens, mask), {"sm_scale": 0.3}
+    if op == "draft_expand":
+        return (torch.randn(2, 3, 11, generator=g), torch.randn(2, 3, generator=g), 4), {
+            "d2t": torch.arange(11, dtype=torch.int64) * 2}
+    if op == "build_tree":
+        root = torch.tensor([1, 2])
+        tokens = torch.arange(12).reshape(2, 6)
+        scores = torch.tensor([[-0.1, -0.5, -0.3, -0.2, -0.9, -0.6]] * 2)
+        parents = torch.tensor([[-1, -1, 0, 0, 1, 1]] * 2, dtype=torch.int32)
+        return (root, tokens, scores, parents, 5), {}
+    if op == "verify":
+        tokens = torch.tensor([[9, 1, 2, 3], [9, 3, 2, 1]])
+        parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32)
+        logits = torch.randn(2, 4, 6, generator=g)
+        return (tokens, parents, logits), {
+            "max_depth": 2, "temperature": torch.tensor([0.0, 0.8]),
+            "top_k": torch.tensor([0, 3], dtype=torch.int32), "top_p": torch.tensor([1.0, 0.9]),
+            "seed": torch.tensor([1, 2]), "offset": torch.tensor([0, 5])}
+    if op == "compact_kv":
+        k = torch.randn(3, 2, 12, 2, 8, generator=g)
+        v = torch.randn(3, 2, 12, 2, 8, generator=g)
+        seqlens = torch.tensor([2, 4], dtype=torch.int32)
+        nodes = torch.tensor([[0, 2, 3], [0, 1, -1]], dtype=torch.int32)
+        lens = torch.tensor([2, 1], dtype=torch.int32)
+        return (k, v, seqlens, nodes, lens), {}
+    raise AssertionError(op)
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_registered_with_schema(op):
+    packet = getattr(torch.ops.eagle_kernels, op)
+    assert str(packet.default._schema) == "eagle_kernels::" + SCHEMAS[op]
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_opcheck(op):
+    args, kwargs = small_inputs(op)
+    torch.library.opcheck(getattr(torch.ops.eagle_kernels, op).default, args, kwargs)
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_fake_shapes_match_real(op):
+    """The fake kernel and the real op agree on every output's shape and dtype."""
+    args, kwargs = small_inputs(op)
+    real = getattr(torch.ops.eagle_kernels, op)(*args, **kwargs)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        fake = getattr(torch.ops.eagle_kernels, op)(*fake_args, **fake_kwargs)
+    real = real if isinstance(real, (tuple, list)) else [real] if real is not None else []
+    fake = fake if isinstance(fake, (tuple, list)) else [fake] if fake is not None else []
+    assert [(tuple(t.shape), t.dtype) for t in real] == [(tuple(t.shape), t.dtype) for t in fake]
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_public_op_equals_reference(op):
+    """``eagle_kernels.<op>`` (whatever backend it picks) equals the reference on CPU."""
+    args, kwargs = small_inputs(op)
+    if op == "compact_kv":
+        clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        eagle_kernels.compact_kv(*args, **kwargs)
+        eagle_kernels.reference.compact_kv(*clone, **kwargs)
+        torch.testing.assert_close(args[0], clone[0], rtol=0, atol=0)
+        torch.testing.assert_close(args[1], clone[1], rtol=0, atol=0)
+        return
+    got = getattr(eagle_kernels, op)(*args, **kwargs)
+    want = getattr(eagle_kernels.reference, op)(*args, **kwargs)
+    assert type(got) is type(want)
+    torch.testing.assert_close(got, want)
+
+
+def test_result_types_are_named_tuples():
+    assert eagle_kernels.Tree._fields == ("tokens", "parents", "depths", "mask")
+    assert eagle_kernels.DraftCandidates._fields == ("tokens", "scores", "frontier")
+    assert eagle_kernels.VerifyOutput._fields == ("accept_len", "accept_nodes", "out_tokens", "status")
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_backend_of_auto(op, monkeypatch):
+    monkeypatch.delenv(_dispatch.BACKEND_ENV, raising=False)
+    expected = "cpp" if (op, "cpu") in _dispatch.NATIVE_KERNELS else "reference"
+    assert eagle_kernels.backend_of(op, "cpu") == expected
+    assert eagle_kernels.backend_of(op, torch.device("cpu")) == expected
+
+
+@pytest.mark.parametrize("forced", _dispatch.BACKENDS, ids=_dispatch.BACKENDS)
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_backend_env_forces_path(op, forced, monkeypatch):
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, forced)
+    fn, _ = _dispatch.implementation(op, forced, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chosen = eagle_kernels.backend_of(op, "cpu")
+    assert chosen == (forced if fn is not None else "reference")
+    args, kwargs = small_inputs(op)
+    if op != "compact_kv":  # the forced path still gives the reference's answer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = getattr(eagle_kernels, op)(*args, **kwargs)
+        torch.testing.assert_close(got, getattr(eagle_kernels.reference, op)(*args, **kwargs))
+
+
+def test_backend_env_rejects_unknown(monkeypatch):
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, "fortran")
+    with pytest.raises(ValueError, match="EAGLE_KERNELS_BACKEND"):
+        eagle_kernels.backend_of("verify", "cpu")
+
+
+def test_unknown_op_and_backend_rejected():
+    with pytest.raises(ValueError, match="op"):
+        _dispatch.implementation("sort", "reference", "cpu")
+    with pytest.raises(ValueError, match="backend"):
+        _dispatch.implementation("verify", "fortran", "cpu")
+
+
+def test_forced_missing_backend_warns_once(monkeypatch):
+    missing = [op for op in OPS if _dispatch.implementation(op, "cpp", "cpu")[0] is None]
+    if not missing:
+        pytest.skip("every op has a C++ kernel")
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, "cpp")
+    _dispatch._warn_forced_fallback.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eagle_kernels.backend_of(missing[0], "cpu")
+        eagle_kernels.backend_of(missing[0], "cpu")
+    assert len([w for w in caught if "runs the reference" in str(w.message)]) == 1
+
+
+def test_cpu_wheel_reports_native_build():
+    """Where a C++ compiler built the extension, the bookkeeping ops run natively on CPU."""
+    if not _dispatch.HAS_CPP:
+        pytest.skip(f"extension not built: {_dispatch.CPP_IMPORT_ERROR}")
+    assert ("build_tree", "cpu") in _dispatch.NATIVE_KERNELS
+    assert ("compact_kv", "cpu") in _dispatch.NATIVE_KERNELS
+
+
+def test_import_without_extension_warns_and_works(tmp_path):
+    """A package without eagle_kernels._C imports, warns once, and runs every op."""
+    code = (
+        "import sys, warnings, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'eagle_kernels._C':\n"
+        "            raise ImportError('blocked for the test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import eagle_kernels, torch\n"
+        "msgs = [str(w.message) for w in caught if 'reference path' in str(w.message)]\n"
+        "assert len(msgs) == 1, msgs\n"
+        "assert eagle_kernels.backend_of('build_tree', 'cpu') == 'reference'\n"
+        "t = eagle_kernels.build_tree(torch.tensor([1]), torch.tensor([[2, 3]]), torch.tensor([[-1.0, -2.0]]),\n"
+        "                             torch.tensor([[-1, 0]], dtype=torch.int32), 3)\n"
+        "assert t.parents.tolist() == [[-1, 0, 1]], t\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtualenv and install eagle_kernels with its pinned toolchain.
+# torch==2.13.0 is pinned on purpose: a bare `torch` pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${EAGLE_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+python -m pip install -q --upgrade pip >/dev/null
+python -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest pytest-benchmark hypothesis \
+  ninja pybind11 setuptools wheel
+# The extension compiles against the installed torch, so no isolated build environment.
+python -m pip install -q --no-build-isolation -e .
+python -c "import eagle_kernels, sys; print('eagle_kernels', eagle_kernels.__version__, 'native:', eagle_kernels._dispatch.HAS_CPP, file=sys.stderr)"
