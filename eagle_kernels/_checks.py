@@ -2,7 +2,7 @@
 
 Each ``check_<op>`` takes the op's contract signature plus ``values``: whether to run the
 checks that read tensor data (they synchronise with the host, so the dispatcher runs them on
-CPU tensors always and on CUDA tensors only with ``EAGLE_KERNELS_CHECK_VALUES=1``). Every
+CPU tensors by default and on CUDA tensors only with ``EAGLE_KERNELS_CHECK_VALUES=1``). Every
 failure is a ``ValueError`` whose message starts with the name of the offending argument.
 """
 
@@ -39,10 +39,13 @@ def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None):
 
 
 def values_checked(device: torch.device) -> bool:
-    """Whether data-reading checks run for tensors on ``device`` (see module docstring)."""
-    if device.type in ("cpu",):
-        return True
-    return os.environ.get("EAGLE_KERNELS_CHECK_VALUES", "0") == "1"
+    """Whether data-reading checks run for tensors on ``device``: ``EAGLE_KERNELS_CHECK_VALUES``
+    = ``auto`` (default: CPU tensors only), ``1`` (always) or ``0`` (never, e.g. inside a
+    decoding loop that must not synchronise)."""
+    mode = os.environ.get("EAGLE_KERNELS_CHECK_VALUES", "auto")
+    if mode == "auto":
+        return device.type == "cpu"
+    return mode == "1"
 
 
 def mask_words(num_nodes: int) -> int:

@@ -189,3 +189,21 @@ def test_import_without_extension_warns_and_works(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("mode,cpu,cuda", [("auto", True, False), ("1", True, True), ("0", False, False)],
+                         ids=["auto", "always", "never"])
+def test_value_checks_switch(mode, cpu, cuda, monkeypatch):
+    from eagle_kernels import _checks
+
+    monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", mode)
+    assert _checks.values_checked(torch.device("cpu")) is cpu
+    assert _checks.values_checked(torch.device("cuda")) is cuda
+    bad_parents = torch.tensor([[-1, 1]], dtype=torch.int32)  # parents[1] >= 1
+    call = lambda: _checks.check_verify(torch.tensor([[0, 1]]), bad_parents, torch.zeros(1, 2, 4),  # noqa: E731
+                                        max_depth=1)
+    if cpu:
+        with pytest.raises(ValueError, match="parents"):
+            call()
+    else:
+        call()
