@@ -59,7 +59,10 @@ def sampling_probs(row: torch.Tensor, temperature: float, top_k: int, top_p: flo
     ``top_p``.
     """
     dtype = compute_dtype(row.dtype)
-    scaled = row.to(dtype) / torch.tensor(temperature, dtype=torch.float32).to(dtype)
+    row = row.to(dtype)
+    # Shift by the row max before dividing: a tiny temperature then sends the other logits to
+    # -inf instead of overflowing the maximum to +inf (which would make the softmax NaN).
+    scaled = (row - row.max()) / torch.tensor(temperature, dtype=torch.float32).to(dtype)
     if top_k > 0:
         ascending, _ = torch.sort(scaled)
         strictly_larger = scaled.numel() - torch.searchsorted(ascending, scaled, right=True)
