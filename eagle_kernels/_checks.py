@@ -164,7 +164,7 @@ def check_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_no
             _fail("cand_parents", "-1 <= cand_parents[b, c] < c", cand_parents.tolist())
         # The contract's closure argument (selection contains every selected node's
         # ancestors) needs children never to outscore their parents.
-        scores = torch.nan_to_num(cand_scores, nan=float("-inf"))
+        scores = torch.where(cand_scores.isnan(), float("-inf"), cand_scores)
         parent_scores = torch.gather(scores, 1, cand_parents.clamp(min=0).long())
         outscores = (cand_parents >= 0) & (scores > parent_scores)
         if bool(outscores.any()):

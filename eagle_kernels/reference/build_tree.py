@@ -11,7 +11,8 @@ from .._types import Tree
 
 def selection_order(scores: torch.Tensor) -> torch.Tensor:
     """Candidate indices by score descending (NaN ranked as -inf), ties by smaller index."""
-    key = torch.nan_to_num(scores, nan=float("-inf"))
+    # (nan_to_num would also clamp a real -inf to the lowest finite float, splitting the tie.)
+    key = torch.where(scores.isnan(), float("-inf"), scores)
     return torch.sort(key, descending=True, stable=True).indices
 
 
@@ -25,7 +26,7 @@ def build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes) -
 
     Returns
     -------
-    Tree(tokens int64 [N], parents int32 [B, N], depths int32 [B, N], mask int64 [B, N, W])
+    Tree(tokens int64 [B, N], parents int32 [B, N], depths int32 [B, N], mask int64 [B, N, W])
     with N = num_nodes, W = ceil(N / 64); node 0 is the root, then the selected candidates in
     increasing candidate index.
     """

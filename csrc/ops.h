@@ -1,0 +1,31 @@
+// Torch-facing entry points of csrc/, registered in csrc/torch_bindings.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace eagle {
+
+using TreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
+                           const at::Tensor& cand_scores, const at::Tensor& cand_parents,
+                           int64_t num_nodes);
+
+void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache,
+                    const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
+                    const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table);
+
+#ifdef EAGLE_WITH_CUDA
+TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
+                            const at::Tensor& cand_scores, const at::Tensor& cand_parents,
+                            int64_t num_nodes);
+
+void compact_kv_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
+                     const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table);
+#endif
+
+}  // namespace eagle

@@ -1,0 +1,59 @@
+// Smoke test of the libtorch-linked library built by CMake: the schemas are registered, the
+// CPU kernels run through the dispatcher, and bad input raises c10::ValueError.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include "ops.h"
+#include "tests/check.h"
+
+namespace {
+
+void test_build_tree_dispatch() {
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("eagle_kernels::build_tree", "")
+                .typed<eagle::TreeTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const at::Tensor&, int64_t)>();
+  const at::Tensor root = at::tensor({7}, at::kLong);
+  const at::Tensor tok = at::tensor({10, 11, 12, 13}, at::kLong).view({1, 4});
+  const at::Tensor score = at::tensor({-0.5f, -1.0f, -0.7f, -2.0f}).view({1, 4});
+  const at::Tensor par = at::tensor({-1, -1, 0, 1}, at::kInt).view({1, 4});
+  const auto [tokens, parents, depths, mask] = op.call(root, tok, score, par, 4);
+  CHECK(at::equal(tokens, at::tensor({7, 10, 11, 12}, at::kLong).view({1, 4})));
+  CHECK(at::equal(parents, at::tensor({-1, 0, 0, 1}, at::kInt).view({1, 4})));
+  CHECK(at::equal(depths, at::tensor({0, 1, 1, 2}, at::kInt).view({1, 4})));
+  CHECK(at::equal(mask, at::tensor({1, 3, 5, 11}, at::kLong).view({1, 4, 1})));
+
+  bool raised = false;
+  try {
+    op.call(root, tok, score, par, 6);
+  } catch (const c10::ValueError& e) {
+    raised = std::string(e.what()).find("num_nodes") != std::string::npos;
+  }
+  CHECK(raised);
+}
+
+void test_compact_kv_dispatch() {
+  for (const char* name : {"tree_attention", "draft_expand", "verify", "compact_kv"})
+    CHECK(c10::Dispatcher::singleton().findSchema({std::string("eagle_kernels::") + name, ""})
+              .has_value());
+  at::Tensor k = at::arange(2 * 8 * 1 * 2, at::kFloat).view({2, 8, 1, 2});
+  at::Tensor v = -k.clone();
+  const at::Tensor seqlens = at::tensor({1, 2}, at::kInt);
+  const at::Tensor nodes = at::tensor({0, 2, 3, 0, 1, -1}, at::kInt).view({2, 3});
+  const at::Tensor lens = at::tensor({2, 0}, at::kInt);
+  at::Tensor expect = k.clone();
+  expect[0][2] = k[0][3].clone();
+  expect[0][3] = k[0][4].clone();
+  eagle::compact_kv_cpu(k, v, seqlens, nodes, lens, std::nullopt);
+  CHECK(at::equal(k, expect));
+  CHECK(at::equal(v, -expect));
+}
+
+}  // namespace
+
+int main() {
+  RUN(test_build_tree_dispatch);
+  RUN(test_compact_kv_dispatch);
+  TEST_MAIN_END();
+}
