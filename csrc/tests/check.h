@@ -10,20 +10,20 @@ inline int& failures() {
 }
 }  // namespace eagle_test
 
-#define CHECK(cond)                                                          \
+#define EXPECT(cond)                                                          \
   do {                                                                       \
     if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, #cond); \
       ++eagle_test::failures();                                              \
     }                                                                        \
   } while (0)
 
-#define CHECK_EQ(a, b)                                                                  \
+#define EXPECT_EQ(a, b)                                                                  \
   do {                                                                                  \
     const auto va_ = (a);                                                               \
     const auto vb_ = (b);                                                               \
     if (!(va_ == vb_)) {                                                                \
-      std::fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n", __FILE__, \
+      std::fprintf(stderr, "%s:%d: EXPECT_EQ failed: %s == %s (%lld vs %lld)\n", __FILE__, \
                    __LINE__, #a, #b, static_cast<long long>(va_), static_cast<long long>(vb_)); \
       ++eagle_test::failures();                                                         \
     }                                                                                   \

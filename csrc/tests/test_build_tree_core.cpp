@@ -45,22 +45,22 @@ bool bit(const Tree& t, int64_t N, int64_t i, int64_t j) {
 void test_ranking_ties_and_nan() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float ninf = -std::numeric_limits<float>::infinity();
-  CHECK(bt::ranks_before(1.f, 5, 0.f, 0));
-  CHECK(bt::ranks_before(1.f, 0, 1.f, 1));   // tie: smaller index first
-  CHECK(!bt::ranks_before(1.f, 1, 1.f, 0));
-  CHECK(!bt::ranks_before(1.f, 1, 1.f, 1));  // irreflexive
-  CHECK(bt::ranks_before(-1e30f, 9, nan, 0));  // NaN ranks as -inf
-  CHECK(bt::ranks_before(nan, 0, ninf, 1));    // NaN == -inf, then by index
-  CHECK(!bt::ranks_before(nan, 1, ninf, 0));
-  CHECK(bt::ranks_before(nan, 0, nan, 1));
+  EXPECT(bt::ranks_before(1.f, 5, 0.f, 0));
+  EXPECT(bt::ranks_before(1.f, 0, 1.f, 1));   // tie: smaller index first
+  EXPECT(!bt::ranks_before(1.f, 1, 1.f, 0));
+  EXPECT(!bt::ranks_before(1.f, 1, 1.f, 1));  // irreflexive
+  EXPECT(bt::ranks_before(-1e30f, 9, nan, 0));  // NaN ranks as -inf
+  EXPECT(bt::ranks_before(nan, 0, ninf, 1));    // NaN == -inf, then by index
+  EXPECT(!bt::ranks_before(nan, 1, ninf, 0));
+  EXPECT(bt::ranks_before(nan, 0, nan, 1));
   std::vector<float> s = {0.f, nan, 2.f, 2.f, ninf, -1.f};
   for (float& x : s) x = bt::rank_key(x);
   // Expected order: 2 (2.f), 3 (2.f), 0, 5, 1 (NaN), 4 (-inf, larger index than 1).
   const int64_t expect_rank[] = {2, 4, 0, 1, 5, 3};
   for (int64_t c = 0; c < 6; ++c) {
-    CHECK_EQ(bt::candidate_rank(s.data(), 6, c), expect_rank[c]);
+    EXPECT_EQ(bt::candidate_rank(s.data(), 6, c), expect_rank[c]);
     for (int64_t n = 0; n <= 6; ++n)
-      CHECK_EQ(bt::select_candidate(s.data(), 6, c, n), expect_rank[c] < n);
+      EXPECT_EQ(bt::select_candidate(s.data(), 6, c, n), expect_rank[c] < n);
   }
   // Ranks across several 256-candidate chunks of the early-exit count agree with ranks_before.
   const int64_t C = 1000;
@@ -77,7 +77,7 @@ void test_ranking_ties_and_nan() {
     for (int64_t n : {0, 1, 255, 256, 257, 600, 999, 1000})
       ok &= bt::select_candidate(keys.data(), C, c, n) == (slow < n);
   }
-  CHECK(ok);
+  EXPECT(ok);
 }
 
 void test_small_tree() {
@@ -88,25 +88,25 @@ void test_small_tree() {
   const std::vector<int64_t> tokens = {7, 10, 12, 14};
   const std::vector<int32_t> parents = {-1, 0, 1, 2}, depths = {0, 1, 2, 3};
   const std::vector<int64_t> mask = {1, 3, 7, 15};
-  CHECK(t.tokens == tokens);
-  CHECK(t.parents == parents);
-  CHECK(t.depths == depths);
-  CHECK(t.mask == mask);
+  EXPECT(t.tokens == tokens);
+  EXPECT(t.parents == parents);
+  EXPECT(t.depths == depths);
+  EXPECT(t.mask == mask);
   // N = 5: candidate 1 joins; node order follows candidate index: 0, 1, 2, 4.
   const Tree u = run(7, {10, 11, 12, 13, 14}, {-0.5f, -1.0f, -0.7f, -2.0f, -0.9f},
                      {-1, -1, 0, 1, 2}, 5);
-  CHECK((u.tokens == std::vector<int64_t>{7, 10, 11, 12, 14}));
-  CHECK((u.parents == std::vector<int32_t>{-1, 0, 0, 1, 3}));
-  CHECK((u.depths == std::vector<int32_t>{0, 1, 1, 2, 3}));
-  CHECK((u.mask == std::vector<int64_t>{1, 3, 5, 11, 27}));
+  EXPECT((u.tokens == std::vector<int64_t>{7, 10, 11, 12, 14}));
+  EXPECT((u.parents == std::vector<int32_t>{-1, 0, 0, 1, 3}));
+  EXPECT((u.depths == std::vector<int32_t>{0, 1, 1, 2, 3}));
+  EXPECT((u.mask == std::vector<int64_t>{1, 3, 5, 11, 27}));
 }
 
 void test_root_only() {
   const Tree t = run(3, {}, {}, {}, 1);
-  CHECK_EQ(t.tokens[0], 3);
-  CHECK_EQ(t.parents[0], -1);
-  CHECK_EQ(t.depths[0], 0);
-  CHECK_EQ(t.mask[0], 1);
+  EXPECT_EQ(t.tokens[0], 3);
+  EXPECT_EQ(t.parents[0], -1);
+  EXPECT_EQ(t.depths[0], 0);
+  EXPECT_EQ(t.mask[0], 1);
 }
 
 // Chain of 300 candidates, N = 256: mask rows span 4 words, bit 63 is the sign bit.
@@ -126,10 +126,10 @@ void test_chain_256() {
     ok &= t.parents[i] == i - 1 && t.depths[i] == i && t.tokens[i] == (i ? 999 + i : 1);
     for (int64_t j = 0; j < N; ++j) ok &= bit(t, N, i, j) == (j <= i);
   }
-  CHECK(ok);
-  CHECK_EQ(t.mask[255 * 4 + 3], -1);  // all 64 bits of the last word of the last row
-  CHECK_EQ(t.mask[63 * 4 + 0], -1);
-  CHECK_EQ(t.mask[64 * 4 + 1], 1);
+  EXPECT(ok);
+  EXPECT_EQ(t.mask[255 * 4 + 3], -1);  // all 64 bits of the last word of the last row
+  EXPECT_EQ(t.mask[63 * 4 + 0], -1);
+  EXPECT_EQ(t.mask[64 * 4 + 1], 1);
 }
 
 // Star of 1024 children of the root with equal scores: ties pick the lowest indices.
@@ -145,25 +145,25 @@ void test_star_ties_1024() {
     ok &= t.tokens[i] == i - 1 && t.parents[i] == 0 && t.depths[i] == 1;
     for (int64_t j = 0; j < N; ++j) ok &= bit(t, N, i, j) == (j == 0 || j == i);
   }
-  CHECK(ok);
+  EXPECT(ok);
 }
 
 // NaN scores rank last, so with N - 1 finite candidates none of the NaN ones is picked.
 void test_nan_candidates_dropped() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const Tree t = run(0, {1, 2, 3, 4}, {nan, -1.f, nan, -2.f}, {-1, -1, 0, 1}, 3);
-  CHECK((t.tokens == std::vector<int64_t>{0, 2, 4}));
-  CHECK((t.parents == std::vector<int32_t>{-1, 0, 1}));
+  EXPECT((t.tokens == std::vector<int64_t>{0, 2, 4}));
+  EXPECT((t.parents == std::vector<int32_t>{-1, 0, 1}));
   // With room for one more, the NaN candidate with the smaller index (0) comes in.
   const Tree u = run(0, {1, 2, 3, 4}, {nan, -1.f, nan, -2.f}, {-1, -1, 0, 1}, 4);
-  CHECK((u.tokens == std::vector<int64_t>{0, 1, 2, 4}));
-  CHECK((u.parents == std::vector<int32_t>{-1, 0, 0, 2}));
+  EXPECT((u.tokens == std::vector<int64_t>{0, 1, 2, 4}));
+  EXPECT((u.parents == std::vector<int32_t>{-1, 0, 0, 2}));
 }
 
 // Malformed history (parent not selected / out of range) must still give parents[i] < i.
 void test_malformed_input_is_safe() {
   const Tree t = run(0, {1, 2, 3}, {-5.f, -1.f, -0.5f}, {-1, 99, 0}, 3);
-  for (int64_t i = 1; i < 3; ++i) CHECK(t.parents[i] >= 0 && t.parents[i] < i);
+  for (int64_t i = 1; i < 3; ++i) EXPECT(t.parents[i] >= 0 && t.parents[i] < i);
 }
 
 }  // namespace
