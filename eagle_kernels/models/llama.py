@@ -85,6 +85,39 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, N, 1, D] for integer positions [B, N] (angles in float64)."""
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def cached_attention(q, k, v, cache: "KVCache", layer: int, tree_mask, slot_offset: int = 0):
+    """Store the new tokens' K/V at slots ``cache.seqlens + slot_offset + i`` of ``layer`` and
+    attend. With ``slot_offset`` > 0 the tree already holds that many slots from earlier calls
+    (draft expansion, depth by depth) and ``tree_mask`` covers all ``slot_offset + N`` slots;
+    the queries of the earlier slots are zero padding whose output is dropped.
+    q [B, N, Hq, D]; k, v [B, N, Hkv, D]; returns [B, N, Hq * D] in q.dtype."""
+    B, N = q.shape[:2]
+    slots = cache.seqlens[:, None].long() + slot_offset + torch.arange(N, device=q.device)
+    rows = torch.arange(B, device=q.device)[:, None].expand(B, N)
+    cache.k[layer][rows, slots] = k.to(cache.k.dtype)
+    cache.v[layer][rows, slots] = v.to(cache.v.dtype)
+    if slot_offset:
+        q = torch.cat([q.new_zeros(B, slot_offset, *q.shape[2:]), q], dim=1)
+    out = ops.tree_attention(q.to(cache.k.dtype), cache.k[layer], cache.v[layer], cache.seqlens, tree_mask)
+    return out[:, slot_offset:].to(q.dtype).reshape(B, N, -1)
+
+
+def swiglu(h: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
+    gate = F.silu(F.linear(h, w[prefix + "mlp.gate_proj.weight"]))
+    return F.linear(gate * F.linear(h, w[prefix + "mlp.up_proj.weight"]), w[prefix + "mlp.down_proj.weight"])
+
+
+def default_positions(cache: "KVCache", num_tokens: int) -> torch.Tensor:
+    return cache.seqlens[:, None].long() + torch.arange(num_tokens, device=cache.seqlens.device)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     wide = x.to(torch.promote_types(x.dtype, torch.float32))  # half inputs normalise in fp32
     wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
@@ -170,13 +203,8 @@ class LlamaModel(torch.nn.Module):
         c, w = self.config, self.weights
         B, N = tokens.shape
         if positions is None:
-            positions = cache.seqlens[:, None].long() + torch.arange(N, device=tokens.device)
-        angles = positions.to(torch.float64)[..., None] * self.inv_freq  # [B, N, D/2]
-        angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
-        cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-        slots = cache.seqlens[:, None].long() + torch.arange(N, device=tokens.device)  # [B, N]
-        batch_index = torch.arange(B, device=tokens.device)[:, None].expand(B, N)
-
+            positions = default_positions(cache, N)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         x = F.embedding(tokens, w["model.embed_tokens.weight"])
         states = {}
         for layer in range(c.num_layers):
@@ -185,14 +213,9 @@ class LlamaModel(torch.nn.Module):
             q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
             k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
             v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            cache.k[layer][batch_index, slots] = k.to(cache.k.dtype)
-            cache.v[layer][batch_index, slots] = v.to(cache.v.dtype)
-            attn = ops.tree_attention(q.to(cache.k.dtype), cache.k[layer], cache.v[layer], cache.seqlens, tree_mask)
-            x = x + F.linear(attn.to(x.dtype).reshape(B, N, -1), w[p + "self_attn.o_proj.weight"])
-            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
-            gate = F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"]))
-            x = x + F.linear(gate * F.linear(h, w[p + "mlp.up_proj.weight"]), w[p + "mlp.down_proj.weight"])
+            attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, layer, tree_mask)
+            x = x + F.linear(attn, w[p + "self_attn.o_proj.weight"])
+            x = x + swiglu(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p)
             if layer in feature_layers:
                 states[layer] = x
         hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)

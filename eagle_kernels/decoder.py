@@ -1,0 +1,276 @@
+"""Speculative decoding loop: expand (EAGLE-2 dynamic tree) → build_tree → target verify pass →
+verify → compact_kv → commit, batched, with static shapes and no host synchronisation inside a
+step. The host looks at the ``done`` flags only every ``sync_every`` steps.
+
+Plain decoding (``speculative=False``) is the same loop with a one-node tree: the target runs
+the root, and ``verify`` samples the next token from the same filtered distribution and random
+stream, so both modes are comparable token for token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import ops
+from ._checks import mask_words
+from .models.eagle_head import EagleHead
+from .models.llama import KVCache, LlamaModel
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 tree shape: ``depth`` expansion steps keeping ``top_k`` beams, ``num_nodes``
+    verified nodes (root included)."""
+
+    depth: int = 6
+    top_k: int = 8
+    num_nodes: int = 60
+
+    @property
+    def num_candidates(self) -> int:
+        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
+
+    def __post_init__(self):
+        if self.depth < 1 or self.top_k < 1 or self.num_nodes < 1:
+            raise ValueError(f"tree: expected depth, top_k, num_nodes >= 1, got {self}")
+        if self.num_nodes - 1 > self.num_candidates:
+            raise ValueError(f"tree: num_nodes - 1 = {self.num_nodes - 1} exceeds the {self.num_candidates} "
+                             f"candidates of depth {self.depth} x top_k {self.top_k}")
+
+
+@dataclass
+class GenerationResult:
+    """sequences: generated token ids per request (prompt excluded); tau: tokens per step per
+    request (bonus token included); steps: decoding steps per request; timings: seconds and
+    tokens per second."""
+
+    sequences: list
+    tau: list
+    steps: list
+    timings: dict = field(default_factory=dict)
+
+
+def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype).expand(batch).contiguous()
+    if isinstance(value, (list, tuple)):
+        return torch.tensor(value, dtype=dtype, device=device)
+    return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+@dataclass
+class _State:
+    """Everything a step reads and writes, all on the device."""
+
+    target_cache: KVCache
+    head_cache: KVCache | None
+    root: torch.Tensor  # int64 [B] last committed token (KV not cached yet)
+    root_hidden: torch.Tensor | None  # [B, H] head output drafting the root's children
+    out: torch.Tensor  # int64 [B, max_new + depth + 1] generated tokens
+    out_len: torch.Tensor  # int64 [B]
+    steps: torch.Tensor  # int64 [B] steps taken while active
+    done: torch.Tensor  # bool [B]
+    offset: torch.Tensor  # int64 [B] random-stream offset, advanced every step
+    sampling: dict  # temperature, top_k, top_p, seed tensors [B]
+    max_new: int
+    eos: int | None
+
+
+class SpeculativeDecoder:
+    """EAGLE-style speculative decoder over a :class:`LlamaModel` target and an
+    :class:`EagleHead` draft head."""
+
+    def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig = TreeConfig(),
+                 sync_every: int = 4):
+        self.target = target
+        self.head = head
+        self.tree = tree
+        self.sync_every = max(1, sync_every)
+
+    # ------------------------------------------------------------------ public
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0, seed=0,
+                 eos_token_id=None, speculative: bool = True) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` per prompt (lists of token ids, ragged allowed).
+        Sampling parameters are scalars or one value per request."""
+        if speculative and self.head is None:
+            raise ValueError("head: speculative decoding needs a draft head (or speculative=False)")
+        start = time.perf_counter()
+        state = self._prefill(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
+        prefill_done = time.perf_counter()
+        step = self._speculative_step if speculative else self._plain_step
+        for index in range(max_new_tokens):
+            step(state)
+            if (index + 1) % self.sync_every == 0 and bool(state.done.all()):
+                break
+        lengths = state.out_len.clamp(max=max_new_tokens).tolist()
+        out = state.out.tolist()
+        steps = state.steps.tolist()
+        end = time.perf_counter()
+        sequences = [row[:n] for row, n in zip(out, lengths)]
+        # The first token comes from the prefill; tau counts the tokens of decoding steps.
+        tau = [(n - 1) / s if s else 0.0 for n, s in zip(lengths, steps)]
+        generated = sum(lengths)
+        return GenerationResult(sequences, tau, steps, {
+            "prefill_s": prefill_done - start, "decode_s": end - prefill_done, "total_s": end - start,
+            "tokens": generated, "tokens_per_s": generated / (end - start)})
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self, prompts, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
+        device = self.target.device
+        B = len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        if bool((lengths < 1).any()):
+            raise ValueError("prompts: every prompt needs at least one token")
+        width = int(lengths.max())
+        tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
+        for b, prompt in enumerate(prompts):
+            tokens[b, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
+        depth = self.tree.depth if speculative else 0
+        capacity = width + max_new + self.tree.num_nodes + depth + 2
+        target_cache = self.target.new_cache(B, capacity)
+        layers = self.head.config.feature_layers if (speculative and self.head) else ()
+        out = self.target(tokens, target_cache, feature_layers=layers)
+        last = (lengths - 1)[:, None]
+        sampling = {"temperature": _per_request(temperature, B, torch.float32, device),
+                    "top_k": _per_request(top_k, B, torch.int32, device),
+                    "top_p": _per_request(top_p, B, torch.float32, device),
+                    "seed": _per_request(seed, B, torch.int64, device)}
+        offset = torch.zeros(B, dtype=torch.int64, device=device)
+        first = self._sample_root(torch.gather(out.logits, 1, last[..., None].expand(-1, -1, out.logits.shape[-1])),
+                                  sampling, offset)
+        target_cache.seqlens.copy_(lengths.to(torch.int32))
+
+        head_cache, root_hidden = None, None
+        if speculative:
+            # Pair i = (token i + 1, feature i); the last pair carries the first generated token.
+            next_tokens = torch.cat([tokens[:, 1:], tokens.new_zeros(B, 1)], dim=1)
+            next_tokens.scatter_(1, last, first[:, None])
+            head_cache = self.head.new_cache(B, capacity + self.tree.depth * self.tree.top_k)
+            hidden = self.head(next_tokens, self.head.target_features(out), head_cache)
+            root_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+            head_cache.seqlens.copy_(lengths.to(torch.int32))
+
+        out_buf = torch.full((B, max_new + depth + 1), -1, dtype=torch.int64, device=device)
+        out_buf[:, 0] = first
+        done = torch.full((B,), max_new <= 1, device=device)
+        if eos is not None:
+            done |= first == eos
+        return _State(target_cache, head_cache, first, root_hidden, out_buf,
+                      torch.ones(B, dtype=torch.int64, device=device), torch.zeros(B, dtype=torch.int64, device=device),
+                      done, offset + 1, sampling, max_new, eos)
+
+    def _sample_root(self, logits, sampling, offset) -> torch.Tensor:
+        """Next token from one row of logits [B, 1, V], through verify on a one-node tree."""
+        B = logits.shape[0]
+        tokens = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
+        parents = torch.full((B, 1), -1, dtype=torch.int32, device=logits.device)
+        result = ops.verify(tokens, parents, logits, max_depth=0, offset=offset, **sampling)
+        return result.out_tokens[:, 0]
+
+    # ------------------------------------------------------------------ steps
+    def _plain_step(self, state: _State) -> None:
+        cache = state.target_cache
+        logits = self.target(state.root[:, None], cache).logits
+        token = self._sample_root(logits, state.sampling, state.offset)
+        active = ~state.done
+        cache.seqlens += active.to(torch.int32)
+        self._emit(state, token[:, None], torch.zeros_like(state.out_len), active)
+
+    def _speculative_step(self, state: _State) -> None:
+        tree_cfg, head = self.tree, self.head
+        tree = self._expand(state)
+        cache = state.target_cache
+        positions = cache.seqlens[:, None].long() + tree.depths.long()
+        out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask,
+                          feature_layers=head.config.feature_layers)
+        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=tree_cfg.depth,
+                            offset=state.offset, **state.sampling)
+        ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
+
+        # Commit the accepted path to the head: pair j = (emitted token j, target feature at
+        # path node j), recomputed with the target's true features.
+        path = result.accept_nodes.clamp(min=0).long()
+        features = head.target_features(out)
+        features = torch.gather(features, 1, path[..., None].expand(-1, -1, features.shape[-1]))
+        emitted = result.out_tokens.clamp(min=0)
+        hidden = head(emitted, features, state.head_cache)
+        last = result.accept_len.long()
+        state.root_hidden = torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+
+        active = ~state.done
+        advance = (result.accept_len + 1) * active.to(torch.int32)
+        cache.seqlens += advance
+        state.head_cache.seqlens += advance
+        self._emit(state, result.out_tokens, last, active)
+
+    def _expand(self, state: _State):
+        """EAGLE-2 expansion from the root: ``depth`` draft_expand calls, ``depth - 1`` head
+        passes over the frontier (tree attention over the head's cache plus the frontier's
+        ancestors), then build_tree."""
+        head, cfg = self.head, self.tree
+        B, k = state.root.shape[0], cfg.top_k
+        device = state.root.device
+        slots_total = cfg.depth * k
+        words = mask_words(slots_total)
+        slot_masks = torch.zeros(B, slots_total, words, dtype=torch.int64, device=device)
+        cache = state.head_cache
+        base_positions = cache.seqlens[:, None].long()
+
+        logits = head.logits(state.root_hidden[:, None])
+        cand = ops.draft_expand(logits, torch.zeros(B, 1, device=device), k, d2t=head.d2t)
+        hist_tokens, hist_scores = [cand.tokens], [cand.scores]
+        hist_parents = [torch.full((B, k), -1, dtype=torch.int32, device=device)]
+        chunk_start, parent_hidden = 0, state.root_hidden[:, None].expand(B, k, -1)
+        parent_slots = None  # slot index of each frontier node's parent (None: the root)
+        for depth in range(1, cfg.depth):
+            frontier = cand.frontier.long()  # [B, k] indices into this depth's candidates
+            tokens = torch.gather(cand.tokens, 1, frontier)
+            feature = torch.gather(parent_hidden, 1, (frontier // k)[..., None].expand(-1, -1, parent_hidden.shape[-1])) \
+                if depth > 1 else parent_hidden
+            # Slots of this depth's frontier: (depth - 1) * k + m; rows = parent row | own bit.
+            own = (depth - 1) * k + torch.arange(k, device=device)
+            rows = torch.zeros(B, k, words, dtype=torch.int64, device=device)
+            if parent_slots is not None:
+                rows = torch.gather(slot_masks, 1, torch.gather(parent_slots, 1, frontier // k)[..., None].expand(-1, -1, words))
+            bit = torch.ones_like(own).bitwise_left_shift(own % 64)
+            rows[:, torch.arange(k, device=device), own // 64] |= bit
+            slot_masks[:, own] = rows
+            hidden = head(tokens, feature, cache, positions=base_positions + depth,
+                          tree_mask=slot_masks[:, : depth * k], slot_offset=(depth - 1) * k)
+            global_frontier = chunk_start + frontier
+            chunk_start += cand.tokens.shape[1]
+            scores = torch.gather(cand.scores, 1, frontier)
+            cand = ops.draft_expand(head.logits(hidden), scores, k, d2t=head.d2t)
+            hist_tokens.append(cand.tokens)
+            hist_scores.append(cand.scores)
+            hist_parents.append(global_frontier.repeat_interleave(k, dim=1).to(torch.int32))
+            parent_hidden, parent_slots = hidden, own[None].expand(B, k)
+        return ops.build_tree(state.root, torch.cat(hist_tokens, 1), torch.cat(hist_scores, 1),
+                              torch.cat(hist_parents, 1), cfg.num_nodes)
+
+    # ------------------------------------------------------------------ output
+    def _emit(self, state: _State, tokens: torch.Tensor, last: torch.Tensor, active: torch.Tensor) -> None:
+        """Append ``tokens[:, :last + 1]`` of the active requests; stop at EOS / max tokens."""
+        width = tokens.shape[1]
+        j = torch.arange(width, device=tokens.device)
+        valid = (j[None] <= last[:, None]) & active[:, None]
+        if state.eos is not None:
+            is_eos = valid & (tokens == state.eos)
+            first_eos = torch.where(is_eos, j[None], width).min(dim=1).values
+            valid &= j[None] <= first_eos[:, None]
+        index = (state.out_len[:, None] + j[None]).clamp(max=state.out.shape[1] - 1)
+        previous = torch.gather(state.out, 1, index)
+        state.out.scatter_(1, index, torch.where(valid, tokens, previous))
+        count = valid.sum(1)
+        state.out_len += count
+        state.steps += active.long()
+        state.root = torch.where(active, torch.gather(tokens, 1, last[:, None])[:, 0], state.root)
+        finished = state.out_len >= state.max_new
+        if state.eos is not None:
+            finished |= (valid & (tokens == state.eos)).any(1)
+        state.done |= finished
+        state.offset += 1

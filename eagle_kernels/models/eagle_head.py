@@ -1,0 +1,216 @@
+"""EAGLE draft heads: EAGLE-1 (Li et al. 2024, "EAGLE", §3) and EAGLE-3 (Li et al. 2025,
+"EAGLE-3", §3), with the EAGLE reference checkpoint layout (docs/eagle_heads.md).
+
+A head maps (token, feature) pairs to the next feature. Pair ``i`` is the embedding of token
+``i + 1`` with the feature at token ``i``, so the head's output at the last committed pair
+drafts the token after the root. During expansion the feature fed to a draft node is its
+parent's output hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .llama import (KVCache, LlamaConfig, LlamaModel, cached_attention, default_positions,
+                    rms_norm, rope_cos_sin, rope_inverse_frequencies, rotate, swiglu)
+
+EAGLE1, EAGLE3 = "eagle1", "eagle3"
+
+
+@dataclass
+class HeadConfig:
+    kind: str  # "eagle1" or "eagle3"
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int  # EAGLE-3's reduced vocabulary (= vocab_size for EAGLE-1)
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    feature_layers: tuple = field(default_factory=tuple)  # EAGLE-3: target layers (low, mid, high)
+
+    @classmethod
+    def for_target(cls, target: LlamaConfig, kind: str, draft_vocab_size: int | None = None) -> "HeadConfig":
+        """A head shaped like one decoder layer of ``target``. EAGLE-3 reads the outputs of
+        target layers 1, L/2 - 1 and L - 4 (the inputs of layers 2, L/2 and L - 3)."""
+        if kind not in (EAGLE1, EAGLE3):
+            raise ValueError(f"kind: expected 'eagle1' or 'eagle3', got {kind!r}")
+        L = target.num_layers
+        layers = tuple(min(max(i, 0), L - 1) for i in (1, L // 2 - 1, L - 4)) if kind == EAGLE3 else ()
+        return cls(kind, target.hidden_size, target.intermediate_size, target.num_heads, target.num_kv_heads,
+                   target.head_dim, target.vocab_size,
+                   draft_vocab_size or target.vocab_size if kind == EAGLE3 else target.vocab_size,
+                   target.rms_norm_eps, target.rope_theta, target.rope_scaling, layers)
+
+    def as_llama(self) -> LlamaConfig:
+        return LlamaConfig(self.vocab_size, self.hidden_size, self.intermediate_size, 1, self.num_heads,
+                           self.num_kv_heads, self.head_dim, self.rms_norm_eps, self.rope_theta, self.rope_scaling)
+
+
+def head_weight_shapes(config: HeadConfig) -> dict[str, tuple]:
+    """Every tensor of the head in the EAGLE reference layout, with its shape."""
+    H, I, D = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_heads * D, config.num_kv_heads * D
+    if config.kind == EAGLE1:
+        p, attn_in = "layers.0.", H
+        shapes = {"fc.weight": (H, 2 * H), "fc.bias": (H,)}
+    else:
+        p, attn_in = "midlayer.", 2 * H
+        shapes = {"fc.weight": (H, 3 * H), p + "hidden_norm.weight": (H,), p + "input_layernorm.weight": (H,),
+                  "norm.weight": (H,), "lm_head.weight": (config.draft_vocab_size, H),
+                  "d2t": (config.draft_vocab_size,)}
+    shapes.update({
+        p + "self_attn.q_proj.weight": (q, attn_in), p + "self_attn.k_proj.weight": (kv, attn_in),
+        p + "self_attn.v_proj.weight": (kv, attn_in), p + "self_attn.o_proj.weight": (H, q),
+        p + "post_attention_layernorm.weight": (H,), p + "mlp.gate_proj.weight": (I, H),
+        p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I)})
+    return shapes
+
+
+class EagleHead(torch.nn.Module):
+    """Draft head bound to its target (it shares the target's embeddings, and for EAGLE-1
+    its LM head)."""
+
+    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target: LlamaModel):
+        super().__init__()
+        expected = head_weight_shapes(config)
+        for name, shape in expected.items():
+            if name not in weights:
+                raise ValueError(f"weights: missing {name!r} for an {config.kind} head")
+            if tuple(weights[name].shape) != shape:
+                raise ValueError(f"weights: {name!r} expected shape {shape}, got {tuple(weights[name].shape)}")
+        self.config = config
+        self.weights = {name: weights[name] for name in expected}
+        self.target = target
+        self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()), persistent=False)
+
+    @classmethod
+    def random(cls, target: LlamaModel, kind: str, draft_vocab_size: int | None = None, seed: int = 0,
+               std: float = 0.02) -> "EagleHead":
+        """An untrained head with small random weights (norms at 1; EAGLE-3 with the identity
+        draft vocabulary: the first ``draft_vocab_size`` target ids)."""
+        config = HeadConfig.for_target(target.config, kind, draft_vocab_size)
+        g = torch.Generator().manual_seed(seed)
+        weights = {}
+        for name, shape in head_weight_shapes(config).items():
+            if name == "d2t":
+                weights[name] = torch.zeros(shape, dtype=torch.int64)
+            elif name.endswith("norm.weight"):
+                weights[name] = torch.ones(shape)
+            else:
+                weights[name] = torch.randn(shape, generator=g) * std
+        weights = {n: t.to(target.device, target.dtype if t.is_floating_point() else t.dtype)
+                   for n, t in weights.items()}
+        return cls(config, weights, target)
+
+    @property
+    def dtype(self):
+        return self.weights["fc.weight"].dtype
+
+    @property
+    def d2t(self):
+        return self.weights.get("d2t")
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache.allocate(self.config.as_llama(), batch, capacity, self.dtype, self.target.device)
+
+    def target_features(self, out) -> torch.Tensor:
+        """The head's input feature [B, N, H] from a target ForwardOutput: EAGLE-1 the final
+        normed hidden state, EAGLE-3 fc over the low/mid/high layer states."""
+        if self.config.kind == EAGLE1:
+            return out.hidden
+        stacked = torch.cat([out.layer_states[layer] for layer in self.config.feature_layers], dim=-1)
+        return F.linear(stacked, self.weights["fc.weight"])
+
+    def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
+                slot_offset: int = 0) -> torch.Tensor:
+        """Next-feature prediction for N (token, feature) pairs; K/V go to ``cache`` slots
+        ``cache.seqlens + slot_offset + i`` (see ``cached_attention``).
+        tokens [B, N]; features [B, N, H]; returns hidden [B, N, H]."""
+        c, w, p = self.config, self.weights, self.prefix
+        B, N = tokens.shape
+        if positions is None:
+            positions = default_positions(cache, N)
+        embed = F.embedding(tokens, self.target.weights["model.embed_tokens.weight"]).to(self.dtype)
+        features = features.to(self.dtype)
+        if c.kind == EAGLE1:
+            # EAGLE-1's layer has no input norm: fc(embedding, feature) feeds attention directly.
+            x = F.linear(torch.cat([embed, features], dim=-1), w["fc.weight"], w["fc.bias"])
+            attn_in, residual = x, x
+        else:
+            attn_in = torch.cat([rms_norm(embed, w[p + "input_layernorm.weight"], c.rms_norm_eps),
+                                 rms_norm(features, w[p + "hidden_norm.weight"], c.rms_norm_eps)], dim=-1)
+            residual = features
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        q = F.linear(attn_in, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
+        k = F.linear(attn_in, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+        v = F.linear(attn_in, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+        attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, 0, tree_mask, slot_offset)
+        x = residual + F.linear(attn, w[p + "self_attn.o_proj.weight"])
+        return x + swiglu(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [B, N, Vd] float32 (EAGLE-1: the target's LM head on the predicted
+        feature; EAGLE-3: own norm and LM head over the draft vocabulary)."""
+        if self.config.kind == EAGLE1:
+            return F.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
+        normed = rms_norm(hidden, self.weights["norm.weight"], self.config.rms_norm_eps)
+        return F.linear(normed, self.weights["lm_head.weight"]).float()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, folder: str) -> None:
+        """Write ``model.safetensors`` (EAGLE reference key names, fp16 floats) and
+        ``config.json`` (Llama-style fields plus ``eagle_kind``, ``draft_vocab_size`` and
+        ``eagle_feature_layers``)."""
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        tensors = {n: (t.half() if t.is_floating_point() else t).contiguous().cpu() for n, t in self.weights.items()}
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        c = self.config
+        meta = {"architectures": ["LlamaForCausalLMEagle3" if c.kind == EAGLE3 else "LlamaForCausalLM"],
+                "eagle_kind": c.kind, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+                "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+                "head_dim": c.head_dim, "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
+                "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
+                "num_hidden_layers": 1, "eagle_feature_layers": list(c.feature_layers)}
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+
+    @classmethod
+    def load(cls, folder: str, target: LlamaModel) -> "EagleHead":
+        """Load a head saved by :meth:`save` or an EAGLE reference checkpoint folder
+        (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``)."""
+        with open(os.path.join(folder, "config.json")) as f:
+            meta = json.load(f)
+        kind = meta.get("eagle_kind") or (EAGLE3 if "draft_vocab_size" in meta else EAGLE1)
+        config = HeadConfig.for_target(target.config, kind, meta.get("draft_vocab_size"))
+        if meta.get("eagle_feature_layers"):
+            config.feature_layers = tuple(meta["eagle_feature_layers"])
+        weights = _read_tensors(folder)
+        weights.pop("t2d", None)  # EAGLE-3's target-to-draft mask is implied by d2t
+        weights.pop("embed_tokens.weight", None)  # shared with the target
+        weights = {n: t.to(target.device, target.dtype if t.is_floating_point() else torch.int64)
+                   for n, t in weights.items()}
+        return cls(config, weights, target)
+
+    def describe(self) -> dict:
+        return asdict(self.config)
+
+
+def _read_tensors(folder: str) -> dict[str, torch.Tensor]:
+    path = os.path.join(folder, "model.safetensors")
+    if os.path.exists(path):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    return torch.load(os.path.join(folder, "pytorch_model.bin"), map_location="cpu", weights_only=True)

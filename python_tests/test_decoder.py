@@ -1,0 +1,121 @@
+"""The speculative decoding loop on a tiny random Llama: exactness against plain decoding."""
+
+import pytest
+import torch
+
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.models import LlamaModel
+from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
+
+transformers = pytest.importorskip("transformers")
+from test_llama import tiny_hf_model  # noqa: E402
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [20, 21, 22, 23, 24, 25, 26]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return LlamaModel.from_transformers(tiny_hf_model(torch.float64))
+
+
+def repeat_head(target):
+    """An EAGLE-1 head whose output is its input feature: it drafts "the token the target
+    predicted for the parent", i.e. a repetition — often right on a tiny random model that
+    falls into loops, so acceptance paths get exercised deterministically."""
+    head = EagleHead.random(target, "eagle1")
+    H = target.config.hidden_size
+    w = head.weights
+    w["fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], dim=1).to(w["fc.weight"])
+    w["fc.bias"].zero_()
+    w["layers.0.self_attn.o_proj.weight"].zero_()
+    w["layers.0.mlp.down_proj.weight"].zero_()
+    return head
+
+
+HEADS = {
+    "eagle1-random": lambda t: EagleHead.random(t, "eagle1"),
+    "eagle3-random": lambda t: EagleHead.random(t, "eagle3", draft_vocab_size=60),
+    "eagle1-repeat": repeat_head,
+}
+TREES = [TreeConfig(3, 3, 8), TreeConfig(4, 2, 7)]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: f"d{t.depth}k{t.top_k}n{t.num_nodes}")
+@pytest.mark.parametrize("make_head", HEADS.values(), ids=HEADS.keys())
+def test_greedy_speculative_equals_plain(target, make_head, tree):
+    decoder = SpeculativeDecoder(target, make_head(target), tree)
+    plain = decoder.generate(PROMPTS, 14, speculative=False)
+    spec = decoder.generate(PROMPTS, 14)
+    assert spec.sequences == plain.sequences
+    assert all(len(s) == 14 for s in spec.sequences)
+    assert all(1.0 <= t <= tree.depth + 1 for t in spec.tau)
+    assert plain.tau == [1.0] * len(PROMPTS)
+
+
+def test_repeat_head_gets_drafts_accepted(target):
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(4, 2, 7))
+    spec = decoder.generate(PROMPTS, 24)
+    assert sum(spec.tau) / len(spec.tau) > 1.5, spec.tau
+    assert max(spec.steps) < 24
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
+def test_eos_stops_each_request(target, speculative):
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 2, 5))
+    free = decoder.generate(PROMPTS, 14, speculative=False).sequences
+    eos = free[0][3]
+    got = decoder.generate(PROMPTS, 14, eos_token_id=eos, speculative=speculative).sequences
+    for row, full in zip(got, free):
+        cut = full.index(eos) + 1 if eos in full else len(full)
+        assert row == full[:cut]
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
+def test_sampling_is_reproducible_and_in_range(target, speculative):
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8))
+    kwargs = dict(temperature=[0.8, 1.0, 0.0], top_k=[0, 5, 0], top_p=[0.9, 1.0, 1.0], seed=[3, 4, 5],
+                  speculative=speculative)
+    first = decoder.generate(PROMPTS, 10, **kwargs)
+    again = decoder.generate(PROMPTS, 10, **kwargs)
+    assert first.sequences == again.sequences
+    assert all(0 <= t < target.config.vocab_size for s in first.sequences for t in s)
+    greedy = decoder.generate(PROMPTS, 10, speculative=False).sequences
+    assert first.sequences[2] == greedy[2]  # the temperature-0 request is greedy
+
+
+def test_tree_config_rejects_impossible_trees():
+    with pytest.raises(ValueError, match="tree"):
+        TreeConfig(depth=2, top_k=2, num_nodes=8)  # only 6 candidates
+    with pytest.raises(ValueError, match="tree"):
+        TreeConfig(depth=0)
+
+
+def test_speculative_without_head_is_rejected(target):
+    with pytest.raises(ValueError, match="head"):
+        SpeculativeDecoder(target).generate(PROMPTS, 4)
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_head_checkpoint_round_trip(target, kind, tmp_path):
+    head = EagleHead.random(target, kind, draft_vocab_size=60)
+    # Saved floats are fp16: start from fp16-representable weights so the round trip is exact.
+    head.weights = {n: t.half().to(t.dtype) if t.is_floating_point() else t for n, t in head.weights.items()}
+    head.save(tmp_path)
+    loaded = EagleHead.load(tmp_path, target)
+    assert loaded.config == head.config
+    assert set(loaded.weights) == set(head_weight_shapes(head.config))
+    for name, tensor in head.weights.items():
+        assert torch.equal(loaded.weights[name], tensor), name
+    tokens = torch.randint(0, 60, (2, 5))
+    features = torch.randn(2, 5, target.config.hidden_size, dtype=torch.float64)
+    want = head.logits(head(tokens, features, head.new_cache(2, 8)))
+    got = loaded.logits(loaded(tokens, features, loaded.new_cache(2, 8)))
+    assert torch.equal(got, want)
+
+
+def test_head_rejects_wrong_weights(target):
+    head = EagleHead.random(target, "eagle1")
+    weights = dict(head.weights)
+    weights["fc.weight"] = weights["fc.weight"][:, :10]
+    with pytest.raises(ValueError, match="fc.weight"):
+        EagleHead(head.config, weights, target)
