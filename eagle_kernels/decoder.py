@@ -93,9 +93,11 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ public
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0, seed=0,
-                 eos_token_id=None, speculative: bool = True) -> GenerationResult:
+                 eos_token_id=None, speculative: bool = True, on_sync=None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per prompt (lists of token ids, ragged allowed).
-        Sampling parameters are scalars or one value per request."""
+        Sampling parameters are scalars or one value per request. ``on_sync(tokens, lengths)``
+        is called at each host synchronisation point (every ``sync_every`` steps) with the
+        int64 [B, W] token buffer and int64 [B] lengths, e.g. to stream text."""
         if speculative and self.head is None:
             raise ValueError("head: speculative decoding needs a draft head (or speculative=False)")
         start = time.perf_counter()
@@ -104,8 +106,11 @@ class SpeculativeDecoder:
         step = self._speculative_step if speculative else self._plain_step
         for index in range(max_new_tokens):
             step(state)
-            if (index + 1) % self.sync_every == 0 and bool(state.done.all()):
-                break
+            if (index + 1) % self.sync_every == 0:
+                if on_sync is not None:
+                    on_sync(state.out, state.out_len.clamp(max=max_new_tokens))
+                if bool(state.done.all()):
+                    break
         lengths = state.out_len.clamp(max=max_new_tokens).tolist()
         out = state.out.tolist()
         steps = state.steps.tolist()

@@ -1,0 +1,117 @@
+"""Command line: ``python -m eagle_kernels generate --prompt "..."`` and ``python -m eagle_kernels demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+DEMO_PROMPTS = {
+    "code": "Write a Python function that returns the n-th Fibonacci number.",
+    "prose": "Tell me a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def _load(args):
+    from .decoder import SpeculativeDecoder, TreeConfig
+    from .models import smollm2
+    from .models.eagle_head import EagleHead
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = smollm2.load(dtype=getattr(torch, args.dtype))
+    if args.head in ("untrained-eagle1", "untrained-eagle3"):
+        kind = args.head.split("-")[1]
+        head, label = EagleHead.random(target, kind), f"UNTRAINED {kind} head (random weights: expect tau ~ 1)"
+    else:
+        head, label = EagleHead.load(args.head, target), f"head from {args.head}"
+    decoder = SpeculativeDecoder(target, head, TreeConfig(args.depth, args.tree_top_k, args.num_nodes),
+                                 sync_every=args.sync_every)
+    return decoder, tokenizer, label
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)  # transformers 5 / 4
+
+
+def _common(parser):
+    parser.add_argument("--head", default="untrained-eagle1",
+                        help="head folder, or untrained-eagle1 / untrained-eagle3 (default until a trained head ships)")
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--tree-top-k", type=int, default=4)
+    parser.add_argument("--num-nodes", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--sync-every", type=int, default=4)
+
+
+def cmd_generate(args) -> None:
+    decoder, tokenizer, label = _load(args)
+    print(f"[{label}]", file=sys.stderr)
+    prompt = _chat_ids(tokenizer, args.prompt)
+    printed = [0]
+
+    def stream(tokens, lengths):
+        n = int(lengths[0])
+        text = tokenizer.decode(tokens[0, :n].tolist(), skip_special_tokens=True)
+        sys.stdout.write(text[printed[0]:])
+        sys.stdout.flush()
+        printed[0] = len(text)
+
+    result = decoder.generate([prompt], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed, eos_token_id=tokenizer.eos_token_id,
+                              speculative=not args.plain, on_sync=stream)
+    text = tokenizer.decode(result.sequences[0], skip_special_tokens=True)
+    sys.stdout.write(text[printed[0]:] + "\n")
+    t = result.timings
+    print(f"[{t['tokens']} tokens, {t['tokens_per_s']:.1f} tok/s, tau {result.tau[0]:.2f}]", file=sys.stderr)
+
+
+def cmd_demo(args) -> None:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with transformers
+        tqdm = None
+    decoder, tokenizer, label = _load(args)
+    print(f"SmolLM2-135M-Instruct, {label}, tree (depth {args.depth}, top-k {args.tree_top_k}, "
+          f"{args.num_nodes} nodes), {args.max_new_tokens} new tokens, T = 0")
+    runs = [(name, mode) for name in DEMO_PROMPTS for mode in ("plain", "speculative")]
+    rows, bar = [], tqdm(runs, desc="demo", unit="run") if tqdm else runs
+    for name, mode in bar:
+        prompt = _chat_ids(tokenizer, DEMO_PROMPTS[name])
+        result = decoder.generate([prompt], args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                  speculative=mode == "speculative")
+        rows.append((name, mode, result))
+    print("\n| prompt | mode | tokens | tok/s | tau | same text as plain |\n|---|---|---|---|---|---|")
+    plain = {name: r for name, mode, r in rows if mode == "plain"}
+    for name, mode, r in rows:
+        same = "yes" if r.sequences == plain[name].sequences else "NO"
+        print(f"| {name} | {mode} | {r.timings['tokens']} | {r.timings['tokens_per_s']:.1f} | {r.tau[0]:.2f} | {same} |")
+    for name, mode, r in rows:
+        if mode == "speculative":
+            print(f"\n[{name}] {tokenizer.decode(r.sequences[0], skip_special_tokens=True)}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m eagle_kernels", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="generate text from a prompt, streaming")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--plain", action="store_true", help="plain decoding (no speculation)")
+    _common(generate)
+    demo = commands.add_parser("demo", help="SmolLM2-135M: plain vs speculative decoding, tok/s and tau")
+    _common(demo)
+    args = parser.parse_args(argv)
+    {"generate": cmd_generate, "demo": cmd_demo}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
