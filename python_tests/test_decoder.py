@@ -119,3 +119,38 @@ def test_head_rejects_wrong_weights(target):
     weights["fc.weight"] = weights["fc.weight"][:, :10]
     with pytest.raises(ValueError, match="fc.weight"):
         EagleHead(head.config, weights, target)
+
+
+SYNC_METHODS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"]
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
+def test_steps_never_synchronise(speculative, monkeypatch):
+    """No host read inside a step: every tensor-to-host conversion raises while steps run."""
+    import eagle_kernels
+    from eagle_kernels._schemas import OPS
+
+    missing = [op for op in OPS if eagle_kernels.backend_of(op, "cpu") != "cpp"]
+    if missing:
+        pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
+    monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))  # native kernels: fp32
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8), sync_every=1000)
+    steps_run = []
+
+    def guarded(step):
+        def run(state):
+            def refuse(*args, **kwargs):
+                raise AssertionError("host synchronisation inside a decoding step")
+
+            with monkeypatch.context() as patch:
+                for name in SYNC_METHODS:
+                    patch.setattr(torch.Tensor, name, refuse)
+                step(state)
+            steps_run.append(1)
+        return run
+
+    decoder._plain_step = guarded(decoder._plain_step)
+    decoder._speculative_step = guarded(decoder._speculative_step)
+    result = decoder.generate(PROMPTS, 8, speculative=speculative)
+    assert len(steps_run) == 8 and all(len(s) == 8 for s in result.sequences)
