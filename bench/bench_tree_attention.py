@@ -51,12 +51,12 @@ def random_mask(B, N, seed):
     C = N + 16
     parents = torch.full((B, C), -1, dtype=torch.int32)
     scores = torch.zeros(B, C)
+    scores[:, 0] = -torch.rand(B, generator=gen) - 1e-3
     for c in range(1, C):
         p = torch.randint(-1, c, (B,), generator=gen, dtype=torch.int32)
         parents[:, c] = p
         base = torch.where(p >= 0, scores.gather(1, p.clamp(min=0).long()[:, None])[:, 0], torch.zeros(B))
         scores[:, c] = base - torch.rand(B, generator=gen) - 1e-3
-    scores[:, 0] = -torch.rand(B, generator=gen) - 1e-3
     tokens = torch.randint(0, 1000, (B, C), generator=gen)
     return reference.build_tree(torch.zeros(B, dtype=torch.int64), tokens, scores, parents, N).mask
 

@@ -202,3 +202,24 @@ def test_gpu_against_reference(gpu_op_impl, case):
     out = fn(to(q), to(k), to(v), to(seqlens), to(mask), block_table=to(table))
     want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
     torch.testing.assert_close(out.cpu().double(), want, **TOL[dtype])
+
+
+ISA_CASES = [
+    # N, prefix, heads, D, dtype, page, causal
+    (65, 37, (9, 3), 64, torch.float32, 16, False),
+    (130, 1000, (32, 8), 128, torch.bfloat16, None, False),
+    (60, 1, (8, 8), 64, torch.float16, 64, True),
+    (7, 37, (9, 3), 40, torch.float32, None, False),  # D % 16 != 0: scalar loops at any cap
+]
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("case", ISA_CASES, ids=[triton_id(c) for c in ISA_CASES])
+def test_cpp_instruction_sets(backend, op_impl, monkeypatch, isa, case):
+    """EAGLE_KERNELS_CPU_ISA caps the C++ kernel's instruction set (a cap above what the CPU
+    has runs the best available variant), so every variant is checked on one machine."""
+    if backend != "cpp":
+        pytest.skip("C++-specific switch")
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+    N, prefix, heads, D, dtype, page, causal = case
+    check(op_impl("tree_attention"), 2, N, prefix, heads, D, dtype, page, causal, seed=N + D)

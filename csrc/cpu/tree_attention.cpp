@@ -15,8 +15,9 @@
 // so QK^T broadcasts one key element against 16 rows, the softmax statistics are per-lane,
 // and PV broadcasts one probability against a V row.
 //
-// The hot loops exist twice: AVX-512 intrinsics (function multiversioning, chosen at run time
-// with __builtin_cpu_supports) and a portable scalar version, which also serves float64.
+// The hot loops exist three times: AVX-512 and AVX2+FMA intrinsics (function multiversioning,
+// chosen at run time with __builtin_cpu_supports; the wheel itself is built for plain x86-64)
+// and a portable scalar version, which also serves float64 and head dims not divisible by 16.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -26,12 +27,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* helpers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 #include "checks.h"
@@ -308,13 +312,207 @@ EAGLE_AVX512 void half_to_float_avx512(const c10::Half* src, float* dst, int D) 
   for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
 }
 
+// ------------------------------------------------------------------------------ AVX2 hot loops
+// Same algorithms at 8 lanes (AVX2 + FMA + F16C), for x86-64 CPUs without AVX-512.
+#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// 2^x as in exp2_avx512; 2^n is built from the exponent bits (n >= -126 keeps it normal).
+EAGLE_AVX2 inline __m256 exp2_avx2(__m256 x) {
+  const __m256 floor_v = _mm256_set1_ps(-126.0f);
+  const __m256 live = _mm256_cmp_ps(x, floor_v, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, floor_v);
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
+}
+
+// Rp % 16 == 0: 4 keys x 16 rows per step, 8 accumulators.
+EAGLE_AVX2 void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp,
+                        float* St) {
+  int k = 0;
+  for (; k + 4 <= nk; k += 4) {
+    const float* k0 = krows[k];
+    const float* k1 = krows[k + 1];
+    const float* k2 = krows[k + 2];
+    const float* k3 = krows[k + 3];
+    for (int r = 0; r < Rp; r += 16) {
+      __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
+      __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
+      __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
+      __m256 a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        const float* qd = Qt + static_cast<int64_t>(d) * Rp + r;
+        const __m256 q0 = _mm256_loadu_ps(qd);
+        const __m256 q1 = _mm256_loadu_ps(qd + 8);
+        __m256 b = _mm256_broadcast_ss(k0 + d);
+        a00 = _mm256_fmadd_ps(b, q0, a00);
+        a01 = _mm256_fmadd_ps(b, q1, a01);
+        b = _mm256_broadcast_ss(k1 + d);
+        a10 = _mm256_fmadd_ps(b, q0, a10);
+        a11 = _mm256_fmadd_ps(b, q1, a11);
+        b = _mm256_broadcast_ss(k2 + d);
+        a20 = _mm256_fmadd_ps(b, q0, a20);
+        a21 = _mm256_fmadd_ps(b, q1, a21);
+        b = _mm256_broadcast_ss(k3 + d);
+        a30 = _mm256_fmadd_ps(b, q0, a30);
+        a31 = _mm256_fmadd_ps(b, q1, a31);
+      }
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      _mm256_storeu_ps(s, a00);
+      _mm256_storeu_ps(s + 8, a01);
+      _mm256_storeu_ps(s + Rp, a10);
+      _mm256_storeu_ps(s + Rp + 8, a11);
+      _mm256_storeu_ps(s + 2 * Rp, a20);
+      _mm256_storeu_ps(s + 2 * Rp + 8, a21);
+      _mm256_storeu_ps(s + 3 * Rp, a30);
+      _mm256_storeu_ps(s + 3 * Rp + 8, a31);
+    }
+  }
+  for (; k < nk; ++k) {
+    const float* kr = krows[k];
+    for (int r = 0; r < Rp; r += 8) {
+      __m256 a = _mm256_setzero_ps();
+      for (int d = 0; d < D; ++d)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d),
+                            _mm256_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r), a);
+      _mm256_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, a);
+    }
+  }
+}
+
+EAGLE_AVX2 void softmax_avx2(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < Rp; r += 8) {
+    const __m256 m_old = _mm256_loadu_ps(m + r);
+    __m256 mx = m_old;
+    for (int k = 0; k < nk; ++k)
+      mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+    const __m256 dead = _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ);
+    const __m256 shift = _mm256_andnot_ps(dead, mx);  // 0 where the row saw no key yet
+    const __m256 a = exp2_avx2(_mm256_sub_ps(m_old, shift));
+    __m256 sum = _mm256_setzero_ps();
+    for (int k = 0; k < nk; ++k) {
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s), shift));
+      _mm256_storeu_ps(s, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    _mm256_storeu_ps(alpha + r, a);
+    _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
+    _mm256_storeu_ps(m + r, mx);
+  }
+}
+
+// D % 16 == 0 (so D % 32 is 0 or 16). Rows in pairs, D in chunks of 32 floats.
+EAGLE_AVX2 void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* vrows, int D,
+                        float* acc, const float* alpha) {
+  int r = 0;
+  for (; r + 2 <= R; r += 2) {
+    float* a0p = acc + static_cast<int64_t>(r) * D;
+    float* a1p = a0p + D;
+    const __m256 s0 = _mm256_set1_ps(alpha[r]);
+    const __m256 s1 = _mm256_set1_ps(alpha[r + 1]);
+    int c = 0;
+    for (; c + 32 <= D; c += 32) {
+      __m256 x00 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c), s0);
+      __m256 x01 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 8), s0);
+      __m256 x02 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 16), s0);
+      __m256 x03 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 24), s0);
+      __m256 x10 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c), s1);
+      __m256 x11 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 8), s1);
+      __m256 x12 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 16), s1);
+      __m256 x13 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 24), s1);
+      for (int k = 0; k < nk; ++k) {
+        const float* vr = vrows[k] + c;
+        const __m256 p0 = _mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r);
+        const __m256 p1 = _mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r + 1);
+        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+        const __m256 v2 = _mm256_loadu_ps(vr + 16), v3 = _mm256_loadu_ps(vr + 24);
+        x00 = _mm256_fmadd_ps(p0, v0, x00);
+        x01 = _mm256_fmadd_ps(p0, v1, x01);
+        x02 = _mm256_fmadd_ps(p0, v2, x02);
+        x03 = _mm256_fmadd_ps(p0, v3, x03);
+        x10 = _mm256_fmadd_ps(p1, v0, x10);
+        x11 = _mm256_fmadd_ps(p1, v1, x11);
+        x12 = _mm256_fmadd_ps(p1, v2, x12);
+        x13 = _mm256_fmadd_ps(p1, v3, x13);
+      }
+      _mm256_storeu_ps(a0p + c, x00);
+      _mm256_storeu_ps(a0p + c + 8, x01);
+      _mm256_storeu_ps(a0p + c + 16, x02);
+      _mm256_storeu_ps(a0p + c + 24, x03);
+      _mm256_storeu_ps(a1p + c, x10);
+      _mm256_storeu_ps(a1p + c + 8, x11);
+      _mm256_storeu_ps(a1p + c + 16, x12);
+      _mm256_storeu_ps(a1p + c + 24, x13);
+    }
+    for (; c < D; c += 8) {
+      __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c), s0);
+      __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c), s1);
+      for (int k = 0; k < nk; ++k) {
+        const __m256 vv = _mm256_loadu_ps(vrows[k] + c);
+        x0 = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r), vv, x0);
+        x1 = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r + 1), vv, x1);
+      }
+      _mm256_storeu_ps(a0p + c, x0);
+      _mm256_storeu_ps(a1p + c, x1);
+    }
+  }
+  for (; r < R; ++r) {
+    float* ap = acc + static_cast<int64_t>(r) * D;
+    const __m256 s = _mm256_set1_ps(alpha[r]);
+    for (int c = 0; c < D; c += 8) {
+      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(ap + c), s);
+      for (int k = 0; k < nk; ++k)
+        x = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r),
+                            _mm256_loadu_ps(vrows[k] + c), x);
+      _mm256_storeu_ps(ap + c, x);
+    }
+  }
+}
+
+EAGLE_AVX2 void bf16_to_float_avx2(const c10::BFloat16* src, float* dst, int D) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  int d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + d));
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(w));
+  }
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+EAGLE_AVX2 void half_to_float_avx2(const c10::Half* src, float* dst, int D) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  int d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + d));
+    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(h));
+  }
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
 bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return has;
 }
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+}
 #else
 bool cpu_has_avx512() { return false; }
+bool cpu_has_avx2() { return false; }
 #endif
 
 // ------------------------------------------------------------------------------ kernel ops
@@ -326,17 +524,34 @@ struct Ops {
   void (*to_acc)(const T*, Acc*, int) = to_acc_scalar<T, Acc>;
 };
 
+// EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 (default) caps the instruction set, so that
+// tests reach every variant on one machine.
+int isa_cap() {
+  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
+  if (env == nullptr) return 2;
+  if (std::strcmp(env, "scalar") == 0) return 0;
+  if (std::strcmp(env, "avx2") == 0) return 1;
+  return 2;
+}
+
 template <typename T, typename Acc>
 Ops<T, Acc> pick_ops(int64_t D) {
   Ops<T, Acc> ops;
 #if defined(__x86_64__)
+  const int cap = isa_cap();
   if constexpr (std::is_same_v<Acc, float>) {
-    if (cpu_has_avx512() && D % 16 == 0) {
+    if (cap >= 2 && cpu_has_avx512() && D % 16 == 0) {
       ops.qk = qk_avx512;
       ops.softmax = softmax_avx512;
       ops.pv = pv_avx512;
       if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx512;
       if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx512;
+    } else if (cap >= 1 && cpu_has_avx2() && D % 16 == 0) {
+      ops.qk = qk_avx2;
+      ops.softmax = softmax_avx2;
+      ops.pv = pv_avx2;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx2;
+      if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx2;
     }
   }
 #endif
