@@ -64,21 +64,21 @@ def random_mask(B, N, seed):
 @functools.lru_cache(maxsize=4)
 def make_case(B, N, prefix, heads, dtype, page, device):
     Hq, Hkv, D = heads
-    gen = torch.Generator().manual_seed(B * 1000 + N + prefix)
-    q = torch.randn(B, N, Hq, D, generator=gen).to(dtype)
+    # Generated where they live (GPU caches reach gigabytes).
+    gen = torch.Generator(device=device).manual_seed(B * 1000 + N + prefix)
+    q = torch.randn(B, N, Hq, D, generator=gen, device=device).to(dtype)
     capacity = prefix + N
     if page is None:
         shape, table = (B, capacity, Hkv, D), None
     else:
         pages = math.ceil(capacity / page)
         shape = (B * pages, page, Hkv, D)
-        table = torch.randperm(B * pages, generator=gen).view(B, pages).to(torch.int32)
-    k = torch.randn(shape, generator=gen).to(dtype)
-    v = torch.randn(shape, generator=gen).to(dtype)
-    seqlens = torch.full((B,), prefix, dtype=torch.int32)
-    mask = random_mask(B, N, prefix)
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return to(q), to(k), to(v), to(seqlens), to(mask), to(table)
+        table = torch.randperm(B * pages, generator=gen, device=device).view(B, pages).to(torch.int32)
+    k = torch.randn(shape, generator=gen, device=device).to(dtype)
+    v = torch.randn(shape, generator=gen, device=device).to(dtype)
+    seqlens = torch.full((B,), prefix, dtype=torch.int32, device=device)
+    mask = random_mask(B, N, prefix).to(device)
+    return q, k, v, seqlens, mask, table
 
 
 def sdpa_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, block_table=None):

@@ -147,3 +147,16 @@ def test_bad_input(backend, op_impl, case, name):
         fn(k_cache, v_cache, k_new, v_new, seqlens, block_table=table)
     if k_cache.shape == before.shape:
         torch.testing.assert_close(k_cache, before, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_gpu_against_reference(gpu_op_impl, paged):
+    fn = gpu_op_impl("write_kv")
+    k_cache, v_cache, k_new, v_new, seqlens, table = make_case(4, 60, 8, 128, torch.bfloat16, paged, seed=3)
+    k_want, v_want = expected(k_cache, v_cache, k_new, v_new, seqlens, table)
+    to = lambda t: None if t is None else t.cuda()  # noqa: E731
+    k_gpu, v_gpu = to(k_cache), to(v_cache)
+    fn(k_gpu, v_gpu, to(k_new), to(v_new), to(seqlens), block_table=to(table))
+    torch.testing.assert_close(k_gpu.cpu(), k_want, rtol=0, atol=0)
+    torch.testing.assert_close(v_gpu.cpu(), v_want, rtol=0, atol=0)
