@@ -167,6 +167,11 @@ def test_tree_attention_gpu(benchmark, provider, B, N, prefix):
 # ------------------------------------------------------------------ side-by-side table (main)
 def _time(fn, case, sync=None, budget=0.5):
     q, k, v, seqlens, mask, table = case
+    if sync is not None:  # CUDA: triton's do_bench (events, L2 flushed between runs), median
+        import triton.testing
+
+        return triton.testing.do_bench(lambda: fn(q, k, v, seqlens, mask, block_table=table),
+                                       warmup=10, rep=50, return_mode="median") * 1e-3
 
     def call():
         fn(q, k, v, seqlens, mask, block_table=table)
