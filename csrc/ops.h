@@ -18,6 +18,16 @@ void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache,
                     const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
                     const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table);
 
+at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                              const std::optional<at::Tensor>& tree_mask,
+                              const std::optional<at::Tensor>& block_table,
+                              std::optional<double> sm_scale);
+
+void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
+                  const at::Tensor& v_new, const at::Tensor& cache_seqlens,
+                  const std::optional<at::Tensor>& block_table);
+
 #ifdef EAGLE_WITH_CUDA
 TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
                             const at::Tensor& cand_scores, const at::Tensor& cand_parents,

@@ -1,7 +1,8 @@
 """eagle_kernels: kernels for EAGLE-style speculative decoding.
 
-Five ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
-``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``. Each dispatches by device to the
+Six ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
+``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, and ``write_kv`` (stores the new
+tokens' K/V before a verify pass). Each dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
 """
@@ -11,7 +12,7 @@ import warnings
 from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
 from ._types import DraftCandidates, Tree, VerifyOutput
-from .ops import build_tree, compact_kv, draft_expand, tree_attention, verify
+from .ops import build_tree, compact_kv, draft_expand, tree_attention, verify, write_kv
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,6 @@ if not _dispatch.HAS_CPP:
 _registration.register()
 
 __all__ = [
-    "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv",
+    "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
     "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
 ]

@@ -244,3 +244,18 @@ def check_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, 
     last = torch.gather(nodes, 1, accept_len.long()[:, None])[:, 0]
     _check_kv_values(k_cache, cache_seqlens, block_table, cache_seqlens.long() + last + 1,
                      "cache_seqlens + accept_nodes[accept_len] + 1")
+
+
+# --------------------------------------------------------------------------------- write_kv
+def check_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None, values=True):
+    check_tensor("k_new", k_new, dtype=FLOAT_DTYPES, ndim=4)
+    device = k_new.device
+    B, N, Hkv, D = k_new.shape
+    check_tensor("v_new", v_new, dtype=k_new.dtype, shape=tuple(k_new.shape), device=device)
+    check_tensor("k_cache", k_cache, dtype=k_new.dtype, ndim=4, device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, B, False, device)
+    if tuple(k_cache.shape[2:]) != (Hkv, D):
+        _fail("k_cache", f"heads and head dim [*, *, {Hkv}, {D}] as in k_new", f"shape {tuple(k_cache.shape)}")
+    if values and values_checked(device):
+        _check_kv_values(k_cache, cache_seqlens, block_table, cache_seqlens.long() + N,
+                         "cache_seqlens + N")

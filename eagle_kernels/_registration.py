@@ -61,12 +61,18 @@ def _fake_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, 
                              block_table=block_table, values=False)
 
 
+def _fake_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None):
+    _checks.check_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=block_table,
+                           values=False)
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
     "build_tree": _fake_build_tree,
     "verify": _fake_verify,
     "compact_kv": _fake_compact_kv,
+    "write_kv": _fake_write_kv,
 }
 
 

@@ -27,6 +27,10 @@ SCHEMAS = {
         "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
         "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()"
     ),
+    "write_kv": (
+        "write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, "
+        "Tensor cache_seqlens, *, Tensor? block_table=None) -> ()"
+    ),
 }
 
 OPS = tuple(SCHEMAS)

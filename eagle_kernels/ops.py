@@ -37,3 +37,10 @@ def compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, blo
     :func:`eagle_kernels.reference.compact_kv`."""
     _dispatch.run("compact_kv", k_cache.device, k_cache, v_cache, cache_seqlens, accept_nodes, accept_len,
                   block_table=block_table)
+
+
+def write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None) -> None:
+    """Store the K/V of N new tokens at positions ``cache_seqlens[b] + i``, in place (before a
+    verify pass: tree node i goes to slot i). See :func:`eagle_kernels.reference.write_kv`."""
+    _dispatch.run("write_kv", k_cache.device, k_cache, v_cache, k_new, v_new, cache_seqlens,
+                  block_table=block_table)

@@ -53,6 +53,14 @@ def small_inputs(op):
         nodes = torch.tensor([[0, 2, 3], [0, 1, -1]], dtype=torch.int32)
         lens = torch.tensor([2, 1], dtype=torch.int32)
         return (k, v, seqlens, nodes, lens), {}
+    if op == "write_kv":
+        k = torch.randn(7, 4, 2, 8, generator=g)  # paged: 7 pages of 4 positions
+        v = torch.randn(7, 4, 2, 8, generator=g)
+        k_new = torch.randn(2, 3, 2, 8, generator=g)
+        v_new = torch.randn(2, 3, 2, 8, generator=g)
+        seqlens = torch.tensor([2, 5], dtype=torch.int32)
+        table = torch.tensor([[3, 0], [6, 1]], dtype=torch.int32)
+        return (k, v, k_new, v_new, seqlens), {"block_table": table}
     raise AssertionError(op)
 
 
@@ -88,10 +96,10 @@ def test_fake_shapes_match_real(op):
 def test_public_op_equals_reference(op):
     """``eagle_kernels.<op>`` (whatever backend it picks) equals the reference on CPU."""
     args, kwargs = small_inputs(op)
-    if op == "compact_kv":
+    if op in ("compact_kv", "write_kv"):
         clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        eagle_kernels.compact_kv(*args, **kwargs)
-        eagle_kernels.reference.compact_kv(*clone, **kwargs)
+        getattr(eagle_kernels, op)(*args, **kwargs)
+        getattr(eagle_kernels.reference, op)(*clone, **kwargs)
         torch.testing.assert_close(args[0], clone[0], rtol=0, atol=0)
         torch.testing.assert_close(args[1], clone[1], rtol=0, atol=0)
         return
@@ -125,7 +133,7 @@ def test_backend_env_forces_path(op, forced, monkeypatch):
         chosen = eagle_kernels.backend_of(op, "cpu")
     assert chosen == (forced if fn is not None else "reference")
     args, kwargs = small_inputs(op)
-    if op != "compact_kv":  # the forced path still gives the reference's answer
+    if op not in ("compact_kv", "write_kv"):  # the forced path still gives the reference's answer
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             got = getattr(eagle_kernels, op)(*args, **kwargs)
@@ -164,6 +172,8 @@ def test_cpu_wheel_reports_native_build():
         pytest.skip(f"extension not built: {_dispatch.CPP_IMPORT_ERROR}")
     assert ("build_tree", "cpu") in _dispatch.NATIVE_KERNELS
     assert ("compact_kv", "cpu") in _dispatch.NATIVE_KERNELS
+    assert ("tree_attention", "cpu") in _dispatch.NATIVE_KERNELS
+    assert ("write_kv", "cpu") in _dispatch.NATIVE_KERNELS
 
 
 def test_import_without_extension_warns_and_works(tmp_path):

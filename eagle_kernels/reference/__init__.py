@@ -10,5 +10,6 @@ from .draft_expand import draft_expand
 from .random import philox4x32, uniform
 from .tree_attention import tree_attention
 from .verify import verify
+from .write_kv import write_kv
 
-__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "philox4x32", "uniform"]
+__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "philox4x32", "uniform"]

@@ -1,0 +1,378 @@
+// CPU launcher and kernel of tree_attention (contract §1): attention of the N tree nodes over
+// the committed prefix (no mask) and over their own ancestors' tree slots (int64 bitmask rows,
+// or causal j <= i when tree_mask is None).
+//
+// Work item = (request b, KV head h, block of nodes). Its rows are (node, query head of the
+// group) pairs, so one load (and dtype conversion) of each K/V tile serves every query head
+// that shares the KV head (GQA packing). Flash-attention style online softmax (Dao et al.
+// 2022, Alg. 1) in float32 over key tiles of TK positions; scores use base 2 (q is pre-scaled
+// by sm_scale * log2 e) so that one exp2 per score suffices.
+//
+// Data layout inside a work item, chosen so that every hot loop is vertical SIMD:
+//   Qt [D][Rp]   the rows' queries, transposed once per item (Rp = rows rounded up to 16)
+//   St [TK][Rp]  scores, then probabilities, of one key tile
+//   acc [R][D]   un-normalised outputs
+// so QK^T broadcasts one key element against 16 rows, the softmax statistics are per-lane,
+// and PV broadcasts one probability against a V row.
+//
+// The hot loops (csrc/cpu/tree_attention_loops.h) exist three times: AVX-512 and AVX2+FMA
+// intrinsics (function multiversioning, chosen at run time with __builtin_cpu_supports; the
+// wheel itself is built for plain x86-64) and a portable scalar version, which also serves
+// float64 and head dims not divisible by 16.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "checks.h"
+#include "ops.h"
+#include "tree_attention_loops.h"
+
+namespace eagle {
+namespace {
+
+constexpr int TK = 32;        // key positions per tile
+constexpr int ROW_PAD = 16;   // rows are padded to a multiple of one AVX-512 float vector
+constexpr int MAX_ROWS = 128; // rows per work item (bounds the per-thread scratch)
+constexpr double LOG2E = 1.4426950408889634;
+
+using namespace tree_attention_loops;
+
+// ------------------------------------------------------------------------------ kernel ops
+template <typename T, typename Acc>
+struct Ops {
+  void (*qk)(const Acc* const*, int, const Acc*, int, int, Acc*) = qk_scalar<Acc>;
+  void (*softmax)(Acc*, int, int, Acc*, Acc*, Acc*) = softmax_scalar<Acc>;
+  void (*pv)(const Acc*, int, int, int, const Acc* const*, int, Acc*, const Acc*) = pv_scalar<Acc>;
+  void (*to_acc)(const T*, Acc*, int) = to_acc_scalar<T, Acc>;
+};
+
+// EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 (default) caps the instruction set, so that
+// tests reach every variant on one machine.
+int isa_cap() {
+  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
+  if (env == nullptr) return 2;
+  if (std::strcmp(env, "scalar") == 0) return 0;
+  if (std::strcmp(env, "avx2") == 0) return 1;
+  return 2;
+}
+
+template <typename T, typename Acc>
+Ops<T, Acc> pick_ops(int64_t D) {
+  Ops<T, Acc> ops;
+#if defined(__x86_64__)
+  const int cap = isa_cap();
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (cap >= 2 && cpu_has_avx512() && D % 16 == 0) {
+      ops.qk = qk_avx512;
+      ops.softmax = softmax_avx512;
+      ops.pv = pv_avx512;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx512;
+      if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx512;
+    } else if (cap >= 1 && cpu_has_avx2() && D % 16 == 0) {
+      ops.qk = qk_avx2;
+      ops.softmax = softmax_avx2;
+      ops.pv = pv_avx2;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx2;
+      if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx2;
+    }
+  }
+#endif
+  return ops;
+}
+
+// ---------------------------------------------------------------------------------- launcher
+struct Cache {
+  const char* base;
+  int64_t s_outer, s_pos, s_head;  // bytes
+};
+
+struct Problem {
+  int64_t B, N, Hq, Hkv, G, D;
+  int64_t W;           // mask words per row
+  int64_t page_size;   // paged only
+  int64_t max_pages;
+  bool paged, causal;
+  double scale_log2;   // sm_scale * log2(e)
+  const char* q;       // [B, N, Hq, D] contiguous
+  Cache k, v;
+  const int32_t* seqlens;
+  const int32_t* block_table;  // [B, max_pages] or null
+  const int64_t* mask;         // [B, N, W] or null
+  char* out;                   // [B, N, Hq, D] contiguous
+  int64_t node_block;          // nodes per work item
+};
+
+template <typename T>
+inline const T* cache_row(const Cache& c, const Problem& p, int64_t b, int64_t h, int64_t t) {
+  int64_t outer = b, pos = t;
+  if (p.paged) {
+    outer = p.block_table[b * p.max_pages + t / p.page_size];
+    pos = t % p.page_size;
+  }
+  return reinterpret_cast<const T*>(c.base + outer * c.s_outer + pos * c.s_pos + h * c.s_head);
+}
+
+template <typename T, typename Acc>
+struct Scratch {
+  std::vector<Acc> Qt, St, acc, m, l, alpha, kbuf, vbuf;
+  std::vector<const Acc*> krows, vrows;
+  Scratch(int64_t Rp, int64_t D) {
+    Qt.resize(Rp * D);
+    St.resize(TK * Rp);
+    acc.resize(Rp * D);
+    m.resize(Rp);
+    l.resize(Rp);
+    alpha.resize(Rp);
+    if (!std::is_same_v<T, Acc>) {
+      kbuf.resize(TK * D);
+      vbuf.resize(TK * D);
+    }
+    krows.resize(TK);
+    vrows.resize(TK);
+  }
+};
+
+template <typename T, typename Acc>
+void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int64_t item) {
+  const int64_t blocks = (p.N + p.node_block - 1) / p.node_block;
+  const int64_t nb_idx = item % blocks;
+  const int64_t h = (item / blocks) % p.Hkv;
+  const int64_t b = item / (blocks * p.Hkv);
+  const int64_t n0 = nb_idx * p.node_block;
+  const int64_t n1 = std::min(p.N, n0 + p.node_block);
+  const int R = static_cast<int>((n1 - n0) * p.G);
+  const int Rp = (R + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+  const int D = static_cast<int>(p.D);
+  const int64_t prefix = p.seqlens[b];
+  const Acc ninf = -std::numeric_limits<Acc>::infinity();
+
+  // Qt[d][r], r = (node - n0) * G + g, pre-scaled; padding rows are zero.
+  const T* q = reinterpret_cast<const T*>(p.q);
+  std::fill(s.Qt.begin(), s.Qt.begin() + static_cast<int64_t>(Rp) * D, Acc(0));
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = n0 + r / p.G;
+    const int64_t head = h * p.G + r % p.G;
+    const T* qr = q + ((b * p.N + i) * p.Hq + head) * p.D;
+    for (int d = 0; d < D; ++d)
+      s.Qt[static_cast<int64_t>(d) * Rp + r] = static_cast<Acc>(qr[d]) * static_cast<Acc>(p.scale_log2);
+  }
+  std::fill(s.acc.begin(), s.acc.begin() + static_cast<int64_t>(R) * D, Acc(0));
+  std::fill(s.m.begin(), s.m.begin() + Rp, ninf);
+  std::fill(s.l.begin(), s.l.begin() + Rp, Acc(0));
+
+  // Tree slots j <= i only (ancestors precede their descendants), so no row of this block
+  // sees a slot past n1 - 1.
+  const int64_t end = prefix + n1;
+  for (int64_t t0 = 0; t0 < end; t0 += TK) {
+    const int nk = static_cast<int>(std::min<int64_t>(TK, end - t0));
+    for (int k = 0; k < nk; ++k) {
+      const T* kr = cache_row<T>(p.k, p, b, h, t0 + k);
+      const T* vr = cache_row<T>(p.v, p, b, h, t0 + k);
+      if constexpr (std::is_same_v<T, Acc>) {
+        s.krows[k] = kr;
+        s.vrows[k] = vr;
+      } else {
+        Acc* kd = s.kbuf.data() + static_cast<int64_t>(k) * D;
+        Acc* vd = s.vbuf.data() + static_cast<int64_t>(k) * D;
+        ops.to_acc(kr, kd, D);
+        ops.to_acc(vr, vd, D);
+        s.krows[k] = kd;
+        s.vrows[k] = vd;
+      }
+    }
+    ops.qk(s.krows.data(), nk, s.Qt.data(), D, Rp, s.St.data());
+    if (t0 + nk > prefix) {  // the tile reaches tree slots: apply the mask
+      for (int k = std::max<int64_t>(0, prefix - t0); k < nk; ++k) {
+        const int64_t j = t0 + k - prefix;
+        Acc* srow = s.St.data() + static_cast<int64_t>(k) * Rp;
+        for (int r = 0; r < R; ++r) {
+          const int64_t i = n0 + r / p.G;
+          bool visible;
+          if (p.causal) {
+            visible = j <= i;
+          } else {
+            const int64_t word = p.mask[(b * p.N + i) * p.W + (j >> 6)];
+            visible = (static_cast<uint64_t>(word) >> (j & 63)) & 1u;
+          }
+          if (!visible) srow[r] = ninf;
+        }
+      }
+    }
+    ops.softmax(s.St.data(), nk, Rp, s.m.data(), s.l.data(), s.alpha.data());
+    ops.pv(s.St.data(), nk, Rp, R, s.vrows.data(), D, s.acc.data(), s.alpha.data());
+  }
+
+  T* out = reinterpret_cast<T*>(p.out);
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = n0 + r / p.G;
+    const int64_t head = h * p.G + r % p.G;
+    T* orow = out + ((b * p.N + i) * p.Hq + head) * p.D;
+    // A row with no visible key (only possible with a mask lacking the node's own bit and an
+    // empty prefix) outputs zeros rather than NaN.
+    const Acc inv = s.l[r] > Acc(0) ? Acc(1) / s.l[r] : Acc(0);
+    const Acc* a = s.acc.data() + static_cast<int64_t>(r) * D;
+    for (int d = 0; d < D; ++d) orow[d] = static_cast<T>(a[d] * inv);
+  }
+}
+
+template <typename T, typename Acc>
+void run(const Problem& p) {
+  const Ops<T, Acc> ops = pick_ops<T, Acc>(p.D);
+  const int64_t blocks = (p.N + p.node_block - 1) / p.node_block;
+  const int64_t items = p.B * p.Hkv * blocks;
+  // Work of one item ~ rows * keys * D multiply-adds (x2 for QK and PV); run small problems
+  // inline (waking a second thread costs more than they take).
+  int64_t max_prefix = 0;
+  for (int64_t b = 0; b < p.B; ++b) max_prefix = std::max<int64_t>(max_prefix, p.seqlens[b]);
+  const int64_t item_work = std::max<int64_t>(1, p.node_block * p.G * (max_prefix + p.N) * p.D);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / item_work);
+  const int64_t Rp = (p.node_block * p.G + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    Scratch<T, Acc> scratch(Rp, p.D);
+    for (int64_t item = begin; item < end; ++item) run_item<T, Acc>(p, ops, scratch, item);
+  });
+}
+
+// Nodes per work item: at most MAX_ROWS rows, and small enough that the items keep every
+// thread busy (each item re-reads the request's K/V for its KV head).
+int64_t choose_node_block(int64_t B, int64_t N, int64_t Hkv, int64_t G) {
+  int64_t nb = std::max<int64_t>(1, std::min<int64_t>(N, MAX_ROWS / std::max<int64_t>(G, 1)));
+  const int64_t threads = at::get_num_threads();
+  while (nb > 1 && nb * G > ROW_PAD &&
+         B * Hkv * ((N + nb - 1) / nb) < 2 * threads) {
+    nb = (nb + 1) / 2;
+  }
+  return nb;
+}
+
+void check_values(const Problem& p, int64_t capacity, int64_t num_pages) {
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t len = p.seqlens[b];
+    TORCH_CHECK_VALUE(len >= 0, "tree_attention: cache_seqlens: expected non-negative lengths, got ",
+                      "cache_seqlens[", b, "] = ", len);
+    TORCH_CHECK_VALUE(len + p.N <= capacity, "tree_attention: cache_seqlens: expected cache_seqlens + N ",
+                      "<= cache capacity ", capacity, ", got ", len + p.N, " for request ", b);
+    if (!p.paged) continue;
+    for (int64_t slot = 0; slot * p.page_size < len + p.N; ++slot) {
+      const int64_t page = p.block_table[b * p.max_pages + slot];
+      TORCH_CHECK_VALUE(page >= 0 && page < num_pages,
+                        "tree_attention: block_table: expected page ids in [0, ", num_pages,
+                        ") for the pages in use, got block_table[", b, ", ", slot, "] = ", page);
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
+                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                              const std::optional<at::Tensor>& tree_mask,
+                              const std::optional<at::Tensor>& block_table,
+                              std::optional<double> sm_scale) {
+  const char* op = "tree_attention";
+  // Same order and wording as eagle_kernels/_checks.py::check_tree_attention.
+  TORCH_CHECK_VALUE(q_in.scalar_type() == at::kFloat || q_in.scalar_type() == at::kHalf ||
+                        q_in.scalar_type() == at::kBFloat16 || q_in.scalar_type() == at::kDouble,
+                    op, ": q: expected dtype float32, float16, bfloat16 or float64, got ",
+                    q_in.scalar_type());
+  check_dim(q_in, op, "q", 4, "[B, N, Hq, D]");
+  const at::Device dev = q_in.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": q: expected device cpu, got ", dev);
+  const int64_t B = q_in.size(0), N = q_in.size(1), Hq = q_in.size(2), D = q_in.size(3);
+  const bool paged = block_table.has_value();
+  const char* layout = paged ? "[P, page_size, Hkv, D]" : "[B, S, Hkv, D]";
+  check_dtype(k_cache, op, "k_cache", q_in.scalar_type());
+  check_dim(k_cache, op, "k_cache", 4, layout);
+  check_device(k_cache, op, "k_cache", dev);
+  check_dtype(v_cache, op, "v_cache", q_in.scalar_type());
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), op, ": v_cache: expected the shape of k_cache ",
+                    shape_str(k_cache.sizes()), ", got ", shape_str(v_cache.sizes()));
+  check_device(v_cache, op, "v_cache", dev);
+  check_dtype(cache_seqlens, op, "cache_seqlens", at::kInt);
+  check_shape(cache_seqlens, op, "cache_seqlens", {B}, "[B]");
+  check_device(cache_seqlens, op, "cache_seqlens", dev);
+  int64_t max_pages = 0;
+  at::Tensor table;
+  if (paged) {
+    check_dtype(*block_table, op, "block_table", at::kInt);
+    check_dim(*block_table, op, "block_table", 2, "[B, max_pages]");
+    check_device(*block_table, op, "block_table", dev);
+    max_pages = block_table->size(1);
+    check_shape(*block_table, op, "block_table", {B, max_pages}, "[B, max_pages]");
+    table = block_table->contiguous();
+  } else {
+    TORCH_CHECK_VALUE(k_cache.size(0) == B, op, ": k_cache: expected batch dim ", B, " in ",
+                      layout, ", got shape ", shape_str(k_cache.sizes()));
+  }
+  const int64_t Hkv = k_cache.size(2);
+  TORCH_CHECK_VALUE(Hkv > 0 && Hq % Hkv == 0, op, ": k_cache: expected a KV head count dividing Hq = ",
+                    Hq, ", got ", Hkv);
+  TORCH_CHECK_VALUE(k_cache.size(3) == D, op, ": k_cache: expected head dim ", D, " as in q, got ",
+                    k_cache.size(3));
+  at::Tensor mask;
+  if (tree_mask.has_value()) {
+    check_dtype(*tree_mask, op, "tree_mask", at::kLong);
+    check_shape(*tree_mask, op, "tree_mask", {B, N, (N + 63) / 64}, "[B, N, ceil(N / 64)]");
+    check_device(*tree_mask, op, "tree_mask", dev);
+    mask = tree_mask->contiguous();
+  }
+  TORCH_CHECK_VALUE(k_cache.stride(3) == 1 || D <= 1, op,
+                    ": k_cache: expected a dense last (head) dim, got strides ",
+                    shape_str(k_cache.strides()));
+  TORCH_CHECK_VALUE(v_cache.stride(3) == 1 || D <= 1, op,
+                    ": v_cache: expected a dense last (head) dim, got strides ",
+                    shape_str(v_cache.strides()));
+
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor seqlens = cache_seqlens.contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
+
+  Problem p;
+  p.B = B;
+  p.N = N;
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.G = Hq / Hkv;
+  p.D = D;
+  p.W = (N + 63) / 64;
+  p.paged = paged;
+  p.page_size = paged ? k_cache.size(1) : 0;
+  p.max_pages = max_pages;
+  p.causal = !tree_mask.has_value();
+  p.scale_log2 = (sm_scale.has_value() ? *sm_scale : 1.0 / std::sqrt(static_cast<double>(D))) * LOG2E;
+  p.q = static_cast<const char*>(q.data_ptr());
+  const int64_t es = static_cast<int64_t>(k_cache.element_size());
+  p.k = {static_cast<const char*>(k_cache.data_ptr()), k_cache.stride(0) * es,
+         k_cache.stride(1) * es, k_cache.stride(2) * es};
+  p.v = {static_cast<const char*>(v_cache.data_ptr()), v_cache.stride(0) * es,
+         v_cache.stride(1) * es, v_cache.stride(2) * es};
+  p.seqlens = seqlens.data_ptr<int32_t>();
+  p.block_table = paged ? table.data_ptr<int32_t>() : nullptr;
+  p.mask = tree_mask.has_value() ? mask.data_ptr<int64_t>() : nullptr;
+  p.out = static_cast<char*>(out.data_ptr());
+  const int64_t capacity = paged ? max_pages * k_cache.size(1) : k_cache.size(1);
+  check_values(p, capacity, paged ? k_cache.size(0) : 0);
+  if (out.numel() == 0) return out;
+  p.node_block = choose_node_block(B, N, Hkv, p.G);
+
+  switch (q.scalar_type()) {
+    case at::kFloat: run<float, float>(p); break;
+    case at::kHalf: run<c10::Half, float>(p); break;
+    case at::kBFloat16: run<c10::BFloat16, float>(p); break;
+    case at::kDouble: run<double, double>(p); break;
+    default: TORCH_CHECK_VALUE(false, op, ": q: unsupported dtype ", q.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace eagle

@@ -1,0 +1,492 @@
+// Hot loops of the CPU tree_attention kernel (csrc/cpu/tree_attention.cpp), in three variants:
+// portable scalar (also float64 and head dims not divisible by 16), AVX2+FMA+F16C and AVX-512
+// (function multiversioning through target attributes; the caller picks one at run time with
+// cpu_has_avx2 / cpu_has_avx512). Included by tree_attention.cpp only.
+//
+// Layouts (see tree_attention.cpp): Qt [D][Rp] pre-scaled queries, St [TK][Rp] scores then
+// probabilities, acc [R][D] un-normalised outputs; krows / vrows: nk pointers to fp32 rows of D.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* helpers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace eagle {
+namespace tree_attention_loops {
+// ------------------------------------------------------------------------- portable hot loops
+// St[k][r] = sum_d K[k][d] * Qt[d][r] for k < nk, r < Rp.
+template <typename Acc>
+void qk_scalar(const Acc* const* krows, int nk, const Acc* Qt, int D, int Rp, Acc* St) {
+  for (int k = 0; k < nk; ++k) {
+    Acc* s = St + static_cast<int64_t>(k) * Rp;
+    for (int r = 0; r < Rp; ++r) s[r] = 0;
+    const Acc* kr = krows[k];
+    for (int d = 0; d < D; ++d) {
+      const Acc kv = kr[d];
+      const Acc* qd = Qt + static_cast<int64_t>(d) * Rp;
+      for (int r = 0; r < Rp; ++r) s[r] += kv * qd[r];
+    }
+  }
+}
+
+// Online softmax update of one tile (base 2): m, l running max and sum per row; alpha = the
+// factor acc must be rescaled by. St is overwritten with the probabilities.
+template <typename Acc>
+void softmax_scalar(Acc* St, int nk, int Rp, Acc* m, Acc* l, Acc* alpha) {
+  const Acc ninf = -std::numeric_limits<Acc>::infinity();
+  for (int r = 0; r < Rp; ++r) {
+    Acc mx = m[r];
+    for (int k = 0; k < nk; ++k) mx = std::max(mx, St[static_cast<int64_t>(k) * Rp + r]);
+    // A row that has seen only masked keys keeps m = -inf; shift by 0 so that no -inf - -inf
+    // NaN appears (its probabilities and alpha are then exactly 0).
+    const Acc shift = mx == ninf ? Acc(0) : mx;
+    alpha[r] = std::exp2(m[r] - shift);
+    Acc sum = 0;
+    for (int k = 0; k < nk; ++k) {
+      Acc& s = St[static_cast<int64_t>(k) * Rp + r];
+      s = std::exp2(s - shift);
+      sum += s;
+    }
+    l[r] = l[r] * alpha[r] + sum;
+    m[r] = mx;
+  }
+}
+
+// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R.
+template <typename Acc>
+void pv_scalar(const Acc* P, int nk, int Rp, int R, const Acc* const* vrows, int D, Acc* acc,
+               const Acc* alpha) {
+  for (int r = 0; r < R; ++r) {
+    Acc* a = acc + static_cast<int64_t>(r) * D;
+    const Acc s = alpha[r];
+    for (int d = 0; d < D; ++d) a[d] *= s;
+    for (int k = 0; k < nk; ++k) {
+      const Acc p = P[static_cast<int64_t>(k) * Rp + r];
+      if (p == Acc(0)) continue;
+      const Acc* v = vrows[k];
+      for (int d = 0; d < D; ++d) a[d] += p * v[d];
+    }
+  }
+}
+
+template <typename T, typename Acc>
+void to_acc_scalar(const T* src, Acc* dst, int D) {
+  for (int d = 0; d < D; ++d) dst[d] = static_cast<Acc>(src[d]);
+}
+
+// --------------------------------------------------------------------------- AVX-512 hot loops
+#if defined(__x86_64__)
+#define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+
+// 2^x for x <= 0 or -inf (scores minus the running max), max rel. error ~2e-7: 2^x =
+// 2^n * 2^f with n = round(x), f in [-0.5, 0.5], 2^f by a degree-6 polynomial (Taylor of
+// e^(f ln2), truncation < 1e-8). Inputs below -126 (incl. -inf) give exactly 0.
+EAGLE_AVX512 inline __m512 exp2_avx512(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);  // ln2^6 / 720
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5 / 120
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 24
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 6
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+
+EAGLE_AVX512 inline void qk_avx512(const float* const* krows, int nk, const float* Qt, int D, int Rp,
+                            float* St) {
+  int k = 0;
+  for (; k + 4 <= nk; k += 4) {
+    const float* k0 = krows[k];
+    const float* k1 = krows[k + 1];
+    const float* k2 = krows[k + 2];
+    const float* k3 = krows[k + 3];
+    int r = 0;
+    for (; r + 32 <= Rp; r += 32) {
+      __m512 a00 = _mm512_setzero_ps(), a01 = _mm512_setzero_ps();
+      __m512 a10 = _mm512_setzero_ps(), a11 = _mm512_setzero_ps();
+      __m512 a20 = _mm512_setzero_ps(), a21 = _mm512_setzero_ps();
+      __m512 a30 = _mm512_setzero_ps(), a31 = _mm512_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        const float* qd = Qt + static_cast<int64_t>(d) * Rp + r;
+        const __m512 q0 = _mm512_loadu_ps(qd);
+        const __m512 q1 = _mm512_loadu_ps(qd + 16);
+        __m512 b = _mm512_set1_ps(k0[d]);
+        a00 = _mm512_fmadd_ps(b, q0, a00);
+        a01 = _mm512_fmadd_ps(b, q1, a01);
+        b = _mm512_set1_ps(k1[d]);
+        a10 = _mm512_fmadd_ps(b, q0, a10);
+        a11 = _mm512_fmadd_ps(b, q1, a11);
+        b = _mm512_set1_ps(k2[d]);
+        a20 = _mm512_fmadd_ps(b, q0, a20);
+        a21 = _mm512_fmadd_ps(b, q1, a21);
+        b = _mm512_set1_ps(k3[d]);
+        a30 = _mm512_fmadd_ps(b, q0, a30);
+        a31 = _mm512_fmadd_ps(b, q1, a31);
+      }
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      _mm512_storeu_ps(s, a00);
+      _mm512_storeu_ps(s + 16, a01);
+      _mm512_storeu_ps(s + Rp, a10);
+      _mm512_storeu_ps(s + Rp + 16, a11);
+      _mm512_storeu_ps(s + 2 * Rp, a20);
+      _mm512_storeu_ps(s + 2 * Rp + 16, a21);
+      _mm512_storeu_ps(s + 3 * Rp, a30);
+      _mm512_storeu_ps(s + 3 * Rp + 16, a31);
+    }
+    for (; r < Rp; r += 16) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+      __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        const __m512 q0 = _mm512_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), q0, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(k1[d]), q0, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(k2[d]), q0, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(k3[d]), q0, a3);
+      }
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      _mm512_storeu_ps(s, a0);
+      _mm512_storeu_ps(s + Rp, a1);
+      _mm512_storeu_ps(s + 2 * Rp, a2);
+      _mm512_storeu_ps(s + 3 * Rp, a3);
+    }
+  }
+  for (; k < nk; ++k) {
+    const float* kr = krows[k];
+    for (int r = 0; r < Rp; r += 16) {
+      __m512 a = _mm512_setzero_ps();
+      for (int d = 0; d < D; ++d)
+        a = _mm512_fmadd_ps(_mm512_set1_ps(kr[d]),
+                            _mm512_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r), a);
+      _mm512_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, a);
+    }
+  }
+}
+
+EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < Rp; r += 16) {
+    const __m512 m_old = _mm512_loadu_ps(m + r);
+    __m512 mx = m_old;
+    for (int k = 0; k < nk; ++k)
+      mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+    const __mmask16 dead = _mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ);
+    const __m512 shift = _mm512_mask_mov_ps(mx, dead, _mm512_setzero_ps());
+    const __m512 a = exp2_avx512(_mm512_sub_ps(m_old, shift));
+    __m512 sum = _mm512_setzero_ps();
+    for (int k = 0; k < nk; ++k) {
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      const __m512 p = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s), shift));
+      _mm512_storeu_ps(s, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    _mm512_storeu_ps(alpha + r, a);
+    _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+    _mm512_storeu_ps(m + r, mx);
+  }
+}
+
+// D % 16 == 0. Rows in pairs, D in chunks of 64 floats: 8 accumulators, each V load serves
+// two rows.
+EAGLE_AVX512 inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const* vrows,
+                            int D, float* acc, const float* alpha) {
+  int r = 0;
+  for (; r + 2 <= R; r += 2) {
+    float* a0p = acc + static_cast<int64_t>(r) * D;
+    float* a1p = a0p + D;
+    const __m512 s0 = _mm512_set1_ps(alpha[r]);
+    const __m512 s1 = _mm512_set1_ps(alpha[r + 1]);
+    for (int c = 0; c < D; c += 64) {
+      const int nv = std::min(4, (D - c) / 16);
+      __m512 x0[4], x1[4];
+      for (int v = 0; v < 4; ++v) {
+        if (v < nv) {
+          x0[v] = _mm512_mul_ps(_mm512_loadu_ps(a0p + c + 16 * v), s0);
+          x1[v] = _mm512_mul_ps(_mm512_loadu_ps(a1p + c + 16 * v), s1);
+        }
+      }
+      if (nv == 4) {
+        for (int k = 0; k < nk; ++k) {
+          const float* vr = vrows[k] + c;
+          const __m512 p0 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r]);
+          const __m512 p1 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r + 1]);
+          const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+          const __m512 v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+          x0[0] = _mm512_fmadd_ps(p0, v0, x0[0]);
+          x0[1] = _mm512_fmadd_ps(p0, v1, x0[1]);
+          x0[2] = _mm512_fmadd_ps(p0, v2, x0[2]);
+          x0[3] = _mm512_fmadd_ps(p0, v3, x0[3]);
+          x1[0] = _mm512_fmadd_ps(p1, v0, x1[0]);
+          x1[1] = _mm512_fmadd_ps(p1, v1, x1[1]);
+          x1[2] = _mm512_fmadd_ps(p1, v2, x1[2]);
+          x1[3] = _mm512_fmadd_ps(p1, v3, x1[3]);
+        }
+      } else {
+        for (int k = 0; k < nk; ++k) {
+          const float* vr = vrows[k] + c;
+          const __m512 p0 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r]);
+          const __m512 p1 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r + 1]);
+          for (int v = 0; v < nv; ++v) {
+            const __m512 vv = _mm512_loadu_ps(vr + 16 * v);
+            x0[v] = _mm512_fmadd_ps(p0, vv, x0[v]);
+            x1[v] = _mm512_fmadd_ps(p1, vv, x1[v]);
+          }
+        }
+      }
+      for (int v = 0; v < nv; ++v) {
+        _mm512_storeu_ps(a0p + c + 16 * v, x0[v]);
+        _mm512_storeu_ps(a1p + c + 16 * v, x1[v]);
+      }
+    }
+  }
+  for (; r < R; ++r) {
+    float* ap = acc + static_cast<int64_t>(r) * D;
+    const __m512 s = _mm512_set1_ps(alpha[r]);
+    for (int c = 0; c < D; c += 16) {
+      __m512 x = _mm512_mul_ps(_mm512_loadu_ps(ap + c), s);
+      for (int k = 0; k < nk; ++k)
+        x = _mm512_fmadd_ps(_mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r]),
+                            _mm512_loadu_ps(vrows[k] + c), x);
+      _mm512_storeu_ps(ap + c, x);
+    }
+  }
+}
+
+EAGLE_AVX512 inline void bf16_to_float_avx512(const c10::BFloat16* src, float* dst, int D) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  int d = 0;
+  for (; d + 16 <= D; d += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + d));
+    const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(w));
+  }
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+EAGLE_AVX512 inline void half_to_float_avx512(const c10::Half* src, float* dst, int D) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  int d = 0;
+  for (; d + 16 <= D; d += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + d));
+    _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(h));
+  }
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+// ------------------------------------------------------------------------------ AVX2 hot loops
+// Same algorithms at 8 lanes (AVX2 + FMA + F16C), for x86-64 CPUs without AVX-512.
+#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// 2^x as in exp2_avx512; 2^n is built from the exponent bits (n >= -126 keeps it normal).
+EAGLE_AVX2 inline __m256 exp2_avx2(__m256 x) {
+  const __m256 floor_v = _mm256_set1_ps(-126.0f);
+  const __m256 live = _mm256_cmp_ps(x, floor_v, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, floor_v);
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
+}
+
+// Rp % 16 == 0: 4 keys x 16 rows per step, 8 accumulators.
+EAGLE_AVX2 inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp,
+                        float* St) {
+  int k = 0;
+  for (; k + 4 <= nk; k += 4) {
+    const float* k0 = krows[k];
+    const float* k1 = krows[k + 1];
+    const float* k2 = krows[k + 2];
+    const float* k3 = krows[k + 3];
+    for (int r = 0; r < Rp; r += 16) {
+      __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
+      __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
+      __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
+      __m256 a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        const float* qd = Qt + static_cast<int64_t>(d) * Rp + r;
+        const __m256 q0 = _mm256_loadu_ps(qd);
+        const __m256 q1 = _mm256_loadu_ps(qd + 8);
+        __m256 b = _mm256_broadcast_ss(k0 + d);
+        a00 = _mm256_fmadd_ps(b, q0, a00);
+        a01 = _mm256_fmadd_ps(b, q1, a01);
+        b = _mm256_broadcast_ss(k1 + d);
+        a10 = _mm256_fmadd_ps(b, q0, a10);
+        a11 = _mm256_fmadd_ps(b, q1, a11);
+        b = _mm256_broadcast_ss(k2 + d);
+        a20 = _mm256_fmadd_ps(b, q0, a20);
+        a21 = _mm256_fmadd_ps(b, q1, a21);
+        b = _mm256_broadcast_ss(k3 + d);
+        a30 = _mm256_fmadd_ps(b, q0, a30);
+        a31 = _mm256_fmadd_ps(b, q1, a31);
+      }
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      _mm256_storeu_ps(s, a00);
+      _mm256_storeu_ps(s + 8, a01);
+      _mm256_storeu_ps(s + Rp, a10);
+      _mm256_storeu_ps(s + Rp + 8, a11);
+      _mm256_storeu_ps(s + 2 * Rp, a20);
+      _mm256_storeu_ps(s + 2 * Rp + 8, a21);
+      _mm256_storeu_ps(s + 3 * Rp, a30);
+      _mm256_storeu_ps(s + 3 * Rp + 8, a31);
+    }
+  }
+  for (; k < nk; ++k) {
+    const float* kr = krows[k];
+    for (int r = 0; r < Rp; r += 8) {
+      __m256 a = _mm256_setzero_ps();
+      for (int d = 0; d < D; ++d)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d),
+                            _mm256_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r), a);
+      _mm256_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, a);
+    }
+  }
+}
+
+EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < Rp; r += 8) {
+    const __m256 m_old = _mm256_loadu_ps(m + r);
+    __m256 mx = m_old;
+    for (int k = 0; k < nk; ++k)
+      mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+    const __m256 dead = _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ);
+    const __m256 shift = _mm256_andnot_ps(dead, mx);  // 0 where the row saw no key yet
+    const __m256 a = exp2_avx2(_mm256_sub_ps(m_old, shift));
+    __m256 sum = _mm256_setzero_ps();
+    for (int k = 0; k < nk; ++k) {
+      float* s = St + static_cast<int64_t>(k) * Rp + r;
+      const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s), shift));
+      _mm256_storeu_ps(s, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    _mm256_storeu_ps(alpha + r, a);
+    _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
+    _mm256_storeu_ps(m + r, mx);
+  }
+}
+
+// D % 16 == 0 (so D % 32 is 0 or 16). Rows in pairs, D in chunks of 32 floats.
+EAGLE_AVX2 inline void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* vrows, int D,
+                        float* acc, const float* alpha) {
+  int r = 0;
+  for (; r + 2 <= R; r += 2) {
+    float* a0p = acc + static_cast<int64_t>(r) * D;
+    float* a1p = a0p + D;
+    const __m256 s0 = _mm256_set1_ps(alpha[r]);
+    const __m256 s1 = _mm256_set1_ps(alpha[r + 1]);
+    int c = 0;
+    for (; c + 32 <= D; c += 32) {
+      __m256 x00 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c), s0);
+      __m256 x01 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 8), s0);
+      __m256 x02 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 16), s0);
+      __m256 x03 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 24), s0);
+      __m256 x10 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c), s1);
+      __m256 x11 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 8), s1);
+      __m256 x12 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 16), s1);
+      __m256 x13 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 24), s1);
+      for (int k = 0; k < nk; ++k) {
+        const float* vr = vrows[k] + c;
+        const __m256 p0 = _mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r);
+        const __m256 p1 = _mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r + 1);
+        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+        const __m256 v2 = _mm256_loadu_ps(vr + 16), v3 = _mm256_loadu_ps(vr + 24);
+        x00 = _mm256_fmadd_ps(p0, v0, x00);
+        x01 = _mm256_fmadd_ps(p0, v1, x01);
+        x02 = _mm256_fmadd_ps(p0, v2, x02);
+        x03 = _mm256_fmadd_ps(p0, v3, x03);
+        x10 = _mm256_fmadd_ps(p1, v0, x10);
+        x11 = _mm256_fmadd_ps(p1, v1, x11);
+        x12 = _mm256_fmadd_ps(p1, v2, x12);
+        x13 = _mm256_fmadd_ps(p1, v3, x13);
+      }
+      _mm256_storeu_ps(a0p + c, x00);
+      _mm256_storeu_ps(a0p + c + 8, x01);
+      _mm256_storeu_ps(a0p + c + 16, x02);
+      _mm256_storeu_ps(a0p + c + 24, x03);
+      _mm256_storeu_ps(a1p + c, x10);
+      _mm256_storeu_ps(a1p + c + 8, x11);
+      _mm256_storeu_ps(a1p + c + 16, x12);
+      _mm256_storeu_ps(a1p + c + 24, x13);
+    }
+    for (; c < D; c += 8) {
+      __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c), s0);
+      __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c), s1);
+      for (int k = 0; k < nk; ++k) {
+        const __m256 vv = _mm256_loadu_ps(vrows[k] + c);
+        x0 = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r), vv, x0);
+        x1 = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r + 1), vv, x1);
+      }
+      _mm256_storeu_ps(a0p + c, x0);
+      _mm256_storeu_ps(a1p + c, x1);
+    }
+  }
+  for (; r < R; ++r) {
+    float* ap = acc + static_cast<int64_t>(r) * D;
+    const __m256 s = _mm256_set1_ps(alpha[r]);
+    for (int c = 0; c < D; c += 8) {
+      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(ap + c), s);
+      for (int k = 0; k < nk; ++k)
+        x = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r),
+                            _mm256_loadu_ps(vrows[k] + c), x);
+      _mm256_storeu_ps(ap + c, x);
+    }
+  }
+}
+
+EAGLE_AVX2 inline void bf16_to_float_avx2(const c10::BFloat16* src, float* dst, int D) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  int d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + d));
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(w));
+  }
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+EAGLE_AVX2 inline void half_to_float_avx2(const c10::Half* src, float* dst, int D) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  int d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + d));
+    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(h));
+  }
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+inline bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return has;
+}
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+}
+#else
+inline inline bool cpu_has_avx512() { return false; }
+inline inline bool cpu_has_avx2() { return false; }
+#endif
+}  // namespace tree_attention_loops
+}  // namespace eagle

@@ -1,0 +1,229 @@
+"""tree_attention on the issue's shape grid: every backend against the float64 reference.
+
+test_tree_attention.py checks the reference itself against an independent dense computation;
+here the float64 reference is the truth for larger shapes: N in {1, 7, 60, 65, 130}, prefix in
+{0, 1, 37, 1000}, (Hq, Hkv) in {(9, 3), (8, 8), (32, 8)}, D in {64, 128}, contiguous and paged
+caches (pages of 16 and 64, shuffled block tables), random build_tree trees and causal mode,
+fp32/fp16/bf16. The C++ kernel runs the grid; Triton (interpreted, slow) a representative
+subset, plus its flash-decoding split path forced on.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from eagle_kernels import reference
+
+from test_tree_attention import random_tree
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+NS = [1, 7, 60, 65, 130]
+PREFIXES = [0, 1, 37, 1000]
+HEADS = [(9, 3), (8, 8), (32, 8)]
+LAYOUTS = [None, 16, 64]  # contiguous, or the page size
+
+
+def layout_id(page):
+    return "contiguous" if page is None else f"page{page}"
+
+
+def make_inputs(B, N, prefix, heads, D, dtype, page, seed):
+    """Requests at different committed lengths; paged caches use a shuffled block table over a
+    pool with spare pages, and every position no request may read holds NaN."""
+    Hq, Hkv = heads
+    gen = torch.Generator().manual_seed(seed)
+    seqlens = torch.tensor([max(prefix - 3 * b, 0) for b in range(B)], dtype=torch.int32)
+    seqlens[-1] = prefix
+    capacity = prefix + N + 5
+    q = torch.randn(B, N, Hq, D, generator=gen).to(dtype)
+    if page is None:
+        shape = (B, capacity, Hkv, D)
+        table = None
+    else:
+        pages = math.ceil(capacity / page)
+        pool = B * pages + 3
+        shape = (pool, page, Hkv, D)
+        table = torch.randperm(pool, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
+    k = torch.randn(shape, generator=gen).to(dtype)
+    v = torch.randn(shape, generator=gen).to(dtype)
+    keep = torch.zeros(shape[:2], dtype=torch.bool)
+    for b in range(B):
+        t = torch.arange(int(seqlens[b]) + N)
+        if table is None:
+            keep[b, t] = True
+        else:
+            keep[table[b].long()[t // page], t % page] = True
+    k[~keep] = float("nan")
+    v[~keep] = float("nan")
+    return q, k, v, seqlens, table
+
+
+def check(fn, B, N, prefix, heads, D, dtype, page, causal, seed, sm_scale=None):
+    q, k, v, seqlens, table = make_inputs(B, N, prefix, heads, D, dtype, page, seed)
+    mask = None if causal else random_tree(B, N, seed).mask
+    out = fn(q, k, v, seqlens, mask, block_table=table, sm_scale=sm_scale)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask,
+                                    block_table=table, sm_scale=sm_scale)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
+
+
+# fp32: every (N, prefix, heads) with D, layout and tree/causal cycled through the cases.
+FP32_GRID = [
+    (N, prefix, heads, (64, 128)[i % 2], LAYOUTS[i % 3], i % 4 == 3)
+    for i, (N, prefix, heads) in enumerate(itertools.product(NS, PREFIXES, HEADS))
+]
+
+
+def grid_id(case):
+    N, prefix, (hq, hkv), D, page, causal = case
+    return f"N{N}-prefix{prefix}-Hq{hq}-Hkv{hkv}-D{D}-{layout_id(page)}-{'causal' if causal else 'tree'}"
+
+
+@pytest.mark.parametrize("case", FP32_GRID, ids=[grid_id(c) for c in FP32_GRID])
+def test_grid_fp32(backend, op_impl, case):
+    if backend == "triton":
+        pytest.skip("the interpreted Triton kernel runs the TRITON_CASES subset")
+    if backend == "reference":
+        pytest.skip("the reference is the truth here (checked in test_tree_attention.py)")
+    N, prefix, heads, D, page, causal = case
+    check(op_impl("tree_attention"), 2, N, prefix, heads, D, torch.float32, page, causal, seed=N * 7 + prefix)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["tree", "causal"])
+@pytest.mark.parametrize("page", LAYOUTS, ids=layout_id)
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_low_precision(backend, op_impl, dtype, D, page, causal):
+    if backend == "triton":
+        pytest.skip("the interpreted Triton kernel runs the TRITON_CASES subset")
+    if backend == "reference":
+        pytest.skip("the reference is the truth here (checked in test_tree_attention.py)")
+    check(op_impl("tree_attention"), 2, 65, 1000, (32, 8), D, dtype, page, causal, seed=D + 1)
+
+
+TRITON_CASES = [
+    # N, prefix, heads, D, dtype, page, causal
+    (130, 37, (32, 8), 64, torch.float32, 64, False),
+    (65, 1000, (9, 3), 128, torch.bfloat16, None, False),
+    (60, 37, (8, 8), 64, torch.float16, 16, True),
+    (1, 1, (9, 3), 64, torch.float32, 16, False),
+    (7, 0, (9, 3), 64, torch.float32, None, True),
+]
+
+
+def triton_id(case):
+    N, prefix, (hq, hkv), D, dtype, page, causal = case
+    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    return f"N{N}-prefix{prefix}-Hq{hq}-Hkv{hkv}-D{D}-{name}-{layout_id(page)}-{'causal' if causal else 'tree'}"
+
+
+@pytest.mark.parametrize("case", TRITON_CASES, ids=[triton_id(c) for c in TRITON_CASES])
+def test_representative(backend, op_impl, case):
+    N, prefix, heads, D, dtype, page, causal = case
+    check(op_impl("tree_attention"), 2, N, prefix, heads, D, dtype, page, causal, seed=N + prefix)
+
+
+@pytest.mark.parametrize("splits", [2, 5], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("prefix", [0, 300], ids=lambda p: f"prefix{p}")
+def test_triton_split_kv(backend, prefix, splits):
+    """Flash-decoding path forced on (it is chosen only for CUDA tensors): splits that get no
+    prefix key (prefix 0, or fewer tiles than splits) must merge to the exact answer."""
+    if backend != "triton":
+        pytest.skip("Triton-specific path")
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    from eagle_kernels.triton.tree_attention import _launch
+
+    fn = lambda *a, **kw: _launch(*a, num_splits=splits, **kw)  # noqa: E731
+    check(fn, 2, 20, prefix, (8, 2), 64, torch.float32, 16, False, seed=prefix + splits)
+
+
+@pytest.mark.parametrize("case,name", [
+    ("heads_mismatch", "k_cache"),
+    ("head_dim_mismatch", "k_cache"),
+    ("mask_width", "tree_mask"),
+    ("seqlens_beyond_cache", "cache_seqlens"),
+    ("seqlens_negative", "cache_seqlens"),
+    ("page_id_out_of_pool", "block_table"),
+    ("v_cache_dtype", "v_cache"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_bad_input(backend, op_impl, case, name):
+    fn = op_impl("tree_attention")
+    page = 16 if case == "page_id_out_of_pool" else None
+    q, k, v, seqlens, table = make_inputs(2, 130, 5, (32, 8), 64, torch.float32, page, seed=0)
+    mask = random_tree(2, 130, 0).mask
+    if case == "heads_mismatch":
+        k, v = k[:, :, :3].contiguous(), v[:, :, :3].contiguous()
+    elif case == "head_dim_mismatch":
+        k, v = k[..., :48].contiguous(), v[..., :48].contiguous()
+    elif case == "mask_width":
+        mask = mask[..., :2].contiguous()  # N = 130 needs 3 words
+    elif case == "seqlens_beyond_cache":
+        seqlens = seqlens.clone()
+        seqlens[0] = k.shape[1] - 130 + 1
+    elif case == "seqlens_negative":
+        seqlens = seqlens.clone()
+        seqlens[1] = -2
+    elif case == "page_id_out_of_pool":
+        table = table.clone()
+        table[0, 0] = k.shape[0]
+    elif case == "v_cache_dtype":
+        v = v.half()
+    with pytest.raises(ValueError, match=name):
+        fn(q, k, v, seqlens, mask, block_table=table)
+
+
+# ------------------------------------------------------------------------------ GPU (CUDA)
+GPU_CASES = [
+    # B, N, prefix, heads, D, dtype, page, causal
+    (2, 65, 1000, (32, 8), 128, torch.bfloat16, 16, False),
+    (3, 130, 37, (9, 3), 64, torch.float16, None, False),
+    (1, 64, 4096, (32, 8), 128, torch.bfloat16, 64, False),   # split-KV
+    (8, 60, 1000, (32, 8), 256, torch.bfloat16, None, True),
+    (2, 256, 500, (8, 8), 64, torch.float32, 16, False),
+    (4, 7, 0, (32, 8), 128, torch.float16, 64, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"B{c[0]}-N{c[1]}-prefix{c[2]}-D{c[4]}-{c[5]}-{layout_id(c[6])}")
+def test_gpu_against_reference(gpu_op_impl, case):
+    B, N, prefix, heads, D, dtype, page, causal = case
+    fn = gpu_op_impl("tree_attention")
+    q, k, v, seqlens, table = make_inputs(B, N, prefix, heads, D, dtype, page, seed=N + D)
+    mask = None if causal else random_tree(B, N, 1).mask
+    to = lambda t: None if t is None else t.cuda()  # noqa: E731
+    out = fn(to(q), to(k), to(v), to(seqlens), to(mask), block_table=to(table))
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(out.cpu().double(), want, **TOL[dtype])
+
+
+ISA_CASES = [
+    # N, prefix, heads, D, dtype, page, causal
+    (65, 37, (9, 3), 64, torch.float32, 16, False),
+    (130, 1000, (32, 8), 128, torch.bfloat16, None, False),
+    (60, 1, (8, 8), 64, torch.float16, 64, True),
+    (7, 37, (9, 3), 40, torch.float32, None, False),  # D % 16 != 0: scalar loops at any cap
+]
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("case", ISA_CASES, ids=[triton_id(c) for c in ISA_CASES])
+def test_cpp_instruction_sets(backend, op_impl, monkeypatch, isa, case):
+    """EAGLE_KERNELS_CPU_ISA caps the C++ kernel's instruction set (a cap above what the CPU
+    has runs the best available variant), so every variant is checked on one machine."""
+    if backend != "cpp":
+        pytest.skip("C++-specific switch")
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+    N, prefix, heads, D, dtype, page, causal = case
+    check(op_impl("tree_attention"), 2, N, prefix, heads, D, dtype, page, causal, seed=N + D)
