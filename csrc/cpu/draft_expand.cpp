@@ -1,0 +1,313 @@
+// CPU launcher of draft_expand: validate -> make contiguous -> allocate -> one scan per frontier
+// row (parallel over B * M rows) -> frontier selection per request. Core: csrc/core/draft_expand.h.
+//
+// Each row is read once. The scan keeps an online log-sum-exp (max and sum of exp(x - max),
+// rescaled when the max grows) and a sorted top-k buffer that only entries above its k-th
+// value enter, so no vocabulary-sized sort or temporary is needed. The AVX-512 variant
+// (fp32/bf16/fp16 input, chosen at run time) works on 64 entries at a time: a block whose max
+// does not exceed the running max and whose entries all sit below the k-th value (the common
+// case after the first few blocks) costs four exps and two compares per 16 entries.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "checks.h"
+#include "core/draft_expand.h"
+#include "ops.h"
+
+namespace eagle {
+namespace {
+
+namespace core = draft_expand;
+
+// Row top-k through the insertion buffer up to this k; above it, a partial sort of the ids
+// (insertion costs O(k) per accepted entry, which a large k turns quadratic).
+constexpr int64_t kMaxBufferK = 64;
+// Target entries scanned per parallel_for chunk: small problems run inline (waking the other
+// thread costs far more than scanning a few rows).
+constexpr int64_t kWorkPerChunk = 1 << 17;
+
+template <typename T>
+inline float to_float(T x) {
+  return static_cast<float>(x);
+}
+
+// ------------------------------------------------------------------------- portable scan
+// One pass: online max / sum-exp and the top-k buffer. A = accumulation type (float, or double
+// for double logits).
+template <typename T, typename A>
+core::RowStats<A> scan_row_portable(const T* row, int64_t V, int64_t k, A* top_values,
+                                    int64_t* top_ids, int64_t& count) {
+  const A neg_inf = -std::numeric_limits<A>::infinity();
+  core::RowStats<A> s{neg_inf, A(0), false};
+  for (int64_t v = 0; v < V; ++v) {
+    const A x = static_cast<A>(row[v]);
+    if (std::isnan(x)) {
+      s.bad = true;
+      continue;
+    }
+    if (x > s.max) {
+      // exp(-inf - x) = 0 also covers the first finite entry.
+      s.sum = s.sum * std::exp(s.max - x) + A(1);
+      s.max = x;
+    } else if (x > neg_inf) {
+      s.sum += std::exp(x - s.max);
+    }
+    if (k > 0) core::push_top_k(top_values, top_ids, count, k, x, v);
+  }
+  if (s.max == std::numeric_limits<A>::infinity()) s.bad = true;
+  return s;
+}
+
+// ------------------------------------------------------------------------- AVX-512 scan
+#if defined(__x86_64__)
+#define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+enum class Input { kF32, kBF16, kF16 };
+
+// 16 entries from v, the lanes past `valid` as -inf.
+template <Input kIn>
+EAGLE_AVX512 inline __m512 load16(const void* base, int64_t v, __mmask16 valid) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  if constexpr (kIn == Input::kF32) {
+    return _mm512_mask_loadu_ps(neg_inf, valid, static_cast<const float*>(base) + v);
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + v;
+    const __m256i fill = _mm256_set1_epi16(kIn == Input::kBF16 ? int16_t(0xFF80) : int16_t(0xFC00));
+    const __m256i h = _mm256_mask_loadu_epi16(fill, valid, p);
+    if constexpr (kIn == Input::kBF16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+// exp(x) for x <= 0 (arguments are x - running max), within ~2 ulp of expf; -inf and values
+// below -104 give 0. Range reduction x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial for
+// e^r (Cephes expf coefficients), then r * 2^n by scalef (exact, handles the subnormals).
+EAGLE_AVX512 inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // NaN lanes (bad rows only) become -104
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Pushes the lanes of x set in `lanes` (entry ids v + lane, increasing) into the buffer.
+EAGLE_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_t k,
+                                    float* top_values, int64_t* top_ids, int64_t& count) {
+  alignas(64) float tmp[16];
+  _mm512_store_ps(tmp, x);
+  uint32_t bits = lanes;
+  while (bits) {
+    const int lane = __builtin_ctz(bits);
+    bits &= bits - 1;
+    if (!std::isnan(tmp[lane]))
+      core::push_top_k(top_values, top_ids, count, k, tmp[lane], v + lane);
+  }
+}
+
+template <Input kIn>
+EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, int64_t k,
+                                                   float* top_values, int64_t* top_ids,
+                                                   int64_t& count) {
+  constexpr int64_t kBlock = 64;
+  const __mmask16 all = 0xFFFF;
+  float run_max = -INFINITY;
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+  // Entries must beat the k-th buffered value; until the buffer is full every entry enters.
+  __m512 thr = _mm512_set1_ps(-INFINITY);
+  bool full = false;
+  __mmask16 nan_seen = 0;
+  for (int64_t v = 0; v < V; v += kBlock) {
+    __m512 x[4];
+    __mmask16 valid[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t left = V - (v + 16 * j);
+      valid[j] = left >= 16 ? all : (left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1));
+      x[j] = load16<kIn>(row, v + 16 * j, valid[j]);
+    }
+    nan_seen |= _mm512_cmp_ps_mask(x[0], x[1], _CMP_UNORD_Q) |
+                _mm512_cmp_ps_mask(x[2], x[3], _CMP_UNORD_Q);
+    const __m512 bmax = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
+    if (_mm512_cmp_ps_mask(bmax, vmax, _CMP_GT_OQ)) {
+      const float new_max = _mm512_reduce_max_ps(bmax);
+      const __m512 scale = exp_nonpositive(_mm512_set1_ps(run_max - new_max));
+      sum0 = _mm512_mul_ps(sum0, scale);
+      sum1 = _mm512_mul_ps(sum1, scale);
+      run_max = new_max;
+      vmax = _mm512_set1_ps(new_max);
+    }
+    sum0 = _mm512_add_ps(sum0, exp_nonpositive(_mm512_sub_ps(x[0], vmax)));
+    sum1 = _mm512_add_ps(sum1, exp_nonpositive(_mm512_sub_ps(x[1], vmax)));
+    sum0 = _mm512_add_ps(sum0, exp_nonpositive(_mm512_sub_ps(x[2], vmax)));
+    sum1 = _mm512_add_ps(sum1, exp_nonpositive(_mm512_sub_ps(x[3], vmax)));
+    if (k == 0) {
+      // lse only (large k ranks the ids afterwards)
+    } else if (!full) {
+      for (int j = 0; j < 4; ++j) push_lanes(x[j], valid[j], v + 16 * j, k, top_values, top_ids, count);
+      full = count == k;
+      if (full) thr = _mm512_set1_ps(top_values[k - 1]);
+    } else if (_mm512_cmp_ps_mask(bmax, thr, _CMP_GT_OQ)) {
+      for (int j = 0; j < 4; ++j) {
+        const __mmask16 above = _mm512_cmp_ps_mask(x[j], thr, _CMP_GT_OQ) & valid[j];
+        if (above) push_lanes(x[j], above, v + 16 * j, k, top_values, top_ids, count);
+      }
+      thr = _mm512_set1_ps(top_values[k - 1]);
+    }
+  }
+  core::RowStats<float> s;
+  s.max = run_max;
+  // exp(-inf - run_max) lanes (masked tails, -inf entries) added exact zeros.
+  s.sum = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  s.bad = nan_seen != 0 || run_max == INFINITY;
+  return s;
+}
+
+bool has_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+#endif  // __x86_64__
+
+// ------------------------------------------------------------------------- per-row driver
+// Scans row (b, m) and writes its k candidates. Scratch: top_values/top_ids of kMaxBufferK.
+template <typename T>
+void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const int64_t* d2t,
+                int64_t* tokens, float* scores) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const int64_t kb = k <= kMaxBufferK ? k : 0;  // 0: lse only, top-k below
+  A top_values[kMaxBufferK];
+  int64_t top_ids[kMaxBufferK];
+  int64_t count = 0;
+  core::RowStats<A> s;
+  bool done = false;
+#if defined(__x86_64__)
+  if constexpr (!std::is_same_v<T, double>) {
+    if (has_avx512()) {
+      constexpr Input kIn = std::is_same_v<T, float>           ? Input::kF32
+                            : std::is_same_v<T, c10::BFloat16> ? Input::kBF16
+                                                               : Input::kF16;
+      s = scan_row_avx512<kIn>(row, V, kb, top_values, top_ids, count);
+      done = true;
+    }
+  }
+#endif
+  if (!done) s = scan_row_portable<T, A>(row, V, kb, top_values, top_ids, count);
+  if (kb == 0 && !core::row_is_bad(s)) {
+    // Large k: rank ids by (logit desc, id asc); NaN rows are bad and skip this.
+    std::vector<int64_t> ids(V);
+    std::iota(ids.begin(), ids.end(), int64_t(0));
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [row](int64_t a, int64_t b) {
+      const A xa = static_cast<A>(row[a]), xb = static_cast<A>(row[b]);
+      return xa > xb || (xa == xb && a < b);
+    });
+    std::vector<A> values(k);
+    for (int64_t r = 0; r < k; ++r) values[r] = static_cast<A>(row[ids[r]]);
+    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t,
+                        tokens, scores);
+    return;
+  }
+  core::finish_row<A>(s, top_values, top_ids, kb == 0 ? 0 : count, k,
+                      static_cast<A>(frontier_score), d2t, tokens, scores);
+}
+
+template <typename T>
+void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const int64_t* d2t,
+                      int64_t k, at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier) {
+  const int64_t B = logits.size(0), M = logits.size(1), V = logits.size(2);
+  const T* x = logits.data_ptr<T>();
+  const float* fs = fscores.data_ptr<float>();
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  float* sc = scores.data_ptr<float>();
+  int32_t* fr = frontier.data_ptr<int32_t>();
+  const int64_t grain = std::max<int64_t>(1, kWorkPerChunk / V);
+  at::parallel_for(0, B * M, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      // Candidate row * k + r: (b, m) rows are laid out as b * (M * k) + m * k.
+      expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k);
+    }
+  });
+  const int64_t MK = M * k;
+  std::vector<float> keys(k);
+  std::vector<int64_t> picked(k);
+  for (int64_t b = 0; b < B; ++b)
+    core::select_frontier(sc + b * MK, MK, k, keys.data(), picked.data(), fr + b * k);
+}
+
+}  // namespace
+
+DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores,
+                                       int64_t top_k, const std::optional<at::Tensor>& d2t) {
+  const char* op = "draft_expand";
+  TORCH_CHECK_VALUE(logits.device().is_cpu(), op, ": logits: expected device cpu, got ",
+                    logits.device());
+  const at::ScalarType dt = logits.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+                    op, ": logits: expected dtype float32, float16, bfloat16 or float64, got ", dt);
+  check_dim(logits, op, "logits", 3, "[B, M, Vd]");
+  const int64_t B = logits.size(0), M = logits.size(1), V = logits.size(2);
+  check_dtype(frontier_scores, op, "frontier_scores", at::kFloat);
+  check_shape(frontier_scores, op, "frontier_scores", {B, M}, "[B, M]");
+  check_device(frontier_scores, op, "frontier_scores", logits.device());
+  TORCH_CHECK_VALUE(top_k >= 1 && top_k <= V, op, ": top_k: expected an int in [1, V = ", V,
+                    "], got ", top_k);
+  TORCH_CHECK_VALUE(M > 0 && V > 0, op, ": logits: expected at least one frontier node and one ",
+                    "vocabulary entry, got shape ", shape_str(logits.sizes()));
+  at::Tensor d2t_c;
+  if (d2t.has_value()) {
+    check_dtype(*d2t, op, "d2t", at::kLong);
+    check_shape(*d2t, op, "d2t", {V}, "[Vd]");
+    check_device(*d2t, op, "d2t", logits.device());
+    d2t_c = d2t->contiguous();
+  }
+  const at::Tensor x = logits.contiguous();
+  const at::Tensor fs = frontier_scores.contiguous();
+  const auto opts = x.options();
+  at::Tensor tokens = at::empty({B, M * top_k}, opts.dtype(at::kLong));
+  at::Tensor scores = at::empty({B, M * top_k}, opts.dtype(at::kFloat));
+  at::Tensor frontier = at::empty({B, top_k}, opts.dtype(at::kInt));
+  if (B == 0) return {tokens, scores, frontier};
+  const int64_t* d2t_p = d2t.has_value() ? d2t_c.data_ptr<int64_t>() : nullptr;
+  switch (dt) {
+    case at::kFloat:
+      run_draft_expand<float>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      break;
+    case at::kBFloat16:
+      run_draft_expand<c10::BFloat16>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      break;
+    case at::kHalf:
+      run_draft_expand<c10::Half>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      break;
+    default:
+      run_draft_expand<double>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      break;
+  }
+  return {tokens, scores, frontier};
+}
+
+}  // namespace eagle
