@@ -1,12 +1,16 @@
 // CPU launcher of draft_expand: validate -> make contiguous -> allocate -> one scan per frontier
 // row (parallel over B * M rows) -> frontier selection per request. Core: csrc/core/draft_expand.h.
 //
+// Inner loops: AVX-512 (fp32/bf16/fp16, 16 lanes) or AVX2+FMA+F16C (8 lanes), chosen at run
+// time with __builtin_cpu_supports, else a portable scalar loop (also the float64 path).
+// EAGLE_KERNELS_CPU_ISA=portable|avx2 caps the choice (tests cover every path on one machine).
+//
 // Each row is read once. The scan keeps an online log-sum-exp (max and sum of exp(x - max),
 // rescaled when the max grows) and a sorted top-k buffer that only entries above its k-th
-// value enter, so no vocabulary-sized sort or temporary is needed. The AVX-512 variant
-// (fp32/bf16/fp16 input, chosen at run time) works on 64 entries at a time: a block whose max
-// does not exceed the running max and whose entries all sit below the k-th value (the common
-// case after the first few blocks) costs four exps and two compares per 16 entries.
+// value enter, so no vocabulary-sized sort or temporary is needed. The SIMD variants work on
+// blocks of 4 vectors: a block whose max does not exceed the running max and whose entries all
+// sit below the k-th value (the common case after the first few blocks) costs one exp per
+// entry and two vector compares.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -15,6 +19,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <type_traits>
@@ -74,6 +80,9 @@ core::RowStats<A> scan_row_portable(const T* row, int64_t V, int64_t k, A* top_v
 
 // ------------------------------------------------------------------------- AVX-512 scan
 #if defined(__x86_64__)
+// GCC 12's _mm512_reduce_* helpers trip -Wmaybe-uninitialized inside its own header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 enum class Input { kF32, kBF16, kF16 };
@@ -186,13 +195,174 @@ EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, i
   s.bad = nan_seen != 0 || run_max == INFINITY;
   return s;
 }
+#pragma GCC diagnostic pop
 
-bool has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return ok;
+// ------------------------------------------------------------------------- AVX2 scan
+// Same algorithm as the AVX-512 scan, 8 lanes, blocks of 32 entries; the row's last partial
+// block goes through a small float buffer padded with -inf (AVX2 has no masked 16-bit loads).
+#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+template <Input kIn>
+EAGLE_AVX2 inline __m256 load8(const void* base, int64_t v) {
+  if constexpr (kIn == Input::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + v);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + v));
+    if constexpr (kIn == Input::kBF16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+// exp(x) for x <= 0, within ~2 ulp of expf above e^-87; below -87 (and -inf, and NaN lanes of
+// bad rows) it returns e^-87 ~ 1.6e-38, which cannot change a sum that holds a 1 (the max).
+// Keeping n >= -126 builds 2^n directly in the exponent field, no subnormal handling needed.
+EAGLE_AVX2 inline __m256 exp_nonpositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+EAGLE_AVX2 inline float reduce_max8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+EAGLE_AVX2 inline float reduce_add8(__m256 x) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+EAGLE_AVX2 inline unsigned gt_mask8(__m256 a, __m256 b) {
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)));
+}
+
+struct Avx2Scan {
+  int64_t k;
+  float* top_values;
+  int64_t* top_ids;
+  int64_t& count;
+  float run_max = -INFINITY;
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+  __m256 thr = _mm256_set1_ps(-INFINITY);  // entries must beat the k-th buffered value
+  bool full = false;                       // until the buffer is full every entry enters
+  unsigned nan_seen = 0;
+
+  EAGLE_AVX2 void push(__m256 x, unsigned lanes, int64_t v) {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, x);
+    while (lanes) {
+      const int lane = __builtin_ctz(lanes);
+      lanes &= lanes - 1;
+      if (!std::isnan(tmp[lane])) core::push_top_k(top_values, top_ids, count, k, tmp[lane], v + lane);
+    }
+  }
+
+  // Entries v .. v + 31; lanes past `valid` entries hold -inf.
+  EAGLE_AVX2 void block(const __m256* x, int64_t v, int valid) {
+    nan_seen |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x[0], x[1], _CMP_UNORD_Q)) |
+                                      _mm256_movemask_ps(_mm256_cmp_ps(x[2], x[3], _CMP_UNORD_Q)));
+    const __m256 bmax = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
+    if (gt_mask8(bmax, vmax)) {
+      const float new_max = reduce_max8(bmax);
+      const __m256 scale = exp_nonpositive8(_mm256_set1_ps(run_max - new_max));
+      sum0 = _mm256_mul_ps(sum0, scale);
+      sum1 = _mm256_mul_ps(sum1, scale);
+      run_max = new_max;
+      vmax = _mm256_set1_ps(new_max);
+    }
+    sum0 = _mm256_add_ps(sum0, exp_nonpositive8(_mm256_sub_ps(x[0], vmax)));
+    sum1 = _mm256_add_ps(sum1, exp_nonpositive8(_mm256_sub_ps(x[1], vmax)));
+    sum0 = _mm256_add_ps(sum0, exp_nonpositive8(_mm256_sub_ps(x[2], vmax)));
+    sum1 = _mm256_add_ps(sum1, exp_nonpositive8(_mm256_sub_ps(x[3], vmax)));
+    if (k == 0) return;  // lse only (large k ranks the ids afterwards)
+    if (!full) {
+      for (int j = 0; j < 4; ++j) {
+        const int left = valid - 8 * j;
+        const unsigned lanes = left >= 8 ? 0xFFu : (left <= 0 ? 0u : (1u << left) - 1);
+        push(x[j], lanes, v + 8 * j);
+      }
+      full = count == k;
+      if (full) thr = _mm256_set1_ps(top_values[k - 1]);
+    } else if (gt_mask8(bmax, thr)) {
+      // Tail lanes are -inf and never beat a threshold.
+      for (int j = 0; j < 4; ++j) {
+        const unsigned above = gt_mask8(x[j], thr);
+        if (above) push(x[j], above, v + 8 * j);
+      }
+      thr = _mm256_set1_ps(top_values[k - 1]);
+    }
+  }
+};
+
+template <Input kIn, typename T>
+EAGLE_AVX2 core::RowStats<float> scan_row_avx2(const T* row, int64_t V, int64_t k,
+                                               float* top_values, int64_t* top_ids,
+                                               int64_t& count) {
+  constexpr int64_t kBlock = 32;
+  Avx2Scan st{k, top_values, top_ids, count};
+  __m256 x[4];
+  int64_t v = 0;
+  for (; v + kBlock <= V; v += kBlock) {
+    for (int j = 0; j < 4; ++j) x[j] = load8<kIn>(row, v + 8 * j);
+    st.block(x, v, kBlock);
+  }
+  if (v < V) {
+    alignas(32) float buf[kBlock];
+    const int valid = static_cast<int>(V - v);
+    for (int i = 0; i < kBlock; ++i) buf[i] = i < valid ? static_cast<float>(row[v + i]) : -INFINITY;
+    for (int j = 0; j < 4; ++j) x[j] = _mm256_load_ps(buf + 8 * j);
+    st.block(x, v, valid);
+  }
+  core::RowStats<float> s;
+  s.max = st.run_max;
+  s.sum = reduce_add8(_mm256_add_ps(st.sum0, st.sum1));
+  s.bad = st.nan_seen != 0 || st.run_max == INFINITY;
+  return s;
+}
+
+// Highest ISA the CPU has, optionally capped by EAGLE_KERNELS_CPU_ISA=portable|avx2|avx512
+// (read per call, so tests can run every path on one machine).
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+Isa cpu_isa() {
+  static const Isa best = [] {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+      return Isa::kAvx2;
+    return Isa::kPortable;
+  }();
+  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
+  Isa cap = Isa::kAvx512;
+  if (env != nullptr && std::strcmp(env, "portable") == 0) cap = Isa::kPortable;
+  if (env != nullptr && std::strcmp(env, "avx2") == 0) cap = Isa::kAvx2;
+  return std::min(best, cap);
 }
 #endif  // __x86_64__
+
 
 // ------------------------------------------------------------------------- per-row driver
 // Scans row (b, m) and writes its k candidates. Scratch: top_values/top_ids of kMaxBufferK.
@@ -208,11 +378,15 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
   bool done = false;
 #if defined(__x86_64__)
   if constexpr (!std::is_same_v<T, double>) {
-    if (has_avx512()) {
-      constexpr Input kIn = std::is_same_v<T, float>           ? Input::kF32
-                            : std::is_same_v<T, c10::BFloat16> ? Input::kBF16
-                                                               : Input::kF16;
+    constexpr Input kIn = std::is_same_v<T, float>           ? Input::kF32
+                          : std::is_same_v<T, c10::BFloat16> ? Input::kBF16
+                                                             : Input::kF16;
+    const Isa isa = cpu_isa();
+    if (isa == Isa::kAvx512) {
       s = scan_row_avx512<kIn>(row, V, kb, top_values, top_ids, count);
+      done = true;
+    } else if (isa == Isa::kAvx2) {
+      s = scan_row_avx2<kIn>(row, V, kb, top_values, top_ids, count);
       done = true;
     }
   }
