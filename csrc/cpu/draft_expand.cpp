@@ -11,6 +11,11 @@
 // blocks of 4 vectors: a block whose max does not exceed the running max and whose entries all
 // sit below the k-th value (the common case after the first few blocks) costs one exp per
 // entry and two vector compares.
+// GCC 12 reports -Wmaybe-uninitialized inside its own avx512fintrin.h (the _mm512_undefined_*
+// pass-through operands of _mm512_max_ps, _mm512_roundscale_ps, _mm512_scalef_ps). The
+// diagnostic points at header lines, so only a file-level pragma ahead of the includes hides it.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -80,9 +85,6 @@ core::RowStats<A> scan_row_portable(const T* row, int64_t V, int64_t k, A* top_v
 
 // ------------------------------------------------------------------------- AVX-512 scan
 #if defined(__x86_64__)
-// GCC 12's _mm512_reduce_* helpers trip -Wmaybe-uninitialized inside its own header.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 enum class Input { kF32, kBF16, kF16 };
@@ -124,6 +126,24 @@ EAGLE_AVX512 inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// Horizontal reductions through memory: they run once per row or when the max grows, and
+// GCC 12's _mm512_reduce_* helpers raise -Wuninitialized inside its own header.
+EAGLE_AVX512 inline float reduce_max16(__m512 x) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, x);
+  float m = t[0];
+  for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
+  return m;
+}
+
+EAGLE_AVX512 inline float reduce_add16(__m512 x) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, x);
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += t[i];
+  return s;
+}
+
 // Pushes the lanes of x set in `lanes` (entry ids v + lane, increasing) into the buffer.
 EAGLE_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_t k,
                                     float* top_values, int64_t* top_ids, int64_t& count) {
@@ -163,7 +183,7 @@ EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, i
                 _mm512_cmp_ps_mask(x[2], x[3], _CMP_UNORD_Q);
     const __m512 bmax = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
     if (_mm512_cmp_ps_mask(bmax, vmax, _CMP_GT_OQ)) {
-      const float new_max = _mm512_reduce_max_ps(bmax);
+      const float new_max = reduce_max16(bmax);
       const __m512 scale = exp_nonpositive(_mm512_set1_ps(run_max - new_max));
       sum0 = _mm512_mul_ps(sum0, scale);
       sum1 = _mm512_mul_ps(sum1, scale);
@@ -191,11 +211,10 @@ EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, i
   core::RowStats<float> s;
   s.max = run_max;
   // exp(-inf - run_max) lanes (masked tails, -inf entries) added exact zeros.
-  s.sum = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  s.sum = reduce_add16(_mm512_add_ps(sum0, sum1));
   s.bad = nan_seen != 0 || run_max == INFINITY;
   return s;
 }
-#pragma GCC diagnostic pop
 
 // ------------------------------------------------------------------------- AVX2 scan
 // Same algorithm as the AVX-512 scan, 8 lanes, blocks of 32 entries; the row's last partial
