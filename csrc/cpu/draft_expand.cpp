@@ -49,7 +49,7 @@ namespace core = draft_expand;
 constexpr int64_t kMaxBufferK = 64;
 // Target entries scanned per parallel_for chunk: small problems run inline (waking the other
 // thread costs far more than scanning a few rows).
-constexpr int64_t kWorkPerChunk = 1 << 17;
+constexpr int64_t kWorkPerChunk = 1 << 19;
 
 template <typename T>
 inline float to_float(T x) {
