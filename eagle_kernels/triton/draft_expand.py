@@ -31,7 +31,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # so that the tests' vocabularies (1000, 1031) exercise the multi-chunk merge.
 _BLOCK_V = 256 if _INTERPRET else 4096
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
-_BIG_ID = 2**31 - 1
+_BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
 
 
 @triton.jit
