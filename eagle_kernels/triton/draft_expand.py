@@ -29,9 +29,26 @@ from .._types import DraftCandidates
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Chunk size: large chunks on the GPU (fewer partials to merge); small ones in the interpreter
 # so that the tests' vocabularies (1000, 1031) exercise the multi-chunk merge.
-_BLOCK_V = 256 if _INTERPRET else 4096
+_BLOCK_V = 1024 if _INTERPRET else 4096
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
+_KEY_MIN = tl.constexpr(-(2**63) + 1)  # below every packed key: taken or masked entries
+
+
+@triton.jit
+def _pack_key(value, index):
+    """int64 key whose max is the best (value desc, index asc) pair, so one reduction per
+    argmax round instead of two. value: float32 without NaN; index: int32 in [0, 2**31)."""
+    bits = (value + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 ties with +0.0, as floats do
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: flip the magnitude
+    return (bits.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+
+
+@triton.jit
+def _unpack_key(key):
+    bits = (key >> 32).to(tl.int32)
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return bits.to(tl.float32, bitcast=True), 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
 
 
 @triton.jit
@@ -68,17 +85,27 @@ def _draft_chunk_kernel(
     tl.store(part_max_ptr + out, cmax)
     tl.store(part_sum_ptr + out, csum)
     tl.store(part_bad_ptr + out, bad)
-    # Local top-k: TOP_K rounds of argmax over the entries not taken yet. -inf entries are
-    # real candidates (ranked by id); the masked tail never is (alive is False there).
-    alive = in_row
-    for r in range(TOP_K):
-        best = tl.max(tl.where(alive, xr, float("-inf")), axis=0)
-        pick = tl.min(tl.where(alive & (xr == best), offs, _BIG_ID), axis=0)
-        # A chunk with fewer than TOP_K entries left stores -inf with an id above every real
-        # one, so the merge ranks it last.
-        tl.store(part_val_ptr + out * TOP_K + r, best)
-        tl.store(part_id_ptr + out * TOP_K + r, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + r, pick))
-        alive = alive & (offs != pick)
+    # Local top-k: TOP_K rounds of argmax over the entries not taken yet (ties: smaller id).
+    # -inf entries are real candidates (ranked by id); the masked tail never is.
+    # A chunk with fewer than TOP_K entries stores -inf with ids above every real one, so the
+    # merge ranks them last.
+    if IS_FP64:
+        alive = in_row
+        for r in range(TOP_K):
+            best = tl.max(tl.where(alive, xr, float("-inf")), axis=0)
+            pick = tl.min(tl.where(alive & (xr == best), offs, _BIG_ID), axis=0)
+            tl.store(part_val_ptr + out * TOP_K + r, best)
+            tl.store(part_id_ptr + out * TOP_K + r, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + r, pick))
+            alive = alive & (offs != pick)
+    else:
+        keys = tl.where(in_row, _pack_key(xr, offs), _KEY_MIN)
+        for r in range(TOP_K):
+            kmax = tl.max(keys, axis=0)
+            best, pick = _unpack_key(kmax)
+            exhausted = kmax == _KEY_MIN
+            tl.store(part_val_ptr + out * TOP_K + r, tl.where(exhausted, float("-inf"), best))
+            tl.store(part_id_ptr + out * TOP_K + r, tl.where(exhausted, _BIG_ID - TOP_K + r, pick))
+            keys = tl.where(keys == kmax, _KEY_MIN, keys)
 
 
 @triton.jit
@@ -124,11 +151,18 @@ def _draft_merge_kernel(
         n_cand = NC * TOP_K
         vals = tl.load(part_val_ptr + row * n_cand + offs_ck, mask=offs_ck < n_cand, other=float("-inf"))
         ids = tl.load(part_id_ptr + row * n_cand + offs_ck, mask=offs_ck < n_cand, other=_BIG_ID)
+        if not IS_FP64:
+            keys = tl.where(offs_ck < n_cand, _pack_key(vals, ids), _KEY_MIN)
         alive = offs_ck < n_cand
         for r in range(TOP_K):
-            best = tl.max(tl.where(alive, vals, float("-inf")), axis=0)
-            pick = tl.min(tl.where(alive & (vals == best), ids, _BIG_ID), axis=0)
-            alive = alive & (ids != pick)
+            if IS_FP64:
+                best = tl.max(tl.where(alive, vals, float("-inf")), axis=0)
+                pick = tl.min(tl.where(alive & (vals == best), ids, _BIG_ID), axis=0)
+                alive = alive & (ids != pick)
+            else:
+                kmax = tl.max(keys, axis=0)
+                best, pick = _unpack_key(kmax)
+                keys = tl.where(keys == kmax, _KEY_MIN, keys)
             token = tl.where(bad, r, pick).to(tl.int64)
             logp = (best - gmax) - log_sum
             score = tl.where(bad, float("nan"), fs + logp).to(tl.float32)
@@ -139,13 +173,12 @@ def _draft_merge_kernel(
             tl.store(scores_ptr + b * MK + c, score)
             acc = tl.where(offs_mk == c, score, acc)
     # Frontier: TOP_K rounds of argmax over the candidates, NaN ranked as -inf, ties by index.
-    key = tl.where(acc != acc, float("-inf"), acc)
-    alive_mk = offs_mk < MK
+    keys_mk = tl.where(offs_mk < MK, _pack_key(tl.where(acc != acc, float("-inf"), acc), offs_mk), _KEY_MIN)
     for r in range(TOP_K):
-        best = tl.max(tl.where(alive_mk, key, float("-inf")), axis=0)
-        pick = tl.min(tl.where(alive_mk & (key == best), offs_mk, _BIG_ID), axis=0)
+        kmax = tl.max(keys_mk, axis=0)
+        _, pick = _unpack_key(kmax)
         tl.store(frontier_ptr + b * TOP_K + r, pick)
-        alive_mk = alive_mk & (offs_mk != pick)
+        keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
 
 
 def _launch(logits, frontier_scores, top_k, d2t, block_v):
