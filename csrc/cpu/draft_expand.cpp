@@ -51,11 +51,6 @@ constexpr int64_t kMaxBufferK = 64;
 // thread costs far more than scanning a few rows).
 constexpr int64_t kWorkPerChunk = 1 << 19;
 
-template <typename T>
-inline float to_float(T x) {
-  return static_cast<float>(x);
-}
-
 // ------------------------------------------------------------------------- portable scan
 // One pass: online max / sum-exp and the top-k buffer. A = accumulation type (float, or double
 // for double logits).
