@@ -72,6 +72,33 @@ def test_large_top_k(cpp_isa):
                    torch.float32, top_k)
 
 
+@pytest.mark.parametrize("top_k", [1, 7, 32], ids=lambda k: f"k{k}")
+def test_many_ties(cpp_isa, backend, top_k):
+    """16 distinct logit levels over a few thousand ids: the k-th value ties with hundreds of
+    entries, so the buffer's strict threshold decides which ids get in (smaller ids first)."""
+    V = 4099 if backend == "cpp" else 1031
+    gen = torch.Generator().manual_seed(top_k)
+    logits = (torch.randint(0, 16, (2, 3, V), generator=gen) * 0.25).to(torch.bfloat16)
+    fs = torch.zeros(2, 3)
+    out = cpp_isa(logits, fs, top_k)
+    naive = naive_draft_expand(logits, fs, top_k)
+    np.testing.assert_array_equal(out.tokens.numpy(), naive[0])
+    assert_same_as_reference(out, reference.draft_expand(logits, fs, top_k))
+
+
+def test_non_contiguous_inputs(backend, op_impl):
+    fn = op_impl("draft_expand")
+    base = planted_logits(3, 2, 500, 4, torch.float32, 2)  # [M, B, V] viewed as [B, M, V]
+    logits = base.transpose(0, 1)
+    fs = random_frontier_scores(3, 2, 2).t()
+    assert not logits.is_contiguous() and not fs.is_contiguous()
+    out = fn(logits, fs, 4)
+    want = fn(logits.contiguous(), fs.contiguous(), 4)
+    for got, ref in zip(out, want):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert_same_as_reference(out, reference.draft_expand(logits.contiguous(), fs.contiguous(), 4))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_vocab_262144_top_k_32(backend, op_impl, dtype):
     if backend != "cpp":
