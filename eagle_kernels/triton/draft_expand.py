@@ -10,6 +10,11 @@ in two launches, with no sort.
    (``frontier_score + (x - max) - log(sum)``), then selects the frontier among the
    ``M * TOP_K`` scores (NaN as -inf, ties by smaller index).
 
+Each argmax round is one int64 max over packed (value, id) keys (``_pack_key``) for
+fp32/fp16/bf16 input; fp64 input keeps a max over values and a min over ids. The rounds, not
+the logits' bytes, bound kernel 1: on an H200 it ran at about 137 G logits/s (bf16, top_k 8-10;
+bench/bench_draft_expand.py), far below the memory bandwidth.
+
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
@@ -28,7 +33,8 @@ from .._types import DraftCandidates
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Chunk size: large chunks on the GPU (fewer partials to merge); small ones in the interpreter
-# so that the tests' vocabularies (1000, 1031) exercise the multi-chunk merge.
+# so that V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
+# python_tests/test_draft_expand_backends.py drives smaller chunks through _launch).
 _BLOCK_V = 1024 if _INTERPRET else 4096
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
