@@ -9,6 +9,10 @@
 namespace eagle {
 
 using TreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using DraftCandidateTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores,
+                                       int64_t top_k, const std::optional<at::Tensor>& d2t);
 
 TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
                            const at::Tensor& cand_scores, const at::Tensor& cand_parents,

@@ -1,9 +1,10 @@
 // Every schema of torch.ops.eagle_kernels, and the native kernels registered for them.
 //
 // The schema strings are copied verbatim from eagle_kernels/_schemas.py (a test keeps the two
-// identical). Native kernels: CPU (always) for tree_attention, build_tree, compact_kv and
-// write_kv; CUDA (EAGLE_WITH_CUDA builds) for build_tree and compact_kv. Every other (op, dispatch key) pair is left free for the Python side, which
-// registers fakes and routes the remaining keys through backend_of.
+// identical). Native kernels: CPU (always) for tree_attention, draft_expand, build_tree,
+// compact_kv and write_kv; CUDA (EAGLE_WITH_CUDA builds) for build_tree and compact_kv.
+// Every other (op, dispatch key) pair is left free for the Python side, which registers
+// fakes and routes the remaining keys through backend_of.
 #ifdef EAGLE_PYTHON_MODULE
 #include <Python.h>  // first, as Python requires
 #endif
@@ -36,6 +37,7 @@ TORCH_LIBRARY(eagle_kernels, m) {
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("tree_attention", &eagle::tree_attention_cpu);
+  m.impl("draft_expand", &eagle::draft_expand_cpu);
   m.impl("build_tree", &eagle::build_tree_cpu);
   m.impl("compact_kv", &eagle::compact_kv_cpu);
   m.impl("write_kv", &eagle::write_kv_cpu);
@@ -54,7 +56,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CUDA, m) {
 // The authoritative question stays the dispatcher's:
 //   torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::<op>", "CPU")
 static PyObject* native_kernels() {
-  PyObject* cpu = Py_BuildValue("(ssss)", "tree_attention", "build_tree", "compact_kv", "write_kv");
+  PyObject* cpu = Py_BuildValue("(sssss)", "tree_attention", "draft_expand", "build_tree", "compact_kv", "write_kv");
 #ifdef EAGLE_WITH_CUDA
   PyObject* cuda = Py_BuildValue("(ss)", "build_tree", "compact_kv");
 #else

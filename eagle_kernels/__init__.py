@@ -12,6 +12,7 @@ import warnings
 from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
 from ._types import DraftCandidates, Tree, VerifyOutput
+from .expansion import Expansion, expand_tree
 from .ops import build_tree, compact_kv, draft_expand, tree_attention, verify, write_kv
 
 __version__ = "0.1.0"
@@ -30,4 +31,5 @@ _registration.register()
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
     "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
+    "expand_tree", "Expansion",
 ]

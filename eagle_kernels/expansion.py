@@ -1,0 +1,129 @@
+"""A whole EAGLE-2 draft-tree expansion on the device: root -> depth ``depth`` -> build_tree.
+
+EAGLE-2 (Li et al. 2024, §4.1-4.2): the root proposes its ``top_k`` most likely tokens; at each
+further depth the ``top_k`` best candidates so far (the frontier, ranked by cumulative log-prob)
+each propose ``top_k`` children; finally the ``num_nodes - 1`` best candidates of the whole
+history form the verify tree. Every step is one ``eagle_kernels.draft_expand`` call and the
+end is one ``eagle_kernels.build_tree`` call; all shapes are static and nothing reads tensor
+values on the host, so the loop can run under CUDA graphs (with
+``EAGLE_KERNELS_CHECK_VALUES=0`` so the ops skip their data-reading checks).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from . import ops
+from ._types import Tree
+
+DraftFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Expansion(NamedTuple):
+    """Result of :func:`expand_tree`. Shapes: ``tree`` as :class:`eagle_kernels.Tree` with
+    ``N = num_nodes``; candidate history ``cand_tokens`` int64 [B, C], ``cand_scores``
+    float32 [B, C], ``cand_parents`` int32 [B, C] with ``C = top_k + (depth - 1) * top_k**2``."""
+
+    tree: Tree
+    cand_tokens: torch.Tensor
+    cand_scores: torch.Tensor
+    cand_parents: torch.Tensor
+
+
+def num_candidates(depth: int, top_k: int) -> int:
+    """Size ``C`` of the candidate history of :func:`expand_tree`."""
+    return top_k + (depth - 1) * top_k * top_k
+
+
+def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top_k: int,
+                num_nodes: int, d2t: Optional[torch.Tensor] = None) -> Expansion:
+    """Run an EAGLE-2 expansion of ``depth`` steps with ``draft_fn`` and build the verify tree.
+
+    Parameters
+    ----------
+    draft_fn
+        ``draft_fn(step, tokens, parent_row, cand_index) -> logits``, called once per step
+        ``step = 0 .. depth - 1`` with the ``M`` nodes to expand (``M = 1`` at step 0, else
+        ``top_k``):
+
+        - ``tokens`` int64 [B, M]: the nodes' tokens (step 0: the root tokens), in the target
+          vocabulary when ``d2t`` is given (as ``draft_expand`` returns them);
+        - ``parent_row`` int64 [B, M]: for each node, the row of the previous call's logits
+          that proposed it (-1 at step 0). An EAGLE head keeps its last hidden states
+          ``h [B, M_prev, H]`` in its closure and continues from
+          ``h.gather(1, parent_row[..., None].expand(-1, -1, H))``;
+        - ``cand_index`` int64 [B, M]: each node's index in the candidate history (-1 for the
+          root), for heads that keep per-candidate state or build a draft attention mask from
+          ``cand_parents``.
+
+        It returns the draft logits ``[B, M, Vd]`` (any float dtype ``draft_expand`` takes).
+        It must not read tensor values on the host if the expansion is to stay sync-free.
+    root_tokens
+        int64 [B]: the last committed token of each request (node 0 of the tree).
+    depth
+        Number of expansion steps (>= 1): the deepest draft node sits at depth ``depth``.
+    top_k
+        Children per expanded node, and frontier size.
+    num_nodes
+        Tree size ``N`` including the root; ``num_nodes - 1 <= C``.
+    d2t
+        Optional int64 [Vd] draft-to-target offsets (EAGLE-3), passed to ``draft_expand``.
+
+    Returns
+    -------
+    Expansion
+        ``(tree, cand_tokens, cand_scores, cand_parents)``.
+
+    Shapes
+    ------
+    root_tokens [B] -> tree.tokens [B, N], tree.parents [B, N], tree.depths [B, N],
+    tree.mask [B, N, ceil(N / 64)]; cand_* [B, C] with C = top_k + (depth - 1) * top_k**2.
+    Candidate ``c`` of step ``s >= 1`` sits at ``top_k + (s - 1) * top_k**2 + m * top_k + r``
+    (child ``r`` of frontier node ``m``), as in ``draft_expand``'s layout.
+    """
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth: expected an int >= 1, got {depth!r}")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k: expected an int >= 1, got {top_k!r}")
+    if not isinstance(root_tokens, torch.Tensor) or root_tokens.dim() != 1 or root_tokens.dtype != torch.int64:
+        got = f"dtype {root_tokens.dtype}, shape {tuple(root_tokens.shape)}" if isinstance(
+            root_tokens, torch.Tensor) else type(root_tokens).__name__
+        raise ValueError(f"root_tokens: expected an int64 tensor of shape [B], got {got}")
+    C = num_candidates(depth, top_k)
+    if not isinstance(num_nodes, int) or not 1 <= num_nodes <= C + 1:
+        raise ValueError(f"num_nodes: expected an int in [1, C + 1 = {C + 1}], got {num_nodes!r}")
+    B = root_tokens.shape[0]
+    device = root_tokens.device
+    k = top_k
+
+    cand_tokens = torch.empty(B, C, dtype=torch.int64, device=device)
+    cand_scores = torch.empty(B, C, dtype=torch.float32, device=device)
+    cand_parents = torch.empty(B, C, dtype=torch.int32, device=device)
+
+    tokens = root_tokens[:, None]
+    parent_row = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    cand_index = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    frontier_scores = torch.zeros(B, 1, dtype=torch.float32, device=device)
+    offset = 0
+    for step in range(depth):
+        M = tokens.shape[1]
+        logits = draft_fn(step, tokens, parent_row, cand_index)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, M):
+            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
+        out = ops.draft_expand(logits, frontier_scores, k, d2t=d2t)
+        width = M * k
+        cand_tokens[:, offset:offset + width] = out.tokens
+        cand_scores[:, offset:offset + width] = out.scores
+        # Child r of node m has the node's history index as parent (-1 under the root).
+        cand_parents[:, offset:offset + width] = cand_index[:, :, None].expand(B, M, k).reshape(B, width)
+        frontier = out.frontier.long()  # [B, k], indices into this step's M * k candidates
+        tokens = torch.gather(out.tokens, 1, frontier)
+        frontier_scores = torch.gather(out.scores, 1, frontier)
+        parent_row = torch.div(frontier, k, rounding_mode="floor")
+        cand_index = frontier + offset
+        offset += width
+    tree = ops.build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes)
+    return Expansion(tree, cand_tokens, cand_scores, cand_parents)

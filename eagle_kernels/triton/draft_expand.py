@@ -1,0 +1,241 @@
+"""Triton ``draft_expand``: one depth of EAGLE-2 dynamic tree expansion (Li et al. 2024, §4.1)
+in two launches, with no sort.
+
+1. ``_draft_chunk_kernel``, grid ``(B * M, NC)``: chunk ``j`` of row ``(b, m)`` (``BLOCK_V``
+   entries) gives its max, its sum of ``exp(x - max)``, a bad flag (NaN or +inf seen) and its
+   local top ``TOP_K`` by ``TOP_K`` rounds of masked argmax (ties: smaller id).
+2. ``_draft_merge_kernel``, grid ``(B,)``: per row, merges the ``NC`` partials into
+   ``lse = max + log(sum)`` and the row's top ``TOP_K`` (the best ``TOP_K`` of the
+   ``NC * TOP_K`` chunk candidates, same argmax rounds), writes tokens and scores
+   (``frontier_score + (x - max) - log(sum)``), then selects the frontier among the
+   ``M * TOP_K`` scores (NaN as -inf, ties by smaller index).
+
+Each argmax round is one int64 max over packed (value, id) keys (``_pack_key``) for
+fp32/fp16/bf16 input; fp64 input keeps a max over values and a min over ids. The rounds, not
+the logits' bytes, bound kernel 1: on an H200, B = 32, M = 8, V = 128256 bf16 logits took
+about 330-380 us per call (top_k 8-10, bench/bench_draft_expand.py), about 0.2 TB/s of logits,
+far below the memory bandwidth.
+
+Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
++inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
+candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _checks
+from .._types import DraftCandidates
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Chunk size: large chunks on the GPU (fewer partials to merge); small ones in the interpreter
+# so that V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
+# python_tests/test_draft_expand_backends.py drives smaller chunks through _launch).
+_BLOCK_V = 1024 if _INTERPRET else 4096
+_MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
+_BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
+_KEY_MIN = tl.constexpr(-(2**63) + 1)  # below every packed key: taken or masked entries
+
+
+@triton.jit
+def _pack_key(value, index):
+    """int64 key whose max is the best (value desc, index asc) pair, so one reduction per
+    argmax round instead of two. value: float32 without NaN; index: int32 in [0, 2**31)."""
+    bits = (value + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 ties with +0.0, as floats do
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: flip the magnitude
+    return (bits.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+
+
+@triton.jit
+def _unpack_key(key):
+    bits = (key >> 32).to(tl.int32)
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return bits.to(tl.float32, bitcast=True), 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _draft_chunk_kernel(
+    logits_ptr,  # [B * M, V] fp32 / fp16 / bf16 / fp64, row-contiguous
+    part_max_ptr,  # [B * M, NC] compute dtype
+    part_sum_ptr,  # [B * M, NC] compute dtype
+    part_bad_ptr,  # [B * M, NC] int32
+    part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
+    part_id_ptr,  # [B * M, NC, TOP_K] int32
+    V,
+    NC,
+    TOP_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = offs < V
+    x = tl.load(logits_ptr + row * V + offs, mask=in_row, other=float("-inf"))
+    x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+    is_nan = x != x
+    bad = tl.max(is_nan.to(tl.int32), axis=0)
+    # Ranking value: NaN only occurs in bad rows, whose ranking is not used.
+    xr = tl.where(is_nan, float("-inf"), x)
+    cmax = tl.max(xr, axis=0)
+    bad = bad | (cmax == float("inf")).to(tl.int32)
+    # -inf entries count 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf).
+    shift = tl.where(cmax == float("-inf"), 0.0, cmax)
+    e = tl.where(xr == float("-inf"), 0.0, tl.exp(xr - shift))
+    csum = tl.sum(e, axis=0)
+    out = row * NC + chunk
+    tl.store(part_max_ptr + out, cmax)
+    tl.store(part_sum_ptr + out, csum)
+    tl.store(part_bad_ptr + out, bad)
+    # Local top-k: TOP_K rounds of argmax over the entries not taken yet (ties: smaller id).
+    # -inf entries are real candidates (ranked by id); the masked tail never is.
+    # A chunk with fewer than TOP_K entries stores -inf with ids above every real one, so the
+    # merge ranks them last.
+    if IS_FP64:
+        alive = in_row
+        for r in range(TOP_K):
+            best = tl.max(tl.where(alive, xr, float("-inf")), axis=0)
+            pick = tl.min(tl.where(alive & (xr == best), offs, _BIG_ID), axis=0)
+            tl.store(part_val_ptr + out * TOP_K + r, best)
+            tl.store(part_id_ptr + out * TOP_K + r, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + r, pick))
+            alive = alive & (offs != pick)
+    else:
+        keys = tl.where(in_row, _pack_key(xr, offs), _KEY_MIN)
+        for r in range(TOP_K):
+            kmax = tl.max(keys, axis=0)
+            best, pick = _unpack_key(kmax)
+            exhausted = kmax == _KEY_MIN
+            tl.store(part_val_ptr + out * TOP_K + r, tl.where(exhausted, float("-inf"), best))
+            tl.store(part_id_ptr + out * TOP_K + r, tl.where(exhausted, _BIG_ID - TOP_K + r, pick))
+            keys = tl.where(keys == kmax, _KEY_MIN, keys)
+
+
+@triton.jit
+def _draft_merge_kernel(
+    part_max_ptr,  # [B * M, NC] compute dtype
+    part_sum_ptr,  # [B * M, NC] compute dtype
+    part_bad_ptr,  # [B * M, NC] int32
+    part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
+    part_id_ptr,  # [B * M, NC, TOP_K] int32
+    frontier_scores_ptr,  # [B, M] float32
+    d2t_ptr,  # [V] int64 (unused unless HAS_D2T)
+    tokens_ptr,  # [B, M * TOP_K] int64
+    scores_ptr,  # [B, M * TOP_K] float32
+    frontier_ptr,  # [B, TOP_K] int32
+    M,
+    NC,
+    TOP_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_CK: tl.constexpr,
+    BLOCK_MK: tl.constexpr,
+    HAS_D2T: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_ck = tl.arange(0, BLOCK_CK)
+    offs_mk = tl.arange(0, BLOCK_MK)
+    MK = M * TOP_K
+    # Scores of this request's M * TOP_K candidates, gathered for the frontier selection.
+    acc = tl.full([BLOCK_MK], float("-inf"), tl.float32)
+    for m in range(M):
+        row = b * M + m
+        pm = tl.load(part_max_ptr + row * NC + offs_c, mask=offs_c < NC, other=float("-inf"))
+        ps = tl.load(part_sum_ptr + row * NC + offs_c, mask=offs_c < NC, other=0.0)
+        pb = tl.load(part_bad_ptr + row * NC + offs_c, mask=offs_c < NC, other=0)
+        gmax = tl.max(pm, axis=0)
+        shift = tl.where(gmax == float("-inf"), 0.0, gmax)
+        total = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - shift)), axis=0)
+        bad = (tl.max(pb, axis=0) != 0) | (gmax == float("-inf")) | (gmax == float("inf"))
+        log_sum = tl.log(tl.where(bad, 1.0, total))
+        fs = tl.load(frontier_scores_ptr + row)
+        fs = fs.to(tl.float64) if IS_FP64 else fs
+        n_cand = NC * TOP_K
+        vals = tl.load(part_val_ptr + row * n_cand + offs_ck, mask=offs_ck < n_cand, other=float("-inf"))
+        ids = tl.load(part_id_ptr + row * n_cand + offs_ck, mask=offs_ck < n_cand, other=_BIG_ID)
+        if not IS_FP64:
+            keys = tl.where(offs_ck < n_cand, _pack_key(vals, ids), _KEY_MIN)
+        alive = offs_ck < n_cand
+        for r in range(TOP_K):
+            if IS_FP64:
+                best = tl.max(tl.where(alive, vals, float("-inf")), axis=0)
+                pick = tl.min(tl.where(alive & (vals == best), ids, _BIG_ID), axis=0)
+                alive = alive & (ids != pick)
+            else:
+                kmax = tl.max(keys, axis=0)
+                best, pick = _unpack_key(kmax)
+                keys = tl.where(keys == kmax, _KEY_MIN, keys)
+            token = tl.where(bad, r, pick).to(tl.int64)
+            logp = (best - gmax) - log_sum
+            score = tl.where(bad, float("nan"), fs + logp).to(tl.float32)
+            if HAS_D2T:
+                token = token + tl.load(d2t_ptr + token)
+            c = m * TOP_K + r
+            tl.store(tokens_ptr + b * MK + c, token)
+            tl.store(scores_ptr + b * MK + c, score)
+            acc = tl.where(offs_mk == c, score, acc)
+    # Frontier: TOP_K rounds of argmax over the candidates, NaN ranked as -inf, ties by index.
+    keys_mk = tl.where(offs_mk < MK, _pack_key(tl.where(acc != acc, float("-inf"), acc), offs_mk), _KEY_MIN)
+    for r in range(TOP_K):
+        kmax = tl.max(keys_mk, axis=0)
+        _, pick = _unpack_key(kmax)
+        tl.store(frontier_ptr + b * TOP_K + r, pick)
+        keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+
+
+def _launch(logits, frontier_scores, top_k, d2t, block_v):
+    B, M, V = logits.shape
+    device = logits.device
+    x = logits if logits.is_contiguous() else logits.contiguous()
+    fs = frontier_scores.contiguous()
+    is_fp64 = logits.dtype == torch.float64
+    compute = torch.float64 if is_fp64 else torch.float32
+    block_v = min(block_v, triton.next_power_of_2(V))
+    NC = triton.cdiv(V, block_v)
+    if NC * top_k > _MAX_CANDIDATES:
+        raise ValueError(f"top_k: expected ceil(V / {block_v}) * top_k <= {_MAX_CANDIDATES} on the "
+                         f"triton path, got top_k = {top_k} with V = {V}")
+    tokens = torch.empty(B, M * top_k, dtype=torch.int64, device=device)
+    scores = torch.empty(B, M * top_k, dtype=torch.float32, device=device)
+    frontier = torch.empty(B, top_k, dtype=torch.int32, device=device)
+    if B == 0:
+        return DraftCandidates(tokens, scores, frontier)
+    R = B * M
+    part_max = torch.empty(R, NC, dtype=compute, device=device)
+    part_sum = torch.empty(R, NC, dtype=compute, device=device)
+    part_bad = torch.empty(R, NC, dtype=torch.int32, device=device)
+    part_val = torch.empty(R, NC, top_k, dtype=compute, device=device)
+    part_id = torch.empty(R, NC, top_k, dtype=torch.int32, device=device)
+    _draft_chunk_kernel[(R, NC)](
+        x, part_max, part_sum, part_bad, part_val, part_id, V, NC,
+        TOP_K=top_k, BLOCK_V=block_v, IS_FP64=is_fp64,
+        num_warps=4 if block_v <= 2048 else 8,
+    )
+    d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
+    _draft_merge_kernel[(B,)](
+        part_max, part_sum, part_bad, part_val, part_id, fs, d2t_arg, tokens, scores, frontier,
+        M, NC, TOP_K=top_k,
+        BLOCK_C=triton.next_power_of_2(NC), BLOCK_CK=triton.next_power_of_2(NC * top_k),
+        BLOCK_MK=triton.next_power_of_2(M * top_k), HAS_D2T=d2t is not None, IS_FP64=is_fp64,
+        num_warps=4,
+    )
+    return DraftCandidates(tokens, scores, frontier)
+
+
+def draft_expand(logits, frontier_scores, top_k, *, d2t=None) -> DraftCandidates:
+    """Triton path of :func:`eagle_kernels.draft_expand` (contract §2); see
+    :func:`eagle_kernels.reference.draft_expand` for semantics.
+
+    Shapes
+    ------
+    logits [B, M, Vd] (fp32, fp16, bf16; fp64 computes in fp64); frontier_scores float32
+    [B, M]; d2t int64 [Vd] -> DraftCandidates(tokens int64 [B, M * top_k], scores float32
+    [B, M * top_k], frontier int32 [B, top_k]).
+    """
+    _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t)
+    return _launch(logits, frontier_scores, top_k, d2t, _BLOCK_V)

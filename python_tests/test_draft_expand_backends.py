@@ -1,0 +1,195 @@
+"""draft_expand, backend-specific cases beyond test_draft_expand.py: the C++ kernel's ISA paths,
+large vocabularies and top_k, NaN / +inf / all -inf rows against the reference, the Triton
+multi-chunk merge, and the GPU path (CUDA tensors, skipped without a device)."""
+
+import numpy as np
+import pytest
+import torch
+
+from eagle_kernels import reference
+from test_draft_expand import (SCORE_TOL, assert_matches, check_invariants, naive_draft_expand,
+                               planted_logits, random_frontier_scores)
+
+ISAS = ("native", "avx2", "portable")
+
+
+def assert_same_as_reference(out, ref):
+    """Tokens and frontier identical; scores equal up to float rounding, NaN where the
+    reference has NaN."""
+    assert out.tokens.tolist() == ref.tokens.tolist()
+    assert out.frontier.tolist() == ref.frontier.tolist()
+    torch.testing.assert_close(out.scores, ref.scores, equal_nan=True, **SCORE_TOL[torch.float32])
+
+
+# ------------------------------------------------------------------------- C++ ISA paths
+@pytest.fixture(params=ISAS)
+def cpp_isa(request, monkeypatch, op_impl, backend):
+    """The cpp kernel with EAGLE_KERNELS_CPU_ISA capping its inner loop (native = best the CPU
+    has); other backends run once, as ``native``."""
+    if backend != "cpp" and request.param != "native":
+        pytest.skip("ISA cap only applies to the cpp backend")
+    if request.param != "native":
+        monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", request.param)
+    return op_impl("draft_expand")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("V", [1, 7, 33, 64, 65, 1031], ids=lambda v: f"V{v}")
+def test_vector_tails(cpp_isa, V, dtype):
+    """Vocabularies around the SIMD block sizes (32 and 64 entries)."""
+    top_k = min(V, 5)
+    logits = planted_logits(2, 3, V, top_k, dtype, V)
+    fs = random_frontier_scores(2, 3, V)
+    out = cpp_isa(logits, fs, top_k)
+    check_invariants(out, fs, top_k, V)
+    assert_matches(out, naive_draft_expand(logits, fs, top_k), reference.draft_expand(logits, fs, top_k),
+                   dtype, top_k)
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_monotone_rows(cpp_isa, order):
+    """Ascending logits make every entry enter the top-k buffer (and raise the running max);
+    descending ones none after the first k."""
+    V, top_k = 2000, 8
+    row = torch.linspace(-5, 5, V, dtype=torch.float64)
+    if order == "descending":
+        row = row.flip(0)
+    logits = row.expand(1, 2, V).contiguous().float()
+    fs = torch.tensor([[0.0, -1.0]])
+    out = cpp_isa(logits, fs, top_k)
+    assert_matches(out, naive_draft_expand(logits, fs, top_k), reference.draft_expand(logits, fs, top_k),
+                   torch.float32, top_k)
+
+
+def test_large_top_k(cpp_isa):
+    """top_k above the C++ buffer (64): ids ranked by a partial sort instead."""
+    V, top_k = 1031, 100
+    logits = planted_logits(2, 2, V, top_k, torch.float32, 5)
+    fs = random_frontier_scores(2, 2, 5)
+    out = cpp_isa(logits, fs, top_k)
+    check_invariants(out, fs, top_k, V)
+    assert_matches(out, naive_draft_expand(logits, fs, top_k), reference.draft_expand(logits, fs, top_k),
+                   torch.float32, top_k)
+
+
+@pytest.mark.parametrize("top_k", [1, 7, 32], ids=lambda k: f"k{k}")
+def test_many_ties(cpp_isa, backend, top_k):
+    """16 distinct logit levels over a few thousand ids: the k-th value ties with hundreds of
+    entries, so the buffer's strict threshold decides which ids get in (smaller ids first)."""
+    V = 4099 if backend == "cpp" else 1031
+    gen = torch.Generator().manual_seed(top_k)
+    logits = (torch.randint(0, 16, (2, 3, V), generator=gen) * 0.25).to(torch.bfloat16)
+    fs = torch.zeros(2, 3)
+    out = cpp_isa(logits, fs, top_k)
+    naive = naive_draft_expand(logits, fs, top_k)
+    np.testing.assert_array_equal(out.tokens.numpy(), naive[0])
+    assert_same_as_reference(out, reference.draft_expand(logits, fs, top_k))
+
+
+def test_non_contiguous_inputs(backend, op_impl):
+    fn = op_impl("draft_expand")
+    base = planted_logits(3, 2, 500, 4, torch.float32, 2)  # [M, B, V] viewed as [B, M, V]
+    logits = base.transpose(0, 1)
+    fs = random_frontier_scores(3, 2, 2).t()
+    assert not logits.is_contiguous() and not fs.is_contiguous()
+    out = fn(logits, fs, 4)
+    want = fn(logits.contiguous(), fs.contiguous(), 4)
+    for got, ref in zip(out, want):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert_same_as_reference(out, reference.draft_expand(logits.contiguous(), fs.contiguous(), 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_vocab_262144_top_k_32(backend, op_impl, dtype):
+    if backend != "cpp":
+        pytest.skip("V = 262144 only on the C++ backend (the interpreter is too slow)")
+    fn = op_impl("draft_expand")
+    V, top_k = 262144, 32
+    logits = planted_logits(1, 2, V, top_k, dtype, 262)
+    fs = random_frontier_scores(1, 2, 262)
+    out = fn(logits, fs, top_k)
+    check_invariants(out, fs, top_k, V)
+    assert_matches(out, naive_draft_expand(logits, fs, top_k), reference.draft_expand(logits, fs, top_k),
+                   dtype, top_k)
+
+
+# ------------------------------------------------------------------ NaN / inf rows, all backends
+def _bad_rows(dtype):
+    """Rows: 0 NaN, 1 +inf, 2 all -inf, 3 ordinary, 4 NaN and +inf together; two requests."""
+    V = 300
+    logits = planted_logits(2, 5, V, 4, dtype, 9)
+    logits[0, 0, 17] = float("nan")
+    logits[0, 1, 250] = float("inf")
+    logits[0, 2] = float("-inf")
+    logits[0, 4, 3] = float("nan")
+    logits[0, 4, 5] = float("inf")
+    logits[1, 0, 299] = float("nan")  # last entry: the tail of every block layout
+    return logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=["fp32", "bf16", "fp16", "fp64"])
+def test_nan_and_inf_rows_like_reference(cpp_isa, dtype):
+    """A row with NaN or +inf, or no entry above -inf, has all log-probs NaN: ids 0..k-1 with NaN
+    scores; NaN ranks as -inf in the frontier. Everything as the reference computes it."""
+    logits = _bad_rows(dtype)
+    fs = random_frontier_scores(2, 5, 9)
+    out = cpp_isa(logits, fs, 4)
+    ref = reference.draft_expand(logits, fs, 4)
+    assert_same_as_reference(out, ref)
+    for m in (0, 1, 2, 4):
+        assert out.tokens[0, m * 4:(m + 1) * 4].tolist() == [0, 1, 2, 3]
+        assert bool(out.scores[0, m * 4:(m + 1) * 4].isnan().all())
+    assert bool(out.scores[0, 12:16].isfinite().all())
+    # Request 0: only node 3 is finite, so its four candidates are the frontier.
+    assert out.frontier[0].tolist() == [12, 13, 14, 15]
+
+
+# ---------------------------------------------------------------------- Triton chunk merge
+@pytest.mark.parametrize("block_v,V,top_k", [(16, 1000, 4), (16, 203, 20), (32, 50, 50)],
+                         ids=["b16V1000k4", "b16V203k20", "b32V50k50"])
+def test_triton_many_chunks(backend, op_impl, block_v, V, top_k):
+    """Small chunks: many partials to merge, and chunks holding fewer than top_k entries."""
+    if backend != "triton":
+        pytest.skip("triton launcher only")
+    op_impl("draft_expand")  # skips when triton is unavailable
+    from eagle_kernels.triton.draft_expand import _launch
+
+    logits = planted_logits(2, 3, V, top_k, torch.float32, block_v + V)
+    logits[1, 2, :V // 2] = float("-inf")
+    fs = random_frontier_scores(2, 3, V)
+    out = _launch(logits, fs, top_k, None, block_v)
+    naive = naive_draft_expand(logits, fs, top_k)
+    np.testing.assert_array_equal(out.tokens.numpy(), naive[0])
+    ref = reference.draft_expand(logits, fs, top_k)
+    assert_same_as_reference(out, ref)
+
+
+# ---------------------------------------------------------------------------------- GPU path
+GPU_SHAPES = [(8, 8, 32000, 8), (4, 8, 128256, 10), (1, 1, 128256, 8), (2, 4, 262144, 32), (3, 4, 1031, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("B,M,V,top_k", GPU_SHAPES, ids=lambda x: str(x))
+def test_gpu_matches_reference(gpu_op_impl, B, M, V, top_k, dtype):
+    fn = gpu_op_impl("draft_expand")
+    logits = planted_logits(B, M, V, top_k, dtype, V + top_k).cuda()
+    fs = random_frontier_scores(B, M, V).cuda()
+    d2t = torch.randint(0, 1000, (V,), generator=torch.Generator().manual_seed(1)).cuda()
+    out = fn(logits, fs, top_k, d2t=d2t)
+    torch.cuda.synchronize()
+    cpu = logits.cpu(), fs.cpu()
+    naive = naive_draft_expand(*cpu, top_k, d2t=d2t.cpu())
+    assert_matches(tuple(t.cpu() for t in out), naive,
+                   reference.draft_expand(*cpu, top_k, d2t=d2t.cpu()), dtype, top_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_nan_and_inf_rows(gpu_op_impl, dtype):
+    fn = gpu_op_impl("draft_expand")
+    logits = _bad_rows(dtype)
+    fs = random_frontier_scores(2, 5, 9)
+    out = fn(logits.cuda(), fs.cuda(), 4)
+    assert_same_as_reference(type(out)(*(t.cpu() for t in out)), reference.draft_expand(logits, fs, 4))
