@@ -62,3 +62,13 @@ def gpu_op_impl():
         return fn
 
     return get
+
+
+@pytest.fixture
+def single_thread():
+    """Model-level tests run many tiny ops: with the other core busy, OpenMP wake-ups cost
+    milliseconds each, so they run on one thread (the kernel tests keep torch's default)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

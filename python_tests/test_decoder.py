@@ -8,6 +8,7 @@ from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("single_thread")
 from test_llama import tiny_hf_model  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [20, 21, 22, 23, 24, 25, 26]]

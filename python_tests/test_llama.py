@@ -10,6 +10,7 @@ import eagle_kernels
 from eagle_kernels.models import LlamaModel
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny_hf_model(dtype, rope_scaling=None, tie=False, seed=0):

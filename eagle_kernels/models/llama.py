@@ -99,10 +99,8 @@ def cached_attention(q, k, v, cache: "KVCache", layer: int, tree_mask, slot_offs
     the queries of the earlier slots are zero padding whose output is dropped.
     q [B, N, Hq, D]; k, v [B, N, Hkv, D]; returns [B, N, Hq * D] in q.dtype."""
     B, N = q.shape[:2]
-    slots = cache.seqlens[:, None].long() + slot_offset + torch.arange(N, device=q.device)
-    rows = torch.arange(B, device=q.device)[:, None].expand(B, N)
-    cache.k[layer][rows, slots] = k.to(cache.k.dtype)
-    cache.v[layer][rows, slots] = v.to(cache.v.dtype)
+    starts = cache.seqlens + slot_offset if slot_offset else cache.seqlens
+    ops.write_kv(cache.k[layer], cache.v[layer], k.to(cache.k.dtype), v.to(cache.v.dtype), starts)
     if slot_offset:
         q = torch.cat([q.new_zeros(B, slot_offset, *q.shape[2:]), q], dim=1)
     out = ops.tree_attention(q.to(cache.k.dtype), cache.k[layer], cache.v[layer], cache.seqlens, tree_mask)
