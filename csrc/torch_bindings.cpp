@@ -1,9 +1,10 @@
 // Every schema of torch.ops.eagle_kernels, and the native kernels registered for them.
 //
 // The schema strings are copied verbatim from eagle_kernels/_schemas.py (a test keeps the two
-// identical). Native kernels: CPU (always) and CUDA (EAGLE_WITH_CUDA builds) for build_tree and
-// compact_kv. Every other (op, dispatch key) pair is left free for the Python side, which
-// registers fakes and routes the remaining keys through backend_of.
+// identical). Native kernels: CPU (always) for build_tree, compact_kv and verify; CUDA
+// (EAGLE_WITH_CUDA builds) for build_tree and compact_kv. Every other (op, dispatch key) pair
+// is left free for the Python side, which registers fakes and routes the remaining keys
+// through backend_of.
 #ifdef EAGLE_PYTHON_MODULE
 #include <Python.h>  // first, as Python requires
 #endif
@@ -34,6 +35,7 @@ TORCH_LIBRARY(eagle_kernels, m) {
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("build_tree", &eagle::build_tree_cpu);
   m.impl("compact_kv", &eagle::compact_kv_cpu);
+  m.impl("verify", &eagle::verify_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA
@@ -49,7 +51,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CUDA, m) {
 // The authoritative question stays the dispatcher's:
 //   torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::<op>", "CPU")
 static PyObject* native_kernels() {
-  PyObject* cpu = Py_BuildValue("(ss)", "build_tree", "compact_kv");
+  PyObject* cpu = Py_BuildValue("(sss)", "build_tree", "compact_kv", "verify");
 #ifdef EAGLE_WITH_CUDA
   PyObject* cuda = Py_BuildValue("(ss)", "build_tree", "compact_kv");
 #else

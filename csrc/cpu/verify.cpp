@@ -1,0 +1,449 @@
+// CPU launcher of verify: validate -> contiguous views -> allocate -> one task per request
+// (at::parallel_for), each walking its tree straight from the logits.
+//
+// A visited row costs one vectorised pass (max, NaN/+inf/finite flags) in greedy mode; in
+// sampling mode the row's filtered probabilities p_u are built in a per-thread scratch row
+// (never a [B, N, V] tensor): scale -> top-k by radix select -> exp/sum -> top-p by radix
+// select on the probabilities -> renormalise. Children are then tried in node order against
+// the residual, and the bonus is an inverse-CDF draw (core/verify.h). The hot loops are
+// compiled twice, for AVX-512 and for baseline x86-64, and picked at run time.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "checks.h"
+#include "core/philox.h"
+#include "core/verify.h"
+#include "ops.h"
+
+#define EAGLE_INLINE inline __attribute__((always_inline))
+
+namespace eagle {
+namespace {
+
+struct Args {
+  const void* logits;       // [B, N, V] rows with unit stride
+  int64_t stride_b, stride_n;
+  int64_t B, N, V, max_depth;
+  const int64_t* tokens;    // [B, N]
+  const int32_t* parents;   // [B, N]
+  const float* temperature;  // [B] or null
+  const int32_t* top_k;     // [B] or null
+  const float* top_p;       // [B] or null
+  const int64_t* seed;      // [B] or null
+  const int64_t* offset;    // [B] or null
+  int32_t* accept_len;      // [B]
+  int32_t* accept_nodes;    // [B, max_depth + 1]
+  int64_t* out_tokens;      // [B, max_depth + 1]
+  int32_t* status;          // [B]
+};
+
+// ------------------------------------------------------------------------ element helpers
+template <typename C>
+EAGLE_INLINE C load_as(float x) { return static_cast<C>(x); }
+template <typename C>
+EAGLE_INLINE C load_as(double x) { return static_cast<C>(x); }
+template <typename C>
+EAGLE_INLINE C load_as(c10::Half x) { return static_cast<C>(static_cast<float>(x)); }
+template <typename C>
+EAGLE_INLINE C load_as(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;  // bf16 is the top half of a float
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return static_cast<C>(f);
+}
+
+// exp(x) for x <= 0 (and -inf), within about 1 ulp of the correctly rounded result (Cephes
+// expf polynomial), written so that an `omp simd` loop vectorises it. torch's softmax uses
+// its own vectorised exp (Sleef, 1 ulp), so p may differ from the reference's in the last
+// bit; a decision can flip only when a coin falls within that of a threshold.
+EAGLE_INLINE float exp_nonpositive(float x) {
+  x = x > -104.0f ? x : -104.0f;  // exp(-104) < 2^-150 rounds to 0; also maps -inf
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;  // Cody-Waite: ln 2 split so n * hi is exact
+  r = r + n * 2.12194440e-4f;
+  const float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * z + r + 1.0f;
+  // 2^n as two factors so that results down in the subnormal range stay right.
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, sizeof(s1));
+  std::memcpy(&s2, &b2, sizeof(s2));
+  return p * s1 * s2;
+}
+EAGLE_INLINE double exp_nonpositive(double x) { return std::exp(x); }
+
+template <typename C>
+struct Scratch {
+  using K = typename verify::KeyOf<C>::type;
+  std::vector<C> w;      // the residual weights of the current node
+  std::vector<K> keys;   // order keys of w
+  std::vector<K> cand;   // radix-select candidates
+  explicit Scratch(int64_t V) : w(V), keys(V), cand(V) {}
+};
+
+template <typename C>
+struct RowStats {
+  C max;
+  bool bad;  // NaN or +inf anywhere, or no finite entry
+};
+
+// ------------------------------------------------------------------------------ row passes
+template <typename In, typename C>
+EAGLE_INLINE RowStats<C> row_stats(const In* row, int64_t V) {
+  const C inf = std::numeric_limits<C>::infinity();
+  C m = -inf;
+  int nan_seen = 0, posinf_seen = 0, finite_seen = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan_seen, posinf_seen, finite_seen)
+  for (int64_t i = 0; i < V; ++i) {
+    const C v = load_as<C>(row[i]);
+    m = v > m ? v : m;
+    nan_seen |= (v != v);
+    posinf_seen |= (v == inf);
+    finite_seen |= (v > -inf) & (v < inf);
+  }
+  return {m, nan_seen || posinf_seen || !finite_seen};
+}
+
+// First index holding the row max (argmax with ties to the smaller id).
+template <typename In, typename C>
+EAGLE_INLINE int64_t first_index_of(const In* row, int64_t V, C value) {
+  for (int64_t i = 0; i < V; ++i) {
+    if (load_as<C>(row[i]) == value) return i;
+  }
+  return 0;
+}
+
+// Bonus token of a request with a bad row: argmax over the finite root logits, 0 if none.
+template <typename In, typename C>
+int64_t fallback_token(const In* root, int64_t V) {
+  int64_t best = -1;
+  C best_value = C(0);
+  for (int64_t i = 0; i < V; ++i) {
+    const C v = load_as<C>(root[i]);
+    if (std::isfinite(v) && (best < 0 || v > best_value)) {
+      best = i;
+      best_value = v;
+    }
+  }
+  return best < 0 ? 0 : best;
+}
+
+template <typename C>
+EAGLE_INLINE double sum64(const C* w, int64_t V) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < V; ++i) s += static_cast<double>(w[i]);
+  return s;
+}
+
+// p_u of the contract into s.w: (logits - max) / T -> top-k -> softmax -> top-p -> renormalise.
+template <typename In, typename C>
+EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float temperature,
+                                int64_t top_k, float top_p, Scratch<C>& s) {
+  using K = typename verify::KeyOf<C>::type;
+  C* w = s.w.data();
+  K* keys = s.keys.data();
+  const C t = static_cast<C>(temperature);
+  // Shift before dividing: a tiny T sends the other logits to -inf, never the max to +inf.
+#pragma omp simd
+  for (int64_t i = 0; i < V; ++i) w[i] = (load_as<C>(row[i]) - row_max) / t + C(0);
+  if (top_k > 0 && top_k < V) {
+#pragma omp simd
+    for (int64_t i = 0; i < V; ++i) keys[i] = verify::order_key<C>(w[i]);
+    const K kth = verify::kth_largest_key<K>(keys, V, top_k, s.cand.data());
+    const C ninf = -std::numeric_limits<C>::infinity();
+#pragma omp simd
+    for (int64_t i = 0; i < V; ++i) w[i] = keys[i] >= kth ? w[i] : ninf;
+  }
+  // The scaled max is exactly 0 and survives top-k, so softmax needs no second shift.
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < V; ++i) {
+    const C e = exp_nonpositive(w[i]);
+    w[i] = e;
+    total += static_cast<double>(e);
+  }
+  const C denom = static_cast<C>(total);
+#pragma omp simd
+  for (int64_t i = 0; i < V; ++i) w[i] = w[i] / denom;
+  if (top_p < 1.0f) {
+#pragma omp simd
+    for (int64_t i = 0; i < V; ++i) keys[i] = verify::order_key<C>(w[i]);
+    const K cut = verify::top_p_threshold_key<C>(keys, V, static_cast<double>(top_p), s.cand.data());
+    double kept = 0.0;
+#pragma omp simd reduction(+ : kept)
+    for (int64_t i = 0; i < V; ++i) kept += keys[i] >= cut ? static_cast<double>(w[i]) : 0.0;
+    const C norm = static_cast<C>(kept);
+#pragma omp simd
+    for (int64_t i = 0; i < V; ++i) w[i] = keys[i] >= cut ? w[i] / norm : C(0);
+  }
+}
+
+// --------------------------------------------------------------------------------- the walk
+template <typename In, typename C>
+EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) {
+  const int64_t N = a.N, V = a.V, A = a.max_depth + 1;
+  const In* logits = static_cast<const In*>(a.logits) + b * a.stride_b;
+  const int64_t* tok = a.tokens + b * N;
+  const int32_t* par = a.parents + b * N;
+  const float temperature = a.temperature ? a.temperature[b] : 0.0f;
+  const int64_t top_k = a.top_k ? a.top_k[b] : 0;
+  const float top_p = a.top_p ? a.top_p[b] : 1.0f;
+  const int64_t seed = a.seed ? a.seed[b] : 0;
+  const int64_t offset = a.offset ? a.offset[b] : 0;
+  const bool greedy = temperature == 0.0f;
+  int32_t* nodes_out = a.accept_nodes + b * A;
+  int64_t* tokens_out = a.out_tokens + b * A;
+  std::fill(nodes_out, nodes_out + A, -1);
+  std::fill(tokens_out, tokens_out + A, -1);
+  nodes_out[0] = 0;
+
+  int64_t node = 0, depth = 0;
+  bool bad = false;
+  while (true) {
+    const In* row = logits + node * a.stride_n;
+    const RowStats<C> st = row_stats<In, C>(row, V);
+    if (st.bad) {
+      bad = true;
+      break;
+    }
+    const bool may_descend = depth < a.max_depth;  // a node at max_depth is a leaf
+    int64_t child = -1;
+    if (greedy) {
+      const int64_t g = first_index_of<In, C>(row, V, st.max);
+      for (int64_t c = node + 1; may_descend && c < N; ++c) {
+        if (par[c] == node && tok[c] == g) {
+          child = c;
+          break;
+        }
+      }
+      if (child < 0) {
+        tokens_out[depth] = g;
+        break;
+      }
+    } else {
+      Scratch<C>& s = *scratch;
+      build_weights<In, C>(row, V, st.max, temperature, top_k, top_p, s);
+      C* w = s.w.data();
+      if (may_descend) {
+        double mass = sum64(w, V);
+        for (int64_t c = node + 1; c < N; ++c) {
+          if (par[c] != node) continue;
+          const int64_t x = tok[c];
+          const C wx = (x >= 0 && x < V) ? w[x] : C(0);
+          const double u = philox::uniform(seed, offset, static_cast<uint32_t>(c), philox::kAcceptDraw);
+          // w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
+          if (wx > C(0) && u < static_cast<double>(wx) / mass) {
+            child = c;
+            break;
+          }
+          if (wx > C(0)) {  // reject: zero p(x) and renormalise
+            w[x] = C(0);
+            mass = sum64(w, V);
+          }
+        }
+      }
+      if (child < 0) {
+        const double u = philox::uniform(seed, offset, static_cast<uint32_t>(node), philox::kBonusDraw);
+        tokens_out[depth] = verify::sample_inverse_cdf<C>(w, V, u);
+        break;
+      }
+    }
+    ++depth;
+    nodes_out[depth] = static_cast<int32_t>(child);
+    tokens_out[depth - 1] = tok[child];
+    node = child;
+  }
+  if (bad) {
+    std::fill(nodes_out + 1, nodes_out + A, -1);
+    std::fill(tokens_out, tokens_out + A, -1);
+    tokens_out[0] = fallback_token<In, C>(logits, V);
+    depth = 0;
+  }
+  a.accept_len[b] = static_cast<int32_t>(depth);
+  a.status[b] = bad ? 1 : 0;
+}
+
+template <typename In, typename C>
+EAGLE_INLINE void verify_range(const Args& a, int64_t begin, int64_t end) {
+  const bool sampling = a.temperature != nullptr;
+  Scratch<C> scratch(sampling ? a.V : 0);
+  for (int64_t b = begin; b < end; ++b) verify_request<In, C>(a, b, &scratch);
+}
+
+using RangeFn = void (*)(const Args&, int64_t, int64_t);
+
+#if defined(__x86_64__)
+#define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define EAGLE_VARIANTS(NAME, IN, C)                                                       \
+  EAGLE_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) {             \
+    verify_range<IN, C>(a, begin, end);                                                  \
+  }                                                                                      \
+  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<IN, C>(a, begin, end); }
+bool has_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+#else
+#define EAGLE_VARIANTS(NAME, IN, C)                                                       \
+  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<IN, C>(a, begin, end); } \
+  void NAME##_avx512(const Args& a, int64_t begin, int64_t end) { verify_range<IN, C>(a, begin, end); }
+bool has_avx512() { return false; }
+#endif
+
+EAGLE_VARIANTS(verify_f32, float, float)
+EAGLE_VARIANTS(verify_f16, c10::Half, float)
+EAGLE_VARIANTS(verify_bf16, c10::BFloat16, float)
+EAGLE_VARIANTS(verify_f64, double, double)
+
+RangeFn pick_kernel(at::ScalarType dtype) {
+  const bool avx = has_avx512();
+  switch (dtype) {
+    case at::kFloat: return avx ? verify_f32_avx512 : verify_f32_base;
+    case at::kHalf: return avx ? verify_f16_avx512 : verify_f16_base;
+    case at::kBFloat16: return avx ? verify_bf16_avx512 : verify_bf16_base;
+    case at::kDouble: return avx ? verify_f64_avx512 : verify_f64_base;
+    default: TORCH_CHECK_VALUE(false, "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dtype);
+  }
+  return nullptr;
+}
+
+// ------------------------------------------------------------------------------- checking
+void check_optional(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype,
+                    int64_t B, const at::Device& dev) {
+  if (!t) return;
+  check_dtype(*t, "verify", name, dtype);
+  check_shape(*t, "verify", name, {B}, "[B]");
+  check_device(*t, "verify", name, dev);
+}
+
+// Value checks of eagle_kernels/_checks.py (CPU tensors: reading them is free of syncs).
+void check_values(const at::Tensor& tokens, const at::Tensor& parents, int64_t B, int64_t N, int64_t V,
+                  const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p) {
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int32_t* par = parents.data_ptr<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(par[b * N] == -1, "verify: parents: expected parents[:, 0] == -1 (node 0 is the root), got parents[",
+                      b, ", 0] = ", par[b * N]);
+    for (int64_t i = 1; i < N; ++i) {
+      const int64_t p = par[b * N + i];
+      TORCH_CHECK_VALUE(p >= 0 && p < i, "verify: parents: expected 0 <= parents[b, i] < i for i >= 1, got parents[", b,
+                        ", ", i, "] = ", p);
+      const int64_t x = tok[b * N + i];
+      TORCH_CHECK_VALUE(x >= 0 && x < V, "verify: tokens: expected draft tokens in [0, V = ", V, "), got tokens[", b,
+                        ", ", i, "] = ", x);
+    }
+  }
+  if (temperature.defined()) {
+    const float* t = temperature.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(std::isfinite(t[b]) && t[b] >= 0.0f, "verify: temperature: expected finite values >= 0, got ",
+                        t[b], " at ", b);
+  }
+  if (top_k.defined()) {
+    const int32_t* k = top_k.data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(k[b] >= 0, "verify: top_k: expected values >= 0, got ", k[b], " at ", b);
+  }
+  if (top_p.defined()) {
+    const float* p = top_p.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(p[b] > 0.0f && p[b] <= 1.0f, "verify: top_p: expected values in (0, 1], got ", p[b], " at ", b);
+  }
+}
+
+at::Tensor dense(const std::optional<at::Tensor>& t) { return t ? t->contiguous() : at::Tensor(); }
+
+}  // namespace
+
+VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+                         int64_t max_depth, const std::optional<at::Tensor>& temperature,
+                         const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  const char* op = "verify";
+  const auto dt = target_logits.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+                    "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dt);
+  check_dim(target_logits, op, "target_logits", 3, "[B, N, V]");
+  const at::Device dev = target_logits.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), "verify: target_logits: expected a CPU tensor, got one on ", dev);
+  const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
+  check_dtype(tokens, op, "tokens", at::kLong);
+  check_shape(tokens, op, "tokens", {B, N}, "[B, N]");
+  check_device(tokens, op, "tokens", dev);
+  check_dtype(parents, op, "parents", at::kInt);
+  check_shape(parents, op, "parents", {B, N}, "[B, N]");
+  check_device(parents, op, "parents", dev);
+  TORCH_CHECK_VALUE(max_depth >= 0, "verify: max_depth: expected an int >= 0, got ", max_depth);
+  TORCH_CHECK_VALUE(N > 0 && V > 0, "verify: target_logits: expected at least one node and one vocabulary entry, got shape ",
+                    shape_str(target_logits.sizes()));
+  check_optional(temperature, "temperature", at::kFloat, B, dev);
+  check_optional(top_k, "top_k", at::kInt, B, dev);
+  check_optional(top_p, "top_p", at::kFloat, B, dev);
+  check_optional(seed, "seed", at::kLong, B, dev);
+  check_optional(offset, "offset", at::kLong, B, dev);
+
+  const at::Tensor tok = tokens.contiguous();
+  const at::Tensor par = parents.contiguous();
+  const at::Tensor temp_c = dense(temperature), topk_c = dense(top_k), topp_c = dense(top_p);
+  const at::Tensor seed_c = dense(seed), offset_c = dense(offset);
+  check_values(tok, par, B, N, V, temp_c, topk_c, topp_c);
+  // Rows are read in place when their entries are contiguous; otherwise one dense copy.
+  const at::Tensor logits = target_logits.stride(2) == 1 || V == 1 ? target_logits : target_logits.contiguous();
+
+  const int64_t A = max_depth + 1;
+  const auto opts = tok.options();
+  at::Tensor accept_len = at::empty({B}, opts.dtype(at::kInt));
+  at::Tensor accept_nodes = at::empty({B, A}, opts.dtype(at::kInt));
+  at::Tensor out_tokens = at::empty({B, A}, opts.dtype(at::kLong));
+  at::Tensor status = at::empty({B}, opts.dtype(at::kInt));
+
+  Args a;
+  a.logits = logits.data_ptr();
+  a.stride_b = logits.stride(0);
+  a.stride_n = logits.stride(1);
+  a.B = B;
+  a.N = N;
+  a.V = V;
+  a.max_depth = max_depth;
+  a.tokens = tok.data_ptr<int64_t>();
+  a.parents = par.data_ptr<int32_t>();
+  a.temperature = temperature ? temp_c.data_ptr<float>() : nullptr;
+  a.top_k = top_k ? topk_c.data_ptr<int32_t>() : nullptr;
+  a.top_p = top_p ? topp_c.data_ptr<float>() : nullptr;
+  a.seed = seed ? seed_c.data_ptr<int64_t>() : nullptr;
+  a.offset = offset ? offset_c.data_ptr<int64_t>() : nullptr;
+  a.accept_len = accept_len.data_ptr<int32_t>();
+  a.accept_nodes = accept_nodes.data_ptr<int32_t>();
+  a.out_tokens = out_tokens.data_ptr<int64_t>();
+  a.status = status.data_ptr<int32_t>();
+
+  const RangeFn fn = pick_kernel(dt);
+  // A request touches at most max_depth + 1 rows of V entries, with ~10 passes when sampling;
+  // small problems run inline (waking a second thread costs more than they do).
+  const int64_t cost = std::max<int64_t>(1, (std::min(max_depth, N - 1) + 1) * V * (temperature ? 10 : 1));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / cost);
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) { fn(a, begin, end); });
+  return {accept_len, accept_nodes, out_tokens, status};
+}
+
+}  // namespace eagle
