@@ -90,6 +90,34 @@ EAGLE_INLINE float exp_nonpositive(float x) {
 }
 EAGLE_INLINE double exp_nonpositive(double x) { return std::exp(x); }
 
+// w <- exp(w) in place, returning the float64 sum. A separate (non-inlined) function per ISA:
+// inlined into the large walk, GCC left this loop scalar in some instantiations.
+template <typename C>
+EAGLE_INLINE double exp_in_place_loop(C* w, int64_t V) {
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < V; ++i) {
+    const C e = exp_nonpositive(w[i]);
+    w[i] = e;
+    total += static_cast<double>(e);
+  }
+  return total;
+}
+__attribute__((noinline)) double exp_in_place_base(float* w, int64_t V) { return exp_in_place_loop(w, V); }
+#if defined(__x86_64__)
+__attribute__((noinline, target("avx512f,avx512bw,avx512vl,avx512dq"))) double exp_in_place_avx512(float* w, int64_t V) {
+  return exp_in_place_loop(w, V);
+}
+#else
+double exp_in_place_avx512(float* w, int64_t V) { return exp_in_place_loop(w, V); }
+#endif
+template <bool kAvx512>
+EAGLE_INLINE double exp_in_place(float* w, int64_t V) {
+  return kAvx512 ? exp_in_place_avx512(w, V) : exp_in_place_base(w, V);
+}
+template <bool kAvx512>
+EAGLE_INLINE double exp_in_place(double* w, int64_t V) { return exp_in_place_loop(w, V); }
+
 template <typename C>
 struct Scratch {
   using K = typename verify::KeyOf<C>::type;
@@ -155,7 +183,7 @@ EAGLE_INLINE double sum64(const C* w, int64_t V) {
 }
 
 // p_u of the contract into s.w: (logits - max) / T -> top-k -> softmax -> top-p -> renormalise.
-template <typename In, typename C>
+template <bool kAvx512, typename In, typename C>
 EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float temperature,
                                 int64_t top_k, float top_p, Scratch<C>& s) {
   using K = typename verify::KeyOf<C>::type;
@@ -174,13 +202,7 @@ EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float tempe
     for (int64_t i = 0; i < V; ++i) w[i] = keys[i] >= kth ? w[i] : ninf;
   }
   // The scaled max is exactly 0 and survives top-k, so softmax needs no second shift.
-  double total = 0.0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t i = 0; i < V; ++i) {
-    const C e = exp_nonpositive(w[i]);
-    w[i] = e;
-    total += static_cast<double>(e);
-  }
+  const double total = exp_in_place<kAvx512>(w, V);
   const C denom = static_cast<C>(total);
 #pragma omp simd
   for (int64_t i = 0; i < V; ++i) w[i] = w[i] / denom;
@@ -198,7 +220,7 @@ EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float tempe
 }
 
 // --------------------------------------------------------------------------------- the walk
-template <typename In, typename C>
+template <bool kAvx512, typename In, typename C>
 EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) {
   const int64_t N = a.N, V = a.V, A = a.max_depth + 1;
   const In* logits = static_cast<const In*>(a.logits) + b * a.stride_b;
@@ -241,7 +263,7 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
       }
     } else {
       Scratch<C>& s = *scratch;
-      build_weights<In, C>(row, V, st.max, temperature, top_k, top_p, s);
+      build_weights<kAvx512, In, C>(row, V, st.max, temperature, top_k, top_p, s);
       C* w = s.w.data();
       if (may_descend) {
         double mass = sum64(w, V);
@@ -282,11 +304,11 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
   a.status[b] = bad ? 1 : 0;
 }
 
-template <typename In, typename C>
+template <bool kAvx512, typename In, typename C>
 EAGLE_INLINE void verify_range(const Args& a, int64_t begin, int64_t end) {
   const bool sampling = a.temperature != nullptr;
   Scratch<C> scratch(sampling ? a.V : 0);
-  for (int64_t b = begin; b < end; ++b) verify_request<In, C>(a, b, &scratch);
+  for (int64_t b = begin; b < end; ++b) verify_request<kAvx512, In, C>(a, b, &scratch);
 }
 
 using RangeFn = void (*)(const Args&, int64_t, int64_t);
@@ -295,9 +317,9 @@ using RangeFn = void (*)(const Args&, int64_t, int64_t);
 #define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define EAGLE_VARIANTS(NAME, IN, C)                                                       \
   EAGLE_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) {             \
-    verify_range<IN, C>(a, begin, end);                                                  \
+    verify_range<true, IN, C>(a, begin, end);                                            \
   }                                                                                      \
-  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<IN, C>(a, begin, end); }
+  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<false, IN, C>(a, begin, end); }
 bool has_avx512() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -305,8 +327,8 @@ bool has_avx512() {
 }
 #else
 #define EAGLE_VARIANTS(NAME, IN, C)                                                       \
-  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<IN, C>(a, begin, end); } \
-  void NAME##_avx512(const Args& a, int64_t begin, int64_t end) { verify_range<IN, C>(a, begin, end); }
+  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<false, IN, C>(a, begin, end); } \
+  void NAME##_avx512(const Args& a, int64_t begin, int64_t end) { verify_range<false, IN, C>(a, begin, end); }
 bool has_avx512() { return false; }
 #endif
 
