@@ -22,27 +22,35 @@ import torch
 import triton
 import triton.language as tl
 
+import os
+
 from .. import _checks
 from .._types import VerifyOutput
 
-PHILOX_M0: tl.constexpr = 0xD2511F53
-PHILOX_M1: tl.constexpr = 0xCD9E8D57
-PHILOX_W0: tl.constexpr = 0x9E3779B9
-PHILOX_W1: tl.constexpr = 0xBB67AE85
-ACCEPT_DRAW: tl.constexpr = 0
-BONUS_DRAW: tl.constexpr = 1
+# Bits per radix digit of the threshold searches: 16 candidates per pass on the GPU (the
+# [BLOCK_V, 16] comparison stays in registers); 256 under the interpreter, where the cost is
+# per operation rather than per element, so half the passes run twice as fast.
+RADIX_BITS = 8 if os.environ.get("TRITON_INTERPRET") == "1" else 4
+
+PHILOX_M0 = tl.constexpr(0xD2511F53)
+PHILOX_M1 = tl.constexpr(0xCD9E8D57)
+PHILOX_W0 = tl.constexpr(0x9E3779B9)
+PHILOX_W1 = tl.constexpr(0xBB67AE85)
+ACCEPT_DRAW = tl.constexpr(0)
+BONUS_DRAW = tl.constexpr(1)
 
 
 @triton.jit
-def _uniform(seed, offset, node, DRAW: tl.constexpr):
-    """U in [0, 1) (float64, 53 bits) of the stream at (seed, offset, node, DRAW); seed and
-    offset int64 scalars, node an int32 scalar."""
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
-    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c2 = (node + tl.zeros([], tl.int32)).to(tl.uint32)  # node may be a plain int
-    c3 = tl.full([], DRAW, tl.uint32)
+def _uniform(seed, offset, nodes, DRAW: tl.constexpr):
+    """U in [0, 1) (float64, 53 bits) of the stream at (seed, offset, node, DRAW) for every
+    entry of the int32 tensor ``nodes``; seed and offset are int64 scalars."""
+    c2 = nodes.to(tl.uint32)
+    zero = c2 * 0
+    k0 = zero + (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = zero + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = zero + (offset & 0xFFFFFFFF).to(tl.uint32)
+    c1 = zero + ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c3 = zero + DRAW
     for round_index in tl.static_range(10):
         if round_index > 0:
             k0 = tl.add(k0, PHILOX_W0, sanitize_overflow=False)
@@ -82,26 +90,27 @@ def _row_sum64(work_row_ptr, V, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _threshold_key(work_row_ptr, V, rank_k, top_p, IS_TOP_P: tl.constexpr, IS_FP64: tl.constexpr,
-                   BLOCK_V: tl.constexpr):
-    """Radix-16 search, most significant digit first, over the order keys of the work row.
+                   BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Radix search, most significant digit first, over the order keys of the work row; returns
+    the value whose key is the threshold.
 
     top-k (IS_TOP_P false): the k-th largest key counted with multiplicity, i.e. the largest t
     with #(key >= t) >= k. top-p: the smallest t with mass(key >= t') < top_p for t' = t + 1,
     i.e. with the mass strictly above t below top_p. Either way a filter keeps x iff
-    key(x) >= t. Each digit takes one pass that evaluates the 15 candidates P + j * 16^i."""
+    key(x) >= t. Each digit of RADIX_BITS bits takes one pass that evaluates the candidates P + j * 2^shift."""
     if IS_FP64:
         KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
     else:
         KT: tl.constexpr = tl.uint32
         KEY_BITS: tl.constexpr = 32
-    lanes = tl.arange(0, 16)
+    lanes = tl.arange(0, 1 << RADIX_BITS)
     prefix = tl.zeros([], dtype=KT)
-    for level in tl.static_range(KEY_BITS // 4):
-        shift: tl.constexpr = KEY_BITS - 4 * (level + 1)
+    for level in tl.static_range(KEY_BITS // RADIX_BITS):
+        shift = KEY_BITS - RADIX_BITS * (level + 1)
         candidates = prefix + (lanes.to(KT) << shift)  # lane 0 is never counted
-        counts = tl.zeros([16], dtype=tl.int64)
-        masses = tl.zeros([16], dtype=tl.float64)
+        counts = tl.zeros([1 << RADIX_BITS], dtype=tl.int64)
+        masses = tl.zeros([1 << RADIX_BITS], dtype=tl.float64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
@@ -117,12 +126,18 @@ def _threshold_key(work_row_ptr, V, rank_k, top_p, IS_TOP_P: tl.constexpr, IS_FP
         else:
             digit = tl.sum(((counts >= rank_k) & (lanes > 0)).to(tl.int32), axis=0)
         prefix = prefix + (digit.to(KT) << shift)
-    return prefix
+    # Back from key to value: keep x iff x >= value (the key order is the value order).
+    if IS_FP64:
+        bits = tl.where((prefix >> 63) == 1, prefix & 0x7FFFFFFFFFFFFFFF, ~prefix)
+        return bits.to(tl.float64, bitcast=True)
+    else:
+        bits = tl.where((prefix >> 31) == 1, prefix & 0x7FFFFFFF, ~prefix)
+        return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _build_weights(row_ptr, work_row_ptr, V, row_max, temperature, top_k, top_p,
-                   CT: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_V: tl.constexpr):
+                   CT: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
     """p_u of the contract into the work row: (logits - max) / T -> top-k -> softmax -> top-p
     -> renormalise."""
     t = temperature.to(CT)
@@ -134,16 +149,16 @@ def _build_weights(row_ptr, work_row_ptr, V, row_max, temperature, top_k, top_p,
         tl.store(work_row_ptr + offs, (x - row_max) / t, mask=valid)
     tl.debug_barrier()
     use_top_k = (top_k > 0) & (top_k < V)
-    kth = _order_key(tl.full([], float("-inf"), CT), IS_FP64)
+    kth = tl.full([], float("-inf"), CT)
     if use_top_k:
-        kth = _threshold_key(work_row_ptr, V, top_k.to(tl.int64), 1.0, False, IS_FP64, BLOCK_V)
+        kth = _threshold_key(work_row_ptr, V, top_k.to(tl.int64), 1.0, False, IS_FP64, BLOCK_V, RADIX_BITS)
     # The scaled max is exactly 0 and survives top-k, so the softmax needs no second shift.
     total = tl.zeros([], dtype=tl.float64)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         valid = offs < V
         s = tl.load(work_row_ptr + offs, mask=valid, other=float("-inf"))
-        e = tl.where(_order_key(s, IS_FP64) >= kth, tl.exp(s), 0.0).to(CT)
+        e = tl.where(s >= kth, tl.exp(s), 0.0).to(CT)
         e = tl.where(valid, e, 0.0)
         tl.store(work_row_ptr + offs, e, mask=valid)
         total += tl.sum(e.to(tl.float64), axis=0)
@@ -156,19 +171,19 @@ def _build_weights(row_ptr, work_row_ptr, V, row_max, temperature, top_k, top_p,
         tl.store(work_row_ptr + offs, e / denom, mask=valid)
     tl.debug_barrier()
     if top_p < 1.0:
-        cut = _threshold_key(work_row_ptr, V, 1, top_p.to(tl.float64), True, IS_FP64, BLOCK_V)
+        cut = _threshold_key(work_row_ptr, V, 1, top_p.to(tl.float64), True, IS_FP64, BLOCK_V, RADIX_BITS)
         kept = tl.zeros([], dtype=tl.float64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
             p = tl.load(work_row_ptr + offs, mask=valid, other=0.0)
-            kept += tl.sum(tl.where(_order_key(p, IS_FP64) >= cut, p.to(tl.float64), 0.0), axis=0)
+            kept += tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0)
         norm = kept.to(CT)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
             p = tl.load(work_row_ptr + offs, mask=valid, other=0.0)
-            w = tl.where(_order_key(p, IS_FP64) >= cut, p / norm, 0.0).to(CT)
+            w = tl.where(p >= cut, p / norm, 0.0).to(CT)
             tl.store(work_row_ptr + offs, w, mask=valid)
         tl.debug_barrier()
 
@@ -212,6 +227,7 @@ def _verify_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     if IS_FP64:
         CT: tl.constexpr = tl.float64
@@ -231,6 +247,10 @@ def _verify_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     parents = tl.load(parents_ptr + b * N + offs_n, mask=offs_n < N, other=-2)
     tokens = tl.load(tokens_ptr + b * N + offs_n, mask=offs_n < N, other=-1)
+    # Every coin the walk may need, in two vectorised Philox calls: accept coin of each node
+    # (as a child) and bonus coin of each node (as the last accepted node).
+    accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
+    bonus_coins = _uniform(seed, offset, offs_n, BONUS_DRAW)
     offs_a = tl.arange(0, BLOCK_A)
     tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
     tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
@@ -272,7 +292,7 @@ def _verify_kernel(
                     tl.store(out_tokens_ptr + b * A + depth, arg.to(tl.int64))
                     done = 1
             else:
-                _build_weights(row, work_row, V, row_max, temperature, top_k, top_p, CT, IS_FP64, BLOCK_V)
+                _build_weights(row, work_row, V, row_max, temperature, top_k, top_p, CT, IS_FP64, BLOCK_V, RADIX_BITS)
                 if may_descend:
                     mass = _row_sum64(work_row, V, BLOCK_V)
                     for c in range(node + 1, N):
@@ -280,7 +300,7 @@ def _verify_kernel(
                         if (parent == node) & (child < 0):
                             x = tl.load(tokens_ptr + b * N + c)
                             wx = tl.load(work_row + x)
-                            u = _uniform(seed, offset, c, ACCEPT_DRAW)
+                            u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
                             # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
                             if (wx > 0) & (u < wx.to(tl.float64) / mass):
                                 child = c
@@ -289,7 +309,7 @@ def _verify_kernel(
                                 tl.debug_barrier()
                                 mass = _row_sum64(work_row, V, BLOCK_V)
                 if child < 0:
-                    u = _uniform(seed, offset, node, BONUS_DRAW)
+                    u = tl.sum(tl.where(offs_n == node, bonus_coins, 0.0), axis=0)
                     bonus = _inverse_cdf(work_row, V, u, BLOCK_V)
                     tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
                     done = 1
@@ -362,6 +382,6 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
         accept_len, accept_nodes, out_tokens, status,
         N, V, max_depth, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_A=triton.next_power_of_2(A), num_warps=4,
+        BLOCK_A=triton.next_power_of_2(A), RADIX_BITS=RADIX_BITS, num_warps=4,
     )
     return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
