@@ -11,9 +11,10 @@ Providers (side by side in one group per shape):
   from one ``torch.rand`` call and ``torch.multinomial``). It materialises the [B, N, V]
   probabilities; ``eagle`` reads only the rows its walk visits.
 
-Trees: EAGLE-2 shaped, 6 levels below the root (``max_depth = 6``), each node's first child
-carrying its parent row's top token so that walks go deep; logits ``3 * randn`` with that
-token raised by ``SPIKE`` (p about 0.99 at T = 0.8). Modes: ``greedy`` (T = 0), ``temp``
+Trees: EAGLE-2 shaped, up to 6 levels below the root (``max_depth = 6``), the first nodes of
+the levels forming a chain, each node's first child carrying its parent row's top token so
+that walks go deep (greedy accepts the whole chain); logits ``3 * randn`` with that
+token set to the row max + ``SPIKE`` (p about 0.97 at T = 0.8). Modes: ``greedy`` (T = 0), ``temp``
 (T = 0.8, no filters: the cheapest torch sampling path), ``topkp`` (T = 0.8, top-k 50,
 top-p 0.9). ``extra_info``: ``logits_bytes`` (B * N * V * element size, the input the op is
 given) and ``logits_bytes_per_s``; the eagle entry also gets ``speedup_over_torch``.
@@ -40,7 +41,7 @@ MODES = {
     "temp": dict(temperature=0.8, top_k=0, top_p=1.0),
     "topkp": dict(temperature=0.8, top_k=50, top_p=0.9),
 }
-SPIKE = 18.0  # added to the planted token's logit: p about 0.99 at T = 0.8 with V = 49152
+SPIKE = 4.0  # the planted token's logit is the row max + SPIKE: p about 0.97 at T = 0.8
 _MEANS: dict = {}
 
 
@@ -52,10 +53,13 @@ def make_inputs(B, N, V, mode, dtype=torch.float32, device="cpu", seed=0):
         level = (i - 1) // per_level + 1
         lo = 0 if level == 1 else 1 + (level - 2) * per_level
         hi = 1 if level == 1 else min(N, 1 + (level - 1) * per_level)
-        parents[:, i] = torch.randint(lo, hi, (B,), generator=gen, dtype=torch.int32)
+        if level >= 2 and i == 1 + (level - 1) * per_level:
+            parents[:, i] = lo  # the first node of a level extends the first node of the last
+        else:
+            parents[:, i] = torch.randint(lo, hi, (B,), generator=gen, dtype=torch.int32)
     logits = torch.randn(B, N, V, generator=gen) * 3.0
     top = torch.randint(0, V, (B, N), generator=gen)
-    logits.scatter_add_(2, top[..., None], torch.full((B, N, 1), SPIKE))
+    logits.scatter_(2, top[..., None], logits.amax(-1, keepdim=True) + SPIKE)
     tokens = torch.randint(0, V, (B, N), generator=gen)
     for b in range(B):
         seen = set()

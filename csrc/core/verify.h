@@ -6,7 +6,7 @@
 // Both filters keep whole ties (top-k keeps x iff fewer than k values are strictly larger;
 // top-p keeps x iff the mass strictly more probable than x is below top_p), so each is a
 // threshold on the value: keep x iff key(x) >= t. The threshold is found by an MSB-first radix
-// select over the keys (8-bit digits), compacting the candidates after each digit, so the cost
+// select over the keys (11-bit digits), compacting the candidates after each digit, so the cost
 // is O(V) plus the size of the boundary bins; no sort.
 #pragma once
 
@@ -51,16 +51,21 @@ HOST_DEVICE inline C key_value(typename KeyOf<C>::type key) {
   return x;
 }
 
-// Mask of the digits above `shift` (the part of the key already decided).
+// Radix digits of 11 bits, most significant first (32-bit keys: 11 + 11 + 10; the first digit
+// holds sign, exponent and two mantissa bits, which spreads logits and probabilities well).
+constexpr int kDigitBits = 11;
+constexpr int kBins = 1 << kDigitBits;
+
+// Mask of the key bits from `shift` up (the part decided once this digit is chosen).
 template <typename K>
-HOST_DEVICE inline K high_mask(int shift) {
-  return shift + 8 >= static_cast<int>(8 * sizeof(K)) ? K(0) : (~K(0) << (shift + 8));
+HOST_DEVICE inline K mask_from(int shift) {
+  return ~K(0) << shift;
 }
 
-// Keep the candidates whose digits down to `shift` equal `prefix`. In place: dst may be src.
+// Keep the candidates whose bits from `shift` up equal `prefix`. In place: dst may be src.
 template <typename K>
 HOST_DEVICE inline int64_t compact(const K* src, int64_t m, K prefix, int shift, K* dst) {
-  const K mask = high_mask<K>(shift) | (K(255) << shift);
+  const K mask = mask_from<K>(shift);
   int64_t kept = 0;
   for (int64_t i = 0; i < m; ++i) {
     if ((src[i] & mask) == prefix) dst[kept++] = src[i];
@@ -76,10 +81,13 @@ HOST_DEVICE inline K kth_largest_key(const K* keys, int64_t n, int64_t k, K* scr
   int64_t m = n;
   K prefix = 0;
   int64_t above = 0;  // keys known to be larger than every key with the current prefix
-  for (int shift = 8 * static_cast<int>(sizeof(K)) - 8; shift >= 0; shift -= 8) {
-    int64_t hist[256] = {0};
-    for (int64_t i = 0; i < m; ++i) ++hist[(src[i] >> shift) & 255];  // src all share prefix
-    int d = 255;
+  for (int shift = 8 * static_cast<int>(sizeof(K)); shift > 0;) {
+    const int bits = shift < kDigitBits ? shift : kDigitBits;
+    shift -= bits;
+    const K digit_mask = (K(1) << bits) - 1;
+    int32_t hist[kBins] = {0};
+    for (int64_t i = 0; i < m; ++i) ++hist[(src[i] >> shift) & digit_mask];  // src all share prefix
+    int d = static_cast<int>(digit_mask);
     for (; d > 0; --d) {
       if (above + hist[d] >= k) break;
       above += hist[d];
@@ -105,20 +113,23 @@ HOST_DEVICE inline typename KeyOf<C>::type top_p_threshold_key(const typename Ke
   int64_t m = n;
   K prefix = 0;
   double above = 0.0;  // mass of the values larger than every value with the current prefix
-  for (int shift = 8 * static_cast<int>(sizeof(K)) - 8; shift >= 0; shift -= 8) {
-    double mass[256] = {0.0};
-    int64_t count[256] = {0};
+  for (int shift = 8 * static_cast<int>(sizeof(K)); shift > 0;) {
+    const int bits = shift < kDigitBits ? shift : kDigitBits;
+    shift -= bits;
+    const K digit_mask = (K(1) << bits) - 1;
+    double mass[kBins] = {0.0};
+    int32_t count[kBins] = {0};
     for (int64_t i = 0; i < m; ++i) {
-      const int d = static_cast<int>((src[i] >> shift) & 255);
+      const int d = static_cast<int>((src[i] >> shift) & digit_mask);
       mass[d] += static_cast<double>(key_value<C>(src[i]));
       ++count[d];
     }
     // The largest value of a bin has exactly the higher bins' mass above it; that mass grows
     // as the bin index falls, so the kept bins are the non-empty ones down to the last that
     // still passes. The first non-empty bin always passes (its mass above passed one level up).
-    int chosen = 255;
+    int chosen = static_cast<int>(digit_mask);
     double chosen_above = above, acc = above;
-    for (int d = 255; d >= 0; --d) {
+    for (int d = static_cast<int>(digit_mask); d >= 0; --d) {
       if (count[d] == 0) continue;
       if (!(acc < top_p)) break;
       chosen = d;

@@ -6,7 +6,7 @@
 // (never a [B, N, V] tensor): scale -> top-k by radix select -> exp/sum -> top-p by radix
 // select on the probabilities -> renormalise. Children are then tried in node order against
 // the residual, and the bonus is an inverse-CDF draw (core/verify.h). The hot loops are
-// compiled twice, for AVX-512 and for baseline x86-64, and picked at run time.
+// compiled three times, for AVX-512, AVX2+FMA and baseline x86-64, and picked at run time.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,6 +18,10 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "checks.h"
 #include "core/philox.h"
@@ -90,32 +94,79 @@ EAGLE_INLINE float exp_nonpositive(float x) {
 }
 EAGLE_INLINE double exp_nonpositive(double x) { return std::exp(x); }
 
-// w <- exp(w) in place, returning the float64 sum. A separate (non-inlined) function per ISA:
-// inlined into the large walk, GCC left this loop scalar in some instantiations.
+// Lane-parallel float64 sum: kLanes independent accumulators that the compiler turns into
+// vector registers under every target without reassociating (no -ffast-math, no `omp simd`,
+// whose lowering happens before the per-ISA variants are inlined and left them scalar).
+constexpr int kLanes = 16;
 template <typename C>
-EAGLE_INLINE double exp_in_place_loop(C* w, int64_t V) {
-  double total = 0.0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t i = 0; i < V; ++i) {
-    const C e = exp_nonpositive(w[i]);
-    w[i] = e;
-    total += static_cast<double>(e);
+EAGLE_INLINE double sum64(const C* w, int64_t V) {
+  double acc[kLanes] = {0.0};
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(w[i + j]);
   }
+  for (; i < V; ++i) acc[0] += static_cast<double>(w[i]);
+  double total = 0.0;
+  for (int j = 0; j < kLanes; ++j) total += acc[j];
   return total;
 }
+
+// w <- exp(w) in place, returning the float64 sum.
+template <typename C>
+EAGLE_INLINE double exp_in_place_loop(C* w, int64_t V) {
+  for (int64_t i = 0; i < V; ++i) w[i] = exp_nonpositive(w[i]);
+  return sum64(w, V);
+}
+// Instruction sets of the compiled variants (picked at run time, see pick_kernel).
+constexpr int kBase = 0, kAvx2 = 1, kAvx512 = 2;
+#if defined(__x86_64__)
+#define EAGLE_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define EAGLE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#else
+#define EAGLE_TARGET_AVX2
+#define EAGLE_TARGET_AVX512
+#endif
 __attribute__((noinline)) double exp_in_place_base(float* w, int64_t V) { return exp_in_place_loop(w, V); }
 #if defined(__x86_64__)
-__attribute__((noinline, target("avx512f,avx512bw,avx512vl,avx512dq"))) double exp_in_place_avx512(float* w, int64_t V) {
-  return exp_in_place_loop(w, V);
+// exp_nonpositive on 8 lanes with the same operations (GCC would not vectorise the scalar
+// version's clamp). Used by the AVX2 and AVX-512 variants.
+__attribute__((noinline)) EAGLE_TARGET_AVX2 double exp_in_place_avx2(float* w, int64_t V) {
+  const __m256 lowest = _mm256_set1_ps(-104.0f), round = _mm256_set1_ps(12582912.0f);
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), one = _mm256_set1_ps(1.0f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(2.12194440e-4f);
+  const __m256i bias = _mm256_set1_epi32(127);
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) {
+    const __m256 x = _mm256_max_ps(_mm256_loadu_ps(w + i), lowest);  // -inf -> -104
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, log2e), round), round);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, ln2_hi));
+    r = _mm256_add_ps(r, _mm256_mul_ps(n, ln2_lo));
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), one);
+    const __m256i ni = _mm256_cvttps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    _mm256_storeu_ps(w + i, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
+  }
+  for (; i < V; ++i) w[i] = exp_nonpositive(w[i]);
+  return sum64(w, V);
 }
 #else
-double exp_in_place_avx512(float* w, int64_t V) { return exp_in_place_loop(w, V); }
+double exp_in_place_avx2(float* w, int64_t V) { return exp_in_place_loop(w, V); }
 #endif
-template <bool kAvx512>
+template <int kIsa>
 EAGLE_INLINE double exp_in_place(float* w, int64_t V) {
-  return kAvx512 ? exp_in_place_avx512(w, V) : exp_in_place_base(w, V);
+  return kIsa >= kAvx2 ? exp_in_place_avx2(w, V) : exp_in_place_base(w, V);
 }
-template <bool kAvx512>
+template <int kIsa>
 EAGLE_INLINE double exp_in_place(double* w, int64_t V) { return exp_in_place_loop(w, V); }
 
 template <typename C>
@@ -124,8 +175,20 @@ struct Scratch {
   std::vector<C> w;      // the residual weights of the current node
   std::vector<K> keys;   // order keys of w
   std::vector<K> cand;   // radix-select candidates
-  explicit Scratch(int64_t V) : w(V), keys(V), cand(V) {}
 };
+
+// One scratch row per thread, kept across calls: rows of V >= 32k entries are mmap-sized, and
+// allocating them per call cost a page fault per 4 KiB touched (~0.3 ms at V = 49152).
+template <typename C>
+Scratch<C>& thread_scratch(int64_t V) {
+  thread_local Scratch<C> s;
+  if (static_cast<int64_t>(s.w.size()) < V) {
+    s.w.resize(V);
+    s.keys.resize(V);
+    s.cand.resize(V);
+  }
+  return s;
+}
 
 template <typename C>
 struct RowStats {
@@ -137,17 +200,31 @@ struct RowStats {
 template <typename In, typename C>
 EAGLE_INLINE RowStats<C> row_stats(const In* row, int64_t V) {
   const C inf = std::numeric_limits<C>::infinity();
-  C m = -inf;
-  int nan_seen = 0, posinf_seen = 0, finite_seen = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan_seen, posinf_seen, finite_seen)
-  for (int64_t i = 0; i < V; ++i) {
-    const C v = load_as<C>(row[i]);
-    m = v > m ? v : m;
-    nan_seen |= (v != v);
-    posinf_seen |= (v == inf);
-    finite_seen |= (v > -inf) & (v < inf);
+  C m[kLanes];
+  int bad[kLanes], finite[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    m[j] = -inf;
+    bad[j] = 0;
+    finite[j] = 0;
   }
-  return {m, nan_seen || posinf_seen || !finite_seen};
+  auto visit = [&](int j, C v) {
+    m[j] = v > m[j] ? v : m[j];
+    bad[j] |= (v != v) | (v == inf);
+    finite[j] |= (v > -inf) & (v < inf);
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) visit(j, load_as<C>(row[i + j]));
+  }
+  for (; i < V; ++i) visit(0, load_as<C>(row[i]));
+  C row_max = -inf;
+  int any_bad = 0, any_finite = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    row_max = m[j] > row_max ? m[j] : row_max;
+    any_bad |= bad[j];
+    any_finite |= finite[j];
+  }
+  return {row_max, any_bad != 0 || any_finite == 0};
 }
 
 // First index holding the row max (argmax with ties to the smaller id).
@@ -174,16 +251,9 @@ int64_t fallback_token(const In* root, int64_t V) {
   return best < 0 ? 0 : best;
 }
 
-template <typename C>
-EAGLE_INLINE double sum64(const C* w, int64_t V) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < V; ++i) s += static_cast<double>(w[i]);
-  return s;
-}
 
 // p_u of the contract into s.w: (logits - max) / T -> top-k -> softmax -> top-p -> renormalise.
-template <bool kAvx512, typename In, typename C>
+template <int kIsa, typename In, typename C>
 EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float temperature,
                                 int64_t top_k, float top_p, Scratch<C>& s) {
   using K = typename verify::KeyOf<C>::type;
@@ -191,36 +261,35 @@ EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float tempe
   K* keys = s.keys.data();
   const C t = static_cast<C>(temperature);
   // Shift before dividing: a tiny T sends the other logits to -inf, never the max to +inf.
-#pragma omp simd
   for (int64_t i = 0; i < V; ++i) w[i] = (load_as<C>(row[i]) - row_max) / t + C(0);
   if (top_k > 0 && top_k < V) {
-#pragma omp simd
     for (int64_t i = 0; i < V; ++i) keys[i] = verify::order_key<C>(w[i]);
     const K kth = verify::kth_largest_key<K>(keys, V, top_k, s.cand.data());
     const C ninf = -std::numeric_limits<C>::infinity();
-#pragma omp simd
     for (int64_t i = 0; i < V; ++i) w[i] = keys[i] >= kth ? w[i] : ninf;
   }
   // The scaled max is exactly 0 and survives top-k, so softmax needs no second shift.
-  const double total = exp_in_place<kAvx512>(w, V);
+  const double total = exp_in_place<kIsa>(w, V);
   const C denom = static_cast<C>(total);
-#pragma omp simd
   for (int64_t i = 0; i < V; ++i) w[i] = w[i] / denom;
   if (top_p < 1.0f) {
-#pragma omp simd
-    for (int64_t i = 0; i < V; ++i) keys[i] = verify::order_key<C>(w[i]);
-    const K cut = verify::top_p_threshold_key<C>(keys, V, static_cast<double>(top_p), s.cand.data());
-    double kept = 0.0;
-#pragma omp simd reduction(+ : kept)
-    for (int64_t i = 0; i < V; ++i) kept += keys[i] >= cut ? static_cast<double>(w[i]) : 0.0;
-    const C norm = static_cast<C>(kept);
-#pragma omp simd
-    for (int64_t i = 0; i < V; ++i) w[i] = keys[i] >= cut ? w[i] / norm : C(0);
+    // Only positive probabilities take part: a zero adds no mass above anything and stays zero
+    // whether kept or not (after top-k most of the row is zero).
+    int64_t positive = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      keys[positive] = verify::order_key<C>(w[i]);
+      positive += w[i] > C(0);
+    }
+    const K cut = verify::top_p_threshold_key<C>(keys, positive, static_cast<double>(top_p), s.cand.data());
+    const C cut_value = verify::key_value<C>(cut);  // keep x iff p(x) >= cut_value
+    for (int64_t i = 0; i < V; ++i) w[i] = w[i] >= cut_value ? w[i] : C(0);
+    const C norm = static_cast<C>(sum64(w, V));
+    for (int64_t i = 0; i < V; ++i) w[i] = w[i] / norm;
   }
 }
 
 // --------------------------------------------------------------------------------- the walk
-template <bool kAvx512, typename In, typename C>
+template <int kIsa, typename In, typename C>
 EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) {
   const int64_t N = a.N, V = a.V, A = a.max_depth + 1;
   const In* logits = static_cast<const In*>(a.logits) + b * a.stride_b;
@@ -263,7 +332,7 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
       }
     } else {
       Scratch<C>& s = *scratch;
-      build_weights<kAvx512, In, C>(row, V, st.max, temperature, top_k, top_p, s);
+      build_weights<kIsa, In, C>(row, V, st.max, temperature, top_k, top_p, s);
       C* w = s.w.data();
       if (may_descend) {
         double mass = sum64(w, V);
@@ -304,33 +373,35 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
   a.status[b] = bad ? 1 : 0;
 }
 
-template <bool kAvx512, typename In, typename C>
+template <int kIsa, typename In, typename C>
 EAGLE_INLINE void verify_range(const Args& a, int64_t begin, int64_t end) {
   const bool sampling = a.temperature != nullptr;
-  Scratch<C> scratch(sampling ? a.V : 0);
-  for (int64_t b = begin; b < end; ++b) verify_request<kAvx512, In, C>(a, b, &scratch);
+  Scratch<C>* scratch = sampling ? &thread_scratch<C>(a.V) : nullptr;
+  for (int64_t b = begin; b < end; ++b) verify_request<kIsa, In, C>(a, b, scratch);
 }
 
 using RangeFn = void (*)(const Args&, int64_t, int64_t);
 
+#define EAGLE_VARIANTS(NAME, IN, C)                                                        \
+  EAGLE_TARGET_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) {       \
+    verify_range<kAvx512, IN, C>(a, begin, end);                                          \
+  }                                                                                       \
+  EAGLE_TARGET_AVX2 void NAME##_avx2(const Args& a, int64_t begin, int64_t end) {           \
+    verify_range<kAvx2, IN, C>(a, begin, end);                                            \
+  }                                                                                       \
+  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<kBase, IN, C>(a, begin, end); }
+
+int cpu_isa() {
 #if defined(__x86_64__)
-#define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#define EAGLE_VARIANTS(NAME, IN, C)                                                       \
-  EAGLE_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) {             \
-    verify_range<true, IN, C>(a, begin, end);                                            \
-  }                                                                                      \
-  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<false, IN, C>(a, begin, end); }
-bool has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return ok;
-}
+  static const int isa = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+                             ? kAvx512
+                             : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? kAvx2 : kBase;
+  return isa;
 #else
-#define EAGLE_VARIANTS(NAME, IN, C)                                                       \
-  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<false, IN, C>(a, begin, end); } \
-  void NAME##_avx512(const Args& a, int64_t begin, int64_t end) { verify_range<false, IN, C>(a, begin, end); }
-bool has_avx512() { return false; }
+  return kBase;
 #endif
+}
 
 EAGLE_VARIANTS(verify_f32, float, float)
 EAGLE_VARIANTS(verify_f16, c10::Half, float)
@@ -338,14 +409,16 @@ EAGLE_VARIANTS(verify_bf16, c10::BFloat16, float)
 EAGLE_VARIANTS(verify_f64, double, double)
 
 RangeFn pick_kernel(at::ScalarType dtype) {
-  const bool avx = has_avx512();
+  const int isa = cpu_isa();
+#define EAGLE_PICK(NAME) (isa == kAvx512 ? NAME##_avx512 : isa == kAvx2 ? NAME##_avx2 : NAME##_base)
   switch (dtype) {
-    case at::kFloat: return avx ? verify_f32_avx512 : verify_f32_base;
-    case at::kHalf: return avx ? verify_f16_avx512 : verify_f16_base;
-    case at::kBFloat16: return avx ? verify_bf16_avx512 : verify_bf16_base;
-    case at::kDouble: return avx ? verify_f64_avx512 : verify_f64_base;
+    case at::kFloat: return EAGLE_PICK(verify_f32);
+    case at::kHalf: return EAGLE_PICK(verify_f16);
+    case at::kBFloat16: return EAGLE_PICK(verify_bf16);
+    case at::kDouble: return EAGLE_PICK(verify_f64);
     default: TORCH_CHECK_VALUE(false, "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dtype);
   }
+#undef EAGLE_PICK
   return nullptr;
 }
 
