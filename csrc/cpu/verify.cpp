@@ -533,10 +533,11 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   a.status = status.data_ptr<int32_t>();
 
   const RangeFn fn = pick_kernel(dt);
-  // A request touches at most max_depth + 1 rows of V entries, with ~10 passes when sampling;
-  // small problems run inline (waking a second thread costs more than they do).
+  // A request touches at most max_depth + 1 rows of V entries, with ~10 passes when sampling.
+  // A chunk gets at least ~2M element-passes (about a millisecond): waking the second thread
+  // costs ~10 ms on a loaded 2-core host, so greedy batches of a few requests run inline.
   const int64_t cost = std::max<int64_t>(1, (std::min(max_depth, N - 1) + 1) * V * (temperature ? 10 : 1));
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / cost);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / cost);
   at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) { fn(a, begin, end); });
   return {accept_len, accept_nodes, out_tokens, status};
 }
