@@ -32,6 +32,17 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
                   const at::Tensor& v_new, const at::Tensor& cache_seqlens,
                   const std::optional<at::Tensor>& block_table);
 
+// (accept_len, accept_nodes, out_tokens, status)
+using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents,
+                         const at::Tensor& target_logits, int64_t max_depth,
+                         const std::optional<at::Tensor>& temperature,
+                         const std::optional<at::Tensor>& top_k,
+                         const std::optional<at::Tensor>& top_p,
+                         const std::optional<at::Tensor>& seed,
+                         const std::optional<at::Tensor>& offset);
+
 #ifdef EAGLE_WITH_CUDA
 TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
                             const at::Tensor& cand_scores, const at::Tensor& cand_parents,

@@ -1,10 +1,9 @@
 // Every schema of torch.ops.eagle_kernels, and the native kernels registered for them.
 //
 // The schema strings are copied verbatim from eagle_kernels/_schemas.py (a test keeps the two
-// identical). Native kernels: CPU (always) for tree_attention, draft_expand, build_tree,
-// compact_kv and write_kv; CUDA (EAGLE_WITH_CUDA builds) for build_tree and compact_kv.
-// Every other (op, dispatch key) pair is left free for the Python side, which registers
-// fakes and routes the remaining keys through backend_of.
+// identical). Native kernels: CPU (always) for all six ops; CUDA (EAGLE_WITH_CUDA builds)
+// for build_tree and compact_kv. Every other (op, dispatch key) pair is left free for the
+// Python side, which registers fakes and routes the remaining keys through backend_of.
 #ifdef EAGLE_PYTHON_MODULE
 #include <Python.h>  // first, as Python requires
 #endif
@@ -41,6 +40,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("build_tree", &eagle::build_tree_cpu);
   m.impl("compact_kv", &eagle::compact_kv_cpu);
   m.impl("write_kv", &eagle::write_kv_cpu);
+  m.impl("verify", &eagle::verify_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA
@@ -52,25 +52,9 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CUDA, m) {
 
 #ifdef EAGLE_PYTHON_MODULE
 // `import eagle_kernels._C` loads this library, which runs the registrations above. The module
-// itself only says what was built: WITH_CUDA, and NATIVE_KERNELS = {dispatch key: op names}.
-// The authoritative question stays the dispatcher's:
+// itself only says whether CUDA was built (WITH_CUDA); which ops have native kernels is the
+// dispatcher's answer, so it is not listed a second time here:
 //   torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::<op>", "CPU")
-static PyObject* native_kernels() {
-  PyObject* cpu = Py_BuildValue("(sssss)", "tree_attention", "draft_expand", "build_tree", "compact_kv", "write_kv");
-#ifdef EAGLE_WITH_CUDA
-  PyObject* cuda = Py_BuildValue("(ss)", "build_tree", "compact_kv");
-#else
-  PyObject* cuda = PyTuple_New(0);
-#endif
-  if (cpu == nullptr || cuda == nullptr) {
-    Py_XDECREF(cpu);
-    Py_XDECREF(cuda);
-    return nullptr;
-  }
-  PyObject* d = Py_BuildValue("{sNsN}", "CPU", cpu, "CUDA", cuda);  // N steals the references
-  return d;
-}
-
 static struct PyModuleDef eagle_c_module = {
     PyModuleDef_HEAD_INIT, "eagle_kernels._C",
     "Native kernels of eagle_kernels (registered under torch.ops.eagle_kernels on import).",
@@ -85,10 +69,8 @@ PyMODINIT_FUNC PyInit__C(void) {
   PyObject* with_cuda = Py_False;
 #endif
   Py_INCREF(with_cuda);
-  PyObject* kernels = native_kernels();
-  if (kernels == nullptr || PyModule_AddObject(m, "WITH_CUDA", with_cuda) < 0 ||
-      PyModule_AddObject(m, "NATIVE_KERNELS", kernels) < 0) {
-    Py_XDECREF(kernels);
+  if (PyModule_AddObject(m, "WITH_CUDA", with_cuda) < 0) {
+    Py_DECREF(with_cuda);
     Py_DECREF(m);
     return nullptr;
   }

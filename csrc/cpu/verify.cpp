@@ -1,0 +1,545 @@
+// CPU launcher of verify: validate -> contiguous views -> allocate -> one task per request
+// (at::parallel_for), each walking its tree straight from the logits.
+//
+// A visited row costs one vectorised pass (max, NaN/+inf/finite flags) in greedy mode; in
+// sampling mode the row's filtered probabilities p_u are built in a per-thread scratch row
+// (never a [B, N, V] tensor): scale -> top-k by radix select -> exp/sum -> top-p by radix
+// select on the probabilities -> renormalise. Children are then tried in node order against
+// the residual, and the bonus is an inverse-CDF draw (core/verify.h). The hot loops are
+// compiled three times, for AVX-512, AVX2+FMA and baseline x86-64, and picked at run time.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "checks.h"
+#include "core/philox.h"
+#include "core/verify.h"
+#include "ops.h"
+
+#define EAGLE_INLINE inline __attribute__((always_inline))
+
+namespace eagle {
+namespace {
+
+struct Args {
+  const void* logits;       // [B, N, V] rows with unit stride
+  int64_t stride_b, stride_n;
+  int64_t B, N, V, max_depth;
+  const int64_t* tokens;    // [B, N]
+  const int32_t* parents;   // [B, N]
+  const float* temperature;  // [B] or null
+  const int32_t* top_k;     // [B] or null
+  const float* top_p;       // [B] or null
+  const int64_t* seed;      // [B] or null
+  const int64_t* offset;    // [B] or null
+  int32_t* accept_len;      // [B]
+  int32_t* accept_nodes;    // [B, max_depth + 1]
+  int64_t* out_tokens;      // [B, max_depth + 1]
+  int32_t* status;          // [B]
+};
+
+// ------------------------------------------------------------------------ element helpers
+template <typename C>
+EAGLE_INLINE C load_as(float x) { return static_cast<C>(x); }
+template <typename C>
+EAGLE_INLINE C load_as(double x) { return static_cast<C>(x); }
+template <typename C>
+EAGLE_INLINE C load_as(c10::Half x) { return static_cast<C>(static_cast<float>(x)); }
+template <typename C>
+EAGLE_INLINE C load_as(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;  // bf16 is the top half of a float
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return static_cast<C>(f);
+}
+
+// exp(x) for x <= 0 (and -inf), within about 1 ulp of the correctly rounded result (Cephes
+// expf polynomial), written so that an `omp simd` loop vectorises it. torch's softmax uses
+// its own vectorised exp (Sleef, 1 ulp), so p may differ from the reference's in the last
+// bit; a decision can flip only when a coin falls within that of a threshold.
+EAGLE_INLINE float exp_nonpositive(float x) {
+  x = x > -104.0f ? x : -104.0f;  // exp(-104) < 2^-150 rounds to 0; also maps -inf
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;  // Cody-Waite: ln 2 split so n * hi is exact
+  r = r + n * 2.12194440e-4f;
+  const float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * z + r + 1.0f;
+  // 2^n as two factors so that results down in the subnormal range stay right.
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, sizeof(s1));
+  std::memcpy(&s2, &b2, sizeof(s2));
+  return p * s1 * s2;
+}
+EAGLE_INLINE double exp_nonpositive(double x) { return std::exp(x); }
+
+// Lane-parallel float64 sum: kLanes independent accumulators that the compiler turns into
+// vector registers under every target without reassociating (no -ffast-math, no `omp simd`,
+// whose lowering happens before the per-ISA variants are inlined and left them scalar).
+constexpr int kLanes = 16;
+template <typename C>
+EAGLE_INLINE double sum64(const C* w, int64_t V) {
+  double acc[kLanes] = {0.0};
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(w[i + j]);
+  }
+  for (; i < V; ++i) acc[0] += static_cast<double>(w[i]);
+  double total = 0.0;
+  for (int j = 0; j < kLanes; ++j) total += acc[j];
+  return total;
+}
+
+// w <- exp(w) in place, returning the float64 sum.
+template <typename C>
+EAGLE_INLINE double exp_in_place_loop(C* w, int64_t V) {
+  for (int64_t i = 0; i < V; ++i) w[i] = exp_nonpositive(w[i]);
+  return sum64(w, V);
+}
+// Instruction sets of the compiled variants (picked at run time, see pick_kernel).
+constexpr int kBase = 0, kAvx2 = 1, kAvx512 = 2;
+#if defined(__x86_64__)
+#define EAGLE_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define EAGLE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#else
+#define EAGLE_TARGET_AVX2
+#define EAGLE_TARGET_AVX512
+#endif
+__attribute__((noinline)) double exp_in_place_base(float* w, int64_t V) { return exp_in_place_loop(w, V); }
+#if defined(__x86_64__)
+// exp_nonpositive on 8 lanes with the same operations (GCC would not vectorise the scalar
+// version's clamp). Used by the AVX2 and AVX-512 variants.
+__attribute__((noinline)) EAGLE_TARGET_AVX2 double exp_in_place_avx2(float* w, int64_t V) {
+  const __m256 lowest = _mm256_set1_ps(-104.0f), round = _mm256_set1_ps(12582912.0f);
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), one = _mm256_set1_ps(1.0f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(2.12194440e-4f);
+  const __m256i bias = _mm256_set1_epi32(127);
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) {
+    const __m256 x = _mm256_max_ps(_mm256_loadu_ps(w + i), lowest);  // -inf -> -104
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, log2e), round), round);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, ln2_hi));
+    r = _mm256_add_ps(r, _mm256_mul_ps(n, ln2_lo));
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), one);
+    const __m256i ni = _mm256_cvttps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    _mm256_storeu_ps(w + i, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
+  }
+  for (; i < V; ++i) w[i] = exp_nonpositive(w[i]);
+  return sum64(w, V);
+}
+#else
+double exp_in_place_avx2(float* w, int64_t V) { return exp_in_place_loop(w, V); }
+#endif
+template <int kIsa>
+EAGLE_INLINE double exp_in_place(float* w, int64_t V) {
+  return kIsa >= kAvx2 ? exp_in_place_avx2(w, V) : exp_in_place_base(w, V);
+}
+template <int kIsa>
+EAGLE_INLINE double exp_in_place(double* w, int64_t V) { return exp_in_place_loop(w, V); }
+
+template <typename C>
+struct Scratch {
+  using K = typename verify::KeyOf<C>::type;
+  std::vector<C> w;      // the residual weights of the current node
+  std::vector<K> keys;   // order keys of w
+  std::vector<K> cand;   // radix-select candidates
+};
+
+// One scratch row per thread, kept across calls: rows of V >= 32k entries are mmap-sized, and
+// allocating them per call cost a page fault per 4 KiB touched (~0.3 ms at V = 49152).
+template <typename C>
+Scratch<C>& thread_scratch(int64_t V) {
+  thread_local Scratch<C> s;
+  if (static_cast<int64_t>(s.w.size()) < V) {
+    s.w.resize(V);
+    s.keys.resize(V);
+    s.cand.resize(V);
+  }
+  return s;
+}
+
+template <typename C>
+struct RowStats {
+  C max;
+  bool bad;  // NaN or +inf anywhere, or no finite entry
+};
+
+// ------------------------------------------------------------------------------ row passes
+template <typename In, typename C>
+EAGLE_INLINE RowStats<C> row_stats(const In* row, int64_t V) {
+  const C inf = std::numeric_limits<C>::infinity();
+  C m[kLanes];
+  int bad[kLanes], finite[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    m[j] = -inf;
+    bad[j] = 0;
+    finite[j] = 0;
+  }
+  auto visit = [&](int j, C v) {
+    m[j] = v > m[j] ? v : m[j];
+    bad[j] |= (v != v) | (v == inf);
+    finite[j] |= (v > -inf) & (v < inf);
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) visit(j, load_as<C>(row[i + j]));
+  }
+  for (; i < V; ++i) visit(0, load_as<C>(row[i]));
+  C row_max = -inf;
+  int any_bad = 0, any_finite = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    row_max = m[j] > row_max ? m[j] : row_max;
+    any_bad |= bad[j];
+    any_finite |= finite[j];
+  }
+  return {row_max, any_bad != 0 || any_finite == 0};
+}
+
+// First index holding the row max (argmax with ties to the smaller id).
+template <typename In, typename C>
+EAGLE_INLINE int64_t first_index_of(const In* row, int64_t V, C value) {
+  for (int64_t i = 0; i < V; ++i) {
+    if (load_as<C>(row[i]) == value) return i;
+  }
+  return 0;
+}
+
+// Bonus token of a request with a bad row: argmax over the finite root logits, 0 if none.
+template <typename In, typename C>
+int64_t fallback_token(const In* root, int64_t V) {
+  int64_t best = -1;
+  C best_value = C(0);
+  for (int64_t i = 0; i < V; ++i) {
+    const C v = load_as<C>(root[i]);
+    if (std::isfinite(v) && (best < 0 || v > best_value)) {
+      best = i;
+      best_value = v;
+    }
+  }
+  return best < 0 ? 0 : best;
+}
+
+
+// p_u of the contract into s.w: (logits - max) / T -> top-k -> softmax -> top-p -> renormalise.
+template <int kIsa, typename In, typename C>
+EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float temperature,
+                                int64_t top_k, float top_p, Scratch<C>& s) {
+  using K = typename verify::KeyOf<C>::type;
+  C* w = s.w.data();
+  K* keys = s.keys.data();
+  const C t = static_cast<C>(temperature);
+  // Shift before dividing: a tiny T sends the other logits to -inf, never the max to +inf.
+  for (int64_t i = 0; i < V; ++i) w[i] = (load_as<C>(row[i]) - row_max) / t + C(0);
+  if (top_k > 0 && top_k < V) {
+    for (int64_t i = 0; i < V; ++i) keys[i] = verify::order_key<C>(w[i]);
+    const K kth = verify::kth_largest_key<K>(keys, V, top_k, s.cand.data());
+    const C ninf = -std::numeric_limits<C>::infinity();
+    for (int64_t i = 0; i < V; ++i) w[i] = keys[i] >= kth ? w[i] : ninf;
+  }
+  // The scaled max is exactly 0 and survives top-k, so softmax needs no second shift.
+  const double total = exp_in_place<kIsa>(w, V);
+  const C denom = static_cast<C>(total);
+  for (int64_t i = 0; i < V; ++i) w[i] = w[i] / denom;
+  if (top_p < 1.0f) {
+    // Only positive probabilities take part: a zero adds no mass above anything and stays zero
+    // whether kept or not (after top-k most of the row is zero).
+    int64_t positive = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      keys[positive] = verify::order_key<C>(w[i]);
+      positive += w[i] > C(0);
+    }
+    const K cut = verify::top_p_threshold_key<C>(keys, positive, static_cast<double>(top_p), s.cand.data());
+    const C cut_value = verify::key_value<C>(cut);  // keep x iff p(x) >= cut_value
+    for (int64_t i = 0; i < V; ++i) w[i] = w[i] >= cut_value ? w[i] : C(0);
+    const C norm = static_cast<C>(sum64(w, V));
+    for (int64_t i = 0; i < V; ++i) w[i] = w[i] / norm;
+  }
+}
+
+// --------------------------------------------------------------------------------- the walk
+template <int kIsa, typename In, typename C>
+EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) {
+  const int64_t N = a.N, V = a.V, A = a.max_depth + 1;
+  const In* logits = static_cast<const In*>(a.logits) + b * a.stride_b;
+  const int64_t* tok = a.tokens + b * N;
+  const int32_t* par = a.parents + b * N;
+  const float temperature = a.temperature ? a.temperature[b] : 0.0f;
+  const int64_t top_k = a.top_k ? a.top_k[b] : 0;
+  const float top_p = a.top_p ? a.top_p[b] : 1.0f;
+  const int64_t seed = a.seed ? a.seed[b] : 0;
+  const int64_t offset = a.offset ? a.offset[b] : 0;
+  const bool greedy = temperature == 0.0f;
+  int32_t* nodes_out = a.accept_nodes + b * A;
+  int64_t* tokens_out = a.out_tokens + b * A;
+  std::fill(nodes_out, nodes_out + A, -1);
+  std::fill(tokens_out, tokens_out + A, -1);
+  nodes_out[0] = 0;
+
+  int64_t node = 0, depth = 0;
+  bool bad = false;
+  while (true) {
+    const In* row = logits + node * a.stride_n;
+    const RowStats<C> st = row_stats<In, C>(row, V);
+    if (st.bad) {
+      bad = true;
+      break;
+    }
+    const bool may_descend = depth < a.max_depth;  // a node at max_depth is a leaf
+    int64_t child = -1;
+    if (greedy) {
+      const int64_t g = first_index_of<In, C>(row, V, st.max);
+      for (int64_t c = node + 1; may_descend && c < N; ++c) {
+        if (par[c] == node && tok[c] == g) {
+          child = c;
+          break;
+        }
+      }
+      if (child < 0) {
+        tokens_out[depth] = g;
+        break;
+      }
+    } else {
+      Scratch<C>& s = *scratch;
+      build_weights<kIsa, In, C>(row, V, st.max, temperature, top_k, top_p, s);
+      C* w = s.w.data();
+      if (may_descend) {
+        double mass = sum64(w, V);
+        for (int64_t c = node + 1; c < N; ++c) {
+          if (par[c] != node) continue;
+          const int64_t x = tok[c];
+          const C wx = (x >= 0 && x < V) ? w[x] : C(0);
+          const double u = philox::uniform(seed, offset, static_cast<uint32_t>(c), philox::kAcceptDraw);
+          // w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
+          if (wx > C(0) && u < static_cast<double>(wx) / mass) {
+            child = c;
+            break;
+          }
+          if (wx > C(0)) {  // reject: zero p(x) and renormalise
+            w[x] = C(0);
+            mass = sum64(w, V);
+          }
+        }
+      }
+      if (child < 0) {
+        const double u = philox::uniform(seed, offset, static_cast<uint32_t>(node), philox::kBonusDraw);
+        tokens_out[depth] = verify::sample_inverse_cdf<C>(w, V, u);
+        break;
+      }
+    }
+    ++depth;
+    nodes_out[depth] = static_cast<int32_t>(child);
+    tokens_out[depth - 1] = tok[child];
+    node = child;
+  }
+  if (bad) {
+    std::fill(nodes_out + 1, nodes_out + A, -1);
+    std::fill(tokens_out, tokens_out + A, -1);
+    tokens_out[0] = fallback_token<In, C>(logits, V);
+    depth = 0;
+  }
+  a.accept_len[b] = static_cast<int32_t>(depth);
+  a.status[b] = bad ? 1 : 0;
+}
+
+template <int kIsa, typename In, typename C>
+EAGLE_INLINE void verify_range(const Args& a, int64_t begin, int64_t end) {
+  const bool sampling = a.temperature != nullptr;
+  Scratch<C>* scratch = sampling ? &thread_scratch<C>(a.V) : nullptr;
+  for (int64_t b = begin; b < end; ++b) verify_request<kIsa, In, C>(a, b, scratch);
+}
+
+using RangeFn = void (*)(const Args&, int64_t, int64_t);
+
+#define EAGLE_VARIANTS(NAME, IN, C)                                                        \
+  EAGLE_TARGET_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) {       \
+    verify_range<kAvx512, IN, C>(a, begin, end);                                          \
+  }                                                                                       \
+  EAGLE_TARGET_AVX2 void NAME##_avx2(const Args& a, int64_t begin, int64_t end) {           \
+    verify_range<kAvx2, IN, C>(a, begin, end);                                            \
+  }                                                                                       \
+  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<kBase, IN, C>(a, begin, end); }
+
+int cpu_isa() {
+#if defined(__x86_64__)
+  static const int isa = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+                             ? kAvx512
+                             : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? kAvx2 : kBase;
+  return isa;
+#else
+  return kBase;
+#endif
+}
+
+EAGLE_VARIANTS(verify_f32, float, float)
+EAGLE_VARIANTS(verify_f16, c10::Half, float)
+EAGLE_VARIANTS(verify_bf16, c10::BFloat16, float)
+EAGLE_VARIANTS(verify_f64, double, double)
+
+RangeFn pick_kernel(at::ScalarType dtype) {
+  const int isa = cpu_isa();
+#define EAGLE_PICK(NAME) (isa == kAvx512 ? NAME##_avx512 : isa == kAvx2 ? NAME##_avx2 : NAME##_base)
+  switch (dtype) {
+    case at::kFloat: return EAGLE_PICK(verify_f32);
+    case at::kHalf: return EAGLE_PICK(verify_f16);
+    case at::kBFloat16: return EAGLE_PICK(verify_bf16);
+    case at::kDouble: return EAGLE_PICK(verify_f64);
+    default: TORCH_CHECK_VALUE(false, "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dtype);
+  }
+#undef EAGLE_PICK
+  return nullptr;
+}
+
+// ------------------------------------------------------------------------------- checking
+void check_optional(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype,
+                    int64_t B, const at::Device& dev) {
+  if (!t) return;
+  check_dtype(*t, "verify", name, dtype);
+  check_shape(*t, "verify", name, {B}, "[B]");
+  check_device(*t, "verify", name, dev);
+}
+
+// Value checks of eagle_kernels/_checks.py (CPU tensors: reading them is free of syncs).
+void check_values(const at::Tensor& tokens, const at::Tensor& parents, int64_t B, int64_t N, int64_t V,
+                  const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p) {
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int32_t* par = parents.data_ptr<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(par[b * N] == -1, "verify: parents: expected parents[:, 0] == -1 (node 0 is the root), got parents[",
+                      b, ", 0] = ", par[b * N]);
+    for (int64_t i = 1; i < N; ++i) {
+      const int64_t p = par[b * N + i];
+      TORCH_CHECK_VALUE(p >= 0 && p < i, "verify: parents: expected 0 <= parents[b, i] < i for i >= 1, got parents[", b,
+                        ", ", i, "] = ", p);
+      const int64_t x = tok[b * N + i];
+      TORCH_CHECK_VALUE(x >= 0 && x < V, "verify: tokens: expected draft tokens in [0, V = ", V, "), got tokens[", b,
+                        ", ", i, "] = ", x);
+    }
+  }
+  if (temperature.defined()) {
+    const float* t = temperature.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(std::isfinite(t[b]) && t[b] >= 0.0f, "verify: temperature: expected finite values >= 0, got ",
+                        t[b], " at ", b);
+  }
+  if (top_k.defined()) {
+    const int32_t* k = top_k.data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(k[b] >= 0, "verify: top_k: expected values >= 0, got ", k[b], " at ", b);
+  }
+  if (top_p.defined()) {
+    const float* p = top_p.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(p[b] > 0.0f && p[b] <= 1.0f, "verify: top_p: expected values in (0, 1], got ", p[b], " at ", b);
+  }
+}
+
+at::Tensor dense(const std::optional<at::Tensor>& t) { return t ? t->contiguous() : at::Tensor(); }
+
+}  // namespace
+
+VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+                         int64_t max_depth, const std::optional<at::Tensor>& temperature,
+                         const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  const char* op = "verify";
+  const auto dt = target_logits.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+                    "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dt);
+  check_dim(target_logits, op, "target_logits", 3, "[B, N, V]");
+  const at::Device dev = target_logits.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), "verify: target_logits: expected a CPU tensor, got one on ", dev);
+  const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
+  check_dtype(tokens, op, "tokens", at::kLong);
+  check_shape(tokens, op, "tokens", {B, N}, "[B, N]");
+  check_device(tokens, op, "tokens", dev);
+  check_dtype(parents, op, "parents", at::kInt);
+  check_shape(parents, op, "parents", {B, N}, "[B, N]");
+  check_device(parents, op, "parents", dev);
+  TORCH_CHECK_VALUE(max_depth >= 0, "verify: max_depth: expected an int >= 0, got ", max_depth);
+  TORCH_CHECK_VALUE(N > 0 && V > 0, "verify: target_logits: expected at least one node and one vocabulary entry, got shape ",
+                    shape_str(target_logits.sizes()));
+  check_optional(temperature, "temperature", at::kFloat, B, dev);
+  check_optional(top_k, "top_k", at::kInt, B, dev);
+  check_optional(top_p, "top_p", at::kFloat, B, dev);
+  check_optional(seed, "seed", at::kLong, B, dev);
+  check_optional(offset, "offset", at::kLong, B, dev);
+
+  const at::Tensor tok = tokens.contiguous();
+  const at::Tensor par = parents.contiguous();
+  const at::Tensor temp_c = dense(temperature), topk_c = dense(top_k), topp_c = dense(top_p);
+  const at::Tensor seed_c = dense(seed), offset_c = dense(offset);
+  check_values(tok, par, B, N, V, temp_c, topk_c, topp_c);
+  // Rows are read in place when their entries are contiguous; otherwise one dense copy.
+  const at::Tensor logits = target_logits.stride(2) == 1 || V == 1 ? target_logits : target_logits.contiguous();
+
+  const int64_t A = max_depth + 1;
+  const auto opts = tok.options();
+  at::Tensor accept_len = at::empty({B}, opts.dtype(at::kInt));
+  at::Tensor accept_nodes = at::empty({B, A}, opts.dtype(at::kInt));
+  at::Tensor out_tokens = at::empty({B, A}, opts.dtype(at::kLong));
+  at::Tensor status = at::empty({B}, opts.dtype(at::kInt));
+
+  Args a;
+  a.logits = logits.data_ptr();
+  a.stride_b = logits.stride(0);
+  a.stride_n = logits.stride(1);
+  a.B = B;
+  a.N = N;
+  a.V = V;
+  a.max_depth = max_depth;
+  a.tokens = tok.data_ptr<int64_t>();
+  a.parents = par.data_ptr<int32_t>();
+  a.temperature = temperature ? temp_c.data_ptr<float>() : nullptr;
+  a.top_k = top_k ? topk_c.data_ptr<int32_t>() : nullptr;
+  a.top_p = top_p ? topp_c.data_ptr<float>() : nullptr;
+  a.seed = seed ? seed_c.data_ptr<int64_t>() : nullptr;
+  a.offset = offset ? offset_c.data_ptr<int64_t>() : nullptr;
+  a.accept_len = accept_len.data_ptr<int32_t>();
+  a.accept_nodes = accept_nodes.data_ptr<int32_t>();
+  a.out_tokens = out_tokens.data_ptr<int64_t>();
+  a.status = status.data_ptr<int32_t>();
+
+  const RangeFn fn = pick_kernel(dt);
+  // A request touches at most max_depth + 1 rows of V entries, with ~10 passes when sampling.
+  // A chunk gets at least ~2M element-passes (about a millisecond): waking the second thread
+  // costs ~10 ms on a loaded 2-core host, so greedy batches of a few requests run inline.
+  const int64_t cost = std::max<int64_t>(1, (std::min(max_depth, N - 1) + 1) * V * (temperature ? 10 : 1));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / cost);
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) { fn(a, begin, end); });
+  return {accept_len, accept_nodes, out_tokens, status};
+}
+
+}  // namespace eagle

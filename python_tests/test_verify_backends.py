@@ -1,0 +1,169 @@
+"""verify: the backends agree with each other token for token (contract §4, docs/design.md
+"Counter-based random stream": same stream, same float32 / float64 arithmetic).
+
+Random trees built to hit the edges of the sampling rules: logits on a coarse grid (many exact
+ties, so top-k and top-p thresholds fall inside tie groups), -inf masks, draft tokens with
+p(x) = 0 (masked or filtered out), duplicate sibling tokens, greedy and sampling rows mixed in
+one batch, and V not a multiple of the Triton block (and above one block). The C++ path is also
+checked at V = 262144 and for batch invariance when its parallel_for splits the batch.
+Differences between paths can only come from the last bit of an exp or a sum, which flips a
+decision only when a coin lands within that of a threshold; the inputs here keep no top-p mass
+within 1e-6 of its threshold.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from eagle_kernels import _dispatch, reference
+from eagle_kernels._types import VerifyOutput
+from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
+
+
+def backend_impl(name):
+    fn, reason = _dispatch.implementation("verify", name, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    return fn
+
+
+def assert_same(a, b, what=""):
+    for field, x, y in zip(VerifyOutput._fields, a, b):
+        assert x.dtype == y.dtype and torch.equal(x, y), (what, field, x, y)
+
+
+def tricky_batch(seed, B, N, V, dtype=torch.float32, greedy_fraction=0.3):
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    for i in range(1, N):
+        # shallow-ish trees with many siblings
+        parents[:, i] = torch.randint(max(0, i - 4), i, (B,), generator=gen, dtype=torch.int32)
+    # Grid logits: 8 levels, 0.5 apart, so every row has large tie groups.
+    logits = torch.randint(-5, 3, (B, N, V), generator=gen).double() * 0.5
+    masked = torch.rand(B, N, V, generator=gen) < 0.15
+    masked[..., 0] &= ~masked[..., 1:].all(-1)
+    logits = logits.masked_fill(masked, float("-inf"))
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    kind = torch.randint(0, 5, (B, N), generator=gen)
+    parent_rows = torch.gather(logits, 1, parents.clamp(min=0).long()[..., None].expand(B, N, V))
+    top = parent_rows.argmax(-1)
+    lowest = torch.where(torch.isinf(parent_rows), float("inf"), parent_rows).argmin(-1)
+    masked_token = torch.where(torch.isinf(parent_rows), 1.0, 0.0).argmax(-1)  # a -inf logit if any
+    tokens = torch.where(kind == 0, top, tokens)
+    tokens = torch.where(kind == 1, lowest, tokens)  # often cut by top-k / top-p
+    tokens = torch.where(kind == 2, masked_token, tokens)  # p(x) = 0 where the row has a -inf
+    for b in range(B):  # kind 3: duplicate an earlier sibling's token
+        for i in range(2, N):
+            if int(kind[b, i]) == 3:
+                sibs = [j for j in range(1, i) if int(parents[b, j]) == int(parents[b, i])]
+                if sibs:
+                    tokens[b, i] = tokens[b, sibs[0]]
+    greedy = torch.rand(B, generator=gen) < greedy_fraction
+    temperature = torch.tensor([0.5, 1.0, 1.7, 0.25])[torch.randint(0, 4, (B,), generator=gen)]
+    sampling = dict(
+        temperature=torch.where(greedy, 0.0, temperature).float(),
+        top_k=torch.where(torch.rand(B, generator=gen) < 0.3, 0, torch.randint(1, min(V, 40) + 1, (B,), generator=gen)).int(),
+        top_p=torch.where(torch.rand(B, generator=gen) < 0.3, 1.0, 0.2 + 0.75 * torch.rand(B, generator=gen)).float(),
+        seed=torch.randint(-2**62, 2**62, (B,), generator=gen),
+        offset=torch.randint(0, 2**40, (B,), generator=gen),
+    )
+    return tokens, parents, logits.to(dtype), sampling
+
+
+def top_p_margin(logits, sampling):
+    """Smallest |mass strictly above x - top_p| over every row of the sampling requests (the
+    reference's probabilities): inputs with a margin below 1e-6 are within rounding of a
+    top-p decision and are skipped."""
+    margin = np.inf
+    for b in range(logits.shape[0]):
+        t, k, p = float(sampling["temperature"][b]), int(sampling["top_k"][b]), float(sampling["top_p"][b])
+        if t == 0.0 or p >= 1.0:
+            continue
+        for u in range(logits.shape[1]):
+            probs = sampling_probs(logits[b, u], t, k, 1.0)
+            margin = min(margin, float((mass_strictly_above(probs) - p).abs().min()))
+    return margin
+
+
+# (id, B, N, V): the V values straddle the Triton block (min(1024, next_pow2(V)) wide).
+CASES = [("V37", 8, 12, 37), ("V64", 6, 16, 64), ("V1100-two-blocks", 4, 10, 1100)]
+
+
+@pytest.mark.parametrize("other", ["cpp", "triton"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=lambda s: f"seed{s}")
+def test_backends_match_reference_on_tricky_trees(other, case, seed):
+    _, B, N, V = case
+    verify = backend_impl(other)
+    tokens, parents, logits, sampling = tricky_batch(1000 * seed + V, B, N, V)
+    if top_p_margin(logits, sampling) < 1e-6:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    for max_depth in (2, 5):
+        want = reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling)
+        assert_same(verify(tokens, parents, logits, max_depth=max_depth, **sampling), want, (other, max_depth))
+    # greedy only (no sampling tensors at all)
+    assert_same(verify(tokens, parents, logits, max_depth=5), reference.verify(tokens, parents, logits, max_depth=5))
+
+
+def test_tricky_batch_covers_the_edges():
+    """The generator really produces what the cases above claim to cover."""
+    tokens, parents, logits, sampling = tricky_batch(7, 8, 12, 37)
+    B, N, V = logits.shape
+    dup = zero_p = 0
+    for b in range(B):
+        for i in range(1, N):
+            p = int(parents[b, i])
+            sibs = [j for j in range(1, i) if int(parents[b, j]) == p]
+            dup += any(int(tokens[b, j]) == int(tokens[b, i]) for j in sibs)
+            zero_p += bool(torch.isinf(logits[b, p, tokens[b, i]]))
+    assert dup > 0 and zero_p > 0
+    assert (sampling["temperature"] == 0).any() and (sampling["temperature"] > 0).any()
+    assert ((sampling["top_k"] > 0) & (sampling["temperature"] > 0)).any()
+    assert ((sampling["top_p"] < 1) & (sampling["temperature"] > 0)).any()
+    # top-k boundaries fall inside tie groups: the k-th largest logit is tied with the (k+1)-th
+    row = logits[0, 0]
+    ordered = row.sort(descending=True).values
+    assert any(bool(ordered[k - 1] == ordered[k]) for k in range(1, 20))
+
+
+def test_cpp_matches_reference_at_v_262144():
+    verify = backend_impl("cpp")
+    B, N, V = 3, 6, 262144
+    gen = torch.Generator().manual_seed(3)
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 3]] * B, dtype=torch.int32)
+    logits = torch.randn(B, N, V, generator=gen) * 2.0
+    spikes = torch.randint(0, V, (B, N), generator=gen)
+    logits.scatter_add_(2, spikes[..., None], torch.full((B, N, 1), 14.0))  # walks go deep
+    tokens = torch.gather(spikes, 1, parents.clamp(min=0).long())
+    tokens[:, 2] = torch.randint(0, V, (B,), generator=gen)
+    sampling = dict(temperature=torch.tensor([0.0, 1.0, 0.7]), top_k=torch.tensor([0, 0, 1000], dtype=torch.int32),
+                    top_p=torch.tensor([1.0, 0.95, 0.9]), seed=torch.tensor([1, 2, 3]),
+                    offset=torch.tensor([4, 5, 6]))
+    for max_depth in (1, 3):
+        got = verify(tokens, parents, logits, max_depth=max_depth, **sampling)
+        assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling))
+    assert int(got.accept_len.max()) >= 2
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["threads1", "threads2"])
+def test_cpp_batch_invariance_parallel(threads):
+    """A request's result does not depend on its batch, also when parallel_for splits the
+    batch across threads (V large enough for a grain of one request)."""
+    verify = backend_impl("cpp")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tokens, parents, logits, sampling = tricky_batch(11, 12, 8, 20000)
+        full = verify(tokens, parents, logits, max_depth=4, **sampling)
+        for b in (0, 5, 11):
+            sl = slice(b, b + 1)
+            alone = verify(tokens[sl], parents[sl], logits[sl], max_depth=4,
+                           **{k: v[sl] for k, v in sampling.items()})
+            for field in range(4):
+                assert torch.equal(alone[field][0], full[field][b])
+        reversed_ = verify(tokens.flip(0), parents.flip(0), logits.flip(0), max_depth=4,
+                           **{k: v.flip(0) for k, v in sampling.items()})
+        for field in range(4):
+            assert torch.equal(reversed_[field].flip(0), full[field])
+    finally:
+        torch.set_num_threads(previous)
