@@ -58,7 +58,8 @@ def _triton_function(op: str):
 # Ops whose native CPU kernels repeat every check of _checks (metadata and values, with the same
 # ValueError naming the same tensor), so the Python pass is skipped for CPU tensors: it costs
 # tens of microseconds, a large share of a small tree_attention call.
-NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv"})
+NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tree", "compact_kv",
+                               "draft_expand"})
 
 
 def _cpp_callable(op: str):
