@@ -8,6 +8,7 @@ exercises the op goes through ``op_impl("verify")``, so it covers every backend.
 """
 
 import itertools
+import os
 import sys
 
 import numpy as np
@@ -664,6 +665,11 @@ def test_toy_model_sanity():
 def test_sampling_is_exact_chi2(op_impl, backend, monkeypatch, variant):
     """Sequences emitted by repeated draft/verify steps have the joint law of plain
     autoregressive sampling from p (contract §4 "Guarantee")."""
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("EAGLE_TEST_SLOW") != "1":
+        # Under the interpreter each variant takes 7-16 minutes (1000 programs); the compiled
+        # kernel runs it on a GPU (test_verify_gpu), and test_verify_backends checks the Triton
+        # path bit for bit against the C++ one, which passes this test.
+        pytest.skip("Triton chi-square under the interpreter: set EAGLE_TEST_SLOW=1 to run it")
     if backend == "reference":
         # The reference spends ~2.5 ms per coin on scalar tensor arithmetic; swap in the
         # bit-identical Python-int stream (test_uniform_py_matches_reference) to keep this fast.
@@ -671,6 +677,25 @@ def test_sampling_is_exact_chi2(op_impl, backend, monkeypatch, variant):
     samples = emit_sequences(op_impl("verify"), CHI2_TRIALS, *variant, seed_base=10_000)
     pvalue = chi2_pvalue(samples, exact_joint(*variant))
     assert pvalue > 1e-3, pvalue
+
+
+def on_cuda(fn):
+    """Run a verify implementation on CUDA copies of CPU inputs; results back on the CPU."""
+    def move(x):
+        return x.cuda() if isinstance(x, torch.Tensor) else x
+
+    def run(*args, **kwargs):
+        out = fn(*[move(a) for a in args], **{k: move(v) for k, v in kwargs.items()})
+        return VerifyOutput(*(t.cpu() for t in out))
+    return run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", CHI2_VARIANTS, ids=CHI2_IDS)
+def test_verify_gpu_chi2(gpu_op_impl, variant):
+    """The same exactness test on the GPU path, compiled."""
+    samples = emit_sequences(on_cuda(gpu_op_impl("verify")), CHI2_TRIALS, *variant, seed_base=10_000)
+    assert chi2_pvalue(samples, exact_joint(*variant)) > 1e-3
 
 
 @pytest.mark.parametrize("bug", ["no_renorm", "bonus_from_p"])
