@@ -26,13 +26,13 @@ std::vector<int64_t> top_ids(const std::vector<float>& values, int64_t k) {
 
 void test_push_ties_by_smaller_id() {
   const auto ids = top_ids({1, 3, 3, 0, 3, 2}, 4);
-  CHECK(ids == (std::vector<int64_t>{1, 2, 4, 5}));
+  EXPECT(ids == (std::vector<int64_t>{1, 2, 4, 5}));
   // -inf entries fill the buffer in id order behind the finite ones.
   const auto tail = top_ids({-kInf, 5, -kInf, -kInf}, 3);
-  CHECK(tail == (std::vector<int64_t>{1, 0, 2}));
+  EXPECT(tail == (std::vector<int64_t>{1, 0, 2}));
   // Ascending input: every entry enters, the buffer keeps the last k.
   const auto asc = top_ids({0, 1, 2, 3, 4, 5, 6}, 3);
-  CHECK(asc == (std::vector<int64_t>{6, 5, 4}));
+  EXPECT(asc == (std::vector<int64_t>{6, 5, 4}));
 }
 
 void test_finish_row() {
@@ -44,10 +44,10 @@ void test_finish_row() {
   int64_t tokens[2];
   float scores[2];
   de::finish_row<float>(s, vals, ids, 2, 2, -1.0f, d2t, tokens, scores);
-  CHECK_EQ(tokens[0], 1 + 20);
-  CHECK_EQ(tokens[1], 0 + 10);
-  CHECK(std::fabs(scores[0] - (-1.0f - std::log(4.0f / 3.0f))) < 1e-6f);
-  CHECK(std::fabs(scores[1] - (-1.0f - std::log(4.0f))) < 1e-6f);
+  EXPECT_EQ(tokens[0], 1 + 20);
+  EXPECT_EQ(tokens[1], 0 + 10);
+  EXPECT(std::fabs(scores[0] - (-1.0f - std::log(4.0f / 3.0f))) < 1e-6f);
+  EXPECT(std::fabs(scores[1] - (-1.0f - std::log(4.0f))) < 1e-6f);
 }
 
 void test_bad_rows_give_ids_in_order_and_nan() {
@@ -58,11 +58,11 @@ void test_bad_rows_give_ids_in_order_and_nan() {
   for (const de::RowStats<float>& s :
        {de::RowStats<float>{1.0f, 1.0f, true}, de::RowStats<float>{kInf, 1.0f, false},
         de::RowStats<float>{-kInf, 0.0f, false}}) {
-    CHECK(de::row_is_bad(s));
+    EXPECT(de::row_is_bad(s));
     de::finish_row<float>(s, vals, ids, 2, 2, 0.0f, nullptr, tokens, scores);
-    CHECK_EQ(tokens[0], 0);
-    CHECK_EQ(tokens[1], 1);
-    CHECK(std::isnan(scores[0]) && std::isnan(scores[1]));
+    EXPECT_EQ(tokens[0], 0);
+    EXPECT_EQ(tokens[1], 1);
+    EXPECT(std::isnan(scores[0]) && std::isnan(scores[1]));
   }
 }
 
@@ -73,7 +73,7 @@ void test_frontier_nan_as_neg_inf_ties_by_index() {
   std::vector<int64_t> picked(4);
   std::vector<int32_t> frontier(4, -1);
   de::select_frontier(scores.data(), 6, 4, keys.data(), picked.data(), frontier.data());
-  CHECK(frontier == (std::vector<int32_t>{2, 0, 3, 1}));  // NaN (-inf) ties -inf by index
+  EXPECT(frontier == (std::vector<int32_t>{2, 0, 3, 1}));  // NaN (-inf) ties -inf by index
 }
 
 }  // namespace
