@@ -52,6 +52,48 @@ inline void check_device(const at::Tensor& t, const char* op, const char* name,
                     " (like the other inputs), got ", t.device());
 }
 
+// Checks shared by every op that takes a K/V cache, in the order eagle_kernels/_checks.py runs
+// them: v_cache like k_cache, cache_seqlens int32 [B], then the block table (paged) or the
+// batch dim of k_cache at `batch_dim` (contiguous). Returns max_pages (0 when contiguous).
+inline int64_t check_kv_cache_args(const char* op, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                   const std::optional<at::Tensor>& block_table, int64_t B,
+                                   int64_t batch_dim, const char* layout, at::Device dev) {
+  TORCH_CHECK_VALUE(v_cache.scalar_type() == k_cache.scalar_type(), op,
+                    ": v_cache: expected the dtype of k_cache ", k_cache.scalar_type(), ", got ",
+                    v_cache.scalar_type());
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), op,
+                    ": v_cache: expected the shape of k_cache ", shape_str(k_cache.sizes()),
+                    ", got ", shape_str(v_cache.sizes()));
+  check_device(v_cache, op, "v_cache", dev);
+  check_dtype(cache_seqlens, op, "cache_seqlens", at::kInt);
+  check_shape(cache_seqlens, op, "cache_seqlens", {B}, "[B]");
+  check_device(cache_seqlens, op, "cache_seqlens", dev);
+  if (!block_table.has_value()) {
+    TORCH_CHECK_VALUE(k_cache.size(batch_dim) == B, op, ": k_cache: expected batch dim ", B, " in ",
+                      layout, ", got shape ", shape_str(k_cache.sizes()));
+    return 0;
+  }
+  check_dtype(*block_table, op, "block_table", at::kInt);
+  check_dim(*block_table, op, "block_table", 2, "[B, max_pages]");
+  check_device(*block_table, op, "block_table", dev);
+  const int64_t max_pages = block_table->size(1);
+  check_shape(*block_table, op, "block_table", {B, max_pages}, "[B, max_pages]");
+  return max_pages;
+}
+
+// The kernels address a head's row as D consecutive elements.
+inline void check_dense_head_dim(const char* op, const at::Tensor& k_cache,
+                                 const at::Tensor& v_cache) {
+  const int64_t D = k_cache.size(-1);
+  TORCH_CHECK_VALUE(k_cache.stride(-1) == 1 || D <= 1, op,
+                    ": k_cache: expected a dense last (head) dim, got strides ",
+                    shape_str(k_cache.strides()));
+  TORCH_CHECK_VALUE(v_cache.stride(-1) == 1 || D <= 1, op,
+                    ": v_cache: expected a dense last (head) dim, got strides ",
+                    shape_str(v_cache.strides()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // build_tree
 
@@ -118,38 +160,13 @@ inline compact_kv::Params check_compact_kv_args(const at::Tensor& k_cache,
                              : "[B, S, Hkv, D] or [L, B, S, Hkv, D]";
   TORCH_CHECK_VALUE(k_cache.dim() == 4 || k_cache.dim() == 5, op, ": k_cache: expected ",
                     layout, ", got shape ", shape_str(k_cache.sizes()));
-  TORCH_CHECK_VALUE(v_cache.scalar_type() == k_cache.scalar_type(), op,
-                    ": v_cache: expected the dtype of k_cache ", k_cache.scalar_type(), ", got ",
-                    v_cache.scalar_type());
-  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), op,
-                    ": v_cache: expected the shape of k_cache ", shape_str(k_cache.sizes()),
-                    ", got ", shape_str(v_cache.sizes()));
-  check_device(v_cache, op, "v_cache", dev);
-  check_dtype(cache_seqlens, op, "cache_seqlens", at::kInt);
-  check_shape(cache_seqlens, op, "cache_seqlens", {B}, "[B]");
-  check_device(cache_seqlens, op, "cache_seqlens", dev);
-
   const bool has_layer = k_cache.dim() == 5;
   const int64_t off = has_layer ? 1 : 0;
   const int64_t outer = k_cache.size(off);
-  int64_t max_pages = 0;
-  if (paged) {
-    check_dtype(*block_table, op, "block_table", at::kInt);
-    check_dim(*block_table, op, "block_table", 2, "[B, max_pages]");
-    check_device(*block_table, op, "block_table", dev);
-    max_pages = block_table->size(1);
-    check_shape(*block_table, op, "block_table", {B, max_pages}, "[B, max_pages]");
-  } else {
-    TORCH_CHECK_VALUE(outer == B, op, ": k_cache: expected batch dim ", B, " in ", layout,
-                      ", got shape ", shape_str(k_cache.sizes()));
-  }
+  const int64_t max_pages =
+      check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, off, layout, dev);
+  check_dense_head_dim(op, k_cache, v_cache);
   const int64_t D = k_cache.size(-1);
-  TORCH_CHECK_VALUE(k_cache.stride(-1) == 1 || D == 1, op,
-                    ": k_cache: expected a dense last (head) dim, got strides ",
-                    shape_str(k_cache.strides()));
-  TORCH_CHECK_VALUE(v_cache.stride(-1) == 1 || D == 1, op,
-                    ": v_cache: expected a dense last (head) dim, got strides ",
-                    shape_str(v_cache.strides()));
 
   const int64_t esize = static_cast<int64_t>(k_cache.element_size());
   auto view = [&](const at::Tensor& t) {

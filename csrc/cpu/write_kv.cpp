@@ -33,35 +33,13 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
   check_dtype(k_cache, op, "k_cache", k_new.scalar_type());
   check_dim(k_cache, op, "k_cache", 4, layout);
   check_device(k_cache, op, "k_cache", dev);
-  check_dtype(v_cache, op, "v_cache", k_new.scalar_type());
-  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), op, ": v_cache: expected the shape of k_cache ",
-                    shape_str(k_cache.sizes()), ", got ", shape_str(v_cache.sizes()));
-  check_device(v_cache, op, "v_cache", dev);
-  check_dtype(cache_seqlens, op, "cache_seqlens", at::kInt);
-  check_shape(cache_seqlens, op, "cache_seqlens", {B}, "[B]");
-  check_device(cache_seqlens, op, "cache_seqlens", dev);
+  const int64_t max_pages =
+      check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, 0, layout, dev);
+  const at::Tensor table = paged ? block_table->contiguous() : at::Tensor();
   TORCH_CHECK_VALUE(k_cache.size(2) == Hkv && k_cache.size(3) == D, op,
                     ": k_cache: expected heads and head dim [*, *, ", Hkv, ", ", D,
                     "] as in k_new, got shape ", shape_str(k_cache.sizes()));
-  int64_t max_pages = 0;
-  at::Tensor table;
-  if (paged) {
-    check_dtype(*block_table, op, "block_table", at::kInt);
-    check_dim(*block_table, op, "block_table", 2, "[B, max_pages]");
-    check_device(*block_table, op, "block_table", dev);
-    max_pages = block_table->size(1);
-    check_shape(*block_table, op, "block_table", {B, max_pages}, "[B, max_pages]");
-    table = block_table->contiguous();
-  } else {
-    TORCH_CHECK_VALUE(k_cache.size(0) == B, op, ": k_cache: expected batch dim ", B, " in ",
-                      layout, ", got shape ", shape_str(k_cache.sizes()));
-  }
-  TORCH_CHECK_VALUE(k_cache.stride(3) == 1 || D <= 1, op,
-                    ": k_cache: expected a dense last (head) dim, got strides ",
-                    shape_str(k_cache.strides()));
-  TORCH_CHECK_VALUE(v_cache.stride(3) == 1 || D <= 1, op,
-                    ": v_cache: expected a dense last (head) dim, got strides ",
-                    shape_str(v_cache.strides()));
+  check_dense_head_dim(op, k_cache, v_cache);
 
   const at::Tensor seqlens = cache_seqlens.contiguous();
   const int32_t* lens = seqlens.data_ptr<int32_t>();
