@@ -52,6 +52,13 @@ inline void check_device(const at::Tensor& t, const char* op, const char* name,
                     " (like the other inputs), got ", t.device());
 }
 
+// The float dtypes every op that reads activations or logits accepts.
+inline void check_float_dtype(const at::Tensor& t, const char* op, const char* name) {
+  const at::ScalarType dt = t.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+                    op, ": ", name, ": expected dtype float32, float16, bfloat16 or float64, got ", dt);
+}
+
 // Checks shared by every op that takes a K/V cache, in the order eagle_kernels/_checks.py runs
 // them: v_cache like k_cache, cache_seqlens int32 [B], then the block table (paged) or the
 // batch dim of k_cache at `batch_dim` (contiguous). Returns max_pages (0 when contiguous).

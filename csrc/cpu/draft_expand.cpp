@@ -454,9 +454,8 @@ DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tenso
   const char* op = "draft_expand";
   TORCH_CHECK_VALUE(logits.device().is_cpu(), op, ": logits: expected device cpu, got ",
                     logits.device());
+  check_float_dtype(logits, op, "logits");
   const at::ScalarType dt = logits.scalar_type();
-  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
-                    op, ": logits: expected dtype float32, float16, bfloat16 or float64, got ", dt);
   check_dim(logits, op, "logits", 3, "[B, M, Vd]");
   const int64_t B = logits.size(0), M = logits.size(1), V = logits.size(2);
   check_dtype(frontier_scores, op, "frontier_scores", at::kFloat);

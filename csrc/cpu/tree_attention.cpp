@@ -281,10 +281,7 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
                               std::optional<double> sm_scale) {
   const char* op = "tree_attention";
   // Same order and wording as eagle_kernels/_checks.py::check_tree_attention.
-  TORCH_CHECK_VALUE(q_in.scalar_type() == at::kFloat || q_in.scalar_type() == at::kHalf ||
-                        q_in.scalar_type() == at::kBFloat16 || q_in.scalar_type() == at::kDouble,
-                    op, ": q: expected dtype float32, float16, bfloat16 or float64, got ",
-                    q_in.scalar_type());
+  check_float_dtype(q_in, op, "q");
   check_dim(q_in, op, "q", 4, "[B, N, Hq, D]");
   const at::Device dev = q_in.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": q: expected device cpu, got ", dev);

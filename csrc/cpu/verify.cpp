@@ -475,9 +475,7 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                          const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
   const char* op = "verify";
-  const auto dt = target_logits.scalar_type();
-  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
-                    "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dt);
+  check_float_dtype(target_logits, op, "target_logits");
   check_dim(target_logits, op, "target_logits", 3, "[B, N, V]");
   const at::Device dev = target_logits.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), "verify: target_logits: expected a CPU tensor, got one on ", dev);
@@ -532,7 +530,7 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   a.out_tokens = out_tokens.data_ptr<int64_t>();
   a.status = status.data_ptr<int32_t>();
 
-  const RangeFn fn = pick_kernel(dt);
+  const RangeFn fn = pick_kernel(target_logits.scalar_type());
   // A request touches at most max_depth + 1 rows of V entries, with ~10 passes when sampling.
   // A chunk gets at least ~2M element-passes (about a millisecond): waking the second thread
   // costs ~10 ms on a loaded 2-core host, so greedy batches of a few requests run inline.

@@ -17,10 +17,7 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
                   const std::optional<at::Tensor>& block_table) {
   // Same order and wording as eagle_kernels/_checks.py::check_write_kv.
   const char* op = "write_kv";
-  TORCH_CHECK_VALUE(k_new.scalar_type() == at::kFloat || k_new.scalar_type() == at::kHalf ||
-                        k_new.scalar_type() == at::kBFloat16 || k_new.scalar_type() == at::kDouble,
-                    op, ": k_new: expected dtype float32, float16, bfloat16 or float64, got ",
-                    k_new.scalar_type());
+  check_float_dtype(k_new, op, "k_new");
   check_dim(k_new, op, "k_new", 4, "[B, N, Hkv, D]");
   const at::Device dev = k_new.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": k_new: expected device cpu, got ", dev);
