@@ -1,4 +1,5 @@
-"""Command line: ``python -m eagle_kernels generate --prompt "..."`` and ``python -m eagle_kernels demo``."""
+"""Command line: ``python -m eagle_kernels generate --prompt "..."``, ``python -m eagle_kernels demo``
+and ``python -m eagle_kernels train --method eagle1|eagle3``."""
 
 from __future__ import annotations
 
@@ -96,6 +97,45 @@ def cmd_demo(args) -> None:
             print(f"\n[{name}] {tokenizer.decode(r.sequences[0], skip_special_tokens=True)}")
 
 
+def cmd_train(args) -> None:
+    import dataclasses
+    import os
+
+    from .models import smollm2
+    from .train import features, trainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = smollm2.load()
+    layers = trainer.HeadConfig.for_target(target.config, trainer.EAGLE3).feature_layers
+
+    def build(folder, budget, held_out):
+        if not os.path.exists(os.path.join(folder, features.MANIFEST)):
+            print(f"feature cache {folder}: tokenising the {'held-out' if held_out else 'training'} split")
+        cache_bar = _bar(budget // args.seq_len, f"features {'held-out' if held_out else 'train'}", "seq")
+        cache = features.build(folder, target, tokenizer, budget, args.seq_len, layers, held_out=held_out,
+                               progress=cache_bar.update if cache_bar else None)
+        if cache_bar:
+            cache_bar.close()
+        return cache
+
+    cache = build(args.features, args.tokens, False)
+    eval_cache = build(args.eval_features, args.eval_tokens, True) if args.eval_features else None
+    fields = {f.name for f in dataclasses.fields(trainer.TrainConfig)}
+    cfg = trainer.TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    print(f"training {cfg.method} on {cache.done} sequences x {args.seq_len} tokens: {cfg}")
+    trainer.train(target, cache, cfg, args.out, eval_cache=eval_cache)
+    print(f"head written to {args.out}")
+
+
+def _bar(total, desc, unit):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc=desc, unit=unit, mininterval=5)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m eagle_kernels", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,8 +149,25 @@ def main(argv=None) -> None:
     _common(generate)
     demo = commands.add_parser("demo", help="SmolLM2-135M: plain vs speculative decoding, tok/s and tau")
     _common(demo)
+    train = commands.add_parser("train", help="train an EAGLE-1 or EAGLE-3 head for SmolLM2-135M on offline text")
+    train.add_argument("--method", choices=["eagle1", "eagle3"], default="eagle3")
+    train.add_argument("--out", required=True, help="output folder (head checkpoint + resumable train state)")
+    train.add_argument("--features", required=True, help="feature-cache folder (built on first use, resumable)")
+    train.add_argument("--eval-features", help="held-out feature-cache folder for acceptance estimates")
+    train.add_argument("--tokens", type=int, default=400_000, help="training tokens to cache")
+    train.add_argument("--eval-tokens", type=int, default=8192)
+    train.add_argument("--seq-len", type=int, default=512)
+    train.add_argument("--steps", type=int)
+    train.add_argument("--batch-size", type=int)
+    train.add_argument("--lr", type=float)
+    train.add_argument("--ttt-steps", type=int)
+    train.add_argument("--draft-vocab-size", type=int)
+    train.add_argument("--noise", type=float)
+    train.add_argument("--eval-every", type=int)
+    train.add_argument("--seed", type=int)
+    train.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    {"generate": cmd_generate, "demo": cmd_demo}[args.command](args)
+    {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train}[args.command](args)
 
 
 if __name__ == "__main__":

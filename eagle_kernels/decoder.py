@@ -244,7 +244,9 @@ class SpeculativeDecoder:
             bit = torch.ones_like(own).bitwise_left_shift(own % 64)
             rows[:, torch.arange(k, device=device), own // 64] |= bit
             slot_masks[:, own] = rows
-            hidden = head(tokens, feature, cache, positions=base_positions + depth,
+            # The root's pair sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d
+            # (the position training-time test trains the head on).
+            hidden = head(tokens, feature, cache, positions=base_positions + (depth - 1),
                           tree_mask=slot_masks[:, : depth * k], slot_offset=(depth - 1) * k)
             global_frontier = chunk_start + frontier
             chunk_start += cand.tokens.shape[1]

@@ -1,0 +1,178 @@
+"""Draft-head training: the training-time-test forward equals the decoder's draft path, the
+losses and the draft vocabulary are right, and a short run on a tiny target learns."""
+
+import numpy as np
+import pytest
+import torch
+
+from eagle_kernels.models import LlamaModel
+from eagle_kernels.models.eagle_head import EagleHead, HeadConfig
+from eagle_kernels.train import corpus, features, trainer
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("single_thread")
+from test_llama import tiny_hf_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def target():
+    return LlamaModel.from_transformers(tiny_hf_model(torch.float64))
+
+
+def random_trainable(target, kind, seed=0):
+    config = HeadConfig.for_target(target.config, kind, 40 if kind == "eagle3" else None)
+    d2t = None
+    if kind == "eagle3":
+        ids = torch.sort(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:40]).values
+        d2t = ids - torch.arange(40)
+    weights = trainer.initial_weights(target, config, d2t, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, w in weights.items():  # move away from the structured start so every weight matters
+        if w.is_floating_point():
+            weights[name] = w + torch.randn(w.shape, generator=g) * 0.05
+    return trainer.TrainableHead(config, weights, target).double()
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_unrolled_steps_equal_the_decoders_draft_path(target, kind):
+    """Step j of pair i must be what the decoder computes for a depth-j draft node whose
+    ancestors carry tokens i+2 .. i+j+1 on top of a head cache holding pairs 0 .. i."""
+    head = random_trainable(target, kind)
+    eagle = head.to_eagle_head(target)
+    T, steps = 9, 3
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, target.config.vocab_size, (1, T), generator=g)
+    H = target.config.hidden_size
+    if kind == "eagle1":
+        hidden, layers = torch.randn(1, T, H, generator=g, dtype=torch.float64), None
+    else:
+        hidden, layers = None, torch.randn(1, T, 3, H, generator=g, dtype=torch.float64)
+    feats = head.input_features(hidden, layers)
+    with torch.no_grad():
+        unrolled = head.unrolled(tokens, feats, steps)
+    for i in range(T - steps):
+        cache = eagle.new_cache(1, 32)
+        pair_tokens = tokens[:, 1: i + 2]
+        out = eagle(pair_tokens, feats[:, : i + 1], cache)
+        torch.testing.assert_close(out, unrolled[0][:, : i + 1], rtol=1e-7, atol=1e-7)
+        cache.seqlens.fill_(i + 1)
+        parent = out[:, i:i + 1]
+        masks = torch.zeros(1, steps - 1, 1, dtype=torch.int64)
+        for depth in range(1, steps):
+            masks[0, depth - 1, 0] = (1 << depth) - 1  # the slot and all its ancestors
+            parent = eagle(tokens[:, i + 1 + depth: i + 2 + depth], parent, cache,
+                           positions=torch.tensor([[i + depth]]), tree_mask=masks[:, :depth],
+                           slot_offset=depth - 1)
+            torch.testing.assert_close(parent[:, 0], unrolled[depth][:, i], rtol=1e-7, atol=1e-7)
+
+
+def test_soft_cross_entropy_against_explicit_sum():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 12, generator=g)
+    ids = torch.stack([torch.randperm(12, generator=g)[:3] for _ in range(5)])
+    logp = torch.log_softmax(torch.randn(5, 3, generator=g), -1)
+    valid = torch.tensor([True, True, False, True, True])
+    loss, agree = trainer.soft_cross_entropy(logits, ids, logp, None, valid)
+    want = []
+    for r in range(5):
+        if valid[r]:
+            p = torch.softmax(logp[r], -1)
+            want.append(-(p * torch.log_softmax(logits[r], -1)[ids[r]]).sum())
+    torch.testing.assert_close(loss, torch.stack(want).mean())
+    assert agree.tolist() == [bool(valid[r] and logits[r].argmax() == ids[r, 0]) for r in range(5)]
+
+
+def test_soft_cross_entropy_drops_tokens_outside_the_draft_vocabulary():
+    logits = torch.zeros(1, 2)
+    logits[0, 1] = 3.0
+    t2d = torch.tensor([-1, 0, -1, 1])  # draft vocabulary = target ids 1 and 3
+    ids = torch.tensor([[3, 0, 1]])
+    logp = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    loss, agree = trainer.soft_cross_entropy(logits, ids, logp, t2d, torch.tensor([True]))
+    p = torch.tensor([0.5, 0.2]) / 0.7  # ids 3 and 1 kept, renormalised
+    want = -(p * torch.log_softmax(logits[0], -1)[torch.tensor([1, 0])]).sum()
+    torch.testing.assert_close(loss, want)
+    assert agree.tolist() == [True]  # the draft's argmax (draft id 1) is target id 3
+
+
+def test_chain_tau():
+    assert trainer.chain_tau([]) == 1.0
+    assert trainer.chain_tau([1.0, 1.0, 1.0]) == 4.0
+    assert trainer.chain_tau([0.5, 0.5]) == pytest.approx(1.75)
+
+
+def test_corpus_split_is_by_name_and_stable():
+    docs = [corpus.Document(f"code:m{i}.py", corpus.CODE, "x") for i in range(200)]
+    held = corpus.split(docs, held_out=True)
+    train = corpus.split(docs, held_out=False)
+    assert len(held) + len(train) == 200 and 5 <= len(held) <= 40
+    assert {d.name for d in held}.isdisjoint(d.name for d in train)
+    assert corpus.Document("austen:Persuasion", corpus.PROSE, "").held_out
+    assert not corpus.Document("austen:Emma", corpus.PROSE, "").held_out
+
+
+class ToyTokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 97 for c in text]}
+
+
+@pytest.fixture(scope="module")
+def toy_cache(tmp_path_factory, target):
+    """A feature cache of a float32 tiny target over a repetitive toy text."""
+    target32 = LlamaModel(target.config, {n: t.float() for n, t in target.weights.items()})
+    text = "".join(chr(33 + (i * 7) % 23) for i in range(4000))
+    docs = [corpus.Document("code:toy.py", corpus.CODE, text)]
+    tokens, names = features.chunk_documents(docs, ToyTokenizer(), 33, 4000)
+    folder = str(tmp_path_factory.mktemp("features"))
+    cache = features.FeatureCache.create(folder, tokens[:12], names[:12], 64, (0, 1, 2), 4, "tiny")
+    features.extract(target32, cache, batch_size=5)
+    return target32, folder
+
+
+def test_feature_cache_matches_the_target_and_resumes(toy_cache):
+    target32, folder = toy_cache
+    cache = features.FeatureCache(folder)
+    assert cache.done == 12
+    tokens = torch.from_numpy(np.array(cache.tokens[:2])).long()
+    out = target32(tokens, target32.new_cache(2, 33), feature_layers=(0, 1, 2))
+    torch.testing.assert_close(torch.from_numpy(np.array(cache.hidden[:2])).float(), out.hidden, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(torch.from_numpy(np.array(cache.layers[:2, :, 2])).float(), out.layer_states[2],
+                               atol=2e-3, rtol=2e-3)
+    assert (torch.from_numpy(np.array(cache.top_ids[:2, :, 0])).long() == out.logits.argmax(-1)).all()
+    # Resuming a finished cache runs nothing and changes nothing.
+    before = np.array(cache.hidden)
+    features.extract(target32, features.FeatureCache(folder, "w"))
+    assert np.array_equal(before, np.array(features.FeatureCache(folder).hidden))
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_short_training_learns_and_saves_a_loadable_head(toy_cache, kind, tmp_path):
+    target32, folder = toy_cache
+    cache = features.FeatureCache(folder)
+    cfg = trainer.TrainConfig(method=kind, steps=30, batch_size=4, lr=3e-3, warmup=5, ttt_steps=2,
+                              draft_vocab_size=30, eval_every=15)
+    logs = []
+    trainer.train(target32, cache, cfg, str(tmp_path), eval_cache=cache, log=logs.append)
+    state = torch.load(tmp_path / "train_state.pt", weights_only=False)
+    first, last = state["history"][0], state["history"][-1]
+    assert state["step"] == 30 and len(state["history"]) == 2
+    assert last["loss"] < first["loss"]
+    head = EagleHead.load(str(tmp_path), target32)
+    assert head.config.kind == kind
+    if kind == "eagle3":
+        assert head.config.draft_vocab_size == 30 and head.d2t.shape == (30,)
+    # A finished run resumes to the same place without training further.
+    trainer.train(target32, cache, cfg, str(tmp_path), eval_cache=None, log=logs.append)
+    assert torch.load(tmp_path / "train_state.pt", weights_only=False)["step"] == 30
+
+
+def test_draft_vocabulary_prefers_frequent_first_choices(toy_cache):
+    _, folder = toy_cache
+    cache = features.FeatureCache(folder)
+    d2t = trainer.draft_vocabulary(cache, 10, 97)
+    ids = d2t + torch.arange(10)
+    assert torch.all(ids[1:] > ids[:-1])  # sorted, distinct
+    top1 = np.asarray(cache.top_ids[:, :, 0]).reshape(-1)
+    counts = np.bincount(top1, minlength=97)
+    assert counts[ids.numpy()].min() >= np.sort(counts)[-10]
+    assert 0 < trainer.coverage(cache, d2t) <= 1
