@@ -197,6 +197,8 @@ setup(
     description="Kernels for EAGLE-style speculative decoding (tree attention, draft "
                 "expansion, tree building, verification, KV compaction).",
     packages=find_packages(include=["eagle_kernels*"]),
+    # The trained SmolLM2-135M draft heads (fp16 safetensors + config + model card).
+    package_data={"eagle_kernels.heads": ["*/config.json", "*/model.safetensors", "*/README.md"]},
     python_requires=">=3.9",
     install_requires=["torch"],
     ext_modules=ext_modules,

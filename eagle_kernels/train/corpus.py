@@ -116,3 +116,26 @@ def documents(domains=(CODE, PROSE)) -> list[Document]:
 
 def split(docs: list[Document], held_out: bool) -> list[Document]:
     return [d for d in docs if d.held_out == held_out]
+
+
+def held_out_prompts(tokenizer, domain: str, count: int, length: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens from held-out documents of ``domain`` (never in
+    any training cache): for prose the sources take turns (Austen, KJV, Python docs). Each
+    prompt is the window starting a third of the way into its document."""
+    docs = sorted(split(documents((domain,)), held_out=True), key=lambda d: d.name)
+    groups: dict[str, list] = {}
+    for d in docs:
+        groups.setdefault(d.name.split(":")[0], []).append(d)
+    order = []
+    for i in range(max((len(g) for g in groups.values()), default=0)):
+        order += [g[i] for _, g in sorted(groups.items()) if i < len(g)]
+    prompts = []
+    for doc in order:
+        ids = tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+        if len(ids) < 3 * length:
+            continue
+        start = len(ids) // 3
+        prompts.append(ids[start:start + length])
+        if len(prompts) == count:
+            break
+    return prompts

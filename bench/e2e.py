@@ -1,0 +1,245 @@
+"""End-to-end decoding benchmark on SmolLM2-135M-Instruct, every provider measured side by side
+in one run on the same held-out prompts (never in any training cache).
+
+Providers
+---------
+- ``ours-plain``: our Llama target, plain decoding (the baseline of every ratio);
+- ``hf-generate``: transformers ``generate`` (greedy at T = 0, sampling at T = 1);
+- ``hf-lookup``: transformers prompt-lookup decoding (``prompt_lookup_num_tokens``);
+- ``eagle1-dD-kK-nN`` / ``eagle3-…``: our speculative decoder with each shipped head and tree.
+
+Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
+per-token wall clock compares like with like; batch 1 runs the prompts one after another,
+batch B runs them together. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``.
+
+    python bench/e2e.py                       # CPU, full table -> bench/results/
+    python bench/e2e.py --quick --device cuda # one prompt per domain; random weights if the
+                                              # model package is absent (timing only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from eagle_kernels import heads as shipped  # noqa: E402
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig  # noqa: E402
+from eagle_kernels.models import smollm2  # noqa: E402
+from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
+from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
+
+
+def parse_tree(text: str) -> TreeConfig:
+    depth, top_k, nodes = (int(x) for x in text.split(","))
+    return TreeConfig(depth, top_k, nodes)
+
+
+def random_smollm2(device) -> tuple[LlamaModel, None]:
+    """SmolLM2-135M's shapes with random weights, for timing where the model is absent."""
+    config = LlamaConfig(49152, 576, 1536, 30, 9, 3, 64, 1e-5, 100000.0, None)
+    g = torch.Generator().manual_seed(0)
+    shapes = {"model.embed_tokens.weight": (49152, 576), "model.norm.weight": (576,)}
+    for i in range(30):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (576,), p + "post_attention_layernorm.weight": (576,),
+                       p + "self_attn.q_proj.weight": (576, 576), p + "self_attn.k_proj.weight": (192, 576),
+                       p + "self_attn.v_proj.weight": (192, 576), p + "self_attn.o_proj.weight": (576, 576),
+                       p + "mlp.gate_proj.weight": (1536, 576), p + "mlp.up_proj.weight": (1536, 576),
+                       p + "mlp.down_proj.weight": (576, 1536)})
+    weights = {n: (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.02).to(device)
+               for n, s in shapes.items()}
+    return LlamaModel(config, weights), None
+
+
+def peak_memory_mb(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak so far (Linux: KiB)
+
+
+def run_ours(decoder, prompts, batch, max_new, temperature, speculative):
+    tokens, seconds, steps, sequences = 0, 0.0, 0, []
+    for start in range(0, len(prompts), batch):
+        group = prompts[start:start + batch]
+        t0 = time.perf_counter()
+        result = decoder.generate(group, max_new, temperature=temperature, seed=start, speculative=speculative)
+        if decoder.target.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        tokens += sum(len(s) for s in result.sequences)
+        steps += sum(result.steps)
+        sequences += result.sequences
+    # tau counts decoding steps only (the prefill's first token excluded), as GenerationResult.
+    return {"tokens": tokens, "seconds": seconds, "tau": (tokens - len(prompts)) / max(steps, 1),
+            "sequences": sequences}
+
+
+def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
+    tokens, seconds, sequences = 0, 0.0, []
+    device = hf.device
+    for start in range(0, len(prompts), batch):
+        group = prompts[start:start + batch]
+        width = max(len(p) for p in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(group), width, dtype=torch.long)
+        for i, p in enumerate(group):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=pad_id,
+                      do_sample=temperature > 0)
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        if lookup:
+            kwargs["prompt_lookup_num_tokens"] = 10
+        torch.manual_seed(start)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        new = out[:, width:]
+        tokens += new.numel()
+        sequences += new.tolist()
+    return {"tokens": tokens, "seconds": seconds, "tau": None, "sequences": sequences}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    parser.add_argument("--quick", action="store_true", help="1 prompt per domain, 32 tokens, batch 1, T = 0")
+    parser.add_argument("--domains", nargs="+", default=["code", "prose"])
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per domain")
+    parser.add_argument("--prompt-tokens", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
+    parser.add_argument("--trees", type=parse_tree, nargs="+", default=[TreeConfig(4, 4, 16)],
+                        help="depth,top_k,num_nodes (several allowed)")
+    parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"])
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--sync-every", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.batches, args.temperatures = 1, 32, [1], [0.0]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    os.makedirs(args.out, exist_ok=True)
+
+    have_model = smollm2.gguf_path() is not None
+    if have_model:
+        target, tokenizer = smollm2.load(device=device)
+    else:
+        print("SmolLM2-135M is not installed: random weights of its shape (timings only, tau meaningless)")
+        target, tokenizer = random_smollm2(device)
+    hf = None
+    if have_model and any(p.startswith("hf-") for p in args.providers):
+        from transformers import AutoModelForCausalLM
+
+        path = smollm2.gguf_path()
+        hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                  dtype=torch.float32).to(device).eval()
+    heads = {}
+    for kind in args.heads if "eagle" in args.providers else []:
+        folder = shipped.path(kind)
+        heads[kind] = EagleHead.load(folder, target) if (have_model and folder) else EagleHead.random(target, kind)
+
+    prompts = {}
+    for domain in args.domains:
+        if have_model:
+            from eagle_kernels.train import corpus
+
+            prompts[domain] = corpus.held_out_prompts(tokenizer, domain, args.prompts, args.prompt_tokens)
+        else:
+            g = torch.Generator().manual_seed(len(domain))
+            prompts[domain] = torch.randint(0, 49152, (args.prompts, args.prompt_tokens), generator=g).tolist()
+
+    plain_decoder = SpeculativeDecoder(target, None, sync_every=args.sync_every)
+    rows, warmed = [], set()
+    for domain in args.domains:
+        for temperature in args.temperatures:
+            for batch in args.batches:
+                runs = []
+                if "ours-plain" in args.providers:
+                    runs.append(("ours-plain", lambda warmup=False: run_ours(
+                        plain_decoder, prompts[domain][:batch] if warmup else prompts[domain], batch,
+                        4 if warmup else args.max_new_tokens, temperature, False)))
+                for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
+                    if hf is not None and name in args.providers:
+                        runs.append((name, lambda warmup=False, lookup=lookup: run_hf(
+                            hf, prompts[domain][:batch] if warmup else prompts[domain], batch,
+                            4 if warmup else args.max_new_tokens, temperature, lookup, tokenizer.eos_token_id or 0)))
+                for kind, head in heads.items():
+                    for tree in args.trees:
+                        decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
+                        name = f"{kind}-d{tree.depth}k{tree.top_k}n{tree.num_nodes}"
+                        runs.append((name, lambda warmup=False, d=decoder: run_ours(
+                            d, prompts[domain][:batch] if warmup else prompts[domain], batch,
+                            4 if warmup else args.max_new_tokens, temperature, True)))
+                results = {}
+                for name, fn in runs:
+                    if (name, batch) not in warmed:  # kernel compilation, allocator and caches
+                        fn(warmup=True)
+                        warmed.add((name, batch))
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
+                    r = fn()
+                    r["peak_mb"] = peak_memory_mb(device)
+                    results[name] = r
+                    print(f"{domain:5s} T={temperature:g} B={batch} {name:22s} {r['tokens'] / r['seconds']:7.1f} tok/s"
+                          + (f"  tau {r['tau']:.2f}" if r["tau"] is not None else ""), flush=True)
+                base = results.get("ours-plain")
+                hf_base = results.get("hf-generate")
+                for name, r in results.items():
+                    tps = r["tokens"] / r["seconds"]
+                    row = {"domain": domain, "temperature": temperature, "batch": batch, "provider": name,
+                           "tokens": r["tokens"], "seconds": round(r["seconds"], 3), "tok_per_s": round(tps, 2),
+                           "tau": None if r["tau"] is None else round(r["tau"], 3), "peak_mb": round(r["peak_mb"], 1)}
+                    if base:
+                        row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
+                        if temperature == 0 and name.startswith("eagle"):
+                            row["same_as_plain"] = r["sequences"] == base["sequences"]
+                    if hf_base:
+                        row["vs_hf_generate"] = round(tps / (hf_base["tokens"] / hf_base["seconds"]), 3)
+                    rows.append(row)
+
+    meta = {"device": str(device), "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "model": "SmolLM2-135M-Instruct"
+            if have_model else "random weights (SmolLM2-135M shapes)", "max_new_tokens": args.max_new_tokens,
+            "prompts_per_domain": args.prompts, "prompt_tokens": args.prompt_tokens,
+            "heads": {k: shipped.path(k) for k in heads}}
+    with open(os.path.join(args.out, "e2e.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    lines = [f"Device {meta['device']} ({meta['threads']} threads, torch {meta['torch']}), {meta['model']}, "
+             f"{args.prompts} held-out prompts x {args.prompt_tokens} tokens per domain, {args.max_new_tokens} new "
+             f"tokens each (EOS ignored). tok/s = generated tokens / wall clock including prefill. Peak memory: "
+             f"{'CUDA max allocated' if device.type == 'cuda' else 'process peak RSS so far (monotone)'}.", "",
+             "| domain | T | batch | provider | tok/s | tau | x ours-plain | x hf-generate | same as plain | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        same = {True: "yes", False: "NO"}.get(r.get("same_as_plain"), "")
+        tau = "" if r["tau"] is None else f"{r['tau']:.2f}"
+        lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider']} | {r['tok_per_s']:.1f} | "
+                     f"{tau} | {r.get('vs_ours_plain', '')} | {r.get('vs_hf_generate', '')} | {same} | "
+                     f"{r['peak_mb']:.0f} |")
+    with open(os.path.join(args.out, "e2e.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
