@@ -107,11 +107,12 @@ class FeatureCache:
 
 
 @torch.no_grad()
-def extract(target, cache: FeatureCache, batch_size: int = 4, progress=None) -> None:
-    """Run ``target`` (a LlamaModel) over the cache's remaining sequences and store its
-    features; resumes at ``cache.done``."""
+def extract(target, cache: FeatureCache, batch_size: int = 4, progress=None, limit: int | None = None) -> None:
+    """Run ``target`` (a LlamaModel) over the cache's remaining sequences (the first ``limit``
+    when given) and store its features; resumes at ``cache.done``."""
     m = cache.manifest
     n, T, K = m["num_sequences"], m["seq_len"], m["top_k"]
+    n = n if limit is None else min(n, limit)
     layers = tuple(m["feature_layers"])
     start = cache.done
     while start < n:
@@ -135,7 +136,9 @@ def extract(target, cache: FeatureCache, batch_size: int = 4, progress=None) -> 
 def build(folder: str, target, tokenizer, budget_tokens: int, seq_len: int = 512, feature_layers=(1, 14, 26),
           top_k: int = 16, batch_size: int = 4, seed: int = 0, domains=(corpus.CODE, corpus.PROSE),
           held_out: bool = False, progress=None, model_name: str = "SmolLM2-135M-Instruct") -> FeatureCache:
-    """Create (or resume) a feature cache over the training split (or the held-out split)."""
+    """Create (or resume) a feature cache over the training split (or the held-out split). An
+    existing cache is extracted up to ``budget_tokens`` (it may hold more sequences than that,
+    e.g. when a larger extraction was stopped early); training uses what is extracted."""
     if os.path.exists(os.path.join(folder, MANIFEST)):
         cache = FeatureCache(folder, "w")
     else:
@@ -143,5 +146,5 @@ def build(folder: str, target, tokenizer, budget_tokens: int, seq_len: int = 512
         tokens, names = chunk_documents(docs, tokenizer, seq_len, budget_tokens, seed)
         cache = FeatureCache.create(folder, tokens, names, target.config.hidden_size, feature_layers, top_k,
                                     model_name)
-    extract(target, cache, batch_size, progress)
+    extract(target, cache, batch_size, progress, limit=-(-budget_tokens // seq_len))
     return cache

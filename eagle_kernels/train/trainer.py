@@ -21,6 +21,7 @@ The target's distribution is kept as its top-K tokens (renormalised), stored in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -301,12 +302,15 @@ def chain_tau(agreements: list[float]) -> float:
 
 
 @torch.no_grad()
-def evaluate(head: TrainableHead, cache: FeatureCache, cfg: TrainConfig, t2d, max_sequences: int = 8) -> dict:
+def evaluate(head: TrainableHead, cache: FeatureCache, cfg: TrainConfig, t2d, max_sequences: int = 8,
+             min_steps: int = 4) -> dict:
+    """Held-out loss and per-step top-1 agreement, unrolled at least ``min_steps`` deep (beyond
+    the trained depth too: drafting goes deeper than training-time test)."""
     rows = np.arange(min(cache.done, max_sequences))
     if rows.size == 0:
         return {}
     batch = Batches(cache, len(rows), 0).take(rows)
-    loss, agree = step_losses(head, batch, cfg, t2d)
+    loss, agree = step_losses(head, batch, dataclasses.replace(cfg, ttt_steps=max(cfg.ttt_steps, min_steps)), t2d)
     return {"loss": float(loss), "agreement": agree, "chain_tau": chain_tau(agree)}
 
 
@@ -346,7 +350,8 @@ def train(target: LlamaModel, cache: FeatureCache, cfg: TrainConfig, out_dir: st
     def save(step):
         head.to_eagle_head(target).save(out_dir)
         torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-                    "step": step, "history": history, "seconds": seconds, "config": asdict(cfg)}, state_path)
+                    "step": step, "history": history, "seconds": seconds, "config": asdict(cfg),
+                    "threads": torch.get_num_threads()}, state_path)
 
     try:
         from tqdm import tqdm
