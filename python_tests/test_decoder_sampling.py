@@ -1,0 +1,103 @@
+"""Loop-level exactness of speculative sampling: the tokens the whole decoder emits (draft tree,
+target verify pass, verify, KV compaction, head commit) follow the target's own filtered
+distribution. Many requests with different seeds run as one batch on a tiny float64 Llama; the
+empirical distributions of the 2nd and 3rd generated tokens (the first two that decoding steps
+produce) are compared with the exact marginals by a chi-square test."""
+
+import pytest
+import torch
+from scipy import stats
+
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.reference.verify import sampling_probs
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("single_thread")
+from test_decoder import HEADS  # noqa: E402
+from test_llama import tiny_hf_model  # noqa: E402
+
+from eagle_kernels.models import LlamaModel  # noqa: E402
+
+PROMPT = [1, 2, 3, 4, 5]
+REQUESTS = 3000
+P_MIN = 1e-3  # false-alarm rate per test
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The tiny random Llama with its LM head scaled up: its next-token distributions are
+    peaked (top-3 mass ~0.6 at T = 1) like a trained model's, so drafts get accepted and the
+    test exercises acceptance, rejection and residual sampling alike."""
+    model = LlamaModel.from_transformers(tiny_hf_model(torch.float64))
+    weights = dict(model.weights)
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 10
+    return LlamaModel(model.config, weights)
+
+
+def filtered(logits, temperature, top_k, top_p):
+    return torch.stack([sampling_probs(row, temperature, top_k, top_p) for row in logits])
+
+
+def exact_marginals(model, temperature, top_k, top_p):
+    """Distributions of generated tokens 1, 2 and 3 under plain sampling from the filtered target."""
+    V = model.config.vocab_size
+
+    def next_probs(prefixes):
+        cache = model.new_cache(prefixes.shape[0], prefixes.shape[1] + 1)
+        return filtered(model(prefixes, cache).logits[:, -1], temperature, top_k, top_p)
+
+    p1 = next_probs(torch.tensor([PROMPT]))[0]  # [V]
+    firsts = torch.arange(V)[:, None]
+    p2_given = next_probs(torch.cat([torch.tensor(PROMPT).expand(V, -1), firsts], 1))  # [V, V]
+    joint12 = p1[:, None] * p2_given
+    p2 = joint12.sum(0)
+    # Token 3: condition on the (t1, t2) pairs that carry the mass (the rest is below 1e-7).
+    pairs = (joint12 > 1e-7).nonzero()
+    prefixes = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1)
+    p3 = (joint12[pairs[:, 0], pairs[:, 1]][:, None] * next_probs(prefixes)).sum(0)
+    return p1, p2, p3 / p3.sum()
+
+
+def chi_square_p(counts, probs):
+    """Chi-square goodness of fit, cells with expected count < 5 pooled into one."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
+    exp = torch.cat([expected[big], expected[~big].sum()[None]]).double()
+    keep = exp > 0
+    if bool((obs[~keep] > 0).any()):
+        return 0.0  # a token with probability zero was emitted
+    return float(stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue)
+
+
+CASES = {"t1": (1.0, 0, 1.0), "t0.7-k8-p0.9": (0.7, 8, 0.9)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+@pytest.mark.parametrize("head_name", ["eagle1-repeat", "eagle3-random"])
+def test_speculative_sampling_follows_the_target(target, case, head_name):
+    temperature, top_k, top_p = CASES[case]
+    p1, p2, p3 = exact_marginals(target, temperature, top_k, top_p)
+    decoder = SpeculativeDecoder(target, HEADS[head_name](target), TreeConfig(3, 3, 8))
+    result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=list(range(REQUESTS)))
+    tokens = torch.tensor(result.sequences)  # [REQUESTS, 3]
+    V = target.config.vocab_size
+    for position, probs in ((0, p1), (1, p2), (2, p3)):
+        counts = torch.bincount(tokens[:, position], minlength=V)
+        p = chi_square_p(counts, probs)
+        assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
+    # The test has power: the steps must have accepted drafts, not only emitted bonus tokens.
+    assert sum(result.tau) / REQUESTS > 1.2 or head_name != "eagle1-repeat", result.tau[:10]
+
+
+def test_chi_square_detects_a_biased_sampler(target):
+    """The same statistic on tokens drawn from the *unfiltered* distribution rejects, so the
+    test above can fail."""
+    temperature, top_k, top_p = CASES["t0.7-k8-p0.9"]
+    _, p2, _ = exact_marginals(target, temperature, top_k, top_p)
+    _, wrong, _ = exact_marginals(target, 1.0, 0, 1.0)
+    g = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(wrong, REQUESTS, replacement=True, generator=g)
+    counts = torch.bincount(draws, minlength=target.config.vocab_size)
+    assert chi_square_p(counts, p2) < 1e-6
