@@ -2,6 +2,9 @@
 verify → compact_kv → commit, batched, with static shapes and no host synchronisation inside a
 step. The host looks at the ``done`` flags only every ``sync_every`` steps.
 
+A step reads and writes only the preallocated tensors of :class:`_State`, in place, so on CUDA
+it can be captured once into a CUDA graph and replayed for every later step (``cuda_graph``).
+
 Plain decoding (``speculative=False``) is the same loop with a one-node tree: the target runs
 the root, and ``verify`` samples the next token from the same filtered distribution and random
 stream, so both modes are comparable token for token.
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ops
-from ._checks import mask_words
+from ._checks import mask_words, values_checked
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
 
@@ -63,7 +66,8 @@ def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
 
 @dataclass
 class _State:
-    """Everything a step reads and writes, all on the device."""
+    """Everything a step reads and writes, all on the device. Steps update these tensors in
+    place and never rebind them: a captured CUDA graph replays against their addresses."""
 
     target_cache: KVCache
     head_cache: KVCache | None
@@ -81,14 +85,32 @@ class _State:
 
 class SpeculativeDecoder:
     """EAGLE-style speculative decoder over a :class:`LlamaModel` target and an
-    :class:`EagleHead` draft head."""
+    :class:`EagleHead` draft head.
+
+    Parameters
+    ----------
+    target, head, tree
+        The target model, the draft head (needed for ``speculative=True``) and the EAGLE-2
+        tree shape.
+    sync_every
+        The host reads the ``done`` flags (and calls ``on_sync``) every ``sync_every`` steps.
+    cuda_graph
+        On CUDA, each :meth:`generate` call runs its first decoding step eagerly on a side
+        stream (a real step, which also compiles the Triton kernels and sets up cuBLAS for that
+        stream), captures the second step once into one ``torch.cuda.CUDAGraph`` on that stream
+        and replays the graph for the second and every later step: one graph launch per step
+        instead of one launch per kernel. Outputs are identical to eager steps. Ignored on CPU, and when
+        ``EAGLE_KERNELS_CHECK_VALUES=1`` makes the ops read values on the host (those checks
+        cannot be captured; the steps then run eagerly).
+    """
 
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig = TreeConfig(),
-                 sync_every: int = 4):
+                 sync_every: int = 4, cuda_graph: bool = True):
         self.target = target
         self.head = head
         self.tree = tree
         self.sync_every = max(1, sync_every)
+        self.cuda_graph = cuda_graph
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -104,16 +126,11 @@ class SpeculativeDecoder:
         state = self._prefill(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
         prefill_done = time.perf_counter()
         step = self._speculative_step if speculative else self._plain_step
-        for index in range(max_new_tokens):
-            step(state)
-            if (index + 1) % self.sync_every == 0:
-                if on_sync is not None:
-                    on_sync(state.out, state.out_len.clamp(max=max_new_tokens))
-                if bool(state.done.all()):
-                    break
+        graph = self._run_steps(state, step, max_new_tokens, on_sync)
         lengths = state.out_len.clamp(max=max_new_tokens).tolist()
         out = state.out.tolist()
         steps = state.steps.tolist()
+        del graph  # only now: the readback has waited for its last replay
         end = time.perf_counter()
         sequences = [row[:n] for row, n in zip(out, lengths)]
         # The first token comes from the prefill; tau counts the tokens of decoding steps.
@@ -122,6 +139,45 @@ class SpeculativeDecoder:
         return GenerationResult(sequences, tau, steps, {
             "prefill_s": prefill_done - start, "decode_s": end - prefill_done, "total_s": end - start,
             "tokens": generated, "tokens_per_s": generated / (end - start)})
+
+    def _run_steps(self, state: _State, step, max_steps: int, on_sync):
+        """Up to ``max_steps`` decoding steps; the host reads ``state.done`` (and calls
+        ``on_sync``) only every ``sync_every`` steps. With CUDA graphs on (see the class
+        docstring) step 1 runs eagerly on a side stream, step 2 is captured on that stream, and
+        steps 2, 3, ... are replays. Returns the graph (None when every step ran eagerly)."""
+        device = state.out.device
+        graphed = self._graphs_enabled(device)
+        stream = torch.cuda.Stream(device) if graphed else None
+        graph = None
+        for index in range(max_steps):
+            if not graphed:
+                step(state)
+            elif index == 0:
+                # Warm-up on the stream the capture will use: Triton compiles and loads its
+                # kernels and cuBLAS allocates this stream's workspace here, not during the
+                # capture. It is a real step, so nothing is undone afterwards.
+                current = torch.cuda.current_stream(device)
+                stream.wait_stream(current)
+                with torch.cuda.stream(stream):
+                    step(state)
+                current.wait_stream(stream)
+            else:
+                if graph is None:
+                    # Capture records the step's kernels without running them; the state still
+                    # holds step 1's result, and the replay right after runs step 2.
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=stream):
+                        step(state)
+                graph.replay()
+            if (index + 1) % self.sync_every == 0:
+                if on_sync is not None:
+                    on_sync(state.out, state.out_len.clamp(max=state.max_new))
+                if bool(state.done.all()):
+                    break
+        return graph
+
+    def _graphs_enabled(self, device: torch.device) -> bool:
+        return self.cuda_graph and device.type == "cuda" and not values_checked(device)
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, prompts, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
@@ -204,7 +260,7 @@ class SpeculativeDecoder:
         emitted = result.out_tokens.clamp(min=0)
         hidden = head(emitted, features, state.head_cache)
         last = result.accept_len.long()
-        state.root_hidden = torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+        state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
 
         active = ~state.done
         advance = (result.accept_len + 1) * active.to(torch.int32)
@@ -254,7 +310,9 @@ class SpeculativeDecoder:
             cand = ops.draft_expand(head.logits(hidden), scores, k, d2t=head.d2t)
             hist_tokens.append(cand.tokens)
             hist_scores.append(cand.scores)
-            hist_parents.append(global_frontier.repeat_interleave(k, dim=1).to(torch.int32))
+            # Each frontier node parents k candidates (an expand: older torch versions size an
+            # int repeat_interleave's output on the host).
+            hist_parents.append(global_frontier[..., None].expand(-1, -1, k).reshape(B, k * k).to(torch.int32))
             parent_hidden, parent_slots = hidden, own[None].expand(B, k)
         return ops.build_tree(state.root, torch.cat(hist_tokens, 1), torch.cat(hist_scores, 1),
                               torch.cat(hist_parents, 1), cfg.num_nodes)
@@ -275,7 +333,7 @@ class SpeculativeDecoder:
         count = valid.sum(1)
         state.out_len += count
         state.steps += active.long()
-        state.root = torch.where(active, torch.gather(tokens, 1, last[:, None])[:, 0], state.root)
+        state.root.copy_(torch.where(active, torch.gather(tokens, 1, last[:, None])[:, 0], state.root))
         finished = state.out_len >= state.max_new
         if state.eos is not None:
             finished |= (valid & (tokens == state.eos)).any(1)

@@ -1,5 +1,7 @@
 """The speculative decoding loop on a tiny random Llama: exactness against plain decoding."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -155,6 +157,99 @@ def test_steps_never_synchronise(speculative, monkeypatch):
     decoder._speculative_step = guarded(decoder._speculative_step)
     result = decoder.generate(PROMPTS, 8, speculative=speculative)
     assert len(steps_run) == 8 and all(len(s) == 8 for s in result.sequences)
+
+
+def state_tensors(state):
+    """Every tensor a step may touch, by name (caches and sampling parameters included)."""
+    found = {}
+    for name, value in vars(state).items():
+        if isinstance(value, torch.Tensor):
+            found[name] = value
+        elif isinstance(value, dict):
+            found.update({f"{name}.{k}": v for k, v in value.items()})
+        elif value is not None and hasattr(value, "seqlens"):
+            found.update({f"{name}.{k}": v for k, v in vars(value).items()})
+    return found
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
+def test_steps_update_state_in_place(target, speculative):
+    """A CUDA graph replays against fixed addresses: a step must write into the state's
+    tensors, never rebind them."""
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8))
+    state = decoder._prefill(PROMPTS, 8, 0.0, 0, 1.0, 0, None, speculative)
+    before = {name: (t, t.data_ptr()) for name, t in state_tensors(state).items()}
+    step = decoder._speculative_step if speculative else decoder._plain_step
+    for _ in range(3):
+        step(state)
+    after = state_tensors(state)
+    assert after.keys() == before.keys()
+    for name, (tensor, address) in before.items():
+        assert after[name] is tensor and tensor.data_ptr() == address, name
+
+
+class _FakeStream:
+    def __init__(self, device=None):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph: ``replay`` runs the step recorded at capture."""
+
+    def __init__(self):
+        self.recorded, self.replays = None, 0
+
+    def replay(self):
+        self.replays += 1
+        self.recorded()
+
+
+@pytest.mark.parametrize("max_new,sync_every", [(1, 1), (2, 1), (3, 1), (14, 4), (14, 1000)],
+                         ids=["max1", "max2", "max3", "max14-sync4", "max14-sync1000"])
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
+def test_graph_schedule_matches_eager(target, speculative, max_new, sync_every, monkeypatch):
+    """The CUDA-graph schedule of generate with CPU stand-ins for streams and graphs: step 1
+    eager, step 2 captured (recorded, not run, as a real capture) and replayed, then replays;
+    the output is the eager output and every step runs exactly once."""
+    captures, runs = [], []
+    capturing = [False]
+
+    @contextlib.contextmanager
+    def fake_capture(graph, stream=None):
+        captures.append(graph)
+        capturing[0] = True
+        try:
+            yield
+        finally:
+            capturing[0] = False
+
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8), sync_every=sync_every)
+    want = decoder.generate(PROMPTS, max_new, speculative=speculative)
+    for name in ("_plain_step", "_speculative_step"):
+        real = getattr(decoder, name)
+
+        def step(state, real=real):
+            if capturing[0]:
+                captures[-1].recorded = lambda: (runs.append(1), real(state))
+            else:
+                runs.append(1)
+                real(state)
+        monkeypatch.setattr(decoder, name, step)
+    monkeypatch.setattr(decoder, "_graphs_enabled", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+    got = decoder.generate(PROMPTS, max_new, speculative=speculative)
+    assert (got.sequences, got.steps, got.tau) == (want.sequences, want.steps, want.tau)
+    steps_run = len(runs)
+    assert len(captures) == (1 if steps_run >= 2 else 0)
+    if captures:
+        assert captures[0].replays == steps_run - 1
 
 
 SMOLLM2_PROMPTS = [

@@ -91,7 +91,8 @@ class EagleHead(torch.nn.Module):
         self.weights = {name: weights[name] for name in expected}
         self.target = target
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
-        self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()), persistent=False)
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()).to(target.device),
+                             persistent=False)
 
     @classmethod
     def random(cls, target: LlamaModel, kind: str, draft_vocab_size: int | None = None, seed: int = 0,

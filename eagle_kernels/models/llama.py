@@ -156,7 +156,8 @@ class LlamaModel(torch.nn.Module):
         self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
         if "lm_head.weight" not in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        # On the weights' device: a CPU inv_freq would not broadcast against CUDA positions.
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config).to(self.device), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
