@@ -5,15 +5,25 @@ draft children (EAGLE-2, Li et al. 2024, §4); semantics and random stream as in
 ``eagle_kernels/reference/verify.py`` and docs/design.md ("Counter-based random stream",
 "verify details").
 
-One program per request walks its tree. At a visited node ``u`` it makes passes over the row
-in ``BLOCK_V`` tiles: max and the NaN/+inf/finite flags (greedy rows stop there with the
-argmax); for sampling rows ``s = (logits - max) / T`` into a ``[B, V]`` work row, the top-k
-threshold (the k-th largest ``s``) by a radix-16 search over the order key of ``s`` that
-counts keys at or above 15 candidate thresholds per pass, ``p = softmax(s)``, and the top-p
-threshold by the same search summing the mass above each candidate. Both filters are then
-"keep x iff key(x) >= threshold", which keeps ties together exactly as the reference does.
-Children are tried in node order against the residual held in the work row; the bonus is an
-inverse-CDF draw with a float64 cumulative sum. Philox4x32-10 runs in-kernel on uint32 words.
+Two kernels. ``_verify_rows_kernel`` runs one program per logit row (B * N programs) and
+reduces the row to a few scalars in ``BLOCK_V`` tiles: max, first argmax and the
+NaN/+inf/finite flags; for sampling requests also the top-k threshold ``kth`` (the k-th
+largest ``s = (logits - max) / T``) by a radix-16 search over the order key of ``s`` that
+counts keys at or above 15 candidate thresholds per pass, the softmax normaliser ``denom``
+(float64 sum of ``exp(s)`` over ``s >= kth``), the top-p threshold ``cut`` by the same search
+summing the probability mass above each candidate, the top-p normaliser ``norm`` and the
+float64 mass of the final weights. ``s`` and ``p`` are recomputed from the logits in every
+pass instead of being stored. Every weight is then a pure function of its logit and the row's
+scalars::
+
+    p(x) = [s(x) >= kth] * exp(s(x)) / denom,    w(x) = [p(x) >= cut] * p(x) / norm
+
+and both filters are "keep x iff key >= threshold", which keeps ties together exactly as the
+reference does. ``_verify_walk_kernel`` runs one program per request: greedy steps read the
+stored argmax; a sampling step evaluates ``w`` only at the drafted tokens, removes a rejected
+token's weight from the float64 mass, and only the bonus draw materialises one residual row
+(``[B, V]`` scratch) for an inverse-CDF draw with a float64 cumulative sum. Philox4x32-10 runs
+in-kernel on uint32 words.
 """
 
 from __future__ import annotations
@@ -38,6 +48,14 @@ PHILOX_W0 = tl.constexpr(0x9E3779B9)
 PHILOX_W1 = tl.constexpr(0xBB67AE85)
 ACCEPT_DRAW = tl.constexpr(0)
 BONUS_DRAW = tl.constexpr(1)
+# Slots of the per-row float64 statistics written by _verify_rows_kernel.
+STAT_MAX = tl.constexpr(0)  # row max (NaN ignored)
+STAT_KTH = tl.constexpr(1)  # top-k threshold on s (-inf when off)
+STAT_DENOM = tl.constexpr(2)  # softmax normaliser, rounded to the compute dtype
+STAT_CUT = tl.constexpr(3)  # top-p threshold on p (-inf when off)
+STAT_NORM = tl.constexpr(4)  # top-p normaliser, rounded to the compute dtype (1 when off)
+STAT_MASS = tl.constexpr(5)  # float64 sum of the weights w
+NUM_STATS = tl.constexpr(6)
 
 
 @triton.jit
@@ -89,15 +107,37 @@ def _row_sum64(work_row_ptr, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _threshold_key(work_row_ptr, V, rank_k, top_p, IS_TOP_P: tl.constexpr, IS_FP64: tl.constexpr,
-                   BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Radix search, most significant digit first, over the order keys of the work row; returns
-    the value whose key is the threshold.
+def _scaled(logits, row_max, t):
+    """s = (logits - max) / T in the compute dtype. Shift before dividing: a tiny T sends the
+    other logits to -inf, never the max to +inf."""
+    return (logits - row_max) / t
+
+
+@triton.jit
+def _probs(s, kth, denom, CT: tl.constexpr):
+    """Softmax of the top-k-filtered s. The scaled max is exactly 0 and survives top-k, so
+    the softmax needs no second shift."""
+    e = tl.where(s >= kth, tl.exp(s), 0.0).to(CT)
+    return e / denom
+
+
+@triton.jit
+def _weights(p, cut, norm, CT: tl.constexpr):
+    """Top-p filter and renormalisation; cut = -inf and norm = 1 leave p unchanged."""
+    return tl.where(p >= cut, p / norm, 0.0).to(CT)
+
+
+@triton.jit
+def _threshold_key(row_ptr, V, row_max, t, kth, denom, rank_k, top_p, IS_TOP_P: tl.constexpr,
+                   CT: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Radix search, most significant digit first, over the order keys of s (top-k) or of p
+    (top-p), both recomputed from the logit row; returns the value whose key is the threshold.
 
     top-k (IS_TOP_P false): the k-th largest key counted with multiplicity, i.e. the largest t
     with #(key >= t) >= k. top-p: the smallest t with mass(key >= t') < top_p for t' = t + 1,
     i.e. with the mass strictly above t below top_p. Either way a filter keeps x iff
-    key(x) >= t. Each digit of RADIX_BITS bits takes one pass that evaluates the candidates P + j * 2^shift."""
+    key(x) >= t. Each digit of RADIX_BITS bits takes one pass that evaluates the candidates
+    P + j * 2^shift."""
     if IS_FP64:
         KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
@@ -114,7 +154,10 @@ def _threshold_key(work_row_ptr, V, rank_k, top_p, IS_TOP_P: tl.constexpr, IS_FP
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
-            x = tl.load(work_row_ptr + offs, mask=valid, other=0.0)
+            logits = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(CT)
+            x = _scaled(logits, row_max, t)
+            if IS_TOP_P:
+                x = _probs(x, kth, denom, CT)
             keys = _order_key(x, IS_FP64)
             above = (keys[:, None] >= candidates[None, :]) & valid[:, None]
             if IS_TOP_P:
@@ -133,59 +176,6 @@ def _threshold_key(work_row_ptr, V, rank_k, top_p, IS_TOP_P: tl.constexpr, IS_FP
     else:
         bits = tl.where((prefix >> 31) == 1, prefix & 0x7FFFFFFF, ~prefix)
         return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _build_weights(row_ptr, work_row_ptr, V, row_max, temperature, top_k, top_p,
-                   CT: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """p_u of the contract into the work row: (logits - max) / T -> top-k -> softmax -> top-p
-    -> renormalise."""
-    t = temperature.to(CT)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(CT)
-        # Shift before dividing: a tiny T sends the other logits to -inf, never the max to +inf.
-        tl.store(work_row_ptr + offs, (x - row_max) / t, mask=valid)
-    tl.debug_barrier()
-    use_top_k = (top_k > 0) & (top_k < V)
-    kth = tl.full([], float("-inf"), CT)
-    if use_top_k:
-        kth = _threshold_key(work_row_ptr, V, top_k.to(tl.int64), 1.0, False, IS_FP64, BLOCK_V, RADIX_BITS)
-    # The scaled max is exactly 0 and survives top-k, so the softmax needs no second shift.
-    total = tl.zeros([], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        s = tl.load(work_row_ptr + offs, mask=valid, other=float("-inf"))
-        e = tl.where(s >= kth, tl.exp(s), 0.0).to(CT)
-        e = tl.where(valid, e, 0.0)
-        tl.store(work_row_ptr + offs, e, mask=valid)
-        total += tl.sum(e.to(tl.float64), axis=0)
-    tl.debug_barrier()
-    denom = total.to(CT)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        e = tl.load(work_row_ptr + offs, mask=valid, other=0.0)
-        tl.store(work_row_ptr + offs, e / denom, mask=valid)
-    tl.debug_barrier()
-    if top_p < 1.0:
-        cut = _threshold_key(work_row_ptr, V, 1, top_p.to(tl.float64), True, IS_FP64, BLOCK_V, RADIX_BITS)
-        kept = tl.zeros([], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            p = tl.load(work_row_ptr + offs, mask=valid, other=0.0)
-            kept += tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0)
-        norm = kept.to(CT)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            p = tl.load(work_row_ptr + offs, mask=valid, other=0.0)
-            w = tl.where(p >= cut, p / norm, 0.0).to(CT)
-            tl.store(work_row_ptr + offs, w, mask=valid)
-        tl.debug_barrier()
 
 
 @triton.jit
@@ -208,16 +198,125 @@ def _inverse_cdf(work_row_ptr, V, u, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _verify_kernel(
-    tokens_ptr,  # [B, N] int64
-    parents_ptr,  # [B, N] int32
+def _verify_rows_kernel(
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32 (0 = greedy row)
     top_k_ptr,  # [B] int32 (0 = off)
     top_p_ptr,  # [B] float32 (1 = off)
+    stats_ptr,  # [B, N, NUM_STATS] float64, slots STAT_*; written for sampling rows
+    argmax_ptr,  # [B, N] int32: first argmax; node 0 of a bad root row: its fallback token
+    bad_ptr,  # [B, N] int32: 1 where the row holds NaN / +inf or no finite entry
+    N, V, stride_lb, stride_ln,
+    IS_FP64: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+):
+    """Per-row scalars of the walk (module docstring), one program per row (b, node)."""
+    if IS_FP64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // N
+    node = pid % N
+    row = logits_ptr + b * stride_lb + node * stride_ln
+    temperature = tl.load(temperature_ptr + b)
+    top_k = tl.load(top_k_ptr + b)
+    top_p = tl.load(top_p_ptr + b)
+
+    # Pass 1: max, first argmax, and the bad-row flags.
+    row_max = tl.full([], float("-inf"), CT)
+    arg = 0
+    flags = 0  # bit 0: NaN or +inf seen, bit 1: a finite entry seen
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        valid = offs < V
+        x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        nonfinite_bad = (x != x) | (x == float("inf"))
+        finite = (x > float("-inf")) & (x < float("inf"))
+        flags = flags | tl.max((nonfinite_bad & valid).to(tl.int32), axis=0) \
+            | (tl.max((finite & valid).to(tl.int32), axis=0) * 2)
+        tile_max = tl.max(tl.where(valid & (x == x), x, float("-inf")), axis=0)
+        tile_arg = tl.min(tl.where(valid & (x == tile_max), offs, V), axis=0)
+        better = tile_max > row_max
+        arg = tl.where(better, tile_arg, arg)
+        row_max = tl.where(better, tile_max, row_max)
+    bad = (((flags & 1) != 0) | ((flags & 2) == 0)).to(tl.int32)
+    if (bad != 0) & (node == 0):
+        # A bad row anywhere on the walk falls back to the argmax over the finite root logits
+        # (0 if none). On a good root row that is the plain argmax already.
+        best = tl.full([], float("-inf"), CT)
+        arg = -1
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            valid = offs < V
+            x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+            finite = valid & (x > float("-inf")) & (x < float("inf"))
+            tile_best = tl.max(tl.where(finite, x, float("-inf")), axis=0)
+            tile_arg = tl.min(tl.where(finite & (x == tile_best), offs, V), axis=0)
+            better = (tile_arg < V) & ((arg < 0) | (tile_best > best))
+            arg = tl.where(better, tile_arg, arg)
+            best = tl.where(better, tile_best, best)
+        arg = tl.maximum(arg, 0)
+    tl.store(argmax_ptr + pid, arg)
+    tl.store(bad_ptr + pid, bad)
+
+    if (temperature != 0.0) & (bad == 0):
+        t = temperature.to(CT)
+        kth = tl.full([], float("-inf"), CT)
+        one = tl.full([], 1.0, CT)
+        if (top_k > 0) & (top_k < V):
+            kth = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.int64), 1.0, False,
+                                 CT, IS_FP64, BLOCK_V, RADIX_BITS)
+        total = tl.zeros([], dtype=tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            valid = offs < V
+            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+            e = tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT)
+            total += tl.sum(e.to(tl.float64), axis=0)
+        denom = total.to(CT)
+        cut = tl.full([], float("-inf"), CT)
+        norm = one
+        if top_p < 1.0:
+            cut = _threshold_key(row, V, row_max, t, kth, denom, 1, top_p.to(tl.float64), True,
+                                 CT, IS_FP64, BLOCK_V, RADIX_BITS)
+            kept = tl.zeros([], dtype=tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                valid = offs < V
+                s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+                p = _probs(s, kth, denom, CT)
+                kept += tl.sum(tl.where(valid & (p >= cut), p.to(tl.float64), 0.0), axis=0)
+            norm = kept.to(CT)
+        mass = tl.zeros([], dtype=tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            valid = offs < V
+            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+            w = _weights(_probs(s, kth, denom, CT), cut, norm, CT)
+            mass += tl.sum(tl.where(valid, w, 0.0).to(tl.float64), axis=0)
+        st = stats_ptr + pid * NUM_STATS
+        tl.store(st + STAT_MAX, row_max.to(tl.float64))
+        tl.store(st + STAT_KTH, kth.to(tl.float64))
+        tl.store(st + STAT_DENOM, denom.to(tl.float64))
+        tl.store(st + STAT_CUT, cut.to(tl.float64))
+        tl.store(st + STAT_NORM, norm.to(tl.float64))
+        tl.store(st + STAT_MASS, mass)
+
+
+@triton.jit
+def _verify_walk_kernel(
+    tokens_ptr,  # [B, N] int64
+    parents_ptr,  # [B, N] int32
+    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
+    temperature_ptr,  # [B] float32 (0 = greedy row)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
-    work_ptr,  # [B, V] float32 (float64 for fp64 logits): residual weights of the current node
+    stats_ptr,  # [B, N, NUM_STATS] float64 from _verify_rows_kernel
+    argmax_ptr,  # [B, N] int32 from _verify_rows_kernel
+    bad_ptr,  # [B, N] int32 from _verify_rows_kernel
+    work_ptr,  # [B, V] float32 (float64 for fp64 logits): residual weights of the bonus row
     accept_len_ptr,  # [B] int32
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
     out_tokens_ptr,  # [B, A] int64
@@ -227,8 +326,8 @@ def _verify_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
 ):
+    """One program per request walks its tree from the per-row scalars."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
     else:
@@ -236,11 +335,10 @@ def _verify_kernel(
     b = tl.program_id(0).to(tl.int64)
     A = max_depth + 1
     temperature = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
     seed = tl.load(seed_ptr + b)
     offset = tl.load(offset_ptr + b)
     greedy = temperature == 0.0
+    t = temperature.to(CT)
     logits_b = logits_ptr + b * stride_lb
     work_row = work_ptr + b * V
 
@@ -260,31 +358,14 @@ def _verify_kernel(
     done = tl.zeros([], tl.int32)
     bad = tl.zeros([], tl.int32)
     while done == 0:
-        row = logits_b + node * stride_ln
-        # Pass 1: max, first argmax, and the bad-row flags.
-        row_max = tl.full([], float("-inf"), CT)
-        arg = 0
-        flags = 0  # bit 0: NaN or +inf seen, bit 1: a finite entry seen
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-            nonfinite_bad = (x != x) | (x == float("inf"))
-            finite = (x > float("-inf")) & (x < float("inf"))
-            flags = flags | tl.max((nonfinite_bad & valid).to(tl.int32), axis=0) \
-                | (tl.max((finite & valid).to(tl.int32), axis=0) * 2)
-            tile_max = tl.max(tl.where(valid & (x == x), x, float("-inf")), axis=0)
-            tile_arg = tl.min(tl.where(valid & (x == tile_max), offs, V), axis=0)
-            better = tile_max > row_max
-            arg = tl.where(better, tile_arg, arg)
-            row_max = tl.where(better, tile_max, row_max)
-        if ((flags & 1) != 0) | ((flags & 2) == 0):
+        if tl.load(bad_ptr + b * N + node) != 0:
             bad = 1
             done = 1
         else:
             may_descend = depth < max_depth  # a node at max_depth is a leaf
             child = -1
             if greedy:
+                arg = tl.load(argmax_ptr + b * N + node)
                 hit = (parents == node) & (tokens == arg) & (offs_n > node) & may_descend
                 first = tl.min(tl.where(hit, offs_n, BLOCK_N), axis=0)
                 child = tl.where(first < BLOCK_N, first, -1)
@@ -292,23 +373,46 @@ def _verify_kernel(
                     tl.store(out_tokens_ptr + b * A + depth, arg.to(tl.int64))
                     done = 1
             else:
-                _build_weights(row, work_row, V, row_max, temperature, top_k, top_p, CT, IS_FP64, BLOCK_V, RADIX_BITS)
+                row = logits_b + node * stride_ln
+                st = stats_ptr + (b * N + node) * NUM_STATS
+                row_max = tl.load(st + STAT_MAX).to(CT)
+                kth = tl.load(st + STAT_KTH).to(CT)
+                denom = tl.load(st + STAT_DENOM).to(CT)
+                cut = tl.load(st + STAT_CUT).to(CT)
+                norm = tl.load(st + STAT_NORM).to(CT)
+                # Children of this node whose token was rejected: their weight is now 0.
+                rejected = tl.zeros([BLOCK_N], tl.int32)
                 if may_descend:
-                    mass = _row_sum64(work_row, V, BLOCK_V)
+                    mass = tl.load(st + STAT_MASS)
                     for c in range(node + 1, N):
                         parent = tl.load(parents_ptr + b * N + c)
                         if (parent == node) & (child < 0):
                             x = tl.load(tokens_ptr + b * N + c)
-                            wx = tl.load(work_row + x)
+                            in_range = (x >= 0) & (x < V)
+                            logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
+                            wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
+                            seen = tl.max(((rejected != 0) & (tokens == x)).to(tl.int32), axis=0)
+                            wx = tl.where(seen != 0, 0.0, wx).to(CT)
                             u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
                             # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
                             if (wx > 0) & (u < wx.to(tl.float64) / mass):
                                 child = c
                             elif wx > 0:  # reject: zero p(x) and renormalise
-                                tl.store(work_row + x, tl.zeros([], CT))
-                                tl.debug_barrier()
-                                mass = _row_sum64(work_row, V, BLOCK_V)
+                                rejected = tl.where(offs_n == c, 1, rejected)
+                                mass = mass - wx.to(tl.float64)
                 if child < 0:
+                    # The bonus needs the whole residual row: materialise w, zero the rejected
+                    # tokens, then one inverse-CDF draw.
+                    for start in range(0, V, BLOCK_V):
+                        offs = start + tl.arange(0, BLOCK_V)
+                        valid = offs < V
+                        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+                        tl.store(work_row + offs, _weights(_probs(s, kth, denom, CT), cut, norm, CT), mask=valid)
+                    tl.debug_barrier()
+                    for c in range(node + 1, N):
+                        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+                            tl.store(work_row + tl.load(tokens_ptr + b * N + c), tl.zeros([], CT))
+                    tl.debug_barrier()
                     u = tl.sum(tl.where(offs_n == node, bonus_coins, 0.0), axis=0)
                     bonus = _inverse_cdf(work_row, V, u, BLOCK_V)
                     tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
@@ -319,22 +423,11 @@ def _verify_kernel(
                 tl.store(out_tokens_ptr + b * A + depth - 1, tl.load(tokens_ptr + b * N + child))
                 node = child
     if bad != 0:
-        # Fallback: accept nothing; the bonus is the argmax over the finite root logits (0 if none).
-        best = tl.full([], float("-inf"), CT)
-        arg = -1
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            x = tl.load(logits_b + offs, mask=valid, other=float("-inf")).to(CT)
-            finite = valid & (x > float("-inf")) & (x < float("inf"))
-            tile_best = tl.max(tl.where(finite, x, float("-inf")), axis=0)
-            tile_arg = tl.min(tl.where(finite & (x == tile_best), offs, V), axis=0)
-            better = (tile_arg < V) & ((arg < 0) | (tile_best > best))
-            arg = tl.where(better, tile_arg, arg)
-            best = tl.where(better, tile_best, best)
+        # Accept nothing; the bonus is the root's fallback token from the row kernel.
+        fallback = tl.load(argmax_ptr + b * N)
         tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
         tl.store(out_tokens_ptr + b * A + offs_a,
-                 tl.where(offs_a == 0, tl.maximum(arg, 0).to(tl.int64), -1), mask=offs_a < A)
+                 tl.where(offs_a == 0, fallback.to(tl.int64), -1), mask=offs_a < A)
         depth = 0
     tl.store(accept_len_ptr + b, depth)
     tl.store(status_ptr + b, bad)
@@ -367,6 +460,11 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     seed = given(seed, 0, torch.int64)
     offset = given(offset, 0, torch.int64)
     is_fp64 = target_logits.dtype == torch.float64
+    # Per-row scalars (the row kernel writes argmax and bad for every row, stats for sampling
+    # rows) and one residual row per request for the bonus draw.
+    stats = torch.empty((B, N, NUM_STATS.value), dtype=torch.float64, device=device)
+    argmax = torch.empty((B, N), dtype=torch.int32, device=device)
+    bad = torch.empty((B, N), dtype=torch.int32, device=device)
     work = torch.empty((B, V), dtype=torch.float64 if is_fp64 else torch.float32, device=device)
 
     A = max_depth + 1
@@ -377,11 +475,16 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     if B == 0:
         return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
     block_v = min(1024, triton.next_power_of_2(V))
-    _verify_kernel[(B,)](
-        tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, work,
+    _verify_rows_kernel[(B * N,)](
+        logits, temperature, top_k, top_p, stats, argmax, bad,
+        N, V, logits.stride(0), logits.stride(1),
+        IS_FP64=is_fp64, BLOCK_V=block_v, RADIX_BITS=RADIX_BITS, num_warps=4,
+    )
+    _verify_walk_kernel[(B,)](
+        tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad, work,
         accept_len, accept_nodes, out_tokens, status,
         N, V, max_depth, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_A=triton.next_power_of_2(A), RADIX_BITS=RADIX_BITS, num_warps=4,
+        BLOCK_A=triton.next_power_of_2(A), num_warps=4,
     )
     return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
