@@ -160,6 +160,7 @@ def main(argv=None) -> None:
     train.add_argument("--steps", type=int)
     train.add_argument("--batch-size", type=int)
     train.add_argument("--lr", type=float)
+    train.add_argument("--warmup", type=int)
     train.add_argument("--ttt-steps", type=int)
     train.add_argument("--draft-vocab-size", type=int)
     train.add_argument("--noise", type=float)

@@ -48,6 +48,9 @@ TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& can
 void compact_kv_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
                      const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table) {
+  // Shapes, dtypes and devices first, so that a tensor on the wrong device is named even when
+  // it is the one that sent the call here (k_cache on the CPU, another argument on CUDA).
+  (void)check_compact_kv_args(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, block_table);
   TORCH_CHECK_VALUE(k_cache.is_cuda(), "compact_kv: k_cache: expected a CUDA device, got ",
                     k_cache.device());
   const c10::cuda::CUDAGuard guard(k_cache.device());

@@ -255,6 +255,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
 
     cfg = dict(_gpu_config(B, Hkv, N, group, D, q.device), **(config or {}))
+    if q.element_size() == 4 and not config:
+        # fp32 tiles take twice the shared memory: the 16-bit configs overflow an H200's 227 KiB.
+        cfg.update(BLOCK_M=min(cfg["BLOCK_M"], 64), BLOCK_K=min(cfg["BLOCK_K"], 32), num_stages=2)
     block_d = max(16, triton.next_power_of_2(D))
     block_m = max(16 if _INTERPRET else cfg["BLOCK_M"], triton.next_power_of_2(group))
     block_k = 64 if _INTERPRET else cfg["BLOCK_K"]

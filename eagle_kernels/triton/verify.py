@@ -352,6 +352,9 @@ def _verify_walk_kernel(
     offs_a = tl.arange(0, BLOCK_A)
     tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
     tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
+    # The walk's scalar stores below may come from other threads than these vector stores: order
+    # them (without the barrier a late -1 can overwrite an emitted token).
+    tl.debug_barrier()
 
     node = tl.zeros([], tl.int32)
     depth = tl.zeros([], tl.int32)
@@ -422,6 +425,7 @@ def _verify_walk_kernel(
                 tl.store(accept_nodes_ptr + b * A + depth, child)
                 tl.store(out_tokens_ptr + b * A + depth - 1, tl.load(tokens_ptr + b * N + child))
                 node = child
+    tl.debug_barrier()
     if bad != 0:
         # Accept nothing; the bonus is the root's fallback token from the row kernel.
         fallback = tl.load(argmax_ptr + b * N)
