@@ -15,6 +15,7 @@ DEMO_PROMPTS = {
 
 
 def _load(args):
+    from . import heads
     from .decoder import SpeculativeDecoder, TreeConfig
     from .models import smollm2
     from .models.eagle_head import EagleHead
@@ -25,6 +26,12 @@ def _load(args):
     if args.head in ("untrained-eagle1", "untrained-eagle3"):
         kind = args.head.split("-")[1]
         head, label = EagleHead.random(target, kind), f"UNTRAINED {kind} head (random weights: expect tau ~ 1)"
+    elif args.head in heads.HEADS:
+        folder = heads.path(args.head)
+        if folder is None:
+            raise SystemExit(f"no shipped {args.head} head in this installation; pass --head FOLDER or "
+                             f"--head untrained-{args.head}")
+        head, label = EagleHead.load(folder, target), f"shipped {args.head} head ({heads.HEADS[args.head]})"
     else:
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
     decoder = SpeculativeDecoder(target, head, TreeConfig(args.depth, args.tree_top_k, args.num_nodes),
@@ -39,8 +46,9 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
 
 
 def _common(parser):
-    parser.add_argument("--head", default="untrained-eagle1",
-                        help="head folder, or untrained-eagle1 / untrained-eagle3 (default until a trained head ships)")
+    parser.add_argument("--head", default="eagle3",
+                        help="eagle3 / eagle1 (the shipped trained heads), a head folder, or untrained-eagle1 / "
+                             "untrained-eagle3 (random weights)")
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--tree-top-k", type=int, default=4)
     parser.add_argument("--num-nodes", type=int, default=16)
