@@ -65,7 +65,7 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
     if state["history"]:
         lines += ["Held-out teacher-forced top-1 agreement with the target, per unrolled step "
                   "(chain tau estimate = 1 + a0 + a0 a1 + ...):", "",
-                  "| step | held-out loss | agreement per step | chain tau estimate |", "|---|---|---|---|"]
+                  "| optimizer step | held-out loss | agreement at draft depth 1, 2, 3, 4 | chain tau estimate |", "|---|---|---|---|"]
         for h in state["history"]:
             lines.append(f"| {h['step']} | {h['loss']:.3f} | {', '.join(f'{a:.3f}' for a in h['agreement'])} | "
                          f"{h['chain_tau']:.2f} |")
