@@ -5,7 +5,8 @@ Providers
 ---------
 - ``ours-plain``: our Llama target, plain decoding (the baseline of every ratio);
 - ``hf-generate``: transformers ``generate`` (greedy at T = 0, sampling at T = 1);
-- ``hf-lookup``: transformers prompt-lookup decoding (``prompt_lookup_num_tokens``);
+- ``hf-lookup``: transformers prompt-lookup decoding (``prompt_lookup_num_tokens``; batch 1
+  only, as transformers' assisted decoding);
 - ``eagle1-dD-kK-nN`` / ``eagle3-…``: our speculative decoder with each shipped head and tree.
 
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
@@ -178,7 +179,8 @@ def main(argv=None) -> int:
                         plain_decoder, prompts[domain][:batch] if warmup else prompts[domain], batch,
                         4 if warmup else args.max_new_tokens, temperature, False)))
                 for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
-                    if hf is not None and name in args.providers:
+                    # transformers' assisted decoding (prompt lookup) runs batch 1 only.
+                    if hf is not None and name in args.providers and not (lookup and batch > 1):
                         runs.append((name, lambda warmup=False, lookup=lookup: run_hf(
                             hf, prompts[domain][:batch] if warmup else prompts[domain], batch,
                             4 if warmup else args.max_new_tokens, temperature, lookup, tokenizer.eos_token_id or 0)))
