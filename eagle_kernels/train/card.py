@@ -70,13 +70,17 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
             lines.append(f"| {h['step']} | {h['loss']:.3f} | {', '.join(f'{a:.3f}' for a in h['agreement'])} | "
                          f"{h['chain_tau']:.2f} |")
         lines.append("")
-    rows = []
+    rows, setups = [], []
     for path in e2e_files:
         with open(path) as f:
             data = json.load(f)
         rows += [r for r in data["rows"] if r["provider"].startswith(kind + "-")]
+        m = data["meta"]
+        setups.append(f"{m['prompts_per_domain']} held-out prompts x {m['max_new_tokens']} new tokens per cell, "
+                      f"{m['device']} with {m['threads']} threads, torch {m['torch']}")
     if rows:
-        lines += ["## Measured (bench/e2e.py, held-out prompts)", "",
+        lines += ["## Measured (bench/e2e.py, held-out prompts)", "", "; ".join(setups) + 
+                  ". tau = tokens per decoding step, bonus token included.", "",
                   "| domain | T | batch | tree | tau | tok/s | x our plain decoding |", "|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider'][len(kind) + 1:]} | "
