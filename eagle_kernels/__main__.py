@@ -1,5 +1,5 @@
-"""Command line: ``python -m eagle_kernels generate --prompt "..."``, ``python -m eagle_kernels demo``
-and ``python -m eagle_kernels train --method eagle1|eagle3``."""
+"""Command line: ``python -m eagle_kernels generate --prompt "..."``, ``python -m eagle_kernels demo``,
+``python -m eagle_kernels train --method eagle1|eagle3`` and ``python -m eagle_kernels distill`` (self-distillation data)."""
 
 from __future__ import annotations
 
@@ -127,13 +127,38 @@ def cmd_train(args) -> None:
             cache_bar.close()
         return cache
 
-    cache = build(args.features, args.tokens, False)
-    eval_cache = build(args.eval_features, args.eval_tokens, True) if args.eval_features else None
+    # The first folder is built (or extended) to --tokens; further folders must be existing caches
+    # (e.g. self-distilled data from ``distill``).
+    folders = args.features.split(",")
+    caches = [build(folders[0], args.tokens, False)] + [features.FeatureCache(f) for f in folders[1:]]
+    eval_caches = []
+    if args.eval_features:
+        eval_folders = args.eval_features.split(",")
+        eval_caches = [build(eval_folders[0], args.eval_tokens, True)] + [features.FeatureCache(f) for f in eval_folders[1:]]
     fields = {f.name for f in dataclasses.fields(trainer.TrainConfig)}
     cfg = trainer.TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
-    print(f"training {cfg.method} on {cache.done} sequences x {args.seq_len} tokens: {cfg}")
-    trainer.train(target, cache, cfg, args.out, eval_cache=eval_cache)
+    print(f"training {cfg.method} on " + " + ".join(f"{c.done} x {c.manifest['seq_len']} tokens ({c.folder})"
+                                                     for c in caches) + f": {cfg}")
+    trainer.train(target, caches, cfg, args.out, eval_cache=eval_caches)
     print(f"head written to {args.out}")
+
+
+def cmd_distill(args) -> None:
+    from .models import smollm2
+    from .train import distill, trainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = smollm2.load()
+    layers = trainer.HeadConfig.for_target(target.config, trainer.EAGLE3).feature_layers
+    bar = _bar(args.sequences, "self-distillation", "seq")
+    temperatures = tuple(float(t) for t in args.temperatures.split(","))
+    cache = distill.build(args.out, target, tokenizer, args.sequences, args.seq_len, args.prompt_len, temperatures,
+                          layers, batch_size=args.batch_size, seed=args.seed, held_out=args.held_out,
+                          progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    print(f"{cache.done} sequences in {args.out} ({cache.manifest['extract_seconds']:.0f} s of generation)")
 
 
 def _bar(total, desc, unit):
@@ -160,8 +185,10 @@ def main(argv=None) -> None:
     train = commands.add_parser("train", help="train an EAGLE-1 or EAGLE-3 head for SmolLM2-135M on offline text")
     train.add_argument("--method", choices=["eagle1", "eagle3"], default="eagle3")
     train.add_argument("--out", required=True, help="output folder (head checkpoint + resumable train state)")
-    train.add_argument("--features", required=True, help="feature-cache folder (built on first use, resumable)")
-    train.add_argument("--eval-features", help="held-out feature-cache folder for acceptance estimates")
+    train.add_argument("--features", required=True,
+                       help="feature-cache folder (built on first use, resumable); more existing caches after commas")
+    train.add_argument("--eval-features", help="held-out feature-cache folder(s), comma-separated, for acceptance estimates")
+    train.add_argument("--init", help="start from this head folder (weights and draft vocabulary; fresh optimizer)")
     train.add_argument("--tokens", type=int, default=400_000, help="training tokens to cache")
     train.add_argument("--eval-tokens", type=int, default=8192)
     train.add_argument("--seq-len", type=int, default=512)
@@ -175,8 +202,19 @@ def main(argv=None) -> None:
     train.add_argument("--eval-every", type=int)
     train.add_argument("--seed", type=int)
     train.add_argument("--threads", type=int, default=0)
+    distill = commands.add_parser("distill", help="self-distillation data: the target continues corpus prompts and "
+                                                  "its features are cached while it generates")
+    distill.add_argument("--out", required=True, help="feature-cache folder (resumable)")
+    distill.add_argument("--sequences", type=int, default=256)
+    distill.add_argument("--seq-len", type=int, default=256)
+    distill.add_argument("--prompt-len", type=int, default=64)
+    distill.add_argument("--temperatures", default="0,0,0.7", help="comma-separated; batch j uses entry j mod count")
+    distill.add_argument("--batch-size", type=int, default=32)
+    distill.add_argument("--seed", type=int, default=0)
+    distill.add_argument("--held-out", action="store_true", help="prompts from the held-out split (evaluation)")
+    distill.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train}[args.command](args)
+    {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train, "distill": cmd_distill}[args.command](args)
 
 
 if __name__ == "__main__":

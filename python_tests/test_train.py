@@ -176,3 +176,94 @@ def test_draft_vocabulary_prefers_frequent_first_choices(toy_cache):
     counts = np.bincount(top1, minlength=97)
     assert counts[ids.numpy()].min() >= np.sort(counts)[-10]
     assert 0 < trainer.coverage(cache, d2t) <= 1
+
+
+# ---------------------------------------------------------------------------- self-distillation
+from eagle_kernels.train import distill  # noqa: E402
+
+
+def test_self_distilled_features_equal_a_forward_pass_over_the_generated_text(toy_cache):
+    target32, folder = toy_cache
+    prompts = torch.from_numpy(np.array(features.FeatureCache(folder).tokens[:3, :8])).long()
+    data = distill.generate_batch(target32, prompts, 20, (0, 1, 2), 4, 0.0, torch.Generator().manual_seed(0))
+    tokens = torch.from_numpy(data["tokens"]).long()
+    assert torch.equal(tokens[:, :8], prompts)
+    out = target32(tokens, target32.new_cache(3, 20), feature_layers=(0, 1, 2))
+    # Greedy: each generated token is the target's first choice after the previous position.
+    assert torch.equal(tokens[:, 8:], out.logits[:, 7:-1].argmax(-1))
+    assert torch.equal(torch.from_numpy(data["top_ids"]).long()[..., 0], out.logits.argmax(-1))
+    torch.testing.assert_close(torch.from_numpy(data["hidden"]).float(), out.hidden, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(torch.from_numpy(data["layers"][:, :, 1]).float(), out.layer_states[1],
+                               atol=2e-3, rtol=2e-3)
+    logp = torch.log_softmax(out.logits, -1).topk(4, -1).values
+    torch.testing.assert_close(torch.from_numpy(data["top_logp"]).float(), logp, atol=5e-3, rtol=2e-3)
+
+
+def test_self_distilled_cache_is_deterministic_and_resumes(toy_cache, tmp_path, monkeypatch):
+    target32, folder = toy_cache
+    source = features.FeatureCache(folder)
+    monkeypatch.setattr(distill, "choose_prompts", lambda tokenizer, count, prompt_len, held_out, seed: (
+        np.array(source.tokens[:count, :prompt_len]), list(source.manifest["documents"][:count])))
+
+    def build(path, progress=None):
+        return distill.build(str(path), target32, None, 5, seq_len=16, prompt_len=6, temperatures=(0.0, 1.0),
+                             feature_layers=(0, 1, 2), top_k=4, batch_size=2, seed=7, progress=progress)
+
+    whole = build(tmp_path / "whole")
+    assert whole.done == 5 and whole.manifest["generated"]["temperatures"] == [0.0, 1.0]
+
+    def stop_after_first_batch(count):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "resumed", progress=stop_after_first_batch)
+    assert features.FeatureCache(str(tmp_path / "resumed")).done == 2
+    resumed = build(tmp_path / "resumed")
+    for name in ("tokens", "hidden", "top_ids"):
+        assert np.array_equal(np.array(getattr(whole, name)), np.array(getattr(resumed, name))), name
+    # The sampled batch (temperature 1) really differs from greedy decoding of the same prompts.
+    greedy = distill.generate_batch(target32, torch.from_numpy(np.array(whole.tokens[2:4, :6])).long(), 16,
+                                    (0, 1, 2), 4, 0.0, torch.Generator().manual_seed(0))
+    assert not np.array_equal(greedy["tokens"], np.array(whole.tokens[2:4]))
+
+
+def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, monkeypatch):
+    target32, folder = toy_cache
+    real = features.FeatureCache(folder)
+    monkeypatch.setattr(distill, "choose_prompts", lambda tokenizer, count, prompt_len, held_out, seed: (
+        np.array(real.tokens[:count, :prompt_len]), list(real.manifest["documents"][:count])))
+    generated = distill.build(str(tmp_path / "gen"), target32, None, 6, seq_len=20, prompt_len=8,
+                              feature_layers=(0, 1, 2), top_k=4, batch_size=3)
+    cfg = trainer.TrainConfig(method="eagle3", steps=12, batch_size=3, lr=3e-3, warmup=2, ttt_steps=2,
+                              draft_vocab_size=30, eval_every=6)
+    trainer.train(target32, real, cfg, str(tmp_path / "first"), log=lambda *_: None)
+    first = EagleHead.load(str(tmp_path / "first"), target32)
+    seen = []
+    original_take = trainer.Batches.take
+
+    def take(self, rows, cache=None):
+        seen.append((cache or self.cache).manifest["seq_len"])
+        return original_take(self, rows, cache)
+
+    monkeypatch.setattr(trainer.Batches, "take", take)
+    logs = []
+    cont = trainer.TrainConfig(method="eagle3", steps=12, batch_size=3, lr=1e-3, warmup=2, ttt_steps=2,
+                               eval_every=6, init=str(tmp_path / "first"), seed=1)
+    trainer.train(target32, [real, generated], cont, str(tmp_path / "second"), eval_cache=[real, generated],
+                  log=logs.append)
+    assert set(seen) == {33, 20}  # both caches fed batches
+    second = EagleHead.load(str(tmp_path / "second"), target32)
+    assert torch.equal(second.d2t, first.d2t)  # the draft vocabulary comes with the starting head
+    history = torch.load(tmp_path / "second" / "train_state.pt", weights_only=False)["history"]
+    assert set(history[-1]["also"]) == {"gen"} and len(history[-1]["also"]["gen"]["agreement"]) == 4
+    assert any("starting from the head" in line for line in logs)
+    # With a zero learning rate the continued head is the starting head, weight for weight.
+    frozen = trainer.TrainConfig(method="eagle3", steps=1, batch_size=3, lr=0.0, warmup=1, ttt_steps=2,
+                                 init=str(tmp_path / "first"))
+    trainer.train(target32, [real, generated], frozen, str(tmp_path / "frozen"), log=lambda *_: None)
+    kept = EagleHead.load(str(tmp_path / "frozen"), target32)
+    for name, weight in first.weights.items():
+        assert torch.equal(kept.weights[name], weight), name
+    with pytest.raises(ValueError, match="init"):
+        trainer.train(target32, real, trainer.TrainConfig(method="eagle1", steps=1, init=str(tmp_path / "first")),
+                      str(tmp_path / "third"), log=lambda *_: None)

@@ -65,8 +65,8 @@ class FeatureCache:
             self.manifest = json.load(f)
         m = self.manifest
         n, T, H, F, K = m["num_sequences"], m["seq_len"], m["hidden_size"], len(m["feature_layers"]), m["top_k"]
-        self.tokens = np.load(os.path.join(folder, "tokens.npy"), mmap_mode="r")
         open_mode = "r+" if mode == "w" else "r"
+        self.tokens = np.load(os.path.join(folder, "tokens.npy"), mmap_mode=open_mode)
         self.hidden = np.memmap(os.path.join(folder, "hidden.bin"), np.float16, open_mode, shape=(n, T, H))
         self.layers = np.memmap(os.path.join(folder, "layers.bin"), np.float16, open_mode, shape=(n, T, F, H))
         self.top_ids = np.memmap(os.path.join(folder, "top_ids.bin"), np.int32, open_mode, shape=(n, T, K))

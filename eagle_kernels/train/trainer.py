@@ -52,6 +52,7 @@ class TrainConfig:
     draft_vocab_size: int = 6144  # EAGLE-3
     eval_every: int = 50
     seed: int = 0
+    init: str | None = None  # a head folder to start from (its weights and d2t; fresh optimizer)
 
 
 # ---------------------------------------------------------------------------- draft vocabulary
@@ -245,14 +246,19 @@ def soft_cross_entropy(logits: torch.Tensor, target_ids: torch.Tensor, target_lo
 
 
 class Batches:
-    """Random batches of whole sequences from a cache, as float32 tensors."""
+    """Random batches of whole sequences, as float32 tensors, from one cache or several (each
+    batch comes from one cache, picked with probability proportional to its sequences, so
+    caches of different sequence lengths mix)."""
 
-    def __init__(self, cache: FeatureCache, batch_size: int, seed: int):
-        self.cache, self.batch_size = cache, batch_size
+    def __init__(self, cache, batch_size: int, seed: int):
+        self.caches = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+        self.cache, self.batch_size = self.caches[0], batch_size
         self.rng = np.random.default_rng(seed)
+        done = np.array([c.done for c in self.caches], dtype=np.float64)
+        self.weights = done / done.sum() if done.sum() > 0 else None
 
-    def take(self, rows) -> dict:
-        c = self.cache
+    def take(self, rows, cache: FeatureCache | None = None) -> dict:
+        c = self.cache if cache is None else cache
         rows = np.sort(np.asarray(rows))
         return {"tokens": torch.from_numpy(np.array(c.tokens[rows])).long(),
                 "hidden": torch.from_numpy(np.array(c.hidden[rows])).float(),
@@ -261,7 +267,8 @@ class Batches:
                 "top_logp": torch.from_numpy(np.array(c.top_logp[rows])).float()}
 
     def next(self) -> dict:
-        return self.take(self.rng.choice(self.cache.done, size=min(self.batch_size, self.cache.done), replace=False))
+        c = self.caches[self.rng.choice(len(self.caches), p=self.weights)] if len(self.caches) > 1 else self.cache
+        return self.take(self.rng.choice(c.done, size=min(self.batch_size, c.done), replace=False), c)
 
 
 def step_losses(head: TrainableHead, batch: dict, cfg: TrainConfig, t2d, noise_gen=None):
@@ -314,23 +321,52 @@ def evaluate(head: TrainableHead, cache: FeatureCache, cfg: TrainConfig, t2d, ma
     return {"loss": float(loss), "agreement": agree, "chain_tau": chain_tau(agree)}
 
 
-def train(target: LlamaModel, cache: FeatureCache, cfg: TrainConfig, out_dir: str,
-          eval_cache: FeatureCache | None = None, log=print, resume: bool = True) -> EagleHead:
-    """Train a head on ``cache``; checkpoints (EAGLE layout, :meth:`EagleHead.save`) and
-    ``train_state.pt`` go to ``out_dir``; an existing ``train_state.pt`` is resumed."""
+def _as_list(caches) -> list:
+    if caches is None:
+        return []
+    return list(caches) if isinstance(caches, (list, tuple)) else [caches]
+
+
+def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=None, log=print,
+          resume: bool = True) -> EagleHead:
+    """Train a head on ``cache`` (one :class:`FeatureCache` or a list, e.g. real text plus
+    self-distilled data); checkpoints (EAGLE layout, :meth:`EagleHead.save`) and
+    ``train_state.pt`` go to ``out_dir``; an existing ``train_state.pt`` is resumed. ``eval_cache``
+    (one or a list) gives held-out agreement every ``cfg.eval_every`` steps; the first is the
+    headline entry of the history, the others are recorded under ``"also"`` by folder name.
+    With ``cfg.init`` training starts from that head's weights (and its draft vocabulary)."""
     torch.manual_seed(cfg.seed)
-    config = HeadConfig.for_target(target.config, cfg.method,
-                                   cfg.draft_vocab_size if cfg.method == EAGLE3 else None)
+    caches, eval_caches = _as_list(cache), _as_list(eval_cache)
+    first = caches[0]
+    if cfg.init:
+        start_head = EagleHead.load(cfg.init, target)
+        if start_head.config.kind != cfg.method:
+            raise ValueError(f"init: {cfg.init} holds an {start_head.config.kind} head, not {cfg.method}")
+        config = start_head.config
+        weights = {n: t.float() if t.is_floating_point() else t for n, t in start_head.weights.items()}
+        d2t = start_head.weights.get("d2t")
+        log(f"starting from the head in {cfg.init}")
+    else:
+        config = HeadConfig.for_target(target.config, cfg.method,
+                                       cfg.draft_vocab_size if cfg.method == EAGLE3 else None)
+        d2t = None
+        if cfg.method == EAGLE3:
+            config.feature_layers = tuple(first.manifest["feature_layers"])
+            d2t = draft_vocabulary(first, cfg.draft_vocab_size, target.config.vocab_size)
+        fusion = fit_fusion(first, seed=cfg.seed) if cfg.method == EAGLE3 else None
+        weights = initial_weights(target, config, d2t, cfg.seed, fusion)
     if cfg.method == EAGLE3:
-        config.feature_layers = tuple(cache.manifest["feature_layers"])
-        d2t = draft_vocabulary(cache, cfg.draft_vocab_size, target.config.vocab_size)
-        log(f"draft vocabulary {cfg.draft_vocab_size}: covers {coverage(cache, d2t):.1%} of the target's top-1 tokens")
+        for c in caches:
+            if tuple(c.manifest["feature_layers"]) != tuple(config.feature_layers):
+                raise ValueError(f"cache: {c.folder} holds layers {c.manifest['feature_layers']}, the head reads "
+                                 f"{list(config.feature_layers)}")
+        d2t = d2t.long().cpu()
+        log(f"draft vocabulary {d2t.numel()}: covers {coverage(first, d2t):.1%} of the target's top-1 tokens")
         t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
         t2d[d2t + torch.arange(d2t.numel())] = torch.arange(d2t.numel())
     else:
         d2t, t2d = None, None
-    fusion = fit_fusion(cache, seed=cfg.seed) if cfg.method == EAGLE3 else None
-    head = TrainableHead(config, initial_weights(target, config, d2t, cfg.seed, fusion), target)
+    head = TrainableHead(config, weights, target)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)) * 0.5 * (
         1 + math.cos(math.pi * min(s, cfg.steps) / max(cfg.steps, 1))))
@@ -344,7 +380,7 @@ def train(target: LlamaModel, cache: FeatureCache, cfg: TrainConfig, out_dir: st
         schedule.load_state_dict(state["schedule"])
         start, history, seconds = state["step"], state["history"], state["seconds"]
         log(f"resumed at step {start}")
-    batches = Batches(cache, cfg.batch_size, cfg.seed + start)
+    batches = Batches(caches, cfg.batch_size, cfg.seed + start)
     noise = torch.Generator().manual_seed(cfg.seed + 1 + start)
 
     def save(step):
@@ -372,12 +408,17 @@ def train(target: LlamaModel, cache: FeatureCache, cfg: TrainConfig, out_dir: st
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}", acc0=f"{agree[0]:.2f}")
         last = step + 1 == cfg.steps
-        if eval_cache is not None and ((step + 1) % cfg.eval_every == 0 or last):
-            result = evaluate(head, eval_cache, cfg, t2d)
-            result.update(step=step + 1, seconds=round(seconds, 1), train_loss=loss_value)
+        if eval_caches and ((step + 1) % cfg.eval_every == 0 or last):
+            results = [evaluate(head, c, cfg, t2d) for c in eval_caches]
+            result = dict(results[0], step=step + 1, seconds=round(seconds, 1), train_loss=loss_value)
+            if len(results) > 1:
+                result["also"] = {os.path.basename(os.path.normpath(c.folder)): r
+                                  for c, r in zip(eval_caches[1:], results[1:])}
             history.append(result)
-            log(f"step {step + 1}: held-out loss {result['loss']:.3f}, top-1 agreement per step "
-                f"{[round(a, 3) for a in result['agreement']]}, chain tau estimate {result['chain_tau']:.2f}")
+            for c, r in zip(eval_caches, results):
+                log(f"step {step + 1}: held-out {os.path.basename(os.path.normpath(c.folder))} loss {r['loss']:.3f}, "
+                    f"top-1 agreement per step {[round(a, 3) for a in r['agreement']]}, "
+                    f"chain tau estimate {r['chain_tau']:.2f}")
         if (step + 1) % cfg.eval_every == 0 or last:
             save(step + 1)
     if bar is not None:
