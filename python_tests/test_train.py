@@ -257,6 +257,12 @@ def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, mo
     history = torch.load(tmp_path / "second" / "train_state.pt", weights_only=False)["history"]
     assert set(history[-1]["also"]) == {"gen"} and len(history[-1]["also"]["gen"]["agreement"]) == 4
     assert any("starting from the head" in line for line in logs)
+    # The model card lists both phases and both data sources.
+    from eagle_kernels.train import card
+    text = card.render(str(tmp_path / "second"), folder)
+    assert "24 optimizer steps in 2 phase(s)" in text
+    assert "Self-distilled (gen): 6 sequences x 20 tokens" in text and "Real text" in text
+    assert "gen: chain tau" in text
     # With a zero learning rate the continued head is the starting head, weight for weight.
     frozen = trainer.TrainConfig(method="eagle3", steps=1, batch_size=3, lr=0.0, warmup=1, ttt_steps=2,
                                  init=str(tmp_path / "first"))

@@ -27,48 +27,92 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+SOURCE_NAMES = ("code = CPython standard library; austen = Jane Austen's novels; kjv = King James Bible; "
+                "pydoc = Python 3.11 documentation sources")
+
+
+def _data_lines(data: list) -> list:
+    lines = []
+    for d in data:
+        sources = ", ".join(f"{n} {s}" for s, n in sorted(d["sources"].items()))
+        tokens = d["sequences"] * d["seq_len"]
+        if d.get("generated"):
+            g = d["generated"]
+            temps = ", ".join(f"{t:g}" for t in g["temperatures"])
+            lines.append(f"- Self-distilled ({d['folder']}): {d['sequences']} sequences x {d['seq_len']} tokens = "
+                         f"{tokens:,} tokens, each {g['prompt_len']} corpus tokens ({sources}) continued by the "
+                         f"target itself (batches cycle through temperatures {temps}; 0 = greedy); features "
+                         f"recorded while generating ({d['extract_seconds'] / 60:.0f} min).")
+        else:
+            lines.append(f"- Real text ({d['folder']}): {d['sequences']} sequences x {d['seq_len']} tokens = "
+                         f"{tokens:,} tokens: {sources}; target features extracted once with our Llama forward in "
+                         f"fp32, stored in fp16 ({d['extract_seconds'] / 60:.0f} min of extraction).")
+    return lines
+
+
+def _phase_line(state: dict, config: dict, kind: str) -> str:
+    cfg = state["config"]
+    objective = (f"SmoothL1 feature loss + {cfg['cls_weight']} x cross-entropy, feature noise "
+                 f"U(-{cfg['noise'] / 2:g}, {cfg['noise'] / 2:g})" if kind == "eagle1" else
+                 f"cross-entropy over a {config['draft_vocab_size']}-token draft vocabulary")
+    start = "continuing from the previous phase's head" if cfg.get("init") else (
+        "fc initialised by ridge regression onto the final hidden state" if kind == "eagle3" else "from scratch")
+    data = " + ".join(d["folder"] for d in state.get("data") or []) or "the real-text cache"
+    return (f"- {state['step']} optimizer steps x {cfg['batch_size']} sequences on {data}, AdamW lr {cfg['lr']} "
+            f"(warm-up {cfg['warmup']}, cosine), grad clip {cfg['grad_clip']}; training-time test with "
+            f"{cfg['ttt_steps']} unrolled step(s), step weights {cfg['step_decay']}^j; {objective}; {start}. "
+            f"{state['seconds'] / 60:.0f} min on {_cpu_name()} ({state.get('threads', '?')} torch thread(s)).")
+
+
 def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
     state = torch.load(os.path.join(head_dir, "train_state.pt"), weights_only=False, map_location="cpu")
     with open(os.path.join(feature_dir, "manifest.json")) as f:
         manifest = json.load(f)
     with open(os.path.join(head_dir, "config.json")) as f:
         config = json.load(f)
-    cfg = state["config"]
-    done, T = manifest["done"], manifest["seq_len"]
-    sources = collections.Counter(name.split(":")[0] for name in manifest["documents"][:done])
     kind = config["eagle_kind"]
     size = os.path.getsize(os.path.join(head_dir, "model.safetensors")) / 2**20
+    # Runs recorded before data summaries existed trained on ``feature_dir`` alone.
+    legacy = [{"folder": os.path.basename(os.path.normpath(feature_dir)), "sequences": manifest["done"],
+               "seq_len": manifest["seq_len"], "extract_seconds": manifest.get("extract_seconds", 0.0),
+               "sources": dict(collections.Counter(n.split(":")[0] for n in manifest["documents"][:manifest["done"]])),
+               "generated": manifest.get("generated")}]
+    phases = [dict(p, data=p.get("data") or legacy) for p in state.get("lineage", [])]
+    phases.append(dict(state, data=state.get("data") or legacy))
+    data, seen = [], set()
+    for p in phases:
+        for d in p["data"]:
+            if d["folder"] not in seen:
+                seen.add(d["folder"])
+                data.append(d)
+    total_steps = sum(p["step"] for p in phases)
+    total_minutes = sum(p["seconds"] for p in phases) / 60
     lines = [f"# SmolLM2-135M-Instruct {kind.upper().replace('EAGLE', 'EAGLE-')} draft head", "",
              f"Trained with `python -m eagle_kernels train --method {kind}` on this project's offline corpora "
-             f"(eagle_kernels/train/corpus.py). fp16 safetensors, {size:.1f} MiB, EAGLE reference key layout "
+             f"(eagle_kernels/train/corpus.py) and, where listed, on the target's own continuations "
+             f"(`python -m eagle_kernels distill`). fp16 safetensors, {size:.1f} MiB, EAGLE reference key layout "
              "(docs/eagle_heads.md).", "",
-             "## Data", "",
-             f"- {done} sequences x {T} tokens = {done * T:,} training tokens: "
-             + ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
-             + " (code = CPython standard library; austen = Jane Austen's novels; kjv = King James Bible; "
-               "pydoc = Python 3.11 documentation sources).",
+             "## Data", ""] + _data_lines(data) + [
+             f"- Sources: {SOURCE_NAMES}.",
              "- Held out by document name (one document in ten by CRC32 of its name, and Austen's *Persuasion*); "
-             "the measurements below use held-out documents only.",
-             f"- Target features extracted once with our Llama forward in fp32 and stored in fp16 "
-             f"({manifest.get('extract_seconds', 0) / 60:.0f} min of extraction).", "",
+             "the measurements below use held-out documents (and prompts from them) only.", "",
              "## Training", "",
-             f"- {state['step']} optimizer steps x {cfg['batch_size']} sequences, AdamW lr {cfg['lr']} "
-             f"(warm-up {cfg['warmup']}, cosine), grad clip {cfg['grad_clip']}; "
-             f"training-time test with {cfg['ttt_steps']} unrolled step(s), step weights {cfg['step_decay']}^j"
-             + (f"; SmoothL1 feature loss + {cfg['cls_weight']} x cross-entropy, feature noise "
-                f"U(-{cfg['noise'] / 2:g}, {cfg['noise'] / 2:g})" if kind == "eagle1" else
-                f"; cross-entropy over a {config['draft_vocab_size']}-token draft vocabulary, fc initialised by "
-                "ridge regression onto the final hidden state") + ".",
-             f"- Wall time {state['seconds'] / 60:.0f} min of optimizer steps on {_cpu_name()} "
-             f"({state.get('threads', '?')} torch thread(s)).",
-             ""]
+             f"{total_steps} optimizer steps in {len(phases)} phase(s), {total_minutes:.0f} min of optimizer steps in all:", ""]
+    lines += [_phase_line(p, config, kind) for p in phases] + [""]
     if state["history"]:
-        lines += ["Held-out teacher-forced top-1 agreement with the target, per unrolled step "
-                  "(chain tau estimate = 1 + a0 + a0 a1 + ...):", "",
-                  "| optimizer step | held-out loss | agreement at draft depth 1, 2, 3, 4 | chain tau estimate |", "|---|---|---|---|"]
+        also = sorted({name for h in state["history"] for name in h.get("also", {})})
+        lines += [("Last phase: held-out" if len(phases) > 1 else "Held-out") + " teacher-forced top-1 agreement with "
+                  "the target per unrolled step (chain tau estimate = 1 + a0 + a0 a1 + ...), on real held-out text"
+                  + (f" and on {', '.join(also)} (the target's own continuations of held-out prompts)" if also else "")
+                  + ":", "",
+                  "| optimizer step | held-out loss | agreement at draft depth 1, 2, 3, 4 | chain tau estimate |"
+                  + "".join(f" {name}: agreement | {name}: chain tau |" for name in also),
+                  "|---|---|---|---|" + "---|---|" * len(also)]
         for h in state["history"]:
+            extra = "".join(f" {', '.join(f'{a:.3f}' for a in h['also'][n]['agreement'])} | {h['also'][n]['chain_tau']:.2f} |"
+                            if n in h.get("also", {}) else " | |" for n in also)
             lines.append(f"| {h['step']} | {h['loss']:.3f} | {', '.join(f'{a:.3f}' for a in h['agreement'])} | "
-                         f"{h['chain_tau']:.2f} |")
+                         f"{h['chain_tau']:.2f} |" + extra)
         lines.append("")
     rows, setups = [], []
     for path in e2e_files:

@@ -321,6 +321,17 @@ def evaluate(head: TrainableHead, cache: FeatureCache, cfg: TrainConfig, t2d, ma
     return {"loss": float(loss), "agreement": agree, "chain_tau": chain_tau(agree)}
 
 
+def data_summary(cache: FeatureCache) -> dict:
+    """Where a cache's sequences come from, for the model card."""
+    m = cache.manifest
+    sources: dict = {}
+    for name in m["documents"][: cache.done]:
+        sources[name.split(":")[0]] = sources.get(name.split(":")[0], 0) + 1
+    return {"folder": os.path.basename(os.path.normpath(cache.folder)), "sequences": cache.done,
+            "seq_len": m["seq_len"], "sources": sources, "extract_seconds": m.get("extract_seconds", 0.0),
+            "generated": m.get("generated")}
+
+
 def _as_list(caches) -> list:
     if caches is None:
         return []
@@ -373,6 +384,13 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
     os.makedirs(out_dir, exist_ok=True)
     state_path = os.path.join(out_dir, "train_state.pt")
     start, history, seconds = 0, [], 0.0
+    # What the model card needs: the data of this run and the runs it continues.
+    data = [data_summary(c) for c in caches]
+    lineage = []
+    if cfg.init and os.path.exists(os.path.join(cfg.init, "train_state.pt")):
+        prior = torch.load(os.path.join(cfg.init, "train_state.pt"), weights_only=False, map_location="cpu")
+        lineage = prior.get("lineage", []) + [{k: prior.get(k) for k in ("step", "seconds", "config", "threads", "data")}
+                                              | {"final_eval": prior["history"][-1] if prior.get("history") else None}]
     if resume and os.path.exists(state_path):
         state = torch.load(state_path, weights_only=False)
         head.load_state_dict(state["head"])
@@ -387,7 +405,7 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
         head.to_eagle_head(target).save(out_dir)
         torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
                     "step": step, "history": history, "seconds": seconds, "config": asdict(cfg),
-                    "threads": torch.get_num_threads()}, state_path)
+                    "threads": torch.get_num_threads(), "data": data, "lineage": lineage}, state_path)
 
     try:
         from tqdm import tqdm
