@@ -132,6 +132,12 @@ def assert_matches(out, naive, expect_ref, dtype, top_k):
 def test_matches_naive_and_reference(backend, op_impl, V, M, top_k, dtype):
     if V in LARGE_V and (backend != "cpp" or dtype in (torch.float16, torch.float64) or 4 in (M, top_k)):
         pytest.skip("large vocabularies: C++ backend, fp32/bf16, M and top_k in {1, 10} only")
+    if backend == "triton":
+        # The interpreter takes ~1 s per case: every (V, M, top_k) runs in one dtype, cycling
+        # through the four (7, 6, 7 and 7 cases each); the C++ kernel runs the whole grid.
+        diagonal = (SMALL_V.index(V) + [1, 4, 10].index(M) + [1, 4, 10].index(top_k)) % 4
+        if list(DTYPES.values()).index(dtype) != diagonal:
+            pytest.skip("Triton interpreter: one dtype per shape")
     fn = op_impl("draft_expand")
     B = 2
     seed = V * 100 + M * 10 + top_k

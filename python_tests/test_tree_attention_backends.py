@@ -110,9 +110,11 @@ def test_low_precision(backend, op_impl, dtype, D, page, causal):
 
 
 TRITON_CASES = [
-    # N, prefix, heads, D, dtype, page, causal
-    (130, 37, (32, 8), 64, torch.float32, 64, False),
-    (65, 1000, (9, 3), 128, torch.bfloat16, None, False),
+    # N, prefix, heads, D, dtype, page, causal. The interpreter's cost grows with the number of
+    # programs (request, KV head, block of nodes): the two large cases keep the grid's GQA
+    # groups (4 and 3) on fewer KV heads than (32, 8) and (9, 3), which the C++ grid runs.
+    (130, 37, (8, 2), 64, torch.float32, 64, False),
+    (65, 1000, (6, 2), 128, torch.bfloat16, None, False),
     (60, 37, (8, 8), 64, torch.float16, 16, True),
     (1, 1, (9, 3), 64, torch.float32, 16, False),
     (7, 0, (9, 3), 64, torch.float32, None, True),

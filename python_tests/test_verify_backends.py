@@ -87,13 +87,21 @@ def top_p_margin(logits, sampling):
 
 # (id, B, N, V): the V values straddle the Triton block (min(1024, next_pow2(V)) wide).
 CASES = [("V37", 8, 12, 37), ("V64", 6, 16, 64), ("V1100-two-blocks", 4, 10, 1100)]
+# The Triton interpreter takes 10-35 s per (case, seed) here: it runs one seed per case, along
+# the anti-diagonal (V37: seed 2, greedy, temperature-only, top-p and top-k + top-p rows; V64:
+# seed 1, temperature-only, top-k, top-p and top-k + top-p rows, greedy through the greedy-only
+# call; V1100: seed 0, greedy and top-k + top-p rows across two blocks). The C++ kernel runs
+# every seed.
+TRITON_SEEDS = {"V37": 2, "V64": 1, "V1100-two-blocks": 0}
 
 
 @pytest.mark.parametrize("other", ["cpp", "triton"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("seed", [0, 1, 2], ids=lambda s: f"seed{s}")
 def test_backends_match_reference_on_tricky_trees(other, case, seed):
-    _, B, N, V = case
+    name, B, N, V = case
+    if other == "triton" and seed != TRITON_SEEDS[name]:
+        pytest.skip("Triton interpreter: one seed per case")
     verify = backend_impl(other)
     tokens, parents, logits, sampling = tricky_batch(1000 * seed + V, B, N, V)
     if top_p_margin(logits, sampling) < 1e-6:
