@@ -7,13 +7,15 @@ recorded: the feature cache's manifest, ``train_state.pt`` and, when given, the 
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import platform
 import sys
 
 import torch
+
+from .features import FeatureCache
+from .trainer import data_summary
 
 
 def _cpu_name() -> str:
@@ -66,17 +68,12 @@ def _phase_line(state: dict, config: dict, kind: str) -> str:
 
 def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
     state = torch.load(os.path.join(head_dir, "train_state.pt"), weights_only=False, map_location="cpu")
-    with open(os.path.join(feature_dir, "manifest.json")) as f:
-        manifest = json.load(f)
     with open(os.path.join(head_dir, "config.json")) as f:
         config = json.load(f)
     kind = config["eagle_kind"]
     size = os.path.getsize(os.path.join(head_dir, "model.safetensors")) / 2**20
     # Runs recorded before data summaries existed trained on ``feature_dir`` alone.
-    legacy = [{"folder": os.path.basename(os.path.normpath(feature_dir)), "sequences": manifest["done"],
-               "seq_len": manifest["seq_len"], "extract_seconds": manifest.get("extract_seconds", 0.0),
-               "sources": dict(collections.Counter(n.split(":")[0] for n in manifest["documents"][:manifest["done"]])),
-               "generated": manifest.get("generated")}]
+    legacy = [data_summary(FeatureCache(feature_dir))]
     phases = [dict(p, data=p.get("data") or legacy) for p in state.get("lineage", [])]
     phases.append(dict(state, data=state.get("data") or legacy))
     data, seen = [], set()
