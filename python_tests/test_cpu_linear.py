@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from eagle_kernels import _dispatch, reference
 
 ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
-MS = [1, 3, 8, 17, 64]
+MS = [1, 3, 5, 8, 17, 64]  # 5: two tiles, bf16 widened in registers; 8 and up: once per 4 rows
 KS = [576, 1536, 100]  # SmolLM2 hidden and intermediate sizes; 100 leaves a K tail of 4
 NS = [1, 7, 576, 1000]  # 7 and 1000 leave a partial panel of weight rows
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -110,7 +110,7 @@ def test_rows_are_batch_invariant(isa, monkeypatch):
         assert torch.equal(fn(x[m:m + 2], w), full[m:m + 2])
 
 
-@pytest.mark.parametrize("M", [2, 8], ids=["M2-in-register", "M8-widened-panel"])
+@pytest.mark.parametrize("M", [2, 4, 8], ids=["M2-in-register", "M4-in-register", "M8-widened-rows"])
 def test_bf16_weight_equals_its_fp32_widening(linear, M):
     """bf16 is read exactly: the result equals the fp32 weight bf16 widens to, bit for bit."""
     x, w = activations(M, 576), weight(576, 576, "bf16")

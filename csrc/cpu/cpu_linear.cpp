@@ -164,24 +164,24 @@ EAGLE_AVX2 void tile_avx2(const W* const* w, int64_t rows, Pace pace, const floa
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     pace.step();
-    if constexpr (C == 1) {
-      const __m256 xv = _mm256_loadu_ps(x + k);
-      for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(load8(w[r] + k), xv, acc[r][0]);
-    } else {
-      __m256 v[R];
-      for (int r = 0; r < R; ++r) v[r] = load8(w[r] + k);
-      for (int c = 0; c < C; ++c) {
-        const __m256 xv = _mm256_loadu_ps(x + c * ldx + k);
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(v[r], xv, acc[r][c]);
-      }
+    // x vectors in registers, one weight vector at a time: 4 x 3 accumulators + 3 + 1 = 16
+    // registers (holding all four weight vectors instead spills an accumulator, and a spilled
+    // accumulator chains every step through a store).
+    __m256 xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = load8(w[r] + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(v, xv[c], acc[r][c]);
     }
   }
   if (k < K) {  // K tail, in the same accumulators
     const int64_t rem = K - k;
     pace.step();
-    for (int c = 0; c < C; ++c) {
-      const __m256 xv = load8_tail(x + c * ldx + k, rem);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(load8_tail(w[r] + k, rem), xv, acc[r][c]);
+    __m256 xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = load8_tail(x + c * ldx + k, rem);
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = load8_tail(w[r] + k, rem);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(v, xv[c], acc[r][c]);
     }
   }
   pace.finish();
@@ -243,7 +243,7 @@ EAGLE_AVX2 void panel_avx2(const W* const* w, int64_t rows, Ahead* ahead, const 
   for (int64_t q = 0; q < rows; q += 4) {
     const int64_t quad_rows = std::min<int64_t>(4, rows - q);
     if constexpr (std::is_same_v<W, uint16_t>) {
-      if (M > 3) {  // several x tiles: widen once
+      if (M > 6) {  // three or more x tiles: widen once (up to two, widening in registers is cheaper)
         buf.resize(static_cast<size_t>(4 * K));
         widen_quad(w + q, K, buf.data());
         const float* wide[4] = {buf.data(), buf.data() + K, buf.data() + 2 * K, buf.data() + 3 * K};
