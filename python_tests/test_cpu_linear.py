@@ -110,6 +110,22 @@ def test_rows_are_batch_invariant(isa, monkeypatch):
         assert torch.equal(fn(x[m:m + 2], w), full[m:m + 2])
 
 
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_threads_do_not_change_the_result(linear, wdtype):
+    """Split over threads (125 panels of 8 rows, chunks of >= 10 here), every output is still
+    one dot product in a fixed order: bit-identical to the one-thread result."""
+    x, w = activations(64, 1536), weight(1000, 1536, wdtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = linear(x, w)
+        torch.set_num_threads(2)
+        two = linear(x, w)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
 @pytest.mark.parametrize("M", [2, 4, 8], ids=["M2-in-register", "M4-in-register", "M8-widened-rows"])
 def test_bf16_weight_equals_its_fp32_widening(linear, M):
     """bf16 is read exactly: the result equals the fp32 weight bf16 widens to, bit for bit."""

@@ -281,8 +281,13 @@ template <typename W>
 void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
          float* out, Isa isa) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  // About 2^18 multiply-adds per chunk: below that an OpenMP wake-up costs more than it saves.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (kPanel * K * std::max<int64_t>(M, 8)));
+  // Chunks of at least 2^23 multiply-adds (weights x max(M, 8): at M <= 8 the stream, not the
+  // arithmetic, sets the time), about 0.3-1 ms on one core. A parallel region waits for its
+  // slowest thread; on a loaded machine that thread can wait a scheduler time slice, so smaller
+  // chunks lost several times what they gained (SmolLM2 decoding at 2 threads on 2 busy cores:
+  // 650-1600 ms per token with 2^18, 160-170 ms with 2^23). Only the LM head (and M >= 64
+  // calls) still splits at decoding sizes.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 23) / (kPanel * K * std::max<int64_t>(M, 8)));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> buf;
 #if EAGLE_HAVE_AVX2_PATH
