@@ -200,6 +200,19 @@ def test_linear_routes_small_calls_to_cpu_linear(rows, native, monkeypatch):
     assert not any(e.name == "eagle_kernels::cpu_linear" for e in prof.events())
 
 
+def test_linear_keeps_gradients():
+    """Calls autograd records (training shares linear) go to torch: gradients flow."""
+    from eagle_kernels.models import llama
+
+    x = torch.randn(3, 40, requires_grad=True)
+    w = torch.randn(24, 40, requires_grad=True)
+    llama.linear(x, w).square().sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch.nn.functional.linear(x2, w2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
 def test_weight_dtype_rejects_integers():
     hf = tiny_hf_model(torch.float32)
     with pytest.raises(ValueError, match="weight_dtype"):
