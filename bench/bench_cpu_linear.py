@@ -124,7 +124,8 @@ def interleaved(calls, budget=0.6, min_rounds=5, max_rounds=400):
 def main(argv):
     threads_list = [int(a) for a in argv if a.isdigit()] or [1, 2]
     print(f"{'N x K':<13} {'M':>3} {'thr':>3} | {'torch':>9} {'eagle':>9} {'eagle-bf16':>10} | "
-          f"{'x torch':>7} {'x torch':>7} | {'GB/s':>5} {'GB/s':>5} {'GB/s':>5} | {'GFLOP/s':>7} {'GFLOP/s':>7} {'GFLOP/s':>7}")
+          f"{'x torch':>7} {'x torch':>7} | {'GB/s':>5} {'GB/s':>5} {'GB/s':>5} | "
+          f"{'GFLOP/s':>7} {'GFLOP/s':>7} {'GFLOP/s':>7}")
     print(f"{'':<13} {'':>3} {'':>3} | {'':>9} {'':>9} {'':>10} | {'eagle':>7} {'bf16':>7} | "
           f"{'torch':>5} {'eagle':>5} {'bf16':>5} | {'torch':>7} {'eagle':>7} {'bf16':>7}")
     for threads in threads_list:
