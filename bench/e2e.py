@@ -7,7 +7,11 @@ Providers
 - ``hf-generate``: transformers ``generate`` (greedy at T = 0, sampling at T = 1);
 - ``hf-lookup``: transformers prompt-lookup decoding (``prompt_lookup_num_tokens``; batch 1
   only, as transformers' assisted decoding);
-- ``eagle1-dD-kK-nN`` / ``eagle3-…``: our speculative decoder with each shipped head and tree.
+- ``eagle1-dD-kK-nN`` / ``eagle3-…``: our speculative decoder with each shipped head and tree;
+- ``bf16w`` (opt-in, in ``--providers``): ``ours-plain-bf16w`` and ``<head>-…-bf16w``, the same
+  decoders on a copy of the target whose weight matrices are stored in bf16 (fp32 compute; on
+  CPU the cpu_linear kernel reads them as is). Their "same as plain" compares with
+  ``ours-plain-bf16w``.
 
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
 per-token wall clock compares like with like; batch 1 runs the prompts one after another,
@@ -129,7 +133,9 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+", default=[TreeConfig(4, 4, 16)],
                         help="depth,top_k,num_nodes (several allowed)")
-    parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"])
+    parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
+                        help="ours-plain, hf-generate, hf-lookup, eagle; bf16w adds the bf16-weight twins of "
+                             "ours-plain and eagle")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=4)
     args = parser.parse_args(argv)
@@ -149,10 +155,15 @@ def main(argv=None) -> int:
     hf = None
     if have_model and any(p.startswith("hf-") for p in args.providers):
         hf = smollm2.transformers_model().to(device)
+    targets = {"": target}
+    if "bf16w" in args.providers:
+        targets["-bf16w"] = LlamaModel(target.config, dict(target.weights), weight_dtype=torch.bfloat16)
     heads = {}
-    for kind in args.heads if "eagle" in args.providers else []:
-        folder = shipped.path(kind)
-        heads[kind] = EagleHead.load(folder, target) if (have_model and folder) else EagleHead.random(target, kind)
+    for suffix, model in targets.items():
+        for kind in args.heads if "eagle" in args.providers else []:
+            folder = shipped.path(kind)
+            heads[kind + suffix] = (EagleHead.load(folder, model) if (have_model and folder)
+                                    else EagleHead.random(model, kind))
 
     prompts = {}
     for domain in args.domains:
@@ -164,26 +175,29 @@ def main(argv=None) -> int:
             g = torch.Generator().manual_seed(len(domain))
             prompts[domain] = torch.randint(0, 49152, (args.prompts, args.prompt_tokens), generator=g).tolist()
 
-    plain_decoder = SpeculativeDecoder(target, None, sync_every=args.sync_every)
+    plain_decoders = {suffix: SpeculativeDecoder(model, None, sync_every=args.sync_every)
+                      for suffix, model in targets.items()}
     rows, warmed = [], set()
     for domain in args.domains:
         for temperature in args.temperatures:
             for batch in args.batches:
                 runs = []
-                if "ours-plain" in args.providers:
-                    runs.append(("ours-plain", lambda warmup=False: run_ours(
-                        plain_decoder, prompts[domain][:batch] if warmup else prompts[domain], batch,
-                        4 if warmup else args.max_new_tokens, temperature, False)))
+                for suffix, plain_decoder in plain_decoders.items():
+                    if "ours-plain" in args.providers:
+                        runs.append(("ours-plain" + suffix, lambda warmup=False, d=plain_decoder: run_ours(
+                            d, prompts[domain][:batch] if warmup else prompts[domain], batch,
+                            4 if warmup else args.max_new_tokens, temperature, False)))
                 for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
                     # transformers' assisted decoding (prompt lookup) runs batch 1 only.
                     if hf is not None and name in args.providers and not (lookup and batch > 1):
                         runs.append((name, lambda warmup=False, lookup=lookup: run_hf(
                             hf, prompts[domain][:batch] if warmup else prompts[domain], batch,
                             4 if warmup else args.max_new_tokens, temperature, lookup, tokenizer.eos_token_id or 0)))
-                for kind, head in heads.items():
+                for label, head in heads.items():
+                    kind, _, suffix = label.partition("-")
                     for tree in args.trees:
-                        decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
-                        name = f"{kind}-d{tree.depth}k{tree.top_k}n{tree.num_nodes}"
+                        decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
+                        name = f"{kind}-d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, lambda warmup=False, d=decoder: run_ours(
                             d, prompts[domain][:batch] if warmup else prompts[domain], batch,
                             4 if warmup else args.max_new_tokens, temperature, True)))
@@ -208,8 +222,9 @@ def main(argv=None) -> int:
                            "tau": None if r["tau"] is None else round(r["tau"], 3), "peak_mb": round(r["peak_mb"], 1)}
                     if base:
                         row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
-                        if temperature == 0 and name.startswith("eagle"):
-                            row["same_as_plain"] = r["sequences"] == base["sequences"]
+                        same_base = results.get("ours-plain-bf16w") if name.endswith("-bf16w") else base
+                        if temperature == 0 and name.startswith("eagle") and same_base:
+                            row["same_as_plain"] = r["sequences"] == same_base["sequences"]
                     if hf_base:
                         row["vs_hf_generate"] = round(tps / (hf_base["tokens"] / hf_base["seconds"]), 3)
                     rows.append(row)
@@ -218,7 +233,7 @@ def main(argv=None) -> int:
             "threads": torch.get_num_threads(), "torch": torch.__version__, "model": "SmolLM2-135M-Instruct"
             if have_model else "random weights (SmolLM2-135M shapes)", "max_new_tokens": args.max_new_tokens,
             "prompts_per_domain": args.prompts, "prompt_tokens": args.prompt_tokens,
-            "heads": {k: shipped.path(k) for k in heads}}
+            "heads": {k: shipped.path(k.partition("-")[0]) for k in heads}}
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [f"Device {meta['device']} ({meta['threads']} threads, torch {meta['torch']}), {meta['model']}, "

@@ -32,6 +32,9 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
                   const at::Tensor& v_new, const at::Tensor& cache_seqlens,
                   const std::optional<at::Tensor>& block_table);
 
+// out [..., N] fp32 = x [..., K] fp32 @ weight [N, K] (fp32 or bf16)^T, fp32 accumulation.
+at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight);
+
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 

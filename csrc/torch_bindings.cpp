@@ -1,7 +1,7 @@
 // Every schema of torch.ops.eagle_kernels, and the native kernels registered for them.
 //
 // The schema strings are copied verbatim from eagle_kernels/_schemas.py (a test keeps the two
-// identical). Native kernels: CPU (always) for all six ops; CUDA (EAGLE_WITH_CUDA builds)
+// identical). Native kernels: CPU (always) for all seven ops; CUDA (EAGLE_WITH_CUDA builds)
 // for build_tree and compact_kv. Every other (op, dispatch key) pair is left free for the
 // Python side, which registers fakes and routes the remaining keys through backend_of.
 #ifdef EAGLE_PYTHON_MODULE
@@ -32,6 +32,7 @@ TORCH_LIBRARY(eagle_kernels, m) {
   m.def(
       "write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, "
       "Tensor cache_seqlens, *, Tensor? block_table=None) -> ()");
+  m.def("cpu_linear(Tensor x, Tensor weight) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
@@ -41,6 +42,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("compact_kv", &eagle::compact_kv_cpu);
   m.impl("write_kv", &eagle::write_kv_cpu);
   m.impl("verify", &eagle::verify_cpu);
+  m.impl("cpu_linear", &eagle::cpu_linear_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA

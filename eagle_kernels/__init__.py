@@ -1,8 +1,9 @@
 """eagle_kernels: kernels for EAGLE-style speculative decoding.
 
-Six ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
-``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, and ``write_kv`` (stores the new
-tokens' K/V before a verify pass). Each dispatches by device to the
+Seven ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
+``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, ``write_kv`` (stores the new
+tokens' K/V before a verify pass), and ``cpu_linear`` (the few-row linear layers of a CPU
+model, fp32 or bf16 weights). Each dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
 """
@@ -13,7 +14,7 @@ from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
 from ._types import DraftCandidates, Tree, VerifyOutput
 from .expansion import Expansion, expand_tree
-from .ops import build_tree, compact_kv, draft_expand, tree_attention, verify, write_kv
+from .ops import build_tree, compact_kv, cpu_linear, draft_expand, tree_attention, verify, write_kv
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,6 @@ _registration.register()
 
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
-    "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
+    "cpu_linear", "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
     "expand_tree", "Expansion",
 ]

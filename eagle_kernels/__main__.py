@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEMO_PROMPTS = {
     "code": "Write a Python function that returns the n-th Fibonacci number.",
     "prose": "Tell me a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -22,7 +23,11 @@ def _load(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer = smollm2.load(dtype=getattr(torch, args.dtype))
+    dtype = getattr(torch, args.dtype)
+    weight_dtype = WEIGHT_DTYPES[args.weights] if args.weights else dtype
+    if weight_dtype.itemsize > dtype.itemsize:
+        raise SystemExit(f"--weights {args.weights}: wider than the compute dtype --dtype {args.dtype}")
+    target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype)
     if args.head in ("untrained-eagle1", "untrained-eagle3"):
         kind = args.head.split("-")[1]
         head, label = EagleHead.random(target, kind), f"UNTRAINED {kind} head (random weights: expect tau ~ 1)"
@@ -54,6 +59,9 @@ def _common(parser):
     parser.add_argument("--num-nodes", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),
+                        help="storage of the weight matrices (default: --dtype); bf16 with float32 compute halves "
+                             "the bytes read per token (CPU: the cpu_linear kernel widens them in registers)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sync-every", type=int, default=4)
 

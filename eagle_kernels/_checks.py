@@ -259,3 +259,23 @@ def check_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table
     if values and values_checked(device):
         _check_kv_values(k_cache, cache_seqlens, block_table, cache_seqlens.long() + N,
                          "cache_seqlens + N")
+
+
+# ------------------------------------------------------------------------------- cpu_linear
+def check_cpu_linear(x, weight, *, values=True):
+    check_tensor("x", x, dtype=torch.float32)
+    if x.dim() < 1:
+        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
+    device = x.device
+    check_tensor("weight", weight, dtype=(torch.float32, torch.bfloat16), ndim=2, device=device)
+    K = x.shape[-1]
+    N = weight.shape[0]
+    if weight.shape[1] != K:
+        _fail("weight", f"shape [N, K = {K}] (K from x)", f"shape {tuple(weight.shape)}")
+    # A transposed weight would need a full copy per call: rejected rather than copied silently.
+    if weight.stride(1) != 1 and K > 1 and N > 0:
+        _fail("weight", "a dense last dim (stride 1)", f"strides {tuple(weight.stride())}")
+
+
+def cpu_linear_shape(x, weight):
+    return (*x.shape[:-1], weight.shape[0])

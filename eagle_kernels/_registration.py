@@ -66,6 +66,11 @@ def _fake_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table
                            values=False)
 
 
+def _fake_cpu_linear(x, weight):
+    _checks.check_cpu_linear(x, weight, values=False)
+    return x.new_empty(_checks.cpu_linear_shape(x, weight))
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -73,6 +78,7 @@ FAKES = {
     "verify": _fake_verify,
     "compact_kv": _fake_compact_kv,
     "write_kv": _fake_write_kv,
+    "cpu_linear": _fake_cpu_linear,
 }
 
 

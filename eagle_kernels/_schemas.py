@@ -31,6 +31,7 @@ SCHEMAS = {
         "write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, "
         "Tensor cache_seqlens, *, Tensor? block_table=None) -> ()"
     ),
+    "cpu_linear": "cpu_linear(Tensor x, Tensor weight) -> Tensor",
 }
 
 OPS = tuple(SCHEMAS)

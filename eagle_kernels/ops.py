@@ -44,3 +44,10 @@ def write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None)
     verify pass: tree node i goes to slot i). See :func:`eagle_kernels.reference.write_kv`."""
     _dispatch.run("write_kv", k_cache.device, k_cache, v_cache, k_new, v_new, cache_seqlens,
                   block_table=block_table)
+
+
+def cpu_linear(x, weight):
+    """``x @ weight.T`` with fp32 (or bf16, widened exactly) weights and fp32 accumulation: the
+    CPU kernel for the few-row linear layers of decoding and verification. Other devices run
+    the reference. See :func:`eagle_kernels.reference.cpu_linear`."""
+    return _dispatch.run("cpu_linear", x.device, x, weight)

@@ -55,6 +55,18 @@ def test_greedy_speculative_equals_plain(target, make_head, tree):
     assert plain.tau == [1.0] * len(PROMPTS)
 
 
+@pytest.mark.parametrize("make_head", [HEADS["eagle3-random"], repeat_head], ids=["eagle3-random", "eagle1-repeat"])
+def test_greedy_speculative_equals_plain_bf16_weights(make_head):
+    """fp32 compute over bf16 weight matrices (the cpu_linear path on CPU), heads in fp32 on
+    top of them: speculative output is still token for token the plain output."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), weight_dtype=torch.bfloat16)
+    decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(3, 3, 8))
+    plain = decoder.generate(PROMPTS, 14, speculative=False)
+    spec = decoder.generate(PROMPTS, 14)
+    assert spec.sequences == plain.sequences
+    assert decoder.head.dtype == torch.float32
+
+
 def test_repeat_head_gets_drafts_accepted(target):
     decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(4, 2, 7))
     spec = decoder.generate(PROMPTS, 24)

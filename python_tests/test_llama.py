@@ -130,3 +130,90 @@ def test_smollm2_matches_transformers_fp32():
     # fp32 end to end; the difference is summation order only.
     assert (got - want).abs().max().item() < 2e-3
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+# ------------------------------------------------------------ CPU linear layers, bf16 weights
+def bf16_rounded(hf):
+    """A copy of ``hf`` whose weight matrices hold exactly the values bf16 storage keeps."""
+    import copy
+
+    rounded = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in rounded.named_parameters():
+            if p.dim() == 2:
+                p.copy_(p.bfloat16().float())
+    return rounded
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_bf16_weights_equal_fp32_model_of_the_rounded_weights(tie):
+    """bf16 weights are widened exactly: the model equals, bit for bit, the fp32 model whose
+    weights were rounded to bf16, on prefill (> 64 rows: torch, weights widened per call),
+    decoding and a tree pass (cpu_linear)."""
+    hf = tiny_hf_model(torch.float32, tie=tie)
+    ours = LlamaModel.from_transformers(hf, weight_dtype=torch.bfloat16)
+    want = LlamaModel.from_transformers(bf16_rounded(hf))
+    assert ours.dtype == torch.float32 and ours.weight_dtype == torch.bfloat16
+    assert ours.weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    assert ours.weights["model.norm.weight"].dtype == torch.float32
+    assert (ours.weights["lm_head.weight"] is ours.weights["model.embed_tokens.weight"]) == tie
+    prompt = torch.randint(0, 97, (2, 70))
+    caches = [ours.new_cache(2, 96), want.new_cache(2, 96)]
+    assert caches[0].k.dtype == torch.float32
+    for tokens in (prompt, prompt[:, :1], prompt[:, :9]):
+        got, ref = (m(tokens, c).logits for m, c in zip((ours, want), caches))
+        assert torch.equal(got, ref)
+        for c in caches:
+            c.seqlens += tokens.shape[1]
+
+
+def test_cpu_linear_path_matches_torch_path(monkeypatch):
+    """fp32 model: the cpu_linear path and the all-torch path agree to fp32 rounding."""
+    from eagle_kernels.models import llama
+
+    hf = tiny_hf_model(torch.float32)
+    ours = LlamaModel.from_transformers(hf)
+    tokens = torch.randint(0, 97, (2, 12))
+    got = ours(tokens, ours.new_cache(2, 16)).logits
+    monkeypatch.setenv(llama.CPU_LINEAR_ENV, "torch")
+    want = ours(tokens, ours.new_cache(2, 16)).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,native", [(1, True), (64, True), (65, False)], ids=["M1", "M64", "M65"])
+def test_linear_routes_small_calls_to_cpu_linear(rows, native, monkeypatch):
+    from eagle_kernels import _dispatch
+    from eagle_kernels.models import llama
+
+    if ("cpu_linear", "cpu") not in _dispatch.NATIVE_KERNELS:
+        pytest.skip("the C++ extension is not built: every call runs torch")
+    x = torch.randn(rows, 40)
+    w = torch.randn(24, 40).bfloat16()
+    with torch.profiler.profile() as prof:
+        out = llama.linear(x, w)
+    ran = any(e.name == "eagle_kernels::cpu_linear" for e in prof.events())
+    assert ran == native
+    torch.testing.assert_close(out, x.double().matmul(w.double().t()).float(), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv(llama.CPU_LINEAR_ENV, "torch")
+    with torch.profiler.profile() as prof:
+        llama.linear(x, w)
+    assert not any(e.name == "eagle_kernels::cpu_linear" for e in prof.events())
+
+
+def test_linear_keeps_gradients():
+    """Calls autograd records (training shares linear) go to torch: gradients flow."""
+    from eagle_kernels.models import llama
+
+    x = torch.randn(3, 40, requires_grad=True)
+    w = torch.randn(24, 40, requires_grad=True)
+    llama.linear(x, w).square().sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch.nn.functional.linear(x2, w2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_weight_dtype_rejects_integers():
+    hf = tiny_hf_model(torch.float32)
+    with pytest.raises(ValueError, match="weight_dtype"):
+        LlamaModel.from_transformers(hf, weight_dtype=torch.int8)

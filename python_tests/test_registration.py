@@ -61,6 +61,8 @@ def small_inputs(op):
         seqlens = torch.tensor([2, 5], dtype=torch.int32)
         table = torch.tensor([[3, 0], [6, 1]], dtype=torch.int32)
         return (k, v, k_new, v_new, seqlens), {"block_table": table}
+    if op == "cpu_linear":
+        return (torch.randn(2, 3, 20, generator=g), torch.randn(7, 20, generator=g).bfloat16()), {}
     raise AssertionError(op)
 
 
@@ -174,6 +176,7 @@ def test_cpu_wheel_reports_native_build():
     assert ("compact_kv", "cpu") in _dispatch.NATIVE_KERNELS
     assert ("tree_attention", "cpu") in _dispatch.NATIVE_KERNELS
     assert ("write_kv", "cpu") in _dispatch.NATIVE_KERNELS
+    assert ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
 
 
 def test_import_without_extension_warns_and_works(tmp_path):

@@ -50,10 +50,32 @@ void test_compact_kv_dispatch() {
   EXPECT(at::equal(v, -expect));
 }
 
+void test_cpu_linear_dispatch() {
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("eagle_kernels::cpu_linear", "")
+                .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  const at::Tensor x = at::randn({5, 37});
+  const at::Tensor w = at::randn({11, 37});
+  const at::Tensor want = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
+  EXPECT(at::allclose(op.call(x, w).to(at::kDouble), want, 1e-5, 1e-5));
+  const at::Tensor wb = w.to(at::kBFloat16);
+  const at::Tensor want_bf16 = at::matmul(x.to(at::kDouble), wb.to(at::kDouble).t());
+  EXPECT(at::allclose(op.call(x, wb).to(at::kDouble), want_bf16, 1e-5, 1e-5));
+
+  bool raised = false;
+  try {
+    op.call(x, w.narrow(1, 0, 36).contiguous());
+  } catch (const c10::ValueError& e) {
+    raised = std::string(e.what()).find("weight") != std::string::npos;
+  }
+  EXPECT(raised);
+}
+
 }  // namespace
 
 int main() {
   RUN(test_build_tree_dispatch);
   RUN(test_compact_kv_dispatch);
+  RUN(test_cpu_linear_dispatch);
   TEST_MAIN_END();
 }

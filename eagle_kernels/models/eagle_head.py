@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .llama import (KVCache, LlamaConfig, LlamaModel, cached_attention, default_positions,
+from .llama import (KVCache, LlamaConfig, LlamaModel, cached_attention, default_positions, linear,
                     rms_norm, rope_cos_sin, rope_inverse_frequencies, rotate, swiglu)
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
@@ -130,7 +130,7 @@ class EagleHead(torch.nn.Module):
         if self.config.kind == EAGLE1:
             return out.hidden
         stacked = torch.cat([out.layer_states[layer] for layer in self.config.feature_layers], dim=-1)
-        return F.linear(stacked, self.weights["fc.weight"])
+        return linear(stacked, self.weights["fc.weight"])
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
                 slot_offset: int = 0) -> torch.Tensor:
@@ -152,20 +152,20 @@ class EagleHead(torch.nn.Module):
                                  rms_norm(features, w[p + "hidden_norm.weight"], c.rms_norm_eps)], dim=-1)
             residual = features
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        q = F.linear(attn_in, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
-        k = F.linear(attn_in, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-        v = F.linear(attn_in, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+        q = linear(attn_in, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
+        k = linear(attn_in, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+        v = linear(attn_in, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
         attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, 0, tree_mask, slot_offset)
-        x = residual + F.linear(attn, w[p + "self_attn.o_proj.weight"])
+        x = residual + linear(attn, w[p + "self_attn.o_proj.weight"])
         return x + swiglu(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, N, Vd] float32 (EAGLE-1: the target's LM head on the predicted
         feature; EAGLE-3: own norm and LM head over the draft vocabulary)."""
         if self.config.kind == EAGLE1:
-            return F.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
+            return linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
         normed = rms_norm(hidden, self.weights["norm.weight"], self.config.rms_norm_eps)
-        return F.linear(normed, self.weights["lm_head.weight"]).float()
+        return linear(normed, self.weights["lm_head.weight"]).float()
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: str) -> None:

@@ -5,17 +5,28 @@ verify pass of speculative decoding (N tree nodes, positions ``cache_seqlens + d
 tree's ancestor bit-mask). New K/V are written at slots ``cache_seqlens + i`` (slot order =
 node order, as the ops' contract requires); the caller advances ``cache_seqlens`` (and, after a
 verify, compacts the accepted path with ``compact_kv``).
+
+On CPU the linear layers of decoding and verification (at most ``CPU_LINEAR_MAX_ROWS`` rows)
+run the ``cpu_linear`` kernel, and the weight matrices may be stored in bf16 while everything
+is computed in fp32 (``weight_dtype=torch.bfloat16``): the model then reads half the bytes per
+token.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .. import ops
+from .. import _dispatch, ops
+
+# cpu_linear streams each weight row once for all rows of x, which pays while x stays in cache;
+# larger calls (prefill) go to torch's GEMM.
+CPU_LINEAR_MAX_ROWS = 64
+CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default) or torch
 
 
 @dataclass
@@ -107,9 +118,36 @@ def cached_attention(q, k, v, cache: "KVCache", layer: int, tree_mask, slot_offs
     return out[:, slot_offset:].to(q.dtype).reshape(B, N, -1)
 
 
+def _cpu_linear_enabled() -> bool:
+    mode = os.environ.get(CPU_LINEAR_ENV, "auto")
+    if mode not in ("auto", "torch"):
+        raise ValueError(f"{CPU_LINEAR_ENV}: expected auto or torch, got {mode!r}")
+    return (mode == "auto" and ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
+            and os.environ.get(_dispatch.BACKEND_ENV, "auto") in ("auto", "cpp"))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias) in ``x.dtype``, for a weight stored in ``x.dtype`` or
+    narrower (bf16 weights of an fp32 model). fp32 CPU calls of at most ``CPU_LINEAR_MAX_ROWS``
+    rows run the ``cpu_linear`` kernel (fp32 or bf16 weight read as is); every other call runs
+    torch, widening a narrower weight for that call only (prefill: no second fp32 copy of the
+    weights is kept). ``EAGLE_KERNELS_CPU_LINEAR=torch`` sends every call to torch, and so does
+    a call autograd records (the kernel has no backward; training shares this function).
+
+    Shapes
+    ------
+    x [..., K]; weight [N, K]; returns [..., N].
+    """
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype in (torch.float32, torch.bfloat16)
+            and x.numel() <= CPU_LINEAR_MAX_ROWS * x.shape[-1] and _cpu_linear_enabled()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return torch.ops.eagle_kernels.cpu_linear(x, weight)
+    return F.linear(x, weight if weight.dtype == x.dtype else weight.to(x.dtype))
+
+
 def swiglu(h: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
-    gate = F.silu(F.linear(h, w[prefix + "mlp.gate_proj.weight"]))
-    return F.linear(gate * F.linear(h, w[prefix + "mlp.up_proj.weight"]), w[prefix + "mlp.down_proj.weight"])
+    gate = F.silu(linear(h, w[prefix + "mlp.gate_proj.weight"]))
+    return linear(gate * linear(h, w[prefix + "mlp.up_proj.weight"]), w[prefix + "mlp.down_proj.weight"])
 
 
 def default_positions(cache: "KVCache", num_tokens: int) -> torch.Tensor:
@@ -147,20 +185,49 @@ class ForwardOutput:
     layer_states: dict = field(default_factory=dict)
 
 
-class LlamaModel(torch.nn.Module):
-    """Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied or untied LM head)."""
+def is_matrix_weight(name: str) -> bool:
+    """The weights ``weight_dtype`` applies to: projections, embedding and LM head (not norms)."""
+    return name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight"))
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor]):
+
+class LlamaModel(torch.nn.Module):
+    """Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied or untied LM head).
+
+    ``weights`` hold the compute dtype (``model.dtype``: activations, norms, KV cache).
+    ``weight_dtype`` (e.g. ``torch.bfloat16`` for an fp32 model on CPU) stores the weight
+    matrices narrower: they are converted once here (tied embedding and LM head stay one
+    tensor) and widened exactly inside the ``cpu_linear`` kernel; see :func:`linear`.
+    """
+
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], weight_dtype: torch.dtype | None = None):
         super().__init__()
         self.config = config
-        self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
         if "lm_head.weight" not in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        self._dtype = weights["model.embed_tokens.weight"].dtype
+        if weight_dtype is not None and weight_dtype != self._dtype:
+            if not weight_dtype.is_floating_point:
+                raise ValueError(f"weight_dtype: expected a floating dtype, got {weight_dtype}")
+            narrowed = {}  # by memory, so tied weights (one tensor or two views of it) stay one tensor
+            for name, t in weights.items():
+                if is_matrix_weight(name):
+                    key = (t.data_ptr(), tuple(t.shape), t.stride())
+                    if key not in narrowed:
+                        narrowed[key] = t.to(weight_dtype)
+            weights = {name: narrowed[(t.data_ptr(), tuple(t.shape), t.stride())] if is_matrix_weight(name) else t
+                       for name, t in weights.items()}
+        self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
         # On the weights' device: a CPU inv_freq would not broadcast against CUDA positions.
         self.register_buffer("inv_freq", rope_inverse_frequencies(config).to(self.device), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
+        """Compute dtype (activations, norms, KV cache)."""
+        return self._dtype
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """Storage dtype of the weight matrices."""
         return self.weights["model.embed_tokens.weight"].dtype
 
     @property
@@ -169,21 +236,23 @@ class LlamaModel(torch.nn.Module):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_transformers(cls, model, dtype=None, device=None) -> "LlamaModel":
-        """From a transformers ``LlamaForCausalLM`` (weights are copied to ``dtype``/``device``)."""
+    def from_transformers(cls, model, dtype=None, device=None, weight_dtype=None) -> "LlamaModel":
+        """From a transformers ``LlamaForCausalLM`` (weights are copied to ``dtype``/``device``;
+        ``weight_dtype`` as in the constructor)."""
         config = LlamaConfig.from_hf(model.config)
         weights = {name: t.detach().to(device=device, dtype=dtype or t.dtype).contiguous()
                    for name, t in model.state_dict().items() if not name.endswith("rotary_emb.inv_freq")}
-        return cls(config, weights)
+        return cls(config, weights, weight_dtype=weight_dtype)
 
     @classmethod
-    def from_pretrained(cls, path: str, gguf_file: str | None = None, dtype=None, device=None) -> "LlamaModel":
+    def from_pretrained(cls, path: str, gguf_file: str | None = None, dtype=None, device=None,
+                        weight_dtype=None) -> "LlamaModel":
         """From a folder with config.json + safetensors, or (``gguf_file``) a GGUF file read
         through transformers."""
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
-        return cls.from_transformers(hf, dtype=dtype, device=device)
+        return cls.from_transformers(hf, dtype=dtype, device=device, weight_dtype=weight_dtype)
 
     def new_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
         return KVCache.allocate(self.config, batch, capacity, dtype or self.dtype, self.device)
@@ -204,19 +273,19 @@ class LlamaModel(torch.nn.Module):
         if positions is None:
             positions = default_positions(cache, N)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        x = F.embedding(tokens, w["model.embed_tokens.weight"])
+        x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
         states = {}
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
-            k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+            q = linear(h, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
+            k = linear(h, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
+            v = linear(h, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
             attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, layer, tree_mask)
-            x = x + F.linear(attn, w[p + "self_attn.o_proj.weight"])
+            x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
             x = x + swiglu(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p)
             if layer in feature_layers:
                 states[layer] = x
         hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
-        logits = F.linear(hidden, w["lm_head.weight"]).float()
+        logits = linear(hidden, w["lm_head.weight"]).float()
         return ForwardOutput(logits, hidden, states)

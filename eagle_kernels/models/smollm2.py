@@ -61,8 +61,10 @@ def _convert(folder: str) -> None:
         json.dump(config.__dict__, f, indent=2)
 
 
-def load(dtype=torch.float32, device="cpu"):
-    """(LlamaModel, tokenizer) for SmolLM2-135M-Instruct, converting the GGUF on first use."""
+def load(dtype=torch.float32, device="cpu", weight_dtype=None):
+    """(LlamaModel, tokenizer) for SmolLM2-135M-Instruct, converting the GGUF on first use.
+    ``weight_dtype=torch.bfloat16`` keeps the weight matrices in bf16 (fp32 compute; see
+    :class:`LlamaModel`)."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -72,4 +74,4 @@ def load(dtype=torch.float32, device="cpu"):
     with open(os.path.join(folder, "eagle_config.json")) as f:
         config = LlamaConfig(**json.load(f))
     weights = {n: t.to(device=device, dtype=dtype) for n, t in load_file(os.path.join(folder, "model.safetensors")).items()}
-    return LlamaModel(config, weights), AutoTokenizer.from_pretrained(folder)
+    return LlamaModel(config, weights, weight_dtype=weight_dtype), AutoTokenizer.from_pretrained(folder)

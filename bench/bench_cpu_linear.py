@@ -1,0 +1,147 @@
+"""cpu_linear: the few-row linear layers of SmolLM2-135M on CPU, eagle vs torch's F.linear.
+
+Providers:
+- ``torch``: ``torch.nn.functional.linear`` with fp32 weights (what the model ran before);
+- ``eagle``: ``eagle_kernels.cpu_linear`` with the same fp32 weights;
+- ``eagle-bf16``: ``eagle_kernels.cpu_linear`` with the weights in bf16 (half the bytes; fp32
+  compute and accumulation).
+
+Shapes: SmolLM2-135M's (N, K) = (576, 576) q/o projections, (1536, 576) gate/up, (576, 1536)
+down, (49152, 576) the tied LM head; M in {1 (decoding), 4, 16 (a verify tree), 64} rows of x.
+
+Every call reads its weights from DRAM, as in a forward pass over the whole model: each
+provider cycles through its own copies of the weight matrix, at least 96 MiB of them (three
+times the L3 here), so no copy is still cached when its turn comes again.
+
+``extra_info``: ``weight_bytes`` (N * K * element size: what one call must stream) and
+``weight_bytes_per_s``, ``flops`` (2 M N K) and ``flops_per_s``; the eagle entries also get
+``ratio_<provider>_over_torch`` (mean time / torch's mean time for the same shape) once torch
+ran for it.
+
+Run: ``PYTHONPATH=. python -m pytest bench/bench_cpu_linear.py --benchmark-only -q``
+(``EAGLE_BENCH_THREADS=1`` pins the thread count), or ``python bench/bench_cpu_linear.py``
+for the compact side-by-side table at 1 and 2 threads (providers interleaved call by call, so
+machine noise hits all of them alike; median per provider).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eagle_kernels
+
+SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (N, K)
+ROWS = [1, 4, 16, 64]
+PROVIDERS = ("torch", "eagle", "eagle-bf16")
+FOOTPRINT_BYTES = 96 * 2**20
+_MEANS: dict = {}
+
+
+@functools.lru_cache(maxsize=1)
+def weight_copies(N, K):
+    """fp32 copies (torch and eagle walk them from opposite ends of the cycle) and bf16 copies,
+    each set at least FOOTPRINT_BYTES."""
+    count = max(2, math.ceil(FOOTPRINT_BYTES / (N * K * 4)))
+    gen = torch.Generator().manual_seed(N + K)
+    fp32 = [torch.randn(N, K, generator=gen) for _ in range(count)]
+    count16 = max(2, math.ceil(FOOTPRINT_BYTES / (N * K * 2)))
+    bf16 = [fp32[i % count].bfloat16() if i < count else torch.randn(N, K, generator=gen).bfloat16()
+            for i in range(count16)]
+    return fp32, bf16
+
+
+def provider_call(provider, x, N, K):
+    """A no-argument callable that runs ``provider`` on the next weight copy of its cycle."""
+    fp32, bf16 = weight_copies(N, K)
+    fn = F.linear if provider == "torch" else eagle_kernels.cpu_linear
+    copies = bf16 if provider == "eagle-bf16" else fp32
+    state = {"i": len(copies) // 2 if provider == "eagle" else 0}
+
+    def call():
+        i = state["i"]
+        state["i"] = (i + 1) % len(copies)
+        return fn(x, copies[i])
+
+    return call
+
+
+def work(provider, M, N, K):
+    return N * K * (2 if provider == "eagle-bf16" else 4), 2 * M * N * K
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("M", ROWS, ids=[f"M{m}" for m in ROWS])
+@pytest.mark.parametrize("N,K", SHAPES, ids=[f"N{n}-K{k}" for n, k in SHAPES])
+def test_cpu_linear(benchmark, provider, N, K, M):
+    benchmark.group = f"cpu_linear[N{N}-K{K}-M{M}]"
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
+    call = provider_call(provider, x, N, K)
+    call()
+    start = time.perf_counter()
+    call()
+    once = time.perf_counter() - start
+    budget = float(os.environ.get("EAGLE_BENCH_TIME_S", "0.25"))
+    benchmark.pedantic(call, rounds=max(5, min(500, math.ceil(budget / max(once, 1e-7)))), warmup_rounds=1)
+    if benchmark.stats is None:  # --benchmark-disable
+        return
+    mean = benchmark.stats.stats.mean
+    weight_bytes, flops = work(provider, M, N, K)
+    backend = eagle_kernels.backend_of("cpu_linear", "cpu") if provider != "torch" else "torch"
+    benchmark.extra_info.update(provider=provider, backend=backend, threads=torch.get_num_threads(),
+                                weight_bytes=weight_bytes, weight_bytes_per_s=weight_bytes / mean, flops=flops,
+                                flops_per_s=flops / mean)
+    results = _MEANS.setdefault((N, K, M, torch.get_num_threads()), {})
+    results[provider] = mean
+    if "torch" in results:
+        for other, t in results.items():
+            if other != "torch" and (other == provider or provider == "torch"):
+                benchmark.extra_info[f"ratio_{other}_over_torch"] = t / results["torch"]
+
+
+# ------------------------------------------------------------------ side-by-side table (main)
+def interleaved(calls, budget=0.6, min_rounds=5, max_rounds=400):
+    """Median seconds per call of each callable, measured round-robin."""
+    for call in calls:
+        call()
+    times = [[] for _ in calls]
+    deadline = time.perf_counter() + budget
+    while len(times[0]) < min_rounds or (time.perf_counter() < deadline and len(times[0]) < max_rounds):
+        for i, call in enumerate(calls):
+            start = time.perf_counter()
+            call()
+            times[i].append(time.perf_counter() - start)
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def main(argv):
+    threads_list = [int(a) for a in argv if a.isdigit()] or [1, 2]
+    print(f"{'N x K':<13} {'M':>3} {'thr':>3} | {'torch':>9} {'eagle':>9} {'eagle-bf16':>10} | "
+          f"{'x torch':>7} {'x torch':>7} | {'GB/s':>5} {'GB/s':>5} {'GB/s':>5} | "
+          f"{'GFLOP/s':>7} {'GFLOP/s':>7} {'GFLOP/s':>7}")
+    print(f"{'':<13} {'':>3} {'':>3} | {'':>9} {'':>9} {'':>10} | {'eagle':>7} {'bf16':>7} | "
+          f"{'torch':>5} {'eagle':>5} {'bf16':>5} | {'torch':>7} {'eagle':>7} {'bf16':>7}")
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        for N, K in SHAPES:
+            for M in ROWS:
+                x = torch.randn(M, K)
+                t_torch, t_eagle, t_bf16 = interleaved([provider_call(p, x, N, K) for p in PROVIDERS])
+                gbs = [work(p, M, N, K)[0] / t / 1e9 for p, t in zip(PROVIDERS, (t_torch, t_eagle, t_bf16))]
+                gfs = [2 * M * N * K / t / 1e9 for t in (t_torch, t_eagle, t_bf16)]
+                print(f"{N:>5} x {K:<5} {M:>3} {threads:>3} | {t_torch * 1e6:7.0f}us {t_eagle * 1e6:7.0f}us "
+                      f"{t_bf16 * 1e6:8.0f}us | {t_torch / t_eagle:6.2f}x {t_torch / t_bf16:6.2f}x | "
+                      f"{gbs[0]:5.1f} {gbs[1]:5.1f} {gbs[2]:5.1f} | {gfs[0]:7.1f} {gfs[1]:7.1f} {gfs[2]:7.1f}",
+                      flush=True)
+        weight_copies.cache_clear()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

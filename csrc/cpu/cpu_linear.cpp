@@ -1,0 +1,359 @@
+// CPU launcher of cpu_linear: out[m, n] = sum_k x[m, k] * weight[n, k] for a few rows of x
+// (decoding, M = 1; a verify pass, M = 16..64), weight fp32 or bf16, fp32 accumulation.
+//
+// At small M a linear layer is a stream over the weight: each weight element is used M times.
+// The loop order reads every weight row from memory once and applies it to all M rows of x,
+// which stay in L1/L2: panels of kPanel weight rows (parallel over panels); within a panel,
+// tiles of 4 weight rows x up to 3 rows of x (8 x 1 at M = 1), each (weight row, x row) pair an
+// 8-wide fp32 accumulator along K. bf16 weights are widened in registers (zero-extend, shift
+// left 16: exact), or, when four rows are reused by several x tiles, once into an fp32 buffer.
+//
+// Each output is one fp32 accumulator per lane along K in a fixed order, whatever M and the
+// tiling: a row of the output does not depend on the other rows (batch-invariant), so in a
+// verify pass the linear layers give a token's row exactly what decoding it alone would.
+//
+// ISA: the AVX2/FMA path is compiled with a function-level target attribute (no global -march,
+// so the library still loads on any x86-64) and chosen at run time when the CPU has AVX2 and
+// FMA. EAGLE_KERNELS_CPU_ISA=scalar forces the portable path (tests).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+#include "ops.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define EAGLE_HAVE_AVX2_PATH 1
+#include <immintrin.h>
+#define EAGLE_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define EAGLE_HAVE_AVX2_PATH 0
+#endif
+
+namespace eagle {
+namespace {
+
+constexpr int64_t kPanel = 8;  // weight rows per panel: the unit of parallel work and prefetch
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline float widen(float v) { return v; }
+inline float widen(uint16_t v) { return bf16_to_float(v); }
+
+// ------------------------------------------------------------------------------- scalar path
+// Portable fallback: eight partial sums per dot product, as the AVX2 lanes (the compiler
+// vectorises them with the baseline ISA). It rounds products separately (no FMA), so it agrees
+// with the AVX2 path to fp32 rounding, not bit for bit; rows are batch-invariant here too.
+template <typename W>
+void panel_scalar(const W* w, int64_t ldw, int64_t rows, const float* x, int64_t ldx, int64_t M,
+                  int64_t K, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const W* wr = w + r * ldw;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * ldx;
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; ++j) part[j] += widen(wr[k + j]) * xm[k + j];
+      float sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+      for (; k < K; ++k) sum += widen(wr[k]) * xm[k];
+      out[m * ldo + r] = sum;
+    }
+  }
+}
+
+// --------------------------------------------------------------------------------- AVX2 path
+#if EAGLE_HAVE_AVX2_PATH
+EAGLE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+EAGLE_AVX2 inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The first `rem` (< 8) elements, zeros after: masked loads never touch memory past the row.
+EAGLE_AVX2 inline __m256 load8_tail(const float* p, int64_t rem) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rem)), lane));
+}
+
+EAGLE_AVX2 inline __m256 load8_tail(const uint16_t* p, int64_t rem) {
+  alignas(16) uint16_t tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(tail, p, static_cast<size_t>(rem) * sizeof(uint16_t));
+  return load8(tail);
+}
+
+// The four horizontal sums of a0..a3 as one vector [sum a0, sum a1, sum a2, sum a3]. Every
+// accumulator is reduced in the same pattern whichever three it is grouped with.
+EAGLE_AVX2 inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// Weights are read once: the kernel streams them from DRAM, R rows at a time. Hardware
+// prefetchers stop at 4 KiB pages and track few streams, so a software prefetch runs
+// kPrefetchBytes ahead (the rows of a thread's panels are contiguous), paced by the work done
+// rather than by the loads: at M > 1 the lines of the next weight rows arrive while the x tiles
+// of the current ones compute, instead of after them. Into L2, where they wait for their turn.
+// Measured at M = 1: 5 -> 7-8 GB/s (bf16 and fp32); distances of 16-64 KiB are all close.
+constexpr int64_t kPrefetchBytes = 32 * 1024;
+
+struct Ahead {
+  const char* next;   // next line to prefetch
+  const char* limit;  // end of this thread's weight rows
+  int64_t pending;    // bytes of work done since the last prefetch
+};
+
+// A tile's share of the prefetch pacing, spread evenly over its K steps: a copy of the cursor
+// the tile keeps in registers (a cursor in memory would chain every step through a store).
+struct Pace {
+  Ahead* ahead;  // nullptr: no prefetching
+  const char* next;
+  const char* limit;
+  int64_t pending, per_step, rest;
+
+  EAGLE_AVX2 Pace(Ahead* a, int64_t bytes, int64_t K) : ahead(a), next(nullptr), limit(nullptr), pending(0) {
+    const int64_t steps = (K + 7) / 8;
+    per_step = a != nullptr ? bytes / steps : 0;
+    rest = a != nullptr ? bytes - per_step * steps : 0;
+    if (a != nullptr) {
+      next = a->next;
+      limit = a->limit;
+      pending = a->pending;
+    }
+  }
+  // One prefetch per 64 bytes of weights worked through.
+  EAGLE_AVX2 inline void consume(int64_t bytes) {
+    for (pending += bytes; pending >= 64; pending -= 64, next += 64)
+      if (next < limit) _mm_prefetch(next, _MM_HINT_T1);
+  }
+  EAGLE_AVX2 inline void step() {
+    if (ahead != nullptr) consume(per_step);
+  }
+  EAGLE_AVX2 inline void finish() {
+    if (ahead == nullptr) return;
+    consume(rest);
+    *ahead = Ahead{next, limit, pending};
+  }
+};
+
+// R weight rows w[0..R) (rows >= `rows` alias a real row: computed, never stored) times C rows
+// of x: out[c * ldo + r]. Each output is one 8-lane accumulator along K, lane sums by hsum4, so
+// its summation order depends on K alone: an output row does not depend on R, C or M (rows are
+// batch-invariant). R = 8 only for C = 1, where 4 accumulators would leave the FMA latency
+// exposed.
+template <int R, int C, typename W>
+EAGLE_AVX2 void tile_avx2(const W* const* w, int64_t rows, Pace pace, const float* x,
+                          int64_t ldx, int64_t K, float* out, int64_t ldo) {
+  static_assert(R % 4 == 0, "rows are reduced four at a time");
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    pace.step();
+    // x vectors in registers, one weight vector at a time: 4 x 3 accumulators + 3 + 1 = 16
+    // registers (holding all four weight vectors instead spills an accumulator, and a spilled
+    // accumulator chains every step through a store).
+    __m256 xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = load8(w[r] + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(v, xv[c], acc[r][c]);
+    }
+  }
+  if (k < K) {  // K tail, in the same accumulators
+    const int64_t rem = K - k;
+    pace.step();
+    __m256 xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = load8_tail(x + c * ldx + k, rem);
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = load8_tail(w[r] + k, rem);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(v, xv[c], acc[r][c]);
+    }
+  }
+  pace.finish();
+  for (int c = 0; c < C; ++c) {
+    for (int q = 0; q < R; q += 4) {
+      const __m128 sums = hsum4(acc[q][c], acc[q + 1][c], acc[q + 2][c], acc[q + 3][c]);
+      float* dst = out + c * ldo + q;
+      if (q + 4 <= rows) {
+        _mm_storeu_ps(dst, sums);
+      } else {
+        alignas(16) float part[4];
+        _mm_store_ps(part, sums);
+        for (int64_t r = 0; r < rows - q; ++r) dst[r] = part[r];
+      }
+    }
+  }
+}
+
+// All M (>= 2) rows of x against four weight rows, in tiles of 3 rows of x (4 x 3 accumulators
+// + 4 weight vectors fill the 16 registers); 2 + 2 rather than 3 + 1 at the end. The tiles share
+// the prefetch pacing of the quad's `bytes` of weights.
+template <typename W>
+EAGLE_AVX2 void quad_avx2(const W* const* w, int64_t rows, Ahead* ahead, int64_t bytes,
+                          const float* x, int64_t ldx, int64_t M, int64_t K, float* out,
+                          int64_t ldo) {
+  const int64_t threes = M % 3 == 1 ? M - 4 : M;
+  const int64_t tiles = threes / 3 + (M - threes / 3 * 3 + 1) / 2;
+  int64_t m = 0, t = 0;
+  auto pace = [&]() {
+    const Pace p(ahead, bytes * (t + 1) / tiles - bytes * t / tiles, K);
+    ++t;
+    return p;
+  };
+  for (; m + 3 <= threes; m += 3) tile_avx2<4, 3>(w, rows, pace(), x + m * ldx, ldx, K, out + m * ldo, ldo);
+  for (; m + 2 <= M; m += 2) tile_avx2<4, 2>(w, rows, pace(), x + m * ldx, ldx, K, out + m * ldo, ldo);
+  if (m < M) tile_avx2<4, 1>(w, rows, pace(), x + m * ldx, ldx, K, out + m * ldo, ldo);
+}
+
+// Widen four bf16 rows into buf [4, K] fp32 (exact), once for every x tile that reuses them.
+EAGLE_AVX2 void widen_quad(const uint16_t* const* w, int64_t K, float* buf) {
+  for (int r = 0; r < 4; ++r) {
+    float* dst = buf + r * K;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, load8(w[r] + k));
+    for (; k < K; ++k) dst[k] = bf16_to_float(w[r][k]);
+  }
+}
+
+// One panel of up to kPanel weight rows (row pointers, aliased past `rows`) against all of x.
+template <typename W>
+EAGLE_AVX2 void panel_avx2(const W* const* w, int64_t rows, Ahead* ahead, const float* x,
+                           int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo,
+                           std::vector<float>& buf) {
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
+  if (M == 1) {
+    tile_avx2<kPanel, 1>(w, rows, Pace(ahead, rows * row_bytes, K), x, ldx, K, out, ldo);
+    return;
+  }
+  for (int64_t q = 0; q < rows; q += 4) {
+    const int64_t quad_rows = std::min<int64_t>(4, rows - q);
+    if constexpr (std::is_same_v<W, uint16_t>) {
+      if (M > 6) {  // three or more x tiles: widen once (up to two, widening in registers is cheaper)
+        buf.resize(static_cast<size_t>(4 * K));
+        widen_quad(w + q, K, buf.data());
+        const float* wide[4] = {buf.data(), buf.data() + K, buf.data() + 2 * K, buf.data() + 3 * K};
+        quad_avx2<float>(wide, rows - q, ahead, quad_rows * row_bytes, x, ldx, M, K, out + q, ldo);
+        continue;
+      }
+    }
+    quad_avx2<W>(w + q, rows - q, ahead, quad_rows * row_bytes, x, ldx, M, K, out + q, ldo);
+  }
+}
+#endif  // EAGLE_HAVE_AVX2_PATH
+
+enum class Isa { kScalar, kAvx2 };
+
+bool cpu_has_avx2() {
+#if EAGLE_HAVE_AVX2_PATH
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// EAGLE_KERNELS_CPU_ISA caps the instruction set as for the other CPU kernels: scalar (or
+// portable) forces the portable loops; avx2, avx512 or unset use AVX2+FMA where the CPU has
+// them. Read per call (tens of ns), so that tests reach both paths in one process.
+Isa pick_isa() {
+  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
+  if (env != nullptr && (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "portable") == 0))
+    return Isa::kScalar;
+  return cpu_has_avx2() ? Isa::kAvx2 : Isa::kScalar;
+}
+
+template <typename W>
+void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
+         float* out, Isa isa) {
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  // Chunks of at least 2^23 multiply-adds (weights x max(M, 8): at M <= 8 the stream, not the
+  // arithmetic, sets the time), about 0.3-1 ms on one core. A parallel region waits for its
+  // slowest thread; on a loaded machine that thread can wait a scheduler time slice, so smaller
+  // chunks lost several times what they gained (SmolLM2 decoding at 2 threads on 2 busy cores:
+  // 650-1600 ms per token with 2^18, 160-170 ms with 2^23). Only the LM head (and M >= 64
+  // calls) still splits at decoding sizes.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 23) / (kPanel * K * std::max<int64_t>(M, 8)));
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf;
+#if EAGLE_HAVE_AVX2_PATH
+    const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
+    Ahead ahead{first + kPrefetchBytes,
+                reinterpret_cast<const char*>(w + std::min(end * kPanel, N) * ldw), 0};
+#endif
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = p * kPanel;
+      const int64_t rows = std::min(kPanel, N - n);
+#if EAGLE_HAVE_AVX2_PATH
+      if (isa == Isa::kAvx2) {
+        const W* rowp[kPanel];
+        for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
+        panel_avx2<W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N, buf);
+        continue;
+      }
+#endif
+      panel_scalar<W>(w + n * ldw, ldw, rows, x, ldx, M, K, out + n, N);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
+  // Same order and wording as eagle_kernels/_checks.py::check_cpu_linear.
+  const char* op = "cpu_linear";
+  check_dtype(x, op, "x", at::kFloat);
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x: expected at least 1 dimension [..., K], got shape ",
+                    shape_str(x.sizes()));
+  const at::Device dev = x.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
+  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16, op,
+                    ": weight: expected dtype float32 or bfloat16, got ", weight.scalar_type());
+  check_dim(weight, op, "weight", 2, "[N, K]");
+  check_device(weight, op, "weight", dev);
+  const int64_t K = x.size(-1);
+  const int64_t N = weight.size(0);
+  TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K,
+                    "] (K from x), got ", shape_str(weight.sizes()));
+  TORCH_CHECK_VALUE(weight.stride(1) == 1 || K <= 1 || N == 0, op,
+                    ": weight: expected a dense last dim (stride 1), got strides ",
+                    shape_str(weight.strides()));
+
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  at::Tensor out = at::empty(out_shape, x.options());
+  const int64_t M = x.numel() / std::max<int64_t>(K, 1);
+  if (out.numel() == 0) return out;
+  if (K == 0) return out.zero_();
+
+  at::Tensor x2 = x.reshape({M, K});
+  if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();  // x is small: copy is cheap
+  const float* xp = x2.data_ptr<float>();
+  const int64_t ldx = x2.stride(0);
+  const int64_t ldw = N > 1 ? weight.stride(0) : K;
+  float* op_out = out.data_ptr<float>();
+  const Isa isa = pick_isa();
+  if (weight.scalar_type() == at::kFloat) {
+    run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, isa);
+  } else {
+    run<uint16_t>(reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx,
+                  M, K, op_out, isa);
+  }
+  return out;
+}
+
+}  // namespace eagle

@@ -1,0 +1,155 @@
+"""cpu_linear: the AVX2 and the portable C++ paths (and the reference) against F.linear in
+float64, with an error bound that holds for any fp32 summation order."""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eagle_kernels import _dispatch, reference
+
+ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
+MS = [1, 3, 5, 8, 17, 64]  # 5: two tiles, bf16 widened in registers; 8 and up: once per 4 rows
+KS = [576, 1536, 100]  # SmolLM2 hidden and intermediate sizes; 100 leaves a K tail of 4
+NS = [1, 7, 576, 1000]  # 7 and 1000 leave a partial panel of weight rows
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _avx2_available():
+    """Whether the CPU has AVX2+FMA (ATen's own dispatch says so); without them the C++ op
+    runs its scalar loops whatever EAGLE_KERNELS_CPU_ISA says."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AVX512_BF16", "AMX")
+
+
+@pytest.fixture(params=["reference", "avx2", "scalar"])
+def linear(request, monkeypatch):
+    """The implementation under test: the reference, or the C++ op with its ISA forced."""
+    if request.param == "reference":
+        return reference.cpu_linear
+    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    if request.param == "avx2" and not _avx2_available():
+        pytest.skip("no AVX2+FMA on this CPU (or in this build)")
+    monkeypatch.setenv(ISA_ENV, request.param)
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def weight(N, K, dtype_name):
+    g = torch.Generator().manual_seed(N * 7919 + K)
+    return torch.randn(N, K, generator=g).to(WEIGHT_DTYPES[dtype_name])
+
+
+@functools.lru_cache(maxsize=None)
+def activations(M, K):
+    g = torch.Generator().manual_seed(M * 131 + K)
+    return torch.randn(M, K, generator=g)
+
+
+def assert_within_fp32_bound(got, x, w):
+    """|got - exact| <= (K + 2) u sum_k |x_k w_k| + tiny: the first-order worst case of fp32
+    dot products in any order (u = 2^-24), so the check cannot be flaky. bf16 weights widen
+    exactly, so the exact value uses the widened weight."""
+    exact = F.linear(x.double(), w.double())
+    K = x.shape[-1]
+    bound = (K + 2) * 2.0**-24 * F.linear(x.double().abs(), w.double().abs()) + 1e-30
+    err = (got.double() - exact).abs()
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    worst = float((err / bound).max()) if err.numel() else 0.0
+    assert worst <= 1.0, f"error {worst:.3g} x the fp32 bound"
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+@pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
+@pytest.mark.parametrize("K", KS, ids=[f"K{k}" for k in KS])
+@pytest.mark.parametrize("M", MS, ids=[f"M{m}" for m in MS])
+def test_matches_float64(linear, M, K, N, wdtype):
+    x, w = activations(M, K), weight(N, K, wdtype)
+    assert_within_fp32_bound(linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_leading_dims_and_strided_inputs(linear, wdtype):
+    """x [B, T, K] as a non-contiguous view; weight rows with a stride (a slice of a wider
+    matrix, last dim still dense)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 2 * 96, generator=g)[..., ::2]
+    wide = torch.randn(13, 128, generator=g).to(WEIGHT_DTYPES[wdtype])
+    w = wide[:, :96]
+    assert not x.is_contiguous() and not w.is_contiguous() and w.stride(1) == 1
+    got = linear(x, w)
+    assert got.shape == (2, 5, 13)
+    assert_within_fp32_bound(got, x, w)
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (3, 0), (4, 64)], ids=["M0", "K0", "N0"])
+def test_empty(linear, shape):
+    M, K = shape
+    N = 0 if shape == (4, 64) else 5
+    got = linear(torch.randn(M, K), torch.randn(N, K))
+    assert got.shape == (M, N)
+    assert bool((got == 0).all())
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_rows_are_batch_invariant(isa, monkeypatch):
+    """Row m of the output is bit-identical whatever the other rows are (each output is one
+    dot product in a fixed order): a verify pass scores a token exactly as decoding would."""
+    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    if isa == "avx2" and not _avx2_available():
+        pytest.skip("no AVX2+FMA")
+    monkeypatch.setenv(ISA_ENV, isa)
+    x, w = activations(17, 100), weight(1000, 100, "bf16")
+    full = fn(x, w)
+    for m in (0, 5, 16):
+        assert torch.equal(fn(x[m:m + 1], w), full[m:m + 1])
+        assert torch.equal(fn(x[m:m + 2], w), full[m:m + 2])
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_threads_do_not_change_the_result(linear, wdtype):
+    """Split over threads (125 panels of 8 rows, chunks of >= 10 here), every output is still
+    one dot product in a fixed order: bit-identical to the one-thread result."""
+    x, w = activations(64, 1536), weight(1000, 1536, wdtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = linear(x, w)
+        torch.set_num_threads(2)
+        two = linear(x, w)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("M", [2, 4, 8], ids=["M2-in-register", "M4-in-register", "M8-widened-rows"])
+def test_bf16_weight_equals_its_fp32_widening(linear, M):
+    """bf16 is read exactly: the result equals the fp32 weight bf16 widens to, bit for bit."""
+    x, w = activations(M, 576), weight(576, 576, "bf16")
+    assert torch.equal(linear(x, w), linear(x, w.float()))
+
+
+BAD = {
+    "x_dtype": ("x", lambda x, w: (x.double(), w)),
+    "x_half": ("x", lambda x, w: (x.half(), w)),
+    "x_rank0": ("x", lambda x, w: (x[0, 0], w)),
+    "weight_dtype": ("weight", lambda x, w: (x, w.half())),
+    "weight_int": ("weight", lambda x, w: (x, w.int())),
+    "weight_rank1": ("weight", lambda x, w: (x, w[0])),
+    "weight_rank3": ("weight", lambda x, w: (x, w[None])),
+    "k_mismatch": ("weight", lambda x, w: (x, w[:, :-1])),
+    "weight_transposed": ("weight", lambda x, w: (x, torch.randn(w.shape[1], w.shape[0]).t())),
+    "weight_not_cpu": ("weight", lambda x, w: (x, w.to("meta"))),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_input(linear, case):
+    name, make = BAD[case]
+    x, w = make(activations(3, 16), weight(7, 16, "fp32"))
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        linear(x, w)
