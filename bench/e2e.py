@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from eagle_kernels import heads as shipped  # noqa: E402
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig  # noqa: E402
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, default_tree  # noqa: E402
 from eagle_kernels.models import smollm2  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
@@ -131,8 +131,9 @@ def main(argv=None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
-    parser.add_argument("--trees", type=parse_tree, nargs="+", default=[TreeConfig(4, 4, 16)],
-                        help="depth,top_k,num_nodes (several allowed)")
+    parser.add_argument("--trees", type=parse_tree, nargs="+",
+                        help="depth,top_k,num_nodes (several allowed; default: the device's tree, "
+                             "eagle_kernels.decoder.default_tree)")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle; bf16w adds the bf16-weight twins of "
                              "ours-plain and eagle")
@@ -144,6 +145,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    args.trees = args.trees or [default_tree(device)]
     os.makedirs(args.out, exist_ok=True)
 
     have_model = smollm2.gguf_path() is not None

@@ -17,7 +17,7 @@ DEMO_PROMPTS = {
 
 def _load(args):
     from . import heads
-    from .decoder import SpeculativeDecoder, TreeConfig
+    from .decoder import SpeculativeDecoder, TreeConfig, default_tree
     from .models import smollm2
     from .models.eagle_head import EagleHead
 
@@ -39,8 +39,9 @@ def _load(args):
         head, label = EagleHead.load(folder, target), f"shipped {args.head} head ({heads.HEADS[args.head]})"
     else:
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
-    decoder = SpeculativeDecoder(target, head, TreeConfig(args.depth, args.tree_top_k, args.num_nodes),
-                                 sync_every=args.sync_every)
+    tree = default_tree(target.device)
+    tree = TreeConfig(args.depth or tree.depth, args.tree_top_k or tree.top_k, args.num_nodes or tree.num_nodes)
+    decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
     return decoder, tokenizer, label
 
 
@@ -54,9 +55,11 @@ def _common(parser):
     parser.add_argument("--head", default="eagle3",
                         help="eagle3 / eagle1 (the shipped trained heads), a head folder, or untrained-eagle1 / "
                              "untrained-eagle3 (random weights)")
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--tree-top-k", type=int, default=4)
-    parser.add_argument("--num-nodes", type=int, default=16)
+    parser.add_argument("--depth", type=int, help="tree depth (default: the device's tree, see --num-nodes)")
+    parser.add_argument("--tree-top-k", type=int, help="beams kept per depth (default: the device's tree)")
+    parser.add_argument("--num-nodes", type=int,
+                        help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 on CPU, "
+                             "6, 8, 60 on GPU)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),
@@ -94,8 +97,9 @@ def cmd_demo(args) -> None:
     except ImportError:  # pragma: no cover - tqdm comes with transformers
         tqdm = None
     decoder, tokenizer, label = _load(args)
-    print(f"SmolLM2-135M-Instruct, {label}, tree (depth {args.depth}, top-k {args.tree_top_k}, "
-          f"{args.num_nodes} nodes), {args.max_new_tokens} new tokens, T = 0")
+    tree = decoder.tree
+    print(f"SmolLM2-135M-Instruct, {label}, tree (depth {tree.depth}, top-k {tree.top_k}, "
+          f"{tree.num_nodes} nodes), {args.max_new_tokens} new tokens, T = 0")
     runs = [(name, mode) for name in DEMO_PROMPTS for mode in ("plain", "speculative")]
     rows, bar = [], tqdm(runs, desc="demo", unit="run") if tqdm else runs
     for name, mode in bar:

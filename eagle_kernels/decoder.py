@@ -44,6 +44,24 @@ class TreeConfig:
                              f"candidates of depth {self.depth} x top_k {self.top_k}")
 
 
+CPU_TREE = TreeConfig(3, 2, 4)
+
+
+def default_tree(device) -> TreeConfig:
+    """The tree shape the CLI and benchmarks use when none is given, by device type.
+
+    A GPU verifies 60 tree nodes of a small target in about the time of one token, so the
+    EAGLE-2 default shape applies. A CPU does not: at a handful of rows a linear layer is a
+    stream over the weights, but each further row costs compute, so the verify pass grows with
+    the tree and small trees win. Measured on a 2-core AVX2 CPU with SmolLM2-135M and the
+    shipped EAGLE-3 head (``bench/e2e.py``, README): (3, 2, 4) was the fastest of the shapes
+    from 4 to 16 nodes on both code and prose at T = 0, and (4, 4, 16) slower than plain decoding.
+    """
+    if torch.device(device).type == "cpu":
+        return CPU_TREE
+    return TreeConfig()
+
+
 @dataclass
 class GenerationResult:
     """sequences: generated token ids per request (prompt excluded); tau: tokens per step per

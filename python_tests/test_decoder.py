@@ -5,7 +5,7 @@ import contextlib
 import pytest
 import torch
 
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
@@ -103,6 +103,31 @@ def test_tree_config_rejects_impossible_trees():
         TreeConfig(depth=2, top_k=2, num_nodes=8)  # only 6 candidates
     with pytest.raises(ValueError, match="tree"):
         TreeConfig(depth=0)
+
+
+def test_default_tree_is_small_on_cpu_and_eagle2_on_gpu():
+    assert default_tree("cpu") == CPU_TREE and default_tree(torch.device("cpu")) == CPU_TREE
+    assert CPU_TREE.num_nodes <= 8  # the verify pass's linear layers stay near one weight stream
+    assert default_tree("cuda") == TreeConfig(6, 8, 60)
+
+
+def test_cli_tree_defaults_per_flag(monkeypatch):
+    """The CLI fills each tree flag that is not given from the device's default tree."""
+    import argparse
+
+    from eagle_kernels import __main__ as cli
+    from eagle_kernels.models import smollm2
+
+    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None):
+        return LlamaModel.from_transformers(tiny_hf_model(torch.float32)), None
+
+    monkeypatch.setattr(smollm2, "load", tiny_load)
+    parser = argparse.ArgumentParser()
+    cli._common(parser)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3"]))
+    assert decoder.tree == CPU_TREE
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "5"]))
+    assert decoder.tree == TreeConfig(5, CPU_TREE.top_k, CPU_TREE.num_nodes)
 
 
 def test_speculative_without_head_is_rejected(target):
