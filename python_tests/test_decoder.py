@@ -57,14 +57,17 @@ def test_greedy_speculative_equals_plain(target, make_head, tree):
 
 @pytest.mark.parametrize("make_head", [HEADS["eagle3-random"], repeat_head], ids=["eagle3-random", "eagle1-repeat"])
 def test_greedy_speculative_equals_plain_bf16_weights(make_head):
-    """fp32 compute over bf16 weight matrices (the cpu_linear path on CPU), heads in fp32 on
-    top of them: speculative output is still token for token the plain output."""
+    """fp32 compute over bf16 weight matrices (the cpu_linear path on CPU), the heads' matrices
+    stored in bf16 too: speculative output is still token for token the plain output."""
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), weight_dtype=torch.bfloat16)
     decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(3, 3, 8))
     plain = decoder.generate(PROMPTS, 14, speculative=False)
     spec = decoder.generate(PROMPTS, 14)
     assert spec.sequences == plain.sequences
     assert decoder.head.dtype == torch.float32
+    w = decoder.head.weights
+    assert w[decoder.head.prefix + "mlp.up_proj.weight"].dtype == torch.bfloat16
+    assert w["fc.weight"].dtype == (torch.bfloat16 if decoder.head.config.kind == "eagle3" else torch.float32)
 
 
 def test_repeat_head_gets_drafts_accepted(target):

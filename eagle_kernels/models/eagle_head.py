@@ -88,8 +88,8 @@ class EagleHead(torch.nn.Module):
             if tuple(weights[name].shape) != shape:
                 raise ValueError(f"weights: {name!r} expected shape {shape}, got {tuple(weights[name].shape)}")
         self.config = config
-        self.weights = {name: weights[name] for name in expected}
         self.target = target
+        self.weights = {name: self._stored(name, weights[name]) for name in expected}
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()).to(target.device),
                              persistent=False)
@@ -113,9 +113,21 @@ class EagleHead(torch.nn.Module):
                    for n, t in weights.items()}
         return cls(config, weights, target)
 
+    def _stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """The weight matrices that go through :func:`linear` follow the target's storage
+        dtype (bf16 weights of an fp32 target): drafting reads them once per pass, like the
+        target's. EAGLE-1's fc has a bias and runs ``F.linear`` in the compute dtype."""
+        narrow = self.target.weight_dtype
+        through_linear = name.endswith(("_proj.weight", "lm_head.weight")) or (
+            name == "fc.weight" and self.config.kind == EAGLE3)
+        if through_linear and t.dtype == self.target.dtype and narrow != t.dtype:
+            return t.to(narrow)
+        return t
+
     @property
     def dtype(self):
-        return self.weights["fc.weight"].dtype
+        """Compute dtype (activations, norms, KV cache): the target's."""
+        return self.weights["midlayer.hidden_norm.weight" if self.config.kind == EAGLE3 else "fc.bias"].dtype
 
     @property
     def d2t(self):
