@@ -167,7 +167,7 @@ def cmd_distill(args) -> None:
     temperatures = tuple(float(t) for t in args.temperatures.split(","))
     cache = distill.build(args.out, target, tokenizer, args.sequences, args.seq_len, args.prompt_len, temperatures,
                           layers, batch_size=args.batch_size, seed=args.seed, held_out=args.held_out,
-                          progress=bar.update if bar else None)
+                          progress=bar.update if bar else None, domains=tuple(args.domains.split(",")))
     if bar:
         bar.close()
     print(f"{cache.done} sequences in {args.out} ({cache.manifest['extract_seconds']:.0f} s of generation)")
@@ -223,6 +223,7 @@ def main(argv=None) -> None:
     distill.add_argument("--temperatures", default="0,0,0.7", help="comma-separated; batch j uses entry j mod count")
     distill.add_argument("--batch-size", type=int, default=32)
     distill.add_argument("--seed", type=int, default=0)
+    distill.add_argument("--domains", default="code,prose", help="prompt domains, comma-separated (code, prose)")
     distill.add_argument("--held-out", action="store_true", help="prompts from the held-out split (evaluation)")
     distill.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)

@@ -202,7 +202,7 @@ def test_self_distilled_features_equal_a_forward_pass_over_the_generated_text(to
 def test_self_distilled_cache_is_deterministic_and_resumes(toy_cache, tmp_path, monkeypatch):
     target32, folder = toy_cache
     source = features.FeatureCache(folder)
-    monkeypatch.setattr(distill, "choose_prompts", lambda tokenizer, count, prompt_len, held_out, seed: (
+    monkeypatch.setattr(distill, "choose_prompts", lambda tokenizer, count, prompt_len, held_out, seed, domains: (
         np.array(source.tokens[:count, :prompt_len]), list(source.manifest["documents"][:count])))
 
     def build(path, progress=None):
@@ -211,6 +211,7 @@ def test_self_distilled_cache_is_deterministic_and_resumes(toy_cache, tmp_path, 
 
     whole = build(tmp_path / "whole")
     assert whole.done == 5 and whole.manifest["generated"]["temperatures"] == [0.0, 1.0]
+    assert whole.manifest["generated"]["domains"] == ["code", "prose"]
 
     def stop_after_first_batch(count):
         raise KeyboardInterrupt
@@ -225,12 +226,14 @@ def test_self_distilled_cache_is_deterministic_and_resumes(toy_cache, tmp_path, 
     greedy = distill.generate_batch(target32, torch.from_numpy(np.array(whole.tokens[2:4, :6])).long(), 16,
                                     (0, 1, 2), 4, 0.0, torch.Generator().manual_seed(0))
     assert not np.array_equal(greedy["tokens"], np.array(whole.tokens[2:4]))
+    with pytest.raises(ValueError, match="domains"):
+        distill.build(str(tmp_path / "bad"), target32, None, 2, seq_len=16, prompt_len=6, domains=("poetry",))
 
 
 def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, monkeypatch):
     target32, folder = toy_cache
     real = features.FeatureCache(folder)
-    monkeypatch.setattr(distill, "choose_prompts", lambda tokenizer, count, prompt_len, held_out, seed: (
+    monkeypatch.setattr(distill, "choose_prompts", lambda tokenizer, count, prompt_len, held_out, seed, domains: (
         np.array(real.tokens[:count, :prompt_len]), list(real.manifest["documents"][:count])))
     generated = distill.build(str(tmp_path / "gen"), target32, None, 6, seq_len=20, prompt_len=8,
                               feature_layers=(0, 1, 2), top_k=4, batch_size=3)

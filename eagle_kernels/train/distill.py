@@ -84,25 +84,28 @@ def generate_batch(target, prompts: torch.Tensor, seq_len: int, feature_layers, 
 
 def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512, prompt_len: int = 64,
           temperatures=(0.0,), feature_layers=(1, 14, 26), top_k: int = 16, batch_size: int = 16, seed: int = 0,
-          held_out: bool = False, progress=None, model_name: str = "SmolLM2-135M-Instruct") -> FeatureCache:
-    """Create (or resume) a self-distilled cache of ``num_sequences`` sequences. Batch ``j``
-    generates at ``temperatures[j % len(temperatures)]`` with a generator seeded ``seed + j``,
-    so a resumed run produces the same data."""
+          held_out: bool = False, progress=None, model_name: str = "SmolLM2-135M-Instruct",
+          domains=(corpus.CODE, corpus.PROSE)) -> FeatureCache:
+    """Create (or resume) a self-distilled cache of ``num_sequences`` sequences whose prompts
+    come from ``domains``. Batch ``j`` generates at ``temperatures[j % len(temperatures)]`` with
+    a generator seeded ``seed + j``, so a resumed run produces the same data."""
     if not 0 < prompt_len < seq_len:
         raise ValueError(f"prompt_len: must be in (0, seq_len={seq_len}), got {prompt_len}")
+    if not domains or any(d not in (corpus.CODE, corpus.PROSE) for d in domains):
+        raise ValueError(f"domains: expected a non-empty subset of ({corpus.CODE!r}, {corpus.PROSE!r}), got {domains!r}")
     if os.path.exists(os.path.join(folder, MANIFEST)):
         cache = FeatureCache(folder, "w")
         meta = cache.manifest.get("generated", {})
         prompt_len, temperatures, seed = meta["prompt_len"], tuple(meta["temperatures"]), meta["seed"]
         batch_size = meta.get("batch_size", batch_size)
     else:
-        prompts, names = choose_prompts(tokenizer, num_sequences, prompt_len, held_out, seed)
+        prompts, names = choose_prompts(tokenizer, num_sequences, prompt_len, held_out, seed, domains=tuple(domains))
         tokens = np.zeros((len(names), seq_len), dtype=np.int32)
         tokens[:, :prompt_len] = prompts
         cache = FeatureCache.create(folder, tokens, names, target.config.hidden_size, feature_layers, top_k,
                                     model_name)
         cache.manifest["generated"] = {"prompt_len": prompt_len, "temperatures": list(temperatures), "seed": seed,
-                                       "batch_size": batch_size}
+                                       "batch_size": batch_size, "domains": list(domains)}
         cache.commit(0, 0.0)
     n = cache.manifest["num_sequences"]
     layers = tuple(cache.manifest["feature_layers"])
