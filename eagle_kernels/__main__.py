@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -17,7 +18,7 @@ DEMO_PROMPTS = {
 
 def _load(args):
     from . import heads
-    from .decoder import SpeculativeDecoder, TreeConfig, default_tree
+    from .decoder import SpeculativeDecoder, default_tree
     from .models import smollm2
     from .models.eagle_head import EagleHead
 
@@ -39,8 +40,8 @@ def _load(args):
         head, label = EagleHead.load(folder, target), f"shipped {args.head} head ({heads.HEADS[args.head]})"
     else:
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
-    tree = default_tree(target.device)
-    tree = TreeConfig(args.depth or tree.depth, args.tree_top_k or tree.top_k, args.num_nodes or tree.num_nodes)
+    given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes}
+    tree = dataclasses.replace(default_tree(target.device), **{k: v for k, v in given.items() if v is not None})
     decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
     return decoder, tokenizer, label
 

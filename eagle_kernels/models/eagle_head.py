@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .llama import (KVCache, LlamaConfig, LlamaModel, cached_attention, default_positions, linear,
-                    rms_norm, rope_cos_sin, rope_inverse_frequencies, rotate, swiglu)
+from .llama import (KVCache, LlamaConfig, LlamaModel, cached_attention, default_positions, is_matrix_weight,
+                    linear, rms_norm, rope_cos_sin, rope_inverse_frequencies, rotate, swiglu)
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 
@@ -118,8 +118,7 @@ class EagleHead(torch.nn.Module):
         dtype (bf16 weights of an fp32 target): drafting reads them once per pass, like the
         target's. EAGLE-1's fc has a bias and runs ``F.linear`` in the compute dtype."""
         narrow = self.target.weight_dtype
-        through_linear = name.endswith(("_proj.weight", "lm_head.weight")) or (
-            name == "fc.weight" and self.config.kind == EAGLE3)
+        through_linear = is_matrix_weight(name) or (name == "fc.weight" and self.config.kind == EAGLE3)
         if through_linear and t.dtype == self.target.dtype and narrow != t.dtype:
             return t.to(narrow)
         return t
