@@ -131,6 +131,8 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert decoder.tree == CPU_TREE
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "5"]))
     assert decoder.tree == TreeConfig(5, CPU_TREE.top_k, CPU_TREE.num_nodes)
+    with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
+        cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "0"]))
 
 
 def test_speculative_without_head_is_rejected(target):
