@@ -126,7 +126,7 @@ class EagleHead(torch.nn.Module):
     @property
     def dtype(self):
         """Compute dtype (activations, norms, KV cache): the target's."""
-        return self.weights["midlayer.hidden_norm.weight" if self.config.kind == EAGLE3 else "fc.bias"].dtype
+        return self.weights[self.prefix + "post_attention_layernorm.weight"].dtype
 
     @property
     def d2t(self):

@@ -21,6 +21,7 @@ The target's distribution is kept as its top-K tokens (renormalised), stored in 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -324,9 +325,7 @@ def evaluate(head: TrainableHead, cache: FeatureCache, cfg: TrainConfig, t2d, ma
 def data_summary(cache: FeatureCache) -> dict:
     """Where a cache's sequences come from, for the model card."""
     m = cache.manifest
-    sources: dict = {}
-    for name in m["documents"][: cache.done]:
-        sources[name.split(":")[0]] = sources.get(name.split(":")[0], 0) + 1
+    sources = dict(collections.Counter(name.split(":")[0] for name in m["documents"][: cache.done]))
     return {"folder": os.path.basename(os.path.normpath(cache.folder)), "sequences": cache.done,
             "seq_len": m["seq_len"], "sources": sources, "extract_seconds": m.get("extract_seconds", 0.0),
             "generated": m.get("generated")}
