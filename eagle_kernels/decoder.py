@@ -19,6 +19,7 @@ import torch
 
 from . import ops
 from ._checks import mask_words, values_checked
+from ._types import Tree
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
 
@@ -26,19 +27,40 @@ from .models.llama import KVCache, LlamaModel
 @dataclass(frozen=True)
 class TreeConfig:
     """EAGLE-2 tree shape: ``depth`` expansion steps keeping ``top_k`` beams, ``num_nodes``
-    verified nodes (root included)."""
+    verified nodes (root included).
+
+    ``lookup`` > 0 adds a prompt-lookup chain of that many tokens to every tree: the tokens that
+    followed the most recent earlier occurrence of the context's last ``lookup_ngram`` tokens
+    (or fewer, down to 1), grafted onto the EAGLE tree where they agree with it (see
+    :func:`lookup_chain` and :func:`graft_chain`). The verify pass then has
+    ``num_nodes + lookup`` rows. Text that repeats itself (code identifiers, a model's own
+    loops) is drafted there even where the head is wrong."""
 
     depth: int = 6
     top_k: int = 8
     num_nodes: int = 60
+    lookup: int = 0
+    lookup_ngram: int = 3
 
     @property
     def num_candidates(self) -> int:
         return self.top_k + (self.depth - 1) * self.top_k * self.top_k
 
+    @property
+    def verify_nodes(self) -> int:
+        """Rows of the verify pass: the EAGLE tree plus the lookup chain."""
+        return self.num_nodes + self.lookup
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest node of a verify tree (a lookup chain can reach below the EAGLE tree)."""
+        return max(self.depth, self.lookup)
+
     def __post_init__(self):
         if self.depth < 1 or self.top_k < 1 or self.num_nodes < 1:
             raise ValueError(f"tree: expected depth, top_k, num_nodes >= 1, got {self}")
+        if self.lookup < 0 or self.lookup_ngram < 1:
+            raise ValueError(f"tree: expected lookup >= 0 and lookup_ngram >= 1, got {self}")
         if self.num_nodes - 1 > self.num_candidates:
             raise ValueError(f"tree: num_nodes - 1 = {self.num_nodes - 1} exceeds the {self.num_candidates} "
                              f"candidates of depth {self.depth} x top_k {self.top_k}")
@@ -61,6 +83,76 @@ def default_tree(device) -> TreeConfig:
     if torch.device(device).type == "cpu":
         return CPU_TREE
     return TreeConfig()
+
+
+def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain: int) -> torch.Tensor:
+    """Prompt-lookup drafts, on the device with static shapes: for each request, the ``chain``
+    tokens that followed the most recent earlier occurrence of the last ``n`` tokens of its
+    context, for the largest ``n <= ngram`` that occurred before.
+
+    Positions past the end of the context, and every position of a request whose context has no
+    earlier occurrence of even its last token, hold arbitrary tokens of the context (filler:
+    verify accepts a draft token only where the target agrees, so filler costs a row, never
+    exactness).
+
+    Shapes
+    ------
+    history int64 [B, C] (context ``history[b, :length[b]]``); length int64 [B];
+    returns int64 [B, chain].
+    """
+    B, C = history.shape
+    device = history.device
+    length = length[:, None]
+    start = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    for n in range(1, min(ngram, C - 1) + 1):  # longer suffixes override shorter ones
+        key = torch.gather(history, 1, (length - n + torch.arange(n, device=device)).clamp(min=0))
+        windows = history.unfold(1, n, 1)  # [B, C - n + 1, n]
+        j = torch.arange(C - n + 1, device=device)[None]
+        # j + n < length: the window ends before the context's last token, so a continuation exists
+        hit = (windows == key[:, None]).all(-1) & (j + n < length)
+        latest = torch.where(hit, j, -1).amax(1, keepdim=True)
+        start = torch.where(latest >= 0, latest + n, start)
+    index = start + torch.arange(chain, device=device)
+    index = torch.minimum(index, length - 1).clamp(min=0)
+    return torch.gather(history, 1, index)
+
+
+def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
+    """The verify tree ``tree`` plus the draft chain ``chain`` below its root, as nodes
+    ``N .. N + L - 1``. Chain token ``i`` hangs under the tree node that spells ``chain[:i]``
+    when the tree has one (so the chain continues the tree's branch instead of competing with
+    it), else under chain node ``i - 1``. A chain node that repeats an existing child of its
+    parent comes after it in node order: verify reaches the tree's node first and never the
+    copy (greedy), or rejects the copy after rejecting the original (sampling, p(x) = 0 then).
+
+    Shapes
+    ------
+    tree: tokens int64 [B, N], parents int32 [B, N], depths int32 [B, N], mask int64 [B, N, W];
+    chain int64 [B, L]; returns a Tree with N + L nodes and mask width ceil((N + L) / 64).
+    """
+    B, N = tree.tokens.shape
+    L = chain.shape[1]
+    device = chain.device
+    total = N + L
+    mask = torch.zeros(B, total, mask_words(total), dtype=torch.int64, device=device)
+    mask[:, :N, : tree.mask.shape[2]] = tree.mask
+    node_ids = torch.arange(N, device=device)
+    matched = torch.zeros(B, dtype=torch.int64, device=device)  # tree node spelling chain[:i], -1: none
+    parents = []
+    for i in range(L):
+        node = N + i
+        parent = matched if i == 0 else torch.where(matched >= 0, matched, node - 1)
+        parents.append(parent)
+        row = torch.gather(mask, 1, parent[:, None, None].expand(-1, 1, mask.shape[2]))[:, 0]
+        row[:, node // 64] |= 1 << (node % 64) if node % 64 < 63 else -(1 << 63)
+        mask[:, node] = row
+        child = (tree.parents == matched[:, None]) & (tree.tokens == chain[:, i : i + 1]) & (matched[:, None] >= 0)
+        first = torch.where(child, node_ids, N).amin(1)
+        matched = torch.where(first < N, first, -1)
+    chain_depths = torch.arange(1, L + 1, dtype=torch.int32, device=device).expand(B, L)
+    return Tree(torch.cat([tree.tokens, chain], 1),
+                torch.cat([tree.parents, torch.stack(parents, 1).to(torch.int32)], 1),
+                torch.cat([tree.depths, chain_depths], 1), mask)
 
 
 @dataclass
@@ -100,6 +192,8 @@ class _State:
     sampling: dict  # temperature, top_k, top_p, seed tensors [B]
     max_new: int
     eos: int | None
+    history: torch.Tensor | None = None  # int64 [B, C] prompt + generated tokens (lookup drafts)
+    prompt_len: torch.Tensor | None = None  # int64 [B]
 
 
 class SpeculativeDecoder:
@@ -209,8 +303,8 @@ class SpeculativeDecoder:
         tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
         for b, prompt in enumerate(prompts):
             tokens[b, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
-        depth = self.tree.depth if speculative else 0
-        capacity = width + max_new + self.tree.num_nodes + depth + 2
+        depth = self.tree.max_depth if speculative else 0
+        capacity = width + max_new + self.tree.verify_nodes + depth + 2
         target_cache = self.target.new_cache(B, capacity)
         layers = self.head.config.feature_layers if (speculative and self.head) else ()
         out = self.target(tokens, target_cache, feature_layers=layers)
@@ -239,9 +333,14 @@ class SpeculativeDecoder:
         done = torch.full((B,), max_new <= 1, device=device)
         if eos is not None:
             done |= first == eos
+        history = None
+        if speculative and self.tree.lookup:
+            history = torch.zeros(B, width + out_buf.shape[1], dtype=torch.int64, device=device)
+            history[:, :width] = tokens
+            history.scatter_(1, lengths[:, None], first[:, None])
         return _State(target_cache, head_cache, first, root_hidden, out_buf,
                       torch.ones(B, dtype=torch.int64, device=device), torch.zeros(B, dtype=torch.int64, device=device),
-                      done, offset + 1, sampling, max_new, eos)
+                      done, offset + 1, sampling, max_new, eos, history, lengths)
 
     def _sample_root(self, logits, sampling, offset) -> torch.Tensor:
         """Next token from one row of logits [B, 1, V], through verify on a one-node tree."""
@@ -263,11 +362,15 @@ class SpeculativeDecoder:
     def _speculative_step(self, state: _State) -> None:
         tree_cfg, head = self.tree, self.head
         tree = self._expand(state)
+        if tree_cfg.lookup:
+            chain = lookup_chain(state.history, state.prompt_len + state.out_len, tree_cfg.lookup_ngram,
+                                 tree_cfg.lookup)
+            tree = graft_chain(tree, chain)
         cache = state.target_cache
         positions = cache.seqlens[:, None].long() + tree.depths.long()
         out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask,
                           feature_layers=head.config.feature_layers)
-        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=tree_cfg.depth,
+        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=tree_cfg.max_depth,
                             offset=state.offset, **state.sampling)
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
 
@@ -349,6 +452,10 @@ class SpeculativeDecoder:
         index = (state.out_len[:, None] + j[None]).clamp(max=state.out.shape[1] - 1)
         previous = torch.gather(state.out, 1, index)
         state.out.scatter_(1, index, torch.where(valid, tokens, previous))
+        if state.history is not None:
+            index = index + state.prompt_len[:, None]
+            previous = torch.gather(state.history, 1, index)
+            state.history.scatter_(1, index, torch.where(valid, tokens, previous))
         count = valid.sum(1)
         state.out_len += count
         state.steps += active.long()

@@ -5,7 +5,8 @@ import contextlib
 import pytest
 import torch
 
-from eagle_kernels.decoder import CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree
+from eagle_kernels import reference
+from eagle_kernels.decoder import CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
@@ -40,7 +41,7 @@ HEADS = {
     "eagle3-random": lambda t: EagleHead.random(t, "eagle3", draft_vocab_size=60),
     "eagle1-repeat": repeat_head,
 }
-TREES = [TreeConfig(3, 3, 8), TreeConfig(4, 2, 7)]
+TREES = [TreeConfig(3, 3, 8), TreeConfig(4, 2, 7), TreeConfig(2, 2, 3, lookup=4)]
 
 
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: f"d{t.depth}k{t.top_k}n{t.num_nodes}")
@@ -51,7 +52,7 @@ def test_greedy_speculative_equals_plain(target, make_head, tree):
     spec = decoder.generate(PROMPTS, 14)
     assert spec.sequences == plain.sequences
     assert all(len(s) == 14 for s in spec.sequences)
-    assert all(1.0 <= t <= tree.depth + 1 for t in spec.tau)
+    assert all(1.0 <= t <= tree.max_depth + 1 for t in spec.tau)
     assert plain.tau == [1.0] * len(PROMPTS)
 
 
@@ -75,6 +76,86 @@ def test_repeat_head_gets_drafts_accepted(target):
     spec = decoder.generate(PROMPTS, 24)
     assert sum(spec.tau) / len(spec.tau) > 1.5, spec.tau
     assert max(spec.steps) < 24
+
+
+def test_lookup_chain_gets_drafts_accepted(target):
+    """A random head is rarely right; the lookup chain catches the tiny model's loops."""
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    alone = SpeculativeDecoder(target, head, TreeConfig(2, 2, 3)).generate(PROMPTS, 24)
+    both = SpeculativeDecoder(target, head, TreeConfig(2, 2, 3, lookup=4)).generate(PROMPTS, 24)
+    assert both.sequences == alone.sequences
+    assert sum(both.tau) > sum(alone.tau) + 0.5 * len(PROMPTS), (alone.tau, both.tau)
+
+
+def lookup_naive(context, ngram, chain):
+    """(start, tokens): what followed the latest earlier occurrence of the longest suffix of
+    at most ``ngram`` tokens; (None, []) when even the last token never occurred before."""
+    for n in range(ngram, 0, -1):
+        if len(context) <= n:
+            continue
+        for j in range(len(context) - n - 1, -1, -1):
+            if context[j:j + n] == context[-n:]:
+                return j + n, context[j + n: j + n + chain]
+    return None, []
+
+
+@pytest.mark.parametrize("ngram,chain", [(1, 3), (3, 4), (2, 1)])
+def test_lookup_chain_matches_naive_search(ngram, chain):
+    g = torch.Generator().manual_seed(ngram * 10 + chain)
+    B, C = 64, 24
+    history = torch.randint(0, 4, (B, C), generator=g)  # 4 symbols: repeats of every length
+    length = torch.randint(1, C + 1, (B,), generator=g)
+    length[:3] = torch.tensor([1, 2, C])
+    history[3, :5] = torch.tensor([0, 1, 2, 3, 3])  # no earlier occurrence of a suffix
+    length[3] = 4
+    got = lookup_chain(history, length, ngram, chain)
+    assert got.shape == (B, chain) and got.dtype == torch.int64
+    for b in range(B):
+        context = history[b, : length[b]].tolist()
+        start, expected = lookup_naive(context, ngram, chain)
+        assert got[b, : len(expected)].tolist() == expected, (b, context)
+        assert all(t in context for t in got[b].tolist())  # filler comes from the context
+
+
+def graft_naive(tokens, parents, chain):
+    """Parents of the chain nodes by the rule of graft_chain, one request, plain lists."""
+    N = len(tokens)
+    matched, chain_parents = 0, []
+    for i, token in enumerate(chain):
+        chain_parents.append(matched if matched is not None else N + i - 1)
+        children = [c for c in range(N) if matched is not None and parents[c] == matched and tokens[c] == token]
+        matched = children[0] if children else None
+    return chain_parents
+
+
+@pytest.mark.parametrize("num_nodes,chain_len", [(4, 3), (8, 5), (62, 4)])
+def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
+    from test_build_tree import mask_of, simulate_history
+
+    B = 16
+    tree = reference.build_tree(*simulate_history(B, 5, 4, seed=num_nodes), num_nodes)
+    g = torch.Generator().manual_seed(chain_len)
+    chain = torch.randint(0, 1000, (B, chain_len), generator=g)
+    for b in range(B):  # request b copies the tree's deepest path for its first b % 4 tokens
+        node, path = num_nodes - 1, []
+        while node > 0:
+            path.append(int(tree.tokens[b, node]))
+            node = int(tree.parents[b, node])
+        for i, token in enumerate(reversed(path[-(b % 4):] if b % 4 else [])):
+            chain[b, i] = token
+    grafted = graft_chain(tree, chain)
+    total = num_nodes + chain_len
+    assert grafted.tokens.shape == (B, total) and grafted.mask.shape == (B, total, (total + 63) // 64)
+    for b in range(B):
+        parents = tree.parents[b].tolist() + graft_naive(tree.tokens[b].tolist(), tree.parents[b].tolist(),
+                                                         chain[b].tolist())
+        assert grafted.parents[b].tolist() == parents
+        assert grafted.tokens[b].tolist() == tree.tokens[b].tolist() + chain[b].tolist()
+        depths = grafted.depths[b].tolist()
+        assert all(depths[i] == depths[parents[i]] + 1 for i in range(1, total))
+        assert grafted.mask[b].tolist() == mask_of(parents)
+    assert (grafted.parents[:, num_nodes] == 0).all()
+    assert (grafted.parents[1:4, num_nodes + 1] < num_nodes).all()  # continued the copied branch
 
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
@@ -106,6 +187,8 @@ def test_tree_config_rejects_impossible_trees():
         TreeConfig(depth=2, top_k=2, num_nodes=8)  # only 6 candidates
     with pytest.raises(ValueError, match="tree"):
         TreeConfig(depth=0)
+    with pytest.raises(ValueError, match="tree"):
+        TreeConfig(lookup=-1)
 
 
 def test_default_tree_is_small_on_cpu_and_eagle2_on_gpu():
@@ -169,8 +252,9 @@ def test_head_rejects_wrong_weights(target):
 SYNC_METHODS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"]
 
 
-@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
-def test_steps_never_synchronise(speculative, monkeypatch):
+@pytest.mark.parametrize("speculative,lookup", [(False, 0), (True, 0), (True, 3)],
+                         ids=["plain", "speculative", "speculative-lookup"])
+def test_steps_never_synchronise(speculative, lookup, monkeypatch):
     """No host read inside a step: every tensor-to-host conversion raises while steps run."""
     import eagle_kernels
     from eagle_kernels._schemas import OPS
@@ -180,7 +264,7 @@ def test_steps_never_synchronise(speculative, monkeypatch):
         pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
     monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))  # native kernels: fp32
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8), sync_every=1000)
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup), sync_every=1000)
     steps_run = []
 
     def guarded(step):
@@ -214,11 +298,12 @@ def state_tensors(state):
     return found
 
 
-@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
-def test_steps_update_state_in_place(target, speculative):
+@pytest.mark.parametrize("speculative,lookup", [(False, 0), (True, 0), (True, 3)],
+                         ids=["plain", "speculative", "speculative-lookup"])
+def test_steps_update_state_in_place(target, speculative, lookup):
     """A CUDA graph replays against fixed addresses: a step must write into the state's
     tensors, never rebind them."""
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8))
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup))
     state = decoder._prefill(PROMPTS, 8, 0.0, 0, 1.0, 0, None, speculative)
     before = {name: (t, t.data_ptr()) for name, t in state_tensors(state).items()}
     step = decoder._speculative_step if speculative else decoder._plain_step
