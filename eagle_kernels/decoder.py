@@ -203,8 +203,9 @@ class SpeculativeDecoder:
     Parameters
     ----------
     target, head, tree
-        The target model, the draft head (needed for ``speculative=True``) and the EAGLE-2
-        tree shape.
+        The target model, the draft head and the EAGLE-2 tree shape. ``speculative=True``
+        needs a head, a lookup chain (``tree.lookup > 0``) or both; without a head the tree is
+        the root and the lookup chain (prompt-lookup decoding).
     sync_every
         The host reads the ``done`` flags (and calls ``on_sync``) every ``sync_every`` steps.
     cuda_graph
@@ -233,8 +234,9 @@ class SpeculativeDecoder:
         Sampling parameters are scalars or one value per request. ``on_sync(tokens, lengths)``
         is called at each host synchronisation point (every ``sync_every`` steps) with the
         int64 [B, W] token buffer and int64 [B] lengths, e.g. to stream text."""
-        if speculative and self.head is None:
-            raise ValueError("head: speculative decoding needs a draft head (or speculative=False)")
+        if speculative and self.head is None and not self.tree.lookup:
+            raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
+                             "(TreeConfig.lookup > 0), or speculative=False")
         start = time.perf_counter()
         state = self._prefill(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
         prefill_done = time.perf_counter()
@@ -303,7 +305,7 @@ class SpeculativeDecoder:
         tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
         for b, prompt in enumerate(prompts):
             tokens[b, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
-        depth = self.tree.max_depth if speculative else 0
+        depth = self._max_depth() if speculative else 0
         capacity = width + max_new + self.tree.verify_nodes + depth + 2
         target_cache = self.target.new_cache(B, capacity)
         layers = self.head.config.feature_layers if (speculative and self.head) else ()
@@ -319,7 +321,7 @@ class SpeculativeDecoder:
         target_cache.seqlens.copy_(lengths.to(torch.int32))
 
         head_cache, root_hidden = None, None
-        if speculative:
+        if speculative and self.head is not None:
             # Pair i = (token i + 1, feature i); the last pair carries the first generated token.
             next_tokens = torch.cat([tokens[:, 1:], tokens.new_zeros(B, 1)], dim=1)
             next_tokens.scatter_(1, last, first[:, None])
@@ -361,7 +363,7 @@ class SpeculativeDecoder:
 
     def _speculative_step(self, state: _State) -> None:
         tree_cfg, head = self.tree, self.head
-        tree = self._expand(state)
+        tree = self._expand(state) if head is not None else self._root_tree(state)
         if tree_cfg.lookup:
             chain = lookup_chain(state.history, state.prompt_len + state.out_len, tree_cfg.lookup_ngram,
                                  tree_cfg.lookup)
@@ -369,26 +371,39 @@ class SpeculativeDecoder:
         cache = state.target_cache
         positions = cache.seqlens[:, None].long() + tree.depths.long()
         out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask,
-                          feature_layers=head.config.feature_layers)
-        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=tree_cfg.max_depth,
+                          feature_layers=head.config.feature_layers if head is not None else ())
+        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=self._max_depth(),
                             offset=state.offset, **state.sampling)
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
 
-        # Commit the accepted path to the head: pair j = (emitted token j, target feature at
-        # path node j), recomputed with the target's true features.
-        path = result.accept_nodes.clamp(min=0).long()
-        features = head.target_features(out)
-        features = torch.gather(features, 1, path[..., None].expand(-1, -1, features.shape[-1]))
-        emitted = result.out_tokens.clamp(min=0)
-        hidden = head(emitted, features, state.head_cache)
         last = result.accept_len.long()
-        state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
+        if head is not None:
+            # Commit the accepted path to the head: pair j = (emitted token j, target feature at
+            # path node j), recomputed with the target's true features.
+            path = result.accept_nodes.clamp(min=0).long()
+            features = head.target_features(out)
+            features = torch.gather(features, 1, path[..., None].expand(-1, -1, features.shape[-1]))
+            hidden = head(result.out_tokens.clamp(min=0), features, state.head_cache)
+            state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
 
         active = ~state.done
         advance = (result.accept_len + 1) * active.to(torch.int32)
         cache.seqlens += advance
-        state.head_cache.seqlens += advance
+        if head is not None:
+            state.head_cache.seqlens += advance
         self._emit(state, result.out_tokens, last, active)
+
+    def _max_depth(self) -> int:
+        """Deepest verify-tree node: the EAGLE tree's with a head, the lookup chain's without."""
+        return self.tree.max_depth if self.head is not None else self.tree.lookup
+
+    @staticmethod
+    def _root_tree(state: _State) -> Tree:
+        """The one-node tree of the root, which a head-less decoder grafts its lookup chain onto."""
+        B, device = state.root.shape[0], state.root.device
+        return Tree(state.root[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=device),
+                    torch.zeros(B, 1, dtype=torch.int32, device=device),
+                    torch.ones(B, 1, 1, dtype=torch.int64, device=device))
 
     def _expand(self, state: _State):
         """EAGLE-2 expansion from the root: ``depth`` draft_expand calls, ``depth - 1`` head

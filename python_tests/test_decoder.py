@@ -223,6 +223,16 @@ def test_speculative_without_head_is_rejected(target):
         SpeculativeDecoder(target).generate(PROMPTS, 4)
 
 
+def test_lookup_without_head_is_prompt_lookup_decoding(target):
+    decoder = SpeculativeDecoder(target, None, TreeConfig(lookup=4))
+    plain = decoder.generate(PROMPTS, 24, speculative=False)
+    lookup = decoder.generate(PROMPTS, 24)
+    assert lookup.sequences == plain.sequences
+    assert all(1.0 <= t <= 5 for t in lookup.tau) and sum(lookup.tau) > 1.5 * len(PROMPTS), lookup.tau
+    sampled = dict(temperature=1.0, seed=[1, 2, 3])
+    assert decoder.generate(PROMPTS, 8, **sampled).sequences == decoder.generate(PROMPTS, 8, **sampled).sequences
+
+
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_head_checkpoint_round_trip(target, kind, tmp_path):
     head = EagleHead.random(target, kind, draft_vocab_size=60)
@@ -298,12 +308,12 @@ def state_tensors(state):
     return found
 
 
-@pytest.mark.parametrize("speculative,lookup", [(False, 0), (True, 0), (True, 3)],
-                         ids=["plain", "speculative", "speculative-lookup"])
-def test_steps_update_state_in_place(target, speculative, lookup):
+@pytest.mark.parametrize("speculative,lookup,head", [(False, 0, True), (True, 0, True), (True, 3, True), (True, 3, False)],
+                         ids=["plain", "speculative", "speculative-lookup", "lookup-only"])
+def test_steps_update_state_in_place(target, speculative, lookup, head):
     """A CUDA graph replays against fixed addresses: a step must write into the state's
     tensors, never rebind them."""
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup))
+    decoder = SpeculativeDecoder(target, repeat_head(target) if head else None, TreeConfig(3, 3, 8, lookup=lookup))
     state = decoder._prefill(PROMPTS, 8, 0.0, 0, 1.0, 0, None, speculative)
     before = {name: (t, t.data_ptr()) for name, t in state_tensors(state).items()}
     step = decoder._speculative_step if speculative else decoder._plain_step
