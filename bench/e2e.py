@@ -7,7 +7,10 @@ Providers
 - ``hf-generate``: transformers ``generate`` (greedy at T = 0, sampling at T = 1);
 - ``hf-lookup``: transformers prompt-lookup decoding (``prompt_lookup_num_tokens``; batch 1
   only, as transformers' assisted decoding);
-- ``eagle1-dD-kK-nN`` / ``eagle3-…``: our speculative decoder with each shipped head and tree;
+- ``eagle1-dDkKnN`` / ``eagle3-…``: our speculative decoder with each shipped head and tree
+  (``…lL``: with a prompt-lookup chain of L tokens grafted onto the tree);
+- ``ours-lookup`` (opt-in): our decoder without a head, drafting only the prompt-lookup chain
+  (``--lookup-chain`` tokens; prompt-lookup decoding on our kernels);
 - ``bf16w`` (opt-in, in ``--providers``): ``ours-plain-bf16w`` and ``<head>-…-bf16w``, the same
   decoders on a copy of the target whose weight matrices are stored in bf16 (fp32 compute; on
   CPU the cpu_linear kernel reads them as is). Their "same as plain" compares with
@@ -45,8 +48,12 @@ from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 
 
 def parse_tree(text: str) -> TreeConfig:
-    depth, top_k, nodes = (int(x) for x in text.split(","))
-    return TreeConfig(depth, top_k, nodes)
+    """``depth,top_k,num_nodes`` or ``depth,top_k,num_nodes,lookup``."""
+    return TreeConfig(*(int(x) for x in text.split(",")))
+
+
+def tree_name(tree: TreeConfig) -> str:
+    return f"d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + (f"l{tree.lookup}" if tree.lookup else "")
 
 
 def random_smollm2(device) -> tuple[LlamaModel, None]:
@@ -132,11 +139,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+",
-                        help="depth,top_k,num_nodes (several allowed; default: the device's tree, "
+                        help="depth,top_k,num_nodes[,lookup] (several allowed; default: the device's tree, "
                              "eagle_kernels.decoder.default_tree)")
+    parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
-                        help="ours-plain, hf-generate, hf-lookup, eagle; bf16w adds the bf16-weight twins of "
-                             "ours-plain and eagle")
+                        help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
+                             "twins of ours-plain, ours-lookup and eagle")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=4)
     args = parser.parse_args(argv)
@@ -189,6 +197,12 @@ def main(argv=None) -> int:
                         runs.append(("ours-plain" + suffix, lambda warmup=False, d=plain_decoder: run_ours(
                             d, prompts[domain][:batch] if warmup else prompts[domain], batch,
                             4 if warmup else args.max_new_tokens, temperature, False)))
+                    if "ours-lookup" in args.providers:
+                        decoder = SpeculativeDecoder(plain_decoder.target, None, TreeConfig(lookup=args.lookup_chain),
+                                                     sync_every=args.sync_every)
+                        runs.append((f"ours-lookup-l{args.lookup_chain}" + suffix, lambda warmup=False, d=decoder: run_ours(
+                            d, prompts[domain][:batch] if warmup else prompts[domain], batch,
+                            4 if warmup else args.max_new_tokens, temperature, True)))
                 for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
                     # transformers' assisted decoding (prompt lookup) runs batch 1 only.
                     if hf is not None and name in args.providers and not (lookup and batch > 1):
@@ -199,7 +213,7 @@ def main(argv=None) -> int:
                     kind, _, suffix = label.partition("-")
                     for tree in args.trees:
                         decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
-                        name = f"{kind}-d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + (f"-{suffix}" if suffix else "")
+                        name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, lambda warmup=False, d=decoder: run_ours(
                             d, prompts[domain][:batch] if warmup else prompts[domain], batch,
                             4 if warmup else args.max_new_tokens, temperature, True)))
@@ -225,7 +239,7 @@ def main(argv=None) -> int:
                     if base:
                         row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
                         same_base = results.get("ours-plain-bf16w") if name.endswith("-bf16w") else base
-                        if temperature == 0 and name.startswith("eagle") and same_base:
+                        if temperature == 0 and name.startswith(("eagle", "ours-lookup")) and same_base:
                             row["same_as_plain"] = r["sequences"] == same_base["sequences"]
                     if hf_base:
                         row["vs_hf_generate"] = round(tps / (hf_base["tokens"] / hf_base["seconds"]), 3)

@@ -29,7 +29,9 @@ def _load(args):
     if weight_dtype.itemsize > dtype.itemsize:
         raise SystemExit(f"--weights {args.weights}: wider than the compute dtype --dtype {args.dtype}")
     target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype)
-    if args.head in ("untrained-eagle1", "untrained-eagle3"):
+    if args.head == "none":
+        head, label = None, "no head (prompt-lookup drafts only)"
+    elif args.head in ("untrained-eagle1", "untrained-eagle3"):
         kind = args.head.split("-")[1]
         head, label = EagleHead.random(target, kind), f"UNTRAINED {kind} head (random weights: expect tau ~ 1)"
     elif args.head in heads.HEADS:
@@ -40,7 +42,8 @@ def _load(args):
         head, label = EagleHead.load(folder, target), f"shipped {args.head} head ({heads.HEADS[args.head]})"
     else:
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
-    given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes}
+    given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes, "lookup": args.lookup,
+             "lookup_ngram": args.lookup_ngram}
     tree = dataclasses.replace(default_tree(target.device), **{k: v for k, v in given.items() if v is not None})
     decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
     return decoder, tokenizer, label
@@ -54,13 +57,16 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
 
 def _common(parser):
     parser.add_argument("--head", default="eagle3",
-                        help="eagle3 / eagle1 (the shipped trained heads), a head folder, or untrained-eagle1 / "
-                             "untrained-eagle3 (random weights)")
+                        help="eagle3 / eagle1 (the shipped trained heads), a head folder, untrained-eagle1 / "
+                             "untrained-eagle3 (random weights), or none (prompt-lookup drafts only: needs --lookup)")
     parser.add_argument("--depth", type=int, help="tree depth (default: the device's tree, see --num-nodes)")
     parser.add_argument("--tree-top-k", type=int, help="beams kept per depth (default: the device's tree)")
     parser.add_argument("--num-nodes", type=int,
                         help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 on CPU, "
                              "6, 8, 60 on GPU)")
+    parser.add_argument("--lookup", type=int,
+                        help="prompt-lookup chain added to every tree, in tokens (0: off; default: the device's tree)")
+    parser.add_argument("--lookup-ngram", type=int, help="longest context suffix the lookup searches for (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),
@@ -100,7 +106,7 @@ def cmd_demo(args) -> None:
     decoder, tokenizer, label = _load(args)
     tree = decoder.tree
     print(f"SmolLM2-135M-Instruct, {label}, tree (depth {tree.depth}, top-k {tree.top_k}, "
-          f"{tree.num_nodes} nodes), {args.max_new_tokens} new tokens, T = 0")
+          f"{tree.num_nodes} nodes, lookup chain {tree.lookup}), {args.max_new_tokens} new tokens, T = 0")
     runs = [(name, mode) for name in DEMO_PROMPTS for mode in ("plain", "speculative")]
     rows, bar = [], tqdm(runs, desc="demo", unit="run") if tqdm else runs
     for name, mode in bar:

@@ -6,7 +6,8 @@
 // which stay in L1/L2: panels of kPanel weight rows (parallel over panels); within a panel,
 // tiles of 4 weight rows x up to 3 rows of x (8 x 1 at M = 1), each (weight row, x row) pair an
 // 8-wide fp32 accumulator along K. bf16 weights are widened in registers (zero-extend, shift
-// left 16: exact), or, when four rows are reused by several x tiles, once into an fp32 buffer.
+// left 16: exact) at every use. Widening four rows once into an fp32 buffer for the x tiles that
+// reuse them measured 5-25% slower on the 49152 x 576 LM head at 7-16 rows (AVX2 Zen 3).
 //
 // Each output is one fp32 accumulator per lane along K in a fixed order, whatever M and the
 // tiling: a row of the output does not depend on the other rows (batch-invariant), so in a
@@ -23,7 +24,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "checks.h"
@@ -220,21 +220,10 @@ EAGLE_AVX2 void quad_avx2(const W* const* w, int64_t rows, Ahead* ahead, int64_t
   if (m < M) tile_avx2<4, 1>(w, rows, pace(), x + m * ldx, ldx, K, out + m * ldo, ldo);
 }
 
-// Widen four bf16 rows into buf [4, K] fp32 (exact), once for every x tile that reuses them.
-EAGLE_AVX2 void widen_quad(const uint16_t* const* w, int64_t K, float* buf) {
-  for (int r = 0; r < 4; ++r) {
-    float* dst = buf + r * K;
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, load8(w[r] + k));
-    for (; k < K; ++k) dst[k] = bf16_to_float(w[r][k]);
-  }
-}
-
 // One panel of up to kPanel weight rows (row pointers, aliased past `rows`) against all of x.
 template <typename W>
 EAGLE_AVX2 void panel_avx2(const W* const* w, int64_t rows, Ahead* ahead, const float* x,
-                           int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo,
-                           std::vector<float>& buf) {
+                           int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo) {
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
   if (M == 1) {
     tile_avx2<kPanel, 1>(w, rows, Pace(ahead, rows * row_bytes, K), x, ldx, K, out, ldo);
@@ -242,15 +231,6 @@ EAGLE_AVX2 void panel_avx2(const W* const* w, int64_t rows, Ahead* ahead, const 
   }
   for (int64_t q = 0; q < rows; q += 4) {
     const int64_t quad_rows = std::min<int64_t>(4, rows - q);
-    if constexpr (std::is_same_v<W, uint16_t>) {
-      if (M > 6) {  // three or more x tiles: widen once (up to two, widening in registers is cheaper)
-        buf.resize(static_cast<size_t>(4 * K));
-        widen_quad(w + q, K, buf.data());
-        const float* wide[4] = {buf.data(), buf.data() + K, buf.data() + 2 * K, buf.data() + 3 * K};
-        quad_avx2<float>(wide, rows - q, ahead, quad_rows * row_bytes, x, ldx, M, K, out + q, ldo);
-        continue;
-      }
-    }
     quad_avx2<W>(w + q, rows - q, ahead, quad_rows * row_bytes, x, ldx, M, K, out + q, ldo);
   }
 }
@@ -289,7 +269,6 @@ void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_
   // calls) still splits at decoding sizes.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 23) / (kPanel * K * std::max<int64_t>(M, 8)));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf;
 #if EAGLE_HAVE_AVX2_PATH
     const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
     Ahead ahead{first + kPrefetchBytes,
@@ -302,7 +281,7 @@ void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_
       if (isa == Isa::kAvx2) {
         const W* rowp[kPanel];
         for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
-        panel_avx2<W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N, buf);
+        panel_avx2<W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
         continue;
       }
 #endif
