@@ -62,8 +62,8 @@ def _common(parser):
     parser.add_argument("--depth", type=int, help="tree depth (default: the device's tree, see --num-nodes)")
     parser.add_argument("--tree-top-k", type=int, help="beams kept per depth (default: the device's tree)")
     parser.add_argument("--num-nodes", type=int,
-                        help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 on CPU, "
-                             "6, 8, 60 on GPU)")
+                        help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 and "
+                             "lookup 4 on CPU, 6, 8, 60 on GPU)")
     parser.add_argument("--lookup", type=int,
                         help="prompt-lookup chain added to every tree, in tokens (0: off; default: the device's tree)")
     parser.add_argument("--lookup-ngram", type=int, help="longest context suffix the lookup searches for (default 3)")

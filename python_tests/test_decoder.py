@@ -1,6 +1,7 @@
 """The speculative decoding loop on a tiny random Llama: exactness against plain decoding."""
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -193,7 +194,7 @@ def test_tree_config_rejects_impossible_trees():
 
 def test_default_tree_is_small_on_cpu_and_eagle2_on_gpu():
     assert default_tree("cpu") == CPU_TREE and default_tree(torch.device("cpu")) == CPU_TREE
-    assert CPU_TREE.num_nodes <= 8  # the verify pass's linear layers stay near one weight stream
+    assert CPU_TREE.verify_nodes <= 8  # the verify pass's linear layers stay near one weight stream
     assert default_tree("cuda") == TreeConfig(6, 8, 60)
 
 
@@ -213,7 +214,9 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3"]))
     assert decoder.tree == CPU_TREE
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "5"]))
-    assert decoder.tree == TreeConfig(5, CPU_TREE.top_k, CPU_TREE.num_nodes)
+    assert decoder.tree == dataclasses.replace(CPU_TREE, depth=5)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6"]))
+    assert decoder.head is None and decoder.tree == dataclasses.replace(CPU_TREE, lookup=6)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
         cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "0"]))
 
