@@ -76,7 +76,8 @@ def default_tree(device) -> TreeConfig:
     EAGLE-2 default shape applies. A CPU does not: at a handful of rows a linear layer is a
     stream over the weights, but each further row costs compute, so the verify pass grows with
     the tree and small trees win; a 4-token lookup chain is the cheapest way to add accepted
-    tokens. Measured on a 2-core AVX2 CPU with SmolLM2-135M and the shipped EAGLE-3 head
+    tokens on text that repeats itself (on chat-style prompts it costs about what it gains, see
+    the README). Measured on a 2-core AVX2 CPU with SmolLM2-135M and the shipped EAGLE-3 head
     (``bench/e2e.py``, README), speed over plain decoding at T = 0, code / prose, 2 threads:
     (3, 2, 4) + lookup 4 1.98x / 1.84x (tau 2.81 / 2.69), (3, 2, 4) 1.42x / 1.58x, (2, 2, 3) +
     lookup 4 1.89x / 1.62x, (3, 2, 4) + lookup 5 2.10x / 1.59x.
