@@ -467,12 +467,11 @@ class SpeculativeDecoder:
             first_eos = torch.where(is_eos, j[None], width).min(dim=1).values
             valid &= j[None] <= first_eos[:, None]
         index = (state.out_len[:, None] + j[None]).clamp(max=state.out.shape[1] - 1)
-        previous = torch.gather(state.out, 1, index)
-        state.out.scatter_(1, index, torch.where(valid, tokens, previous))
+        buffers = [(state.out, index)]
         if state.history is not None:
-            index = index + state.prompt_len[:, None]
-            previous = torch.gather(state.history, 1, index)
-            state.history.scatter_(1, index, torch.where(valid, tokens, previous))
+            buffers.append((state.history, index + state.prompt_len[:, None]))
+        for buffer, at in buffers:
+            buffer.scatter_(1, at, torch.where(valid, tokens, torch.gather(buffer, 1, at)))
         count = valid.sum(1)
         state.out_len += count
         state.steps += active.long()
