@@ -192,17 +192,20 @@ def main(argv=None) -> int:
         for temperature in args.temperatures:
             for batch in args.batches:
                 runs = []
+
+                def ours(decoder, speculative):
+                    """A run of our decoder: the warm-up decodes 4 tokens of the first batch."""
+                    return lambda warmup=False: run_ours(
+                        decoder, prompts[domain][:batch] if warmup else prompts[domain], batch,
+                        4 if warmup else args.max_new_tokens, temperature, speculative)
+
                 for suffix, plain_decoder in plain_decoders.items():
                     if "ours-plain" in args.providers:
-                        runs.append(("ours-plain" + suffix, lambda warmup=False, d=plain_decoder: run_ours(
-                            d, prompts[domain][:batch] if warmup else prompts[domain], batch,
-                            4 if warmup else args.max_new_tokens, temperature, False)))
+                        runs.append(("ours-plain" + suffix, ours(plain_decoder, False)))
                     if "ours-lookup" in args.providers:
                         decoder = SpeculativeDecoder(plain_decoder.target, None, TreeConfig(lookup=args.lookup_chain),
                                                      sync_every=args.sync_every)
-                        runs.append((f"ours-lookup-l{args.lookup_chain}" + suffix, lambda warmup=False, d=decoder: run_ours(
-                            d, prompts[domain][:batch] if warmup else prompts[domain], batch,
-                            4 if warmup else args.max_new_tokens, temperature, True)))
+                        runs.append((f"ours-lookup-l{args.lookup_chain}" + suffix, ours(decoder, True)))
                 for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
                     # transformers' assisted decoding (prompt lookup) runs batch 1 only.
                     if hf is not None and name in args.providers and not (lookup and batch > 1):
@@ -214,9 +217,7 @@ def main(argv=None) -> int:
                     for tree in args.trees:
                         decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
                         name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
-                        runs.append((name, lambda warmup=False, d=decoder: run_ours(
-                            d, prompts[domain][:batch] if warmup else prompts[domain], batch,
-                            4 if warmup else args.max_new_tokens, temperature, True)))
+                        runs.append((name, ours(decoder, True)))
                 results = {}
                 for name, fn in runs:
                     if (name, batch) not in warmed:  # kernel compilation, allocator and caches
