@@ -267,7 +267,7 @@ def check_cpu_linear(x, weight, *, values=True):
     if x.dim() < 1:
         _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
     device = x.device
-    check_tensor("weight", weight, dtype=(torch.float32, torch.bfloat16), ndim=2, device=device)
+    check_tensor("weight", weight, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2, device=device)
     K = x.shape[-1]
     N = weight.shape[0]
     if weight.shape[1] != K:

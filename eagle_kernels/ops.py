@@ -47,7 +47,7 @@ def write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None)
 
 
 def cpu_linear(x, weight):
-    """``x @ weight.T`` with fp32 (or bf16, widened exactly) weights and fp32 accumulation: the
+    """``x @ weight.T`` with fp32 (or bf16/fp16, widened exactly) weights and fp32 accumulation: the
     CPU kernel for the few-row linear layers of decoding and verification. Other devices run
     the reference. See :func:`eagle_kernels.reference.cpu_linear`."""
     return _dispatch.run("cpu_linear", x.device, x, weight)

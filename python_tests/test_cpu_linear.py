@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from eagle_kernels import _dispatch, reference
 
 ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
+CHUNK_ENV = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"
 MS = [1, 3, 5, 8, 17, 64]  # 5: two tiles, bf16 widened in registers; 8 and up: once per 4 rows
 KS = [576, 1536, 100]  # SmolLM2 hidden and intermediate sizes; 100 leaves a K tail of 4
 NS = [1, 7, 576, 1000]  # 7 and 1000 leave a partial panel of weight rows
-WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _avx2_available():
@@ -50,8 +51,8 @@ def activations(M, K):
 
 def assert_within_fp32_bound(got, x, w):
     """|got - exact| <= (K + 2) u sum_k |x_k w_k| + tiny: the first-order worst case of fp32
-    dot products in any order (u = 2^-24), so the check cannot be flaky. bf16 weights widen
-    exactly, so the exact value uses the widened weight."""
+    dot products in any order (u = 2^-24), so the check cannot be flaky. bf16 and fp16 weights
+    widen exactly, so the exact value uses the widened weight."""
     exact = F.linear(x.double(), w.double())
     K = x.shape[-1]
     bound = (K + 2) * 2.0**-24 * F.linear(x.double().abs(), w.double().abs()) + 1e-30
@@ -112,7 +113,7 @@ def test_rows_are_batch_invariant(isa, monkeypatch):
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
 def test_threads_do_not_change_the_result(linear, wdtype):
-    """Split over threads (125 panels of 8 rows, chunks of >= 10 here), every output is still
+    """Split over threads (125 panels of 8 rows, one chunk per thread here), every output is still
     one dot product in a fixed order: bit-identical to the one-thread result."""
     x, w = activations(64, 1536), weight(1000, 1536, wdtype)
     threads = torch.get_num_threads()
@@ -126,10 +127,50 @@ def test_threads_do_not_change_the_result(linear, wdtype):
     assert torch.equal(one, two)
 
 
-@pytest.mark.parametrize("M", [2, 4, 8], ids=["M2-in-register", "M4-in-register", "M8-widened-rows"])
-def test_bf16_weight_equals_its_fp32_widening(linear, M):
-    """bf16 is read exactly: the result equals the fp32 weight bf16 widens to, bit for bit."""
-    x, w = activations(M, 576), weight(576, 576, "bf16")
+@pytest.mark.parametrize("chunk", ["1", "8388608"], ids=["every-panel", "coarse"])
+def test_parallel_chunk_setting_does_not_change_the_result(chunk, monkeypatch):
+    """EAGLE_KERNELS_CPU_LINEAR_CHUNK only moves the split between threads (one panel per task,
+    or the whole LM-head-sized call in one task at two threads): bit-identical outputs."""
+    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    x, w = activations(8, 576), weight(1000, 576, "bf16")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        default = fn(x, w)
+        monkeypatch.setenv(CHUNK_ENV, chunk)
+        assert torch.equal(fn(x, w), default)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "12x"])
+def test_bad_parallel_chunk_setting_is_named(value, monkeypatch):
+    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    monkeypatch.setenv(CHUNK_ENV, value)
+    with pytest.raises(ValueError, match=CHUNK_ENV):
+        fn(activations(2, 16), weight(7, 16, "fp32"))
+
+
+@pytest.mark.parametrize("wdtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("M", [1, 2, 4, 8, 13])
+def test_16bit_weight_equals_its_fp32_widening(linear, M, wdtype):
+    """bf16 and fp16 are read exactly: the result equals the fp32 weight they widen to, bit for
+    bit (K = 100 also runs the K tail's partial loads)."""
+    for K in (576, 100):
+        x, w = activations(M, K), weight(576, K, wdtype)
+        assert torch.equal(linear(x, w), linear(x, w.float()))
+
+
+def test_fp16_extremes_widen_exactly(linear):
+    """Subnormal, largest finite and signed-zero fp16 weights (what F16C must convert without
+    flushing) give the same result as their fp32 widening."""
+    w = torch.tensor([[6e-8, -6e-8, 65504.0, -65504.0, 0.0, -0.0, 1e-5, 3.0, 2.0**-14] * 3] * 9,
+                     dtype=torch.float16)
+    x = activations(3, w.shape[1])
     assert torch.equal(linear(x, w), linear(x, w.float()))
 
 
@@ -137,7 +178,7 @@ BAD = {
     "x_dtype": ("x", lambda x, w: (x.double(), w)),
     "x_half": ("x", lambda x, w: (x.half(), w)),
     "x_rank0": ("x", lambda x, w: (x[0, 0], w)),
-    "weight_dtype": ("weight", lambda x, w: (x, w.half())),
+    "weight_dtype": ("weight", lambda x, w: (x, w.double())),
     "weight_int": ("weight", lambda x, w: (x, w.int())),
     "weight_rank1": ("weight", lambda x, w: (x, w[0])),
     "weight_rank3": ("weight", lambda x, w: (x, w[None])),

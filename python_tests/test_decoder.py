@@ -254,6 +254,28 @@ def test_head_checkpoint_round_trip(target, kind, tmp_path):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("weight_dtype", [None, torch.bfloat16], ids=["fp32-weights", "bf16-weights"])
+def test_fp16_checkpoint_stays_fp16_on_an_fp32_cpu_target(weight_dtype, tmp_path):
+    """A checkpoint's fp16 matrices are kept as fp16 on an fp32 CPU target (cpu_linear widens
+    them exactly; with bf16 target weights too, where rounding them to bf16 would change the
+    head): half the bytes, and drafts bit for bit those of the fp32 copy."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), weight_dtype=weight_dtype)
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    head.save(tmp_path)
+    loaded = EagleHead.load(tmp_path, target)
+    assert loaded.weights["lm_head.weight"].dtype == torch.float16
+    assert loaded.weights["fc.weight"].dtype == torch.float16
+    assert loaded.weights["midlayer.input_layernorm.weight"].dtype == torch.float32
+    widened = EagleHead(loaded.config, {n: t.float() if t.is_floating_point() else t
+                                        for n, t in loaded.weights.items()}, target)
+    assert widened.weights["lm_head.weight"].dtype == (weight_dtype or torch.float32)
+    tokens = torch.randint(0, 60, (2, 5))
+    features = torch.randn(2, 5, target.config.hidden_size)
+    want = widened.logits(widened(tokens, features, widened.new_cache(2, 8)))
+    got = loaded.logits(loaded(tokens, features, loaded.new_cache(2, 8)))
+    assert torch.equal(got, want)
+
+
 def test_head_rejects_wrong_weights(target):
     head = EagleHead.random(target, "eagle1")
     weights = dict(head.weights)

@@ -1,12 +1,13 @@
 // CPU launcher of cpu_linear: out[m, n] = sum_k x[m, k] * weight[n, k] for a few rows of x
-// (decoding, M = 1; a verify pass, M = 16..64), weight fp32 or bf16, fp32 accumulation.
+// (decoding, M = 1; a verify pass, M = 16..64), weight fp32, bf16 or fp16, fp32 accumulation.
 //
 // At small M a linear layer is a stream over the weight: each weight element is used M times.
 // The loop order reads every weight row from memory once and applies it to all M rows of x,
 // which stay in L1/L2: panels of kPanel weight rows (parallel over panels); within a panel,
 // tiles of 4 weight rows x up to 3 rows of x (8 x 1 at M = 1), each (weight row, x row) pair an
 // 8-wide fp32 accumulator along K. bf16 weights are widened in registers (zero-extend, shift
-// left 16: exact) at every use. Widening four rows once into an fp32 buffer for the x tiles that
+// left 16: exact) at every use, fp16 weights likewise (F16C conversion: exact), so a narrow
+// weight gives bit for bit the result of its fp32 widening. Widening four rows once into an fp32 buffer for the x tiles that
 // reuse them measured 10-25% slower on the 49152 x 576 LM head at 7-8 rows and about even at
 // 12-16 (AVX2 Zen 3).
 //
@@ -15,11 +16,13 @@
 // verify pass the linear layers give a token's row exactly what decoding it alone would.
 //
 // ISA: the AVX2/FMA path is compiled with a function-level target attribute (no global -march,
-// so the library still loads on any x86-64) and chosen at run time when the CPU has AVX2 and
-// FMA. EAGLE_KERNELS_CPU_ISA=scalar forces the portable path (tests).
+// so the library still loads on any x86-64) and chosen at run time when the CPU has AVX2, FMA
+// and F16C (every AVX2 CPU has the last). EAGLE_KERNELS_CPU_ISA=scalar forces the portable path
+// (tests).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,7 +36,7 @@
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define EAGLE_HAVE_AVX2_PATH 1
 #include <immintrin.h>
-#define EAGLE_AVX2 __attribute__((target("avx2,fma")))
+#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define EAGLE_HAVE_AVX2_PATH 0
 #endif
@@ -50,8 +53,13 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+// The two 16-bit weight formats, told apart by type: the bits of a bf16 or an IEEE fp16 value.
+enum class Bf16Bits : uint16_t {};
+enum class Fp16Bits : uint16_t {};
+
 inline float widen(float v) { return v; }
-inline float widen(uint16_t v) { return bf16_to_float(v); }
+inline float widen(Bf16Bits v) { return bf16_to_float(static_cast<uint16_t>(v)); }
+inline float widen(Fp16Bits v) { return c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(v)); }
 
 // ------------------------------------------------------------------------------- scalar path
 // Portable fallback: eight partial sums per dot product, as the AVX2 lanes (the compiler
@@ -79,9 +87,13 @@ void panel_scalar(const W* w, int64_t ldw, int64_t rows, const float* x, int64_t
 #if EAGLE_HAVE_AVX2_PATH
 EAGLE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
-EAGLE_AVX2 inline __m256 load8(const uint16_t* p) {
+EAGLE_AVX2 inline __m256 load8(const Bf16Bits* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+EAGLE_AVX2 inline __m256 load8(const Fp16Bits* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // The first `rem` (< 8) elements, zeros after: masked loads never touch memory past the row.
@@ -90,9 +102,11 @@ EAGLE_AVX2 inline __m256 load8_tail(const float* p, int64_t rem) {
   return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rem)), lane));
 }
 
-EAGLE_AVX2 inline __m256 load8_tail(const uint16_t* p, int64_t rem) {
-  alignas(16) uint16_t tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::memcpy(tail, p, static_cast<size_t>(rem) * sizeof(uint16_t));
+template <typename Bits16>
+EAGLE_AVX2 inline __m256 load8_tail(const Bits16* p, int64_t rem) {
+  static_assert(sizeof(Bits16) == 2, "16-bit weight formats only");
+  alignas(16) Bits16 tail[8] = {};
+  std::memcpy(tail, p, static_cast<size_t>(rem) * sizeof(Bits16));
   return load8(tail);
 }
 
@@ -241,7 +255,8 @@ enum class Isa { kScalar, kAvx2 };
 
 bool cpu_has_avx2() {
 #if EAGLE_HAVE_AVX2_PATH
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
   return has;
 #else
   return false;
@@ -258,17 +273,32 @@ Isa pick_isa() {
   return cpu_has_avx2() ? Isa::kAvx2 : Isa::kScalar;
 }
 
+// Parallel tasks get at least this many multiply-adds (weights x max(M, 8): at M <= 8 the
+// stream, not the arithmetic, sets the time). 2^20 (about 0.1 ms on one core) splits every
+// SmolLM2 layer over two threads: with the cores to itself, two threads read the weights at
+// 12-14 GB/s against 8-9 GB/s for one (one forward's 540 MB of fp32 weights: 38-44 ms against
+// 58-65 ms at 1 to 12 rows, AMD EPYC, 2 cores). A parallel region waits for its slowest thread,
+// though, and on cores shared with other busy processes that thread can wait a scheduler time
+// slice per region: there 2^18 took 650-1600 ms per token where 2^23 (only the LM head splits)
+// took 160-170 ms. EAGLE_KERNELS_CPU_LINEAR_CHUNK sets the number (e.g. 8388608 on such a
+// machine); read per call, like EAGLE_KERNELS_CPU_ISA.
+constexpr int64_t kDefaultParallelChunk = int64_t{1} << 20;
+
+int64_t parallel_chunk() {
+  const char* env = std::getenv("EAGLE_KERNELS_CPU_LINEAR_CHUNK");
+  if (env == nullptr || *env == '\0') return kDefaultParallelChunk;
+  char* end = nullptr;
+  const long long value = std::strtoll(env, &end, 10);
+  TORCH_CHECK_VALUE(end != env && *end == '\0' && value > 0,
+                    "EAGLE_KERNELS_CPU_LINEAR_CHUNK: expected a positive integer, got '", env, "'");
+  return static_cast<int64_t>(value);
+}
+
 template <typename W>
 void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
          float* out, Isa isa) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  // Chunks of at least 2^23 multiply-adds (weights x max(M, 8): at M <= 8 the stream, not the
-  // arithmetic, sets the time), about 0.3-1 ms on one core. A parallel region waits for its
-  // slowest thread; on a loaded machine that thread can wait a scheduler time slice, so smaller
-  // chunks lost several times what they gained (SmolLM2 decoding at 2 threads on 2 busy cores:
-  // 650-1600 ms per token with 2^18, 160-170 ms with 2^23). Only the LM head (and M >= 64
-  // calls) still splits at decoding sizes.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 23) / (kPanel * K * std::max<int64_t>(M, 8)));
+  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPanel * K * std::max<int64_t>(M, 8)));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
 #if EAGLE_HAVE_AVX2_PATH
     const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
@@ -301,8 +331,9 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
                     shape_str(x.sizes()));
   const at::Device dev = x.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
-  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16, op,
-                    ": weight: expected dtype float32 or bfloat16, got ", weight.scalar_type());
+  const at::ScalarType wtype = weight.scalar_type();
+  TORCH_CHECK_VALUE(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kHalf, op,
+                    ": weight: expected dtype float32, bfloat16 or float16, got ", wtype);
   check_dim(weight, op, "weight", 2, "[N, K]");
   check_device(weight, op, "weight", dev);
   const int64_t K = x.size(-1);
@@ -327,11 +358,14 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t ldw = N > 1 ? weight.stride(0) : K;
   float* op_out = out.data_ptr<float>();
   const Isa isa = pick_isa();
-  if (weight.scalar_type() == at::kFloat) {
+  if (wtype == at::kFloat) {
     run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, isa);
-  } else {
-    run<uint16_t>(reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx,
+  } else if (wtype == at::kBFloat16) {
+    run<Bf16Bits>(reinterpret_cast<const Bf16Bits*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx,
                   M, K, op_out, isa);
+  } else {
+    run<Fp16Bits>(reinterpret_cast<const Fp16Bits*>(weight.data_ptr<at::Half>()), ldw, N, xp, ldx, M, K,
+                  op_out, isa);
   }
   return out;
 }

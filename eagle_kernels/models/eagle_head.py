@@ -114,14 +114,22 @@ class EagleHead(torch.nn.Module):
         return cls(config, weights, target)
 
     def _stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """The weight matrices that go through :func:`linear` follow the target's storage
-        dtype (bf16 weights of an fp32 target): drafting reads them once per pass, like the
-        target's. EAGLE-1's fc has a bias and runs ``F.linear`` in the compute dtype."""
-        narrow = self.target.weight_dtype
+        """Floats in the target's compute dtype, except the weight matrices that go through
+        :func:`linear`, which drafting streams once per pass like the target's:
+        - fp16 matrices (as checkpoints ship) of an fp32 CPU head stay fp16: ``cpu_linear``
+          widens them exactly, so drafts are bit for bit those of the fp32 copy at half the
+          bytes (and bf16 weights of the target would round them);
+        - otherwise they follow the target's storage dtype (bf16 weights of an fp32 target).
+        EAGLE-1's fc has a bias and runs ``F.linear`` in the compute dtype."""
+        if not t.is_floating_point():
+            return t.to(self.target.device)
+        compute, narrow = self.target.dtype, self.target.weight_dtype
         through_linear = is_matrix_weight(name) or (name == "fc.weight" and self.config.kind == EAGLE3)
-        if through_linear and t.dtype == self.target.dtype and narrow != t.dtype:
-            return t.to(narrow)
-        return t
+        if (through_linear and t.dtype == torch.float16 and compute == torch.float32
+                and self.target.device.type == "cpu"):
+            return t.to(self.target.device)
+        t = t.to(self.target.device, compute)
+        return t.to(narrow) if through_linear and narrow != compute else t
 
     @property
     def dtype(self):
@@ -211,9 +219,8 @@ class EagleHead(torch.nn.Module):
         weights = _read_tensors(folder)
         weights.pop("t2d", None)  # EAGLE-3's target-to-draft mask is implied by d2t
         weights.pop("embed_tokens.weight", None)  # shared with the target
-        weights = {n: t.to(target.device, target.dtype if t.is_floating_point() else torch.int64)
-                   for n, t in weights.items()}
-        return cls(config, weights, target)
+        weights = {n: t if t.is_floating_point() else t.to(torch.int64) for n, t in weights.items()}
+        return cls(config, weights, target)  # floats take their dtype in _stored
 
     def describe(self) -> dict:
         return asdict(self.config)

@@ -129,7 +129,7 @@ def _cpu_linear_enabled() -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` (no bias) in ``x.dtype``, for a weight stored in ``x.dtype`` or
     narrower (bf16 weights of an fp32 model). fp32 CPU calls of at most ``CPU_LINEAR_MAX_ROWS``
-    rows run the ``cpu_linear`` kernel (fp32 or bf16 weight read as is); every other call runs
+    rows run the ``cpu_linear`` kernel (fp32, bf16 or fp16 weight read as is); every other call runs
     torch, widening a narrower weight for that call only (prefill: no second fp32 copy of the
     weights is kept). ``EAGLE_KERNELS_CPU_LINEAR=torch`` sends every call to torch, and so does
     a call autograd records (the kernel has no backward; training shares this function).
@@ -138,7 +138,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ------
     x [..., K]; weight [N, K]; returns [..., N].
     """
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype in (torch.float32, torch.bfloat16)
+    if (x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and x.numel() <= CPU_LINEAR_MAX_ROWS * x.shape[-1] and _cpu_linear_enabled()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return torch.ops.eagle_kernels.cpu_linear(x, weight)
