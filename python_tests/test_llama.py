@@ -217,3 +217,43 @@ def test_weight_dtype_rejects_integers():
     hf = tiny_hf_model(torch.float32)
     with pytest.raises(ValueError, match="weight_dtype"):
         LlamaModel.from_transformers(hf, weight_dtype=torch.int8)
+
+
+def test_fused_projections_share_memory_and_follow_replaced_weights():
+    """q/k/v and gate/up run as one matrix each: the named weights are views of it (one copy in
+    memory), the logits equal those of separate per-projection calls bit for bit (cpu_linear
+    columns are independent), and a weight replaced under its name is used from then on."""
+    import torch.nn.functional as F
+
+    from eagle_kernels.models import llama
+
+    hf = tiny_hf_model(torch.float32)
+    ours = LlamaModel.from_transformers(hf)
+    c, w, p = ours.config, ours.weights, "model.layers.1."
+    fused = ours.fused(w, p, llama.QKV)
+    q, k, v = (w[p + name] for name in llama.QKV)
+    assert fused.shape == (q.shape[0] + k.shape[0] + v.shape[0], c.hidden_size)
+    assert q.data_ptr() == fused.data_ptr() and v.data_ptr() + v.numel() * 4 == fused.data_ptr() + fused.numel() * 4
+    assert torch.equal(w[p + "mlp.up_proj.weight"], ours.fused(w, p, llama.GATE_UP)[c.intermediate_size:])
+
+    def separate_forward(tokens, cache):
+        B, N = tokens.shape
+        cos, sin = llama.rope_cos_sin(ours.inv_freq, llama.default_positions(cache, N), ours.dtype)
+        x = F.embedding(tokens, w["model.embed_tokens.weight"])
+        for layer in range(c.num_layers):
+            lp = f"model.layers.{layer}."
+            h = llama.rms_norm(x, w[lp + "input_layernorm.weight"], c.rms_norm_eps)
+            q, k, v = (llama.linear(h, w[lp + name]).view(B, N, -1, c.head_dim) for name in llama.QKV)
+            attn = llama.cached_attention(llama.rotate(q, cos, sin), llama.rotate(k, cos, sin), v, cache, layer, None)
+            x = x + llama.linear(attn, w[lp + "self_attn.o_proj.weight"])
+            x = x + llama.swiglu(llama.rms_norm(x, w[lp + "post_attention_layernorm.weight"], c.rms_norm_eps), w, lp)
+        return llama.linear(llama.rms_norm(x, w["model.norm.weight"], c.rms_norm_eps), w["lm_head.weight"])
+
+    tokens = torch.randint(0, 97, (2, 5))
+    assert torch.equal(ours(tokens, ours.new_cache(2, 8)).logits, separate_forward(tokens, ours.new_cache(2, 8)))
+    before = ours(tokens, ours.new_cache(2, 8)).logits
+    w[p + "self_attn.k_proj.weight"] = w[p + "self_attn.k_proj.weight"] * 1.5
+    w[p + "mlp.gate_proj.weight"] = w[p + "mlp.gate_proj.weight"].flip(0)
+    after = ours(tokens, ours.new_cache(2, 8)).logits
+    assert not torch.equal(after, before)
+    assert torch.equal(after, separate_forward(tokens, ours.new_cache(2, 8)))

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .llama import (KVCache, LlamaConfig, LlamaModel, cached_attention, default_positions, is_matrix_weight,
-                    linear, rms_norm, rope_cos_sin, rope_inverse_frequencies, rotate, swiglu)
+from .llama import (FusedProjections, KVCache, LlamaConfig, LlamaModel, attention_projections, cached_attention,
+                    default_positions, gated_mlp, is_matrix_weight, linear, rms_norm, rope_cos_sin,
+                    rope_inverse_frequencies)
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 
@@ -91,6 +92,7 @@ class EagleHead(torch.nn.Module):
         self.target = target
         self.weights = {name: self._stored(name, weights[name]) for name in expected}
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
+        self.fused = FusedProjections()  # q/k/v and gate/up as one matrix each (views in weights)
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()).to(target.device),
                              persistent=False)
 
@@ -171,12 +173,10 @@ class EagleHead(torch.nn.Module):
                                  rms_norm(features, w[p + "hidden_norm.weight"], c.rms_norm_eps)], dim=-1)
             residual = features
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        q = linear(attn_in, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
-        k = linear(attn_in, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-        v = linear(attn_in, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-        attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, 0, tree_mask, slot_offset)
+        q, k, v = attention_projections(attn_in, w, p, self.fused, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+        attn = cached_attention(q, k, v, cache, 0, tree_mask, slot_offset)
         x = residual + linear(attn, w[p + "self_attn.o_proj.weight"])
-        return x + swiglu(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p)
+        return x + gated_mlp(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p, self.fused)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, N, Vd] float32 (EAGLE-1: the target's LM head on the predicted

@@ -151,6 +151,54 @@ def swiglu(h: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
     return linear(gate * linear(h, w[prefix + "mlp.up_proj.weight"]), w[prefix + "mlp.down_proj.weight"])
 
 
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+
+
+class FusedProjections:
+    """Projections of one input served as one matrix (q/k/v, gate/up): one linear call reads
+    them in one weight stream, with fewer calls and parallel regions per layer. A cpu_linear
+    output column does not depend on the other weight rows, so on CPU the results are bit for
+    bit those of separate calls.
+
+    The fused matrix is built on first use and the weights dict's entries are re-pointed at
+    views of its rows (no second copy). Entries replaced later (a new tensor under a name) are
+    noticed by identity and fused again."""
+
+    def __init__(self):
+        self._built = {}  # (prefix, names) -> (the views handed out, the fused matrix)
+
+    def __call__(self, weights: dict, prefix: str, names: tuple) -> torch.Tensor:
+        parts = [weights[prefix + name] for name in names]
+        built = self._built.get((prefix, names))
+        if built is not None and all(a is b for a, b in zip(built[0], parts)):
+            return built[1]
+        fused = torch.cat(parts)
+        views, start = [], 0
+        for name, part in zip(names, parts):
+            views.append(fused[start:start + part.shape[0]])
+            weights[prefix + name] = views[-1]
+            start += part.shape[0]
+        self._built[(prefix, names)] = (views, fused)
+        return fused
+
+
+def attention_projections(h, w: dict, prefix: str, fused: FusedProjections, num_heads: int, num_kv_heads: int,
+                          head_dim: int, cos, sin):
+    """q, k (RoPE applied, one pass over both) and v from one fused q/k/v linear call.
+    h [B, N, K]; returns q [B, N, Hq, D], k and v [B, N, Hkv, D] (views of one buffer)."""
+    B, N = h.shape[:2]
+    qkv = linear(h, fused(w, prefix, QKV)).view(B, N, num_heads + 2 * num_kv_heads, head_dim)
+    q, k = rotate(qkv[:, :, :num_heads + num_kv_heads], cos, sin).split([num_heads, num_kv_heads], dim=2)
+    return q, k, qkv[:, :, num_heads + num_kv_heads:]
+
+
+def gated_mlp(h: torch.Tensor, w: dict, prefix: str, fused: FusedProjections) -> torch.Tensor:
+    """SwiGLU with gate and up in one linear call (the same as :func:`swiglu`)."""
+    gate, up = linear(h, fused(w, prefix, GATE_UP)).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, w[prefix + "mlp.down_proj.weight"])
+
+
 def default_positions(cache: "KVCache", num_tokens: int) -> torch.Tensor:
     return cache.seqlens[:, None].long() + torch.arange(num_tokens, device=cache.seqlens.device)
 
@@ -218,6 +266,10 @@ class LlamaModel(torch.nn.Module):
             weights = {name: narrowed[(t.data_ptr(), tuple(t.shape), t.stride())] if is_matrix_weight(name) else t
                        for name, t in weights.items()}
         self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
+        self.fused = FusedProjections()
+        for layer in range(config.num_layers):  # fuse now, so that loading settles the memory
+            for names in (QKV, GATE_UP):
+                self.fused(weights, f"model.layers.{layer}.", names)
         # On the weights' device: a CPU inv_freq would not broadcast against CUDA positions.
         self.register_buffer("inv_freq", rope_inverse_frequencies(config).to(self.device), persistent=False)
 
@@ -279,12 +331,10 @@ class LlamaModel(torch.nn.Module):
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = linear(h, w[p + "self_attn.q_proj.weight"]).view(B, N, c.num_heads, c.head_dim)
-            k = linear(h, w[p + "self_attn.k_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-            v = linear(h, w[p + "self_attn.v_proj.weight"]).view(B, N, c.num_kv_heads, c.head_dim)
-            attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, layer, tree_mask)
+            q, k, v = attention_projections(h, w, p, self.fused, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+            attn = cached_attention(q, k, v, cache, layer, tree_mask)
             x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
-            x = x + swiglu(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p)
+            x = x + gated_mlp(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p, self.fused)
             if layer in feature_layers:
                 states[layer] = x
         hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
