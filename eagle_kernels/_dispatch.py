@@ -62,6 +62,7 @@ NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tr
                                "draft_expand", "cpu_linear"})
 
 
+@functools.lru_cache(maxsize=None)
 def _cpp_callable(op: str):
     native = getattr(torch.ops.eagle_kernels, op)
     result_type = RESULT_TYPES.get(op)
@@ -127,7 +128,18 @@ def backend_of(op: str, device) -> str:
     return "reference"
 
 
+# (op, device type, EAGLE_KERNELS_BACKEND, TRITON_INTERPRET) -> callable. The choice depends on
+# nothing else, and resolving it costs tens of microseconds per call: as much as a small
+# tree_attention kernel, and a forward pass makes dozens of such calls.
+_RESOLVED: dict[tuple, object] = {}
+
+
 def run(op: str, device, *args, **kwargs):
     """Run ``op`` on the backend chosen for ``device``."""
-    fn, _ = implementation(op, backend_of(op, device), device)
+    device_type = device.type if isinstance(device, torch.device) else _device_type(device)
+    key = (op, device_type, os.environ.get(BACKEND_ENV), os.environ.get("TRITON_INTERPRET"))
+    fn = _RESOLVED.get(key)
+    if fn is None:
+        fn, _ = implementation(op, backend_of(op, device_type), device_type)
+        _RESOLVED[key] = fn
     return fn(*args, **kwargs)

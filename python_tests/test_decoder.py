@@ -329,7 +329,7 @@ def state_tensors(state):
         elif isinstance(value, dict):
             found.update({f"{name}.{k}": v for k, v in value.items()})
         elif value is not None and hasattr(value, "seqlens"):
-            found.update({f"{name}.{k}": v for k, v in vars(value).items()})
+            found.update({f"{name}.{k}": v for k, v in vars(value).items() if isinstance(v, torch.Tensor)})
     return found
 
 
