@@ -18,7 +18,15 @@ Providers
 
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
 per-token wall clock compares like with like; batch 1 runs the prompts one after another,
-batch B runs them together. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``.
+batch B runs them together. Two clocks per provider:
+- tok/s: generated tokens / wall clock of the whole call, prefill included;
+- decode ms/token: time per output token after the first (what vLLM's benchmarks call TPOT):
+  (wall clock - time to the first token) / (tokens - 1 per sequence). Our decoder times its
+  prefill itself; for transformers the time to the first token is a separate one-token
+  ``generate`` of the same batch, measured in the same round.
+With ``--rounds R`` every provider runs R times, the rounds interleaved (one run of each
+provider per round), and each reports its median round: a VM whose speed drifts by 10-20%
+over minutes then biases no provider. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``.
 
     python bench/e2e.py                       # CPU, full table -> bench/results/
     python bench/e2e.py --quick --device cuda # one prompt per domain; random weights if the
@@ -32,6 +40,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
 
@@ -80,7 +89,7 @@ def peak_memory_mb(device) -> float:
 
 
 def run_ours(decoder, prompts, batch, max_new, temperature, speculative):
-    tokens, seconds, steps, sequences = 0, 0.0, 0, []
+    tokens, seconds, first_token_seconds, steps, sequences = 0, 0.0, 0.0, 0, []
     for start in range(0, len(prompts), batch):
         group = prompts[start:start + batch]
         t0 = time.perf_counter()
@@ -88,16 +97,17 @@ def run_ours(decoder, prompts, batch, max_new, temperature, speculative):
         if decoder.target.device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
+        first_token_seconds += result.timings["prefill_s"]
         tokens += sum(len(s) for s in result.sequences)
         steps += sum(result.steps)
         sequences += result.sequences
     # tau counts decoding steps only (the prefill's first token excluded), as GenerationResult.
-    return {"tokens": tokens, "seconds": seconds, "tau": (tokens - len(prompts)) / max(steps, 1),
-            "sequences": sequences}
+    return {"tokens": tokens, "seconds": seconds, "first_token_seconds": first_token_seconds,
+            "tau": (tokens - len(prompts)) / max(steps, 1), "sequences": sequences}
 
 
 def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
-    tokens, seconds, sequences = 0, 0.0, []
+    tokens, seconds, first_token_seconds, sequences = 0, 0.0, 0.0, []
     device = hf.device
     for start in range(0, len(prompts), batch):
         group = prompts[start:start + batch]
@@ -113,17 +123,28 @@ def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
             kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
         if lookup:
             kwargs["prompt_lookup_num_tokens"] = 10
-        torch.manual_seed(start)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        for new_tokens in (1, max_new):  # the first: time to the first token
+            kwargs.update(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+            torch.manual_seed(start)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if new_tokens == 1 and max_new > 1:
+                first_token_seconds += time.perf_counter() - t0
         seconds += time.perf_counter() - t0
         new = out[:, width:]
         tokens += new.numel()
         sequences += new.tolist()
-    return {"tokens": tokens, "seconds": seconds, "tau": None, "sequences": sequences}
+    return {"tokens": tokens, "seconds": seconds, "first_token_seconds": first_token_seconds, "tau": None,
+            "sequences": sequences}
+
+
+def decode_ms_per_token(run: dict, sequences: int) -> float:
+    """Time per output token after the first, in ms (TPOT)."""
+    later = run["tokens"] - sequences
+    return 1e3 * (run["seconds"] - run["first_token_seconds"]) / later if later > 0 else float("nan")
 
 
 def main(argv=None) -> int:
@@ -147,6 +168,8 @@ def main(argv=None) -> int:
                              "twins of ours-plain, ours-lookup and eagle")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved rounds per provider; each reports its median round")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.max_new_tokens, args.batches, args.temperatures = 1, 32, [1], [0.0]
@@ -218,53 +241,72 @@ def main(argv=None) -> int:
                         decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
                         name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, ours(decoder, True)))
+                rounds = {name: [] for name, _ in runs}
+                for _ in range(args.rounds):
+                    for name, fn in runs:
+                        if (name, batch) not in warmed:  # kernel compilation, allocator and caches
+                            fn(warmup=True)
+                            warmed.add((name, batch))
+                        if device.type == "cuda":
+                            torch.cuda.reset_peak_memory_stats(device)
+                        r = fn()
+                        r["peak_mb"] = peak_memory_mb(device)
+                        rounds[name].append(r)
+                        print(f"{domain:5s} T={temperature:g} B={batch} {name:22s} "
+                              f"{r['tokens'] / r['seconds']:7.1f} tok/s"
+                              + (f"  tau {r['tau']:.2f}" if r["tau"] is not None else ""), flush=True)
                 results = {}
-                for name, fn in runs:
-                    if (name, batch) not in warmed:  # kernel compilation, allocator and caches
-                        fn(warmup=True)
-                        warmed.add((name, batch))
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats(device)
-                    r = fn()
-                    r["peak_mb"] = peak_memory_mb(device)
-                    results[name] = r
-                    print(f"{domain:5s} T={temperature:g} B={batch} {name:22s} {r['tokens'] / r['seconds']:7.1f} tok/s"
-                          + (f"  tau {r['tau']:.2f}" if r["tau"] is not None else ""), flush=True)
+                for name, runs_of_name in rounds.items():
+                    seconds = [r["seconds"] for r in runs_of_name]
+                    results[name] = runs_of_name[seconds.index(statistics.median_low(seconds))]
                 base = results.get("ours-plain")
                 hf_base = results.get("hf-generate")
+                count = len(prompts[domain])
                 for name, r in results.items():
                     tps = r["tokens"] / r["seconds"]
+                    tpot = decode_ms_per_token(r, count)
                     row = {"domain": domain, "temperature": temperature, "batch": batch, "provider": name,
                            "tokens": r["tokens"], "seconds": round(r["seconds"], 3), "tok_per_s": round(tps, 2),
+                           "first_token_s": round(r["first_token_seconds"], 3),
+                           "decode_ms_per_token": round(tpot, 2), "rounds": args.rounds,
                            "tau": None if r["tau"] is None else round(r["tau"], 3), "peak_mb": round(r["peak_mb"], 1)}
                     if base:
                         row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
+                        row["decode_vs_ours_plain"] = round(decode_ms_per_token(base, count) / tpot, 3)
                         same_base = results.get("ours-plain-bf16w") if name.endswith("-bf16w") else base
                         if temperature == 0 and name.startswith(("eagle", "ours-lookup")) and same_base:
                             row["same_as_plain"] = r["sequences"] == same_base["sequences"]
                     if hf_base:
                         row["vs_hf_generate"] = round(tps / (hf_base["tokens"] / hf_base["seconds"]), 3)
+                        row["decode_vs_hf_generate"] = round(decode_ms_per_token(hf_base, count) / tpot, 3)
                     rows.append(row)
 
     meta = {"device": str(device), "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "model": "SmolLM2-135M-Instruct"
             if have_model else "random weights (SmolLM2-135M shapes)", "max_new_tokens": args.max_new_tokens,
-            "prompts_per_domain": args.prompts, "prompt_tokens": args.prompt_tokens,
+            "prompts_per_domain": args.prompts, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
             "heads": {k: shipped.path(k.partition("-")[0]) for k in heads}}
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [f"Device {meta['device']} ({meta['threads']} threads, torch {meta['torch']}), {meta['model']}, "
              f"{args.prompts} held-out prompts x {args.prompt_tokens} tokens per domain, {args.max_new_tokens} new "
-             f"tokens each (EOS ignored). tok/s = generated tokens / wall clock including prefill. Peak memory: "
+             f"tokens each (EOS ignored), median of {args.rounds} interleaved round(s). tok/s = generated tokens / "
+             f"wall clock including prefill; decode ms/tok = time per output token after the first (TPOT). Ratios: "
+             f"whole call (tok/s) / decode only. Peak memory: "
              f"{'CUDA max allocated' if device.type == 'cuda' else 'process peak RSS so far (monotone)'}.", "",
-             "| domain | T | batch | provider | tok/s | tau | x ours-plain | x hf-generate | same as plain | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| domain | T | batch | provider | tok/s | decode ms/tok | tau | x ours-plain | x hf-generate "
+             "| same as plain | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r, key):
+        return f"{r[key]:.2f} / {r['decode_' + key]:.2f}" if key in r else ""
+
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r.get("same_as_plain"), "")
         tau = "" if r["tau"] is None else f"{r['tau']:.2f}"
         lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider']} | {r['tok_per_s']:.1f} | "
-                     f"{tau} | {r.get('vs_ours_plain', '')} | {r.get('vs_hf_generate', '')} | {same} | "
-                     f"{r['peak_mb']:.0f} |")
+                     f"{r['decode_ms_per_token']:.1f} | {tau} | {ratio(r, 'vs_ours_plain')} | "
+                     f"{ratio(r, 'vs_hf_generate')} | {same} | {r['peak_mb']:.0f} |")
     with open(os.path.join(args.out, "e2e.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
