@@ -6,8 +6,9 @@ Providers:
 - ``eagle-bf16``: ``eagle_kernels.cpu_linear`` with the weights in bf16 (half the bytes; fp32
   compute and accumulation).
 
-Shapes: SmolLM2-135M's (N, K) = (576, 576) q/o projections, (1536, 576) gate/up, (576, 1536)
-down, (49152, 576) the tied LM head; M in {1 (decoding), 4, 16 (a verify tree), 64} rows of x.
+Shapes: SmolLM2-135M's (N, K) as the model runs them: (960, 576) fused q/k/v, (576, 576) o,
+(3072, 576) fused gate/up, (576, 1536) down, (49152, 576) the tied LM head; M in {1 (decoding),
+4, 16 (a verify tree), 64} rows of x.
 
 Every call reads its weights from DRAM, as in a forward pass over the whole model: each
 provider cycles through its own copies of the weight matrix, at least 96 MiB of them (three
@@ -21,7 +22,11 @@ ran for it.
 Run: ``PYTHONPATH=. python -m pytest bench/bench_cpu_linear.py --benchmark-only -q``
 (``EAGLE_BENCH_THREADS=1`` pins the thread count), or ``python bench/bench_cpu_linear.py``
 for the compact side-by-side table at 1 and 2 threads (providers interleaved call by call, so
-machine noise hits all of them alike; median per provider).
+machine noise hits all of them alike; median per provider). ``python bench/bench_cpu_linear.py
+--forward`` times the linear layers of one whole forward pass instead (30 layers + LM head,
+every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with fp32
+and bf16 weights, and cpu_linear with ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608`` (only the LM
+head splits over threads).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import torch.nn.functional as F
 
 import eagle_kernels
 
-SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (N, K)
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # (N, K)
+FORWARD_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 ROWS = [1, 4, 16, 64]
 PROVIDERS = ("torch", "eagle", "eagle-bf16")
 FOOTPRINT_BYTES = 96 * 2**20
@@ -143,5 +149,48 @@ def main(argv):
         weight_copies.cache_clear()
 
 
+def forward_table(threads_list, rounds=7):
+    """Linear layers of one SmolLM2-135M forward, per provider: median over interleaved rounds."""
+    gen = torch.Generator().manual_seed(0)
+    fp32 = [torch.randn(N, K, generator=gen) for N, K in FORWARD_SHAPES]  # 540 MB: all from DRAM
+    bf16 = [w.bfloat16() for w in fp32]
+    chunk_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"
+
+    def one_pass(fn, weights, chunk=None):
+        def run(xs):
+            if chunk:
+                os.environ[chunk_env] = chunk
+            try:
+                for w in weights:
+                    fn(xs[w.shape[1]], w)
+            finally:
+                os.environ.pop(chunk_env, None)
+        return run
+
+    providers = {"torch": one_pass(F.linear, fp32), "eagle": one_pass(eagle_kernels.cpu_linear, fp32),
+                 "eagle-coarse": one_pass(eagle_kernels.cpu_linear, fp32, "8388608"),
+                 "eagle-bf16": one_pass(eagle_kernels.cpu_linear, bf16)}
+    total_bytes = sum(w.numel() * 4 for w in fp32)
+    print(f"one forward's linear layers ({total_bytes / 1e6:.0f} MB of fp32 weights), ms, median of {rounds} "
+          f"interleaved rounds; eagle-coarse = {chunk_env}=8388608")
+    print(f"{'thr':>3} {'M':>3} | " + " ".join(f"{name:>12}" for name in providers) + " | eagle GB/s")
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        for M in (1, 4, 8, 12):
+            xs = {K: torch.randn(M, K) for K in (576, 1536)}
+            times = {name: [] for name in providers}
+            for _ in range(rounds):
+                for name, run in providers.items():
+                    start = time.perf_counter()
+                    run(xs)
+                    times[name].append(time.perf_counter() - start)
+            med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+            print(f"{threads:>3} {M:>3} | " + " ".join(f"{med[n] * 1e3:12.1f}" for n in providers)
+                  + f" | {total_bytes / med['eagle'] / 1e9:10.1f}", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if "--forward" in sys.argv[1:]:
+        forward_table([int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 2])
+    else:
+        main(sys.argv[1:])
