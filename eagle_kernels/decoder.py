@@ -311,15 +311,14 @@ class SpeculativeDecoder:
         capacity = width + max_new + self.tree.verify_nodes + depth + 2
         target_cache = self.target.new_cache(B, capacity)
         layers = self.head.config.feature_layers if (speculative and self.head) else ()
-        out = self.target(tokens, target_cache, feature_layers=layers)
         last = (lengths - 1)[:, None]
+        out = self.target(tokens, target_cache, feature_layers=layers, logit_rows=last)
         sampling = {"temperature": _per_request(temperature, B, torch.float32, device),
                     "top_k": _per_request(top_k, B, torch.int32, device),
                     "top_p": _per_request(top_p, B, torch.float32, device),
                     "seed": _per_request(seed, B, torch.int64, device)}
         offset = torch.zeros(B, dtype=torch.int64, device=device)
-        first = self._sample_root(torch.gather(out.logits, 1, last[..., None].expand(-1, -1, out.logits.shape[-1])),
-                                  sampling, offset)
+        first = self._sample_root(out.logits, sampling, offset)
         target_cache.seqlens.copy_(lengths.to(torch.int32))
 
         head_cache, root_hidden = None, None

@@ -257,3 +257,18 @@ def test_fused_projections_share_memory_and_follow_replaced_weights():
     after = ours(tokens, ours.new_cache(2, 8)).logits
     assert not torch.equal(after, before)
     assert torch.equal(after, separate_forward(tokens, ours.new_cache(2, 8)))
+
+
+def test_logit_rows_selects_rows_of_the_full_logits():
+    """logit_rows computes the LM head for the listed tokens only: the same values as those
+    rows of the full logits (per-row independent linear layers), hidden states unchanged."""
+    hf = tiny_hf_model(torch.float32)
+    ours = LlamaModel.from_transformers(hf)
+    tokens = torch.randint(0, 97, (2, 9))
+    full = ours(tokens, ours.new_cache(2, 12))
+    rows = torch.tensor([[8, 0], [3, 3]])
+    part = ours(tokens, ours.new_cache(2, 12), logit_rows=rows)
+    assert part.logits.shape == (2, 2, 97)
+    assert torch.equal(part.hidden, full.hidden)
+    for b in range(2):
+        assert torch.equal(part.logits[b], full.logits[b, rows[b]])

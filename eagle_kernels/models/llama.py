@@ -243,8 +243,9 @@ class KVCache:
 
 @dataclass
 class ForwardOutput:
-    """logits [B, N, V] float32; hidden [B, N, H]: the final normed hidden state (EAGLE-1's
-    feature); layer_states: {layer index: [B, N, H] output of that layer} (EAGLE-3's features)."""
+    """logits [B, N, V] float32 ([B, P, V] with P ``logit_rows``); hidden [B, N, H]: the final
+    normed hidden state (EAGLE-1's feature); layer_states: {layer index: [B, N, H] output of
+    that layer} (EAGLE-3's features)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
@@ -328,7 +329,7 @@ class LlamaModel(torch.nn.Module):
         return KVCache.allocate(self.config, batch, capacity, dtype or self.dtype, self.device)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=()):
+    def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=(), logit_rows=None):
         """Run N new tokens per request against the cache.
 
         Shapes
@@ -336,7 +337,9 @@ class LlamaModel(torch.nn.Module):
         tokens int64 [B, N]; positions int64/int32 [B, N] (default ``cache.seqlens + arange(N)``,
         for a tree ``cache.seqlens + depths``); tree_mask int64 [B, N, ceil(N / 64)] or None
         (causal). K/V of token i are written at ``cache.seqlens[b] + i``; ``cache.seqlens`` is
-        not changed.
+        not changed. logit_rows int64 [B, P] (default: all N): the token indices whose logits
+        are computed, so ``logits`` is [B, P, V]; a prefill needs only each prompt's last one,
+        and the LM head over every prompt token is a sixth of a prefill's arithmetic.
         """
         c, w = self.config, self.weights
         B, N = tokens.shape
@@ -355,5 +358,7 @@ class LlamaModel(torch.nn.Module):
             if layer in feature_layers:
                 states[layer] = x
         hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
-        logits = linear(hidden, w["lm_head.weight"]).float()
+        rows = hidden if logit_rows is None else torch.gather(
+            hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
+        logits = linear(rows, w["lm_head.weight"]).float()
         return ForwardOutput(logits, hidden, states)
