@@ -123,7 +123,7 @@ def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
             kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
         if lookup:
             kwargs["prompt_lookup_num_tokens"] = 10
-        for new_tokens in (1, max_new):  # the first: time to the first token
+        for new_tokens in sorted({1, max_new}):  # a one-token generate first: time to the first token
             kwargs.update(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
             torch.manual_seed(start)
             t0 = time.perf_counter()
@@ -131,9 +131,10 @@ def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
                 out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            if new_tokens == 1 and max_new > 1:
-                first_token_seconds += time.perf_counter() - t0
-        seconds += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            if new_tokens == 1:
+                first_token_seconds += elapsed
+        seconds += elapsed
         new = out[:, width:]
         tokens += new.numel()
         sequences += new.tolist()

@@ -7,9 +7,9 @@
 // tiles of 4 weight rows x up to 3 rows of x (8 x 1 at M = 1), each (weight row, x row) pair an
 // 8-wide fp32 accumulator along K. bf16 weights are widened in registers (zero-extend, shift
 // left 16: exact) at every use, fp16 weights likewise (F16C conversion: exact), so a narrow
-// weight gives bit for bit the result of its fp32 widening. Widening four rows once into an fp32 buffer for the x tiles that
-// reuse them measured 10-25% slower on the 49152 x 576 LM head at 7-8 rows and about even at
-// 12-16 (AVX2 Zen 3).
+// weight gives bit for bit the result of its fp32 widening. Widening four rows once into an
+// fp32 buffer for the x tiles that reuse them measured 10-25% slower on the 49152 x 576 LM head
+// at 7-8 rows and about even at 12-16 (AVX2 Zen 3).
 //
 // Each output is one fp32 accumulator per lane along K in a fixed order, whatever M and the
 // tiling: a row of the output does not depend on the other rows (batch-invariant), so in a
