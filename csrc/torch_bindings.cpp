@@ -1,7 +1,7 @@
 // Every schema of torch.ops.eagle_kernels, and the native kernels registered for them.
 //
 // The schema strings are copied verbatim from eagle_kernels/_schemas.py (a test keeps the two
-// identical). Native kernels: CPU (always) for all seven ops; CUDA (EAGLE_WITH_CUDA builds)
+// identical). Native kernels: CPU (always) for all eight ops; CUDA (EAGLE_WITH_CUDA builds)
 // for build_tree and compact_kv. Every other (op, dispatch key) pair is left free for the
 // Python side, which registers fakes and routes the remaining keys through backend_of.
 #ifdef EAGLE_PYTHON_MODULE
@@ -33,6 +33,11 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, "
       "Tensor cache_seqlens, *, Tensor? block_table=None) -> ()");
   m.def("cpu_linear(Tensor x, Tensor weight) -> Tensor");
+  m.def(
+      "cpu_decoder_layer(Tensor x, Tensor input_norm, Tensor qkv_weight, Tensor o_weight, "
+      "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor cos, Tensor sin, "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
+      "int num_heads, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
@@ -43,6 +48,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("write_kv", &eagle::write_kv_cpu);
   m.impl("verify", &eagle::verify_cpu);
   m.impl("cpu_linear", &eagle::cpu_linear_cpu);
+  m.impl("cpu_decoder_layer", &eagle::cpu_decoder_layer_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA

@@ -279,3 +279,44 @@ def check_cpu_linear(x, weight, *, values=True):
 
 def cpu_linear_shape(x, weight):
     return (*x.shape[:-1], weight.shape[0])
+
+
+# ------------------------------------------------------------------------ cpu_decoder_layer
+def _check_linear_weight(name, weight, rows, cols, layout, device):
+    check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
+    if tuple(weight.shape) != (rows, cols):
+        _fail(name, f"shape {layout} = [{rows}, {cols}]", f"shape {tuple(weight.shape)}")
+    if weight.stride(1) != 1 and cols > 1:
+        _fail(name, "a dense last dim (stride 1)", f"strides {tuple(weight.stride())}")
+
+
+def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                            k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, values=True):
+    check_tensor("x", x, dtype=torch.float32, ndim=3)
+    device = x.device
+    B, N, H = x.shape
+    check_tensor("k_cache", k_cache, dtype=torch.float32, ndim=4, device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, None, B, False, device)
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    if not isinstance(num_heads, int) or num_heads < 1 or Hkv < 1 or num_heads % Hkv:
+        _fail("num_heads", f"a positive multiple of the KV head count {Hkv}", num_heads)
+    if D % 2:
+        _fail("k_cache", "an even head dim (RoPE)", D)
+    check_tensor("input_norm", input_norm, dtype=torch.float32, shape=(H,), device=device)
+    check_tensor("post_norm", post_norm, dtype=torch.float32, shape=(H,), device=device)
+    _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, H, "[(num_heads + 2 Hkv) D, H]",
+                         device)
+    _check_linear_weight("o_weight", o_weight, H, num_heads * D, "[H, num_heads D]", device)
+    if gate_up_weight.dim() != 2 or gate_up_weight.shape[0] % 2:
+        _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows)", f"shape {tuple(gate_up_weight.shape)}")
+    I = gate_up_weight.shape[0] // 2
+    _check_linear_weight("gate_up_weight", gate_up_weight, 2 * I, H, "[2 I, H]", device)
+    _check_linear_weight("down_weight", down_weight, H, I, "[H, I]", device)
+    check_tensor("cos", cos, dtype=torch.float32, shape=(B, N, D), device=device)
+    check_tensor("sin", sin, dtype=torch.float32, shape=(B, N, D), device=device)
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, N, mask_words(N)), device=device)
+    if not isinstance(eps, (float, int)):
+        _fail("eps", "a float", type(eps).__name__)
+    if values and values_checked(device):
+        _check_kv_values(k_cache, cache_seqlens, None, cache_seqlens.long() + N, "cache_seqlens + N")

@@ -59,7 +59,7 @@ def _triton_function(op: str):
 # ValueError naming the same tensor), so the Python pass is skipped for CPU tensors: it costs
 # tens of microseconds, a large share of a small tree_attention call.
 NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tree", "compact_kv",
-                               "draft_expand", "cpu_linear"})
+                               "draft_expand", "cpu_linear", "cpu_decoder_layer"})
 
 
 @functools.lru_cache(maxsize=None)

@@ -71,6 +71,14 @@ def _fake_cpu_linear(x, weight):
     return x.new_empty(_checks.cpu_linear_shape(x, weight))
 
 
+def _fake_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                            k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps):
+    _checks.check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
+                                    cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
+                                    eps=eps, values=False)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -79,6 +87,7 @@ FAKES = {
     "compact_kv": _fake_compact_kv,
     "write_kv": _fake_write_kv,
     "cpu_linear": _fake_cpu_linear,
+    "cpu_decoder_layer": _fake_cpu_decoder_layer,
 }
 
 

@@ -32,6 +32,12 @@ SCHEMAS = {
         "Tensor cache_seqlens, *, Tensor? block_table=None) -> ()"
     ),
     "cpu_linear": "cpu_linear(Tensor x, Tensor weight) -> Tensor",
+    "cpu_decoder_layer": (
+        "cpu_decoder_layer(Tensor x, Tensor input_norm, Tensor qkv_weight, Tensor o_weight, "
+        "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor cos, Tensor sin, "
+        "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
+        "int num_heads, float eps) -> Tensor"
+    ),
 }
 
 OPS = tuple(SCHEMAS)

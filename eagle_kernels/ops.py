@@ -51,3 +51,13 @@ def cpu_linear(x, weight):
     CPU kernel for the few-row linear layers of decoding and verification. Other devices run
     the reference. See :func:`eagle_kernels.reference.cpu_linear`."""
     return _dispatch.run("cpu_linear", x.device, x, weight)
+
+
+def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                      k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps):
+    """One Llama decoder layer in one call, writing the new tokens' K/V into the layer's cache:
+    the CPU kernel for the few-row layers of decoding and verification. Other devices run the
+    reference. See :func:`eagle_kernels.reference.cpu_decoder_layer`."""
+    return _dispatch.run("cpu_decoder_layer", x.device, x, input_norm, qkv_weight, o_weight, post_norm,
+                         gate_up_weight, down_weight, cos, sin, k_cache, v_cache, cache_seqlens, tree_mask,
+                         num_heads=num_heads, eps=eps)

@@ -219,13 +219,16 @@ def test_weight_dtype_rejects_integers():
         LlamaModel.from_transformers(hf, weight_dtype=torch.int8)
 
 
-def test_fused_projections_share_memory_and_follow_replaced_weights():
+def test_fused_projections_share_memory_and_follow_replaced_weights(monkeypatch):
     """q/k/v and gate/up run as one matrix each: the named weights are views of it (one copy in
     memory), the logits equal those of separate per-projection calls bit for bit (cpu_linear
-    columns are independent), and a weight replaced under its name is used from then on."""
+    columns are independent; the layer runs op by op here, as the separate calls do), and a
+    weight replaced under its name is used from then on."""
     import torch.nn.functional as F
 
     from eagle_kernels.models import llama
+
+    monkeypatch.setenv(llama.CPU_LAYER_ENV, "ops")
 
     hf = tiny_hf_model(torch.float32)
     ours = LlamaModel.from_transformers(hf)

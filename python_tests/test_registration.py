@@ -63,7 +63,31 @@ def small_inputs(op):
         return (k, v, k_new, v_new, seqlens), {"block_table": table}
     if op == "cpu_linear":
         return (torch.randn(2, 3, 20, generator=g), torch.randn(7, 20, generator=g).bfloat16()), {}
+    if op == "cpu_decoder_layer":
+        return decoder_layer_inputs(B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g)
     raise AssertionError(op)
+
+
+def decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity, generator, weight_dtype=torch.float32,
+                         tree_mask=None, prefix=(2, 5)):
+    """Arguments of cpu_decoder_layer: random weights, a cache holding ``prefix`` tokens per
+    request, the RoPE angles of positions ``prefix + i``."""
+    g = generator
+
+    def mat(rows, cols):
+        return (torch.randn(rows, cols, generator=g) / cols**0.5).to(weight_dtype)
+
+    x = torch.randn(B, N, H, generator=g)
+    k = torch.randn(B, capacity, Hkv, D, generator=g)
+    v = torch.randn(B, capacity, Hkv, D, generator=g)
+    seqlens = torch.tensor(prefix[:B], dtype=torch.int32)
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = (seqlens[:, None].double() + torch.arange(N))[..., None] * inv_freq
+    angles = torch.cat([angles, angles], -1)
+    args = (x, 1 + 0.1 * torch.randn(H, generator=g), mat((num_heads + 2 * Hkv) * D, H), mat(H, num_heads * D),
+            1 + 0.1 * torch.randn(H, generator=g), mat(2 * inter, H), mat(H, inter), angles.cos().float(),
+            angles.sin().float(), k, v, seqlens, tree_mask)
+    return args, {"num_heads": num_heads, "eps": 1e-5}
 
 
 @pytest.mark.parametrize("op", OPS, ids=OPS)
@@ -104,6 +128,13 @@ def test_public_op_equals_reference(op):
         getattr(eagle_kernels.reference, op)(*clone, **kwargs)
         torch.testing.assert_close(args[0], clone[0], rtol=0, atol=0)
         torch.testing.assert_close(args[1], clone[1], rtol=0, atol=0)
+        return
+    if op == "cpu_decoder_layer":  # writes the new K/V into the caches (args 9, 10)
+        clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        got = eagle_kernels.cpu_decoder_layer(*args, **kwargs)
+        want = eagle_kernels.reference.cpu_decoder_layer(*clone, **kwargs)
+        for pair in ((got, want), (args[9], clone[9]), (args[10], clone[10])):
+            torch.testing.assert_close(*pair, rtol=1e-5, atol=1e-5)
         return
     got = getattr(eagle_kernels, op)(*args, **kwargs)
     want = getattr(eagle_kernels.reference, op)(*args, **kwargs)

@@ -71,11 +71,35 @@ void test_cpu_linear_dispatch() {
   EXPECT(raised);
 }
 
+// A layer with zero o_proj and down_proj weights passes x through unchanged (both residual
+// branches are zero) and writes zero K/V (zero q/k/v weights) at the new slots only.
+void test_cpu_decoder_layer_dispatch() {
+  const int64_t B = 2, N = 3, H = 8, Hq = 2, Hkv = 1, D = 4, I = 6, S = 10;
+  const at::Tensor x = at::randn({B, N, H});
+  const at::Tensor norm = at::ones({H});
+  at::Tensor k = at::randn({B, S, Hkv, D});
+  at::Tensor v = at::randn({B, S, Hkv, D});
+  const at::Tensor k_before = k.clone();
+  const at::Tensor seqlens = at::tensor({2, 5}, at::kInt);
+  const at::Tensor cos = at::ones({B, N, D});
+  const at::Tensor sin = at::zeros({B, N, D});
+  const at::Tensor out = eagle::cpu_decoder_layer_cpu(
+      x, norm, at::zeros({(Hq + 2 * Hkv) * D, H}), at::zeros({H, Hq * D}), norm, at::zeros({2 * I, H}),
+      at::zeros({H, I}), cos, sin, k, v, seqlens, std::nullopt, Hq, 1e-5);
+  EXPECT(at::equal(out, x));
+  EXPECT(at::equal(k[0].narrow(0, 2, N), at::zeros({N, Hkv, D})));
+  EXPECT(at::equal(v[1].narrow(0, 5, N), at::zeros({N, Hkv, D})));
+  EXPECT(at::equal(k[0].narrow(0, 0, 2), k_before[0].narrow(0, 0, 2)));
+  EXPECT(at::equal(k[1].narrow(0, 8, 2), k_before[1].narrow(0, 8, 2)));
+  EXPECT(c10::Dispatcher::singleton().findSchema({"eagle_kernels::cpu_decoder_layer", ""}).has_value());
+}
+
 }  // namespace
 
 int main() {
   RUN(test_build_tree_dispatch);
   RUN(test_compact_kv_dispatch);
   RUN(test_cpu_linear_dispatch);
+  RUN(test_cpu_decoder_layer_dispatch);
   TEST_MAIN_END();
 }

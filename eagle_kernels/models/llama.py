@@ -9,7 +9,9 @@ verify, compacts the accepted path with ``compact_kv``).
 On CPU the linear layers of decoding and verification (at most ``CPU_LINEAR_MAX_ROWS`` rows)
 run the ``cpu_linear`` kernel, and the weight matrices may be stored in bf16 while everything
 is computed in fp32 (``weight_dtype=torch.bfloat16``): the model then reads half the bytes per
-token.
+token. Such passes run each decoder layer as one ``cpu_decoder_layer`` call (the same kernels
+without a Python round trip per operator; ``EAGLE_KERNELS_CPU_LAYER=ops`` runs the layer op by
+op instead).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .. import _dispatch, ops
 # larger calls (prefill) go to torch's GEMM.
 CPU_LINEAR_MAX_ROWS = 64
 CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default) or torch
+CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layer) or ops
 
 
 @dataclass
@@ -127,6 +130,13 @@ def _cpu_linear_enabled() -> bool:
         raise ValueError(f"{CPU_LINEAR_ENV}: expected auto or torch, got {mode!r}")
     return (mode == "auto" and ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
             and os.environ.get(_dispatch.BACKEND_ENV, "auto") in ("auto", "cpp"))
+
+
+def _cpu_layer_enabled() -> bool:
+    mode = os.environ.get(CPU_LAYER_ENV, "auto")
+    if mode not in ("auto", "ops"):
+        raise ValueError(f"{CPU_LAYER_ENV}: expected auto or ops, got {mode!r}")
+    return mode == "auto" and ("cpu_decoder_layer", "cpu") in _dispatch.NATIVE_KERNELS and _cpu_linear_enabled()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -348,8 +358,20 @@ class LlamaModel(torch.nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
         states = {}
+        fused_layer = self._layer_kernel(x, cache)
+        if fused_layer is not None:
+            cos, sin = cos.reshape(B, N, -1), sin.reshape(B, N, -1)
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
+            if fused_layer is not None:
+                k_layer, v_layer = cache.layer(layer)
+                x = fused_layer(x, w[p + "input_layernorm.weight"], self.fused(w, p, QKV), w[p + "self_attn.o_proj.weight"],
+                                w[p + "post_attention_layernorm.weight"], self.fused(w, p, GATE_UP),
+                                w[p + "mlp.down_proj.weight"], cos, sin, k_layer, v_layer, cache.seqlens, tree_mask,
+                                num_heads=c.num_heads, eps=c.rms_norm_eps)
+                if layer in feature_layers:
+                    states[layer] = x
+                continue
             h = rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
             q, k, v = attention_projections(h, w, p, self.fused, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
             attn = cached_attention(q, k, v, cache, layer, tree_mask)
@@ -362,3 +384,14 @@ class LlamaModel(torch.nn.Module):
             hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = linear(rows, w["lm_head.weight"]).float()
         return ForwardOutput(logits, hidden, states)
+
+    def _layer_kernel(self, x: torch.Tensor, cache: KVCache):
+        """The ``cpu_decoder_layer`` kernel when this pass can run each layer as one call: fp32
+        on CPU with a fp32 cache, at most ``CPU_LINEAR_MAX_ROWS`` rows (the cpu_linear regime),
+        nothing for autograd to record; else None (the layer runs op by op)."""
+        if not (x.device.type == "cpu" and x.dtype == torch.float32 and cache.k.dtype == torch.float32
+                and x.shape[0] * x.shape[1] <= CPU_LINEAR_MAX_ROWS and _cpu_layer_enabled()):
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in self.weights.values()):
+            return None
+        return torch.ops.eagle_kernels.cpu_decoder_layer

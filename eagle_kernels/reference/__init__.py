@@ -6,6 +6,7 @@ float64 inputs. They are slow on purpose: loops over requests and nodes read lik
 
 from .build_tree import build_tree
 from .compact_kv import compact_kv
+from .cpu_decoder_layer import cpu_decoder_layer
 from .cpu_linear import cpu_linear
 from .draft_expand import draft_expand
 from .random import philox4x32, uniform
@@ -13,4 +14,4 @@ from .tree_attention import tree_attention
 from .verify import verify
 from .write_kv import write_kv
 
-__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "cpu_linear", "philox4x32", "uniform"]
+__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "cpu_linear", "cpu_decoder_layer", "philox4x32", "uniform"]

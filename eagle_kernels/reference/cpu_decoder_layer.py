@@ -1,0 +1,64 @@
+"""Reference ``cpu_decoder_layer``: one Llama decoder layer (pre-norm attention and SwiGLU MLP,
+each with a residual) over N new tokens per request, its K/V written into the layer's cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import _checks
+from .cpu_linear import cpu_linear
+from .tree_attention import tree_attention
+from .write_kv import write_kv
+
+
+def _rms_norm(x, weight, eps):
+    wide = x.double()
+    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).float()
+
+
+def _rope(x, cos, sin):
+    """Half-split rotation: x * cos + [-x2, x1] * sin. x [B, N, heads, D]; cos, sin [B, N, D]."""
+    first, second = x.double().chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return (x.double() * cos[:, :, None].double() + rotated * sin[:, :, None].double()).float()
+
+
+def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                      k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps):
+    """``x + attn(h) + mlp(...)`` for one layer, as LlamaModel's layer computes it::
+
+        h = rms_norm(x, input_norm)
+        q, k, v = split(h @ qkv_weight.T)            # heads: num_heads, Hkv, Hkv
+        q, k = rope(q), rope(k)                      # cos, sin of each token's position
+        write_kv(k_cache, v_cache, k, v, cache_seqlens)  # token i at cache_seqlens + i
+        x = x + tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask) @ o_weight.T
+        gate, up = split(rms_norm(x, post_norm) @ gate_up_weight.T)
+        return x + (silu(gate) * up) @ down_weight.T
+
+    Each step is computed in float64 and rounded to float32 (the K/V stored are float32 too);
+    the linear layers are :func:`cpu_linear`. ``tree_mask=None`` is causal attention over the
+    new tokens, as for tree_attention.
+
+    Shapes
+    ------
+    x float32 [B, N, H]; input_norm, post_norm float32 [H]; qkv_weight [(num_heads + 2 Hkv) D, H],
+    o_weight [H, num_heads D], gate_up_weight [2 I, H] (gate rows, then up rows), down_weight
+    [H, I], each float32, bfloat16 or float16; cos, sin float32 [B, N, D]; k_cache, v_cache
+    float32 [B, S, Hkv, D] (contiguous layout); cache_seqlens int32 [B]; tree_mask int64
+    [B, N, ceil(N / 64)] or None; returns float32 [B, N, H].
+    """
+    _checks.check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
+                                    cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
+                                    eps=eps)
+    B, N, _ = x.shape
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    qkv = cpu_linear(_rms_norm(x, input_norm, eps), qkv_weight).view(B, N, num_heads + 2 * Hkv, D)
+    q, k, v = qkv.split([num_heads, Hkv, Hkv], dim=2)
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    write_kv(k_cache, v_cache, k, v.contiguous(), cache_seqlens)
+    attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)
+    x = (x.double() + cpu_linear(attn.reshape(B, N, -1), o_weight).double()).float()
+    gate, up = cpu_linear(_rms_norm(x, post_norm, eps), gate_up_weight).double().chunk(2, dim=-1)
+    act = (F.silu(gate) * up).float()
+    return (x.double() + cpu_linear(act, down_weight).double()).float()

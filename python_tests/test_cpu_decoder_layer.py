@@ -1,0 +1,148 @@
+"""cpu_decoder_layer: the C++ kernel against the reference (output and the K/V it writes) over a
+shape grid, the model's fused-layer path against its op-by-op path, batch invariance and input
+errors."""
+
+import pytest
+import torch
+
+from eagle_kernels import _dispatch, reference
+from test_registration import decoder_layer_inputs
+from test_tree_attention import random_tree
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# (num_heads, Hkv, D, H, I): SmolLM2-135M's layer, and a small one with a head dim of 16.
+LAYERS = {"smollm2": (9, 3, 64, 576, 1536), "small": (4, 2, 16, 40, 24)}
+
+
+def native():
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    return fn
+
+
+def inputs(layer, B, N, prefix, weight_dtype, tree, seed=0):
+    num_heads, Hkv, D, H, inter = LAYERS[layer]
+    mask = random_tree(B, N, seed).mask if tree else None
+    g = torch.Generator().manual_seed(seed)
+    return decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity=prefix + N + 3, generator=g,
+                                weight_dtype=WEIGHT_DTYPES[weight_dtype], tree_mask=mask,
+                                prefix=(prefix, max(prefix - 5, 0), prefix + 2)[:B])
+
+
+def clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("weight_dtype", list(WEIGHT_DTYPES))
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+@pytest.mark.parametrize("B,N,prefix", [(1, 1, 0), (1, 1, 37), (2, 8, 37), (3, 13, 100), (1, 64, 5)])
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_matches_reference(layer, B, N, prefix, tree, weight_dtype):
+    """Output and the K/V written agree with the float64-composed reference to fp32 rounding;
+    the cache outside the new slots is untouched."""
+    fn = native()
+    args, kwargs = inputs(layer, B, N, prefix, weight_dtype, tree)
+    want_args = clone(args)
+    got = fn(*args, **kwargs)
+    want = reference.cpu_decoder_layer(*want_args, **kwargs)
+    assert got.dtype == torch.float32 and got.shape == args[0].shape
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    for cache, ref_cache in ((args[9], want_args[9]), (args[10], want_args[10])):
+        torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+    untouched = torch.ones(args[9].shape[:2], dtype=torch.bool)
+    for b, start in enumerate(args[11].tolist()):
+        untouched[b, start:start + N] = False
+    original = inputs(layer, B, N, prefix, weight_dtype, tree)[0]
+    assert torch.equal(args[9][untouched], original[9][untouched])
+    assert torch.equal(args[10][untouched], original[10][untouched])
+
+
+def test_rows_are_batch_invariant():
+    """A request's rows are bit for bit the same alone and in a batch (each step is per row)."""
+    fn = native()
+    args, kwargs = inputs("smollm2", 3, 5, 20, "fp32", tree=True)
+    together = fn(*clone(args), **kwargs)
+    for b in range(3):
+        alone = list(clone(args))
+        for i in (0, 7, 8, 9, 10, 11, 12):  # per-request tensors: x, cos, sin, caches, lengths, mask
+            alone[i] = alone[i][b:b + 1].contiguous()
+        assert torch.equal(fn(*alone, **kwargs), together[b:b + 1])
+
+
+def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
+    """LlamaModel: decoding and a tree pass through cpu_decoder_layer agree with the op-by-op path
+    to fp32 rounding (logits and every cache entry), and run one kernel call per layer."""
+    from eagle_kernels.models import llama
+    from test_llama import tiny_hf_model
+
+    native()
+    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    prompt = torch.randint(0, 97, (2, 70))
+    tree = random_tree(2, 6, seed=3)
+    results = {}
+    for mode in ("auto", "ops"):
+        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
+        cache = model.new_cache(2, 96)
+        model(prompt, cache)  # 140 rows: op by op either way
+        cache.seqlens += 70
+        with torch.profiler.profile() as prof:
+            step = model(prompt[:, :1], cache)
+        calls = sum(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
+        assert calls == (model.config.num_layers if mode == "auto" else 0)
+        cache.seqlens += 1
+        positions = cache.seqlens[:, None].long() + tree.depths.long()
+        verify = model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask)
+        results[mode] = (step.logits, verify.logits, cache.k, cache.v)
+    for got, want in zip(results["auto"], results["ops"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_env_rejects_unknown_mode(monkeypatch):
+    from eagle_kernels.models import llama
+    from test_llama import tiny_hf_model
+
+    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    monkeypatch.setenv(llama.CPU_LAYER_ENV, "fused")
+    with pytest.raises(ValueError, match=llama.CPU_LAYER_ENV):
+        model(torch.zeros(1, 1, dtype=torch.int64), model.new_cache(1, 4))
+
+
+BAD_INPUTS = {
+    "x": lambda a: a.__setitem__(0, a[0].double()),
+    "input_norm": lambda a: a.__setitem__(1, a[1][:-1]),
+    "qkv_weight": lambda a: a.__setitem__(2, a[2][:-1]),
+    "o_weight": lambda a: a.__setitem__(3, a[3].t().contiguous().t()),
+    "post_norm": lambda a: a.__setitem__(4, a[4].half()),
+    "gate_up_weight": lambda a: a.__setitem__(5, a[5][:-1]),
+    "down_weight": lambda a: a.__setitem__(6, a[6][:, :-1]),
+    "cos": lambda a: a.__setitem__(7, a[7][:, :, :-2]),
+    "sin": lambda a: a.__setitem__(8, a[8].double()),
+    "k_cache": lambda a: a.__setitem__(9, a[9].double()),
+    "v_cache": lambda a: a.__setitem__(10, a[10][:, :-1]),
+    "cache_seqlens": lambda a: a.__setitem__(11, torch.tensor([50, 0], dtype=torch.int32)),
+    "tree_mask": lambda a: a.__setitem__(12, torch.zeros(2, 3, 2, dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_names_the_tensor(name, backend):
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True)
+    args = list(args)
+    BAD_INPUTS[name](args)
+    with pytest.raises(ValueError, match=name):
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_num_heads_must_be_a_multiple_of_kv_heads(backend):
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=False)
+    with pytest.raises(ValueError, match="num_heads"):
+        fn(*args, **{**kwargs, "num_heads": 3})
