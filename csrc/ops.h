@@ -35,8 +35,9 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
 // out [..., N] fp32 = x [..., K] fp32 @ weight [N, K] (fp32 or bf16)^T, fp32 accumulation.
 at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight);
 
-// One Llama decoder layer on few rows (decoding, verification): returns the layer's output
-// [B, N, H] fp32 and writes the new tokens' K/V at cache_seqlens + i (contiguous cache).
+// One Llama decoder layer on few rows (decoding, verification, EAGLE-3 drafting): returns the
+// layer's output [B, N, H] fp32 and writes the new tokens' K/V at cache_seqlens + slot_offset + i
+// (contiguous cache).
 at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_norm,
                                  const at::Tensor& qkv_weight, const at::Tensor& o_weight,
                                  const at::Tensor& post_norm, const at::Tensor& gate_up_weight,
@@ -44,7 +45,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_no
                                  const at::Tensor& sin, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                  const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
-                                 double eps);
+                                 double eps, const std::optional<at::Tensor>& embed,
+                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset);
 
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

@@ -291,7 +291,8 @@ def _check_linear_weight(name, weight, rows, cols, layout, device):
 
 
 def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
-                            k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, values=True):
+                            k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
+                            embed_norm=None, slot_offset=0, values=True):
     check_tensor("x", x, dtype=torch.float32, ndim=3)
     device = x.device
     B, N, H = x.shape
@@ -304,8 +305,14 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
         _fail("k_cache", "an even head dim (RoPE)", D)
     check_tensor("input_norm", input_norm, dtype=torch.float32, shape=(H,), device=device)
     check_tensor("post_norm", post_norm, dtype=torch.float32, shape=(H,), device=device)
-    _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, H, "[(num_heads + 2 Hkv) D, H]",
-                         device)
+    if (embed is None) != (embed_norm is None):
+        _fail("embed_norm", "embed and embed_norm together", "embed only" if embed is not None else "embed_norm only")
+    if embed is not None:
+        check_tensor("embed", embed, dtype=torch.float32, shape=(B, N, H), device=device)
+        check_tensor("embed_norm", embed_norm, dtype=torch.float32, shape=(H,), device=device)
+    attn_in = H if embed is None else 2 * H
+    _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, attn_in,
+                         "[(num_heads + 2 Hkv) D, H]" if embed is None else "[(num_heads + 2 Hkv) D, 2 H]", device)
     _check_linear_weight("o_weight", o_weight, H, num_heads * D, "[H, num_heads D]", device)
     if gate_up_weight.dim() != 2 or gate_up_weight.shape[0] % 2:
         _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows)", f"shape {tuple(gate_up_weight.shape)}")
@@ -314,9 +321,12 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     _check_linear_weight("down_weight", down_weight, H, I, "[H, I]", device)
     check_tensor("cos", cos, dtype=torch.float32, shape=(B, N, D), device=device)
     check_tensor("sin", sin, dtype=torch.float32, shape=(B, N, D), device=device)
+    if not isinstance(slot_offset, int) or slot_offset < 0:
+        _fail("slot_offset", "a non-negative int", slot_offset)
+    slots = slot_offset + N
     if tree_mask is not None:
-        check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, N, mask_words(N)), device=device)
+        check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, slots, mask_words(slots)), device=device)
     if not isinstance(eps, (float, int)):
         _fail("eps", "a float", type(eps).__name__)
     if values and values_checked(device):
-        _check_kv_values(k_cache, cache_seqlens, None, cache_seqlens.long() + N, "cache_seqlens + N")
+        _check_kv_values(k_cache, cache_seqlens, None, cache_seqlens.long() + slots, "cache_seqlens + slot_offset + N")

@@ -21,13 +21,14 @@ def native():
     return fn
 
 
-def inputs(layer, B, N, prefix, weight_dtype, tree, seed=0):
+def inputs(layer, B, N, prefix, weight_dtype, tree, seed=0, embed=False, slot_offset=0):
     num_heads, Hkv, D, H, inter = LAYERS[layer]
-    mask = random_tree(B, N, seed).mask if tree else None
+    mask = random_tree(B, slot_offset + N, seed).mask if tree else None
     g = torch.Generator().manual_seed(seed)
-    return decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity=prefix + N + 3, generator=g,
-                                weight_dtype=WEIGHT_DTYPES[weight_dtype], tree_mask=mask,
-                                prefix=(prefix, max(prefix - 5, 0), prefix + 2)[:B])
+    return decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity=prefix + slot_offset + N + 3,
+                                generator=g, weight_dtype=WEIGHT_DTYPES[weight_dtype], tree_mask=mask,
+                                prefix=(prefix, max(prefix - 5, 0), prefix + 2)[:B], embed=embed,
+                                slot_offset=slot_offset)
 
 
 def clone(args):
@@ -41,9 +42,24 @@ def clone(args):
 def test_matches_reference(layer, B, N, prefix, tree, weight_dtype):
     """Output and the K/V written agree with the float64-composed reference to fp32 rounding;
     the cache outside the new slots is untouched."""
+    check_against_reference(inputs(layer, B, N, prefix, weight_dtype, tree), N)
+
+
+@pytest.mark.parametrize("weight_dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+@pytest.mark.parametrize("slot_offset", [0, 2, 6])
+@pytest.mark.parametrize("B,N,prefix", [(1, 2, 0), (2, 2, 37), (3, 8, 20)])
+def test_eagle3_draft_layer_matches_reference(B, N, prefix, slot_offset, tree, weight_dtype):
+    """The EAGLE-3 form: embedding input (2H-wide q/k/v) and new tokens after ``slot_offset``
+    tree slots of earlier calls."""
+    args, kwargs = inputs("smollm2", B, N, prefix, weight_dtype, tree, embed=True, slot_offset=slot_offset)
+    check_against_reference((args, kwargs), N, slot_offset)
+
+
+def check_against_reference(case, N, slot_offset=0):
     fn = native()
-    args, kwargs = inputs(layer, B, N, prefix, weight_dtype, tree)
-    want_args = clone(args)
+    args, kwargs = case
+    want_args, original = clone(args), clone(args)
     got = fn(*args, **kwargs)
     want = reference.cpu_decoder_layer(*want_args, **kwargs)
     assert got.dtype == torch.float32 and got.shape == args[0].shape
@@ -52,8 +68,7 @@ def test_matches_reference(layer, B, N, prefix, tree, weight_dtype):
         torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
     untouched = torch.ones(args[9].shape[:2], dtype=torch.bool)
     for b, start in enumerate(args[11].tolist()):
-        untouched[b, start:start + N] = False
-    original = inputs(layer, B, N, prefix, weight_dtype, tree)[0]
+        untouched[b, start + slot_offset:start + slot_offset + N] = False
     assert torch.equal(args[9][untouched], original[9][untouched])
     assert torch.equal(args[10][untouched], original[10][untouched])
 
@@ -98,6 +113,40 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
+    """EagleHead (EAGLE-3): a pass over committed pairs and a drafting pass after earlier tree
+    slots (slot_offset, tree mask, positions broadcast per request as the decoder passes them)
+    run as one cpu_decoder_layer call each and agree with the op-by-op path to fp32 rounding,
+    hidden states and head cache alike."""
+    from eagle_kernels.models import llama
+    from eagle_kernels.models.eagle_head import EagleHead
+    from test_llama import tiny_hf_model
+
+    native()
+    target = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=50, std=0.2)
+    H = target.config.hidden_size
+    g = torch.Generator().manual_seed(5)
+    tokens, features = torch.randint(0, 97, (2, 9), generator=g), torch.randn(2, 9, H, generator=g)
+    draft_tokens, draft_features = torch.randint(0, 97, (2, 3), generator=g), torch.randn(2, 3, H, generator=g)
+    tree = random_tree(2, 5, seed=1)
+    results = {}
+    for mode in ("auto", "ops"):
+        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
+        cache = head.new_cache(2, 24)
+        with torch.profiler.profile() as prof:
+            committed = head(tokens, features, cache)
+            cache.seqlens += 9
+            positions = cache.seqlens[:, None].long() + 1  # [B, 1]: one position per depth, broadcast
+            drafted = head(draft_tokens, draft_features, cache, positions=positions, tree_mask=tree.mask,
+                           slot_offset=2)
+        calls = sum(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
+        assert calls == (2 if mode == "auto" else 0)
+        results[mode] = (committed, drafted, cache.k, cache.v)
+    for got, want in zip(results["auto"], results["ops"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_layer_env_rejects_unknown_mode(monkeypatch):
     from eagle_kernels.models import llama
     from test_llama import tiny_hf_model
@@ -134,6 +183,26 @@ def test_bad_input_names_the_tensor(name, backend):
     args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True)
     args = list(args)
     BAD_INPUTS[name](args)
+    with pytest.raises(ValueError, match=name):
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("name", ["embed", "embed_norm", "slot_offset", "tree_mask"])
+def test_bad_eagle3_input_names_the_argument(name, backend):
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True, embed=True, slot_offset=2)
+    args = list(args)
+    if name == "embed":
+        kwargs["embed"] = kwargs["embed"][:, :2]
+    elif name == "embed_norm":
+        del kwargs["embed_norm"]
+    elif name == "slot_offset":
+        kwargs["slot_offset"] = -1
+    else:  # a mask for the 3 new rows only, not the 2 + 3 slots
+        args[12] = random_tree(2, 3, 0).mask
     with pytest.raises(ValueError, match=name):
         fn(*args, **kwargs)
 

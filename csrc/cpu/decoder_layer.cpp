@@ -1,6 +1,9 @@
 // CPU launcher of cpu_decoder_layer: one whole Llama decoder layer (RMSNorm, fused q/k/v, RoPE,
 // write_kv, tree_attention, o_proj, residual, RMSNorm, fused gate/up, SiLU * up, down_proj,
-// residual) in one call, for the few rows of decoding and verification.
+// residual) in one call, for the few rows of decoding and verification. The same call serves
+// the EAGLE-3 draft layer: with `embed`, attention reads [RMSNorm(embed), RMSNorm(x)] (2H wide)
+// and x stays the residual; with `slot_offset`, the new tokens follow that many tree slots of
+// earlier calls (draft expansion, depth by depth), as LlamaModel's cached_attention does.
 //
 // At 1-8 rows the arithmetic of a layer outside its four linear layers is a few microseconds,
 // but run as a chain of separate operators from Python it is about twenty calls, each paying
@@ -16,9 +19,11 @@
 // rounding.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <cstdint>
@@ -30,8 +35,9 @@
 namespace eagle {
 namespace {
 
-// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight, rows of width H.
-void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t H, double eps, float* out) {
+// out[r * ldo + i] = x[r, i] / sqrt(mean(x[r, :]^2) + eps) * weight[i], rows of width H.
+void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t H, double eps, float* out,
+                   int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * H;
     float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight partial sums: the compiler vectorises them
@@ -41,7 +47,7 @@ void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t H,
     float sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
     for (; k < H; ++k) sum += xr[k] * xr[k];
     const float inv = 1.0f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
-    float* o = out + r * H;
+    float* o = out + r * ldo;
     for (int64_t i = 0; i < H; ++i) o[i] = weight[i] * (xr[i] * inv);
   }
 }
@@ -70,7 +76,7 @@ void rope_rows(float* qkv, int64_t rows, int64_t total_heads, int64_t heads, int
 }
 
 // x + y, elementwise, into a new tensor like x.
-at::Tensor add(const at::Tensor& x, const at::Tensor& y) {
+at::Tensor residual_add(const at::Tensor& x, const at::Tensor& y) {
   at::Tensor out = at::empty(x.sizes(), x.options());
   const float* a = x.data_ptr<float>();
   const float* b = y.data_ptr<float>();
@@ -99,7 +105,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
                                  const at::Tensor& sin_in, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                  const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
-                                 double eps) {
+                                 double eps, const std::optional<at::Tensor>& embed,
+                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset) {
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer.
   const char* op = "cpu_decoder_layer";
   check_dtype(x_in, op, "x", at::kFloat);
@@ -122,8 +129,21 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   check_dtype(post_norm, op, "post_norm", at::kFloat);
   check_shape(post_norm, op, "post_norm", {H}, "[H]");
   check_device(post_norm, op, "post_norm", dev);
+  TORCH_CHECK_VALUE(embed.has_value() == embed_norm.has_value(), op,
+                    ": embed_norm: expected embed and embed_norm together, got ",
+                    embed.has_value() ? "embed only" : "embed_norm only");
+  if (embed.has_value()) {
+    check_dtype(*embed, op, "embed", at::kFloat);
+    check_shape(*embed, op, "embed", {B, N, H}, "[B, N, H] like x");
+    check_device(*embed, op, "embed", dev);
+    check_dtype(*embed_norm, op, "embed_norm", at::kFloat);
+    check_shape(*embed_norm, op, "embed_norm", {H}, "[H]");
+    check_device(*embed_norm, op, "embed_norm", dev);
+  }
   const int64_t Hq = num_heads;
-  check_weight(qkv_weight, op, "qkv_weight", (Hq + 2 * Hkv) * D, H, "[(num_heads + 2 Hkv) D, H]", dev);
+  const int64_t attn_in = embed.has_value() ? 2 * H : H;
+  check_weight(qkv_weight, op, "qkv_weight", (Hq + 2 * Hkv) * D, attn_in,
+               embed.has_value() ? "[(num_heads + 2 Hkv) D, 2 H]" : "[(num_heads + 2 Hkv) D, H]", dev);
   check_weight(o_weight, op, "o_weight", H, Hq * D, "[H, num_heads D]", dev);
   TORCH_CHECK_VALUE(gate_up_weight.dim() == 2 && gate_up_weight.size(0) % 2 == 0, op,
                     ": gate_up_weight: expected 2-D [2 I, H] (gate rows, then up rows), got shape ",
@@ -139,9 +159,12 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   check_device(sin_in, op, "sin", dev);
   // tree_mask and the cache capacity are checked by tree_attention and write_kv below, before
   // anything is written.
+  TORCH_CHECK_VALUE(slot_offset >= 0, op, ": slot_offset: expected a non-negative int, got ", slot_offset);
+  const int64_t slots = slot_offset + N;  // tree slots attention sees: earlier calls' and these
   if (tree_mask.has_value()) {
     check_dtype(*tree_mask, op, "tree_mask", at::kLong);
-    check_shape(*tree_mask, op, "tree_mask", {B, N, (N + 63) / 64}, "[B, N, ceil(N / 64)]");
+    check_shape(*tree_mask, op, "tree_mask", {B, slots, (slots + 63) / 64},
+                "[B, slot_offset + N, ceil((slot_offset + N) / 64)]");
     check_device(*tree_mask, op, "tree_mask", dev);
   }
 
@@ -153,24 +176,37 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const int64_t rows = B * N;
   if (rows == 0) return x.clone();
 
-  at::Tensor h = at::empty({B, N, H}, x.options());
-  rms_norm_rows(x.data_ptr<float>(), norm1.data_ptr<float>(), rows, H, eps, h.data_ptr<float>());
+  at::Tensor h = at::empty({B, N, attn_in}, x.options());
+  if (embed.has_value()) {  // EAGLE-3: [norm(embed), norm(x)] feeds attention, x is the residual
+    const at::Tensor e = embed->contiguous();
+    const at::Tensor enorm = embed_norm->contiguous();
+    rms_norm_rows(e.data_ptr<float>(), enorm.data_ptr<float>(), rows, H, eps, h.data_ptr<float>(), attn_in);
+  }
+  rms_norm_rows(x.data_ptr<float>(), norm1.data_ptr<float>(), rows, H, eps, h.data_ptr<float>() + (attn_in - H),
+                attn_in);
   at::Tensor qkv = cpu_linear_cpu(h, qkv_weight).view({B, N, Hq + 2 * Hkv, D});
   rope_rows(qkv.data_ptr<float>(), rows, Hq + 2 * Hkv, Hq + Hkv, D, cos.data_ptr<float>(), sin.data_ptr<float>());
-  write_kv_cpu(k_cache, v_cache, qkv.narrow(2, Hq, Hkv), qkv.narrow(2, Hq + Hkv, Hkv), cache_seqlens,
-               std::nullopt);
-  at::Tensor attn = tree_attention_cpu(qkv.narrow(2, 0, Hq), k_cache, v_cache, cache_seqlens, tree_mask,
-                                       std::nullopt, std::nullopt);
-  at::Tensor x1 = add(x, cpu_linear_cpu(attn.view({B, N, Hq * D}), o_weight));
+  const at::Tensor starts = slot_offset ? at::add(cache_seqlens, slot_offset) : cache_seqlens;
+  write_kv_cpu(k_cache, v_cache, qkv.narrow(2, Hq, Hkv), qkv.narrow(2, Hq + Hkv, Hkv), starts, std::nullopt);
+  at::Tensor q = qkv.narrow(2, 0, Hq);
+  if (slot_offset) {  // the earlier slots' queries are zero rows whose outputs are dropped
+    at::Tensor padded = at::zeros({B, slots, Hq, D}, x.options());
+    padded.narrow(1, slot_offset, N).copy_(q);
+    q = padded;
+  }
+  at::Tensor attn = tree_attention_cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, std::nullopt, std::nullopt);
+  if (slot_offset) attn = attn.narrow(1, slot_offset, N).contiguous();
+  at::Tensor x1 = residual_add(x, cpu_linear_cpu(attn.view({B, N, Hq * D}), o_weight));
 
-  rms_norm_rows(x1.data_ptr<float>(), norm2.data_ptr<float>(), rows, H, eps, h.data_ptr<float>());
-  at::Tensor gate_up = cpu_linear_cpu(h, gate_up_weight);  // [B, N, 2 I]: gate, then up
+  at::Tensor h2 = attn_in == H ? h : at::empty({B, N, H}, x.options());
+  rms_norm_rows(x1.data_ptr<float>(), norm2.data_ptr<float>(), rows, H, eps, h2.data_ptr<float>(), H);
+  at::Tensor gate_up = cpu_linear_cpu(h2, gate_up_weight);  // [B, N, 2 I]: gate, then up
   // ATen's vectorised SiLU, in place on the gate half, then * up: two calls per layer, and the
   // same values as the op-by-op path's F.silu(gate) * up.
   at::Tensor gate = gate_up.narrow(2, 0, I);
   at::silu_(gate);
   const at::Tensor act = at::mul(gate, gate_up.narrow(2, I, I));
-  return add(x1, cpu_linear_cpu(act, down_weight));
+  return residual_add(x1, cpu_linear_cpu(act, down_weight));
 }
 
 }  // namespace eagle

@@ -359,8 +359,8 @@ class LlamaModel(torch.nn.Module):
         x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
         states = {}
         fused_layer = self._layer_kernel(x, cache)
-        if fused_layer is not None:
-            cos, sin = cos.reshape(B, N, -1), sin.reshape(B, N, -1)
+        if fused_layer is not None:  # one cos/sin row per token (positions may broadcast)
+            cos, sin = cos.expand(B, N, 1, -1).reshape(B, N, -1), sin.expand(B, N, 1, -1).reshape(B, N, -1)
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             if fused_layer is not None:
@@ -386,12 +386,16 @@ class LlamaModel(torch.nn.Module):
         return ForwardOutput(logits, hidden, states)
 
     def _layer_kernel(self, x: torch.Tensor, cache: KVCache):
-        """The ``cpu_decoder_layer`` kernel when this pass can run each layer as one call: fp32
-        on CPU with a fp32 cache, at most ``CPU_LINEAR_MAX_ROWS`` rows (the cpu_linear regime),
-        nothing for autograd to record; else None (the layer runs op by op)."""
-        if not (x.device.type == "cpu" and x.dtype == torch.float32 and cache.k.dtype == torch.float32
-                and x.shape[0] * x.shape[1] <= CPU_LINEAR_MAX_ROWS and _cpu_layer_enabled()):
-            return None
-        if torch.is_grad_enabled() and any(t.requires_grad for t in self.weights.values()):
-            return None
-        return torch.ops.eagle_kernels.cpu_decoder_layer
+        return layer_kernel(x, cache, self.weights)
+
+
+def layer_kernel(x: torch.Tensor, cache: KVCache, weights: dict):
+    """The ``cpu_decoder_layer`` kernel when a pass over ``x`` [B, N, H] can run each layer as
+    one call: fp32 on CPU with a fp32 cache, at most ``CPU_LINEAR_MAX_ROWS`` rows (the cpu_linear
+    regime), nothing for autograd to record in ``weights``; else None (the layer runs op by op)."""
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and cache.k.dtype == torch.float32
+            and x.shape[0] * x.shape[1] <= CPU_LINEAR_MAX_ROWS and _cpu_layer_enabled()):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in weights.values()):
+        return None
+    return torch.ops.eagle_kernels.cpu_decoder_layer

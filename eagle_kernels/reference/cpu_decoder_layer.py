@@ -25,7 +25,8 @@ def _rope(x, cos, sin):
 
 
 def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
-                      k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps):
+                      k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
+                      embed_norm=None, slot_offset=0):
     """``x + attn(h) + mlp(...)`` for one layer, as LlamaModel's layer computes it::
 
         h = rms_norm(x, input_norm)
@@ -40,24 +41,37 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     the linear layers are :func:`cpu_linear`. ``tree_mask=None`` is causal attention over the
     new tokens, as for tree_attention.
 
+    EAGLE-3's draft layer: with ``embed`` (and ``embed_norm``), attention reads
+    ``[rms_norm(embed, embed_norm), rms_norm(x, input_norm)]`` (2H wide) and ``x`` stays the
+    residual. With ``slot_offset`` > 0 the new tokens follow that many tree slots written by
+    earlier calls: their K/V go to ``cache_seqlens + slot_offset + i``, and the attention runs
+    over ``slot_offset + N`` tree rows (``tree_mask`` covers them all) whose first
+    ``slot_offset`` queries are zeros and dropped.
+
     Shapes
     ------
     x float32 [B, N, H]; input_norm, post_norm float32 [H]; qkv_weight [(num_heads + 2 Hkv) D, H],
     o_weight [H, num_heads D], gate_up_weight [2 I, H] (gate rows, then up rows), down_weight
     [H, I], each float32, bfloat16 or float16; cos, sin float32 [B, N, D]; k_cache, v_cache
     float32 [B, S, Hkv, D] (contiguous layout); cache_seqlens int32 [B]; tree_mask int64
-    [B, N, ceil(N / 64)] or None; returns float32 [B, N, H].
+    [B, N, ceil(N / 64)] or None; returns float32 [B, N, H]. With ``embed``: embed float32
+    [B, N, H], embed_norm float32 [H], qkv_weight [(num_heads + 2 Hkv) D, 2H]; with
+    ``slot_offset`` S: tree_mask [B, S + N, ceil((S + N) / 64)].
     """
     _checks.check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
                                     cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
-                                    eps=eps)
+                                    eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset)
     B, N, _ = x.shape
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    qkv = cpu_linear(_rms_norm(x, input_norm, eps), qkv_weight).view(B, N, num_heads + 2 * Hkv, D)
+    attn_in = _rms_norm(x, input_norm, eps)
+    if embed is not None:
+        attn_in = torch.cat([_rms_norm(embed, embed_norm, eps), attn_in], dim=-1)
+    qkv = cpu_linear(attn_in, qkv_weight).view(B, N, num_heads + 2 * Hkv, D)
     q, k, v = qkv.split([num_heads, Hkv, Hkv], dim=2)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    write_kv(k_cache, v_cache, k, v.contiguous(), cache_seqlens)
-    attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)
+    write_kv(k_cache, v_cache, k, v.contiguous(), cache_seqlens + slot_offset)
+    q = torch.cat([q.new_zeros(B, slot_offset, num_heads, D), q], dim=1)
+    attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)[:, slot_offset:]
     x = (x.double() + cpu_linear(attn.reshape(B, N, -1), o_weight).double()).float()
     gate, up = cpu_linear(_rms_norm(x, post_norm, eps), gate_up_weight).double().chunk(2, dim=-1)
     act = (F.silu(gate) * up).float()
