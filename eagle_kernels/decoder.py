@@ -78,9 +78,10 @@ def default_tree(device) -> TreeConfig:
     the tree and small trees win; a 4-token lookup chain is the cheapest way to add accepted
     tokens on text that repeats itself (on chat-style prompts it costs about what it gains, see
     the README). Measured on a 2-core AVX2 CPU with SmolLM2-135M and the shipped EAGLE-3 head
-    (``bench/e2e.py``, README), speed over plain decoding at T = 0, code / prose, 2 threads:
-    (3, 2, 4) + lookup 4 1.98x / 1.84x (tau 2.81 / 2.69), (3, 2, 4) 1.42x / 1.58x, (2, 2, 3) +
-    lookup 4 1.89x / 1.62x, (3, 2, 4) + lookup 5 2.10x / 1.59x.
+    (``bench/e2e.py``, README tree table), speed over plain decoding at T = 0, code / prose, 2
+    threads, 48 tokens: (3, 2, 4) + lookup 4 1.68x / 1.62x (tau 2.77 / 2.73), (3, 2, 4) 1.02x /
+    1.67x, (2, 2, 3) + lookup 4 1.65x / 1.53x, (3, 2, 4) + lookup 5 1.71x / 1.68x (differences
+    under about 10% are within this VM's run-to-run noise).
     """
     if torch.device(device).type == "cpu":
         return CPU_TREE
