@@ -157,7 +157,7 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   check_dtype(sin_in, op, "sin", at::kFloat);
   check_shape(sin_in, op, "sin", {B, N, D}, "[B, N, D]");
   check_device(sin_in, op, "sin", dev);
-  // tree_mask and the cache capacity are checked by tree_attention and write_kv below, before
+  // The cache capacity (cache_seqlens + slot_offset + N) is checked by write_kv below, before
   // anything is written.
   TORCH_CHECK_VALUE(slot_offset >= 0, op, ": slot_offset: expected a non-negative int, got ", slot_offset);
   const int64_t slots = slot_offset + N;  // tree slots attention sees: earlier calls' and these

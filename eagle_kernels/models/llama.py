@@ -358,17 +358,17 @@ class LlamaModel(torch.nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
         states = {}
-        fused_layer = self._layer_kernel(x, cache)
+        fused_layer = layer_kernel(x, cache, w)
         if fused_layer is not None:  # one cos/sin row per token (positions may broadcast)
             cos, sin = cos.expand(B, N, 1, -1).reshape(B, N, -1), sin.expand(B, N, 1, -1).reshape(B, N, -1)
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             if fused_layer is not None:
                 k_layer, v_layer = cache.layer(layer)
-                x = fused_layer(x, w[p + "input_layernorm.weight"], self.fused(w, p, QKV), w[p + "self_attn.o_proj.weight"],
-                                w[p + "post_attention_layernorm.weight"], self.fused(w, p, GATE_UP),
-                                w[p + "mlp.down_proj.weight"], cos, sin, k_layer, v_layer, cache.seqlens, tree_mask,
-                                num_heads=c.num_heads, eps=c.rms_norm_eps)
+                x = fused_layer(x, w[p + "input_layernorm.weight"], self.fused(w, p, QKV),
+                                w[p + "self_attn.o_proj.weight"], w[p + "post_attention_layernorm.weight"],
+                                self.fused(w, p, GATE_UP), w[p + "mlp.down_proj.weight"], cos, sin, k_layer, v_layer,
+                                cache.seqlens, tree_mask, num_heads=c.num_heads, eps=c.rms_norm_eps)
                 if layer in feature_layers:
                     states[layer] = x
                 continue
@@ -384,9 +384,6 @@ class LlamaModel(torch.nn.Module):
             hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = linear(rows, w["lm_head.weight"]).float()
         return ForwardOutput(logits, hidden, states)
-
-    def _layer_kernel(self, x: torch.Tensor, cache: KVCache):
-        return layer_kernel(x, cache, self.weights)
 
 
 def layer_kernel(x: torch.Tensor, cache: KVCache, weights: dict):

@@ -14,4 +14,5 @@ from .tree_attention import tree_attention
 from .verify import verify
 from .write_kv import write_kv
 
-__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "cpu_linear", "cpu_decoder_layer", "philox4x32", "uniform"]
+__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "cpu_linear",
+           "cpu_decoder_layer", "philox4x32", "uniform"]
