@@ -106,6 +106,13 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tupl
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def rope_cos_sin_rows(inv_freq: torch.Tensor, positions: torch.Tensor, B: int, N: int, dtype):
+    """cos, sin [B, N, D], one row per token, as ``cpu_decoder_layer`` takes them; ``positions``
+    [B, N] or broadcastable to it (drafting passes one position per request for a depth)."""
+    cos, sin = rope_cos_sin(inv_freq, positions.expand(B, N), dtype)
+    return cos.reshape(B, N, -1), sin.reshape(B, N, -1)
+
+
 def cached_attention(q, k, v, cache: "KVCache", layer: int, tree_mask, slot_offset: int = 0):
     """Store the new tokens' K/V at slots ``cache.seqlens + slot_offset + i`` of ``layer`` and
     attend. With ``slot_offset`` > 0 the tree already holds that many slots from earlier calls
@@ -355,12 +362,13 @@ class LlamaModel(torch.nn.Module):
         B, N = tokens.shape
         if positions is None:
             positions = default_positions(cache, N)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
         states = {}
         fused_layer = layer_kernel(x, cache, w)
-        if fused_layer is not None:  # one cos/sin row per token (positions may broadcast)
-            cos, sin = cos.expand(B, N, 1, -1).reshape(B, N, -1), sin.expand(B, N, 1, -1).reshape(B, N, -1)
+        if fused_layer is not None:
+            cos, sin = rope_cos_sin_rows(self.inv_freq, positions, B, N, self.dtype)
+        else:
+            cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             if fused_layer is not None:
