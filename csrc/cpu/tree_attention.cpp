@@ -9,7 +9,8 @@
 // by sm_scale * log2 e) so that one exp2 per score suffices.
 //
 // Data layout inside a work item, chosen so that every hot loop is vertical SIMD:
-//   Qt [D][Rp]   the rows' queries, transposed once per item (Rp = rows rounded up to 16)
+//   Qt [D][Rp]   the rows' queries, transposed once per item (Rp = rows rounded up to the
+//                vector width: 16 floats with AVX-512, 8 otherwise)
 //   St [TK][Rp]  scores, then probabilities, of one key tile
 //   acc [R][D]   un-normalised outputs
 // so QK^T broadcasts one key element against 16 rows, the softmax statistics are per-lane,
@@ -41,7 +42,7 @@ namespace eagle {
 namespace {
 
 constexpr int TK = 32;        // key positions per tile
-constexpr int ROW_PAD = 16;   // rows are padded to a multiple of one AVX-512 float vector
+constexpr int SPLIT_MIN_ROWS = 16;  // node blocks are not split below this many rows
 constexpr int MAX_ROWS = 128; // rows per work item (bounds the per-thread scratch)
 constexpr double LOG2E = 1.4426950408889634;
 
@@ -54,6 +55,9 @@ struct Ops {
   void (*softmax)(Acc*, int, int, Acc*, Acc*, Acc*) = softmax_scalar<Acc>;
   void (*pv)(const Acc*, int, int, int, const Acc* const*, int, Acc*, const Acc*) = pv_scalar<Acc>;
   void (*to_acc)(const T*, Acc*, int) = to_acc_scalar<T, Acc>;
+  // Rows are padded to a multiple of this: one float vector of the chosen loops (a decoded
+  // token of a 3-query-head group is 3 rows: 8 rather than 16 halves its QK and softmax work).
+  int row_pad = 8;
 };
 
 // EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 (default) caps the instruction set, so that
@@ -76,6 +80,7 @@ Ops<T, Acc> pick_ops(int64_t D) {
       ops.qk = qk_avx512;
       ops.softmax = softmax_avx512;
       ops.pv = pv_avx512;
+      ops.row_pad = 16;
       if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx512;
       if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx512;
     } else if (cap >= 1 && cpu_has_avx2() && D % 16 == 0) {
@@ -151,7 +156,7 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   const int64_t n0 = nb_idx * p.node_block;
   const int64_t n1 = std::min(p.N, n0 + p.node_block);
   const int R = static_cast<int>((n1 - n0) * p.G);
-  const int Rp = (R + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+  const int Rp = (R + ops.row_pad - 1) / ops.row_pad * ops.row_pad;
   const int D = static_cast<int>(p.D);
   const int64_t prefix = p.seqlens[b];
   const Acc ninf = -std::numeric_limits<Acc>::infinity();
@@ -236,7 +241,7 @@ void run(const Problem& p) {
   for (int64_t b = 0; b < p.B; ++b) max_prefix = std::max<int64_t>(max_prefix, p.seqlens[b]);
   const int64_t item_work = std::max<int64_t>(1, p.node_block * p.G * (max_prefix + p.N) * p.D);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / item_work);
-  const int64_t Rp = (p.node_block * p.G + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+  const int64_t Rp = (p.node_block * p.G + ops.row_pad - 1) / ops.row_pad * ops.row_pad;
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     Scratch<T, Acc> scratch(Rp, p.D);
     for (int64_t item = begin; item < end; ++item) run_item<T, Acc>(p, ops, scratch, item);
@@ -248,7 +253,7 @@ void run(const Problem& p) {
 int64_t choose_node_block(int64_t B, int64_t N, int64_t Hkv, int64_t G) {
   int64_t nb = std::max<int64_t>(1, std::min<int64_t>(N, MAX_ROWS / std::max<int64_t>(G, 1)));
   const int64_t threads = at::get_num_threads();
-  while (nb > 1 && nb * G > ROW_PAD &&
+  while (nb > 1 && nb * G > SPLIT_MIN_ROWS &&
          B * Hkv * ((N + nb - 1) / nb) < 2 * threads) {
     nb = (nb + 1) / 2;
   }

@@ -308,16 +308,19 @@ EAGLE_AVX2 inline __m256 exp2_avx2(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
 }
 
-// Rp % 16 == 0: 4 keys x 16 rows per step, 8 accumulators.
+// Rp % 8 == 0: 4 keys x 16 rows per step, 8 accumulators; a last block of 8 rows (Rp % 16 ==
+// 8, e.g. one decoded token's 3 query heads per KV head) takes 8 keys x 8 rows per step. Each
+// score is one accumulator over d in order either way, so a row's scores do not depend on Rp.
 EAGLE_AVX2 inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp,
                         float* St) {
+  const int r16 = Rp / 16 * 16;  // rows in 16-row blocks
   int k = 0;
   for (; k + 4 <= nk; k += 4) {
     const float* k0 = krows[k];
     const float* k1 = krows[k + 1];
     const float* k2 = krows[k + 2];
     const float* k3 = krows[k + 3];
-    for (int r = 0; r < Rp; r += 16) {
+    for (int r = 0; r < r16; r += 16) {
       __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
       __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
       __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
@@ -352,13 +355,33 @@ EAGLE_AVX2 inline void qk_avx2(const float* const* krows, int nk, const float* Q
   }
   for (; k < nk; ++k) {
     const float* kr = krows[k];
-    for (int r = 0; r < Rp; r += 8) {
+    for (int r = 0; r < r16; r += 8) {
       __m256 a = _mm256_setzero_ps();
       for (int d = 0; d < D; ++d)
         a = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d),
                             _mm256_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r), a);
       _mm256_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, a);
     }
+  }
+  if (r16 == Rp) return;
+  const float* Q8 = Qt + r16;  // the last 8 rows
+  float* S8 = St + r16;
+  k = 0;
+  for (; k + 8 <= nk; k += 8) {
+    __m256 a[8];
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+    for (int d = 0; d < D; ++d) {
+      const __m256 q = _mm256_loadu_ps(Q8 + static_cast<int64_t>(d) * Rp);
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(krows[k + j] + d), q, a[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(S8 + static_cast<int64_t>(k + j) * Rp, a[j]);
+  }
+  for (; k < nk; ++k) {
+    const float* kr = krows[k];
+    __m256 a = _mm256_setzero_ps();
+    for (int d = 0; d < D; ++d)
+      a = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d), _mm256_loadu_ps(Q8 + static_cast<int64_t>(d) * Rp), a);
+    _mm256_storeu_ps(S8 + static_cast<int64_t>(k) * Rp, a);
   }
 }
 
