@@ -9,7 +9,8 @@ Providers:
   every step).
 
 Shapes: CPU, SmolLM2-135M attention (Hq 9, Hkv 3, D 64) with N in {16, 60} tree nodes, prefix in
-{512, 2048}, B in {1, 4}, fp32, contiguous cache. GPU (only with a CUDA device), Llama-3-8B
+{512, 2048}, B in {1, 4}, plus B 1 with N in {1, 8} (a decoded token, the CPU default tree),
+fp32, contiguous cache. GPU (only with a CUDA device), Llama-3-8B
 (Hq 32, Hkv 8, D 128), N 64, prefix in {1k, 4k, 16k}, B in {1, 8, 32}, bf16, pages of 16.
 Every request holds the same prefix (so SDPA needs no padding). Trees: random build_tree trees.
 
@@ -39,6 +40,9 @@ from eagle_kernels import reference
 
 HAS_CUDA = torch.cuda.is_available()
 CPU_SHAPES = [(B, N, prefix) for B in (1, 4) for N in (16, 60) for prefix in (512, 2048)]
+# What CPU decoding runs: one token (plain decoding, the head's root) and the 8 rows of the
+# CPU default tree's verify pass.
+CPU_SHAPES += [(1, N, prefix) for N in (1, 8) for prefix in (512, 2048)]
 CPU_HEADS = (9, 3, 64)
 GPU_SHAPES = [(B, 64, prefix) for B in (1, 8, 32) for prefix in (1024, 4096, 16384)]
 GPU_HEADS = (32, 8, 128)

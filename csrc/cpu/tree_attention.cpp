@@ -13,7 +13,7 @@
 //                vector width: 16 floats with AVX-512, 8 otherwise)
 //   St [TK][Rp]  scores, then probabilities, of one key tile
 //   acc [R][D]   un-normalised outputs
-// so QK^T broadcasts one key element against 16 rows, the softmax statistics are per-lane,
+// so QK^T broadcasts one key element against a vector of rows, the softmax statistics are per-lane,
 // and PV broadcasts one probability against a V row.
 //
 // The hot loops (csrc/cpu/tree_attention_loops.h) exist three times: AVX-512 and AVX2+FMA
@@ -235,12 +235,15 @@ void run(const Problem& p) {
   const Ops<T, Acc> ops = pick_ops<T, Acc>(p.D);
   const int64_t blocks = (p.N + p.node_block - 1) / p.node_block;
   const int64_t items = p.B * p.Hkv * blocks;
-  // Work of one item ~ rows * keys * D multiply-adds (x2 for QK and PV); run small problems
-  // inline (waking a second thread costs more than they take).
+  // Work of one item ~ rows * keys * D multiply-adds (x2 for QK and PV). Chunks of at least
+  // 2^19 (tens of microseconds): short problems run inline, where waking a second thread costs
+  // more than it saves, while one decoded token over a long prefix (3 items of ~2^17 per 1k
+  // keys for SmolLM2) spreads over the threads: prefix 2048, 2 threads, 340 -> 210-255 us
+  // (2^21 kept it on one thread up to ~5k keys).
   int64_t max_prefix = 0;
   for (int64_t b = 0; b < p.B; ++b) max_prefix = std::max<int64_t>(max_prefix, p.seqlens[b]);
   const int64_t item_work = std::max<int64_t>(1, p.node_block * p.G * (max_prefix + p.N) * p.D);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / item_work);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / item_work);
   const int64_t Rp = (p.node_block * p.G + ops.row_pad - 1) / ops.row_pad * ops.row_pad;
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     Scratch<T, Acc> scratch(Rp, p.D);
