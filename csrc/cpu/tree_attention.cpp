@@ -58,6 +58,8 @@ struct Ops {
   // Rows are padded to a multiple of this: one float vector of the chosen loops (a decoded
   // token of a 3-query-head group is 3 rows: 8 rather than 16 halves its QK and softmax work).
   int row_pad = 8;
+  // Rows of a work item rounded up to row_pad: the scratch is sized and indexed with this.
+  int64_t padded_rows(int64_t rows) const { return (rows + row_pad - 1) / row_pad * row_pad; }
 };
 
 // EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 (default) caps the instruction set, so that
@@ -156,7 +158,7 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   const int64_t n0 = nb_idx * p.node_block;
   const int64_t n1 = std::min(p.N, n0 + p.node_block);
   const int R = static_cast<int>((n1 - n0) * p.G);
-  const int Rp = (R + ops.row_pad - 1) / ops.row_pad * ops.row_pad;
+  const int Rp = static_cast<int>(ops.padded_rows(R));
   const int D = static_cast<int>(p.D);
   const int64_t prefix = p.seqlens[b];
   const Acc ninf = -std::numeric_limits<Acc>::infinity();
@@ -244,7 +246,7 @@ void run(const Problem& p) {
   for (int64_t b = 0; b < p.B; ++b) max_prefix = std::max<int64_t>(max_prefix, p.seqlens[b]);
   const int64_t item_work = std::max<int64_t>(1, p.node_block * p.G * (max_prefix + p.N) * p.D);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / item_work);
-  const int64_t Rp = (p.node_block * p.G + ops.row_pad - 1) / ops.row_pad * ops.row_pad;
+  const int64_t Rp = ops.padded_rows(p.node_block * p.G);
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     Scratch<T, Acc> scratch(Rp, p.D);
     for (int64_t item = begin; item < end; ++item) run_item<T, Acc>(p, ops, scratch, item);
