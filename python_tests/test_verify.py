@@ -393,14 +393,16 @@ def test_batch_invariance(backend, op_impl, dtype):
             assert torch.equal(mixed[field][0], full[field][b]), (b, VerifyOutput._fields[field])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=["fp32", "bf16", "fp16", "fp64"])
 def test_matches_reference(backend, op_impl, dtype):
     """Same stream and same float32 (float64) arithmetic: bit-identical to the reference."""
     verify = op_impl("verify")
-    # Triton (interpreted): one of the three batches per dtype (fp32 and fp64 get batches
-    # holding greedy, temperature-only, top-k, top-p and top-k + top-p rows; bf16 all but
-    # temperature-only).
-    seeds = range(3) if backend != "triton" else [[torch.float32, torch.bfloat16, torch.float64].index(dtype)]
+    # Triton (interpreted): one of the batches per dtype (fp32 and fp64 get batches holding
+    # greedy, temperature-only, top-k, top-p and top-k + top-p rows; bf16 all but
+    # temperature-only). Its threshold searches cover 16 key bits for bf16, 19 for fp16.
+    order = [torch.float32, torch.bfloat16, torch.float64, torch.float16]
+    seeds = range(3) if backend != "triton" else [order.index(dtype)]
     for seed in seeds:
         tokens, parents, logits, sampling = random_batch(100 + seed, 8, 14, 12, dtype, greedy_fraction=0.25)
         assert_same(verify(tokens, parents, logits, max_depth=4, **sampling),

@@ -8,13 +8,15 @@ draft children (EAGLE-2, Li et al. 2024, §4); semantics and random stream as in
 Two kernels. ``_verify_rows_kernel`` runs one program per logit row (B * N programs) and
 reduces the row to a few scalars in ``BLOCK_V`` tiles: max, first argmax and the
 NaN/+inf/finite flags; for sampling requests also the top-k threshold ``kth`` (the k-th
-largest ``s = (logits - max) / T``) by a radix-16 search over the order key of ``s`` that
-counts keys at or above 15 candidate thresholds per pass, the softmax normaliser ``denom``
-(float64 sum of ``exp(s)`` over ``s >= kth``), the top-p threshold ``cut`` by the same search
-summing the probability mass above each candidate, the top-p normaliser ``norm`` and the
-float64 mass of the final weights. ``s`` and ``p`` are recomputed from the logits in every
-pass instead of being stored. Every weight is then a pure function of its logit and the row's
-scalars::
+largest ``s = (logits - max) / T``), the softmax normaliser ``denom`` (float64 sum of
+``exp(s)`` over ``s >= kth``), the top-p threshold ``cut``, the top-p normaliser ``norm`` and
+the float64 mass of the final weights. Both thresholds come from a radix-16 search over the
+order keys of the logits themselves, counting (top-k) or summing ``p`` over (top-p) the keys
+at or above 15 candidates per pass: ``s`` and ``p`` are monotone in the logit, so ``kth`` is
+``s`` of the k-th largest logit and ``cut`` is ``p`` of the logit found, and bf16/fp16 rows
+need only the passes for their 16/19 significant key bits. ``s`` and ``p`` are recomputed
+from the logits in every pass instead of being stored. Every weight is then a pure function
+of its logit and the row's scalars::
 
     p(x) = [s(x) >= kth] * exp(s(x)) / denom,    w(x) = [p(x) >= cut] * p(x) / norm
 
@@ -41,6 +43,13 @@ from .._types import VerifyOutput
 # [BLOCK_V, 16] comparison stays in registers); 256 under the interpreter, where the cost is
 # per operation rather than per element, so half the passes run twice as fast.
 RADIX_BITS = 8 if os.environ.get("TRITON_INTERPRET") == "1" else 4
+
+# Leading bits of the order key (of the logit widened to the compute dtype) that can differ
+# between logits of each input dtype: the threshold searches skip the rest.
+SIGNIFICANT_KEY_BITS = {torch.bfloat16: 16, torch.float16: 19, torch.float32: 32, torch.float64: 64}
+# Rows per tile of the threshold searches: their [SEARCH_BLOCK, 2^RADIX_BITS] accumulator
+# (float64 for top-p) stays in registers at 4 warps.
+SEARCH_BLOCK = 256
 
 PHILOX_M0 = tl.constexpr(0xD2511F53)
 PHILOX_M1 = tl.constexpr(0xCD9E8D57)
@@ -128,48 +137,62 @@ def _weights(p, cut, norm, CT: tl.constexpr):
 
 
 @triton.jit
-def _threshold_key(row_ptr, V, row_max, t, kth, denom, rank_k, top_p, IS_TOP_P: tl.constexpr,
-                   CT: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Radix search, most significant digit first, over the order keys of s (top-k) or of p
-    (top-p), both recomputed from the logit row; returns the value whose key is the threshold.
+def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.constexpr, CT: tl.constexpr,
+                   IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Radix search, most significant digit first, over the order keys of the logits (as CT
+    values): the largest key P with F(P) >= target, where F(P) counts the entries with
+    key >= P (top-k, target k) or sums their p (top-p, target top_p). Returns the logit
+    value whose key is P.
 
-    top-k (IS_TOP_P false): the k-th largest key counted with multiplicity, i.e. the largest t
-    with #(key >= t) >= k. top-p: the smallest t with mass(key >= t') < top_p for t' = t + 1,
-    i.e. with the mass strictly above t below top_p. Either way a filter keeps x iff
-    key(x) >= t. Each digit of RADIX_BITS bits takes one pass that evaluates the candidates
-    P + j * 2^shift."""
+    s and p are monotone in the logit, so the k-th largest s is s of the k-th largest logit
+    and the lowest kept level of p is p of the logit found here: the search needs no s or p
+    for top-k, and only the leading SIG_BITS key bits vary for logits widened from 16 bits
+    (bf16: 16, fp16: 19), so those take half the passes of fp32. Each digit of RADIX_BITS bits
+    is one pass that evaluates the candidates P + j * 2^shift, j >= 1, into a [BLOCK_S, 2^R]
+    accumulator reduced once per pass."""
     if IS_FP64:
         KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
     else:
         KT: tl.constexpr = tl.uint32
         KEY_BITS: tl.constexpr = 32
+    LEVELS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
+    LOW_BITS: tl.constexpr = KEY_BITS - LEVELS * RADIX_BITS
     lanes = tl.arange(0, 1 << RADIX_BITS)
     prefix = tl.zeros([], dtype=KT)
-    for level in tl.static_range(KEY_BITS // RADIX_BITS):
+    for level in tl.static_range(LEVELS):
         shift = KEY_BITS - RADIX_BITS * (level + 1)
         candidates = prefix + (lanes.to(KT) << shift)  # lane 0 is never counted
-        counts = tl.zeros([1 << RADIX_BITS], dtype=tl.int64)
-        masses = tl.zeros([1 << RADIX_BITS], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
+        if IS_TOP_P:
+            acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
+        else:
+            acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
+        for start in range(0, V, BLOCK_S):
+            # [BLOCK_S, 1] tiles: loaded in the accumulator's 2-D layout, no per-tile shuffle
+            offs = start + tl.arange(0, BLOCK_S)[:, None]
             valid = offs < V
             logits = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(CT)
-            x = _scaled(logits, row_max, t)
+            above = (_order_key(logits, IS_FP64) >= candidates[None, :]) & valid
             if IS_TOP_P:
-                x = _probs(x, kth, denom, CT)
-            keys = _order_key(x, IS_FP64)
-            above = (keys[:, None] >= candidates[None, :]) & valid[:, None]
-            if IS_TOP_P:
-                masses += tl.sum(tl.where(above, x.to(tl.float64)[:, None], 0.0), axis=0)
+                p = _probs(_scaled(logits, row_max, t), kth, denom, CT)
+                acc += tl.where(above, p.to(tl.float64), 0.0)
             else:
-                counts += tl.sum(above.to(tl.int64), axis=0)
+                acc += above.to(tl.int32)
         if IS_TOP_P:
-            digit = tl.sum(((masses >= top_p) & (lanes > 0)).to(tl.int32), axis=0)
+            totals = tl.sum(acc, axis=0)
         else:
-            digit = tl.sum(((counts >= rank_k) & (lanes > 0)).to(tl.int32), axis=0)
+            totals = tl.sum(acc, axis=0).to(tl.float64)
+        digit = tl.sum(((totals >= target) & (lanes > 0)).to(tl.int32), axis=0)
         prefix = prefix + (digit.to(KT) << shift)
-    # Back from key to value: keep x iff x >= value (the key order is the value order).
+    if LOW_BITS > 0:
+        # Below the searched bits a widened 16-bit logit's key is all zeros (x >= 0) or all
+        # ones (x < 0, whose key is the complement): restore them to land on the entry itself.
+        low = (tl.full([], 1, KT) << LOW_BITS) - 1
+        prefix = tl.where((prefix >> (KEY_BITS - 1)) == 0, prefix | low, prefix)
+    # Every entry has key >= key(-inf): F(key(-inf)) is everything. Only a top-p target above
+    # the rounded total mass fails there, and then every token is kept.
+    prefix = tl.maximum(prefix, _order_key(tl.full([], float("-inf"), CT), IS_FP64))
+    # Back from key to value (the key order is the value order).
     if IS_FP64:
         bits = tl.where((prefix >> 63) == 1, prefix & 0x7FFFFFFFFFFFFFFF, ~prefix)
         return bits.to(tl.float64, bitcast=True)
@@ -208,10 +231,15 @@ def _verify_rows_kernel(
     bad_ptr,  # [B, N] int32: 1 where the row holds NaN / +inf or no finite entry
     N, V, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
+    SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     RADIX_BITS: tl.constexpr,
 ):
-    """Per-row scalars of the walk (module docstring), one program per row (b, node)."""
+    """Per-row scalars of the walk (module docstring), one program per row (b, node).
+
+    Every pass keeps per-lane partials ([BLOCK_V] or [BLOCK_S, 2^R]) and reduces them once at
+    its end: a reduction across warps inside the loop would put a barrier in every tile."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
     else:
@@ -224,40 +252,42 @@ def _verify_rows_kernel(
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
 
-    # Pass 1: max, first argmax, and the bad-row flags.
-    row_max = tl.full([], float("-inf"), CT)
-    arg = 0
-    flags = 0  # bit 0: NaN or +inf seen, bit 1: a finite entry seen
+    # Pass 1: max, first argmax, and the bad-row flags. A lane keeps its first maximum (NaN
+    # never compares greater), so the smallest index among the lanes holding the row max is
+    # the row's first argmax.
+    lane_max = tl.full([BLOCK_V], float("-inf"), CT)
+    lane_arg = tl.full([BLOCK_V], V, tl.int32)
+    lane_nonfinite = tl.zeros([BLOCK_V], tl.int32)  # NaN or +inf seen
+    lane_finite = tl.zeros([BLOCK_V], tl.int32)  # a finite entry seen
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         valid = offs < V
         x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-        nonfinite_bad = (x != x) | (x == float("inf"))
-        finite = (x > float("-inf")) & (x < float("inf"))
-        flags = flags | tl.max((nonfinite_bad & valid).to(tl.int32), axis=0) \
-            | (tl.max((finite & valid).to(tl.int32), axis=0) * 2)
-        tile_max = tl.max(tl.where(valid & (x == x), x, float("-inf")), axis=0)
-        tile_arg = tl.min(tl.where(valid & (x == tile_max), offs, V), axis=0)
-        better = tile_max > row_max
-        arg = tl.where(better, tile_arg, arg)
-        row_max = tl.where(better, tile_max, row_max)
-    bad = (((flags & 1) != 0) | ((flags & 2) == 0)).to(tl.int32)
+        lane_nonfinite = lane_nonfinite | (valid & ((x != x) | (x == float("inf")))).to(tl.int32)
+        lane_finite = lane_finite | (valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32)
+        better = valid & (x > lane_max)
+        lane_arg = tl.where(better, offs, lane_arg)
+        lane_max = tl.where(better, x, lane_max)
+    row_max = tl.max(lane_max, axis=0)
+    arg = tl.min(tl.where(lane_max == row_max, lane_arg, V), axis=0)
+    arg = tl.where(arg < V, arg, 0)  # no entry above -inf: token 0
+    bad = ((tl.max(lane_nonfinite, axis=0) != 0) | (tl.max(lane_finite, axis=0) == 0)).to(tl.int32)
     if (bad != 0) & (node == 0):
         # A bad row anywhere on the walk falls back to the argmax over the finite root logits
         # (0 if none). On a good root row that is the plain argmax already.
-        best = tl.full([], float("-inf"), CT)
-        arg = -1
+        lane_best = tl.full([BLOCK_V], float("-inf"), CT)
+        lane_arg = tl.full([BLOCK_V], V, tl.int32)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
             x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
             finite = valid & (x > float("-inf")) & (x < float("inf"))
-            tile_best = tl.max(tl.where(finite, x, float("-inf")), axis=0)
-            tile_arg = tl.min(tl.where(finite & (x == tile_best), offs, V), axis=0)
-            better = (tile_arg < V) & ((arg < 0) | (tile_best > best))
-            arg = tl.where(better, tile_arg, arg)
-            best = tl.where(better, tile_best, best)
-        arg = tl.maximum(arg, 0)
+            better = finite & ((lane_arg == V) | (x > lane_best))
+            lane_arg = tl.where(better, offs, lane_arg)
+            lane_best = tl.where(better, x, lane_best)
+        best = tl.max(tl.where(lane_arg < V, lane_best, float("-inf")), axis=0)
+        arg = tl.min(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V), axis=0)
+        arg = tl.where(arg < V, arg, 0)
     tl.store(argmax_ptr + pid, arg)
     tl.store(bad_ptr + pid, bad)
 
@@ -266,36 +296,38 @@ def _verify_rows_kernel(
         kth = tl.full([], float("-inf"), CT)
         one = tl.full([], 1.0, CT)
         if (top_k > 0) & (top_k < V):
-            kth = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.int64), 1.0, False,
-                                 CT, IS_FP64, BLOCK_V, RADIX_BITS)
-        total = tl.zeros([], dtype=tl.float64)
+            kth_logit = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.float64), False,
+                                       CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
+            kth = _scaled(kth_logit.to(CT), row_max, t)
+        lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
             s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            e = tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT)
-            total += tl.sum(e.to(tl.float64), axis=0)
-        denom = total.to(CT)
+            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
+        denom = tl.sum(lane_total, axis=0).to(CT)
         cut = tl.full([], float("-inf"), CT)
         norm = one
         if top_p < 1.0:
-            cut = _threshold_key(row, V, row_max, t, kth, denom, 1, top_p.to(tl.float64), True,
-                                 CT, IS_FP64, BLOCK_V, RADIX_BITS)
-            kept = tl.zeros([], dtype=tl.float64)
+            cut_logit = _threshold_key(row, V, row_max, t, kth, denom, top_p.to(tl.float64), True,
+                                       CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
+            cut = _probs(_scaled(cut_logit.to(CT), row_max, t), kth, denom, CT)
+            lane_kept = tl.zeros([BLOCK_V], dtype=tl.float64)
             for start in range(0, V, BLOCK_V):
                 offs = start + tl.arange(0, BLOCK_V)
                 valid = offs < V
                 s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
                 p = _probs(s, kth, denom, CT)
-                kept += tl.sum(tl.where(valid & (p >= cut), p.to(tl.float64), 0.0), axis=0)
-            norm = kept.to(CT)
-        mass = tl.zeros([], dtype=tl.float64)
+                lane_kept += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
+            norm = tl.sum(lane_kept, axis=0).to(CT)
+        lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
             s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
             w = _weights(_probs(s, kth, denom, CT), cut, norm, CT)
-            mass += tl.sum(tl.where(valid, w, 0.0).to(tl.float64), axis=0)
+            lane_mass += tl.where(valid, w, 0.0).to(tl.float64)
+        mass = tl.sum(lane_mass, axis=0)
         st = stats_ptr + pid * NUM_STATS
         tl.store(st + STAT_MAX, row_max.to(tl.float64))
         tl.store(st + STAT_KTH, kth.to(tl.float64))
@@ -482,7 +514,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     _verify_rows_kernel[(B * N,)](
         logits, temperature, top_k, top_p, stats, argmax, bad,
         N, V, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, BLOCK_V=block_v, RADIX_BITS=RADIX_BITS, num_warps=4,
+        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
+        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=RADIX_BITS, num_warps=4,
     )
     _verify_walk_kernel[(B,)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad, work,
