@@ -21,20 +21,28 @@ of its logit and the row's scalars::
     p(x) = [s(x) >= kth] * exp(s(x)) / denom,    w(x) = [p(x) >= cut] * p(x) / norm
 
 and both filters are "keep x iff key >= threshold", which keeps ties together exactly as the
-reference does. ``_verify_walk_kernel`` runs one program per request: greedy steps read the
+reference does. A row with top-k or top-p usually keeps few tokens, so before searching the
+whole row the kernel tries a candidate list (``_candidate_stats``): one pass counts the entries
+and their softmax mass at or above 16 levels of ``s``, a second stores (id, s) of the entries
+at or above the highest level that holds the top-k set or the nucleus in ``CANDIDATES``
+slots, and the thresholds, normalisers and mass come from that list sorted in registers: three
+reads of the row instead of up to twenty. Rows the list cannot hold exactly (a flat
+distribution, a nucleus reaching below the lowest level, temperature alone) take the search. ``_verify_walk_kernel`` runs one program per request: greedy steps read the
 stored argmax; a sampling step evaluates ``w`` only at the drafted tokens, removes a rejected
-token's weight from the float64 mass, and only the bonus draw materialises one residual row
-(``[B, V]`` scratch) for an inverse-CDF draw with a float64 cumulative sum. Philox4x32-10 runs
+token's weight from the float64 mass, and the bonus draw runs its inverse-CDF draw (a float64
+cumulative sum in token order) over the row's candidate list, or materialises one residual row
+(``[B, V]`` scratch) when the row has none. Philox4x32-10 runs
 in-kernel on uint32 words.
 """
 
 from __future__ import annotations
 
+import os
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-
-import os
 
 from .. import _checks
 from .._types import VerifyOutput
@@ -50,6 +58,11 @@ SIGNIFICANT_KEY_BITS = {torch.bfloat16: 16, torch.float16: 19, torch.float32: 32
 # Rows per tile of the threshold searches: their [SEARCH_BLOCK, 2^RADIX_BITS] accumulator
 # (float64 for top-p) stays in registers at 4 warps.
 SEARCH_BLOCK = 256
+# Candidate lists (see _candidate_stats): capacity, and the levels of s = (logit - max) / T
+# tried for the list's lower bound: -PIVOT_STEP * (1 .. NUM_PIVOTS).
+CANDIDATES = 32 if os.environ.get("TRITON_INTERPRET") == "1" else 1024
+NUM_PIVOTS = tl.constexpr(16)
+PIVOT_STEP = tl.constexpr(1.5)
 
 PHILOX_M0 = tl.constexpr(0xD2511F53)
 PHILOX_M1 = tl.constexpr(0xCD9E8D57)
@@ -221,6 +234,146 @@ def _inverse_cdf(work_row_ptr, V, u, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, CT: tl.constexpr, IS_FP64: tl.constexpr,
+                    SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """kth, denom, cut, norm, mass of a sampling row from passes over the whole row."""
+    kth = tl.full([], float("-inf"), CT)
+    one = tl.full([], 1.0, CT)
+    if use_k:
+        kth_logit = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.float64), False,
+                                   CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
+        kth = _scaled(kth_logit.to(CT), row_max, t)
+    lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        valid = offs < V
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
+    denom = tl.sum(lane_total, axis=0).to(CT)
+    cut = tl.full([], float("-inf"), CT)
+    norm = one
+    if use_p:
+        cut_logit = _threshold_key(row, V, row_max, t, kth, denom, top_p.to(tl.float64), True,
+                                   CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
+        cut = _probs(_scaled(cut_logit.to(CT), row_max, t), kth, denom, CT)
+        lane_kept = tl.zeros([BLOCK_V], dtype=tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            valid = offs < V
+            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+            p = _probs(s, kth, denom, CT)
+            lane_kept += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
+        norm = tl.sum(lane_kept, axis=0).to(CT)
+    lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        valid = offs < V
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        w = _weights(_probs(s, kth, denom, CT), cut, norm, CT)
+        lane_mass += tl.where(valid, w, 0.0).to(tl.float64)
+    return kth, denom, cut, norm, tl.sum(lane_mass, axis=0)
+
+
+@triton.jit
+def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, index_ptr, scaled_ptr,
+                     CT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, NUM_CAND: tl.constexpr):
+    """The same scalars from a short candidate list, when one holds every token the filters
+    keep: one pass counts the entries and sums their exp(s) at or above NUM_PIVOTS levels of
+    s; a second stores the entries at or above the highest level that can hold the top-k set
+    and the nucleus in at most NUM_CAND slots (ascending token ids); thresholds, normalisers
+    and mass then come from the sorted list. Returns count = -1 where no level fits (or the
+    sorted list shows the nucleus reaching below the level): the caller then searches the
+    whole row."""
+    levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)  # [NUM_PIVOTS] levels of s
+    counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
+    sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
+    lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
+    for start in range(0, V, BLOCK_S):
+        offs = start + tl.arange(0, BLOCK_S)[:, None]
+        valid = offs < V
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        e = tl.where(valid, tl.exp(s), 0.0).to(CT)
+        lane_total += e.to(tl.float64)
+        at_or_above = valid & (s >= levels[None, :])
+        counts += at_or_above.to(tl.int32)
+        sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
+    total = tl.sum(lane_total, axis=1)
+    total = tl.sum(total, axis=0)
+    level_counts = tl.sum(counts, axis=0)
+    level_sums = tl.sum(sums, axis=0)
+    # A level fits when it holds the k largest (top-k) or, without top-k, clearly more than the
+    # top_p share of the softmax mass (the sorted list checks it exactly below), in NUM_CAND slots.
+    need = tl.where(use_k, top_k, 1)
+    fits = (level_counts >= need) & (level_counts <= NUM_CAND) \
+        & (use_k | (level_sums.to(tl.float64) >= top_p.to(tl.float64) * total * 1.0001))
+    first = tl.min(tl.where(fits, tl.arange(0, NUM_PIVOTS), NUM_PIVOTS), axis=0)
+    kth = tl.full([], float("-inf"), CT)
+    one = tl.full([], 1.0, CT)
+    denom = total.to(CT)
+    cut = tl.full([], float("-inf"), CT)
+    norm = one
+    mass = tl.zeros([], dtype=tl.float64)
+    count = -1
+    if first < NUM_PIVOTS:
+        level = tl.sum(tl.where(tl.arange(0, NUM_PIVOTS) == first, levels, 0.0), axis=0).to(CT)
+        stored = 0
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            valid = offs < V
+            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+            keep = valid & (s >= level)
+            slot = stored + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            tl.store(index_ptr + slot, offs, mask=keep & (slot < NUM_CAND))
+            tl.store(scaled_ptr + slot, s, mask=keep & (slot < NUM_CAND))
+            stored += tl.sum(keep.to(tl.int32), axis=0)
+        tl.debug_barrier()  # the list is read back by other threads of this program
+        slots = tl.arange(0, NUM_CAND)
+        listed = tl.load(scaled_ptr + slots, mask=slots < stored, other=float("-inf"))
+        ranked = tl.sort(listed, descending=True)
+        if use_k:
+            kth = tl.max(tl.where(slots == top_k - 1, ranked, float("-inf")), axis=0)
+            e = tl.where(ranked >= kth, tl.exp(ranked), 0.0).to(CT)
+            denom = tl.sum(e.to(tl.float64), axis=0).to(CT)
+        p = _probs(ranked, kth, denom, CT)
+        count = stored
+        if use_p:
+            # Most probable first: the first rank whose running mass reaches top_p sets the cut
+            # (ties at the cut are kept by p >= cut).
+            running = tl.cumsum(p.to(tl.float64), axis=0)
+            first_rank = tl.min(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND), axis=0)
+            if first_rank < NUM_CAND:
+                cut = tl.max(tl.where(slots == first_rank, p, float("-inf")), axis=0)
+            elif use_k == 0:
+                count = -1  # the nucleus reaches below the listed level
+            if use_k == 0:
+                # Every unlisted token has s < level: clear of the cut by a margin of e in
+                # p, so no unlisted token can tie with it.
+                if cut < (tl.exp(level + 1.0) / denom).to(CT):
+                    count = -1
+            norm = tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0).to(CT)
+        mass = tl.sum(_weights(p, cut, norm, CT).to(tl.float64), axis=0)
+    return count, kth, denom, cut, norm, mass
+
+
+@triton.jit
+def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejected, offs_n, kth, denom, cut, norm,
+                     u, V, CT: tl.constexpr, NUM_CAND: tl.constexpr):
+    """The inverse-CDF draw of _inverse_cdf over a row's candidate list: every token of
+    positive weight is listed, in ascending id order, so the running sums are the same."""
+    slots = tl.arange(0, NUM_CAND)
+    index = tl.load(index_ptr + slots, mask=slots < listed, other=V)
+    scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"))
+    w = tl.where(slots < listed, _weights(_probs(scaled, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+    for c in range(node + 1, N):  # rejected children's tokens have weight 0 now
+        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+            w = tl.where(index == tl.load(tokens_row + c), 0.0, w)
+    target = u * tl.sum(w, axis=0)
+    found = tl.min(tl.where(tl.cumsum(w, axis=0) > target, index, V), axis=0)
+    last_positive = tl.max(tl.where(w > 0, index, -1), axis=0)
+    return tl.where(found < V, found, tl.maximum(last_positive, 0))
+
+
+@triton.jit
 def _verify_rows_kernel(
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32 (0 = greedy row)
@@ -229,12 +382,16 @@ def _verify_rows_kernel(
     stats_ptr,  # [B, N, NUM_STATS] float64, slots STAT_*; written for sampling rows
     argmax_ptr,  # [B, N] int32: first argmax; node 0 of a bad root row: its fallback token
     bad_ptr,  # [B, N] int32: 1 where the row holds NaN / +inf or no finite entry
+    cand_count_ptr,  # [B, N] int32: entries in the row's candidate list, -1 where it has none
+    cand_index_ptr,  # [B, N, NUM_CAND] int32: candidate token ids, ascending
+    cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype: their s
     N, V, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
 ):
     """Per-row scalars of the walk (module docstring), one program per row (b, node).
 
@@ -291,43 +448,26 @@ def _verify_rows_kernel(
     tl.store(argmax_ptr + pid, arg)
     tl.store(bad_ptr + pid, bad)
 
+    count = -1
     if (temperature != 0.0) & (bad == 0):
         t = temperature.to(CT)
         kth = tl.full([], float("-inf"), CT)
         one = tl.full([], 1.0, CT)
-        if (top_k > 0) & (top_k < V):
-            kth_logit = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.float64), False,
-                                       CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
-            kth = _scaled(kth_logit.to(CT), row_max, t)
-        lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
-        denom = tl.sum(lane_total, axis=0).to(CT)
+        denom = one
         cut = tl.full([], float("-inf"), CT)
         norm = one
-        if top_p < 1.0:
-            cut_logit = _threshold_key(row, V, row_max, t, kth, denom, top_p.to(tl.float64), True,
-                                       CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
-            cut = _probs(_scaled(cut_logit.to(CT), row_max, t), kth, denom, CT)
-            lane_kept = tl.zeros([BLOCK_V], dtype=tl.float64)
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                valid = offs < V
-                s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-                p = _probs(s, kth, denom, CT)
-                lane_kept += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
-            norm = tl.sum(lane_kept, axis=0).to(CT)
-        lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            w = _weights(_probs(s, kth, denom, CT), cut, norm, CT)
-            lane_mass += tl.where(valid, w, 0.0).to(tl.float64)
-        mass = tl.sum(lane_mass, axis=0)
+        mass = tl.zeros([], dtype=tl.float64)
+        use_k = (top_k > 0) & (top_k < V)
+        use_p = top_p < 1.0
+        if NUM_CAND > 0:
+            if use_k | use_p:
+                count, kth, denom, cut, norm, mass = _candidate_stats(
+                    row, V, row_max, t, top_k, top_p, use_k, use_p,
+                    cand_index_ptr + pid * NUM_CAND, cand_scaled_ptr + pid * NUM_CAND,
+                    CT, BLOCK_V, BLOCK_S, NUM_CAND)
+        if count < 0:
+            kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p,
+                                                          CT, IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
         st = stats_ptr + pid * NUM_STATS
         tl.store(st + STAT_MAX, row_max.to(tl.float64))
         tl.store(st + STAT_KTH, kth.to(tl.float64))
@@ -335,6 +475,7 @@ def _verify_rows_kernel(
         tl.store(st + STAT_CUT, cut.to(tl.float64))
         tl.store(st + STAT_NORM, norm.to(tl.float64))
         tl.store(st + STAT_MASS, mass)
+    tl.store(cand_count_ptr + pid, count)
 
 
 @triton.jit
@@ -348,6 +489,9 @@ def _verify_walk_kernel(
     stats_ptr,  # [B, N, NUM_STATS] float64 from _verify_rows_kernel
     argmax_ptr,  # [B, N] int32 from _verify_rows_kernel
     bad_ptr,  # [B, N] int32 from _verify_rows_kernel
+    cand_count_ptr,  # [B, N] int32 from _verify_rows_kernel (-1: no candidate list)
+    cand_index_ptr,  # [B, N, NUM_CAND] int32 from _verify_rows_kernel
+    cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype from _verify_rows_kernel
     work_ptr,  # [B, V] float32 (float64 for fp64 logits): residual weights of the bonus row
     accept_len_ptr,  # [B] int32
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
@@ -358,6 +502,7 @@ def _verify_walk_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
+    NUM_CAND: tl.constexpr,
 ):
     """One program per request walks its tree from the per-row scalars."""
     if IS_FP64:
@@ -436,20 +581,29 @@ def _verify_walk_kernel(
                                 rejected = tl.where(offs_n == c, 1, rejected)
                                 mass = mass - wx.to(tl.float64)
                 if child < 0:
-                    # The bonus needs the whole residual row: materialise w, zero the rejected
-                    # tokens, then one inverse-CDF draw.
-                    for start in range(0, V, BLOCK_V):
-                        offs = start + tl.arange(0, BLOCK_V)
-                        valid = offs < V
-                        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-                        tl.store(work_row + offs, _weights(_probs(s, kth, denom, CT), cut, norm, CT), mask=valid)
-                    tl.debug_barrier()
-                    for c in range(node + 1, N):
-                        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
-                            tl.store(work_row + tl.load(tokens_ptr + b * N + c), tl.zeros([], CT))
-                    tl.debug_barrier()
                     u = tl.sum(tl.where(offs_n == node, bonus_coins, 0.0), axis=0)
-                    bonus = _inverse_cdf(work_row, V, u, BLOCK_V)
+                    listed = tl.full([], -1, tl.int32)
+                    if NUM_CAND > 0:
+                        listed = tl.load(cand_count_ptr + b * N + node)
+                    if listed >= 0:
+                        bonus = _bonus_from_list(cand_index_ptr + (b * N + node) * NUM_CAND,
+                                                 cand_scaled_ptr + (b * N + node) * NUM_CAND, listed,
+                                                 tokens_ptr + b * N, node, N, rejected, offs_n,
+                                                 kth, denom, cut, norm, u, V, CT, NUM_CAND)
+                    else:
+                        # The bonus needs the whole residual row: materialise w, zero the
+                        # rejected tokens, then one inverse-CDF draw.
+                        for start in range(0, V, BLOCK_V):
+                            offs = start + tl.arange(0, BLOCK_V)
+                            valid = offs < V
+                            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+                            tl.store(work_row + offs, _weights(_probs(s, kth, denom, CT), cut, norm, CT), mask=valid)
+                        tl.debug_barrier()
+                        for c in range(node + 1, N):
+                            if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+                                tl.store(work_row + tl.load(tokens_ptr + b * N + c), tl.zeros([], CT))
+                        tl.debug_barrier()
+                        bonus = _inverse_cdf(work_row, V, u, BLOCK_V)
                     tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
                     done = 1
             if done == 0:
@@ -469,6 +623,12 @@ def _verify_walk_kernel(
     tl.store(status_ptr + b, bad)
 
 
+class Launch(NamedTuple):
+    output: VerifyOutput
+    cand_count: torch.Tensor  # [B, N] int32
+    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (sampling rows only)
+
+
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
            seed=None, offset=None) -> VerifyOutput:
     """Triton launcher with the contract signature (shapes as ``eagle_kernels.reference.verify``).
@@ -482,6 +642,14 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+    return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, CANDIDATES).output
+
+
+def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, candidates):
+    """Allocate and launch (inputs already checked). ``candidates``: the candidate list
+    capacity, a power of two, or 0 to search every sampling row in full (tests compare both).
+    Returns the VerifyOutput with the per-row internals: candidate counts ([B, N] int32, -1
+    where a row had no list) and the sampling rows' scalars ([B, N, NUM_STATS] float64)."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
@@ -502,6 +670,9 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     argmax = torch.empty((B, N), dtype=torch.int32, device=device)
     bad = torch.empty((B, N), dtype=torch.int32, device=device)
     work = torch.empty((B, V), dtype=torch.float64 if is_fp64 else torch.float32, device=device)
+    cand_count = torch.empty((B, N), dtype=torch.int32, device=device)
+    cand_index = torch.empty((B, N, max(candidates, 1)), dtype=torch.int32, device=device)
+    cand_scaled = torch.empty((B, N, max(candidates, 1)), dtype=work.dtype, device=device)
 
     A = max_depth + 1
     accept_len = torch.empty(B, dtype=torch.int32, device=device)
@@ -509,19 +680,19 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
     status = torch.empty(B, dtype=torch.int32, device=device)
     if B == 0:
-        return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
+        return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(1024, triton.next_power_of_2(V))
     _verify_rows_kernel[(B * N,)](
-        logits, temperature, top_k, top_p, stats, argmax, bad,
+        logits, temperature, top_k, top_p, stats, argmax, bad, cand_count, cand_index, cand_scaled,
         N, V, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
-        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=RADIX_BITS, num_warps=4,
+        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=RADIX_BITS, NUM_CAND=candidates, num_warps=4,
     )
     _verify_walk_kernel[(B,)](
-        tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad, work,
-        accept_len, accept_nodes, out_tokens, status,
+        tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad,
+        cand_count, cand_index, cand_scaled, work, accept_len, accept_nodes, out_tokens, status,
         N, V, max_depth, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_A=triton.next_power_of_2(A), num_warps=4,
+        BLOCK_A=triton.next_power_of_2(A), NUM_CAND=candidates, num_warps=4,
     )
-    return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
+    return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
