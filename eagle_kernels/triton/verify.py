@@ -5,9 +5,11 @@ draft children (EAGLE-2, Li et al. 2024, §4); semantics and random stream as in
 ``eagle_kernels/reference/verify.py`` and docs/design.md ("Counter-based random stream",
 "verify details").
 
-Two kernels. ``_verify_rows_kernel`` runs one program per logit row (B * N programs) and
-reduces the row to a few scalars in ``BLOCK_V`` tiles: max, first argmax and the
-NaN/+inf/finite flags; for sampling requests also the top-k threshold ``kth`` (the k-th
+Three kernels. ``_verify_max_kernel`` reads every logit row once, split into chunks across
+programs (a few rows still fill the GPU): chunk max, first argmax and NaN/+inf/finite flags.
+``_verify_rows_kernel`` runs one program per logit row (B * N programs): it merges the chunks
+into the row's max, first argmax and bad-row flag (all a greedy row needs) and, for sampling
+requests, computes in ``BLOCK_V`` tiles the top-k threshold ``kth`` (the k-th
 largest ``s = (logits - max) / T``), the softmax normaliser ``denom`` (float64 sum of
 ``exp(s)`` over ``s >= kth``), the top-p threshold ``cut``, the top-p normaliser ``norm`` and
 the float64 mass of the final weights. Both thresholds come from a radix-16 search over the
@@ -62,6 +64,9 @@ SEARCH_BLOCK = 256
 # tried for the list's lower bound: -PIVOT_STEP * (1 .. NUM_PIVOTS).
 CANDIDATES = 32 if os.environ.get("TRITON_INTERPRET") == "1" else 1024
 NUM_PIVOTS = tl.constexpr(16)
+# The max pass (_verify_max_kernel): tile, and at most this many chunks per row.
+MAX_BLOCK = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 2048
+MAX_SPLITS = 64
 PIVOT_STEP = tl.constexpr(1.5)
 
 PHILOX_M0 = tl.constexpr(0xD2511F53)
@@ -374,6 +379,48 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
 
 
 @triton.jit
+def _verify_max_kernel(
+    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
+    part_max_ptr,  # [B, N, SPLITS] compute dtype: chunk max (NaN ignored; -inf if none above)
+    part_arg_ptr,  # [B, N, SPLITS] int32: the chunk's first index holding its max (V if none)
+    part_flags_ptr,  # [B, N, SPLITS] int32: bit 0 NaN or +inf seen, bit 1 a finite entry seen
+    N, V, chunk, stride_lb, stride_ln,
+    IS_FP64: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """First pass over the logits, split into SPLITS chunks of ``chunk`` entries per row so
+    that a few rows still spread over the whole GPU (program (row, split)). A lane keeps its
+    first maximum (NaN never compares greater), so the smallest index among the lanes holding
+    the chunk max is the chunk's first argmax."""
+    if IS_FP64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
+    lane_max = tl.full([BLOCK_V], float("-inf"), CT)
+    lane_arg = tl.full([BLOCK_V], V, tl.int32)
+    lane_flags = tl.zeros([BLOCK_V], tl.int32)
+    end = tl.minimum(split * chunk + chunk, V)
+    for start in range(split * chunk, end, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        lane_flags = lane_flags | (valid & ((x != x) | (x == float("inf")))).to(tl.int32) \
+            | ((valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32) * 2)
+        better = valid & (x > lane_max)
+        lane_arg = tl.where(better, offs, lane_arg)
+        lane_max = tl.where(better, x, lane_max)
+    chunk_max = tl.max(lane_max, axis=0)
+    out = pid * SPLITS + split
+    tl.store(part_max_ptr + out, chunk_max)
+    tl.store(part_arg_ptr + out, tl.min(tl.where(lane_max == chunk_max, lane_arg, V), axis=0))
+    tl.store(part_flags_ptr + out, tl.max(lane_flags & 1, axis=0) | tl.max(lane_flags & 2, axis=0))
+
+
+@triton.jit
 def _verify_rows_kernel(
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32 (0 = greedy row)
@@ -382,6 +429,9 @@ def _verify_rows_kernel(
     stats_ptr,  # [B, N, NUM_STATS] float64, slots STAT_*; written for sampling rows
     argmax_ptr,  # [B, N] int32: first argmax; node 0 of a bad root row: its fallback token
     bad_ptr,  # [B, N] int32: 1 where the row holds NaN / +inf or no finite entry
+    part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
+    part_arg_ptr,  # [B, N, SPLITS] int32
+    part_flags_ptr,  # [B, N, SPLITS] int32
     cand_count_ptr,  # [B, N] int32: entries in the row's candidate list, -1 where it has none
     cand_index_ptr,  # [B, N, NUM_CAND] int32: candidate token ids, ascending
     cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype: their s
@@ -392,6 +442,8 @@ def _verify_rows_kernel(
     BLOCK_S: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
+    SPLITS: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
 ):
     """Per-row scalars of the walk (module docstring), one program per row (b, node).
 
@@ -409,26 +461,18 @@ def _verify_rows_kernel(
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
 
-    # Pass 1: max, first argmax, and the bad-row flags. A lane keeps its first maximum (NaN
-    # never compares greater), so the smallest index among the lanes holding the row max is
-    # the row's first argmax.
-    lane_max = tl.full([BLOCK_V], float("-inf"), CT)
-    lane_arg = tl.full([BLOCK_V], V, tl.int32)
-    lane_nonfinite = tl.zeros([BLOCK_V], tl.int32)  # NaN or +inf seen
-    lane_finite = tl.zeros([BLOCK_V], tl.int32)  # a finite entry seen
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-        lane_nonfinite = lane_nonfinite | (valid & ((x != x) | (x == float("inf")))).to(tl.int32)
-        lane_finite = lane_finite | (valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32)
-        better = valid & (x > lane_max)
-        lane_arg = tl.where(better, offs, lane_arg)
-        lane_max = tl.where(better, x, lane_max)
-    row_max = tl.max(lane_max, axis=0)
-    arg = tl.min(tl.where(lane_max == row_max, lane_arg, V), axis=0)
+    # Max, first argmax and the bad-row flags, merged from _verify_max_kernel's chunks: the
+    # smallest index among the chunks holding the row max is the row's first argmax.
+    chunks = tl.arange(0, BLOCK_SPLITS)
+    in_row = chunks < SPLITS
+    chunk_max = tl.load(part_max_ptr + pid * SPLITS + chunks, mask=in_row, other=float("-inf"))
+    chunk_arg = tl.load(part_arg_ptr + pid * SPLITS + chunks, mask=in_row, other=V)
+    chunk_flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=in_row, other=0)
+    row_max = tl.max(chunk_max, axis=0)
+    arg = tl.min(tl.where(chunk_max == row_max, chunk_arg, V), axis=0)
     arg = tl.where(arg < V, arg, 0)  # no entry above -inf: token 0
-    bad = ((tl.max(lane_nonfinite, axis=0) != 0) | (tl.max(lane_finite, axis=0) == 0)).to(tl.int32)
+    flags = tl.max(chunk_flags & 1, axis=0) | tl.max(chunk_flags & 2, axis=0)  # bit 0: NaN / +inf, bit 1: finite
+    bad = (((flags & 1) != 0) | ((flags & 2) == 0)).to(tl.int32)
     if (bad != 0) & (node == 0):
         # A bad row anywhere on the walk falls back to the argmax over the finite root logits
         # (0 if none). On a good root row that is the plain argmax already.
@@ -623,6 +667,20 @@ def _verify_walk_kernel(
     tl.store(status_ptr + b, bad)
 
 
+def _max_splits(rows: int, V: int, block: int, device: torch.device) -> tuple[int, int]:
+    """(chunks per row, entries per chunk) of the max pass: enough programs for about four
+    per SM (a batch of a few rows would otherwise read each row with one SM), whole tiles per
+    chunk. Without a GPU (the interpreter), up to 4 chunks so that the merge is exercised."""
+    tiles = triton.cdiv(V, block)
+    if device.type == "cuda":
+        want = triton.cdiv(4 * torch.cuda.get_device_properties(device).multi_processor_count, rows)
+    else:
+        want = 4
+    splits = max(1, min(tiles, want, MAX_SPLITS))
+    chunk = triton.cdiv(tiles, splits) * block
+    return triton.cdiv(V, chunk), chunk
+
+
 class Launch(NamedTuple):
     output: VerifyOutput
     cand_count: torch.Tensor  # [B, N] int32
@@ -682,11 +740,21 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(1024, triton.next_power_of_2(V))
+    max_block = min(MAX_BLOCK, triton.next_power_of_2(V))
+    splits, chunk = _max_splits(B * N, V, max_block, device)
+    part_max = torch.empty((B, N, splits), dtype=work.dtype, device=device)
+    part_arg = torch.empty((B, N, splits), dtype=torch.int32, device=device)
+    part_flags = torch.empty((B, N, splits), dtype=torch.int32, device=device)
+    _verify_max_kernel[(B * N, splits)](
+        logits, part_max, part_arg, part_flags, N, V, chunk, logits.stride(0), logits.stride(1),
+        IS_FP64=is_fp64, SPLITS=splits, BLOCK_V=max_block, num_warps=4,
+    )
     _verify_rows_kernel[(B * N,)](
-        logits, temperature, top_k, top_p, stats, argmax, bad, cand_count, cand_index, cand_scaled,
-        N, V, logits.stride(0), logits.stride(1),
+        logits, temperature, top_k, top_p, stats, argmax, bad, part_max, part_arg, part_flags,
+        cand_count, cand_index, cand_scaled, N, V, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
-        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=RADIX_BITS, NUM_CAND=candidates, num_warps=4,
+        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=RADIX_BITS, NUM_CAND=candidates,
+        SPLITS=splits, BLOCK_SPLITS=triton.next_power_of_2(splits), num_warps=4,
     )
     _verify_walk_kernel[(B,)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad,
