@@ -124,16 +124,6 @@ def _order_key(x, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _row_sum64(work_row_ptr, V, BLOCK_V: tl.constexpr):
-    total = tl.zeros([], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        w = tl.load(work_row_ptr + offs, mask=offs < V, other=0.0)
-        total += tl.sum(w.to(tl.float64), axis=0)
-    return total
-
-
-@triton.jit
 def _scaled(logits, row_max, t):
     """s = (logits - max) / T in the compute dtype. Shift before dividing: a tiny T sends the
     other logits to -inf, never the max to +inf."""
@@ -220,22 +210,62 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
 
 
 @triton.jit
-def _inverse_cdf(work_row_ptr, V, u, BLOCK_V: tl.constexpr):
-    """Smallest x with cumsum64(w)[x] > u * sum(w); the largest x with w[x] > 0 if none."""
-    target = u * _row_sum64(work_row_ptr, V, BLOCK_V)
+def _residual_tile(row, start, V, row_max, t, kth, denom, cut, norm, tokens_row, node, N, rejected, offs_n,
+                   ZERO_REJECTED: tl.constexpr, CT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Token ids and float64 weights w of one tile of a row; with ZERO_REJECTED, the tokens of
+    the node's rejected children at 0."""
+    offs = start + tl.arange(0, BLOCK_V)
+    valid = offs < V
+    s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+    w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+    if ZERO_REJECTED:
+        for c in range(node + 1, N):
+            if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+                w = tl.where(offs == tl.load(tokens_row + c), 0.0, w)
+    return offs, valid, w
+
+
+@triton.jit
+def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node, N, rejected, offs_n, sums_row,
+                 CT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Smallest x with cumsum64(w)[x] > u * sum(w) over the residual row (the node's rejected
+    children's tokens at 0); the largest x with w[x] > 0 if none. One pass stores every
+    tile's float64 sum (the tiles of rejected tokens are summed again with them at 0); the
+    running tile sums then name the one tile to scan."""
+    n_tiles = tl.cdiv(V, BLOCK_V)
+    for tile in range(0, n_tiles):
+        offs, valid, w = _residual_tile(row, tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
+                                        node, N, rejected, offs_n, False, CT, BLOCK_V)
+        tl.store(sums_row + tile, tl.sum(w, axis=0))
+    tl.debug_barrier()
+    for c in range(node + 1, N):
+        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+            hit = (tl.load(tokens_row + c) // BLOCK_V).to(tl.int32)
+            offs, valid, w = _residual_tile(row, hit * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
+                                            node, N, rejected, offs_n, True, CT, BLOCK_V)
+            tl.store(sums_row + hit, tl.sum(w, axis=0))
+    tl.debug_barrier()
+    tiles = tl.arange(0, BLOCK_T)
+    sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0)
+    target = u * tl.sum(sums, axis=0)
+    running = tl.cumsum(sums, axis=0)
+    tile = tl.min(tl.where(running > target, tiles, n_tiles), axis=0).to(tl.int32)
     found = V
-    last_positive = -1
-    carry = tl.zeros([], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        w = tl.load(work_row_ptr + offs, mask=valid, other=0.0).to(tl.float64)
-        cumulative = tl.cumsum(w, axis=0) + carry
-        found = tl.minimum(found, tl.min(tl.where((cumulative > target) & valid, offs, V), axis=0))
-        last_positive = tl.maximum(last_positive, tl.max(tl.where((w > 0) & valid, offs, -1), axis=0))
-        carry += tl.sum(w, axis=0)
-    result = tl.where(found < V, found, tl.maximum(last_positive, 0))
-    return result
+    # Rounding inside a tile can disagree with its sum by the last bit: then the next tile.
+    while (found == V) & (tile < n_tiles):
+        carry = tl.sum(tl.where(tiles == tile, running - sums, 0.0), axis=0)
+        offs, valid, w = _residual_tile(row, tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
+                                        node, N, rejected, offs_n, True, CT, BLOCK_V)
+        found = tl.min(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V), axis=0)
+        tile += 1
+    if found == V:
+        last_tile = tl.max(tl.where(sums > 0, tiles, -1), axis=0)
+        found = 0
+        if last_tile >= 0:
+            offs, valid, w = _residual_tile(row, last_tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm,
+                                            tokens_row, node, N, rejected, offs_n, True, CT, BLOCK_V)
+            found = tl.maximum(tl.max(tl.where(w > 0, offs, -1), axis=0), 0)
+    return found
 
 
 @triton.jit
@@ -536,7 +566,7 @@ def _verify_walk_kernel(
     cand_count_ptr,  # [B, N] int32 from _verify_rows_kernel (-1: no candidate list)
     cand_index_ptr,  # [B, N, NUM_CAND] int32 from _verify_rows_kernel
     cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype from _verify_rows_kernel
-    work_ptr,  # [B, V] float32 (float64 for fp64 logits): residual weights of the bonus row
+    tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the bonus row's residual weights
     accept_len_ptr,  # [B] int32
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
     out_tokens_ptr,  # [B, A] int64
@@ -546,6 +576,7 @@ def _verify_walk_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # next power of two of the tiles per row
     NUM_CAND: tl.constexpr,
 ):
     """One program per request walks its tree from the per-row scalars."""
@@ -561,7 +592,6 @@ def _verify_walk_kernel(
     greedy = temperature == 0.0
     t = temperature.to(CT)
     logits_b = logits_ptr + b * stride_lb
-    work_row = work_ptr + b * V
 
     offs_n = tl.arange(0, BLOCK_N)
     parents = tl.load(parents_ptr + b * N + offs_n, mask=offs_n < N, other=-2)
@@ -635,19 +665,8 @@ def _verify_walk_kernel(
                                                  tokens_ptr + b * N, node, N, rejected, offs_n,
                                                  kth, denom, cut, norm, u, V, CT, NUM_CAND)
                     else:
-                        # The bonus needs the whole residual row: materialise w, zero the
-                        # rejected tokens, then one inverse-CDF draw.
-                        for start in range(0, V, BLOCK_V):
-                            offs = start + tl.arange(0, BLOCK_V)
-                            valid = offs < V
-                            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-                            tl.store(work_row + offs, _weights(_probs(s, kth, denom, CT), cut, norm, CT), mask=valid)
-                        tl.debug_barrier()
-                        for c in range(node + 1, N):
-                            if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
-                                tl.store(work_row + tl.load(tokens_ptr + b * N + c), tl.zeros([], CT))
-                        tl.debug_barrier()
-                        bonus = _inverse_cdf(work_row, V, u, BLOCK_V)
+                        bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_ptr + b * N, node,
+                                             N, rejected, offs_n, tile_sums_ptr + b * BLOCK_T, CT, BLOCK_V, BLOCK_T)
                     tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
                     done = 1
             if done == 0:
@@ -723,14 +742,14 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     offset = given(offset, 0, torch.int64)
     is_fp64 = target_logits.dtype == torch.float64
     # Per-row scalars (the row kernel writes argmax and bad for every row, stats for sampling
-    # rows) and one residual row per request for the bonus draw.
+    # rows), candidate lists, and per-tile sums of one residual row per request for the bonus.
     stats = torch.empty((B, N, NUM_STATS.value), dtype=torch.float64, device=device)
     argmax = torch.empty((B, N), dtype=torch.int32, device=device)
     bad = torch.empty((B, N), dtype=torch.int32, device=device)
-    work = torch.empty((B, V), dtype=torch.float64 if is_fp64 else torch.float32, device=device)
+    compute_dtype = torch.float64 if is_fp64 else torch.float32
     cand_count = torch.empty((B, N), dtype=torch.int32, device=device)
     cand_index = torch.empty((B, N, max(candidates, 1)), dtype=torch.int32, device=device)
-    cand_scaled = torch.empty((B, N, max(candidates, 1)), dtype=work.dtype, device=device)
+    cand_scaled = torch.empty((B, N, max(candidates, 1)), dtype=compute_dtype, device=device)
 
     A = max_depth + 1
     accept_len = torch.empty(B, dtype=torch.int32, device=device)
@@ -740,9 +759,11 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(1024, triton.next_power_of_2(V))
+    block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
+    tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
     max_block = min(MAX_BLOCK, triton.next_power_of_2(V))
     splits, chunk = _max_splits(B * N, V, max_block, device)
-    part_max = torch.empty((B, N, splits), dtype=work.dtype, device=device)
+    part_max = torch.empty((B, N, splits), dtype=compute_dtype, device=device)
     part_arg = torch.empty((B, N, splits), dtype=torch.int32, device=device)
     part_flags = torch.empty((B, N, splits), dtype=torch.int32, device=device)
     _verify_max_kernel[(B * N, splits)](
@@ -758,9 +779,9 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     )
     _verify_walk_kernel[(B,)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad,
-        cand_count, cand_index, cand_scaled, work, accept_len, accept_nodes, out_tokens, status,
+        cand_count, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
         N, V, max_depth, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_A=triton.next_power_of_2(A), NUM_CAND=candidates, num_warps=4,
+        BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t, NUM_CAND=candidates, num_warps=4,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
