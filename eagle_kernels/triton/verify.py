@@ -5,11 +5,13 @@ draft children (EAGLE-2, Li et al. 2024, §4); semantics and random stream as in
 ``eagle_kernels/reference/verify.py`` and docs/design.md ("Counter-based random stream",
 "verify details").
 
-Three kernels. ``_verify_max_kernel`` reads every logit row once, split into chunks across
+Four kernels. ``_verify_max_kernel`` reads every logit row once, split into chunks across
 programs (a few rows still fill the GPU): chunk max, first argmax and NaN/+inf/finite flags.
-``_verify_rows_kernel`` runs one program per logit row (B * N programs): it merges the chunks
-into the row's max, first argmax and bad-row flag (all a greedy row needs) and, for sampling
-requests, computes in ``BLOCK_V`` tiles the top-k threshold ``kth`` (the k-th
+``_verify_levels_kernel`` reads the sampling rows once more in the same chunks: the softmax sum
+and the entries (and their softmax mass) at or above 16 levels of ``s``, for the candidate lists
+below. ``_verify_rows_kernel`` runs one program per logit row (B * N programs): it merges the
+chunks into the row's max, first argmax and bad-row flag (all a greedy row needs) and, for
+sampling requests, computes in ``BLOCK_V`` tiles the top-k threshold ``kth`` (the k-th
 largest ``s = (logits - max) / T``), the softmax normaliser ``denom`` (float64 sum of
 ``exp(s)`` over ``s >= kth``), the top-p threshold ``cut``, the top-p normaliser ``norm`` and
 the float64 mass of the final weights. Both thresholds come from a radix-16 search over the
@@ -24,16 +26,18 @@ of its logit and the row's scalars::
 
 and both filters are "keep x iff key >= threshold", which keeps ties together exactly as the
 reference does. A row with top-k or top-p usually keeps few tokens, so before searching the
-whole row the kernel tries a candidate list (``_candidate_stats``): one pass counts the entries
-and their softmax mass at or above 16 levels of ``s``, a second stores (id, s) of the entries
-at or above the highest level that holds the top-k set or the nucleus in ``CANDIDATES``
-slots, and the thresholds, normalisers and mass come from that list sorted in registers: three
-reads of the row instead of up to twenty. Rows the list cannot hold exactly (a flat
-distribution, a nucleus reaching below the lowest level, temperature alone) take the search. ``_verify_walk_kernel`` runs one program per request: greedy steps read the
-stored argmax; a sampling step evaluates ``w`` only at the drafted tokens, removes a rejected
-token's weight from the float64 mass, and the bonus draw runs its inverse-CDF draw (a float64
-cumulative sum in token order) over the row's candidate list, or materialises one residual row
-(``[B, V]`` scratch) when the row has none. Philox4x32-10 runs
+whole row the kernel tries a candidate list (``_candidate_stats``): from the levels kernel's
+counts it picks the highest level that holds the top-k set or the nucleus in ``CANDIDATES``
+slots, stores (id, s) of the entries at or above it in one more pass, and takes the
+thresholds, normalisers and mass from that list sorted in registers: three reads of the row
+in all instead of up to twenty. Rows the list cannot hold exactly (a flat distribution, a
+nucleus reaching below the lowest level, temperature alone) take the search.
+
+``_verify_walk_kernel`` runs one program per request: greedy steps read the stored argmax; a
+sampling step evaluates ``w`` only at the drafted tokens and removes a rejected token's weight
+from the float64 mass; the bonus draw (inverse CDF, a float64 running sum in token order) runs
+over the row's candidate list, or else over the whole row in one pass that stores per-tile
+sums, then scans the one tile where the running sum passes the coin. Philox4x32-10 runs
 in-kernel on uint32 words.
 """
 
@@ -269,22 +273,24 @@ def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
 
 
 @triton.jit
-def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, CT: tl.constexpr, IS_FP64: tl.constexpr,
+def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, CT: tl.constexpr, IS_FP64: tl.constexpr,
                     SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """kth, denom, cut, norm, mass of a sampling row from passes over the whole row."""
+    """kth, denom, cut, norm, mass of a sampling row from passes over the whole row; ``total``
+    (the softmax sum over the row) is the normaliser when top-k is off."""
     kth = tl.full([], float("-inf"), CT)
     one = tl.full([], 1.0, CT)
+    denom = total.to(CT)
     if use_k:
         kth_logit = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.float64), False,
                                    CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
         kth = _scaled(kth_logit.to(CT), row_max, t)
-    lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
-    denom = tl.sum(lane_total, axis=0).to(CT)
+        lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            valid = offs < V
+            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
+        denom = tl.sum(lane_total, axis=0).to(CT)
     cut = tl.full([], float("-inf"), CT)
     norm = one
     if use_p:
@@ -310,32 +316,17 @@ def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, CT: tl.const
 
 
 @triton.jit
-def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, index_ptr, scaled_ptr,
-                     CT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, NUM_CAND: tl.constexpr):
+def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
+                     index_ptr, scaled_ptr, CT: tl.constexpr, BLOCK_V: tl.constexpr, NUM_CAND: tl.constexpr):
     """The same scalars from a short candidate list, when one holds every token the filters
-    keep: one pass counts the entries and sums their exp(s) at or above NUM_PIVOTS levels of
-    s; a second stores the entries at or above the highest level that can hold the top-k set
-    and the nucleus in at most NUM_CAND slots (ascending token ids); thresholds, normalisers
-    and mass then come from the sorted list. Returns count = -1 where no level fits (or the
-    sorted list shows the nucleus reaching below the level): the caller then searches the
-    whole row."""
+    keep. _verify_levels_kernel has counted the entries and summed their exp(s) at or above
+    NUM_PIVOTS levels of s (``level_counts``, ``level_sums``; ``total`` = the sum over the
+    row); one pass stores the entries at or above the highest level that can hold the top-k
+    set and the nucleus in at most NUM_CAND slots (ascending token ids); thresholds,
+    normalisers and mass then come from the sorted list. Returns count = -1 where no level
+    fits (or the sorted list shows the nucleus reaching below the level): the caller then
+    searches the whole row."""
     levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)  # [NUM_PIVOTS] levels of s
-    counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
-    sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
-    lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
-    for start in range(0, V, BLOCK_S):
-        offs = start + tl.arange(0, BLOCK_S)[:, None]
-        valid = offs < V
-        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        e = tl.where(valid, tl.exp(s), 0.0).to(CT)
-        lane_total += e.to(tl.float64)
-        at_or_above = valid & (s >= levels[None, :])
-        counts += at_or_above.to(tl.int32)
-        sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
-    total = tl.sum(lane_total, axis=1)
-    total = tl.sum(total, axis=0)
-    level_counts = tl.sum(counts, axis=0)
-    level_sums = tl.sum(sums, axis=0)
     # A level fits when it holds the k largest (top-k) or, without top-k, clearly more than the
     # top_p share of the softmax mass (the sorted list checks it exactly below), in NUM_CAND slots.
     need = tl.where(use_k, top_k, 1)
@@ -451,6 +442,60 @@ def _verify_max_kernel(
 
 
 @triton.jit
+def _verify_levels_kernel(
+    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
+    temperature_ptr,  # [B] float32 (0 = greedy row: nothing to do)
+    part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
+    part_flags_ptr,  # [B, N, SPLITS] int32, from _verify_max_kernel
+    part_total_ptr,  # [B, N, SPLITS] float64: the chunk's sum of exp(s)
+    part_counts_ptr,  # [B, N, SPLITS, NUM_PIVOTS] int32: entries with s at or above each level
+    part_sums_ptr,  # [B, N, SPLITS, NUM_PIVOTS] float32: their sum of exp(s)
+    N, V, chunk, stride_lb, stride_ln,
+    IS_FP64: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Second pass over a sampling row, in the max pass's chunks (program (row, split)): the
+    softmax sum and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of
+    s = (logit - max) / T, the entries at or above the level and their exp(s)."""
+    if IS_FP64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + pid // N)
+    chunks = tl.arange(0, BLOCK_SPLITS)
+    flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS, other=0)
+    bad = (tl.max(flags & 1, axis=0) != 0) | (tl.max(flags & 2, axis=0) == 0)
+    if (temperature != 0.0) & (bad == 0):  # a bad row is never sampled from
+        row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
+        row_max = tl.max(tl.load(part_max_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS,
+                                 other=float("-inf")), axis=0)
+        t = temperature.to(CT)
+        levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)
+        counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
+        sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
+        lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
+        end = tl.minimum(split * chunk + chunk, V)
+        for start in range(split * chunk, end, BLOCK_S):
+            # [BLOCK_S, 1] tiles: loaded in the accumulators' 2-D layout, no per-tile shuffle
+            offs = start + tl.arange(0, BLOCK_S)[:, None]
+            valid = offs < end
+            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+            e = tl.where(valid, tl.exp(s), 0.0).to(CT)
+            lane_total += e.to(tl.float64)
+            at_or_above = valid & (s >= levels[None, :])
+            counts += at_or_above.to(tl.int32)
+            sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
+        out = pid * SPLITS + split
+        tl.store(part_total_ptr + out, tl.sum(tl.sum(lane_total, axis=1), axis=0))
+        tl.store(part_counts_ptr + out * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), tl.sum(counts, axis=0))
+        tl.store(part_sums_ptr + out * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), tl.sum(sums, axis=0))
+
+
+@triton.jit
 def _verify_rows_kernel(
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32 (0 = greedy row)
@@ -462,6 +507,9 @@ def _verify_rows_kernel(
     part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
     part_arg_ptr,  # [B, N, SPLITS] int32
     part_flags_ptr,  # [B, N, SPLITS] int32
+    part_total_ptr,  # [B, N, SPLITS] float64, from _verify_levels_kernel (sampling rows)
+    part_counts_ptr,  # [B, N, SPLITS, NUM_PIVOTS] int32
+    part_sums_ptr,  # [B, N, SPLITS, NUM_PIVOTS] float32
     cand_count_ptr,  # [B, N] int32: entries in the row's candidate list, -1 where it has none
     cand_index_ptr,  # [B, N, NUM_CAND] int32: candidate token ids, ascending
     cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype: their s
@@ -533,14 +581,17 @@ def _verify_rows_kernel(
         mass = tl.zeros([], dtype=tl.float64)
         use_k = (top_k > 0) & (top_k < V)
         use_p = top_p < 1.0
+        total = tl.sum(tl.load(part_total_ptr + pid * SPLITS + chunks, mask=in_row, other=0.0), axis=0)
         if NUM_CAND > 0:
             if use_k | use_p:
+                at = (pid * SPLITS + chunks)[:, None] * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS)[None, :]
+                level_counts = tl.sum(tl.load(part_counts_ptr + at, mask=in_row[:, None], other=0), axis=0)
+                level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_row[:, None], other=0.0), axis=0)
                 count, kth, denom, cut, norm, mass = _candidate_stats(
-                    row, V, row_max, t, top_k, top_p, use_k, use_p,
-                    cand_index_ptr + pid * NUM_CAND, cand_scaled_ptr + pid * NUM_CAND,
-                    CT, BLOCK_V, BLOCK_S, NUM_CAND)
+                    row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
+                    cand_index_ptr + pid * NUM_CAND, cand_scaled_ptr + pid * NUM_CAND, CT, BLOCK_V, NUM_CAND)
         if count < 0:
-            kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p,
+            kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total,
                                                           CT, IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
         st = stats_ptr + pid * NUM_STATS
         tl.store(st + STAT_MAX, row_max.to(tl.float64))
@@ -770,9 +821,18 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         logits, part_max, part_arg, part_flags, N, V, chunk, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SPLITS=splits, BLOCK_V=max_block, num_warps=4,
     )
+    part_total = torch.empty((B, N, splits), dtype=torch.float64, device=device)
+    part_counts = torch.empty((B, N, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
+    part_sums = torch.empty((B, N, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
+    _verify_levels_kernel[(B * N, splits)](
+        logits, temperature, part_max, part_flags, part_total, part_counts, part_sums, N, V, chunk,
+        logits.stride(0), logits.stride(1), IS_FP64=is_fp64, SPLITS=splits,
+        BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_S=min(max_block, SEARCH_BLOCK), num_warps=4,
+    )
     _verify_rows_kernel[(B * N,)](
         logits, temperature, top_k, top_p, stats, argmax, bad, part_max, part_arg, part_flags,
-        cand_count, cand_index, cand_scaled, N, V, logits.stride(0), logits.stride(1),
+        part_total, part_counts, part_sums, cand_count, cand_index, cand_scaled, N, V,
+        logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
         BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=RADIX_BITS, NUM_CAND=candidates,
         SPLITS=splits, BLOCK_SPLITS=triton.next_power_of_2(splits), num_warps=4,
