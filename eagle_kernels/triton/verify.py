@@ -400,6 +400,18 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
 
 
 @triton.jit
+def _any_flags(flags):
+    """OR of the chunks' flag words (bit 0: NaN or +inf seen, bit 1: a finite entry seen)."""
+    return tl.max(flags & 1, axis=0) | tl.max(flags & 2, axis=0)
+
+
+@triton.jit
+def _is_bad(flags):
+    """A row is bad with NaN or +inf anywhere, or no finite entry (-inf alone is a mask)."""
+    return ((flags & 1) != 0) | ((flags & 2) == 0)
+
+
+@triton.jit
 def _verify_max_kernel(
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     part_max_ptr,  # [B, N, SPLITS] compute dtype: chunk max (NaN ignored; -inf if none above)
@@ -438,7 +450,7 @@ def _verify_max_kernel(
     out = pid * SPLITS + split
     tl.store(part_max_ptr + out, chunk_max)
     tl.store(part_arg_ptr + out, tl.min(tl.where(lane_max == chunk_max, lane_arg, V), axis=0))
-    tl.store(part_flags_ptr + out, tl.max(lane_flags & 1, axis=0) | tl.max(lane_flags & 2, axis=0))
+    tl.store(part_flags_ptr + out, _any_flags(lane_flags))
 
 
 @triton.jit
@@ -468,7 +480,7 @@ def _verify_levels_kernel(
     temperature = tl.load(temperature_ptr + pid // N)
     chunks = tl.arange(0, BLOCK_SPLITS)
     flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS, other=0)
-    bad = (tl.max(flags & 1, axis=0) != 0) | (tl.max(flags & 2, axis=0) == 0)
+    bad = _is_bad(_any_flags(flags))
     if (temperature != 0.0) & (bad == 0):  # a bad row is never sampled from
         row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
         row_max = tl.max(tl.load(part_max_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS,
@@ -549,8 +561,7 @@ def _verify_rows_kernel(
     row_max = tl.max(chunk_max, axis=0)
     arg = tl.min(tl.where(chunk_max == row_max, chunk_arg, V), axis=0)
     arg = tl.where(arg < V, arg, 0)  # no entry above -inf: token 0
-    flags = tl.max(chunk_flags & 1, axis=0) | tl.max(chunk_flags & 2, axis=0)  # bit 0: NaN / +inf, bit 1: finite
-    bad = (((flags & 1) != 0) | ((flags & 2) == 0)).to(tl.int32)
+    bad = _is_bad(_any_flags(chunk_flags)).to(tl.int32)
     if (bad != 0) & (node == 0):
         # A bad row anywhere on the walk falls back to the argmax over the finite root logits
         # (0 if none). On a good root row that is the plain argmax already.
