@@ -210,3 +210,23 @@ def test_triton_candidate_lists_match_full_row_search(dtype):
     torch.testing.assert_close(a[:, slots.STAT_MASS.value], b[:, slots.STAT_MASS.value], rtol=1e-12, atol=0)
     assert_same(listed.output, searched.output, "list vs full row")
     assert_same(listed.output, reference.verify(tokens, parents, logits, max_depth=4, **sampling), "list vs reference")
+
+
+@pytest.mark.parametrize("other", ["cpp", "triton"])
+def test_top_p_above_the_rounded_total_mass_keeps_every_token(other):
+    """Two logits whose float32 probabilities sum (in float64) to 0.99999993, below the
+    largest float32 top_p under 1: the mass strictly above either token is below top_p, so
+    the reference keeps both. An earlier Triton search found no threshold and kept neither
+    (its bonus then fell back to token 0 on every coin)."""
+    verify = backend_impl(other)
+    top_p = torch.nextafter(torch.tensor([1.0]), torch.tensor([0.0]))
+    logits = torch.tensor([[[-2.3693237, 0.0]]])
+    tokens, parents = torch.tensor([[0]]), torch.tensor([[-1]], dtype=torch.int32)
+    bonus = []
+    for seed in range(8):
+        sampling = dict(temperature=torch.tensor([1.0]), top_k=torch.tensor([0], dtype=torch.int32), top_p=top_p,
+                        seed=torch.tensor([seed]), offset=torch.tensor([0]))
+        want = reference.verify(tokens, parents, logits, max_depth=0, **sampling)
+        assert_same(verify(tokens, parents, logits, max_depth=0, **sampling), want, seed)
+        bonus.append(int(want.out_tokens[0, 0]))
+    assert set(bonus) == {0, 1}
