@@ -14,10 +14,11 @@ Providers (side by side in one group per shape):
 Trees: EAGLE-2 shaped, up to 6 levels below the root (``max_depth = 6``), the first nodes of
 the levels forming a chain, each node's first child carrying its parent row's top token so
 that walks go deep (greedy accepts the whole chain); logits ``3 * randn`` with that
-token set to the row max + ``SPIKE`` (p about 0.97 at T = 0.8). Modes: ``greedy`` (T = 0), ``temp``
-(T = 0.8, no filters: the cheapest torch sampling path), ``topkp`` (T = 0.8, top-k 50,
-top-p 0.9). ``extra_info``: ``logits_bytes`` (B * N * V * element size, the input the op is
-given) and ``logits_bytes_per_s``; the eagle entry also gets ``speedup_over_torch``.
+token set to the row max + ``SPIKE`` (p about 0.97 at T = 0.8). Modes: ``greedy`` (T = 0),
+``temp`` (T = 0.8, no filters: the cheapest torch sampling path), ``topkp`` (T = 0.8, top-k 50,
+top-p 0.9), ``topp`` (T = 0.8, top-p 0.9 alone, the common serving default). ``extra_info``:
+``logits_bytes`` (B * N * V * element size, the input the op is given) and
+``logits_bytes_per_s``; the eagle entry also gets ``speedup_over_torch``.
 
 CPU: B in {1, 4}, N in {16, 60}, V = 49152, fp32 logits. CUDA (only with a device):
 B in {1, 8, 32}, N = 64, V = 128256, bf16 logits. Thread count: ``EAGLE_BENCH_THREADS``.
@@ -40,6 +41,7 @@ MODES = {
     "greedy": dict(temperature=0.0, top_k=0, top_p=1.0),
     "temp": dict(temperature=0.8, top_k=0, top_p=1.0),
     "topkp": dict(temperature=0.8, top_k=50, top_p=0.9),
+    "topp": dict(temperature=0.8, top_k=0, top_p=0.9),
 }
 SPIKE = 4.0  # the planted token's logit is the row max + SPIKE: p about 0.97 at T = 0.8
 _MEANS: dict = {}
