@@ -230,3 +230,23 @@ def test_top_p_above_the_rounded_total_mass_keeps_every_token(other):
         assert_same(verify(tokens, parents, logits, max_depth=0, **sampling), want, seed)
         bonus.append(int(want.out_tokens[0, 0]))
     assert set(bonus) == {0, 1}
+
+
+def test_triton_full_row_bonus_over_many_tiles():
+    """Temperature-only rows keep weight on every token, so the Triton bonus draw runs over the
+    whole row: per-tile sums, the rejected tokens' tiles summed again, then one tile scanned.
+    Flat rows (T = 3) over three 1024-entry tiles put the drawn tokens in every tile; each
+    equals the reference's."""
+    verify = backend_impl("triton")
+    gen = torch.Generator().manual_seed(5)
+    B, N, V = 6, 6, 3000
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 3]] * B, dtype=torch.int32)
+    logits = torch.randn(B, N, V, generator=gen)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    tokens[:, 1] = logits[:, 0].argmax(-1)  # a likely child of the root, mostly rejected at T = 3
+    sampling = dict(temperature=torch.full((B,), 3.0), top_k=torch.zeros(B, dtype=torch.int32),
+                    top_p=torch.ones(B), seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.int64))
+    want = reference.verify(tokens, parents, logits, max_depth=3, **sampling)
+    assert_same(verify(tokens, parents, logits, max_depth=3, **sampling), want)
+    bonus = want.out_tokens[torch.arange(B), want.accept_len.long()]
+    assert len(set((bonus // 1024).tolist())) >= 2
