@@ -214,6 +214,15 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
 
 
 @triton.jit
+def _zero_rejected(w, ids, tokens_row, node, N, rejected, offs_n):
+    """w with the tokens of the node's rejected children (``rejected`` flags over nodes) at 0."""
+    for c in range(node + 1, N):
+        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+            w = tl.where(ids == tl.load(tokens_row + c), 0.0, w)
+    return w
+
+
+@triton.jit
 def _residual_tile(row, start, V, row_max, t, kth, denom, cut, norm, tokens_row, node, N, rejected, offs_n,
                    ZERO_REJECTED: tl.constexpr, CT: tl.constexpr, BLOCK_V: tl.constexpr):
     """Token ids and float64 weights w of one tile of a row; with ZERO_REJECTED, the tokens of
@@ -223,9 +232,7 @@ def _residual_tile(row, start, V, row_max, t, kth, denom, cut, norm, tokens_row,
     s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
     w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
     if ZERO_REJECTED:
-        for c in range(node + 1, N):
-            if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
-                w = tl.where(offs == tl.load(tokens_row + c), 0.0, w)
+        w = _zero_rejected(w, offs, tokens_row, node, N, rejected, offs_n)
     return offs, valid, w
 
 
@@ -390,9 +397,7 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
     index = tl.load(index_ptr + slots, mask=slots < listed, other=V)
     scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"))
     w = tl.where(slots < listed, _weights(_probs(scaled, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
-    for c in range(node + 1, N):  # rejected children's tokens have weight 0 now
-        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
-            w = tl.where(index == tl.load(tokens_row + c), 0.0, w)
+    w = _zero_rejected(w, index, tokens_row, node, N, rejected, offs_n)
     target = u * tl.sum(w, axis=0)
     found = tl.min(tl.where(tl.cumsum(w, axis=0) > target, index, V), axis=0)
     last_positive = tl.max(tl.where(w > 0, index, -1), axis=0)
