@@ -168,7 +168,8 @@ def main(argv=None) -> int:
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
                              "twins of ours-plain, ours-lookup and eagle")
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--sync-every", type=int,
+                        help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="interleaved rounds per provider; each reports its median round")
     args = parser.parse_args(argv)

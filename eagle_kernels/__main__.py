@@ -73,7 +73,8 @@ def _common(parser):
                         help="storage of the weight matrices (default: --dtype); bf16 with float32 compute halves "
                              "the bytes read per token (CPU: the cpu_linear kernel widens them in registers)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--sync-every", type=int,
+                        help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
 
 
 def cmd_generate(args) -> None:

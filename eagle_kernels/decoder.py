@@ -211,6 +211,10 @@ class SpeculativeDecoder:
         the root and the lookup chain (prompt-lookup decoding).
     sync_every
         The host reads the ``done`` flags (and calls ``on_sync``) every ``sync_every`` steps.
+        None (default): every step on CPU, where the flags are host memory and reading them
+        costs nothing, so a batch stops at the step that finishes it; every 4 steps on a GPU,
+        where each read waits for the device (up to 3 steps past the end are then computed
+        and dropped).
     cuda_graph
         On CUDA, each :meth:`generate` call runs its first decoding step eagerly on a side
         stream (a real step, which also compiles the Triton kernels and sets up cuBLAS for that
@@ -222,11 +226,11 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig = TreeConfig(),
-                 sync_every: int = 4, cuda_graph: bool = True):
+                 sync_every: int | None = None, cuda_graph: bool = True):
         self.target = target
         self.head = head
         self.tree = tree
-        self.sync_every = max(1, sync_every)
+        self.sync_every = None if sync_every is None else max(1, sync_every)
         self.cuda_graph = cuda_graph
 
     # ------------------------------------------------------------------ public
@@ -265,6 +269,7 @@ class SpeculativeDecoder:
         steps 2, 3, ... are replays. Returns the graph (None when every step ran eagerly)."""
         device = state.out.device
         graphed = self._graphs_enabled(device)
+        sync_every = self.sync_every or (1 if device.type == "cpu" else 4)
         stream = torch.cuda.Stream(device) if graphed else None
         graph = None
         for index in range(max_steps):
@@ -287,7 +292,7 @@ class SpeculativeDecoder:
                     with torch.cuda.graph(graph, stream=stream):
                         step(state)
                 graph.replay()
-            if (index + 1) % self.sync_every == 0:
+            if (index + 1) % sync_every == 0:
                 if on_sync is not None:
                     on_sync(state.out, state.out_len.clamp(max=state.max_new))
                 if bool(state.done.all()):

@@ -414,6 +414,21 @@ def test_graph_schedule_matches_eager(target, speculative, max_new, sync_every, 
         assert captures[0].replays == steps_run - 1
 
 
+@pytest.mark.parametrize("sync_every,extra_steps", [(None, 0), (4, 1)], ids=["cpu-default", "sync4"])
+def test_cpu_default_stops_at_the_finishing_step(target, sync_every, extra_steps, monkeypatch):
+    """On CPU the default cadence reads the done flags after every step, so a batch runs no
+    step past the one that finishes it. Every 4 steps, the steps up to the next read run and
+    are dropped (here one: a call never runs more than max_new steps). The one-token-per-step
+    plain decoder makes the count exact: max_new 6 is 5 decoding steps."""
+    decoder = SpeculativeDecoder(target, None, sync_every=sync_every)
+    runs = []
+    real = decoder._plain_step
+    monkeypatch.setattr(decoder, "_plain_step", lambda state: (runs.append(1), real(state)))
+    result = decoder.generate(PROMPTS, 6, speculative=False)
+    assert result.steps == [5] * len(PROMPTS)
+    assert len(runs) == 5 + extra_steps
+
+
 SMOLLM2_PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Explain in two sentences why the sky is blue.",
