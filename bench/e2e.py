@@ -57,12 +57,16 @@ from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 
 
 def parse_tree(text: str) -> TreeConfig:
-    """``depth,top_k,num_nodes`` or ``depth,top_k,num_nodes,lookup``."""
-    return TreeConfig(*(int(x) for x in text.split(",")))
+    """``depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t]`` (``t``: lookup_trim)."""
+    parts = text.split(",")
+    trim = parts[-1] == "t"
+    numbers = [int(x) for x in (parts[:-1] if trim else parts)]
+    return TreeConfig(*numbers, lookup_trim=trim)
 
 
 def tree_name(tree: TreeConfig) -> str:
-    return f"d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + (f"l{tree.lookup}" if tree.lookup else "")
+    lookup = f"l{tree.lookup}" + ("t" if tree.lookup_trim else "") if tree.lookup else ""
+    return f"d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + lookup
 
 
 def random_smollm2(device) -> tuple[LlamaModel, None]:
@@ -161,7 +165,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+",
-                        help="depth,top_k,num_nodes[,lookup] (several allowed; default: the device's tree, "
+                        help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t] (t: lookup_trim; several allowed; default: the device's tree, "
                              "eagle_kernels.decoder.default_tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],

@@ -43,7 +43,7 @@ def _load(args):
     else:
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
     given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes, "lookup": args.lookup,
-             "lookup_ngram": args.lookup_ngram}
+             "lookup_ngram": args.lookup_ngram, "lookup_trim": args.lookup_trim}
     tree = dataclasses.replace(default_tree(target.device), **{k: v for k, v in given.items() if v is not None})
     decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
     return decoder, tokenizer, label
@@ -62,11 +62,15 @@ def _common(parser):
     parser.add_argument("--depth", type=int, help="tree depth (default: the device's tree, see --num-nodes)")
     parser.add_argument("--tree-top-k", type=int, help="beams kept per depth (default: the device's tree)")
     parser.add_argument("--num-nodes", type=int,
-                        help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 and "
-                             "lookup 4 on CPU, 6, 8, 60 on GPU)")
+                        help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 and a "
+                             "trimmed lookup chain of up to 8 on CPU, 6, 8, 60 on GPU)")
     parser.add_argument("--lookup", type=int,
                         help="prompt-lookup chain added to every tree, in tokens (0: off; default: the device's tree)")
-    parser.add_argument("--lookup-ngram", type=int, help="longest context suffix the lookup searches for (default 3)")
+    parser.add_argument("--lookup-ngram", type=int,
+                        help="longest context suffix the lookup searches for (default: the device's tree)")
+    parser.add_argument("--lookup-trim", action=argparse.BooleanOptionalAction, default=None,
+                        help="CPU: size the lookup chain each step by the suffix match length (default: the device's "
+                             "tree, on for CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),

@@ -34,13 +34,23 @@ class TreeConfig:
     (or fewer, down to 1), grafted onto the EAGLE tree where they agree with it (see
     :func:`lookup_chain` and :func:`graft_chain`). The verify pass then has
     ``num_nodes + lookup`` rows. Text that repeats itself (code identifiers, a model's own
-    loops) is drafted there even where the head is wrong."""
+    loops) is drafted there even where the head is wrong.
+
+    ``lookup_trim`` (CPU only) sizes the chain each step by how long a suffix matched (``n``,
+    from :func:`lookup_search`): no chain when even the last token never occurred before,
+    ``lookup // 4`` tokens after a 1-token match, ``lookup // 2`` for ``1 < n < lookup_ngram``,
+    all ``lookup`` for ``n = lookup_ngram`` (the largest over the batch). On a CPU each verify
+    row costs compute and a step may change shape, and on held-out text the chain after a
+    1-token match is rarely accepted beyond its first token while one after a 6-token match is
+    often accepted whole. On other devices the chain keeps its full length (static shapes, one
+    CUDA graph). It reads the match lengths on the host, which is free on a CPU."""
 
     depth: int = 6
     top_k: int = 8
     num_nodes: int = 60
     lookup: int = 0
     lookup_ngram: int = 3
+    lookup_trim: bool = False
 
     @property
     def num_candidates(self) -> int:
@@ -66,7 +76,7 @@ class TreeConfig:
                              f"candidates of depth {self.depth} x top_k {self.top_k}")
 
 
-CPU_TREE = TreeConfig(3, 2, 4, lookup=4)
+CPU_TREE = TreeConfig(3, 2, 4, lookup=8, lookup_ngram=4, lookup_trim=True)
 
 
 def default_tree(device) -> TreeConfig:
@@ -88,36 +98,77 @@ def default_tree(device) -> TreeConfig:
     return TreeConfig()
 
 
-def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain: int) -> torch.Tensor:
-    """Prompt-lookup drafts, on the device with static shapes: for each request, the ``chain``
-    tokens that followed the most recent earlier occurrence of the last ``n`` tokens of its
-    context, for the largest ``n <= ngram`` that occurred before.
+def lookup_search(history: torch.Tensor, length: torch.Tensor, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where prompt lookup continues each request's context: the longest suffix of at most
+    ``ngram`` tokens that occurred earlier with at least one token after it, its most recent
+    such occurrence, on the device with static shapes.
 
-    Positions past the end of the context, and every position of a request whose context has no
-    earlier occurrence of even its last token, hold arbitrary tokens of the context (filler:
-    verify accepts a draft token only where the target agrees, so filler costs a row, never
-    exactness).
+    One pass over every candidate end position: token ``i`` back from the end of the suffix is
+    compared at every position at once, and a running product of the matches along ``i`` gives
+    each position's match length.
+
+    Shapes
+    ------
+    history int64 [B, C] (context ``history[b, :length[b]]``); length int64 [B];
+    returns start int64 [B] (index in ``history`` of the token after the occurrence; -1 when even
+    the context's last token never occurred before) and matched int64 [B] (the suffix length
+    found, 0 ... ngram).
+    """
+    B, C = history.shape
+    device = history.device
+    last = length[:, None] - 1  # [B, 1] index of the context's last token
+    back = torch.arange(max(1, min(ngram, C - 1)), device=device)  # [n]: i tokens back from an end
+    ends = torch.arange(C, device=device)  # [C]: candidate end positions of an earlier occurrence
+    earlier = history[:, (ends[None] - back[:, None]).clamp(min=0)]  # [B, n, C]
+    suffix = torch.gather(history, 1, (last - back[None]).clamp(min=0))  # [B, n]
+    exists = ((ends[None] >= back[:, None])[None] & (last >= back[None])[..., None])  # both indices >= 0
+    runs = ((earlier == suffix[..., None]) & exists).to(torch.int64).cumprod(1)  # [B, n, C]
+    # An occurrence must end before the last token, so that a continuation exists.
+    matched = torch.where(ends[None] < last, runs.sum(1), 0)  # [B, C]
+    best = (matched * C + ends[None]).argmax(1, keepdim=True)  # longest, then most recent
+    found = torch.gather(matched, 1, best)[:, 0]
+    return torch.where(found > 0, best[:, 0] + 1, -1), found
+
+
+def chain_tokens(history: torch.Tensor, length: torch.Tensor, start: torch.Tensor, chain: int) -> torch.Tensor:
+    """``chain`` tokens of ``history`` from ``start`` (see :func:`lookup_search`). Positions past
+    the end of the context, and every position of a request without an occurrence (start -1),
+    hold arbitrary tokens of the context (filler: verify accepts a draft token only where the
+    target agrees, so filler costs a row, never exactness).
+
+    Shapes
+    ------
+    history int64 [B, C]; length int64 [B]; start int64 [B]; returns int64 [B, chain].
+    """
+    index = start[:, None] + torch.arange(chain, device=history.device)
+    index = torch.minimum(index, length[:, None] - 1).clamp(min=0)
+    return torch.gather(history, 1, index)
+
+
+def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain: int) -> torch.Tensor:
+    """Prompt-lookup drafts: for each request, the ``chain`` tokens that followed the most
+    recent earlier occurrence of the last ``n`` tokens of its context, for the largest
+    ``n <= ngram`` that occurred before (:func:`lookup_search`, then :func:`chain_tokens`).
 
     Shapes
     ------
     history int64 [B, C] (context ``history[b, :length[b]]``); length int64 [B];
     returns int64 [B, chain].
     """
-    B, C = history.shape
-    device = history.device
-    length = length[:, None]
-    start = torch.full((B, 1), -1, dtype=torch.int64, device=device)
-    for n in range(1, min(ngram, C - 1) + 1):  # longer suffixes override shorter ones
-        key = torch.gather(history, 1, (length - n + torch.arange(n, device=device)).clamp(min=0))
-        windows = history.unfold(1, n, 1)  # [B, C - n + 1, n]
-        j = torch.arange(C - n + 1, device=device)[None]
-        # j + n < length: the window ends before the context's last token, so a continuation exists
-        hit = (windows == key[:, None]).all(-1) & (j + n < length)
-        latest = torch.where(hit, j, -1).amax(1, keepdim=True)
-        start = torch.where(latest >= 0, latest + n, start)
-    index = start + torch.arange(chain, device=device)
-    index = torch.minimum(index, length - 1).clamp(min=0)
-    return torch.gather(history, 1, index)
+    start, _ = lookup_search(history, length, ngram)
+    return chain_tokens(history, length, start, chain)
+
+
+def trimmed_chain_length(tree: "TreeConfig", matched: int) -> int:
+    """Chain tokens worth verifying after a suffix match of ``matched`` tokens (the
+    ``lookup_trim`` rule of :class:`TreeConfig`)."""
+    if matched <= 0:
+        return 0
+    if matched == 1:
+        return max(1, tree.lookup // 4)
+    if matched < tree.lookup_ngram:
+        return max(1, tree.lookup // 2)
+    return tree.lookup
 
 
 def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
@@ -372,9 +423,13 @@ class SpeculativeDecoder:
         tree_cfg, head = self.tree, self.head
         tree = self._expand(state) if head is not None else self._root_tree(state)
         if tree_cfg.lookup:
-            chain = lookup_chain(state.history, state.prompt_len + state.out_len, tree_cfg.lookup_ngram,
-                                 tree_cfg.lookup)
-            tree = graft_chain(tree, chain)
+            context = state.prompt_len + state.out_len
+            start, matched = lookup_search(state.history, context, tree_cfg.lookup_ngram)
+            chain = tree_cfg.lookup
+            if tree_cfg.lookup_trim and state.history.device.type == "cpu":
+                chain = trimmed_chain_length(tree_cfg, int(matched.max()))
+            if chain:
+                tree = graft_chain(tree, chain_tokens(state.history, context, start, chain))
         cache = state.target_cache
         positions = cache.seqlens[:, None].long() + tree.depths.long()
         out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask,

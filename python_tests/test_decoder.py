@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from eagle_kernels import reference
-from eagle_kernels.decoder import CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain
+from eagle_kernels.decoder import (CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain,
+                                   lookup_search, trimmed_chain_length)
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
@@ -118,6 +119,70 @@ def test_lookup_chain_matches_naive_search(ngram, chain):
         assert all(t in context for t in got[b].tolist())  # filler comes from the context
 
 
+def search_naive(context, ngram):
+    """(start, n): the longest suffix of at most ``ngram`` tokens with an earlier occurrence
+    followed by a token, and where that token sits in its latest occurrence; (-1, 0) if none."""
+    for n in range(ngram, 0, -1):
+        for j in range(len(context) - n - 1, -1, -1):
+            if len(context) > n and context[j:j + n] == context[-n:]:
+                return j + n, n
+    return -1, 0
+
+
+@pytest.mark.parametrize("ngram", [1, 2, 4, 9])
+def test_lookup_search_matches_naive_search(ngram):
+    g = torch.Generator().manual_seed(ngram)
+    B, C = 96, 30
+    history = torch.randint(0, 3, (B, C), generator=g)  # 3 symbols: matches of every length
+    length = torch.randint(1, C + 1, (B,), generator=g)
+    length[:3] = torch.tensor([1, 2, C])
+    history[3, :8] = torch.tensor([2, 0, 1, 2, 0, 1, 2, 0])  # a period-3 context: the longest match
+    length[3] = 8
+    start, matched = lookup_search(history, length, ngram)
+    assert start.dtype == matched.dtype == torch.int64 and start.shape == matched.shape == (B,)
+    for b in range(B):
+        context = history[b, : length[b]].tolist()
+        assert (int(start[b]), int(matched[b])) == search_naive(context, ngram), (b, context)
+    assert int(matched[3]) == min(ngram, 5)
+
+
+def test_trimmed_chain_length_follows_the_match():
+    tree = TreeConfig(3, 2, 4, lookup=8, lookup_ngram=4, lookup_trim=True)
+    assert [trimmed_chain_length(tree, n) for n in range(6)] == [0, 2, 4, 4, 8, 8]
+    short = TreeConfig(3, 2, 4, lookup=1, lookup_ngram=2, lookup_trim=True)
+    assert [trimmed_chain_length(short, n) for n in range(4)] == [0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("with_head", [True, False], ids=["head", "lookup-only"])
+def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, monkeypatch):
+    """With ``lookup_trim`` on CPU each step grafts the chain length the batch's longest match
+    asks for (none at all when nothing matched), and greedy output is still plain decoding's."""
+    import eagle_kernels.decoder as decoder_module
+
+    tree = TreeConfig(3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True)
+    decoder = SpeculativeDecoder(target, repeat_head(target) if with_head else None, tree)
+    plain = decoder.generate(PROMPTS, 20, speculative=False)
+    grafted, searched = [], []
+    real_graft, real_search = decoder_module.graft_chain, decoder_module.lookup_search
+
+    def search(history, length, ngram):
+        start, matched = real_search(history, length, ngram)
+        searched.append(int(matched.max()))
+        return start, matched
+
+    def graft(tree_, chain):
+        grafted.append(chain.shape[1])
+        return real_graft(tree_, chain)
+
+    monkeypatch.setattr(decoder_module, "lookup_search", search)
+    monkeypatch.setattr(decoder_module, "graft_chain", graft)
+    spec = decoder.generate(PROMPTS, 20)
+    assert spec.sequences == plain.sequences
+    want = [trimmed_chain_length(tree, n) for n in searched]
+    assert grafted == [n for n in want if n > 0]
+    assert len(set(want)) > 1, want  # the prompts' repeats reach more than one rule
+
+
 def graft_naive(tokens, parents, chain):
     """Parents of the chain nodes by the rule of graft_chain, one request, plain lists."""
     N = len(tokens)
@@ -194,7 +259,9 @@ def test_tree_config_rejects_impossible_trees():
 
 def test_default_tree_is_small_on_cpu_and_eagle2_on_gpu():
     assert default_tree("cpu") == CPU_TREE and default_tree(torch.device("cpu")) == CPU_TREE
-    assert CPU_TREE.verify_nodes <= 8  # the verify pass's linear layers stay near one weight stream
+    # The verify pass's linear layers stay near one weight stream, except after a full-length
+    # lookup match, when the whole chain is worth its rows.
+    assert CPU_TREE.lookup_trim and CPU_TREE.num_nodes + trimmed_chain_length(CPU_TREE, CPU_TREE.lookup_ngram - 1) <= 8
     assert default_tree("cuda") == TreeConfig(6, 8, 60)
 
 

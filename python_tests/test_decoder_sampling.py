@@ -75,15 +75,18 @@ CASES = {"t1": (1.0, 0, 1.0), "t0.7-k8-p0.9": (0.7, 8, 0.9)}
 
 @pytest.mark.parametrize("case,head_name,lookup", [
     ("t1", "eagle1-repeat", 0), ("t0.7-k8-p0.9", "eagle3-random", 0), ("t0.7-k8-p0.9", "eagle1-repeat", 0),
-    ("t1", "eagle1-repeat", 3), ("t1", None, 4)])
+    ("t1", "eagle1-repeat", 3), ("t1", None, 4), ("t1", "eagle1-repeat", "trim")])
 def test_speculative_sampling_follows_the_target(target, case, head_name, lookup):
     """``lookup`` grafts a prompt-lookup chain onto the tree; head None: the chain alone. This
     prompt has no repeats for the lookup to find, so its chains are filler that verify must
-    reject without bias (often a repeat of a sibling's token, rejected after the sibling)."""
+    reject without bias (often a repeat of a sibling's token, rejected after the sibling).
+    "trim": an 8-token chain trimmed each step by the batch's longest match (the CPU default's
+    rule), so the verify tree changes size from step to step."""
     temperature, top_k, top_p = CASES[case]
     p1, p2, p3 = exact_marginals(target, temperature, top_k, top_p)
     head = HEADS[head_name](target) if head_name else None
-    decoder = SpeculativeDecoder(target, head, TreeConfig(3, 3, 8, lookup=lookup))
+    tree = TreeConfig(3, 3, 8, lookup=8, lookup_trim=True) if lookup == "trim" else TreeConfig(3, 3, 8, lookup=lookup)
+    decoder = SpeculativeDecoder(target, head, tree)
     result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
                               seed=list(range(REQUESTS)))
     tokens = torch.tensor(result.sequences)  # [REQUESTS, 3]
