@@ -159,6 +159,13 @@ def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain:
     return chain_tokens(history, length, start, chain)
 
 
+def step_shapes_may_change(device: torch.device) -> bool:
+    """Whether a decoding step may size its tensors from values it computed (a host read):
+    on a CPU the read is free and fewer rows are less arithmetic; elsewhere steps keep static
+    shapes and never synchronise (one CUDA graph replayed)."""
+    return device.type == "cpu"
+
+
 def trimmed_chain_length(tree: "TreeConfig", matched: int) -> int:
     """Chain tokens worth verifying after a suffix match of ``matched`` tokens (the
     ``lookup_trim`` rule of :class:`TreeConfig`)."""
@@ -426,7 +433,7 @@ class SpeculativeDecoder:
             context = state.prompt_len + state.out_len
             start, matched = lookup_search(state.history, context, tree_cfg.lookup_ngram)
             chain = tree_cfg.lookup
-            if tree_cfg.lookup_trim and state.history.device.type == "cpu":
+            if tree_cfg.lookup_trim and step_shapes_may_change(state.history.device):
                 chain = trimmed_chain_length(tree_cfg, int(matched.max()))
             if chain:
                 tree = graft_chain(tree, chain_tokens(state.history, context, start, chain))
@@ -442,10 +449,13 @@ class SpeculativeDecoder:
         if head is not None:
             # Commit the accepted path to the head: pair j = (emitted token j, target feature at
             # path node j), recomputed with the target's true features.
-            path = result.accept_nodes.clamp(min=0).long()
-            features = head.target_features(out)
-            features = torch.gather(features, 1, path[..., None].expand(-1, -1, features.shape[-1]))
-            hidden = head(result.out_tokens.clamp(min=0), features, state.head_cache)
+            path, emitted = result.accept_nodes.clamp(min=0).long(), result.out_tokens.clamp(min=0)
+            if step_shapes_may_change(path.device):
+                # Only the batch's longest accepted path (rows past a request's own end are
+                # overwritten later, as in the full width), not all max_depth + 1 slots.
+                width = int(result.accept_len.max()) + 1
+                path, emitted = path[:, :width], emitted[:, :width]
+            hidden = head(emitted, head.target_features(out, rows=path), state.head_cache)
             state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
 
         active = ~state.done

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 
+import eagle_kernels.decoder as decoder_module
 from eagle_kernels import reference
 from eagle_kernels.decoder import (CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain,
                                    lookup_search, trimmed_chain_length)
@@ -157,8 +158,6 @@ def test_trimmed_chain_length_follows_the_match():
 def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, monkeypatch):
     """With ``lookup_trim`` on CPU each step grafts the chain length the batch's longest match
     asks for (none at all when nothing matched), and greedy output is still plain decoding's."""
-    import eagle_kernels.decoder as decoder_module
-
     tree = TreeConfig(3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True)
     decoder = SpeculativeDecoder(target, repeat_head(target) if with_head else None, tree)
     plain = decoder.generate(PROMPTS, 20, speculative=False)
@@ -181,6 +180,32 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
     want = [trimmed_chain_length(tree, n) for n in searched]
     assert grafted == [n for n in want if n > 0]
     assert len(set(want)) > 1, want  # the prompts' repeats reach more than one rule
+
+
+@pytest.mark.parametrize("make_head", [repeat_head, HEADS["eagle3-random"]], ids=["eagle1-repeat", "eagle3-random"])
+def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch):
+    """On CPU a step commits only the batch's longest accepted path to the head; every draft
+    tree, hence tokens, steps and tau, equals that of static-shape steps (fp32: the native
+    kernels, whose rows do not depend on the other rows)."""
+    from eagle_kernels import ops
+
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    torch.manual_seed(0)
+    decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(3, 3, 8, lookup=2))
+    real_verify, trees = ops.verify, []
+
+    def verify(tokens, *args, **kwargs):
+        trees.append(tokens.clone())
+        return real_verify(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "verify", verify)
+    fitted = decoder.generate(PROMPTS, 16)
+    fitted_trees, trees = trees, []
+    monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
+    static = decoder.generate(PROMPTS, 16)
+    assert (fitted.sequences, fitted.steps, fitted.tau) == (static.sequences, static.steps, static.tau)
+    assert len(fitted_trees) == len(trees) and all(torch.equal(a, b) for a, b in zip(fitted_trees, trees))
+    assert max(fitted.tau) > 1.0  # drafts were accepted, so the commit widths varied
 
 
 def graft_naive(tokens, parents, chain):
@@ -357,7 +382,8 @@ SYNC_METHODS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__
 @pytest.mark.parametrize("speculative,lookup", [(False, 0), (True, 0), (True, 3)],
                          ids=["plain", "speculative", "speculative-lookup"])
 def test_steps_never_synchronise(speculative, lookup, monkeypatch):
-    """No host read inside a step: every tensor-to-host conversion raises while steps run."""
+    """No host read inside a static-shape step: every tensor-to-host conversion raises while
+    steps run."""
     import eagle_kernels
     from eagle_kernels._schemas import OPS
 
@@ -365,6 +391,8 @@ def test_steps_never_synchronise(speculative, lookup, monkeypatch):
     if missing:
         pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
     monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
+    # The static-shape steps a GPU runs (on CPU a step may read values to size its tensors).
+    monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))  # native kernels: fp32
     decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup), sync_every=1000)
     steps_run = []

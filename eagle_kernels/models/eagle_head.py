@@ -145,12 +145,17 @@ class EagleHead(torch.nn.Module):
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return KVCache.allocate(self.config.as_llama(), batch, capacity, self.dtype, self.target.device)
 
-    def target_features(self, out) -> torch.Tensor:
+    def target_features(self, out, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The head's input feature [B, N, H] from a target ForwardOutput: EAGLE-1 the final
-        normed hidden state, EAGLE-3 fc over the low/mid/high layer states."""
+        normed hidden state, EAGLE-3 fc over the low/mid/high layer states. ``rows`` int64
+        [B, P] picks token rows first (result [B, P, H]), so EAGLE-3's fc runs over those
+        rows only (a row's feature does not depend on the other rows)."""
+        def pick(t):
+            return t if rows is None else torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[-1]))
+
         if self.config.kind == EAGLE1:
-            return out.hidden
-        stacked = torch.cat([out.layer_states[layer] for layer in self.config.feature_layers], dim=-1)
+            return pick(out.hidden)
+        stacked = torch.cat([pick(out.layer_states[layer]) for layer in self.config.feature_layers], dim=-1)
         return linear(stacked, self.weights["fc.weight"])
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
