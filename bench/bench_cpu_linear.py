@@ -25,8 +25,8 @@ for the compact side-by-side table at 1 and 2 threads (providers interleaved cal
 machine noise hits all of them alike; median per provider). ``python bench/bench_cpu_linear.py
 --forward`` times the linear layers of one whole forward pass instead (30 layers + LM head,
 every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with fp32
-and bf16 weights, and cpu_linear with ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608`` (only the LM
-head splits over threads).
+and bf16 weights (the best ISA path, and capped at AVX2), and cpu_linear with
+``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608`` (only the LM head splits over threads).
 """
 
 from __future__ import annotations
@@ -154,25 +154,28 @@ def forward_table(threads_list, rounds=7):
     gen = torch.Generator().manual_seed(0)
     fp32 = [torch.randn(N, K, generator=gen) for N, K in FORWARD_SHAPES]  # 540 MB: all from DRAM
     bf16 = [w.bfloat16() for w in fp32]
-    chunk_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"
+    chunk_env, isa_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK", "EAGLE_KERNELS_CPU_ISA"
 
-    def one_pass(fn, weights, chunk=None):
+    def one_pass(fn, weights, **env):
         def run(xs):
-            if chunk:
-                os.environ[chunk_env] = chunk
+            os.environ.update(env)
             try:
                 for w in weights:
                     fn(xs[w.shape[1]], w)
             finally:
-                os.environ.pop(chunk_env, None)
+                for name in env:
+                    os.environ.pop(name, None)
         return run
 
     providers = {"torch": one_pass(F.linear, fp32), "eagle": one_pass(eagle_kernels.cpu_linear, fp32),
-                 "eagle-coarse": one_pass(eagle_kernels.cpu_linear, fp32, "8388608"),
-                 "eagle-bf16": one_pass(eagle_kernels.cpu_linear, bf16)}
+                 "eagle-avx2": one_pass(eagle_kernels.cpu_linear, fp32, **{isa_env: "avx2"}),
+                 "eagle-coarse": one_pass(eagle_kernels.cpu_linear, fp32, **{chunk_env: "8388608"}),
+                 "eagle-bf16": one_pass(eagle_kernels.cpu_linear, bf16),
+                 "bf16-avx2": one_pass(eagle_kernels.cpu_linear, bf16, **{isa_env: "avx2"})}
     total_bytes = sum(w.numel() * 4 for w in fp32)
     print(f"one forward's linear layers ({total_bytes / 1e6:.0f} MB of fp32 weights), ms, median of {rounds} "
-          f"interleaved rounds; eagle-coarse = {chunk_env}=8388608")
+          f"interleaved rounds; eagle-coarse = {chunk_env}=8388608; *-avx2 = {isa_env}=avx2 (the best path "
+          f"otherwise: AVX-512 where the CPU has it)")
     print(f"{'thr':>3} {'M':>3} | " + " ".join(f"{name:>12}" for name in providers) + " | eagle GB/s")
     for threads in threads_list:
         torch.set_num_threads(threads)

@@ -1,5 +1,5 @@
-"""cpu_linear: the AVX2 and the portable C++ paths (and the reference) against F.linear in
-float64, with an error bound that holds for any fp32 summation order."""
+"""cpu_linear: the AVX-512, AVX2 and portable C++ paths (and the reference) against F.linear
+in float64, with an error bound that holds for any fp32 summation order."""
 
 import functools
 
@@ -11,7 +11,7 @@ from eagle_kernels import _dispatch, reference
 
 ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 CHUNK_ENV = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"
-MS = [1, 3, 5, 8, 17, 64]  # 5: two tiles, bf16 widened in registers; 8 and up: once per 4 rows
+MS = [1, 3, 5, 7, 8, 17, 64]  # x tiles: AVX2 3 + 2 at 5; AVX-512VL 4 + 3 at 7, 6 + 6 + 5 at 17
 KS = [576, 1536, 100]  # SmolLM2 hidden and intermediate sizes; 100 leaves a K tail of 4
 NS = [1, 7, 576, 1000]  # 7 and 1000 leave a partial panel of weight rows
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -23,7 +23,19 @@ def _avx2_available():
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AVX512_BF16", "AMX")
 
 
-@pytest.fixture(params=["reference", "avx2", "scalar"])
+def _avx512_available():
+    """Whether the CPU has AVX-512 F and VL (ATen's AVX512 level requires them)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX")
+
+
+def _skip_unavailable(isa):
+    if isa == "avx2" and not _avx2_available():
+        pytest.skip("no AVX2+FMA on this CPU (or in this build)")
+    if isa == "avx512" and not _avx512_available():
+        pytest.skip("no AVX-512 on this CPU")
+
+
+@pytest.fixture(params=["reference", "avx512", "avx2", "scalar"])
 def linear(request, monkeypatch):
     """The implementation under test: the reference, or the C++ op with its ISA forced."""
     if request.param == "reference":
@@ -31,8 +43,7 @@ def linear(request, monkeypatch):
     fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
     if fn is None:
         pytest.skip(reason)
-    if request.param == "avx2" and not _avx2_available():
-        pytest.skip("no AVX2+FMA on this CPU (or in this build)")
+    _skip_unavailable(request.param)
     monkeypatch.setenv(ISA_ENV, request.param)
     return fn
 
@@ -94,21 +105,40 @@ def test_empty(linear, shape):
     assert bool((got == 0).all())
 
 
-@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_rows_are_batch_invariant(isa, monkeypatch):
     """Row m of the output is bit-identical whatever the other rows are (each output is one
-    dot product in a fixed order): a verify pass scores a token exactly as decoding would."""
+    dot product in a fixed order): a verify pass scores a token exactly as decoding would,
+    whichever x tile (of 1 to 6 rows) the row falls in."""
     fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
     if fn is None:
         pytest.skip(reason)
-    if isa == "avx2" and not _avx2_available():
-        pytest.skip("no AVX2+FMA")
+    _skip_unavailable(isa)
     monkeypatch.setenv(ISA_ENV, isa)
     x, w = activations(17, 100), weight(1000, 100, "bf16")
     full = fn(x, w)
     for m in (0, 5, 16):
-        assert torch.equal(fn(x[m:m + 1], w), full[m:m + 1])
-        assert torch.equal(fn(x[m:m + 2], w), full[m:m + 2])
+        for rows in (1, 2, 7, 8):
+            part = x[m:m + rows]
+            assert torch.equal(fn(part, w), full[m:m + part.shape[0]])
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_avx512_and_avx2_paths_give_identical_bits(wdtype, monkeypatch):
+    """The AVX-512VL build of the vector path runs the AVX2 arithmetic in the same order, with
+    x tiles of up to 6 rows instead of 3: identical outputs at every row count, so a model's
+    results do not depend on which of the two a CPU has (K = 100: the K tail too)."""
+    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    _skip_unavailable("avx512")
+    for M in (1, 3, 4, 5, 7, 8, 12, 13):
+        for K in (576, 100):
+            x, w = activations(M, K), weight(1000, K, wdtype)
+            monkeypatch.setenv(ISA_ENV, "avx2")
+            avx2 = fn(x, w)
+            monkeypatch.setenv(ISA_ENV, "avx512")
+            assert torch.equal(fn(x, w), avx2), (M, K)
 
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
