@@ -85,13 +85,15 @@ def default_tree(device) -> TreeConfig:
     A GPU verifies 60 tree nodes of a small target in about the time of one token, so the
     EAGLE-2 default shape applies. A CPU does not: at a handful of rows a linear layer is a
     stream over the weights, but each further row costs compute, so the verify pass grows with
-    the tree and small trees win; a 4-token lookup chain is the cheapest way to add accepted
-    tokens on text that repeats itself (on chat-style prompts it costs about what it gains, see
-    the README). Measured on a 2-core AVX2 CPU with SmolLM2-135M and the shipped EAGLE-3 head
-    (``bench/e2e.py``, README tree table), speed over plain decoding at T = 0, code / prose, 2
-    threads, 48 tokens: (3, 2, 4) + lookup 4 1.68x / 1.62x (tau 2.77 / 2.73), (3, 2, 4) 1.02x /
-    1.67x, (2, 2, 3) + lookup 4 1.65x / 1.53x, (3, 2, 4) + lookup 5 1.71x / 1.68x (differences
-    under about 10% are within this VM's run-to-run noise).
+    the tree and small trees win. A lookup chain trimmed by its match length (``lookup_trim``)
+    adds accepted tokens on text that repeats itself and costs little where nothing matched.
+    Measured on a 2-core AVX-512 CPU with SmolLM2-135M and the shipped EAGLE-3 head, decode time
+    per token against plain decoding at T = 0, code / prose, 6 held-out prompts x 48 tokens, 2
+    threads, one process: (3, 2, 4) + lookup 4 1.93x / 2.12x; (3, 2, 4) + trimmed lookup 8
+    (ngram 4) 2.01-2.03x / 2.22-2.23x; (2, 2, 3) + the same chain 2.09x / 2.20x; trimmed lookup
+    16 (ngram 6) 2.04x / 2.08x (differences under about 10% are within this VM's run-to-run
+    noise). On chat prompts the trimmed chain ran at 1.55x / 1.14x against 1.27x / 0.89x for the
+    untrimmed 4-token chain (README).
     """
     if torch.device(device).type == "cpu":
         return CPU_TREE
