@@ -41,7 +41,7 @@ class TreeConfig:
     ``lookup // 4`` tokens after a 1-token match, ``lookup // 2`` for ``1 < n < lookup_ngram``,
     all ``lookup`` for ``n = lookup_ngram`` (the largest over the batch). On a CPU each verify
     row costs compute and a step may change shape, and on held-out text the chain after a
-    1-token match is rarely accepted beyond its first token while one after a 6-token match is
+    1-token match is rarely accepted beyond its first token while one after a long match is
     often accepted whole. On other devices the chain keeps its full length (static shapes, one
     CUDA graph). It reads the match lengths on the host, which is free on a CPU."""
 
