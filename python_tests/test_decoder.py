@@ -309,6 +309,8 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert decoder.tree == dataclasses.replace(CPU_TREE, depth=5)
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6"]))
     assert decoder.head is None and decoder.tree == dataclasses.replace(CPU_TREE, lookup=6)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6", "--no-lookup-trim"]))
+    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=6, lookup_trim=False)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
         cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "0"]))
 
