@@ -8,6 +8,7 @@ import torch
 
 import eagle_kernels
 from eagle_kernels.models import LlamaModel
+from eagle_kernels.models.llama import CPU_LINEAR_MAX_ROWS
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -148,8 +149,9 @@ def bf16_rounded(hf):
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_bf16_weights_equal_fp32_model_of_the_rounded_weights(tie):
     """bf16 weights are widened exactly: the model equals, bit for bit, the fp32 model whose
-    weights were rounded to bf16, on prefill (> 64 rows: torch, weights widened per call),
-    decoding and a tree pass (cpu_linear)."""
+    weights were rounded to bf16, on a long prefill (more rows than CPU_LINEAR_MAX_ROWS: torch,
+    weights widened per call), a short one, decoding and a tree pass (cpu_linear)."""
+
     hf = tiny_hf_model(torch.float32, tie=tie)
     ours = LlamaModel.from_transformers(hf, weight_dtype=torch.bfloat16)
     want = LlamaModel.from_transformers(bf16_rounded(hf))
@@ -157,10 +159,10 @@ def test_bf16_weights_equal_fp32_model_of_the_rounded_weights(tie):
     assert ours.weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
     assert ours.weights["model.norm.weight"].dtype == torch.float32
     assert (ours.weights["lm_head.weight"] is ours.weights["model.embed_tokens.weight"]) == tie
-    prompt = torch.randint(0, 97, (2, 70))
-    caches = [ours.new_cache(2, 96), want.new_cache(2, 96)]
+    prompt = torch.randint(0, 97, (2, CPU_LINEAR_MAX_ROWS // 2 + 10))
+    caches = [ours.new_cache(2, 2 * prompt.shape[1] + 32), want.new_cache(2, 2 * prompt.shape[1] + 32)]
     assert caches[0].k.dtype == torch.float32
-    for tokens in (prompt, prompt[:, :1], prompt[:, :9]):
+    for tokens in (prompt, prompt[:, :40], prompt[:, :1], prompt[:, :9]):
         got, ref = (m(tokens, c).logits for m, c in zip((ours, want), caches))
         assert torch.equal(got, ref)
         for c in caches:
@@ -180,7 +182,8 @@ def test_cpu_linear_path_matches_torch_path(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows,native", [(1, True), (64, True), (65, False)], ids=["M1", "M64", "M65"])
+@pytest.mark.parametrize("rows,native", [(1, True), (CPU_LINEAR_MAX_ROWS, True), (CPU_LINEAR_MAX_ROWS + 1, False)],
+                         ids=["M1", "M-max", "M-max+1"])
 def test_linear_routes_small_calls_to_cpu_linear(rows, native, monkeypatch):
     from eagle_kernels import _dispatch
     from eagle_kernels.models import llama
