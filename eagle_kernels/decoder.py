@@ -196,26 +196,48 @@ def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
     B, N = tree.tokens.shape
     L = chain.shape[1]
     device = chain.device
-    total = N + L
-    mask = torch.zeros(B, total, mask_words(total), dtype=torch.int64, device=device)
-    mask[:, :N, : tree.mask.shape[2]] = tree.mask
+    total, words = N + L, mask_words(N + L)
     node_ids = torch.arange(N, device=device)
-    matched = torch.zeros(B, dtype=torch.int64, device=device)  # tree node spelling chain[:i], -1: none
-    parents = []
-    for i in range(L):
-        node = N + i
-        parent = matched if i == 0 else torch.where(matched >= 0, matched, node - 1)
-        parents.append(parent)
-        row = torch.gather(mask, 1, parent[:, None, None].expand(-1, 1, mask.shape[2]))[:, 0]
-        row[:, node // 64] |= 1 << (node % 64) if node % 64 < 63 else -(1 << 63)
-        mask[:, node] = row
-        child = (tree.parents == matched[:, None]) & (tree.tokens == chain[:, i : i + 1]) & (matched[:, None] >= 0)
-        first = torch.where(child, node_ids, N).amin(1)
-        matched = torch.where(first < N, first, -1)
-    chain_depths = torch.arange(1, L + 1, dtype=torch.int32, device=device).expand(B, L)
-    return Tree(torch.cat([tree.tokens, chain], 1),
-                torch.cat([tree.parents, torch.stack(parents, 1).to(torch.int32)], 1),
+    chain_ids = torch.arange(L, device=device)
+    depths, parents = tree.depths.long(), tree.parents.long()
+    # Walking down from the root, the chain follows the first child (in node order) whose token
+    # is its next token. A node is such a step when its token is the chain's token at its depth
+    # and no earlier sibling carries the same token.
+    shadowed = ((parents[:, :, None] == parents[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
+                & (node_ids[None, :] < node_ids[:, None])[None]).any(-1)  # [B, N]
+    at_depth = torch.gather(chain, 1, (depths - 1).clamp(0, L - 1))
+    steps = ((tree.tokens == at_depth) & (depths >= 1) & (depths < L) & ~shadowed) | (node_ids == 0)[None]
+    # A node spells chain[:depth] when every node on its path is a step: none of its ancestor
+    # bits belongs to a node that is not. matched[:, i]: the node spelling chain[:i], or -1; it
+    # exists for i = 0 (the root), 1, ..., p and for no i after p.
+    spells = ((tree.mask & _pack_bits(~steps)[:, None, :]) == 0).all(-1)  # [B, N]
+    hit = spells[:, :, None] & (depths[:, :, None] == chain_ids[None, None, :])  # [B, N, L]
+    matched = torch.where(hit, node_ids[None, :, None], N).amin(1)  # [B, L]
+    matched = torch.where(matched < N, matched, -1)
+    chain_parents = torch.where(matched >= 0, matched, N + chain_ids - 1)
+    # Chain node i hangs below the tree path of node matched[m], m = min(i, p), through chain
+    # nodes m ... i - 1: its mask row is that node's row plus the bits of chain nodes m ... i.
+    m = torch.minimum(chain_ids[None], (matched >= 0).sum(1, keepdim=True) - 1)  # [B, L]
+    anchor = torch.gather(matched, 1, m)
+    rows = torch.gather(tree.mask, 1, anchor[..., None].expand(-1, -1, tree.mask.shape[2]))
+    columns = torch.arange(total, device=device)
+    own = (columns[None, None] >= (N + m)[..., None]) & (columns[None, None] <= (N + chain_ids)[None, :, None])
+    mask = torch.zeros(B, total, words, dtype=torch.int64, device=device)
+    mask[:, :N, : tree.mask.shape[2]] = tree.mask
+    mask[:, N:, : tree.mask.shape[2]] = rows
+    mask[:, N:] |= _pack_bits(own)
+    chain_depths = (chain_ids + 1).to(torch.int32).expand(B, L)
+    return Tree(torch.cat([tree.tokens, chain], 1), torch.cat([tree.parents, chain_parents.to(torch.int32)], 1),
                 torch.cat([tree.depths, chain_depths], 1), mask)
+
+
+def _pack_bits(flags: torch.Tensor) -> torch.Tensor:
+    """bool [..., n] -> int64 [..., ceil(n / 64)]: bit j % 64 of word j // 64 set for flags[j]
+    (a sum of distinct powers of two is their OR; bit 63 wraps to the sign bit)."""
+    n = flags.shape[-1]
+    padded = torch.nn.functional.pad(flags, (0, mask_words(n) * 64 - n)).to(torch.int64)
+    shifts = torch.arange(64, device=flags.device)
+    return (padded.view(*flags.shape[:-1], -1, 64) << shifts).sum(-1)
 
 
 @dataclass

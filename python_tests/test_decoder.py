@@ -8,6 +8,7 @@ import torch
 
 import eagle_kernels.decoder as decoder_module
 from eagle_kernels import reference
+from eagle_kernels._types import Tree
 from eagle_kernels.decoder import (CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain,
                                    lookup_search, trimmed_chain_length)
 from eagle_kernels.models import LlamaModel
@@ -247,6 +248,31 @@ def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
         assert grafted.mask[b].tolist() == mask_of(parents)
     assert (grafted.parents[:, num_nodes] == 0).all()
     assert (grafted.parents[1:4, num_nodes + 1] < num_nodes).all()  # continued the copied branch
+
+
+@pytest.mark.parametrize("num_nodes,chain_len", [(1, 1), (5, 8), (30, 6), (66, 9)])
+def test_graft_chain_on_random_trees_with_repeated_tokens(num_nodes, chain_len):
+    """Random tree shapes over 3 token values: sibling repeats (the chain follows the first of
+    them), deep matches, and masks that cross a 64-bit word."""
+    from test_build_tree import mask_of
+
+    B = 24
+    g = torch.Generator().manual_seed(num_nodes * 10 + chain_len)
+    parents = [[-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, num_nodes)] for _ in range(B)]
+    depths = torch.zeros(B, num_nodes, dtype=torch.int32)
+    for b in range(B):
+        for i in range(1, num_nodes):
+            depths[b, i] = depths[b, parents[b][i]] + 1
+    words = (num_nodes + 63) // 64
+    tree = Tree(torch.randint(0, 3, (B, num_nodes), generator=g), torch.tensor(parents, dtype=torch.int32), depths,
+                torch.tensor([mask_of(p) for p in parents], dtype=torch.int64).view(B, num_nodes, words))
+    chain = torch.randint(0, 3, (B, chain_len), generator=g)
+    grafted = graft_chain(tree, chain)
+    for b in range(B):
+        want = parents[b] + graft_naive(tree.tokens[b].tolist(), parents[b], chain[b].tolist())
+        assert grafted.parents[b].tolist() == want
+        assert grafted.mask[b].tolist() == mask_of(want)
+        assert grafted.depths[b].tolist() == [0] + [int(grafted.depths[b, p]) + 1 for p in want[1:]]
 
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
