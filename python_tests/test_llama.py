@@ -151,7 +151,6 @@ def test_bf16_weights_equal_fp32_model_of_the_rounded_weights(tie):
     """bf16 weights are widened exactly: the model equals, bit for bit, the fp32 model whose
     weights were rounded to bf16, on a long prefill (more rows than CPU_LINEAR_MAX_ROWS: torch,
     weights widened per call), a short one, decoding and a tree pass (cpu_linear)."""
-
     hf = tiny_hf_model(torch.float32, tie=tie)
     ours = LlamaModel.from_transformers(hf, weight_dtype=torch.bfloat16)
     want = LlamaModel.from_transformers(bf16_rounded(hf))
