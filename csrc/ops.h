@@ -37,7 +37,8 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight);
 
 // One Llama decoder layer on few rows (decoding, verification, EAGLE-3 drafting): returns the
 // layer's output [B, N, H] fp32 and writes the new tokens' K/V at cache_seqlens + slot_offset + i
-// (contiguous cache).
+// (contiguous cache). row_counts int64 [B] (optional): rows past a request's count are padding,
+// not computed (they keep x and write zero K/V).
 at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_norm,
                                  const at::Tensor& qkv_weight, const at::Tensor& o_weight,
                                  const at::Tensor& post_norm, const at::Tensor& gate_up_weight,
@@ -46,7 +47,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_no
                                  const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                  const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
                                  double eps, const std::optional<at::Tensor>& embed,
-                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset);
+                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
+                                 const std::optional<at::Tensor>& row_counts);
 
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

@@ -37,7 +37,8 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "cpu_decoder_layer(Tensor x, Tensor input_norm, Tensor qkv_weight, Tensor o_weight, "
       "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor cos, Tensor sin, "
       "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
-      "int num_heads, float eps, Tensor? embed=None, Tensor? embed_norm=None, int slot_offset=0) -> Tensor");
+      "int num_heads, float eps, Tensor? embed=None, Tensor? embed_norm=None, int slot_offset=0, "
+      "Tensor? row_counts=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {

@@ -292,7 +292,7 @@ def _check_linear_weight(name, weight, rows, cols, layout, device):
 
 def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
                             k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
-                            embed_norm=None, slot_offset=0, values=True):
+                            embed_norm=None, slot_offset=0, row_counts=None, values=True):
     check_tensor("x", x, dtype=torch.float32, ndim=3)
     device = x.device
     B, N, H = x.shape
@@ -328,5 +328,9 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
         check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, slots, mask_words(slots)), device=device)
     if not isinstance(eps, (float, int)):
         _fail("eps", "a float", type(eps).__name__)
+    if row_counts is not None:
+        check_tensor("row_counts", row_counts, dtype=torch.int64, shape=(B,), device=device)
     if values and values_checked(device):
         _check_kv_values(k_cache, cache_seqlens, None, cache_seqlens.long() + slots, "cache_seqlens + slot_offset + N")
+        if row_counts is not None and bool(((row_counts < 0) | (row_counts > N)).any()):
+            _fail("row_counts", f"values in [0, N = {N}]", row_counts.tolist())

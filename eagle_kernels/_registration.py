@@ -73,11 +73,11 @@ def _fake_cpu_linear(x, weight):
 
 def _fake_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
                             k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
-                            embed_norm=None, slot_offset=0):
+                            embed_norm=None, slot_offset=0, row_counts=None):
     _checks.check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
                                     cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
                                     eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset,
-                                    values=False)
+                                    row_counts=row_counts, values=False)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 

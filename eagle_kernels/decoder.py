@@ -168,16 +168,33 @@ def step_shapes_may_change(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def trimmed_chain_length(tree: "TreeConfig", matched: int) -> int:
-    """Chain tokens worth verifying after a suffix match of ``matched`` tokens (the
-    ``lookup_trim`` rule of :class:`TreeConfig`)."""
-    if matched <= 0:
-        return 0
-    if matched == 1:
-        return max(1, tree.lookup // 4)
-    if matched < tree.lookup_ngram:
-        return max(1, tree.lookup // 2)
-    return tree.lookup
+def trimmed_chain_lengths(tree: "TreeConfig", matched: torch.Tensor) -> torch.Tensor:
+    """Chain tokens worth verifying after suffix matches of ``matched`` tokens (the
+    ``lookup_trim`` rule of :class:`TreeConfig`), per request: int64 [B] -> int64 [B]."""
+    quarter, half = max(1, tree.lookup // 4), max(1, tree.lookup // 2)
+    by_match = torch.where(matched < tree.lookup_ngram, half, tree.lookup)
+    return torch.where(matched <= 0, 0, torch.where(matched == 1, quarter, by_match))
+
+
+def pad_chains(tree: Tree, first_chain_node: int, chain_lengths: torch.Tensor) -> Tree:
+    """``tree`` whose chain nodes past each request's own chain length (``chain_lengths`` int64
+    [B]; chain node ``i`` is node ``first_chain_node + i``) are made unreachable: each becomes a
+    copy of node 1 (a child of the root, as node 1 always is) placed after it, which verify
+    never accepts (greedy: it takes the first child with the token; sampling: the copy's token
+    has probability 0 once node 1 is rejected). Their rows are then padding the target need not
+    compute. Node 1 itself must not be such a node (``first_chain_node >= 2``, or a chain
+    length of at least 1)."""
+    B, total = tree.tokens.shape
+    chain_ids = torch.arange(total - first_chain_node, device=tree.tokens.device)
+    padding = torch.cat([torch.zeros(B, first_chain_node, dtype=torch.bool, device=chain_ids.device),
+                         chain_ids[None] >= chain_lengths[:, None]], 1)  # [B, total]
+    node_ids = torch.arange(total, device=chain_ids.device)
+    own_bits = _pack_bits(node_ids[:, None] == node_ids[None])  # [total, W]: each node's own bit
+    copy_mask = own_bits[None] | own_bits[0][None, None]  # the root's bit and the node's
+    return Tree(torch.where(padding, tree.tokens[:, 1:2], tree.tokens),
+                torch.where(padding, 0, tree.parents).to(torch.int32),
+                torch.where(padding, 1, tree.depths).to(torch.int32),
+                torch.where(padding[..., None], copy_mask, tree.mask))
 
 
 def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
@@ -453,17 +470,38 @@ class SpeculativeDecoder:
     def _speculative_step(self, state: _State) -> None:
         tree_cfg, head = self.tree, self.head
         tree = self._expand(state) if head is not None else self._root_tree(state)
+        fitted = step_shapes_may_change(state.root.device)
+        own_chain = None  # per-request chain lengths, when they differ within the batch
         if tree_cfg.lookup:
             context = state.prompt_len + state.out_len
             start, matched = lookup_search(state.history, context, tree_cfg.lookup_ngram)
             chain = tree_cfg.lookup
-            if tree_cfg.lookup_trim and step_shapes_may_change(state.history.device):
-                chain = trimmed_chain_length(tree_cfg, int(matched.max()))
+            if tree_cfg.lookup_trim and fitted:
+                own_chain = trimmed_chain_lengths(tree_cfg, matched)
+                chain = int(own_chain.max())
+            nodes = tree.tokens.shape[1]
+            if chain and nodes == 1:  # node 1 is then the chain's first node: a row (see pad_chains)
+                own_chain = own_chain.clamp(min=1) if own_chain is not None else None
             if chain:
                 tree = graft_chain(tree, chain_tokens(state.history, context, start, chain))
+                if own_chain is not None and bool((own_chain < chain).any()):
+                    tree = pad_chains(tree, nodes, own_chain)
+                else:
+                    own_chain = None
+        row_counts = None
+        if fitted and tree.tokens.shape[0] > 1:
+            # A batch computes each request's own rows only: its tree and own chain, and just the
+            # root for a finished request (whose results are dropped).
+            nodes = tree.tokens.shape[1]
+            counts = torch.full_like(state.out_len, nodes)
+            if own_chain is not None:
+                counts = counts - (chain - own_chain)
+            counts = torch.where(state.done, 1, counts)
+            if bool((counts < nodes).any()):
+                row_counts = counts
         cache = state.target_cache
         positions = cache.seqlens[:, None].long() + tree.depths.long()
-        out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask,
+        out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=row_counts,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=self._max_depth(),
                             offset=state.offset, **state.sampling)

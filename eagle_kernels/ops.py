@@ -55,10 +55,11 @@ def cpu_linear(x, weight):
 
 def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
                       k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
-                      embed_norm=None, slot_offset=0):
+                      embed_norm=None, slot_offset=0, row_counts=None):
     """One Llama decoder layer in one call, writing the new tokens' K/V into the layer's cache:
     the CPU kernel for the few-row layers of decoding, verification and EAGLE-3 drafting. Other
     devices run the reference. See :func:`eagle_kernels.reference.cpu_decoder_layer`."""
     return _dispatch.run("cpu_decoder_layer", x.device, x, input_norm, qkv_weight, o_weight, post_norm,
                          gate_up_weight, down_weight, cos, sin, k_cache, v_cache, cache_seqlens, tree_mask,
-                         num_heads=num_heads, eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset)
+                         num_heads=num_heads, eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset,
+                         row_counts=row_counts)

@@ -73,6 +73,31 @@ def check_against_reference(case, N, slot_offset=0):
     assert torch.equal(args[10][untouched], original[10][untouched])
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+@pytest.mark.parametrize("eagle3", [False, True], ids=["target", "eagle3"])
+@pytest.mark.parametrize("counts", [(8, 3, 0), (5, 1, 8), (8, 8, 8)])
+def test_padding_rows_are_skipped(counts, eagle3, tree):
+    """row_counts: the computed rows are bit for bit those of the unpadded call (rows are
+    independent, and their tree-mask ancestors come before them), padding rows keep x, their
+    K/V slots hold zeros, and the reference agrees."""
+    fn = native()
+    N, slot_offset = 8, (2 if eagle3 else 0)
+    args, kwargs = inputs("smollm2", 3, N, 20, "fp32", tree, embed=eagle3, slot_offset=slot_offset)
+    row_counts = torch.tensor(counts)
+    full_args = clone(args)
+    full = fn(*full_args, **kwargs)
+    check_against_reference((args, {**kwargs, "row_counts": row_counts}), N, slot_offset)
+    padded_args = clone(args)
+    got = fn(*padded_args, **kwargs, row_counts=row_counts)
+    for b, count in enumerate(counts):
+        assert torch.equal(got[b, :count], full[b, :count])
+        assert torch.equal(got[b, count:], args[0][b, count:])
+        start = int(args[11][b]) + slot_offset
+        for cache, full_cache in ((padded_args[9], full_args[9]), (padded_args[10], full_args[10])):
+            assert torch.equal(cache[b, start:start + count], full_cache[b, start:start + count])
+            assert not cache[b, start + count:start + N].any()
+
+
 def test_rows_are_batch_invariant():
     """A request's rows are bit for bit the same alone and in a batch (each step is per row)."""
     fn = native()
@@ -172,6 +197,18 @@ BAD_INPUTS = {
     "cache_seqlens": lambda a: a.__setitem__(11, torch.tensor([50, 0], dtype=torch.int32)),
     "tree_mask": lambda a: a.__setitem__(12, torch.zeros(2, 3, 2, dtype=torch.int64)),
 }
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("row_counts", [torch.tensor([3, 4]), torch.tensor([-1, 2]), torch.tensor([3, 2], dtype=torch.int32),
+                                        torch.tensor([3])], ids=["over-N", "negative", "int32", "short"])
+def test_bad_row_counts_are_named(row_counts, backend):
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True)
+    with pytest.raises(ValueError, match="row_counts"):
+        fn(*args, **kwargs, row_counts=row_counts)
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])

@@ -10,7 +10,7 @@ import eagle_kernels.decoder as decoder_module
 from eagle_kernels import reference
 from eagle_kernels._types import Tree
 from eagle_kernels.decoder import (CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain,
-                                   lookup_search, trimmed_chain_length)
+                                   lookup_search, pad_chains, trimmed_chain_lengths)
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
@@ -148,11 +148,15 @@ def test_lookup_search_matches_naive_search(ngram):
     assert int(matched[3]) == min(ngram, 5)
 
 
+def trimmed_chain_length(tree, matched):
+    return int(trimmed_chain_lengths(tree, torch.tensor([matched]))[0])
+
+
 def test_trimmed_chain_length_follows_the_match():
     tree = TreeConfig(3, 2, 4, lookup=8, lookup_ngram=4, lookup_trim=True)
-    assert [trimmed_chain_length(tree, n) for n in range(6)] == [0, 2, 4, 4, 8, 8]
+    assert trimmed_chain_lengths(tree, torch.arange(6)).tolist() == [0, 2, 4, 4, 8, 8]
     short = TreeConfig(3, 2, 4, lookup=1, lookup_ngram=2, lookup_trim=True)
-    assert [trimmed_chain_length(short, n) for n in range(4)] == [0, 1, 1, 1]
+    assert trimmed_chain_lengths(short, torch.arange(4)).tolist() == [0, 1, 1, 1]
 
 
 @pytest.mark.parametrize("with_head", [True, False], ids=["head", "lookup-only"])
@@ -174,39 +178,100 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
         grafted.append(chain.shape[1])
         return real_graft(tree_, chain)
 
+    real_forward, padded = target.forward, []
+
+    def forward(tokens, cache, **kwargs):
+        if kwargs.get("row_counts") is not None:
+            padded.append(kwargs["row_counts"].tolist())
+        return real_forward(tokens, cache, **kwargs)
+
     monkeypatch.setattr(decoder_module, "lookup_search", search)
     monkeypatch.setattr(decoder_module, "graft_chain", graft)
+    monkeypatch.setattr(target, "forward", forward)
     spec = decoder.generate(PROMPTS, 20)
     assert spec.sequences == plain.sequences
     want = [trimmed_chain_length(tree, n) for n in searched]
     assert grafted == [n for n in want if n > 0]
     assert len(set(want)) > 1, want  # the prompts' repeats reach more than one rule
+    # Requests whose own match asks for a shorter chain (or that finished) skipped rows.
+    assert padded and all(min(counts) < max(counts) or max(counts) < tree.num_nodes + max(grafted)
+                          for counts in padded)
+
+
+@pytest.mark.parametrize("first_chain_node", [1, 4, 9])
+def test_padded_chain_nodes_are_never_accepted(first_chain_node):
+    """pad_chains: verify gives a padded tree the results of the same tree cut to each
+    request's own chain (greedy and sampling, same random stream), whatever the padding rows'
+    logits are."""
+    from test_build_tree import mask_of
+
+    B, chain_len, V = 32, 6, 3
+    g = torch.Generator().manual_seed(first_chain_node)
+    tree = Tree(*[torch.zeros(B, 1, dtype=t) for t in (torch.int64, torch.int32, torch.int32)],
+                torch.ones(B, 1, 1, dtype=torch.int64))
+    tree = tree._replace(parents=tree.parents - 1)
+    if first_chain_node > 1:  # a random tree below the root, over few tokens: frequent matches
+        parents = [[-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, first_chain_node)]
+                   for _ in range(B)]
+        depths = torch.zeros(B, first_chain_node, dtype=torch.int32)
+        for b in range(B):
+            for i in range(1, first_chain_node):
+                depths[b, i] = depths[b, parents[b][i]] + 1
+        tree = Tree(torch.randint(0, V, (B, first_chain_node), generator=g), torch.tensor(parents, dtype=torch.int32),
+                    depths, torch.tensor([mask_of(p) for p in parents], dtype=torch.int64).view(B, first_chain_node, 1))
+    grafted = graft_chain(tree, torch.randint(0, V, (B, chain_len), generator=g))
+    own = torch.randint(1 if first_chain_node == 1 else 0, chain_len + 1, (B,), generator=g)
+    padded = pad_chains(grafted, first_chain_node, own)
+    logits = torch.randn(B, first_chain_node + chain_len, V, generator=g) * 2
+    for b in range(B):
+        rows = first_chain_node + int(own[b])
+        assert padded.mask[b].tolist() == mask_of(padded.parents[b].tolist())
+        assert torch.equal(padded.tokens[b, :rows], grafted.tokens[b, :rows])
+    for temperature in (0.0, 1.0):
+        sampling = dict(temperature=torch.full((B,), temperature), seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.long))
+        got = reference.verify(padded.tokens, padded.parents, logits, max_depth=chain_len, **sampling)
+        for b in range(B):
+            rows = first_chain_node + int(own[b])
+            one = {k: v[b:b + 1] for k, v in sampling.items()}
+            want = reference.verify(grafted.tokens[b:b + 1, :rows], grafted.parents[b:b + 1, :rows],
+                                    logits[b:b + 1, :rows], max_depth=chain_len, **one)
+            assert int(got.accept_len[b]) == int(want.accept_len[0]), (temperature, b)
+            assert torch.equal(got.out_tokens[b], want.out_tokens[0]), (temperature, b)
 
 
 @pytest.mark.parametrize("make_head", [repeat_head, HEADS["eagle3-random"]], ids=["eagle1-repeat", "eagle3-random"])
 def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch):
-    """On CPU a step commits only the batch's longest accepted path to the head; every draft
-    tree, hence tokens, steps and tau, equals that of static-shape steps (fp32: the native
+    """On CPU a step commits only the batch's longest accepted path to the head and computes no
+    rows of finished requests; every draft tree of the active requests, hence tokens, steps and
+    tau, equals that of static-shape steps (fp32: the native
     kernels, whose rows do not depend on the other rows)."""
     from eagle_kernels import ops
 
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     torch.manual_seed(0)
     decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(3, 3, 8, lookup=2))
-    real_verify, trees = ops.verify, []
+    real_verify, real_step, trees, done = ops.verify, decoder._speculative_step, [], [None]
+
+    def step(state):
+        done[0] = state.done.clone()
+        real_step(state)
 
     def verify(tokens, *args, **kwargs):
-        trees.append(tokens.clone())
+        # A finished request's rows are not computed on CPU: only the active ones' trees count.
+        active = torch.ones(tokens.shape[0], dtype=torch.bool) if done[0] is None else ~done[0]
+        trees.append(tokens[active].clone())
         return real_verify(tokens, *args, **kwargs)
 
+    decoder._speculative_step = step
     monkeypatch.setattr(ops, "verify", verify)
     fitted = decoder.generate(PROMPTS, 16)
-    fitted_trees, trees = trees, []
+    fitted_trees, trees, done[0] = trees, [], None
     monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
     static = decoder.generate(PROMPTS, 16)
     assert (fitted.sequences, fitted.steps, fitted.tau) == (static.sequences, static.steps, static.tau)
     assert len(fitted_trees) == len(trees) and all(torch.equal(a, b) for a, b in zip(fitted_trees, trees))
     assert max(fitted.tau) > 1.0  # drafts were accepted, so the commit widths varied
+    assert len(set(fitted.steps)) > 1  # requests finished at different steps (rows skipped after)
 
 
 def graft_naive(tokens, parents, chain):

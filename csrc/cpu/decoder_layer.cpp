@@ -14,13 +14,19 @@
 //
 // Every step works row by row in a fixed order, so a row's result does not depend on the other
 // rows (as cpu_linear's and tree_attention's): a verify pass gives a tree node what decoding it
-// alone would. RoPE is computed as x * cos + rotate_half(x) * sin with separately rounded
+// alone would. With `row_counts`, the rows of a request past its count are padding: the norms
+// and linear layers run over the other rows only, packed together (a batch whose requests verify
+// trees of different sizes pays for the rows it has, not for B times the largest), padding rows
+// keep x and write zero K/V. RoPE is computed as x * cos + rotate_half(x) * sin with separately rounded
 // products and SiLU * up by ATen, as on the PyTorch path; RMSNorm agrees with it to fp32
 // rounding.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/index_copy.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/zeros.h>
@@ -106,7 +112,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
                                  const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                  const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
                                  double eps, const std::optional<at::Tensor>& embed,
-                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset) {
+                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
+                                 const std::optional<at::Tensor>& row_counts) {
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer.
   const char* op = "cpu_decoder_layer";
   check_dtype(x_in, op, "x", at::kFloat);
@@ -168,6 +175,24 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
     check_device(*tree_mask, op, "tree_mask", dev);
   }
 
+  // Flat indices (b * N + i) of the rows to compute, when some are padding.
+  std::optional<at::Tensor> kept;
+  if (row_counts.has_value()) {
+    check_dtype(*row_counts, op, "row_counts", at::kLong);
+    check_shape(*row_counts, op, "row_counts", {B}, "[B]");
+    check_device(*row_counts, op, "row_counts", dev);
+    const at::Tensor counts = row_counts->contiguous();
+    const int64_t* count = counts.data_ptr<int64_t>();
+    std::vector<int64_t> index;
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(count[b] >= 0 && count[b] <= N, op, ": row_counts: expected values in [0, N = ", N,
+                        "], got ", count[b], " for request ", b);
+      for (int64_t i = 0; i < count[b]; ++i) index.push_back(b * N + i);
+    }
+    if (static_cast<int64_t>(index.size()) < B * N)
+      kept = at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong).clone();
+  }
+
   const at::Tensor x = x_in.contiguous();
   const at::Tensor cos = cos_in.contiguous();
   const at::Tensor sin = sin_in.contiguous();
@@ -175,19 +200,37 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const at::Tensor norm2 = post_norm.contiguous();
   const int64_t rows = B * N;
   if (rows == 0) return x.clone();
+  // The computed rows [R, C] of a contiguous [B, N, C] tensor.
+  const auto pick = [&](const at::Tensor& t) {
+    const at::Tensor flat = t.view({rows, t.size(-1)});
+    return kept.has_value() ? at::index_select(flat, 0, *kept) : flat;
+  };
+  const at::Tensor xr = pick(x);
+  const int64_t R = xr.size(0);
+  const int64_t qkv_width = (Hq + 2 * Hkv) * D;
 
-  at::Tensor h = at::empty({B, N, attn_in}, x.options());
-  if (embed.has_value()) {  // EAGLE-3: [norm(embed), norm(x)] feeds attention, x is the residual
-    const at::Tensor e = embed->contiguous();
-    const at::Tensor enorm = embed_norm->contiguous();
-    rms_norm_rows(e.data_ptr<float>(), enorm.data_ptr<float>(), rows, H, eps, h.data_ptr<float>(), attn_in);
+  at::Tensor h = at::empty({R, attn_in}, x.options());
+  at::Tensor qkv = at::zeros({rows, qkv_width}, x.options());  // padding rows: zero q/k/v
+  if (R > 0) {
+    if (embed.has_value()) {  // EAGLE-3: [norm(embed), norm(x)] feeds attention, x is the residual
+      const at::Tensor e = pick(embed->contiguous());
+      const at::Tensor enorm = embed_norm->contiguous();
+      rms_norm_rows(e.data_ptr<float>(), enorm.data_ptr<float>(), R, H, eps, h.data_ptr<float>(), attn_in);
+    }
+    rms_norm_rows(xr.data_ptr<float>(), norm1.data_ptr<float>(), R, H, eps, h.data_ptr<float>() + (attn_in - H),
+                  attn_in);
+    const at::Tensor qkv_rows = cpu_linear_cpu(h, qkv_weight);  // [R, (Hq + 2 Hkv) D]
+    rope_rows(qkv_rows.data_ptr<float>(), R, Hq + 2 * Hkv, Hq + Hkv, D, pick(cos).data_ptr<float>(),
+              pick(sin).data_ptr<float>());
+    if (kept.has_value())
+      qkv.index_copy_(0, *kept, qkv_rows);
+    else
+      qkv = qkv_rows;
   }
-  rms_norm_rows(x.data_ptr<float>(), norm1.data_ptr<float>(), rows, H, eps, h.data_ptr<float>() + (attn_in - H),
-                attn_in);
-  at::Tensor qkv = cpu_linear_cpu(h, qkv_weight).view({B, N, Hq + 2 * Hkv, D});
-  rope_rows(qkv.data_ptr<float>(), rows, Hq + 2 * Hkv, Hq + Hkv, D, cos.data_ptr<float>(), sin.data_ptr<float>());
+  qkv = qkv.view({B, N, Hq + 2 * Hkv, D});
   const at::Tensor starts = slot_offset ? at::add(cache_seqlens, slot_offset) : cache_seqlens;
   write_kv_cpu(k_cache, v_cache, qkv.narrow(2, Hq, Hkv), qkv.narrow(2, Hq + Hkv, Hkv), starts, std::nullopt);
+  if (R == 0) return x.clone();
   at::Tensor q = qkv.narrow(2, 0, Hq);
   if (slot_offset) {  // the earlier slots' queries are zero rows whose outputs are dropped
     at::Tensor padded = at::zeros({B, slots, Hq, D}, x.options());
@@ -195,18 +238,22 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
     q = padded;
   }
   at::Tensor attn = tree_attention_cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, std::nullopt, std::nullopt);
-  if (slot_offset) attn = attn.narrow(1, slot_offset, N).contiguous();
-  at::Tensor x1 = residual_add(x, cpu_linear_cpu(attn.view({B, N, Hq * D}), o_weight));
+  if (slot_offset) attn = attn.narrow(1, slot_offset, N);
+  const at::Tensor x1 = residual_add(xr, cpu_linear_cpu(pick(attn.contiguous().view({B, N, Hq * D})), o_weight));
 
-  at::Tensor h2 = attn_in == H ? h : at::empty({B, N, H}, x.options());
-  rms_norm_rows(x1.data_ptr<float>(), norm2.data_ptr<float>(), rows, H, eps, h2.data_ptr<float>(), H);
-  at::Tensor gate_up = cpu_linear_cpu(h2, gate_up_weight);  // [B, N, 2 I]: gate, then up
+  at::Tensor h2 = attn_in == H ? h : at::empty({R, H}, x.options());
+  rms_norm_rows(x1.data_ptr<float>(), norm2.data_ptr<float>(), R, H, eps, h2.data_ptr<float>(), H);
+  at::Tensor gate_up = cpu_linear_cpu(h2, gate_up_weight);  // [R, 2 I]: gate, then up
   // ATen's vectorised SiLU, in place on the gate half, then * up: two calls per layer, and the
   // same values as the op-by-op path's F.silu(gate) * up.
-  at::Tensor gate = gate_up.narrow(2, 0, I);
+  at::Tensor gate = gate_up.narrow(1, 0, I);
   at::silu_(gate);
-  const at::Tensor act = at::mul(gate, gate_up.narrow(2, I, I));
-  return residual_add(x1, cpu_linear_cpu(act, down_weight));
+  const at::Tensor act = at::mul(gate, gate_up.narrow(1, I, I));
+  const at::Tensor out_rows = residual_add(x1, cpu_linear_cpu(act, down_weight));  // [R, H]
+  if (!kept.has_value()) return out_rows.view({B, N, H});
+  at::Tensor out = x.clone();  // padding rows keep x
+  out.view({rows, H}).index_copy_(0, *kept, out_rows);
+  return out;
 }
 
 }  // namespace eagle

@@ -85,7 +85,8 @@ void test_cpu_decoder_layer_dispatch() {
   const at::Tensor sin = at::zeros({B, N, D});
   const at::Tensor out = eagle::cpu_decoder_layer_cpu(
       x, norm, at::zeros({(Hq + 2 * Hkv) * D, H}), at::zeros({H, Hq * D}), norm, at::zeros({2 * I, H}),
-      at::zeros({H, I}), cos, sin, k, v, seqlens, std::nullopt, Hq, 1e-5, std::nullopt, std::nullopt, 0);
+      at::zeros({H, I}), cos, sin, k, v, seqlens, std::nullopt, Hq, 1e-5, std::nullopt, std::nullopt, 0,
+      std::nullopt);
   EXPECT(at::equal(out, x));
   EXPECT(at::equal(k[0].narrow(0, 2, N), at::zeros({N, Hkv, D})));
   EXPECT(at::equal(v[1].narrow(0, 5, N), at::zeros({N, Hkv, D})));

@@ -349,7 +349,8 @@ class LlamaModel(torch.nn.Module):
         return KVCache.allocate(self.config, batch, capacity, dtype or self.dtype, self.device)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=(), logit_rows=None):
+    def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=(), logit_rows=None,
+                row_counts=None):
         """Run N new tokens per request against the cache.
 
         Shapes
@@ -360,6 +361,10 @@ class LlamaModel(torch.nn.Module):
         not changed. logit_rows int64 [B, P] (default: all N): the token indices whose logits
         are computed, so ``logits`` is [B, P, V]; a prefill needs only each prompt's last one,
         and the LM head over every prompt token is a sixth of a prefill's arithmetic.
+        row_counts int64 [B] (with ``logit_rows`` None): token rows ``i >= row_counts[b]`` are
+        padding, whose hidden states, layer states, logits and K/V are unspecified (finite), and
+        which the cpu_decoder_layer path does not compute (a batch verifying trees of different
+        sizes); the other rows must not have padding among their ancestors.
         """
         c, w = self.config, self.weights
         B, N = tokens.shape
@@ -379,7 +384,8 @@ class LlamaModel(torch.nn.Module):
                 x = fused_layer(x, w[p + "input_layernorm.weight"], self.fused(w, p, QKV),
                                 w[p + "self_attn.o_proj.weight"], w[p + "post_attention_layernorm.weight"],
                                 self.fused(w, p, GATE_UP), w[p + "mlp.down_proj.weight"], cos, sin, k_layer, v_layer,
-                                cache.seqlens, tree_mask, num_heads=c.num_heads, eps=c.rms_norm_eps)
+                                cache.seqlens, tree_mask, num_heads=c.num_heads, eps=c.rms_norm_eps,
+                                row_counts=row_counts)
                 if layer in feature_layers:
                     states[layer] = x
                 continue
@@ -391,6 +397,13 @@ class LlamaModel(torch.nn.Module):
             if layer in feature_layers:
                 states[layer] = x
         hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
+        if fused_layer is not None and row_counts is not None and logit_rows is None:
+            # The LM head over the computed rows only; padding rows get zero logits.
+            computed = (torch.arange(N, device=x.device)[None] < row_counts[:, None]).view(-1)
+            logits = torch.empty(B * N, c.vocab_size, dtype=torch.float32, device=x.device)
+            logits[computed] = linear(hidden.view(B * N, -1)[computed], w["lm_head.weight"]).float()
+            logits[~computed] = 0.0
+            return ForwardOutput(logits.view(B, N, -1), hidden, states)
         rows = hidden if logit_rows is None else torch.gather(
             hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = linear(rows, w["lm_head.weight"]).float()

@@ -26,7 +26,7 @@ def _rope(x, cos, sin):
 
 def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
                       k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
-                      embed_norm=None, slot_offset=0):
+                      embed_norm=None, slot_offset=0, row_counts=None):
     """``x + attn(h) + mlp(...)`` for one layer, as LlamaModel's layer computes it::
 
         h = rms_norm(x, input_norm)
@@ -48,6 +48,12 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     over ``slot_offset + N`` tree rows (``tree_mask`` covers them all) whose first
     ``slot_offset`` queries are zeros and dropped.
 
+    ``row_counts`` int64 [B]: rows ``i >= row_counts[b]`` of request ``b`` are padding (a batch
+    whose requests verify trees of different sizes, or a finished request): they are not
+    computed, their output rows are ``x``'s and the K/V written at their slots are zeros (the
+    q/k/v of a zero input). The other rows get what they would without padding as long as no
+    padding slot is among their tree-mask ancestors (causal: padding at the end of a row).
+
     Shapes
     ------
     x float32 [B, N, H]; input_norm, post_norm float32 [H]; qkv_weight [(num_heads + 2 Hkv) D, H],
@@ -56,23 +62,29 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     float32 [B, S, Hkv, D] (contiguous layout); cache_seqlens int32 [B]; tree_mask int64
     [B, N, ceil(N / 64)] or None; returns float32 [B, N, H]. With ``embed``: embed float32
     [B, N, H], embed_norm float32 [H], qkv_weight [(num_heads + 2 Hkv) D, 2H]; with
-    ``slot_offset`` S: tree_mask [B, S + N, ceil((S + N) / 64)].
+    ``slot_offset`` S: tree_mask [B, S + N, ceil((S + N) / 64)]; row_counts int64 [B] in [0, N].
     """
     _checks.check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
                                     cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
-                                    eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset)
+                                    eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset,
+                                    row_counts=row_counts)
     B, N, _ = x.shape
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
     attn_in = _rms_norm(x, input_norm, eps)
     if embed is not None:
         attn_in = torch.cat([_rms_norm(embed, embed_norm, eps), attn_in], dim=-1)
+    computed = torch.ones(B, N, 1, dtype=torch.bool, device=x.device)
+    if row_counts is not None:
+        computed = (torch.arange(N, device=x.device)[None] < row_counts[:, None])[..., None]
+        attn_in = torch.where(computed, attn_in, 0.0)  # zero q/k/v (no biases; RoPE keeps zeros)
     qkv = cpu_linear(attn_in, qkv_weight).view(B, N, num_heads + 2 * Hkv, D)
     q, k, v = qkv.split([num_heads, Hkv, Hkv], dim=2)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     write_kv(k_cache, v_cache, k, v.contiguous(), cache_seqlens + slot_offset)
     q = torch.cat([q.new_zeros(B, slot_offset, num_heads, D), q], dim=1)
     attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)[:, slot_offset:]
-    x = (x.double() + cpu_linear(attn.reshape(B, N, -1), o_weight).double()).float()
-    gate, up = cpu_linear(_rms_norm(x, post_norm, eps), gate_up_weight).double().chunk(2, dim=-1)
+    x1 = (x.double() + cpu_linear(attn.reshape(B, N, -1), o_weight).double()).float()
+    gate, up = cpu_linear(_rms_norm(x1, post_norm, eps), gate_up_weight).double().chunk(2, dim=-1)
     act = (F.silu(gate) * up).float()
-    return (x.double() + cpu_linear(act, down_weight).double()).float()
+    out = (x1.double() + cpu_linear(act, down_weight).double()).float()
+    return torch.where(computed, out, x)
