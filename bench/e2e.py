@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+",
                         help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t] (t: lookup_trim; several allowed; "
-                             "default: the device's tree, eagle_kernels.decoder.default_tree)")
+                             "default: the device's tree for each batch size, eagle_kernels.decoder.default_tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
@@ -182,7 +182,6 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    args.trees = args.trees or [default_tree(device)]
     os.makedirs(args.out, exist_ok=True)
 
     have_model = smollm2.gguf_path() is not None
@@ -243,7 +242,7 @@ def main(argv=None) -> int:
                             4 if warmup else args.max_new_tokens, temperature, lookup, tokenizer.eos_token_id or 0)))
                 for label, head in heads.items():
                     kind, _, suffix = label.partition("-")
-                    for tree in args.trees:
+                    for tree in args.trees or [default_tree(device, batch)]:
                         decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
                         name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, ours(decoder, True)))

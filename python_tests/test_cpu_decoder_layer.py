@@ -200,8 +200,9 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
-@pytest.mark.parametrize("row_counts", [torch.tensor([3, 4]), torch.tensor([-1, 2]), torch.tensor([3, 2], dtype=torch.int32),
-                                        torch.tensor([3])], ids=["over-N", "negative", "int32", "short"])
+@pytest.mark.parametrize("row_counts", [torch.tensor([3, 4]), torch.tensor([-1, 2]),
+                                        torch.tensor([3, 2], dtype=torch.int32), torch.tensor([3])],
+                         ids=["over-N", "negative", "int32", "short"])
 def test_bad_row_counts_are_named(row_counts, backend):
     fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
     if fn is None:

@@ -9,8 +9,8 @@ import torch
 import eagle_kernels.decoder as decoder_module
 from eagle_kernels import reference
 from eagle_kernels._types import Tree
-from eagle_kernels.decoder import (CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain, lookup_chain,
-                                   lookup_search, pad_chains, trimmed_chain_lengths)
+from eagle_kernels.decoder import (CPU_BATCH_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain,
+                                   lookup_chain, lookup_search, pad_chains, trimmed_chain_lengths)
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
@@ -228,7 +228,8 @@ def test_padded_chain_nodes_are_never_accepted(first_chain_node):
         assert padded.mask[b].tolist() == mask_of(padded.parents[b].tolist())
         assert torch.equal(padded.tokens[b, :rows], grafted.tokens[b, :rows])
     for temperature in (0.0, 1.0):
-        sampling = dict(temperature=torch.full((B,), temperature), seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.long))
+        sampling = dict(temperature=torch.full((B,), temperature), seed=torch.arange(B),
+                        offset=torch.zeros(B, dtype=torch.long))
         got = reference.verify(padded.tokens, padded.parents, logits, max_depth=chain_len, **sampling)
         for b in range(B):
             rows = first_chain_node + int(own[b])
@@ -408,7 +409,20 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
 
 def test_speculative_without_head_is_rejected(target):
     with pytest.raises(ValueError, match="head"):
-        SpeculativeDecoder(target).generate(PROMPTS, 4)
+        SpeculativeDecoder(target, None, TreeConfig()).generate(PROMPTS, 4)
+
+
+def test_default_tree_follows_the_batch_size(target):
+    """Without a tree, each call takes the device's default for its batch size (CPU: smaller
+    drafts from 2 requests on), and output is still plain decoding's."""
+    decoder = SpeculativeDecoder(target, repeat_head(target))
+    one = decoder.generate(PROMPTS[:1], 12)
+    assert decoder.tree == default_tree("cpu", 1) == CPU_TREE
+    batch = decoder.generate(PROMPTS, 12)
+    assert decoder.tree == default_tree("cpu", len(PROMPTS)) == CPU_BATCH_TREE
+    assert batch.sequences == decoder.generate(PROMPTS, 12, speculative=False).sequences
+    assert batch.sequences[0] == one.sequences[0]
+    assert default_tree("cuda", 4) == TreeConfig()
 
 
 def test_lookup_without_head_is_prompt_lookup_decoding(target):
