@@ -16,6 +16,11 @@ context.
 ``extra_info``: ``ms_per_forward``; the layer entries also get ``ratio_<path>_over_layer`` once
 the other path ran for the same shape.
 
+Batch rows: 4 requests of a 12-node verify chain whose own rows are 12, 6, 4 and 1
+(``BATCH_COUNTS``, as per-request chains and a finished request leave them), on the layer
+path: ``padded`` computes all 48 rows, ``row_counts`` passes the counts and computes 23;
+``ratio_padded_over_row_counts``.
+
 Run: ``PYTHONPATH=. python -m pytest bench/bench_cpu_decoder_layer.py --benchmark-only -q``, or
 ``python bench/bench_cpu_decoder_layer.py [threads ...]`` for the side-by-side table (paths
 interleaved pass by pass, median per path) at 1 and 2 threads.
@@ -41,6 +46,7 @@ from eagle_kernels.models import llama  # noqa: E402
 
 PATHS = {"layer": {}, "ops": {llama.CPU_LAYER_ENV: "ops"}, "torch": {llama.CPU_LINEAR_ENV: "torch"}}
 ROWS = (1, 8)
+BATCH_COUNTS = (12, 6, 4, 1)
 PREFIX = 128
 _MEANS: dict = {}
 
@@ -74,20 +80,59 @@ def forward_call(path, rows):
     return call
 
 
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("rows", ROWS, ids=[f"N{r}" for r in ROWS])
-def test_cpu_decoder_layer(benchmark, path, rows):
-    benchmark.group = f"cpu_decoder_layer[smollm2-N{rows}]"
-    call = forward_call(path, rows)
+def batch_call(counted):
+    """A no-argument callable: one forward pass of 4 requests x 12 chain nodes over the prefix,
+    with ``BATCH_COUNTS`` as row_counts (``counted``) or all rows computed."""
+    target = model()
+    B, rows = len(BATCH_COUNTS), max(BATCH_COUNTS)
+    cache = target.new_cache(B, PREFIX + 16)
+    g = torch.Generator().manual_seed(B)
+    with torch.no_grad():
+        target(torch.randint(0, 49152, (B, PREFIX), generator=g), cache,
+               logit_rows=torch.full((B, 1), PREFIX - 1))
+    cache.seqlens.fill_(PREFIX)
+    tokens = torch.randint(0, 49152, (B, rows), generator=g)
+    positions = PREFIX + torch.arange(rows)[None].expand(B, -1)
+    mask = chain_mask(rows).expand(B, -1, -1).contiguous()
+    counts = torch.tensor(BATCH_COUNTS) if counted else None
+
+    def call():
+        with torch.no_grad():
+            return target(tokens, cache, positions=positions, tree_mask=mask, row_counts=counts)
+
+    return call
+
+
+def timed(benchmark, call):
     call()
     start = time.perf_counter()
     call()
     once = time.perf_counter() - start
     budget = float(os.environ.get("EAGLE_BENCH_TIME_S", "0.25"))
     benchmark.pedantic(call, rounds=max(3, min(100, math.ceil(budget / once))), warmup_rounds=1)
-    if benchmark.stats is None:  # --benchmark-disable
+    return None if benchmark.stats is None else benchmark.stats.stats.mean  # None: --benchmark-disable
+
+
+@pytest.mark.parametrize("mode", ["padded", "row_counts"])
+def test_batch_row_counts(benchmark, mode):
+    benchmark.group = f"cpu_decoder_layer[smollm2-B4-rows{'-'.join(map(str, BATCH_COUNTS))}]"
+    mean = timed(benchmark, batch_call(mode == "row_counts"))
+    if mean is None:
         return
-    mean = benchmark.stats.stats.mean
+    benchmark.extra_info.update(mode=mode, threads=torch.get_num_threads(), ms_per_forward=mean * 1e3)
+    results = _MEANS.setdefault(("batch", torch.get_num_threads()), {})
+    results[mode] = mean
+    if len(results) == 2:
+        benchmark.extra_info["ratio_padded_over_row_counts"] = results["padded"] / results["row_counts"]
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("rows", ROWS, ids=[f"N{r}" for r in ROWS])
+def test_cpu_decoder_layer(benchmark, path, rows):
+    benchmark.group = f"cpu_decoder_layer[smollm2-N{rows}]"
+    mean = timed(benchmark, forward_call(path, rows))
+    if mean is None:
+        return
     benchmark.extra_info.update(path=path, threads=torch.get_num_threads(), ms_per_forward=mean * 1e3)
     results = _MEANS.setdefault((rows, torch.get_num_threads()), {})
     results[path] = mean
@@ -114,6 +159,17 @@ def main(argv, rounds=15):
             med = {p: sorted(t)[len(t) // 2] for p, t in times.items()}
             print(f"{threads:>3} {rows:>4} | " + " ".join(f"{med[p] * 1e3:8.1f}" for p in PATHS)
                   + f" | {med['ops'] / med['layer']:11.2f} | {med['torch'] / med['layer']:13.2f}", flush=True)
+        calls = {"padded": batch_call(False), "row_counts": batch_call(True)}
+        times = {m: [] for m in calls}
+        for _ in range(rounds):
+            for m, call in calls.items():
+                start = time.perf_counter()
+                call()
+                times[m].append(time.perf_counter() - start)
+        med = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
+        print(f"{threads:>3} batch 4 x 12 rows, own rows {BATCH_COUNTS}: all rows {med['padded'] * 1e3:.1f} ms, "
+              f"row_counts {med['row_counts'] * 1e3:.1f} ms, ratio {med['padded'] / med['row_counts']:.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":

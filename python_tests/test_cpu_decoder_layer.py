@@ -138,6 +138,40 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_model_row_counts_skip_padding_rows(monkeypatch):
+    """LlamaModel.forward(row_counts=): on the cpu_decoder_layer path the computed rows' logits,
+    hidden and layer states are bit for bit those of the unpadded pass, padding rows get zero
+    logits, and the op-by-op path (which computes every row) agrees on the computed rows."""
+    from eagle_kernels.models import llama
+    from test_llama import tiny_hf_model
+
+    native()
+    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    prompt = torch.randint(0, 97, (3, 40))
+    tree = random_tree(3, 7, seed=5)
+    counts = torch.tensor([7, 2, 0])
+
+    def tree_pass(row_counts):
+        cache = model.new_cache(3, 64)
+        model(prompt, cache)
+        cache.seqlens += 40
+        positions = cache.seqlens[:, None].long() + tree.depths.long()
+        return model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask, feature_layers=(0, 1),
+                     row_counts=row_counts)
+
+    full, padded = tree_pass(None), tree_pass(counts)
+    for b, count in enumerate(counts.tolist()):
+        assert torch.equal(padded.logits[b, :count], full.logits[b, :count])
+        assert torch.equal(padded.hidden[b, :count], full.hidden[b, :count])
+        for layer in (0, 1):
+            assert torch.equal(padded.layer_states[layer][b, :count], full.layer_states[layer][b, :count])
+        assert not padded.logits[b, count:].any()
+    monkeypatch.setenv(llama.CPU_LAYER_ENV, "ops")
+    ops_path = tree_pass(counts)
+    for b, count in enumerate(counts.tolist()):
+        torch.testing.assert_close(ops_path.logits[b, :count], full.logits[b, :count], rtol=1e-5, atol=1e-5)
+
+
 def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
     """EagleHead (EAGLE-3): a pass over committed pairs and a drafting pass after earlier tree
     slots (slot_offset, tree mask, positions broadcast per request as the decoder passes them)
