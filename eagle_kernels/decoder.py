@@ -491,8 +491,8 @@ class SpeculativeDecoder:
                 own_chain = trimmed_chain_lengths(tree_cfg, matched)
                 chain = int(own_chain.max())
             nodes = tree.tokens.shape[1]
-            if chain and nodes == 1:  # node 1 is then the chain's first node: a row (see pad_chains)
-                own_chain = own_chain.clamp(min=1) if own_chain is not None else None
+            if own_chain is not None and chain and nodes == 1:
+                own_chain = own_chain.clamp(min=1)  # node 1 is the chain's first: a row (see pad_chains)
             if chain:
                 tree = graft_chain(tree, chain_tokens(state.history, context, start, chain))
                 if own_chain is not None and bool((own_chain < chain).any()):
@@ -503,12 +503,12 @@ class SpeculativeDecoder:
         if fitted and tree.tokens.shape[0] > 1:
             # A batch computes each request's own rows only: its tree and own chain, and just the
             # root for a finished request (whose results are dropped).
-            nodes = tree.tokens.shape[1]
-            counts = torch.full_like(state.out_len, nodes)
+            total = tree.tokens.shape[1]
+            counts = torch.full_like(state.out_len, total)
             if own_chain is not None:
                 counts = counts - (chain - own_chain)
             counts = torch.where(state.done, 1, counts)
-            if bool((counts < nodes).any()):
+            if bool((counts < total).any()):
                 row_counts = counts
         cache = state.target_cache
         positions = cache.seqlens[:, None].long() + tree.depths.long()

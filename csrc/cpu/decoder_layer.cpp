@@ -14,12 +14,14 @@
 //
 // Every step works row by row in a fixed order, so a row's result does not depend on the other
 // rows (as cpu_linear's and tree_attention's): a verify pass gives a tree node what decoding it
-// alone would. With `row_counts`, the rows of a request past its count are padding: the norms
-// and linear layers run over the other rows only, packed together (a batch whose requests verify
-// trees of different sizes pays for the rows it has, not for B times the largest), padding rows
-// keep x and write zero K/V. RoPE is computed as x * cos + rotate_half(x) * sin with separately rounded
+// alone would. RoPE is computed as x * cos + rotate_half(x) * sin with separately rounded
 // products and SiLU * up by ATen, as on the PyTorch path; RMSNorm agrees with it to fp32
 // rounding.
+//
+// With `row_counts`, the rows of a request past its count are padding: the norms and linear
+// layers run over the other rows only, packed together (a batch whose requests verify trees of
+// different sizes pays for the rows it has, not for B times the largest); padding rows keep x
+// and write zero K/V.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
@@ -210,7 +212,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
 
   at::Tensor h = at::empty({R, attn_in}, x.options());
-  at::Tensor qkv = at::zeros({rows, qkv_width}, x.options());  // padding rows: zero q/k/v
+  // Padding rows get zero q/k/v.
+  at::Tensor qkv = kept.has_value() || R == 0 ? at::zeros({rows, qkv_width}, x.options()) : at::Tensor();
   if (R > 0) {
     if (embed.has_value()) {  // EAGLE-3: [norm(embed), norm(x)] feeds attention, x is the residual
       const at::Tensor e = pick(embed->contiguous());
