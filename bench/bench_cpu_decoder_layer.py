@@ -142,6 +142,17 @@ def test_cpu_decoder_layer(benchmark, path, rows):
                 benchmark.extra_info[f"ratio_{other}_over_layer"] = t / results["layer"]
 
 
+def interleaved_medians(calls, rounds):
+    """{name: median seconds} of ``calls`` run one after another, ``rounds`` times."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def main(argv, rounds=15):
     threads_list = [int(a) for a in argv if a.isdigit()] or [1, 2]
     print(f"SmolLM2-135M forward over a {PREFIX}-token prefix, ms, median of {rounds} interleaved passes")
@@ -149,24 +160,10 @@ def main(argv, rounds=15):
     for threads in threads_list:
         torch.set_num_threads(threads)
         for rows in ROWS:
-            calls = {p: forward_call(p, rows) for p in PATHS}
-            times = {p: [] for p in PATHS}
-            for _ in range(rounds):
-                for p, call in calls.items():
-                    start = time.perf_counter()
-                    call()
-                    times[p].append(time.perf_counter() - start)
-            med = {p: sorted(t)[len(t) // 2] for p, t in times.items()}
+            med = interleaved_medians({p: forward_call(p, rows) for p in PATHS}, rounds)
             print(f"{threads:>3} {rows:>4} | " + " ".join(f"{med[p] * 1e3:8.1f}" for p in PATHS)
                   + f" | {med['ops'] / med['layer']:11.2f} | {med['torch'] / med['layer']:13.2f}", flush=True)
-        calls = {"padded": batch_call(False), "row_counts": batch_call(True)}
-        times = {m: [] for m in calls}
-        for _ in range(rounds):
-            for m, call in calls.items():
-                start = time.perf_counter()
-                call()
-                times[m].append(time.perf_counter() - start)
-        med = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
+        med = interleaved_medians({"padded": batch_call(False), "row_counts": batch_call(True)}, rounds)
         print(f"{threads:>3} batch 4 x 12 rows, own rows {BATCH_COUNTS}: all rows {med['padded'] * 1e3:.1f} ms, "
               f"row_counts {med['row_counts'] * 1e3:.1f} ms, ratio {med['padded'] / med['row_counts']:.2f}",
               flush=True)
