@@ -149,6 +149,7 @@ def test_lookup_search_matches_naive_search(ngram):
 
 
 def trimmed_chain_length(tree, matched):
+    """The trimmed chain length of one request whose suffix matched ``matched`` tokens."""
     return int(trimmed_chain_lengths(tree, torch.tensor([matched]))[0])
 
 
