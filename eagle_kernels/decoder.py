@@ -523,7 +523,7 @@ class SpeculativeDecoder:
             # Commit the accepted path to the head: pair j = (emitted token j, target feature at
             # path node j), recomputed with the target's true features.
             path, emitted = result.accept_nodes.clamp(min=0).long(), result.out_tokens.clamp(min=0)
-            if step_shapes_may_change(path.device):
+            if fitted:
                 # Only the batch's longest accepted path (rows past a request's own end are
                 # overwritten later, as in the full width), not all max_depth + 1 slots.
                 width = int(result.accept_len.max()) + 1
