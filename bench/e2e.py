@@ -57,15 +57,17 @@ from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 
 
 def parse_tree(text: str) -> TreeConfig:
-    """``depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t]`` (``t``: lookup_trim)."""
+    """``depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta]`` (``t``: lookup_trim, ``ta``:
+    lookup_trim and lookup_alone)."""
     parts = text.split(",")
-    trim = parts[-1] == "t"
-    numbers = [int(x) for x in (parts[:-1] if trim else parts)]
-    return TreeConfig(*numbers, lookup_trim=trim)
+    flags = parts[-1] if parts[-1] in ("t", "ta") else ""
+    numbers = [int(x) for x in (parts[:-1] if flags else parts)]
+    return TreeConfig(*numbers, lookup_trim=bool(flags), lookup_alone=flags == "ta")
 
 
 def tree_name(tree: TreeConfig) -> str:
-    lookup = f"l{tree.lookup}" + ("t" if tree.lookup_trim else "") if tree.lookup else ""
+    flags = ("t" if tree.lookup_trim else "") + ("a" if tree.lookup_trim and tree.lookup_alone else "")
+    lookup = f"l{tree.lookup}{flags}" if tree.lookup else ""
     return f"d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + lookup
 
 
@@ -165,7 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+",
-                        help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t] (t: lookup_trim; several allowed; "
+                        help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta] (t: lookup_trim, ta: lookup_trim and "
+                             "lookup_alone; several allowed; "
                              "default: the device's tree for each batch size, eagle_kernels.decoder.default_tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],

@@ -43,7 +43,7 @@ def _load(args):
     else:
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
     given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes, "lookup": args.lookup,
-             "lookup_ngram": args.lookup_ngram, "lookup_trim": args.lookup_trim}
+             "lookup_ngram": args.lookup_ngram, "lookup_trim": args.lookup_trim, "lookup_alone": args.lookup_alone}
     tree = dataclasses.replace(default_tree(target.device), **{k: v for k, v in given.items() if v is not None})
     decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
     return decoder, tokenizer, label
@@ -71,6 +71,9 @@ def _common(parser):
     parser.add_argument("--lookup-trim", action=argparse.BooleanOptionalAction, default=None,
                         help="CPU: size the lookup chain each step by the suffix match length (default: the device's "
                              "tree, on for CPU)")
+    parser.add_argument("--lookup-alone", action=argparse.BooleanOptionalAction, default=None,
+                        help="CPU, with --lookup-trim: after a full-length suffix match verify the lookup chain "
+                             "without the head's tree (default: the device's tree, on for CPU at batch 1)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),

@@ -199,6 +199,47 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
                           for counts in padded)
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], [[5, 6, 7, 5, 6, 7, 5], [9, 10, 9, 10, 9, 10, 9, 11]]],
+                         ids=["one-request", "batch-of-repeats"])
+def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
+    """``lookup_alone``: a step whose every request matched a full ``lookup_ngram`` suffix
+    skips the head's expansion and verifies the root and the chain (1 + lookup rows); every
+    other step expands the tree as before; greedy output is still plain decoding's."""
+    tree = TreeConfig(3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True, lookup_alone=True)
+    decoder = SpeculativeDecoder(target, repeat_head(target), tree)
+    plain = decoder.generate(prompts, 24, speculative=False)
+    steps = []  # per step: [all requests matched in full, expanded, verify rows]
+    real_search, real_expand, real_forward = decoder_module.lookup_search, decoder._expand, target.forward
+
+    def search(history, length, ngram):
+        start, matched = real_search(history, length, ngram)
+        steps.append([bool((matched >= ngram).all()), False, None])
+        return start, matched
+
+    def expand(state):
+        steps[-1][1] = True
+        return real_expand(state)
+
+    def forward(tokens, cache, **kwargs):
+        if steps and steps[-1][2] is None:
+            steps[-1][2] = tokens.shape[1]
+        return real_forward(tokens, cache, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "lookup_search", search)
+    monkeypatch.setattr(decoder, "_expand", expand)
+    monkeypatch.setattr(target, "forward", forward)
+    spec = decoder.generate(prompts, 24)
+    assert spec.sequences == plain.sequences
+    assert all(expanded == (not full) for full, expanded, _ in steps), steps
+    assert all(rows == 1 + tree.lookup for full, _, rows in steps if full), steps
+    assert any(full for full, _, _ in steps) and not all(full for full, _, _ in steps), steps
+    # Without the flag the same decoder expands at every step.
+    steps.clear()
+    assert SpeculativeDecoder(target, decoder.head, dataclasses.replace(tree, lookup_alone=False)).generate(
+        prompts, 24).sequences == plain.sequences
+    assert len(steps) > 0 and not any(expanded for _, expanded, _ in steps)  # the patched method is this decoder's
+
+
 @pytest.mark.parametrize("first_chain_node", [1, 4, 9])
 def test_padded_chain_nodes_are_never_accepted(first_chain_node):
     """pad_chains: verify gives a padded tree the results of the same tree cut to each
@@ -404,6 +445,8 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert decoder.head is None and decoder.tree == dataclasses.replace(CPU_TREE, lookup=6)
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6", "--no-lookup-trim"]))
     assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=6, lookup_trim=False)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--no-lookup-alone"]))
+    assert CPU_TREE.lookup_alone and decoder.tree == dataclasses.replace(CPU_TREE, lookup_alone=False)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
         cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "0"]))
 
