@@ -204,40 +204,40 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
 def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
     """``lookup_alone``: a step whose every request matched a full ``lookup_ngram`` suffix
     skips the head's expansion and verifies the root and the chain (1 + lookup rows); every
-    other step expands the tree as before; greedy output is still plain decoding's."""
+    other step, and every step without the flag, expands the tree; greedy output is still plain
+    decoding's either way."""
     tree = TreeConfig(3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True, lookup_alone=True)
-    decoder = SpeculativeDecoder(target, repeat_head(target), tree)
-    plain = decoder.generate(prompts, 24, speculative=False)
-    steps = []  # per step: [all requests matched in full, expanded, verify rows]
-    real_search, real_expand, real_forward = decoder_module.lookup_search, decoder._expand, target.forward
+    head = repeat_head(target)
+    plain = SpeculativeDecoder(target, head, tree).generate(prompts, 24, speculative=False)
+    steps = []  # per step: {"full": every request matched in full, "expanded", "rows" verified}
+    real_search, real_expand, real_forward = decoder_module.lookup_search, SpeculativeDecoder._expand, target.forward
 
     def search(history, length, ngram):
         start, matched = real_search(history, length, ngram)
-        steps.append([bool((matched >= ngram).all()), False, None])
+        steps.append({"full": bool((matched >= ngram).all()), "expanded": False})
         return start, matched
 
-    def expand(state):
-        steps[-1][1] = True
-        return real_expand(state)
+    def expand(self, state):
+        steps[-1]["expanded"] = True
+        return real_expand(self, state)
 
     def forward(tokens, cache, **kwargs):
-        if steps and steps[-1][2] is None:
-            steps[-1][2] = tokens.shape[1]
+        if steps:
+            steps[-1].setdefault("rows", tokens.shape[1])
         return real_forward(tokens, cache, **kwargs)
 
     monkeypatch.setattr(decoder_module, "lookup_search", search)
-    monkeypatch.setattr(decoder, "_expand", expand)
+    monkeypatch.setattr(SpeculativeDecoder, "_expand", expand)
     monkeypatch.setattr(target, "forward", forward)
-    spec = decoder.generate(prompts, 24)
-    assert spec.sequences == plain.sequences
-    assert all(expanded == (not full) for full, expanded, _ in steps), steps
-    assert all(rows == 1 + tree.lookup for full, _, rows in steps if full), steps
-    assert any(full for full, _, _ in steps) and not all(full for full, _, _ in steps), steps
-    # Without the flag the same decoder expands at every step.
+    assert SpeculativeDecoder(target, head, tree).generate(prompts, 24).sequences == plain.sequences
+    assert all(step["expanded"] != step["full"] for step in steps), steps
+    assert all(step["rows"] == 1 + tree.lookup for step in steps if step["full"]), steps
+    assert 0 < sum(step["full"] for step in steps) < len(steps), steps
+
     steps.clear()
-    assert SpeculativeDecoder(target, decoder.head, dataclasses.replace(tree, lookup_alone=False)).generate(
-        prompts, 24).sequences == plain.sequences
-    assert len(steps) > 0 and not any(expanded for _, expanded, _ in steps)  # the patched method is this decoder's
+    unflagged = dataclasses.replace(tree, lookup_alone=False)
+    assert SpeculativeDecoder(target, head, unflagged).generate(prompts, 24).sequences == plain.sequences
+    assert any(step["full"] for step in steps) and all(step["expanded"] for step in steps), steps
 
 
 @pytest.mark.parametrize("first_chain_node", [1, 4, 9])
