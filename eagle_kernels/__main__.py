@@ -114,7 +114,8 @@ def cmd_demo(args) -> None:
     decoder, tokenizer, label = _load(args)
     tree = decoder.tree
     print(f"SmolLM2-135M-Instruct, {label}, tree (depth {tree.depth}, top-k {tree.top_k}, "
-          f"{tree.num_nodes} nodes, lookup chain {'up to ' if tree.lookup_trim else ''}{tree.lookup}), "
+          f"{tree.num_nodes} nodes, lookup chain {'up to ' if tree.lookup_trim else ''}{tree.lookup}"
+          f"{', alone after a full match' if tree.lookup_trim and tree.lookup_alone else ''}), "
           f"{args.max_new_tokens} new tokens, T = 0")
     runs = [(name, mode) for name in DEMO_PROMPTS for mode in ("plain", "speculative")]
     rows, bar = [], tqdm(runs, desc="demo", unit="run") if tqdm else runs
