@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trees", type=parse_tree, nargs="+",
                         help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta] (t: lookup_trim, ta: lookup_trim and "
                              "lookup_alone; several allowed; "
-                             "default: the device's tree for each batch size, eagle_kernels.decoder.default_tree)")
+                             "default: the device's tree for each batch size and temperature, eagle_kernels.decoder.default_tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
                             4 if warmup else args.max_new_tokens, temperature, lookup, tokenizer.eos_token_id or 0)))
                 for label, head in heads.items():
                     kind, _, suffix = label.partition("-")
-                    for tree in args.trees or [default_tree(device, batch)]:
+                    for tree in args.trees or [default_tree(device, batch, sampling=temperature > 0)]:
                         decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
                         name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, ours(decoder, True)))

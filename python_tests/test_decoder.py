@@ -9,8 +9,9 @@ import torch
 import eagle_kernels.decoder as decoder_module
 from eagle_kernels import reference
 from eagle_kernels._types import Tree
-from eagle_kernels.decoder import (CPU_BATCH_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig, default_tree, graft_chain,
-                                   lookup_chain, lookup_search, pad_chains, trimmed_chain_lengths)
+from eagle_kernels.decoder import (CPU_BATCH_SAMPLING_TREE, CPU_BATCH_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig,
+                                   default_tree, graft_chain, lookup_chain, lookup_search, pad_chains,
+                                   trimmed_chain_lengths)
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 
@@ -466,6 +467,25 @@ def test_default_tree_follows_the_batch_size(target):
     assert decoder.tree == default_tree("cpu", len(PROMPTS)) == CPU_BATCH_TREE
     assert batch.sequences == decoder.generate(PROMPTS, 12, speculative=False).sequences
     assert batch.sequences[0] == one.sequences[0]
+
+
+@pytest.mark.parametrize("temperature,want", [
+    (0.7, CPU_BATCH_SAMPLING_TREE), ([0.7, 1.0, 0.5], CPU_BATCH_SAMPLING_TREE),
+    (torch.tensor(0.7), CPU_BATCH_SAMPLING_TREE), ([0.7, 0.0, 0.5], CPU_BATCH_TREE), (0.0, CPU_BATCH_TREE)],
+    ids=["all", "list", "tensor", "one-greedy", "greedy"])
+def test_sampling_batches_draft_without_the_chain(target, temperature, want):
+    """A CPU batch whose every request samples gets the head draft without a lookup chain;
+    one greedy request keeps the chain; a head-less decoder keeps its chain (its only draft);
+    batch 1 and the GPU are unchanged."""
+    decoder = SpeculativeDecoder(target, repeat_head(target))
+    decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2])
+    assert decoder.tree == want
+    assert CPU_BATCH_SAMPLING_TREE.lookup == 0 and CPU_BATCH_TREE.lookup > 0
+    headless = SpeculativeDecoder(target, None)
+    headless.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2])
+    assert headless.tree == CPU_BATCH_TREE
+    assert default_tree("cpu", 1, sampling=True) == CPU_TREE
+    assert default_tree("cuda", 4, sampling=True) == default_tree("cuda", 4) == TreeConfig()
     assert default_tree("cuda", 4) == TreeConfig()
 
 
