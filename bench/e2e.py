@@ -167,9 +167,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+",
-                        help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta] (t: lookup_trim, ta: lookup_trim and "
-                             "lookup_alone; several allowed; "
-                             "default: the device's tree for each batch size and temperature, eagle_kernels.decoder.default_tree)")
+                        help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta] (t: lookup_trim, ta: lookup_trim "
+                             "and lookup_alone; several allowed; default: the device's tree for each batch size and "
+                             "temperature, eagle_kernels.decoder.default_tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
