@@ -24,9 +24,10 @@ batch B runs them together. Two clocks per provider:
   (wall clock - time to the first token) / (tokens - 1 per sequence). Our decoder times its
   prefill itself; for transformers the time to the first token is a separate one-token
   ``generate`` of the same batch, measured in the same round.
-With ``--rounds R`` every provider runs R times, the rounds interleaved (one run of each
-provider per round), and each reports its median round: a VM whose speed drifts by 10-20%
-over minutes then biases no provider. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``.
+Within a round the providers take turns on each prompt group (batch 1: each prompt), so a
+drift of the machine's speed over the round reaches all of them alike; with ``--rounds R``
+every provider runs R such rounds and reports its median round (the faster of two): a VM whose
+speed drifts by 10-20% over minutes then biases no provider. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``.
 
     python bench/e2e.py                       # CPU, full table -> bench/results/
     python bench/e2e.py --quick --device cuda # one prompt per domain; random weights if the
@@ -94,12 +95,13 @@ def peak_memory_mb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak so far (Linux: KiB)
 
 
-def run_ours(decoder, prompts, batch, max_new, temperature, speculative):
+def run_ours(decoder, prompts, batch, max_new, temperature, speculative, seed_base=0):
     tokens, seconds, first_token_seconds, steps, sequences = 0, 0.0, 0.0, 0, []
     for start in range(0, len(prompts), batch):
         group = prompts[start:start + batch]
         t0 = time.perf_counter()
-        result = decoder.generate(group, max_new, temperature=temperature, seed=start, speculative=speculative)
+        result = decoder.generate(group, max_new, temperature=temperature, seed=seed_base + start,
+                                  speculative=speculative)
         if decoder.target.device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
@@ -109,10 +111,22 @@ def run_ours(decoder, prompts, batch, max_new, temperature, speculative):
         sequences += result.sequences
     # tau counts decoding steps only (the prefill's first token excluded), as GenerationResult.
     return {"tokens": tokens, "seconds": seconds, "first_token_seconds": first_token_seconds,
-            "tau": (tokens - len(prompts)) / max(steps, 1), "sequences": sequences}
+            "tau": (tokens - len(prompts)) / max(steps, 1), "steps": steps, "sequences": sequences}
 
 
-def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
+def merge_runs(runs: list[dict]) -> dict:
+    """One provider's runs over consecutive prompt groups as one run over all the prompts."""
+    total = {key: sum(r[key] for r in runs) for key in ("tokens", "seconds", "first_token_seconds")}
+    total["sequences"] = [seq for r in runs for seq in r["sequences"]]
+    if "steps" in runs[0]:
+        total["steps"] = sum(r["steps"] for r in runs)
+        total["tau"] = (total["tokens"] - len(total["sequences"])) / max(total["steps"], 1)
+    else:
+        total["tau"] = None
+    return total
+
+
+def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id, seed_base=0):
     tokens, seconds, first_token_seconds, sequences = 0, 0.0, 0.0, []
     device = hf.device
     for start in range(0, len(prompts), batch):
@@ -131,7 +145,7 @@ def run_hf(hf, prompts, batch, max_new, temperature, lookup, pad_id):
             kwargs["prompt_lookup_num_tokens"] = 10
         for new_tokens in sorted({1, max_new}):  # a one-token generate first: time to the first token
             kwargs.update(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-            torch.manual_seed(start)
+            torch.manual_seed(seed_base + start)
             t0 = time.perf_counter()
             with torch.no_grad():
                 out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
@@ -224,11 +238,15 @@ def main(argv=None) -> int:
             for batch in args.batches:
                 runs = []
 
+                def group(g):
+                    """Prompt group ``g`` of the batch size (the warm-up: group 0)."""
+                    return prompts[domain][g * batch:(g + 1) * batch]
+
                 def ours(decoder, speculative):
-                    """A run of our decoder: the warm-up decodes 4 tokens of the first batch."""
-                    return lambda warmup=False: run_ours(
-                        decoder, prompts[domain][:batch] if warmup else prompts[domain], batch,
-                        4 if warmup else args.max_new_tokens, temperature, speculative)
+                    """A run of our decoder over one prompt group: the warm-up decodes 4 tokens."""
+                    return lambda g=0, warmup=False: run_ours(
+                        decoder, group(g), batch, 4 if warmup else args.max_new_tokens, temperature, speculative,
+                        seed_base=g * batch)
 
                 for suffix, plain_decoder in plain_decoders.items():
                     if "ours-plain" in args.providers:
@@ -240,9 +258,9 @@ def main(argv=None) -> int:
                 for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
                     # transformers' assisted decoding (prompt lookup) runs batch 1 only.
                     if hf is not None and name in args.providers and not (lookup and batch > 1):
-                        runs.append((name, lambda warmup=False, lookup=lookup: run_hf(
-                            hf, prompts[domain][:batch] if warmup else prompts[domain], batch,
-                            4 if warmup else args.max_new_tokens, temperature, lookup, tokenizer.eos_token_id or 0)))
+                        runs.append((name, lambda g=0, warmup=False, lookup=lookup: run_hf(
+                            hf, group(g), batch, 4 if warmup else args.max_new_tokens, temperature, lookup,
+                            tokenizer.eos_token_id or 0, seed_base=g * batch)))
                 for label, head in heads.items():
                     kind, _, suffix = label.partition("-")
                     for tree in args.trees or [default_tree(device, batch, sampling=temperature > 0)]:
@@ -250,15 +268,23 @@ def main(argv=None) -> int:
                         name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, ours(decoder, True)))
                 rounds = {name: [] for name, _ in runs}
+                groups = (len(prompts[domain]) + batch - 1) // batch
                 for _ in range(args.rounds):
-                    for name, fn in runs:
-                        if (name, batch) not in warmed:  # kernel compilation, allocator and caches
-                            fn(warmup=True)
-                            warmed.add((name, batch))
-                        if device.type == "cuda":
-                            torch.cuda.reset_peak_memory_stats(device)
-                        r = fn()
-                        r["peak_mb"] = peak_memory_mb(device)
+                    # Providers take turns on each prompt group, so that a drift of the machine's
+                    # speed over a round reaches every provider alike.
+                    parts, peaks = {name: [] for name, _ in runs}, {name: 0.0 for name, _ in runs}
+                    for g in range(groups):
+                        for name, fn in runs:
+                            if (name, batch) not in warmed:  # kernel compilation, allocator and caches
+                                fn(warmup=True)
+                                warmed.add((name, batch))
+                            if device.type == "cuda":
+                                torch.cuda.reset_peak_memory_stats(device)
+                            parts[name].append(fn(g))
+                            peaks[name] = max(peaks[name], peak_memory_mb(device))
+                    for name, _ in runs:
+                        r = merge_runs(parts[name])
+                        r["peak_mb"] = peaks[name]
                         rounds[name].append(r)
                         print(f"{domain:5s} T={temperature:g} B={batch} {name:22s} "
                               f"{r['tokens'] / r['seconds']:7.1f} tok/s"
