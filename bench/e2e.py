@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="interleaved rounds per provider; each reports its median round")
+                        help="rounds per provider (providers take turns on each prompt group); each reports its median round")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.max_new_tokens, args.batches, args.temperatures = 1, 32, [1], [0.0]
