@@ -25,7 +25,8 @@ for the compact side-by-side table at 1 and 2 threads (providers interleaved cal
 machine noise hits all of them alike; median per provider). ``python bench/bench_cpu_linear.py
 --forward`` times the linear layers of one whole forward pass instead (30 layers + LM head,
 every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with fp32
-and bf16 weights (the best ISA path, and capped at AVX2), and cpu_linear with
+and bf16 weights (the best ISA path, the AVX-512 path without paired tiles, and capped at
+AVX2), and cpu_linear with
 ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608`` (only the LM head splits over threads).
 """
 
@@ -168,14 +169,17 @@ def forward_table(threads_list, rounds=7):
         return run
 
     providers = {"torch": one_pass(F.linear, fp32), "eagle": one_pass(eagle_kernels.cpu_linear, fp32),
+                 "eagle-ymm": one_pass(eagle_kernels.cpu_linear, fp32, **{isa_env: "avx512-ymm"}),
                  "eagle-avx2": one_pass(eagle_kernels.cpu_linear, fp32, **{isa_env: "avx2"}),
                  "eagle-coarse": one_pass(eagle_kernels.cpu_linear, fp32, **{chunk_env: "8388608"}),
                  "eagle-bf16": one_pass(eagle_kernels.cpu_linear, bf16),
+                 "bf16-ymm": one_pass(eagle_kernels.cpu_linear, bf16, **{isa_env: "avx512-ymm"}),
                  "bf16-avx2": one_pass(eagle_kernels.cpu_linear, bf16, **{isa_env: "avx2"})}
     total_bytes = sum(w.numel() * 4 for w in fp32)
     print(f"one forward's linear layers ({total_bytes / 1e6:.0f} MB of fp32 weights), ms, median of {rounds} "
-          f"interleaved rounds; eagle-coarse = {chunk_env}=8388608; *-avx2 = {isa_env}=avx2 (the best path "
-          f"otherwise: AVX-512 where the CPU has it)")
+          f"interleaved rounds; eagle-coarse = {chunk_env}=8388608; *-ymm = {isa_env}=avx512-ymm (8-lane "
+          f"tiles only), *-avx2 = {isa_env}=avx2 (the best path otherwise: AVX-512 paired tiles where the "
+          f"CPU has it)")
     print(f"{'thr':>3} {'M':>3} | " + " ".join(f"{name:>12}" for name in providers) + " | eagle GB/s")
     for threads in threads_list:
         torch.set_num_threads(threads)

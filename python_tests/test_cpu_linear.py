@@ -11,7 +11,8 @@ from eagle_kernels import _dispatch, reference
 
 ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 CHUNK_ENV = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"
-MS = [1, 3, 5, 7, 8, 17, 64]  # x tiles: AVX2 3 + 2 at 5; AVX-512VL 4 + 3 at 7, 6 + 6 + 5 at 17
+MS = [1, 3, 5, 7, 8, 17, 64]  # x tiles: AVX2 3 + 2 at 5; AVX-512VL 4 + 3 at 7, 6 + 6 + 5 at 17;
+# AVX-512 paired tiles 7 at 7, 9 + 8 at 17
 KS = [576, 1536, 100]  # SmolLM2 hidden and intermediate sizes; 100 leaves a K tail of 4
 NS = [1, 7, 576, 1000]  # 7 and 1000 leave a partial panel of weight rows
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -31,11 +32,11 @@ def _avx512_available():
 def _skip_unavailable(isa):
     if isa == "avx2" and not _avx2_available():
         pytest.skip("no AVX2+FMA on this CPU (or in this build)")
-    if isa == "avx512" and not _avx512_available():
+    if isa.startswith("avx512") and not _avx512_available():
         pytest.skip("no AVX-512 on this CPU")
 
 
-@pytest.fixture(params=["reference", "avx512", "avx2", "scalar"])
+@pytest.fixture(params=["reference", "avx512", "avx512-ymm", "avx2", "scalar"])
 def linear(request, monkeypatch):
     """The implementation under test: the reference, or the C++ op with its ISA forced."""
     if request.param == "reference":
@@ -105,7 +106,7 @@ def test_empty(linear, shape):
     assert bool((got == 0).all())
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("isa", ["avx512", "avx512-ymm", "avx2", "scalar"])
 def test_rows_are_batch_invariant(isa, monkeypatch):
     """Row m of the output is bit-identical whatever the other rows are (each output is one
     dot product in a fixed order): a verify pass scores a token exactly as decoding would,
@@ -126,19 +127,22 @@ def test_rows_are_batch_invariant(isa, monkeypatch):
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
 def test_avx512_and_avx2_paths_give_identical_bits(wdtype, monkeypatch):
     """The AVX-512VL build of the vector path runs the AVX2 arithmetic in the same order, with
-    x tiles of up to 6 rows instead of 3: identical outputs at every row count, so a model's
-    results do not depend on which of the two a CPU has (K = 100: the K tail too)."""
+    x tiles of up to 6 rows instead of 3 (avx512-ymm), and the paired tiles (the default at 2+
+    rows) run the same per-lane arithmetic two weight rows to a 16-lane register, x tiles of up
+    to 12 rows: identical outputs at every row count, so a model's results do not depend on
+    which path a CPU has (K = 100: the K tail too; 1003 rows: a partial quad of weight rows)."""
     fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
     if fn is None:
         pytest.skip(reason)
     _skip_unavailable("avx512")
-    for M in (1, 3, 4, 5, 7, 8, 12, 13):
+    for M in (1, 2, 3, 4, 5, 7, 8, 12, 13, 24, 25):
         for K in (576, 100):
-            x, w = activations(M, K), weight(1000, K, wdtype)
+            x, w = activations(M, K), weight(1003, K, wdtype)
             monkeypatch.setenv(ISA_ENV, "avx2")
             avx2 = fn(x, w)
-            monkeypatch.setenv(ISA_ENV, "avx512")
-            assert torch.equal(fn(x, w), avx2), (M, K)
+            for isa in ("avx512-ymm", "avx512"):
+                monkeypatch.setenv(ISA_ENV, isa)
+                assert torch.equal(fn(x, w), avx2), (isa, M, K)
 
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
