@@ -167,7 +167,7 @@ namespace avx512 {
 constexpr int64_t kMaxXTile = 6;  // 4 x 6 accumulators + 6 + 1 = 31 of 32 registers
 #include "cpu_linear_tiles.inc"
 
-// Paired tiles (M >= 2): one 16-lane register holds the 8-lane accumulators of two weight rows,
+// Paired tiles (M >= 2; one row takes panel()'s 8 x 1 tile): one 16-lane register holds the 8-lane accumulators of two weight rows,
 // lanes 0-7 for the first and 8-15 for the second, against an x vector broadcast to both
 // halves. Each lane does exactly the multiply-adds of its 8-lane counterpart in the same order,
 // and the halves are reduced by hsum4 as before, so the bits are those of the 8-lane tiles;
@@ -243,32 +243,15 @@ void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64
   }
 }
 
-template <int MaxC, typename W>
-void pair_tile_of(int64_t C, const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx,
-                  int64_t K, float* out, int64_t ldo) {
-  if constexpr (MaxC > 1) {
-    if (C < MaxC) return pair_tile_of<MaxC - 1, W>(C, w, rows, pace, x, ldx, K, out, ldo);
+// The paired tiles as panel() takes them: x tiles of up to kMaxPairXTile rows.
+struct PairTiles {
+  static constexpr int kMaxC = kMaxPairXTile;
+  template <int C, typename W>
+  static void run(const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx, int64_t K,
+                  float* out, int64_t ldo) {
+    pair_tile<C>(w, rows, pace, x, ldx, K, out, ldo);
   }
-  pair_tile<MaxC>(w, rows, pace, x, ldx, K, out, ldo);
-}
-
-// As panel() at M >= 2, with paired tiles of up to kMaxPairXTile rows of x (near-equal sizes).
-template <typename W>
-void pair_panel(const W* const* w, int64_t rows, Ahead* ahead, const float* x, int64_t ldx, int64_t M,
-                int64_t K, float* out, int64_t ldo) {
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
-  const int64_t tiles = (M + kMaxPairXTile - 1) / kMaxPairXTile;
-  for (int64_t q = 0; q < rows; q += 4) {
-    const int64_t quad_rows = std::min<int64_t>(4, rows - q);
-    const int64_t bytes = quad_rows * row_bytes;
-    for (int64_t t = 0, m = 0; t < tiles; ++t) {
-      const int64_t C = (M - m) / (tiles - t);
-      pair_tile_of<kMaxPairXTile, W>(C, w + q, rows - q, Pace(ahead, bytes * (t + 1) / tiles - bytes * t / tiles, K),
-                                     x + m * ldx, ldx, K, out + q + m * ldo, ldo);
-      m += C;
-    }
-  }
-}
+};
 }  // namespace avx512
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -354,12 +337,12 @@ void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_
       if (isa != Isa::kScalar) {
         const W* rowp[kPanel];
         for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
-        if (isa == Isa::kAvx512 && M >= 2) {
-          avx512::pair_panel<W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
-        } else if (isa != Isa::kAvx2) {
-          avx512::panel<W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+        if (isa == Isa::kAvx512) {
+          avx512::panel<avx512::PairTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+        } else if (isa == Isa::kAvx512Ymm) {
+          avx512::panel<avx512::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
         } else {
-          avx2::panel<W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+          avx2::panel<avx2::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
         }
         continue;
       }
