@@ -296,15 +296,6 @@ class GenerationResult:
     timings: dict = field(default_factory=dict)
 
 
-def _all_sample(temperature) -> bool:
-    """Whether every request of a call samples (temperature > 0): a scalar, list or tensor."""
-    if isinstance(temperature, torch.Tensor):
-        return bool((temperature > 0).all())
-    if isinstance(temperature, (list, tuple)):
-        return len(temperature) > 0 and all(t > 0 for t in temperature)
-    return temperature > 0
-
-
 def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.to(device=device, dtype=dtype).expand(batch).contiguous()
@@ -379,8 +370,9 @@ class SpeculativeDecoder:
         Sampling parameters are scalars or one value per request. ``on_sync(tokens, lengths)``
         is called at each host synchronisation point (every ``sync_every`` steps) with the
         int64 [B, W] token buffer and int64 [B] lengths, e.g. to stream text."""
-        self.tree = self.fixed_tree or default_tree(self.target.device, len(prompts),
-                                                    sampling=self.head is not None and _all_sample(temperature))
+        all_sample = self.head is not None and bool(
+            (_per_request(temperature, len(prompts), torch.float32, "cpu") > 0).all())
+        self.tree = self.fixed_tree or default_tree(self.target.device, len(prompts), sampling=all_sample)
         if speculative and self.head is None and not self.tree.lookup:
             raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
                              "(TreeConfig.lookup > 0), or speculative=False")
