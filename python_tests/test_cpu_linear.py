@@ -228,3 +228,17 @@ def test_bad_input(linear, case):
     x, w = make(activations(3, 16), weight(7, 16, "fp32"))
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         linear(x, w)
+
+
+@pytest.mark.parametrize("M", [1, 3, 12, 13])
+def test_nan_rows_stay_in_their_row(linear, M):
+    """A NaN in one row of x gives NaN across that output row only: the other rows equal their
+    result without it (a NaN in one tile row must not reach the accumulators of the others)."""
+    x, w = activations(M, 100), weight(13, 100, "bf16")
+    clean = linear(x, w)
+    poisoned = x.clone()
+    poisoned[M // 2, 37] = float("nan")
+    got = linear(poisoned, w)
+    assert bool(got[M // 2].isnan().all())
+    others = [m for m in range(M) if m != M // 2]
+    assert torch.equal(got[others], clean[others])
