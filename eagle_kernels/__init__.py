@@ -3,7 +3,7 @@
 Eight ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
 ``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, ``write_kv`` (stores the new
 tokens' K/V before a verify pass), ``cpu_linear`` (the few-row linear layers of a CPU
-model, fp32, bf16 or fp16 weights) and ``cpu_decoder_layer`` (a whole Llama decoder layer of
+model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and ``cpu_decoder_layer`` (a whole Llama decoder layer of
 such a model in one call). Each dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
@@ -15,8 +15,8 @@ from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
 from ._types import DraftCandidates, Tree, VerifyOutput
 from .expansion import Expansion, expand_tree
-from .ops import (build_tree, compact_kv, cpu_decoder_layer, cpu_linear, draft_expand, tree_attention, verify,
-                  write_kv)
+from .ops import (build_tree, compact_kv, cpu_decoder_layer, cpu_linear, cpu_linear_pack, draft_expand, tree_attention,
+                  verify, write_kv)
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,6 @@ _registration.register()
 
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
-    "cpu_linear", "cpu_decoder_layer", "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
+    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
     "expand_tree", "Expansion",
 ]

@@ -262,28 +262,61 @@ def check_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table
 
 
 # ------------------------------------------------------------------------------- cpu_linear
+PACK_WIDTH = 32  # output columns per group of a packed cpu_linear weight
+
+
+def check_linear_weight_layout(name, weight, K, device):
+    """A cpu_linear weight: [N, K] with a dense last dim, or packed [N / 32, K, 32] contiguous."""
+    check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
+    if weight.dim() == 3:
+        if tuple(weight.shape[1:]) != (K, PACK_WIDTH):
+            _fail(name, f"packed shape [N / 32, K = {K}, 32] (K from x)", f"shape {tuple(weight.shape)}")
+        if not weight.is_contiguous():
+            _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
+        return
+    if weight.dim() != 2:
+        _fail(name, "2-D [N, K] or packed 3-D [N / 32, K, 32] (cpu_linear_pack)",
+              f"{weight.dim()}-D shape {tuple(weight.shape)}")
+    N = weight.shape[0]
+    if weight.shape[1] != K:
+        _fail(name, f"shape [N, K = {K}] (K from x)", f"shape {tuple(weight.shape)}")
+    # A transposed weight would need a full copy per call: rejected rather than copied silently.
+    if weight.stride(1) != 1 and K > 1 and N > 0:
+        _fail(name, "a dense last dim (stride 1)", f"strides {tuple(weight.stride())}")
+
+
+def linear_out_features(weight) -> int:
+    """N of a cpu_linear weight, row-major [N, K] or packed [N / 32, K, 32]."""
+    return weight.shape[0] * PACK_WIDTH if weight.dim() == 3 else weight.shape[0]
+
+
 def check_cpu_linear(x, weight, *, values=True):
     check_tensor("x", x, dtype=torch.float32)
     if x.dim() < 1:
         _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
-    device = x.device
-    check_tensor("weight", weight, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2, device=device)
-    K = x.shape[-1]
-    N = weight.shape[0]
-    if weight.shape[1] != K:
-        _fail("weight", f"shape [N, K = {K}] (K from x)", f"shape {tuple(weight.shape)}")
-    # A transposed weight would need a full copy per call: rejected rather than copied silently.
-    if weight.stride(1) != 1 and K > 1 and N > 0:
-        _fail("weight", "a dense last dim (stride 1)", f"strides {tuple(weight.stride())}")
+    check_linear_weight_layout("weight", weight, x.shape[-1], x.device)
+
+
+def check_cpu_linear_pack(weight):
+    check_tensor("weight", weight, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2)
+    if weight.shape[0] % PACK_WIDTH:
+        _fail("weight", f"[N, K] with N a multiple of {PACK_WIDTH}", f"shape {tuple(weight.shape)}")
 
 
 def cpu_linear_shape(x, weight):
-    return (*x.shape[:-1], weight.shape[0])
+    return (*x.shape[:-1], linear_out_features(weight))
 
 
 # ------------------------------------------------------------------------ cpu_decoder_layer
 def _check_linear_weight(name, weight, rows, cols, layout, device):
     check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
+    if weight.dim() == 3:  # packed (cpu_linear_pack)
+        if rows % PACK_WIDTH or tuple(weight.shape) != (rows // PACK_WIDTH, cols, PACK_WIDTH):
+            _fail(name, f"packed shape {layout} = [{rows}, {cols}] as [{rows} / 32, {cols}, 32]",
+                  f"shape {tuple(weight.shape)}")
+        if not weight.is_contiguous():
+            _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
+        return
     if tuple(weight.shape) != (rows, cols):
         _fail(name, f"shape {layout} = [{rows}, {cols}]", f"shape {tuple(weight.shape)}")
     if weight.stride(1) != 1 and cols > 1:
@@ -314,9 +347,10 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, attn_in,
                          "[(num_heads + 2 Hkv) D, H]" if embed is None else "[(num_heads + 2 Hkv) D, 2 H]", device)
     _check_linear_weight("o_weight", o_weight, H, num_heads * D, "[H, num_heads D]", device)
-    if gate_up_weight.dim() != 2 or gate_up_weight.shape[0] % 2:
-        _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows)", f"shape {tuple(gate_up_weight.shape)}")
-    I = gate_up_weight.shape[0] // 2
+    if gate_up_weight.dim() not in (2, 3) or linear_out_features(gate_up_weight) % 2:
+        _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows) or its packed form",
+              f"shape {tuple(gate_up_weight.shape)}")
+    I = linear_out_features(gate_up_weight) // 2
     _check_linear_weight("gate_up_weight", gate_up_weight, 2 * I, H, "[2 I, H]", device)
     _check_linear_weight("down_weight", down_weight, H, I, "[H, I]", device)
     check_tensor("cos", cos, dtype=torch.float32, shape=(B, N, D), device=device)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from . import _dispatch
+from .reference.cpu_linear import PACK_WIDTH
+from .reference.cpu_linear import cpu_linear_pack as _reference_pack
 from ._types import DraftCandidates, Tree, VerifyOutput
 
 
@@ -51,6 +53,15 @@ def cpu_linear(x, weight):
     CPU kernel for the few-row linear layers of decoding and verification. Other devices run
     the reference. See :func:`eagle_kernels.reference.cpu_linear`."""
     return _dispatch.run("cpu_linear", x.device, x, weight)
+
+
+def cpu_linear_pack(weight):
+    """``weight`` [N, K] (N a multiple of 32) as the packed [N / 32, K, 32] that ``cpu_linear``
+    and ``cpu_decoder_layer`` also take: K-major groups of 32 output columns, for which the CPU
+    kernel is a GEMM micro-kernel (verify passes of 8-12 rows cost little more than one row).
+    Pure layout (any device, same dtype and values). See
+    :func:`eagle_kernels.reference.cpu_linear_pack`."""
+    return _reference_pack(weight)
 
 
 def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,

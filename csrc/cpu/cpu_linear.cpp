@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu_linear_impl.h"
 #include "ops.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -49,6 +50,9 @@
 
 namespace eagle {
 namespace {
+
+using linear_impl::Isa;
+using linear_impl::parallel_chunk;
 
 constexpr int64_t kPanel = 8;  // weight rows per panel: the unit of parallel work and prefetch
 
@@ -263,9 +267,43 @@ struct PairTiles {
 #endif
 #endif  // EAGLE_HAVE_AVX2_PATH
 
-enum class Isa { kScalar, kAvx2, kAvx512Ymm, kAvx512 };
+template <typename W>
+void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
+         float* out, Isa isa) {
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPanel * K * std::max<int64_t>(M, 8)));
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+#if EAGLE_HAVE_AVX2_PATH
+    const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
+    Ahead ahead{first + kPrefetchBytes,
+                reinterpret_cast<const char*>(w + std::min(end * kPanel, N) * ldw), 0};
+#endif
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = p * kPanel;
+      const int64_t rows = std::min(kPanel, N - n);
+#if EAGLE_HAVE_AVX2_PATH
+      if (isa != Isa::kScalar) {
+        const W* rowp[kPanel];
+        for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
+        if (isa == Isa::kAvx512) {
+          avx512::panel<avx512::PairTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+        } else if (isa == Isa::kAvx512Ymm) {
+          avx512::panel<avx512::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+        } else {
+          avx2::panel<avx2::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+        }
+        continue;
+      }
+#endif
+      panel_scalar<W>(w + n * ldw, ldw, rows, x, ldx, M, K, out + n, N);
+    }
+  });
+}
 
-bool cpu_has_avx2() {
+}  // namespace
+
+namespace linear_impl {
+inline bool cpu_has_avx2() {
 #if EAGLE_HAVE_AVX2_PATH
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                           __builtin_cpu_supports("f16c");
@@ -275,7 +313,7 @@ bool cpu_has_avx2() {
 #endif
 }
 
-bool cpu_has_avx512() {
+inline bool cpu_has_avx512() {
 #if EAGLE_HAVE_AVX2_PATH
   static const bool has = cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512vl");
@@ -319,40 +357,7 @@ int64_t parallel_chunk() {
   return static_cast<int64_t>(value);
 }
 
-template <typename W>
-void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
-         float* out, Isa isa) {
-  const int64_t panels = (N + kPanel - 1) / kPanel;
-  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPanel * K * std::max<int64_t>(M, 8)));
-  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-#if EAGLE_HAVE_AVX2_PATH
-    const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
-    Ahead ahead{first + kPrefetchBytes,
-                reinterpret_cast<const char*>(w + std::min(end * kPanel, N) * ldw), 0};
-#endif
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n = p * kPanel;
-      const int64_t rows = std::min(kPanel, N - n);
-#if EAGLE_HAVE_AVX2_PATH
-      if (isa != Isa::kScalar) {
-        const W* rowp[kPanel];
-        for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
-        if (isa == Isa::kAvx512) {
-          avx512::panel<avx512::PairTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
-        } else if (isa == Isa::kAvx512Ymm) {
-          avx512::panel<avx512::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
-        } else {
-          avx2::panel<avx2::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
-        }
-        continue;
-      }
-#endif
-      panel_scalar<W>(w + n * ldw, ldw, rows, x, ldx, M, K, out + n, N);
-    }
-  });
-}
-
-}  // namespace
+}  // namespace linear_impl
 
 at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_linear.
@@ -365,15 +370,26 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType wtype = weight.scalar_type();
   TORCH_CHECK_VALUE(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kHalf, op,
                     ": weight: expected dtype float32, bfloat16 or float16, got ", wtype);
-  check_dim(weight, op, "weight", 2, "[N, K]");
+  TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 3, op,
+                    ": weight: expected 2-D [N, K] or packed 3-D [N / 32, K, 32] (cpu_linear_pack), got ",
+                    weight.dim(), "-D shape ", shape_str(weight.sizes()));
   check_device(weight, op, "weight", dev);
   const int64_t K = x.size(-1);
-  const int64_t N = weight.size(0);
-  TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K,
-                    "] (K from x), got ", shape_str(weight.sizes()));
-  TORCH_CHECK_VALUE(weight.stride(1) == 1 || K <= 1 || N == 0, op,
-                    ": weight: expected a dense last dim (stride 1), got strides ",
-                    shape_str(weight.strides()));
+  const bool packed = weight.dim() == 3;
+  const int64_t N = packed ? weight.size(0) * linear_impl::kPackWidth : weight.size(0);
+  if (packed) {
+    TORCH_CHECK_VALUE(weight.size(1) == K && weight.size(2) == linear_impl::kPackWidth, op,
+                      ": weight: expected packed shape [N / 32, K = ", K, ", 32] (K from x), got ",
+                      shape_str(weight.sizes()));
+    TORCH_CHECK_VALUE(weight.is_contiguous(), op, ": weight: expected a contiguous packed weight, got strides ",
+                      shape_str(weight.strides()));
+  } else {
+    TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K,
+                      "] (K from x), got ", shape_str(weight.sizes()));
+    TORCH_CHECK_VALUE(weight.stride(1) == 1 || K <= 1 || N == 0, op,
+                      ": weight: expected a dense last dim (stride 1), got strides ",
+                      shape_str(weight.strides()));
+  }
 
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = N;
@@ -386,9 +402,13 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();  // x is small: copy is cheap
   const float* xp = x2.data_ptr<float>();
   const int64_t ldx = x2.stride(0);
-  const int64_t ldw = N > 1 ? weight.stride(0) : K;
   float* op_out = out.data_ptr<float>();
-  const Isa isa = pick_isa();
+  const Isa isa = linear_impl::pick_isa();
+  if (packed) {
+    linear_impl::packed_linear(weight.data_ptr(), wtype, weight.size(0), xp, ldx, M, K, op_out, N, isa);
+    return out;
+  }
+  const int64_t ldw = N > 1 ? weight.stride(0) : K;
   if (wtype == at::kFloat) {
     run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, isa);
   } else if (wtype == at::kBFloat16) {

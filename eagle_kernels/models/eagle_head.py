@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .llama import (GATE_UP, QKV, FusedProjections, KVCache, LlamaConfig, LlamaModel, attention_projections,
-                    cached_attention, default_positions, gated_mlp, is_matrix_weight, layer_kernel, linear, rms_norm,
-                    rope_cos_sin, rope_cos_sin_rows, rope_inverse_frequencies)
+                    cached_attention, cpu_packed, default_positions, gated_mlp, is_matrix_weight, layer_kernel, linear,
+                    rms_norm, rope_cos_sin, rope_cos_sin_rows, rope_inverse_frequencies)
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 
@@ -178,9 +178,10 @@ class EagleHead(torch.nn.Module):
             if kernel is not None:  # the whole layer as one cpu_decoder_layer call (CPU drafting)
                 cos, sin = rope_cos_sin_rows(self.inv_freq, positions, B, N, self.dtype)
                 k_layer, v_layer = cache.layer(0)
-                return kernel(features, w[p + "hidden_norm.weight"], self.fused(w, p, QKV),
-                              w[p + "self_attn.o_proj.weight"], w[p + "post_attention_layernorm.weight"],
-                              self.fused(w, p, GATE_UP), w[p + "mlp.down_proj.weight"], cos, sin, k_layer, v_layer,
+                return kernel(features, w[p + "hidden_norm.weight"], cpu_packed(self.fused(w, p, QKV)),
+                              cpu_packed(w[p + "self_attn.o_proj.weight"]), w[p + "post_attention_layernorm.weight"],
+                              cpu_packed(self.fused(w, p, GATE_UP)), cpu_packed(w[p + "mlp.down_proj.weight"]),
+                              cos, sin, k_layer, v_layer,
                               cache.seqlens, tree_mask,
                               num_heads=c.num_heads, eps=c.rms_norm_eps, embed=embed,
                               embed_norm=w[p + "input_layernorm.weight"], slot_offset=slot_offset)

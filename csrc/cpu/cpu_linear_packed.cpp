@@ -1,0 +1,266 @@
+// cpu_linear over a packed weight (eagle_kernels.cpu_linear_pack): W [N, K] stored as groups of
+// 32 output columns, K-major inside a group, packed [N / 32, K, 32]:
+//   fp32, fp16: packed[g, k, j] = W[32 g + j, k];
+//   bf16:       packed[g, k, 2 i] = W[32 g + i, k], packed[g, k, 2 i + 1] = W[32 g + 16 + i, k]
+//               (i < 16), so that one 512-bit load splits into columns 0-15 (shift left 16) and
+//               16-31 (mask the high halves) with two integer operations, exactly.
+//
+// Why a second layout: with row-major weights every FMA pairs a weight vector with a vector of
+// x along K, so a tile of 4 weight rows reloads x for every 4 outputs and one output is
+// reduced across lanes; at 8-12 rows of x that ran at ~60 GFLOP/s per forward on an Intel Xeon
+// (AVX-512, two FMA units), a verify pass 1.3x the cost of a one-row pass. K-major, a vector
+// holds 16 output columns of one k and x[m, k] is a broadcast memory operand: a tile of C rows
+// of x and 32 columns keeps 2 C accumulators (up to 24 of 32 zmm registers), loads each weight
+// vector once for C FMAs, and needs no horizontal sums: the classic GEMM micro-kernel.
+//
+// Each output is one fp32 FMA chain over k = 0 .. K-1, starting from zero: its summation order
+// is fixed by K alone, whatever M, the tiling, the vector width or the ISA. Rows are
+// batch-invariant (a verify pass gives a token's row what decoding it alone gives), and the
+// AVX-512, AVX2 and scalar paths (std::fma) give identical bits. The order differs from the
+// row-major kernel's (eight lanes along K, then a lane sum), so the two layouts agree to fp32
+// rounding, not bit for bit.
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu_linear_impl.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define EAGLE_PACKED_VECTOR_PATH 1
+#include <immintrin.h>
+#define EAGLE_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define EAGLE_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw")))
+#else
+#define EAGLE_PACKED_VECTOR_PATH 0
+#endif
+
+namespace eagle {
+namespace linear_impl {
+namespace {
+
+constexpr int64_t kW = kPackWidth;
+constexpr int kMaxRows = 12;  // rows of x per AVX-512 tile: 2 x 12 accumulators + 2 weights + 1 x
+
+// Rows of x per tile and groups side by side per tile for C rows: 2 G C accumulators and 2 G
+// weight vectors fit 32 registers; at few rows several groups give the FMA chains to hide
+// their latency and more weight streams in flight.
+constexpr int groups_for(int C) { return C <= 2 ? 4 : C == 3 ? 3 : C <= 6 ? 2 : 1; }
+
+// Weight bytes ahead of the current k step that a tile prefetches in each of its groups' streams
+// (into L2): the DRAM latency times one thread's stream rate, with margin.
+// Measured on an Intel Xeon (2 threads, one SmolLM2 forward's linear layers at 12 rows): no
+// prefetch 33.7 ms, 2 KiB 26.1, 4 KiB 24.5, 8-16 KiB 24.5-25.5; T0 hints 26.1, NTA 41.4.
+constexpr int64_t kPrefetchAhead = 4096;
+
+struct Bf16 {
+  uint16_t bits;
+};
+struct Fp16 {
+  uint16_t bits;
+};
+
+inline float widen(float v) { return v; }
+inline float widen(Bf16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline float widen(Fp16 v) { return c10::detail::fp16_ieee_to_fp32_value(v.bits); }
+
+// The output column (within its group) of packed position j.
+template <typename W>
+inline int64_t column_of(int64_t j) {
+  if constexpr (std::is_same_v<W, Bf16>) return (j % 2) * 16 + j / 2;
+  return j;
+}
+
+// ------------------------------------------------------------------------------- scalar path
+template <typename W>
+void group_scalar(const W* w, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * ldx;
+    for (int64_t j = 0; j < kW; ++j) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(widen(w[k * kW + j]), xm[k], acc);
+      out[m * ldo + column_of<W>(j)] = acc;
+    }
+  }
+}
+
+#if EAGLE_PACKED_VECTOR_PATH
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers build casts from an uninitialised vector and warn about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// ---------------------------------------------------------------------------------- AVX-512
+// Columns 0-15 and 16-31 of one k step of a group, widened to fp32 (exactly).
+EAGLE_TARGET_AVX512 inline void load_group(const float* p, __m512& lo, __m512& hi) {
+  lo = _mm512_loadu_ps(p);
+  hi = _mm512_loadu_ps(p + 16);
+}
+EAGLE_TARGET_AVX512 inline void load_group(const Bf16* p, __m512& lo, __m512& hi) {
+  const __m512i v = _mm512_loadu_si512(p);
+  lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+EAGLE_TARGET_AVX512 inline void load_group(const Fp16* p, __m512& lo, __m512& hi) {
+  lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+}
+
+// G consecutive groups (w: the first, [G][K][32]) times C rows of x: out[c * ldo + 32 g + j].
+template <int G, int C, typename W>
+EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                                 bool prefetch) {
+  constexpr int64_t step_bytes = kW * static_cast<int64_t>(sizeof(W));
+  constexpr int64_t ahead = kPrefetchAhead / step_bytes;  // k steps
+  __m512 acc[G][2][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][0][c] = acc[g][1][c] = _mm512_setzero_ps();
+  const int64_t group_stride = K * kW;
+  for (int64_t k = 0; k < K; ++k) {
+    if (prefetch) {
+      // Past a group's end the line is the next group's start: the following tile's stream (past
+      // the last group's end a prefetch is a hint that never faults).
+      for (int g = 0; g < G; ++g) {
+        const char* line = reinterpret_cast<const char*>(w + g * group_stride + (k + ahead) * kW);
+        _mm_prefetch(line, _MM_HINT_T1);
+        if constexpr (step_bytes > 64) _mm_prefetch(line + 64, _MM_HINT_T1);
+      }
+    }
+    __m512 lo[G], hi[G];
+    for (int g = 0; g < G; ++g) load_group(w + g * group_stride + k * kW, lo[g], hi[g]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_set1_ps(x[c * ldx + k]);
+      for (int g = 0; g < G; ++g) {
+        acc[g][0][c] = _mm512_fmadd_ps(lo[g], xv, acc[g][0][c]);
+        acc[g][1][c] = _mm512_fmadd_ps(hi[g], xv, acc[g][1][c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int g = 0; g < G; ++g) {
+      _mm512_storeu_ps(out + c * ldo + g * kW, acc[g][0][c]);
+      _mm512_storeu_ps(out + c * ldo + g * kW + 16, acc[g][1][c]);
+    }
+}
+
+// ------------------------------------------------------------------------------------- AVX2
+// A group's k step as four 8-column vectors (columns 0-7, 8-15, 16-23, 24-31).
+EAGLE_TARGET_AVX2 inline void load_group(const float* p, __m256 (&v)[4]) {
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
+}
+EAGLE_TARGET_AVX2 inline void load_group(const Bf16* p, __m256 (&v)[4]) {
+  // Packed positions 0-15 hold columns (0, 16), (1, 17), ... (7, 23); 16-31 columns 8-15, 24-31.
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+  v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+  v[2] = _mm256_castsi256_ps(_mm256_and_si256(a, high));
+  v[3] = _mm256_castsi256_ps(_mm256_and_si256(b, high));
+}
+EAGLE_TARGET_AVX2 inline void load_group(const Fp16* p, __m256 (&v)[4]) {
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * i)));
+}
+
+// One group times C (1 or 2) rows of x: 4 C accumulators + 4 weights + 1 x of 16 registers.
+template <int C, typename W>
+EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo) {
+  __m256 acc[4][C];
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 v[4];
+    load_group(w + k * kW, v);
+    for (int c = 0; c < C; ++c) {
+      const __m256 xv = _mm256_broadcast_ss(x + c * ldx + k);
+      for (int i = 0; i < 4; ++i) acc[i][c] = _mm256_fmadd_ps(v[i], xv, acc[i][c]);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + c * ldo + 8 * i, acc[i][c]);
+}
+
+// tile512<G, C> for a C (1 .. kMaxRows) known at run time, G = groups_for(C) or 1.
+template <int C, typename W>
+void tile512_dispatch(int64_t C_run, bool wide, const W* w, int64_t K, const float* x, int64_t ldx, float* out,
+                      int64_t ldo, bool prefetch) {
+  if constexpr (C > 1) {
+    if (C_run < C) return tile512_dispatch<C - 1, W>(C_run, wide, w, K, x, ldx, out, ldo, prefetch);
+  }
+  if (wide)
+    tile512<groups_for(C), C, W>(w, K, x, ldx, out, ldo, prefetch);
+  else
+    tile512<1, C, W>(w, K, x, ldx, out, ldo, prefetch);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // EAGLE_PACKED_VECTOR_PATH
+
+// Groups [begin, end) of the packed weight against all M rows of x.
+template <typename W>
+void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int64_t ldx, int64_t M, int64_t K,
+                float* out, int64_t ldo, Isa isa) {
+  const int64_t group_elems = K * kW;
+#if EAGLE_PACKED_VECTOR_PATH
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Ymm) {
+    // Row tiles of near-equal size (8 + 8 at M = 16 rather than 12 + 4); the last is the largest.
+    const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
+    const int64_t largest = (M + tiles - 1) / tiles;
+    const int64_t G = groups_for(static_cast<int>(largest));
+    for (int64_t g = begin; g < end;) {
+      const bool wide = g + G <= end;  // the range's last groups may not fill a wide tile
+      const int64_t width = wide ? G : 1;
+      const W* w = packed + g * group_elems;
+      for (int64_t t = 0, m = 0; t < tiles; ++t) {
+        const int64_t C = (M - m) / (tiles - t);
+        // Later row tiles find the weights in L2: only the first streams them from DRAM.
+        tile512_dispatch<kMaxRows, W>(C, wide && G > 1, w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo,
+                                      t == 0);
+        m += C;
+      }
+      g += width;
+    }
+    return;
+  }
+  if (isa == Isa::kAvx2) {
+    for (int64_t g = begin; g < end; ++g) {
+      const W* w = packed + g * group_elems;
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) tile256<2, W>(w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo);
+      if (m < M) tile256<1, W>(w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo);
+    }
+    return;
+  }
+#endif
+  (void)isa;
+  for (int64_t g = begin; g < end; ++g) group_scalar<W>(packed + g * group_elems, x, ldx, M, K, out + g * kW, ldo);
+}
+
+}  // namespace
+
+void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
+                   int64_t K, float* out, int64_t ldo, Isa isa) {
+  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kW * K * std::max<int64_t>(M, 8)));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    if (wtype == at::kFloat)
+      run_groups(static_cast<const float*>(packed), begin, end, x, ldx, M, K, out, ldo, isa);
+    else if (wtype == at::kBFloat16)
+      run_groups(static_cast<const Bf16*>(packed), begin, end, x, ldx, M, K, out, ldo, isa);
+    else
+      run_groups(static_cast<const Fp16*>(packed), begin, end, x, ldx, M, K, out, ldo, isa);
+  });
+}
+
+}  // namespace linear_impl
+}  // namespace eagle
