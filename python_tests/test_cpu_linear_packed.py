@@ -1,0 +1,226 @@
+"""cpu_linear over packed weights (cpu_linear_pack): the layout, every C++ path and the reference
+against float64, identical bits across ISAs, batch invariance, bad input, and the model's use of
+packed copies (PackedWeights, cpu_decoder_layer)."""
+
+import gc
+
+import pytest
+import torch
+
+import eagle_kernels
+from eagle_kernels import reference
+from eagle_kernels.reference.cpu_linear import cpu_linear_unpack
+from test_cpu_linear import (ISA_ENV, WEIGHT_DTYPES, _skip_unavailable, activations, assert_within_fp32_bound,
+                             linear, weight)
+
+assert linear  # the fixture (reference, avx512, avx512-ymm, avx2, scalar), imported for pytest
+# Row tiles: AVX-512 1..12 rows with 4, 3, 2 or 1 groups side by side (13 = 6 + 7, 25 = 8 + 8 + 9);
+# AVX2 pairs of rows.
+MS = [1, 2, 3, 5, 7, 12, 13, 25]
+KS = [576, 1536, 37]
+NS = [32, 96, 576, 1056]  # 1, 3 (a 2-wide tile and a 1-wide tail), 18 and 33 groups
+ISAS = ["avx512", "avx2", "scalar"]
+
+
+def packed(N, K, wdtype):
+    return eagle_kernels.cpu_linear_pack(weight(N, K, wdtype))
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_layout(wdtype):
+    """packed[g, k, j] = weight[32 g + column(j), k]: column order for fp32 and fp16, the two
+    halves interleaved for bf16 (positions 2i, 2i + 1 hold columns i, 16 + i); unpack inverts."""
+    w = weight(64, 5, wdtype)
+    p = eagle_kernels.cpu_linear_pack(w)
+    assert p.shape == (2, 5, 32) and p.dtype == w.dtype and p.is_contiguous()
+    for g in range(2):
+        for j in range(32):
+            column = (j % 2) * 16 + j // 2 if wdtype == "bf16" else j
+            assert torch.equal(p[g, :, j], w[32 * g + column])
+    assert torch.equal(cpu_linear_unpack(p), w)
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+@pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
+@pytest.mark.parametrize("K", KS, ids=[f"K{k}" for k in KS])
+@pytest.mark.parametrize("M", MS, ids=[f"M{m}" for m in MS])
+def test_matches_float64(linear, M, K, N, wdtype):
+    x = activations(M, K)
+    assert_within_fp32_bound(linear(x, packed(N, K, wdtype)), x, weight(N, K, wdtype))
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_every_isa_gives_identical_bits(wdtype, monkeypatch):
+    """One FMA chain per output along K in every path: AVX-512 (any tile), AVX2 and the scalar
+    std::fma loop give the same bits."""
+    fn = torch.ops.eagle_kernels.cpu_linear
+    w = packed(1056, 100, wdtype)
+    for M in (1, 3, 8, 13, 25):
+        x = activations(M, 100)
+        results = {}
+        for isa in ISAS:
+            _skip_unavailable(isa)
+            monkeypatch.setenv(ISA_ENV, isa)
+            results[isa] = fn(x, w)
+        for isa in ISAS[1:]:
+            assert torch.equal(results[isa], results["avx512"]), (M, isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_rows_are_batch_invariant(isa, monkeypatch):
+    """A row of the output is bit for bit the same alone and among 1..25 rows (a verify pass gives
+    a token's row what decoding it alone gives)."""
+    _skip_unavailable(isa)
+    monkeypatch.setenv(ISA_ENV, isa)
+    fn = torch.ops.eagle_kernels.cpu_linear
+    w = packed(576, 576, "bf16")
+    x = activations(25, 576)
+    alone = torch.cat([fn(x[m:m + 1], w) for m in range(25)])
+    for M in (2, 5, 12, 13, 25):
+        assert torch.equal(fn(x[:M], w), alone[:M]), M
+
+
+@pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
+def test_threads_and_chunks_do_not_change_the_result(wdtype, monkeypatch):
+    fn = torch.ops.eagle_kernels.cpu_linear
+    w, x = packed(1056, 576, wdtype), activations(12, 576)
+    want = fn(x, w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(fn(x, w), want)
+    finally:
+        torch.set_num_threads(threads)
+    for chunk in ("1", "8388608"):
+        monkeypatch.setenv("EAGLE_KERNELS_CPU_LINEAR_CHUNK", chunk)
+        assert torch.equal(fn(x, w), want)
+
+
+@pytest.mark.parametrize("wdtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("M", [1, 4, 13])
+def test_16bit_weight_equals_its_fp32_widening(linear, M, wdtype):
+    """A bf16 / fp16 packed weight (bf16: the interleaved layout) gives bit for bit the result of
+    its fp32 widening, packed."""
+    w = weight(96, 100, wdtype)
+    x = activations(M, 100)
+    got = linear(x, eagle_kernels.cpu_linear_pack(w))
+    assert torch.equal(got, linear(x, eagle_kernels.cpu_linear_pack(w.float())))
+
+
+def test_agrees_with_the_row_major_layout():
+    """The two layouts sum in different orders: equal to fp32 rounding, on the same inputs."""
+    fn = torch.ops.eagle_kernels.cpu_linear
+    w, x = weight(576, 1536, "fp32"), activations(12, 1536)
+    torch.testing.assert_close(fn(x, eagle_kernels.cpu_linear_pack(w)), fn(x, w), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("M", [1, 3, 12, 13])
+def test_nan_rows_stay_in_their_row(linear, M):
+    x, w = activations(M, 100), packed(96, 100, "bf16")
+    clean = linear(x, w)
+    poisoned = x.clone()
+    poisoned[M // 2, 37] = float("nan")
+    got = linear(poisoned, w)
+    assert bool(got[M // 2].isnan().all())
+    others = [m for m in range(M) if m != M // 2]
+    assert torch.equal(got[others], clean[others])
+
+
+def test_leading_dims_and_empty_rows(linear):
+    w = packed(64, 16, "fp32")
+    x = activations(6, 16).view(2, 3, 16)
+    assert torch.equal(linear(x, w), linear(x.reshape(6, 16), w).view(2, 3, 64))
+    assert linear(x[:0], w).shape == (0, 3, 64)
+
+
+BAD = {
+    "k_mismatch": lambda w: w[:, :-1].contiguous(),
+    "width_not_32": lambda w: w[..., :16].contiguous(),
+    "not_contiguous": lambda w: w.transpose(0, 1).contiguous().transpose(0, 1),
+    "rank4": lambda w: w[None],
+    "dtype": lambda w: w.double(),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_packed_weight(linear, case):
+    w = BAD[case](packed(64, 16, "fp32"))
+    with pytest.raises(ValueError, match=r"\bweight\b"):
+        linear(activations(3, 16), w)
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (7, 16), (64,), (2, 64, 16)], ids=["N48", "N7", "rank1", "rank3"])
+def test_bad_pack_input(shape):
+    with pytest.raises(ValueError, match=r"\bweight\b"):
+        eagle_kernels.cpu_linear_pack(torch.zeros(shape))
+
+
+# ------------------------------------------------------------------------------ model side
+def test_packed_weights_follow_their_matrix(monkeypatch):
+    """PackedWeights: one copy per matrix (tied names share it), repacked after an in-place
+    update, dropped with the matrix; left alone where packing does not apply."""
+    from eagle_kernels.models.llama import PackedWeights
+
+    packs = PackedWeights()
+    w = torch.randn(64, 16)
+    first = packs(w)
+    assert first.shape == (2, 16, 32) and packs(w) is first
+    w.mul_(2.0)  # bumps the version counter
+    second = packs(w)
+    assert second is not first and torch.equal(cpu_linear_unpack(second), w)
+    odd = torch.randn(48, 16)
+    assert packs(odd) is odd
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_LINEAR", "rows")
+    assert packs(torch.randn(64, 16)).dim() == 2
+    monkeypatch.delenv("EAGLE_KERNELS_CPU_LINEAR")
+    del w, first, second
+    gc.collect()
+    assert len(packs._copies) == 0
+
+
+def test_decoder_layer_takes_packed_weights():
+    """cpu_decoder_layer with the four matrices packed: the reference (which unpacks) agrees to
+    fp32 rounding, and so does the call with the row-major matrices."""
+    from test_cpu_decoder_layer import check_against_reference, clone, inputs, native
+
+    fn = native()
+    args, kwargs = inputs("smollm2", 2, 8, 37, "bf16", tree=True)
+    packed_args = list(args)
+    for i in (2, 3, 5, 6):  # qkv, o, gate_up, down
+        packed_args[i] = eagle_kernels.cpu_linear_pack(args[i])
+    check_against_reference((tuple(packed_args), kwargs), 8)
+    torch.testing.assert_close(fn(*clone(tuple(packed_args)), **kwargs), fn(*clone(args), **kwargs),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_decoder_layer_rejects_a_bad_packed_weight():
+    from test_cpu_decoder_layer import inputs, native
+
+    fn = native()
+    args, kwargs = inputs("smollm2", 1, 2, 5, "fp32", tree=False)
+    bad = list(args)
+    bad[3] = eagle_kernels.cpu_linear_pack(args[3])[:, :-1].contiguous()  # o_weight with K short by one
+    for impl in (fn, reference.cpu_decoder_layer):
+        with pytest.raises(ValueError, match=r"\bo_weight\b"):
+            impl(*bad, **kwargs)
+
+
+def test_model_reads_packed_copies(monkeypatch):
+    """LlamaModel on CPU reads packed copies of its matrices (those with N a multiple of 32), and
+    its logits agree with the row-major kernel's to fp32 rounding."""
+    from eagle_kernels.models import llama
+    from test_llama import tiny_hf_model
+
+    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    tokens = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
+    results = {}
+    for mode in ("auto", "rows"):
+        monkeypatch.setenv("EAGLE_KERNELS_CPU_LINEAR", mode)
+        cache = model.new_cache(1, 16)
+        results[mode] = model(tokens, cache).logits
+    torch.testing.assert_close(results["auto"], results["rows"], rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_LINEAR", "auto")
+    packed_matrices = [ref() for ref, _, _ in llama.cpu_packed._copies.values()]
+    assert any(m is model.weights["model.layers.0.self_attn.o_proj.weight"] for m in packed_matrices)
+    # vocab 97 is not a multiple of 32: the LM head stays row-major (and still runs the kernel)
+    assert not any(m is model.weights["lm_head.weight"] for m in packed_matrices)
