@@ -4,7 +4,9 @@ Providers:
 - ``torch``: ``torch.nn.functional.linear`` with fp32 weights (what the model ran before);
 - ``eagle``: ``eagle_kernels.cpu_linear`` with the same fp32 weights;
 - ``eagle-bf16``: ``eagle_kernels.cpu_linear`` with the weights in bf16 (half the bytes; fp32
-  compute and accumulation).
+  compute and accumulation);
+- ``packed``, ``packed-bf16``: the same with the weights packed by ``eagle_kernels.cpu_linear_pack``
+  (K-major groups of 32 columns, the layout the model reads on CPU).
 
 Shapes: SmolLM2-135M's (N, K) as the model runs them: (960, 576) fused q/k/v, (576, 576) o,
 (3072, 576) fused gate/up, (576, 1536) down, (49152, 576) the tied LM head; M in {1 (decoding),
@@ -24,10 +26,10 @@ Run: ``PYTHONPATH=. python -m pytest bench/bench_cpu_linear.py --benchmark-only 
 for the compact side-by-side table at 1 and 2 threads (providers interleaved call by call, so
 machine noise hits all of them alike; median per provider). ``python bench/bench_cpu_linear.py
 --forward`` times the linear layers of one whole forward pass instead (30 layers + LM head,
-every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with fp32
-and bf16 weights (the best ISA path, the AVX-512 path without paired tiles, and capped at
-AVX2), and cpu_linear with
-``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608`` (only the LM head splits over threads).
+every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with
+row-major fp32 weights (the best ISA path, the AVX-512 path without paired tiles, capped at AVX2,
+and ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608``: only the LM head splits over threads), row-major bf16
+weights, and packed fp32 (best path, AVX2) and bf16 weights.
 """
 
 from __future__ import annotations
@@ -47,29 +49,30 @@ import eagle_kernels
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # (N, K)
 FORWARD_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 ROWS = [1, 4, 16, 64]
-PROVIDERS = ("torch", "eagle", "eagle-bf16")
+PROVIDERS = ("torch", "eagle", "eagle-bf16", "packed", "packed-bf16")
 FOOTPRINT_BYTES = 96 * 2**20
 _MEANS: dict = {}
 
 
 @functools.lru_cache(maxsize=1)
 def weight_copies(N, K):
-    """fp32 copies (torch and eagle walk them from opposite ends of the cycle) and bf16 copies,
-    each set at least FOOTPRINT_BYTES."""
+    """fp32 copies (torch and eagle walk them from opposite ends of the cycle), bf16 copies, and
+    the packed forms of both, each set at least FOOTPRINT_BYTES."""
     count = max(2, math.ceil(FOOTPRINT_BYTES / (N * K * 4)))
     gen = torch.Generator().manual_seed(N + K)
     fp32 = [torch.randn(N, K, generator=gen) for _ in range(count)]
     count16 = max(2, math.ceil(FOOTPRINT_BYTES / (N * K * 2)))
     bf16 = [fp32[i % count].bfloat16() if i < count else torch.randn(N, K, generator=gen).bfloat16()
             for i in range(count16)]
-    return fp32, bf16
+    return {"fp32": fp32, "bf16": bf16, "packed": [eagle_kernels.cpu_linear_pack(w) for w in fp32],
+            "packed-bf16": [eagle_kernels.cpu_linear_pack(w) for w in bf16]}
 
 
 def provider_call(provider, x, N, K):
     """A no-argument callable that runs ``provider`` on the next weight copy of its cycle."""
-    fp32, bf16 = weight_copies(N, K)
+    copies = weight_copies(N, K)
     fn = F.linear if provider == "torch" else eagle_kernels.cpu_linear
-    copies = bf16 if provider == "eagle-bf16" else fp32
+    copies = copies[{"torch": "fp32", "eagle": "fp32", "eagle-bf16": "bf16"}.get(provider, provider)]
     state = {"i": len(copies) // 2 if provider == "eagle" else 0}
 
     def call():
@@ -81,7 +84,7 @@ def provider_call(provider, x, N, K):
 
 
 def work(provider, M, N, K):
-    return N * K * (2 if provider == "eagle-bf16" else 4), 2 * M * N * K
+    return N * K * (2 if provider.endswith("bf16") else 4), 2 * M * N * K
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -130,23 +133,20 @@ def interleaved(calls, budget=0.6, min_rounds=5, max_rounds=400):
 
 def main(argv):
     threads_list = [int(a) for a in argv if a.isdigit()] or [1, 2]
-    print(f"{'N x K':<13} {'M':>3} {'thr':>3} | {'torch':>9} {'eagle':>9} {'eagle-bf16':>10} | "
-          f"{'x torch':>7} {'x torch':>7} | {'GB/s':>5} {'GB/s':>5} {'GB/s':>5} | "
-          f"{'GFLOP/s':>7} {'GFLOP/s':>7} {'GFLOP/s':>7}")
-    print(f"{'':<13} {'':>3} {'':>3} | {'':>9} {'':>9} {'':>10} | {'eagle':>7} {'bf16':>7} | "
-          f"{'torch':>5} {'eagle':>5} {'bf16':>5} | {'torch':>7} {'eagle':>7} {'bf16':>7}")
+    others = PROVIDERS[1:]
+    print("per call, median of interleaved calls; x torch = torch's time / the provider's; GB/s of weights read")
+    print(f"{'N x K':<13} {'M':>3} {'thr':>3} | {'torch':>9} " + " ".join(f"{p:>11}" for p in others) + " | "
+          + " ".join(f"{'x torch':>11}" for _ in others) + " | " + " ".join(f"{'GB/s':>11}" for _ in others))
     for threads in threads_list:
         torch.set_num_threads(threads)
         for N, K in SHAPES:
             for M in ROWS:
                 x = torch.randn(M, K)
-                t_torch, t_eagle, t_bf16 = interleaved([provider_call(p, x, N, K) for p in PROVIDERS])
-                gbs = [work(p, M, N, K)[0] / t / 1e9 for p, t in zip(PROVIDERS, (t_torch, t_eagle, t_bf16))]
-                gfs = [2 * M * N * K / t / 1e9 for t in (t_torch, t_eagle, t_bf16)]
-                print(f"{N:>5} x {K:<5} {M:>3} {threads:>3} | {t_torch * 1e6:7.0f}us {t_eagle * 1e6:7.0f}us "
-                      f"{t_bf16 * 1e6:8.0f}us | {t_torch / t_eagle:6.2f}x {t_torch / t_bf16:6.2f}x | "
-                      f"{gbs[0]:5.1f} {gbs[1]:5.1f} {gbs[2]:5.1f} | {gfs[0]:7.1f} {gfs[1]:7.1f} {gfs[2]:7.1f}",
-                      flush=True)
+                times = dict(zip(PROVIDERS, interleaved([provider_call(p, x, N, K) for p in PROVIDERS])))
+                print(f"{N:>5} x {K:<5} {M:>3} {threads:>3} | {times['torch'] * 1e6:7.0f}us "
+                      + " ".join(f"{times[p] * 1e6:9.0f}us" for p in others) + " | "
+                      + " ".join(f"{times['torch'] / times[p]:10.2f}x" for p in others) + " | "
+                      + " ".join(f"{work(p, M, N, K)[0] / times[p] / 1e9:11.1f}" for p in others), flush=True)
         weight_copies.cache_clear()
 
 
@@ -155,6 +155,7 @@ def forward_table(threads_list, rounds=7):
     gen = torch.Generator().manual_seed(0)
     fp32 = [torch.randn(N, K, generator=gen) for N, K in FORWARD_SHAPES]  # 540 MB: all from DRAM
     bf16 = [w.bfloat16() for w in fp32]
+    packed, packed16 = [eagle_kernels.cpu_linear_pack(w) for w in fp32], [eagle_kernels.cpu_linear_pack(w) for w in bf16]
     chunk_env, isa_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK", "EAGLE_KERNELS_CPU_ISA"
 
     def one_pass(fn, weights, **env):
@@ -173,14 +174,15 @@ def forward_table(threads_list, rounds=7):
                  "eagle-avx2": one_pass(eagle_kernels.cpu_linear, fp32, **{isa_env: "avx2"}),
                  "eagle-coarse": one_pass(eagle_kernels.cpu_linear, fp32, **{chunk_env: "8388608"}),
                  "eagle-bf16": one_pass(eagle_kernels.cpu_linear, bf16),
-                 "bf16-ymm": one_pass(eagle_kernels.cpu_linear, bf16, **{isa_env: "avx512-ymm"}),
-                 "bf16-avx2": one_pass(eagle_kernels.cpu_linear, bf16, **{isa_env: "avx2"})}
+                 "packed": one_pass(eagle_kernels.cpu_linear, packed),
+                 "packed-avx2": one_pass(eagle_kernels.cpu_linear, packed, **{isa_env: "avx2"}),
+                 "packed-bf16": one_pass(eagle_kernels.cpu_linear, packed16)}
     total_bytes = sum(w.numel() * 4 for w in fp32)
     print(f"one forward's linear layers ({total_bytes / 1e6:.0f} MB of fp32 weights), ms, median of {rounds} "
-          f"interleaved rounds; eagle-coarse = {chunk_env}=8388608; *-ymm = {isa_env}=avx512-ymm (8-lane "
-          f"tiles only), *-avx2 = {isa_env}=avx2 (the best path otherwise: AVX-512 paired tiles where the "
-          f"CPU has it)")
-    print(f"{'thr':>3} {'M':>3} | " + " ".join(f"{name:>12}" for name in providers) + " | eagle GB/s")
+          f"interleaved rounds; eagle* = row-major weights, packed* = cpu_linear_pack'ed; eagle-coarse = "
+          f"{chunk_env}=8388608; eagle-ymm = {isa_env}=avx512-ymm (8-lane tiles only), *-avx2 = {isa_env}=avx2 "
+          f"(the best path otherwise: AVX-512 where the CPU has it)")
+    print(f"{'thr':>3} {'M':>3} | " + " ".join(f"{name:>12}" for name in providers) + " | eagle GB/s packed GB/s")
     for threads in threads_list:
         torch.set_num_threads(threads)
         for M in (1, 4, 8, 12):
@@ -193,7 +195,7 @@ def forward_table(threads_list, rounds=7):
                     times[name].append(time.perf_counter() - start)
             med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
             print(f"{threads:>3} {M:>3} | " + " ".join(f"{med[n] * 1e3:12.1f}" for n in providers)
-                  + f" | {total_bytes / med['eagle'] / 1e9:10.1f}", flush=True)
+                  + f" | {total_bytes / med['eagle'] / 1e9:10.1f} {total_bytes / med['packed'] / 1e9:11.1f}", flush=True)
 
 
 if __name__ == "__main__":

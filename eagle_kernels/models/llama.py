@@ -147,6 +147,15 @@ def _cpu_linear_enabled() -> bool:
             and os.environ.get(_dispatch.BACKEND_ENV, "auto") in ("auto", "cpp"))
 
 
+def _packed_kernel_pays() -> bool:
+    """Whether cpu_linear runs its AVX-512 path (the CPU has it, EAGLE_KERNELS_CPU_ISA does not
+    cap it): there the packed layout is the faster one. The AVX2 path of the packed kernel holds
+    tiles of two rows only (16 registers) and measured 2x slower than the row-major kernel at
+    8-12 rows, so an AVX2 CPU keeps the row-major weights."""
+    return (torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX")
+            and os.environ.get("EAGLE_KERNELS_CPU_ISA", "avx512") in ("avx512", "avx512-ymm", ""))
+
+
 class PackedWeights:
     """``cpu_linear_pack`` copies of weight matrices, made on first use and kept while the matrix
     lives. On CPU the model's linear layers (and ``cpu_decoder_layer``) read the packed copy: a
@@ -164,9 +173,10 @@ class PackedWeights:
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
         """The packed copy of ``weight`` [N, K], or ``weight`` itself where packing does not
-        apply (``rows`` mode, N not a multiple of 32, not a 2-D CPU matrix)."""
+        apply (``rows`` mode, a CPU without AVX-512, N not a multiple of 32, not a 2-D CPU
+        matrix)."""
         if (weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu"
-                or _cpu_linear_mode() != "auto"):
+                or _cpu_linear_mode() != "auto" or not _packed_kernel_pays()):
             return weight
         key = id(weight)
         hit = self._copies.get(key)
