@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .llama import (GATE_UP, QKV, FusedProjections, KVCache, LlamaConfig, LlamaModel, attention_projections,
                     cached_attention, cpu_packed, default_positions, gated_mlp, is_matrix_weight, layer_kernel, linear,
-                    rms_norm, rope_cos_sin, rope_cos_sin_rows, rope_inverse_frequencies)
+                    pack_now, rms_norm, rope_cos_sin, rope_cos_sin_rows, rope_inverse_frequencies)
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 
@@ -93,6 +93,10 @@ class EagleHead(torch.nn.Module):
         self.weights = {name: self._stored(name, weights[name]) for name in expected}
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
         self.fused = FusedProjections()  # q/k/v and gate/up as one matrix each (views in weights)
+        p, w = self.prefix, self.weights
+        own_linear = ["fc.weight", "lm_head.weight"] if config.kind == EAGLE3 else []  # EAGLE-1: F.linear fc
+        pack_now([self.fused(w, p, QKV), w[p + "self_attn.o_proj.weight"], self.fused(w, p, GATE_UP),
+                  w[p + "mlp.down_proj.weight"]] + [w[name] for name in own_linear], self.dtype)
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()).to(target.device),
                              persistent=False)
 

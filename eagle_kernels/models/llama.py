@@ -191,6 +191,16 @@ class PackedWeights:
 cpu_packed = PackedWeights()  # one for every model and head in the process: tied weights pack once
 
 
+def pack_now(matrices, compute_dtype: torch.dtype) -> None:
+    """Make the packed copies of a CPU model's matrices at load time (fp32 compute, the
+    cpu_linear kernel on): loading then settles the memory, and the first forward pass does not
+    pay for the packing."""
+    if compute_dtype == torch.float32 and _cpu_linear_enabled():
+        for matrix in matrices:
+            if matrix.device.type == "cpu":
+                cpu_packed(matrix)
+
+
 def _cpu_layer_enabled() -> bool:
     mode = os.environ.get(CPU_LAYER_ENV, "auto")
     if mode not in ("auto", "ops"):
@@ -357,6 +367,11 @@ class LlamaModel(torch.nn.Module):
         for layer in range(config.num_layers):  # fuse now, so that loading settles the memory
             for names in (QKV, GATE_UP):
                 self.fused(weights, f"model.layers.{layer}.", names)
+        pack_now([self.fused(weights, f"model.layers.{layer}.", names) for layer in range(config.num_layers)
+                  for names in (QKV, GATE_UP)]
+                 + [weights[f"model.layers.{layer}.{name}"] for layer in range(config.num_layers)
+                    for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight")]
+                 + [weights["lm_head.weight"]], self.dtype)
         # On the weights' device: a CPU inv_freq would not broadcast against CUDA positions.
         self.register_buffer("inv_freq", rope_inverse_frequencies(config).to(self.device), persistent=False)
 
