@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import eagle_kernels
 from eagle_kernels import _dispatch, reference
 
 ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
@@ -230,11 +231,14 @@ def test_bad_input(linear, case):
         linear(x, w)
 
 
+@pytest.mark.parametrize("layout", ["rows", "packed"])
 @pytest.mark.parametrize("M", [1, 3, 12, 13])
-def test_nan_rows_stay_in_their_row(linear, M):
+def test_nan_rows_stay_in_their_row(linear, M, layout):
     """A NaN in one row of x gives NaN across that output row only: the other rows equal their
-    result without it (a NaN in one tile row must not reach the accumulators of the others)."""
-    x, w = activations(M, 100), weight(13, 100, "bf16")
+    result without it (a NaN in one tile row must not reach the accumulators of the others).
+    ``packed``: the weight in cpu_linear_pack's layout."""
+    x = activations(M, 100)
+    w = weight(13, 100, "bf16") if layout == "rows" else eagle_kernels.cpu_linear_pack(weight(96, 100, "bf16"))
     clean = linear(x, w)
     poisoned = x.clone()
     poisoned[M // 2, 37] = float("nan")
