@@ -155,7 +155,8 @@ def forward_table(threads_list, rounds=7):
     gen = torch.Generator().manual_seed(0)
     fp32 = [torch.randn(N, K, generator=gen) for N, K in FORWARD_SHAPES]  # 540 MB: all from DRAM
     bf16 = [w.bfloat16() for w in fp32]
-    packed, packed16 = [eagle_kernels.cpu_linear_pack(w) for w in fp32], [eagle_kernels.cpu_linear_pack(w) for w in bf16]
+    packed = [eagle_kernels.cpu_linear_pack(w) for w in fp32]
+    packed16 = [eagle_kernels.cpu_linear_pack(w) for w in bf16]
     chunk_env, isa_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK", "EAGLE_KERNELS_CPU_ISA"
 
     def one_pass(fn, weights, **env):
@@ -195,7 +196,8 @@ def forward_table(threads_list, rounds=7):
                     times[name].append(time.perf_counter() - start)
             med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
             print(f"{threads:>3} {M:>3} | " + " ".join(f"{med[n] * 1e3:12.1f}" for n in providers)
-                  + f" | {total_bytes / med['eagle'] / 1e9:10.1f} {total_bytes / med['packed'] / 1e9:11.1f}", flush=True)
+                  + f" | {total_bytes / med['eagle'] / 1e9:10.1f} {total_bytes / med['packed'] / 1e9:11.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Eight ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
 ``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, ``write_kv`` (stores the new
 tokens' K/V before a verify pass), ``cpu_linear`` (the few-row linear layers of a CPU
-model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and ``cpu_decoder_layer`` (a whole Llama decoder layer of
-such a model in one call). Each dispatches by device to the
+model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and
+``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call). Each
+dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
 """
@@ -33,6 +34,6 @@ _registration.register()
 
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
-    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "Tree", "DraftCandidates", "VerifyOutput", "backend_of", "reference",
-    "expand_tree", "Expansion",
+    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "Tree", "DraftCandidates", "VerifyOutput", "backend_of",
+    "reference", "expand_tree", "Expansion",
 ]

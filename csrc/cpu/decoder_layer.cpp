@@ -170,7 +170,9 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
                embed.has_value() ? "[(num_heads + 2 Hkv) D, 2 H]" : "[(num_heads + 2 Hkv) D, H]", dev);
   check_weight(o_weight, op, "o_weight", H, Hq * D, "[H, num_heads D]", dev);
   TORCH_CHECK_VALUE((gate_up_weight.dim() == 2 || gate_up_weight.dim() == 3) && out_features(gate_up_weight) % 2 == 0,
-                    op, ": gate_up_weight: expected 2-D [2 I, H] (gate rows, then up rows) or its packed form, got shape ",
+                    op,
+                    ": gate_up_weight: expected 2-D [2 I, H] (gate rows, then up rows) or its packed form, "
+                    "got shape ",
                     shape_str(gate_up_weight.sizes()));
   const int64_t I = out_features(gate_up_weight) / 2;
   check_weight(gate_up_weight, op, "gate_up_weight", 2 * I, H, "[2 I, H]", dev);

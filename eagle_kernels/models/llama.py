@@ -160,8 +160,8 @@ class PackedWeights:
     """``cpu_linear_pack`` copies of weight matrices, made on first use and kept while the matrix
     lives. On CPU the model's linear layers (and ``cpu_decoder_layer``) read the packed copy: a
     GEMM micro-kernel with x broadcast from memory, where the row-major layout reloads x for
-    every four outputs (one SmolLM2 forward's linear layers, 2 threads: 18.9 against 21.9 ms at
-    one row, 24.1 against 27.7 ms at 12). The row-major matrix stays for torch's paths (long
+    every four outputs (one SmolLM2 forward's linear layers, 2 threads, AVX-512: 19.1 against
+    21.1 ms at one row, 25.1 against 27.4 ms at 12). The row-major matrix stays for torch's paths (long
     prefills, autograd, other devices): packing costs one more copy of the matrices.
 
     A copy is keyed by the matrix's identity and checked against its version counter, so an
@@ -184,7 +184,8 @@ class PackedWeights:
             return hit[2]
         packed = ops.cpu_linear_pack(weight)
         copies = self._copies
-        self._copies[key] = (weakref.ref(weight, lambda _, key=key: copies.pop(key, None)), weight._version, packed)
+        forget = weakref.ref(weight, lambda _, key=key: copies.pop(key, None))  # the copy goes with the matrix
+        self._copies[key] = (forget, weight._version, packed)
         return packed
 
 
