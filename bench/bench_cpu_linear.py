@@ -164,7 +164,7 @@ def forward_table(threads_list, rounds=7):
             os.environ.update(env)
             try:
                 for w in weights:
-                    fn(xs[w.shape[1]], w)
+                    fn(xs[w.shape[-2] if w.dim() == 4 else w.shape[1]], w)
             finally:
                 for name in env:
                     os.environ.pop(name, None)

@@ -266,16 +266,16 @@ PACK_WIDTH = 32  # output columns per group of a packed cpu_linear weight
 
 
 def check_linear_weight_layout(name, weight, K, device):
-    """A cpu_linear weight: [N, K] with a dense last dim, or packed [N / 32, K, 32] contiguous."""
+    """A cpu_linear weight: [N, K] with a dense last dim, or packed [N / 32, 2, K, 16] contiguous."""
     check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
-    if weight.dim() == 3:
-        if tuple(weight.shape[1:]) != (K, PACK_WIDTH):
-            _fail(name, f"packed shape [N / 32, K = {K}, 32] (K from x)", f"shape {tuple(weight.shape)}")
+    if weight.dim() == 4:
+        if tuple(weight.shape[1:]) != (2, K, PACK_WIDTH // 2):
+            _fail(name, f"packed shape [N / 32, 2, K = {K}, 16] (K from x)", f"shape {tuple(weight.shape)}")
         if not weight.is_contiguous():
             _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
         return
     if weight.dim() != 2:
-        _fail(name, "2-D [N, K] or packed 3-D [N / 32, K, 32] (cpu_linear_pack)",
+        _fail(name, "2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack)",
               f"{weight.dim()}-D shape {tuple(weight.shape)}")
     N = weight.shape[0]
     if weight.shape[1] != K:
@@ -286,8 +286,8 @@ def check_linear_weight_layout(name, weight, K, device):
 
 
 def linear_out_features(weight) -> int:
-    """N of a cpu_linear weight, row-major [N, K] or packed [N / 32, K, 32]."""
-    return weight.shape[0] * PACK_WIDTH if weight.dim() == 3 else weight.shape[0]
+    """N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16]."""
+    return weight.shape[0] * PACK_WIDTH if weight.dim() == 4 else weight.shape[0]
 
 
 def check_cpu_linear(x, weight, *, values=True):
@@ -310,9 +310,9 @@ def cpu_linear_shape(x, weight):
 # ------------------------------------------------------------------------ cpu_decoder_layer
 def _check_linear_weight(name, weight, rows, cols, layout, device):
     check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
-    if weight.dim() == 3:  # packed (cpu_linear_pack)
-        if rows % PACK_WIDTH or tuple(weight.shape) != (rows // PACK_WIDTH, cols, PACK_WIDTH):
-            _fail(name, f"packed shape {layout} = [{rows}, {cols}] as [{rows} / 32, {cols}, 32]",
+    if weight.dim() == 4:  # packed (cpu_linear_pack)
+        if rows % PACK_WIDTH or tuple(weight.shape) != (rows // PACK_WIDTH, 2, cols, PACK_WIDTH // 2):
+            _fail(name, f"packed shape {layout} = [{rows}, {cols}] as [{rows} / 32, 2, {cols}, 16]",
                   f"shape {tuple(weight.shape)}")
         if not weight.is_contiguous():
             _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
@@ -347,7 +347,7 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, attn_in,
                          "[(num_heads + 2 Hkv) D, H]" if embed is None else "[(num_heads + 2 Hkv) D, 2 H]", device)
     _check_linear_weight("o_weight", o_weight, H, num_heads * D, "[H, num_heads D]", device)
-    if gate_up_weight.dim() not in (2, 3) or linear_out_features(gate_up_weight) % 2:
+    if gate_up_weight.dim() not in (2, 4) or linear_out_features(gate_up_weight) % 2:
         _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows) or its packed form",
               f"shape {tuple(gate_up_weight.shape)}")
     I = linear_out_features(gate_up_weight) // 2

@@ -56,8 +56,8 @@ def cpu_linear(x, weight):
 
 
 def cpu_linear_pack(weight):
-    """``weight`` [N, K] (N a multiple of 32) as the packed [N / 32, K, 32] that ``cpu_linear``
-    and ``cpu_decoder_layer`` also take: K-major groups of 32 output columns, for which the CPU
+    """``weight`` [N, K] (N a multiple of 32) as the packed [N / 32, 2, K, 16] that ``cpu_linear``
+    and ``cpu_decoder_layer`` also take: groups of 32 output columns in two K-major halves, for which the CPU
     kernel is a GEMM micro-kernel (verify passes of 8-12 rows cost little more than one row).
     Pure layout (any device, same dtype and values). See
     :func:`eagle_kernels.reference.cpu_linear_pack`."""

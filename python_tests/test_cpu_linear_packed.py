@@ -28,15 +28,14 @@ def packed(N, K, wdtype):
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
 def test_layout(wdtype):
-    """packed[g, k, j] = weight[32 g + column(j), k]: column order for fp32 and fp16, the two
-    halves interleaved for bf16 (positions 2i, 2i + 1 hold columns i, 16 + i); unpack inverts."""
+    """packed[g, h, k, j] = weight[32 g + 16 h + j, k] for every dtype; unpack inverts."""
     w = weight(64, 5, wdtype)
     p = eagle_kernels.cpu_linear_pack(w)
-    assert p.shape == (2, 5, 32) and p.dtype == w.dtype and p.is_contiguous()
+    assert p.shape == (2, 2, 5, 16) and p.dtype == w.dtype and p.is_contiguous()
     for g in range(2):
-        for j in range(32):
-            column = (j % 2) * 16 + j // 2 if wdtype == "bf16" else j
-            assert torch.equal(p[g, :, j], w[32 * g + column])
+        for h in range(2):
+            for j in range(16):
+                assert torch.equal(p[g, h, :, j], w[32 * g + 16 * h + j])
     assert torch.equal(cpu_linear_unpack(p), w)
 
 
@@ -99,8 +98,7 @@ def test_threads_and_chunks_do_not_change_the_result(wdtype, monkeypatch):
 @pytest.mark.parametrize("wdtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("M", [1, 4, 13])
 def test_16bit_weight_equals_its_fp32_widening(linear, M, wdtype):
-    """A bf16 / fp16 packed weight (bf16: the interleaved layout) gives bit for bit the result of
-    its fp32 widening, packed."""
+    """A bf16 / fp16 packed weight gives bit for bit the result of its fp32 widening, packed."""
     w = weight(96, 100, wdtype)
     x = activations(M, 100)
     got = linear(x, eagle_kernels.cpu_linear_pack(w))
@@ -122,10 +120,12 @@ def test_leading_dims_and_empty_rows(linear):
 
 
 BAD = {
-    "k_mismatch": lambda w: w[:, :-1].contiguous(),
-    "width_not_32": lambda w: w[..., :16].contiguous(),
+    "k_mismatch": lambda w: w[:, :, :-1].contiguous(),
+    "half_not_16": lambda w: w[..., :8].contiguous(),
+    "one_half": lambda w: w[:, :1].contiguous(),
     "not_contiguous": lambda w: w.transpose(0, 1).contiguous().transpose(0, 1),
-    "rank4": lambda w: w[None],
+    "rank3": lambda w: w[:, 0],
+    "rank5": lambda w: w[None],
     "dtype": lambda w: w.double(),
 }
 
@@ -153,7 +153,7 @@ def test_packed_weights_follow_their_matrix(monkeypatch):
     packs = PackedWeights()
     w = torch.randn(64, 16)
     first = packs(w)
-    assert first.shape == (2, 16, 32) and packs(w) is first
+    assert first.shape == (2, 2, 16, 16) and packs(w) is first
     w.mul_(2.0)  # bumps the version counter
     second = packs(w)
     assert second is not first and torch.equal(cpu_linear_unpack(second), w)
@@ -191,7 +191,7 @@ def test_decoder_layer_rejects_a_bad_packed_weight():
     fn = native()
     args, kwargs = inputs("smollm2", 1, 2, 5, "fp32", tree=False)
     bad = list(args)
-    bad[3] = eagle_kernels.cpu_linear_pack(args[3])[:, :-1].contiguous()  # o_weight with K short by one
+    bad[3] = eagle_kernels.cpu_linear_pack(args[3])[:, :, :-1].contiguous()  # o_weight with K short by one
     for impl in (fn, reference.cpu_decoder_layer):
         with pytest.raises(ValueError, match=r"\bo_weight\b"):
             impl(*bad, **kwargs)

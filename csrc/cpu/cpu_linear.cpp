@@ -370,16 +370,16 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType wtype = weight.scalar_type();
   TORCH_CHECK_VALUE(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kHalf, op,
                     ": weight: expected dtype float32, bfloat16 or float16, got ", wtype);
-  TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 3, op,
-                    ": weight: expected 2-D [N, K] or packed 3-D [N / 32, K, 32] (cpu_linear_pack), got ",
+  TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 4, op,
+                    ": weight: expected 2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack), got ",
                     weight.dim(), "-D shape ", shape_str(weight.sizes()));
   check_device(weight, op, "weight", dev);
   const int64_t K = x.size(-1);
-  const bool packed = weight.dim() == 3;
+  const bool packed = weight.dim() == 4;
   const int64_t N = packed ? weight.size(0) * linear_impl::kPackWidth : weight.size(0);
   if (packed) {
-    TORCH_CHECK_VALUE(weight.size(1) == K && weight.size(2) == linear_impl::kPackWidth, op,
-                      ": weight: expected packed shape [N / 32, K = ", K, ", 32] (K from x), got ",
+    TORCH_CHECK_VALUE(weight.size(1) == 2 && weight.size(2) == K && weight.size(3) == linear_impl::kPackWidth / 2,
+                      op, ": weight: expected packed shape [N / 32, 2, K = ", K, ", 16] (K from x), got ",
                       shape_str(weight.sizes()));
     TORCH_CHECK_VALUE(weight.is_contiguous(), op, ": weight: expected a contiguous packed weight, got strides ",
                       shape_str(weight.strides()));

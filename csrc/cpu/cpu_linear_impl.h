@@ -17,7 +17,7 @@ Isa pick_isa();
 // Multiply-adds per parallel task (EAGLE_KERNELS_CPU_LINEAR_CHUNK, default 2^20).
 int64_t parallel_chunk();
 
-// Columns per group of a packed weight [N / kPackWidth, K, kPackWidth].
+// Columns per group of a packed weight [N / 32, 2, K, 16] (two halves of 16 columns, K-major).
 constexpr int64_t kPackWidth = 32;
 
 // out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for the packed weight `packed` (groups of

@@ -1,9 +1,6 @@
 // cpu_linear over a packed weight (eagle_kernels.cpu_linear_pack): W [N, K] stored as groups of
-// 32 output columns, K-major inside a group, packed [N / 32, K, 32]:
-//   fp32, fp16: packed[g, k, j] = W[32 g + j, k];
-//   bf16:       packed[g, k, 2 i] = W[32 g + i, k], packed[g, k, 2 i + 1] = W[32 g + 16 + i, k]
-//               (i < 16), so that one 512-bit load splits into columns 0-15 (shift left 16) and
-//               16-31 (mask the high halves) with two integer operations, exactly.
+// 32 output columns, each group as two halves of 16 columns one after the other, K-major inside a
+// half: packed [N / 32, 2, K, 16], packed[g, h, k, j] = W[32 g + 16 h + j, k] (every dtype).
 //
 // Why a second layout: with row-major weights every FMA pairs a weight vector with a vector of
 // x along K, so a tile of 4 weight rows reloads x for every 4 outputs and one output is
@@ -11,7 +8,11 @@
 // (AVX-512, two FMA units), a verify pass 1.3x the cost of a one-row pass. K-major, a vector
 // holds 16 output columns of one k and x[m, k] is a broadcast memory operand: a tile of C rows
 // of x and 32 columns keeps 2 C accumulators (up to 24 of 32 zmm registers), loads each weight
-// vector once for C FMAs, and needs no horizontal sums: the classic GEMM micro-kernel.
+// vector once for C FMAs, and needs no horizontal sums: the classic GEMM micro-kernel. The two
+// halves of a group are two separate weight streams: at 8-12 rows, where one group at a time is
+// in flight, one SmolLM2 forward's linear layers took 21.4 / 22.5 ms with the halves apart
+// against 25.0 / 25.1 ms with each k step's 32 columns side by side (2 threads, Intel Xeon):
+// more streams for the hardware prefetchers to run ahead on while the FMAs are busy.
 //
 // Each output is one fp32 FMA chain over k = 0 .. K-1, starting from zero: its summation order
 // is fixed by K alone, whatever M, the tiling, the vector width or the ISA. Rows are
@@ -26,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "cpu_linear_impl.h"
 
@@ -44,6 +44,7 @@ namespace linear_impl {
 namespace {
 
 constexpr int64_t kW = kPackWidth;
+constexpr int64_t kHalf = kPackWidth / 2;  // columns per half of a group: one zmm of fp32
 constexpr int kMaxRows = 12;  // rows of x per AVX-512 tile: 2 x 12 accumulators + 2 weights + 1 x
 
 // Rows of x per tile and groups side by side per tile for C rows: 2 G C accumulators and 2 G
@@ -51,10 +52,11 @@ constexpr int kMaxRows = 12;  // rows of x per AVX-512 tile: 2 x 12 accumulators
 // their latency and more weight streams in flight.
 constexpr int groups_for(int C) { return C <= 2 ? 4 : C == 3 ? 3 : C <= 6 ? 2 : 1; }
 
-// Weight bytes ahead of the current k step that a tile prefetches in each of its groups' streams
-// (into L2): the DRAM latency times one thread's stream rate, with margin.
-// Measured on an Intel Xeon (2 threads, one SmolLM2 forward's linear layers at 12 rows): no
-// prefetch 33.7 ms, 2 KiB 26.1, 4 KiB 24.5, 8-16 KiB 24.5-25.5; T0 hints 26.1, NTA 41.4.
+// Weight bytes ahead of the current k step that a tile prefetches in each of its weight streams
+// (two per group, into L2): the DRAM latency times the stream's rate, with margin.
+// Measured on an Intel Xeon (2 threads, one SmolLM2 forward's linear layers at 12 rows, with a
+// group's halves side by side, one stream): no prefetch 33.7 ms, 2 KiB 26.1, 4 KiB 24.5, 8-16
+// KiB 24.5-25.5; T0 hints 26.1, NTA 41.4.
 constexpr int64_t kPrefetchAhead = 4096;
 
 struct Bf16 {
@@ -73,22 +75,16 @@ inline float widen(Bf16 v) {
 }
 inline float widen(Fp16 v) { return c10::detail::fp16_ieee_to_fp32_value(v.bits); }
 
-// The output column (within its group) of packed position j.
-template <typename W>
-inline int64_t column_of(int64_t j) {
-  if constexpr (std::is_same_v<W, Bf16>) return (j % 2) * 16 + j / 2;
-  return j;
-}
-
 // ------------------------------------------------------------------------------- scalar path
 template <typename W>
 void group_scalar(const W* w, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo) {
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * ldx;
     for (int64_t j = 0; j < kW; ++j) {
+      const W* column = w + (j / kHalf) * K * kHalf + j % kHalf;  // [K] with stride kHalf
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc = std::fma(widen(w[k * kW + j]), xm[k], acc);
-      out[m * ldo + column_of<W>(j)] = acc;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(widen(column[k * kHalf]), xm[k], acc);
+      out[m * ldo + j] = acc;
     }
   }
 }
@@ -101,43 +97,39 @@ void group_scalar(const W* w, const float* x, int64_t ldx, int64_t M, int64_t K,
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 // ---------------------------------------------------------------------------------- AVX-512
-// Columns 0-15 and 16-31 of one k step of a group, widened to fp32 (exactly).
-EAGLE_TARGET_AVX512 inline void load_group(const float* p, __m512& lo, __m512& hi) {
-  lo = _mm512_loadu_ps(p);
-  hi = _mm512_loadu_ps(p + 16);
+// The 16 columns of one k step of a half, widened to fp32 (exactly).
+EAGLE_TARGET_AVX512 inline __m512 load_half(const float* p) { return _mm512_loadu_ps(p); }
+EAGLE_TARGET_AVX512 inline __m512 load_half(const Bf16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
-EAGLE_TARGET_AVX512 inline void load_group(const Bf16* p, __m512& lo, __m512& hi) {
-  const __m512i v = _mm512_loadu_si512(p);
-  lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-  hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-EAGLE_TARGET_AVX512 inline void load_group(const Fp16* p, __m512& lo, __m512& hi) {
-  lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+EAGLE_TARGET_AVX512 inline __m512 load_half(const Fp16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// G consecutive groups (w: the first, [G][K][32]) times C rows of x: out[c * ldo + 32 g + j].
+// G consecutive groups (w: the first, [G][2][K][16]) times C rows of x: out[c * ldo + 32 g + j].
 template <int G, int C, typename W>
 EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
                                  bool prefetch) {
-  constexpr int64_t step_bytes = kW * static_cast<int64_t>(sizeof(W));
-  constexpr int64_t ahead = kPrefetchAhead / step_bytes;  // k steps
+  constexpr int64_t step_bytes = kHalf * static_cast<int64_t>(sizeof(W));  // per half and k step
+  constexpr int64_t ahead = kPrefetchAhead / step_bytes;                   // k steps
+  constexpr int64_t steps_per_line = 64 / step_bytes;                      // 1 (fp32) or 2
   __m512 acc[G][2][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][0][c] = acc[g][1][c] = _mm512_setzero_ps();
-  const int64_t group_stride = K * kW;
+  const int64_t half_stride = K * kHalf;
   for (int64_t k = 0; k < K; ++k) {
-    if (prefetch) {
-      // Past a group's end the line is the next group's start: the following tile's stream (past
-      // the last group's end a prefetch is a hint that never faults).
-      for (int g = 0; g < G; ++g) {
-        const char* line = reinterpret_cast<const char*>(w + g * group_stride + (k + ahead) * kW);
-        _mm_prefetch(line, _MM_HINT_T1);
-        if constexpr (step_bytes > 64) _mm_prefetch(line + 64, _MM_HINT_T1);
-      }
+    if (prefetch && k % steps_per_line == 0) {
+      // Past a half's end the line is the next half's start (past the last group's end a
+      // prefetch is a hint that never faults).
+      for (int g = 0; g < 2 * G; ++g)
+        _mm_prefetch(reinterpret_cast<const char*>(w + g * half_stride + (k + ahead) * kHalf), _MM_HINT_T1);
     }
     __m512 lo[G], hi[G];
-    for (int g = 0; g < G; ++g) load_group(w + g * group_stride + k * kW, lo[g], hi[g]);
+    for (int g = 0; g < G; ++g) {
+      lo[g] = load_half(w + (2 * g) * half_stride + k * kHalf);
+      hi[g] = load_half(w + (2 * g + 1) * half_stride + k * kHalf);
+    }
     for (int c = 0; c < C; ++c) {
       const __m512 xv = _mm512_set1_ps(x[c * ldx + k]);
       for (int g = 0; g < G; ++g) {
@@ -149,27 +141,19 @@ EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t 
   for (int c = 0; c < C; ++c)
     for (int g = 0; g < G; ++g) {
       _mm512_storeu_ps(out + c * ldo + g * kW, acc[g][0][c]);
-      _mm512_storeu_ps(out + c * ldo + g * kW + 16, acc[g][1][c]);
+      _mm512_storeu_ps(out + c * ldo + g * kW + kHalf, acc[g][1][c]);
     }
 }
 
 // ------------------------------------------------------------------------------------- AVX2
-// A group's k step as four 8-column vectors (columns 0-7, 8-15, 16-23, 24-31).
-EAGLE_TARGET_AVX2 inline void load_group(const float* p, __m256 (&v)[4]) {
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
+// Eight columns of one k step of a half, widened to fp32.
+EAGLE_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+EAGLE_TARGET_AVX2 inline __m256 load8(const Bf16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
-EAGLE_TARGET_AVX2 inline void load_group(const Bf16* p, __m256 (&v)[4]) {
-  // Packed positions 0-15 hold columns (0, 16), (1, 17), ... (7, 23); 16-31 columns 8-15, 24-31.
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-  v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
-  v[2] = _mm256_castsi256_ps(_mm256_and_si256(a, high));
-  v[3] = _mm256_castsi256_ps(_mm256_and_si256(b, high));
-}
-EAGLE_TARGET_AVX2 inline void load_group(const Fp16* p, __m256 (&v)[4]) {
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * i)));
+EAGLE_TARGET_AVX2 inline __m256 load8(const Fp16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // One group times C (1 or 2) rows of x: 4 C accumulators + 4 weights + 1 x of 16 registers.
@@ -182,9 +166,10 @@ EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ld
   __m256 acc[4][C];
   for (int i = 0; i < 4; ++i)
     for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  const int64_t half_stride = K * kHalf;
   for (int64_t k = 0; k < K; ++k) {
-    __m256 v[4];
-    load_group(w + k * kW, v);
+    __m256 v[4];  // columns 0-7, 8-15 (half 0), 16-23, 24-31 (half 1)
+    for (int i = 0; i < 4; ++i) v[i] = load8(w + (i / 2) * half_stride + k * kHalf + (i % 2) * 8);
     for (int c = 0; c < C; ++c) {
       const __m256 xv = _mm256_broadcast_ss(x + c * ldx + k);
       for (int i = 0; i < 4; ++i) acc[i][c] = _mm256_fmadd_ps(v[i], xv, acc[i][c]);

@@ -100,11 +100,11 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
   TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": ", name,
                     ": expected dtype float32, bfloat16 or float16, got ", t);
   check_device(w, op, name, dev);
-  if (w.dim() == 3) {  // packed (cpu_linear_pack): [rows / 32, cols, 32]
+  if (w.dim() == 4) {  // packed (cpu_linear_pack): [rows / 32, 2, cols, 16]
     constexpr int64_t width = linear_impl::kPackWidth;
-    TORCH_CHECK_VALUE(rows % width == 0 && w.sizes() == c10::IntArrayRef({rows / width, cols, width}), op, ": ",
-                      name, ": expected packed shape ", layout, " = [", rows, ", ", cols, "] as [", rows,
-                      " / 32, ", cols, ", 32], got ", shape_str(w.sizes()));
+    TORCH_CHECK_VALUE(rows % width == 0 && w.sizes() == c10::IntArrayRef({rows / width, 2, cols, width / 2}), op,
+                      ": ", name, ": expected packed shape ", layout, " = [", rows, ", ", cols, "] as [", rows,
+                      " / 32, 2, ", cols, ", 16], got ", shape_str(w.sizes()));
     TORCH_CHECK_VALUE(w.is_contiguous(), op, ": ", name, ": expected a contiguous packed weight, got strides ",
                       shape_str(w.strides()));
     return;
@@ -114,9 +114,9 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
                     ": expected a dense last dim (stride 1), got strides ", shape_str(w.strides()));
 }
 
-// N of a cpu_linear weight, row-major [N, K] or packed [N / 32, K, 32].
+// N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16].
 int64_t out_features(const at::Tensor& w) {
-  return w.dim() == 3 ? w.size(0) * linear_impl::kPackWidth : w.size(0);
+  return w.dim() == 4 ? w.size(0) * linear_impl::kPackWidth : w.size(0);
 }
 
 }  // namespace
@@ -169,7 +169,7 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   check_weight(qkv_weight, op, "qkv_weight", (Hq + 2 * Hkv) * D, attn_in,
                embed.has_value() ? "[(num_heads + 2 Hkv) D, 2 H]" : "[(num_heads + 2 Hkv) D, H]", dev);
   check_weight(o_weight, op, "o_weight", H, Hq * D, "[H, num_heads D]", dev);
-  TORCH_CHECK_VALUE((gate_up_weight.dim() == 2 || gate_up_weight.dim() == 3) && out_features(gate_up_weight) % 2 == 0,
+  TORCH_CHECK_VALUE((gate_up_weight.dim() == 2 || gate_up_weight.dim() == 4) && out_features(gate_up_weight) % 2 == 0,
                     op,
                     ": gate_up_weight: expected 2-D [2 I, H] (gate rows, then up rows) or its packed form, "
                     "got shape ",

@@ -10,39 +10,29 @@ from .. import _checks
 PACK_WIDTH = 32  # output columns per group of a packed weight
 
 
-def _group_order(dtype) -> torch.Tensor:
-    """Packed position j of a group -> its output column. bf16 interleaves the two halves
-    (positions 2i, 2i+1 hold columns i, 16 + i), so that a 512-bit load splits into columns 0-15
-    and 16-31 with a shift and a mask; fp32 and fp16 keep column order."""
-    if dtype == torch.bfloat16:
-        half = torch.arange(PACK_WIDTH // 2)
-        return torch.stack([half, half + PACK_WIDTH // 2], dim=1).reshape(-1)
-    return torch.arange(PACK_WIDTH)
-
-
 def cpu_linear_pack(weight: torch.Tensor) -> torch.Tensor:
     """A weight [N, K] (N a multiple of 32) in the packed layout of ``cpu_linear``: groups of 32
-    output columns, K-major inside a group, ``packed[g, k, j] = weight[32 g + order[j], k]``
-    (``order``: column order, except bf16's interleaved halves). Same dtype, same values; a new
-    contiguous tensor [N / 32, K, 32].
+    output columns, each as two halves of 16 columns stored one after the other, K-major inside a
+    half, ``packed[g, h, k, j] = weight[32 g + 16 h + j, k]``. Same dtype, same values; a new
+    contiguous tensor [N / 32, 2, K, 16].
 
     With it ``cpu_linear`` runs one FMA chain per output along K, 16 output columns per vector,
-    x broadcast from memory (a GEMM micro-kernel rather than dot products): at 8-12 rows of x
-    a pass costs little more than at one row. Its results agree with the row-major layout's to
-    fp32 rounding (another summation order), and are bit for bit the same on every ISA.
+    x broadcast from memory (a GEMM micro-kernel rather than dot products), and each group is two
+    weight streams: at 8-12 rows of x a pass costs little more than at one row. Its results agree
+    with the row-major layout's to fp32 rounding (another summation order), and are bit for bit
+    the same on every ISA.
     """
     _checks.check_cpu_linear_pack(weight)
     N, K = weight.shape
-    order = _group_order(weight.dtype).to(weight.device)
-    return weight.reshape(N // PACK_WIDTH, PACK_WIDTH, K)[:, order].transpose(1, 2).contiguous()
+    half = PACK_WIDTH // 2
+    return weight.reshape(N // PACK_WIDTH, 2, half, K).transpose(2, 3).contiguous()
 
 
 def cpu_linear_unpack(packed: torch.Tensor) -> torch.Tensor:
-    """The weight [N, K] of a packed weight [N / 32, K, 32] (the inverse of
+    """The weight [N, K] of a packed weight [N / 32, 2, K, 16] (the inverse of
     :func:`cpu_linear_pack`)."""
-    groups, K, width = packed.shape
-    inverse = torch.argsort(_group_order(packed.dtype)).to(packed.device)
-    return packed.transpose(1, 2)[:, inverse].reshape(groups * width, K)
+    groups, halves, K, half = packed.shape
+    return packed.transpose(2, 3).reshape(groups * halves * half, K)
 
 
 def cpu_linear(x, weight):
@@ -53,9 +43,9 @@ def cpu_linear(x, weight):
     Shapes
     ------
     x: float32 [..., K]; weight: float32, bfloat16 or float16, [N, K] with a dense last dim or
-    packed [N / 32, K, 32] (:func:`cpu_linear_pack`); returns float32 [..., N].
+    packed [N / 32, 2, K, 16] (:func:`cpu_linear_pack`); returns float32 [..., N].
     """
     _checks.check_cpu_linear(x, weight)
-    if weight.dim() == 3:
+    if weight.dim() == 4:
         weight = cpu_linear_unpack(weight)
     return torch.nn.functional.linear(x.double(), weight.double()).to(torch.float32)
