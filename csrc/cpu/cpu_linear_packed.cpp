@@ -158,9 +158,10 @@ EAGLE_TARGET_AVX2 inline __m256 load8(const Fp16* p) {
 
 // One group times C (1 or 2) rows of x: 4 C accumulators + 4 weights + 1 x of 16 registers.
 // A correct fallback more than a fast one: each weight vector serves at most two FMAs, and one
-// SmolLM2 forward's linear layers took 44-56 ms at 8-12 rows against 25-28 ms for the row-major
-// AVX2 kernel (22.7 against 21.3 ms at one row), so the model packs weights only for the AVX-512
-// path. Half-group tiles of up to 6 rows, streaming each group twice, measured slower still.
+// SmolLM2 forward's linear layers took 41-53 ms at 8-12 rows against 25-28 ms for the row-major
+// AVX2 kernel (18.7 against 21.4 ms at one row), so the model packs weights only for the AVX-512
+// path. Not tried: tiles of one half (2 x 6 accumulators), which this layout lets stream each
+// half once.
 template <int C, typename W>
 EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo) {
   __m256 acc[4][C];

@@ -160,9 +160,9 @@ class PackedWeights:
     """``cpu_linear_pack`` copies of weight matrices, made on first use and kept while the matrix
     lives. On CPU the model's linear layers (and ``cpu_decoder_layer``) read the packed copy: a
     GEMM micro-kernel with x broadcast from memory, where the row-major layout reloads x for
-    every four outputs (one SmolLM2 forward's linear layers, 2 threads, AVX-512: 19.1 against
-    21.1 ms at one row, 25.1 against 27.4 ms at 12). The row-major matrix stays for torch's paths (long
-    prefills, autograd, other devices): packing costs one more copy of the matrices.
+    every four outputs (one SmolLM2 forward's linear layers, 2 threads, AVX-512: 19.2 against
+    20.6 ms at one row, 23.1 against 28.3 ms at 12). The row-major matrix stays for torch's
+    paths (long prefills, autograd, other devices): packing costs one more copy of the matrices.
 
     A copy is keyed by the matrix's identity and checked against its version counter, so an
     in-place update (an optimizer step on a head being trained) repacks it on the next call.
