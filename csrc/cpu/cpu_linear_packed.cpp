@@ -156,28 +156,47 @@ EAGLE_TARGET_AVX2 inline __m256 load8(const Fp16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// One group times C (1 or 2) rows of x: 4 C accumulators + 4 weights + 1 x of 16 registers.
-// A correct fallback more than a fast one: each weight vector serves at most two FMAs, and one
-// SmolLM2 forward's linear layers took 41-53 ms at 8-12 rows against 25-28 ms for the row-major
-// AVX2 kernel (18.7 against 21.4 ms at one row), so the model packs weights only for the AVX-512
-// path. Not tried: tiles of one half (2 x 6 accumulators), which this layout lets stream each
-// half once.
+// AVX2 tiles take one half of a group: 2 x 6 accumulators + 2 weights + 1 x of 16 registers, each
+// weight vector serving up to 6 FMAs. A fallback more than a fast path: one SmolLM2 forward's
+// linear layers (2 threads, the AVX2 path on an AVX-512 Xeon) took 19.9 / 24.2 / 34.2 / 41.5 ms at
+// 1 / 4 / 8 / 12 rows against 22.2 / 23.3 / 26.4 / 27.8 for the row-major AVX2 kernel (whole
+// groups with 2-row tiles: 18.7 / 28.5 / 40.9 / 52.6), so the model packs weights only for the
+// AVX-512 path.
+constexpr int kMaxRows256 = 6;
+
+// One half (w: [K][16], a contiguous stream) times C rows of x: out[c * ldo + j], j < 16.
 template <int C, typename W>
-EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo) {
-  __m256 acc[4][C];
-  for (int i = 0; i < 4; ++i)
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
-  const int64_t half_stride = K * kHalf;
+EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                               bool prefetch) {
+  constexpr int64_t step_bytes = kHalf * static_cast<int64_t>(sizeof(W));
+  constexpr int64_t ahead = kPrefetchAhead / step_bytes;
+  constexpr int64_t steps_per_line = 64 / step_bytes;
+  __m256 acc_a[C], acc_b[C];
+  for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    __m256 v[4];  // columns 0-7, 8-15 (half 0), 16-23, 24-31 (half 1)
-    for (int i = 0; i < 4; ++i) v[i] = load8(w + (i / 2) * half_stride + k * kHalf + (i % 2) * 8);
+    if (prefetch && k % steps_per_line == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (k + ahead) * kHalf), _MM_HINT_T1);
+    const __m256 a = load8(w + k * kHalf), b = load8(w + k * kHalf + 8);
     for (int c = 0; c < C; ++c) {
       const __m256 xv = _mm256_broadcast_ss(x + c * ldx + k);
-      for (int i = 0; i < 4; ++i) acc[i][c] = _mm256_fmadd_ps(v[i], xv, acc[i][c]);
+      acc_a[c] = _mm256_fmadd_ps(a, xv, acc_a[c]);
+      acc_b[c] = _mm256_fmadd_ps(b, xv, acc_b[c]);
     }
   }
-  for (int c = 0; c < C; ++c)
-    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + c * ldo + 8 * i, acc[i][c]);
+  for (int c = 0; c < C; ++c) {
+    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
+    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
+  }
+}
+
+// tile256<C> for a C (1 .. kMaxRows256) known at run time.
+template <int C, typename W>
+void tile256_dispatch(int64_t C_run, const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+  if constexpr (C > 1) {
+    if (C_run < C) return tile256_dispatch<C - 1, W>(C_run, w, K, x, ldx, out, ldo, prefetch);
+  }
+  tile256<C, W>(w, K, x, ldx, out, ldo, prefetch);
 }
 
 // tile512<G, C> for a C (1 .. kMaxRows) known at run time, G = groups_for(C) or 1.
@@ -224,12 +243,19 @@ void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int
     return;
   }
   if (isa == Isa::kAvx2) {
-    for (int64_t g = begin; g < end; ++g) {
-      const W* w = packed + g * group_elems;
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) tile256<2, W>(w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo);
-      if (m < M) tile256<1, W>(w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo);
-    }
+    // Half by half (16 registers hold one half's tile): each half is read once from DRAM, by the
+    // first row tile, and from L2 by the others.
+    const int64_t tiles = (M + kMaxRows256 - 1) / kMaxRows256;
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t h = 0; h < 2; ++h) {
+        const W* w = packed + g * group_elems + h * K * kHalf;
+        for (int64_t t = 0, m = 0; t < tiles; ++t) {
+          const int64_t C = (M - m) / (tiles - t);
+          tile256_dispatch<kMaxRows256, W>(C, w, K, x + m * ldx, ldx, out + m * ldo + g * kW + h * kHalf, ldo,
+                                           t == 0);
+          m += C;
+        }
+      }
     return;
   }
 #endif
