@@ -223,19 +223,19 @@ void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int
   const int64_t group_elems = K * kW;
 #if EAGLE_PACKED_VECTOR_PATH
   if (isa == Isa::kAvx512 || isa == Isa::kAvx512Ymm) {
-    // Row tiles of near-equal size (8 + 8 at M = 16 rather than 12 + 4); the last is the largest.
+    // Row tiles of near-equal size (8 + 8 at M = 16 rather than 12 + 4). Groups side by side
+    // (G > 1) only when one tile holds all M rows (M <= 6; two tiles have 7 rows or more, G = 1),
+    // so the tile's own groups_for(C) is G.
     const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
-    const int64_t largest = (M + tiles - 1) / tiles;
-    const int64_t G = groups_for(static_cast<int>(largest));
+    const int64_t G = tiles == 1 ? groups_for(static_cast<int>(M)) : 1;
     for (int64_t g = begin; g < end;) {
-      const bool wide = g + G <= end;  // the range's last groups may not fill a wide tile
+      const bool wide = G > 1 && g + G <= end;  // the range's last groups may not fill a wide tile
       const int64_t width = wide ? G : 1;
       const W* w = packed + g * group_elems;
       for (int64_t t = 0, m = 0; t < tiles; ++t) {
         const int64_t C = (M - m) / (tiles - t);
         // Later row tiles find the weights in L2: only the first streams them from DRAM.
-        tile512_dispatch<kMaxRows, W>(C, wide && G > 1, w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo,
-                                      t == 0);
+        tile512_dispatch<kMaxRows, W>(C, wide, w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo, t == 0);
         m += C;
       }
       g += width;
