@@ -365,14 +365,12 @@ class LlamaModel(torch.nn.Module):
                        for name, t in weights.items()}
         self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
         self.fused = FusedProjections()
-        for layer in range(config.num_layers):  # fuse now, so that loading settles the memory
-            for names in (QKV, GATE_UP):
-                self.fused(weights, f"model.layers.{layer}.", names)
-        pack_now([self.fused(weights, f"model.layers.{layer}.", names) for layer in range(config.num_layers)
-                  for names in (QKV, GATE_UP)]
-                 + [weights[f"model.layers.{layer}.{name}"] for layer in range(config.num_layers)
-                    for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight")]
-                 + [weights["lm_head.weight"]], self.dtype)
+        matrices = [weights["lm_head.weight"]]  # what the CPU kernels read, packed below
+        for layer in range(config.num_layers):  # fuse (and pack) now, so that loading settles the memory
+            p = f"model.layers.{layer}."
+            matrices += [self.fused(weights, p, names) for names in (QKV, GATE_UP)]
+            matrices += [weights[p + "self_attn.o_proj.weight"], weights[p + "mlp.down_proj.weight"]]
+        pack_now(matrices, self.dtype)
         # On the weights' device: a CPU inv_freq would not broadcast against CUDA positions.
         self.register_buffer("inv_freq", rope_inverse_frequencies(config).to(self.device), persistent=False)
 
