@@ -175,13 +175,14 @@ class PackedWeights:
         """The packed copy of ``weight`` [N, K], or ``weight`` itself where packing does not
         apply (``rows`` mode, a CPU without AVX-512, N not a multiple of 32, not a 2-D CPU
         matrix)."""
-        if (weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu"
-                or _cpu_linear_mode() != "auto" or not _packed_kernel_pays()):
+        if _cpu_linear_mode() != "auto" or not _packed_kernel_pays():
             return weight
         key = id(weight)
         hit = self._copies.get(key)
         if hit is not None and hit[0]() is weight and hit[1] == weight._version:
-            return hit[2]
+            return hit[2]  # on every linear call: the shape checks below ran when it was packed
+        if weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu":
+            return weight
         packed = ops.cpu_linear_pack(weight)
         copies = self._copies
         forget = weakref.ref(weight, lambda _, key=key: copies.pop(key, None))  # the copy goes with the matrix
