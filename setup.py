@@ -198,7 +198,7 @@ setup(
                 "expansion, tree building, verification, KV compaction).",
     packages=find_packages(include=["eagle_kernels*"]),
     # The trained SmolLM2-135M draft heads (fp16 safetensors + config + model card).
-    package_data={"eagle_kernels.heads": ["*/config.json", "*/model.safetensors", "*/README.md"]},
+    package_data={"eagle_kernels.heads": ["*/config.json", "*/model.safetensors", "*/README.md", "*/training.json"]},
     python_requires=">=3.9",
     install_requires=["torch"],
     ext_modules=ext_modules,

@@ -230,6 +230,7 @@ def main(argv=None) -> None:
     train.add_argument("--noise", type=float)
     train.add_argument("--eval-every", type=int)
     train.add_argument("--seed", type=int)
+    train.add_argument("--autocast", choices=["bf16"], help="training forward in bfloat16 (fp32 weights and loss)")
     train.add_argument("--threads", type=int, default=0)
     distill = commands.add_parser("distill", help="self-distillation data: the target continues corpus prompts and "
                                                   "its features are cached while it generates")

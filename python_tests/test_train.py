@@ -145,12 +145,12 @@ def test_feature_cache_matches_the_target_and_resumes(toy_cache):
     assert np.array_equal(before, np.array(features.FeatureCache(folder).hidden))
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_short_training_learns_and_saves_a_loadable_head(toy_cache, kind, tmp_path):
+@pytest.mark.parametrize("kind,autocast", [("eagle1", None), ("eagle3", None), ("eagle3", "bf16")])
+def test_short_training_learns_and_saves_a_loadable_head(toy_cache, kind, autocast, tmp_path):
     target32, folder = toy_cache
     cache = features.FeatureCache(folder)
     cfg = trainer.TrainConfig(method=kind, steps=30, batch_size=4, lr=3e-3, warmup=5, ttt_steps=2,
-                              draft_vocab_size=30, eval_every=15)
+                              draft_vocab_size=30, eval_every=15, autocast=autocast)
     logs = []
     trainer.train(target32, cache, cfg, str(tmp_path), eval_cache=cache, log=logs.append)
     state = torch.load(tmp_path / "train_state.pt", weights_only=False)
@@ -164,6 +164,13 @@ def test_short_training_learns_and_saves_a_loadable_head(toy_cache, kind, tmp_pa
     # A finished run resumes to the same place without training further.
     trainer.train(target32, cache, cfg, str(tmp_path), eval_cache=None, log=logs.append)
     assert torch.load(tmp_path / "train_state.pt", weights_only=False)["step"] == 30
+
+
+def test_autocast_names_the_setting(toy_cache, tmp_path):
+    target32, folder = toy_cache
+    with pytest.raises(ValueError, match="autocast"):
+        trainer.train(target32, features.FeatureCache(folder), trainer.TrainConfig(autocast="fp8"), str(tmp_path),
+                      log=lambda *_: None)
 
 
 def test_draft_vocabulary_prefers_frequent_first_choices(toy_cache):
@@ -266,6 +273,17 @@ def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, mo
     assert "24 optimizer steps in 2 phase(s)" in text
     assert "Self-distilled (gen): 6 sequences x 20 tokens" in text and "Real text" in text
     assert "gen: chain tau" in text
+    # training.json (shipped with a head, unlike train_state.pt) carries the phases on.
+    import json
+    import shutil
+    record = json.loads((tmp_path / "second" / trainer.TRAINING_RECORD).read_text())["lineage"]
+    assert [p["step"] for p in record] == [12, 12] and record[-1]["data"][1]["folder"] == "gen"
+    shutil.copytree(tmp_path / "second", tmp_path / "shipped")
+    (tmp_path / "shipped" / "train_state.pt").unlink()
+    third = trainer.TrainConfig(method="eagle3", steps=2, batch_size=3, lr=1e-3, warmup=1, ttt_steps=2,
+                                init=str(tmp_path / "shipped"))
+    trainer.train(target32, [real], third, str(tmp_path / "third"), log=lambda *_: None)
+    assert "26 optimizer steps in 3 phase(s)" in card.render(str(tmp_path / "third"), folder)
     # With a zero learning rate the continued head is the starting head, weight for weight.
     frozen = trainer.TrainConfig(method="eagle3", steps=1, batch_size=3, lr=0.0, warmup=1, ttt_steps=2,
                                  init=str(tmp_path / "first"))

@@ -9,24 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 
 import torch
 
 from .features import FeatureCache
-from .trainer import data_summary
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from .trainer import cpu_name, data_summary
 
 
 SOURCE_NAMES = ("code = CPython standard library; austen = Jane Austen's novels; kjv = King James Bible; "
@@ -63,7 +51,8 @@ def _phase_line(state: dict, config: dict, kind: str) -> str:
     return (f"- {state['step']} optimizer steps x {cfg['batch_size']} sequences on {data}, AdamW lr {cfg['lr']} "
             f"(warm-up {cfg['warmup']}, cosine), grad clip {cfg['grad_clip']}; training-time test with "
             f"{cfg['ttt_steps']} unrolled step(s), step weights {cfg['step_decay']}^j; {objective}; {start}. "
-            f"{state['seconds'] / 60:.0f} min on {_cpu_name()} ({state.get('threads', '?')} torch thread(s)).")
+            f"{state['seconds'] / 60:.0f} min on {state.get('cpu') or cpu_name()} ({state.get('threads', '?')} torch "
+            "thread(s)).")
 
 
 def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
@@ -73,9 +62,10 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
     kind = config["eagle_kind"]
     size = os.path.getsize(os.path.join(head_dir, "model.safetensors")) / 2**20
     # Runs recorded before data summaries existed trained on ``feature_dir`` alone.
-    legacy = [data_summary(FeatureCache(feature_dir))]
-    phases = [dict(p, data=p.get("data") or legacy) for p in state.get("lineage", [])]
-    phases.append(dict(state, data=state.get("data") or legacy))
+    phases = state.get("lineage", []) + [state]
+    if not all(p.get("data") for p in phases):
+        legacy = [data_summary(FeatureCache(feature_dir))]
+        phases = [dict(p, data=p.get("data") or legacy) for p in phases]
     data, seen = [], set()
     for p in phases:
         for d in p["data"]:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass
 
@@ -54,6 +56,8 @@ class TrainConfig:
     eval_every: int = 50
     seed: int = 0
     init: str | None = None  # a head folder to start from (its weights and d2t; fresh optimizer)
+    autocast: str | None = None  # "bf16": the training forward's matrix products in bfloat16 (fp32 weights,
+    # fp32 softmax and loss); evaluation stays in fp32
 
 
 # ---------------------------------------------------------------------------- draft vocabulary
@@ -331,6 +335,40 @@ def data_summary(cache: FeatureCache) -> dict:
             "generated": m.get("generated")}
 
 
+TRAINING_RECORD = "training.json"  # the phases that made a head; ships with it (train_state.pt does not)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def phase_summary(state: dict) -> dict:
+    """One training phase as the model card and later phases need it (no weights, no optimizer)."""
+    return {k: state.get(k) for k in ("step", "seconds", "config", "threads", "cpu", "data")} | {
+        "final_eval": state["history"][-1] if state.get("history") else None}
+
+
+def prior_lineage(head_dir: str) -> list:
+    """The phases that produced the head in ``head_dir``, oldest first: from its
+    ``train_state.pt`` where it is still there, else from the ``training.json`` shipped with it."""
+    state_path = os.path.join(head_dir, "train_state.pt")
+    if os.path.exists(state_path):
+        prior = torch.load(state_path, weights_only=False, map_location="cpu")
+        return prior.get("lineage", []) + [phase_summary(prior)]
+    record = os.path.join(head_dir, TRAINING_RECORD)
+    if os.path.exists(record):
+        with open(record) as f:
+            return json.load(f)["lineage"]
+    return []
+
+
 def _as_list(caches) -> list:
     if caches is None:
         return []
@@ -345,6 +383,8 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
     (one or a list) gives held-out agreement every ``cfg.eval_every`` steps; the first is the
     headline entry of the history, the others are recorded under ``"also"`` by folder name.
     With ``cfg.init`` training starts from that head's weights (and its draft vocabulary)."""
+    if cfg.autocast not in (None, "bf16"):
+        raise ValueError(f"autocast: expected None or 'bf16', got {cfg.autocast!r}")
     torch.manual_seed(cfg.seed)
     caches, eval_caches = _as_list(cache), _as_list(eval_cache)
     first = caches[0]
@@ -385,11 +425,7 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
     start, history, seconds = 0, [], 0.0
     # What the model card needs: the data of this run and the runs it continues.
     data = [data_summary(c) for c in caches]
-    lineage = []
-    if cfg.init and os.path.exists(os.path.join(cfg.init, "train_state.pt")):
-        prior = torch.load(os.path.join(cfg.init, "train_state.pt"), weights_only=False, map_location="cpu")
-        lineage = prior.get("lineage", []) + [{k: prior.get(k) for k in ("step", "seconds", "config", "threads", "data")}
-                                              | {"final_eval": prior["history"][-1] if prior.get("history") else None}]
+    lineage = prior_lineage(cfg.init) if cfg.init else []
     if resume and os.path.exists(state_path):
         state = torch.load(state_path, weights_only=False)
         head.load_state_dict(state["head"])
@@ -402,9 +438,12 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
 
     def save(step):
         head.to_eagle_head(target).save(out_dir)
-        torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-                    "step": step, "history": history, "seconds": seconds, "config": asdict(cfg),
-                    "threads": torch.get_num_threads(), "data": data, "lineage": lineage}, state_path)
+        state = {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                 "step": step, "history": history, "seconds": seconds, "config": asdict(cfg),
+                 "threads": torch.get_num_threads(), "cpu": cpu_name(), "data": data, "lineage": lineage}
+        torch.save(state, state_path)
+        with open(os.path.join(out_dir, TRAINING_RECORD), "w") as f:
+            json.dump({"lineage": lineage + [phase_summary(state)]}, f, indent=1)
 
     try:
         from tqdm import tqdm
@@ -413,7 +452,8 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
         bar = None
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        loss, agree = step_losses(head, batches.next(), cfg, t2d, noise)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+            loss, agree = step_losses(head, batches.next(), cfg, t2d, noise)
         loss_value = float(loss.detach())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
