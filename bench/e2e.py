@@ -188,6 +188,9 @@ def main(argv=None) -> int:
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
                              "twins of ours-plain, ours-lookup and eagle")
+    parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
+                        help="one more head to run beside the shipped ones, e.g. a candidate from training "
+                             "(NAME without '-'; rows are NAME-TREE); repeatable")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
@@ -213,12 +216,19 @@ def main(argv=None) -> int:
     targets = {"": target}
     if "bf16w" in args.providers:
         targets["-bf16w"] = LlamaModel(target.config, dict(target.weights), weight_dtype=torch.bfloat16)
-    heads = {}
+    heads, head_folders = {}, {}
     for suffix, model in targets.items():
         for kind in args.heads if "eagle" in args.providers else []:
             folder = shipped.path(kind)
             heads[kind + suffix] = (EagleHead.load(folder, model) if (have_model and folder)
                                     else EagleHead.random(model, kind))
+            head_folders[kind + suffix] = folder
+        for spec in args.head_folder:
+            name, sep, folder = spec.partition("=")
+            if not sep or not name or "-" in name or not os.path.isdir(folder):
+                parser.error(f"--head-folder: expected NAME=FOLDER (NAME without '-', FOLDER a head), got {spec!r}")
+            heads[name + suffix] = EagleHead.load(folder, model)
+            head_folders[name + suffix] = os.path.abspath(folder)
 
     prompts = {}
     for domain in args.domains:
@@ -311,7 +321,7 @@ def main(argv=None) -> int:
                         row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
                         row["decode_vs_ours_plain"] = round(decode_ms_per_token(base, count) / tpot, 3)
                         same_base = results.get("ours-plain-bf16w") if name.endswith("-bf16w") else base
-                        if temperature == 0 and name.startswith(("eagle", "ours-lookup")) and same_base:
+                        if temperature == 0 and not name.startswith(("ours-plain", "hf-")) and same_base:
                             row["same_as_plain"] = r["sequences"] == same_base["sequences"]
                     if hf_base:
                         row["vs_hf_generate"] = round(tps / (hf_base["tokens"] / hf_base["seconds"]), 3)
@@ -322,7 +332,7 @@ def main(argv=None) -> int:
             "threads": torch.get_num_threads(), "torch": torch.__version__, "model": "SmolLM2-135M-Instruct"
             if have_model else "random weights (SmolLM2-135M shapes)", "max_new_tokens": args.max_new_tokens,
             "prompts_per_domain": args.prompts, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
-            "heads": {k: shipped.path(k.partition("-")[0]) for k in heads}}
+            "heads": head_folders}
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [f"Device {meta['device']} ({meta['threads']} threads, torch {meta['torch']}), {meta['model']}, "
