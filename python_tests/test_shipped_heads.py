@@ -25,6 +25,13 @@ def test_shipped_head_files(kind):
     with open(os.path.join(folder, "README.md")) as f:
         card = f.read()
     assert "Training" in card and "tau" in card
+    record = os.path.join(folder, "training.json")
+    if os.path.exists(record):  # the phases that made the head, as the card states them
+        import json
+
+        with open(record) as f:
+            phases = json.load(f)["lineage"]
+        assert f"{sum(p['step'] for p in phases)} optimizer steps in {len(phases)} phase(s)" in card
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ recorded: the feature cache's manifest, ``train_state.pt`` and, when given, the 
 ``bench/e2e.py`` result file.
 
     python -m eagle_kernels.train.card HEAD_DIR FEATURE_DIR [E2E_JSON ...]
+    python -m eagle_kernels.train.card --measured-only HEAD_DIR E2E_JSON ...
 """
 
 from __future__ import annotations
@@ -88,11 +89,14 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
     lines += [_phase_line(p, config, kind) for p in phases] + [""]
     if state["history"]:
         also = sorted({name for h in state["history"] for name in h.get("also", {})})
+        first_eval = state["history"][-1].get("folder")  # older runs: the real-text held-out cache
+        depths = ", ".join(str(d + 1) for d in range(len(state["history"][-1]["agreement"])))
         lines += [("Last phase: held-out" if len(phases) > 1 else "Held-out") + " teacher-forced top-1 agreement with "
-                  "the target per unrolled step (chain tau estimate = 1 + a0 + a0 a1 + ...), on real held-out text"
+                  "the target per unrolled step (chain tau estimate = 1 + a0 + a0 a1 + ...), on "
+                  + (f"{first_eval}" if first_eval else "real held-out text")
                   + (f" and on {', '.join(also)} (the target's own continuations of held-out prompts)" if also else "")
                   + ":", "",
-                  "| optimizer step | held-out loss | agreement at draft depth 1, 2, 3, 4 | chain tau estimate |"
+                  f"| optimizer step | held-out loss | agreement at draft depth {depths} | chain tau estimate |"
                   + "".join(f" {name}: agreement | {name}: chain tau |" for name in also),
                   "|---|---|---|---|" + "---|---|" * len(also)]
         for h in state["history"]:
@@ -101,7 +105,12 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
             lines.append(f"| {h['step']} | {h['loss']:.3f} | {', '.join(f'{a:.3f}' for a in h['agreement'])} | "
                          f"{h['chain_tau']:.2f} |" + extra)
         lines.append("")
-    rows, setups = [], []
+    return "\n".join(lines + measured_section(kind, e2e_files))
+
+
+def measured_section(kind: str, e2e_files=()) -> list:
+    """The card's "Measured" lines: the ``kind`` rows of ``bench/e2e.py`` result files."""
+    lines, rows, setups = [], [], []
     for path in e2e_files:
         with open(path) as f:
             data = json.load(f)
@@ -117,13 +126,29 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
             lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider'][len(kind) + 1:]} | "
                          f"{r['tau']:.2f} | {r['tok_per_s']:.1f} | {r.get('vs_ours_plain', '')} |")
         lines.append("")
-    return "\n".join(lines)
+    return lines
+
+
+def replace_measured(card: str, kind: str, e2e_files) -> str:
+    """``card`` with its "Measured" section rendered anew from ``e2e_files`` (for a head whose
+    training record is gone but whose measurements are rerun)."""
+    head, marker, _ = card.partition("## Measured")
+    if not marker:
+        raise ValueError("card: no '## Measured' section to replace")
+    return head + "\n".join(measured_section(kind, e2e_files))
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    head_dir, feature_dir, *e2e = argv
-    text = render(head_dir, feature_dir, e2e)
+    if argv and argv[0] == "--measured-only":  # HEAD_DIR E2E_JSON ...: keep the card, redo its table
+        head_dir, *e2e = argv[1:]
+        with open(os.path.join(head_dir, "config.json")) as f:
+            kind = json.load(f)["eagle_kind"]
+        with open(os.path.join(head_dir, "README.md")) as f:
+            text = replace_measured(f.read(), kind, e2e).rstrip("\n")
+    else:
+        head_dir, feature_dir, *e2e = argv
+        text = render(head_dir, feature_dir, e2e)
     with open(os.path.join(head_dir, "README.md"), "w") as f:
         f.write(text + "\n")
     print(text)

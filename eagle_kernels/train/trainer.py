@@ -467,7 +467,8 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
         last = step + 1 == cfg.steps
         if eval_caches and ((step + 1) % cfg.eval_every == 0 or last):
             results = [evaluate(head, c, cfg, t2d) for c in eval_caches]
-            result = dict(results[0], step=step + 1, seconds=round(seconds, 1), train_loss=loss_value)
+            result = dict(results[0], step=step + 1, seconds=round(seconds, 1), train_loss=loss_value,
+                          folder=os.path.basename(os.path.normpath(eval_caches[0].folder)))
             if len(results) > 1:
                 result["also"] = {os.path.basename(os.path.normpath(c.folder)): r
                                   for c, r in zip(eval_caches[1:], results[1:])}
