@@ -294,3 +294,23 @@ def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, mo
     with pytest.raises(ValueError, match="init"):
         trainer.train(target32, real, trainer.TrainConfig(method="eagle1", steps=1, init=str(tmp_path / "first")),
                       str(tmp_path / "third"), log=lambda *_: None)
+
+
+def test_card_measured_section_is_replaced_from_e2e_rows(tmp_path):
+    import json
+
+    from eagle_kernels.train import card
+
+    rows = [{"domain": "code", "temperature": 0.0, "batch": 1, "provider": "eagle1-d4k4n16", "tau": 1.5,
+             "tok_per_s": 20.0, "vs_ours_plain": 0.6},
+            {"domain": "code", "temperature": 0.0, "batch": 1, "provider": "eagle3-d4k4n16", "tau": 2.5,
+             "tok_per_s": 50.0, "vs_ours_plain": 1.3}]
+    meta = {"prompts_per_domain": 4, "max_new_tokens": 48, "device": "cpu", "threads": 2, "torch": "x"}
+    result = tmp_path / "e2e.json"
+    result.write_text(json.dumps({"meta": meta, "rows": rows}))
+    old = "# Card\n\n## Training\n\nkept\n\n## Measured (bench/e2e.py, held-out prompts)\n\n| old | row |\n"
+    new = card.replace_measured(old, "eagle1", [str(result)])
+    assert new.startswith("# Card\n\n## Training\n\nkept\n\n## Measured")
+    assert "| code | 0 | 1 | d4k4n16 | 1.50 | 20.0 | 0.6 |" in new and "old" not in new and "2.50" not in new
+    with pytest.raises(ValueError, match="card"):
+        card.replace_measured("# no table\n", "eagle1", [str(result)])
