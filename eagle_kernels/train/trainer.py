@@ -452,7 +452,7 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
         bar = None
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+        with torch.autocast(head.embed.device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
             loss, agree = step_losses(head, batches.next(), cfg, t2d, noise)
         loss_value = float(loss.detach())
         optimizer.zero_grad(set_to_none=True)
