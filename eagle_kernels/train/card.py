@@ -93,7 +93,7 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
         depths = ", ".join(str(d + 1) for d in range(len(state["history"][-1]["agreement"])))
         lines += [("Last phase: held-out" if len(phases) > 1 else "Held-out") + " teacher-forced top-1 agreement with "
                   "the target per unrolled step (chain tau estimate = 1 + a0 + a0 a1 + ...), on "
-                  + (f"{first_eval}" if first_eval else "real held-out text")
+                  + (first_eval or "real held-out text")
                   + (f" and on {', '.join(also)} (the target's own continuations of held-out prompts)" if also else "")
                   + ":", "",
                   f"| optimizer step | held-out loss | agreement at draft depth {depths} | chain tau estimate |"
