@@ -2,6 +2,7 @@
 draft well enough to be worth shipping (greedy output unchanged, tau clearly above an untrained
 head's) on held-out text. Skipped without the model package."""
 
+import json
 import os
 
 import pytest
@@ -27,8 +28,6 @@ def test_shipped_head_files(kind):
     assert "Training" in card and "tau" in card
     record = os.path.join(folder, "training.json")
     if os.path.exists(record):  # the phases that made the head, as the card states them
-        import json
-
         with open(record) as f:
             phases = json.load(f)["lineage"]
         assert f"{sum(p['step'] for p in phases)} optimizer steps in {len(phases)} phase(s)" in card

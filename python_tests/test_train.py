@@ -1,6 +1,8 @@
 """Draft-head training: the training-time-test forward equals the decoder's draft path, the
 losses and the draft vocabulary are right, and a short run on a tiny target learns."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -274,7 +276,6 @@ def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, mo
     assert "Self-distilled (gen): 6 sequences x 20 tokens" in text and "Real text" in text
     assert "gen: chain tau" in text
     # training.json (shipped with a head, unlike train_state.pt) carries the phases on.
-    import json
     import shutil
     record = json.loads((tmp_path / "second" / trainer.TRAINING_RECORD).read_text())["lineage"]
     assert [p["step"] for p in record] == [12, 12] and record[-1]["data"][1]["folder"] == "gen"
@@ -297,8 +298,6 @@ def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, mo
 
 
 def test_card_measured_section_is_replaced_from_e2e_rows(tmp_path):
-    import json
-
     from eagle_kernels.train import card
 
     rows = [{"domain": "code", "temperature": 0.0, "batch": 1, "provider": "eagle1-d4k4n16", "tau": 1.5,

@@ -434,6 +434,7 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
         start, history, seconds = state["step"], state["history"], state["seconds"]
         log(f"resumed at step {start}")
     batches = Batches(caches, cfg.batch_size, cfg.seed + start)
+    eval_names = [os.path.basename(os.path.normpath(c.folder)) for c in eval_caches]
     noise = torch.Generator().manual_seed(cfg.seed + 1 + start)
 
     def save(step):
@@ -468,13 +469,12 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
         if eval_caches and ((step + 1) % cfg.eval_every == 0 or last):
             results = [evaluate(head, c, cfg, t2d) for c in eval_caches]
             result = dict(results[0], step=step + 1, seconds=round(seconds, 1), train_loss=loss_value,
-                          folder=os.path.basename(os.path.normpath(eval_caches[0].folder)))
+                          folder=eval_names[0])
             if len(results) > 1:
-                result["also"] = {os.path.basename(os.path.normpath(c.folder)): r
-                                  for c, r in zip(eval_caches[1:], results[1:])}
+                result["also"] = dict(zip(eval_names[1:], results[1:]))
             history.append(result)
-            for c, r in zip(eval_caches, results):
-                log(f"step {step + 1}: held-out {os.path.basename(os.path.normpath(c.folder))} loss {r['loss']:.3f}, "
+            for name, r in zip(eval_names, results):
+                log(f"step {step + 1}: held-out {name} loss {r['loss']:.3f}, "
                     f"top-1 agreement per step {[round(a, 3) for a in r['agreement']]}, "
                     f"chain tau estimate {r['chain_tau']:.2f}")
         if (step + 1) % cfg.eval_every == 0 or last:
