@@ -2,6 +2,7 @@
 # GPU check for a CUDA machine, all stages within 8 minutes:
 #   1. build the native extension in place against the installed torch (sm_90)  -> build.log
 #   2. the GPU test subset (pytest -m gpu)                                     -> gpu_tests.log
+#   2b. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
 #   3. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
 #   4. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
 #   5. bench/e2e.py --device cuda --quick, when that script exists             -> e2e.log
@@ -123,6 +124,9 @@ run_stage build 140 "$OUT/build.log" bash -c build
 run_stage gpu_tests 120 "$OUT/gpu_tests.log" \
   "$PY" -m pytest python_tests -m gpu -q -rs -p no:cacheprovider
 
+# ------------------------------------------------------------------ 2b. goals
+run_stage goals 120 "$OUT/goals.log" "$PY" bench/gpu_goals.py --out "$OUT"
+
 # ------------------------------------------------------------------ 3. memcheck
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ]; then
@@ -183,6 +187,9 @@ SUMMARY="$OUT/summary.md"
   echo '```'
   grep -E "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" "$OUT/gpu_tests.log" | tail -40
   echo '```'
+  echo
+  echo "## Goals (bench/gpu_goals.py)"
+  if [ -s "$OUT/gpu_goals.md" ]; then sed -n '3,$p' "$OUT/gpu_goals.md"; else tail -5 "$OUT/goals.log"; fi
   echo
   echo "## memcheck"
   echo '```'

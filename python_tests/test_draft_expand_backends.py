@@ -165,6 +165,42 @@ def test_triton_many_chunks(backend, op_impl, block_v, V, top_k):
     assert_same_as_reference(out, ref)
 
 
+def _grouped_rows(V, group, top_k):
+    """[1, 5, V] float32 rows aimed at the chunk pre-filter (groups of ``group`` ids): the top
+    ``top_k`` inside one group; every group sharing the same max (ties across groups, broken
+    by id); a flat row (all equal); ascending values (the best entries in the last groups);
+    half -inf with the real entries after them."""
+    gen = torch.Generator().manual_seed(V + group)
+    rows = torch.randn(5, V, generator=gen).clamp(-3, 3)
+    rows[0, 3 * group: 3 * group + top_k] = 10.0 + torch.arange(top_k, dtype=torch.float32)
+    rows[1] = rows[1].clamp(max=2.0)
+    rows[1, ::group] = 2.0
+    rows[2] = 0.5
+    rows[3] = torch.linspace(-5, 5, V)
+    rows[4, : V // 2] = float("-inf")
+    return rows[None]
+
+
+@pytest.mark.parametrize("block_v,V,top_k", [(64, 64, 4), (64, 64 + 5, 4), (128, 700, 8), (256, 1031, 3)],
+                         ids=["one-chunk", "tail-group", "b128k8", "b256k3"])
+def test_triton_group_prefilter(backend, op_impl, block_v, V, top_k):
+    """The chunk kernel's group pre-filter (rounds over the best groups only) keeps the exact
+    top-k and tie order of a full search, including ties across groups and tail chunks with
+    fewer groups than top_k."""
+    if backend != "triton":
+        pytest.skip("triton launcher only")
+    op_impl("draft_expand")
+    from eagle_kernels.triton.draft_expand import _group_size, _launch
+
+    group = _group_size(block_v, top_k, False)
+    assert block_v // group > top_k  # the cases take the pre-filter
+    logits = _grouped_rows(V, group, top_k)
+    fs = random_frontier_scores(1, 5, V)
+    out = _launch(logits, fs, top_k, None, block_v)
+    np.testing.assert_array_equal(out.tokens.numpy(), naive_draft_expand(logits, fs, top_k)[0])
+    assert_same_as_reference(out, reference.draft_expand(logits, fs, top_k))
+
+
 # ---------------------------------------------------------------------------------- GPU path
 GPU_SHAPES = [(8, 8, 32000, 8), (4, 8, 128256, 10), (1, 1, 128256, 8), (2, 4, 262144, 32), (3, 4, 1031, 4)]
 

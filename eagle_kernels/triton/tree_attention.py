@@ -31,15 +31,16 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
-                 UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over a key tile; ``valid`` [BLOCK_M, BLOCK_K] says which scores
-    count. A row that has seen no valid key keeps m = -inf and is shifted by 0 instead, so no
-    -inf - -inf NaN appears."""
+                 MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step over a key tile; with MASKED, ``valid`` [BLOCK_M, BLOCK_K] says
+    which scores count (else all do). A row that has seen no valid key keeps m = -inf and is
+    shifted by 0 instead, so no -inf - -inf NaN appears."""
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-    qk = tl.where(valid, qk, float("-inf"))
+    if MASKED:
+        qk = tl.where(valid, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
@@ -78,6 +79,7 @@ def _tree_attention_kernel(
     GROUP: tl.constexpr, NODES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr, IS_PAGED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    EVEN_D: tl.constexpr,  # D == BLOCK_D: whole-tile loads need no mask at all
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -114,9 +116,28 @@ def _tree_attention_kernel(
         stop = tl.minimum(prefix, start + chunk)
 
     offs_k = tl.arange(0, BLOCK_K)
-    # Committed prefix: every node sees every position, only the length bound masks.
-    for t0 in range(start, stop, BLOCK_K):
+    # Committed prefix: every node sees every position. Whole tiles first, with no key mask
+    # and no score masking (as the off-diagonal blocks of causal flash attention); then the
+    # one partial tile, where only the length bound masks.
+    full_stop = start + tl.maximum(stop - start, 0) // BLOCK_K * BLOCK_K
+    all_keys = offs_k < BLOCK_K
+    kd_full = all_keys[:, None] & d_valid[None, :]
+    for t0 in range(start, full_stop, BLOCK_K):
         t = t0 + offs_k
+        k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
+                            stride_k0, stride_k1, stride_k2, IS_PAGED)
+        v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
+                            stride_v0, stride_v1, stride_v2, IS_PAGED)
+        if EVEN_D:
+            k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :])
+            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :])
+        else:
+            k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_full, other=0.0)
+            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_full, other=0.0)
+        m_i, l_i, acc = _attend_tile(q, k, v, all_keys[None, :], m_i, l_i, acc, scale_log2,
+                                     False, UPCAST, DOT_PRECISION)
+    if full_stop < stop:
+        t = full_stop + offs_k
         t_valid = t < stop
         kd_mask = t_valid[:, None] & d_valid[None, :]
         k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
@@ -126,7 +147,7 @@ def _tree_attention_kernel(
         k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, t_valid[None, :], m_i, l_i, acc, scale_log2,
-                                     UPCAST, DOT_PRECISION)
+                                     True, UPCAST, DOT_PRECISION)
 
     # Tree slots (last split only). Ancestors precede descendants, so no row of this block
     # sees a slot past its last node.
@@ -152,7 +173,7 @@ def _tree_attention_kernel(
                 bits = (words >> (j[None, :] % 64).to(tl.int64)) & 1
                 visible = both & (bits != 0)
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
-                                         UPCAST, DOT_PRECISION)
+                                         True, UPCAST, DOT_PRECISION)
 
     # A row with no visible key (a mask without the node's own bit and an empty prefix)
     # outputs zeros.
@@ -285,7 +306,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
-        NUM_SPLITS=splits, IS_PAGED=paged, IS_CAUSAL=causal, UPCAST=upcast, DOT_PRECISION=precision,
+        NUM_SPLITS=splits, IS_PAGED=paged, IS_CAUSAL=causal, EVEN_D=block_d == D, UPCAST=upcast,
+        DOT_PRECISION=precision,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:

@@ -1,0 +1,41 @@
+"""bench/gpu_goals.py, the one script a GPU session runs for the kernel issues' goals: its
+``--smoke`` mode runs every op and goal column at toy shapes on the CPU, so the script is known
+to work before a device is lent (the numbers themselves mean nothing on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(os.path.dirname(HERE), "bench", "gpu_goals.py")
+
+
+def test_smoke_run_fills_every_goal_column(tmp_path):
+    # The sweep drives the Triton launcher itself: interpreted on CPU tensors.
+    run = subprocess.run([sys.executable, SCRIPT, "--smoke", "--sweep", "--out", str(tmp_path)], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_goals.json").read_text())
+    assert set(result["limits"]) == {"copy_GBps", "read_GBps", "gemm_TFLOPs"}
+    ops = {}
+    for row in result["rows"]:
+        ops.setdefault(row["op"], []).append(row)
+        assert all(math.isfinite(v) and v > 0 for v in row.values() if isinstance(v, float)), row
+    assert sorted(ops) == ["draft_expand", "tree_attention", "verify"]
+    assert {"share_of_copy", "share_bound", "speedup_over_baseline"} <= set(ops["tree_attention"][0])
+    assert all("x_one_read" in row for row in ops["draft_expand"] + ops["verify"])
+    assert len(ops["verify"]) == 4  # greedy, temperature, top-k + top-p, top-p
+    (sweep,) = result["sweep"]
+    assert sweep["default_us"] > 0 and sum(key.endswith("_us") for key in sweep) == 8  # default + 7 configs
+    table = (tmp_path / "gpu_goals.md").read_text()
+    assert table.count("\n| tree_attention |") == 1 and "share bound" in table
+
+
+def test_refuses_without_a_device_unless_smoke():
+    run = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert run.returncode == 2 and "--smoke" in run.stderr
