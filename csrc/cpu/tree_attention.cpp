@@ -253,8 +253,8 @@ void run(const Problem& p) {
   });
 }
 
-// Nodes per work item: at most MAX_ROWS rows, and small enough that the items keep every
-// thread busy (each item re-reads the request's K/V for its KV head).
+// Nodes per work item: at most MAX_ROWS rows, small enough that the items keep every thread
+// busy (each item re-reads the request's K/V for its KV head), and balanced across blocks.
 int64_t choose_node_block(int64_t B, int64_t N, int64_t Hkv, int64_t G) {
   int64_t nb = std::max<int64_t>(1, std::min<int64_t>(N, MAX_ROWS / std::max<int64_t>(G, 1)));
   const int64_t threads = at::get_num_threads();
@@ -262,7 +262,10 @@ int64_t choose_node_block(int64_t B, int64_t N, int64_t Hkv, int64_t G) {
          B * Hkv * ((N + nb - 1) / nb) < 2 * threads) {
     nb = (nb + 1) / 2;
   }
-  return nb;
+  // The same number of blocks, of equal size: with few items per thread, a short last block
+  // (e.g. 42 + 18 nodes) leaves one thread idle for the difference.
+  const int64_t blocks = (N + nb - 1) / nb;
+  return (N + blocks - 1) / blocks;
 }
 
 void check_values(const Problem& p, int64_t capacity, int64_t num_pages) {
