@@ -201,6 +201,23 @@ def test_triton_group_prefilter(backend, op_impl, block_v, V, top_k):
     assert_same_as_reference(out, reference.draft_expand(logits, fs, top_k))
 
 
+@pytest.mark.parametrize("lanes", [1, 64], ids=["one-row-per-block", "two-rows-per-block"])
+def test_triton_merge_row_blocks(backend, op_impl, monkeypatch, lanes):
+    """The merge kernel takes the frontier rows in blocks of BLOCK_M (all at once at the
+    benchmark's shapes): blocks of 1 and 2 rows over M = 5, the last block partial."""
+    if backend != "triton":
+        pytest.skip("triton launcher only")
+    op_impl("draft_expand")
+    from eagle_kernels.triton import draft_expand as triton_draft_expand
+
+    monkeypatch.setattr(triton_draft_expand, "_MERGE_LANES", lanes)  # 32 candidate lanes per row here
+    logits = planted_logits(2, 5, 200, 6, torch.float32, 11)
+    logits[1, 3] = float("nan")  # a bad row inside a block
+    fs = random_frontier_scores(2, 5, 200)
+    out = triton_draft_expand._launch(logits, fs, 6, None, 64)
+    assert_same_as_reference(out, reference.draft_expand(logits, fs, 6))
+
+
 # ---------------------------------------------------------------------------------- GPU path
 GPU_SHAPES = [(8, 8, 32000, 8), (4, 8, 128256, 10), (1, 1, 128256, 8), (2, 4, 262144, 32), (3, 4, 1031, 4)]
 
