@@ -55,6 +55,9 @@ struct Ops {
   void (*softmax)(Acc*, int, int, Acc*, Acc*, Acc*) = softmax_scalar<Acc>;
   void (*pv)(const Acc*, int, int, int, const Acc* const*, int, Acc*, const Acc*) = pv_scalar<Acc>;
   void (*to_acc)(const T*, Acc*, int) = to_acc_scalar<T, Acc>;
+  // bf16 inputs with AVX512_BF16: QK and PV as bf16 dot products over operand pairs
+  // (tree_attention_loops.h); the loops above then only serve the softmax.
+  bool bf16_pairs = false;
   // Rows are padded to a multiple of this: one float vector of the chosen loops (a decoded
   // token of a 3-query-head group is 3 rows: 8 rather than 16 halves its QK and softmax work).
   int row_pad = 8;
@@ -62,14 +65,15 @@ struct Ops {
   int64_t padded_rows(int64_t rows) const { return (rows + row_pad - 1) / row_pad * row_pad; }
 };
 
-// EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 (default) caps the instruction set, so that
-// tests reach every variant on one machine.
+// EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 | avx512-bf16 (default) caps the instruction
+// set, so that tests reach every variant on one machine (avx512: bf16 inputs widened to fp32).
 int isa_cap() {
   const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
-  if (env == nullptr) return 2;
+  if (env == nullptr) return 3;
   if (std::strcmp(env, "scalar") == 0) return 0;
   if (std::strcmp(env, "avx2") == 0) return 1;
-  return 2;
+  if (std::strcmp(env, "avx512") == 0) return 2;
+  return 3;
 }
 
 template <typename T, typename Acc>
@@ -83,7 +87,10 @@ Ops<T, Acc> pick_ops(int64_t D) {
       ops.softmax = softmax_avx512;
       ops.pv = pv_avx512;
       ops.row_pad = 16;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx512;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        ops.to_acc = bf16_to_float_avx512;
+        ops.bf16_pairs = cap >= 3 && cpu_has_avx512_bf16();
+      }
       if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx512;
     } else if (cap >= 1 && cpu_has_avx2() && D % 16 == 0) {
       ops.qk = qk_avx2;
@@ -133,7 +140,16 @@ template <typename T, typename Acc>
 struct Scratch {
   std::vector<Acc> Qt, St, acc, m, l, alpha, kbuf, vbuf;
   std::vector<const Acc*> krows, vrows;
-  Scratch(int64_t Rp, int64_t D) {
+  std::vector<uint16_t> Qp, Pp, Vp;  // bf16 operand pairs (Ops::bf16_pairs)
+  std::vector<const T*> kraw, vraw;  // rows as stored (Ops::bf16_pairs)
+  Scratch(int64_t Rp, int64_t D, bool bf16_pairs) {
+    if (bf16_pairs) {
+      Qp.resize(Rp * D);
+      Pp.resize(TK * Rp);
+      Vp.resize(TK * D);
+      kraw.resize(TK);
+      vraw.resize(TK);
+    }
     Qt.resize(Rp * D);
     St.resize(TK * Rp);
     acc.resize(Rp * D);
@@ -148,6 +164,31 @@ struct Scratch {
     vrows.resize(TK);
   }
 };
+
+// The bf16-pair tile steps; only bf16 inputs with float accumulation reach them.
+template <typename T, typename Acc>
+void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, float scale) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Acc, float>) {
+    qk_bf16_pairs(s.kraw.data(), nk, s.Qp.data(), D, Rp, scale, s.St.data());
+    return;
+  }
+#endif
+  TORCH_CHECK(false, "tree_attention: bf16 pair loops reached without bf16 inputs");
+}
+
+template <typename T, typename Acc>
+void pv_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, int R) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Acc, float>) {
+    pack_probs_bf16(s.St.data(), nk, Rp, s.Pp.data());
+    pack_values_bf16(s.vraw.data(), nk, D, s.Vp.data());
+    pv_bf16_pairs(s.Pp.data(), (nk + 1) / 2, Rp, R, s.Vp.data(), D, s.acc.data(), s.alpha.data());
+    return;
+  }
+#endif
+  TORCH_CHECK(false, "tree_attention: bf16 pair loops reached without bf16 inputs");
+}
 
 template <typename T, typename Acc>
 void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int64_t item) {
@@ -164,14 +205,24 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   const Acc ninf = -std::numeric_limits<Acc>::infinity();
 
   // Qt[d][r], r = (node - n0) * G + g, pre-scaled; padding rows are zero.
+  // With bf16 pairs: Qp[d / 2][r][d % 2], the bf16 bits unscaled (the scale goes on the scores).
   const T* q = reinterpret_cast<const T*>(p.q);
-  std::fill(s.Qt.begin(), s.Qt.begin() + static_cast<int64_t>(Rp) * D, Acc(0));
+  if (ops.bf16_pairs) {
+    std::fill(s.Qp.begin(), s.Qp.begin() + static_cast<int64_t>(Rp) * D, uint16_t{0});
+  } else {
+    std::fill(s.Qt.begin(), s.Qt.begin() + static_cast<int64_t>(Rp) * D, Acc(0));
+  }
   for (int r = 0; r < R; ++r) {
     const int64_t i = n0 + r / p.G;
     const int64_t head = h * p.G + r % p.G;
     const T* qr = q + ((b * p.N + i) * p.Hq + head) * p.D;
-    for (int d = 0; d < D; ++d)
-      s.Qt[static_cast<int64_t>(d) * Rp + r] = static_cast<Acc>(qr[d]) * static_cast<Acc>(p.scale_log2);
+    for (int d = 0; d < D; ++d) {
+      if (ops.bf16_pairs) {
+        std::memcpy(&s.Qp[(static_cast<int64_t>(d / 2) * Rp + r) * 2 + d % 2], qr + d, sizeof(uint16_t));
+      } else {
+        s.Qt[static_cast<int64_t>(d) * Rp + r] = static_cast<Acc>(qr[d]) * static_cast<Acc>(p.scale_log2);
+      }
+    }
   }
   std::fill(s.acc.begin(), s.acc.begin() + static_cast<int64_t>(R) * D, Acc(0));
   std::fill(s.m.begin(), s.m.begin() + Rp, ninf);
@@ -188,6 +239,9 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
       if constexpr (std::is_same_v<T, Acc>) {
         s.krows[k] = kr;
         s.vrows[k] = vr;
+      } else if (ops.bf16_pairs) {
+        s.kraw[k] = kr;
+        s.vraw[k] = vr;
       } else {
         Acc* kd = s.kbuf.data() + static_cast<int64_t>(k) * D;
         Acc* vd = s.vbuf.data() + static_cast<int64_t>(k) * D;
@@ -197,7 +251,11 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
         s.vrows[k] = vd;
       }
     }
-    ops.qk(s.krows.data(), nk, s.Qt.data(), D, Rp, s.St.data());
+    if (ops.bf16_pairs) {
+      qk_pairs(s, nk, D, Rp, static_cast<float>(p.scale_log2));
+    } else {
+      ops.qk(s.krows.data(), nk, s.Qt.data(), D, Rp, s.St.data());
+    }
     if (t0 + nk > prefix) {  // the tile reaches tree slots: apply the mask
       for (int k = std::max<int64_t>(0, prefix - t0); k < nk; ++k) {
         const int64_t j = t0 + k - prefix;
@@ -216,7 +274,11 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
       }
     }
     ops.softmax(s.St.data(), nk, Rp, s.m.data(), s.l.data(), s.alpha.data());
-    ops.pv(s.St.data(), nk, Rp, R, s.vrows.data(), D, s.acc.data(), s.alpha.data());
+    if (ops.bf16_pairs) {
+      pv_pairs(s, nk, D, Rp, R);
+    } else {
+      ops.pv(s.St.data(), nk, Rp, R, s.vrows.data(), D, s.acc.data(), s.alpha.data());
+    }
   }
 
   T* out = reinterpret_cast<T*>(p.out);
@@ -248,7 +310,7 @@ void run(const Problem& p) {
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / item_work);
   const int64_t Rp = ops.padded_rows(p.node_block * p.G);
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    Scratch<T, Acc> scratch(Rp, p.D);
+    Scratch<T, Acc> scratch(Rp, p.D, ops.bf16_pairs);
     for (int64_t item = begin; item < end; ++item) run_item<T, Acc>(p, ops, scratch, item);
   });
 }

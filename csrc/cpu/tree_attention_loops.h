@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #if defined(__x86_64__)
@@ -507,9 +508,155 @@ inline bool cpu_has_avx2() {
                           __builtin_cpu_supports("f16c");
   return has;
 }
+
+// ------------------------------------------------------------- AVX-512 BF16 dot-product loops
+// For bf16 inputs on CPUs with AVX512_BF16: vdpbf16ps multiplies 32 bf16 pairs and adds them to
+// 16 fp32 lanes, twice the multiply-adds of an fp32 FMA. Operands come as pairs along the
+// reduction dim: Qp[dp][r][2] (q at d = 2dp, 2dp + 1; unscaled, exact bf16), K rows as stored
+// (d pairs are adjacent), Pp[kp][r][2] (probabilities of keys 2kp, 2kp + 1 rounded to bf16, as
+// the GPU kernel rounds p for its p.v product) and Vp[kp][d][2] (rows 2kp and 2kp + 1
+// interleaved). Scores, softmax and outputs stay fp32.
+#define EAGLE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+
+// 32-bit word at p (a bf16 pair), without alignment or aliasing assumptions.
+inline int32_t bf16_pair(const void* p) {
+  int32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+// [lo[0], hi[0], lo[1], hi[1], ...]: 16 bf16 of each row into 16 pairs.
+EAGLE_AVX512BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
+  alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return _mm512_permutexvar_epi16(_mm512_load_si512(order), both);
+}
+
+// St[k][r] = scale * sum_d K[k][d] * Q[r][d] for k < nk, r < Rp (Rp % 16 == 0, D even).
+EAGLE_AVX512BF16 inline void qk_bf16_pairs(const c10::BFloat16* const* krows, int nk, const uint16_t* Qp, int D,
+                                           int Rp, float scale, float* St) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const int DP = D / 2;
+  int k = 0;
+  for (; k + 4 <= nk; k += 4) {
+    const c10::BFloat16* kr[4] = {krows[k], krows[k + 1], krows[k + 2], krows[k + 3]};
+    int r = 0;
+    for (; r + 32 <= Rp; r += 32) {
+      __m512 a[4][2];
+      for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
+      for (int dp = 0; dp < DP; ++dp) {
+        const uint16_t* qd = Qp + (static_cast<int64_t>(dp) * Rp + r) * 2;
+        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(qd);
+        const __m512bh q1 = (__m512bh)_mm512_loadu_si512(qd + 32);
+        for (int j = 0; j < 4; ++j) {
+          const __m512bh b = (__m512bh)_mm512_set1_epi32(bf16_pair(kr[j] + 2 * dp));
+          a[j][0] = _mm512_dpbf16_ps(a[j][0], b, q0);
+          a[j][1] = _mm512_dpbf16_ps(a[j][1], b, q1);
+        }
+      }
+      for (int j = 0; j < 4; ++j) {
+        float* s = St + static_cast<int64_t>(k + j) * Rp + r;
+        _mm512_storeu_ps(s, _mm512_mul_ps(a[j][0], vscale));
+        _mm512_storeu_ps(s + 16, _mm512_mul_ps(a[j][1], vscale));
+      }
+    }
+    for (; r < Rp; r += 16) {
+      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int dp = 0; dp < DP; ++dp) {
+        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(Qp + (static_cast<int64_t>(dp) * Rp + r) * 2);
+        for (int j = 0; j < 4; ++j)
+          a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_set1_epi32(bf16_pair(kr[j] + 2 * dp)), q0);
+      }
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(St + static_cast<int64_t>(k + j) * Rp + r, _mm512_mul_ps(a[j], vscale));
+    }
+  }
+  for (; k < nk; ++k) {
+    for (int r = 0; r < Rp; r += 16) {
+      __m512 a = _mm512_setzero_ps();
+      for (int dp = 0; dp < DP; ++dp)
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(bf16_pair(krows[k] + 2 * dp)),
+                             (__m512bh)_mm512_loadu_si512(Qp + (static_cast<int64_t>(dp) * Rp + r) * 2));
+      _mm512_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, _mm512_mul_ps(a, vscale));
+    }
+  }
+}
+
+// Pp[kp][r][2] from St[k][r] (fp32 probabilities) for k < nk; an odd last key pairs with 0.
+EAGLE_AVX512BF16 inline void pack_probs_bf16(const float* St, int nk, int Rp, uint16_t* Pp) {
+  for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
+    const float* p0 = St + static_cast<int64_t>(2 * kp) * Rp;
+    const float* p1 = p0 + Rp;
+    const bool odd = 2 * kp + 1 >= nk;
+    for (int r = 0; r < Rp; r += 16) {
+      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p0 + r));
+      const __m256i hi = odd ? _mm256_setzero_si256() : (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p1 + r));
+      _mm512_storeu_si512(Pp + (static_cast<int64_t>(kp) * Rp + r) * 2, interleave_bf16(lo, hi));
+    }
+  }
+}
+
+// Vp[kp][d][2] from nk value rows of D bf16 (D % 16 == 0); an odd last row pairs with 0.
+EAGLE_AVX512BF16 inline void pack_values_bf16(const c10::BFloat16* const* vrows, int nk, int D, uint16_t* Vp) {
+  for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
+    const c10::BFloat16* v0 = vrows[2 * kp];
+    const c10::BFloat16* v1 = 2 * kp + 1 < nk ? vrows[2 * kp + 1] : nullptr;
+    for (int d = 0; d < D; d += 16) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + d));
+      const __m256i hi = v1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + d)) : _mm256_setzero_si256();
+      _mm512_storeu_si512(Vp + (static_cast<int64_t>(kp) * D + d) * 2, interleave_bf16(lo, hi));
+    }
+  }
+}
+
+// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R, over nkp key pairs
+// (D % 16 == 0). Rows in pairs, D in chunks of 64 floats: each Vp load serves two rows.
+EAGLE_AVX512BF16 inline void pv_bf16_pairs(const uint16_t* Pp, int nkp, int Rp, int R, const uint16_t* Vp, int D,
+                                           float* acc, const float* alpha) {
+  for (int r = 0; r < R; r += 2) {
+    const int rows = std::min(2, R - r);
+    for (int c = 0; c < D; c += 64) {
+      const int nv = std::min(4, (D - c) / 16);
+      __m512 x[2][4];
+      for (int i = 0; i < rows; ++i) {
+        const __m512 s = _mm512_set1_ps(alpha[r + i]);
+        for (int v = 0; v < nv; ++v)
+          x[i][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<int64_t>(r + i) * D + c + 16 * v), s);
+      }
+      for (int kp = 0; kp < nkp; ++kp) {
+        const uint16_t* vr = Vp + (static_cast<int64_t>(kp) * D + c) * 2;
+        const uint16_t* pr = Pp + (static_cast<int64_t>(kp) * Rp + r) * 2;
+        if (rows == 2 && nv == 4) {
+          const __m512bh p0 = (__m512bh)_mm512_set1_epi32(bf16_pair(pr));
+          const __m512bh p1 = (__m512bh)_mm512_set1_epi32(bf16_pair(pr + 2));
+          for (int v = 0; v < 4; ++v) {
+            const __m512bh vv = (__m512bh)_mm512_loadu_si512(vr + 32 * v);
+            x[0][v] = _mm512_dpbf16_ps(x[0][v], p0, vv);
+            x[1][v] = _mm512_dpbf16_ps(x[1][v], p1, vv);
+          }
+        } else {
+          for (int i = 0; i < rows; ++i) {
+            const __m512bh p = (__m512bh)_mm512_set1_epi32(bf16_pair(pr + 2 * i));
+            for (int v = 0; v < nv; ++v)
+              x[i][v] = _mm512_dpbf16_ps(x[i][v], p, (__m512bh)_mm512_loadu_si512(vr + 32 * v));
+          }
+        }
+      }
+      for (int i = 0; i < rows; ++i)
+        for (int v = 0; v < nv; ++v) _mm512_storeu_ps(acc + static_cast<int64_t>(r + i) * D + c + 16 * v, x[i][v]);
+    }
+  }
+}
+
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
 #else
-inline inline bool cpu_has_avx512() { return false; }
-inline inline bool cpu_has_avx2() { return false; }
+inline bool cpu_has_avx512() { return false; }
+inline bool cpu_has_avx2() { return false; }
+inline bool cpu_has_avx512_bf16() { return false; }
 #endif
 }  // namespace tree_attention_loops
 }  // namespace eagle
