@@ -165,7 +165,8 @@ struct Scratch {
   }
 };
 
-// The bf16-pair tile steps; only bf16 inputs with float accumulation reach them.
+// The bf16-pair tile steps (the softmax writes its probabilities as bf16 pairs); only bf16
+// inputs with float accumulation reach them.
 template <typename T, typename Acc>
 void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, float scale) {
 #if defined(__x86_64__)
@@ -178,10 +179,10 @@ void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, float scale) {
 }
 
 template <typename T, typename Acc>
-void pv_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, int R) {
+void softmax_pv_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, int R) {
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Acc, float>) {
-    pack_probs_bf16(s.St.data(), nk, Rp, s.Pp.data());
+    softmax_pack_bf16(s.St.data(), nk, Rp, s.m.data(), s.l.data(), s.alpha.data(), s.Pp.data());
     pack_values_bf16(s.vraw.data(), nk, D, s.Vp.data());
     pv_bf16_pairs(s.Pp.data(), (nk + 1) / 2, Rp, R, s.Vp.data(), D, s.acc.data(), s.alpha.data());
     return;
@@ -273,10 +274,10 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
         }
       }
     }
-    ops.softmax(s.St.data(), nk, Rp, s.m.data(), s.l.data(), s.alpha.data());
     if (ops.bf16_pairs) {
-      pv_pairs(s, nk, D, Rp, R);
+      softmax_pv_pairs(s, nk, D, Rp, R);
     } else {
+      ops.softmax(s.St.data(), nk, Rp, s.m.data(), s.l.data(), s.alpha.data());
       ops.pv(s.St.data(), nk, Rp, R, s.vrows.data(), D, s.acc.data(), s.alpha.data());
     }
   }

@@ -582,17 +582,37 @@ EAGLE_AVX512BF16 inline void qk_bf16_pairs(const c10::BFloat16* const* krows, in
   }
 }
 
-// Pp[kp][r][2] from St[k][r] (fp32 probabilities) for k < nk; an odd last key pairs with 0.
-EAGLE_AVX512BF16 inline void pack_probs_bf16(const float* St, int nk, int Rp, uint16_t* Pp) {
-  for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
-    const float* p0 = St + static_cast<int64_t>(2 * kp) * Rp;
-    const float* p1 = p0 + Rp;
-    const bool odd = 2 * kp + 1 >= nk;
-    for (int r = 0; r < Rp; r += 16) {
-      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p0 + r));
-      const __m256i hi = odd ? _mm256_setzero_si256() : (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p1 + r));
-      _mm512_storeu_si512(Pp + (static_cast<int64_t>(kp) * Rp + r) * 2, interleave_bf16(lo, hi));
+// softmax_avx512 over scores St[k][r], writing the probabilities as bf16 pairs Pp[kp][r][2]
+// (an odd last key pairs with 0) instead of back into St; m, l, alpha as there, the sum of
+// each row in the same key order.
+EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, float* m, float* l, float* alpha,
+                                               uint16_t* Pp) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < Rp; r += 16) {
+    const __m512 m_old = _mm512_loadu_ps(m + r);
+    __m512 mx = m_old;
+    for (int k = 0; k < nk; ++k)
+      mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+    const __mmask16 dead = _mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ);
+    const __m512 shift = _mm512_mask_mov_ps(mx, dead, _mm512_setzero_ps());
+    const __m512 a = exp2_avx512(_mm512_sub_ps(m_old, shift));
+    __m512 sum = _mm512_setzero_ps();
+    for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
+      const float* s0 = St + static_cast<int64_t>(2 * kp) * Rp + r;
+      const __m512 p0 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s0), shift));
+      sum = _mm512_add_ps(sum, p0);
+      __m256i hi = _mm256_setzero_si256();
+      if (2 * kp + 1 < nk) {
+        const __m512 p1 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s0 + Rp), shift));
+        sum = _mm512_add_ps(sum, p1);
+        hi = (__m256i)_mm512_cvtneps_pbh(p1);
+      }
+      _mm512_storeu_si512(Pp + (static_cast<int64_t>(kp) * Rp + r) * 2,
+                          interleave_bf16((__m256i)_mm512_cvtneps_pbh(p0), hi));
     }
+    _mm512_storeu_ps(alpha + r, a);
+    _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+    _mm512_storeu_ps(m + r, mx);
   }
 }
 
