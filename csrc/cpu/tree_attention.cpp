@@ -55,8 +55,8 @@ struct Ops {
   void (*softmax)(Acc*, int, int, Acc*, Acc*, Acc*) = softmax_scalar<Acc>;
   void (*pv)(const Acc*, int, int, int, const Acc* const*, int, Acc*, const Acc*) = pv_scalar<Acc>;
   void (*to_acc)(const T*, Acc*, int) = to_acc_scalar<T, Acc>;
-  // bf16 inputs with AVX512_BF16: QK and PV as bf16 dot products over operand pairs
-  // (tree_attention_loops.h); the loops above then only serve the softmax.
+  // bf16 inputs with AVX512_BF16: QK, softmax and PV from the bf16 operand-pair loops
+  // (tree_attention_loops.h) instead of the loops above.
   bool bf16_pairs = false;
   // Rows are padded to a multiple of this: one float vector of the chosen loops (a decoded
   // token of a 3-query-head group is 3 rows: 8 rather than 16 halves its QK and softmax work).
@@ -149,19 +149,20 @@ struct Scratch {
       Vp.resize(TK * D);
       kraw.resize(TK);
       vraw.resize(TK);
+    } else {
+      Qt.resize(Rp * D);
+      if (!std::is_same_v<T, Acc>) {
+        kbuf.resize(TK * D);
+        vbuf.resize(TK * D);
+      }
+      krows.resize(TK);
+      vrows.resize(TK);
     }
-    Qt.resize(Rp * D);
     St.resize(TK * Rp);
     acc.resize(Rp * D);
     m.resize(Rp);
     l.resize(Rp);
     alpha.resize(Rp);
-    if (!std::is_same_v<T, Acc>) {
-      kbuf.resize(TK * D);
-      vbuf.resize(TK * D);
-    }
-    krows.resize(TK);
-    vrows.resize(TK);
   }
 };
 

@@ -177,16 +177,31 @@ EAGLE_AVX512 inline void qk_avx512(const float* const* krows, int nk, const floa
   }
 }
 
+// Rows r .. r + 15 of an online-softmax step, before the exponentials: the new running max
+// over the tile's nk scores and the shift of the scores (0 for rows that have seen only masked
+// keys, so that no -inf - -inf NaN appears).
+EAGLE_AVX512 inline void softmax_shift_avx512(const float* St, int nk, int Rp, int r, const float* m, __m512& mx,
+                                              __m512& shift) {
+  mx = _mm512_loadu_ps(m + r);
+  for (int k = 0; k < nk; ++k)
+    mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+  const __mmask16 dead = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+  shift = _mm512_mask_mov_ps(mx, dead, _mm512_setzero_ps());
+}
+
+// ... and after them: alpha = 2^(m_old - shift), l = l * alpha + sum, m = the new max.
+EAGLE_AVX512 inline void softmax_commit_avx512(int r, __m512 mx, __m512 shift, __m512 sum, float* m, float* l,
+                                               float* alpha) {
+  const __m512 a = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(m + r), shift));
+  _mm512_storeu_ps(alpha + r, a);
+  _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+  _mm512_storeu_ps(m + r, mx);
+}
+
 EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int r = 0; r < Rp; r += 16) {
-    const __m512 m_old = _mm512_loadu_ps(m + r);
-    __m512 mx = m_old;
-    for (int k = 0; k < nk; ++k)
-      mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
-    const __mmask16 dead = _mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ);
-    const __m512 shift = _mm512_mask_mov_ps(mx, dead, _mm512_setzero_ps());
-    const __m512 a = exp2_avx512(_mm512_sub_ps(m_old, shift));
+    __m512 mx, shift;
+    softmax_shift_avx512(St, nk, Rp, r, m, mx, shift);
     __m512 sum = _mm512_setzero_ps();
     for (int k = 0; k < nk; ++k) {
       float* s = St + static_cast<int64_t>(k) * Rp + r;
@@ -194,9 +209,7 @@ EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, flo
       _mm512_storeu_ps(s, p);
       sum = _mm512_add_ps(sum, p);
     }
-    _mm512_storeu_ps(alpha + r, a);
-    _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
-    _mm512_storeu_ps(m + r, mx);
+    softmax_commit_avx512(r, mx, shift, sum, m, l, alpha);
   }
 }
 
@@ -587,15 +600,9 @@ EAGLE_AVX512BF16 inline void qk_bf16_pairs(const c10::BFloat16* const* krows, in
 // each row in the same key order.
 EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, float* m, float* l, float* alpha,
                                                uint16_t* Pp) {
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int r = 0; r < Rp; r += 16) {
-    const __m512 m_old = _mm512_loadu_ps(m + r);
-    __m512 mx = m_old;
-    for (int k = 0; k < nk; ++k)
-      mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
-    const __mmask16 dead = _mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ);
-    const __m512 shift = _mm512_mask_mov_ps(mx, dead, _mm512_setzero_ps());
-    const __m512 a = exp2_avx512(_mm512_sub_ps(m_old, shift));
+    __m512 mx, shift;
+    softmax_shift_avx512(St, nk, Rp, r, m, mx, shift);
     __m512 sum = _mm512_setzero_ps();
     for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
       const float* s0 = St + static_cast<int64_t>(2 * kp) * Rp + r;
@@ -610,9 +617,7 @@ EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, 
       _mm512_storeu_si512(Pp + (static_cast<int64_t>(kp) * Rp + r) * 2,
                           interleave_bf16((__m256i)_mm512_cvtneps_pbh(p0), hi));
     }
-    _mm512_storeu_ps(alpha + r, a);
-    _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
-    _mm512_storeu_ps(m + r, mx);
+    softmax_commit_avx512(r, mx, shift, sum, m, l, alpha);
   }
 }
 
