@@ -45,6 +45,9 @@ constexpr int TK = 32;        // key positions per tile
 constexpr int SPLIT_MIN_ROWS = 16;  // node blocks are not split below this many rows
 constexpr int MAX_ROWS = 128; // rows per work item (bounds the per-thread scratch)
 constexpr double LOG2E = 1.4426950408889634;
+#ifndef PREFETCH_LOCALITY
+#define PREFETCH_LOCALITY 3
+#endif
 
 using namespace tree_attention_loops;
 
@@ -251,6 +254,17 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
         ops.to_acc(vr, vd, D);
         s.krows[k] = kd;
         s.vrows[k] = vd;
+      }
+    }
+    // The next tile's K and V rows are fetched while this one computes: with a few rows per
+    // item, each key is used briefly and the hardware prefetcher does not follow 2 x TK rows.
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+    for (int64_t t = t0 + TK; t < std::min(end, t0 + 2 * TK); ++t) {
+      const char* kr = reinterpret_cast<const char*>(cache_row<T>(p.k, p, b, h, t));
+      const char* vr = reinterpret_cast<const char*>(cache_row<T>(p.v, p, b, h, t));
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        __builtin_prefetch(kr + off, 0, PREFETCH_LOCALITY);
+        __builtin_prefetch(vr + off, 0, PREFETCH_LOCALITY);
       }
     }
     if (ops.bf16_pairs) {

@@ -107,74 +107,83 @@ EAGLE_AVX512 inline __m512 exp2_avx512(__m512 x) {
   return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
 }
 
+// Operand accessors of the register-blocked loops below (plain pointer arithmetic, inlined
+// into them). Row x of the vector operand: a fixed stride apart, or one pointer per row.
+template <typename E>
+struct StridedRows {
+  const E* base;
+  int64_t stride;
+  const E* operator()(int x) const { return base + static_cast<int64_t>(x) * stride; }
+};
+template <typename E>
+struct PointedRows {
+  const E* const* rows;
+  int offset;
+  const E* operator()(int x) const { return rows[x] + offset; }
+};
+// Element (j, x) of the broadcast operand (STEP elements each: 1 float or a bf16 pair):
+// rows[first + j][STEP x], or base[x * stride + STEP j].
+template <typename E, int STEP>
+struct PointedElems {
+  const E* const* rows;
+  int first;
+  const E* operator()(int j, int x) const { return rows[first + j] + STEP * x; }
+};
+template <typename E, int STEP>
+struct StridedElems {
+  const E* base;
+  int64_t stride;
+  const E* operator()(int j, int x) const { return base + static_cast<int64_t>(x) * stride + STEP * j; }
+};
+
+// Register-blocked multiply-add: c[j][v] += sum_x a(j, x) * b(x)[16 v .. 16 v + 15] for x < nx,
+// in x order, so each lane is one multiply-add chain whatever the blocking. At AB 8 x RV 3 or
+// AB 6 x RV 4 the block holds 24 accumulators and issues 11 or 10 loads per 24 FMAs.
+template <int AB, int RV, typename A, typename Brows>
+EAGLE_AVX512 inline void fma_block_avx512(__m512 (&c)[AB][RV], A a, Brows b, int nx) {
+  for (int x = 0; x < nx; ++x) {
+    const float* bx = b(x);
+    __m512 bv[RV];
+    for (int v = 0; v < RV; ++v) bv[v] = _mm512_loadu_ps(bx + 16 * v);
+    for (int j = 0; j < AB; ++j) {
+      const __m512 av = _mm512_set1_ps(*a(j, x));
+      for (int v = 0; v < RV; ++v) c[j][v] = _mm512_fmadd_ps(av, bv[v], c[j][v]);
+    }
+  }
+}
+
+// St[k][r] for keys k0 .. k0 + AB - 1, rows r0 .. r0 + 16 RV - 1.
+template <int AB, int RV>
+EAGLE_AVX512 inline void qk_block_avx512(const float* const* krows, int k0, const float* Qt, int D, int Rp, int r0,
+                                         float* St) {
+  __m512 c[AB][RV];
+  for (int j = 0; j < AB; ++j)
+    for (int v = 0; v < RV; ++v) c[j][v] = _mm512_setzero_ps();
+  fma_block_avx512<AB, RV>(c, PointedElems<float, 1>{krows, k0}, StridedRows<float>{Qt + r0, Rp}, D);
+  for (int j = 0; j < AB; ++j)
+    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(St + static_cast<int64_t>(k0 + j) * Rp + r0 + 16 * v, c[j][v]);
+}
+
+// ... for all Rp rows, 3 row vectors at a time.
+template <int AB>
+EAGLE_AVX512 inline void qk_keys_avx512(const float* const* krows, int k0, const float* Qt, int D, int Rp,
+                                        float* St) {
+  int r = 0;
+  for (; r + 48 <= Rp; r += 48) qk_block_avx512<AB, 3>(krows, k0, Qt, D, Rp, r, St);
+  if (Rp - r == 32) qk_block_avx512<AB, 2>(krows, k0, Qt, D, Rp, r, St);
+  if (Rp - r == 16) qk_block_avx512<AB, 1>(krows, k0, Qt, D, Rp, r, St);
+}
+
+// St[k][r] = sum_d K[k][d] * Qt[d][r] for k < nk, r < Rp (Rp % 16 == 0).
 EAGLE_AVX512 inline void qk_avx512(const float* const* krows, int nk, const float* Qt, int D, int Rp,
-                            float* St) {
+                                   float* St) {
   int k = 0;
-  for (; k + 4 <= nk; k += 4) {
-    const float* k0 = krows[k];
-    const float* k1 = krows[k + 1];
-    const float* k2 = krows[k + 2];
-    const float* k3 = krows[k + 3];
-    int r = 0;
-    for (; r + 32 <= Rp; r += 32) {
-      __m512 a00 = _mm512_setzero_ps(), a01 = _mm512_setzero_ps();
-      __m512 a10 = _mm512_setzero_ps(), a11 = _mm512_setzero_ps();
-      __m512 a20 = _mm512_setzero_ps(), a21 = _mm512_setzero_ps();
-      __m512 a30 = _mm512_setzero_ps(), a31 = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        const float* qd = Qt + static_cast<int64_t>(d) * Rp + r;
-        const __m512 q0 = _mm512_loadu_ps(qd);
-        const __m512 q1 = _mm512_loadu_ps(qd + 16);
-        __m512 b = _mm512_set1_ps(k0[d]);
-        a00 = _mm512_fmadd_ps(b, q0, a00);
-        a01 = _mm512_fmadd_ps(b, q1, a01);
-        b = _mm512_set1_ps(k1[d]);
-        a10 = _mm512_fmadd_ps(b, q0, a10);
-        a11 = _mm512_fmadd_ps(b, q1, a11);
-        b = _mm512_set1_ps(k2[d]);
-        a20 = _mm512_fmadd_ps(b, q0, a20);
-        a21 = _mm512_fmadd_ps(b, q1, a21);
-        b = _mm512_set1_ps(k3[d]);
-        a30 = _mm512_fmadd_ps(b, q0, a30);
-        a31 = _mm512_fmadd_ps(b, q1, a31);
-      }
-      float* s = St + static_cast<int64_t>(k) * Rp + r;
-      _mm512_storeu_ps(s, a00);
-      _mm512_storeu_ps(s + 16, a01);
-      _mm512_storeu_ps(s + Rp, a10);
-      _mm512_storeu_ps(s + Rp + 16, a11);
-      _mm512_storeu_ps(s + 2 * Rp, a20);
-      _mm512_storeu_ps(s + 2 * Rp + 16, a21);
-      _mm512_storeu_ps(s + 3 * Rp, a30);
-      _mm512_storeu_ps(s + 3 * Rp + 16, a31);
-    }
-    for (; r < Rp; r += 16) {
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-      __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        const __m512 q0 = _mm512_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), q0, a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(k1[d]), q0, a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(k2[d]), q0, a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(k3[d]), q0, a3);
-      }
-      float* s = St + static_cast<int64_t>(k) * Rp + r;
-      _mm512_storeu_ps(s, a0);
-      _mm512_storeu_ps(s + Rp, a1);
-      _mm512_storeu_ps(s + 2 * Rp, a2);
-      _mm512_storeu_ps(s + 3 * Rp, a3);
-    }
+  for (; k + 8 <= nk; k += 8) qk_keys_avx512<8>(krows, k, Qt, D, Rp, St);
+  if (nk - k >= 4) {
+    qk_keys_avx512<4>(krows, k, Qt, D, Rp, St);
+    k += 4;
   }
-  for (; k < nk; ++k) {
-    const float* kr = krows[k];
-    for (int r = 0; r < Rp; r += 16) {
-      __m512 a = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d)
-        a = _mm512_fmadd_ps(_mm512_set1_ps(kr[d]),
-                            _mm512_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r), a);
-      _mm512_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, a);
-    }
-  }
+  for (; k < nk; ++k) qk_keys_avx512<1>(krows, k, Qt, D, Rp, St);
 }
 
 // Rows r .. r + 15 of an online-softmax step, before the exponentials: the new running max
@@ -213,69 +222,45 @@ EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, flo
   }
 }
 
-// D % 16 == 0. Rows in pairs, D in chunks of 64 floats: 8 accumulators, each V load serves
-// two rows.
-EAGLE_AVX512 inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const* vrows,
-                            int D, float* acc, const float* alpha) {
-  int r = 0;
-  for (; r + 2 <= R; r += 2) {
-    float* a0p = acc + static_cast<int64_t>(r) * D;
-    float* a1p = a0p + D;
-    const __m512 s0 = _mm512_set1_ps(alpha[r]);
-    const __m512 s1 = _mm512_set1_ps(alpha[r + 1]);
-    for (int c = 0; c < D; c += 64) {
-      const int nv = std::min(4, (D - c) / 16);
-      __m512 x0[4], x1[4];
-      for (int v = 0; v < 4; ++v) {
-        if (v < nv) {
-          x0[v] = _mm512_mul_ps(_mm512_loadu_ps(a0p + c + 16 * v), s0);
-          x1[v] = _mm512_mul_ps(_mm512_loadu_ps(a1p + c + 16 * v), s1);
-        }
-      }
-      if (nv == 4) {
-        for (int k = 0; k < nk; ++k) {
-          const float* vr = vrows[k] + c;
-          const __m512 p0 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r]);
-          const __m512 p1 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r + 1]);
-          const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
-          const __m512 v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
-          x0[0] = _mm512_fmadd_ps(p0, v0, x0[0]);
-          x0[1] = _mm512_fmadd_ps(p0, v1, x0[1]);
-          x0[2] = _mm512_fmadd_ps(p0, v2, x0[2]);
-          x0[3] = _mm512_fmadd_ps(p0, v3, x0[3]);
-          x1[0] = _mm512_fmadd_ps(p1, v0, x1[0]);
-          x1[1] = _mm512_fmadd_ps(p1, v1, x1[1]);
-          x1[2] = _mm512_fmadd_ps(p1, v2, x1[2]);
-          x1[3] = _mm512_fmadd_ps(p1, v3, x1[3]);
-        }
-      } else {
-        for (int k = 0; k < nk; ++k) {
-          const float* vr = vrows[k] + c;
-          const __m512 p0 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r]);
-          const __m512 p1 = _mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r + 1]);
-          for (int v = 0; v < nv; ++v) {
-            const __m512 vv = _mm512_loadu_ps(vr + 16 * v);
-            x0[v] = _mm512_fmadd_ps(p0, vv, x0[v]);
-            x1[v] = _mm512_fmadd_ps(p1, vv, x1[v]);
-          }
-        }
-      }
-      for (int v = 0; v < nv; ++v) {
-        _mm512_storeu_ps(a0p + c + 16 * v, x0[v]);
-        _mm512_storeu_ps(a1p + c + 16 * v, x1[v]);
-      }
-    }
+// acc[r][c .. c + 16 RV - 1] for rows r0 .. r0 + RB - 1 of one key tile: rescaled by alpha,
+// then += sum_k P[k][r] * V[k][c ..].
+template <int RB, int RV>
+EAGLE_AVX512 inline void pv_block_avx512(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
+                                         int col, float* acc, const float* alpha) {
+  __m512 x[RB][RV];
+  for (int j = 0; j < RB; ++j) {
+    const __m512 s = _mm512_set1_ps(alpha[r0 + j]);
+    for (int v = 0; v < RV; ++v)
+      x[j][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v), s);
   }
-  for (; r < R; ++r) {
-    float* ap = acc + static_cast<int64_t>(r) * D;
-    const __m512 s = _mm512_set1_ps(alpha[r]);
-    for (int c = 0; c < D; c += 16) {
-      __m512 x = _mm512_mul_ps(_mm512_loadu_ps(ap + c), s);
-      for (int k = 0; k < nk; ++k)
-        x = _mm512_fmadd_ps(_mm512_set1_ps(P[static_cast<int64_t>(k) * Rp + r]),
-                            _mm512_loadu_ps(vrows[k] + c), x);
-      _mm512_storeu_ps(ap + c, x);
-    }
+  fma_block_avx512<RB, RV>(x, StridedElems<float, 1>{P + r0, Rp}, PointedRows<float>{vrows, col}, nk);
+  for (int j = 0; j < RB; ++j)
+    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v, x[j][v]);
+}
+
+template <int RB>
+EAGLE_AVX512 inline void pv_rows_avx512(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
+                                        float* acc, const float* alpha) {
+  int col = 0;
+  for (; col + 64 <= D; col += 64) pv_block_avx512<RB, 4>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
+  if (D - col == 48) pv_block_avx512<RB, 3>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
+  if (D - col == 32) pv_block_avx512<RB, 2>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
+  if (D - col == 16) pv_block_avx512<RB, 1>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
+}
+
+// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R (D % 16 == 0): 6 rows
+// by 64 columns at a time, each V load serving 6 rows.
+EAGLE_AVX512 inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const* vrows, int D,
+                                   float* acc, const float* alpha) {
+  int r = 0;
+  for (; r + 6 <= R; r += 6) pv_rows_avx512<6>(P, nk, Rp, r, vrows, D, acc, alpha);
+  switch (R - r) {
+    case 5: pv_rows_avx512<5>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 4: pv_rows_avx512<4>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 3: pv_rows_avx512<3>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 2: pv_rows_avx512<2>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 1: pv_rows_avx512<1>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    default: break;
   }
 }
 
@@ -546,53 +531,55 @@ EAGLE_AVX512BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
   return _mm512_permutexvar_epi16(_mm512_load_si512(order), both);
 }
 
+// fma_block_avx512 over bf16 pairs: c[j][v] += sum_x a(j, x) . b(x)[32 v .. 32 v + 31], each
+// lane adding the products of one pair per x, in x order.
+template <int AB, int RV, typename A, typename Brows>
+EAGLE_AVX512BF16 inline void dot_block_bf16(__m512 (&c)[AB][RV], A a, Brows b, int nx) {
+  for (int x = 0; x < nx; ++x) {
+    const uint16_t* bx = b(x);
+    __m512bh bv[RV];
+    for (int v = 0; v < RV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bx + 32 * v);
+    for (int j = 0; j < AB; ++j) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(bf16_pair(a(j, x)));
+      for (int v = 0; v < RV; ++v) c[j][v] = _mm512_dpbf16_ps(c[j][v], av, bv[v]);
+    }
+  }
+}
+
+// St[k][r] for keys k0 .. k0 + AB - 1, rows r0 .. r0 + 16 RV - 1.
+template <int AB, int RV>
+EAGLE_AVX512BF16 inline void qk_block_bf16(const c10::BFloat16* const* krows, int k0, const uint16_t* Qp, int D,
+                                           int Rp, int r0, float scale, float* St) {
+  __m512 c[AB][RV];
+  for (int j = 0; j < AB; ++j)
+    for (int v = 0; v < RV; ++v) c[j][v] = _mm512_setzero_ps();
+  dot_block_bf16<AB, RV>(c, PointedElems<c10::BFloat16, 2>{krows, k0}, StridedRows<uint16_t>{Qp + 2 * r0, 2 * Rp},
+                         D / 2);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int j = 0; j < AB; ++j)
+    for (int v = 0; v < RV; ++v)
+      _mm512_storeu_ps(St + static_cast<int64_t>(k0 + j) * Rp + r0 + 16 * v, _mm512_mul_ps(c[j][v], vscale));
+}
+
+template <int AB>
+EAGLE_AVX512BF16 inline void qk_keys_bf16(const c10::BFloat16* const* krows, int k0, const uint16_t* Qp, int D,
+                                          int Rp, float scale, float* St) {
+  int r = 0;
+  for (; r + 48 <= Rp; r += 48) qk_block_bf16<AB, 3>(krows, k0, Qp, D, Rp, r, scale, St);
+  if (Rp - r == 32) qk_block_bf16<AB, 2>(krows, k0, Qp, D, Rp, r, scale, St);
+  if (Rp - r == 16) qk_block_bf16<AB, 1>(krows, k0, Qp, D, Rp, r, scale, St);
+}
+
 // St[k][r] = scale * sum_d K[k][d] * Q[r][d] for k < nk, r < Rp (Rp % 16 == 0, D even).
 EAGLE_AVX512BF16 inline void qk_bf16_pairs(const c10::BFloat16* const* krows, int nk, const uint16_t* Qp, int D,
                                            int Rp, float scale, float* St) {
-  const __m512 vscale = _mm512_set1_ps(scale);
-  const int DP = D / 2;
   int k = 0;
-  for (; k + 4 <= nk; k += 4) {
-    const c10::BFloat16* kr[4] = {krows[k], krows[k + 1], krows[k + 2], krows[k + 3]};
-    int r = 0;
-    for (; r + 32 <= Rp; r += 32) {
-      __m512 a[4][2];
-      for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
-      for (int dp = 0; dp < DP; ++dp) {
-        const uint16_t* qd = Qp + (static_cast<int64_t>(dp) * Rp + r) * 2;
-        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(qd);
-        const __m512bh q1 = (__m512bh)_mm512_loadu_si512(qd + 32);
-        for (int j = 0; j < 4; ++j) {
-          const __m512bh b = (__m512bh)_mm512_set1_epi32(bf16_pair(kr[j] + 2 * dp));
-          a[j][0] = _mm512_dpbf16_ps(a[j][0], b, q0);
-          a[j][1] = _mm512_dpbf16_ps(a[j][1], b, q1);
-        }
-      }
-      for (int j = 0; j < 4; ++j) {
-        float* s = St + static_cast<int64_t>(k + j) * Rp + r;
-        _mm512_storeu_ps(s, _mm512_mul_ps(a[j][0], vscale));
-        _mm512_storeu_ps(s + 16, _mm512_mul_ps(a[j][1], vscale));
-      }
-    }
-    for (; r < Rp; r += 16) {
-      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int dp = 0; dp < DP; ++dp) {
-        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(Qp + (static_cast<int64_t>(dp) * Rp + r) * 2);
-        for (int j = 0; j < 4; ++j)
-          a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_set1_epi32(bf16_pair(kr[j] + 2 * dp)), q0);
-      }
-      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(St + static_cast<int64_t>(k + j) * Rp + r, _mm512_mul_ps(a[j], vscale));
-    }
+  for (; k + 8 <= nk; k += 8) qk_keys_bf16<8>(krows, k, Qp, D, Rp, scale, St);
+  if (nk - k >= 4) {
+    qk_keys_bf16<4>(krows, k, Qp, D, Rp, scale, St);
+    k += 4;
   }
-  for (; k < nk; ++k) {
-    for (int r = 0; r < Rp; r += 16) {
-      __m512 a = _mm512_setzero_ps();
-      for (int dp = 0; dp < DP; ++dp)
-        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(bf16_pair(krows[k] + 2 * dp)),
-                             (__m512bh)_mm512_loadu_si512(Qp + (static_cast<int64_t>(dp) * Rp + r) * 2));
-      _mm512_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, _mm512_mul_ps(a, vscale));
-    }
-  }
+  for (; k < nk; ++k) qk_keys_bf16<1>(krows, k, Qp, D, Rp, scale, St);
 }
 
 // softmax_avx512 over scores St[k][r], writing the probabilities as bf16 pairs Pp[kp][r][2]
@@ -634,42 +621,46 @@ EAGLE_AVX512BF16 inline void pack_values_bf16(const c10::BFloat16* const* vrows,
   }
 }
 
+// acc[r][col .. col + 16 RV - 1] for rows r0 .. r0 + RB - 1 over nkp key pairs: rescaled by
+// alpha, then += the Pp . Vp pair products.
+template <int RB, int RV>
+EAGLE_AVX512BF16 inline void pv_block_bf16(const uint16_t* Pp, int nkp, int Rp, int r0, const uint16_t* Vp, int D,
+                                           int col, float* acc, const float* alpha) {
+  __m512 x[RB][RV];
+  for (int j = 0; j < RB; ++j) {
+    const __m512 s = _mm512_set1_ps(alpha[r0 + j]);
+    for (int v = 0; v < RV; ++v)
+      x[j][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v), s);
+  }
+  dot_block_bf16<RB, RV>(x, StridedElems<uint16_t, 2>{Pp + 2 * r0, 2 * Rp}, StridedRows<uint16_t>{Vp + 2 * col, 2 * D},
+                         nkp);
+  for (int j = 0; j < RB; ++j)
+    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v, x[j][v]);
+}
+
+template <int RB>
+EAGLE_AVX512BF16 inline void pv_rows_bf16(const uint16_t* Pp, int nkp, int Rp, int r0, const uint16_t* Vp, int D,
+                                          float* acc, const float* alpha) {
+  int col = 0;
+  for (; col + 64 <= D; col += 64) pv_block_bf16<RB, 4>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
+  if (D - col == 48) pv_block_bf16<RB, 3>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
+  if (D - col == 32) pv_block_bf16<RB, 2>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
+  if (D - col == 16) pv_block_bf16<RB, 1>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
+}
+
 // acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R, over nkp key pairs
-// (D % 16 == 0). Rows in pairs, D in chunks of 64 floats: each Vp load serves two rows.
+// (D % 16 == 0): 6 rows by 64 columns at a time, each Vp load serving 6 rows.
 EAGLE_AVX512BF16 inline void pv_bf16_pairs(const uint16_t* Pp, int nkp, int Rp, int R, const uint16_t* Vp, int D,
                                            float* acc, const float* alpha) {
-  for (int r = 0; r < R; r += 2) {
-    const int rows = std::min(2, R - r);
-    for (int c = 0; c < D; c += 64) {
-      const int nv = std::min(4, (D - c) / 16);
-      __m512 x[2][4];
-      for (int i = 0; i < rows; ++i) {
-        const __m512 s = _mm512_set1_ps(alpha[r + i]);
-        for (int v = 0; v < nv; ++v)
-          x[i][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<int64_t>(r + i) * D + c + 16 * v), s);
-      }
-      for (int kp = 0; kp < nkp; ++kp) {
-        const uint16_t* vr = Vp + (static_cast<int64_t>(kp) * D + c) * 2;
-        const uint16_t* pr = Pp + (static_cast<int64_t>(kp) * Rp + r) * 2;
-        if (rows == 2 && nv == 4) {
-          const __m512bh p0 = (__m512bh)_mm512_set1_epi32(bf16_pair(pr));
-          const __m512bh p1 = (__m512bh)_mm512_set1_epi32(bf16_pair(pr + 2));
-          for (int v = 0; v < 4; ++v) {
-            const __m512bh vv = (__m512bh)_mm512_loadu_si512(vr + 32 * v);
-            x[0][v] = _mm512_dpbf16_ps(x[0][v], p0, vv);
-            x[1][v] = _mm512_dpbf16_ps(x[1][v], p1, vv);
-          }
-        } else {
-          for (int i = 0; i < rows; ++i) {
-            const __m512bh p = (__m512bh)_mm512_set1_epi32(bf16_pair(pr + 2 * i));
-            for (int v = 0; v < nv; ++v)
-              x[i][v] = _mm512_dpbf16_ps(x[i][v], p, (__m512bh)_mm512_loadu_si512(vr + 32 * v));
-          }
-        }
-      }
-      for (int i = 0; i < rows; ++i)
-        for (int v = 0; v < nv; ++v) _mm512_storeu_ps(acc + static_cast<int64_t>(r + i) * D + c + 16 * v, x[i][v]);
-    }
+  int r = 0;
+  for (; r + 6 <= R; r += 6) pv_rows_bf16<6>(Pp, nkp, Rp, r, Vp, D, acc, alpha);
+  switch (R - r) {
+    case 5: pv_rows_bf16<5>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
+    case 4: pv_rows_bf16<4>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
+    case 3: pv_rows_bf16<3>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
+    case 2: pv_rows_bf16<2>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
+    case 1: pv_rows_bf16<1>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
+    default: break;
   }
 }
 
