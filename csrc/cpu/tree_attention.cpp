@@ -217,16 +217,18 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   } else {
     std::fill(s.Qt.begin(), s.Qt.begin() + static_cast<int64_t>(Rp) * D, Acc(0));
   }
+  const Acc q_scale = static_cast<Acc>(p.scale_log2);
   for (int r = 0; r < R; ++r) {
     const int64_t i = n0 + r / p.G;
     const int64_t head = h * p.G + r % p.G;
     const T* qr = q + ((b * p.N + i) * p.Hq + head) * p.D;
-    for (int d = 0; d < D; ++d) {
-      if (ops.bf16_pairs) {
-        std::memcpy(&s.Qp[(static_cast<int64_t>(d / 2) * Rp + r) * 2 + d % 2], qr + d, sizeof(uint16_t));
-      } else {
-        s.Qt[static_cast<int64_t>(d) * Rp + r] = static_cast<Acc>(qr[d]) * static_cast<Acc>(p.scale_log2);
-      }
+    if (ops.bf16_pairs) {
+      uint16_t* dst = s.Qp.data() + static_cast<int64_t>(r) * 2;
+      for (int d = 0; d < D; ++d)
+        std::memcpy(dst + static_cast<int64_t>(d / 2) * Rp * 2 + d % 2, qr + d, sizeof(uint16_t));
+    } else {
+      Acc* dst = s.Qt.data() + r;
+      for (int d = 0; d < D; ++d) dst[static_cast<int64_t>(d) * Rp] = static_cast<Acc>(qr[d]) * q_scale;
     }
   }
   std::fill(s.acc.begin(), s.acc.begin() + static_cast<int64_t>(R) * D, Acc(0));
@@ -274,19 +276,18 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
       ops.qk(s.krows.data(), nk, s.Qt.data(), D, Rp, s.St.data());
     }
     if (t0 + nk > prefix) {  // the tile reaches tree slots: apply the mask
-      for (int k = std::max<int64_t>(0, prefix - t0); k < nk; ++k) {
-        const int64_t j = t0 + k - prefix;
-        Acc* srow = s.St.data() + static_cast<int64_t>(k) * Rp;
-        for (int r = 0; r < R; ++r) {
-          const int64_t i = n0 + r / p.G;
-          bool visible;
-          if (p.causal) {
-            visible = j <= i;
-          } else {
-            const int64_t word = p.mask[(b * p.N + i) * p.W + (j >> 6)];
-            visible = (static_cast<uint64_t>(word) >> (j & 63)) & 1u;
-          }
-          if (!visible) srow[r] = ninf;
+      const int k_first = static_cast<int>(std::max<int64_t>(0, prefix - t0));
+      const int64_t j_first = t0 + k_first - prefix;
+      // Node by node (the G rows of a node share its mask row), slot by slot.
+      for (int64_t i = n0; i < n1; ++i) {
+        const int64_t* words = p.causal ? nullptr : p.mask + (b * p.N + i) * p.W;
+        Acc* scores = s.St.data() + (i - n0) * p.G;
+        for (int k = k_first; k < nk; ++k) {
+          const int64_t j = j_first + (k - k_first);
+          const bool visible =
+              p.causal ? j <= i : ((static_cast<uint64_t>(words[j >> 6]) >> (j & 63)) & 1u) != 0;
+          if (visible) continue;
+          for (int64_t g = 0; g < p.G; ++g) scores[static_cast<int64_t>(k) * Rp + g] = ninf;
         }
       }
     }
