@@ -307,81 +307,51 @@ EAGLE_AVX2 inline __m256 exp2_avx2(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
 }
 
-// Rp % 8 == 0: 4 keys x 16 rows per step, 8 accumulators; a last block of 8 rows (Rp % 16 ==
-// 8, e.g. one decoded token's 3 query heads per KV head) takes 8 keys x 8 rows per step. Each
-// score is one accumulator over d in order either way, so a row's scores do not depend on Rp.
-EAGLE_AVX2 inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp,
-                        float* St) {
-  const int r16 = Rp / 16 * 16;  // rows in 16-row blocks
+// fma_block_avx512 at 8 lanes: c[j][v] += sum_x a(j, x) * b(x)[8 v .. 8 v + 7], in x order.
+// 12 accumulators (6 x 2 or 12 x 1) leave room for the operands in the 16 ymm registers. The
+// broadcast is set1 of a loaded float: with _mm256_broadcast_ss (a builtin taking the pointer)
+// GCC stored every accumulator to the stack after every FMA (55 instead of ~100 GFLOP/s).
+template <int AB, int RV, typename A, typename Brows>
+EAGLE_AVX2 inline void fma_block_avx2(__m256 (&c)[AB][RV], A a, Brows b, int nx) {
+  for (int x = 0; x < nx; ++x) {
+    const float* bx = b(x);
+    __m256 bv[RV];
+    for (int v = 0; v < RV; ++v) bv[v] = _mm256_loadu_ps(bx + 8 * v);
+    for (int j = 0; j < AB; ++j) {
+      const __m256 av = _mm256_set1_ps(*a(j, x));
+      for (int v = 0; v < RV; ++v) c[j][v] = _mm256_fmadd_ps(av, bv[v], c[j][v]);
+    }
+  }
+}
+
+// St[k][r] for keys k0 .. k0 + AB - 1, rows r0 .. r0 + 8 RV - 1.
+template <int AB, int RV>
+EAGLE_AVX2 inline void qk_block_avx2(const float* const* krows, int k0, const float* Qt, int D, int Rp, int r0,
+                                     float* St) {
+  __m256 c[AB][RV];
+  for (int j = 0; j < AB; ++j)
+    for (int v = 0; v < RV; ++v) c[j][v] = _mm256_setzero_ps();
+  fma_block_avx2<AB, RV>(c, PointedElems<float, 1>{krows, k0}, StridedRows<float>{Qt + r0, Rp}, D);
+  for (int j = 0; j < AB; ++j)
+    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(St + static_cast<int64_t>(k0 + j) * Rp + r0 + 8 * v, c[j][v]);
+}
+
+// ... for every key of the tile: AB keys at a time, then 4, then 1.
+template <int AB, int RV>
+EAGLE_AVX2 inline void qk_rows_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, int r0,
+                                    float* St) {
   int k = 0;
-  for (; k + 4 <= nk; k += 4) {
-    const float* k0 = krows[k];
-    const float* k1 = krows[k + 1];
-    const float* k2 = krows[k + 2];
-    const float* k3 = krows[k + 3];
-    for (int r = 0; r < r16; r += 16) {
-      __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
-      __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
-      __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
-      __m256 a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        const float* qd = Qt + static_cast<int64_t>(d) * Rp + r;
-        const __m256 q0 = _mm256_loadu_ps(qd);
-        const __m256 q1 = _mm256_loadu_ps(qd + 8);
-        __m256 b = _mm256_broadcast_ss(k0 + d);
-        a00 = _mm256_fmadd_ps(b, q0, a00);
-        a01 = _mm256_fmadd_ps(b, q1, a01);
-        b = _mm256_broadcast_ss(k1 + d);
-        a10 = _mm256_fmadd_ps(b, q0, a10);
-        a11 = _mm256_fmadd_ps(b, q1, a11);
-        b = _mm256_broadcast_ss(k2 + d);
-        a20 = _mm256_fmadd_ps(b, q0, a20);
-        a21 = _mm256_fmadd_ps(b, q1, a21);
-        b = _mm256_broadcast_ss(k3 + d);
-        a30 = _mm256_fmadd_ps(b, q0, a30);
-        a31 = _mm256_fmadd_ps(b, q1, a31);
-      }
-      float* s = St + static_cast<int64_t>(k) * Rp + r;
-      _mm256_storeu_ps(s, a00);
-      _mm256_storeu_ps(s + 8, a01);
-      _mm256_storeu_ps(s + Rp, a10);
-      _mm256_storeu_ps(s + Rp + 8, a11);
-      _mm256_storeu_ps(s + 2 * Rp, a20);
-      _mm256_storeu_ps(s + 2 * Rp + 8, a21);
-      _mm256_storeu_ps(s + 3 * Rp, a30);
-      _mm256_storeu_ps(s + 3 * Rp + 8, a31);
-    }
-  }
-  for (; k < nk; ++k) {
-    const float* kr = krows[k];
-    for (int r = 0; r < r16; r += 8) {
-      __m256 a = _mm256_setzero_ps();
-      for (int d = 0; d < D; ++d)
-        a = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d),
-                            _mm256_loadu_ps(Qt + static_cast<int64_t>(d) * Rp + r), a);
-      _mm256_storeu_ps(St + static_cast<int64_t>(k) * Rp + r, a);
-    }
-  }
-  if (r16 == Rp) return;
-  const float* Q8 = Qt + r16;  // the last 8 rows
-  float* S8 = St + r16;
-  k = 0;
-  for (; k + 8 <= nk; k += 8) {
-    __m256 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-    for (int d = 0; d < D; ++d) {
-      const __m256 q = _mm256_loadu_ps(Q8 + static_cast<int64_t>(d) * Rp);
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(krows[k + j] + d), q, a[j]);
-    }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(S8 + static_cast<int64_t>(k + j) * Rp, a[j]);
-  }
-  for (; k < nk; ++k) {
-    const float* kr = krows[k];
-    __m256 a = _mm256_setzero_ps();
-    for (int d = 0; d < D; ++d)
-      a = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d), _mm256_loadu_ps(Q8 + static_cast<int64_t>(d) * Rp), a);
-    _mm256_storeu_ps(S8 + static_cast<int64_t>(k) * Rp, a);
-  }
+  for (; k + AB <= nk; k += AB) qk_block_avx2<AB, RV>(krows, k, Qt, D, Rp, r0, St);
+  for (; k + 4 <= nk; k += 4) qk_block_avx2<4, RV>(krows, k, Qt, D, Rp, r0, St);
+  for (; k < nk; ++k) qk_block_avx2<1, RV>(krows, k, Qt, D, Rp, r0, St);
+}
+
+// St[k][r] = sum_d K[k][d] * Qt[d][r] for k < nk, r < Rp (Rp % 8 == 0): 6 keys x 16 rows, and a
+// last block of 8 rows (e.g. one decoded token's 3 query heads per KV head) 12 keys at a time.
+EAGLE_AVX2 inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, float* St) {
+  int r = 0;
+  for (; r + 16 <= Rp; r += 16) qk_rows_avx2<6, 2>(krows, nk, Qt, D, Rp, r, St);
+  if (r < Rp) qk_rows_avx2<12, 1>(krows, nk, Qt, D, Rp, r, St);
 }
 
 EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
@@ -407,71 +377,41 @@ EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* 
   }
 }
 
-// D % 16 == 0 (so D % 32 is 0 or 16). Rows in pairs, D in chunks of 32 floats.
-EAGLE_AVX2 inline void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* vrows, int D,
-                        float* acc, const float* alpha) {
-  int r = 0;
-  for (; r + 2 <= R; r += 2) {
-    float* a0p = acc + static_cast<int64_t>(r) * D;
-    float* a1p = a0p + D;
-    const __m256 s0 = _mm256_set1_ps(alpha[r]);
-    const __m256 s1 = _mm256_set1_ps(alpha[r + 1]);
-    int c = 0;
-    for (; c + 32 <= D; c += 32) {
-      __m256 x00 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c), s0);
-      __m256 x01 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 8), s0);
-      __m256 x02 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 16), s0);
-      __m256 x03 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c + 24), s0);
-      __m256 x10 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c), s1);
-      __m256 x11 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 8), s1);
-      __m256 x12 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 16), s1);
-      __m256 x13 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c + 24), s1);
-      for (int k = 0; k < nk; ++k) {
-        const float* vr = vrows[k] + c;
-        const __m256 p0 = _mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r);
-        const __m256 p1 = _mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r + 1);
-        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
-        const __m256 v2 = _mm256_loadu_ps(vr + 16), v3 = _mm256_loadu_ps(vr + 24);
-        x00 = _mm256_fmadd_ps(p0, v0, x00);
-        x01 = _mm256_fmadd_ps(p0, v1, x01);
-        x02 = _mm256_fmadd_ps(p0, v2, x02);
-        x03 = _mm256_fmadd_ps(p0, v3, x03);
-        x10 = _mm256_fmadd_ps(p1, v0, x10);
-        x11 = _mm256_fmadd_ps(p1, v1, x11);
-        x12 = _mm256_fmadd_ps(p1, v2, x12);
-        x13 = _mm256_fmadd_ps(p1, v3, x13);
-      }
-      _mm256_storeu_ps(a0p + c, x00);
-      _mm256_storeu_ps(a0p + c + 8, x01);
-      _mm256_storeu_ps(a0p + c + 16, x02);
-      _mm256_storeu_ps(a0p + c + 24, x03);
-      _mm256_storeu_ps(a1p + c, x10);
-      _mm256_storeu_ps(a1p + c + 8, x11);
-      _mm256_storeu_ps(a1p + c + 16, x12);
-      _mm256_storeu_ps(a1p + c + 24, x13);
-    }
-    for (; c < D; c += 8) {
-      __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(a0p + c), s0);
-      __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(a1p + c), s1);
-      for (int k = 0; k < nk; ++k) {
-        const __m256 vv = _mm256_loadu_ps(vrows[k] + c);
-        x0 = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r), vv, x0);
-        x1 = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r + 1), vv, x1);
-      }
-      _mm256_storeu_ps(a0p + c, x0);
-      _mm256_storeu_ps(a1p + c, x1);
-    }
+// acc[r][col .. col + 15] for rows r0 .. r0 + RB - 1 of one key tile: rescaled by alpha, then
+// += sum_k P[k][r] * V[k][col ..].
+template <int RB>
+EAGLE_AVX2 inline void pv_block_avx2(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
+                                     int col, float* acc, const float* alpha) {
+  __m256 x[RB][2];
+  for (int j = 0; j < RB; ++j) {
+    const __m256 s = _mm256_set1_ps(alpha[r0 + j]);
+    for (int v = 0; v < 2; ++v)
+      x[j][v] = _mm256_mul_ps(_mm256_loadu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 8 * v), s);
   }
-  for (; r < R; ++r) {
-    float* ap = acc + static_cast<int64_t>(r) * D;
-    const __m256 s = _mm256_set1_ps(alpha[r]);
-    for (int c = 0; c < D; c += 8) {
-      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(ap + c), s);
-      for (int k = 0; k < nk; ++k)
-        x = _mm256_fmadd_ps(_mm256_broadcast_ss(P + static_cast<int64_t>(k) * Rp + r),
-                            _mm256_loadu_ps(vrows[k] + c), x);
-      _mm256_storeu_ps(ap + c, x);
-    }
+  fma_block_avx2<RB, 2>(x, StridedElems<float, 1>{P + r0, Rp}, PointedRows<float>{vrows, col}, nk);
+  for (int j = 0; j < RB; ++j)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 8 * v, x[j][v]);
+}
+
+template <int RB>
+EAGLE_AVX2 inline void pv_rows_avx2(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
+                                    float* acc, const float* alpha) {
+  for (int col = 0; col < D; col += 16) pv_block_avx2<RB>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
+}
+
+// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R (D % 16 == 0): 6 rows by
+// 16 columns at a time, each V load serving 6 rows.
+EAGLE_AVX2 inline void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* vrows, int D, float* acc,
+                               const float* alpha) {
+  int r = 0;
+  for (; r + 6 <= R; r += 6) pv_rows_avx2<6>(P, nk, Rp, r, vrows, D, acc, alpha);
+  switch (R - r) {
+    case 5: pv_rows_avx2<5>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 4: pv_rows_avx2<4>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 3: pv_rows_avx2<3>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 2: pv_rows_avx2<2>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    case 1: pv_rows_avx2<1>(P, nk, Rp, r, vrows, D, acc, alpha); break;
+    default: break;
   }
 }
 
