@@ -144,7 +144,7 @@ struct Scratch {
   std::vector<Acc> Qt, St, acc, m, l, alpha, kbuf, vbuf;
   std::vector<const Acc*> krows, vrows;
   std::vector<uint16_t> Qp, Pp, Vp;  // bf16 operand pairs (Ops::bf16_pairs)
-  std::vector<const T*> kraw, vraw;  // rows as stored (Ops::bf16_pairs)
+  std::vector<const uint16_t*> kraw, vraw;  // bf16 rows as stored (Ops::bf16_pairs)
   Scratch(int64_t Rp, int64_t D, bool bf16_pairs) {
     if (bf16_pairs) {
       Qp.resize(Rp * D);
@@ -247,8 +247,8 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
         s.krows[k] = kr;
         s.vrows[k] = vr;
       } else if (ops.bf16_pairs) {
-        s.kraw[k] = kr;
-        s.vraw[k] = vr;
+        s.kraw[k] = reinterpret_cast<const uint16_t*>(kr);
+        s.vraw[k] = reinterpret_cast<const uint16_t*>(vr);
       } else {
         Acc* kd = s.kbuf.data() + static_cast<int64_t>(k) * D;
         Acc* vd = s.vbuf.data() + static_cast<int64_t>(k) * D;

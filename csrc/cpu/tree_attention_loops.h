@@ -1,7 +1,9 @@
 // Hot loops of the CPU tree_attention kernel (csrc/cpu/tree_attention.cpp), in three variants:
 // portable scalar (also float64 and head dims not divisible by 16), AVX2+FMA+F16C and AVX-512
-// (function multiversioning through target attributes; the caller picks one at run time with
-// cpu_has_avx2 / cpu_has_avx512). Included by tree_attention.cpp only.
+// (function multiversioning through target attributes and target regions; the caller picks one
+// at run time with cpu_has_avx2 / cpu_has_avx512), plus bf16 pair loops for AVX512_BF16. QK and
+// PV of the vector variants come from one register-blocked source, tree_attention_blocks.inc.
+// Included by tree_attention.cpp only.
 //
 // Layouts (see tree_attention.cpp): Qt [D][Rp] pre-scaled queries, St [TK][Rp] scores then
 // probabilities, acc [R][D] un-normalised outputs; krows / vrows: nk pointers to fp32 rows of D.
@@ -107,85 +109,6 @@ EAGLE_AVX512 inline __m512 exp2_avx512(__m512 x) {
   return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
 }
 
-// Operand accessors of the register-blocked loops below (plain pointer arithmetic, inlined
-// into them). Row x of the vector operand: a fixed stride apart, or one pointer per row.
-template <typename E>
-struct StridedRows {
-  const E* base;
-  int64_t stride;
-  const E* operator()(int x) const { return base + static_cast<int64_t>(x) * stride; }
-};
-template <typename E>
-struct PointedRows {
-  const E* const* rows;
-  int offset;
-  const E* operator()(int x) const { return rows[x] + offset; }
-};
-// Element (j, x) of the broadcast operand (STEP elements each: 1 float or a bf16 pair):
-// rows[first + j][STEP x], or base[x * stride + STEP j].
-template <typename E, int STEP>
-struct PointedElems {
-  const E* const* rows;
-  int first;
-  const E* operator()(int j, int x) const { return rows[first + j] + STEP * x; }
-};
-template <typename E, int STEP>
-struct StridedElems {
-  const E* base;
-  int64_t stride;
-  const E* operator()(int j, int x) const { return base + static_cast<int64_t>(x) * stride + STEP * j; }
-};
-
-// Register-blocked multiply-add: c[j][v] += sum_x a(j, x) * b(x)[16 v .. 16 v + 15] for x < nx,
-// in x order, so each lane is one multiply-add chain whatever the blocking. At AB 8 x RV 3 or
-// AB 6 x RV 4 the block holds 24 accumulators and issues 11 or 10 loads per 24 FMAs.
-template <int AB, int RV, typename A, typename Brows>
-EAGLE_AVX512 inline void fma_block_avx512(__m512 (&c)[AB][RV], A a, Brows b, int nx) {
-  for (int x = 0; x < nx; ++x) {
-    const float* bx = b(x);
-    __m512 bv[RV];
-    for (int v = 0; v < RV; ++v) bv[v] = _mm512_loadu_ps(bx + 16 * v);
-    for (int j = 0; j < AB; ++j) {
-      const __m512 av = _mm512_set1_ps(*a(j, x));
-      for (int v = 0; v < RV; ++v) c[j][v] = _mm512_fmadd_ps(av, bv[v], c[j][v]);
-    }
-  }
-}
-
-// St[k][r] for keys k0 .. k0 + AB - 1, rows r0 .. r0 + 16 RV - 1.
-template <int AB, int RV>
-EAGLE_AVX512 inline void qk_block_avx512(const float* const* krows, int k0, const float* Qt, int D, int Rp, int r0,
-                                         float* St) {
-  __m512 c[AB][RV];
-  for (int j = 0; j < AB; ++j)
-    for (int v = 0; v < RV; ++v) c[j][v] = _mm512_setzero_ps();
-  fma_block_avx512<AB, RV>(c, PointedElems<float, 1>{krows, k0}, StridedRows<float>{Qt + r0, Rp}, D);
-  for (int j = 0; j < AB; ++j)
-    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(St + static_cast<int64_t>(k0 + j) * Rp + r0 + 16 * v, c[j][v]);
-}
-
-// ... for all Rp rows, 3 row vectors at a time.
-template <int AB>
-EAGLE_AVX512 inline void qk_keys_avx512(const float* const* krows, int k0, const float* Qt, int D, int Rp,
-                                        float* St) {
-  int r = 0;
-  for (; r + 48 <= Rp; r += 48) qk_block_avx512<AB, 3>(krows, k0, Qt, D, Rp, r, St);
-  if (Rp - r == 32) qk_block_avx512<AB, 2>(krows, k0, Qt, D, Rp, r, St);
-  if (Rp - r == 16) qk_block_avx512<AB, 1>(krows, k0, Qt, D, Rp, r, St);
-}
-
-// St[k][r] = sum_d K[k][d] * Qt[d][r] for k < nk, r < Rp (Rp % 16 == 0).
-EAGLE_AVX512 inline void qk_avx512(const float* const* krows, int nk, const float* Qt, int D, int Rp,
-                                   float* St) {
-  int k = 0;
-  for (; k + 8 <= nk; k += 8) qk_keys_avx512<8>(krows, k, Qt, D, Rp, St);
-  if (nk - k >= 4) {
-    qk_keys_avx512<4>(krows, k, Qt, D, Rp, St);
-    k += 4;
-  }
-  for (; k < nk; ++k) qk_keys_avx512<1>(krows, k, Qt, D, Rp, St);
-}
-
 // Rows r .. r + 15 of an online-softmax step, before the exponentials: the new running max
 // over the tile's nk scores and the shift of the scores (0 for rows that have seen only masked
 // keys, so that no -inf - -inf NaN appears).
@@ -219,48 +142,6 @@ EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, flo
       sum = _mm512_add_ps(sum, p);
     }
     softmax_commit_avx512(r, mx, shift, sum, m, l, alpha);
-  }
-}
-
-// acc[r][c .. c + 16 RV - 1] for rows r0 .. r0 + RB - 1 of one key tile: rescaled by alpha,
-// then += sum_k P[k][r] * V[k][c ..].
-template <int RB, int RV>
-EAGLE_AVX512 inline void pv_block_avx512(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
-                                         int col, float* acc, const float* alpha) {
-  __m512 x[RB][RV];
-  for (int j = 0; j < RB; ++j) {
-    const __m512 s = _mm512_set1_ps(alpha[r0 + j]);
-    for (int v = 0; v < RV; ++v)
-      x[j][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v), s);
-  }
-  fma_block_avx512<RB, RV>(x, StridedElems<float, 1>{P + r0, Rp}, PointedRows<float>{vrows, col}, nk);
-  for (int j = 0; j < RB; ++j)
-    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v, x[j][v]);
-}
-
-template <int RB>
-EAGLE_AVX512 inline void pv_rows_avx512(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
-                                        float* acc, const float* alpha) {
-  int col = 0;
-  for (; col + 64 <= D; col += 64) pv_block_avx512<RB, 4>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
-  if (D - col == 48) pv_block_avx512<RB, 3>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
-  if (D - col == 32) pv_block_avx512<RB, 2>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
-  if (D - col == 16) pv_block_avx512<RB, 1>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
-}
-
-// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R (D % 16 == 0): 6 rows
-// by 64 columns at a time, each V load serving 6 rows.
-EAGLE_AVX512 inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const* vrows, int D,
-                                   float* acc, const float* alpha) {
-  int r = 0;
-  for (; r + 6 <= R; r += 6) pv_rows_avx512<6>(P, nk, Rp, r, vrows, D, acc, alpha);
-  switch (R - r) {
-    case 5: pv_rows_avx512<5>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 4: pv_rows_avx512<4>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 3: pv_rows_avx512<3>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 2: pv_rows_avx512<2>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 1: pv_rows_avx512<1>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    default: break;
   }
 }
 
@@ -307,53 +188,6 @@ EAGLE_AVX2 inline __m256 exp2_avx2(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
 }
 
-// fma_block_avx512 at 8 lanes: c[j][v] += sum_x a(j, x) * b(x)[8 v .. 8 v + 7], in x order.
-// 12 accumulators (6 x 2 or 12 x 1) leave room for the operands in the 16 ymm registers. The
-// broadcast is set1 of a loaded float: with _mm256_broadcast_ss (a builtin taking the pointer)
-// GCC stored every accumulator to the stack after every FMA (55 instead of ~100 GFLOP/s).
-template <int AB, int RV, typename A, typename Brows>
-EAGLE_AVX2 inline void fma_block_avx2(__m256 (&c)[AB][RV], A a, Brows b, int nx) {
-  for (int x = 0; x < nx; ++x) {
-    const float* bx = b(x);
-    __m256 bv[RV];
-    for (int v = 0; v < RV; ++v) bv[v] = _mm256_loadu_ps(bx + 8 * v);
-    for (int j = 0; j < AB; ++j) {
-      const __m256 av = _mm256_set1_ps(*a(j, x));
-      for (int v = 0; v < RV; ++v) c[j][v] = _mm256_fmadd_ps(av, bv[v], c[j][v]);
-    }
-  }
-}
-
-// St[k][r] for keys k0 .. k0 + AB - 1, rows r0 .. r0 + 8 RV - 1.
-template <int AB, int RV>
-EAGLE_AVX2 inline void qk_block_avx2(const float* const* krows, int k0, const float* Qt, int D, int Rp, int r0,
-                                     float* St) {
-  __m256 c[AB][RV];
-  for (int j = 0; j < AB; ++j)
-    for (int v = 0; v < RV; ++v) c[j][v] = _mm256_setzero_ps();
-  fma_block_avx2<AB, RV>(c, PointedElems<float, 1>{krows, k0}, StridedRows<float>{Qt + r0, Rp}, D);
-  for (int j = 0; j < AB; ++j)
-    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(St + static_cast<int64_t>(k0 + j) * Rp + r0 + 8 * v, c[j][v]);
-}
-
-// ... for every key of the tile: AB keys at a time, then 4, then 1.
-template <int AB, int RV>
-EAGLE_AVX2 inline void qk_rows_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, int r0,
-                                    float* St) {
-  int k = 0;
-  for (; k + AB <= nk; k += AB) qk_block_avx2<AB, RV>(krows, k, Qt, D, Rp, r0, St);
-  for (; k + 4 <= nk; k += 4) qk_block_avx2<4, RV>(krows, k, Qt, D, Rp, r0, St);
-  for (; k < nk; ++k) qk_block_avx2<1, RV>(krows, k, Qt, D, Rp, r0, St);
-}
-
-// St[k][r] = sum_d K[k][d] * Qt[d][r] for k < nk, r < Rp (Rp % 8 == 0): 6 keys x 16 rows, and a
-// last block of 8 rows (e.g. one decoded token's 3 query heads per KV head) 12 keys at a time.
-EAGLE_AVX2 inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, float* St) {
-  int r = 0;
-  for (; r + 16 <= Rp; r += 16) qk_rows_avx2<6, 2>(krows, nk, Qt, D, Rp, r, St);
-  if (r < Rp) qk_rows_avx2<12, 1>(krows, nk, Qt, D, Rp, r, St);
-}
-
 EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
   const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int r = 0; r < Rp; r += 8) {
@@ -374,44 +208,6 @@ EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* 
     _mm256_storeu_ps(alpha + r, a);
     _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
     _mm256_storeu_ps(m + r, mx);
-  }
-}
-
-// acc[r][col .. col + 15] for rows r0 .. r0 + RB - 1 of one key tile: rescaled by alpha, then
-// += sum_k P[k][r] * V[k][col ..].
-template <int RB>
-EAGLE_AVX2 inline void pv_block_avx2(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
-                                     int col, float* acc, const float* alpha) {
-  __m256 x[RB][2];
-  for (int j = 0; j < RB; ++j) {
-    const __m256 s = _mm256_set1_ps(alpha[r0 + j]);
-    for (int v = 0; v < 2; ++v)
-      x[j][v] = _mm256_mul_ps(_mm256_loadu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 8 * v), s);
-  }
-  fma_block_avx2<RB, 2>(x, StridedElems<float, 1>{P + r0, Rp}, PointedRows<float>{vrows, col}, nk);
-  for (int j = 0; j < RB; ++j)
-    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 8 * v, x[j][v]);
-}
-
-template <int RB>
-EAGLE_AVX2 inline void pv_rows_avx2(const float* P, int nk, int Rp, int r0, const float* const* vrows, int D,
-                                    float* acc, const float* alpha) {
-  for (int col = 0; col < D; col += 16) pv_block_avx2<RB>(P, nk, Rp, r0, vrows, D, col, acc, alpha);
-}
-
-// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R (D % 16 == 0): 6 rows by
-// 16 columns at a time, each V load serving 6 rows.
-EAGLE_AVX2 inline void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* vrows, int D, float* acc,
-                               const float* alpha) {
-  int r = 0;
-  for (; r + 6 <= R; r += 6) pv_rows_avx2<6>(P, nk, Rp, r, vrows, D, acc, alpha);
-  switch (R - r) {
-    case 5: pv_rows_avx2<5>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 4: pv_rows_avx2<4>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 3: pv_rows_avx2<3>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 2: pv_rows_avx2<2>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    case 1: pv_rows_avx2<1>(P, nk, Rp, r, vrows, D, acc, alpha); break;
-    default: break;
   }
 }
 
@@ -471,57 +267,6 @@ EAGLE_AVX512BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
   return _mm512_permutexvar_epi16(_mm512_load_si512(order), both);
 }
 
-// fma_block_avx512 over bf16 pairs: c[j][v] += sum_x a(j, x) . b(x)[32 v .. 32 v + 31], each
-// lane adding the products of one pair per x, in x order.
-template <int AB, int RV, typename A, typename Brows>
-EAGLE_AVX512BF16 inline void dot_block_bf16(__m512 (&c)[AB][RV], A a, Brows b, int nx) {
-  for (int x = 0; x < nx; ++x) {
-    const uint16_t* bx = b(x);
-    __m512bh bv[RV];
-    for (int v = 0; v < RV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bx + 32 * v);
-    for (int j = 0; j < AB; ++j) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(bf16_pair(a(j, x)));
-      for (int v = 0; v < RV; ++v) c[j][v] = _mm512_dpbf16_ps(c[j][v], av, bv[v]);
-    }
-  }
-}
-
-// St[k][r] for keys k0 .. k0 + AB - 1, rows r0 .. r0 + 16 RV - 1.
-template <int AB, int RV>
-EAGLE_AVX512BF16 inline void qk_block_bf16(const c10::BFloat16* const* krows, int k0, const uint16_t* Qp, int D,
-                                           int Rp, int r0, float scale, float* St) {
-  __m512 c[AB][RV];
-  for (int j = 0; j < AB; ++j)
-    for (int v = 0; v < RV; ++v) c[j][v] = _mm512_setzero_ps();
-  dot_block_bf16<AB, RV>(c, PointedElems<c10::BFloat16, 2>{krows, k0}, StridedRows<uint16_t>{Qp + 2 * r0, 2 * Rp},
-                         D / 2);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int j = 0; j < AB; ++j)
-    for (int v = 0; v < RV; ++v)
-      _mm512_storeu_ps(St + static_cast<int64_t>(k0 + j) * Rp + r0 + 16 * v, _mm512_mul_ps(c[j][v], vscale));
-}
-
-template <int AB>
-EAGLE_AVX512BF16 inline void qk_keys_bf16(const c10::BFloat16* const* krows, int k0, const uint16_t* Qp, int D,
-                                          int Rp, float scale, float* St) {
-  int r = 0;
-  for (; r + 48 <= Rp; r += 48) qk_block_bf16<AB, 3>(krows, k0, Qp, D, Rp, r, scale, St);
-  if (Rp - r == 32) qk_block_bf16<AB, 2>(krows, k0, Qp, D, Rp, r, scale, St);
-  if (Rp - r == 16) qk_block_bf16<AB, 1>(krows, k0, Qp, D, Rp, r, scale, St);
-}
-
-// St[k][r] = scale * sum_d K[k][d] * Q[r][d] for k < nk, r < Rp (Rp % 16 == 0, D even).
-EAGLE_AVX512BF16 inline void qk_bf16_pairs(const c10::BFloat16* const* krows, int nk, const uint16_t* Qp, int D,
-                                           int Rp, float scale, float* St) {
-  int k = 0;
-  for (; k + 8 <= nk; k += 8) qk_keys_bf16<8>(krows, k, Qp, D, Rp, scale, St);
-  if (nk - k >= 4) {
-    qk_keys_bf16<4>(krows, k, Qp, D, Rp, scale, St);
-    k += 4;
-  }
-  for (; k < nk; ++k) qk_keys_bf16<1>(krows, k, Qp, D, Rp, scale, St);
-}
-
 // softmax_avx512 over scores St[k][r], writing the probabilities as bf16 pairs Pp[kp][r][2]
 // (an odd last key pairs with 0) instead of back into St; m, l, alpha as there, the sum of
 // each row in the same key order.
@@ -549,10 +294,10 @@ EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, 
 }
 
 // Vp[kp][d][2] from nk value rows of D bf16 (D % 16 == 0); an odd last row pairs with 0.
-EAGLE_AVX512BF16 inline void pack_values_bf16(const c10::BFloat16* const* vrows, int nk, int D, uint16_t* Vp) {
+EAGLE_AVX512BF16 inline void pack_values_bf16(const uint16_t* const* vrows, int nk, int D, uint16_t* Vp) {
   for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
-    const c10::BFloat16* v0 = vrows[2 * kp];
-    const c10::BFloat16* v1 = 2 * kp + 1 < nk ? vrows[2 * kp + 1] : nullptr;
+    const uint16_t* v0 = vrows[2 * kp];
+    const uint16_t* v1 = 2 * kp + 1 < nk ? vrows[2 * kp + 1] : nullptr;
     for (int d = 0; d < D; d += 16) {
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + d));
       const __m256i hi = v1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + d)) : _mm256_setzero_si256();
@@ -561,52 +306,157 @@ EAGLE_AVX512BF16 inline void pack_values_bf16(const c10::BFloat16* const* vrows,
   }
 }
 
-// acc[r][col .. col + 16 RV - 1] for rows r0 .. r0 + RB - 1 over nkp key pairs: rescaled by
-// alpha, then += the Pp . Vp pair products.
-template <int RB, int RV>
-EAGLE_AVX512BF16 inline void pv_block_bf16(const uint16_t* Pp, int nkp, int Rp, int r0, const uint16_t* Vp, int D,
-                                           int col, float* acc, const float* alpha) {
-  __m512 x[RB][RV];
-  for (int j = 0; j < RB; ++j) {
-    const __m512 s = _mm512_set1_ps(alpha[r0 + j]);
-    for (int v = 0; v < RV; ++v)
-      x[j][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v), s);
-  }
-  dot_block_bf16<RB, RV>(x, StridedElems<uint16_t, 2>{Pp + 2 * r0, 2 * Rp}, StridedRows<uint16_t>{Vp + 2 * col, 2 * D},
-                         nkp);
-  for (int j = 0; j < RB; ++j)
-    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(acc + static_cast<int64_t>(r0 + j) * D + col + 16 * v, x[j][v]);
-}
-
-template <int RB>
-EAGLE_AVX512BF16 inline void pv_rows_bf16(const uint16_t* Pp, int nkp, int Rp, int r0, const uint16_t* Vp, int D,
-                                          float* acc, const float* alpha) {
-  int col = 0;
-  for (; col + 64 <= D; col += 64) pv_block_bf16<RB, 4>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
-  if (D - col == 48) pv_block_bf16<RB, 3>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
-  if (D - col == 32) pv_block_bf16<RB, 2>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
-  if (D - col == 16) pv_block_bf16<RB, 1>(Pp, nkp, Rp, r0, Vp, D, col, acc, alpha);
-}
-
-// acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R, over nkp key pairs
-// (D % 16 == 0): 6 rows by 64 columns at a time, each Vp load serving 6 rows.
-EAGLE_AVX512BF16 inline void pv_bf16_pairs(const uint16_t* Pp, int nkp, int Rp, int R, const uint16_t* Vp, int D,
-                                           float* acc, const float* alpha) {
-  int r = 0;
-  for (; r + 6 <= R; r += 6) pv_rows_bf16<6>(Pp, nkp, Rp, r, Vp, D, acc, alpha);
-  switch (R - r) {
-    case 5: pv_rows_bf16<5>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
-    case 4: pv_rows_bf16<4>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
-    case 3: pv_rows_bf16<3>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
-    case 2: pv_rows_bf16<2>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
-    case 1: pv_rows_bf16<1>(Pp, nkp, Rp, r, Vp, D, acc, alpha); break;
-    default: break;
-  }
-}
-
 inline bool cpu_has_avx512_bf16() {
   static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
   return has;
+}
+
+// ------------------------------------------------------------------- register-blocked QK / PV
+// Operand accessors of the register-blocked loops (plain pointer arithmetic, inlined into
+// them). Row x of the vector operand: a fixed stride apart, or one pointer per row; shifted(n)
+// starts each row n elements further.
+template <typename E>
+struct StridedRows {
+  const E* base;
+  int64_t stride;
+  const E* operator()(int x) const { return base + static_cast<int64_t>(x) * stride; }
+  StridedRows shifted(int n) const { return {base + n, stride}; }
+};
+template <typename E>
+struct PointedRows {
+  const E* const* rows;
+  int offset;
+  const E* operator()(int x) const { return rows[x] + offset; }
+  PointedRows shifted(int n) const { return {rows, offset + n}; }
+};
+// Element (j, x) of the broadcast operand (STEP elements each: 1 float or a bf16 pair):
+// rows[first + j][STEP x], or base[x * stride + STEP j].
+template <typename E, int STEP>
+struct PointedElems {
+  const E* const* rows;
+  int first;
+  const E* operator()(int j, int x) const { return rows[first + j] + STEP * x; }
+};
+template <typename E, int STEP>
+struct StridedElems {
+  const E* base;
+  int64_t stride;
+  const E* operator()(int j, int x) const { return base + static_cast<int64_t>(x) * stride + STEP * j; }
+};
+
+// tree_attention_blocks.inc compiled three times, each inside a target region (the pragmas apply
+// to every function defined there, templates included), as cpu_linear compiles its tiles.
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace avx2 {
+using Vec = __m256;
+using Operand = __m256;
+using Elem = float;
+constexpr int kLanes = 8, kStep = 1;
+// 12 accumulators (QK 6 keys x 16 rows or 12 x 8, PV 6 rows x 16 columns) and their operands
+// fill the 16 ymm registers.
+constexpr int kAccumulators = 12, kQkRowVecs = 2, kPvRows = 6, kPvColVecs = 2;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vset1(float x) { return _mm256_set1_ps(x); }
+inline Operand load_operand(const float* p) { return _mm256_loadu_ps(p); }
+// set1 of a loaded float: with _mm256_broadcast_ss (a builtin taking the pointer) GCC stored
+// every accumulator to the stack after every FMA (55 instead of ~100 GFLOP/s).
+inline Operand broadcast_operand(const float* p) { return _mm256_set1_ps(*p); }
+inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm256_fmadd_ps(a, b, c); }
+#include "tree_attention_blocks.inc"
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#endif
+namespace avx512 {
+using Vec = __m512;
+using Operand = __m512;
+using Elem = float;
+constexpr int kLanes = 16, kStep = 1;
+// 24 accumulators: QK 8 keys x 48 rows (11 loads per 24 FMAs, against 6 per 8 with 4 x 32),
+// PV 6 rows x 64 columns (10 per 24).
+constexpr int kAccumulators = 24, kQkRowVecs = 3, kPvRows = 6, kPvColVecs = 4;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vset1(float x) { return _mm512_set1_ps(x); }
+inline Operand load_operand(const float* p) { return _mm512_loadu_ps(p); }
+inline Operand broadcast_operand(const float* p) { return _mm512_set1_ps(*p); }
+inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_fmadd_ps(a, b, c); }
+#include "tree_attention_blocks.inc"
+}  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+// vdpbf16ps: a lane adds the two products of a bf16 pair, twice the multiply-adds of an FMA.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
+#endif
+namespace avx512_bf16 {
+using avx512::kAccumulators, avx512::kQkRowVecs, avx512::kPvRows, avx512::kPvColVecs;
+using avx512::kLanes, avx512::Vec, avx512::vzero, avx512::vload, avx512::vstore, avx512::vmul, avx512::vset1;
+using Operand = __m512bh;
+using Elem = uint16_t;
+constexpr int kStep = 2;
+inline Operand load_operand(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+inline Operand broadcast_operand(const uint16_t* p) { return (__m512bh)_mm512_set1_epi32(bf16_pair(p)); }
+inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_dpbf16_ps(c, a, b); }
+#include "tree_attention_blocks.inc"
+}  // namespace avx512_bf16
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+// The kernel's entry points (Ops in tree_attention.cpp). fp32 queries come pre-scaled.
+inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, float* St) {
+  avx2::qk(krows, nk, Qt, D, Rp, 1.0f, St);
+}
+inline void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* vrows, int D, float* acc,
+                    const float* alpha) {
+  avx2::pv(P, nk, Rp, R, PointedRows<float>{vrows, 0}, D, acc, alpha);
+}
+inline void qk_avx512(const float* const* krows, int nk, const float* Qt, int D, int Rp, float* St) {
+  avx512::qk(krows, nk, Qt, D, Rp, 1.0f, St);
+}
+inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const* vrows, int D, float* acc,
+                      const float* alpha) {
+  avx512::pv(P, nk, Rp, R, PointedRows<float>{vrows, 0}, D, acc, alpha);
+}
+// Qp[d / 2][r][2] unscaled (the scale goes on the scores); Pp[kp][r][2] and Vp[kp][d][2] as
+// softmax_pack_bf16 and pack_values_bf16 write them.
+inline void qk_bf16_pairs(const uint16_t* const* krows, int nk, const uint16_t* Qp, int D, int Rp, float scale,
+                          float* St) {
+  avx512_bf16::qk(krows, nk, Qp, D, Rp, scale, St);
+}
+inline void pv_bf16_pairs(const uint16_t* Pp, int nkp, int Rp, int R, const uint16_t* Vp, int D, float* acc,
+                          const float* alpha) {
+  avx512_bf16::pv(Pp, nkp, Rp, R, StridedRows<uint16_t>{Vp, 2 * static_cast<int64_t>(D)}, D, acc, alpha);
 }
 
 #else
