@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "target_region.h"
 #include "cpu_linear_impl.h"
 #include "ops.h"
 
@@ -141,26 +142,15 @@ struct Pace {
   }
 };
 
-// The vector path, compiled twice from cpu_linear_tiles.inc inside target regions (the pragmas
-// apply to every function defined there, templates included).
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+// The vector path, compiled twice from cpu_linear_tiles.inc inside target regions
+// (target_region.h).
+EAGLE_TARGET_PUSH("avx2,fma,f16c")
 namespace avx2 {
 constexpr int64_t kMaxXTile = 3;  // 4 x 3 accumulators + 3 + 1 = 16 registers
 #include "cpu_linear_tiles.inc"
 }  // namespace avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))), apply_to = function)
-#else
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl")
-#endif
+EAGLE_TARGET_POP
+EAGLE_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512vl")
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers build casts from an uninitialised vector and warn about it.
 #pragma GCC diagnostic push
@@ -260,11 +250,7 @@ struct PairTiles {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+EAGLE_TARGET_POP
 #endif  // EAGLE_HAVE_AVX2_PATH
 
 template <typename W>

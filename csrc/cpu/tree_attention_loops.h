@@ -18,6 +18,8 @@
 #include <cstring>
 #include <limits>
 
+#include "target_region.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* helpers.
@@ -344,15 +346,10 @@ struct StridedElems {
   const E* operator()(int j, int x) const { return base + static_cast<int64_t>(x) * stride + STEP * j; }
 };
 
-// tree_attention_blocks.inc compiled three times, each inside a target region (the pragmas apply
-// to every function defined there, templates included), as cpu_linear compiles its tiles.
+// tree_attention_blocks.inc compiled three times, once per target region (target_region.h), as
+// cpu_linear compiles its tiles.
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+EAGLE_TARGET_PUSH("avx2,fma,f16c")
 namespace avx2 {
 using Vec = __m256;
 using Operand = __m256;
@@ -373,18 +370,9 @@ inline Operand broadcast_operand(const float* p) { return _mm256_set1_ps(*p); }
 inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm256_fmadd_ps(a, b, c); }
 #include "tree_attention_blocks.inc"
 }  // namespace avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+EAGLE_TARGET_POP
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
-#endif
+EAGLE_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 namespace avx512 {
 using Vec = __m512;
 using Operand = __m512;
@@ -403,19 +391,10 @@ inline Operand broadcast_operand(const float* p) { return _mm512_set1_ps(*p); }
 inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_fmadd_ps(a, b, c); }
 #include "tree_attention_blocks.inc"
 }  // namespace avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+EAGLE_TARGET_POP
 
 // vdpbf16ps: a lane adds the two products of a bf16 pair, twice the multiply-adds of an FMA.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
-#endif
+EAGLE_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
 namespace avx512_bf16 {
 using avx512::kAccumulators, avx512::kQkRowVecs, avx512::kPvRows, avx512::kPvColVecs;
 using avx512::kLanes, avx512::Vec, avx512::vzero, avx512::vload, avx512::vstore, avx512::vmul, avx512::vset1;
@@ -427,11 +406,7 @@ inline Operand broadcast_operand(const uint16_t* p) { return (__m512bh)_mm512_se
 inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_dpbf16_ps(c, a, b); }
 #include "tree_attention_blocks.inc"
 }  // namespace avx512_bf16
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+EAGLE_TARGET_POP
 
 // The kernel's entry points (Ops in tree_attention.cpp). fp32 queries come pre-scaled.
 inline void qk_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, float* St) {
