@@ -14,12 +14,13 @@
 //   St [TK][Rp]  scores, then probabilities, of one key tile
 //   acc [R][D]   un-normalised outputs
 // so QK^T broadcasts one key element against a vector of rows, the softmax statistics are per-lane,
-// and PV broadcasts one probability against a V row.
+// and PV broadcasts one probability against a V row; QK and PV are register-blocked like a GEMM
+// micro-kernel (several keys / rows per block, 12 or 24 accumulators).
 //
-// The hot loops (csrc/cpu/tree_attention_loops.h) exist three times: AVX-512 and AVX2+FMA
-// intrinsics (function multiversioning, chosen at run time with __builtin_cpu_supports; the
-// wheel itself is built for plain x86-64) and a portable scalar version, which also serves
-// float64 and head dims not divisible by 16.
+// The hot loops (csrc/cpu/tree_attention_loops.h) exist as AVX-512 (fp32, and bf16 operand
+// pairs with AVX512_BF16) and AVX2+FMA intrinsics, chosen at run time with
+// __builtin_cpu_supports (the wheel itself is built for plain x86-64), and as a portable scalar
+// version, which also serves float64 and head dims not divisible by 16.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -45,9 +46,6 @@ constexpr int TK = 64;        // key positions per tile
 constexpr int SPLIT_MIN_ROWS = 16;  // node blocks are not split below this many rows
 constexpr int MAX_ROWS = 128; // rows per work item (bounds the per-thread scratch)
 constexpr double LOG2E = 1.4426950408889634;
-#ifndef PREFETCH_LOCALITY
-#define PREFETCH_LOCALITY 3
-#endif
 
 using namespace tree_attention_loops;
 
@@ -266,8 +264,8 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
       const char* kr = reinterpret_cast<const char*>(cache_row<T>(p.k, p, b, h, t));
       const char* vr = reinterpret_cast<const char*>(cache_row<T>(p.v, p, b, h, t));
       for (int64_t off = 0; off < row_bytes; off += 64) {
-        __builtin_prefetch(kr + off, 0, PREFETCH_LOCALITY);
-        __builtin_prefetch(vr + off, 0, PREFETCH_LOCALITY);
+        __builtin_prefetch(kr + off, 0, 3);
+        __builtin_prefetch(vr + off, 0, 3);
       }
     }
     if (ops.bf16_pairs) {
@@ -277,13 +275,12 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
     }
     if (t0 + nk > prefix) {  // the tile reaches tree slots: apply the mask
       const int k_first = static_cast<int>(std::max<int64_t>(0, prefix - t0));
-      const int64_t j_first = t0 + k_first - prefix;
       // Node by node (the G rows of a node share its mask row), slot by slot.
       for (int64_t i = n0; i < n1; ++i) {
         const int64_t* words = p.causal ? nullptr : p.mask + (b * p.N + i) * p.W;
         Acc* scores = s.St.data() + (i - n0) * p.G;
         for (int k = k_first; k < nk; ++k) {
-          const int64_t j = j_first + (k - k_first);
+          const int64_t j = t0 + k - prefix;
           const bool visible =
               p.causal ? j <= i : ((static_cast<uint64_t>(words[j >> 6]) >> (j & 63)) & 1u) != 0;
           if (visible) continue;
