@@ -194,6 +194,7 @@ ext_modules, cmdclass = _extension_and_cmdclass()
 setup(
     name="eagle_kernels",
     version=VERSION,
+    license="Apache-2.0",
     description="Kernels for EAGLE-style speculative decoding (tree attention, draft "
                 "expansion, tree building, verification, KV compaction).",
     packages=find_packages(include=["eagle_kernels*"]),
