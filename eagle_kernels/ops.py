@@ -9,33 +9,33 @@ from ._types import DraftCandidates, Tree, VerifyOutput
 
 
 def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None):
-    """Attention of N tree nodes over the committed prefix and their ancestors (contract §1).
+    """Attention of N tree nodes over the committed prefix and their ancestors (docs/ops.md §1).
     See :func:`eagle_kernels.reference.tree_attention` for shapes and semantics."""
     return _dispatch.run("tree_attention", q.device, q, k_cache, v_cache, cache_seqlens, tree_mask,
                          block_table=block_table, sm_scale=sm_scale)
 
 
 def draft_expand(logits, frontier_scores, top_k, *, d2t=None) -> DraftCandidates:
-    """One depth of EAGLE-2 expansion (contract §2); see :func:`eagle_kernels.reference.draft_expand`."""
+    """One depth of EAGLE-2 expansion (docs/ops.md §2); see :func:`eagle_kernels.reference.draft_expand`."""
     return _dispatch.run("draft_expand", logits.device, logits, frontier_scores, top_k, d2t=d2t)
 
 
 def build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes) -> Tree:
-    """EAGLE-2 re-ranking into a verify tree (contract §3); see :func:`eagle_kernels.reference.build_tree`."""
+    """EAGLE-2 re-ranking into a verify tree (docs/ops.md §3); see :func:`eagle_kernels.reference.build_tree`."""
     return _dispatch.run("build_tree", cand_tokens.device, root_tokens, cand_tokens, cand_scores,
                          cand_parents, num_nodes)
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
            seed=None, offset=None) -> VerifyOutput:
-    """Greedy and lossless sampling verification of a tree (contract §4); see
+    """Greedy and lossless sampling verification of a tree (docs/ops.md §4); see
     :func:`eagle_kernels.reference.verify`."""
     return _dispatch.run("verify", target_logits.device, tokens, parents, target_logits, max_depth=max_depth,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset)
 
 
 def compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None) -> None:
-    """Commit the accepted path's K/V in place, all layers at once (contract §5); see
+    """Commit the accepted path's K/V in place, all layers at once (docs/ops.md §5); see
     :func:`eagle_kernels.reference.compact_kv`."""
     _dispatch.run("compact_kv", k_cache.device, k_cache, v_cache, cache_seqlens, accept_nodes, accept_len,
                   block_table=block_table)

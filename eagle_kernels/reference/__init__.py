@@ -1,7 +1,8 @@
 """Readable PyTorch implementations of every op: the truth the kernels are tested against.
 
-They follow the contract line by line, run on any device, and compute in float64 when given
-float64 inputs. They are slow on purpose: loops over requests and nodes read like the spec.
+They follow the op contract (docs/ops.md) line by line, run on any device, and compute in
+float64 when given float64 inputs. They are slow on purpose: loops over requests and nodes
+read like the spec.
 """
 
 from .build_tree import build_tree

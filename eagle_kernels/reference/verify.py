@@ -52,7 +52,7 @@ def mass_strictly_above(p: torch.Tensor) -> torch.Tensor:
 
 
 def sampling_probs(row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """``p_u`` of the contract: logits / temperature -> top-k -> softmax -> top-p -> renormalise.
+    """``p_u`` of docs/ops.md §4: logits / temperature -> top-k -> softmax -> top-p -> renormalise.
 
     Ties are kept together by both filters: top-k keeps ``x`` iff fewer than ``k`` logits are
     strictly larger, top-p keeps ``x`` iff the mass strictly more probable than ``x`` is below
