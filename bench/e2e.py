@@ -27,9 +27,12 @@ batch B runs them together. Two clocks per provider:
 Within a round the providers take turns on each prompt group (batch 1: each prompt), so a
 drift of the machine's speed over the round reaches all of them alike; with ``--rounds R``
 every provider runs R such rounds and reports its median round (the faster of two): a VM whose
-speed drifts by 10-20% over minutes then biases no provider. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``.
+speed drifts by 10-20% over minutes then biases no provider. Writes ``e2e.md`` (table) and ``e2e.json`` to ``--out``
+(one folder per machine under ``bench/results/``); ``--render-docs`` then copies the tables of
+those files into the generated sections of README.md and docs/benchmarks.md.
 
-    python bench/e2e.py                       # CPU, full table -> bench/results/
+    python bench/e2e.py --out bench/results/MACHINE   # CPU, full table
+    python bench/e2e.py --render-docs                 # README.md, docs/benchmarks.md from the JSON
     python bench/e2e.py --quick --device cuda # one prompt per domain; random weights if the
                                               # model package is absent (timing only)
 """
@@ -40,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import sys
@@ -168,6 +172,85 @@ def decode_ms_per_token(run: dict, sequences: int) -> float:
     return 1e3 * (run["seconds"] - run["first_token_seconds"]) / later if later > 0 else float("nan")
 
 
+def shown_path(folder):
+    """A head folder as e2e.json records it: relative to the repository when inside it (results
+    are committed, and one machine's checkout path means nothing on another), else as given."""
+    if folder and os.path.abspath(folder).startswith(ROOT + os.sep):
+        return os.path.relpath(os.path.abspath(folder), ROOT)
+    return folder
+
+
+def table_lines(meta: dict, rows: list) -> list:
+    """The lines of ``e2e.md``: a sentence on the setup (from ``meta``) and one table row per
+    provider and cell, as ``main`` writes them and ``render_doc`` copies them into the docs."""
+    peak = "CUDA max allocated" if meta["device"].startswith("cuda") else "process peak RSS so far (monotone)"
+    lines = [f"Device {meta['device']} ({meta['threads']} threads, torch {meta['torch']}), {meta['model']}, "
+             f"{meta['prompts_per_domain']} held-out prompts x {meta['prompt_tokens']} tokens per domain, "
+             f"{meta['max_new_tokens']} new tokens each (EOS ignored), median of {meta['rounds']} interleaved "
+             f"round(s). tok/s = generated tokens / wall clock including prefill; decode ms/tok = time per output "
+             f"token after the first (TPOT). Ratios: whole call (tok/s) / decode only. Peak memory: {peak}.", "",
+             "| domain | T | batch | provider | tok/s | decode ms/tok | tau | x ours-plain | x hf-generate "
+             "| same as plain | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r, key):
+        return f"{r[key]:.2f} / {r['decode_' + key]:.2f}" if key in r else ""
+
+    for r in rows:
+        same = {True: "yes", False: "NO"}.get(r.get("same_as_plain"), "")
+        tau = "" if r["tau"] is None else f"{r['tau']:.2f}"
+        lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider']} | {r['tok_per_s']:.1f} | "
+                     f"{r['decode_ms_per_token']:.1f} | {tau} | {ratio(r, 'vs_ours_plain')} | "
+                     f"{ratio(r, 'vs_hf_generate')} | {same} | {r['peak_mb']:.0f} |")
+    return lines
+
+
+SUMMARY_NAMES = {"hf-generate": "transformers `generate`", "hf-lookup": "transformers prompt lookup",
+                 "ours-plain": "eagle_kernels, plain decoding"}
+
+
+def summary_lines(meta: dict, rows: list) -> list:
+    """The headline table: T = 0, batch 1, one line per provider (transformers, our plain
+    decoding, our speculative decoder with the first head and tree of the run, fp32 weights),
+    the domains side by side."""
+    cells = {(r["provider"], r["domain"]): r for r in rows if r["temperature"] == 0 and r["batch"] == 1}
+    domains = list(dict.fromkeys(domain for _, domain in cells))
+    speculative = next((p for p, _ in cells if p.split("-")[0] not in ("hf", "ours") and not p.endswith("-bf16w")),
+                       None)
+    providers = [p for p in ("hf-generate", "hf-lookup", "ours-plain", speculative)
+                 if any((p, d) in cells for d in domains)]
+    lines = ["| decoder | " + " | ".join(f"{d}: tok/s | {d}: ms/token | {d}: x plain" for d in domains) + " |",
+             "|---|" + "---:|---:|---:|" * len(domains)]
+    for p in providers:
+        name = SUMMARY_NAMES.get(p) or f"eagle_kernels, speculative (`{p}`)"
+        row = []
+        for d in domains:
+            r = cells.get((p, d))
+            row += ([f"{r['tok_per_s']:.1f}", f"{r['decode_ms_per_token']:.1f}",
+                     f"{r['decode_vs_ours_plain']:.2f}x" + (f" (τ {r['tau']:.2f})" if p == speculative else "")]
+                    if r else ["", "", ""])
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return lines
+
+
+DOCS = ("README.md", "docs/benchmarks.md")  # the files with generated sections
+
+# A generated section of a Markdown file: <!-- e2e-table PATH --> ... <!-- /e2e-table --> (or
+# e2e-summary), PATH an e2e.json relative to the repository root.
+GENERATED = re.compile(r"(<!-- (e2e-table|e2e-summary) (\S+) -->\n).*?(<!-- /\2 -->)", re.S)
+
+
+def render_doc(text: str) -> str:
+    """``text`` with every generated section rendered anew from the e2e.json it names."""
+    def section(match):
+        with open(os.path.join(ROOT, match.group(3))) as f:
+            data = json.load(f)
+        render = table_lines if match.group(2) == "e2e-table" else summary_lines
+        return match.group(1) + "\n".join(render(data["meta"], data["rows"])) + "\n" + match.group(4)
+
+    return GENERATED.sub(section, text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -196,7 +279,17 @@ def main(argv=None) -> int:
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds per provider (providers take turns on each prompt group); each reports its median round")
+    parser.add_argument("--render-docs", nargs="*", metavar="DOC",
+                        help="measure nothing: render the generated tables of these Markdown files anew from the "
+                             "e2e.json files they name (default: " + " and ".join(DOCS) + ")")
     args = parser.parse_args(argv)
+    if args.render_docs is not None:
+        for doc in args.render_docs or [os.path.join(ROOT, d) for d in DOCS]:
+            with open(doc) as f:
+                text = f.read()
+            with open(doc, "w") as f:
+                f.write(render_doc(text))
+        return 0
     if args.quick:
         args.prompts, args.max_new_tokens, args.batches, args.temperatures = 1, 32, [1], [0.0]
     if args.threads:
@@ -222,13 +315,13 @@ def main(argv=None) -> int:
             folder = shipped.path(kind)
             heads[kind + suffix] = (EagleHead.load(folder, model) if (have_model and folder)
                                     else EagleHead.random(model, kind))
-            head_folders[kind + suffix] = folder
+            head_folders[kind + suffix] = shown_path(folder)
         for spec in args.head_folder:
             name, sep, folder = spec.partition("=")
             if not sep or not name or "-" in name or not os.path.isdir(folder):
                 parser.error(f"--head-folder: expected NAME=FOLDER (NAME without '-', FOLDER a head), got {spec!r}")
             heads[name + suffix] = EagleHead.load(folder, model)
-            head_folders[name + suffix] = os.path.abspath(folder)
+            head_folders[name + suffix] = shown_path(folder)
 
     prompts = {}
     for domain in args.domains:
@@ -335,25 +428,7 @@ def main(argv=None) -> int:
             "heads": head_folders}
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    lines = [f"Device {meta['device']} ({meta['threads']} threads, torch {meta['torch']}), {meta['model']}, "
-             f"{args.prompts} held-out prompts x {args.prompt_tokens} tokens per domain, {args.max_new_tokens} new "
-             f"tokens each (EOS ignored), median of {args.rounds} interleaved round(s). tok/s = generated tokens / "
-             f"wall clock including prefill; decode ms/tok = time per output token after the first (TPOT). Ratios: "
-             f"whole call (tok/s) / decode only. Peak memory: "
-             f"{'CUDA max allocated' if device.type == 'cuda' else 'process peak RSS so far (monotone)'}.", "",
-             "| domain | T | batch | provider | tok/s | decode ms/tok | tau | x ours-plain | x hf-generate "
-             "| same as plain | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def ratio(r, key):
-        return f"{r[key]:.2f} / {r['decode_' + key]:.2f}" if key in r else ""
-
-    for r in rows:
-        same = {True: "yes", False: "NO"}.get(r.get("same_as_plain"), "")
-        tau = "" if r["tau"] is None else f"{r['tau']:.2f}"
-        lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider']} | {r['tok_per_s']:.1f} | "
-                     f"{r['decode_ms_per_token']:.1f} | {tau} | {ratio(r, 'vs_ours_plain')} | "
-                     f"{ratio(r, 'vs_hf_generate')} | {same} | {r['peak_mb']:.0f} |")
+    lines = table_lines(meta, rows)
     with open(os.path.join(args.out, "e2e.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
