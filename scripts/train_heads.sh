@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Train the shipped SmolLM2-135M draft heads from scratch, on a CPU, as they were made:
+# EAGLE-1 in one phase, EAGLE-3 in eight (docs/training.md tells what each phase added and what it
+# measured). Every step resumes: a feature cache continues where it stopped and `train` resumes
+# from its train_state.pt, so an interrupted run picks up when the script is run again.
+#
+#   bash scripts/train_heads.sh             # everything, into runs/
+#   RUNS=DIR bash scripts/train_heads.sh     # elsewhere; PYTHON=... picks the interpreter
+#
+# The recorded runs took about 6.5 hours of optimizer steps and 4 of feature extraction and
+# self-distillation on 2-core CPUs (minutes per phase: the model cards).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-${EAGLE_VENV:-.venv}/bin/python}
+R=${RUNS:-runs}
+train() { "$PY" -m eagle_kernels train "$@"; }
+distill() { "$PY" -m eagle_kernels distill "$@"; }
+
+echo "== EAGLE-1: real text only (the flags of the shipped head's recorded run)"
+train --method eagle1 --out "$R/eagle1" --features "$R/features" --eval-features "$R/features-heldout" \
+    --tokens 204800 --steps 220 --batch-size 4 --lr 1e-3 --warmup 20 --ttt-steps 1 --eval-every 20 --threads 1
+
+echo "== EAGLE-3 phase 1: real text (features extracted once into a memory-mapped fp16 cache)"
+train --method eagle3 --out "$R/eagle3" --features "$R/features" --eval-features "$R/features-heldout" \
+    --tokens 204800 --steps 260 --batch-size 4 --lr 2e-3 --warmup 20 --ttt-steps 3 --threads 1
+
+echo "== phase 2: the target continues corpus prompts; its features are cached as it generates"
+distill --out "$R/distill" --sequences 528 --batch-size 48 --threads 1
+distill --out "$R/distill-heldout" --sequences 16 --batch-size 16 --held-out --temperatures 0 --threads 1
+train --method eagle3 --init "$R/eagle3" --out "$R/eagle3-distilled" \
+    --features "$R/features,$R/distill" --tokens 204800 \
+    --eval-features "$R/features-heldout,$R/distill-heldout" --steps 420 --batch-size 4 --lr 1e-3 \
+    --warmup 20 --ttt-steps 3 --eval-every 60 --threads 1
+
+echo "== phase 3: a second distilled set from other prompt windows"
+distill --out "$R/distill2" --sequences 480 --batch-size 48 --seed 1000 --threads 1
+train --method eagle3 --init "$R/eagle3-distilled" --out "$R/eagle3-distilled2" \
+    --features "$R/features,$R/distill,$R/distill2" --tokens 204800 \
+    --eval-features "$R/features-heldout,$R/distill-heldout" --steps 640 --batch-size 4 --lr 1e-3 \
+    --warmup 20 --ttt-steps 3 --eval-every 80 --threads 1
+
+echo "== phase 4: continuations of code prompts only"
+distill --out "$R/distill-code" --sequences 576 --batch-size 48 --seed 2000 --domains code --threads 1
+train --method eagle3 --init "$R/eagle3-distilled2" --out "$R/eagle3-distilled3" \
+    --features "$R/features,$R/distill,$R/distill2,$R/distill-code" --tokens 204800 \
+    --eval-features "$R/features-heldout,$R/distill-heldout" --steps 640 --batch-size 4 --lr 1e-3 \
+    --warmup 20 --ttt-steps 3 --eval-every 80 --threads 1
+
+echo "== phase 5: continuations of prose prompts, 4 unrolled draft steps"
+distill --out "$R/distill-prose" --sequences 432 --batch-size 48 --seed 3000 --domains prose --threads 1
+train --method eagle3 --init "$R/eagle3-distilled3" --out "$R/eagle3-distilled4" \
+    --features "$R/features,$R/distill,$R/distill2,$R/distill-code,$R/distill-prose" --tokens 204800 \
+    --eval-features "$R/features-heldout,$R/distill-heldout" --steps 600 --batch-size 4 --lr 1e-3 \
+    --warmup 20 --ttt-steps 4 --eval-every 100 --threads 1
+
+echo "== phase 6: 4,608 more continuations (3/4 greedy), 5 unrolled steps, bf16 matrix products, 2 threads"
+distill --out "$R/dcode3" --sequences 1536 --batch-size 64 --seed 11 --temperatures 0,0,0,0.7 --domains code --threads 2
+distill --out "$R/dcode4" --sequences 2048 --batch-size 64 --seed 23 --temperatures 0,0,0,0.7 --domains code --threads 2
+distill --out "$R/dprose4" --sequences 1024 --batch-size 64 --seed 29 --temperatures 0,0,0,0.7 --domains prose \
+    --threads 2
+distill --out "$R/heldout_code" --held-out --sequences 64 --batch-size 64 --seed 5 --temperatures 0 --domains code \
+    --threads 2
+distill --out "$R/heldout_prose" --held-out --sequences 64 --batch-size 64 --seed 5 --temperatures 0 \
+    --domains prose --threads 2
+train --method eagle3 --init "$R/eagle3-distilled4" --out "$R/eagle3-distilled5" \
+    --features "$R/dcode3,$R/dcode4,$R/dprose4" \
+    --eval-features "$R/heldout_code,$R/heldout_prose" --steps 2000 --batch-size 8 --lr 1e-3 \
+    --warmup 50 --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+
+echo "== phase 7: 4,096 more code continuations from new prompt windows, same schedule"
+distill --out "$R/dcode5" --sequences 2048 --batch-size 64 --seed 37 --temperatures 0,0,0,0.7 --domains code --threads 2
+distill --out "$R/dcode6" --sequences 2048 --batch-size 64 --seed 41 --temperatures 0,0,0,0.7 --domains code --threads 2
+train --method eagle3 --init "$R/eagle3-distilled5" --out "$R/eagle3-distilled6" \
+    --features "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dprose4" \
+    --eval-features "$R/heldout_code,$R/heldout_prose" --steps 2000 --batch-size 8 --lr 1e-3 \
+    --warmup 50 --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+
+echo "== phase 8 (the shipped EAGLE-3 head): 1,024 more code continuations, 1000 steps at half the learning rate"
+distill --out "$R/dcode7" --sequences 1024 --batch-size 64 --seed 43 --temperatures 0,0,0,0.7 --domains code --threads 2
+train --method eagle3 --init "$R/eagle3-distilled6" --out "$R/eagle3-distilled7" \
+    --features "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dcode7,$R/dprose4" \
+    --eval-features "$R/heldout_code,$R/heldout_prose" --steps 1000 --batch-size 8 --lr 5e-4 \
+    --warmup 30 --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+
+echo "== done: heads in $R/eagle1 and $R/eagle3-distilled7 (model cards: python -m eagle_kernels.train.card)"
