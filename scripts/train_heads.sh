@@ -53,33 +53,37 @@ train --method eagle3 --init "$R/eagle3-distilled3" --out "$R/eagle3-distilled4"
     --eval-features "$R/features-heldout,$R/distill-heldout" --steps 600 --batch-size 4 --lr 1e-3 \
     --warmup 20 --ttt-steps 4 --eval-every 100 --threads 1
 
+# Phases 6-8 share one schedule (8 sequences a step, 5 unrolled steps, bf16 autocast, 2 threads),
+# and their self-distilled sets one recipe (3/4 greedy, 1/4 at T = 0.7, 64 sequences a batch).
+train_late() {  # INIT OUT FEATURES STEPS LR WARMUP
+  train --method eagle3 --init "$1" --out "$2" --features "$3" \
+      --eval-features "$R/heldout_code,$R/heldout_prose" --steps "$4" --batch-size 8 --lr "$5" \
+      --warmup "$6" --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+}
+distill_late() {  # OUT SEQUENCES SEED DOMAIN
+  distill --out "$1" --sequences "$2" --batch-size 64 --seed "$3" --temperatures 0,0,0,0.7 --domains "$4" \
+      --threads 2
+}
+
 echo "== phase 6: 4,608 more continuations (3/4 greedy), 5 unrolled steps, bf16 matrix products, 2 threads"
-distill --out "$R/dcode3" --sequences 1536 --batch-size 64 --seed 11 --temperatures 0,0,0,0.7 --domains code --threads 2
-distill --out "$R/dcode4" --sequences 2048 --batch-size 64 --seed 23 --temperatures 0,0,0,0.7 --domains code --threads 2
-distill --out "$R/dprose4" --sequences 1024 --batch-size 64 --seed 29 --temperatures 0,0,0,0.7 --domains prose \
-    --threads 2
-distill --out "$R/heldout_code" --held-out --sequences 64 --batch-size 64 --seed 5 --temperatures 0 --domains code \
-    --threads 2
-distill --out "$R/heldout_prose" --held-out --sequences 64 --batch-size 64 --seed 5 --temperatures 0 \
-    --domains prose --threads 2
-train --method eagle3 --init "$R/eagle3-distilled4" --out "$R/eagle3-distilled5" \
-    --features "$R/dcode3,$R/dcode4,$R/dprose4" \
-    --eval-features "$R/heldout_code,$R/heldout_prose" --steps 2000 --batch-size 8 --lr 1e-3 \
-    --warmup 50 --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+distill_late "$R/dcode3" 1536 11 code
+distill_late "$R/dcode4" 2048 23 code
+distill_late "$R/dprose4" 1024 29 prose
+for domain in code prose; do
+  distill --out "$R/heldout_$domain" --held-out --sequences 64 --batch-size 64 --seed 5 --temperatures 0 \
+      --domains "$domain" --threads 2
+done
+train_late "$R/eagle3-distilled4" "$R/eagle3-distilled5" "$R/dcode3,$R/dcode4,$R/dprose4" 2000 1e-3 50
 
 echo "== phase 7: 4,096 more code continuations from new prompt windows, same schedule"
-distill --out "$R/dcode5" --sequences 2048 --batch-size 64 --seed 37 --temperatures 0,0,0,0.7 --domains code --threads 2
-distill --out "$R/dcode6" --sequences 2048 --batch-size 64 --seed 41 --temperatures 0,0,0,0.7 --domains code --threads 2
-train --method eagle3 --init "$R/eagle3-distilled5" --out "$R/eagle3-distilled6" \
-    --features "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dprose4" \
-    --eval-features "$R/heldout_code,$R/heldout_prose" --steps 2000 --batch-size 8 --lr 1e-3 \
-    --warmup 50 --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+distill_late "$R/dcode5" 2048 37 code
+distill_late "$R/dcode6" 2048 41 code
+train_late "$R/eagle3-distilled5" "$R/eagle3-distilled6" "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dprose4" \
+    2000 1e-3 50
 
 echo "== phase 8 (the shipped EAGLE-3 head): 1,024 more code continuations, 1000 steps at half the learning rate"
-distill --out "$R/dcode7" --sequences 1024 --batch-size 64 --seed 43 --temperatures 0,0,0,0.7 --domains code --threads 2
-train --method eagle3 --init "$R/eagle3-distilled6" --out "$R/eagle3-distilled7" \
-    --features "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dcode7,$R/dprose4" \
-    --eval-features "$R/heldout_code,$R/heldout_prose" --steps 1000 --batch-size 8 --lr 5e-4 \
-    --warmup 30 --ttt-steps 5 --eval-every 250 --threads 2 --autocast bf16
+distill_late "$R/dcode7" 1024 43 code
+train_late "$R/eagle3-distilled6" "$R/eagle3-distilled7" \
+    "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dcode7,$R/dprose4" 1000 5e-4 30
 
 echo "== done: heads in $R/eagle1 and $R/eagle3-distilled7 (model cards: python -m eagle_kernels.train.card)"
