@@ -10,6 +10,7 @@
 
 #include <torch/library.h>
 
+#include "cpu/simd.h"
 #include "ops.h"
 
 TORCH_LIBRARY(eagle_kernels, m) {
@@ -61,13 +62,28 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CUDA, m) {
 
 #ifdef EAGLE_PYTHON_MODULE
 // `import eagle_kernels._C` loads this library, which runs the registrations above. The module
-// itself only says whether CUDA was built (WITH_CUDA); which ops have native kernels is the
-// dispatcher's answer, so it is not listed a second time here:
+// itself only says whether CUDA was built (WITH_CUDA) and which CPU instruction set the kernels
+// run at now (cpu_isa(), csrc/cpu/simd.h); which ops have native kernels is the dispatcher's
+// answer, so it is not listed a second time here:
 //   torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::<op>", "CPU")
+static PyObject* cpu_isa(PyObject*, PyObject*) {
+  try {
+    return PyUnicode_FromString(eagle::isa::level_name(eagle::isa::current()));
+  } catch (const c10::Error& e) {  // an EAGLE_KERNELS_CPU_ISA outside the vocabulary
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    return nullptr;
+  }
+}
+
+static PyMethodDef eagle_c_methods[] = {
+    {"cpu_isa", cpu_isa, METH_NOARGS,
+     "The CPU instruction-set level the kernels run at now: scalar, avx2, avx512-ymm, avx512 or avx512-bf16."},
+    {nullptr, nullptr, 0, nullptr}};
+
 static struct PyModuleDef eagle_c_module = {
     PyModuleDef_HEAD_INIT, "eagle_kernels._C",
     "Native kernels of eagle_kernels (registered under torch.ops.eagle_kernels on import).",
-    -1, nullptr, nullptr, nullptr, nullptr, nullptr};
+    -1, eagle_c_methods, nullptr, nullptr, nullptr, nullptr};
 
 PyMODINIT_FUNC PyInit__C(void) {
   PyObject* m = PyModule_Create(&eagle_c_module);

@@ -37,6 +37,20 @@ except ImportError as error:  # no compiler at install time, or a broken build
     HAS_CPP = False
     CPP_IMPORT_ERROR = error
 
+CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
+CPU_ISA_LEVELS = ("scalar", "avx2", "avx512-ymm", "avx512", "avx512-bf16")
+
+
+def cpu_isa() -> str | None:
+    """The instruction-set level the C++ CPU kernels run at now (docs/cpu_kernels.md): the best
+    of ``CPU_ISA_LEVELS`` the CPU has, capped by ``EAGLE_KERNELS_CPU_ISA`` (read on every call, as
+    the kernels read it); ``None`` without the C++ extension. Raises ``ValueError`` for a value
+    of the variable outside its vocabulary, as the kernels do."""
+    if not HAS_CPP:
+        return None
+    return importlib.import_module("eagle_kernels._C").cpu_isa()
+
+
 # (op, device type) pairs served by a native kernel; filled by _registration before it adds
 # the Python routing kernels to the free dispatch keys.
 NATIVE_KERNELS: set[tuple[str, str]] = set()

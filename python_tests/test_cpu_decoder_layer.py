@@ -98,6 +98,16 @@ def test_padding_rows_are_skipped(counts, eagle3, tree):
             assert not cache[b, start + count:start + N].any()
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512-ymm", "avx512", "avx512-bf16"])
+@pytest.mark.parametrize("weight_dtype", ["fp32", "bf16"])
+def test_instruction_sets_match_reference(isa, weight_dtype, monkeypatch):
+    """EAGLE_KERNELS_CPU_ISA caps the layer's kernels (linear layers, tree attention) as it caps
+    the separate ops (a cap above what the CPU has runs its best): every level matches the
+    reference."""
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+    check_against_reference(inputs("smollm2", 2, 8, 37, weight_dtype, True), 8)
+
+
 def test_rows_are_batch_invariant():
     """A request's rows are bit for bit the same alone and in a batch (each step is per row)."""
     fn = native()

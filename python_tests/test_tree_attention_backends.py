@@ -219,7 +219,7 @@ ISA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512-bf16"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512-ymm", "avx512", "avx512-bf16"])
 @pytest.mark.parametrize("case", ISA_CASES, ids=[triton_id(c) for c in ISA_CASES])
 def test_cpp_instruction_sets(backend, op_impl, monkeypatch, isa, case):
     """EAGLE_KERNELS_CPU_ISA caps the C++ kernel's instruction set (a cap above what the CPU

@@ -113,6 +113,26 @@ def test_backends_match_reference_on_tricky_trees(other, case, seed):
     assert_same(verify(tokens, parents, logits, max_depth=5), reference.verify(tokens, parents, logits, max_depth=5))
 
 
+ISA_LEVELS = ("scalar", "avx2", "avx512-ymm", "avx512", "avx512-bf16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cpp_instruction_sets_match_reference(case, dtype, monkeypatch):
+    """EAGLE_KERNELS_CPU_ISA caps the C++ kernel's variant (baseline x86-64, AVX2, AVX-512; a cap
+    above what the CPU has runs its best), so every variant is checked on one machine: each gives
+    the reference's outputs, token for token."""
+    name, B, N, V = case
+    verify = backend_impl("cpp")
+    tokens, parents, logits, sampling = tricky_batch(3000 + V, B, N, V, dtype=dtype)
+    if top_p_margin(logits.double(), sampling) < 1e-6:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    want = reference.verify(tokens, parents, logits, max_depth=5, **sampling)
+    for isa in ISA_LEVELS:
+        monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+        assert_same(verify(tokens, parents, logits, max_depth=5, **sampling), want, isa)
+
+
 def test_tricky_batch_covers_the_edges():
     """The generator really produces what the cases above claim to cover."""
     tokens, parents, logits, sampling = tricky_batch(7, 8, 12, 37)

@@ -24,11 +24,13 @@
 // against 11.0 ms, 1 thread) and would have changed every result's summation order; at 2 or
 // more rows the AVX-512 path instead packs two weight rows' 8-lane accumulators into one 16-lane
 // register (paired tiles, below): the same bits, half the instructions.
-// EAGLE_KERNELS_CPU_ISA=avx512-ymm, =avx2 or =scalar caps the path (tests).
+// EAGLE_KERNELS_CPU_ISA (simd.h) caps the path: avx512-ymm keeps the 8-lane tiles, avx2 and
+// scalar the paths of those names (tests reach every path on one machine).
+#include "simd.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -37,40 +39,16 @@
 #include <vector>
 
 #include "checks.h"
-#include "target_region.h"
 #include "cpu_linear_impl.h"
 #include "ops.h"
-
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define EAGLE_HAVE_AVX2_PATH 1
-#include <immintrin.h>
-#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
-#else
-#define EAGLE_HAVE_AVX2_PATH 0
-#endif
 
 namespace eagle {
 namespace {
 
-using linear_impl::Isa;
+using isa::Level;
 using linear_impl::parallel_chunk;
 
 constexpr int64_t kPanel = 8;  // weight rows per panel: the unit of parallel work and prefetch
-
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// The two 16-bit weight formats, told apart by type: the bits of a bf16 or an IEEE fp16 value.
-enum class Bf16Bits : uint16_t {};
-enum class Fp16Bits : uint16_t {};
-
-inline float widen(float v) { return v; }
-inline float widen(Bf16Bits v) { return bf16_to_float(static_cast<uint16_t>(v)); }
-inline float widen(Fp16Bits v) { return c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(v)); }
 
 // ------------------------------------------------------------------------------- scalar path
 // Portable fallback: eight partial sums per dot product, as the AVX2 lanes (the compiler
@@ -94,7 +72,7 @@ void panel_scalar(const W* w, int64_t ldw, int64_t rows, const float* x, int64_t
   }
 }
 
-#if EAGLE_HAVE_AVX2_PATH
+#if EAGLE_X86_SIMD
 // Weights are read once: the kernel streams them from DRAM, R rows at a time. Hardware
 // prefetchers stop at 4 KiB pages and track few streams, so a software prefetch runs
 // kPrefetchBytes ahead (the rows of a thread's panels are contiguous), paced by the work done
@@ -117,7 +95,7 @@ struct Pace {
   const char* limit;
   int64_t pending, per_step, rest;
 
-  EAGLE_AVX2 Pace(Ahead* a, int64_t bytes, int64_t K) : ahead(a), next(nullptr), limit(nullptr), pending(0) {
+  EAGLE_TARGET_AVX2 Pace(Ahead* a, int64_t bytes, int64_t K) : ahead(a), next(nullptr), limit(nullptr), pending(0) {
     const int64_t steps = (K + 7) / 8;
     per_step = a != nullptr ? bytes / steps : 0;
     rest = a != nullptr ? bytes - per_step * steps : 0;
@@ -128,35 +106,28 @@ struct Pace {
     }
   }
   // One prefetch per 64 bytes of weights worked through.
-  EAGLE_AVX2 inline void consume(int64_t bytes) {
+  EAGLE_TARGET_AVX2 inline void consume(int64_t bytes) {
     for (pending += bytes; pending >= 64; pending -= 64, next += 64)
       if (next < limit) _mm_prefetch(next, _MM_HINT_T1);
   }
-  EAGLE_AVX2 inline void step() {
+  EAGLE_TARGET_AVX2 inline void step() {
     if (ahead != nullptr) consume(per_step);
   }
-  EAGLE_AVX2 inline void finish() {
+  EAGLE_TARGET_AVX2 inline void finish() {
     if (ahead == nullptr) return;
     consume(rest);
     *ahead = Ahead{next, limit, pending};
   }
 };
 
-// The vector path, compiled twice from cpu_linear_tiles.inc inside target regions
-// (target_region.h).
-EAGLE_TARGET_PUSH("avx2,fma,f16c")
+// The vector path, compiled twice from cpu_linear_tiles.inc inside target regions (simd.h).
+EAGLE_TARGET_PUSH(EAGLE_ISA_AVX2)
 namespace avx2 {
 constexpr int64_t kMaxXTile = 3;  // 4 x 3 accumulators + 3 + 1 = 16 registers
 #include "cpu_linear_tiles.inc"
 }  // namespace avx2
 EAGLE_TARGET_POP
-EAGLE_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512vl")
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 headers build casts from an uninitialised vector and warn about it.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+EAGLE_TARGET_PUSH(EAGLE_ISA_AVX512)
 namespace avx512 {
 constexpr int64_t kMaxXTile = 6;  // 4 x 6 accumulators + 6 + 1 = 31 of 32 registers
 #include "cpu_linear_tiles.inc"
@@ -247,19 +218,16 @@ struct PairTiles {
   }
 };
 }  // namespace avx512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 EAGLE_TARGET_POP
-#endif  // EAGLE_HAVE_AVX2_PATH
+#endif  // EAGLE_X86_SIMD
 
 template <typename W>
 void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
-         float* out, Isa isa) {
+         float* out, Level level) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPanel * K * std::max<int64_t>(M, 8)));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-#if EAGLE_HAVE_AVX2_PATH
+#if EAGLE_X86_SIMD
     const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
     Ahead ahead{first + kPrefetchBytes,
                 reinterpret_cast<const char*>(w + std::min(end * kPanel, N) * ldw), 0};
@@ -267,13 +235,13 @@ void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = p * kPanel;
       const int64_t rows = std::min(kPanel, N - n);
-#if EAGLE_HAVE_AVX2_PATH
-      if (isa != Isa::kScalar) {
+#if EAGLE_X86_SIMD
+      if (level >= Level::kAvx2) {
         const W* rowp[kPanel];
         for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
-        if (isa == Isa::kAvx512) {
+        if (level >= Level::kAvx512) {
           avx512::panel<avx512::PairTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
-        } else if (isa == Isa::kAvx512Ymm) {
+        } else if (level == Level::kAvx512Ymm) {
           avx512::panel<avx512::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
         } else {
           avx2::panel<avx2::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
@@ -289,39 +257,6 @@ void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_
 }  // namespace
 
 namespace linear_impl {
-inline bool cpu_has_avx2() {
-#if EAGLE_HAVE_AVX2_PATH
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
-  return has;
-#else
-  return false;
-#endif
-}
-
-inline bool cpu_has_avx512() {
-#if EAGLE_HAVE_AVX2_PATH
-  static const bool has = cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has;
-#else
-  return false;
-#endif
-}
-
-// EAGLE_KERNELS_CPU_ISA caps the instruction set as for the other CPU kernels: scalar (or
-// portable) forces the portable loops, avx2 the AVX2 path; avx512 or unset take the best the
-// CPU has. Read per call (tens of ns), so that tests reach every path in one process.
-Isa pick_isa() {
-  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
-  if (env != nullptr && (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "portable") == 0))
-    return Isa::kScalar;
-  const bool capped_at_avx2 = env != nullptr && std::strcmp(env, "avx2") == 0;
-  const bool ymm_only = env != nullptr && std::strcmp(env, "avx512-ymm") == 0;
-  if (!capped_at_avx2 && cpu_has_avx512()) return ymm_only ? Isa::kAvx512Ymm : Isa::kAvx512;
-  return cpu_has_avx2() ? Isa::kAvx2 : Isa::kScalar;
-}
-
 // Parallel tasks get at least this many multiply-adds (weights x max(M, 8): at M <= 8 the
 // stream, not the arithmetic, sets the time). 2^20 (about 0.1 ms on one core) splits every
 // SmolLM2 layer over two threads: with the cores to itself, two threads read the weights at
@@ -389,20 +324,20 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const float* xp = x2.data_ptr<float>();
   const int64_t ldx = x2.stride(0);
   float* op_out = out.data_ptr<float>();
-  const Isa isa = linear_impl::pick_isa();
+  const Level level = isa::current();
   if (packed) {
-    linear_impl::packed_linear(weight.data_ptr(), wtype, weight.size(0), xp, ldx, M, K, op_out, N, isa);
+    linear_impl::packed_linear(weight.data_ptr(), wtype, weight.size(0), xp, ldx, M, K, op_out, N, level);
     return out;
   }
   const int64_t ldw = N > 1 ? weight.stride(0) : K;
   if (wtype == at::kFloat) {
-    run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, isa);
+    run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, level);
   } else if (wtype == at::kBFloat16) {
     run<Bf16Bits>(reinterpret_cast<const Bf16Bits*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx,
-                  M, K, op_out, isa);
+                  M, K, op_out, level);
   } else {
     run<Fp16Bits>(reinterpret_cast<const Fp16Bits*>(weight.data_ptr<at::Half>()), ldw, N, xp, ldx, M, K,
-                  op_out, isa);
+                  op_out, level);
   }
   return out;
 }

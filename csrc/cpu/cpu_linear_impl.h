@@ -6,13 +6,10 @@
 
 #include <cstdint>
 
+#include "simd.h"
+
 namespace eagle {
 namespace linear_impl {
-
-enum class Isa { kScalar, kAvx2, kAvx512Ymm, kAvx512 };
-
-// The vector path for this call: EAGLE_KERNELS_CPU_ISA caps it, the CPU bounds it.
-Isa pick_isa();
 
 // Multiply-adds per parallel task (EAGLE_KERNELS_CPU_LINEAR_CHUNK, default 2^20).
 int64_t parallel_chunk();
@@ -21,9 +18,10 @@ int64_t parallel_chunk();
 constexpr int64_t kPackWidth = 32;
 
 // out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for the packed weight `packed` (groups of
-// kPackWidth columns, dtype `wtype`: float, or the raw bits of bf16 / fp16), N = groups * 32.
+// kPackWidth columns, dtype `wtype`: float, or the raw bits of bf16 / fp16), N = groups * 32,
+// with the vector path of `level` (isa::current()).
 void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx,
-                   int64_t M, int64_t K, float* out, int64_t ldo, Isa isa);
+                   int64_t M, int64_t K, float* out, int64_t ldo, isa::Level level);
 
 }  // namespace linear_impl
 }  // namespace eagle

@@ -20,8 +20,9 @@
 // AVX-512, AVX2 and scalar paths (std::fma) give identical bits. The order differs from the
 // row-major kernel's (eight lanes along K, then a lane sum), so the two layouts agree to fp32
 // rounding, not bit for bit.
+#include "simd.h"
+
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,15 +30,6 @@
 #include <cstring>
 
 #include "cpu_linear_impl.h"
-
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define EAGLE_PACKED_VECTOR_PATH 1
-#include <immintrin.h>
-#define EAGLE_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define EAGLE_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw")))
-#else
-#define EAGLE_PACKED_VECTOR_PATH 0
-#endif
 
 namespace eagle {
 namespace linear_impl {
@@ -59,21 +51,7 @@ constexpr int groups_for(int C) { return C <= 2 ? 4 : C == 3 ? 3 : C <= 6 ? 2 : 
 // KiB 24.5-25.5; T0 hints 26.1, NTA 41.4.
 constexpr int64_t kPrefetchAhead = 4096;
 
-struct Bf16 {
-  uint16_t bits;
-};
-struct Fp16 {
-  uint16_t bits;
-};
-
-inline float widen(float v) { return v; }
-inline float widen(Bf16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-inline float widen(Fp16 v) { return c10::detail::fp16_ieee_to_fp32_value(v.bits); }
+using isa::Level;
 
 // ------------------------------------------------------------------------------- scalar path
 template <typename W>
@@ -89,24 +67,11 @@ void group_scalar(const W* w, const float* x, int64_t ldx, int64_t M, int64_t K,
   }
 }
 
-#if EAGLE_PACKED_VECTOR_PATH
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 headers build casts from an uninitialised vector and warn about it.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#if EAGLE_X86_SIMD
 // ---------------------------------------------------------------------------------- AVX-512
-// The 16 columns of one k step of a half, widened to fp32 (exactly).
-EAGLE_TARGET_AVX512 inline __m512 load_half(const float* p) { return _mm512_loadu_ps(p); }
-EAGLE_TARGET_AVX512 inline __m512 load_half(const Bf16* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-EAGLE_TARGET_AVX512 inline __m512 load_half(const Fp16* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
+// The 16 columns of one k step of a half (load16) or 8 of them (load8), widened to fp32.
+using simd::avx2::load8;
+using simd::avx512::load16;
 // G consecutive groups (w: the first, [G][2][K][16]) times C rows of x: out[c * ldo + 32 g + j].
 template <int G, int C, typename W>
 EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
@@ -127,8 +92,8 @@ EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t 
     }
     __m512 lo[G], hi[G];
     for (int g = 0; g < G; ++g) {
-      lo[g] = load_half(w + (2 * g) * half_stride + k * kHalf);
-      hi[g] = load_half(w + (2 * g + 1) * half_stride + k * kHalf);
+      lo[g] = load16(w + (2 * g) * half_stride + k * kHalf);
+      hi[g] = load16(w + (2 * g + 1) * half_stride + k * kHalf);
     }
     for (int c = 0; c < C; ++c) {
       const __m512 xv = _mm512_set1_ps(x[c * ldx + k]);
@@ -146,16 +111,6 @@ EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t 
 }
 
 // ------------------------------------------------------------------------------------- AVX2
-// Eight columns of one k step of a half, widened to fp32.
-EAGLE_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-EAGLE_TARGET_AVX2 inline __m256 load8(const Bf16* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-EAGLE_TARGET_AVX2 inline __m256 load8(const Fp16* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 // AVX2 tiles take one half of a group: 2 x 6 accumulators + 2 weights + 1 x of 16 registers, each
 // weight vector serving up to 6 FMAs. A fallback more than a fast path: one SmolLM2 forward's
 // linear layers (2 threads, the AVX2 path on an AVX-512 Xeon) took 19.9 / 24.2 / 34.2 / 41.5 ms at
@@ -211,18 +166,15 @@ void tile512_dispatch(int64_t C_run, bool wide, const W* w, int64_t K, const flo
   else
     tile512<1, C, W>(w, K, x, ldx, out, ldo, prefetch);
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif  // EAGLE_PACKED_VECTOR_PATH
+#endif  // EAGLE_X86_SIMD
 
 // Groups [begin, end) of the packed weight against all M rows of x.
 template <typename W>
 void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int64_t ldx, int64_t M, int64_t K,
-                float* out, int64_t ldo, Isa isa) {
+                float* out, int64_t ldo, Level level) {
   const int64_t group_elems = K * kW;
-#if EAGLE_PACKED_VECTOR_PATH
-  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Ymm) {
+#if EAGLE_X86_SIMD
+  if (level >= Level::kAvx512Ymm) {
     // Row tiles of near-equal size (8 + 8 at M = 16 rather than 12 + 4). Groups side by side
     // (G > 1) only when one tile holds all M rows (M <= 6; two tiles have 7 rows or more, G = 1),
     // so the tile's own groups_for(C) is G.
@@ -242,7 +194,7 @@ void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int
     }
     return;
   }
-  if (isa == Isa::kAvx2) {
+  if (level >= Level::kAvx2) {
     // Half by half (16 registers hold one half's tile): each half is read once from DRAM, by the
     // first row tile, and from L2 by the others.
     const int64_t tiles = (M + kMaxRows256 - 1) / kMaxRows256;
@@ -259,22 +211,22 @@ void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int
     return;
   }
 #endif
-  (void)isa;
+  (void)level;
   for (int64_t g = begin; g < end; ++g) group_scalar<W>(packed + g * group_elems, x, ldx, M, K, out + g * kW, ldo);
 }
 
 }  // namespace
 
 void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
-                   int64_t K, float* out, int64_t ldo, Isa isa) {
+                   int64_t K, float* out, int64_t ldo, Level level) {
   const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kW * K * std::max<int64_t>(M, 8)));
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     if (wtype == at::kFloat)
-      run_groups(static_cast<const float*>(packed), begin, end, x, ldx, M, K, out, ldo, isa);
+      run_groups(static_cast<const float*>(packed), begin, end, x, ldx, M, K, out, ldo, level);
     else if (wtype == at::kBFloat16)
-      run_groups(static_cast<const Bf16*>(packed), begin, end, x, ldx, M, K, out, ldo, isa);
+      run_groups(static_cast<const Bf16Bits*>(packed), begin, end, x, ldx, M, K, out, ldo, level);
     else
-      run_groups(static_cast<const Fp16*>(packed), begin, end, x, ldx, M, K, out, ldo, isa);
+      run_groups(static_cast<const Fp16Bits*>(packed), begin, end, x, ldx, M, K, out, ldo, level);
   });
 }
 

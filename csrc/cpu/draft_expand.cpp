@@ -1,20 +1,17 @@
 // CPU launcher of draft_expand: validate -> make contiguous -> allocate -> one scan per frontier
 // row (parallel over B * M rows) -> frontier selection per request. Core: csrc/core/draft_expand.h.
 //
-// Inner loops: AVX-512 (fp32/bf16/fp16, 16 lanes) or AVX2+FMA+F16C (8 lanes), chosen at run
-// time with __builtin_cpu_supports, else a portable scalar loop (also the float64 path).
-// EAGLE_KERNELS_CPU_ISA=portable|avx2 caps the choice (tests cover every path on one machine).
+// Inner loops: AVX-512 (fp32/bf16/fp16, 16 lanes) or AVX2+FMA+F16C (8 lanes) at the level
+// isa::current() picks (simd.h: EAGLE_KERNELS_CPU_ISA caps it; the AVX-512 scan from avx512-ymm
+// up), else a portable scalar loop (also the float64 path).
 //
 // Each row is read once. The scan keeps an online log-sum-exp (max and sum of exp(x - max),
 // rescaled when the max grows) and a sorted top-k buffer that only entries above its k-th
 // value enter, so no vocabulary-sized sort or temporary is needed. The SIMD variants work on
 // blocks of 4 vectors: a block whose max does not exceed the running max and whose entries all
 // sit below the k-th value (the common case after the first few blocks) costs one exp per
-// entry and two vector compares.
-// GCC 12 reports -Wmaybe-uninitialized inside its own avx512fintrin.h (the _mm512_undefined_*
-// pass-through operands of _mm512_max_ps, _mm512_roundscale_ps, _mm512_scalef_ps). The
-// diagnostic points at header lines, so only a file-level pragma ahead of the includes hides it.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// entry (simd.h's, FMA form) and two vector compares.
+#include "simd.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -30,10 +27,6 @@
 #include <numeric>
 #include <type_traits>
 #include <vector>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "checks.h"
 #include "core/draft_expand.h"
@@ -79,68 +72,14 @@ core::RowStats<A> scan_row_portable(const T* row, int64_t V, int64_t k, A* top_v
 }
 
 // ------------------------------------------------------------------------- AVX-512 scan
-#if defined(__x86_64__)
-#define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-enum class Input { kF32, kBF16, kF16 };
-
-// 16 entries from v, the lanes past `valid` as -inf.
-template <Input kIn>
-EAGLE_AVX512 inline __m512 load16(const void* base, int64_t v, __mmask16 valid) {
-  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-  if constexpr (kIn == Input::kF32) {
-    return _mm512_mask_loadu_ps(neg_inf, valid, static_cast<const float*>(base) + v);
-  } else {
-    const uint16_t* p = static_cast<const uint16_t*>(base) + v;
-    const __m256i fill = _mm256_set1_epi16(kIn == Input::kBF16 ? int16_t(0xFF80) : int16_t(0xFC00));
-    const __m256i h = _mm256_mask_loadu_epi16(fill, valid, p);
-    if constexpr (kIn == Input::kBF16) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm512_cvtph_ps(h);
-    }
-  }
-}
-
-// exp(x) for x <= 0 (arguments are x - running max), within ~2 ulp of expf; -inf and values
-// below -104 give 0. Range reduction x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial for
-// e^r (Cephes expf coefficients), then r * 2^n by scalef (exact, handles the subnormals).
-EAGLE_AVX512 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // NaN lanes (bad rows only) become -104
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Horizontal reductions through memory: they run once per row or when the max grows, and
-// GCC 12's _mm512_reduce_* helpers raise -Wuninitialized inside its own header.
-EAGLE_AVX512 inline float reduce_max16(__m512 x) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, x);
-  float m = t[0];
-  for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
-  return m;
-}
-
-EAGLE_AVX512 inline float reduce_add16(__m512 x) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, x);
-  float s = 0.0f;
-  for (int i = 0; i < 16; ++i) s += t[i];
-  return s;
-}
+#if EAGLE_X86_SIMD
+// The element type of a row as simd.h's loads take it.
+template <typename T>
+using Elem = std::conditional_t<std::is_same_v<T, c10::BFloat16>, Bf16Bits,
+                                std::conditional_t<std::is_same_v<T, c10::Half>, Fp16Bits, float>>;
 
 // Pushes the lanes of x set in `lanes` (entry ids v + lane, increasing) into the buffer.
-EAGLE_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_t k,
+EAGLE_TARGET_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_t k,
                                     float* top_values, int64_t* top_ids, int64_t& count) {
   alignas(64) float tmp[16];
   _mm512_store_ps(tmp, x);
@@ -153,10 +92,10 @@ EAGLE_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_
   }
 }
 
-template <Input kIn>
-EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, int64_t k,
-                                                   float* top_values, int64_t* top_ids,
-                                                   int64_t& count) {
+template <typename E>
+EAGLE_TARGET_AVX512 core::RowStats<float> scan_row_avx512(const E* row, int64_t V, int64_t k, float* top_values,
+                                                          int64_t* top_ids, int64_t& count) {
+  using namespace simd::avx512;
   constexpr int64_t kBlock = 64;
   const __mmask16 all = 0xFFFF;
   float run_max = -INFINITY;
@@ -172,23 +111,23 @@ EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, i
     for (int j = 0; j < 4; ++j) {
       const int64_t left = V - (v + 16 * j);
       valid[j] = left >= 16 ? all : (left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1));
-      x[j] = load16<kIn>(row, v + 16 * j, valid[j]);
+      x[j] = load16_or_neg_inf(row + v + 16 * j, valid[j]);
     }
     nan_seen |= _mm512_cmp_ps_mask(x[0], x[1], _CMP_UNORD_Q) |
                 _mm512_cmp_ps_mask(x[2], x[3], _CMP_UNORD_Q);
     const __m512 bmax = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
     if (_mm512_cmp_ps_mask(bmax, vmax, _CMP_GT_OQ)) {
-      const float new_max = reduce_max16(bmax);
-      const __m512 scale = exp_nonpositive(_mm512_set1_ps(run_max - new_max));
+      const float new_max = reduce_max(bmax);
+      const __m512 scale = exp_nonpositive<true>(_mm512_set1_ps(run_max - new_max));
       sum0 = _mm512_mul_ps(sum0, scale);
       sum1 = _mm512_mul_ps(sum1, scale);
       run_max = new_max;
       vmax = _mm512_set1_ps(new_max);
     }
-    sum0 = _mm512_add_ps(sum0, exp_nonpositive(_mm512_sub_ps(x[0], vmax)));
-    sum1 = _mm512_add_ps(sum1, exp_nonpositive(_mm512_sub_ps(x[1], vmax)));
-    sum0 = _mm512_add_ps(sum0, exp_nonpositive(_mm512_sub_ps(x[2], vmax)));
-    sum1 = _mm512_add_ps(sum1, exp_nonpositive(_mm512_sub_ps(x[3], vmax)));
+    sum0 = _mm512_add_ps(sum0, exp_nonpositive<true>(_mm512_sub_ps(x[0], vmax)));
+    sum1 = _mm512_add_ps(sum1, exp_nonpositive<true>(_mm512_sub_ps(x[1], vmax)));
+    sum0 = _mm512_add_ps(sum0, exp_nonpositive<true>(_mm512_sub_ps(x[2], vmax)));
+    sum1 = _mm512_add_ps(sum1, exp_nonpositive<true>(_mm512_sub_ps(x[3], vmax)));
     if (k == 0) {
       // lse only (large k ranks the ids afterwards)
     } else if (!full) {
@@ -206,7 +145,7 @@ EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, i
   core::RowStats<float> s;
   s.max = run_max;
   // exp(-inf - run_max) lanes (masked tails, -inf entries) added exact zeros.
-  s.sum = reduce_add16(_mm512_add_ps(sum0, sum1));
+  s.sum = reduce_add(_mm512_add_ps(sum0, sum1));
   s.bad = nan_seen != 0 || run_max == INFINITY;
   return s;
 }
@@ -214,59 +153,7 @@ EAGLE_AVX512 core::RowStats<float> scan_row_avx512(const void* row, int64_t V, i
 // ------------------------------------------------------------------------- AVX2 scan
 // Same algorithm as the AVX-512 scan, 8 lanes, blocks of 32 entries; the row's last partial
 // block goes through a small float buffer padded with -inf (AVX2 has no masked 16-bit loads).
-#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-template <Input kIn>
-EAGLE_AVX2 inline __m256 load8(const void* base, int64_t v) {
-  if constexpr (kIn == Input::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + v);
-  } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + v));
-    if constexpr (kIn == Input::kBF16) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm256_cvtph_ps(h);
-    }
-  }
-}
-
-// exp(x) for x <= 0, within ~2 ulp of expf above e^-87; below -87 (and -inf, and NaN lanes of
-// bad rows) it returns e^-87 ~ 1.6e-38, which cannot change a sum that holds a 1 (the max).
-// Keeping n >= -126 builds 2^n directly in the exponent field, no subnormal handling needed.
-EAGLE_AVX2 inline __m256 exp_nonpositive8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-EAGLE_AVX2 inline float reduce_max8(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-EAGLE_AVX2 inline float reduce_add8(__m256 x) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-EAGLE_AVX2 inline unsigned gt_mask8(__m256 a, __m256 b) {
+EAGLE_TARGET_AVX2 inline unsigned gt_mask8(__m256 a, __m256 b) {
   return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)));
 }
 
@@ -282,7 +169,7 @@ struct Avx2Scan {
   bool full = false;                       // until the buffer is full every entry enters
   unsigned nan_seen = 0;
 
-  EAGLE_AVX2 void push(__m256 x, unsigned lanes, int64_t v) {
+  EAGLE_TARGET_AVX2 void push(__m256 x, unsigned lanes, int64_t v) {
     alignas(32) float tmp[8];
     _mm256_store_ps(tmp, x);
     while (lanes) {
@@ -293,22 +180,23 @@ struct Avx2Scan {
   }
 
   // Entries v .. v + 31; lanes past `valid` entries hold -inf.
-  EAGLE_AVX2 void block(const __m256* x, int64_t v, int valid) {
+  EAGLE_TARGET_AVX2 void block(const __m256* x, int64_t v, int valid) {
+    using namespace simd::avx2;
     nan_seen |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x[0], x[1], _CMP_UNORD_Q)) |
                                       _mm256_movemask_ps(_mm256_cmp_ps(x[2], x[3], _CMP_UNORD_Q)));
     const __m256 bmax = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
     if (gt_mask8(bmax, vmax)) {
-      const float new_max = reduce_max8(bmax);
-      const __m256 scale = exp_nonpositive8(_mm256_set1_ps(run_max - new_max));
+      const float new_max = reduce_max(bmax);
+      const __m256 scale = exp_nonpositive<true>(_mm256_set1_ps(run_max - new_max));
       sum0 = _mm256_mul_ps(sum0, scale);
       sum1 = _mm256_mul_ps(sum1, scale);
       run_max = new_max;
       vmax = _mm256_set1_ps(new_max);
     }
-    sum0 = _mm256_add_ps(sum0, exp_nonpositive8(_mm256_sub_ps(x[0], vmax)));
-    sum1 = _mm256_add_ps(sum1, exp_nonpositive8(_mm256_sub_ps(x[1], vmax)));
-    sum0 = _mm256_add_ps(sum0, exp_nonpositive8(_mm256_sub_ps(x[2], vmax)));
-    sum1 = _mm256_add_ps(sum1, exp_nonpositive8(_mm256_sub_ps(x[3], vmax)));
+    sum0 = _mm256_add_ps(sum0, exp_nonpositive<true>(_mm256_sub_ps(x[0], vmax)));
+    sum1 = _mm256_add_ps(sum1, exp_nonpositive<true>(_mm256_sub_ps(x[1], vmax)));
+    sum0 = _mm256_add_ps(sum0, exp_nonpositive<true>(_mm256_sub_ps(x[2], vmax)));
+    sum1 = _mm256_add_ps(sum1, exp_nonpositive<true>(_mm256_sub_ps(x[3], vmax)));
     if (k == 0) return;  // lse only (large k ranks the ids afterwards)
     if (!full) {
       for (int j = 0; j < 4; ++j) {
@@ -329,60 +217,39 @@ struct Avx2Scan {
   }
 };
 
-template <Input kIn, typename T>
-EAGLE_AVX2 core::RowStats<float> scan_row_avx2(const T* row, int64_t V, int64_t k,
-                                               float* top_values, int64_t* top_ids,
-                                               int64_t& count) {
+template <typename E>
+EAGLE_TARGET_AVX2 core::RowStats<float> scan_row_avx2(const E* row, int64_t V, int64_t k, float* top_values,
+                                                      int64_t* top_ids, int64_t& count) {
   constexpr int64_t kBlock = 32;
   Avx2Scan st{k, top_values, top_ids, count};
   __m256 x[4];
   int64_t v = 0;
   for (; v + kBlock <= V; v += kBlock) {
-    for (int j = 0; j < 4; ++j) x[j] = load8<kIn>(row, v + 8 * j);
+    for (int j = 0; j < 4; ++j) x[j] = simd::avx2::load8(row + v + 8 * j);
     st.block(x, v, kBlock);
   }
   if (v < V) {
     alignas(32) float buf[kBlock];
     const int valid = static_cast<int>(V - v);
-    for (int i = 0; i < kBlock; ++i) buf[i] = i < valid ? static_cast<float>(row[v + i]) : -INFINITY;
+    for (int i = 0; i < kBlock; ++i) buf[i] = i < valid ? widen(row[v + i]) : -INFINITY;
     for (int j = 0; j < 4; ++j) x[j] = _mm256_load_ps(buf + 8 * j);
     st.block(x, v, valid);
   }
   core::RowStats<float> s;
   s.max = st.run_max;
-  s.sum = reduce_add8(_mm256_add_ps(st.sum0, st.sum1));
+  s.sum = simd::avx2::reduce_add(_mm256_add_ps(st.sum0, st.sum1));
   s.bad = st.nan_seen != 0 || st.run_max == INFINITY;
   return s;
 }
 
-// Highest ISA the CPU has, optionally capped by EAGLE_KERNELS_CPU_ISA=portable|avx2|avx512
-// (read per call, so tests can run every path on one machine).
-enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-
-Isa cpu_isa() {
-  static const Isa best = [] {
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return Isa::kAvx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-      return Isa::kAvx2;
-    return Isa::kPortable;
-  }();
-  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
-  Isa cap = Isa::kAvx512;
-  if (env != nullptr && std::strcmp(env, "portable") == 0) cap = Isa::kPortable;
-  if (env != nullptr && std::strcmp(env, "avx2") == 0) cap = Isa::kAvx2;
-  return std::min(best, cap);
-}
-#endif  // __x86_64__
+#endif  // EAGLE_X86_SIMD
 
 
 // ------------------------------------------------------------------------- per-row driver
 // Scans row (b, m) and writes its k candidates. Scratch: top_values/top_ids of kMaxBufferK.
 template <typename T>
 void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const int64_t* d2t,
-                int64_t* tokens, float* scores) {
+                int64_t* tokens, float* scores, isa::Level level) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t kb = k <= kMaxBufferK ? k : 0;  // 0: lse only, top-k below
   A top_values[kMaxBufferK];
@@ -390,17 +257,14 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
   int64_t count = 0;
   core::RowStats<A> s;
   bool done = false;
-#if defined(__x86_64__)
+#if EAGLE_X86_SIMD
   if constexpr (!std::is_same_v<T, double>) {
-    constexpr Input kIn = std::is_same_v<T, float>           ? Input::kF32
-                          : std::is_same_v<T, c10::BFloat16> ? Input::kBF16
-                                                             : Input::kF16;
-    const Isa isa = cpu_isa();
-    if (isa == Isa::kAvx512) {
-      s = scan_row_avx512<kIn>(row, V, kb, top_values, top_ids, count);
+    const Elem<T>* elems = reinterpret_cast<const Elem<T>*>(row);
+    if (level >= isa::Level::kAvx512Ymm) {
+      s = scan_row_avx512(elems, V, kb, top_values, top_ids, count);
       done = true;
-    } else if (isa == Isa::kAvx2) {
-      s = scan_row_avx2<kIn>(row, V, kb, top_values, top_ids, count);
+    } else if (level >= isa::Level::kAvx2) {
+      s = scan_row_avx2(elems, V, kb, top_values, top_ids, count);
       done = true;
     }
   }
@@ -434,10 +298,11 @@ void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const
   float* sc = scores.data_ptr<float>();
   int32_t* fr = frontier.data_ptr<int32_t>();
   const int64_t grain = std::max<int64_t>(1, kWorkPerChunk / V);
+  const isa::Level level = isa::current();
   at::parallel_for(0, B * M, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       // Candidate row * k + r: (b, m) rows are laid out as b * (M * k) + m * k.
-      expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k);
+      expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k, level);
     }
   });
   const int64_t MK = M * k;

@@ -18,9 +18,11 @@
 // micro-kernel (several keys / rows per block, 12 or 24 accumulators).
 //
 // The hot loops (csrc/cpu/tree_attention_loops.h) exist as AVX-512 (fp32, and bf16 operand
-// pairs with AVX512_BF16) and AVX2+FMA intrinsics, chosen at run time with
-// __builtin_cpu_supports (the wheel itself is built for plain x86-64), and as a portable scalar
-// version, which also serves float64 and head dims not divisible by 16.
+// pairs with AVX512_BF16) and AVX2+FMA intrinsics, chosen per call from isa::current() (simd.h:
+// avx512-bf16 the bf16 pairs, avx512-ymm and avx512 bf16 inputs widened to fp32), and as a
+// portable scalar version, which also serves float64 and head dims not divisible by 16.
+#include "simd.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -66,39 +68,24 @@ struct Ops {
   int64_t padded_rows(int64_t rows) const { return (rows + row_pad - 1) / row_pad * row_pad; }
 };
 
-// EAGLE_KERNELS_CPU_ISA = scalar | avx2 | avx512 | avx512-bf16 (default) caps the instruction
-// set, so that tests reach every variant on one machine (avx512: bf16 inputs widened to fp32).
-int isa_cap() {
-  const char* env = std::getenv("EAGLE_KERNELS_CPU_ISA");
-  if (env == nullptr) return 3;
-  if (std::strcmp(env, "scalar") == 0) return 0;
-  if (std::strcmp(env, "avx2") == 0) return 1;
-  if (std::strcmp(env, "avx512") == 0) return 2;
-  return 3;
-}
-
 template <typename T, typename Acc>
 Ops<T, Acc> pick_ops(int64_t D) {
   Ops<T, Acc> ops;
-#if defined(__x86_64__)
-  const int cap = isa_cap();
+#if EAGLE_X86_SIMD
+  const isa::Level level = isa::current();
   if constexpr (std::is_same_v<Acc, float>) {
-    if (cap >= 2 && cpu_has_avx512() && D % 16 == 0) {
+    if (level >= isa::Level::kAvx512Ymm && D % 16 == 0) {
       ops.qk = qk_avx512;
       ops.softmax = softmax_avx512;
       ops.pv = pv_avx512;
       ops.row_pad = 16;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        ops.to_acc = bf16_to_float_avx512;
-        ops.bf16_pairs = cap >= 3 && cpu_has_avx512_bf16();
-      }
-      if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx512;
-    } else if (cap >= 1 && cpu_has_avx2() && D % 16 == 0) {
+      if constexpr (!std::is_same_v<T, float>) ops.to_acc = to_float_avx512<T>;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.bf16_pairs = level >= isa::Level::kAvx512Bf16;
+    } else if (level >= isa::Level::kAvx2 && D % 16 == 0) {
       ops.qk = qk_avx2;
       ops.softmax = softmax_avx2;
       ops.pv = pv_avx2;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.to_acc = bf16_to_float_avx2;
-      if constexpr (std::is_same_v<T, c10::Half>) ops.to_acc = half_to_float_avx2;
+      if constexpr (!std::is_same_v<T, float>) ops.to_acc = to_float_avx2<T>;
     }
   }
 #endif
@@ -171,7 +158,7 @@ struct Scratch {
 // inputs with float accumulation reach them.
 template <typename T, typename Acc>
 void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, float scale) {
-#if defined(__x86_64__)
+#if EAGLE_X86_SIMD
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Acc, float>) {
     qk_bf16_pairs(s.kraw.data(), nk, s.Qp.data(), D, Rp, scale, s.St.data());
     return;
@@ -182,7 +169,7 @@ void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, float scale) {
 
 template <typename T, typename Acc>
 void softmax_pv_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, int R) {
-#if defined(__x86_64__)
+#if EAGLE_X86_SIMD
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Acc, float>) {
     softmax_pack_bf16(s.St.data(), nk, Rp, s.m.data(), s.l.data(), s.alpha.data(), s.Pp.data());
     pack_values_bf16(s.vraw.data(), nk, D, s.Vp.data());

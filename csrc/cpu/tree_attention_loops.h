@@ -1,13 +1,15 @@
 // Hot loops of the CPU tree_attention kernel (csrc/cpu/tree_attention.cpp), in three variants:
 // portable scalar (also float64 and head dims not divisible by 16), AVX2+FMA+F16C and AVX-512
-// (function multiversioning through target attributes and target regions; the caller picks one
-// at run time with cpu_has_avx2 / cpu_has_avx512), plus bf16 pair loops for AVX512_BF16. QK and
+// (function multiversioning through the target attributes and target regions of simd.h; the
+// caller picks one per call from isa::current()), plus bf16 pair loops for AVX512_BF16. QK and
 // PV of the vector variants come from one register-blocked source, tree_attention_blocks.inc.
 // Included by tree_attention.cpp only.
 //
 // Layouts (see tree_attention.cpp): Qt [D][Rp] pre-scaled queries, St [TK][Rp] scores then
 // probabilities, acc [R][D] un-normalised outputs; krows / vrows: nk pointers to fp32 rows of D.
 #pragma once
+
+#include "simd.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -17,14 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-
-#include "target_region.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* helpers.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include <type_traits>
 
 namespace eagle {
 namespace tree_attention_loops {
@@ -90,31 +85,28 @@ void to_acc_scalar(const T* src, Acc* dst, int D) {
 }
 
 // --------------------------------------------------------------------------- AVX-512 hot loops
-#if defined(__x86_64__)
-#define EAGLE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#if EAGLE_X86_SIMD
+// The vector softmax steps take 2^(score - running max) from simd.h's exp2 (FMA form; -inf
+// gives 0).
+using simd::avx2::exp2_nonpositive;
+using simd::avx512::exp2_nonpositive;
 
-// 2^x for x <= 0 or -inf (scores minus the running max), max rel. error ~2e-7: 2^x =
-// 2^n * 2^f with n = round(x), f in [-0.5, 0.5], 2^f by a degree-6 polynomial (Taylor of
-// e^(f ln2), truncation < 1e-8). Inputs below -126 (incl. -inf) give exactly 0.
-EAGLE_AVX512 inline __m512 exp2_avx512(__m512 x) {
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);  // ln2^6 / 720
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5 / 120
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 24
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 6
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+// K / V rows of a 16-bit dtype widened to fp32 (D values).
+template <typename T>
+using Bits = std::conditional_t<std::is_same_v<T, c10::BFloat16>, Bf16Bits, Fp16Bits>;
+template <typename T>
+EAGLE_TARGET_AVX512 void to_float_avx512(const T* src, float* dst, int D) {
+  simd::avx512::widen_row(reinterpret_cast<const Bits<T>*>(src), dst, D);
+}
+template <typename T>
+EAGLE_TARGET_AVX2 void to_float_avx2(const T* src, float* dst, int D) {
+  simd::avx2::widen_row(reinterpret_cast<const Bits<T>*>(src), dst, D);
 }
 
 // Rows r .. r + 15 of an online-softmax step, before the exponentials: the new running max
 // over the tile's nk scores and the shift of the scores (0 for rows that have seen only masked
 // keys, so that no -inf - -inf NaN appears).
-EAGLE_AVX512 inline void softmax_shift_avx512(const float* St, int nk, int Rp, int r, const float* m, __m512& mx,
+EAGLE_TARGET_AVX512 inline void softmax_shift_avx512(const float* St, int nk, int Rp, int r, const float* m, __m512& mx,
                                               __m512& shift) {
   mx = _mm512_loadu_ps(m + r);
   for (int k = 0; k < nk; ++k)
@@ -124,22 +116,22 @@ EAGLE_AVX512 inline void softmax_shift_avx512(const float* St, int nk, int Rp, i
 }
 
 // ... and after them: alpha = 2^(m_old - shift), l = l * alpha + sum, m = the new max.
-EAGLE_AVX512 inline void softmax_commit_avx512(int r, __m512 mx, __m512 shift, __m512 sum, float* m, float* l,
+EAGLE_TARGET_AVX512 inline void softmax_commit_avx512(int r, __m512 mx, __m512 shift, __m512 sum, float* m, float* l,
                                                float* alpha) {
-  const __m512 a = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(m + r), shift));
+  const __m512 a = exp2_nonpositive<true>(_mm512_sub_ps(_mm512_loadu_ps(m + r), shift));
   _mm512_storeu_ps(alpha + r, a);
   _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
   _mm512_storeu_ps(m + r, mx);
 }
 
-EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
+EAGLE_TARGET_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
   for (int r = 0; r < Rp; r += 16) {
     __m512 mx, shift;
     softmax_shift_avx512(St, nk, Rp, r, m, mx, shift);
     __m512 sum = _mm512_setzero_ps();
     for (int k = 0; k < nk; ++k) {
       float* s = St + static_cast<int64_t>(k) * Rp + r;
-      const __m512 p = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s), shift));
+      const __m512 p = exp2_nonpositive<true>(_mm512_sub_ps(_mm512_loadu_ps(s), shift));
       _mm512_storeu_ps(s, p);
       sum = _mm512_add_ps(sum, p);
     }
@@ -147,50 +139,9 @@ EAGLE_AVX512 inline void softmax_avx512(float* St, int nk, int Rp, float* m, flo
   }
 }
 
-EAGLE_AVX512 inline void bf16_to_float_avx512(const c10::BFloat16* src, float* dst, int D) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  int d = 0;
-  for (; d + 16 <= D; d += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + d));
-    const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
-    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(w));
-  }
-  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
-}
-
-EAGLE_AVX512 inline void half_to_float_avx512(const c10::Half* src, float* dst, int D) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  int d = 0;
-  for (; d + 16 <= D; d += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + d));
-    _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(h));
-  }
-  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
-}
-
 // ------------------------------------------------------------------------------ AVX2 hot loops
 // Same algorithms at 8 lanes (AVX2 + FMA + F16C), for x86-64 CPUs without AVX-512.
-#define EAGLE_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-// 2^x as in exp2_avx512; 2^n is built from the exponent bits (n >= -126 keeps it normal).
-EAGLE_AVX2 inline __m256 exp2_avx2(__m256 x) {
-  const __m256 floor_v = _mm256_set1_ps(-126.0f);
-  const __m256 live = _mm256_cmp_ps(x, floor_v, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, floor_v);
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
-}
-
-EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
+EAGLE_TARGET_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* l, float* alpha) {
   const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int r = 0; r < Rp; r += 8) {
     const __m256 m_old = _mm256_loadu_ps(m + r);
@@ -199,11 +150,11 @@ EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* 
       mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
     const __m256 dead = _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ);
     const __m256 shift = _mm256_andnot_ps(dead, mx);  // 0 where the row saw no key yet
-    const __m256 a = exp2_avx2(_mm256_sub_ps(m_old, shift));
+    const __m256 a = exp2_nonpositive<true>(_mm256_sub_ps(m_old, shift));
     __m256 sum = _mm256_setzero_ps();
     for (int k = 0; k < nk; ++k) {
       float* s = St + static_cast<int64_t>(k) * Rp + r;
-      const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s), shift));
+      const __m256 p = exp2_nonpositive<true>(_mm256_sub_ps(_mm256_loadu_ps(s), shift));
       _mm256_storeu_ps(s, p);
       sum = _mm256_add_ps(sum, p);
     }
@@ -213,38 +164,6 @@ EAGLE_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, float* 
   }
 }
 
-EAGLE_AVX2 inline void bf16_to_float_avx2(const c10::BFloat16* src, float* dst, int D) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  int d = 0;
-  for (; d + 8 <= D; d += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + d));
-    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(w));
-  }
-  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
-}
-
-EAGLE_AVX2 inline void half_to_float_avx2(const c10::Half* src, float* dst, int D) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  int d = 0;
-  for (; d + 8 <= D; d += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + d));
-    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(h));
-  }
-  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]);
-}
-
-inline bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return has;
-}
-inline bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
-  return has;
-}
-
 // ------------------------------------------------------------- AVX-512 BF16 dot-product loops
 // For bf16 inputs on CPUs with AVX512_BF16: vdpbf16ps multiplies 32 bf16 pairs and adds them to
 // 16 fp32 lanes, twice the multiply-adds of an fp32 FMA. Operands come as pairs along the
@@ -252,7 +171,6 @@ inline bool cpu_has_avx2() {
 // (d pairs are adjacent), Pp[kp][r][2] (probabilities of keys 2kp, 2kp + 1 rounded to bf16, as
 // the GPU kernel rounds p for its p.v product) and Vp[kp][d][2] (rows 2kp and 2kp + 1
 // interleaved). Scores, softmax and outputs stay fp32.
-#define EAGLE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 
 // 32-bit word at p (a bf16 pair), without alignment or aliasing assumptions.
 inline int32_t bf16_pair(const void* p) {
@@ -262,7 +180,7 @@ inline int32_t bf16_pair(const void* p) {
 }
 
 // [lo[0], hi[0], lo[1], hi[1], ...]: 16 bf16 of each row into 16 pairs.
-EAGLE_AVX512BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
+EAGLE_TARGET_AVX512_BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
   alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -272,7 +190,7 @@ EAGLE_AVX512BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
 // softmax_avx512 over scores St[k][r], writing the probabilities as bf16 pairs Pp[kp][r][2]
 // (an odd last key pairs with 0) instead of back into St; m, l, alpha as there, the sum of
 // each row in the same key order.
-EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, float* m, float* l, float* alpha,
+EAGLE_TARGET_AVX512_BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, float* m, float* l, float* alpha,
                                                uint16_t* Pp) {
   for (int r = 0; r < Rp; r += 16) {
     __m512 mx, shift;
@@ -280,11 +198,11 @@ EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, 
     __m512 sum = _mm512_setzero_ps();
     for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
       const float* s0 = St + static_cast<int64_t>(2 * kp) * Rp + r;
-      const __m512 p0 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s0), shift));
+      const __m512 p0 = exp2_nonpositive<true>(_mm512_sub_ps(_mm512_loadu_ps(s0), shift));
       sum = _mm512_add_ps(sum, p0);
       __m256i hi = _mm256_setzero_si256();
       if (2 * kp + 1 < nk) {
-        const __m512 p1 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s0 + Rp), shift));
+        const __m512 p1 = exp2_nonpositive<true>(_mm512_sub_ps(_mm512_loadu_ps(s0 + Rp), shift));
         sum = _mm512_add_ps(sum, p1);
         hi = (__m256i)_mm512_cvtneps_pbh(p1);
       }
@@ -296,7 +214,7 @@ EAGLE_AVX512BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, 
 }
 
 // Vp[kp][d][2] from nk value rows of D bf16 (D % 16 == 0); an odd last row pairs with 0.
-EAGLE_AVX512BF16 inline void pack_values_bf16(const uint16_t* const* vrows, int nk, int D, uint16_t* Vp) {
+EAGLE_TARGET_AVX512_BF16 inline void pack_values_bf16(const uint16_t* const* vrows, int nk, int D, uint16_t* Vp) {
   for (int kp = 0; kp < (nk + 1) / 2; ++kp) {
     const uint16_t* v0 = vrows[2 * kp];
     const uint16_t* v1 = 2 * kp + 1 < nk ? vrows[2 * kp + 1] : nullptr;
@@ -306,11 +224,6 @@ EAGLE_AVX512BF16 inline void pack_values_bf16(const uint16_t* const* vrows, int 
       _mm512_storeu_si512(Vp + (static_cast<int64_t>(kp) * D + d) * 2, interleave_bf16(lo, hi));
     }
   }
-}
-
-inline bool cpu_has_avx512_bf16() {
-  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
-  return has;
 }
 
 // ------------------------------------------------------------------- register-blocked QK / PV
@@ -346,10 +259,10 @@ struct StridedElems {
   const E* operator()(int j, int x) const { return base + static_cast<int64_t>(x) * stride + STEP * j; }
 };
 
-// tree_attention_blocks.inc compiled three times, once per target region (target_region.h), as
+// tree_attention_blocks.inc compiled three times, once per target region (simd.h), as
 // cpu_linear compiles its tiles.
 
-EAGLE_TARGET_PUSH("avx2,fma,f16c")
+EAGLE_TARGET_PUSH(EAGLE_ISA_AVX2)
 namespace avx2 {
 using Vec = __m256;
 using Operand = __m256;
@@ -372,7 +285,7 @@ inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm256_fmadd_ps(a,
 }  // namespace avx2
 EAGLE_TARGET_POP
 
-EAGLE_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+EAGLE_TARGET_PUSH(EAGLE_ISA_AVX512)
 namespace avx512 {
 using Vec = __m512;
 using Operand = __m512;
@@ -394,7 +307,7 @@ inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_fmadd_ps(a,
 EAGLE_TARGET_POP
 
 // vdpbf16ps: a lane adds the two products of a bf16 pair, twice the multiply-adds of an FMA.
-EAGLE_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
+EAGLE_TARGET_PUSH(EAGLE_ISA_AVX512_BF16)
 namespace avx512_bf16 {
 using avx512::kAccumulators, avx512::kQkRowVecs, avx512::kPvRows, avx512::kPvColVecs;
 using avx512::kLanes, avx512::Vec, avx512::vzero, avx512::vload, avx512::vstore, avx512::vmul, avx512::vset1;
@@ -433,11 +346,6 @@ inline void pv_bf16_pairs(const uint16_t* Pp, int nkp, int Rp, int R, const uint
                           const float* alpha) {
   avx512_bf16::pv(Pp, nkp, Rp, R, StridedRows<uint16_t>{Vp, 2 * static_cast<int64_t>(D)}, D, acc, alpha);
 }
-
-#else
-inline bool cpu_has_avx512() { return false; }
-inline bool cpu_has_avx2() { return false; }
-inline bool cpu_has_avx512_bf16() { return false; }
-#endif
+#endif  // EAGLE_X86_SIMD
 }  // namespace tree_attention_loops
 }  // namespace eagle

@@ -6,7 +6,12 @@
 // (never a [B, N, V] tensor): scale -> top-k by radix select -> exp/sum -> top-p by radix
 // select on the probabilities -> renormalise. Children are then tried in node order against
 // the residual, and the bonus is an inverse-CDF draw (core/verify.h). The hot loops are
-// compiled three times, for AVX-512, AVX2+FMA and baseline x86-64, and picked at run time.
+// compiled three times, for AVX-512, AVX2 and baseline x86-64 (simd.h's target strings), and
+// picked per call from isa::current() (the AVX-512 variant from avx512-ymm up). Every variant
+// gives the same bits: the exp is simd.h's in its unfused form, and the sums run in a fixed
+// lane order.
+#include "simd.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,10 +23,6 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "checks.h"
 #include "core/philox.h"
@@ -65,33 +66,11 @@ EAGLE_INLINE C load_as(c10::BFloat16 x) {
   return static_cast<C>(f);
 }
 
-// exp(x) for x <= 0 (and -inf), within about 1 ulp of the correctly rounded result (Cephes
-// expf polynomial), written so that an `omp simd` loop vectorises it. torch's softmax uses
-// its own vectorised exp (Sleef, 1 ulp), so p may differ from the reference's in the last
-// bit; a decision can flip only when a coin falls within that of a threshold.
-EAGLE_INLINE float exp_nonpositive(float x) {
-  x = x > -104.0f ? x : -104.0f;  // exp(-104) < 2^-150 rounds to 0; also maps -inf
-  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  float r = x - n * 0.693359375f;  // Cody-Waite: ln 2 split so n * hi is exact
-  r = r + n * 2.12194440e-4f;
-  const float z = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * z + r + 1.0f;
-  // 2^n as two factors so that results down in the subnormal range stay right.
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t n1 = ni >> 1, n2 = ni - n1;
-  const int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, sizeof(s1));
-  std::memcpy(&s2, &b2, sizeof(s2));
-  return p * s1 * s2;
-}
+// exp(x) for x <= 0 (and -inf): simd.h's, with separate multiplies and adds so that the baseline
+// variant (no FMA) gives the bits of the vector ones. torch's softmax uses its own vectorised
+// exp (Sleef, 1 ulp), so p may differ from the reference's in the last bit; a decision can flip
+// only when a coin falls within that of a threshold.
+EAGLE_INLINE float exp_nonpositive(float x) { return simd::scalar::exp_nonpositive<false>(x); }
 EAGLE_INLINE double exp_nonpositive(double x) { return std::exp(x); }
 
 // Lane-parallel float64 sum: kLanes independent accumulators that the compiler turns into
@@ -117,45 +96,16 @@ EAGLE_INLINE double exp_in_place_loop(C* w, int64_t V) {
   for (int64_t i = 0; i < V; ++i) w[i] = exp_nonpositive(w[i]);
   return sum64(w, V);
 }
-// Instruction sets of the compiled variants (picked at run time, see pick_kernel).
+// Instruction sets of the compiled variants (picked per call, see pick_kernel).
 constexpr int kBase = 0, kAvx2 = 1, kAvx512 = 2;
-#if defined(__x86_64__)
-#define EAGLE_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define EAGLE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#else
-#define EAGLE_TARGET_AVX2
-#define EAGLE_TARGET_AVX512
-#endif
 __attribute__((noinline)) double exp_in_place_base(float* w, int64_t V) { return exp_in_place_loop(w, V); }
-#if defined(__x86_64__)
-// exp_nonpositive on 8 lanes with the same operations (GCC would not vectorise the scalar
-// version's clamp). Used by the AVX2 and AVX-512 variants.
+#if EAGLE_X86_SIMD
+// Eight lanes at a time (GCC does not vectorise the scalar clamp); the AVX2 and AVX-512 variants
+// both use it.
 __attribute__((noinline)) EAGLE_TARGET_AVX2 double exp_in_place_avx2(float* w, int64_t V) {
-  const __m256 lowest = _mm256_set1_ps(-104.0f), round = _mm256_set1_ps(12582912.0f);
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), one = _mm256_set1_ps(1.0f);
-  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(2.12194440e-4f);
-  const __m256i bias = _mm256_set1_epi32(127);
   int64_t i = 0;
-  for (; i + 8 <= V; i += 8) {
-    const __m256 x = _mm256_max_ps(_mm256_loadu_ps(w + i), lowest);  // -inf -> -104
-    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, log2e), round), round);
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, ln2_hi));
-    r = _mm256_add_ps(r, _mm256_mul_ps(n, ln2_lo));
-    const __m256 z = _mm256_mul_ps(r, r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), one);
-    const __m256i ni = _mm256_cvttps_epi32(n);
-    const __m256i n1 = _mm256_srai_epi32(ni, 1);
-    const __m256i n2 = _mm256_sub_epi32(ni, n1);
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    _mm256_storeu_ps(w + i, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
-  }
+  for (; i + 8 <= V; i += 8)
+    _mm256_storeu_ps(w + i, simd::avx2::exp_nonpositive<false>(_mm256_loadu_ps(w + i)));
   for (; i < V; ++i) w[i] = exp_nonpositive(w[i]);
   return sum64(w, V);
 }
@@ -391,26 +341,15 @@ using RangeFn = void (*)(const Args&, int64_t, int64_t);
   }                                                                                       \
   void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<kBase, IN, C>(a, begin, end); }
 
-int cpu_isa() {
-#if defined(__x86_64__)
-  static const int isa = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-                             ? kAvx512
-                             : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? kAvx2 : kBase;
-  return isa;
-#else
-  return kBase;
-#endif
-}
-
 EAGLE_VARIANTS(verify_f32, float, float)
 EAGLE_VARIANTS(verify_f16, c10::Half, float)
 EAGLE_VARIANTS(verify_bf16, c10::BFloat16, float)
 EAGLE_VARIANTS(verify_f64, double, double)
 
 RangeFn pick_kernel(at::ScalarType dtype) {
-  const int isa = cpu_isa();
-#define EAGLE_PICK(NAME) (isa == kAvx512 ? NAME##_avx512 : isa == kAvx2 ? NAME##_avx2 : NAME##_base)
+  const isa::Level level = isa::current();
+  const int variant = level >= isa::Level::kAvx512Ymm ? kAvx512 : level >= isa::Level::kAvx2 ? kAvx2 : kBase;
+#define EAGLE_PICK(NAME) (variant == kAvx512 ? NAME##_avx512 : variant == kAvx2 ? NAME##_avx2 : NAME##_base)
   switch (dtype) {
     case at::kFloat: return EAGLE_PICK(verify_f32);
     case at::kHalf: return EAGLE_PICK(verify_f16);
