@@ -10,10 +10,11 @@ import eagle_kernels.decoder as decoder_module
 from eagle_kernels import reference
 from eagle_kernels._types import Tree
 from eagle_kernels.decoder import (CPU_BATCH_SAMPLING_TREE, CPU_BATCH_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig,
-                                   default_tree, graft_chain, lookup_chain, lookup_search, pad_chains,
-                                   trimmed_chain_lengths)
+                                   default_tree)
+from eagle_kernels.lookup import graft_chain, lookup_chain, lookup_search, pad_chains, trimmed_chain_lengths
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
+from eagle_kernels.policy import FittedPolicy, StaticPolicy, policy_for
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -293,12 +294,21 @@ def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch)
 
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     torch.manual_seed(0)
-    decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(3, 3, 8, lookup=2))
-    real_verify, real_step, trees, done = ops.verify, decoder._speculative_step, [], [None]
+    head = make_head(target)
+    real_verify, trees, done = ops.verify, [], [None]
 
-    def step(state):
-        done[0] = state.done.clone()
-        real_step(state)
+    def run(policy):
+        decoder = SpeculativeDecoder(target, head, TreeConfig(3, 3, 8, lookup=2), sync_every=1, policy=policy)
+        real_step = decoder._speculative_step
+
+        def step(state):
+            done[0] = state.done.clone()
+            real_step(state)
+
+        decoder._speculative_step = step
+        trees.clear()
+        done[0] = None
+        return decoder.generate(PROMPTS, 16), list(trees)
 
     def verify(tokens, *args, **kwargs):
         # A finished request's rows are not computed on CPU: only the active ones' trees count.
@@ -306,16 +316,55 @@ def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch)
         trees.append(tokens[active].clone())
         return real_verify(tokens, *args, **kwargs)
 
-    decoder._speculative_step = step
     monkeypatch.setattr(ops, "verify", verify)
-    fitted = decoder.generate(PROMPTS, 16)
-    fitted_trees, trees, done[0] = trees, [], None
-    monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
-    static = decoder.generate(PROMPTS, 16)
+    fitted, fitted_trees = run(FittedPolicy())
+    static, trees = run(StaticPolicy())
     assert (fitted.sequences, fitted.steps, fitted.tau) == (static.sequences, static.steps, static.tau)
     assert len(fitted_trees) == len(trees) and all(torch.equal(a, b) for a, b in zip(fitted_trees, trees))
     assert max(fitted.tau) > 1.0  # drafts were accepted, so the commit widths varied
     assert len(set(fitted.steps)) > 1  # requests finished at different steps (rows skipped after)
+
+
+REPEATS = [[5, 6, 7, 5, 6, 7, 5], [9, 10, 9, 10, 9, 10, 9, 11], [1, 2, 3, 4, 5]]
+POLICY_TREES = {"cpu": CPU_TREE, "cpu-batch": CPU_BATCH_TREE, "d3k3n8-trim-alone": TreeConfig(
+    3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True, lookup_alone=True), "d3k3n8": TreeConfig(3, 3, 8)}
+
+
+@pytest.mark.parametrize("prompts", [REPEATS[:1], REPEATS], ids=["one-request", "batch"])
+@pytest.mark.parametrize("tree", POLICY_TREES.values(), ids=POLICY_TREES.keys())
+@pytest.mark.parametrize("with_head", [True, False], ids=["head", "lookup-only"])
+def test_static_policy_equals_fitted_policy_equals_plain(target, with_head, tree, prompts, monkeypatch):
+    """The GPU's static steps and the CPU's fitted steps (trimmed chains, chain-alone steps,
+    per-request rows, narrow commits), both on CPU tensors: greedy output is plain decoding's
+    either way, and the fitted steps verified fewer rows."""
+    if not (with_head or tree.lookup):
+        pytest.skip("a head-less decoder drafts only a lookup chain")
+    head = repeat_head(target) if with_head else None
+    plain = SpeculativeDecoder(target, head, tree).generate(prompts, 20, speculative=False)
+    rows, results, real_forward = {}, {}, target.forward
+    for name, policy in (("static", StaticPolicy()), ("fitted", FittedPolicy())):
+        def forward(tokens, cache, *, row_counts=None, name=name, **kwargs):
+            counted = row_counts.sum() if row_counts is not None else tokens.shape[0] * tokens.shape[1]
+            rows[name] = rows.get(name, 0) + int(counted)
+            return real_forward(tokens, cache, row_counts=row_counts, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(target, "forward", forward)
+            decoder = SpeculativeDecoder(target, head, tree, sync_every=1, policy=policy)
+            results[name] = decoder.generate(prompts, 20)
+    assert results["static"].sequences == results["fitted"].sequences == plain.sequences
+    assert rows["fitted"] <= rows["static"]
+    if tree.lookup_trim:
+        assert rows["fitted"] < rows["static"]
+
+
+def test_policy_follows_the_device(target):
+    """Fitted shapes on a CPU, static ones elsewhere; CUDA graphs only under a static policy."""
+    assert isinstance(policy_for("cpu"), FittedPolicy) and isinstance(policy_for(torch.device("cuda")), StaticPolicy)
+    assert isinstance(SpeculativeDecoder(target).policy, FittedPolicy)
+    assert StaticPolicy.capturable and not FittedPolicy.capturable
+    fitted = SpeculativeDecoder(target, policy=FittedPolicy())
+    assert not fitted._graphs_enabled(torch.device("cuda"))
 
 
 def graft_naive(tokens, parents, chain):
@@ -417,6 +466,19 @@ def test_tree_config_rejects_impossible_trees():
         TreeConfig(lookup=-1)
 
 
+@pytest.mark.parametrize("flags,named", [
+    (dict(lookup=8, lookup_alone=True), "lookup_alone=True needs lookup_trim=True"),
+    (dict(lookup_trim=True), r"lookup_trim=True needs a lookup chain \(lookup > 0\)"),
+    (dict(lookup_trim=True, lookup_alone=True), r"lookup_trim=True needs a lookup chain"),
+    (dict(lookup_alone=True), "lookup_alone=True needs lookup_trim=True")],
+    ids=["alone-without-trim", "trim-without-chain", "both-without-chain", "alone-without-chain"])
+def test_tree_config_rejects_flags_without_what_they_need(flags, named):
+    """A flag that would have no effect is an error naming it, not a silent no-op."""
+    with pytest.raises(ValueError, match=named):
+        TreeConfig(3, 2, 4, **flags)
+    assert TreeConfig(3, 2, 4, lookup=8, lookup_trim=True, lookup_alone=True).lookup_alone  # the valid combination
+
+
 def test_default_tree_is_small_on_cpu_and_eagle2_on_gpu():
     assert default_tree("cpu") == CPU_TREE and default_tree(torch.device("cpu")) == CPU_TREE
     # The verify pass's linear layers stay near one weight stream, except after a full-length
@@ -444,8 +506,13 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert decoder.tree == dataclasses.replace(CPU_TREE, depth=5)
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6"]))
     assert decoder.head is None and decoder.tree == dataclasses.replace(CPU_TREE, lookup=6)
+    # Default flags that need what a given flag turns off follow it; a flag given explicitly is checked.
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6", "--no-lookup-trim"]))
-    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=6, lookup_trim=False)
+    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=6, lookup_trim=False, lookup_alone=False)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--lookup", "0"]))
+    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=0, lookup_trim=False, lookup_alone=False)
+    with pytest.raises(ValueError, match="lookup_alone"):
+        cli._load(parser.parse_args(["--head", "untrained-eagle3", "--no-lookup-trim", "--lookup-alone"]))
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--no-lookup-alone"]))
     assert CPU_TREE.lookup_alone and decoder.tree == dataclasses.replace(CPU_TREE, lookup_alone=False)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
@@ -462,10 +529,12 @@ def test_default_tree_follows_the_batch_size(target):
     drafts from 2 requests on), and output is still plain decoding's."""
     decoder = SpeculativeDecoder(target, repeat_head(target))
     one = decoder.generate(PROMPTS[:1], 12)
-    assert decoder.tree == default_tree("cpu", 1) == CPU_TREE
+    assert one.tree == default_tree("cpu", 1) == CPU_TREE
     batch = decoder.generate(PROMPTS, 12)
-    assert decoder.tree == default_tree("cpu", len(PROMPTS)) == CPU_BATCH_TREE
-    assert batch.sequences == decoder.generate(PROMPTS, 12, speculative=False).sequences
+    assert batch.tree == default_tree("cpu", len(PROMPTS)) == CPU_BATCH_TREE
+    plain = decoder.generate(PROMPTS, 12, speculative=False)
+    assert batch.sequences == plain.sequences and plain.tree is None
+    assert decoder.tree is None  # the calls' trees are theirs: nothing is kept on the decoder
     assert batch.sequences[0] == one.sequences[0]
 
 
@@ -478,12 +547,10 @@ def test_sampling_batches_draft_without_the_chain(target, temperature, want):
     one greedy request keeps the chain; a head-less decoder keeps its chain (its only draft);
     batch 1 and the GPU are unchanged."""
     decoder = SpeculativeDecoder(target, repeat_head(target))
-    decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2])
-    assert decoder.tree == want
+    assert decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2]).tree == want
     assert CPU_BATCH_SAMPLING_TREE.lookup == 0 and CPU_BATCH_TREE.lookup > 0
     headless = SpeculativeDecoder(target, None)
-    headless.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2])
-    assert headless.tree == CPU_BATCH_TREE
+    assert headless.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2]).tree == CPU_BATCH_TREE
     assert default_tree("cpu", 1, sampling=True) == CPU_TREE
     assert default_tree("cuda", 4, sampling=True) == default_tree("cuda", 4) == TreeConfig()
     assert default_tree("cuda", 4) == TreeConfig()
@@ -562,10 +629,10 @@ def test_steps_never_synchronise(speculative, lookup, monkeypatch):
     if missing:
         pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
     monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
-    # The static-shape steps a GPU runs (on CPU a step may read values to size its tensors).
-    monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))  # native kernels: fp32
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup), sync_every=1000)
+    # The static-shape steps a GPU runs (on CPU a step may read values to size its tensors).
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup), sync_every=1000,
+                                 policy=StaticPolicy())
     steps_run = []
 
     def guarded(step):
@@ -604,8 +671,9 @@ def state_tensors(state):
 def test_steps_update_state_in_place(target, speculative, lookup, head):
     """A CUDA graph replays against fixed addresses: a step must write into the state's
     tensors, never rebind them."""
-    decoder = SpeculativeDecoder(target, repeat_head(target) if head else None, TreeConfig(3, 3, 8, lookup=lookup))
-    state = decoder._prefill(PROMPTS, 8, 0.0, 0, 1.0, 0, None, speculative)
+    tree = TreeConfig(3, 3, 8, lookup=lookup)
+    decoder = SpeculativeDecoder(target, repeat_head(target) if head else None, tree)
+    state = decoder._prefill(PROMPTS, tree, 8, 0.0, 0, 1.0, 0, None, speculative)
     before = {name: (t, t.data_ptr()) for name, t in state_tensors(state).items()}
     step = decoder._speculative_step if speculative else decoder._plain_step
     for _ in range(3):
