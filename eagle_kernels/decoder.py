@@ -254,7 +254,8 @@ def _root_tree(root: torch.Tensor) -> Tree:
     expansion grafts its lookup chain onto."""
     B, device = root.shape[0], root.device
     return Tree(root[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=device),
-                torch.zeros(B, 1, dtype=torch.int32, device=device), torch.ones(B, 1, 1, dtype=torch.int64, device=device))
+                torch.zeros(B, 1, dtype=torch.int32, device=device),
+                torch.ones(B, 1, 1, dtype=torch.int64, device=device))
 
 
 class SpeculativeDecoder:
