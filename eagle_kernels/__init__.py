@@ -8,6 +8,9 @@ model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) a
 dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
+
+``SpeculativeDecoder`` runs the whole decoding loop over a Llama target and an EAGLE head
+(``TreeConfig`` / ``default_tree``: the draft shape); see docs/decoding.md.
 """
 
 import warnings
@@ -15,6 +18,7 @@ import warnings
 from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
 from ._types import DraftCandidates, Tree, VerifyOutput
+from .decoder import SpeculativeDecoder, TreeConfig, default_tree
 from .expansion import Expansion, expand_tree
 from .ops import (build_tree, compact_kv, cpu_decoder_layer, cpu_linear, cpu_linear_pack, draft_expand, tree_attention,
                   verify, write_kv)
@@ -35,5 +39,5 @@ _registration.register()
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
     "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "Tree", "DraftCandidates", "VerifyOutput", "backend_of",
-    "reference", "expand_tree", "Expansion",
+    "reference", "expand_tree", "Expansion", "SpeculativeDecoder", "TreeConfig", "default_tree",
 ]

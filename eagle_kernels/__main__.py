@@ -44,7 +44,10 @@ def _load(args):
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
     given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes, "lookup": args.lookup,
              "lookup_ngram": args.lookup_ngram, "lookup_trim": args.lookup_trim, "lookup_alone": args.lookup_alone}
-    tree = dataclasses.replace(default_tree(target.device), **{k: v for k, v in given.items() if v is not None})
+    base = default_tree(target.device)
+    if args.lookup == 0 or args.lookup_trim is False:  # the default's chain flags need a (trimmed) chain
+        base = dataclasses.replace(base, lookup_alone=False, lookup_trim=base.lookup_trim and args.lookup != 0)
+    tree = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
     return decoder, tokenizer, label
 

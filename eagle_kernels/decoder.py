@@ -1,56 +1,77 @@
-"""Speculative decoding loop: expand (EAGLE-2 dynamic tree) → build_tree → target verify pass →
-verify → compact_kv → commit, batched, with static shapes and no host synchronisation inside a
-step. The host looks at the ``done`` flags only every ``sync_every`` steps.
+"""Speculative decoding loop: EAGLE-2 draft trees, prompt-lookup chains, batches, CUDA graphs.
 
-A step reads and writes only the preallocated tensors of :class:`_State`, in place, so on CUDA
-it can be captured once into a CUDA graph and replayed for every later step (``cuda_graph``).
+Each step runs one core, the same on every device (:meth:`SpeculativeDecoder._speculative_step`):
+expand the head's draft tree (:func:`eagle_kernels.expansion.expand_tree`) → graft the lookup
+chain below its root (:mod:`eagle_kernels.lookup`) → one target pass over the tree → verify →
+compact_kv → commit the accepted path to the head → emit. Every host read and every shape that
+depends on computed values is decided by the decoder's step policy (:mod:`eagle_kernels.policy`):
+static shapes on a GPU, shapes fitted to the step on a CPU.
+
+A step reads and writes only the preallocated tensors of :class:`_State`, in place, so under
+the static policy it can be captured once into a CUDA graph and replayed for every later step
+(``cuda_graph``). The host looks at the ``done`` flags only every ``sync_every`` steps.
 
 Plain decoding (``speculative=False``) is the same loop with a one-node tree: the target runs
 the root, and ``verify`` samples the next token from the same filtered distribution and random
 stream, so both modes are comparable token for token.
+
+The loop, the policies, the tree shapes and the measurements behind the defaults:
+docs/decoding.md.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from . import ops
 from ._checks import mask_words, values_checked
 from ._types import Tree
+from .expansion import expand_tree
+from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
+from .policy import ChainPlan, StepPolicy, policy_for
 
 
 @dataclass(frozen=True)
 class TreeConfig:
-    """EAGLE-2 tree shape: ``depth`` expansion steps keeping ``top_k`` beams, ``num_nodes``
-    verified nodes (root included).
+    """The draft of a speculative step: an EAGLE-2 tree and an optional prompt-lookup chain.
 
-    ``lookup`` > 0 adds a prompt-lookup chain of that many tokens to every tree: the tokens that
-    followed the most recent earlier occurrence of the context's last ``lookup_ngram`` tokens
-    (or fewer, down to 1), grafted onto the EAGLE tree where they agree with it (see
-    :func:`lookup_chain` and :func:`graft_chain`). The verify pass then has
-    ``num_nodes + lookup`` rows. Text that repeats itself (code identifiers, a model's own
-    loops) is drafted there even where the head is wrong.
+    Parameters
+    ----------
+    depth, top_k, num_nodes
+        EAGLE-2 tree: ``depth`` expansion steps, each expanding the ``top_k`` best candidates
+        so far (the frontier) into ``top_k`` children each; ``num_nodes`` verified nodes, root
+        included (at most ``1 + num_candidates``).
+    lookup
+        Tokens of a prompt-lookup chain grafted below the root of every tree (0: none): what
+        followed the most recent earlier occurrence of the context's last ``lookup_ngram``
+        tokens (or fewer, down to 1), continuing the tree's branch where they agree with it
+        (:mod:`eagle_kernels.lookup`). The verify pass then has ``num_nodes + lookup`` rows.
+    lookup_ngram
+        Longest context suffix the lookup searches for.
+    lookup_trim
+        Needs ``lookup > 0``. Under the fitted (CPU) policy, size each request's chain by how
+        long its suffix matched (:func:`eagle_kernels.lookup.trimmed_chain_lengths`); the
+        static (GPU) policy keeps the full chain.
+    lookup_alone
+        Needs ``lookup_trim``. Under the fitted policy, a step in which every request matched
+        a full ``lookup_ngram``-token suffix verifies the root and the chain alone: no head
+        expansion, ``1 + lookup`` verify rows. The static policy never does.
 
-    ``lookup_trim`` (CPU only) sizes the chain each step by how long a suffix matched (``n``,
-    from :func:`lookup_search`): no chain when even the last token never occurred before,
-    ``lookup // 4`` tokens after a 1-token match, ``lookup // 2`` for ``1 < n < lookup_ngram``,
-    all ``lookup`` for ``n = lookup_ngram`` (the largest over the batch). On a CPU each verify
-    row costs compute and a step may change shape, and on held-out text the chain after a
-    1-token match is rarely accepted beyond its first token while one after a long match is
-    often accepted whole. On other devices the chain keeps its full length (static shapes, one
-    CUDA graph). It reads the match lengths on the host, which is free on a CPU.
+    Raises
+    ------
+    ValueError
+        A size below its minimum, more nodes than candidates, or a flag without what it needs
+        (``lookup_trim`` without a chain, ``lookup_alone`` without ``lookup_trim``); the
+        message names the fields.
 
-    ``lookup_alone`` (CPU only, with ``lookup_trim``): a step in which every request matched a
-    full ``lookup_ngram``-token suffix verifies the root and the chain alone, without the EAGLE
-    tree: the head's expansion passes are skipped and the verify pass is ``1 + lookup`` rows
-    instead of ``num_nodes + lookup``. After a full match the chain is usually accepted and
-    the tree rarely adds to it (held-out code: 9 of 37 such steps accepted tree nodes, most of
-    them one or two), while those rows and passes cost about a fifth of the step."""
+    Why these knobs pay where they do: docs/decoding.md ("Tree shapes").
+    """
 
     depth: int = 6
     top_k: int = 8
@@ -62,6 +83,7 @@ class TreeConfig:
 
     @property
     def num_candidates(self) -> int:
+        """Size of the expansion history the verify tree is chosen from."""
         return self.top_k + (self.depth - 1) * self.top_k * self.top_k
 
     @property
@@ -82,6 +104,11 @@ class TreeConfig:
         if self.num_nodes - 1 > self.num_candidates:
             raise ValueError(f"tree: num_nodes - 1 = {self.num_nodes - 1} exceeds the {self.num_candidates} "
                              f"candidates of depth {self.depth} x top_k {self.top_k}")
+        if self.lookup_trim and not self.lookup:
+            raise ValueError(f"tree: lookup_trim=True needs a lookup chain (lookup > 0), got {self}")
+        if self.lookup_alone and not self.lookup_trim:
+            raise ValueError("tree: lookup_alone=True needs lookup_trim=True (chain-alone steps are part of the "
+                             f"trimmed-chain rule), got {self}")
 
 
 CPU_TREE = TreeConfig(3, 2, 4, lookup=8, lookup_ngram=4, lookup_trim=True, lookup_alone=True)
@@ -90,35 +117,28 @@ CPU_BATCH_SAMPLING_TREE = TreeConfig(1, 1, 2)
 
 
 def default_tree(device, batch_size: int = 1, sampling: bool = False) -> TreeConfig:
-    """The tree shape the decoder, CLI and benchmarks use when none is given, by device type
-    and (CPU) batch size, and for a CPU batch whether every request samples (``sampling``, the
-    decoder passes it when it has a head).
+    """The tree shape the decoder, CLI and benchmarks use when none is given.
 
-    A GPU verifies 60 tree nodes of a small target in about the time of one token, so the
-    EAGLE-2 default shape applies. A CPU does not: at a handful of rows a linear layer is a
-    stream over the weights, but each further row costs compute, so the verify pass grows with
-    the tree and small trees win. A lookup chain trimmed by its match length (``lookup_trim``)
-    adds accepted tokens on text that repeats itself and costs little where nothing matched.
-    Measured on a 2-core AVX-512 CPU with SmolLM2-135M and the shipped EAGLE-3 head, decode time
-    per token against plain decoding at T = 0, code / prose, 6 held-out prompts x 48 tokens, 2
-    threads, one process: (3, 2, 4) + lookup 4 1.93x / 2.12x; (3, 2, 4) + trimmed lookup 8
-    (ngram 4) 2.01-2.03x / 2.22-2.23x; (2, 2, 3) + the same chain 2.09x / 2.20x; trimmed lookup
-    16 (ngram 6) 2.04x / 2.08x (differences under about 10% are within this VM's run-to-run
-    noise). On chat prompts the trimmed chain ran at 1.55x / 1.14x against 1.27x / 0.89x for the
-    untrimmed 4-token chain (README).
+    A GPU verifies the 60 nodes of the EAGLE-2 default (``TreeConfig()``) in about the time of
+    one token. On a CPU every further verify row costs compute, so the trees are small and a
+    lookup chain trimmed by its match length adds tokens on text that repeats itself: at
+    batch 1 ``CPU_TREE``; from 2 requests on, when every request pays for its own rows, one
+    head draft and a shorter chain (``CPU_BATCH_TREE``), and no chain when every request
+    samples (``CPU_BATCH_SAMPLING_TREE``: a sampled chain is rarely accepted). The measurements
+    behind each choice: docs/decoding.md ("Default trees").
 
-    A CPU batch pays for every request's rows, and a plain step of B requests is already B
-    rows: from 2 requests on, one head draft and a trimmed lookup chain of up to 4
-    (``CPU_BATCH_TREE``). Same setup, 8 held-out prompts x 48 tokens, 3 rounds, decode time per
-    token against plain decoding of the same batch: batch 2 1.38x / 1.36x (the batch-1 tree
-    1.33x / 1.24x), batch 4 1.15x / 1.26x (the batch-1 tree 0.92x / 0.97x).
+    Parameters
+    ----------
+    device : torch.device or str
+        The target's device; only its type counts.
+    batch_size : int
+        Requests decoded together (CPU only).
+    sampling : bool
+        Whether every request samples (temperature > 0; CPU batches only).
 
-    A sampled lookup chain is accepted token by token with the target's probability of it, so
-    at T > 0 it rarely pays for its rows, and a CPU batch pays for every row: a batch whose
-    requests all sample gets the head draft alone (``CPU_BATCH_SAMPLING_TREE``). Batch 4, T = 1,
-    8 prompts x 48 tokens, 2 rounds: 0.97x / 1.03x plain against 0.88x / 0.85x with the chain.
-    At batch 1 the chain still pays at T = 1 on code (1.31x against 1.15x without it; prose 1.10x
-    against 1.16x, within noise), so the batch-1 tree keeps it.
+    Returns
+    -------
+    TreeConfig
     """
     if torch.device(device).type == "cpu":
         if batch_size <= 1:
@@ -127,173 +147,30 @@ def default_tree(device, batch_size: int = 1, sampling: bool = False) -> TreeCon
     return TreeConfig()
 
 
-def lookup_search(history: torch.Tensor, length: torch.Tensor, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where prompt lookup continues each request's context: the longest suffix of at most
-    ``ngram`` tokens that occurred earlier with at least one token after it, its most recent
-    such occurrence, on the device with static shapes.
-
-    One pass over every candidate end position: token ``i`` back from the end of the suffix is
-    compared at every position at once, and a running product of the matches along ``i`` gives
-    each position's match length.
-
-    Shapes
-    ------
-    history int64 [B, C] (context ``history[b, :length[b]]``); length int64 [B];
-    returns start int64 [B] (index in ``history`` of the token after the occurrence; -1 when even
-    the context's last token never occurred before) and matched int64 [B] (the suffix length
-    found, 0 ... ngram).
-    """
-    B, C = history.shape
-    device = history.device
-    last = length[:, None] - 1  # [B, 1] index of the context's last token
-    back = torch.arange(max(1, min(ngram, C - 1)), device=device)  # [n]: i tokens back from an end
-    ends = torch.arange(C, device=device)  # [C]: candidate end positions of an earlier occurrence
-    earlier = history[:, (ends[None] - back[:, None]).clamp(min=0)]  # [B, n, C]
-    suffix = torch.gather(history, 1, (last - back[None]).clamp(min=0))  # [B, n]
-    exists = ((ends[None] >= back[:, None])[None] & (last >= back[None])[..., None])  # both indices >= 0
-    runs = ((earlier == suffix[..., None]) & exists).to(torch.int64).cumprod(1)  # [B, n, C]
-    # An occurrence must end before the last token, so that a continuation exists.
-    matched = torch.where(ends[None] < last, runs.sum(1), 0)  # [B, C]
-    best = (matched * C + ends[None]).argmax(1, keepdim=True)  # longest, then most recent
-    found = torch.gather(matched, 1, best)[:, 0]
-    return torch.where(found > 0, best[:, 0] + 1, -1), found
-
-
-def chain_tokens(history: torch.Tensor, length: torch.Tensor, start: torch.Tensor, chain: int) -> torch.Tensor:
-    """``chain`` tokens of ``history`` from ``start`` (see :func:`lookup_search`). Positions past
-    the end of the context, and every position of a request without an occurrence (start -1),
-    hold arbitrary tokens of the context (filler: verify accepts a draft token only where the
-    target agrees, so filler costs a row, never exactness).
-
-    Shapes
-    ------
-    history int64 [B, C]; length int64 [B]; start int64 [B]; returns int64 [B, chain].
-    """
-    index = start[:, None] + torch.arange(chain, device=history.device)
-    index = torch.minimum(index, length[:, None] - 1).clamp(min=0)
-    return torch.gather(history, 1, index)
-
-
-def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain: int) -> torch.Tensor:
-    """Prompt-lookup drafts: for each request, the ``chain`` tokens that followed the most
-    recent earlier occurrence of the last ``n`` tokens of its context, for the largest
-    ``n <= ngram`` that occurred before (:func:`lookup_search`, then :func:`chain_tokens`).
-
-    Shapes
-    ------
-    history int64 [B, C] (context ``history[b, :length[b]]``); length int64 [B];
-    returns int64 [B, chain].
-    """
-    start, _ = lookup_search(history, length, ngram)
-    return chain_tokens(history, length, start, chain)
-
-
-def step_shapes_may_change(device: torch.device) -> bool:
-    """Whether a decoding step may size its tensors from values it computed (a host read):
-    on a CPU the read is free and fewer rows are less arithmetic; elsewhere steps keep static
-    shapes and never synchronise (one CUDA graph replayed)."""
-    return device.type == "cpu"
-
-
-def trimmed_chain_lengths(tree: "TreeConfig", matched: torch.Tensor) -> torch.Tensor:
-    """Chain tokens worth verifying after suffix matches of ``matched`` tokens (the
-    ``lookup_trim`` rule of :class:`TreeConfig`), per request: int64 [B] -> int64 [B]."""
-    quarter, half = max(1, tree.lookup // 4), max(1, tree.lookup // 2)
-    by_match = torch.where(matched < tree.lookup_ngram, half, tree.lookup)
-    return torch.where(matched <= 0, 0, torch.where(matched == 1, quarter, by_match))
-
-
-def pad_chains(tree: Tree, first_chain_node: int, chain_lengths: torch.Tensor) -> Tree:
-    """``tree`` whose chain nodes past each request's own chain length (``chain_lengths`` int64
-    [B]; chain node ``i`` is node ``first_chain_node + i``) are made unreachable: each becomes a
-    copy of node 1 (a child of the root, as node 1 always is) placed after it, which verify
-    never accepts (greedy: it takes the first child with the token; sampling: the copy's token
-    has probability 0 once node 1 is rejected). Their rows are then padding the target need not
-    compute. Node 1 itself must not be such a node (``first_chain_node >= 2``, or a chain
-    length of at least 1)."""
-    B, total = tree.tokens.shape
-    chain_ids = torch.arange(total - first_chain_node, device=tree.tokens.device)
-    padding = torch.cat([torch.zeros(B, first_chain_node, dtype=torch.bool, device=chain_ids.device),
-                         chain_ids[None] >= chain_lengths[:, None]], 1)  # [B, total]
-    node_ids = torch.arange(total, device=chain_ids.device)
-    own_bits = _pack_bits(node_ids[:, None] == node_ids[None])  # [total, W]: each node's own bit
-    copy_mask = own_bits[None] | own_bits[0][None, None]  # the root's bit and the node's
-    return Tree(torch.where(padding, tree.tokens[:, 1:2], tree.tokens),
-                torch.where(padding, 0, tree.parents).to(torch.int32),
-                torch.where(padding, 1, tree.depths).to(torch.int32),
-                torch.where(padding[..., None], copy_mask, tree.mask))
-
-
-def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
-    """The verify tree ``tree`` plus the draft chain ``chain`` below its root, as nodes
-    ``N .. N + L - 1``. Chain token ``i`` hangs under the tree node that spells ``chain[:i]``
-    when the tree has one (so the chain continues the tree's branch instead of competing with
-    it), else under chain node ``i - 1``. A chain node that repeats an existing child of its
-    parent comes after it in node order: verify reaches the tree's node first and never the
-    copy (greedy), or rejects the copy after rejecting the original (sampling, p(x) = 0 then).
-
-    Shapes
-    ------
-    tree: tokens int64 [B, N], parents int32 [B, N], depths int32 [B, N], mask int64 [B, N, W];
-    chain int64 [B, L]; returns a Tree with N + L nodes and mask width ceil((N + L) / 64).
-    """
-    B, N = tree.tokens.shape
-    L = chain.shape[1]
-    device = chain.device
-    total, words = N + L, mask_words(N + L)
-    node_ids = torch.arange(N, device=device)
-    chain_ids = torch.arange(L, device=device)
-    depths, parents = tree.depths.long(), tree.parents.long()
-    # Walking down from the root, the chain follows the first child (in node order) whose token
-    # is its next token. A node is such a step when its token is the chain's token at its depth
-    # and no earlier sibling carries the same token.
-    shadowed = ((parents[:, :, None] == parents[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
-                & (node_ids[None, :] < node_ids[:, None])[None]).any(-1)  # [B, N]
-    at_depth = torch.gather(chain, 1, (depths - 1).clamp(0, L - 1))
-    steps = ((tree.tokens == at_depth) & (depths >= 1) & (depths < L) & ~shadowed) | (node_ids == 0)[None]
-    # A node spells chain[:depth] when every node on its path is a step: none of its ancestor
-    # bits belongs to a node that is not. matched[:, i]: the node spelling chain[:i], or -1; it
-    # exists for i = 0 (the root), 1, ..., p and for no i after p.
-    spells = ((tree.mask & _pack_bits(~steps)[:, None, :]) == 0).all(-1)  # [B, N]
-    hit = spells[:, :, None] & (depths[:, :, None] == chain_ids[None, None, :])  # [B, N, L]
-    matched = torch.where(hit, node_ids[None, :, None], N).amin(1)  # [B, L]
-    matched = torch.where(matched < N, matched, -1)
-    chain_parents = torch.where(matched >= 0, matched, N + chain_ids - 1)
-    # Chain node i hangs below the tree path of node matched[m], m = min(i, p), through chain
-    # nodes m ... i - 1: its mask row is that node's row plus the bits of chain nodes m ... i.
-    m = torch.minimum(chain_ids[None], (matched >= 0).sum(1, keepdim=True) - 1)  # [B, L]
-    anchor = torch.gather(matched, 1, m)
-    rows = torch.gather(tree.mask, 1, anchor[..., None].expand(-1, -1, tree.mask.shape[2]))
-    columns = torch.arange(total, device=device)
-    own = (columns[None, None] >= (N + m)[..., None]) & (columns[None, None] <= (N + chain_ids)[None, :, None])
-    mask = torch.zeros(B, total, words, dtype=torch.int64, device=device)
-    mask[:, :N, : tree.mask.shape[2]] = tree.mask
-    mask[:, N:, : tree.mask.shape[2]] = rows
-    mask[:, N:] |= _pack_bits(own)
-    chain_depths = (chain_ids + 1).to(torch.int32).expand(B, L)
-    return Tree(torch.cat([tree.tokens, chain], 1), torch.cat([tree.parents, chain_parents.to(torch.int32)], 1),
-                torch.cat([tree.depths, chain_depths], 1), mask)
-
-
-def _pack_bits(flags: torch.Tensor) -> torch.Tensor:
-    """bool [..., n] -> int64 [..., ceil(n / 64)]: bit j % 64 of word j // 64 set for flags[j]
-    (a sum of distinct powers of two is their OR; bit 63 wraps to the sign bit)."""
-    n = flags.shape[-1]
-    padded = torch.nn.functional.pad(flags, (0, mask_words(n) * 64 - n)).to(torch.int64)
-    shifts = torch.arange(64, device=flags.device)
-    return (padded.view(*flags.shape[:-1], -1, 64) << shifts).sum(-1)
-
-
 @dataclass
 class GenerationResult:
-    """sequences: generated token ids per request (prompt excluded); tau: tokens per step per
-    request (bonus token included); steps: decoding steps per request; timings: seconds and
-    tokens per second."""
+    """What :meth:`SpeculativeDecoder.generate` returns.
+
+    Attributes
+    ----------
+    sequences : list of list of int
+        Generated token ids per request (prompt excluded), at most ``max_new_tokens`` each.
+    tau : list of float
+        Tokens per decoding step per request, bonus token included (the prefill's first token
+        is not counted).
+    steps : list of int
+        Decoding steps per request.
+    timings : dict
+        ``prefill_s``, ``decode_s``, ``total_s`` (seconds), ``tokens``, ``tokens_per_s``.
+    tree : TreeConfig or None
+        The tree shape of the call (None for plain decoding).
+    """
 
     sequences: list
     tau: list
     steps: list
     timings: dict = field(default_factory=dict)
+    tree: TreeConfig | None = None
 
 
 def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
@@ -306,9 +183,12 @@ def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
 
 @dataclass
 class _State:
-    """Everything a step reads and writes, all on the device. Steps update these tensors in
-    place and never rebind them: a captured CUDA graph replays against their addresses."""
+    """One call's decoding state: its tree shape and every tensor a step reads and writes, all
+    on the device. Steps update these tensors in place and never rebind them: a captured CUDA
+    graph replays against their addresses."""
 
+    tree: TreeConfig
+    max_depth: int  # deepest verify-tree node (0: plain decoding)
     target_cache: KVCache
     head_cache: KVCache | None
     root: torch.Tensor  # int64 [B] last committed token (KV not cached yet)
@@ -325,40 +205,102 @@ class _State:
     prompt_len: torch.Tensor | None = None  # int64 [B]
 
 
+class _Lookup(NamedTuple):
+    """One step's suffix search (:func:`eagle_kernels.lookup.lookup_search`), int64 [B] each."""
+
+    context: torch.Tensor  # context length
+    start: torch.Tensor  # where the chain starts in the history (-1: no match)
+    matched: torch.Tensor  # suffix length matched
+
+
+class _HeadDraft:
+    """The draft function of :func:`~eagle_kernels.expansion.expand_tree` for an EAGLE head.
+
+    Step 0 drafts from the head's output at the root. Step ``s >= 1`` runs the head over the
+    ``k`` frontier nodes at depth ``s``, fed their parents' outputs, with tree attention over
+    the head's cache and the frontier's ancestors: frontier node ``m`` of step ``s`` writes its
+    K/V to draft slot ``(s - 1) * k + m`` of the cache, and its mask row is its parent's row
+    plus its own bit.
+    """
+
+    def __init__(self, head: EagleHead, root_hidden: torch.Tensor, cache: KVCache, tree: TreeConfig):
+        B, k, device = root_hidden.shape[0], tree.top_k, root_hidden.device
+        self.head, self.cache, self.k = head, cache, k
+        self.hidden = root_hidden[:, None]  # [B, M, H]: the head's outputs of the previous step
+        self.slot_masks = torch.zeros(B, tree.depth * k, mask_words(tree.depth * k), dtype=torch.int64, device=device)
+        # The root's pair sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d
+        # (the position training-time test trains the head on).
+        self.base_positions = cache.seqlens[:, None].long()
+
+    def __call__(self, step: int, tokens: torch.Tensor, parent_row: torch.Tensor, cand_index: torch.Tensor):
+        if step > 0:
+            k, H, words = self.k, self.hidden.shape[-1], self.slot_masks.shape[-1]
+            feature = torch.gather(self.hidden, 1, parent_row[..., None].expand(-1, -1, H))
+            own = (step - 1) * k + torch.arange(k, device=tokens.device)  # this frontier's slots
+            if step == 1:  # children of the root: no ancestor slots
+                rows = torch.zeros(tokens.shape[0], k, words, dtype=torch.int64, device=tokens.device)
+            else:
+                parent_slots = (step - 2) * k + parent_row
+                rows = torch.gather(self.slot_masks, 1, parent_slots[..., None].expand(-1, -1, words))
+            rows[:, torch.arange(k, device=tokens.device), own // 64] |= torch.ones_like(own) << (own % 64)
+            self.slot_masks[:, own] = rows
+            self.hidden = self.head(tokens, feature, self.cache, positions=self.base_positions + (step - 1),
+                                    tree_mask=self.slot_masks[:, : step * k], slot_offset=(step - 1) * k)
+        return self.head.logits(self.hidden)
+
+
+def _root_tree(root: torch.Tensor) -> Tree:
+    """The one-node tree of the roots ``root`` int64 [B], which a step without the head's
+    expansion grafts its lookup chain onto."""
+    B, device = root.shape[0], root.device
+    return Tree(root[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=device),
+                torch.zeros(B, 1, dtype=torch.int32, device=device),
+                torch.ones(B, 1, 1, dtype=torch.int64, device=device))
+
+
 class SpeculativeDecoder:
     """EAGLE-style speculative decoder over a :class:`LlamaModel` target and an
-    :class:`EagleHead` draft head.
+    :class:`EagleHead` draft head. The loop is described in docs/decoding.md.
 
     Parameters
     ----------
-    target, head, tree
-        The target model, the draft head and the EAGLE-2 tree shape (None: each call's
-        :func:`default_tree` for the target's device, the call's batch size and, with a head,
-        whether every request samples). ``speculative=True``
-        needs a head, a lookup chain (``tree.lookup > 0``) or both; without a head the tree is
-        the root and the lookup chain (prompt-lookup decoding).
-    sync_every
+    target : LlamaModel
+        The model whose output is reproduced (greedy) or sampled from (T > 0).
+    head : EagleHead or None
+        The draft head. None: the draft is the lookup chain alone (prompt-lookup decoding), or
+        plain decoding only.
+    tree : TreeConfig or None
+        The draft shape of every call. None (default): each call's :func:`default_tree` for
+        the target's device, the call's batch size and, with a head, whether every request
+        samples (the call's :attr:`GenerationResult.tree` says which).
+    sync_every : int or None
         The host reads the ``done`` flags (and calls ``on_sync``) every ``sync_every`` steps.
-        None (default): every step on CPU, where the flags are host memory and reading them
-        costs nothing, so a batch stops at the step that finishes it; every 4 steps on a GPU,
-        where each read waits for the device (up to 3 steps past the end are then computed
-        and dropped).
-    cuda_graph
-        On CUDA, each :meth:`generate` call runs its first decoding step eagerly on a side
-        stream (a real step, which also compiles the Triton kernels and sets up cuBLAS for that
-        stream), captures the second step once into one ``torch.cuda.CUDAGraph`` on that stream
-        and replays the graph for the second and every later step: one graph launch per step
-        instead of one launch per kernel. Outputs are identical to eager steps. Ignored on CPU, and when
-        ``EAGLE_KERNELS_CHECK_VALUES=1`` makes the ops read values on the host (those checks
-        cannot be captured; the steps then run eagerly).
+        None (default): the policy's cadence, every step under the fitted (CPU) policy, where
+        the flags are host memory and a batch then stops at the step that finishes it; every 4
+        steps under the static (GPU) policy, where each read waits for the device (up to 3
+        steps past the end are then computed and dropped).
+    cuda_graph : bool
+        On CUDA, under the static policy, each :meth:`generate` call runs its first decoding
+        step eagerly on a side stream (a real step, which also compiles the Triton kernels and
+        sets up cuBLAS for that stream), captures the second step once into one
+        ``torch.cuda.CUDAGraph`` on that stream and replays the graph for the second and every
+        later step: one graph launch per step instead of one launch per kernel. Outputs are
+        identical to eager steps. Ignored on CPU, and when ``EAGLE_KERNELS_CHECK_VALUES=1``
+        makes the ops read values on the host (those checks cannot be captured; the steps then
+        run eagerly).
+    policy : StepPolicy or None
+        Who decides host reads and data-dependent shapes (:mod:`eagle_kernels.policy`). None
+        (default): :func:`~eagle_kernels.policy.policy_for` the target's device, fitted on a
+        CPU and static elsewhere. Both give the same tokens; a fitted policy on a GPU runs
+        without CUDA graphs.
     """
 
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig | None = None,
-                 sync_every: int | None = None, cuda_graph: bool = True):
+                 sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None):
         self.target = target
         self.head = head
-        self.fixed_tree = tree
-        self.tree = tree or default_tree(target.device)  # the tree of the latest call
+        self.tree = tree
+        self.policy = policy or policy_for(target.device)
         self.sync_every = None if sync_every is None else max(1, sync_every)
         self.cuda_graph = cuda_graph
 
@@ -366,18 +308,58 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0, seed=0,
                  eos_token_id=None, speculative: bool = True, on_sync=None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` per prompt (lists of token ids, ragged allowed).
-        Sampling parameters are scalars or one value per request. ``on_sync(tokens, lengths)``
-        is called at each host synchronisation point (every ``sync_every`` steps) with the
-        int64 [B, W] token buffer and int64 [B] lengths, e.g. to stream text."""
-        all_sample = self.head is not None and bool(
-            (_per_request(temperature, len(prompts), torch.float32, "cpu") > 0).all())
-        self.tree = self.fixed_tree or default_tree(self.target.device, len(prompts), sampling=all_sample)
-        if speculative and self.head is None and not self.tree.lookup:
+        """Generate up to ``max_new_tokens`` tokens for each prompt, all prompts as one batch.
+
+        Greedy requests (temperature 0) get token for token the output of plain greedy
+        decoding; sampled requests get exactly the distribution of plain sampling from the
+        target's filtered distribution (the guarantee of ``eagle_kernels.verify``).
+
+        Parameters
+        ----------
+        prompts : list of list of int
+            Token ids, one list per request (``B`` requests; lengths may differ, each >= 1).
+        max_new_tokens : int
+            Tokens to generate per request, the prefill's first token included.
+        temperature : float, sequence of float or tensor, default 0.0
+            Per request, or one value for all (likewise ``top_k``, ``top_p``, ``seed``): 0 is
+            greedy, > 0 samples from ``softmax(logits / temperature)``.
+        top_k : int, sequence of int or tensor, default 0
+            Sample only among the ``top_k`` most likely tokens (0: off).
+        top_p : float, sequence of float or tensor, default 1.0
+            Sample only among the most likely tokens holding ``top_p`` of the mass (1.0: off).
+        seed : int, sequence of int or tensor, default 0
+            Key of the request's counter-based random stream: the same seed gives the same
+            tokens in any batch.
+        eos_token_id : int or None, default None
+            A request stops after emitting this token (which ends its sequence).
+        speculative : bool, default True
+            False: plain decoding, one token per step through the same loop, filters and
+            random stream.
+        on_sync : callable or None, default None
+            ``on_sync(tokens, lengths)`` at each host synchronisation (every ``sync_every``
+            steps), with the int64 [B, W] output buffer and the int64 [B] valid lengths, e.g.
+            to stream text. Both are the decoder's live buffers: read them, do not keep them.
+
+        Returns
+        -------
+        GenerationResult
+            ``sequences`` (prompt excluded), ``tau``, ``steps``, ``timings`` and the call's
+            ``tree``.
+
+        Raises
+        ------
+        ValueError
+            ``speculative=True`` with neither a draft head nor a lookup chain
+            (``tree.lookup == 0``); a prompt without tokens; sampling parameters the ops
+            reject (their message names the tensor).
+        """
+        tree = self._call_tree(len(prompts), temperature)
+        if speculative and self.head is None and not tree.lookup:
             raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
                              "(TreeConfig.lookup > 0), or speculative=False")
         start = time.perf_counter()
-        state = self._prefill(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
+        state = self._prefill(prompts, tree, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                              speculative)
         prefill_done = time.perf_counter()
         step = self._speculative_step if speculative else self._plain_step
         graph = self._run_steps(state, step, max_new_tokens, on_sync)
@@ -392,7 +374,15 @@ class SpeculativeDecoder:
         generated = sum(lengths)
         return GenerationResult(sequences, tau, steps, {
             "prefill_s": prefill_done - start, "decode_s": end - prefill_done, "total_s": end - start,
-            "tokens": generated, "tokens_per_s": generated / (end - start)})
+            "tokens": generated, "tokens_per_s": generated / (end - start)}, tree if speculative else None)
+
+
+    def _call_tree(self, batch: int, temperature) -> TreeConfig:
+        """The tree of a call: the decoder's, else the device's default for this call."""
+        if self.tree is not None:
+            return self.tree
+        all_sample = self.head is not None and bool((_per_request(temperature, batch, torch.float32, "cpu") > 0).all())
+        return default_tree(self.target.device, batch, sampling=all_sample)
 
     def _run_steps(self, state: _State, step, max_steps: int, on_sync):
         """Up to ``max_steps`` decoding steps; the host reads ``state.done`` (and calls
@@ -401,7 +391,7 @@ class SpeculativeDecoder:
         steps 2, 3, ... are replays. Returns the graph (None when every step ran eagerly)."""
         device = state.out.device
         graphed = self._graphs_enabled(device)
-        sync_every = self.sync_every or (1 if device.type == "cpu" else 4)
+        sync_every = self.sync_every or self.policy.sync_every
         stream = torch.cuda.Stream(device) if graphed else None
         graph = None
         for index in range(max_steps):
@@ -432,10 +422,10 @@ class SpeculativeDecoder:
         return graph
 
     def _graphs_enabled(self, device: torch.device) -> bool:
-        return self.cuda_graph and device.type == "cuda" and not values_checked(device)
+        return self.cuda_graph and self.policy.capturable and device.type == "cuda" and not values_checked(device)
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, prompts, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
+    def _prefill(self, prompts, tree, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
         device = self.target.device
         B = len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
@@ -445,8 +435,9 @@ class SpeculativeDecoder:
         tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
         for b, prompt in enumerate(prompts):
             tokens[b, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
-        depth = self._max_depth() if speculative else 0
-        capacity = width + max_new + self.tree.verify_nodes + depth + 2
+        # Deepest verify-tree node: the EAGLE tree's with a head, the lookup chain's without.
+        depth = (tree.max_depth if self.head is not None else tree.lookup) if speculative else 0
+        capacity = width + max_new + tree.verify_nodes + depth + 2
         target_cache = self.target.new_cache(B, capacity)
         layers = self.head.config.feature_layers if (speculative and self.head) else ()
         last = (lengths - 1)[:, None]
@@ -464,7 +455,7 @@ class SpeculativeDecoder:
             # Pair i = (token i + 1, feature i); the last pair carries the first generated token.
             next_tokens = torch.cat([tokens[:, 1:], tokens.new_zeros(B, 1)], dim=1)
             next_tokens.scatter_(1, last, first[:, None])
-            head_cache = self.head.new_cache(B, capacity + self.tree.depth * self.tree.top_k)
+            head_cache = self.head.new_cache(B, capacity + tree.depth * tree.top_k)
             hidden = self.head(next_tokens, self.head.target_features(out), head_cache)
             root_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
             head_cache.seqlens.copy_(lengths.to(torch.int32))
@@ -475,11 +466,11 @@ class SpeculativeDecoder:
         if eos is not None:
             done |= first == eos
         history = None
-        if speculative and self.tree.lookup:
+        if speculative and tree.lookup:
             history = torch.zeros(B, width + out_buf.shape[1], dtype=torch.int64, device=device)
             history[:, :width] = tokens
             history.scatter_(1, lengths[:, None], first[:, None])
-        return _State(target_cache, head_cache, first, root_hidden, out_buf,
+        return _State(tree, depth, target_cache, head_cache, first, root_hidden, out_buf,
                       torch.ones(B, dtype=torch.int64, device=device), torch.zeros(B, dtype=torch.int64, device=device),
                       done, offset + 1, sampling, max_new, eos, history, lengths)
 
@@ -501,129 +492,65 @@ class SpeculativeDecoder:
         self._emit(state, token[:, None], torch.zeros_like(state.out_len), active)
 
     def _speculative_step(self, state: _State) -> None:
-        tree_cfg, head = self.tree, self.head
-        fitted = step_shapes_may_change(state.root.device)
-        own_chain = None  # per-request chain lengths, when they differ within the batch
-        chain_alone = False
-        if tree_cfg.lookup:
-            context = state.prompt_len + state.out_len
-            start, matched = lookup_search(state.history, context, tree_cfg.lookup_ngram)
-            chain_alone = (tree_cfg.lookup_alone and tree_cfg.lookup_trim and fitted
-                           and bool((matched >= tree_cfg.lookup_ngram).all()))
-        tree = self._expand(state) if head is not None and not chain_alone else self._root_tree(state)
-        if tree_cfg.lookup:
-            chain = tree_cfg.lookup
-            if tree_cfg.lookup_trim and fitted:
-                own_chain = trimmed_chain_lengths(tree_cfg, matched)
-                chain = int(own_chain.max())
-            nodes = tree.tokens.shape[1]
-            if own_chain is not None and chain and nodes == 1:
-                own_chain = own_chain.clamp(min=1)  # node 1 is the chain's first: a row (see pad_chains)
-            if chain:
-                tree = graft_chain(tree, chain_tokens(state.history, context, start, chain))
-                if own_chain is not None and bool((own_chain < chain).any()):
-                    tree = pad_chains(tree, nodes, own_chain)
-                else:
-                    own_chain = None
-        row_counts = None
-        if fitted and tree.tokens.shape[0] > 1:
-            # A batch computes each request's own rows only: its tree and own chain, and just the
-            # root for a finished request (whose results are dropped).
-            total = tree.tokens.shape[1]
-            counts = torch.full_like(state.out_len, total)
-            if own_chain is not None:
-                counts = counts - (chain - own_chain)
-            counts = torch.where(state.done, 1, counts)
-            if bool((counts < total).any()):
-                row_counts = counts
-        cache = state.target_cache
+        """One step: expand → graft → target pass → verify → compact → commit → emit. The policy
+        makes every host read and data-dependent shape decision (docs/decoding.md)."""
+        policy, head, cache = self.policy, self.head, state.target_cache
+        lookup = self._lookup(state)
+        alone = lookup is not None and policy.chain_alone(state.tree, lookup.matched)
+        tree = self._expand(state) if head is not None and not alone else _root_tree(state.root)
+        tree, chains = self._graft(state, tree, lookup)
+        rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
         positions = cache.seqlens[:, None].long() + tree.depths.long()
-        out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=row_counts,
+        out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
-        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=self._max_depth(),
-                            offset=state.offset, **state.sampling)
+        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
+                            **state.sampling)
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
-
-        last = result.accept_len.long()
         if head is not None:
-            # Commit the accepted path to the head: pair j = (emitted token j, target feature at
-            # path node j), recomputed with the target's true features.
-            path, emitted = result.accept_nodes.clamp(min=0).long(), result.out_tokens.clamp(min=0)
-            if fitted:
-                # Only the batch's longest accepted path (rows past a request's own end are
-                # overwritten later, as in the full width), not all max_depth + 1 slots.
-                width = int(result.accept_len.max()) + 1
-                path, emitted = path[:, :width], emitted[:, :width]
-            hidden = head(emitted, head.target_features(out, rows=path), state.head_cache)
-            state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
-
+            self._commit_head(state, out, result, policy.commit_width(result.accept_len))
         active = ~state.done
         advance = (result.accept_len + 1) * active.to(torch.int32)
         cache.seqlens += advance
         if head is not None:
             state.head_cache.seqlens += advance
-        self._emit(state, result.out_tokens, last, active)
+        self._emit(state, result.out_tokens, result.accept_len.long(), active)
 
-    def _max_depth(self) -> int:
-        """Deepest verify-tree node: the EAGLE tree's with a head, the lookup chain's without."""
-        return self.tree.max_depth if self.head is not None else self.tree.lookup
+    def _lookup(self, state: _State) -> _Lookup | None:
+        """Where each request's lookup chain starts this step (None without a chain)."""
+        if not state.tree.lookup:
+            return None
+        context = state.prompt_len + state.out_len
+        return _Lookup(context, *lookup_search(state.history, context, state.tree.lookup_ngram))
 
-    @staticmethod
-    def _root_tree(state: _State) -> Tree:
-        """The one-node tree of the root, which a head-less decoder grafts its lookup chain onto."""
-        B, device = state.root.shape[0], state.root.device
-        return Tree(state.root[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=device),
-                    torch.zeros(B, 1, dtype=torch.int32, device=device),
-                    torch.ones(B, 1, 1, dtype=torch.int64, device=device))
+    def _expand(self, state: _State) -> Tree:
+        """The head's EAGLE-2 draft tree for this step's roots."""
+        tree = state.tree
+        draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree)
+        return expand_tree(draft, state.root, depth=tree.depth, top_k=tree.top_k, num_nodes=tree.num_nodes,
+                           d2t=self.head.d2t).tree
 
-    def _expand(self, state: _State):
-        """EAGLE-2 expansion from the root: ``depth`` draft_expand calls, ``depth - 1`` head
-        passes over the frontier (tree attention over the head's cache plus the frontier's
-        ancestors), then build_tree."""
-        head, cfg = self.head, self.tree
-        B, k = state.root.shape[0], cfg.top_k
-        device = state.root.device
-        slots_total = cfg.depth * k
-        words = mask_words(slots_total)
-        slot_masks = torch.zeros(B, slots_total, words, dtype=torch.int64, device=device)
-        cache = state.head_cache
-        base_positions = cache.seqlens[:, None].long()
+    def _graft(self, state: _State, tree: Tree, lookup: _Lookup | None) -> tuple[Tree, ChainPlan]:
+        """``tree`` with this step's lookup chain below its root, as long as the policy plans
+        (chain nodes past a request's own length padded), and that plan."""
+        if lookup is None:
+            return tree, ChainPlan(0)
+        nodes = tree.tokens.shape[1]
+        chains = self.policy.chain_plan(state.tree, lookup.matched, nodes)
+        if chains.length:
+            tree = graft_chain(tree, chain_tokens(state.history, lookup.context, lookup.start, chains.length))
+            if chains.own is not None:
+                tree = pad_chains(tree, nodes, chains.own)
+        return tree, chains
 
-        logits = head.logits(state.root_hidden[:, None])
-        cand = ops.draft_expand(logits, torch.zeros(B, 1, device=device), k, d2t=head.d2t)
-        hist_tokens, hist_scores = [cand.tokens], [cand.scores]
-        hist_parents = [torch.full((B, k), -1, dtype=torch.int32, device=device)]
-        chunk_start, parent_hidden = 0, state.root_hidden[:, None].expand(B, k, -1)
-        parent_slots = None  # slot index of each frontier node's parent (None: the root)
-        for depth in range(1, cfg.depth):
-            frontier = cand.frontier.long()  # [B, k] indices into this depth's candidates
-            tokens = torch.gather(cand.tokens, 1, frontier)
-            feature = torch.gather(parent_hidden, 1, (frontier // k)[..., None].expand(-1, -1, parent_hidden.shape[-1])) \
-                if depth > 1 else parent_hidden
-            # Slots of this depth's frontier: (depth - 1) * k + m; rows = parent row | own bit.
-            own = (depth - 1) * k + torch.arange(k, device=device)
-            rows = torch.zeros(B, k, words, dtype=torch.int64, device=device)
-            if parent_slots is not None:
-                rows = torch.gather(slot_masks, 1, torch.gather(parent_slots, 1, frontier // k)[..., None].expand(-1, -1, words))
-            bit = torch.ones_like(own).bitwise_left_shift(own % 64)
-            rows[:, torch.arange(k, device=device), own // 64] |= bit
-            slot_masks[:, own] = rows
-            # The root's pair sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d
-            # (the position training-time test trains the head on).
-            hidden = head(tokens, feature, cache, positions=base_positions + (depth - 1),
-                          tree_mask=slot_masks[:, : depth * k], slot_offset=(depth - 1) * k)
-            global_frontier = chunk_start + frontier
-            chunk_start += cand.tokens.shape[1]
-            scores = torch.gather(cand.scores, 1, frontier)
-            cand = ops.draft_expand(head.logits(hidden), scores, k, d2t=head.d2t)
-            hist_tokens.append(cand.tokens)
-            hist_scores.append(cand.scores)
-            # Each frontier node parents k candidates (an expand: older torch versions size an
-            # int repeat_interleave's output on the host).
-            hist_parents.append(global_frontier[..., None].expand(-1, -1, k).reshape(B, k * k).to(torch.int32))
-            parent_hidden, parent_slots = hidden, own[None].expand(B, k)
-        return ops.build_tree(state.root, torch.cat(hist_tokens, 1), torch.cat(hist_scores, 1),
-                              torch.cat(hist_parents, 1), cfg.num_nodes)
+    def _commit_head(self, state: _State, out, result, width: int | None) -> None:
+        """Feed the accepted path to the head: pair j = (emitted token j, target feature at path
+        node j), recomputed with the target's true features, over the first ``width`` path
+        slots (None: all); the output at the last accepted pair drafts the next step."""
+        head = self.head
+        path, emitted = result.accept_nodes.clamp(min=0).long()[:, :width], result.out_tokens.clamp(min=0)[:, :width]
+        hidden = head(emitted, head.target_features(out, rows=path), state.head_cache)
+        last = result.accept_len.long()[:, None, None].expand(-1, 1, hidden.shape[-1])
+        state.root_hidden.copy_(torch.gather(hidden, 1, last)[:, 0])
 
     # ------------------------------------------------------------------ output
     def _emit(self, state: _State, tokens: torch.Tensor, last: torch.Tensor, active: torch.Tensor) -> None:

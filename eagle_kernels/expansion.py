@@ -7,6 +7,8 @@ history form the verify tree. Every step is one ``eagle_kernels.draft_expand`` c
 end is one ``eagle_kernels.build_tree`` call; all shapes are static and nothing reads tensor
 values on the host, so the loop can run under CUDA graphs (with
 ``EAGLE_KERNELS_CHECK_VALUES=0`` so the ops skip their data-reading checks).
+:class:`eagle_kernels.decoder.SpeculativeDecoder` drafts every step through it, with its EAGLE
+head as ``draft_fn`` (docs/decoding.md).
 """
 
 from __future__ import annotations

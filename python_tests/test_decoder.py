@@ -7,13 +7,12 @@ import pytest
 import torch
 
 import eagle_kernels.decoder as decoder_module
-from eagle_kernels import reference
-from eagle_kernels._types import Tree
 from eagle_kernels.decoder import (CPU_BATCH_SAMPLING_TREE, CPU_BATCH_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig,
-                                   default_tree, graft_chain, lookup_chain, lookup_search, pad_chains,
-                                   trimmed_chain_lengths)
+                                   default_tree)
+from eagle_kernels.lookup import trimmed_chain_lengths
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
+from eagle_kernels.policy import FittedPolicy, StaticPolicy, policy_for
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -92,75 +91,6 @@ def test_lookup_chain_gets_drafts_accepted(target):
     assert sum(both.tau) > sum(alone.tau) + 0.5 * len(PROMPTS), (alone.tau, both.tau)
 
 
-def lookup_naive(context, ngram, chain):
-    """What followed the latest earlier occurrence of the longest suffix of at most ``ngram``
-    tokens; [] when even the last token never occurred before."""
-    for n in range(ngram, 0, -1):
-        if len(context) <= n:
-            continue
-        for j in range(len(context) - n - 1, -1, -1):
-            if context[j:j + n] == context[-n:]:
-                return context[j + n: j + n + chain]
-    return []
-
-
-@pytest.mark.parametrize("ngram,chain", [(1, 3), (3, 4), (2, 1)])
-def test_lookup_chain_matches_naive_search(ngram, chain):
-    g = torch.Generator().manual_seed(ngram * 10 + chain)
-    B, C = 64, 24
-    history = torch.randint(0, 4, (B, C), generator=g)  # 4 symbols: repeats of every length
-    length = torch.randint(1, C + 1, (B,), generator=g)
-    length[:3] = torch.tensor([1, 2, C])
-    history[3, :5] = torch.tensor([0, 1, 2, 3, 3])  # no earlier occurrence of a suffix
-    length[3] = 4
-    got = lookup_chain(history, length, ngram, chain)
-    assert got.shape == (B, chain) and got.dtype == torch.int64
-    for b in range(B):
-        context = history[b, : length[b]].tolist()
-        expected = lookup_naive(context, ngram, chain)
-        assert got[b, : len(expected)].tolist() == expected, (b, context)
-        assert all(t in context for t in got[b].tolist())  # filler comes from the context
-
-
-def search_naive(context, ngram):
-    """(start, n): the longest suffix of at most ``ngram`` tokens with an earlier occurrence
-    followed by a token, and where that token sits in its latest occurrence; (-1, 0) if none."""
-    for n in range(ngram, 0, -1):
-        for j in range(len(context) - n - 1, -1, -1):
-            if len(context) > n and context[j:j + n] == context[-n:]:
-                return j + n, n
-    return -1, 0
-
-
-@pytest.mark.parametrize("ngram", [1, 2, 4, 9])
-def test_lookup_search_matches_naive_search(ngram):
-    g = torch.Generator().manual_seed(ngram)
-    B, C = 96, 30
-    history = torch.randint(0, 3, (B, C), generator=g)  # 3 symbols: matches of every length
-    length = torch.randint(1, C + 1, (B,), generator=g)
-    length[:3] = torch.tensor([1, 2, C])
-    history[3, :8] = torch.tensor([2, 0, 1, 2, 0, 1, 2, 0])  # a period-3 context: the longest match
-    length[3] = 8
-    start, matched = lookup_search(history, length, ngram)
-    assert start.dtype == matched.dtype == torch.int64 and start.shape == matched.shape == (B,)
-    for b in range(B):
-        context = history[b, : length[b]].tolist()
-        assert (int(start[b]), int(matched[b])) == search_naive(context, ngram), (b, context)
-    assert int(matched[3]) == min(ngram, 5)
-
-
-def trimmed_chain_length(tree, matched):
-    """The trimmed chain length of one request whose suffix matched ``matched`` tokens."""
-    return int(trimmed_chain_lengths(tree, torch.tensor([matched]))[0])
-
-
-def test_trimmed_chain_length_follows_the_match():
-    tree = TreeConfig(3, 2, 4, lookup=8, lookup_ngram=4, lookup_trim=True)
-    assert trimmed_chain_lengths(tree, torch.arange(6)).tolist() == [0, 2, 4, 4, 8, 8]
-    short = TreeConfig(3, 2, 4, lookup=1, lookup_ngram=2, lookup_trim=True)
-    assert trimmed_chain_lengths(short, torch.arange(4)).tolist() == [0, 1, 1, 1]
-
-
 @pytest.mark.parametrize("with_head", [True, False], ids=["head", "lookup-only"])
 def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, monkeypatch):
     """With ``lookup_trim`` on CPU each step grafts the chain length the batch's longest match
@@ -192,7 +122,7 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
     monkeypatch.setattr(target, "forward", forward)
     spec = decoder.generate(PROMPTS, 20)
     assert spec.sequences == plain.sequences
-    want = [trimmed_chain_length(tree, n) for n in searched]
+    want = trimmed_chain_lengths(tree, torch.tensor(searched)).tolist()
     assert grafted == [n for n in want if n > 0]
     assert len(set(want)) > 1, want  # the prompts' repeats reach more than one rule
     # Requests whose own match asks for a shorter chain (or that finished) skipped rows.
@@ -241,48 +171,6 @@ def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
     assert any(step["full"] for step in steps) and all(step["expanded"] for step in steps), steps
 
 
-@pytest.mark.parametrize("first_chain_node", [1, 4, 9])
-def test_padded_chain_nodes_are_never_accepted(first_chain_node):
-    """pad_chains: verify gives a padded tree the results of the same tree cut to each
-    request's own chain (greedy and sampling, same random stream), whatever the padding rows'
-    logits are."""
-    from test_build_tree import mask_of
-
-    B, chain_len, V = 32, 6, 3
-    g = torch.Generator().manual_seed(first_chain_node)
-    tree = Tree(*[torch.zeros(B, 1, dtype=t) for t in (torch.int64, torch.int32, torch.int32)],
-                torch.ones(B, 1, 1, dtype=torch.int64))
-    tree = tree._replace(parents=tree.parents - 1)
-    if first_chain_node > 1:  # a random tree below the root, over few tokens: frequent matches
-        parents = [[-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, first_chain_node)]
-                   for _ in range(B)]
-        depths = torch.zeros(B, first_chain_node, dtype=torch.int32)
-        for b in range(B):
-            for i in range(1, first_chain_node):
-                depths[b, i] = depths[b, parents[b][i]] + 1
-        tree = Tree(torch.randint(0, V, (B, first_chain_node), generator=g), torch.tensor(parents, dtype=torch.int32),
-                    depths, torch.tensor([mask_of(p) for p in parents], dtype=torch.int64).view(B, first_chain_node, 1))
-    grafted = graft_chain(tree, torch.randint(0, V, (B, chain_len), generator=g))
-    own = torch.randint(1 if first_chain_node == 1 else 0, chain_len + 1, (B,), generator=g)
-    padded = pad_chains(grafted, first_chain_node, own)
-    logits = torch.randn(B, first_chain_node + chain_len, V, generator=g) * 2
-    for b in range(B):
-        rows = first_chain_node + int(own[b])
-        assert padded.mask[b].tolist() == mask_of(padded.parents[b].tolist())
-        assert torch.equal(padded.tokens[b, :rows], grafted.tokens[b, :rows])
-    for temperature in (0.0, 1.0):
-        sampling = dict(temperature=torch.full((B,), temperature), seed=torch.arange(B),
-                        offset=torch.zeros(B, dtype=torch.long))
-        got = reference.verify(padded.tokens, padded.parents, logits, max_depth=chain_len, **sampling)
-        for b in range(B):
-            rows = first_chain_node + int(own[b])
-            one = {k: v[b:b + 1] for k, v in sampling.items()}
-            want = reference.verify(grafted.tokens[b:b + 1, :rows], grafted.parents[b:b + 1, :rows],
-                                    logits[b:b + 1, :rows], max_depth=chain_len, **one)
-            assert int(got.accept_len[b]) == int(want.accept_len[0]), (temperature, b)
-            assert torch.equal(got.out_tokens[b], want.out_tokens[0]), (temperature, b)
-
-
 @pytest.mark.parametrize("make_head", [repeat_head, HEADS["eagle3-random"]], ids=["eagle1-repeat", "eagle3-random"])
 def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch):
     """On CPU a step commits only the batch's longest accepted path to the head and computes no
@@ -293,12 +181,21 @@ def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch)
 
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     torch.manual_seed(0)
-    decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(3, 3, 8, lookup=2))
-    real_verify, real_step, trees, done = ops.verify, decoder._speculative_step, [], [None]
+    head = make_head(target)
+    real_verify, trees, done = ops.verify, [], [None]
 
-    def step(state):
-        done[0] = state.done.clone()
-        real_step(state)
+    def run(policy):
+        decoder = SpeculativeDecoder(target, head, TreeConfig(3, 3, 8, lookup=2), sync_every=1, policy=policy)
+        real_step = decoder._speculative_step
+
+        def step(state):
+            done[0] = state.done.clone()
+            real_step(state)
+
+        decoder._speculative_step = step
+        trees.clear()
+        done[0] = None
+        return decoder.generate(PROMPTS, 16), list(trees)
 
     def verify(tokens, *args, **kwargs):
         # A finished request's rows are not computed on CPU: only the active ones' trees count.
@@ -306,82 +203,55 @@ def test_cpu_steps_with_fitted_shapes_equal_static_steps(make_head, monkeypatch)
         trees.append(tokens[active].clone())
         return real_verify(tokens, *args, **kwargs)
 
-    decoder._speculative_step = step
     monkeypatch.setattr(ops, "verify", verify)
-    fitted = decoder.generate(PROMPTS, 16)
-    fitted_trees, trees, done[0] = trees, [], None
-    monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
-    static = decoder.generate(PROMPTS, 16)
+    fitted, fitted_trees = run(FittedPolicy())
+    static, trees = run(StaticPolicy())
     assert (fitted.sequences, fitted.steps, fitted.tau) == (static.sequences, static.steps, static.tau)
     assert len(fitted_trees) == len(trees) and all(torch.equal(a, b) for a, b in zip(fitted_trees, trees))
     assert max(fitted.tau) > 1.0  # drafts were accepted, so the commit widths varied
     assert len(set(fitted.steps)) > 1  # requests finished at different steps (rows skipped after)
 
 
-def graft_naive(tokens, parents, chain):
-    """Parents of the chain nodes by the rule of graft_chain, one request, plain lists."""
-    N = len(tokens)
-    matched, chain_parents = 0, []
-    for i, token in enumerate(chain):
-        chain_parents.append(matched if matched is not None else N + i - 1)
-        children = [c for c in range(N) if matched is not None and parents[c] == matched and tokens[c] == token]
-        matched = children[0] if children else None
-    return chain_parents
+REPEATS = [[5, 6, 7, 5, 6, 7, 5], [9, 10, 9, 10, 9, 10, 9, 11], [1, 2, 3, 4, 5]]
+POLICY_TREES = {"cpu": CPU_TREE, "cpu-batch": CPU_BATCH_TREE, "d3k3n8-trim-alone": TreeConfig(
+    3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True, lookup_alone=True), "d3k3n8": TreeConfig(3, 3, 8)}
 
 
-@pytest.mark.parametrize("num_nodes,chain_len", [(4, 3), (8, 5), (62, 4)])
-def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
-    from test_build_tree import mask_of, simulate_history
+@pytest.mark.parametrize("prompts", [REPEATS[:1], REPEATS], ids=["one-request", "batch"])
+@pytest.mark.parametrize("tree", POLICY_TREES.values(), ids=POLICY_TREES.keys())
+@pytest.mark.parametrize("with_head", [True, False], ids=["head", "lookup-only"])
+def test_static_policy_equals_fitted_policy_equals_plain(target, with_head, tree, prompts, monkeypatch):
+    """The GPU's static steps and the CPU's fitted steps (trimmed chains, chain-alone steps,
+    per-request rows, narrow commits), both on CPU tensors: greedy output is plain decoding's
+    either way, and the fitted steps verified fewer rows."""
+    if not (with_head or tree.lookup):
+        pytest.skip("a head-less decoder drafts only a lookup chain")
+    head = repeat_head(target) if with_head else None
+    plain = SpeculativeDecoder(target, head, tree).generate(prompts, 20, speculative=False)
+    rows, results, real_forward = {}, {}, target.forward
+    for name, policy in (("static", StaticPolicy()), ("fitted", FittedPolicy())):
+        def forward(tokens, cache, *, row_counts=None, name=name, **kwargs):
+            counted = row_counts.sum() if row_counts is not None else tokens.shape[0] * tokens.shape[1]
+            rows[name] = rows.get(name, 0) + int(counted)
+            return real_forward(tokens, cache, row_counts=row_counts, **kwargs)
 
-    B = 16
-    tree = reference.build_tree(*simulate_history(B, 5, 4, seed=num_nodes), num_nodes)
-    g = torch.Generator().manual_seed(chain_len)
-    chain = torch.randint(0, 1000, (B, chain_len), generator=g)
-    for b in range(B):  # request b copies the tree's deepest path for its first b % 4 tokens
-        node, path = num_nodes - 1, []
-        while node > 0:
-            path.append(int(tree.tokens[b, node]))
-            node = int(tree.parents[b, node])
-        for i, token in enumerate(reversed(path[-(b % 4):] if b % 4 else [])):
-            chain[b, i] = token
-    grafted = graft_chain(tree, chain)
-    total = num_nodes + chain_len
-    assert grafted.tokens.shape == (B, total) and grafted.mask.shape == (B, total, (total + 63) // 64)
-    for b in range(B):
-        parents = tree.parents[b].tolist() + graft_naive(tree.tokens[b].tolist(), tree.parents[b].tolist(),
-                                                         chain[b].tolist())
-        assert grafted.parents[b].tolist() == parents
-        assert grafted.tokens[b].tolist() == tree.tokens[b].tolist() + chain[b].tolist()
-        depths = grafted.depths[b].tolist()
-        assert all(depths[i] == depths[parents[i]] + 1 for i in range(1, total))
-        assert grafted.mask[b].tolist() == mask_of(parents)
-    assert (grafted.parents[:, num_nodes] == 0).all()
-    assert (grafted.parents[1:4, num_nodes + 1] < num_nodes).all()  # continued the copied branch
+        with monkeypatch.context() as patch:
+            patch.setattr(target, "forward", forward)
+            decoder = SpeculativeDecoder(target, head, tree, sync_every=1, policy=policy)
+            results[name] = decoder.generate(prompts, 20)
+    assert results["static"].sequences == results["fitted"].sequences == plain.sequences
+    assert rows["fitted"] <= rows["static"]
+    if tree.lookup_trim:
+        assert rows["fitted"] < rows["static"]
 
 
-@pytest.mark.parametrize("num_nodes,chain_len", [(1, 1), (5, 8), (30, 6), (66, 9)])
-def test_graft_chain_on_random_trees_with_repeated_tokens(num_nodes, chain_len):
-    """Random tree shapes over 3 token values: sibling repeats (the chain follows the first of
-    them), deep matches, and masks that cross a 64-bit word."""
-    from test_build_tree import mask_of
-
-    B = 24
-    g = torch.Generator().manual_seed(num_nodes * 10 + chain_len)
-    parents = [[-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, num_nodes)] for _ in range(B)]
-    depths = torch.zeros(B, num_nodes, dtype=torch.int32)
-    for b in range(B):
-        for i in range(1, num_nodes):
-            depths[b, i] = depths[b, parents[b][i]] + 1
-    words = (num_nodes + 63) // 64
-    tree = Tree(torch.randint(0, 3, (B, num_nodes), generator=g), torch.tensor(parents, dtype=torch.int32), depths,
-                torch.tensor([mask_of(p) for p in parents], dtype=torch.int64).view(B, num_nodes, words))
-    chain = torch.randint(0, 3, (B, chain_len), generator=g)
-    grafted = graft_chain(tree, chain)
-    for b in range(B):
-        want = parents[b] + graft_naive(tree.tokens[b].tolist(), parents[b], chain[b].tolist())
-        assert grafted.parents[b].tolist() == want
-        assert grafted.mask[b].tolist() == mask_of(want)
-        assert grafted.depths[b].tolist() == [0] + [int(grafted.depths[b, p]) + 1 for p in want[1:]]
+def test_policy_follows_the_device(target):
+    """Fitted shapes on a CPU, static ones elsewhere; CUDA graphs only under a static policy."""
+    assert isinstance(policy_for("cpu"), FittedPolicy) and isinstance(policy_for(torch.device("cuda")), StaticPolicy)
+    assert isinstance(SpeculativeDecoder(target).policy, FittedPolicy)
+    assert StaticPolicy.capturable and not FittedPolicy.capturable
+    fitted = SpeculativeDecoder(target, policy=FittedPolicy())
+    assert not fitted._graphs_enabled(torch.device("cuda"))
 
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
@@ -417,11 +287,25 @@ def test_tree_config_rejects_impossible_trees():
         TreeConfig(lookup=-1)
 
 
+@pytest.mark.parametrize("flags,named", [
+    (dict(lookup=8, lookup_alone=True), "lookup_alone=True needs lookup_trim=True"),
+    (dict(lookup_trim=True), r"lookup_trim=True needs a lookup chain \(lookup > 0\)"),
+    (dict(lookup_trim=True, lookup_alone=True), r"lookup_trim=True needs a lookup chain"),
+    (dict(lookup_alone=True), "lookup_alone=True needs lookup_trim=True")],
+    ids=["alone-without-trim", "trim-without-chain", "both-without-chain", "alone-without-chain"])
+def test_tree_config_rejects_flags_without_what_they_need(flags, named):
+    """A flag that would have no effect is an error naming it, not a silent no-op."""
+    with pytest.raises(ValueError, match=named):
+        TreeConfig(3, 2, 4, **flags)
+    assert TreeConfig(3, 2, 4, lookup=8, lookup_trim=True, lookup_alone=True).lookup_alone  # the valid combination
+
+
 def test_default_tree_is_small_on_cpu_and_eagle2_on_gpu():
     assert default_tree("cpu") == CPU_TREE and default_tree(torch.device("cpu")) == CPU_TREE
     # The verify pass's linear layers stay near one weight stream, except after a full-length
     # lookup match, when the whole chain is worth its rows.
-    assert CPU_TREE.lookup_trim and CPU_TREE.num_nodes + trimmed_chain_length(CPU_TREE, CPU_TREE.lookup_ngram - 1) <= 8
+    shorter_than_full = torch.tensor([CPU_TREE.lookup_ngram - 1])
+    assert CPU_TREE.lookup_trim and CPU_TREE.num_nodes + int(trimmed_chain_lengths(CPU_TREE, shorter_than_full)) <= 8
     assert default_tree("cuda") == TreeConfig(6, 8, 60)
 
 
@@ -444,8 +328,13 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert decoder.tree == dataclasses.replace(CPU_TREE, depth=5)
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6"]))
     assert decoder.head is None and decoder.tree == dataclasses.replace(CPU_TREE, lookup=6)
+    # Default flags that need what a given flag turns off follow it; a flag given explicitly is checked.
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6", "--no-lookup-trim"]))
-    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=6, lookup_trim=False)
+    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=6, lookup_trim=False, lookup_alone=False)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--lookup", "0"]))
+    assert decoder.tree == dataclasses.replace(CPU_TREE, lookup=0, lookup_trim=False, lookup_alone=False)
+    with pytest.raises(ValueError, match="lookup_alone"):
+        cli._load(parser.parse_args(["--head", "untrained-eagle3", "--no-lookup-trim", "--lookup-alone"]))
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--no-lookup-alone"]))
     assert CPU_TREE.lookup_alone and decoder.tree == dataclasses.replace(CPU_TREE, lookup_alone=False)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
@@ -462,10 +351,12 @@ def test_default_tree_follows_the_batch_size(target):
     drafts from 2 requests on), and output is still plain decoding's."""
     decoder = SpeculativeDecoder(target, repeat_head(target))
     one = decoder.generate(PROMPTS[:1], 12)
-    assert decoder.tree == default_tree("cpu", 1) == CPU_TREE
+    assert one.tree == default_tree("cpu", 1) == CPU_TREE
     batch = decoder.generate(PROMPTS, 12)
-    assert decoder.tree == default_tree("cpu", len(PROMPTS)) == CPU_BATCH_TREE
-    assert batch.sequences == decoder.generate(PROMPTS, 12, speculative=False).sequences
+    assert batch.tree == default_tree("cpu", len(PROMPTS)) == CPU_BATCH_TREE
+    plain = decoder.generate(PROMPTS, 12, speculative=False)
+    assert batch.sequences == plain.sequences and plain.tree is None
+    assert decoder.tree is None  # the calls' trees are theirs: nothing is kept on the decoder
     assert batch.sequences[0] == one.sequences[0]
 
 
@@ -478,12 +369,10 @@ def test_sampling_batches_draft_without_the_chain(target, temperature, want):
     one greedy request keeps the chain; a head-less decoder keeps its chain (its only draft);
     batch 1 and the GPU are unchanged."""
     decoder = SpeculativeDecoder(target, repeat_head(target))
-    decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2])
-    assert decoder.tree == want
+    assert decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2]).tree == want
     assert CPU_BATCH_SAMPLING_TREE.lookup == 0 and CPU_BATCH_TREE.lookup > 0
     headless = SpeculativeDecoder(target, None)
-    headless.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2])
-    assert headless.tree == CPU_BATCH_TREE
+    assert headless.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2]).tree == CPU_BATCH_TREE
     assert default_tree("cpu", 1, sampling=True) == CPU_TREE
     assert default_tree("cuda", 4, sampling=True) == default_tree("cuda", 4) == TreeConfig()
     assert default_tree("cuda", 4) == TreeConfig()
@@ -562,10 +451,10 @@ def test_steps_never_synchronise(speculative, lookup, monkeypatch):
     if missing:
         pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
     monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
-    # The static-shape steps a GPU runs (on CPU a step may read values to size its tensors).
-    monkeypatch.setattr(decoder_module, "step_shapes_may_change", lambda device: False)
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))  # native kernels: fp32
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup), sync_every=1000)
+    # The static-shape steps a GPU runs (on CPU a step may read values to size its tensors).
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8, lookup=lookup), sync_every=1000,
+                                 policy=StaticPolicy())
     steps_run = []
 
     def guarded(step):
@@ -604,8 +493,9 @@ def state_tensors(state):
 def test_steps_update_state_in_place(target, speculative, lookup, head):
     """A CUDA graph replays against fixed addresses: a step must write into the state's
     tensors, never rebind them."""
-    decoder = SpeculativeDecoder(target, repeat_head(target) if head else None, TreeConfig(3, 3, 8, lookup=lookup))
-    state = decoder._prefill(PROMPTS, 8, 0.0, 0, 1.0, 0, None, speculative)
+    tree = TreeConfig(3, 3, 8, lookup=lookup)
+    decoder = SpeculativeDecoder(target, repeat_head(target) if head else None, tree)
+    state = decoder._prefill(PROMPTS, tree, 8, 0.0, 0, 1.0, 0, None, speculative)
     before = {name: (t, t.data_ptr()) for name, t in state_tensors(state).items()}
     step = decoder._speculative_step if speculative else decoder._plain_step
     for _ in range(3):
