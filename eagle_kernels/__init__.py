@@ -1,6 +1,6 @@
 """eagle_kernels: kernels for EAGLE-style speculative decoding.
 
-Eight ops (contract in docs/design.md and the reference docstrings): ``tree_attention``,
+Eight ops (contract in docs/ops.md, readable truth in eagle_kernels/reference): ``tree_attention``,
 ``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, ``write_kv`` (stores the new
 tokens' K/V before a verify pass), ``cpu_linear`` (the few-row linear layers of a CPU
 model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and

@@ -1,4 +1,4 @@
-// Torch-free pieces of verify (contract §4, docs/design.md "verify details") shared by the CPU
+// Torch-free pieces of verify (docs/ops.md §4, docs/design.md "verify details") shared by the CPU
 // kernel and a future CUDA kernel: order-preserving keys of floating-point values, the
 // sorting-free threshold searches behind the top-k and top-p filters, and the inverse-CDF
 // bonus draw. The random stream itself is in philox.h.

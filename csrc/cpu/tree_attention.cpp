@@ -1,4 +1,4 @@
-// CPU launcher and kernel of tree_attention (contract §1): attention of the N tree nodes over
+// CPU launcher and kernel of tree_attention (docs/ops.md §1): attention of the N tree nodes over
 // the committed prefix (no mask) and over their own ancestors' tree slots (int64 bitmask rows,
 // or causal j <= i when tree_mask is None).
 //
