@@ -114,14 +114,15 @@ class LlamaModel(torch.nn.Module):
     ``weight_dtype`` (e.g. ``torch.bfloat16`` for an fp32 model on CPU) stores the weight
     matrices narrower: they are converted once here (tied embedding and LM head stay one
     tensor) and widened exactly inside the ``cpu_linear`` kernel; see :func:`linear`.
+    The model works on its own copy of the ``weights`` dict (it adds a tied LM head and
+    re-points q/k/v and gate/up at views of their fused matrices), so the caller's dict is left
+    as it was; tensors the caller keeps in it stay alive beside the fused ones.
     """
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], weight_dtype: torch.dtype | None = None):
         super().__init__()
         self.config = config
-        # The model's own dict: it adds a tied LM head and re-points q/k/v and gate/up at views of
-        # their fused matrices; the caller's dict (and whatever it keeps alive) is left as it was.
-        weights = dict(weights)
+        weights = dict(weights)  # the model's own (see above)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
         self._dtype = weights["model.embed_tokens.weight"].dtype
         if weight_dtype is not None and weight_dtype != self._dtype:
