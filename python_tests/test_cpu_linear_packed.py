@@ -3,12 +3,13 @@ against float64, identical bits across ISAs, batch invariance, bad input, and th
 packed copies (PackedWeights, cpu_decoder_layer). NaN rows: test_cpu_linear.py, both layouts."""
 
 import gc
+import weakref
 
 import pytest
 import torch
 
 import eagle_kernels
-from eagle_kernels import reference
+from eagle_kernels import _dispatch, reference
 from eagle_kernels.reference.cpu_linear import cpu_linear_unpack
 from test_cpu_linear import (ISA_ENV, WEIGHT_DTYPES, _skip_unavailable, activations, assert_within_fp32_bound,
                              linear, weight)
@@ -144,17 +145,36 @@ def test_bad_pack_input(shape):
 
 
 # ------------------------------------------------------------------------------ model side
-def test_packed_weights_follow_their_matrix(monkeypatch):
-    """PackedWeights: one copy per matrix (tied names share it), repacked after an in-place
-    update, dropped with the matrix; left alone where packing does not apply."""
-    from eagle_kernels.models.llama import PackedWeights
+@pytest.fixture
+def packing(monkeypatch):
+    """The CPU policy packs: on a CPU without AVX-512 (where the policy keeps row-major weights
+    because the packed kernel's AVX2 path is the slower one) it is told the CPU has it, so the
+    model-side bookkeeping and the packed AVX2 path run everywhere."""
+    from eagle_kernels.models import cpu_weights
 
-    _skip_unavailable("avx512")
+    if ("cpu_linear", "cpu") not in _dispatch.NATIVE_KERNELS:
+        pytest.skip("the C++ extension is not built")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    cpu_weights._parse_policy.cache_clear()
+    assert cpu_weights.cpu_policy().packed
+    yield
+    monkeypatch.undo()
+    cpu_weights._parse_policy.cache_clear()
+
+
+@pytest.mark.usefixtures("packing")
+def test_packed_weights_follow_their_matrix(monkeypatch):
+    """PackedWeights: one copy per matrix, repacked after an in-place update, dropped with the
+    matrix; left alone where packing does not apply."""
+    from eagle_kernels.models.cpu_weights import PackedWeights
+
     packs = PackedWeights()
     w = torch.randn(64, 16)
     first = packs(w)
-    assert first.shape == (2, 2, 16, 16) and packs(w) is first
+    assert first.shape == (2, 2, 16, 16) and packs(w) is first and w in packs
     w.mul_(2.0)  # bumps the version counter
+    assert w not in packs
     second = packs(w)
     assert second is not first and torch.equal(cpu_linear_unpack(second), w)
     odd = torch.randn(48, 16)
@@ -165,9 +185,30 @@ def test_packed_weights_follow_their_matrix(monkeypatch):
     monkeypatch.setenv(ISA_ENV, "avx2")  # the packed kernel's AVX2 tiles are slower: rows kept
     assert packs(torch.randn(64, 16)).dim() == 2
     monkeypatch.delenv(ISA_ENV)
+    assert len(packs) == 1
     del w, first, second
     gc.collect()
-    assert len(packs._copies) == 0
+    assert len(packs) == 0
+
+
+@pytest.mark.usefixtures("packing")
+def test_packed_copies_belong_to_their_model():
+    """Each model packs its own matrices at load: tied embedding and LM head once, and the
+    copies go with the model even while the caller still holds the row-major matrices."""
+    from eagle_kernels.models import LlamaConfig, LlamaModel
+    from test_llama import tiny_hf_model
+
+    hf = tiny_hf_model(torch.float32, tie=True)
+    hf.resize_token_embeddings(128)  # a multiple of 32, so the (tied) LM head packs too
+    weights = {n: t.detach().clone() for n, t in hf.state_dict().items() if not n.endswith("inv_freq")}
+    one, two = (LlamaModel(LlamaConfig.from_hf(hf.config), weights) for _ in range(2))
+    o_proj = weights["model.layers.0.self_attn.o_proj.weight"]
+    assert o_proj in one.packed and o_proj in two.packed and one.packed(o_proj) is not two.packed(o_proj)
+    assert len(one.packed) == 1 + 4 * one.config.num_layers  # LM head (= embedding) + 4 per layer
+    copy = weakref.ref(one.packed(o_proj))
+    del one
+    gc.collect()
+    assert copy() is None and o_proj in two.packed
 
 
 def test_decoder_layer_takes_packed_weights():
@@ -197,23 +238,23 @@ def test_decoder_layer_rejects_a_bad_packed_weight():
             impl(*bad, **kwargs)
 
 
+@pytest.mark.usefixtures("packing")
 def test_model_reads_packed_copies(monkeypatch):
     """LlamaModel on CPU reads packed copies of its matrices (those with N a multiple of 32), and
     its logits agree with the row-major kernel's to fp32 rounding."""
     from eagle_kernels.models import llama
     from test_llama import tiny_hf_model
 
-    _skip_unavailable("avx512")
     model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     tokens = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
     results = {}
     for mode in ("auto", "rows"):
         monkeypatch.setenv("EAGLE_KERNELS_CPU_LINEAR", mode)
         cache = model.new_cache(1, 16)
-        results[mode] = model(tokens, cache).logits
+        with torch.profiler.profile() as prof:
+            results[mode] = model(tokens, cache).logits
+        assert any(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
     torch.testing.assert_close(results["auto"], results["rows"], rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv("EAGLE_KERNELS_CPU_LINEAR", "auto")
-    packed_matrices = [ref() for ref, _, _ in llama.cpu_packed._copies.values()]
-    assert any(m is model.weights["model.layers.0.self_attn.o_proj.weight"] for m in packed_matrices)
+    assert model.weights["model.layers.0.self_attn.o_proj.weight"] in model.packed
     # vocab 97 is not a multiple of 32: the LM head stays row-major (and still runs the kernel)
-    assert not any(m is model.weights["lm_head.weight"] for m in packed_matrices)
+    assert model.weights["lm_head.weight"] not in model.packed

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import eagle_kernels
-from eagle_kernels.models import LlamaModel
-from eagle_kernels.models.llama import CPU_LINEAR_MAX_ROWS
+from eagle_kernels.models import LlamaConfig, LlamaModel, cpu_weights, layers
+from eagle_kernels.models.cpu_weights import CPU_LINEAR_MAX_ROWS
+from eagle_kernels.models.eagle_head import EagleHead
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -170,13 +171,12 @@ def test_bf16_weights_equal_fp32_model_of_the_rounded_weights(tie):
 
 def test_cpu_linear_path_matches_torch_path(monkeypatch):
     """fp32 model: the cpu_linear path and the all-torch path agree to fp32 rounding."""
-    from eagle_kernels.models import llama
 
     hf = tiny_hf_model(torch.float32)
     ours = LlamaModel.from_transformers(hf)
     tokens = torch.randint(0, 97, (2, 12))
     got = ours(tokens, ours.new_cache(2, 16)).logits
-    monkeypatch.setenv(llama.CPU_LINEAR_ENV, "torch")
+    monkeypatch.setenv(cpu_weights.CPU_LINEAR_ENV, "torch")
     want = ours(tokens, ours.new_cache(2, 16)).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -185,30 +185,28 @@ def test_cpu_linear_path_matches_torch_path(monkeypatch):
                          ids=["M1", "M-max", "M-max+1"])
 def test_linear_routes_small_calls_to_cpu_linear(rows, native, monkeypatch):
     from eagle_kernels import _dispatch
-    from eagle_kernels.models import llama
 
     if ("cpu_linear", "cpu") not in _dispatch.NATIVE_KERNELS:
         pytest.skip("the C++ extension is not built: every call runs torch")
     x = torch.randn(rows, 40)
     w = torch.randn(24, 40).bfloat16()
     with torch.profiler.profile() as prof:
-        out = llama.linear(x, w)
+        out = cpu_weights.linear(x, w)
     ran = any(e.name == "eagle_kernels::cpu_linear" for e in prof.events())
     assert ran == native
     torch.testing.assert_close(out, x.double().matmul(w.double().t()).float(), rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv(llama.CPU_LINEAR_ENV, "torch")
+    monkeypatch.setenv(cpu_weights.CPU_LINEAR_ENV, "torch")
     with torch.profiler.profile() as prof:
-        llama.linear(x, w)
+        cpu_weights.linear(x, w)
     assert not any(e.name == "eagle_kernels::cpu_linear" for e in prof.events())
 
 
 def test_linear_keeps_gradients():
     """Calls autograd records (training shares linear) go to torch: gradients flow."""
-    from eagle_kernels.models import llama
 
     x = torch.randn(3, 40, requires_grad=True)
     w = torch.randn(24, 40, requires_grad=True)
-    llama.linear(x, w).square().sum().backward()
+    cpu_weights.linear(x, w).square().sum().backward()
     x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
     torch.nn.functional.linear(x2, w2).square().sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
@@ -228,31 +226,32 @@ def test_fused_projections_share_memory_and_follow_replaced_weights(monkeypatch)
     weight replaced under its name is used from then on."""
     import torch.nn.functional as F
 
-    from eagle_kernels.models import llama
 
-    monkeypatch.setenv(llama.CPU_LAYER_ENV, "ops")
+    monkeypatch.setenv(cpu_weights.CPU_LAYER_ENV, "ops")
 
     hf = tiny_hf_model(torch.float32)
     ours = LlamaModel.from_transformers(hf)
     c, w, p = ours.config, ours.weights, "model.layers.1."
-    fused = ours.fused(w, p, llama.QKV)
-    q, k, v = (w[p + name] for name in llama.QKV)
+    fused = ours.fused(w, p, layers.QKV)
+    q, k, v = (w[p + name] for name in layers.QKV)
     assert fused.shape == (q.shape[0] + k.shape[0] + v.shape[0], c.hidden_size)
     assert q.data_ptr() == fused.data_ptr() and v.data_ptr() + v.numel() * 4 == fused.data_ptr() + fused.numel() * 4
-    assert torch.equal(w[p + "mlp.up_proj.weight"], ours.fused(w, p, llama.GATE_UP)[c.intermediate_size:])
+    assert torch.equal(w[p + "mlp.up_proj.weight"], ours.fused(w, p, layers.GATE_UP)[c.intermediate_size:])
 
     def separate_forward(tokens, cache):
         B, N = tokens.shape
-        cos, sin = llama.rope_cos_sin(ours.inv_freq, llama.default_positions(cache, N), ours.dtype)
+        cos, sin = layers.rope_cos_sin(ours.inv_freq, layers.default_positions(cache, N), ours.dtype)
         x = F.embedding(tokens, w["model.embed_tokens.weight"])
         for layer in range(c.num_layers):
             lp = f"model.layers.{layer}."
-            h = llama.rms_norm(x, w[lp + "input_layernorm.weight"], c.rms_norm_eps)
-            q, k, v = (llama.linear(h, w[lp + name]).view(B, N, -1, c.head_dim) for name in llama.QKV)
-            attn = llama.cached_attention(llama.rotate(q, cos, sin), llama.rotate(k, cos, sin), v, cache, layer, None)
-            x = x + llama.linear(attn, w[lp + "self_attn.o_proj.weight"])
-            x = x + llama.swiglu(llama.rms_norm(x, w[lp + "post_attention_layernorm.weight"], c.rms_norm_eps), w, lp)
-        return llama.linear(llama.rms_norm(x, w["model.norm.weight"], c.rms_norm_eps), w["lm_head.weight"])
+            h = layers.rms_norm(x, w[lp + "input_layernorm.weight"], c.rms_norm_eps)
+            q, k, v = (ours.linear(h, w[lp + name]).view(B, N, -1, c.head_dim) for name in layers.QKV)
+            attn = layers.cached_attention(layers.rotate(q, cos, sin), layers.rotate(k, cos, sin), v, cache, layer,
+                                           None)
+            x = x + ours.linear(attn, w[lp + "self_attn.o_proj.weight"])
+            x = x + layers.swiglu(layers.rms_norm(x, w[lp + "post_attention_layernorm.weight"], c.rms_norm_eps), w,
+                                  lp, ours.packed)
+        return ours.linear(layers.rms_norm(x, w["model.norm.weight"], c.rms_norm_eps), w["lm_head.weight"])
 
     tokens = torch.randint(0, 97, (2, 5))
     assert torch.equal(ours(tokens, ours.new_cache(2, 8)).logits, separate_forward(tokens, ours.new_cache(2, 8)))
@@ -277,3 +276,61 @@ def test_logit_rows_selects_rows_of_the_full_logits():
     assert torch.equal(part.hidden, full.hidden)
     for b in range(2):
         assert torch.equal(part.logits[b], full.logits[b, rows[b]])
+
+
+# ------------------------------------------------------------ weights ownership, layer paths
+def snapshot(weights: dict) -> dict:
+    return {name: (t, t.clone()) for name, t in weights.items()}
+
+
+def assert_unchanged(weights: dict, before: dict):
+    assert list(weights) == list(before)
+    for name, (t, copy) in before.items():
+        assert weights[name] is t and torch.equal(t, copy), name
+
+
+@pytest.mark.parametrize("weight_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-weights"])
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_model_leaves_the_callers_weights_unchanged(tie, weight_dtype):
+    """Construction and passes (fusion, packing, a tied LM head) change the model's own dict
+    only: the caller's keeps its keys, tensors and values."""
+    hf = tiny_hf_model(torch.float32, tie=tie)
+    weights = {n: t.detach().clone() for n, t in hf.state_dict().items() if not n.endswith("inv_freq")}
+    before = snapshot(weights)
+    model = LlamaModel(LlamaConfig.from_hf(hf.config), weights, weight_dtype=weight_dtype)
+    model(torch.randint(0, 97, (1, 5)), model.new_cache(1, 8))
+    assert_unchanged(weights, before)
+    assert "lm_head.weight" in model.weights and model.weights is not weights
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_head_leaves_the_callers_weights_unchanged(kind):
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    head = EagleHead.random(target, kind, draft_vocab_size=50)
+    weights = {n: t.clone() for n, t in head.weights.items()}
+    before = snapshot(weights)
+    again = EagleHead(head.config, weights, target)
+    H = target.config.hidden_size
+    again(torch.randint(0, 97, (1, 3)), torch.randn(1, 3, H), again.new_cache(1, 8))
+    assert_unchanged(weights, before)
+
+
+@pytest.mark.parametrize("case,path", [
+    ("decode", layers.CpuFusedLayerPath), ("max-rows", layers.CpuFusedLayerPath), ("long", layers.TorchLayerPath),
+    ("fp64", layers.TorchLayerPath), ("bf16-cache", layers.TorchLayerPath), ("grad", layers.TorchLayerPath),
+    ("no-input-norm", layers.TorchLayerPath), ("env-ops", layers.TorchLayerPath)])
+def test_layer_path_is_picked_per_pass(case, path, monkeypatch):
+    """One path per pass: the fused CPU layer in cpu_linear's regime (fp32, fp32 cache, at most
+    CPU_LINEAR_MAX_ROWS rows, no autograd, a layer with an input norm, the policy on), op by op
+    otherwise."""
+    if ("cpu_decoder_layer", "cpu") not in eagle_kernels._dispatch.NATIVE_KERNELS:
+        pytest.skip("the C++ extension is not built: every pass runs op by op")
+    model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    rows = {"max-rows": CPU_LINEAR_MAX_ROWS, "long": CPU_LINEAR_MAX_ROWS + 1}.get(case, 1)
+    x = torch.zeros(1, rows, 64, dtype=torch.float64 if case == "fp64" else torch.float32)
+    cache = model.new_cache(1, 4, dtype=torch.bfloat16 if case == "bf16-cache" else None)
+    weights = {"w": torch.zeros(2, requires_grad=True)} if case == "grad" else model.weights
+    if case == "env-ops":
+        monkeypatch.setenv(cpu_weights.CPU_LAYER_ENV, "ops")
+    picked = model.layer_paths.pick(x, cache, weights, normed_input=case != "no-input-norm")
+    assert type(picked) is path

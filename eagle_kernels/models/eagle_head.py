@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .llama import (GATE_UP, QKV, FusedProjections, KVCache, LlamaConfig, LlamaModel, attention_projections,
-                    cached_attention, cpu_packed, default_positions, gated_mlp, is_matrix_weight, layer_kernel, linear,
-                    pack_now, rms_norm, rope_cos_sin, rope_cos_sin_rows, rope_inverse_frequencies)
+from .cpu_weights import PackedWeights, linear
+from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rms_norm, rope_inverse_frequencies
+from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 
@@ -93,10 +93,11 @@ class EagleHead(torch.nn.Module):
         self.weights = {name: self._stored(name, weights[name]) for name in expected}
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
         self.fused = FusedProjections()  # q/k/v and gate/up as one matrix each (views in weights)
-        p, w = self.prefix, self.weights
+        self.packed = PackedWeights()  # this head's packed copies (the target's matrices: the target's)
+        self.layer_paths = LayerPaths(config, self.packed)
         own_linear = ["fc.weight", "lm_head.weight"] if config.kind == EAGLE3 else []  # EAGLE-1: F.linear fc
-        pack_now([self.fused(w, p, QKV), w[p + "self_attn.o_proj.weight"], self.fused(w, p, GATE_UP),
-                  w[p + "mlp.down_proj.weight"]] + [w[name] for name in own_linear], self.dtype)
+        self.packed.pack_all(list(self.layer_weights().matrices) + [self.weights[name] for name in own_linear],
+                             self.dtype)
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()).to(target.device),
                              persistent=False)
 
@@ -142,6 +143,15 @@ class EagleHead(torch.nn.Module):
         """Compute dtype (activations, norms, KV cache): the target's."""
         return self.weights[self.prefix + "post_attention_layernorm.weight"].dtype
 
+    def layer_weights(self) -> LayerWeights:
+        """The head's decoder layer. EAGLE-1's has no input norm (fc's output feeds attention);
+        EAGLE-3's normalises the feature with ``hidden_norm`` and the embedding with
+        ``input_layernorm``, and attends over both."""
+        if self.config.kind == EAGLE1:
+            return LayerWeights.from_weights(self.weights, self.prefix, self.fused, input_norm=None)
+        return LayerWeights.from_weights(self.weights, self.prefix, self.fused, input_norm="hidden_norm.weight",
+                                         embed_norm="input_layernorm.weight")
+
     @property
     def d2t(self):
         return self.weights.get("d2t")
@@ -160,51 +170,32 @@ class EagleHead(torch.nn.Module):
         if self.config.kind == EAGLE1:
             return pick(out.hidden)
         stacked = torch.cat([pick(out.layer_states[layer]) for layer in self.config.feature_layers], dim=-1)
-        return linear(stacked, self.weights["fc.weight"])
+        return linear(stacked, self.weights["fc.weight"], self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
                 slot_offset: int = 0) -> torch.Tensor:
         """Next-feature prediction for N (token, feature) pairs; K/V go to ``cache`` slots
         ``cache.seqlens + slot_offset + i`` (see ``cached_attention``).
         tokens [B, N]; features [B, N, H]; returns hidden [B, N, H]."""
-        c, w, p = self.config, self.weights, self.prefix
+        c, w = self.config, self.weights
         B, N = tokens.shape
         if positions is None:
             positions = default_positions(cache, N)
         embed = F.embedding(tokens, self.target.weights["model.embed_tokens.weight"]).to(self.dtype)
-        features = features.to(self.dtype)
-        if c.kind == EAGLE1:
-            # EAGLE-1's layer has no input norm: fc(embedding, feature) feeds attention directly.
-            x = F.linear(torch.cat([embed, features], dim=-1), w["fc.weight"], w["fc.bias"])
-            attn_in, residual = x, x
-        else:
-            kernel = layer_kernel(features, cache, w)
-            if kernel is not None:  # the whole layer as one cpu_decoder_layer call (CPU drafting)
-                cos, sin = rope_cos_sin_rows(self.inv_freq, positions, B, N, self.dtype)
-                k_layer, v_layer = cache.layer(0)
-                return kernel(features, w[p + "hidden_norm.weight"], cpu_packed(self.fused(w, p, QKV)),
-                              cpu_packed(w[p + "self_attn.o_proj.weight"]), w[p + "post_attention_layernorm.weight"],
-                              cpu_packed(self.fused(w, p, GATE_UP)), cpu_packed(w[p + "mlp.down_proj.weight"]),
-                              cos, sin, k_layer, v_layer,
-                              cache.seqlens, tree_mask,
-                              num_heads=c.num_heads, eps=c.rms_norm_eps, embed=embed,
-                              embed_norm=w[p + "input_layernorm.weight"], slot_offset=slot_offset)
-            attn_in = torch.cat([rms_norm(embed, w[p + "input_layernorm.weight"], c.rms_norm_eps),
-                                 rms_norm(features, w[p + "hidden_norm.weight"], c.rms_norm_eps)], dim=-1)
-            residual = features
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        q, k, v = attention_projections(attn_in, w, p, self.fused, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
-        attn = cached_attention(q, k, v, cache, 0, tree_mask, slot_offset)
-        x = residual + linear(attn, w[p + "self_attn.o_proj.weight"])
-        return x + gated_mlp(rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps), w, p, self.fused)
+        x = features.to(self.dtype)
+        if c.kind == EAGLE1:  # fc(embedding, feature) feeds attention directly, with no input norm
+            x, embed = F.linear(torch.cat([embed, x], dim=-1), w["fc.weight"], w["fc.bias"]), None
+        path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3)
+        return path(x, self.layer_weights(), path.rope(self.inv_freq, positions, B, N, self.dtype), cache, 0,
+                    tree_mask, embed=embed, slot_offset=slot_offset)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, N, Vd] float32 (EAGLE-1: the target's LM head on the predicted
         feature; EAGLE-3: own norm and LM head over the draft vocabulary)."""
         if self.config.kind == EAGLE1:
-            return linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
+            return self.target.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
         normed = rms_norm(hidden, self.weights["norm.weight"], self.config.rms_norm_eps)
-        return linear(normed, self.weights["lm_head.weight"]).float()
+        return linear(normed, self.weights["lm_head.weight"], self.packed).float()
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: str) -> None:

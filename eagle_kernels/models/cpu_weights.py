@@ -1,0 +1,165 @@
+"""CPU weight policy: which kernel a CPU linear layer runs, in which weight layout, and the packed
+copies of the weight matrices.
+
+On CPU the linear layers of decoding and verification (at most ``CPU_LINEAR_MAX_ROWS`` rows) run
+the ``cpu_linear`` kernel, which reads fp32, bf16 or fp16 weights as they are stored; where its
+AVX-512 path runs, it reads ``cpu_linear_pack`` copies of the matrices (see
+:class:`PackedWeights`). The environment chooses among these paths:
+
+- ``EAGLE_KERNELS_CPU_LINEAR``: ``auto`` (default: packed copies where packing pays), ``rows``
+  (the kernel on the row-major matrices, no copies) or ``torch`` (``F.linear`` everywhere);
+- ``EAGLE_KERNELS_CPU_LAYER``: ``auto`` (default: a pass in the kernel's regime runs each decoder
+  layer as one ``cpu_decoder_layer`` call) or ``ops`` (op by op);
+- ``EAGLE_KERNELS_CPU_ISA`` below ``avx512`` keeps the row-major layout, and
+  ``EAGLE_KERNELS_BACKEND`` other than ``auto``/``cpp`` sends every linear layer to torch.
+
+:func:`cpu_policy` reads them when asked (a model asks once per forward pass), so they can be
+changed between passes; the parsing is cached per set of values.
+
+Lifetime of the packed copies: each model (and each draft head) owns one :class:`PackedWeights`,
+so the copies go with the model that made them, even where the caller keeps the row-major
+matrices; within that life a copy also goes as soon as its matrix does (a weight replaced under
+its name). A process-wide cache would keep copies for as long as anyone holds the matrices and
+would share state between unrelated models; the price of owning them is that two models built
+on the same tensors pack them twice, and that a draft head reads its target's matrices (EAGLE-1's
+LM head) through the target's store.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import _dispatch, ops
+
+# cpu_linear streams each weight row once for all rows of x, which pays while x stays in cache;
+# larger calls (long prefills, batched prefills) go to torch's GEMM. With the AVX-512VL build
+# (x tiles of 6 rows) the kernel ran 1.1-1.8x torch's GEMM at 16-256 rows on SmolLM2's shapes
+# and a prefill as one call per layer took 121 against 171 ms at 96 tokens, 362 against 446 ms
+# at 250 (2 threads, AMD EPYC Zen 4); at 512 rows they were even.
+CPU_LINEAR_MAX_ROWS = 256
+CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default: packed weights), rows or torch
+CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layer) or ops
+CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
+KERNEL_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what cpu_linear reads as stored
+
+
+@dataclass(frozen=True)
+class CpuPolicy:
+    """What the environment allows CPU passes: ``linear_kernel``, small fp32 linear calls run
+    ``cpu_linear``; ``packed``, it reads packed copies; ``layer_kernel``, a pass in that regime
+    runs each decoder layer as one ``cpu_decoder_layer`` call."""
+
+    linear_kernel: bool
+    packed: bool
+    layer_kernel: bool
+
+
+def cpu_policy() -> CpuPolicy:
+    """The policy the environment sets now; raises ``ValueError`` naming a variable with an
+    unknown value."""
+    env = os.environ
+    return _parse_policy(env.get(CPU_LINEAR_ENV, "auto"), env.get(CPU_LAYER_ENV, "auto"),
+                         env.get(_dispatch.BACKEND_ENV, "auto"), env.get(CPU_ISA_ENV, "avx512"))
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> CpuPolicy:
+    if linear_mode not in ("auto", "rows", "torch"):
+        raise ValueError(f"{CPU_LINEAR_ENV}: expected auto, rows or torch, got {linear_mode!r}")
+    if layer_mode not in ("auto", "ops"):
+        raise ValueError(f"{CPU_LAYER_ENV}: expected auto or ops, got {layer_mode!r}")
+    linear_kernel = (linear_mode != "torch" and ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
+                     and backend in ("auto", "cpp"))
+    # The packed layout pays on cpu_linear's AVX-512 path only: the AVX2 path of the packed kernel
+    # (tiles of one half of a group x up to 6 rows in 16 registers) measured 1.3-1.5x slower than
+    # the row-major AVX2 kernel at 8-12 rows, so an AVX2 CPU (or an ISA cap) keeps row-major weights.
+    packed = (linear_kernel and linear_mode == "auto" and isa in ("avx512", "avx512-ymm", "")
+              and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX"))
+    layer_kernel = linear_kernel and layer_mode == "auto" and ("cpu_decoder_layer", "cpu") in _dispatch.NATIVE_KERNELS
+    return CpuPolicy(linear_kernel, packed, layer_kernel)
+
+
+class PackedWeights:
+    """One owner's ``cpu_linear_pack`` copies of its weight matrices, made on first use (or by
+    :meth:`pack_all` at load time) and kept while both the owner and the matrix live. The kernels
+    read the packed copy: a GEMM micro-kernel with x broadcast from memory, where the row-major
+    layout reloads x for every four outputs (one SmolLM2 forward's linear layers, 2 threads,
+    AVX-512: 19.2 against 20.6 ms at one row, 23.1 against 28.3 ms at 12). The row-major matrix
+    stays for torch's paths (long prefills, autograd, other devices): packing costs one more
+    copy of the matrices.
+
+    A copy is found by the matrix's ``id()`` and counts only while its weak reference still
+    resolves to that very tensor, at the version counter it was packed at: a freed matrix's id
+    taken by a new tensor never finds the old copy, and an in-place update (an optimizer step
+    on a head being trained) repacks on the next call. The weak reference's callback drops the
+    copy with its matrix. (``torch.utils.weak.WeakIdKeyDictionary`` does the same at about ten
+    times the lookup cost; a pass looks up four matrices per layer.)"""
+
+    def __init__(self):
+        self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+    def __call__(self, weight: torch.Tensor, policy: CpuPolicy | None = None) -> torch.Tensor:
+        """The packed copy of ``weight`` [N, K], or ``weight`` itself where packing does not
+        apply (``policy``, default :func:`cpu_policy`, says no; N not a multiple of
+        ``ops.PACK_WIDTH``; not a 2-D CPU matrix)."""
+        if not (policy or cpu_policy()).packed:
+            return weight
+        hit = self._copies.get(id(weight))
+        if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+            return hit[2]  # on every linear call: the shape checks below ran when it was packed
+        if weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu":
+            return weight
+        packed = ops.cpu_linear_pack(weight)
+        key, copies = id(weight), self._copies
+
+        def forget(ref, key=key):  # the copy goes with the matrix (unless a new one took its id)
+            if copies.get(key, (None,))[0] is ref:
+                del copies[key]
+
+        copies[key] = (weakref.ref(weight, forget), weight._version, packed)
+        return packed
+
+    def __contains__(self, weight: torch.Tensor) -> bool:
+        """Whether a current packed copy of this very tensor is held."""
+        hit = self._copies.get(id(weight))
+        return hit is not None and hit[0]() is weight and hit[1] == weight._version
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def pack_all(self, matrices, compute_dtype: torch.dtype) -> None:
+        """Pack a CPU model's matrices at load time (fp32 compute, packing on): loading then
+        settles the memory, and the first forward pass does not pay for the packing."""
+        policy = cpu_policy()
+        if compute_dtype == torch.float32 and policy.packed:
+            for matrix in matrices:
+                self(matrix, policy)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None = None,
+           policy: CpuPolicy | None = None) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias) in ``x.dtype``, for a weight stored in ``x.dtype`` or
+    narrower (bf16 weights of an fp32 model). fp32 CPU calls of at most ``CPU_LINEAR_MAX_ROWS``
+    rows run the ``cpu_linear`` kernel (fp32, bf16 or fp16 weight read as is; the copy in
+    ``packed`` where there is one); every other call runs torch, widening a narrower weight for
+    that call only (prefill: no second fp32 copy of the weights is kept). ``policy`` (default
+    :func:`cpu_policy`) can turn the kernel off, and so does a call autograd records (the kernel
+    has no backward; training shares this function).
+
+    Shapes
+    ------
+    x [..., K]; weight [N, K]; returns [..., N].
+    """
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype in KERNEL_WEIGHT_DTYPES
+            and x.numel() <= CPU_LINEAR_MAX_ROWS * x.shape[-1]
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        policy = policy or cpu_policy()
+        if policy.linear_kernel:
+            return torch.ops.eagle_kernels.cpu_linear(x, weight if packed is None else packed(weight, policy))
+    return F.linear(x, weight if weight.dtype == x.dtype else weight.to(x.dtype))

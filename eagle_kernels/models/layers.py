@@ -1,0 +1,283 @@
+"""The decoder layer shared by the Llama target and the EAGLE draft heads, and the paths that run it.
+
+A layer is pre-norm attention then a pre-norm SwiGLU MLP, each added to the residual stream.
+Its tensors travel as one :class:`LayerWeights`; a :class:`LayerPath` runs it:
+
+- :class:`TorchLayerPath`: op by op (``rms_norm``, one fused q/k/v linear call, RoPE,
+  ``write_kv`` + ``tree_attention``, o, SwiGLU); any device, dtype and autograd;
+- :class:`CpuFusedLayerPath`: the whole layer as one ``cpu_decoder_layer`` call (the same
+  kernels without a Python round trip per operator), for fp32 CPU passes in ``cpu_linear``'s
+  regime.
+
+:class:`LayerPaths` (one per model) picks the path once per forward pass, from the pass's
+device, dtype and size and the CPU policy (:mod:`.cpu_weights`); a fused GPU layer path takes
+its place beside the CPU one there.
+
+New K/V are written at slots ``cache.seqlens + slot_offset + i`` (slot order = node order, as
+the ops' contract requires); the caller advances ``cache.seqlens``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from .cpu_weights import CPU_LINEAR_MAX_ROWS, CpuPolicy, PackedWeights, cpu_policy, linear
+
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+
+
+# ------------------------------------------------------------------ RoPE, norm, attention
+def rope_inverse_frequencies(config) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim / 2] in float64, with linear or Llama-3 scaling
+    (``config``: ``head_dim``, ``rope_theta``, ``rope_scaling`` as in ``LlamaConfig``)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        # Llama 3.1 long-context scaling: long wavelengths divided by `factor`, short ones kept,
+        # a smooth blend in between.
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        original = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        return torch.where(medium, blended, scaled)
+    raise NotImplementedError(f"rope_scaling type {kind!r}")
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE in the half-split layout. x [B, N, H, D]; cos, sin [B, N, 1, D]."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, N, 1, D] for integer positions [B, N] (angles in float64)."""
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rope_cos_sin_rows(inv_freq: torch.Tensor, positions: torch.Tensor, B: int, N: int, dtype):
+    """cos, sin [B, N, D], one row per token, as ``cpu_decoder_layer`` takes them; ``positions``
+    [B, N] or broadcastable to it (drafting passes one position per request for a depth)."""
+    cos, sin = rope_cos_sin(inv_freq, positions.expand(B, N), dtype)
+    return cos.reshape(B, N, -1), sin.reshape(B, N, -1)
+
+
+def default_positions(cache, num_tokens: int) -> torch.Tensor:
+    return cache.seqlens[:, None].long() + torch.arange(num_tokens, device=cache.seqlens.device)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == weight.dtype == torch.float32:
+        # One op instead of seven; the same arithmetic in the same order (bit-identical).
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # half inputs normalise in fp32
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * wide.to(x.dtype)
+
+
+def swiglu(h: torch.Tensor, w: dict, prefix: str, packed: PackedWeights | None = None) -> torch.Tensor:
+    """The MLP from the three separate matrices under ``prefix`` (see :meth:`TorchLayerPath.gated_mlp`
+    for the fused one)."""
+    gate = F.silu(linear(h, w[prefix + "mlp.gate_proj.weight"], packed))
+    return linear(gate * linear(h, w[prefix + "mlp.up_proj.weight"], packed), w[prefix + "mlp.down_proj.weight"],
+                  packed)
+
+
+def cached_attention(q, k, v, cache, layer: int, tree_mask, slot_offset: int = 0):
+    """Store the new tokens' K/V at slots ``cache.seqlens + slot_offset + i`` of ``layer`` and
+    attend. With ``slot_offset`` > 0 the tree already holds that many slots from earlier calls
+    (draft expansion, depth by depth) and ``tree_mask`` covers all ``slot_offset + N`` slots;
+    the queries of the earlier slots are zero padding whose output is dropped.
+    q [B, N, Hq, D]; k, v [B, N, Hkv, D]; returns [B, N, Hq * D] in q.dtype."""
+    B, N = q.shape[:2]
+    k_layer, v_layer = cache.layer(layer)
+    starts = cache.seqlens + slot_offset if slot_offset else cache.seqlens
+    ops.write_kv(k_layer, v_layer, k.to(k_layer.dtype), v.to(v_layer.dtype), starts)
+    if slot_offset:
+        q = torch.cat([q.new_zeros(B, slot_offset, *q.shape[2:]), q], dim=1)
+    out = ops.tree_attention(q.to(k_layer.dtype), k_layer, v_layer, cache.seqlens, tree_mask)
+    if slot_offset:
+        out = out[:, slot_offset:]
+    return out.to(q.dtype).reshape(B, N, -1)
+
+
+# ------------------------------------------------------------------ one layer's tensors
+class FusedProjections:
+    """Projections of one input served as one matrix (q/k/v, gate/up): one linear call reads
+    them in one weight stream, with fewer calls and parallel regions per layer. A cpu_linear
+    output column does not depend on the other weight rows, so on CPU the results are bit for
+    bit those of separate calls.
+
+    The fused matrix is built on first use and the (model's own) weights dict's entries are
+    re-pointed at views of its rows (no second copy). Entries replaced later (a new tensor
+    under a name) are noticed by identity and fused again."""
+
+    def __init__(self):
+        self._built = {}  # (prefix, names) -> (the views handed out, the fused matrix)
+
+    def __call__(self, weights: dict, prefix: str, names: tuple) -> torch.Tensor:
+        parts = [weights[prefix + name] for name in names]
+        built = self._built.get((prefix, names))
+        if built is not None and all(a is b for a, b in zip(built[0], parts)):
+            return built[1]
+        fused = torch.cat(parts)
+        views, start = [], 0
+        for name, part in zip(names, parts):
+            views.append(fused[start:start + part.shape[0]])
+            weights[prefix + name] = views[-1]
+            start += part.shape[0]
+        self._built[(prefix, names)] = (views, fused)
+        return fused
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's tensors as every path takes them. ``input_norm`` None: no norm
+    before attention (EAGLE-1's head, whose fc output feeds attention directly);
+    ``embed_norm``: EAGLE-3's head, whose attention input is [norm(embedding), norm(x)].
+
+    Shapes
+    ------
+    input_norm, post_norm [H]; qkv [(Hq + 2 Hkv) D, K] (K = H, or 2H with ``embed_norm``);
+    o [H, Hq D]; gate_up [2I, H]; down [H, I]; embed_norm [H].
+    """
+
+    input_norm: torch.Tensor | None
+    qkv: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    embed_norm: torch.Tensor | None = None
+
+    @classmethod
+    def from_weights(cls, weights: dict, prefix: str, fused: FusedProjections,
+                     input_norm: str | None = "input_layernorm.weight", embed_norm: str | None = None):
+        """The layer under ``prefix`` in transformers' names, q/k/v and gate/up fused."""
+        return cls(None if input_norm is None else weights[prefix + input_norm], fused(weights, prefix, QKV),
+                   weights[prefix + "self_attn.o_proj.weight"], weights[prefix + "post_attention_layernorm.weight"],
+                   fused(weights, prefix, GATE_UP), weights[prefix + "mlp.down_proj.weight"],
+                   None if embed_norm is None else weights[prefix + embed_norm])
+
+    @property
+    def matrices(self) -> tuple[torch.Tensor, ...]:
+        """The matrices the linear layers stream (what packing applies to)."""
+        return self.qkv, self.o, self.gate_up, self.down
+
+
+# ------------------------------------------------------------------ layer paths
+class LayerPath:
+    """Runs one decoder layer of a forward pass. ``config`` gives ``num_heads``,
+    ``num_kv_heads``, ``head_dim`` and ``rms_norm_eps`` (``LlamaConfig`` or ``HeadConfig``);
+    ``packed`` holds the owner's packed copies; ``policy`` is the pass's CPU policy (None: read
+    where needed)."""
+
+    computes_padding_rows = True  # False: rows past ``row_counts`` are skipped (left unspecified)
+
+    def __init__(self, config, packed: PackedWeights, policy: CpuPolicy | None = None):
+        self.config, self.packed, self.policy = config, packed, policy
+
+    def rope(self, inv_freq: torch.Tensor, positions: torch.Tensor, B: int, N: int, dtype):
+        """The RoPE tables of a pass, in the layout this path's ``__call__`` takes."""
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, layer: LayerWeights, rope, cache, index: int, tree_mask=None, *,
+                 row_counts=None, embed=None, slot_offset: int = 0) -> torch.Tensor:
+        """x [B, N, H] -> the layer's output [B, N, H], writing the new K/V into layer ``index``
+        of ``cache``. tree_mask int64 [B, slot_offset + N, ceil((slot_offset + N) / 64)] or None
+        (causal); row_counts int64 [B]: rows past it are padding; embed [B, N, H] with
+        ``layer.embed_norm`` (EAGLE-3)."""
+        raise NotImplementedError
+
+
+class TorchLayerPath(LayerPath):
+    """Op by op; the linear layers through :func:`linear` (``cpu_linear`` for small fp32 CPU
+    calls, torch otherwise). Every row is computed, padding included."""
+
+    def rope(self, inv_freq, positions, B, N, dtype):
+        return rope_cos_sin(inv_freq, positions, dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return linear(x, weight, self.packed, self.policy)
+
+    def attention_projections(self, h: torch.Tensor, qkv: torch.Tensor, cos, sin):
+        """q, k (RoPE applied, one pass over both) and v from one fused q/k/v linear call.
+        h [B, N, K]; returns q [B, N, Hq, D], k and v [B, N, Hkv, D] (views of one buffer)."""
+        B, N = h.shape[:2]
+        c = self.config
+        out = self.linear(h, qkv).view(B, N, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        q, k = rotate(out[:, :, :c.num_heads + c.num_kv_heads], cos, sin).split([c.num_heads, c.num_kv_heads], dim=2)
+        return q, k, out[:, :, c.num_heads + c.num_kv_heads:]
+
+    def gated_mlp(self, h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        """SwiGLU with gate and up in one linear call (the same as :func:`swiglu`)."""
+        gate, up = self.linear(h, gate_up).chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, down)
+
+    def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
+        eps = self.config.rms_norm_eps
+        h = x if layer.input_norm is None else rms_norm(x, layer.input_norm, eps)
+        if embed is not None:
+            h = torch.cat([rms_norm(embed, layer.embed_norm, eps), h], dim=-1)
+        q, k, v = self.attention_projections(h, layer.qkv, *rope)
+        x = x + self.linear(cached_attention(q, k, v, cache, index, tree_mask, slot_offset), layer.o)
+        return x + self.gated_mlp(rms_norm(x, layer.post_norm, eps), layer.gate_up, layer.down)
+
+
+class CpuFusedLayerPath(LayerPath):
+    """The layer as one ``cpu_decoder_layer`` call, with the matrices' packed copies where the
+    policy packs. Rows past ``row_counts`` are not computed."""
+
+    computes_padding_rows = False
+
+    @staticmethod
+    def accepts(x: torch.Tensor, cache, weights: dict, policy: CpuPolicy) -> bool:
+        """fp32 on CPU with an fp32 cache, at most ``CPU_LINEAR_MAX_ROWS`` rows (the cpu_linear
+        regime), the policy on, and nothing for autograd to record in ``weights``."""
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and cache.k.dtype == torch.float32
+                and x.shape[0] * x.shape[1] <= CPU_LINEAR_MAX_ROWS and policy.layer_kernel
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
+
+    def rope(self, inv_freq, positions, B, N, dtype):
+        return rope_cos_sin_rows(inv_freq, positions, B, N, dtype)
+
+    def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
+        k_layer, v_layer = cache.layer(index)
+        qkv, o, gate_up, down = (self.packed(m, self.policy) for m in layer.matrices)
+        return torch.ops.eagle_kernels.cpu_decoder_layer(
+            x, layer.input_norm, qkv, o, layer.post_norm, gate_up, down, *rope, k_layer, v_layer, cache.seqlens,
+            tree_mask, num_heads=self.config.num_heads, eps=self.config.rms_norm_eps, embed=embed,
+            embed_norm=layer.embed_norm, slot_offset=slot_offset, row_counts=row_counts)
+
+
+class LayerPaths:
+    """The layer paths of one model; :meth:`pick` chooses one per forward pass."""
+
+    def __init__(self, config, packed: PackedWeights):
+        self.config, self.packed = config, packed
+
+    def pick(self, x: torch.Tensor, cache, weights: dict, normed_input: bool = True) -> LayerPath:
+        """The path for a pass over ``x`` [B, N, H] (the layer input) with ``cache``;
+        ``normed_input`` False (a layer without input norm) rules out the fused CPU kernel."""
+        if x.device.type != "cpu":
+            return TorchLayerPath(self.config, self.packed)
+        policy = cpu_policy()
+        if normed_input and CpuFusedLayerPath.accepts(x, cache, weights, policy):
+            return CpuFusedLayerPath(self.config, self.packed, policy)
+        return TorchLayerPath(self.config, self.packed, policy)
