@@ -3,6 +3,7 @@ against float64, identical bits across ISAs, batch invariance, bad input, and th
 packed copies (PackedWeights, cpu_decoder_layer). NaN rows: test_cpu_linear.py, both layouts."""
 
 import gc
+import os
 import weakref
 
 import pytest
@@ -154,8 +155,15 @@ def packing(monkeypatch):
 
     if ("cpu_linear", "cpu") not in _dispatch.NATIVE_KERNELS:
         pytest.skip("the C++ extension is not built")
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX"):
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    if _dispatch.cpu_isa() not in ("avx512-ymm", "avx512", "avx512-bf16"):
+        levels = _dispatch.CPU_ISA_LEVELS
+
+        def avx512_cpu_isa():  # min(avx512, the cap), as the kernels resolve it on such a CPU
+            cap = {"": "avx512", "native": "avx512", "portable": "scalar"}.get(os.environ.get(ISA_ENV, ""))
+            cap = cap or os.environ[ISA_ENV]
+            return levels[min(levels.index(cap), levels.index("avx512"))]
+
+        monkeypatch.setattr(_dispatch, "cpu_isa", avx512_cpu_isa)
     cpu_weights._parse_policy.cache_clear()
     assert cpu_weights.cpu_policy().packed
     yield

@@ -65,7 +65,7 @@ def cpu_policy() -> CpuPolicy:
     unknown value."""
     env = os.environ
     return _parse_policy(env.get(CPU_LINEAR_ENV, "auto"), env.get(CPU_LAYER_ENV, "auto"),
-                         env.get(_dispatch.BACKEND_ENV, "auto"), env.get(CPU_ISA_ENV, "avx512"))
+                         env.get(_dispatch.BACKEND_ENV, "auto"), env.get(CPU_ISA_ENV, ""))
 
 
 @functools.lru_cache(maxsize=32)
@@ -79,8 +79,9 @@ def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> 
     # The packed layout pays on cpu_linear's AVX-512 path only: the AVX2 path of the packed kernel
     # (tiles of one half of a group x up to 6 rows in 16 registers) measured 1.3-1.5x slower than
     # the row-major AVX2 kernel at 8-12 rows, so an AVX2 CPU (or an ISA cap) keeps row-major weights.
-    packed = (linear_kernel and linear_mode == "auto" and isa in ("avx512", "avx512-ymm", "")
-              and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX"))
+    # ``isa`` (the variable's value) keys the cache; the level itself is the kernels' own.
+    packed = (linear_kernel and linear_mode == "auto"
+              and _dispatch.cpu_isa() in ("avx512-ymm", "avx512", "avx512-bf16"))
     layer_kernel = linear_kernel and layer_mode == "auto" and ("cpu_decoder_layer", "cpu") in _dispatch.NATIVE_KERNELS
     return CpuPolicy(linear_kernel, packed, layer_kernel)
 
