@@ -10,6 +10,7 @@ checks that every tree_attention GPU configuration fits an H200's shared memory 
 (python_tests/test_triton_compile.py checks the compiled kernels).
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -78,8 +79,8 @@ def top_p_margin(logits, sampling):
                          ids=["fp32", "bf16"])
 def test_verify_gpu_config(dtype):
     """verify with GPU_CONFIG: 16-candidate radix passes, 1024-entry candidate lists, 2048-entry
-    max-pass tiles. bf16 searches 16 key bits (4 passes), fp32 all 32 (8 passes: about 30 s
-    interpreted, so marked slow)."""
+    max-pass tiles. bf16 searches 16 key bits (4 passes); fp32 searches all 32 (8 passes), which
+    doubles the interpreted search time, so it is marked slow."""
     from eagle_kernels.triton import verify as triton_verify
 
     config = triton_verify.GPU_CONFIG
@@ -266,4 +267,4 @@ def test_tree_attention_configs_fit_shared_memory(dtype, causal):
         assert picked in chosen and picked.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET
     if element_size == 2 and not causal:
         assert tta.GPU_CONFIG.shared_bytes(128, 2, False) > tta.SHARED_MEMORY_BUDGET
-        assert tta._fit(tta.GPU_CONFIG, 128, 2, False) == tta.TreeAttentionConfig(block_m=128, block_k=64, num_warps=8, num_stages=2)
+        assert tta._fit(tta.GPU_CONFIG, 128, 2, False) == dataclasses.replace(tta.GPU_CONFIG, num_stages=2)

@@ -136,8 +136,9 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
 def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
             config: VerifyConfig) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
-    lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput with the per-row internals: candidate counts ([B, N] int32, -1
-    where a row had no list) and the sampling rows' scalars ([B, N, NUM_STATS] float64)."""
+    lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput with the
+    per-row internals: candidate counts ([B, N] int32, -1 where a row had no list) and the
+    sampling rows' scalars ([B, N, NUM_STATS] float64)."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
