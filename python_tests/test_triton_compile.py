@@ -26,7 +26,7 @@ def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, os.path.join(HERE, "triton_cuda_compile.py"), "90"], env=env,
-                         capture_output=True, text=True, timeout=900)
+                         capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads(line) for line in run.stdout.splitlines()]
 
