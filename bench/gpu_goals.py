@@ -131,7 +131,8 @@ def tree_attention_sweep(timer: Timer, shapes, heads, configs) -> list[dict]:
         row["default_us"] = timer.graph(
             lambda: triton_tree_attention._launch(q, k, v, seqlens, mask, block_table=table)) * 1e6
         for block_m, block_k, warps, stages in configs:
-            config = dict(BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+            config = triton_tree_attention.TreeAttentionConfig(block_m=block_m, block_k=block_k, num_warps=warps,
+                                                               num_stages=stages)
             call = lambda: triton_tree_attention._launch(q, k, v, seqlens, mask, block_table=table,  # noqa: E731
                                                          config=config)
             try:

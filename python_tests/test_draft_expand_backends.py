@@ -153,12 +153,12 @@ def test_triton_many_chunks(backend, op_impl, block_v, V, top_k):
     if backend != "triton":
         pytest.skip("triton launcher only")
     op_impl("draft_expand")  # skips when triton is unavailable
-    from eagle_kernels.triton.draft_expand import _launch
+    from eagle_kernels.triton.draft_expand import DraftExpandConfig, _launch
 
     logits = planted_logits(2, 3, V, top_k, torch.float32, block_v + V)
     logits[1, 2, :V // 2] = float("-inf")
     fs = random_frontier_scores(2, 3, V)
-    out = _launch(logits, fs, top_k, None, block_v)
+    out = _launch(logits, fs, top_k, None, DraftExpandConfig(block_v=block_v))
     naive = naive_draft_expand(logits, fs, top_k)
     np.testing.assert_array_equal(out.tokens.numpy(), naive[0])
     ref = reference.draft_expand(logits, fs, top_k)
@@ -190,19 +190,19 @@ def test_triton_group_prefilter(backend, op_impl, block_v, V, top_k):
     if backend != "triton":
         pytest.skip("triton launcher only")
     op_impl("draft_expand")
-    from eagle_kernels.triton.draft_expand import _group_size, _launch
+    from eagle_kernels.triton.draft_expand import DraftExpandConfig, _group_size, _launch
 
     group = _group_size(block_v, top_k, False)
     assert block_v // group > top_k  # the cases take the pre-filter
     logits = _grouped_rows(V, group, top_k)
     fs = random_frontier_scores(1, 5, V)
-    out = _launch(logits, fs, top_k, None, block_v)
+    out = _launch(logits, fs, top_k, None, DraftExpandConfig(block_v=block_v))
     np.testing.assert_array_equal(out.tokens.numpy(), naive_draft_expand(logits, fs, top_k)[0])
     assert_same_as_reference(out, reference.draft_expand(logits, fs, top_k))
 
 
 @pytest.mark.parametrize("lanes", [1, 64], ids=["one-row-per-block", "two-rows-per-block"])
-def test_triton_merge_row_blocks(backend, op_impl, monkeypatch, lanes):
+def test_triton_merge_row_blocks(backend, op_impl, lanes):
     """The merge kernel takes the frontier rows in blocks of BLOCK_M (all at once at the
     benchmark's shapes): blocks of 1 and 2 rows over M = 5, the last block partial."""
     if backend != "triton":
@@ -210,11 +210,11 @@ def test_triton_merge_row_blocks(backend, op_impl, monkeypatch, lanes):
     op_impl("draft_expand")
     from eagle_kernels.triton import draft_expand as triton_draft_expand
 
-    monkeypatch.setattr(triton_draft_expand, "_MERGE_LANES", lanes)  # 32 candidate lanes per row here
     logits = planted_logits(2, 5, 200, 6, torch.float32, 11)
     logits[1, 3] = float("nan")  # a bad row inside a block
     fs = random_frontier_scores(2, 5, 200)
-    out = triton_draft_expand._launch(logits, fs, 6, None, 64)
+    config = triton_draft_expand.DraftExpandConfig(block_v=64, merge_lanes=lanes)  # 32 candidate lanes per row here
+    out = triton_draft_expand._launch(logits, fs, 6, None, config)
     assert_same_as_reference(out, reference.draft_expand(logits, fs, 6))
 
 

@@ -11,6 +11,8 @@ decision only when a coin lands within that of a threshold; the inputs here keep
 within 1e-6 of its threshold.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -212,8 +214,9 @@ def test_triton_candidate_lists_match_full_row_search(dtype):
         pytest.skip("a top-p mass within rounding of its threshold")
     args = (tokens, parents, logits, 4, sampling["temperature"], sampling["top_k"], sampling["top_p"],
             sampling["seed"], sampling["offset"])
-    listed = triton_verify._launch(*args, 32)
-    searched = triton_verify._launch(*args, 0)
+    config = dataclasses.replace(triton_verify.INTERPRETER_CONFIG, candidates=32)
+    listed = triton_verify._launch(*args, config)
+    searched = triton_verify._launch(*args, dataclasses.replace(config, candidates=0))
     counts = listed.cand_count
     filtered = ((sampling["top_k"] > 0) | (sampling["top_p"] < 1))[:, None].expand_as(counts)
     assert (counts[filtered] >= 0).any() and (counts[filtered] < 0).any()

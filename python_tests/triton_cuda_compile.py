@@ -7,7 +7,8 @@ with the launch itself replaced by a recorder, so the launchers pick their real 
 configurations (block sizes, warps, stages, constexpr flags per dtype and layout); then it
 compiles each recorded specialisation for ``sm_ARCH`` (default 90, an H100/H200) with the
 installed Triton and its bundled ptxas, and prints one JSON line per kernel: name,
-constexprs, options, registers per thread and local memory per thread (spills).
+constexprs, options, registers per thread, local memory per thread (spills) and the
+dynamic shared memory of a block.
 
 Run it without ``TRITON_INTERPRET`` (python_tests/test_triton_compile.py starts it in a
 subprocess for that reason).
@@ -86,6 +87,10 @@ def _drive_launchers() -> None:
                     k, table = torch.randn(B, cap, Hkv, D).to(dtype), None
                 mask = None if causal else torch.ones(B, N, 1, dtype=torch.int64)
                 triton_tree_attention._launch(q, k, k.clone(), seqlens, mask, block_table=table, num_splits=splits)
+    # The 64-row configuration, chosen only on a GPU (by its SM count), with the tree mask.
+    q, k = torch.randn(B, N, Hq, 128).bfloat16(), torch.randn(B, cap, Hkv, 128).bfloat16()
+    triton_tree_attention._launch(q, k, k.clone(), torch.tensor([100, 37], dtype=torch.int32),
+                                  torch.ones(B, N, 1, dtype=torch.int64), config=triton_tree_attention.GPU_CONFIG_SMALL)
 
     # draft_expand: logits dtypes, with and without the draft-to-target map.
     for dtype in (torch.bfloat16, torch.float32):
@@ -117,7 +122,8 @@ def specialisation(kernel: JITFunction, args: tuple, kwargs: dict) -> tuple[dict
 
 
 def compile_for_cuda(kernel: JITFunction, signature: dict, constexprs: dict, options: dict, arch: int) -> dict:
-    """Compile for sm_``arch``; registers, local (spill) and shared bytes from the cubin."""
+    """Compile for sm_``arch``; registers, local (spill) and static shared bytes from the cubin,
+    dynamic shared bytes (Triton's tiles and pipeline buffers) from the compiled kernel."""
     names = list(signature)
     source = ASTSource(kernel, signature, {(names.index(name),): value for name, value in constexprs.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
@@ -128,7 +134,8 @@ def compile_for_cuda(kernel: JITFunction, signature: dict, constexprs: dict, opt
                                check=True).stdout
     resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", usage)}
     return dict(kernel=kernel.fn.__name__, constexprs={k: str(v) for k, v in constexprs.items()}, options=options,
-                registers=resources["REG"], local_bytes=resources["LOCAL"], shared_bytes=resources["SHARED"])
+                registers=resources["REG"], local_bytes=resources["LOCAL"], shared_bytes=resources["SHARED"],
+                dynamic_shared_bytes=compiled.metadata.shared)
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
 
 from __future__ import annotations
 
-import os
+import dataclasses
 
 import torch
 import triton
@@ -37,14 +37,28 @@ import triton.language as tl
 
 from .. import _checks
 from .._types import DraftCandidates
+from ._launch_config import interpreted
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Chunk size: large chunks on the GPU (fewer partials to merge); small ones in the interpreter
-# so that V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
+
+@dataclasses.dataclass(frozen=True)
+class DraftExpandConfig:
+    """Tuning constants of the draft_expand launch; the outputs do not depend on them.
+
+    block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
+        group size of the chunk pre-filter (``_group_size``).
+    merge_lanes: candidate keys of the frontier rows one merge round reduces together.
+    """
+
+    block_v: int
+    merge_lanes: int = 4096
+
+
+# Large chunks on the GPU (fewer partials to merge); small ones in the interpreter so that
+# V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
 # python_tests/test_draft_expand_backends.py drives smaller chunks through _launch).
-_BLOCK_V = 1024 if _INTERPRET else 4096
+GPU_CONFIG = DraftExpandConfig(block_v=4096)
+INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
-_MERGE_LANES = 4096  # candidate keys of the rows one merge round reduces together
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
 _KEY_MIN = tl.constexpr(-(2**63) + 1)  # below every packed key: taken or masked entries
 
@@ -252,14 +266,20 @@ def _group_size(block_v: int, top_k: int, is_fp64: bool) -> int:
     return 0 if is_fp64 or group < 1 else group
 
 
-def _launch(logits, frontier_scores, top_k, d2t, block_v):
+def launch_config() -> DraftExpandConfig:
+    """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
+    the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
+    return INTERPRETER_CONFIG if interpreted(_draft_chunk_kernel) else GPU_CONFIG
+
+
+def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig) -> DraftCandidates:
     B, M, V = logits.shape
     device = logits.device
     x = logits if logits.is_contiguous() else logits.contiguous()
     fs = frontier_scores.contiguous()
     is_fp64 = logits.dtype == torch.float64
     compute = torch.float64 if is_fp64 else torch.float32
-    block_v = min(block_v, triton.next_power_of_2(V))
+    block_v = min(config.block_v, triton.next_power_of_2(V))
     NC = triton.cdiv(V, block_v)
     if NC * top_k > _MAX_CANDIDATES:
         raise ValueError(f"top_k: expected ceil(V / {block_v}) * top_k <= {_MAX_CANDIDATES} on the "
@@ -287,7 +307,7 @@ def _launch(logits, frontier_scores, top_k, d2t, block_v):
         part_max, part_sum, part_bad, part_val, part_id, fs, d2t_arg, tokens, scores, frontier,
         M, NC, TOP_K=top_k,
         # Rows merged together: their candidate keys (BLOCK_M * BLOCK_CK int64) stay in registers.
-        BLOCK_M=max(1, min(triton.next_power_of_2(M), _MERGE_LANES // block_ck)),
+        BLOCK_M=max(1, min(triton.next_power_of_2(M), config.merge_lanes // block_ck)),
         BLOCK_C=triton.next_power_of_2(NC), BLOCK_CK=block_ck,
         BLOCK_MK=triton.next_power_of_2(M * top_k), HAS_D2T=d2t is not None, IS_FP64=is_fp64,
         num_warps=4 if block_ck * triton.next_power_of_2(M) <= 2048 else 8,
@@ -295,9 +315,11 @@ def _launch(logits, frontier_scores, top_k, d2t, block_v):
     return DraftCandidates(tokens, scores, frontier)
 
 
-def draft_expand(logits, frontier_scores, top_k, *, d2t=None) -> DraftCandidates:
+def draft_expand(logits, frontier_scores, top_k, *, d2t=None,
+                 _config: DraftExpandConfig | None = None) -> DraftCandidates:
     """Triton path of :func:`eagle_kernels.draft_expand` (contract §2); see
-    :func:`eagle_kernels.reference.draft_expand` for semantics.
+    :func:`eagle_kernels.reference.draft_expand` for semantics. ``_config`` overrides
+    :func:`launch_config` (tests run the GPU configuration interpreted).
 
     Shapes
     ------
@@ -306,4 +328,4 @@ def draft_expand(logits, frontier_scores, top_k, *, d2t=None) -> DraftCandidates
     [B, M * top_k], frontier int32 [B, top_k]).
     """
     _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t)
-    return _launch(logits, frontier_scores, top_k, d2t, _BLOCK_V)
+    return _launch(logits, frontier_scores, top_k, d2t, _config or launch_config())

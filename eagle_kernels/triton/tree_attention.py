@@ -18,15 +18,14 @@ words. Long prefixes with few programs are split over ``NUM_SPLITS`` programs pe
 
 from __future__ import annotations
 
-import os
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import _checks
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from ._launch_config import interpreted
 
 
 @triton.jit
@@ -216,17 +215,66 @@ def _tree_attention_merge_kernel(
     tl.store(out_ptr + row * D + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_valid)
 
 
+@dataclasses.dataclass(frozen=True)
+class TreeAttentionConfig:
+    """Tiles and launch options of one tree_attention launch.
+
+    block_m: (node, query head) rows per program (at least next_pow2 of the GQA group).
+    block_k: keys per tile. num_warps, num_stages: Triton launch options. waves: GPU waves
+    the flash-decoding split aims at.
+    """
+
+    block_m: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    waves: int = 2
+
+    def shared_bytes(self, head_dim: int, element_size: int, causal: bool) -> int:
+        """Shared-memory estimate of a program: every tile a key step loads (K and V, and the
+        [block_m, block_k] int64 mask words with a tree mask), once per pipeline stage. An
+        upper bound of what Triton 3.9 allocates (196,608 B for the 128-row bf16 D 128 tree
+        launch, estimated 294,912 B)."""
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        tile = 2 * self.block_k * block_d * element_size + (0 if causal else self.block_m * self.block_k * 8)
+        return self.num_stages * tile
+
+
+# Shared memory an H200 (sm_90) block may use.
+SHARED_MEMORY_BUDGET = 232_448
+
 # GPU launch configurations, from a sweep on an H200 (triton 3.6, bf16, Hq 32, Hkv 8, D 128,
 # N 64): 128-row blocks with 8 warps won at B 1 / prefix 16k (0.105 vs 0.158 ms) and B 32 /
 # prefix 16k (2.43 vs 2.75 ms); 64-row blocks won at B 8 / prefix 4k (0.193 vs 0.226 ms), where
 # 128-row blocks leave the GPU short of one wave and need splitting while 64-row ones fill it.
 # Head dim 256 keeps 64 x 32 tiles (register pressure; correct, not tuned).
-GPU_CONFIG = dict(BLOCK_M=128, BLOCK_K=64, num_warps=8, num_stages=3, waves=2)
-GPU_CONFIG_SMALL = dict(BLOCK_M=64, BLOCK_K=64, num_warps=4, num_stages=3, waves=2)
-GPU_CONFIG_D256 = dict(BLOCK_M=64, BLOCK_K=32, num_warps=8, num_stages=2, waves=2)
+GPU_CONFIG = TreeAttentionConfig(block_m=128, block_k=64, num_warps=8, num_stages=3)
+GPU_CONFIG_SMALL = TreeAttentionConfig(block_m=64, block_k=64, num_warps=4, num_stages=3)
+GPU_CONFIG_D256 = TreeAttentionConfig(block_m=64, block_k=32, num_warps=8, num_stages=2)
+# Under the interpreter the cost is per program and per operation: small row blocks keep the
+# tests' node counts spread over several programs; warps and stages mean nothing there.
+INTERPRETER_CONFIG = TreeAttentionConfig(block_m=16, block_k=64, num_warps=4, num_stages=1)
 
 
-def _gpu_config(B, Hkv, N, group, D, device):
+def _fp32(config: TreeAttentionConfig) -> TreeAttentionConfig:
+    """fp32 tiles take twice the shared memory of 16-bit ones: at most 64 x 32 tiles, 2 stages."""
+    return dataclasses.replace(config, block_m=min(config.block_m, 64), block_k=min(config.block_k, 32),
+                               num_stages=2)
+
+
+def _fit(config: TreeAttentionConfig, head_dim: int, element_size: int, causal: bool) -> TreeAttentionConfig:
+    """A table entry adapted to the dtype and the mask kind: fp32 tiles, then fewer pipeline
+    stages until the shared-memory estimate fits the budget (the 128-row 16-bit launch with a
+    tree mask, whose mask words take 64 KiB a stage, runs 2 stages)."""
+    if element_size == 4:
+        config = _fp32(config)
+    while config.num_stages > 1 and config.shared_bytes(head_dim, element_size, causal) > SHARED_MEMORY_BUDGET:
+        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+    return config
+
+
+def _table_config(B, Hkv, N, group, D, device) -> TreeAttentionConfig:
+    """The sweep's choice for the call's shapes (before the dtype and mask kind)."""
     if D > 128:
         return GPU_CONFIG_D256
     if device.type != "cuda":
@@ -234,6 +282,21 @@ def _gpu_config(B, Hkv, N, group, D, device):
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     programs = lambda rows: B * Hkv * triton.cdiv(N, max(rows, group) // group)  # noqa: E731
     return GPU_CONFIG_SMALL if programs(128) < sms <= programs(64) else GPU_CONFIG
+
+
+def gpu_config(B, Hkv, N, group, D, dtype, causal, device) -> TreeAttentionConfig:
+    """The GPU launch configuration for a call's shapes, dtype and mask kind."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return _fit(_table_config(B, Hkv, N, group, D, device), D, element_size, causal)
+
+
+# Every configuration gpu_config can return (the tests run each one interpreted).
+GPU_CONFIGS = tuple(dict.fromkeys(
+    _fit(config, D, element_size, causal)
+    for config in (GPU_CONFIG, GPU_CONFIG_SMALL, GPU_CONFIG_D256)
+    for D in ((256,) if config is GPU_CONFIG_D256 else (64, 128))
+    for element_size in (2, 4)
+    for causal in (True, False)))
 
 
 def _num_splits(programs: int, capacity: int, block_k: int, device: torch.device, waves: int) -> int:
@@ -248,10 +311,11 @@ def _num_splits(programs: int, capacity: int, block_k: int, device: torch.device
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None,
-            num_splits=None, config=None):
+            num_splits=None, config: TreeAttentionConfig | None = None):
     """Launcher: validate → reject unsupported layouts → allocate → grid → launch.
-    ``num_splits`` overrides the flash-decoding split count (tests); ``config`` overrides
-    entries of GPU_CONFIG (tuning)."""
+    ``num_splits`` overrides the flash-decoding split count (tests); ``config`` overrides the
+    configuration: :func:`gpu_config`, or INTERPRETER_CONFIG when the kernel runs interpreted
+    (tests run GPU configurations interpreted; bench/gpu_goals.py sweeps them)."""
     _checks.check_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
                                  block_table=block_table, sm_scale=sm_scale)
     if q.dtype == torch.float64:
@@ -275,18 +339,17 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     mask = seqlens if causal else tree_mask.contiguous()
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
 
-    cfg = dict(_gpu_config(B, Hkv, N, group, D, q.device), **(config or {}))
-    if q.element_size() == 4 and not config:
-        # fp32 tiles take twice the shared memory: the 16-bit configs overflow an H200's 227 KiB.
-        cfg.update(BLOCK_M=min(cfg["BLOCK_M"], 64), BLOCK_K=min(cfg["BLOCK_K"], 32), num_stages=2)
+    interpret = interpreted(_tree_attention_kernel)
+    if config is None:
+        config = INTERPRETER_CONFIG if interpret else gpu_config(B, Hkv, N, group, D, q.dtype, causal, q.device)
     block_d = max(16, triton.next_power_of_2(D))
-    block_m = max(16 if _INTERPRET else cfg["BLOCK_M"], triton.next_power_of_2(group))
-    block_k = 64 if _INTERPRET else cfg["BLOCK_K"]
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    block_k = config.block_k
     nodes = block_m // group
     programs = B * Hkv * triton.cdiv(N, nodes)
     capacity = _checks.kv_capacity(k_cache, block_table)
     if num_splits is None:
-        splits = _num_splits(programs, capacity, block_k, q.device, cfg["waves"])
+        splits = _num_splits(programs, capacity, block_k, q.device, config.waves)
     else:
         splits = int(num_splits)
     if splits > 1:
@@ -294,7 +357,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         part_lse = torch.empty(splits, B * N * Hq, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused
-    upcast = _INTERPRET and q.dtype != torch.float32  # the interpreter's bf16 dot is wrong
+    upcast = interpret and q.dtype != torch.float32  # the interpreter's bf16 dot is wrong
     precision = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
     page_size = k_cache.shape[1] if paged else 1
     max_pages = table.shape[1] if paged else 1
@@ -308,7 +371,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
         NUM_SPLITS=splits, IS_PAGED=paged, IS_CAUSAL=causal, EVEN_D=block_d == D, UPCAST=upcast,
         DOT_PRECISION=precision,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if splits > 1:
         _tree_attention_merge_kernel[(B * N * Hq,)](
@@ -319,7 +382,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     return out
 
 
-def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None):
+def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None,
+                   _config: TreeAttentionConfig | None = None):
     """Triton tree attention with the contract signature; see
     :func:`eagle_kernels.reference.tree_attention` for shapes and semantics.
 
@@ -328,6 +392,7 @@ def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_
     q [B, N, Hq, D] (fp32/fp16/bf16, any strides); k_cache, v_cache [B, S, Hkv, D] or paged
     [P, page_size, Hkv, D] (dense last dim) with block_table int32 [B, max_pages];
     cache_seqlens int32 [B]; tree_mask int64 [B, N, ceil(N / 64)] or None (causal).
-    Returns [B, N, Hq, D] in q.dtype.
+    Returns [B, N, Hq, D] in q.dtype. ``_config`` overrides the launch configuration (tests).
     """
-    return _launch(q, k_cache, v_cache, cache_seqlens, tree_mask, block_table=block_table, sm_scale=sm_scale)
+    return _launch(q, k_cache, v_cache, cache_seqlens, tree_mask, block_table=block_table, sm_scale=sm_scale,
+                   config=_config)

@@ -1,0 +1,270 @@
+"""The Triton launchers' GPU launch configurations, executed under the interpreter.
+
+Without a GPU the launchers pick their interpreter configurations (small tiles, fast to
+interpret); the other Triton tests run those. Here each launcher runs with the configuration it
+uses on a GPU (``GPU_CONFIG`` and, for tree_attention, every entry ``gpu_config`` can return),
+on small shapes that still reach the paths those constants select, against
+``eagle_kernels.reference`` with the checks of the other tests: exact tokens and the same
+random stream for verify and draft_expand, the same tolerances for tree_attention. It also
+checks that every tree_attention GPU configuration fits an H200's shared memory by estimate
+(python_tests/test_triton_compile.py checks the compiled kernels).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eagle_kernels import _dispatch, reference
+from eagle_kernels._types import VerifyOutput
+from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
+
+
+@pytest.fixture(autouse=True)
+def interpreted_triton():
+    """The launchers themselves, on CPU tensors: only under TRITON_INTERPRET=1."""
+    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+
+
+# ---------------------------------------------------------------------------------- verify
+def assert_same(a, b, what=""):
+    for field, x, y in zip(VerifyOutput._fields, a, b):
+        assert x.dtype == y.dtype and torch.equal(x, y), (what, field, x, y)
+
+
+def verify_batch(dtype):
+    """Five requests over V = 2100 (two chunks of the GPU max pass's 2048-entry tiles, three
+    1024-entry row tiles): greedy; peaked rows with temperature only (whole-row bonus draw) and
+    with top-k + top-p (candidate lists); flat rows with top-k 1500 and with top-p 0.95, whose
+    kept sets outgrow the 1024-entry list (whole-row threshold searches). The trees hold a chain
+    of each parent's most likely tokens (walks go deep) and a token with p = 0. Four nodes: the
+    interpreter sorts a 1024-entry list in about 4 s (one list row per node of request 2)."""
+    B, N, V = 5, 4, 2100
+    gen = torch.Generator().manual_seed(V)
+    parents = torch.tensor([[-1, 0, 0, 1]] * B, dtype=torch.int32)
+    logits = torch.randn(B, N, V, generator=gen, dtype=torch.float64)
+    logits[:3] *= 4.0  # peaked rows: short candidate lists
+    logits[:, :, 7::97] = float("-inf")
+    tokens = torch.gather(logits.argmax(-1), 1, parents.clamp(min=0).long())  # chain 0 - 1 - 3
+    tokens[:, 2] = 7  # a -inf logit: p(x) = 0 at the root
+    sampling = dict(
+        temperature=torch.tensor([0.0, 1.0, 0.5, 2.0, 0.9]),
+        top_k=torch.tensor([0, 0, 50, 1500, 0], dtype=torch.int32),
+        top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95]),  # a greedy row ignores top-p
+        seed=torch.randint(-2**62, 2**62, (B,), generator=gen),
+        offset=torch.randint(0, 2**40, (B,), generator=gen),
+    )
+    return tokens, parents, logits.to(dtype), sampling
+
+
+def top_p_margin(logits, sampling):
+    """Smallest |mass strictly above x - top_p| over the sampling rows with top-p (the
+    reference's probabilities); below 1e-6 a decision is within rounding and the case skips."""
+    margin = np.inf
+    for b in range(logits.shape[0]):
+        t, k, p = float(sampling["temperature"][b]), int(sampling["top_k"][b]), float(sampling["top_p"][b])
+        if t == 0.0 or p >= 1.0:
+            continue
+        for u in range(logits.shape[1]):
+            probs = sampling_probs(logits[b, u], t, k, 1.0)
+            margin = min(margin, float((mass_strictly_above(probs) - p).abs().min()))
+    return margin
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16],
+                         ids=["fp32", "bf16"])
+def test_verify_gpu_config(dtype):
+    """verify with GPU_CONFIG: 16-candidate radix passes, 1024-entry candidate lists, 2048-entry
+    max-pass tiles. bf16 searches 16 key bits (4 passes); fp32 searches all 32 (8 passes), which
+    doubles the interpreted search time, so it is marked slow."""
+    from eagle_kernels.triton import verify as triton_verify
+
+    config = triton_verify.GPU_CONFIG
+    tokens, parents, logits, sampling = verify_batch(dtype)
+    if top_p_margin(logits, sampling) < 1e-6:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    max_depth = 4
+    args = (tokens, parents, logits, max_depth, sampling["temperature"], sampling["top_k"], sampling["top_p"],
+            sampling["seed"], sampling["offset"])
+    launch = triton_verify._launch(*args, config)
+    want = reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling)
+    assert_same(launch.output, want, "gpu config")
+    # The batch reaches both row paths: candidate lists (peaked filtered rows) and the
+    # whole-row search (the flat top-p and top-k 1500 rows).
+    filtered = ((sampling["top_k"] > 0) | (sampling["top_p"] < 1)) & (sampling["temperature"] > 0)
+    assert (launch.cand_count[2] >= 0).all() and (launch.cand_count[3:] < 0).all(), launch.cand_count
+    assert (launch.cand_count[~filtered] < 0).all()
+    assert want.accept_len[0] == 2 and int(want.accept_len[1:].max()) >= 1
+    # The public launcher takes the configuration as a private keyword.
+    assert_same(triton_verify.verify(tokens, parents, logits, max_depth=max_depth, _config=config, **sampling),
+                want, "public launcher")
+
+
+# ---------------------------------------------------------------------------- draft_expand
+def draft_logits(B, M, V, top_k, dtype, seed):
+    """Logits in [-4, 4] with each row's top ``top_k`` planted 0.5 apart (exact in every
+    dtype) at random ids, some of them in the tail chunk."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, M, V, generator=gen, dtype=torch.float64) * 1.5).clamp(-4, 4)
+    for b in range(B):
+        for m in range(M):
+            ids = torch.randperm(V, generator=gen)[:top_k]
+            logits[b, m, ids] = 5.0 + 0.5 * torch.arange(top_k - 1, -1, -1, dtype=torch.float64)
+    logits[0, 0, V - 3:] = 9.0  # ties at the top, in the partial last chunk
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+def test_draft_expand_gpu_config(dtype):
+    """V = 9000 spans three of the GPU's 4096-entry chunks (the last partial), each filtered
+    by groups of 16 (fp64: plain rounds); the merge takes all frontier rows in one block."""
+    from eagle_kernels.triton import draft_expand as triton_draft_expand
+
+    config = triton_draft_expand.GPU_CONFIG
+    B, M, V, top_k = 2, 3, 9000, 8
+    assert math.ceil(V / config.block_v) >= 2
+    assert triton_draft_expand._group_size(config.block_v, top_k, dtype == torch.float64) == (
+        0 if dtype == torch.float64 else 16)
+    logits = draft_logits(B, M, V, top_k, dtype, seed=V)
+    gen = torch.Generator().manual_seed(1)
+    fs = -3.0 * torch.rand(B, M, generator=gen)
+    d2t = torch.randint(0, 1000, (V,), generator=gen)
+    out = triton_draft_expand.draft_expand(logits, fs, top_k, d2t=d2t, _config=config)
+    ref = reference.draft_expand(logits, fs, top_k, d2t=d2t)
+    assert out.tokens.tolist() == ref.tokens.tolist()
+    assert out.frontier.tolist() == ref.frontier.tolist()
+    tol = dict(atol=1e-5, rtol=1e-6) if dtype == torch.float64 else dict(atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out.scores, ref.scores, **tol)
+    # Three tied maxima in the partial last chunk, smaller id first.
+    assert out.tokens[0, :3].tolist() == [i + int(d2t[i]) for i in (V - 3, V - 2, V - 1)]
+
+
+# -------------------------------------------------------------------------- tree_attention
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+
+
+def attention_inputs(B, N, prefix, heads, D, dtype, page, seed):
+    """Requests at different committed lengths; a paged cache uses a shuffled block table with
+    spare pages; every position no request may read holds NaN."""
+    Hq, Hkv = heads
+    gen = torch.Generator().manual_seed(seed)
+    seqlens = torch.tensor([max(prefix - 3 * b, 0) for b in range(B)], dtype=torch.int32)
+    seqlens[-1] = prefix
+    capacity = prefix + N + 5
+    q = torch.randn(B, N, Hq, D, generator=gen).to(dtype)
+    if page is None:
+        shape, table = (B, capacity, Hkv, D), None
+    else:
+        pages = math.ceil(capacity / page)
+        pool = B * pages + 3
+        shape = (pool, page, Hkv, D)
+        table = torch.randperm(pool, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
+    k = torch.randn(shape, generator=gen).to(dtype)
+    v = torch.randn(shape, generator=gen).to(dtype)
+    keep = torch.zeros(shape[:2], dtype=torch.bool)
+    for b in range(B):
+        t = torch.arange(int(seqlens[b]) + N)
+        if table is None:
+            keep[b, t] = True
+        else:
+            keep[table[b].long()[t // page], t % page] = True
+    k[~keep] = float("nan")
+    v[~keep] = float("nan")
+    return q, k, v, seqlens, table
+
+
+def random_mask(B, N, seed):
+    """int64 [B, N, W] tree mask of random parents: each node sees itself and its ancestors."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, N, (N + 63) // 64, dtype=torch.int64)
+    for b in range(B):
+        seen = []
+        for i in range(N):
+            parent = int(torch.randint(0, i, (1,), generator=gen)) if i else -1
+            seen.append({i} | (seen[parent] if parent >= 0 else set()))
+            for j in seen[i]:
+                mask[b, i, j // 64] |= -(1 << 63) if j % 64 == 63 else 1 << (j % 64)
+    return mask
+
+
+def check_attention(config, B, N, prefix, heads, D, dtype, page, causal, seed, num_splits=None):
+    from eagle_kernels.triton import tree_attention as triton_tree_attention
+
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed)
+    mask = None if causal else random_mask(B, N, seed)
+    out = triton_tree_attention._launch(q, k, v, seqlens, mask, block_table=table, num_splits=num_splits,
+                                        config=config)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
+
+
+def layout_id(page):
+    return "contiguous" if page is None else f"page{page}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["tree", "causal"])
+@pytest.mark.parametrize("page", [None, 16], ids=layout_id)
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tree_attention_gpu_config(dtype, D, page, causal):
+    """The configuration the launcher picks on a GPU for these shapes (128-row blocks of 16-bit
+    inputs, 64 x 32 tiles of fp32; bf16 through the interpreter's upcast dot). 40 nodes of 4
+    query heads per KV head fill one 128-row block and part of a second; the 150-entry prefix
+    takes whole key tiles and a partial one."""
+    from eagle_kernels.triton import tree_attention as triton_tree_attention
+
+    B, N, prefix, heads = 2, 40, 150, (8, 2)
+    config = triton_tree_attention.gpu_config(B, heads[1], N, heads[0] // heads[1], D, dtype, causal,
+                                              torch.device("cpu"))
+    assert (config.block_m, config.block_k) == ((128, 64) if dtype == torch.bfloat16 else (64, 32))
+    check_attention(config, B, N, prefix, heads, D, dtype, page, causal, seed=D + N)
+
+
+def every_gpu_config():
+    from eagle_kernels.triton import tree_attention as triton_tree_attention
+
+    return [(config, 256 if config.block_k == 32 and config.num_warps == 8 else 64)
+            for config in triton_tree_attention.GPU_CONFIGS]
+
+
+@pytest.mark.parametrize("config,D", every_gpu_config(),
+                         ids=lambda x: f"D{x}" if isinstance(x, int) else
+                         f"m{x.block_m}k{x.block_k}w{x.num_warps}s{x.num_stages}")
+def test_tree_attention_every_gpu_config(config, D):
+    """Each configuration ``gpu_config`` can return, once, on a tiny paged tree-mask case with
+    the flash-decoding merge of two splits (bf16; the D 256 one at head dim 256)."""
+    check_attention(config, 1, 9, 70, (6, 2), D, torch.bfloat16, 16, False, seed=config.block_m + D, num_splits=2)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["tree", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_tree_attention_configs_fit_shared_memory(dtype, causal):
+    """Every configuration the launcher can choose, for each head dim, dtype and mask kind,
+    fits an H200 block's shared memory by the estimate (contiguous and paged caches load the
+    same tiles). The 128-row 16-bit tree-mask launch with 3 stages would not (the mask words
+    take 64 KiB a stage): it runs 2."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    element_size = torch.empty((), dtype=dtype).element_size()
+    chosen = set()
+    for D in (64, 128, 256):
+        for table_config in ((tta.GPU_CONFIG_D256,) if D > 128 else (tta.GPU_CONFIG, tta.GPU_CONFIG_SMALL)):
+            config = tta._fit(table_config, D, element_size, causal)
+            assert config.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET, (config, D)
+            assert config in tta.GPU_CONFIGS
+            chosen.add(config)
+        # What the launcher picks (the 128-row entry off a GPU) is one of them.
+        picked = tta.gpu_config(1, 8, 64, 4, D, dtype, causal, torch.device("cpu"))
+        assert picked in chosen and picked.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET
+    if element_size == 2 and not causal:
+        assert tta.GPU_CONFIG.shared_bytes(128, 2, False) > tta.SHARED_MEMORY_BUDGET
+        assert tta._fit(tta.GPU_CONFIG, 128, 2, False) == dataclasses.replace(tta.GPU_CONFIG, num_stages=2)
