@@ -118,7 +118,10 @@ def _extension_and_cmdclass():
     with_cuda = (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
                  and not _env_flag("EAGLE_KERNELS_NO_CUDA"))
 
-    cxx_flags = ["-O3", "-DEAGLE_PYTHON_MODULE"]
+    # -ffp-contract=off: a * b + c stays two roundings unless the code asks for an FMA, so the
+    # unfused vector helpers (csrc/cpu/simd.h) give the portable loops' bits (verify's token
+    # choices are identical across instruction sets); GCC's default contracts them in C++.
+    cxx_flags = ["-O3", "-ffp-contract=off", "-DEAGLE_PYTHON_MODULE"]
     link_flags = []
     # at::parallel_for is header-inline OpenMP in torch builds; without -fopenmp it runs
     # serially. The libgomp torch ships has the same soname, so no second runtime is loaded.
