@@ -27,27 +27,23 @@ inline std::string shape_str(c10::IntArrayRef sizes) {
   return os.str();
 }
 
-inline void check_dtype(const at::Tensor& t, const char* op, const char* name,
-                        at::ScalarType expected) {
-  TORCH_CHECK_VALUE(t.scalar_type() == expected, op, ": ", name, ": expected dtype ",
-                    expected, ", got ", t.scalar_type());
+inline void check_dtype(const at::Tensor& t, const char* op, const char* name, at::ScalarType expected) {
+  TORCH_CHECK_VALUE(t.scalar_type() == expected, op, ": ", name, ": expected dtype ", expected, ", got ",
+                    t.scalar_type());
 }
 
-inline void check_dim(const at::Tensor& t, const char* op, const char* name, int64_t expected,
-                      const char* layout) {
-  TORCH_CHECK_VALUE(t.dim() == expected, op, ": ", name, ": expected ", expected, "-D ",
-                    layout, ", got ", t.dim(), "-D shape ", shape_str(t.sizes()));
+inline void check_dim(const at::Tensor& t, const char* op, const char* name, int64_t expected, const char* layout) {
+  TORCH_CHECK_VALUE(t.dim() == expected, op, ": ", name, ": expected ", expected, "-D ", layout, ", got ", t.dim(),
+                    "-D shape ", shape_str(t.sizes()));
 }
 
-inline void check_shape(const at::Tensor& t, const char* op, const char* name,
-                        const std::vector<int64_t>& expected, const char* layout) {
-  TORCH_CHECK_VALUE(t.sizes() == c10::IntArrayRef(expected), op, ": ", name,
-                    ": expected shape ", layout, " = ", shape_str(expected), ", got ",
-                    shape_str(t.sizes()));
+inline void check_shape(const at::Tensor& t, const char* op, const char* name, const std::vector<int64_t>& expected,
+                        const char* layout) {
+  TORCH_CHECK_VALUE(t.sizes() == c10::IntArrayRef(expected), op, ": ", name, ": expected shape ", layout, " = ",
+                    shape_str(expected), ", got ", shape_str(t.sizes()));
 }
 
-inline void check_device(const at::Tensor& t, const char* op, const char* name,
-                         const at::Device& expected) {
+inline void check_device(const at::Tensor& t, const char* op, const char* name, const at::Device& expected) {
   TORCH_CHECK_VALUE(t.device() == expected, op, ": ", name, ": expected device ", expected,
                     " (like the other inputs), got ", t.device());
 }
@@ -55,30 +51,27 @@ inline void check_device(const at::Tensor& t, const char* op, const char* name,
 // The float dtypes every op that reads activations or logits accepts.
 inline void check_float_dtype(const at::Tensor& t, const char* op, const char* name) {
   const at::ScalarType dt = t.scalar_type();
-  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
-                    op, ": ", name, ": expected dtype float32, float16, bfloat16 or float64, got ", dt);
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble, op, ": ", name,
+                    ": expected dtype float32, float16, bfloat16 or float64, got ", dt);
 }
 
 // Checks shared by every op that takes a K/V cache, in the order eagle_kernels/_checks.py runs
 // them: v_cache like k_cache, cache_seqlens int32 [B], then the block table (paged) or the
 // batch dim of k_cache at `batch_dim` (contiguous). Returns max_pages (0 when contiguous).
-inline int64_t check_kv_cache_args(const char* op, const at::Tensor& k_cache,
-                                   const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                   const std::optional<at::Tensor>& block_table, int64_t B,
-                                   int64_t batch_dim, const char* layout, at::Device dev) {
-  TORCH_CHECK_VALUE(v_cache.scalar_type() == k_cache.scalar_type(), op,
-                    ": v_cache: expected the dtype of k_cache ", k_cache.scalar_type(), ", got ",
-                    v_cache.scalar_type());
-  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), op,
-                    ": v_cache: expected the shape of k_cache ", shape_str(k_cache.sizes()),
-                    ", got ", shape_str(v_cache.sizes()));
+inline int64_t check_kv_cache_args(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                   const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                                   int64_t B, int64_t batch_dim, const char* layout, at::Device dev) {
+  TORCH_CHECK_VALUE(v_cache.scalar_type() == k_cache.scalar_type(), op, ": v_cache: expected the dtype of k_cache ",
+                    k_cache.scalar_type(), ", got ", v_cache.scalar_type());
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), op, ": v_cache: expected the shape of k_cache ",
+                    shape_str(k_cache.sizes()), ", got ", shape_str(v_cache.sizes()));
   check_device(v_cache, op, "v_cache", dev);
   check_dtype(cache_seqlens, op, "cache_seqlens", at::kInt);
   check_shape(cache_seqlens, op, "cache_seqlens", {B}, "[B]");
   check_device(cache_seqlens, op, "cache_seqlens", dev);
   if (!block_table.has_value()) {
-    TORCH_CHECK_VALUE(k_cache.size(batch_dim) == B, op, ": k_cache: expected batch dim ", B, " in ",
-                      layout, ", got shape ", shape_str(k_cache.sizes()));
+    TORCH_CHECK_VALUE(k_cache.size(batch_dim) == B, op, ": k_cache: expected batch dim ", B, " in ", layout,
+                      ", got shape ", shape_str(k_cache.sizes()));
     return 0;
   }
   check_dtype(*block_table, op, "block_table", at::kInt);
@@ -90,14 +83,11 @@ inline int64_t check_kv_cache_args(const char* op, const at::Tensor& k_cache,
 }
 
 // The kernels address a head's row as D consecutive elements.
-inline void check_dense_head_dim(const char* op, const at::Tensor& k_cache,
-                                 const at::Tensor& v_cache) {
+inline void check_dense_head_dim(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache) {
   const int64_t D = k_cache.size(-1);
-  TORCH_CHECK_VALUE(k_cache.stride(-1) == 1 || D <= 1, op,
-                    ": k_cache: expected a dense last (head) dim, got strides ",
+  TORCH_CHECK_VALUE(k_cache.stride(-1) == 1 || D <= 1, op, ": k_cache: expected a dense last (head) dim, got strides ",
                     shape_str(k_cache.strides()));
-  TORCH_CHECK_VALUE(v_cache.stride(-1) == 1 || D <= 1, op,
-                    ": v_cache: expected a dense last (head) dim, got strides ",
+  TORCH_CHECK_VALUE(v_cache.stride(-1) == 1 || D <= 1, op, ": v_cache: expected a dense last (head) dim, got strides ",
                     shape_str(v_cache.strides()));
 }
 
@@ -108,10 +98,9 @@ struct BuildTreeDims {
   int64_t B, C, N;
 };
 
-inline BuildTreeDims check_build_tree_args(const at::Tensor& root_tokens,
-                                           const at::Tensor& cand_tokens,
-                                           const at::Tensor& cand_scores,
-                                           const at::Tensor& cand_parents, int64_t num_nodes) {
+inline BuildTreeDims check_build_tree_args(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
+                                           const at::Tensor& cand_scores, const at::Tensor& cand_parents,
+                                           int64_t num_nodes) {
   // Same order as eagle_kernels/_checks.py, so both name the same tensor: B and C come from
   // cand_tokens.
   const char* op = "build_tree";
@@ -129,8 +118,7 @@ inline BuildTreeDims check_build_tree_args(const at::Tensor& root_tokens,
   check_dtype(cand_parents, op, "cand_parents", at::kInt);
   check_shape(cand_parents, op, "cand_parents", {B, C}, "[B, C]");
   check_device(cand_parents, op, "cand_parents", dev);
-  TORCH_CHECK_VALUE(num_nodes >= 1, op, ": num_nodes: expected >= 1 (the root), got ",
-                    num_nodes);
+  TORCH_CHECK_VALUE(num_nodes >= 1, op, ": num_nodes: expected >= 1 (the root), got ", num_nodes);
   TORCH_CHECK_VALUE(num_nodes - 1 <= C, op, ": num_nodes: expected num_nodes - 1 <= C = ", C,
                     " (number of candidates), got num_nodes = ", num_nodes);
   return {B, C, num_nodes};
@@ -141,10 +129,8 @@ inline BuildTreeDims check_build_tree_args(const at::Tensor& root_tokens,
 
 // Checks metadata and fills the raw-pointer parameters of the core. `accept_nodes` and
 // `block_table` must already be the dense tensors the kernel will read.
-inline compact_kv::Params check_compact_kv_args(const at::Tensor& k_cache,
-                                                const at::Tensor& v_cache,
-                                                const at::Tensor& cache_seqlens,
-                                                const at::Tensor& accept_nodes,
+inline compact_kv::Params check_compact_kv_args(const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                                const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
                                                 const at::Tensor& accept_len,
                                                 const std::optional<at::Tensor>& block_table) {
   // Same order as eagle_kernels/_checks.py, so both name the same tensor: B comes from
@@ -157,21 +143,20 @@ inline compact_kv::Params check_compact_kv_args(const at::Tensor& k_cache,
   check_device(accept_nodes, op, "accept_nodes", dev);
   const int64_t B = accept_nodes.size(0);
   const int64_t A = accept_nodes.size(1);
-  TORCH_CHECK_VALUE(A >= 1, op, ": accept_nodes: expected shape [B, max_depth + 1] with ",
-                    "max_depth >= 0, got shape ", shape_str(accept_nodes.sizes()));
+  TORCH_CHECK_VALUE(A >= 1, op, ": accept_nodes: expected shape [B, max_depth + 1] with ", "max_depth >= 0, got shape ",
+                    shape_str(accept_nodes.sizes()));
   check_dtype(accept_len, op, "accept_len", at::kInt);
   check_shape(accept_len, op, "accept_len", {B}, "[B]");
   check_device(accept_len, op, "accept_len", dev);
 
-  const char* layout = paged ? "[P, page_size, Hkv, D] or [L, P, page_size, Hkv, D]"
-                             : "[B, S, Hkv, D] or [L, B, S, Hkv, D]";
-  TORCH_CHECK_VALUE(k_cache.dim() == 4 || k_cache.dim() == 5, op, ": k_cache: expected ",
-                    layout, ", got shape ", shape_str(k_cache.sizes()));
+  const char* layout =
+      paged ? "[P, page_size, Hkv, D] or [L, P, page_size, Hkv, D]" : "[B, S, Hkv, D] or [L, B, S, Hkv, D]";
+  TORCH_CHECK_VALUE(k_cache.dim() == 4 || k_cache.dim() == 5, op, ": k_cache: expected ", layout, ", got shape ",
+                    shape_str(k_cache.sizes()));
   const bool has_layer = k_cache.dim() == 5;
   const int64_t off = has_layer ? 1 : 0;
   const int64_t outer = k_cache.size(off);
-  const int64_t max_pages =
-      check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, off, layout, dev);
+  const int64_t max_pages = check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, off, layout, dev);
   check_dense_head_dim(op, k_cache, v_cache);
   const int64_t D = k_cache.size(-1);
 
@@ -206,12 +191,17 @@ inline compact_kv::Params check_compact_kv_args(const at::Tensor& k_cache,
 
 // Word size for the row copies: divides the row, every stride and both base addresses.
 inline int compact_kv_word_bytes(const compact_kv::Params& p) {
-  const int64_t values[] = {
-      p.row_bytes,
-      p.k.stride_layer, p.k.stride_outer, p.k.stride_pos, p.k.stride_head,
-      p.v.stride_layer, p.v.stride_outer, p.v.stride_pos, p.v.stride_head,
-      static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.k.base) % 16),
-      static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v.base) % 16)};
+  const int64_t values[] = {p.row_bytes,
+                            p.k.stride_layer,
+                            p.k.stride_outer,
+                            p.k.stride_pos,
+                            p.k.stride_head,
+                            p.v.stride_layer,
+                            p.v.stride_outer,
+                            p.v.stride_pos,
+                            p.v.stride_head,
+                            static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.k.base) % 16),
+                            static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v.base) % 16)};
   return compact_kv::pick_word_bytes(values, static_cast<int>(sizeof(values) / sizeof(values[0])));
 }
 

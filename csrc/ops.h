@@ -11,22 +11,19 @@ namespace eagle {
 using TreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using DraftCandidateTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores,
-                                       int64_t top_k, const std::optional<at::Tensor>& d2t);
+DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores, int64_t top_k,
+                                       const std::optional<at::Tensor>& d2t);
 
-TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
-                           const at::Tensor& cand_scores, const at::Tensor& cand_parents,
-                           int64_t num_nodes);
+TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,
+                           const at::Tensor& cand_parents, int64_t num_nodes);
 
-void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache,
-                    const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
-                    const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table);
+void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                    const at::Tensor& accept_nodes, const at::Tensor& accept_len,
+                    const std::optional<at::Tensor>& block_table);
 
-at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
-                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                              const std::optional<at::Tensor>& tree_mask,
-                              const std::optional<at::Tensor>& block_table,
-                              std::optional<double> sm_scale);
+at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask,
+                              const std::optional<at::Tensor>& block_table, std::optional<double> sm_scale);
 
 void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
                   const at::Tensor& v_new, const at::Tensor& cache_seqlens,
@@ -39,36 +36,30 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight);
 // layer's output [B, N, H] fp32 and writes the new tokens' K/V at cache_seqlens + slot_offset + i
 // (contiguous cache). row_counts int64 [B] (optional): rows past a request's count are padding,
 // not computed (they keep x and write zero K/V).
-at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_norm,
-                                 const at::Tensor& qkv_weight, const at::Tensor& o_weight,
-                                 const at::Tensor& post_norm, const at::Tensor& gate_up_weight,
-                                 const at::Tensor& down_weight, const at::Tensor& cos,
-                                 const at::Tensor& sin, const at::Tensor& k_cache,
-                                 const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                 const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
-                                 double eps, const std::optional<at::Tensor>& embed,
+at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& qkv_weight,
+                                 const at::Tensor& o_weight, const at::Tensor& post_norm,
+                                 const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& cos,
+                                 const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask,
+                                 int64_t num_heads, double eps, const std::optional<at::Tensor>& embed,
                                  const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
                                  const std::optional<at::Tensor>& row_counts);
 
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents,
-                         const at::Tensor& target_logits, int64_t max_depth,
-                         const std::optional<at::Tensor>& temperature,
-                         const std::optional<at::Tensor>& top_k,
-                         const std::optional<at::Tensor>& top_p,
-                         const std::optional<at::Tensor>& seed,
-                         const std::optional<at::Tensor>& offset);
+VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+                         int64_t max_depth, const std::optional<at::Tensor>& temperature,
+                         const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset);
 
 #ifdef EAGLE_WITH_CUDA
-TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
-                            const at::Tensor& cand_scores, const at::Tensor& cand_parents,
-                            int64_t num_nodes);
+TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,
+                            const at::Tensor& cand_parents, int64_t num_nodes);
 
-void compact_kv_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
-                     const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table);
+void compact_kv_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                     const at::Tensor& accept_nodes, const at::Tensor& accept_len,
+                     const std::optional<at::Tensor>& block_table);
 #endif
 
 }  // namespace eagle

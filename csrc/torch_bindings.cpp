@@ -81,9 +81,15 @@ static PyMethodDef eagle_c_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef eagle_c_module = {
-    PyModuleDef_HEAD_INIT, "eagle_kernels._C",
+    PyModuleDef_HEAD_INIT,
+    "eagle_kernels._C",
     "Native kernels of eagle_kernels (registered under torch.ops.eagle_kernels on import).",
-    -1, eagle_c_methods, nullptr, nullptr, nullptr, nullptr};
+    -1,
+    eagle_c_methods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr};
 
 PyMODINIT_FUNC PyInit__C(void) {
   PyObject* m = PyModule_Create(&eagle_c_module);

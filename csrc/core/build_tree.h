@@ -46,8 +46,7 @@ HOST_DEVICE inline int64_t candidate_rank(const float* keys, int64_t C, int64_t 
 // Phase 1: candidate c is a draft node iff its rank is < num_select (= N - 1). Counts in
 // chunks and stops once num_select better candidates are seen, so low-ranked candidates cost
 // O(num_select * C / rank) instead of O(C).
-HOST_DEVICE inline bool select_candidate(const float* keys, int64_t C, int64_t c,
-                                         int64_t num_select) {
+HOST_DEVICE inline bool select_candidate(const float* keys, int64_t C, int64_t c, int64_t num_select) {
   constexpr int64_t kChunk = 256;
   int64_t better = 0;
   for (int64_t begin = 0; begin < C; begin += kChunk) {
@@ -68,8 +67,7 @@ HOST_DEVICE inline int64_t node_of(const uint8_t* selected, int64_t c) {
 // Node index of the parent of selected candidate c (node `node`). Validated inputs always
 // have a selected parent p < c; the clamps only keep unvalidated input (CUDA path, which
 // does not read values on the host) memory-safe and parents[i] < i, so phase 3 terminates.
-HOST_DEVICE inline int32_t parent_node(const uint8_t* selected, const int32_t* cand_parents,
-                                       int64_t c, int64_t node) {
+HOST_DEVICE inline int32_t parent_node(const uint8_t* selected, const int32_t* cand_parents, int64_t c, int64_t node) {
   const int64_t p = cand_parents[c];
   if (p < 0 || p >= c) return 0;
   int64_t pn = node_of(selected, p);
@@ -79,8 +77,7 @@ HOST_DEVICE inline int32_t parent_node(const uint8_t* selected, const int32_t* c
 
 // Phase 2 for candidate c (no-op when not selected). Node 0 is written by place_root.
 HOST_DEVICE inline void place_candidate(const uint8_t* selected, const int64_t* cand_tokens,
-                                        const int32_t* cand_parents, int64_t c,
-                                        int64_t* tokens, int32_t* parents) {
+                                        const int32_t* cand_parents, int64_t c, int64_t* tokens, int32_t* parents) {
   if (!selected[c]) return;
   const int64_t node = node_of(selected, c);
   tokens[node] = cand_tokens[c];
@@ -94,16 +91,15 @@ HOST_DEVICE inline void place_root(int64_t root_token, int64_t* tokens, int32_t*
 
 // Phase 3 for node i: depth and mask row (W = mask_words(N) words). Needs parents[j] < j for
 // every j >= 1 on the path, which phase 2 guarantees.
-HOST_DEVICE inline void fill_depth_mask(const int32_t* parents, int64_t N, int64_t i,
-                                        int32_t* depths, int64_t* mask_row) {
+HOST_DEVICE inline void fill_depth_mask(const int32_t* parents, int64_t N, int64_t i, int32_t* depths,
+                                        int64_t* mask_row) {
   const int64_t W = mask_words(N);
   for (int64_t w = 0; w < W; ++w) mask_row[w] = 0;
   int32_t depth = 0;
   int64_t j = i;
   for (;;) {
     // Build the bit in unsigned arithmetic: 1 << 63 is undefined for signed int64.
-    mask_row[j >> 6] = static_cast<int64_t>(static_cast<uint64_t>(mask_row[j >> 6]) |
-                                            (uint64_t{1} << (j & 63)));
+    mask_row[j >> 6] = static_cast<int64_t>(static_cast<uint64_t>(mask_row[j >> 6]) | (uint64_t{1} << (j & 63)));
     if (j == 0) break;
     j = parents[j];
     ++depth;

@@ -18,8 +18,6 @@ HOST_DEVICE inline int64_t mask_words(int64_t n) { return ceil_div(n, 64); }
 
 // NaN compares false against everything, which would make ranking by score inconsistent
 // (not a strict weak order); the contract ranks NaN as -inf instead.
-HOST_DEVICE inline float nan_as_neg_inf(float x) {
-  return x != x ? -__builtin_huge_valf() : x;
-}
+HOST_DEVICE inline float nan_as_neg_inf(float x) { return x != x ? -__builtin_huge_valf() : x; }
 
 }  // namespace eagle

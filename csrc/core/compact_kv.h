@@ -33,10 +33,10 @@ struct Params {
   int64_t num_layers;  // 1 without a layer dim
   int64_t batch;
   int64_t num_heads;
-  int64_t row_bytes;   // D * element size (the D dim is dense)
-  int64_t seq_len;     // contiguous: S; paged: page_size
+  int64_t row_bytes;  // D * element size (the D dim is dense)
+  int64_t seq_len;    // contiguous: S; paged: page_size
   bool paged;
-  int64_t num_pages;   // paged only: P
+  int64_t num_pages;           // paged only: P
   const int32_t* block_table;  // paged only: [B, max_pages], dense
   int64_t max_pages;
   const int32_t* cache_seqlens;  // [B]
@@ -49,12 +49,28 @@ struct alignas(16) Word16 {
   uint64_t lo, hi;
 };
 
-template <int kBytes> struct WordOf;
-template <> struct WordOf<1> { using type = uint8_t; };
-template <> struct WordOf<2> { using type = uint16_t; };
-template <> struct WordOf<4> { using type = uint32_t; };
-template <> struct WordOf<8> { using type = uint64_t; };
-template <> struct WordOf<16> { using type = Word16; };
+template <int kBytes>
+struct WordOf;
+template <>
+struct WordOf<1> {
+  using type = uint8_t;
+};
+template <>
+struct WordOf<2> {
+  using type = uint16_t;
+};
+template <>
+struct WordOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct WordOf<8> {
+  using type = uint64_t;
+};
+template <>
+struct WordOf<16> {
+  using type = Word16;
+};
 
 // Largest word size (<= 16) dividing every value: row size, strides and base addresses.
 HOST_DEVICE inline int pick_word_bytes(const int64_t* values, int n) {
@@ -67,8 +83,7 @@ HOST_DEVICE inline int pick_word_bytes(const int64_t* values, int n) {
 // Where logical position t of request b lives: (outer index, pos index), or false when it is
 // outside the cache (only possible for unvalidated input: the CUDA path does not read values
 // on the host, so it skips such rows instead of faulting).
-HOST_DEVICE inline bool locate(const Params& p, int64_t b, int64_t t, int64_t* outer,
-                               int64_t* pos) {
+HOST_DEVICE inline bool locate(const Params& p, int64_t b, int64_t t, int64_t* outer, int64_t* pos) {
   if (t < 0) return false;
   if (!p.paged) {
     if (t >= p.seq_len) return false;
@@ -85,17 +100,15 @@ HOST_DEVICE inline bool locate(const Params& p, int64_t b, int64_t t, int64_t* o
   return true;
 }
 
-HOST_DEVICE inline char* row_ptr(const CacheView& v, int64_t layer, int64_t outer, int64_t pos,
-                                 int64_t head) {
-  return v.base + layer * v.stride_layer + outer * v.stride_outer + pos * v.stride_pos +
-         head * v.stride_head;
+HOST_DEVICE inline char* row_ptr(const CacheView& v, int64_t layer, int64_t outer, int64_t pos, int64_t head) {
+  return v.base + layer * v.stride_layer + outer * v.stride_outer + pos * v.stride_pos + head * v.stride_head;
 }
 
 // Worker (layer, b, head), lane `lane` of `num_lanes`: copies words lane, lane + num_lanes, ...
 // of every moved row, for j ascending.
 template <typename Word>
-HOST_DEVICE inline void compact_worker(const Params& p, int64_t layer, int64_t b, int64_t head,
-                                       int64_t lane, int64_t num_lanes) {
+HOST_DEVICE inline void compact_worker(const Params& p, int64_t layer, int64_t b, int64_t head, int64_t lane,
+                                       int64_t num_lanes) {
   int64_t len = p.accept_len[b];
   if (len > p.accept_width - 1) len = p.accept_width - 1;
   const int64_t base = p.cache_seqlens[b];
@@ -117,15 +130,12 @@ HOST_DEVICE inline void compact_worker(const Params& p, int64_t layer, int64_t b
   }
 }
 
-HOST_DEVICE inline int64_t num_workers(const Params& p) {
-  return p.num_layers * p.batch * p.num_heads;
-}
+HOST_DEVICE inline int64_t num_workers(const Params& p) { return p.num_layers * p.batch * p.num_heads; }
 
 // Worker index -> (layer, b, head), head fastest so neighbouring workers touch neighbouring
 // memory.
 template <typename Word>
-HOST_DEVICE inline void run_worker(const Params& p, int64_t worker, int64_t lane,
-                                   int64_t num_lanes) {
+HOST_DEVICE inline void run_worker(const Params& p, int64_t worker, int64_t lane, int64_t num_lanes) {
   const int64_t head = worker % p.num_heads;
   const int64_t rest = worker / p.num_heads;
   const int64_t b = rest % p.batch;

@@ -26,8 +26,7 @@ namespace draft_expand {
 // first), and once the buffer is full only a strictly larger value gets in. NaN must not be
 // pushed (it compares false with everything); callers map it first (rank keys) or skip it.
 template <typename T, typename I>
-HOST_DEVICE inline void push_top_k(T* values, I* ids, int64_t& count, int64_t k, T value,
-                                   I id) {
+HOST_DEVICE inline void push_top_k(T* values, I* ids, int64_t& count, int64_t k, T value, I id) {
   if (count == k) {
     if (!(value > values[k - 1])) return;
     --count;  // the last entry drops out
@@ -46,9 +45,9 @@ HOST_DEVICE inline void push_top_k(T* values, I* ids, int64_t& count, int64_t k,
 // Online log-sum-exp state of one row: sum of exp(x - max) over the entries seen.
 template <typename A>
 struct RowStats {
-  A max;       // largest entry seen (-inf when none)
-  A sum;       // sum of exp(x - max)
-  bool bad;    // a NaN or +inf was seen
+  A max;     // largest entry seen (-inf when none)
+  A sum;     // sum of exp(x - max)
+  bool bad;  // a NaN or +inf was seen
 };
 
 // Whether the row's log-probs are all NaN (see the header comment).
@@ -66,10 +65,8 @@ HOST_DEVICE inline double log_of(double x) { return log(x); }
 // == k unless the row is bad). logp = (x - max) - log(sum), the same association as
 // torch.log_softmax; score = frontier_score + logp in A, rounded once to float32.
 template <typename A>
-HOST_DEVICE inline void finish_row(const RowStats<A>& s, const A* top_values,
-                                   const int64_t* top_ids, int64_t count, int64_t k,
-                                   A frontier_score, const int64_t* d2t, int64_t* tokens,
-                                   float* scores) {
+HOST_DEVICE inline void finish_row(const RowStats<A>& s, const A* top_values, const int64_t* top_ids, int64_t count,
+                                   int64_t k, A frontier_score, const int64_t* d2t, int64_t* tokens, float* scores) {
   const bool bad = row_is_bad(s) || count < k;
   const A log_sum = bad ? A(0) : log_of(s.sum);
   const A nan = static_cast<A>(NAN);
@@ -83,11 +80,10 @@ HOST_DEVICE inline void finish_row(const RowStats<A>& s, const A* top_values,
 
 // Frontier of one request: the k best of the M*k candidate scores by score descending (NaN
 // ranked as -inf), ties by smaller index. keys/picked: scratch of k entries.
-HOST_DEVICE inline void select_frontier(const float* scores, int64_t num_candidates, int64_t k,
-                                        float* keys, int64_t* picked, int32_t* frontier) {
+HOST_DEVICE inline void select_frontier(const float* scores, int64_t num_candidates, int64_t k, float* keys,
+                                        int64_t* picked, int32_t* frontier) {
   int64_t count = 0;
-  for (int64_t c = 0; c < num_candidates; ++c)
-    push_top_k(keys, picked, count, k, nan_as_neg_inf(scores[c]), c);
+  for (int64_t c = 0; c < num_candidates; ++c) push_top_k(keys, picked, count, k, nan_as_neg_inf(scores[c]), c);
   for (int64_t r = 0; r < k; ++r) frontier[r] = static_cast<int32_t>(picked[r]);
 }
 

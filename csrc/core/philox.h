@@ -26,8 +26,7 @@ struct Words {
   uint32_t w[4];
 };
 
-HOST_DEVICE inline Words philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                       uint32_t k0, uint32_t k1) {
+HOST_DEVICE inline Words philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   for (int round = 0; round < kRounds; ++round) {
     if (round > 0) {
       k0 += kW0;  // unsigned arithmetic wraps mod 2^32 as the generator requires
@@ -50,8 +49,8 @@ HOST_DEVICE inline Words philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, ui
 HOST_DEVICE inline double uniform(int64_t seed, int64_t offset, uint32_t node, uint32_t draw) {
   const uint64_t s = static_cast<uint64_t>(seed);
   const uint64_t o = static_cast<uint64_t>(offset);
-  const Words r = philox4x32_10(static_cast<uint32_t>(o), static_cast<uint32_t>(o >> 32), node,
-                                draw, static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32));
+  const Words r = philox4x32_10(static_cast<uint32_t>(o), static_cast<uint32_t>(o >> 32), node, draw,
+                                static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32));
   const uint64_t bits53 = (static_cast<uint64_t>(r.w[0] >> 5) << 26) | (r.w[1] >> 6);
   return static_cast<double>(bits53) * 0x1p-53;
 }

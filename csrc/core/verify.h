@@ -105,9 +105,8 @@ HOST_DEVICE inline K kth_largest_key(const K* keys, int64_t n, int64_t k, K* scr
 // (sum of the values > v) below top_p; keep x iff key(x) >= t. Values are non-negative
 // probabilities; masses are summed in float64. `scratch` holds n keys.
 template <typename C>
-HOST_DEVICE inline typename KeyOf<C>::type top_p_threshold_key(const typename KeyOf<C>::type* keys,
-                                                               int64_t n, double top_p,
-                                                               typename KeyOf<C>::type* scratch) {
+HOST_DEVICE inline typename KeyOf<C>::type top_p_threshold_key(const typename KeyOf<C>::type* keys, int64_t n,
+                                                               double top_p, typename KeyOf<C>::type* scratch) {
   using K = typename KeyOf<C>::type;
   const K* src = keys;
   int64_t m = n;

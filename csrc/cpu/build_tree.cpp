@@ -24,8 +24,7 @@ int64_t grain_for(int64_t cost_per_item) {
 
 // The contract's own preconditions, read on the host: parents precede children, and no
 // candidate outscores its parent (so the top N-1 always contain their ancestors).
-void check_build_tree_values(const at::Tensor& scores, const at::Tensor& parents, int64_t B,
-                             int64_t C) {
+void check_build_tree_values(const at::Tensor& scores, const at::Tensor& parents, int64_t B, int64_t C) {
   const float* s = scores.data_ptr<float>();
   const int32_t* par = parents.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
@@ -41,8 +40,8 @@ void check_build_tree_values(const at::Tensor& scores, const at::Tensor& parents
         TORCH_CHECK_VALUE(!core::ranks_before(sc, c, sp, p),
                           "build_tree: cand_scores: expected no candidate to outscore its "
                           "parent (NaN ranks as -inf), got cand_scores[",
-                          b, ", ", c, "] = ", sc, " > cand_scores[", b, ", ", p, "] = ", sp,
-                          " with cand_parents[", b, ", ", c, "] = ", p);
+                          b, ", ", c, "] = ", sc, " > cand_scores[", b, ", ", p, "] = ", sp, " with cand_parents[", b,
+                          ", ", c, "] = ", p);
       }
     }
   }
@@ -50,13 +49,11 @@ void check_build_tree_values(const at::Tensor& scores, const at::Tensor& parents
 
 }  // namespace
 
-TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens,
-                           const at::Tensor& cand_scores, const at::Tensor& cand_parents,
-                           int64_t num_nodes) {
-  const BuildTreeDims d =
-      check_build_tree_args(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes);
-  TORCH_CHECK_VALUE(cand_tokens.device().is_cpu(), "build_tree: cand_tokens: expected device ",
-                    "cpu, got ", cand_tokens.device());
+TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,
+                           const at::Tensor& cand_parents, int64_t num_nodes) {
+  const BuildTreeDims d = check_build_tree_args(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes);
+  TORCH_CHECK_VALUE(cand_tokens.device().is_cpu(), "build_tree: cand_tokens: expected device ", "cpu, got ",
+                    cand_tokens.device());
   const int64_t B = d.B, C = d.C, N = d.N, W = mask_words(N);
 
   const at::Tensor root = root_tokens.contiguous();
@@ -97,8 +94,7 @@ TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand
   at::parallel_for(0, B * C, grain_for(C), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t b = k / C, c = k % C;
-      core::place_candidate(sel_p + b * C, ctok_p + b * C, cpar_p + b * C, c, tok_p + b * N,
-                            par_p + b * N);
+      core::place_candidate(sel_p + b * C, ctok_p + b * C, cpar_p + b * C, c, tok_p + b * N, par_p + b * N);
     }
   });
   for (int64_t b = 0; b < B; ++b) core::place_root(root_p[b], tok_p + b * N, par_p + b * N);

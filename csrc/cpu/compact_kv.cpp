@@ -21,9 +21,8 @@ void check_compact_kv_values(const core::Params& p) {
   const int64_t capacity = p.paged ? p.max_pages * p.seq_len : p.seq_len;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t len = p.accept_len[b];
-    TORCH_CHECK_VALUE(len >= 0 && len <= p.accept_width - 1,
-                      "compact_kv: accept_len: expected values in [0, ", p.accept_width - 1,
-                      "] (max_depth), got accept_len[", b, "] = ", len);
+    TORCH_CHECK_VALUE(len >= 0 && len <= p.accept_width - 1, "compact_kv: accept_len: expected values in [0, ",
+                      p.accept_width - 1, "] (max_depth), got accept_len[", b, "] = ", len);
     const int32_t* nodes = p.accept_nodes + b * p.accept_width;
     TORCH_CHECK_VALUE(nodes[0] == 0, "compact_kv: accept_nodes: expected accept_nodes[:, 0] == 0 ",
                       "(the root), got accept_nodes[", b, ", 0] = ", nodes[0]);
@@ -34,18 +33,17 @@ void check_compact_kv_values(const core::Params& p) {
                         b, ", ", j, "] = ", nodes[j], " after ", nodes[j - 1]);
     }
     const int64_t base = p.cache_seqlens[b];
-    TORCH_CHECK_VALUE(base >= 0, "compact_kv: cache_seqlens: expected non-negative lengths, got ",
-                      "cache_seqlens[", b, "] = ", base);
+    TORCH_CHECK_VALUE(base >= 0, "compact_kv: cache_seqlens: expected non-negative lengths, got ", "cache_seqlens[", b,
+                      "] = ", base);
     const int64_t needed = base + nodes[len] + 1;  // positions the request addresses
     TORCH_CHECK_VALUE(needed <= capacity, "compact_kv: cache_seqlens: expected cache_seqlens + ",
-                      "accept_nodes[accept_len] + 1 <= cache capacity ", capacity, ", got ",
-                      needed, " for request ", b);
+                      "accept_nodes[accept_len] + 1 <= cache capacity ", capacity, ", got ", needed, " for request ",
+                      b);
     if (!p.paged) continue;
     for (int64_t slot = 0; slot * p.seq_len < needed; ++slot) {
       const int64_t page = p.block_table[b * p.max_pages + slot];
-      TORCH_CHECK_VALUE(page >= 0 && page < p.num_pages,
-                        "compact_kv: block_table: expected page ids in [0, ", p.num_pages,
-                        ") for the pages in use, got block_table[", b, ", ", slot, "] = ", page);
+      TORCH_CHECK_VALUE(page >= 0 && page < p.num_pages, "compact_kv: block_table: expected page ids in [0, ",
+                        p.num_pages, ") for the pages in use, got block_table[", b, ", ", slot, "] = ", page);
     }
   }
 }
@@ -62,11 +60,10 @@ void run(const core::Params& p) {
 
 }  // namespace
 
-void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache,
-                    const at::Tensor& cache_seqlens, const at::Tensor& accept_nodes,
-                    const at::Tensor& accept_len, const std::optional<at::Tensor>& block_table) {
-  TORCH_CHECK_VALUE(k_cache.device().is_cpu(), "compact_kv: k_cache: expected device cpu, got ",
-                    k_cache.device());
+void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                    const at::Tensor& accept_nodes, const at::Tensor& accept_len,
+                    const std::optional<at::Tensor>& block_table) {
+  TORCH_CHECK_VALUE(k_cache.device().is_cpu(), "compact_kv: k_cache: expected device cpu, got ", k_cache.device());
   const at::Tensor seqlens = cache_seqlens.contiguous();
   const at::Tensor nodes = accept_nodes.contiguous();
   const at::Tensor lens = accept_len.contiguous();
@@ -76,11 +73,21 @@ void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache,
   check_compact_kv_values(p);
   if (k_cache.numel() == 0) return;
   switch (compact_kv_word_bytes(p)) {
-    case 16: run<core::WordOf<16>::type>(p); break;
-    case 8: run<core::WordOf<8>::type>(p); break;
-    case 4: run<core::WordOf<4>::type>(p); break;
-    case 2: run<core::WordOf<2>::type>(p); break;
-    default: run<core::WordOf<1>::type>(p); break;
+    case 16:
+      run<core::WordOf<16>::type>(p);
+      break;
+    case 8:
+      run<core::WordOf<8>::type>(p);
+      break;
+    case 4:
+      run<core::WordOf<4>::type>(p);
+      break;
+    case 2:
+      run<core::WordOf<2>::type>(p);
+      break;
+    default:
+      run<core::WordOf<1>::type>(p);
+      break;
   }
 }
 

@@ -55,8 +55,8 @@ constexpr int64_t kPanel = 8;  // weight rows per panel: the unit of parallel wo
 // vectorises them with the baseline ISA). It rounds products separately (no FMA), so it agrees
 // with the AVX2 path to fp32 rounding, not bit for bit; rows are batch-invariant here too.
 template <typename W>
-void panel_scalar(const W* w, int64_t ldw, int64_t rows, const float* x, int64_t ldx, int64_t M,
-                  int64_t K, float* out, int64_t ldo) {
+void panel_scalar(const W* w, int64_t ldw, int64_t rows, const float* x, int64_t ldx, int64_t M, int64_t K, float* out,
+                  int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r) {
     const W* wr = w + r * ldw;
     for (int64_t m = 0; m < M; ++m) {
@@ -132,16 +132,14 @@ namespace avx512 {
 constexpr int64_t kMaxXTile = 6;  // 4 x 6 accumulators + 6 + 1 = 31 of 32 registers
 #include "cpu_linear_tiles.inc"
 
-// Paired tiles (M >= 2; one row takes panel()'s 8 x 1 tile): one 16-lane register holds the 8-lane accumulators of two weight rows,
-// lanes 0-7 for the first and 8-15 for the second, against an x vector broadcast to both
-// halves. Each lane does exactly the multiply-adds of its 8-lane counterpart in the same order,
-// and the halves are reduced by hsum4 as before, so the bits are those of the 8-lane tiles;
-// a CPU with two 512-bit FMA units (Intel Xeon) does twice the multiply-adds per instruction.
-// Measured on an Intel Xeon with AVX-512 (2 threads, weights resident in cache, against the
-// 8-lane tiles): 1.3-1.45x at 9-12 rows on SmolLM2's layer shapes, about even at 2-4 rows; a
-// whole 12-row verify pass 1.1x (there the weights stream from DRAM). On a CPU that splits
-// 512-bit operations in two (AMD Zen 4) the multiply-adds cost the same either way.
-// EAGLE_KERNELS_CPU_ISA=avx512-ymm keeps the 8-lane tiles (comparisons, tests).
+// Paired tiles (M >= 2; one row takes panel()'s 8 x 1 tile): one 16-lane register holds the 8-lane accumulators of two
+// weight rows, lanes 0-7 for the first and 8-15 for the second, against an x vector broadcast to both halves. Each lane
+// does exactly the multiply-adds of its 8-lane counterpart in the same order, and the halves are reduced by hsum4 as
+// before, so the bits are those of the 8-lane tiles; a CPU with two 512-bit FMA units (Intel Xeon) does twice the
+// multiply-adds per instruction. Measured on an Intel Xeon with AVX-512 (2 threads, weights resident in cache, against
+// the 8-lane tiles): 1.3-1.45x at 9-12 rows on SmolLM2's layer shapes, about even at 2-4 rows; a whole 12-row verify
+// pass 1.1x (there the weights stream from DRAM). On a CPU that splits 512-bit operations in two (AMD Zen 4) the
+// multiply-adds cost the same either way. EAGLE_KERNELS_CPU_ISA=avx512-ymm keeps the 8-lane tiles (comparisons, tests).
 constexpr int kMaxPairXTile = 12;  // 2 x 12 accumulators + 2 weight pairs + 1 x = 27 registers
 
 inline __m512 join(__m256 lo, __m256 hi) {
@@ -156,20 +154,20 @@ inline __m512 both_halves(__m256 v) { return _mm512_castpd_ps(_mm512_broadcast_f
 inline __m512 pair8(const float* a, const float* b) { return join(load8(a), load8(b)); }
 
 inline __m512 pair8(const Bf16Bits* a, const Bf16Bits* b) {
-  const __m256i h = join(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  const __m256i h =
+      join(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 inline __m512 pair8(const Fp16Bits* a, const Fp16Bits* b) {
-  return _mm512_cvtph_ps(join(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
-                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
+  return _mm512_cvtph_ps(
+      join(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), _mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
 }
 
 // Four weight rows (two pairs) times C rows of x: out[c * ldo + r], as tile<4, C>.
 template <int C, typename W>
-void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx, int64_t K,
-               float* out, int64_t ldo) {
+void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx, int64_t K, float* out,
+               int64_t ldo) {
   __m512 acc01[C], acc23[C];
   for (int c = 0; c < C; ++c) acc01[c] = acc23[c] = _mm512_setzero_ps();
   int64_t k = 0;
@@ -212,8 +210,8 @@ void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64
 struct PairTiles {
   static constexpr int kMaxC = kMaxPairXTile;
   template <int C, typename W>
-  static void run(const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx, int64_t K,
-                  float* out, int64_t ldo) {
+  static void run(const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx, int64_t K, float* out,
+                  int64_t ldo) {
     pair_tile<C>(w, rows, pace, x, ldx, K, out, ldo);
   }
 };
@@ -222,15 +220,14 @@ EAGLE_TARGET_POP
 #endif  // EAGLE_X86_SIMD
 
 template <typename W>
-void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K,
-         float* out, Level level) {
+void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K, float* out,
+         Level level) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPanel * K * std::max<int64_t>(M, 8)));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
 #if EAGLE_X86_SIMD
     const char* first = reinterpret_cast<const char*>(w + begin * kPanel * ldw);
-    Ahead ahead{first + kPrefetchBytes,
-                reinterpret_cast<const char*>(w + std::min(end * kPanel, N) * ldw), 0};
+    Ahead ahead{first + kPrefetchBytes, reinterpret_cast<const char*>(w + std::min(end * kPanel, N) * ldw), 0};
 #endif
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = p * kPanel;
@@ -284,8 +281,7 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_linear.
   const char* op = "cpu_linear";
   check_dtype(x, op, "x", at::kFloat);
-  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x: expected at least 1 dimension [..., K], got shape ",
-                    shape_str(x.sizes()));
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x: expected at least 1 dimension [..., K], got shape ", shape_str(x.sizes()));
   const at::Device dev = x.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
   const at::ScalarType wtype = weight.scalar_type();
@@ -299,17 +295,16 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const bool packed = weight.dim() == 4;
   const int64_t N = packed ? weight.size(0) * linear_impl::kPackWidth : weight.size(0);
   if (packed) {
-    TORCH_CHECK_VALUE(weight.size(1) == 2 && weight.size(2) == K && weight.size(3) == linear_impl::kPackWidth / 2,
-                      op, ": weight: expected packed shape [N / 32, 2, K = ", K, ", 16] (K from x), got ",
+    TORCH_CHECK_VALUE(weight.size(1) == 2 && weight.size(2) == K && weight.size(3) == linear_impl::kPackWidth / 2, op,
+                      ": weight: expected packed shape [N / 32, 2, K = ", K, ", 16] (K from x), got ",
                       shape_str(weight.sizes()));
     TORCH_CHECK_VALUE(weight.is_contiguous(), op, ": weight: expected a contiguous packed weight, got strides ",
                       shape_str(weight.strides()));
   } else {
-    TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K,
-                      "] (K from x), got ", shape_str(weight.sizes()));
+    TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K, "] (K from x), got ",
+                      shape_str(weight.sizes()));
     TORCH_CHECK_VALUE(weight.stride(1) == 1 || K <= 1 || N == 0, op,
-                      ": weight: expected a dense last dim (stride 1), got strides ",
-                      shape_str(weight.strides()));
+                      ": weight: expected a dense last dim (stride 1), got strides ", shape_str(weight.strides()));
   }
 
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
@@ -333,11 +328,10 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   if (wtype == at::kFloat) {
     run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, level);
   } else if (wtype == at::kBFloat16) {
-    run<Bf16Bits>(reinterpret_cast<const Bf16Bits*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx,
-                  M, K, op_out, level);
+    run<Bf16Bits>(reinterpret_cast<const Bf16Bits*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx, M, K, op_out,
+                  level);
   } else {
-    run<Fp16Bits>(reinterpret_cast<const Fp16Bits*>(weight.data_ptr<at::Half>()), ldw, N, xp, ldx, M, K,
-                  op_out, level);
+    run<Fp16Bits>(reinterpret_cast<const Fp16Bits*>(weight.data_ptr<at::Half>()), ldw, N, xp, ldx, M, K, op_out, level);
   }
   return out;
 }

@@ -20,8 +20,8 @@ constexpr int64_t kPackWidth = 32;
 // out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for the packed weight `packed` (groups of
 // kPackWidth columns, dtype `wtype`: float, or the raw bits of bf16 / fp16), N = groups * 32,
 // with the vector path of `level` (isa::current()).
-void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx,
-                   int64_t M, int64_t K, float* out, int64_t ldo, isa::Level level);
+void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
+                   int64_t K, float* out, int64_t ldo, isa::Level level);
 
 }  // namespace linear_impl
 }  // namespace eagle

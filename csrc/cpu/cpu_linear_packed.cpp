@@ -37,7 +37,7 @@ namespace {
 
 constexpr int64_t kW = kPackWidth;
 constexpr int64_t kHalf = kPackWidth / 2;  // columns per half of a group: one zmm of fp32
-constexpr int kMaxRows = 12;  // rows of x per AVX-512 tile: 2 x 12 accumulators + 2 weights + 1 x
+constexpr int kMaxRows = 12;               // rows of x per AVX-512 tile: 2 x 12 accumulators + 2 weights + 1 x
 
 // Rows of x per tile and groups side by side per tile for C rows: 2 G C accumulators and 2 G
 // weight vectors fit 32 registers; at few rows several groups give the FMA chains to hide
@@ -203,8 +203,7 @@ void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int
         const W* w = packed + g * group_elems + h * K * kHalf;
         for (int64_t t = 0, m = 0; t < tiles; ++t) {
           const int64_t C = (M - m) / (tiles - t);
-          tile256_dispatch<kMaxRows256, W>(C, w, K, x + m * ldx, ldx, out + m * ldo + g * kW + h * kHalf, ldo,
-                                           t == 0);
+          tile256_dispatch<kMaxRows256, W>(C, w, K, x + m * ldx, ldx, out + m * ldo + g * kW + h * kHalf, ldo, t == 0);
           m += C;
         }
       }

@@ -45,8 +45,7 @@ namespace eagle {
 namespace {
 
 // out[r * ldo + i] = x[r, i] / sqrt(mean(x[r, :]^2) + eps) * weight[i], rows of width H.
-void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t H, double eps, float* out,
-                   int64_t ldo) {
+void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t H, double eps, float* out, int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * H;
     float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight partial sums: the compiler vectorises them
@@ -94,17 +93,17 @@ at::Tensor residual_add(const at::Tensor& x, const at::Tensor& y) {
   return out;
 }
 
-void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t cols,
-                  const char* layout, at::Device dev) {
+void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t cols, const char* layout,
+                  at::Device dev) {
   const at::ScalarType t = w.scalar_type();
   TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": ", name,
                     ": expected dtype float32, bfloat16 or float16, got ", t);
   check_device(w, op, name, dev);
   if (w.dim() == 4) {  // packed (cpu_linear_pack): [rows / 32, 2, cols, 16]
     constexpr int64_t width = linear_impl::kPackWidth;
-    TORCH_CHECK_VALUE(rows % width == 0 && w.sizes() == c10::IntArrayRef({rows / width, 2, cols, width / 2}), op,
-                      ": ", name, ": expected packed shape ", layout, " = [", rows, ", ", cols, "] as [", rows,
-                      " / 32, 2, ", cols, ", 16], got ", shape_str(w.sizes()));
+    TORCH_CHECK_VALUE(rows % width == 0 && w.sizes() == c10::IntArrayRef({rows / width, 2, cols, width / 2}), op, ": ",
+                      name, ": expected packed shape ", layout, " = [", rows, ", ", cols, "] as [", rows, " / 32, 2, ",
+                      cols, ", 16], got ", shape_str(w.sizes()));
     TORCH_CHECK_VALUE(w.is_contiguous(), op, ": ", name, ": expected a contiguous packed weight, got strides ",
                       shape_str(w.strides()));
     return;
@@ -115,22 +114,18 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
 }
 
 // N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16].
-int64_t out_features(const at::Tensor& w) {
-  return w.dim() == 4 ? w.size(0) * linear_impl::kPackWidth : w.size(0);
-}
+int64_t out_features(const at::Tensor& w) { return w.dim() == 4 ? w.size(0) * linear_impl::kPackWidth : w.size(0); }
 
 }  // namespace
 
-at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input_norm,
-                                 const at::Tensor& qkv_weight, const at::Tensor& o_weight,
-                                 const at::Tensor& post_norm, const at::Tensor& gate_up_weight,
-                                 const at::Tensor& down_weight, const at::Tensor& cos_in,
-                                 const at::Tensor& sin_in, const at::Tensor& k_cache,
+at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input_norm, const at::Tensor& qkv_weight,
+                                 const at::Tensor& o_weight, const at::Tensor& post_norm,
+                                 const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                 const at::Tensor& cos_in, const at::Tensor& sin_in, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                 const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
-                                 double eps, const std::optional<at::Tensor>& embed,
-                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
-                                 const std::optional<at::Tensor>& row_counts) {
+                                 const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
+                                 const std::optional<at::Tensor>& embed, const std::optional<at::Tensor>& embed_norm,
+                                 int64_t slot_offset, const std::optional<at::Tensor>& row_counts) {
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer.
   const char* op = "cpu_decoder_layer";
   check_dtype(x_in, op, "x", at::kFloat);
@@ -144,8 +139,7 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, std::nullopt, B, 0, "[B, S, Hkv, D]", dev);
   const int64_t Hkv = k_cache.size(2), D = k_cache.size(3);
   TORCH_CHECK_VALUE(num_heads >= 1 && Hkv >= 1 && num_heads % Hkv == 0, op,
-                    ": num_heads: expected a positive multiple of the KV head count ", Hkv, ", got ",
-                    num_heads);
+                    ": num_heads: expected a positive multiple of the KV head count ", Hkv, ", got ", num_heads);
   TORCH_CHECK_VALUE(D % 2 == 0, op, ": k_cache: expected an even head dim (RoPE), got ", D);
   check_dtype(input_norm, op, "input_norm", at::kFloat);
   check_shape(input_norm, op, "input_norm", {H}, "[H]");
@@ -204,8 +198,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
     const int64_t* count = counts.data_ptr<int64_t>();
     std::vector<int64_t> index;
     for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK_VALUE(count[b] >= 0 && count[b] <= N, op, ": row_counts: expected values in [0, N = ", N,
-                        "], got ", count[b], " for request ", b);
+      TORCH_CHECK_VALUE(count[b] >= 0 && count[b] <= N, op, ": row_counts: expected values in [0, N = ", N, "], got ",
+                        count[b], " for request ", b);
       for (int64_t i = 0; i < count[b]; ++i) index.push_back(b * N + i);
     }
     if (static_cast<int64_t>(index.size()) < B * N)

@@ -48,8 +48,8 @@ constexpr int64_t kWorkPerChunk = 1 << 19;
 // One pass: online max / sum-exp and the top-k buffer. A = accumulation type (float, or double
 // for double logits).
 template <typename T, typename A>
-core::RowStats<A> scan_row_portable(const T* row, int64_t V, int64_t k, A* top_values,
-                                    int64_t* top_ids, int64_t& count) {
+core::RowStats<A> scan_row_portable(const T* row, int64_t V, int64_t k, A* top_values, int64_t* top_ids,
+                                    int64_t& count) {
   const A neg_inf = -std::numeric_limits<A>::infinity();
   core::RowStats<A> s{neg_inf, A(0), false};
   for (int64_t v = 0; v < V; ++v) {
@@ -79,16 +79,15 @@ using Elem = std::conditional_t<std::is_same_v<T, c10::BFloat16>, Bf16Bits,
                                 std::conditional_t<std::is_same_v<T, c10::Half>, Fp16Bits, float>>;
 
 // Pushes the lanes of x set in `lanes` (entry ids v + lane, increasing) into the buffer.
-EAGLE_TARGET_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_t k,
-                                    float* top_values, int64_t* top_ids, int64_t& count) {
+EAGLE_TARGET_AVX512 inline void push_lanes(__m512 x, __mmask16 lanes, int64_t v, int64_t k, float* top_values,
+                                           int64_t* top_ids, int64_t& count) {
   alignas(64) float tmp[16];
   _mm512_store_ps(tmp, x);
   uint32_t bits = lanes;
   while (bits) {
     const int lane = __builtin_ctz(bits);
     bits &= bits - 1;
-    if (!std::isnan(tmp[lane]))
-      core::push_top_k(top_values, top_ids, count, k, tmp[lane], v + lane);
+    if (!std::isnan(tmp[lane])) core::push_top_k(top_values, top_ids, count, k, tmp[lane], v + lane);
   }
 }
 
@@ -113,8 +112,7 @@ EAGLE_TARGET_AVX512 core::RowStats<float> scan_row_avx512(const E* row, int64_t 
       valid[j] = left >= 16 ? all : (left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1));
       x[j] = load16_or_neg_inf(row + v + 16 * j, valid[j]);
     }
-    nan_seen |= _mm512_cmp_ps_mask(x[0], x[1], _CMP_UNORD_Q) |
-                _mm512_cmp_ps_mask(x[2], x[3], _CMP_UNORD_Q);
+    nan_seen |= _mm512_cmp_ps_mask(x[0], x[1], _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x[2], x[3], _CMP_UNORD_Q);
     const __m512 bmax = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
     if (_mm512_cmp_ps_mask(bmax, vmax, _CMP_GT_OQ)) {
       const float new_max = reduce_max(bmax);
@@ -244,12 +242,11 @@ EAGLE_TARGET_AVX2 core::RowStats<float> scan_row_avx2(const E* row, int64_t V, i
 
 #endif  // EAGLE_X86_SIMD
 
-
 // ------------------------------------------------------------------------- per-row driver
 // Scans row (b, m) and writes its k candidates. Scratch: top_values/top_ids of kMaxBufferK.
 template <typename T>
-void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const int64_t* d2t,
-                int64_t* tokens, float* scores, isa::Level level) {
+void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const int64_t* d2t, int64_t* tokens,
+                float* scores, isa::Level level) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t kb = k <= kMaxBufferK ? k : 0;  // 0: lse only, top-k below
   A top_values[kMaxBufferK];
@@ -280,17 +277,16 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
     });
     std::vector<A> values(k);
     for (int64_t r = 0; r < k; ++r) values[r] = static_cast<A>(row[ids[r]]);
-    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t,
-                        tokens, scores);
+    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t, tokens, scores);
     return;
   }
-  core::finish_row<A>(s, top_values, top_ids, kb == 0 ? 0 : count, k,
-                      static_cast<A>(frontier_score), d2t, tokens, scores);
+  core::finish_row<A>(s, top_values, top_ids, kb == 0 ? 0 : count, k, static_cast<A>(frontier_score), d2t, tokens,
+                      scores);
 }
 
 template <typename T>
-void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const int64_t* d2t,
-                      int64_t k, at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier) {
+void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const int64_t* d2t, int64_t k,
+                      at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier) {
   const int64_t B = logits.size(0), M = logits.size(1), V = logits.size(2);
   const T* x = logits.data_ptr<T>();
   const float* fs = fscores.data_ptr<float>();
@@ -308,17 +304,15 @@ void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const
   const int64_t MK = M * k;
   std::vector<float> keys(k);
   std::vector<int64_t> picked(k);
-  for (int64_t b = 0; b < B; ++b)
-    core::select_frontier(sc + b * MK, MK, k, keys.data(), picked.data(), fr + b * k);
+  for (int64_t b = 0; b < B; ++b) core::select_frontier(sc + b * MK, MK, k, keys.data(), picked.data(), fr + b * k);
 }
 
 }  // namespace
 
-DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores,
-                                       int64_t top_k, const std::optional<at::Tensor>& d2t) {
+DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores, int64_t top_k,
+                                       const std::optional<at::Tensor>& d2t) {
   const char* op = "draft_expand";
-  TORCH_CHECK_VALUE(logits.device().is_cpu(), op, ": logits: expected device cpu, got ",
-                    logits.device());
+  TORCH_CHECK_VALUE(logits.device().is_cpu(), op, ": logits: expected device cpu, got ", logits.device());
   check_float_dtype(logits, op, "logits");
   const at::ScalarType dt = logits.scalar_type();
   check_dim(logits, op, "logits", 3, "[B, M, Vd]");
@@ -326,8 +320,7 @@ DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tenso
   check_dtype(frontier_scores, op, "frontier_scores", at::kFloat);
   check_shape(frontier_scores, op, "frontier_scores", {B, M}, "[B, M]");
   check_device(frontier_scores, op, "frontier_scores", logits.device());
-  TORCH_CHECK_VALUE(top_k >= 1 && top_k <= V, op, ": top_k: expected an int in [1, V = ", V,
-                    "], got ", top_k);
+  TORCH_CHECK_VALUE(top_k >= 1 && top_k <= V, op, ": top_k: expected an int in [1, V = ", V, "], got ", top_k);
   TORCH_CHECK_VALUE(M > 0 && V > 0, op, ": logits: expected at least one frontier node and one ",
                     "vocabulary entry, got shape ", shape_str(logits.sizes()));
   at::Tensor d2t_c;

@@ -19,8 +19,9 @@ struct Spelling {
 };
 // The vocabulary, in order, then the aliases (portable: the name draft_expand used for scalar).
 constexpr Spelling kSpellings[] = {
-    {"scalar", Level::kScalar},   {"avx2", Level::kAvx2},          {"avx512-ymm", Level::kAvx512Ymm},
-    {"avx512", Level::kAvx512},   {"avx512-bf16", Level::kAvx512Bf16}, {"portable", Level::kScalar},
+    {"scalar", Level::kScalar},          {"avx2", Level::kAvx2},
+    {"avx512-ymm", Level::kAvx512Ymm},   {"avx512", Level::kAvx512},
+    {"avx512-bf16", Level::kAvx512Bf16}, {"portable", Level::kScalar},
     {"native", Level::kAvx512Bf16},
 };
 
@@ -30,8 +31,8 @@ Level detect() {
   __builtin_cpu_init();
   if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
     return Level::kScalar;
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq")))
     return Level::kAvx2;
   return __builtin_cpu_supports("avx512bf16") ? Level::kAvx512Bf16 : Level::kAvx512;
 #else

@@ -122,20 +122,20 @@ inline V vnmadd(V a, V b, V c) {
 // so one source included once per region yields one variant per instruction set).
 // isa::cpu_level() checks exactly these features.
 #if EAGLE_X86_SIMD
-#define EAGLE_ISA_AVX2 "avx2,fma,f16c"
-#define EAGLE_ISA_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"
-#define EAGLE_ISA_AVX512_BF16 "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"
-#define EAGLE_TARGET_AVX2 __attribute__((target(EAGLE_ISA_AVX2)))
-#define EAGLE_TARGET_AVX512 __attribute__((target(EAGLE_ISA_AVX512)))
+#define EAGLE_ISA_AVX2           "avx2,fma,f16c"
+#define EAGLE_ISA_AVX512         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"
+#define EAGLE_ISA_AVX512_BF16    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"
+#define EAGLE_TARGET_AVX2        __attribute__((target(EAGLE_ISA_AVX2)))
+#define EAGLE_TARGET_AVX512      __attribute__((target(EAGLE_ISA_AVX512)))
 #define EAGLE_TARGET_AVX512_BF16 __attribute__((target(EAGLE_ISA_AVX512_BF16)))
 
 #define EAGLE_PRAGMA(x) _Pragma(#x)
 #if defined(__clang__)
 #define EAGLE_TARGET_PUSH(isa) EAGLE_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
-#define EAGLE_TARGET_POP EAGLE_PRAGMA(clang attribute pop)
+#define EAGLE_TARGET_POP       EAGLE_PRAGMA(clang attribute pop)
 #else
 #define EAGLE_TARGET_PUSH(isa) EAGLE_PRAGMA(GCC push_options) EAGLE_PRAGMA(GCC target(isa))
-#define EAGLE_TARGET_POP EAGLE_PRAGMA(GCC pop_options)
+#define EAGLE_TARGET_POP       EAGLE_PRAGMA(GCC pop_options)
 #endif
 
 namespace eagle {

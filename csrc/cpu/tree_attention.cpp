@@ -44,9 +44,9 @@
 namespace eagle {
 namespace {
 
-constexpr int TK = 64;        // key positions per tile
+constexpr int TK = 64;              // key positions per tile
 constexpr int SPLIT_MIN_ROWS = 16;  // node blocks are not split below this many rows
-constexpr int MAX_ROWS = 128; // rows per work item (bounds the per-thread scratch)
+constexpr int MAX_ROWS = 128;       // rows per work item (bounds the per-thread scratch)
 constexpr double LOG2E = 1.4426950408889634;
 
 using namespace tree_attention_loops;
@@ -100,12 +100,12 @@ struct Cache {
 
 struct Problem {
   int64_t B, N, Hq, Hkv, G, D;
-  int64_t W;           // mask words per row
-  int64_t page_size;   // paged only
+  int64_t W;          // mask words per row
+  int64_t page_size;  // paged only
   int64_t max_pages;
   bool paged, causal;
-  double scale_log2;   // sm_scale * log2(e)
-  const char* q;       // [B, N, Hq, D] contiguous
+  double scale_log2;  // sm_scale * log2(e)
+  const char* q;      // [B, N, Hq, D] contiguous
   Cache k, v;
   const int32_t* seqlens;
   const int32_t* block_table;  // [B, max_pages] or null
@@ -128,7 +128,7 @@ template <typename T, typename Acc>
 struct Scratch {
   std::vector<Acc> Qt, St, acc, m, l, alpha, kbuf, vbuf;
   std::vector<const Acc*> krows, vrows;
-  std::vector<uint16_t> Qp, Pp, Vp;  // bf16 operand pairs (Ops::bf16_pairs)
+  std::vector<uint16_t> Qp, Pp, Vp;         // bf16 operand pairs (Ops::bf16_pairs)
   std::vector<const uint16_t*> kraw, vraw;  // bf16 rows as stored (Ops::bf16_pairs)
   Scratch(int64_t Rp, int64_t D, bool bf16_pairs) {
     if (bf16_pairs) {
@@ -268,8 +268,7 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
         Acc* scores = s.St.data() + (i - n0) * p.G;
         for (int k = k_first; k < nk; ++k) {
           const int64_t j = t0 + k - prefix;
-          const bool visible =
-              p.causal ? j <= i : ((static_cast<uint64_t>(words[j >> 6]) >> (j & 63)) & 1u) != 0;
+          const bool visible = p.causal ? j <= i : ((static_cast<uint64_t>(words[j >> 6]) >> (j & 63)) & 1u) != 0;
           if (visible) continue;
           for (int64_t g = 0; g < p.G; ++g) scores[static_cast<int64_t>(k) * Rp + g] = ninf;
         }
@@ -322,10 +321,7 @@ void run(const Problem& p) {
 int64_t choose_node_block(int64_t B, int64_t N, int64_t Hkv, int64_t G) {
   int64_t nb = std::max<int64_t>(1, std::min<int64_t>(N, MAX_ROWS / std::max<int64_t>(G, 1)));
   const int64_t threads = at::get_num_threads();
-  while (nb > 1 && nb * G > SPLIT_MIN_ROWS &&
-         B * Hkv * ((N + nb - 1) / nb) < 2 * threads) {
-    nb = (nb + 1) / 2;
-  }
+  while (nb > 1 && nb * G > SPLIT_MIN_ROWS && B * Hkv * ((N + nb - 1) / nb) < 2 * threads) { nb = (nb + 1) / 2; }
   // The same number of blocks, of equal size: with few items per thread, a short last block
   // (e.g. 42 + 18 nodes) leaves one thread idle for the difference.
   const int64_t blocks = (N + nb - 1) / nb;
@@ -335,27 +331,24 @@ int64_t choose_node_block(int64_t B, int64_t N, int64_t Hkv, int64_t G) {
 void check_values(const Problem& p, int64_t capacity, int64_t num_pages) {
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t len = p.seqlens[b];
-    TORCH_CHECK_VALUE(len >= 0, "tree_attention: cache_seqlens: expected non-negative lengths, got ",
-                      "cache_seqlens[", b, "] = ", len);
+    TORCH_CHECK_VALUE(len >= 0, "tree_attention: cache_seqlens: expected non-negative lengths, got ", "cache_seqlens[",
+                      b, "] = ", len);
     TORCH_CHECK_VALUE(len + p.N <= capacity, "tree_attention: cache_seqlens: expected cache_seqlens + N ",
                       "<= cache capacity ", capacity, ", got ", len + p.N, " for request ", b);
     if (!p.paged) continue;
     for (int64_t slot = 0; slot * p.page_size < len + p.N; ++slot) {
       const int64_t page = p.block_table[b * p.max_pages + slot];
-      TORCH_CHECK_VALUE(page >= 0 && page < num_pages,
-                        "tree_attention: block_table: expected page ids in [0, ", num_pages,
-                        ") for the pages in use, got block_table[", b, ", ", slot, "] = ", page);
+      TORCH_CHECK_VALUE(page >= 0 && page < num_pages, "tree_attention: block_table: expected page ids in [0, ",
+                        num_pages, ") for the pages in use, got block_table[", b, ", ", slot, "] = ", page);
     }
   }
 }
 
 }  // namespace
 
-at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
-                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                              const std::optional<at::Tensor>& tree_mask,
-                              const std::optional<at::Tensor>& block_table,
-                              std::optional<double> sm_scale) {
+at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask,
+                              const std::optional<at::Tensor>& block_table, std::optional<double> sm_scale) {
   const char* op = "tree_attention";
   // Same order and wording as eagle_kernels/_checks.py::check_tree_attention.
   check_float_dtype(q_in, op, "q");
@@ -368,14 +361,12 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
   check_dtype(k_cache, op, "k_cache", q_in.scalar_type());
   check_dim(k_cache, op, "k_cache", 4, layout);
   check_device(k_cache, op, "k_cache", dev);
-  const int64_t max_pages =
-      check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, 0, layout, dev);
+  const int64_t max_pages = check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, 0, layout, dev);
   const at::Tensor table = paged ? block_table->contiguous() : at::Tensor();
   const int64_t Hkv = k_cache.size(2);
-  TORCH_CHECK_VALUE(Hkv > 0 && Hq % Hkv == 0, op, ": k_cache: expected a KV head count dividing Hq = ",
-                    Hq, ", got ", Hkv);
-  TORCH_CHECK_VALUE(k_cache.size(3) == D, op, ": k_cache: expected head dim ", D, " as in q, got ",
-                    k_cache.size(3));
+  TORCH_CHECK_VALUE(Hkv > 0 && Hq % Hkv == 0, op, ": k_cache: expected a KV head count dividing Hq = ", Hq, ", got ",
+                    Hkv);
+  TORCH_CHECK_VALUE(k_cache.size(3) == D, op, ": k_cache: expected head dim ", D, " as in q, got ", k_cache.size(3));
   at::Tensor mask;
   if (tree_mask.has_value()) {
     check_dtype(*tree_mask, op, "tree_mask", at::kLong);
@@ -404,10 +395,10 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
   p.scale_log2 = (sm_scale.has_value() ? *sm_scale : 1.0 / std::sqrt(static_cast<double>(D))) * LOG2E;
   p.q = static_cast<const char*>(q.data_ptr());
   const int64_t es = static_cast<int64_t>(k_cache.element_size());
-  p.k = {static_cast<const char*>(k_cache.data_ptr()), k_cache.stride(0) * es,
-         k_cache.stride(1) * es, k_cache.stride(2) * es};
-  p.v = {static_cast<const char*>(v_cache.data_ptr()), v_cache.stride(0) * es,
-         v_cache.stride(1) * es, v_cache.stride(2) * es};
+  p.k = {static_cast<const char*>(k_cache.data_ptr()), k_cache.stride(0) * es, k_cache.stride(1) * es,
+         k_cache.stride(2) * es};
+  p.v = {static_cast<const char*>(v_cache.data_ptr()), v_cache.stride(0) * es, v_cache.stride(1) * es,
+         v_cache.stride(2) * es};
   p.seqlens = seqlens.data_ptr<int32_t>();
   p.block_table = paged ? table.data_ptr<int32_t>() : nullptr;
   p.mask = tree_mask.has_value() ? mask.data_ptr<int64_t>() : nullptr;
@@ -418,11 +409,20 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
   p.node_block = choose_node_block(B, N, Hkv, p.G);
 
   switch (q.scalar_type()) {
-    case at::kFloat: run<float, float>(p); break;
-    case at::kHalf: run<c10::Half, float>(p); break;
-    case at::kBFloat16: run<c10::BFloat16, float>(p); break;
-    case at::kDouble: run<double, double>(p); break;
-    default: TORCH_CHECK_VALUE(false, op, ": q: unsupported dtype ", q.scalar_type());
+    case at::kFloat:
+      run<float, float>(p);
+      break;
+    case at::kHalf:
+      run<c10::Half, float>(p);
+      break;
+    case at::kBFloat16:
+      run<c10::BFloat16, float>(p);
+      break;
+    case at::kDouble:
+      run<double, double>(p);
+      break;
+    default:
+      TORCH_CHECK_VALUE(false, op, ": q: unsupported dtype ", q.scalar_type());
   }
   return out;
 }

@@ -64,8 +64,7 @@ void softmax_scalar(Acc* St, int nk, int Rp, Acc* m, Acc* l, Acc* alpha) {
 
 // acc[r][:] = alpha[r] * acc[r][:] + sum_k P[k][r] * V[k][:] for r < R.
 template <typename Acc>
-void pv_scalar(const Acc* P, int nk, int Rp, int R, const Acc* const* vrows, int D, Acc* acc,
-               const Acc* alpha) {
+void pv_scalar(const Acc* P, int nk, int Rp, int R, const Acc* const* vrows, int D, Acc* acc, const Acc* alpha) {
   for (int r = 0; r < R; ++r) {
     Acc* a = acc + static_cast<int64_t>(r) * D;
     const Acc s = alpha[r];
@@ -107,17 +106,16 @@ EAGLE_TARGET_AVX2 void to_float_avx2(const T* src, float* dst, int D) {
 // over the tile's nk scores and the shift of the scores (0 for rows that have seen only masked
 // keys, so that no -inf - -inf NaN appears).
 EAGLE_TARGET_AVX512 inline void softmax_shift_avx512(const float* St, int nk, int Rp, int r, const float* m, __m512& mx,
-                                              __m512& shift) {
+                                                     __m512& shift) {
   mx = _mm512_loadu_ps(m + r);
-  for (int k = 0; k < nk; ++k)
-    mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+  for (int k = 0; k < nk; ++k) mx = _mm512_max_ps(mx, _mm512_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
   const __mmask16 dead = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
   shift = _mm512_mask_mov_ps(mx, dead, _mm512_setzero_ps());
 }
 
 // ... and after them: alpha = 2^(m_old - shift), l = l * alpha + sum, m = the new max.
 EAGLE_TARGET_AVX512 inline void softmax_commit_avx512(int r, __m512 mx, __m512 shift, __m512 sum, float* m, float* l,
-                                               float* alpha) {
+                                                      float* alpha) {
   const __m512 a = exp2_nonpositive<true>(_mm512_sub_ps(_mm512_loadu_ps(m + r), shift));
   _mm512_storeu_ps(alpha + r, a);
   _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
@@ -146,8 +144,7 @@ EAGLE_TARGET_AVX2 inline void softmax_avx2(float* St, int nk, int Rp, float* m, 
   for (int r = 0; r < Rp; r += 8) {
     const __m256 m_old = _mm256_loadu_ps(m + r);
     __m256 mx = m_old;
-    for (int k = 0; k < nk; ++k)
-      mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
+    for (int k = 0; k < nk; ++k) mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + static_cast<int64_t>(k) * Rp + r));
     const __m256 dead = _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ);
     const __m256 shift = _mm256_andnot_ps(dead, mx);  // 0 where the row saw no key yet
     const __m256 a = exp2_nonpositive<true>(_mm256_sub_ps(m_old, shift));
@@ -181,7 +178,7 @@ inline int32_t bf16_pair(const void* p) {
 
 // [lo[0], hi[0], lo[1], hi[1], ...]: 16 bf16 of each row into 16 pairs.
 EAGLE_TARGET_AVX512_BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) {
-  alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+  alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   return _mm512_permutexvar_epi16(_mm512_load_si512(order), both);
@@ -190,8 +187,8 @@ EAGLE_TARGET_AVX512_BF16 inline __m512i interleave_bf16(__m256i lo, __m256i hi) 
 // softmax_avx512 over scores St[k][r], writing the probabilities as bf16 pairs Pp[kp][r][2]
 // (an odd last key pairs with 0) instead of back into St; m, l, alpha as there, the sum of
 // each row in the same key order.
-EAGLE_TARGET_AVX512_BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, float* m, float* l, float* alpha,
-                                               uint16_t* Pp) {
+EAGLE_TARGET_AVX512_BF16 inline void softmax_pack_bf16(const float* St, int nk, int Rp, float* m, float* l,
+                                                       float* alpha, uint16_t* Pp) {
   for (int r = 0; r < Rp; r += 16) {
     __m512 mx, shift;
     softmax_shift_avx512(St, nk, Rp, r, m, mx, shift);

@@ -35,29 +35,35 @@ namespace eagle {
 namespace {
 
 struct Args {
-  const void* logits;       // [B, N, V] rows with unit stride
+  const void* logits;  // [B, N, V] rows with unit stride
   int64_t stride_b, stride_n;
   int64_t B, N, V, max_depth;
-  const int64_t* tokens;    // [B, N]
-  const int32_t* parents;   // [B, N]
+  const int64_t* tokens;     // [B, N]
+  const int32_t* parents;    // [B, N]
   const float* temperature;  // [B] or null
-  const int32_t* top_k;     // [B] or null
-  const float* top_p;       // [B] or null
-  const int64_t* seed;      // [B] or null
-  const int64_t* offset;    // [B] or null
-  int32_t* accept_len;      // [B]
-  int32_t* accept_nodes;    // [B, max_depth + 1]
-  int64_t* out_tokens;      // [B, max_depth + 1]
-  int32_t* status;          // [B]
+  const int32_t* top_k;      // [B] or null
+  const float* top_p;        // [B] or null
+  const int64_t* seed;       // [B] or null
+  const int64_t* offset;     // [B] or null
+  int32_t* accept_len;       // [B]
+  int32_t* accept_nodes;     // [B, max_depth + 1]
+  int64_t* out_tokens;       // [B, max_depth + 1]
+  int32_t* status;           // [B]
 };
 
 // ------------------------------------------------------------------------ element helpers
 template <typename C>
-EAGLE_INLINE C load_as(float x) { return static_cast<C>(x); }
+EAGLE_INLINE C load_as(float x) {
+  return static_cast<C>(x);
+}
 template <typename C>
-EAGLE_INLINE C load_as(double x) { return static_cast<C>(x); }
+EAGLE_INLINE C load_as(double x) {
+  return static_cast<C>(x);
+}
 template <typename C>
-EAGLE_INLINE C load_as(c10::Half x) { return static_cast<C>(static_cast<float>(x)); }
+EAGLE_INLINE C load_as(c10::Half x) {
+  return static_cast<C>(static_cast<float>(x));
+}
 template <typename C>
 EAGLE_INLINE C load_as(c10::BFloat16 x) {
   const uint32_t bits = static_cast<uint32_t>(x.x) << 16;  // bf16 is the top half of a float
@@ -104,8 +110,7 @@ __attribute__((noinline)) double exp_in_place_base(float* w, int64_t V) { return
 // both use it.
 __attribute__((noinline)) EAGLE_TARGET_AVX2 double exp_in_place_avx2(float* w, int64_t V) {
   int64_t i = 0;
-  for (; i + 8 <= V; i += 8)
-    _mm256_storeu_ps(w + i, simd::avx2::exp_nonpositive<false>(_mm256_loadu_ps(w + i)));
+  for (; i + 8 <= V; i += 8) _mm256_storeu_ps(w + i, simd::avx2::exp_nonpositive<false>(_mm256_loadu_ps(w + i)));
   for (; i < V; ++i) w[i] = exp_nonpositive(w[i]);
   return sum64(w, V);
 }
@@ -117,14 +122,16 @@ EAGLE_INLINE double exp_in_place(float* w, int64_t V) {
   return kIsa >= kAvx2 ? exp_in_place_avx2(w, V) : exp_in_place_base(w, V);
 }
 template <int kIsa>
-EAGLE_INLINE double exp_in_place(double* w, int64_t V) { return exp_in_place_loop(w, V); }
+EAGLE_INLINE double exp_in_place(double* w, int64_t V) {
+  return exp_in_place_loop(w, V);
+}
 
 template <typename C>
 struct Scratch {
   using K = typename verify::KeyOf<C>::type;
-  std::vector<C> w;      // the residual weights of the current node
-  std::vector<K> keys;   // order keys of w
-  std::vector<K> cand;   // radix-select candidates
+  std::vector<C> w;     // the residual weights of the current node
+  std::vector<K> keys;  // order keys of w
+  std::vector<K> cand;  // radix-select candidates
 };
 
 // One scratch row per thread, kept across calls: rows of V >= 32k entries are mmap-sized, and
@@ -201,11 +208,10 @@ int64_t fallback_token(const In* root, int64_t V) {
   return best < 0 ? 0 : best;
 }
 
-
 // p_u of the contract into s.w: (logits - max) / T -> top-k -> softmax -> top-p -> renormalise.
 template <int kIsa, typename In, typename C>
-EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float temperature,
-                                int64_t top_k, float top_p, Scratch<C>& s) {
+EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float temperature, int64_t top_k, float top_p,
+                                Scratch<C>& s) {
   using K = typename verify::KeyOf<C>::type;
   C* w = s.w.data();
   K* keys = s.keys.data();
@@ -332,13 +338,13 @@ EAGLE_INLINE void verify_range(const Args& a, int64_t begin, int64_t end) {
 
 using RangeFn = void (*)(const Args&, int64_t, int64_t);
 
-#define EAGLE_VARIANTS(NAME, IN, C)                                                        \
-  EAGLE_TARGET_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) {       \
-    verify_range<kAvx512, IN, C>(a, begin, end);                                          \
-  }                                                                                       \
-  EAGLE_TARGET_AVX2 void NAME##_avx2(const Args& a, int64_t begin, int64_t end) {           \
-    verify_range<kAvx2, IN, C>(a, begin, end);                                            \
-  }                                                                                       \
+#define EAGLE_VARIANTS(NAME, IN, C)                                                   \
+  EAGLE_TARGET_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) { \
+    verify_range<kAvx512, IN, C>(a, begin, end);                                      \
+  }                                                                                   \
+  EAGLE_TARGET_AVX2 void NAME##_avx2(const Args& a, int64_t begin, int64_t end) {     \
+    verify_range<kAvx2, IN, C>(a, begin, end);                                        \
+  }                                                                                   \
   void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<kBase, IN, C>(a, begin, end); }
 
 EAGLE_VARIANTS(verify_f32, float, float)
@@ -351,19 +357,25 @@ RangeFn pick_kernel(at::ScalarType dtype) {
   const int variant = level >= isa::Level::kAvx512Ymm ? kAvx512 : level >= isa::Level::kAvx2 ? kAvx2 : kBase;
 #define EAGLE_PICK(NAME) (variant == kAvx512 ? NAME##_avx512 : variant == kAvx2 ? NAME##_avx2 : NAME##_base)
   switch (dtype) {
-    case at::kFloat: return EAGLE_PICK(verify_f32);
-    case at::kHalf: return EAGLE_PICK(verify_f16);
-    case at::kBFloat16: return EAGLE_PICK(verify_bf16);
-    case at::kDouble: return EAGLE_PICK(verify_f64);
-    default: TORCH_CHECK_VALUE(false, "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ", dtype);
+    case at::kFloat:
+      return EAGLE_PICK(verify_f32);
+    case at::kHalf:
+      return EAGLE_PICK(verify_f16);
+    case at::kBFloat16:
+      return EAGLE_PICK(verify_bf16);
+    case at::kDouble:
+      return EAGLE_PICK(verify_f64);
+    default:
+      TORCH_CHECK_VALUE(false, "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ",
+                        dtype);
   }
 #undef EAGLE_PICK
   return nullptr;
 }
 
 // ------------------------------------------------------------------------------- checking
-void check_optional(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype,
-                    int64_t B, const at::Device& dev) {
+void check_optional(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype, int64_t B,
+                    const at::Device& dev) {
   if (!t) return;
   check_dtype(*t, "verify", name, dtype);
   check_shape(*t, "verify", name, {B}, "[B]");
@@ -376,8 +388,9 @@ void check_values(const at::Tensor& tokens, const at::Tensor& parents, int64_t B
   const int64_t* tok = tokens.data_ptr<int64_t>();
   const int32_t* par = parents.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK_VALUE(par[b * N] == -1, "verify: parents: expected parents[:, 0] == -1 (node 0 is the root), got parents[",
-                      b, ", 0] = ", par[b * N]);
+    TORCH_CHECK_VALUE(par[b * N] == -1,
+                      "verify: parents: expected parents[:, 0] == -1 (node 0 is the root), got parents[", b,
+                      ", 0] = ", par[b * N]);
     for (int64_t i = 1; i < N; ++i) {
       const int64_t p = par[b * N + i];
       TORCH_CHECK_VALUE(p >= 0 && p < i, "verify: parents: expected 0 <= parents[b, i] < i for i >= 1, got parents[", b,
@@ -426,7 +439,8 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   check_shape(parents, op, "parents", {B, N}, "[B, N]");
   check_device(parents, op, "parents", dev);
   TORCH_CHECK_VALUE(max_depth >= 0, "verify: max_depth: expected an int >= 0, got ", max_depth);
-  TORCH_CHECK_VALUE(N > 0 && V > 0, "verify: target_logits: expected at least one node and one vocabulary entry, got shape ",
+  TORCH_CHECK_VALUE(N > 0 && V > 0,
+                    "verify: target_logits: expected at least one node and one vocabulary entry, got shape ",
                     shape_str(target_logits.sizes()));
   check_optional(temperature, "temperature", at::kFloat, B, dev);
   check_optional(top_k, "top_k", at::kInt, B, dev);

@@ -30,12 +30,11 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
   check_dtype(k_cache, op, "k_cache", k_new.scalar_type());
   check_dim(k_cache, op, "k_cache", 4, layout);
   check_device(k_cache, op, "k_cache", dev);
-  const int64_t max_pages =
-      check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, 0, layout, dev);
+  const int64_t max_pages = check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, block_table, B, 0, layout, dev);
   const at::Tensor table = paged ? block_table->contiguous() : at::Tensor();
   TORCH_CHECK_VALUE(k_cache.size(2) == Hkv && k_cache.size(3) == D, op,
-                    ": k_cache: expected heads and head dim [*, *, ", Hkv, ", ", D,
-                    "] as in k_new, got shape ", shape_str(k_cache.sizes()));
+                    ": k_cache: expected heads and head dim [*, *, ", Hkv, ", ", D, "] as in k_new, got shape ",
+                    shape_str(k_cache.sizes()));
   check_dense_head_dim(op, k_cache, v_cache);
 
   const at::Tensor seqlens = cache_seqlens.contiguous();
@@ -46,16 +45,15 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
   const int64_t num_pages = k_cache.size(0);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = lens[b];
-    TORCH_CHECK_VALUE(len >= 0, op, ": cache_seqlens: expected non-negative lengths, got ",
-                      "cache_seqlens[", b, "] = ", len);
-    TORCH_CHECK_VALUE(len + N <= capacity, op, ": cache_seqlens: expected cache_seqlens + N ",
-                      "<= cache capacity ", capacity, ", got ", len + N, " for request ", b);
+    TORCH_CHECK_VALUE(len >= 0, op, ": cache_seqlens: expected non-negative lengths, got ", "cache_seqlens[", b,
+                      "] = ", len);
+    TORCH_CHECK_VALUE(len + N <= capacity, op, ": cache_seqlens: expected cache_seqlens + N ", "<= cache capacity ",
+                      capacity, ", got ", len + N, " for request ", b);
     if (!paged) continue;
     for (int64_t slot = 0; slot * page_size < len + N; ++slot) {
       const int64_t page = bt[b * max_pages + slot];
-      TORCH_CHECK_VALUE(page >= 0 && page < num_pages, op, ": block_table: expected page ids in [0, ",
-                        num_pages, ") for the pages in use, got block_table[", b, ", ", slot,
-                        "] = ", page);
+      TORCH_CHECK_VALUE(page >= 0 && page < num_pages, op, ": block_table: expected page ids in [0, ", num_pages,
+                        ") for the pages in use, got block_table[", b, ", ", slot, "] = ", page);
     }
   }
   if (k_new.numel() == 0) return;

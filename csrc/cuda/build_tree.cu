@@ -14,17 +14,17 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxSharedCandidates = 8 * 1024;
 constexpr int64_t kScratchPerCandidate = sizeof(float) + sizeof(uint8_t);
 
-__global__ void build_tree_kernel(const int64_t* __restrict__ root_tokens,  // [B]
-                                  const int64_t* __restrict__ cand_tokens,  // [B, C]
-                                  const float* __restrict__ cand_scores,    // [B, C]
+__global__ void build_tree_kernel(const int64_t* __restrict__ root_tokens,   // [B]
+                                  const int64_t* __restrict__ cand_tokens,   // [B, C]
+                                  const float* __restrict__ cand_scores,     // [B, C]
                                   const int32_t* __restrict__ cand_parents,  // [B, C]
                                   int64_t C, int64_t N,
-                                  int64_t* __restrict__ tokens,   // [B, N]
-                                  int32_t* __restrict__ parents,  // [B, N]
-                                  int32_t* __restrict__ depths,   // [B, N]
-                                  int64_t* __restrict__ mask,     // [B, N, W]
+                                  int64_t* __restrict__ tokens,    // [B, N]
+                                  int32_t* __restrict__ parents,   // [B, N]
+                                  int32_t* __restrict__ depths,    // [B, N]
+                                  int64_t* __restrict__ mask,      // [B, N, W]
                                   char* __restrict__ workspace) {  // [B*C*5] bytes or null
-  extern __shared__ float4 shared_scratch[];  // float4: 16-byte aligned
+  extern __shared__ float4 shared_scratch[];                       // float4: 16-byte aligned
   const int64_t b = blockIdx.x;
   const int64_t W = mask_words(N);
   // Global layout: keys [B, C] floats, then flags [B, C] bytes (keeps every key 4-aligned).
@@ -62,10 +62,9 @@ size_t build_tree_workspace_bytes(int64_t B, int64_t C) {
   return C > kMaxSharedCandidates ? static_cast<size_t>(B * C * kScratchPerCandidate) : 0;
 }
 
-cudaError_t launch_build_tree(const int64_t* root_tokens, const int64_t* cand_tokens,
-                              const float* cand_scores, const int32_t* cand_parents, int64_t B,
-                              int64_t C, int64_t N, int64_t* tokens, int32_t* parents,
-                              int32_t* depths, int64_t* mask, uint8_t* workspace,
+cudaError_t launch_build_tree(const int64_t* root_tokens, const int64_t* cand_tokens, const float* cand_scores,
+                              const int32_t* cand_parents, int64_t B, int64_t C, int64_t N, int64_t* tokens,
+                              int32_t* parents, int32_t* depths, int64_t* mask, uint8_t* workspace,
                               cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   if (B > 0x7fffffff || N < 1 || N - 1 > C) return cudaErrorInvalidValue;

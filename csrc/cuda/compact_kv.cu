@@ -35,12 +35,18 @@ cudaError_t launch(const compact_kv::Params& p, cudaStream_t stream) {
 
 cudaError_t launch_compact_kv(const compact_kv::Params& p, int word_bytes, cudaStream_t stream) {
   switch (word_bytes) {
-    case 16: return launch<compact_kv::WordOf<16>::type>(p, stream);
-    case 8: return launch<compact_kv::WordOf<8>::type>(p, stream);
-    case 4: return launch<compact_kv::WordOf<4>::type>(p, stream);
-    case 2: return launch<compact_kv::WordOf<2>::type>(p, stream);
-    case 1: return launch<compact_kv::WordOf<1>::type>(p, stream);
-    default: return cudaErrorInvalidValue;
+    case 16:
+      return launch<compact_kv::WordOf<16>::type>(p, stream);
+    case 8:
+      return launch<compact_kv::WordOf<8>::type>(p, stream);
+    case 4:
+      return launch<compact_kv::WordOf<4>::type>(p, stream);
+    case 2:
+      return launch<compact_kv::WordOf<2>::type>(p, stream);
+    case 1:
+      return launch<compact_kv::WordOf<1>::type>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

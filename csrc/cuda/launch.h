@@ -21,10 +21,9 @@ size_t build_tree_workspace_bytes(int64_t B, int64_t C);
 // Outputs: tokens [B, N], parents [B, N], depths [B, N], mask [B, N, ceil(N / 64)].
 // All dense, on the current device. Values are not validated (sync-free path): malformed
 // cand_parents give a wrong tree but never an out-of-bounds access.
-cudaError_t launch_build_tree(const int64_t* root_tokens, const int64_t* cand_tokens,
-                              const float* cand_scores, const int32_t* cand_parents, int64_t B,
-                              int64_t C, int64_t N, int64_t* tokens, int32_t* parents,
-                              int32_t* depths, int64_t* mask, uint8_t* workspace,
+cudaError_t launch_build_tree(const int64_t* root_tokens, const int64_t* cand_tokens, const float* cand_scores,
+                              const int32_t* cand_parents, int64_t B, int64_t C, int64_t N, int64_t* tokens,
+                              int32_t* parents, int32_t* depths, int64_t* mask, uint8_t* workspace,
                               cudaStream_t stream);
 
 // In-place compaction described by `p` (device pointers). `word_bytes` (1, 2, 4, 8 or 16)

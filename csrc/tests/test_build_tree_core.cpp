@@ -46,9 +46,9 @@ void test_ranking_ties_and_nan() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float ninf = -std::numeric_limits<float>::infinity();
   EXPECT(bt::ranks_before(1.f, 5, 0.f, 0));
-  EXPECT(bt::ranks_before(1.f, 0, 1.f, 1));   // tie: smaller index first
+  EXPECT(bt::ranks_before(1.f, 0, 1.f, 1));  // tie: smaller index first
   EXPECT(!bt::ranks_before(1.f, 1, 1.f, 0));
-  EXPECT(!bt::ranks_before(1.f, 1, 1.f, 1));  // irreflexive
+  EXPECT(!bt::ranks_before(1.f, 1, 1.f, 1));    // irreflexive
   EXPECT(bt::ranks_before(-1e30f, 9, nan, 0));  // NaN ranks as -inf
   EXPECT(bt::ranks_before(nan, 0, ninf, 1));    // NaN == -inf, then by index
   EXPECT(!bt::ranks_before(nan, 1, ninf, 0));
@@ -59,8 +59,7 @@ void test_ranking_ties_and_nan() {
   const int64_t expect_rank[] = {2, 4, 0, 1, 5, 3};
   for (int64_t c = 0; c < 6; ++c) {
     EXPECT_EQ(bt::candidate_rank(s.data(), 6, c), expect_rank[c]);
-    for (int64_t n = 0; n <= 6; ++n)
-      EXPECT_EQ(bt::select_candidate(s.data(), 6, c, n), expect_rank[c] < n);
+    for (int64_t n = 0; n <= 6; ++n) EXPECT_EQ(bt::select_candidate(s.data(), 6, c, n), expect_rank[c] < n);
   }
   // Ranks across several 256-candidate chunks of the early-exit count agree with ranks_before.
   const int64_t C = 1000;
@@ -83,8 +82,7 @@ void test_ranking_ties_and_nan() {
 void test_small_tree() {
   // Candidates (index: token score parent): 0: 10 -0.5 -1; 1: 11 -1.0 -1; 2: 12 -0.7 0;
   // 3: 13 -2.0 1; 4: 14 -0.9 2. Top 3: 0, 2, 4 -> a chain root -> 0 -> 2 -> 4.
-  const Tree t = run(7, {10, 11, 12, 13, 14}, {-0.5f, -1.0f, -0.7f, -2.0f, -0.9f},
-                     {-1, -1, 0, 1, 2}, 4);
+  const Tree t = run(7, {10, 11, 12, 13, 14}, {-0.5f, -1.0f, -0.7f, -2.0f, -0.9f}, {-1, -1, 0, 1, 2}, 4);
   const std::vector<int64_t> tokens = {7, 10, 12, 14};
   const std::vector<int32_t> parents = {-1, 0, 1, 2}, depths = {0, 1, 2, 3};
   const std::vector<int64_t> mask = {1, 3, 7, 15};
@@ -93,8 +91,7 @@ void test_small_tree() {
   EXPECT(t.depths == depths);
   EXPECT(t.mask == mask);
   // N = 5: candidate 1 joins; node order follows candidate index: 0, 1, 2, 4.
-  const Tree u = run(7, {10, 11, 12, 13, 14}, {-0.5f, -1.0f, -0.7f, -2.0f, -0.9f},
-                     {-1, -1, 0, 1, 2}, 5);
+  const Tree u = run(7, {10, 11, 12, 13, 14}, {-0.5f, -1.0f, -0.7f, -2.0f, -0.9f}, {-1, -1, 0, 1, 2}, 5);
   EXPECT((u.tokens == std::vector<int64_t>{7, 10, 11, 12, 14}));
   EXPECT((u.parents == std::vector<int32_t>{-1, 0, 0, 1, 3}));
   EXPECT((u.depths == std::vector<int32_t>{0, 1, 1, 2, 3}));

@@ -17,8 +17,7 @@ struct Cache {
   int64_t L, outer, pos, H, D;
   std::vector<float> k, v;
   Cache(int64_t L_, int64_t outer_, int64_t pos_, int64_t H_, int64_t D_)
-      : L(L_), outer(outer_), pos(pos_), H(H_), D(D_), k(L_ * outer_ * pos_ * H_ * D_),
-        v(k.size()) {
+      : L(L_), outer(outer_), pos(pos_), H(H_), D(D_), k(L_ * outer_ * pos_ * H_ * D_), v(k.size()) {
     std::iota(k.begin(), k.end(), 0.f);
     std::iota(v.begin(), v.end(), 1e6f);
   }
@@ -27,8 +26,7 @@ struct Cache {
   }
   kv::CacheView view(std::vector<float>& data) const {
     const int64_t e = sizeof(float);
-    return {reinterpret_cast<char*>(data.data()), outer * pos * H * D * e, pos * H * D * e,
-            H * D * e, D * e};
+    return {reinterpret_cast<char*>(data.data()), outer * pos * H * D * e, pos * H * D * e, H * D * e, D * e};
   }
 };
 
@@ -65,13 +63,16 @@ void run_all(const kv::Params& p, int64_t lanes) {
 }
 
 // Expected result, computed from a snapshot of the old cache (no overlap hazards).
-void expect_moves(Cache& c, const std::vector<float>& old_k, const std::vector<float>& old_v,
-                  const Batch& bt, int64_t B, bool paged, std::vector<float>* ek,
-                  std::vector<float>* ev) {
+void expect_moves(Cache& c, const std::vector<float>& old_k, const std::vector<float>& old_v, const Batch& bt,
+                  int64_t B, bool paged, std::vector<float>* ek, std::vector<float>* ev) {
   *ek = old_k;
   *ev = old_v;
   auto loc = [&](int64_t b, int64_t t, int64_t* o, int64_t* p) {
-    if (!paged) { *o = b; *p = t; return; }
+    if (!paged) {
+      *o = b;
+      *p = t;
+      return;
+    }
     *o = bt.table[b * bt.max_pages + t / c.pos];
     *p = t % c.pos;
   };

@@ -57,22 +57,28 @@ using VecFn = void (*)(const float*, float*, size_t);
 // out = f(in) through one vector width, 16 floats at a time.
 #if EAGLE_X86_SIMD
 EAGLE_TARGET_AVX2 void exp_avx2_unfused(const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, eagle::simd::avx2::exp_nonpositive<false>(_mm256_loadu_ps(in + i)));
+  for (size_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, eagle::simd::avx2::exp_nonpositive<false>(_mm256_loadu_ps(in + i)));
 }
 EAGLE_TARGET_AVX2 void exp_avx2_fused(const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, eagle::simd::avx2::exp_nonpositive<true>(_mm256_loadu_ps(in + i)));
+  for (size_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, eagle::simd::avx2::exp_nonpositive<true>(_mm256_loadu_ps(in + i)));
 }
 EAGLE_TARGET_AVX2 void exp2_avx2(const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, eagle::simd::avx2::exp2_nonpositive<true>(_mm256_loadu_ps(in + i)));
+  for (size_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, eagle::simd::avx2::exp2_nonpositive<true>(_mm256_loadu_ps(in + i)));
 }
 EAGLE_TARGET_AVX512 void exp_avx512_unfused(const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, eagle::simd::avx512::exp_nonpositive<false>(_mm512_loadu_ps(in + i)));
+  for (size_t i = 0; i < n; i += 16)
+    _mm512_storeu_ps(out + i, eagle::simd::avx512::exp_nonpositive<false>(_mm512_loadu_ps(in + i)));
 }
 EAGLE_TARGET_AVX512 void exp_avx512_fused(const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, eagle::simd::avx512::exp_nonpositive<true>(_mm512_loadu_ps(in + i)));
+  for (size_t i = 0; i < n; i += 16)
+    _mm512_storeu_ps(out + i, eagle::simd::avx512::exp_nonpositive<true>(_mm512_loadu_ps(in + i)));
 }
 EAGLE_TARGET_AVX512 void exp2_avx512(const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, eagle::simd::avx512::exp2_nonpositive<true>(_mm512_loadu_ps(in + i)));
+  for (size_t i = 0; i < n; i += 16)
+    _mm512_storeu_ps(out + i, eagle::simd::avx512::exp2_nonpositive<true>(_mm512_loadu_ps(in + i)));
 }
 #endif
 

@@ -55,9 +55,8 @@ void test_bad_rows_give_ids_in_order_and_nan() {
   const int64_t ids[2] = {7, 3};
   int64_t tokens[2];
   float scores[2];
-  for (const de::RowStats<float>& s :
-       {de::RowStats<float>{1.0f, 1.0f, true}, de::RowStats<float>{kInf, 1.0f, false},
-        de::RowStats<float>{-kInf, 0.0f, false}}) {
+  for (const de::RowStats<float>& s : {de::RowStats<float>{1.0f, 1.0f, true}, de::RowStats<float>{kInf, 1.0f, false},
+                                       de::RowStats<float>{-kInf, 0.0f, false}}) {
     EXPECT(de::row_is_bad(s));
     de::finish_row<float>(s, vals, ids, 2, 2, 0.0f, nullptr, tokens, scores);
     EXPECT_EQ(tokens[0], 0);

@@ -12,8 +12,8 @@ namespace {
 void test_build_tree_dispatch() {
   auto op = c10::Dispatcher::singleton()
                 .findSchemaOrThrow("eagle_kernels::build_tree", "")
-                .typed<eagle::TreeTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                          const at::Tensor&, int64_t)>();
+                .typed<eagle::TreeTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          int64_t)>();
   const at::Tensor root = at::tensor({7}, at::kLong);
   const at::Tensor tok = at::tensor({10, 11, 12, 13}, at::kLong).view({1, 4});
   const at::Tensor score = at::tensor({-0.5f, -1.0f, -0.7f, -2.0f}).view({1, 4});
@@ -27,16 +27,13 @@ void test_build_tree_dispatch() {
   bool raised = false;
   try {
     op.call(root, tok, score, par, 6);
-  } catch (const c10::ValueError& e) {
-    raised = std::string(e.what()).find("num_nodes") != std::string::npos;
-  }
+  } catch (const c10::ValueError& e) { raised = std::string(e.what()).find("num_nodes") != std::string::npos; }
   EXPECT(raised);
 }
 
 void test_compact_kv_dispatch() {
   for (const char* name : {"tree_attention", "draft_expand", "verify", "compact_kv"})
-    EXPECT(c10::Dispatcher::singleton().findSchema({std::string("eagle_kernels::") + name, ""})
-              .has_value());
+    EXPECT(c10::Dispatcher::singleton().findSchema({std::string("eagle_kernels::") + name, ""}).has_value());
   at::Tensor k = at::arange(2 * 8 * 1 * 2, at::kFloat).view({2, 8, 1, 2});
   at::Tensor v = -k.clone();
   const at::Tensor seqlens = at::tensor({1, 2}, at::kInt);
@@ -65,9 +62,7 @@ void test_cpu_linear_dispatch() {
   bool raised = false;
   try {
     op.call(x, w.narrow(1, 0, 36).contiguous());
-  } catch (const c10::ValueError& e) {
-    raised = std::string(e.what()).find("weight") != std::string::npos;
-  }
+  } catch (const c10::ValueError& e) { raised = std::string(e.what()).find("weight") != std::string::npos; }
   EXPECT(raised);
 }
 
@@ -85,8 +80,7 @@ void test_cpu_decoder_layer_dispatch() {
   const at::Tensor sin = at::zeros({B, N, D});
   const at::Tensor out = eagle::cpu_decoder_layer_cpu(
       x, norm, at::zeros({(Hq + 2 * Hkv) * D, H}), at::zeros({H, Hq * D}), norm, at::zeros({2 * I, H}),
-      at::zeros({H, I}), cos, sin, k, v, seqlens, std::nullopt, Hq, 1e-5, std::nullopt, std::nullopt, 0,
-      std::nullopt);
+      at::zeros({H, I}), cos, sin, k, v, seqlens, std::nullopt, Hq, 1e-5, std::nullopt, std::nullopt, 0, std::nullopt);
   EXPECT(at::equal(out, x));
   EXPECT(at::equal(k[0].narrow(0, 2, N), at::zeros({N, Hkv, D})));
   EXPECT(at::equal(v[1].narrow(0, 5, N), at::zeros({N, Hkv, D})));

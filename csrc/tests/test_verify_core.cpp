@@ -21,8 +21,7 @@ void test_philox_known_answers() {
   const uint32_t m = 0xffffffffu;
   const ph::Words ones = ph::philox4x32_10(m, m, m, m, m, m);
   const uint32_t want1[4] = {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu};
-  const ph::Words pi = ph::philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u,
-                                         0xa4093822u, 0x299f31d0u);
+  const ph::Words pi = ph::philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
   const uint32_t want2[4] = {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u};
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(zeros.w[i], want0[i]);

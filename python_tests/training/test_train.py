@@ -13,7 +13,7 @@ from eagle_kernels.train import corpus, features, trainer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
-from test_llama import tiny_hf_model  # noqa: E402
+from helpers import tiny_hf_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -6,43 +6,19 @@ import pytest
 import torch
 
 from eagle_kernels import _dispatch, reference
-from test_registration import decoder_layer_inputs
-from test_tree_attention import random_tree
-
-WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# (num_heads, Hkv, D, H, I): SmolLM2-135M's layer, and a small one with a head dim of 16.
-LAYERS = {"smollm2": (9, 3, 64, 576, 1536), "small": (4, 2, 16, 40, 24)}
-
-
-def native():
-    fn, reason = _dispatch.implementation("cpu_decoder_layer", "cpp", "cpu")
-    if fn is None:
-        pytest.skip(reason)
-    return fn
-
-
-def inputs(layer, B, N, prefix, weight_dtype, tree, seed=0, embed=False, slot_offset=0):
-    num_heads, Hkv, D, H, inter = LAYERS[layer]
-    mask = random_tree(B, slot_offset + N, seed).mask if tree else None
-    g = torch.Generator().manual_seed(seed)
-    return decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity=prefix + slot_offset + N + 3,
-                                generator=g, weight_dtype=WEIGHT_DTYPES[weight_dtype], tree_mask=mask,
-                                prefix=(prefix, max(prefix - 5, 0), prefix + 2)[:B], embed=embed,
-                                slot_offset=slot_offset)
-
-
-def clone(args):
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+from helpers import decoder_layer_inputs
+from helpers import random_tree
+from helpers import DECODER_LAYERS, WEIGHT_DTYPES, check_decoder_layer, clone_args, decoder_layer_case, native_decoder_layer, tiny_hf_model
 
 
 @pytest.mark.parametrize("weight_dtype", list(WEIGHT_DTYPES))
 @pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
 @pytest.mark.parametrize("B,N,prefix", [(1, 1, 0), (1, 1, 37), (2, 8, 37), (3, 13, 100), (1, 64, 5)])
-@pytest.mark.parametrize("layer", list(LAYERS))
+@pytest.mark.parametrize("layer", list(DECODER_LAYERS))
 def test_matches_reference(layer, B, N, prefix, tree, weight_dtype):
     """Output and the K/V written agree with the float64-composed reference to fp32 rounding;
     the cache outside the new slots is untouched."""
-    check_against_reference(inputs(layer, B, N, prefix, weight_dtype, tree), N)
+    check_decoder_layer(decoder_layer_case(layer, B, N, prefix, weight_dtype, tree), N)
 
 
 @pytest.mark.parametrize("weight_dtype", ["fp32", "fp16"])
@@ -52,25 +28,8 @@ def test_matches_reference(layer, B, N, prefix, tree, weight_dtype):
 def test_eagle3_draft_layer_matches_reference(B, N, prefix, slot_offset, tree, weight_dtype):
     """The EAGLE-3 form: embedding input (2H-wide q/k/v) and new tokens after ``slot_offset``
     tree slots of earlier calls."""
-    args, kwargs = inputs("smollm2", B, N, prefix, weight_dtype, tree, embed=True, slot_offset=slot_offset)
-    check_against_reference((args, kwargs), N, slot_offset)
-
-
-def check_against_reference(case, N, slot_offset=0):
-    fn = native()
-    args, kwargs = case
-    want_args, original = clone(args), clone(args)
-    got = fn(*args, **kwargs)
-    want = reference.cpu_decoder_layer(*want_args, **kwargs)
-    assert got.dtype == torch.float32 and got.shape == args[0].shape
-    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
-    for cache, ref_cache in ((args[9], want_args[9]), (args[10], want_args[10])):
-        torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
-    untouched = torch.ones(args[9].shape[:2], dtype=torch.bool)
-    for b, start in enumerate(args[11].tolist()):
-        untouched[b, start + slot_offset:start + slot_offset + N] = False
-    assert torch.equal(args[9][untouched], original[9][untouched])
-    assert torch.equal(args[10][untouched], original[10][untouched])
+    args, kwargs = decoder_layer_case("smollm2", B, N, prefix, weight_dtype, tree, embed=True, slot_offset=slot_offset)
+    check_decoder_layer((args, kwargs), N, slot_offset)
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
@@ -80,14 +39,14 @@ def test_padding_rows_are_skipped(counts, eagle3, tree):
     """row_counts: the computed rows are bit for bit those of the unpadded call (rows are
     independent, and their tree-mask ancestors come before them), padding rows keep x, their
     K/V slots hold zeros, and the reference agrees."""
-    fn = native()
+    fn = native_decoder_layer()
     N, slot_offset = 8, (2 if eagle3 else 0)
-    args, kwargs = inputs("smollm2", 3, N, 20, "fp32", tree, embed=eagle3, slot_offset=slot_offset)
+    args, kwargs = decoder_layer_case("smollm2", 3, N, 20, "fp32", tree, embed=eagle3, slot_offset=slot_offset)
     row_counts = torch.tensor(counts)
-    full_args = clone(args)
+    full_args = clone_args(args)
     full = fn(*full_args, **kwargs)
-    check_against_reference((args, {**kwargs, "row_counts": row_counts}), N, slot_offset)
-    padded_args = clone(args)
+    check_decoder_layer((args, {**kwargs, "row_counts": row_counts}), N, slot_offset)
+    padded_args = clone_args(args)
     got = fn(*padded_args, **kwargs, row_counts=row_counts)
     for b, count in enumerate(counts):
         assert torch.equal(got[b, :count], full[b, :count])
@@ -105,16 +64,16 @@ def test_instruction_sets_match_reference(isa, weight_dtype, monkeypatch):
     the separate ops (a cap above what the CPU has runs its best): every level matches the
     reference."""
     monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
-    check_against_reference(inputs("smollm2", 2, 8, 37, weight_dtype, True), 8)
+    check_decoder_layer(decoder_layer_case("smollm2", 2, 8, 37, weight_dtype, True), 8)
 
 
 def test_rows_are_batch_invariant():
     """A request's rows are bit for bit the same alone and in a batch (each step is per row)."""
-    fn = native()
-    args, kwargs = inputs("smollm2", 3, 5, 20, "fp32", tree=True)
-    together = fn(*clone(args), **kwargs)
+    fn = native_decoder_layer()
+    args, kwargs = decoder_layer_case("smollm2", 3, 5, 20, "fp32", tree=True)
+    together = fn(*clone_args(args), **kwargs)
     for b in range(3):
-        alone = list(clone(args))
+        alone = list(clone_args(args))
         for i in (0, 7, 8, 9, 10, 11, 12):  # per-request tensors: x, cos, sin, caches, lengths, mask
             alone[i] = alone[i][b:b + 1].contiguous()
         assert torch.equal(fn(*alone, **kwargs), together[b:b + 1])
@@ -124,9 +83,8 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
     """LlamaModel: decoding and a tree pass through cpu_decoder_layer agree with the op-by-op path
     to fp32 rounding (logits and every cache entry), and run one kernel call per layer."""
     from eagle_kernels.models import llama
-    from test_llama import tiny_hf_model
 
-    native()
+    native_decoder_layer()
     model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     prompt = torch.randint(0, 97, (2, 70))
     tree = random_tree(2, 6, seed=3)
@@ -153,9 +111,8 @@ def test_model_row_counts_skip_padding_rows(monkeypatch):
     hidden and layer states are bit for bit those of the unpadded pass, padding rows get zero
     logits, and the op-by-op path (which computes every row) agrees on the computed rows."""
     from eagle_kernels.models import llama
-    from test_llama import tiny_hf_model
 
-    native()
+    native_decoder_layer()
     model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     prompt = torch.randint(0, 97, (3, 40))
     tree = random_tree(3, 7, seed=5)
@@ -189,9 +146,8 @@ def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
     hidden states and head cache alike."""
     from eagle_kernels.models import llama
     from eagle_kernels.models.eagle_head import EagleHead
-    from test_llama import tiny_hf_model
 
-    native()
+    native_decoder_layer()
     target = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     head = EagleHead.random(target, "eagle3", draft_vocab_size=50, std=0.2)
     H = target.config.hidden_size
@@ -218,7 +174,6 @@ def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
 
 def test_layer_env_rejects_unknown_mode(monkeypatch):
     from eagle_kernels.models import llama
-    from test_llama import tiny_hf_model
 
     model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     monkeypatch.setenv(llama.CPU_LAYER_ENV, "fused")
@@ -251,7 +206,7 @@ def test_bad_row_counts_are_named(row_counts, backend):
     fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
     if fn is None:
         pytest.skip(reason)
-    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True)
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=True)
     with pytest.raises(ValueError, match="row_counts"):
         fn(*args, **kwargs, row_counts=row_counts)
 
@@ -262,7 +217,7 @@ def test_bad_input_names_the_tensor(name, backend):
     fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
     if fn is None:
         pytest.skip(reason)
-    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True)
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=True)
     args = list(args)
     BAD_INPUTS[name](args)
     with pytest.raises(ValueError, match=name):
@@ -275,7 +230,7 @@ def test_bad_eagle3_input_names_the_argument(name, backend):
     fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
     if fn is None:
         pytest.skip(reason)
-    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=True, embed=True, slot_offset=2)
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=True, embed=True, slot_offset=2)
     args = list(args)
     if name == "embed":
         kwargs["embed"] = kwargs["embed"][:, :2]
@@ -294,6 +249,6 @@ def test_num_heads_must_be_a_multiple_of_kv_heads(backend):
     fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
     if fn is None:
         pytest.skip(reason)
-    args, kwargs = inputs("small", 2, 3, 4, "fp32", tree=False)
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=False)
     with pytest.raises(ValueError, match="num_heads"):
         fn(*args, **{**kwargs, "num_heads": 3})

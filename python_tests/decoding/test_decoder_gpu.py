@@ -12,8 +12,8 @@ from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead
 
 transformers = pytest.importorskip("transformers")
-from test_decoder import PROMPTS, TREES, repeat_head  # noqa: E402
-from test_llama import tiny_hf_model  # noqa: E402
+from helpers import PROMPTS, TREES, repeat_head  # noqa: E402
+from helpers import tiny_hf_model  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,6 +9,7 @@ from eagle_kernels import reference
 from eagle_kernels._types import Tree
 from eagle_kernels.decoder import TreeConfig
 from eagle_kernels.lookup import graft_chain, lookup_chain, lookup_search, pad_chains, trimmed_chain_lengths
+from helpers import mask_of, simulate_history
 
 
 def lookup_naive(context, ngram, chain):
@@ -80,7 +81,6 @@ def test_padded_chain_nodes_are_never_accepted(first_chain_node):
     """pad_chains: verify gives a padded tree the results of the same tree cut to each
     request's own chain (greedy and sampling, same random stream), whatever the padding rows'
     logits are."""
-    from test_build_tree import mask_of
 
     B, chain_len, V = 32, 6, 3
     g = torch.Generator().manual_seed(first_chain_node)
@@ -130,7 +130,6 @@ def graft_naive(tokens, parents, chain):
 
 @pytest.mark.parametrize("num_nodes,chain_len", [(4, 3), (8, 5), (62, 4)])
 def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
-    from test_build_tree import mask_of, simulate_history
 
     B = 16
     tree = reference.build_tree(*simulate_history(B, 5, 4, seed=num_nodes), num_nodes)
@@ -162,7 +161,6 @@ def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
 def test_graft_chain_on_random_trees_with_repeated_tokens(num_nodes, chain_len):
     """Random tree shapes over 3 token values: sibling repeats (the chain follows the first of
     them), deep matches, and masks that cross a 64-bit word."""
-    from test_build_tree import mask_of
 
     B = 24
     g = torch.Generator().manual_seed(num_nodes * 10 + chain_len)

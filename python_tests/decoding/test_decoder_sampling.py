@@ -13,8 +13,8 @@ from eagle_kernels.reference.verify import sampling_probs
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
-from test_decoder import HEADS  # noqa: E402
-from test_llama import tiny_hf_model  # noqa: E402
+from helpers import HEADS  # noqa: E402
+from helpers import tiny_hf_model  # noqa: E402
 
 from eagle_kernels.models import LlamaModel  # noqa: E402
 

@@ -16,7 +16,8 @@ import torch
 
 from eagle_kernels import reference
 
-from test_tree_attention import random_tree
+from helpers import random_tree
+from helpers import attention_inputs
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {
@@ -34,39 +35,8 @@ def layout_id(page):
     return "contiguous" if page is None else f"page{page}"
 
 
-def make_inputs(B, N, prefix, heads, D, dtype, page, seed):
-    """Requests at different committed lengths; paged caches use a shuffled block table over a
-    pool with spare pages, and every position no request may read holds NaN."""
-    Hq, Hkv = heads
-    gen = torch.Generator().manual_seed(seed)
-    seqlens = torch.tensor([max(prefix - 3 * b, 0) for b in range(B)], dtype=torch.int32)
-    seqlens[-1] = prefix
-    capacity = prefix + N + 5
-    q = torch.randn(B, N, Hq, D, generator=gen).to(dtype)
-    if page is None:
-        shape = (B, capacity, Hkv, D)
-        table = None
-    else:
-        pages = math.ceil(capacity / page)
-        pool = B * pages + 3
-        shape = (pool, page, Hkv, D)
-        table = torch.randperm(pool, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
-    k = torch.randn(shape, generator=gen).to(dtype)
-    v = torch.randn(shape, generator=gen).to(dtype)
-    keep = torch.zeros(shape[:2], dtype=torch.bool)
-    for b in range(B):
-        t = torch.arange(int(seqlens[b]) + N)
-        if table is None:
-            keep[b, t] = True
-        else:
-            keep[table[b].long()[t // page], t % page] = True
-    k[~keep] = float("nan")
-    v[~keep] = float("nan")
-    return q, k, v, seqlens, table
-
-
 def check(fn, B, N, prefix, heads, D, dtype, page, causal, seed, sm_scale=None):
-    q, k, v, seqlens, table = make_inputs(B, N, prefix, heads, D, dtype, page, seed)
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed)
     mask = None if causal else random_tree(B, N, seed).mask
     out = fn(q, k, v, seqlens, mask, block_table=table, sm_scale=sm_scale)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -162,7 +132,7 @@ def test_triton_split_kv(backend, prefix, splits):
 def test_bad_input(backend, op_impl, case, name):
     fn = op_impl("tree_attention")
     page = 16 if case == "page_id_out_of_pool" else None
-    q, k, v, seqlens, table = make_inputs(2, 130, 5, (32, 8), 64, torch.float32, page, seed=0)
+    q, k, v, seqlens, table = attention_inputs(2, 130, 5, (32, 8), 64, torch.float32, page, seed=0)
     mask = random_tree(2, 130, 0).mask
     if case == "heads_mismatch":
         k, v = k[:, :, :3].contiguous(), v[:, :, :3].contiguous()
@@ -202,7 +172,7 @@ GPU_CASES = [
 def test_gpu_against_reference(gpu_op_impl, case):
     B, N, prefix, heads, D, dtype, page, causal = case
     fn = gpu_op_impl("tree_attention")
-    q, k, v, seqlens, table = make_inputs(B, N, prefix, heads, D, dtype, page, seed=N + D)
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed=N + D)
     mask = None if causal else random_tree(B, N, 1).mask
     to = lambda t: None if t is None else t.cuda()  # noqa: E731
     out = fn(to(q), to(k), to(v), to(seqlens), to(mask), block_table=to(table))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from eagle_kernels import reference
+from helpers import random_tree
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Inputs are quantised identically for both sides; the tolerance covers float32 accumulation
@@ -28,28 +29,6 @@ D = 64
 
 
 # ------------------------------------------------------------------------------------ helpers
-def random_history(C, gen):
-    """A valid candidate history: parents before children, children never outscore parents."""
-    parents = torch.empty(C, dtype=torch.int32)
-    scores = torch.empty(C, dtype=torch.float32)
-    for c in range(C):
-        p = -1 if c == 0 or float(torch.rand(1, generator=gen)) < 0.25 else int(torch.randint(0, c, (1,), generator=gen))
-        parents[c] = p
-        base = 0.0 if p < 0 else float(scores[p])
-        scores[c] = base - float(torch.empty(1).exponential_(1.0, generator=gen)) - 1e-3
-    return parents, scores
-
-
-def random_tree(B, N, seed):
-    """Tree from ``reference.build_tree`` over a random candidate history of every request."""
-    gen = torch.Generator().manual_seed(seed)
-    C = max(N - 1, 1) + 16
-    histories = [random_history(C, gen) for _ in range(B)]
-    cand_parents = torch.stack([h[0] for h in histories])
-    cand_scores = torch.stack([h[1] for h in histories])
-    cand_tokens = torch.randint(0, 1000, (B, C), generator=gen)
-    roots = torch.randint(0, 1000, (B,), generator=gen)
-    return reference.build_tree(roots, cand_tokens, cand_scores, cand_parents, N)
 
 
 def ancestors(parents_row):

@@ -10,6 +10,7 @@ import torch
 import eagle_kernels
 from eagle_kernels import _dispatch
 from eagle_kernels._schemas import OPS, SCHEMAS
+from helpers import decoder_layer_inputs
 
 
 def small_inputs(op):
@@ -66,35 +67,6 @@ def small_inputs(op):
     if op == "cpu_decoder_layer":
         return decoder_layer_inputs(B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g)
     raise AssertionError(op)
-
-
-def decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity, generator, weight_dtype=torch.float32,
-                         tree_mask=None, prefix=(2, 5), embed=False, slot_offset=0):
-    """Arguments of cpu_decoder_layer: random weights, a cache holding ``prefix`` tokens per
-    request, the RoPE angles of positions ``prefix + i``; ``embed``: an EAGLE-3 layer (embedding
-    input, 2H-wide q/k/v weight)."""
-    g = generator
-
-    def mat(rows, cols):
-        return (torch.randn(rows, cols, generator=g) / cols**0.5).to(weight_dtype)
-
-    x = torch.randn(B, N, H, generator=g)
-    k = torch.randn(B, capacity, Hkv, D, generator=g)
-    v = torch.randn(B, capacity, Hkv, D, generator=g)
-    seqlens = torch.tensor(prefix[:B], dtype=torch.int32)
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    angles = (seqlens[:, None].double() + torch.arange(N))[..., None] * inv_freq
-    angles = torch.cat([angles, angles], -1)
-    attn_in = 2 * H if embed else H
-    args = (x, 1 + 0.1 * torch.randn(H, generator=g), mat((num_heads + 2 * Hkv) * D, attn_in), mat(H, num_heads * D),
-            1 + 0.1 * torch.randn(H, generator=g), mat(2 * inter, H), mat(H, inter), angles.cos().float(),
-            angles.sin().float(), k, v, seqlens, tree_mask)
-    kwargs = {"num_heads": num_heads, "eps": 1e-5}
-    if embed:
-        kwargs.update(embed=torch.randn(B, N, H, generator=g), embed_norm=1 + 0.1 * torch.randn(H, generator=g))
-    if slot_offset:
-        kwargs["slot_offset"] = slot_offset
-    return args, kwargs
 
 
 @pytest.mark.parametrize("op", OPS, ids=OPS)

@@ -14,9 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagle_kernels import reference
-
-NAN = float("nan")
-NINF = float("-inf")
+from helpers import NAN, NINF, mask_of, simulate_history
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -24,21 +22,6 @@ def as_inputs(root, tokens, scores, parents):
     """Build the four input tensors, batch-first, from nested lists."""
     return (torch.tensor(root, dtype=torch.int64), torch.tensor(tokens, dtype=torch.int64),
             torch.tensor(scores, dtype=torch.float32), torch.tensor(parents, dtype=torch.int32))
-
-
-def mask_of(parents):
-    """int64 mask rows [N, W] from a hand-written parent list (ancestors incl. self)."""
-    n = len(parents)
-    words = (n + 63) // 64
-    rows = []
-    for i in range(n):
-        row = [0] * words
-        j = i
-        while j >= 0:
-            row[j // 64] |= 1 << (j % 64)
-            j = parents[j]
-        rows.append([w - (1 << 64) if w >= 1 << 63 else w for w in row])
-    return rows
 
 
 def assert_tree(out, tokens, parents, depths, mask=None):
@@ -60,52 +43,6 @@ def assert_tree(out, tokens, parents, depths, mask=None):
     assert out.parents.tolist() == parents
     assert out.depths.tolist() == depths
     assert out.mask.tolist() == m.tolist()
-
-
-def simulate_history(B, depth, top_k, seed, *, nan_prob=0.0, ninf_prob=0.0, quantum=None):
-    """EAGLE-2 expansion history as draft_expand + frontier selection would produce it.
-
-    Depth 1 expands the root (score 0) into ``top_k`` candidates; every later depth expands
-    the ``top_k`` best candidates of the previous depth (score desc, NaN as -inf, ties by
-    index) into ``top_k`` children each. Child score = parent score + logp with logp <= 0
-    (float32 addition is monotone, so no child outscores its parent). ``quantum`` rounds logp
-    to multiples of it, which makes exact score ties common. NaN / -inf logps propagate to
-    the whole subtree, as they do in a real history.
-    """
-    g = torch.Generator().manual_seed(seed)
-    tokens, scores, parents = [], [], []
-    frontier = [(-1, torch.zeros(B, dtype=torch.float32))]  # (parent index, score [B])
-    level_start = 0
-    for d in range(depth):
-        level_scores = []
-        for m, (parent, pscore) in enumerate(frontier):
-            logp = -torch.rand(B, top_k, generator=g, dtype=torch.float32) * 3.0
-            if quantum is not None:
-                logp = (logp / quantum).round() * quantum
-            logp = logp.sort(dim=1, descending=True).values  # r-th most likely first
-            special = torch.rand(B, top_k, generator=g)
-            logp[special < nan_prob] = NAN
-            logp[(special >= nan_prob) & (special < nan_prob + ninf_prob)] = NINF
-            child = (pscore[:, None] + logp).to(torch.float32)
-            for r in range(top_k):
-                parents.append(parent if isinstance(parent, torch.Tensor) else
-                               torch.full((B,), parent, dtype=torch.int32))
-                scores.append(child[:, r])
-                tokens.append(torch.randint(0, 1000, (B,), generator=g))
-                level_scores.append(child[:, r])
-        if d == depth - 1:
-            break
-        # Frontier of the next depth: top_k of this level, per request.
-        level = torch.stack(level_scores, dim=1)  # [B, len(frontier) * top_k]
-        # Not nan_to_num: it would also turn -inf into the lowest finite float.
-        key = torch.where(level.isnan(), NINF, level)
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :top_k]
-        frontier = [((level_start + order[:, m]).to(torch.int32),
-                     torch.gather(level, 1, order[:, m:m + 1])[:, 0]) for m in range(top_k)]
-        level_start += level.shape[1]
-    root = torch.randint(0, 1000, (B,), generator=g)
-    return (root, torch.stack(tokens, 1), torch.stack(scores, 1).to(torch.float32),
-            torch.stack(parents, 1).to(torch.int32))
 
 
 def naive_selection(scores_row, n_select):

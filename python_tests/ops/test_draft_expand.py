@@ -12,116 +12,14 @@ import torch
 
 import eagle_kernels
 from eagle_kernels import reference
+from helpers import SCORE_TOL, assert_matches, check_frontier, check_invariants, naive_draft_expand, planted_logits, random_frontier_scores
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
-# Scores are float32 outputs computed in float32 (float64 for float64 logits); the input dtype
-# only quantises the logits, which the naive computation sees identically.
-SCORE_TOL = {
-    torch.float32: dict(atol=1e-4, rtol=1e-5),
-    torch.float16: dict(atol=1e-4, rtol=1e-5),
-    torch.bfloat16: dict(atol=1e-4, rtol=1e-5),
-    torch.float64: dict(atol=1e-5, rtol=1e-6),
-}
 SMALL_V = (50, 1000, 1031)
 LARGE_V = (49152, 128256)  # only the C++ backend runs these
 
 
 # ------------------------------------------------------------------------------------ helpers
-def naive_log_softmax(row: np.ndarray) -> np.ndarray:
-    """float64 log_softmax of one row, -inf entries kept as -inf."""
-    row = row.astype(np.float64)
-    finite = np.isfinite(row)
-    peak = row[finite].max()
-    lse = peak + np.log(np.exp(row[finite] - peak).sum())
-    return row - lse
-
-
-def rank_desc(values: np.ndarray) -> np.ndarray:
-    """Indices by value descending, ties by smaller index (np.lexsort: last key is primary)."""
-    return np.lexsort((np.arange(values.shape[0]), -values))
-
-
-def naive_draft_expand(logits, frontier_scores, top_k, d2t=None):
-    """(tokens int64 [B, M*k], scores float64 [B, M*k], frontier int64 [B, k]) in numpy."""
-    x = logits.double().numpy()
-    fs = frontier_scores.double().numpy()
-    B, M, _ = x.shape
-    tokens = np.zeros((B, M * top_k), dtype=np.int64)
-    scores = np.zeros((B, M * top_k), dtype=np.float64)
-    frontier = np.zeros((B, top_k), dtype=np.int64)
-    for b in range(B):
-        for m in range(M):
-            logp = naive_log_softmax(x[b, m])
-            ids = rank_desc(logp)[:top_k]
-            tokens[b, m * top_k:(m + 1) * top_k] = ids if d2t is None else ids + d2t.numpy()[ids]
-            scores[b, m * top_k:(m + 1) * top_k] = fs[b, m] + logp[ids]
-        frontier[b] = rank_desc(scores[b])[:top_k]
-    return tokens, scores, frontier
-
-
-def planted_logits(B, M, V, top_k, dtype, seed):
-    """Random logits in [-4, 4] with the top ``top_k`` of every row planted at random ids with
-    gaps of 0.5 (exact in every dtype), so the per-row ranking is unambiguous."""
-    gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, M, V, generator=gen, dtype=torch.float64) * 1.5).clamp(-4, 4)
-    for b in range(B):
-        for m in range(M):
-            ids = torch.randperm(V, generator=gen)[:top_k]
-            shift = 0.25 * int(torch.randint(0, 4, (1,), generator=gen))
-            logits[b, m, ids] = 5.0 + shift + 0.5 * torch.arange(top_k - 1, -1, -1, dtype=torch.float64)
-    return logits.to(dtype)
-
-
-def random_frontier_scores(B, M, seed):
-    gen = torch.Generator().manual_seed(seed + 1)
-    return -3.0 * torch.rand(B, M, generator=gen, dtype=torch.float32)
-
-
-def check_invariants(out, frontier_scores, top_k, V, d2t=None):
-    tokens, scores, frontier = out
-    B, M = frontier_scores.shape
-    assert tokens.dtype == torch.int64 and tokens.shape == (B, M * top_k)
-    assert scores.dtype == torch.float32 and scores.shape == (B, M * top_k)
-    assert frontier.dtype == torch.int32 and frontier.shape == (B, top_k)
-    per_node = scores.view(B, M, top_k)
-    finite = per_node.isfinite()
-    diffs = per_node[..., 1:] - per_node[..., :-1]
-    # Non-increasing along r (compare only where both entries are finite; -inf tails are fine).
-    assert bool(((diffs <= 0) | ~(finite[..., 1:] & finite[..., :-1])).all())
-    assert bool((per_node <= frontier_scores[..., None] + 1e-5).all())
-    if d2t is None:
-        assert bool(((tokens >= 0) & (tokens < V)).all())
-    assert bool(((frontier >= 0) & (frontier < M * top_k)).all())
-    for row in frontier:
-        assert len(set(row.tolist())) == top_k
-
-
-def check_frontier(frontier, scores, naive_scores, top_k, tol):
-    """The frontier is the top ``top_k`` of the op's own scores (ties: smaller index), and,
-    against the float64 scores, exact wherever no two relevant scores are within ``tol``."""
-    for b in range(frontier.shape[0]):
-        own = scores[b].double().numpy()
-        np.testing.assert_array_equal(frontier[b].numpy(), rank_desc(own)[:top_k])
-        exact = naive_scores[b]
-        order = rank_desc(exact)
-        wanted = order[: min(top_k + 1, len(order))]
-        gaps = np.diff(exact[wanted])
-        finite_gaps = gaps[np.isfinite(gaps)]
-        if np.all(np.abs(finite_gaps) > 10 * tol) and np.all(np.isfinite(exact[wanted])):
-            np.testing.assert_array_equal(frontier[b].numpy(), order[:top_k])
-        else:
-            np.testing.assert_allclose(exact[frontier[b].numpy()], exact[order[:top_k]], atol=tol)
-
-
-def assert_matches(out, naive, expect_ref, dtype, top_k):
-    tokens, scores, frontier = out
-    n_tokens, n_scores, _ = naive
-    tol = SCORE_TOL[dtype]
-    np.testing.assert_array_equal(tokens.numpy(), n_tokens)
-    torch.testing.assert_close(scores.double(), torch.from_numpy(n_scores), **tol)
-    check_frontier(frontier, scores, n_scores, top_k, tol["atol"])
-    torch.testing.assert_close(tokens, expect_ref.tokens, rtol=0, atol=0)
-    torch.testing.assert_close(scores, expect_ref.scores, **tol)
 
 
 # ---------------------------------------------------------------------------------- tier 1

@@ -20,6 +20,7 @@ import torch
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
 from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
+from helpers import attention_inputs, top_p_margin
 
 
 @pytest.fixture(autouse=True)
@@ -59,20 +60,6 @@ def verify_batch(dtype):
         offset=torch.randint(0, 2**40, (B,), generator=gen),
     )
     return tokens, parents, logits.to(dtype), sampling
-
-
-def top_p_margin(logits, sampling):
-    """Smallest |mass strictly above x - top_p| over the sampling rows with top-p (the
-    reference's probabilities); below 1e-6 a decision is within rounding and the case skips."""
-    margin = np.inf
-    for b in range(logits.shape[0]):
-        t, k, p = float(sampling["temperature"][b]), int(sampling["top_k"][b]), float(sampling["top_p"][b])
-        if t == 0.0 or p >= 1.0:
-            continue
-        for u in range(logits.shape[1]):
-            probs = sampling_probs(logits[b, u], t, k, 1.0)
-            margin = min(margin, float((mass_strictly_above(probs) - p).abs().min()))
-    return margin
 
 
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16],
@@ -149,36 +136,6 @@ TOL = {
     torch.float16: dict(atol=5e-3, rtol=5e-3),
     torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
 }
-
-
-def attention_inputs(B, N, prefix, heads, D, dtype, page, seed):
-    """Requests at different committed lengths; a paged cache uses a shuffled block table with
-    spare pages; every position no request may read holds NaN."""
-    Hq, Hkv = heads
-    gen = torch.Generator().manual_seed(seed)
-    seqlens = torch.tensor([max(prefix - 3 * b, 0) for b in range(B)], dtype=torch.int32)
-    seqlens[-1] = prefix
-    capacity = prefix + N + 5
-    q = torch.randn(B, N, Hq, D, generator=gen).to(dtype)
-    if page is None:
-        shape, table = (B, capacity, Hkv, D), None
-    else:
-        pages = math.ceil(capacity / page)
-        pool = B * pages + 3
-        shape = (pool, page, Hkv, D)
-        table = torch.randperm(pool, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
-    k = torch.randn(shape, generator=gen).to(dtype)
-    v = torch.randn(shape, generator=gen).to(dtype)
-    keep = torch.zeros(shape[:2], dtype=torch.bool)
-    for b in range(B):
-        t = torch.arange(int(seqlens[b]) + N)
-        if table is None:
-            keep[b, t] = True
-        else:
-            keep[table[b].long()[t // page], t % page] = True
-    k[~keep] = float("nan")
-    v[~keep] = float("nan")
-    return q, k, v, seqlens, table
 
 
 def random_mask(B, N, seed):

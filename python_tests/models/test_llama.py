@@ -10,22 +10,10 @@ import eagle_kernels
 from eagle_kernels.models import LlamaConfig, LlamaModel, cpu_weights, layers
 from eagle_kernels.models.cpu_weights import CPU_LINEAR_MAX_ROWS
 from eagle_kernels.models.eagle_head import EagleHead
+from helpers import tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def tiny_hf_model(dtype, rope_scaling=None, tie=False, seed=0):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=5000.0,
-        rope_scaling=rope_scaling, tie_word_embeddings=tie, attn_implementation="eager")
-    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
-    with torch.no_grad():  # default init leaves norms at 1; make every weight matter
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
 
 
 ROPES = [None, {"rope_type": "linear", "factor": 2.0},

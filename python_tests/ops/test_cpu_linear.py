@@ -9,70 +9,13 @@ import torch.nn.functional as F
 
 import eagle_kernels
 from eagle_kernels import _dispatch, reference
+from helpers import ISA_ENV, WEIGHT_DTYPES, activations, assert_within_fp32_bound, skip_unavailable_isa, weight
 
-ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 CHUNK_ENV = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"
 MS = [1, 3, 5, 7, 8, 17, 64]  # x tiles: AVX2 3 + 2 at 5; AVX-512VL 4 + 3 at 7, 6 + 6 + 5 at 17;
 # AVX-512 paired tiles 7 at 7, 9 + 8 at 17
 KS = [576, 1536, 100]  # SmolLM2 hidden and intermediate sizes; 100 leaves a K tail of 4
 NS = [1, 7, 576, 1000]  # 7 and 1000 leave a partial panel of weight rows
-WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _avx2_available():
-    """Whether the CPU has AVX2+FMA (ATen's own dispatch says so); without them the C++ op
-    runs its scalar loops whatever EAGLE_KERNELS_CPU_ISA says."""
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AVX512_BF16", "AMX")
-
-
-def _avx512_available():
-    """Whether the CPU has AVX-512 F and VL (ATen's AVX512 level requires them)."""
-    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX")
-
-
-def _skip_unavailable(isa):
-    if isa == "avx2" and not _avx2_available():
-        pytest.skip("no AVX2+FMA on this CPU (or in this build)")
-    if isa.startswith("avx512") and not _avx512_available():
-        pytest.skip("no AVX-512 on this CPU")
-
-
-@pytest.fixture(params=["reference", "avx512", "avx512-ymm", "avx2", "scalar"])
-def linear(request, monkeypatch):
-    """The implementation under test: the reference, or the C++ op with its ISA forced."""
-    if request.param == "reference":
-        return reference.cpu_linear
-    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
-    if fn is None:
-        pytest.skip(reason)
-    _skip_unavailable(request.param)
-    monkeypatch.setenv(ISA_ENV, request.param)
-    return fn
-
-
-@functools.lru_cache(maxsize=None)
-def weight(N, K, dtype_name):
-    g = torch.Generator().manual_seed(N * 7919 + K)
-    return torch.randn(N, K, generator=g).to(WEIGHT_DTYPES[dtype_name])
-
-
-@functools.lru_cache(maxsize=None)
-def activations(M, K):
-    g = torch.Generator().manual_seed(M * 131 + K)
-    return torch.randn(M, K, generator=g)
-
-
-def assert_within_fp32_bound(got, x, w):
-    """|got - exact| <= (K + 2) u sum_k |x_k w_k| + tiny: the first-order worst case of fp32
-    dot products in any order (u = 2^-24), so the check cannot be flaky. bf16 and fp16 weights
-    widen exactly, so the exact value uses the widened weight."""
-    exact = F.linear(x.double(), w.double())
-    K = x.shape[-1]
-    bound = (K + 2) * 2.0**-24 * F.linear(x.double().abs(), w.double().abs()) + 1e-30
-    err = (got.double() - exact).abs()
-    assert got.dtype == torch.float32 and got.shape == exact.shape
-    worst = float((err / bound).max()) if err.numel() else 0.0
-    assert worst <= 1.0, f"error {worst:.3g} x the fp32 bound"
 
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
@@ -115,7 +58,7 @@ def test_rows_are_batch_invariant(isa, monkeypatch):
     fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
     if fn is None:
         pytest.skip(reason)
-    _skip_unavailable(isa)
+    skip_unavailable_isa(isa)
     monkeypatch.setenv(ISA_ENV, isa)
     x, w = activations(17, 100), weight(1000, 100, "bf16")
     full = fn(x, w)
@@ -135,7 +78,7 @@ def test_avx512_and_avx2_paths_give_identical_bits(wdtype, monkeypatch):
     fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
     if fn is None:
         pytest.skip(reason)
-    _skip_unavailable("avx512")
+    skip_unavailable_isa("avx512")
     for M in (1, 2, 3, 4, 5, 7, 8, 12, 13, 24, 25):
         for K in (576, 100):
             x, w = activations(M, K), weight(1003, K, wdtype)

@@ -16,36 +16,13 @@ from eagle_kernels.policy import FittedPolicy, StaticPolicy, policy_for
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
-from test_llama import tiny_hf_model  # noqa: E402
-
-PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [20, 21, 22, 23, 24, 25, 26]]
+from helpers import tiny_hf_model  # noqa: E402
+from helpers import HEADS, PROMPTS, TREES, repeat_head
 
 
 @pytest.fixture(scope="module")
 def target():
     return LlamaModel.from_transformers(tiny_hf_model(torch.float64))
-
-
-def repeat_head(target):
-    """An EAGLE-1 head whose output is its input feature: it drafts "the token the target
-    predicted for the parent", i.e. a repetition — often right on a tiny random model that
-    falls into loops, so acceptance paths get exercised deterministically."""
-    head = EagleHead.random(target, "eagle1")
-    H = target.config.hidden_size
-    w = head.weights
-    w["fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], dim=1).to(w["fc.weight"])
-    w["fc.bias"].zero_()
-    w["layers.0.self_attn.o_proj.weight"].zero_()
-    w["layers.0.mlp.down_proj.weight"].zero_()
-    return head
-
-
-HEADS = {
-    "eagle1-random": lambda t: EagleHead.random(t, "eagle1"),
-    "eagle3-random": lambda t: EagleHead.random(t, "eagle3", draft_vocab_size=60),
-    "eagle1-repeat": repeat_head,
-}
-TREES = [TreeConfig(3, 3, 8), TreeConfig(4, 2, 7), TreeConfig(2, 2, 3, lookup=4)]
 
 
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: f"d{t.depth}k{t.top_k}n{t.num_nodes}")

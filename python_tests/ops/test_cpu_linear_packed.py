@@ -12,8 +12,8 @@ import torch
 import eagle_kernels
 from eagle_kernels import _dispatch, reference
 from eagle_kernels.reference.cpu_linear import cpu_linear_unpack
-from test_cpu_linear import (ISA_ENV, WEIGHT_DTYPES, _skip_unavailable, activations, assert_within_fp32_bound,
-                             linear, weight)
+from helpers import ISA_ENV, WEIGHT_DTYPES, skip_unavailable_isa, activations, assert_within_fp32_bound, weight
+from helpers import check_decoder_layer, clone_args, decoder_layer_case, native_decoder_layer, tiny_hf_model
 
 assert linear  # the fixture (reference, avx512, avx512-ymm, avx2, scalar), imported for pytest
 # Row tiles: AVX-512 1..12 rows with 4, 3, 2 or 1 groups side by side (13 = 6 + 7, 25 = 8 + 8 + 9);
@@ -60,7 +60,7 @@ def test_every_isa_gives_identical_bits(wdtype, monkeypatch):
         x = activations(M, 100)
         results = {}
         for isa in ISAS:
-            _skip_unavailable(isa)
+            skip_unavailable_isa(isa)
             monkeypatch.setenv(ISA_ENV, isa)
             results[isa] = fn(x, w)
         for isa in ISAS[1:]:
@@ -71,7 +71,7 @@ def test_every_isa_gives_identical_bits(wdtype, monkeypatch):
 def test_rows_are_batch_invariant(isa, monkeypatch):
     """A row of the output is bit for bit the same alone and among 1..25 rows (a verify pass gives
     a token's row what decoding it alone gives)."""
-    _skip_unavailable(isa)
+    skip_unavailable_isa(isa)
     monkeypatch.setenv(ISA_ENV, isa)
     fn = torch.ops.eagle_kernels.cpu_linear
     w = packed(576, 576, "bf16")
@@ -108,7 +108,7 @@ def test_16bit_weight_equals_its_fp32_widening(linear, M, wdtype):
 
 
 def test_agrees_with_the_row_major_layout():
-    """The two layouts sum in different orders: equal to fp32 rounding, on the same inputs."""
+    """The two layouts sum in different orders: equal to fp32 rounding, on the same decoder_layer_case."""
     fn = torch.ops.eagle_kernels.cpu_linear
     w, x = weight(576, 1536, "fp32"), activations(12, 1536)
     torch.testing.assert_close(fn(x, eagle_kernels.cpu_linear_pack(w)), fn(x, w), rtol=1e-5, atol=1e-4)
@@ -159,7 +159,7 @@ def packing(monkeypatch):
         levels = _dispatch.CPU_ISA_LEVELS
 
         def avx512_cpu_isa():  # min(avx512, the cap), as the kernels resolve it on such a CPU
-            cap = {"": "avx512", "native": "avx512", "portable": "scalar"}.get(os.environ.get(ISA_ENV, ""))
+            cap = {"": "avx512", "native_decoder_layer": "avx512", "portable": "scalar"}.get(os.environ.get(ISA_ENV, ""))
             cap = cap or os.environ[ISA_ENV]
             return levels[min(levels.index(cap), levels.index("avx512"))]
 
@@ -204,7 +204,6 @@ def test_packed_copies_belong_to_their_model():
     """Each model packs its own matrices at load: tied embedding and LM head once, and the
     copies go with the model even while the caller still holds the row-major matrices."""
     from eagle_kernels.models import LlamaConfig, LlamaModel
-    from test_llama import tiny_hf_model
 
     hf = tiny_hf_model(torch.float32, tie=True)
     hf.resize_token_embeddings(128)  # a multiple of 32, so the (tied) LM head packs too
@@ -222,23 +221,21 @@ def test_packed_copies_belong_to_their_model():
 def test_decoder_layer_takes_packed_weights():
     """cpu_decoder_layer with the four matrices packed: the reference (which unpacks) agrees to
     fp32 rounding, and so does the call with the row-major matrices."""
-    from test_cpu_decoder_layer import check_against_reference, clone, inputs, native
 
-    fn = native()
-    args, kwargs = inputs("smollm2", 2, 8, 37, "bf16", tree=True)
+    fn = native_decoder_layer()
+    args, kwargs = decoder_layer_case("smollm2", 2, 8, 37, "bf16", tree=True)
     packed_args = list(args)
     for i in (2, 3, 5, 6):  # qkv, o, gate_up, down
         packed_args[i] = eagle_kernels.cpu_linear_pack(args[i])
-    check_against_reference((tuple(packed_args), kwargs), 8)
-    torch.testing.assert_close(fn(*clone(tuple(packed_args)), **kwargs), fn(*clone(args), **kwargs),
+    check_decoder_layer((tuple(packed_args), kwargs), 8)
+    torch.testing.assert_close(fn(*clone_args(tuple(packed_args)), **kwargs), fn(*clone_args(args), **kwargs),
                                rtol=2e-5, atol=2e-5)
 
 
 def test_decoder_layer_rejects_a_bad_packed_weight():
-    from test_cpu_decoder_layer import inputs, native
 
-    fn = native()
-    args, kwargs = inputs("smollm2", 1, 2, 5, "fp32", tree=False)
+    fn = native_decoder_layer()
+    args, kwargs = decoder_layer_case("smollm2", 1, 2, 5, "fp32", tree=False)
     bad = list(args)
     bad[3] = eagle_kernels.cpu_linear_pack(args[3])[:, :, :-1].contiguous()  # o_weight with K short by one
     for impl in (fn, reference.cpu_decoder_layer):
@@ -251,7 +248,6 @@ def test_model_reads_packed_copies(monkeypatch):
     """LlamaModel on CPU reads packed copies of its matrices (those with N a multiple of 32), and
     its logits agree with the row-major kernel's to fp32 rounding."""
     from eagle_kernels.models import llama
-    from test_llama import tiny_hf_model
 
     model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     tokens = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))

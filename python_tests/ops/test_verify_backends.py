@@ -20,6 +20,7 @@ import torch
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
 from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
+from helpers import top_p_margin
 
 
 def backend_impl(name):
@@ -70,21 +71,6 @@ def tricky_batch(seed, B, N, V, dtype=torch.float32, greedy_fraction=0.3):
         offset=torch.randint(0, 2**40, (B,), generator=gen),
     )
     return tokens, parents, logits.to(dtype), sampling
-
-
-def top_p_margin(logits, sampling):
-    """Smallest |mass strictly above x - top_p| over every row of the sampling requests (the
-    reference's probabilities): inputs with a margin below 1e-6 are within rounding of a
-    top-p decision and are skipped."""
-    margin = np.inf
-    for b in range(logits.shape[0]):
-        t, k, p = float(sampling["temperature"][b]), int(sampling["top_k"][b]), float(sampling["top_p"][b])
-        if t == 0.0 or p >= 1.0:
-            continue
-        for u in range(logits.shape[1]):
-            probs = sampling_probs(logits[b, u], t, k, 1.0)
-            margin = min(margin, float((mass_strictly_above(probs) - p).abs().min()))
-    return margin
 
 
 # (id, B, N, V): the V values straddle the Triton block (min(1024, next_pow2(V)) wide).
