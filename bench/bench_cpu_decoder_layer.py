@@ -51,7 +51,7 @@ PREFIX = 128
 _MEANS: dict = {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model():
     return random_smollm2(torch.device("cpu"))[0]
 

@@ -152,7 +152,8 @@ def test_tree_attention_cpu(benchmark, provider, B, N, prefix):
     case = make_case(B, N, prefix, CPU_HEADS, torch.float32, None, "cpu")
     _run(benchmark, provider, case)
     if benchmark.stats is not None:
-        benchmark.extra_info["backend"] = eagle_kernels.backend_of("tree_attention", "cpu") if provider == "eagle" else "sdpa"
+        benchmark.extra_info["backend"] = (eagle_kernels.backend_of("tree_attention", "cpu") if provider == "eagle"
+                                           else "sdpa")
         _record(benchmark, ("cpu", B, N, prefix), provider, kv_bytes(B, N, prefix, CPU_HEADS, torch.float32))
 
 
@@ -164,7 +165,8 @@ def test_tree_attention_gpu(benchmark, provider, B, N, prefix):
     case = make_case(B, N, prefix, GPU_HEADS, torch.bfloat16, 16, "cuda")
     _run(benchmark, provider, case, sync=torch.cuda.synchronize)
     if benchmark.stats is not None:
-        benchmark.extra_info["backend"] = eagle_kernels.backend_of("tree_attention", "cuda") if provider == "eagle" else "sdpa"
+        benchmark.extra_info["backend"] = (eagle_kernels.backend_of("tree_attention", "cuda") if provider == "eagle"
+                                           else "sdpa")
         _record(benchmark, ("gpu", B, N, prefix), provider, kv_bytes(B, N, prefix, GPU_HEADS, torch.bfloat16))
 
 

@@ -71,7 +71,8 @@ def make_inputs(B, N, V, mode, dtype=torch.float32, device="cpu", seed=0):
                 tokens[b, i] = top[b, p]
                 seen.add(p)
     p = MODES[mode]
-    sampling = dict(temperature=torch.full((B,), p["temperature"]), top_k=torch.full((B,), p["top_k"], dtype=torch.int32),
+    sampling = dict(temperature=torch.full((B,), p["temperature"]),
+                    top_k=torch.full((B,), p["top_k"], dtype=torch.int32),
                     top_p=torch.full((B,), p["top_p"]), seed=torch.arange(B, dtype=torch.int64),
                     offset=torch.full((B,), 7, dtype=torch.int64))
     to = dict(device=device)

@@ -199,8 +199,8 @@ def table_lines(meta: dict, rows: list) -> list:
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r.get("same_as_plain"), "")
         tau = "" if r["tau"] is None else f"{r['tau']:.2f}"
-        lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider']} | {r['tok_per_s']:.1f} | "
-                     f"{r['decode_ms_per_token']:.1f} | {tau} | {ratio(r, 'vs_ours_plain')} | "
+        lines.append(f"| {r['domain']} | {r['temperature']:g} | {r['batch']} | {r['provider']} | "
+                     f"{r['tok_per_s']:.1f} | {r['decode_ms_per_token']:.1f} | {tau} | {ratio(r, 'vs_ours_plain')} | "
                      f"{ratio(r, 'vs_hf_generate')} | {same} | {r['peak_mb']:.0f} |")
     return lines
 
@@ -278,7 +278,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds per provider (providers take turns on each prompt group); each reports its median round")
+                        help="rounds per provider (providers take turns on each prompt group); "
+                             "each reports its median round")
     parser.add_argument("--render-docs", nargs="*", metavar="DOC",
                         help="measure nothing: render the generated tables of these Markdown files anew from the "
                              "e2e.json files they name (default: " + " and ".join(DOCS) + ")")

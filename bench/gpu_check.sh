@@ -139,8 +139,8 @@ if [ -n "$SANITIZER" ]; then
     env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
     "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 \
     "$PY" -m pytest -q -p no:cacheprovider -m gpu \
-    python_tests/test_tree_attention_backends.py::test_gpu_against_reference \
-    python_tests/test_verify.py::test_verify_gpu_chi2 \
+    python_tests/ops/test_tree_attention_backends.py::test_gpu_against_reference \
+    python_tests/ops/test_verify.py::test_verify_gpu_chi2 \
     -k "B3-N130 or B4-N7 or t0.7-k3"
 else
   skip_stage memcheck "compute-sanitizer not found" "$OUT/memcheck.log"

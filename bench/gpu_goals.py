@@ -79,7 +79,7 @@ def device_limits(timer: Timer, nbytes: int, gemm_size: int) -> dict:
     dst = torch.empty_like(src)
     copy_s = timer.eager(lambda: dst.copy_(src))
     read_s = timer.eager(lambda: src.sum())
-    del src, dst
+    src = dst = None
     a = torch.randn(gemm_size, gemm_size, device=device).to(torch.bfloat16)
     b = torch.randn(gemm_size, gemm_size, device=device).to(torch.bfloat16)
     gemm_s = timer.eager(lambda: a @ b)
@@ -107,7 +107,7 @@ def tree_attention_rows(timer: Timer, limits: dict, shapes, heads) -> list[dict]
                          kv_GBps=gbps, share_of_copy=gbps / limits["copy_GBps"], TFLOPs=flops / t_graph / 1e12,
                          share_bound=nbytes / bound_s / 1e9 / limits["copy_GBps"],
                          goal=("share >= 0.80, " if prefix >= 4096 else "") + "speedup >= 3"))
-        del q, k, v
+        q = k = v = None
         bench_tree_attention.make_case.cache_clear()
     return rows
 
@@ -140,7 +140,7 @@ def tree_attention_sweep(timer: Timer, shapes, heads, configs) -> list[dict]:
             except Exception as error:  # e.g. out of shared memory: recorded, the sweep goes on
                 row[f"m{block_m}k{block_k}w{warps}s{stages}_error"] = type(error).__name__
         rows.append(row)
-        del q, k, v
+        q = k = v = None
         bench_tree_attention.make_case.cache_clear()
     return rows
 

@@ -20,8 +20,17 @@ from ._dispatch import backend_of
 from ._types import DraftCandidates, Tree, VerifyOutput
 from .decoder import SpeculativeDecoder, TreeConfig, default_tree
 from .expansion import Expansion, expand_tree
-from .ops import (build_tree, compact_kv, cpu_decoder_layer, cpu_linear, cpu_linear_pack, draft_expand, tree_attention,
-                  verify, write_kv)
+from .ops import (
+    build_tree,
+    compact_kv,
+    cpu_decoder_layer,
+    cpu_linear,
+    cpu_linear_pack,
+    draft_expand,
+    tree_attention,
+    verify,
+    write_kv,
+)
 
 __version__ = "0.1.0"
 

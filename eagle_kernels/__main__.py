@@ -1,5 +1,6 @@
 """Command line: ``python -m eagle_kernels generate --prompt "..."``, ``python -m eagle_kernels demo``,
-``python -m eagle_kernels train --method eagle1|eagle3`` and ``python -m eagle_kernels distill`` (self-distillation data)."""
+``python -m eagle_kernels train --method eagle1|eagle3`` and ``python -m eagle_kernels distill``
+(self-distillation data)."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def cmd_demo(args) -> None:
     plain = {name: r for name, mode, r in rows if mode == "plain"}
     for name, mode, r in rows:
         same = "yes" if r.sequences == plain[name].sequences else "NO"
-        print(f"| {name} | {mode} | {r.timings['tokens']} | {r.timings['tokens_per_s']:.1f} | {r.tau[0]:.2f} | {same} |")
+        print(f"| {name} | {mode} | {r.timings['tokens']} | {r.timings['tokens_per_s']:.1f} | {r.tau[0]:.2f} | "
+              f"{same} |")
     for name, mode, r in rows:
         if mode == "speculative":
             print(f"\n[{name}] {tokenizer.decode(r.sequences[0], skip_special_tokens=True)}")
@@ -166,7 +168,8 @@ def cmd_train(args) -> None:
     eval_caches = []
     if args.eval_features:
         eval_folders = args.eval_features.split(",")
-        eval_caches = [build(eval_folders[0], args.eval_tokens, True)] + [features.FeatureCache(f) for f in eval_folders[1:]]
+        eval_caches = ([build(eval_folders[0], args.eval_tokens, True)]
+                       + [features.FeatureCache(f) for f in eval_folders[1:]])
     fields = {f.name for f in dataclasses.fields(trainer.TrainConfig)}
     cfg = trainer.TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
     print(f"training {cfg.method} on " + " + ".join(f"{c.done} x {c.manifest['seq_len']} tokens ({c.folder})"
@@ -219,7 +222,8 @@ def main(argv=None) -> None:
     train.add_argument("--out", required=True, help="output folder (head checkpoint + resumable train state)")
     train.add_argument("--features", required=True,
                        help="feature-cache folder (built on first use, resumable); more existing caches after commas")
-    train.add_argument("--eval-features", help="held-out feature-cache folder(s), comma-separated, for acceptance estimates")
+    train.add_argument("--eval-features",
+                       help="held-out feature-cache folder(s), comma-separated, for acceptance estimates")
     train.add_argument("--init", help="start from this head folder (weights and draft vocabulary; fresh optimizer)")
     train.add_argument("--tokens", type=int, default=400_000, help="training tokens to cache")
     train.add_argument("--eval-tokens", type=int, default=8192)

@@ -60,7 +60,7 @@ def _device_type(device) -> str:
     return torch.device(device).type if not isinstance(device, str) or ":" in device else device
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_function(op: str):
     try:
         module = importlib.import_module(f"eagle_kernels.triton.{op}")
@@ -76,7 +76,7 @@ NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tr
                                "draft_expand", "cpu_linear", "cpu_decoder_layer"})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpp_callable(op: str):
     native = getattr(torch.ops.eagle_kernels, op)
     result_type = RESULT_TYPES.get(op)
@@ -117,7 +117,7 @@ def implementation(op: str, backend: str, device) -> tuple[object, str]:
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_forced_fallback(op: str, forced: str, device_type: str, reason: str) -> None:
     warnings.warn(f"{BACKEND_ENV}={forced}: {reason}; {op} on {device_type} runs the reference",
                   stacklevel=3)

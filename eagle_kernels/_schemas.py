@@ -1,7 +1,7 @@
 """Operator schemas of ``torch.ops.eagle_kernels``.
 
 The C++ extension defines the same strings in ``csrc/torch_bindings.cpp``; this copy defines
-the library when the extension is not built. ``python_tests/test_registration.py`` keeps the
+the library when the extension is not built. ``python_tests/ops/test_registration.py`` keeps the
 two identical.
 """
 

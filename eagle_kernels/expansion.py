@@ -13,7 +13,8 @@ head as ``draft_fn`` (docs/decoding.md).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -40,7 +41,7 @@ def num_candidates(depth: int, top_k: int) -> int:
 
 
 def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top_k: int,
-                num_nodes: int, d2t: Optional[torch.Tensor] = None) -> Expansion:
+                num_nodes: int, d2t: torch.Tensor | None = None) -> Expansion:
     """Run an EAGLE-2 expansion of ``depth`` steps with ``draft_fn`` and build the verify tree.
 
     Parameters

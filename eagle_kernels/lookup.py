@@ -82,7 +82,7 @@ def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain:
     return chain_tokens(history, length, start, chain)
 
 
-def trimmed_chain_lengths(tree: "TreeConfig", matched: torch.Tensor) -> torch.Tensor:
+def trimmed_chain_lengths(tree: TreeConfig, matched: torch.Tensor) -> torch.Tensor:
     """Chain tokens worth verifying after a suffix match of ``matched`` tokens, per request (the
     ``lookup_trim`` rule of :class:`~eagle_kernels.decoder.TreeConfig`): none when nothing
     matched, ``lookup // 4`` after a 1-token match, ``lookup // 2`` for

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from . import _dispatch
-from .reference.cpu_linear import PACK_WIDTH
-from .reference.cpu_linear import cpu_linear_pack as _reference_pack
 from ._types import DraftCandidates, Tree, VerifyOutput
+from .reference.cpu_linear import cpu_linear_pack as _reference_pack
 
 
 def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None):

@@ -14,18 +14,25 @@ from eagle_kernels import _dispatch  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device")
-    config.addinivalue_line("markers", "slow: statistical tests that take seconds")
+INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
+    """Markers are declared in pyproject.toml. ``gpu`` tests skip without a CUDA device;
+    ``manual`` tests (many minutes each) run only when the ``-m`` expression names them; every
+    test of the Triton kernels under the interpreter (a ``triton`` backend parameter or a Triton
+    test) is ``slow``: the interpreter runs a kernel at Python speed, so these take most of the
+    suite's time and stay out of the fast lane (``-m "not slow"``)."""
     skip_gpu = pytest.mark.skip(reason="no CUDA device on this machine")
+    skip_manual = pytest.mark.skip(reason="takes many minutes: run it with -m manual")
+    run_manual = "manual" in (config.option.markexpr or "")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "manual" in item.keywords and not run_manual:
+            item.add_marker(skip_manual)
+        if INTERPRETED and "triton" in item.nodeid.lower():
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=_dispatch.BACKENDS)

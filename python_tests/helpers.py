@@ -2,6 +2,7 @@
 error bounds). Test modules import from here, never from each other."""
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from eagle_kernels import _dispatch, reference
 from eagle_kernels.decoder import TreeConfig
 from eagle_kernels.models.eagle_head import EagleHead
+from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
 
 
 # -------------------------------------------------------------------------------- models
@@ -63,7 +65,8 @@ def random_history(C, gen):
     parents = torch.empty(C, dtype=torch.int32)
     scores = torch.empty(C, dtype=torch.float32)
     for c in range(C):
-        p = -1 if c == 0 or float(torch.rand(1, generator=gen)) < 0.25 else int(torch.randint(0, c, (1,), generator=gen))
+        p = (-1 if c == 0 or float(torch.rand(1, generator=gen)) < 0.25
+             else int(torch.randint(0, c, (1,), generator=gen)))
         parents[c] = p
         base = 0.0 if p < 0 else float(scores[p])
         scores[c] = base - float(torch.empty(1).exponential_(1.0, generator=gen)) - 1e-3
@@ -245,13 +248,13 @@ def skip_unavailable_isa(isa):
         pytest.skip("no AVX-512 on this CPU")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def weight(N, K, dtype_name):
     g = torch.Generator().manual_seed(N * 7919 + K)
     return torch.randn(N, K, generator=g).to(WEIGHT_DTYPES[dtype_name])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def activations(M, K):
     g = torch.Generator().manual_seed(M * 131 + K)
     return torch.randn(M, K, generator=g)

@@ -39,7 +39,7 @@ class HeadConfig:
     feature_layers: tuple = field(default_factory=tuple)  # EAGLE-3: target layers (low, mid, high)
 
     @classmethod
-    def for_target(cls, target: LlamaConfig, kind: str, draft_vocab_size: int | None = None) -> "HeadConfig":
+    def for_target(cls, target: LlamaConfig, kind: str, draft_vocab_size: int | None = None) -> HeadConfig:
         """A head shaped like one decoder layer of ``target``. EAGLE-3 reads the outputs of
         target layers 1, L/2 - 1 and L - 4 (the inputs of layers 2, L/2 and L - 3)."""
         if kind not in (EAGLE1, EAGLE3):
@@ -103,7 +103,7 @@ class EagleHead(torch.nn.Module):
 
     @classmethod
     def random(cls, target: LlamaModel, kind: str, draft_vocab_size: int | None = None, seed: int = 0,
-               std: float = 0.02) -> "EagleHead":
+               std: float = 0.02) -> EagleHead:
         """An untrained head with small random weights (norms at 1; EAGLE-3 with the identity
         draft vocabulary: the first ``draft_vocab_size`` target ids)."""
         config = HeadConfig.for_target(target.config, kind, draft_vocab_size)
@@ -218,7 +218,7 @@ class EagleHead(torch.nn.Module):
             json.dump(meta, f, indent=2)
 
     @classmethod
-    def load(cls, folder: str, target: LlamaModel) -> "EagleHead":
+    def load(cls, folder: str, target: LlamaModel) -> EagleHead:
         """Load a head saved by :meth:`save` or an EAGLE reference checkpoint folder
         (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``)."""
         with open(os.path.join(folder, "config.json")) as f:

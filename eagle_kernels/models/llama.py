@@ -19,8 +19,17 @@ import torch
 import torch.nn.functional as F
 
 from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, linear
-from .layers import (FusedProjections, LayerPaths, LayerWeights, default_positions, rms_norm, rope_cos_sin,
-                     rope_inverse_frequencies, rotate, swiglu)
+from .layers import (
+    FusedProjections,
+    LayerPaths,
+    LayerWeights,
+    default_positions,
+    rms_norm,
+    rope_cos_sin,
+    rope_inverse_frequencies,
+    rotate,
+    swiglu,
+)
 
 # Imported from here by the training code, the tests and the benchmarks.
 __all__ = ["LlamaConfig", "LlamaModel", "KVCache", "ForwardOutput", "CPU_LAYER_ENV", "CPU_LINEAR_ENV",
@@ -46,7 +55,7 @@ class LlamaConfig:
     eos_token_id: int | None = None
 
     @classmethod
-    def from_hf(cls, hf) -> "LlamaConfig":
+    def from_hf(cls, hf) -> LlamaConfig:
         """From a transformers ``LlamaConfig`` (v4 ``rope_scaling`` or v5 ``rope_parameters``)."""
         rope = dict(getattr(hf, "rope_parameters", None) or {})
         theta = rope.pop("rope_theta", getattr(hf, "rope_theta", 10000.0))
@@ -85,7 +94,7 @@ class KVCache:
         return views[index]
 
     @classmethod
-    def allocate(cls, config: LlamaConfig, batch: int, capacity: int, dtype, device) -> "KVCache":
+    def allocate(cls, config: LlamaConfig, batch: int, capacity: int, dtype, device) -> KVCache:
         shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(batch, dtype=torch.int32, device=device))
@@ -169,7 +178,7 @@ class LlamaModel(torch.nn.Module):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_transformers(cls, model, dtype=None, device=None, weight_dtype=None) -> "LlamaModel":
+    def from_transformers(cls, model, dtype=None, device=None, weight_dtype=None) -> LlamaModel:
         """From a transformers ``LlamaForCausalLM`` (weights are copied to ``dtype``/``device``;
         ``weight_dtype`` as in the constructor)."""
         config = LlamaConfig.from_hf(model.config)
@@ -179,7 +188,7 @@ class LlamaModel(torch.nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str, gguf_file: str | None = None, dtype=None, device=None,
-                        weight_dtype=None) -> "LlamaModel":
+                        weight_dtype=None) -> LlamaModel:
         """From a folder with config.json + safetensors, or (``gguf_file``) a GGUF file read
         through transformers."""
         from transformers import AutoModelForCausalLM

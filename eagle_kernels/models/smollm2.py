@@ -73,5 +73,6 @@ def load(dtype=torch.float32, device="cpu", weight_dtype=None):
         _convert(folder)
     with open(os.path.join(folder, "eagle_config.json")) as f:
         config = LlamaConfig(**json.load(f))
-    weights = {n: t.to(device=device, dtype=dtype) for n, t in load_file(os.path.join(folder, "model.safetensors")).items()}
+    weights = {n: t.to(device=device, dtype=dtype)
+               for n, t in load_file(os.path.join(folder, "model.safetensors")).items()}
     return LlamaModel(config, weights, weight_dtype=weight_dtype), AutoTokenizer.from_pretrained(folder)

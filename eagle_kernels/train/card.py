@@ -17,7 +17,6 @@ import torch
 from .features import FeatureCache
 from .trainer import cpu_name, data_summary
 
-
 SOURCE_NAMES = ("code = CPython standard library; austen = Jane Austen's novels; kjv = King James Bible; "
                 "pydoc = Python 3.11 documentation sources")
 
@@ -85,7 +84,8 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
              "- Held out by document name (one document in ten by CRC32 of its name, and Austen's *Persuasion*); "
              "the measurements below use held-out documents (and prompts from them) only.", "",
              "## Training", "",
-             f"{total_steps} optimizer steps in {len(phases)} phase(s), {total_minutes:.0f} min of optimizer steps in all:", ""]
+             f"{total_steps} optimizer steps in {len(phases)} phase(s), "
+             f"{total_minutes:.0f} min of optimizer steps in all:", ""]
     lines += [_phase_line(p, config, kind) for p in phases] + [""]
     if state["history"]:
         also = sorted({name for h in state["history"] for name in h.get("also", {})})
@@ -100,7 +100,8 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
                   + "".join(f" {name}: agreement | {name}: chain tau |" for name in also),
                   "|---|---|---|---|" + "---|---|" * len(also)]
         for h in state["history"]:
-            extra = "".join(f" {', '.join(f'{a:.3f}' for a in h['also'][n]['agreement'])} | {h['also'][n]['chain_tau']:.2f} |"
+            extra = "".join(f" {', '.join(f'{a:.3f}' for a in h['also'][n]['agreement'])} | "
+                            f"{h['also'][n]['chain_tau']:.2f} |"
                             if n in h.get("also", {}) else " | |" for n in also)
             lines.append(f"| {h['step']} | {h['loss']:.3f} | {', '.join(f'{a:.3f}' for a in h['agreement'])} | "
                          f"{h['chain_tau']:.2f} |" + extra)
@@ -119,7 +120,7 @@ def measured_section(kind: str, e2e_files=()) -> list:
         setups.append(f"{m['prompts_per_domain']} held-out prompts x {m['max_new_tokens']} new tokens per cell, "
                       f"{m['device']} with {m['threads']} threads, torch {m['torch']}")
     if rows:
-        lines += ["## Measured (bench/e2e.py, held-out prompts)", "", "; ".join(setups) + 
+        lines += ["## Measured (bench/e2e.py, held-out prompts)", "", "; ".join(setups) +
                   ". tau = tokens per decoding step, bonus token included.", "",
                   "| domain | T | batch | tree | tau | tok/s | x our plain decoding |", "|---|---|---|---|---|---|---|"]
         for r in rows:

@@ -92,7 +92,8 @@ def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512
     if not 0 < prompt_len < seq_len:
         raise ValueError(f"prompt_len: must be in (0, seq_len={seq_len}), got {prompt_len}")
     if not domains or any(d not in (corpus.CODE, corpus.PROSE) for d in domains):
-        raise ValueError(f"domains: expected a non-empty subset of ({corpus.CODE!r}, {corpus.PROSE!r}), got {domains!r}")
+        raise ValueError(f"domains: expected a non-empty subset of ({corpus.CODE!r}, {corpus.PROSE!r}), "
+                         f"got {domains!r}")
     if os.path.exists(os.path.join(folder, MANIFEST)):
         cache = FeatureCache(folder, "w")
         meta = cache.manifest.get("generated", {})

@@ -78,7 +78,7 @@ class FeatureCache:
 
     @classmethod
     def create(cls, folder: str, tokens: np.ndarray, names: list, hidden_size: int, feature_layers, top_k: int,
-               model: str) -> "FeatureCache":
+               model: str) -> FeatureCache:
         os.makedirs(folder, exist_ok=True)
         n, T = tokens.shape
         np.save(os.path.join(folder, "tokens.npy"), tokens)

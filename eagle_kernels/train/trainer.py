@@ -143,7 +143,8 @@ class TrainableHead(torch.nn.Module):
         super().__init__()
         self.config = config
         self.names = [n for n in head_weight_shapes(config) if n != "d2t"]
-        self.params = torch.nn.ParameterList([torch.nn.Parameter(weights[n].detach().float().clone()) for n in self.names])
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(weights[n].detach().float().clone())
+                                              for n in self.names])
         self.register_buffer("embed", target.weights["model.embed_tokens.weight"].float(), persistent=False)
         self.register_buffer("target_lm_head", target.weights["lm_head.weight"].float(), persistent=False)
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()), persistent=False)

@@ -55,7 +55,7 @@ class DraftExpandConfig:
 
 # Large chunks on the GPU (fewer partials to merge); small ones in the interpreter so that
 # V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
-# python_tests/test_draft_expand_backends.py drives smaller chunks through _launch).
+# python_tests/ops/test_draft_expand_backends.py drives smaller chunks through _launch).
 GPU_CONFIG = DraftExpandConfig(block_v=4096)
 INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program

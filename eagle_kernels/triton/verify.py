@@ -57,8 +57,20 @@ from .. import _checks
 from .._types import VerifyOutput
 from ._launch_config import interpreted
 from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests)
-    NUM_PIVOTS, NUM_STATS, SEARCH_BLOCK, SIGNIFICANT_KEY_BITS, STAT_CUT, STAT_DENOM, STAT_KTH, STAT_MASS,
-    STAT_MAX, STAT_NORM, _verify_levels_kernel, _verify_max_kernel, _verify_rows_kernel)
+    NUM_PIVOTS,
+    NUM_STATS,
+    SEARCH_BLOCK,
+    SIGNIFICANT_KEY_BITS,
+    STAT_CUT,
+    STAT_DENOM,
+    STAT_KTH,
+    STAT_MASS,
+    STAT_MAX,
+    STAT_NORM,
+    _verify_levels_kernel,
+    _verify_max_kernel,
+    _verify_rows_kernel,
+)
 from .verify_walk import _verify_walk_kernel
 
 

@@ -8,8 +8,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .verify_rows import (NUM_STATS, STAT_CUT, STAT_DENOM, STAT_KTH, STAT_MASS, STAT_MAX, STAT_NORM, _probs,
-                          _scaled, _weights)
+from .verify_rows import (
+    NUM_STATS,
+    STAT_CUT,
+    STAT_DENOM,
+    STAT_KTH,
+    STAT_MASS,
+    STAT_MAX,
+    STAT_NORM,
+    _probs,
+    _scaled,
+    _weights,
+)
 
 PHILOX_M0 = tl.constexpr(0xD2511F53)
 PHILOX_M1 = tl.constexpr(0xCD9E8D57)

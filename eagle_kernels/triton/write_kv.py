@@ -6,7 +6,6 @@ the position maps to (contiguous, or through the block table when paged).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

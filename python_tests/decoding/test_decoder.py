@@ -7,17 +7,28 @@ import pytest
 import torch
 
 import eagle_kernels.decoder as decoder_module
-from eagle_kernels.decoder import (CPU_BATCH_SAMPLING_TREE, CPU_BATCH_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig,
-                                   default_tree)
+from eagle_kernels.decoder import (
+    CPU_BATCH_SAMPLING_TREE,
+    CPU_BATCH_TREE,
+    CPU_TREE,
+    SpeculativeDecoder,
+    TreeConfig,
+    default_tree,
+)
 from eagle_kernels.lookup import trimmed_chain_lengths
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
 from eagle_kernels.policy import FittedPolicy, StaticPolicy, policy_for
+from helpers import (
+    HEADS,
+    PROMPTS,
+    TREES,
+    repeat_head,
+    tiny_hf_model,
+)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
-from helpers import tiny_hf_model  # noqa: E402
-from helpers import HEADS, PROMPTS, TREES, repeat_head
 
 
 @pytest.fixture(scope="module")
@@ -465,7 +476,8 @@ def state_tensors(state):
     return found
 
 
-@pytest.mark.parametrize("speculative,lookup,head", [(False, 0, True), (True, 0, True), (True, 3, True), (True, 3, False)],
+@pytest.mark.parametrize("speculative,lookup,head",
+                         [(False, 0, True), (True, 0, True), (True, 3, True), (True, 3, False)],
                          ids=["plain", "speculative", "speculative-lookup", "lookup-only"])
 def test_steps_update_state_in_place(target, speculative, lookup, head):
     """A CUDA graph replays against fixed addresses: a step must write into the state's

@@ -12,8 +12,12 @@ from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead
 
 transformers = pytest.importorskip("transformers")
-from helpers import PROMPTS, TREES, repeat_head  # noqa: E402
-from helpers import tiny_hf_model  # noqa: E402
+from helpers import (  # noqa: E402
+    PROMPTS,
+    TREES,
+    repeat_head,
+    tiny_hf_model,  # noqa: E402
+)
 
 pytestmark = [
     pytest.mark.gpu,

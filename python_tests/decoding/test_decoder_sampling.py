@@ -10,12 +10,13 @@ from scipy import stats
 
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
 from eagle_kernels.reference.verify import sampling_probs
+from helpers import (
+    HEADS,
+    tiny_hf_model,
+)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
-from helpers import HEADS  # noqa: E402
-from helpers import tiny_hf_model  # noqa: E402
-
 from eagle_kernels.models import LlamaModel  # noqa: E402
 
 PROMPT = [1, 2, 3, 4, 5]
@@ -73,6 +74,7 @@ def chi_square_p(counts, probs):
 CASES = {"t1": (1.0, 0, 1.0), "t0.7-k8-p0.9": (0.7, 8, 0.9)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,head_name,lookup", [
     ("t1", "eagle1-repeat", 0), ("t0.7-k8-p0.9", "eagle3-random", 0), ("t0.7-k8-p0.9", "eagle1-repeat", 0),
     ("t1", "eagle1-repeat", 3), ("t1", None, 4), ("t1", "eagle1-repeat", "trim")])
@@ -99,6 +101,7 @@ def test_speculative_sampling_follows_the_target(target, case, head_name, lookup
     assert sum(result.tau) / REQUESTS > 1.2 or head_name != "eagle1-repeat", result.tau[:10]
 
 
+@pytest.mark.slow
 def test_chi_square_detects_a_biased_sampler(target):
     """The same statistic on tokens drawn from the *unfiltered* distribution rejects, so the
     test above can fail."""

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from eagle_kernels import heads
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
@@ -40,6 +39,7 @@ def smollm():
     return smollm2.load()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(heads.HEADS))
 def test_shipped_head_drafts_held_out_code(smollm, kind):
     from eagle_kernels.train import corpus

@@ -5,10 +5,17 @@ errors."""
 import pytest
 import torch
 
-from eagle_kernels import _dispatch, reference
-from helpers import decoder_layer_inputs
-from helpers import random_tree
-from helpers import DECODER_LAYERS, WEIGHT_DTYPES, check_decoder_layer, clone_args, decoder_layer_case, native_decoder_layer, tiny_hf_model
+from eagle_kernels import _dispatch
+from helpers import (
+    DECODER_LAYERS,
+    WEIGHT_DTYPES,
+    check_decoder_layer,
+    clone_args,
+    decoder_layer_case,
+    native_decoder_layer,
+    random_tree,
+    tiny_hf_model,
+)
 
 
 @pytest.mark.parametrize("weight_dtype", list(WEIGHT_DTYPES))

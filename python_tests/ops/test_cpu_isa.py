@@ -73,7 +73,8 @@ def test_unknown_values_are_an_error_naming_the_variable(op, value, monkeypatch)
     monkeypatch.delenv(ENV, raising=False)
     call()  # the inputs are fine
     monkeypatch.setenv(ENV, value)
-    with pytest.raises(ValueError, match=f"{ENV}: expected scalar, avx2, avx512-ymm, avx512 or avx512-bf16.*got '{value}'"):
+    with pytest.raises(ValueError,
+                       match=f"{ENV}: expected scalar, avx2, avx512-ymm, avx512 or avx512-bf16.*got '{value}'"):
         call()
     with pytest.raises(ValueError, match=ENV):
         _dispatch.cpu_isa()

@@ -1,14 +1,12 @@
 """cpu_linear: the AVX-512, AVX2 and portable C++ paths (and the reference) against F.linear
 in float64, with an error bound that holds for any fp32 summation order."""
 
-import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import eagle_kernels
-from eagle_kernels import _dispatch, reference
+from eagle_kernels import _dispatch
 from helpers import ISA_ENV, WEIGHT_DTYPES, activations, assert_within_fp32_bound, skip_unavailable_isa, weight
 
 CHUNK_ENV = "EAGLE_KERNELS_CPU_LINEAR_CHUNK"

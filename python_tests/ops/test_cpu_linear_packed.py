@@ -12,10 +12,20 @@ import torch
 import eagle_kernels
 from eagle_kernels import _dispatch, reference
 from eagle_kernels.reference.cpu_linear import cpu_linear_unpack
-from helpers import ISA_ENV, WEIGHT_DTYPES, skip_unavailable_isa, activations, assert_within_fp32_bound, weight
-from helpers import check_decoder_layer, clone_args, decoder_layer_case, native_decoder_layer, tiny_hf_model
+from helpers import (
+    ISA_ENV,
+    WEIGHT_DTYPES,
+    activations,
+    assert_within_fp32_bound,
+    check_decoder_layer,
+    clone_args,
+    decoder_layer_case,
+    native_decoder_layer,
+    skip_unavailable_isa,
+    tiny_hf_model,
+    weight,
+)
 
-assert linear  # the fixture (reference, avx512, avx512-ymm, avx2, scalar), imported for pytest
 # Row tiles: AVX-512 1..12 rows with 4, 3, 2 or 1 groups side by side (13 = 6 + 7, 25 = 8 + 8 + 9);
 # AVX2 pairs of rows.
 MS = [1, 2, 3, 5, 7, 12, 13, 25]
@@ -159,7 +169,8 @@ def packing(monkeypatch):
         levels = _dispatch.CPU_ISA_LEVELS
 
         def avx512_cpu_isa():  # min(avx512, the cap), as the kernels resolve it on such a CPU
-            cap = {"": "avx512", "native_decoder_layer": "avx512", "portable": "scalar"}.get(os.environ.get(ISA_ENV, ""))
+            cap = {"": "avx512", "native_decoder_layer": "avx512", "portable": "scalar"}.get(
+                os.environ.get(ISA_ENV, ""))
             cap = cap or os.environ[ISA_ENV]
             return levels[min(levels.index(cap), levels.index("avx512"))]
 

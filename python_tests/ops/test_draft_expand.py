@@ -12,7 +12,15 @@ import torch
 
 import eagle_kernels
 from eagle_kernels import reference
-from helpers import SCORE_TOL, assert_matches, check_frontier, check_invariants, naive_draft_expand, planted_logits, random_frontier_scores
+from helpers import (
+    SCORE_TOL,
+    assert_matches,
+    check_frontier,
+    check_invariants,
+    naive_draft_expand,
+    planted_logits,
+    random_frontier_scores,
+)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 SMALL_V = (50, 1000, 1031)

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from eagle_kernels import reference
-from helpers import SCORE_TOL, assert_matches, check_invariants, naive_draft_expand, planted_logits, random_frontier_scores
+from helpers import (
+    SCORE_TOL,
+    assert_matches,
+    check_invariants,
+    naive_draft_expand,
+    planted_logits,
+    random_frontier_scores,
+)
 
 ISAS = ("native", "avx512-bf16", "avx512", "avx512-ymm", "avx2", "scalar", "portable")  # portable = scalar
 

@@ -10,10 +10,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(HERE), "bench", "gpu_goals.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "gpu_goals.py")
 
 
+@pytest.mark.slow
 def test_smoke_run_fills_every_goal_column(tmp_path):
     # The sweep drives the Triton launcher itself: interpreted on CPU tensors.
     run = subprocess.run([sys.executable, SCRIPT, "--smoke", "--sweep", "--out", str(tmp_path)], capture_output=True,

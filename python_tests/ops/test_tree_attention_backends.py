@@ -9,15 +9,12 @@ subset, plus its flash-decoding split path forced on.
 """
 
 import itertools
-import math
 
 import pytest
 import torch
 
 from eagle_kernels import reference
-
-from helpers import random_tree
-from helpers import attention_inputs
+from helpers import attention_inputs, random_tree
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {
@@ -168,7 +165,8 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"B{c[0]}-N{c[1]}-prefix{c[2]}-D{c[4]}-{c[5]}-{layout_id(c[6])}")
+@pytest.mark.parametrize("case", GPU_CASES,
+                         ids=lambda c: f"B{c[0]}-N{c[1]}-prefix{c[2]}-D{c[4]}-{c[5]}-{layout_id(c[6])}")
 def test_gpu_against_reference(gpu_op_impl, case):
     B, N, prefix, heads, D, dtype, page, causal = case
     fn = gpu_op_impl("tree_attention")

@@ -1,5 +1,5 @@
 """Every Triton kernel compiles for sm_90 as its launcher configures it on a GPU, without
-register spills and within a block's shared memory (python_tests/triton_cuda_compile.py). The
+register spills and within a block's shared memory (python_tests/ops/triton_cuda_compile.py). The
 interpreted tests cannot see these: the interpreter runs code the compiler rejects."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def compiled():
     if not os.path.exists(CUOBJDUMP):
         pytest.skip("this Triton install has no CUDA backend tools (cuobjdump)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(HERE)), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, os.path.join(HERE, "triton_cuda_compile.py"), "90"], env=env,
                          capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -7,19 +7,17 @@ on small shapes that still reach the paths those constants select, against
 ``eagle_kernels.reference`` with the checks of the other tests: exact tokens and the same
 random stream for verify and draft_expand, the same tolerances for tree_attention. It also
 checks that every tree_attention GPU configuration fits an H200's shared memory by estimate
-(python_tests/test_triton_compile.py checks the compiled kernels).
+(python_tests/ops/test_triton_compile.py checks the compiled kernels).
 """
 
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
-from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
 from helpers import attention_inputs, top_p_margin
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy import stats
 
-from eagle_kernels import reference
+from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
 from eagle_kernels.reference.random import ACCEPT_DRAW, BONUS_DRAW
 from eagle_kernels.reference.verify import sampling_probs
@@ -686,15 +686,17 @@ def test_toy_model_sanity():
     assert (exact_joint(1.0, 0, 0.8) == 0).sum() > 0 and (exact_joint(0.7, 3, 1.0) == 0).sum() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", CHI2_VARIANTS, ids=CHI2_IDS)
 def test_sampling_is_exact_chi2(op_impl, backend, monkeypatch, variant):
     """Sequences emitted by repeated draft/verify steps have the joint law of plain
     autoregressive sampling from p (contract §4 "Guarantee")."""
-    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("EAGLE_TEST_SLOW") != "1":
-        # Under the interpreter each variant takes 7-16 minutes (1000 programs); the compiled
-        # kernel runs it on a GPU (test_verify_gpu), and test_verify_backends checks the Triton
-        # path bit for bit against the C++ one, which passes this test.
-        pytest.skip("Triton chi-square under the interpreter: set EAGLE_TEST_SLOW=1 to run it")
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
+        # Under the interpreter each variant takes 7-16 minutes (1000 programs): that run is
+        # test_sampling_is_exact_chi2_interpreted (-m manual); the compiled kernel runs it on a
+        # GPU (test_verify_gpu_chi2), and test_verify_backends checks the Triton path bit for bit
+        # against the C++ one, which passes this test.
+        pytest.skip("Triton chi-square under the interpreter: test_sampling_is_exact_chi2_interpreted, -m manual")
     if backend == "reference":
         # The reference spends ~2.5 ms per coin on scalar tensor arithmetic; swap in the
         # bit-identical Python-int stream (test_uniform_py_matches_reference) to keep this fast.
@@ -702,6 +704,19 @@ def test_sampling_is_exact_chi2(op_impl, backend, monkeypatch, variant):
     samples = emit_sequences(op_impl("verify"), CHI2_TRIALS, *variant, seed_base=10_000)
     pvalue = chi2_pvalue(samples, exact_joint(*variant))
     assert pvalue > 1e-3, pvalue
+
+
+@pytest.mark.manual
+@pytest.mark.parametrize("variant", CHI2_VARIANTS, ids=CHI2_IDS)
+def test_sampling_is_exact_chi2_interpreted(variant):
+    """The χ² exactness test on the Triton kernel under the interpreter (7-16 minutes each)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the compiled Triton kernel runs test_verify_gpu_chi2")
+    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    samples = emit_sequences(fn, CHI2_TRIALS, *variant, seed_base=10_000)
+    assert chi2_pvalue(samples, exact_joint(*variant)) > 1e-3
 
 
 def on_cuda(fn):
@@ -723,6 +738,7 @@ def test_verify_gpu_chi2(gpu_op_impl, variant):
     assert chi2_pvalue(samples, exact_joint(*variant)) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", ["no_renorm", "bonus_from_p"])
 def test_chi2_detects_wrong_verifier(bug):
     """The χ² harness above has the power to reject plausible bugs: the same harness run on a

@@ -13,13 +13,11 @@ within 1e-6 of its threshold.
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
-from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
 from helpers import top_p_margin
 
 
@@ -65,7 +63,8 @@ def tricky_batch(seed, B, N, V, dtype=torch.float32, greedy_fraction=0.3):
     temperature = torch.tensor([0.5, 1.0, 1.7, 0.25])[torch.randint(0, 4, (B,), generator=gen)]
     sampling = dict(
         temperature=torch.where(greedy, 0.0, temperature).float(),
-        top_k=torch.where(torch.rand(B, generator=gen) < 0.3, 0, torch.randint(1, min(V, 40) + 1, (B,), generator=gen)).int(),
+        top_k=torch.where(torch.rand(B, generator=gen) < 0.3, 0,
+                          torch.randint(1, min(V, 40) + 1, (B,), generator=gen)).int(),
         top_p=torch.where(torch.rand(B, generator=gen) < 0.3, 1.0, 0.2 + 0.75 * torch.rand(B, generator=gen)).float(),
         seed=torch.randint(-2**62, 2**62, (B,), generator=gen),
         offset=torch.randint(0, 2**40, (B,), generator=gen),

@@ -1,4 +1,4 @@
-"""Compile every Triton kernel for a CUDA GPU without one: ``python python_tests/triton_cuda_compile.py [ARCH]``.
+"""Compile every Triton kernel for a CUDA GPU without one: ``python python_tests/ops/triton_cuda_compile.py [ARCH]``.
 
 The interpreter that runs the kernels on CPU tensors in the tests accepts code that the
 compiler rejects (a constexpr reassigned in a loop, a global that is not a constexpr), and it
@@ -10,7 +10,7 @@ installed Triton and its bundled ptxas, and prints one JSON line per kernel: nam
 constexprs, options, registers per thread, local memory per thread (spills) and the
 dynamic shared memory of a block.
 
-Run it without ``TRITON_INTERPRET`` (python_tests/test_triton_compile.py starts it in a
+Run it without ``TRITON_INTERPRET`` (python_tests/ops/test_triton_compile.py starts it in a
 subprocess for that reason).
 """
 

@@ -25,7 +25,8 @@ def random_trainable(target, kind, seed=0):
     config = HeadConfig.for_target(target.config, kind, 40 if kind == "eagle3" else None)
     d2t = None
     if kind == "eagle3":
-        ids = torch.sort(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:40]).values
+        ids = torch.sort(torch.randperm(target.config.vocab_size,
+                                        generator=torch.Generator().manual_seed(seed))[:40]).values
         d2t = ids - torch.arange(40)
     weights = trainer.initial_weights(target, config, d2t, seed)
     g = torch.Generator().manual_seed(seed + 1)
