@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import _dispatch
 from ._types import DraftCandidates, Tree, VerifyOutput
+from .reference.cpu_linear import PACK_WIDTH  # noqa: F401  (public: the packed layout's row group)
 from .reference.cpu_linear import cpu_linear_pack as _reference_pack
 
 

@@ -118,7 +118,7 @@ def test_16bit_weight_equals_its_fp32_widening(linear, M, wdtype):
 
 
 def test_agrees_with_the_row_major_layout():
-    """The two layouts sum in different orders: equal to fp32 rounding, on the same decoder_layer_case."""
+    """The two layouts sum in different orders: equal to fp32 rounding, on the same inputs."""
     fn = torch.ops.eagle_kernels.cpu_linear
     w, x = weight(576, 1536, "fp32"), activations(12, 1536)
     torch.testing.assert_close(fn(x, eagle_kernels.cpu_linear_pack(w)), fn(x, w), rtol=1e-5, atol=1e-4)
@@ -169,7 +169,7 @@ def packing(monkeypatch):
         levels = _dispatch.CPU_ISA_LEVELS
 
         def avx512_cpu_isa():  # min(avx512, the cap), as the kernels resolve it on such a CPU
-            cap = {"": "avx512", "native_decoder_layer": "avx512", "portable": "scalar"}.get(
+            cap = {"": "avx512", "native": "avx512", "portable": "scalar"}.get(
                 os.environ.get(ISA_ENV, ""))
             cap = cap or os.environ[ISA_ENV]
             return levels[min(levels.index(cap), levels.index("avx512"))]
