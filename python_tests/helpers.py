@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle_kernels import _dispatch, reference
+from eagle_kernels._types import VerifyOutput
 from eagle_kernels.decoder import TreeConfig
 from eagle_kernels.models.eagle_head import EagleHead
 from eagle_kernels.reference.verify import mass_strictly_above, sampling_probs
@@ -430,3 +431,56 @@ def attention_inputs(B, N, prefix, heads, D, dtype, page, seed):
     k[~keep] = float("nan")
     v[~keep] = float("nan")
     return q, k, v, seqlens, table
+
+
+# ---------------------------------------------------------------- verify (the random stream on Python ints)
+_M32 = 0xFFFFFFFF
+
+
+def philox_py(counter, key):
+    """Philox4x32-10 on Python ints, written from docs/design.md independently of the reference."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for round_index in range(10):
+        if round_index:
+            k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & _M32, (p0 >> 32) ^ c3 ^ k1, p0 & _M32
+    return c0, c1, c2, c3
+
+
+def uniform_py(seed, offset, node, draw):
+    """The stream's U for one (seed, offset, node, draw), as a 0-d float64 tensor like
+    reference.uniform; about 200x faster than the reference's tensor arithmetic on scalars."""
+    seed, offset = int(seed), int(offset)
+    w0, w1, _, _ = philox_py((offset & _M32, (offset >> 32) & _M32, int(node), int(draw)),
+                             (seed & _M32, (seed >> 32) & _M32))
+    return torch.tensor(((w0 >> 5) * 2**26 + (w1 >> 6)) * 2.0**-53, dtype=torch.float64)
+
+
+def softmax_np(z):
+    """float64 softmax of a numpy vector, -inf entries giving 0."""
+    z = np.asarray(z, dtype=np.float64)
+    e = np.exp(z - z[np.isfinite(z)].max())
+    return e / e.sum()
+
+
+def assert_same(a, b):
+    """Two VerifyOutputs equal field by field, dtypes included."""
+    for name, x, y in zip(VerifyOutput._fields, a, b):
+        assert x.dtype == y.dtype and torch.equal(x, y), (name, x, y)
+
+
+def filtered_probs(logits, temperature, top_k, top_p):
+    """The contract's p_u in float64 numpy, written independently of the reference."""
+    z = np.asarray(logits, dtype=np.float64) / float(np.float32(temperature))
+    if top_k > 0:
+        strictly_larger = (z[None, :] > z[:, None]).sum(1)
+        z = np.where(strictly_larger < top_k, z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        mass_above = np.where(p[None, :] > p[:, None], p[None, :], 0.0).sum(1)
+        p = np.where(mass_above < float(np.float32(top_p)), p, 0.0)
+        p /= p.sum()
+    return p
