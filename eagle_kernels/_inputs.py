@@ -53,6 +53,8 @@ def _prompt_ids(index: int, prompt) -> list[int]:
     if not isinstance(prompt, (list, tuple)):
         raise TypeError(f"prompts[{index}]: expected a list, tuple or 1-D integer tensor of token ids, got "
                         f"{type(prompt).__name__} {_describe(prompt)}")
+    if all(type(t) is int for t in prompt):  # the common case, without the slower ABC check
+        return list(prompt)
     for position, token in enumerate(prompt):
         if not _is_int(token):
             raise TypeError(f"prompts[{index}][{position}]: expected an int token id, got "
@@ -75,8 +77,8 @@ def check_prompts(prompts, vocab: int) -> list[list[int]]:
         ids = _prompt_ids(index, prompt)
         if not ids:
             raise ValueError(f"prompts[{index}]: every prompt needs at least one token, got an empty prompt")
-        bad = next((p for p, t in enumerate(ids) if not 0 <= t < vocab), None)
-        if bad is not None:
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = next(p for p, t in enumerate(ids) if not 0 <= t < vocab)
             raise ValueError(f"prompts[{index}][{bad}]: token id {ids[bad]} outside the vocabulary [0, {vocab})")
         checked.append(ids)
     return checked
