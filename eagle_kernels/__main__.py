@@ -103,7 +103,8 @@ def cmd_generate(args) -> None:
 
     result = decoder.generate([prompt], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, eos_token_id=tokenizer.eos_token_id,
-                              speculative=not args.plain, on_sync=stream)
+                              speculative=not args.plain, on_sync=stream,
+                              allow_beyond_context=args.allow_beyond_context)
     text = tokenizer.decode(result.sequences[0], skip_special_tokens=True)
     sys.stdout.write(text[printed[0]:] + "\n")
     t = result.timings
@@ -214,6 +215,8 @@ def main(argv=None) -> None:
     generate.add_argument("--top-p", type=float, default=1.0)
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--plain", action="store_true", help="plain decoding (no speculation)")
+    generate.add_argument("--allow-beyond-context", action="store_true",
+                          help="let the prompt plus --max-new-tokens run past the model's context (a warning)")
     _common(generate)
     demo = commands.add_parser("demo", help="SmolLM2-135M: plain vs speculative decoding, tok/s and tau")
     _common(demo)
@@ -252,7 +255,14 @@ def main(argv=None) -> None:
     distill.add_argument("--held-out", action="store_true", help="prompts from the held-out split (evaluation)")
     distill.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train, "distill": cmd_distill}[args.command](args)
+    command = {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train, "distill": cmd_distill}[args.command]
+    try:
+        command(args)
+    except (ValueError, TypeError, OSError) as error:
+        # Bad input (arguments, files, a head that does not fit): one line and exit status 2, as
+        # argparse does for bad flags, instead of a traceback.
+        message = " ".join(str(error).split()) or type(error).__name__
+        parser.exit(2, f"{parser.prog} {args.command}: error: {message}\n")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 
 from . import ops
 from ._checks import mask_words, values_checked
+from ._inputs import check_context, check_count, check_prompts, check_token
 from ._types import Tree
 from .expansion import expand_tree
 from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
@@ -297,6 +298,8 @@ class SpeculativeDecoder:
 
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig | None = None,
                  sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None):
+        if head is not None:
+            head.config.check_fits(target.config)
         self.target = target
         self.head = head
         self.tree = tree
@@ -307,7 +310,8 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ public
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0, seed=0,
-                 eos_token_id=None, speculative: bool = True, on_sync=None) -> GenerationResult:
+                 eos_token_id=None, speculative: bool = True, on_sync=None,
+                 allow_beyond_context: bool = False) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens for each prompt, all prompts as one batch.
 
         Greedy requests (temperature 0) get token for token the output of plain greedy
@@ -317,9 +321,10 @@ class SpeculativeDecoder:
         Parameters
         ----------
         prompts : list of list of int
-            Token ids, one list per request (``B`` requests; lengths may differ, each >= 1).
+            Token ids in ``[0, vocab)``, one list, tuple or 1-D integer tensor per request (``B``
+            requests; lengths may differ, each >= 1).
         max_new_tokens : int
-            Tokens to generate per request, the prefill's first token included.
+            Tokens to generate per request (>= 0), the prefill's first token included.
         temperature : float, sequence of float or tensor, default 0.0
             Per request, or one value for all (likewise ``top_k``, ``top_p``, ``seed``): 0 is
             greedy, > 0 samples from ``softmax(logits / temperature)``.
@@ -339,6 +344,9 @@ class SpeculativeDecoder:
             ``on_sync(tokens, lengths)`` at each host synchronisation (every ``sync_every``
             steps), with the int64 [B, W] output buffer and the int64 [B] valid lengths, e.g.
             to stream text. Both are the decoder's live buffers: read them, do not keep them.
+        allow_beyond_context : bool, default False
+            Let a prompt plus ``max_new_tokens`` run past the target's context
+            (``LlamaConfig.max_position_embeddings``) with a ``RuntimeWarning`` instead of an error.
 
         Returns
         -------
@@ -350,9 +358,20 @@ class SpeculativeDecoder:
         ------
         ValueError
             ``speculative=True`` with neither a draft head nor a lookup chain
-            (``tree.lookup == 0``); a prompt without tokens; sampling parameters the ops
-            reject (their message names the tensor).
+            (``tree.lookup == 0``); no prompt, a prompt without tokens, a token id or
+            ``eos_token_id`` outside ``[0, vocab)``, a negative ``max_new_tokens``, a prompt plus
+            ``max_new_tokens`` past the context (see ``allow_beyond_context``); sampling
+            parameters the ops reject (their message names the tensor). Messages name the
+            argument, the request index and the value.
+        TypeError
+            ``prompts`` not a sequence of token-id sequences (e.g. one flat list of ints), or a
+            non-int ``max_new_tokens`` / ``eos_token_id``.
         """
+        vocab = self.target.config.vocab_size
+        prompts = check_prompts(prompts, vocab)
+        max_new_tokens = check_count("max_new_tokens", max_new_tokens)
+        eos_token_id = check_token("eos_token_id", eos_token_id, vocab)
+        check_context(prompts, max_new_tokens, self.target.config.max_position_embeddings, allow_beyond_context)
         tree = self._call_tree(len(prompts), temperature)
         if speculative and self.head is None and not tree.lookup:
             raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
@@ -428,13 +447,11 @@ class SpeculativeDecoder:
     def _prefill(self, prompts, tree, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
         device = self.target.device
         B = len(prompts)
-        lengths = torch.tensor([len(p) for p in prompts], device=device)
-        if bool((lengths < 1).any()):
-            raise ValueError("prompts: every prompt needs at least one token")
+        lengths = torch.tensor([len(p) for p in prompts], device=device)  # checked by generate: each >= 1
         width = int(lengths.max())
         tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
         for b, prompt in enumerate(prompts):
-            tokens[b, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
+            tokens[b, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
         # Deepest verify-tree node: the EAGLE tree's with a head, the lookup chain's without.
         depth = (tree.max_depth if self.head is not None else tree.lookup) if speculative else 0
         capacity = width + max_new + tree.verify_nodes + depth + 2

