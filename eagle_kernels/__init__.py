@@ -4,7 +4,8 @@ Eight ops (contract in docs/ops.md, readable truth in eagle_kernels/reference): 
 ``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, ``write_kv`` (stores the new
 tokens' K/V before a verify pass), ``cpu_linear`` (the few-row linear layers of a CPU
 model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and
-``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call). Each
+``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call); and the
+three ops of the GPU decoder layer, ``rmsnorm``, ``rope_write_kv`` and ``silu_mul``. Each
 dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
@@ -27,6 +28,9 @@ from .ops import (
     cpu_linear,
     cpu_linear_pack,
     draft_expand,
+    rmsnorm,
+    rope_write_kv,
+    silu_mul,
     tree_attention,
     verify,
     write_kv,
@@ -47,6 +51,6 @@ _registration.register()
 
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
-    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "Tree", "DraftCandidates", "VerifyOutput", "backend_of",
+    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "rmsnorm", "rope_write_kv", "silu_mul", "Tree", "DraftCandidates", "VerifyOutput", "backend_of",
     "reference", "expand_tree", "Expansion", "SpeculativeDecoder", "TreeConfig", "default_tree",
 ]

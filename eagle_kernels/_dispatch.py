@@ -14,8 +14,8 @@ import warnings
 
 import torch
 
-from . import _checks, _types, reference
-from ._schemas import OPS
+from . import _checks, _layer_checks, _types, reference
+from ._schemas import ALL_OPS, LAYER_OPS, OPS
 
 BACKENDS = ("reference", "cpp", "triton")
 BACKEND_ENV = "EAGLE_KERNELS_BACKEND"
@@ -27,6 +27,7 @@ RESULT_TYPES = {
 }
 
 CHECKS = {op: getattr(_checks, f"check_{op}") for op in OPS}
+CHECKS.update({op: getattr(_layer_checks, f"check_{op}") for op in LAYER_OPS})
 
 try:
     importlib.import_module("eagle_kernels._C")  # registers the native operators
@@ -96,8 +97,8 @@ def _cpp_callable(op: str):
 def implementation(op: str, backend: str, device) -> tuple[object, str]:
     """``(callable, "")`` for ``backend``'s implementation of ``op`` on ``device``, or
     ``(None, reason)`` when there is none."""
-    if op not in OPS:
-        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
+    if op not in ALL_OPS:
+        raise ValueError(f"op: expected one of {ALL_OPS}, got {op!r}")
     device_type = _device_type(device)
     if backend == "reference":
         return getattr(reference, op), ""

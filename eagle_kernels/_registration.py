@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _dispatch
-from ._schemas import OPS, SCHEMAS
+from . import _checks, _dispatch, _layer_checks
+from ._schemas import LAYER_SCHEMAS, OPS, SCHEMAS
 
 _DEVICE_KEYS = (("cpu", "CPU"), ("cuda", "CUDA"))
 _libraries: list[torch.library.Library] = []  # registrations live as long as these objects
@@ -81,6 +81,25 @@ def _fake_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _fake_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
+    _layer_checks.check_rmsnorm(x, weight, eps, embed=embed, embed_weight=embed_weight, values=False)
+    out, residual = _layer_checks.rmsnorm_shapes(x, weight, eps, embed=embed, embed_weight=embed_weight)
+    return x.new_empty(out), x.new_empty(residual)
+
+
+def _fake_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, num_heads, slot_offset=0):
+    _layer_checks.check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens,
+                                      num_heads=num_heads, slot_offset=slot_offset, values=False)
+    return k_cache.new_empty(_layer_checks.rope_write_kv_shape(qkv, positions, cos, sin, k_cache, v_cache,
+                                                               cache_seqlens, num_heads=num_heads,
+                                                               slot_offset=slot_offset))
+
+
+def _fake_silu_mul(gate_up):
+    _layer_checks.check_silu_mul(gate_up, values=False)
+    return gate_up.new_empty(_layer_checks.silu_mul_shape(gate_up))
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -90,6 +109,9 @@ FAKES = {
     "write_kv": _fake_write_kv,
     "cpu_linear": _fake_cpu_linear,
     "cpu_decoder_layer": _fake_cpu_decoder_layer,
+    "rmsnorm": _fake_rmsnorm,
+    "rope_write_kv": _fake_rope_write_kv,
+    "silu_mul": _fake_silu_mul,
 }
 
 
@@ -99,12 +121,17 @@ def register() -> None:
         for schema in SCHEMAS.values():
             definitions.define(schema)
         _libraries.append(definitions)
-    for op in OPS:
+    layer_definitions = torch.library.Library("eagle_kernels", "FRAGMENT")
+    for schema in LAYER_SCHEMAS.values():
+        layer_definitions.define(schema)
+    _libraries.append(layer_definitions)
+    ops = OPS + tuple(LAYER_SCHEMAS)
+    for op in ops:
         for device_type, key in _DEVICE_KEYS:
             if torch._C._dispatch_has_kernel_for_dispatch_key(f"eagle_kernels::{op}", key):
                 _dispatch.NATIVE_KERNELS.add((op, device_type))
     kernels = torch.library.Library("eagle_kernels", "IMPL")
-    for op in OPS:
+    for op in ops:
         for device_type, key in _DEVICE_KEYS:
             if (op, device_type) not in _dispatch.NATIVE_KERNELS:
                 kernels.impl(op, _routing_kernel(op, device_type), key)

@@ -1,7 +1,7 @@
 """Operator schemas of ``torch.ops.eagle_kernels``.
 
 The C++ extension defines the same strings in ``csrc/torch_bindings.cpp``; this copy defines
-the library when the extension is not built. ``python_tests/ops/test_registration.py`` keeps the
+the library when the extension is not built. ``LAYER_SCHEMAS`` are defined here only. ``python_tests/ops/test_registration.py`` keeps the
 two identical.
 """
 
@@ -42,3 +42,21 @@ SCHEMAS = {
 }
 
 OPS = tuple(SCHEMAS)
+
+# The ops of the GPU decoder layer (docs/ops.md §9-11): a Triton kernel for CUDA tensors and the
+# reference elsewhere; no C++ kernel, so these schemas are defined from Python only (a fragment
+# of the same library), with or without the extension.
+LAYER_SCHEMAS = {
+    "rmsnorm": (
+        "rmsnorm(Tensor x, Tensor weight, float eps, *, Tensor? embed=None, Tensor? embed_weight=None) "
+        "-> (Tensor, Tensor)"
+    ),
+    "rope_write_kv": (
+        "rope_write_kv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor cache_seqlens, *, int num_heads, int slot_offset=0) -> Tensor"
+    ),
+    "silu_mul": "silu_mul(Tensor gate_up) -> Tensor",
+}
+
+LAYER_OPS = tuple(LAYER_SCHEMAS)
+ALL_OPS = OPS + LAYER_OPS

@@ -74,3 +74,24 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
                          gate_up_weight, down_weight, cos, sin, k_cache, v_cache, cache_seqlens, tree_mask,
                          num_heads=num_heads, eps=eps, embed=embed, embed_norm=embed_norm, slot_offset=slot_offset,
                          row_counts=row_counts)
+
+
+def rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
+    """RMSNorm of rows and a copy of x (the residual stream a decoder layer then adds to in
+    place), in one pass; with ``embed``, EAGLE-3's ``[norm(embed) * embed_weight, norm(x) *
+    weight]`` (docs/ops.md §9). See :func:`eagle_kernels.reference.rmsnorm`."""
+    return _dispatch.run("rmsnorm", x.device, x, weight, eps, embed=embed, embed_weight=embed_weight)
+
+
+def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, num_heads, slot_offset=0):
+    """RoPE on the q/k heads of a fused q/k/v projection and the rotated k and v written into
+    the cache at ``cache_seqlens[b] + slot_offset + i``; returns q (docs/ops.md §10). See
+    :func:`eagle_kernels.reference.rope_write_kv`."""
+    return _dispatch.run("rope_write_kv", qkv.device, qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens,
+                         num_heads=num_heads, slot_offset=slot_offset)
+
+
+def silu_mul(gate_up):
+    """``silu(gate) * up`` of a fused gate/up projection [..., 2I] -> [..., I] (docs/ops.md §11).
+    See :func:`eagle_kernels.reference.silu_mul`."""
+    return _dispatch.run("silu_mul", gate_up.device, gate_up)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .cpu_weights import PackedWeights, linear
-from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rms_norm, rope_inverse_frequencies
+from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rope_inverse_frequencies
 from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
@@ -205,16 +205,17 @@ class EagleHead(torch.nn.Module):
         x = features.to(self.dtype)
         if c.kind == EAGLE1:  # fc(embedding, feature) feeds attention directly, with no input norm
             x, embed = F.linear(torch.cat([embed, x], dim=-1), w["fc.weight"], w["fc.bias"]), None
-        path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3)
-        return path(x, self.layer_weights(), path.rope(self.inv_freq, positions, B, N, self.dtype), cache, 0,
-                    tree_mask, embed=embed, slot_offset=slot_offset)
+        layer = self.layer_weights()
+        path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3, layer=layer)
+        return path(x, layer, path.rope(self.inv_freq, positions, B, N, self.dtype), cache, 0, tree_mask,
+                    embed=embed, slot_offset=slot_offset)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, N, Vd] float32 (EAGLE-1: the target's LM head on the predicted
         feature; EAGLE-3: own norm and LM head over the draft vocabulary)."""
         if self.config.kind == EAGLE1:
             return self.target.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
-        normed = rms_norm(hidden, self.weights["norm.weight"], self.config.rms_norm_eps)
+        normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
         return linear(normed, self.weights["lm_head.weight"], self.packed).float()
 
     # ------------------------------------------------------------------ checkpoints

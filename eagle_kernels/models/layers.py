@@ -7,11 +7,13 @@ Its tensors travel as one :class:`LayerWeights`; a :class:`LayerPath` runs it:
   ``write_kv`` + ``tree_attention``, o, SwiGLU); any device, dtype and autograd;
 - :class:`CpuFusedLayerPath`: the whole layer as one ``cpu_decoder_layer`` call (the same
   kernels without a Python round trip per operator), for fp32 CPU passes in ``cpu_linear``'s
-  regime.
+  regime;
+- :class:`GpuLayerPath`: nine kernel launches per layer on a GPU (fused RMSNorm, one q/k/v
+  GEMM, RoPE + KV write, tree attention, o GEMM with the residual added in place, fused
+  RMSNorm, one gate/up GEMM, SiLU*up, down GEMM with the residual added in place).
 
 :class:`LayerPaths` (one per model) picks the path once per forward pass, from the pass's
-device, dtype and size and the CPU policy (:mod:`.cpu_weights`); a fused GPU layer path takes
-its place beside the CPU one there.
+device, dtype and size and the CPU policy (:mod:`.cpu_weights`).
 
 New K/V are written at slots ``cache.seqlens + slot_offset + i`` (slot order = node order, as
 the ops' contract requires); the caller advances ``cache.seqlens``.
@@ -266,15 +268,117 @@ class CpuFusedLayerPath(LayerPath):
             embed_norm=layer.embed_norm, slot_offset=slot_offset, row_counts=row_counts)
 
 
+class RopeTables:
+    """One model's RoPE tables for :class:`GpuLayerPath`: cos and sin fp32 [P, D / 2] of the
+    angles ``p * inv_freq`` (computed in float64), P covering every position a pass can use.
+    A pass's positions stay below its cache's capacity (a token at position p sits at a slot
+    >= p), so the tables grow, by doubling, when a cache with a larger capacity arrives: a
+    decision on shapes only. Outgrown tables are kept, as a captured CUDA graph may still read
+    them."""
+
+    def __init__(self):
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._outgrown: list = []
+
+    def __call__(self, inv_freq: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (inv_freq.device, id(inv_freq))
+        tables = self._tables.get(key)
+        if tables is not None and tables[0].shape[0] >= capacity:
+            return tables
+        if tables is not None:
+            self._outgrown.append(tables)
+        rows = max(64, 1 << max(0, capacity - 1).bit_length(), 2 * tables[0].shape[0] if tables else 0)
+        angles = torch.arange(rows, dtype=torch.float64, device=inv_freq.device)[:, None] * inv_freq.double()
+        tables = (angles.cos().float().contiguous(), angles.sin().float().contiguous())
+        self._tables[key] = tables
+        return tables
+
+
+class GpuLayerPath(LayerPath):
+    """The layer in nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
+    step"):
+
+    1. ``rmsnorm`` (EAGLE-3: both input norms and the concatenation), also writing the copy of
+       x that becomes the layer's output (the residual stream); EAGLE-1's head, without an
+       input norm, copies x instead;
+    2. one GEMM for q, k and v (the fused matrix);
+    3. ``rope_write_kv``: RoPE on q and k, k and v into the cache;
+    4. ``tree_attention``;
+    5. o GEMM added into the residual in place (``addmm_``: the cuBLAS epilogue, no copy);
+    6. ``rmsnorm``; 7. one GEMM for gate and up; 8. ``silu_mul``;
+    9. down GEMM added into the residual in place.
+
+    Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache. Every row is
+    computed. ``rope`` returns the pass's positions with the model's RoPE tables; the Triton
+    ops run on CUDA tensors (and on CPU tensors with the triton backend under
+    TRITON_INTERPRET=1, as the tests and the launch count run them)."""
+
+    def __init__(self, config, packed: PackedWeights, tables: RopeTables):
+        super().__init__(config, packed)
+        self.tables = tables
+
+    @staticmethod
+    def accepts(x: torch.Tensor, cache, layer: LayerWeights, weights: dict) -> bool:
+        """fp32/fp16/bf16 activations, a cache and weight matrices of the same dtype, and
+        nothing for autograd to record."""
+        return (x.dtype in (torch.float32, torch.float16, torch.bfloat16) and cache.k.dtype == x.dtype
+                and all(m.dtype == x.dtype for m in layer.matrices)
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
+
+    def rope(self, inv_freq, positions, B, N, dtype):
+        return positions.expand(B, N), inv_freq
+
+    def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
+        c = self.config
+        B, N, H = x.shape
+        positions, inv_freq = rope
+        if layer.input_norm is None:
+            h, residual = x, x.clone(memory_format=torch.contiguous_format)
+        else:
+            h, residual = ops.rmsnorm(x, layer.input_norm, c.rms_norm_eps, embed=embed, embed_weight=layer.embed_norm)
+        k_layer, v_layer = cache.layer(index)
+        cos, sin = self.tables(inv_freq, k_layer.shape[1])
+        qkv = torch.mm(h.reshape(B * N, -1), layer.qkv.t()).view(B, N, -1)
+        q = ops.rope_write_kv(qkv, positions, cos, sin, k_layer, v_layer, cache.seqlens, num_heads=c.num_heads,
+                              slot_offset=slot_offset)
+        attention = ops.tree_attention(q, k_layer, v_layer, cache.seqlens, tree_mask)
+        if slot_offset:
+            attention = attention[:, slot_offset:]
+        rows = residual.view(B * N, H)
+        rows.addmm_(attention.reshape(B * N, -1), layer.o.t())
+        h, _ = ops.rmsnorm(residual, layer.post_norm, c.rms_norm_eps)
+        gate_up = torch.mm(h.view(B * N, H), layer.gate_up.t())
+        rows.addmm_(ops.silu_mul(gate_up), layer.down.t())
+        return residual
+
+
 class LayerPaths:
     """The layer paths of one model; :meth:`pick` chooses one per forward pass."""
 
     def __init__(self, config, packed: PackedWeights):
         self.config, self.packed = config, packed
+        self.rope_tables = RopeTables()
+        # CPU tensors take the GPU layer path too (private: the launch count and the tests run
+        # it there under TRITON_INTERPRET=1 with the triton backend).
+        self._gpu_path_on_cpu = False
 
-    def pick(self, x: torch.Tensor, cache, weights: dict, normed_input: bool = True) -> LayerPath:
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The model's RMSNorm outside its layers (the final norm): the ``rmsnorm`` op (one
+        launch) where the GPU path runs, else :func:`rms_norm`."""
+        if ((x.device.type != "cpu" or self._gpu_path_on_cpu) and weight.dtype == x.dtype
+                and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            return ops.rmsnorm(x, weight, self.config.rms_norm_eps)[0]
+        return rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def pick(self, x: torch.Tensor, cache, weights: dict, normed_input: bool = True,
+             layer: LayerWeights | None = None) -> LayerPath:
         """The path for a pass over ``x`` [B, N, H] (the layer input) with ``cache``;
-        ``normed_input`` False (a layer without input norm) rules out the fused CPU kernel."""
+        ``normed_input`` False (a layer without input norm) rules out the fused CPU kernel;
+        ``layer`` (one of the pass's layers) lets the GPU path check its weights' dtype."""
+        if ((x.device.type != "cpu" or self._gpu_path_on_cpu) and layer is not None
+                and GpuLayerPath.accepts(x, cache, layer, weights)):
+            return GpuLayerPath(self.config, self.packed, self.rope_tables)
         if x.device.type != "cpu":
             return TorchLayerPath(self.config, self.packed)
         policy = cpu_policy()

@@ -242,14 +242,14 @@ class LlamaModel(torch.nn.Module):
         if positions is None:
             positions = default_positions(cache, N)
         x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
-        path = self.layer_paths.pick(x, cache, w)
+        path = self.layer_paths.pick(x, cache, w, layer=self.layer_weights(0))
         rope = path.rope(self.inv_freq, positions, B, N, self.dtype)
         states = {}
         for layer in range(c.num_layers):
             x = path(x, self.layer_weights(layer), rope, cache, layer, tree_mask, row_counts=row_counts)
             if layer in feature_layers:
                 states[layer] = x
-        hidden = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
+        hidden = self.layer_paths.norm(x, w["model.norm.weight"])
         if not path.computes_padding_rows and row_counts is not None and logit_rows is None:
             # The LM head over the computed rows only; padding rows get zero logits.
             computed = (torch.arange(N, device=x.device)[None] < row_counts[:, None]).view(-1)

@@ -11,9 +11,12 @@ from .cpu_decoder_layer import cpu_decoder_layer
 from .cpu_linear import cpu_linear
 from .draft_expand import draft_expand
 from .random import philox4x32, uniform
+from .rmsnorm import rmsnorm
+from .rope_write_kv import rope_write_kv
+from .silu_mul import silu_mul
 from .tree_attention import tree_attention
 from .verify import verify
 from .write_kv import write_kv
 
 __all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "cpu_linear",
-           "cpu_decoder_layer", "philox4x32", "uniform"]
+           "cpu_decoder_layer", "rmsnorm", "rope_write_kv", "silu_mul", "philox4x32", "uniform"]

@@ -1,0 +1,85 @@
+"""Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
+silu_mul), in the style of :mod:`._checks`: every failure is a ``ValueError`` whose message
+starts with the name of the offending argument; ``values`` runs the checks that read tensor
+data (CPU tensors by default, see ``_checks.values_checked``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import _fail, check_tensor, values_checked
+
+HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None, values=True):
+    check_tensor("x", x, dtype=HALF_AND_SINGLE)
+    if x.dim() < 1:
+        _fail("x", "at least 1 dimension [..., H]", f"shape {tuple(x.shape)}")
+    H = x.shape[-1]
+    check_tensor("weight", weight, dtype=x.dtype, shape=(H,), device=x.device)
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        _fail("eps", "a number >= 0", eps)
+    if (embed is None) != (embed_weight is None):
+        _fail("embed" if embed is None else "embed_weight", "embed and embed_weight together", "only one of them")
+    if embed is not None:
+        check_tensor("embed", embed, dtype=x.dtype, shape=tuple(x.shape), device=x.device)
+        check_tensor("embed_weight", embed_weight, dtype=x.dtype, shape=(H,), device=x.device)
+
+
+def rmsnorm_shapes(x, weight, eps, *, embed=None, embed_weight=None):
+    H = x.shape[-1]
+    return (*x.shape[:-1], 2 * H if embed is not None else H), tuple(x.shape)
+
+
+def check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, num_heads, slot_offset=0,
+                        values=True):
+    check_tensor("qkv", qkv, dtype=HALF_AND_SINGLE, ndim=3)
+    device = qkv.device
+    B, N, width = qkv.shape
+    check_tensor("k_cache", k_cache, dtype=HALF_AND_SINGLE, ndim=4, device=device)
+    S, Hkv, D = k_cache.shape[1:]
+    if k_cache.shape[0] != B:
+        _fail("k_cache", f"batch dim {B} (qkv's) in [B, S, Hkv, D]", f"shape {tuple(k_cache.shape)}")
+    check_tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=device)
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(3) != 1 or cache.stride(2) != D:
+            _fail(name, "each position's [Hkv, D] rows dense (strides (*, *, D, 1))", f"strides {cache.stride()}")
+    if D % 2:
+        _fail("k_cache", "an even head dim D (half-split RoPE)", f"shape {tuple(k_cache.shape)}")
+    if not isinstance(num_heads, int) or num_heads < 1 or num_heads % Hkv:
+        _fail("num_heads", f"a positive multiple of the caches' {Hkv} KV heads", num_heads)
+    if width != (num_heads + 2 * Hkv) * D:
+        _fail("qkv", f"last dim (num_heads + 2 Hkv) * D = {(num_heads + 2 * Hkv) * D}", f"shape {tuple(qkv.shape)}")
+    check_tensor("positions", positions, dtype=(torch.int64, torch.int32), shape=(B, N), device=device)
+    check_tensor("cos", cos, dtype=torch.float32, ndim=2, device=device)
+    if cos.shape[1] != D // 2:
+        _fail("cos", f"shape [P, {D // 2}] (D / 2 columns)", f"shape {tuple(cos.shape)}")
+    check_tensor("sin", sin, dtype=torch.float32, shape=tuple(cos.shape), device=device)
+    check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, shape=(B,), device=device)
+    if not isinstance(slot_offset, int) or slot_offset < 0:
+        _fail("slot_offset", "an int >= 0", slot_offset)
+    if values and values_checked(device) and B and N:
+        if bool((positions < 0).any()) or bool((positions >= cos.shape[0]).any()):
+            _fail("positions", f"values in [0, {cos.shape[0]}) (the rows of cos and sin)",
+                  f"range [{int(positions.min())}, {int(positions.max())}]")
+        if bool((cache_seqlens < 0).any()):
+            _fail("cache_seqlens", "values >= 0", f"minimum {int(cache_seqlens.min())}")
+        needed = int(cache_seqlens.max()) + slot_offset + N
+        if needed > S:
+            _fail("cache_seqlens", f"cache_seqlens + slot_offset + N <= capacity {S}", f"{needed}")
+
+
+def rope_write_kv_shape(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, num_heads, slot_offset=0):
+    B, N = qkv.shape[:2]
+    return (B, slot_offset + N, num_heads, k_cache.shape[-1])
+
+
+def check_silu_mul(gate_up, values=True):
+    check_tensor("gate_up", gate_up, dtype=HALF_AND_SINGLE)
+    if gate_up.dim() < 1 or gate_up.shape[-1] % 2:
+        _fail("gate_up", "an even last dim [..., 2I]", f"shape {tuple(gate_up.shape)}")
+
+
+def silu_mul_shape(gate_up):
+    return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
