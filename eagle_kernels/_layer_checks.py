@@ -52,10 +52,10 @@ def check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlen
     if width != (num_heads + 2 * Hkv) * D:
         _fail("qkv", f"last dim (num_heads + 2 Hkv) * D = {(num_heads + 2 * Hkv) * D}", f"shape {tuple(qkv.shape)}")
     check_tensor("positions", positions, dtype=(torch.int64, torch.int32), shape=(B, N), device=device)
-    check_tensor("cos", cos, dtype=torch.float32, ndim=2, device=device)
+    check_tensor("cos", cos, dtype=(torch.float32, torch.float64), ndim=2, device=device)
     if cos.shape[1] != D // 2:
         _fail("cos", f"shape [P, {D // 2}] (D / 2 columns)", f"shape {tuple(cos.shape)}")
-    check_tensor("sin", sin, dtype=torch.float32, shape=tuple(cos.shape), device=device)
+    check_tensor("sin", sin, dtype=cos.dtype, shape=tuple(cos.shape), device=device)
     check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, shape=(B,), device=device)
     if not isinstance(slot_offset, int) or slot_offset < 0:
         _fail("slot_offset", "an int >= 0", slot_offset)

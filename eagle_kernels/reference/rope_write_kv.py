@@ -24,7 +24,7 @@ def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, 
     Shapes
     ------
     qkv [B, N, (num_heads + 2 Hkv) D]; positions int64/int32 [B, N], values in [0, P);
-    cos, sin fp32 [P, D / 2]; k_cache, v_cache [B, S, Hkv, D]; cache_seqlens int32 [B].
+    cos, sin fp32 (or float64) [P, D / 2]; k_cache, v_cache [B, S, Hkv, D]; cache_seqlens int32 [B].
     Requires cache_seqlens[b] + slot_offset + N <= S.
     """
     _layer_checks.check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens,

@@ -1,0 +1,266 @@
+"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul): the Triton launchers
+against the reference under TRITON_INTERPRET=1, with their interpreter and GPU launch
+configurations; registration, fakes and opcheck; bad input. Tests running Triton carry
+"triton" in their names (slow lane)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import eagle_kernels
+from eagle_kernels import _dispatch, reference
+from eagle_kernels._schemas import LAYER_OPS, LAYER_SCHEMAS
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def triton_module(op):
+    fn, reason = _dispatch.implementation(op, "triton", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    import importlib
+
+    return importlib.import_module(f"eagle_kernels.triton.{op}")
+
+
+def configs(module):
+    return [("interpreter", module.INTERPRETER_CONFIG), ("gpu", module.GPU_CONFIG)]
+
+
+def assert_close(got, want, dtype):
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def rope_tables(P, D, theta=10000.0):
+    angles = torch.arange(P, dtype=torch.float64)[:, None] / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    return angles.cos().float(), angles.sin().float()
+
+
+def rope_inputs(dtype, B=2, N=3, Hq=4, Hkv=2, D=16, S=12, slot_offset=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, N, (Hq + 2 * Hkv) * D, generator=g).to(dtype)
+    positions = torch.randint(0, 20, (B, N), generator=g)
+    cos, sin = rope_tables(24, D)
+    k_cache = torch.randn(B, S, Hkv, D, generator=g).to(dtype)
+    v_cache = torch.randn(B, S, Hkv, D, generator=g).to(dtype)
+    seqlens = torch.tensor([2, 5][:B], dtype=torch.int32)
+    return (qkv, positions, cos, sin, k_cache, v_cache, seqlens), {"num_heads": Hq, "slot_offset": slot_offset}
+
+
+def small_inputs(op, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    if op == "rmsnorm":
+        x = torch.randn(2, 3, 20, generator=g).to(dtype)
+        return (x, torch.randn(20, generator=g).to(dtype), 1e-5), {
+            "embed": torch.randn(2, 3, 20, generator=g).to(dtype), "embed_weight": torch.randn(20, generator=g).to(dtype)}
+    if op == "rope_write_kv":
+        return rope_inputs(dtype, slot_offset=2)
+    if op == "silu_mul":
+        return (torch.randn(2, 3, 14, generator=g).to(dtype),), {}
+    raise AssertionError(op)
+
+
+# ------------------------------------------------------------------ Triton against the reference
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("H", [20, 64], ids=["H20", "H64"])
+@pytest.mark.parametrize("embed", [False, True], ids=["plain", "eagle3-embed"])
+def test_rmsnorm_triton_matches_reference(dtype, H, embed):
+    module = triton_module("rmsnorm")
+    g = torch.Generator().manual_seed(H)
+    x = (torch.randn(3, 5, H, generator=g) * 3).to(dtype)
+    weight = torch.randn(H, generator=g).to(dtype)
+    extra = {"embed": torch.randn(3, 5, H, generator=g).to(dtype), "embed_weight": torch.randn(H, generator=g).to(dtype)}
+    extra = extra if embed else {}
+    want_out, want_residual = reference.rmsnorm(x, weight, 1e-5, **extra)
+    assert want_out.shape == (3, 5, 2 * H if embed else H)
+    for name, config in configs(module):
+        out, residual = module.rmsnorm(x, weight, 1e-5, _config=config, **extra)
+        assert out.dtype == dtype and out.shape == want_out.shape, name
+        assert_close(out, want_out, dtype)
+        assert torch.equal(residual, x) and residual.data_ptr() != x.data_ptr(), name
+
+
+def test_rmsnorm_triton_strided_rows_and_float32_rule():
+    """Strided rows are copied first; the fp32 result is F.rms_norm's (what TorchLayerPath runs)."""
+    module = triton_module("rmsnorm")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 48, generator=g)[:, :24]
+    weight = torch.randn(24, generator=g)
+    out, residual = module.rmsnorm(x, weight, 1e-6)
+    torch.testing.assert_close(out, torch.nn.functional.rms_norm(x, (24,), weight, 1e-6), rtol=1e-6, atol=1e-6)
+    assert torch.equal(residual, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("slot_offset", [0, 3], ids=["offset0", "offset3"])
+@pytest.mark.parametrize("heads", [(4, 2, 16), (3, 3, 8), (6, 1, 32)], ids=["gqa", "mha", "mqa-D32"])
+def test_rope_write_kv_triton_matches_reference(dtype, slot_offset, heads):
+    module = triton_module("rope_write_kv")
+    Hq, Hkv, D = heads
+    args, kwargs = rope_inputs(dtype, Hq=Hq, Hkv=Hkv, D=D, slot_offset=slot_offset)
+    want_k, want_v = args[4].clone(), args[5].clone()
+    want_q = reference.rope_write_kv(*args[:4], want_k, want_v, args[6], **kwargs)
+    for name, config in configs(module):
+        k, v = args[4].clone(), args[5].clone()
+        q = module.rope_write_kv(*args[:4], k, v, args[6], _config=config, **kwargs)
+        assert q.shape == want_q.shape == (2, slot_offset + 3, Hq, D) and q.dtype == dtype, name
+        assert_close(q, want_q, dtype)
+        assert torch.equal(q[:, :slot_offset], torch.zeros_like(q[:, :slot_offset])), name
+        assert_close(k, want_k, dtype)
+        assert torch.equal(v, want_v), name  # v is copied
+        untouched = torch.ones(k.shape[:2], dtype=torch.bool)
+        for b, start in enumerate(args[6].tolist()):
+            untouched[b, start + slot_offset:start + slot_offset + 3] = False
+        assert torch.equal(k[untouched], args[4][untouched]) and torch.equal(v[untouched], args[5][untouched]), name
+
+
+def test_rope_write_kv_triton_broadcast_int32_positions_and_layer_views():
+    """Positions as a drafting pass gives them (one per request, expanded: stride 0, int32) and
+    caches that are one layer of a [L, B, S, Hkv, D] buffer."""
+    module = triton_module("rope_write_kv")
+    args, kwargs = rope_inputs(torch.float32)
+    qkv, _, cos, sin, k_cache, v_cache, seqlens = args
+    positions = torch.tensor([[4], [9]], dtype=torch.int32).expand(2, 3)
+    k_all, v_all = torch.zeros(3, *k_cache.shape), torch.zeros(3, *v_cache.shape)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = reference.rope_write_kv(qkv, positions.long(), cos, sin, want_k, want_v, seqlens, **kwargs)
+    k_all[1], v_all[1] = k_cache, v_cache
+    got = module.rope_write_kv(qkv, positions, cos, sin, k_all[1], v_all[1], seqlens, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_all[1], want_k, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v_all[1], want_v) and not k_all[0].any() and not k_all[2].any()
+
+
+def test_rope_write_kv_reference_is_rotate():
+    """The reference's rotation is the model's ``rotate`` with tables from its RoPE frequencies."""
+    from eagle_kernels.models.layers import rotate
+
+    args, kwargs = rope_inputs(torch.float64)
+    qkv, positions, cos, sin, k_cache, v_cache, seqlens = args
+    q = reference.rope_write_kv(qkv, positions, cos.double(), sin.double(), k_cache, v_cache, seqlens, **kwargs)
+    c = cos.double()[positions].repeat(1, 1, 2)[:, :, None]
+    s = sin.double()[positions].repeat(1, 1, 2)[:, :, None]
+    torch.testing.assert_close(q, rotate(qkv.view(2, 3, 8, 16)[:, :, :4], c, s), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("I", [7, 1500], ids=["I7", "I1500"])
+def test_silu_mul_triton_matches_reference(dtype, I):
+    module = triton_module("silu_mul")
+    g = torch.Generator().manual_seed(I)
+    gate_up = (torch.randn(2, 3, 2 * I, generator=g) * 4).to(dtype)
+    want = reference.silu_mul(gate_up)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    torch.testing.assert_close(want.float(), (torch.nn.functional.silu(gate) * up).to(dtype).float(),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    for name, config in configs(module):
+        got = module.silu_mul(gate_up, _config=config)
+        assert got.shape == (2, 3, I) and got.dtype == dtype, name
+        assert_close(got, want, dtype)
+
+
+# ------------------------------------------------------------------ registration
+@pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
+def test_registered_with_schema(op):
+    assert str(getattr(torch.ops.eagle_kernels, op).default._schema) == "eagle_kernels::" + LAYER_SCHEMAS[op]
+
+
+@pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
+def test_opcheck(op):
+    args, kwargs = small_inputs(op)
+    torch.library.opcheck(getattr(torch.ops.eagle_kernels, op).default, args, kwargs)
+
+
+@pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
+def test_fake_shapes_match_real(op):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args, kwargs = small_inputs(op, torch.bfloat16)
+    real = getattr(torch.ops.eagle_kernels, op)(*args, **kwargs)
+    with FakeTensorMode() as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        fake = getattr(torch.ops.eagle_kernels, op)(*fake_args, **fake_kwargs)
+    real = real if isinstance(real, (tuple, list)) else [real]
+    fake = fake if isinstance(fake, (tuple, list)) else [fake]
+    assert [(tuple(t.shape), t.dtype) for t in real] == [(tuple(t.shape), t.dtype) for t in fake]
+
+
+@pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
+def test_backends(op, monkeypatch):
+    """No C++ kernel: the reference on CPU, Triton on CUDA; the public op equals the reference."""
+    monkeypatch.delenv(_dispatch.BACKEND_ENV, raising=False)
+    assert eagle_kernels.backend_of(op, "cpu") == "reference"
+    if _dispatch.implementation(op, "triton", "cuda")[0] is not None:
+        assert eagle_kernels.backend_of(op, "cuda") == "triton"
+    args, kwargs = small_inputs(op)
+    clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    got = getattr(eagle_kernels, op)(*args, **kwargs)
+    want = getattr(reference, op)(*clone, **kwargs)
+    torch.testing.assert_close(got, want)
+
+
+# ------------------------------------------------------------------ bad input
+def bad_cases():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    rope_args, rope_kwargs = rope_inputs(torch.float32)
+    qkv, positions, cos, sin, k, v, seqlens = rope_args
+
+    def rope(**changes):
+        named = dict(zip(["qkv", "positions", "cos", "sin", "k_cache", "v_cache", "cache_seqlens"], rope_args))
+        kwargs = dict(rope_kwargs)
+        for name, value in changes.items():
+            (kwargs if name in kwargs else named)[name] = value
+        return "rope_write_kv", tuple(named.values()), kwargs
+
+    return {
+        "rmsnorm-x-int": ("x", ("rmsnorm", (x.long(), w.long(), 1e-5), {})),
+        "rmsnorm-weight-shape": ("weight", ("rmsnorm", (x, torch.randn(7), 1e-5), {})),
+        "rmsnorm-weight-dtype": ("weight", ("rmsnorm", (x, w.double(), 1e-5), {})),
+        "rmsnorm-eps": ("eps", ("rmsnorm", (x, w, -1.0), {})),
+        "rmsnorm-embed-alone": ("embed_weight", ("rmsnorm", (x, w, 1e-5), {"embed": x})),
+        "rmsnorm-embed-shape": ("embed", ("rmsnorm", (x, w, 1e-5), {"embed": x[:1], "embed_weight": w})),
+        "rope-qkv-width": ("qkv", rope(qkv=qkv[..., :-16])),
+        "rope-qkv-rank": ("qkv", rope(qkv=qkv[0])),
+        "rope-num-heads": ("num_heads", rope(num_heads=3)),
+        "rope-positions-dtype": ("positions", rope(positions=positions.float())),
+        "rope-positions-shape": ("positions", rope(positions=positions[:, :2])),
+        "rope-positions-range": ("positions", rope(positions=positions + 100)),
+        "rope-cos-width": ("cos", rope(cos=cos[:, :4])),
+        "rope-sin-dtype": ("sin", rope(sin=sin.double())),
+        "rope-cos-half": ("cos", rope(cos=cos.half(), sin=sin.half())),
+        "rope-v-dtype": ("v_cache", rope(v_cache=v.double())),
+        "rope-k-strided": ("k_cache", rope(k_cache=k.transpose(1, 2).contiguous().transpose(1, 2))),
+        "rope-k-batch": ("k_cache", rope(k_cache=k[:1], v_cache=v[:1])),
+        "rope-seqlens-dtype": ("cache_seqlens", rope(cache_seqlens=seqlens.long())),
+        "rope-capacity": ("cache_seqlens", rope(cache_seqlens=seqlens + 8)),
+        "rope-slot-offset": ("slot_offset", rope(slot_offset=-1)),
+        "silu-odd": ("gate_up", ("silu_mul", (torch.randn(2, 7),), {})),
+        "silu-int": ("gate_up", ("silu_mul", (torch.ones(2, 8, dtype=torch.int32),), {})),
+    }
+
+
+BAD = bad_cases()
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "triton"], ids=["reference", "triton"])
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_input_names_the_tensor(case, backend_name):
+    name, (op, args, kwargs) = BAD[case]
+    fn, reason = _dispatch.implementation(op, backend_name, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        fn(*args, **kwargs)
+
+
+def test_configs_are_frozen():
+    for op in LAYER_OPS:
+        module = triton_module(op)
+        assert dataclasses.is_dataclass(module.GPU_CONFIG)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            module.GPU_CONFIG.num_warps = 1
