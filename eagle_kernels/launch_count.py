@@ -235,6 +235,8 @@ def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True) -> l
     step = getattr(decoder, name)
 
     def counted(state):
+        if len(counts) == steps:
+            return  # the loop's remaining steps: not needed
         with counting(*models) as count:
             step(state)
         counts.append(count)
@@ -250,7 +252,7 @@ def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True) -> l
         for paths_of_model, flag in flags:
             paths_of_model._gpu_path_on_cpu = flag
         delattr(decoder, name)
-    return counts[:steps]
+    return counts
 
 
 @contextlib.contextmanager

@@ -65,9 +65,12 @@ def small_inputs(op, dtype=torch.float32):
 
 
 # ------------------------------------------------------------------ Triton against the reference
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("H", [20, 64], ids=["H20", "H64"])
-@pytest.mark.parametrize("embed", [False, True], ids=["plain", "eagle3-embed"])
+RMSNORM_CASES = [(torch.float32, 64, False), (torch.float32, 20, True), (torch.bfloat16, 20, False),
+                 (torch.bfloat16, 64, True), (torch.float16, 20, True)]
+
+
+@pytest.mark.parametrize("dtype,H,embed", RMSNORM_CASES, ids=["fp32-H64", "fp32-H20-embed", "bf16-H20",
+                                                              "bf16-H64-embed", "fp16-H20-embed"])
 def test_rmsnorm_triton_matches_reference(dtype, H, embed):
     module = triton_module("rmsnorm")
     g = torch.Generator().manual_seed(H)
@@ -95,9 +98,12 @@ def test_rmsnorm_triton_strided_rows_and_float32_rule():
     assert torch.equal(residual, x)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("slot_offset", [0, 3], ids=["offset0", "offset3"])
-@pytest.mark.parametrize("heads", [(4, 2, 16), (3, 3, 8), (6, 1, 32)], ids=["gqa", "mha", "mqa-D32"])
+ROPE_CASES = [(torch.float32, 0, (4, 2, 16)), (torch.float32, 3, (3, 3, 8)), (torch.float32, 3, (6, 1, 32)),
+              (torch.bfloat16, 3, (4, 2, 16)), (torch.float16, 0, (4, 2, 16))]
+
+
+@pytest.mark.parametrize("dtype,slot_offset,heads", ROPE_CASES,
+                         ids=["fp32-gqa", "fp32-mha-offset3", "fp32-mqa-D32-offset3", "bf16-gqa-offset3", "fp16-gqa"])
 def test_rope_write_kv_triton_matches_reference(dtype, slot_offset, heads):
     module = triton_module("rope_write_kv")
     Hq, Hkv, D = heads

@@ -1,0 +1,130 @@
+"""GpuLayerPath (nine launches per decoder layer) against TorchLayerPath, layer by layer, on CPU
+tensors with the Triton kernels interpreted; the path's selection. Tests running the path carry
+"triton" in their names (slow lane)."""
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+
+from eagle_kernels import _dispatch
+from eagle_kernels.models import LlamaModel
+from eagle_kernels.models.eagle_head import EagleHead
+from eagle_kernels.models.layers import GpuLayerPath, RopeTables, TorchLayerPath
+from helpers import tiny_hf_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture
+def triton_ops(monkeypatch):
+    """``triton_ops(gpu)``: a context in which the model runs the GPU path with the ops on their
+    Triton kernels (interpreted), as on a GPU, or (gpu False) TorchLayerPath on the default
+    (C++) kernels."""
+    if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
+        pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
+
+    @contextlib.contextmanager
+    def context(model, gpu):
+        model.layer_paths._gpu_path_on_cpu = gpu
+        with monkeypatch.context() as patch, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ops without a Triton kernel run the reference
+            if gpu:
+                patch.setenv(_dispatch.BACKEND_ENV, "triton")
+            yield
+    return context
+
+
+def assert_close(got, want, dtype, what):
+    """Within the dtype's tolerance, absolute errors relative to the tensor's largest entry."""
+    tol = TOLERANCE[dtype]
+    scale = max(1.0, float(want.float().abs().max()))
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
+
+
+def run_target(model):
+    """A prefill of 2 x 5 tokens (every layer's output kept), then a 3-node tree pass."""
+    tokens = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(2, 12)
+    first = model(tokens, cache, feature_layers=(0, 1, 2))
+    cache.seqlens += 5
+    tree = model(tokens[:, :3], cache, positions=cache.seqlens[:, None].long() + torch.tensor([0, 1, 1]),
+                 tree_mask=torch.tensor([[[1], [3], [5]]] * 2))
+    return first, tree, cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])  # fp16: the op tests
+def test_gpu_path_triton_matches_torch_path_target(dtype, triton_ops):
+    model = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=dtype)
+    with triton_ops(model, False):
+        want, want_tree, want_cache = run_target(model)
+    with triton_ops(model, True):
+        got, got_tree, got_cache = run_target(model)
+    for layer in range(3):
+        assert_close(got.layer_states[layer], want.layer_states[layer], dtype, f"layer {layer}")
+    assert_close(got.hidden, want.hidden, dtype, "final norm")
+    assert_close(got.logits, want.logits, dtype, "logits")
+    assert_close(got_tree.logits, want_tree.logits, dtype, "tree logits")
+    assert_close(got_cache.k, want_cache.k, dtype, "k cache")
+    assert_close(got_cache.v, want_cache.v, dtype, "v cache")
+    assert got.logits.dtype == want.logits.dtype and got.hidden.dtype == dtype
+
+
+@pytest.mark.parametrize("kind,dtype", [("eagle1", torch.float32), ("eagle3", torch.bfloat16)],
+                         ids=["eagle1-fp32", "eagle3-bf16"])
+def test_gpu_path_triton_matches_torch_path_head(kind, dtype, triton_ops):
+    """A head's prefill, then a drafting pass at slot offset 1 (a depth-2 frontier of 2 nodes)."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=dtype)
+    head = EagleHead.random(target, kind, **({"draft_vocab_size": 60} if kind == "eagle3" else {}))
+    out = target(torch.randint(0, 97, (2, 7)), target.new_cache(2, 16), feature_layers=(0, 1, 2))
+    features = head.target_features(out)
+    tokens = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    results = []
+    for gpu in (False, True):
+        with triton_ops(head, gpu):
+            cache = head.new_cache(2, 24)
+            first = head(tokens, features, cache)
+            cache.seqlens += 7
+            draft = head(tokens[:, :2], features[:, :2], cache, positions=cache.seqlens[:, None].long() + 1,
+                         tree_mask=torch.tensor([[[1], [2], [7]]] * 2), slot_offset=1)
+            results.append((first, draft, head.logits(draft), cache.k, cache.v))
+    for what, want, got in zip(["prefill", "draft", "logits", "k cache", "v cache"], *results):
+        assert_close(got, want, dtype, what)
+
+
+def test_path_selection():
+    model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    x = torch.zeros(1, 2, 64)
+    cache = model.new_cache(1, 8)
+    layer = model.layer_weights(0)
+    paths = model.layer_paths
+    assert not isinstance(paths.pick(x, cache, model.weights, layer=layer), GpuLayerPath)  # CPU default
+    paths._gpu_path_on_cpu = True
+    assert isinstance(paths.pick(x, cache, model.weights, layer=layer), GpuLayerPath)
+    assert not isinstance(paths.pick(x, cache, model.weights), GpuLayerPath)  # no layer to check
+    assert isinstance(paths.pick(x.double(), model.new_cache(1, 8, dtype=torch.float64), model.weights, layer=layer),
+                      TorchLayerPath)  # float64
+    assert not isinstance(paths.pick(x, model.new_cache(1, 8, dtype=torch.bfloat16), model.weights, layer=layer),
+                          GpuLayerPath)  # a cache in another dtype
+    narrow = LlamaModel.from_transformers(tiny_hf_model(torch.float32), weight_dtype=torch.bfloat16)
+    narrow.layer_paths._gpu_path_on_cpu = True
+    assert not isinstance(narrow.layer_paths.pick(x, cache, narrow.weights, layer=narrow.layer_weights(0)),
+                          GpuLayerPath)  # bf16 matrices of an fp32 model
+    model.weights["model.norm.weight"].requires_grad_(True)
+    with torch.enable_grad():
+        assert isinstance(paths.pick(x, cache, model.weights, layer=layer), TorchLayerPath)  # autograd
+
+
+def test_rope_tables_grow_and_keep_outgrown():
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    tables = RopeTables()
+    cos, sin = tables(inv_freq, 10)
+    assert cos.shape == (64, 8) and cos.dtype == torch.float32
+    assert tables(inv_freq, 64)[0] is cos
+    bigger = tables(inv_freq, 65)[0]
+    assert bigger.shape == (128, 8) and tables._outgrown[0][0] is cos
+    angles = torch.arange(128, dtype=torch.float64)[:, None] * inv_freq
+    torch.testing.assert_close(bigger, angles.cos().float(), rtol=0, atol=0)
+    torch.testing.assert_close(tables(inv_freq, 100)[1], angles.sin().float(), rtol=0, atol=0)
