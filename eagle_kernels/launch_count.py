@@ -63,14 +63,17 @@ def _launches_of(func, out) -> int:
 @dataclass
 class LaunchCount:
     """What :func:`counting` saw: ``total`` launches, ``by_kernel`` (name -> launches: aten op
-    names, Triton kernel names, ``eagle_kernels::<op>`` for native ones), and the launches of
-    each decoder-layer call in order, ``layers`` (list of (owner, launches), owner "target" or
-    "head")."""
+    names, Triton kernel names, ``eagle_kernels::<op>`` for native ones), the launches of each
+    decoder-layer call in order, ``layers`` (list of (owner, launches), owner "target" or
+    "head"), the launches outside the layers by the source line that made them, ``by_line``,
+    and the ops that would wait for the device on a GPU (a value read on the host, an output
+    whose shape depends on values), ``host_reads``, by source line."""
 
     total: int = 0
     by_kernel: Counter = field(default_factory=Counter)
     layers: list = field(default_factory=list)
     by_line: Counter = field(default_factory=Counter)  # "file:line" of the calling code -> launches
+    host_reads: Counter = field(default_factory=Counter)  # "file:line" -> ops that wait for the device
     _layer_depth: int = 0
 
     def add(self, name: str, n: int = 1) -> None:
@@ -111,6 +114,21 @@ def _caller() -> str:
     return "?"
 
 
+def _reads_on_host(func, args) -> bool:
+    """Whether an aten op waits for the device on a GPU: a value read on the host, or an output
+    shaped by values (``nonzero``, boolean-mask indexing); integer-index ``index`` and
+    ``index_put_`` (tagged as possibly value-shaped, for boolean masks) do not."""
+    name = func.__name__.split(".")[0]
+    if name == "_local_scalar_dense":
+        return True
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else ()
+        return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in indices)
+    return True
+
+
 class _Counter(TorchDispatchMode):
     def __init__(self, count: LaunchCount):
         super().__init__()
@@ -132,6 +150,8 @@ class _Counter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not self.silent:
             self.count.add(name, _launches_of(func, out))
+            if _reads_on_host(func, args):
+                self.count.host_reads[_caller()] += 1
         return out
 
 

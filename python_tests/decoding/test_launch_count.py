@@ -61,6 +61,13 @@ def test_layers_within_budget(counted, mode):
     assert "_write_kv_kernel" not in count.by_kernel
 
 
+@pytest.mark.parametrize("mode", ["plain", "speculative"])
+def test_no_host_reads(counted, mode):
+    """Nothing in a step on the GPU path waits for the device (no value read on the host, no
+    output shaped by values)."""
+    assert not counted[mode].host_reads, counted[mode].host_reads
+
+
 def test_plain_step_outside_layers_within_budget(counted):
     count = counted["plain"]
     assert count.outside_layers <= OUTSIDE_LAYERS_BUDGET, sorted(count.by_line.items())
@@ -107,5 +114,9 @@ def test_counter_counts_what_launches():
         z = x[:, :0] * 2  # empty output
         w = (x + 1).sum()  # two kernels
         x.add_(1)
-    assert count.total == 3 and dict(count.by_kernel) == {"add": 1, "sum": 1, "add_": 1}, count.by_kernel
+        assert not count.host_reads
+        float(w)
+        x.nonzero()
+    assert count.total == 4 and dict(count.by_kernel) == {"add": 1, "sum": 1, "add_": 1, "nonzero": 1}
+    assert sum(count.host_reads.values()) == 2
     assert y.shape == (3, 6) and z.numel() == 0 and w.dim() == 0
