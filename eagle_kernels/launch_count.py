@@ -244,12 +244,14 @@ def _subclasses(cls):
     return found
 
 
-def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True) -> list[LaunchCount]:
+def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True,
+                gpu_layer_path: bool = True) -> list[LaunchCount]:
     """Launch counts of the first ``steps`` decoding steps of ``decoder.generate(prompts, ...)``
     (greedy), one :class:`LaunchCount` per step; the prefill is not counted. The decoder's
-    target and head take the GPU layer path, and the decoder should have a static policy (as on
-    a GPU: ``SpeculativeDecoder(..., policy=StaticPolicy())``)."""
-    models = [m for m in (decoder.target, decoder.head) if m is not None]
+    target and head take the GPU layer path (``gpu_layer_path`` False: the op-by-op
+    TorchLayerPath, for comparison), and the decoder should have a static policy (as on a GPU:
+    ``SpeculativeDecoder(..., policy=StaticPolicy())``)."""
+    models = [m for m in (decoder.target, decoder.head) if m is not None and gpu_layer_path]
     counts = []
     name = "_speculative_step" if speculative else "_plain_step"
     step = getattr(decoder, name)
