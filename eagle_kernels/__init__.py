@@ -51,6 +51,7 @@ _registration.register()
 
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
-    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "rmsnorm", "rope_write_kv", "silu_mul", "Tree", "DraftCandidates", "VerifyOutput", "backend_of",
+    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "rmsnorm", "rope_write_kv", "silu_mul", "Tree",
+    "DraftCandidates", "VerifyOutput", "backend_of",
     "reference", "expand_tree", "Expansion", "SpeculativeDecoder", "TreeConfig", "default_tree",
 ]

@@ -1,8 +1,8 @@
 """Operator schemas of ``torch.ops.eagle_kernels``.
 
 The C++ extension defines the same strings in ``csrc/torch_bindings.cpp``; this copy defines
-the library when the extension is not built. ``LAYER_SCHEMAS`` are defined here only. ``python_tests/ops/test_registration.py`` keeps the
-two identical.
+the library when the extension is not built. ``python_tests/ops/test_registration.py`` keeps the
+two identical. ``LAYER_SCHEMAS`` are defined here only.
 """
 
 SCHEMAS = {

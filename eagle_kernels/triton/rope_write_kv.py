@@ -72,10 +72,10 @@ def _rope_write_kv_kernel(
     offs_hq = tl.arange(0, BLOCK_HQ)
     if r < slot_offset:
         zero = tl.zeros([BLOCK_HQ, BLOCK_J], dtype=q_out_ptr.dtype.element_ty)
-        valid = (offs_hq[:, None] < Hq) & (offs_j[None, :] < HALF)
+        q_valid = (offs_hq[:, None] < Hq) & (offs_j[None, :] < HALF)
         dst = q_dst + offs_hq[:, None] * D + offs_j[None, :]
-        tl.store(dst, zero, mask=valid)
-        tl.store(dst + HALF, zero, mask=valid)
+        tl.store(dst, zero, mask=q_valid)
+        tl.store(dst + HALF, zero, mask=q_valid)
     else:
         i = r - slot_offset
         pos = tl.load(positions_ptr + b * stride_pb + i * stride_pn).to(tl.int64)
@@ -87,14 +87,14 @@ def _rope_write_kv_kernel(
         offs_hkv = tl.arange(0, BLOCK_HKV)
         _rotate_heads(src + Hq * D, k_cache_ptr + b * stride_k0 + t * stride_k1, Hkv, offs_hkv, offs_j, cos, sin,
                       HALF)
-        valid = (offs_hkv[:, None] < Hkv) & (offs_j[None, :] < HALF)
+        kv_valid = (offs_hkv[:, None] < Hkv) & (offs_j[None, :] < HALF)
         first = offs_hkv[:, None] * D + offs_j[None, :]
         v_src = src + (Hq + Hkv) * D
         v_dst = v_cache_ptr + b * stride_v0 + t * stride_v1
-        v1 = tl.load(v_src + first, mask=valid, other=0.0)
-        v2 = tl.load(v_src + first + HALF, mask=valid, other=0.0)
-        tl.store(v_dst + first, v1.to(v_cache_ptr.dtype.element_ty), mask=valid)
-        tl.store(v_dst + first + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=valid)
+        v1 = tl.load(v_src + first, mask=kv_valid, other=0.0)
+        v2 = tl.load(v_src + first + HALF, mask=kv_valid, other=0.0)
+        tl.store(v_dst + first, v1.to(v_cache_ptr.dtype.element_ty), mask=kv_valid)
+        tl.store(v_dst + first + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=kv_valid)
 
 
 def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, num_heads, slot_offset=0,

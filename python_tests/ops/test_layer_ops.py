@@ -55,8 +55,8 @@ def small_inputs(op, dtype=torch.float32):
     g = torch.Generator().manual_seed(1)
     if op == "rmsnorm":
         x = torch.randn(2, 3, 20, generator=g).to(dtype)
-        return (x, torch.randn(20, generator=g).to(dtype), 1e-5), {
-            "embed": torch.randn(2, 3, 20, generator=g).to(dtype), "embed_weight": torch.randn(20, generator=g).to(dtype)}
+        embed, embed_weight = torch.randn(2, 3, 20, generator=g).to(dtype), torch.randn(20, generator=g).to(dtype)
+        return (x, torch.randn(20, generator=g).to(dtype), 1e-5), {"embed": embed, "embed_weight": embed_weight}
     if op == "rope_write_kv":
         return rope_inputs(dtype, slot_offset=2)
     if op == "silu_mul":
@@ -76,7 +76,8 @@ def test_rmsnorm_triton_matches_reference(dtype, H, embed):
     g = torch.Generator().manual_seed(H)
     x = (torch.randn(3, 5, H, generator=g) * 3).to(dtype)
     weight = torch.randn(H, generator=g).to(dtype)
-    extra = {"embed": torch.randn(3, 5, H, generator=g).to(dtype), "embed_weight": torch.randn(H, generator=g).to(dtype)}
+    extra = {"embed": torch.randn(3, 5, H, generator=g).to(dtype),
+             "embed_weight": torch.randn(H, generator=g).to(dtype)}
     extra = extra if embed else {}
     want_out, want_residual = reference.rmsnorm(x, weight, 1e-5, **extra)
     assert want_out.shape == (3, 5, 2 * H if embed else H)

@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 KERNELS = {"_verify_max_kernel", "_verify_levels_kernel", "_verify_rows_kernel", "_verify_walk_kernel",
            "_tree_attention_kernel", "_tree_attention_merge_kernel", "_draft_chunk_kernel", "_draft_merge_kernel",
-           "_write_kv_kernel"}
+           "_write_kv_kernel", "_rmsnorm_kernel", "_rope_write_kv_kernel", "_silu_mul_kernel"}
 
 
 @pytest.fixture(scope="module")

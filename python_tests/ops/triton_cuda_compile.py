@@ -34,6 +34,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
 
 from eagle_kernels.triton import draft_expand as triton_draft_expand  # noqa: E402
+from eagle_kernels.triton import rmsnorm as triton_rmsnorm  # noqa: E402
+from eagle_kernels.triton import rope_write_kv as triton_rope_write_kv  # noqa: E402
+from eagle_kernels.triton import silu_mul as triton_silu_mul  # noqa: E402
 from eagle_kernels.triton import tree_attention as triton_tree_attention  # noqa: E402
 from eagle_kernels.triton import verify as triton_verify  # noqa: E402
 from eagle_kernels.triton import write_kv as triton_write_kv  # noqa: E402
@@ -107,6 +110,23 @@ def _drive_launchers() -> None:
         table = torch.arange(4, dtype=torch.int32).view(B, 2)
         triton_write_kv.write_kv(torch.zeros(4, 32, Hkv, 128, dtype=dtype), torch.zeros(4, 32, Hkv, 128, dtype=dtype),
                                  k_new, k_new, seqlens, block_table=table)
+
+    _drive_layer_launchers()
+
+
+def _drive_layer_launchers() -> None:
+    """The GPU decoder layer's kernels at SmolLM2-135M's and Llama-3-8B's widths, 16- and 32-bit."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for H, I, (Hq, Hkv, D) in ((576, 1536, (9, 3, 64)), (4096, 14336, (32, 8, 128))):
+            x = torch.randn(2, 3, H).to(dtype)
+            triton_rmsnorm.rmsnorm(x, x[0, 0], 1e-5)
+            triton_rmsnorm.rmsnorm(x, x[0, 0], 1e-5, embed=x, embed_weight=x[0, 0])
+            triton_silu_mul.silu_mul(torch.randn(2, 3, 2 * I).to(dtype))
+            cos = torch.zeros(64, D // 2)
+            cache = torch.zeros(2, 16, Hkv, D, dtype=dtype)
+            triton_rope_write_kv.rope_write_kv(torch.randn(2, 3, (Hq + 2 * Hkv) * D).to(dtype),
+                                               torch.zeros(2, 3, dtype=torch.int64), cos, cos, cache, cache.clone(),
+                                               torch.tensor([1, 2], dtype=torch.int32), num_heads=Hq, slot_offset=2)
 
 
 def specialisation(kernel: JITFunction, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
