@@ -57,7 +57,7 @@ def _rope_write_kv_kernel(
     v_cache_ptr,  # [B, S, Hkv, D], strides stride_v0, stride_v1, D, 1
     seqlens_ptr,  # [B] int32
     q_out_ptr,  # [B, s + N, Hq, D], dense
-    N, slot_offset, Hq, Hkv, HALF,
+    N, slot_offset, Hq, Hkv, HALF, P,
     stride_pb, stride_pn,
     stride_k0, stride_k1, stride_v0, stride_v1,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_J: tl.constexpr,
@@ -79,8 +79,10 @@ def _rope_write_kv_kernel(
     else:
         i = r - slot_offset
         pos = tl.load(positions_ptr + b * stride_pb + i * stride_pn).to(tl.int64)
-        cos = tl.load(cos_ptr + pos * HALF + offs_j, mask=offs_j < HALF, other=0.0)[None, :]
-        sin = tl.load(sin_ptr + pos * HALF + offs_j, mask=offs_j < HALF, other=0.0)[None, :]
+        # Values are unchecked on a GPU: a position outside the tables reads nothing (cos = sin = 0).
+        in_table = offs_j < tl.where((pos >= 0) & (pos < P), HALF, 0)
+        cos = tl.load(cos_ptr + pos * HALF + offs_j, mask=in_table, other=0.0)[None, :]
+        sin = tl.load(sin_ptr + pos * HALF + offs_j, mask=in_table, other=0.0)[None, :]
         src = qkv_ptr + (b * N + i) * (Hq + 2 * Hkv) * D
         _rotate_heads(src, q_dst, Hq, offs_hq, offs_j, cos, sin, HALF)
         t = tl.load(seqlens_ptr + b).to(tl.int64) + r
@@ -120,7 +122,7 @@ def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, 
     config = _config or (INTERPRETER_CONFIG if interpreted(_rope_write_kv_kernel) else GPU_CONFIG)
     _rope_write_kv_kernel[(B * (slot_offset + N),)](
         qkv, positions, cos, sin, k_cache, v_cache, seqlens, q,
-        N, slot_offset, num_heads, Hkv, D // 2,
+        N, slot_offset, num_heads, Hkv, D // 2, cos.shape[0],
         positions.stride(0), positions.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(Hkv),

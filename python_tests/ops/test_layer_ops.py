@@ -142,6 +142,19 @@ def test_rope_write_kv_triton_broadcast_int32_positions_and_layer_views():
     assert torch.equal(v_all[1], want_v) and not k_all[0].any() and not k_all[2].any()
 
 
+def test_rope_write_kv_triton_unchecked_position_outside_tables(monkeypatch):
+    """Values unchecked (as on a GPU): a position past the tables gives zero q and k rows, and
+    nothing is read outside the tables."""
+    module = triton_module("rope_write_kv")
+    monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
+    args, kwargs = rope_inputs(torch.float32)
+    qkv, positions, cos, sin, k_cache, v_cache, seqlens = args
+    positions = positions.clone()
+    positions[1, 2] = cos.shape[0] + 1000
+    q = module.rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, seqlens, **kwargs)
+    assert not q[1, 2].any() and not k_cache[1, int(seqlens[1]) + 2].any() and q[1, 1].any()
+
+
 def test_rope_write_kv_reference_is_rotate():
     """The reference's rotation is the model's ``rotate`` with tables from its RoPE frequencies."""
     from eagle_kernels.models.layers import rotate
