@@ -3,6 +3,7 @@ tensors with the Triton kernels interpreted; the path's selection. Tests running
 "triton" in their names (slow lane)."""
 
 import contextlib
+import os
 import warnings
 
 import pytest
@@ -128,3 +129,43 @@ def test_rope_tables_grow_and_keep_outgrown():
     angles = torch.arange(128, dtype=torch.float64)[:, None] * inv_freq
     torch.testing.assert_close(bigger, angles.cos().float(), rtol=0, atol=0)
     torch.testing.assert_close(tables(inv_freq, 100)[1], angles.sin().float(), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0")
+def test_gpu_path_on_cuda_bf16():
+    """On CUDA a bf16 model takes the GPU layer path; its logits follow an fp32 CPU copy within
+    bf16's tolerance; a decoding pass launches the path's Triton kernels once or twice per layer
+    (rmsnorm twice, rope_write_kv, silu_mul, tree_attention once; its flash-decoding merge at
+    most once) and no more than 12 kernels per layer in all (the op-by-op path launched ~33)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hf = tiny_hf_model(torch.float32)
+    reference = LlamaModel.from_transformers(hf)
+    model = LlamaModel.from_transformers(hf, dtype=torch.bfloat16, device="cuda")
+    tokens = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    cache = model.new_cache(2, 32)
+    assert isinstance(model.layer_paths.pick(torch.zeros(2, 9, 64, dtype=torch.bfloat16, device="cuda"), cache,
+                                             model.weights, layer=model.layer_weights(0)), GpuLayerPath)
+    got = model(tokens.cuda(), cache).logits.cpu()
+    want = reference(tokens, reference.new_cache(2, 32)).logits
+    assert_close(got, want, torch.bfloat16, "logits")
+    cache.seqlens += 9
+    step = tokens[:, :1].cuda()
+    model(step, cache)  # warm: compiled kernels
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(step, cache)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    layers = model.config.num_layers
+
+    def launched(name):
+        return sum(name in k for k in kernels)
+
+    assert launched("_rmsnorm_kernel") == 2 * layers + 1, kernels  # and the final norm
+    assert launched("_rope_write_kv_kernel") == launched("_silu_mul_kernel") == layers, kernels
+    assert launched("_tree_attention_kernel") == layers and launched("_tree_attention_merge_kernel") <= layers
+    assert len(kernels) <= 12 * layers + 10, kernels
