@@ -206,7 +206,7 @@ class EagleHead(torch.nn.Module):
         if c.kind == EAGLE1:  # fc(embedding, feature) feeds attention directly, with no input norm
             x, embed = F.linear(torch.cat([embed, x], dim=-1), w["fc.weight"], w["fc.bias"]), None
         layer = self.layer_weights()
-        path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3, layer=layer)
+        path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3, layer=lambda: layer)
         return path(x, layer, path.rope(self.inv_freq, positions, B, N, self.dtype), cache, 0, tree_mask,
                     embed=embed, slot_offset=slot_offset)
 

@@ -22,6 +22,7 @@ the ops' contract requires); the caller advances ``cache.seqlens``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -372,12 +373,13 @@ class LayerPaths:
         return rms_norm(x, weight, self.config.rms_norm_eps)
 
     def pick(self, x: torch.Tensor, cache, weights: dict, normed_input: bool = True,
-             layer: LayerWeights | None = None) -> LayerPath:
+             layer: Callable[[], LayerWeights] | None = None) -> LayerPath:
         """The path for a pass over ``x`` [B, N, H] (the layer input) with ``cache``;
         ``normed_input`` False (a layer without input norm) rules out the fused CPU kernel;
-        ``layer`` (one of the pass's layers) lets the GPU path check its weights' dtype."""
+        ``layer`` returns one of the pass's layers, for the GPU path to check its weights' dtype
+        (called only off the CPU: a CPU pass does not pay for it)."""
         if ((x.device.type != "cpu" or self._gpu_path_on_cpu) and layer is not None
-                and GpuLayerPath.accepts(x, cache, layer, weights)):
+                and GpuLayerPath.accepts(x, cache, layer(), weights)):
             return GpuLayerPath(self.config, self.packed, self.rope_tables)
         if x.device.type != "cpu":
             return TorchLayerPath(self.config, self.packed)

@@ -242,7 +242,7 @@ class LlamaModel(torch.nn.Module):
         if positions is None:
             positions = default_positions(cache, N)
         x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
-        path = self.layer_paths.pick(x, cache, w, layer=self.layer_weights(0))
+        path = self.layer_paths.pick(x, cache, w, layer=lambda: self.layer_weights(0))
         rope = path.rope(self.inv_freq, positions, B, N, self.dtype)
         states = {}
         for layer in range(c.num_layers):

@@ -99,7 +99,7 @@ def test_path_selection():
     model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     x = torch.zeros(1, 2, 64)
     cache = model.new_cache(1, 8)
-    layer = model.layer_weights(0)
+    layer = lambda: model.layer_weights(0)  # noqa: E731
     paths = model.layer_paths
     assert not isinstance(paths.pick(x, cache, model.weights, layer=layer), GpuLayerPath)  # CPU default
     paths._gpu_path_on_cpu = True
@@ -111,7 +111,7 @@ def test_path_selection():
                           GpuLayerPath)  # a cache in another dtype
     narrow = LlamaModel.from_transformers(tiny_hf_model(torch.float32), weight_dtype=torch.bfloat16)
     narrow.layer_paths._gpu_path_on_cpu = True
-    assert not isinstance(narrow.layer_paths.pick(x, cache, narrow.weights, layer=narrow.layer_weights(0)),
+    assert not isinstance(narrow.layer_paths.pick(x, cache, narrow.weights, layer=lambda: narrow.layer_weights(0)),
                           GpuLayerPath)  # bf16 matrices of an fp32 model
     model.weights["model.norm.weight"].requires_grad_(True)
     with torch.enable_grad():
@@ -148,7 +148,7 @@ def test_gpu_path_on_cuda_bf16():
     tokens = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(3))
     cache = model.new_cache(2, 32)
     assert isinstance(model.layer_paths.pick(torch.zeros(2, 9, 64, dtype=torch.bfloat16, device="cuda"), cache,
-                                             model.weights, layer=model.layer_weights(0)), GpuLayerPath)
+                                             model.weights, layer=lambda: model.layer_weights(0)), GpuLayerPath)
     got = model(tokens.cuda(), cache).logits.cpu()
     want = reference(tokens, reference.new_cache(2, 32)).logits
     assert_close(got, want, torch.bfloat16, "logits")
