@@ -484,13 +484,12 @@ class SpeculativeDecoder:
             raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
                              "(TreeConfig.lookup > 0), or speculative=False")
         B = len(prompts)
+        bucket = self._batch_bucket(B)
+        if self._max_len is not None:
+            check_capacity(prompts, max_new_tokens, self._max_len)
         slot = None
         if self._graphs_enabled(device):
-            width = max(len(p) for p in prompts)
-            bucket = self._batch_bucket(B)
-            if self._max_len is not None:
-                check_capacity(prompts, max_new_tokens, self._max_len)
-            slot = self._slot(bucket, width + max_new_tokens, tree, speculative)
+            slot = self._slot(bucket, max(len(p) for p in prompts) + max_new_tokens, tree, speculative)
         start = time.perf_counter()
         if slot is None:
             state = self._prefill(prompts, tree, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
