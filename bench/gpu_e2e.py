@@ -283,7 +283,8 @@ def main(argv=None) -> int:
         p = plain.get((r["B"], r["T"]))
         if r["mode"] == "speculative" and p:
             lines.append(f"- B {r['B']}, T {r['T']:g}: speculative step / plain step = "
-                         f"{r['step_ms'] / p['step_ms']:.2f}; speculative tok/s / plain = {r['tok_s'] / p['tok_s']:.2f}")
+                         f"{r['step_ms'] / p['step_ms']:.2f}; speculative tok/s / plain = "
+                         f"{r['tok_s'] / p['tok_s']:.2f}")
     summary = {"model": args.model, "source": source, "dtype": str(dtype), "tree": list(args.tree.__dict__.values()),
                "rows": rows}
     if device.type == "cuda" and not args.gguf:

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -508,6 +509,9 @@ class SpeculativeDecoder:
         out = state.out[:B].tolist()
         steps = state.steps[:B].tolist()
         end = time.perf_counter()
+        if "events" in clock:
+            first, last = clock.pop("events")
+            clock["timings"]["replay_s"] = first.elapsed_time(last) * 1e-3
         sequences = [row[:n] for row, n in zip(out, lengths)]
         # The first token comes from the prefill; tau counts the tokens of decoding steps.
         tau = [(n - 1) / s if s else 0.0 for n, s in zip(lengths, steps)]
@@ -602,8 +606,10 @@ class SpeculativeDecoder:
         step 1 runs eagerly (warm-up), step 2 is captured, then every step is a replay; eager
         steps after a failed capture. Returns ``{"timings": {...}}``: ``capture_s`` (host time
         of the warm-up step and the capture, 0 on a shape captured before), ``replay_steps`` and
-        ``replay_s`` (device time from the first replay to the end of the loop, CUDA events on
-        CUDA, else the host clock), ``graph`` ("replayed", "captured" or "eager")."""
+        ``replay_s`` (device time from the first replay to the end of the loop: CUDA events on
+        CUDA, read by the caller after its readback as ``"events"``, else the host clock),
+        ``graph`` ("replayed", "captured" or "eager"). Nothing here waits for the device but
+        the done-flag reads every ``sync_every`` steps."""
         state = slot.state
         sync_every = self.sync_every or self.policy.sync_every
         kind = "replayed" if slot.replay is not None else ("eager" if slot.eager else "captured")
@@ -634,16 +640,14 @@ class SpeculativeDecoder:
                     on_sync(state.out[:batch], state.out_len[:batch].clamp(max=state.max_new))
                 if bool(state.done.all()):
                     break
-        replay_s = 0.0
+        timings = {"capture_s": capture_s, "replay_steps": replays, "replay_s": 0.0, "graph": kind}
+        if replays and cuda:  # read after the output's readback has waited for the device
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            return {"timings": timings, "events": (start, end)}
         if replays:
-            if cuda:
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                end.synchronize()
-                replay_s = start.elapsed_time(end) * 1e-3
-            else:
-                replay_s = time.perf_counter() - host0
-        return {"timings": {"capture_s": capture_s, "replay_steps": replays, "replay_s": replay_s, "graph": kind}}
+            timings["replay_s"] = time.perf_counter() - host0
+        return {"timings": timings}
 
     def _capture(self, slot: _Slot, step) -> None:
         """Capture a slot's step, after a warm-up step on the same mechanism (see ``warm``). A
@@ -699,7 +703,8 @@ class SpeculativeDecoder:
         key_tree = tree if speculative else None
         extra = (tree.verify_nodes if speculative else 1) + self._depth(tree, speculative) + 2
         need = (self._max_len if self._max_len is not None else length) + extra
-        fits = [(cap, slot) for (b, t, cap), slot in self._slots.items() if b == batch and t == key_tree and cap >= need]
+        fits = [(cap, slot) for (b, t, cap), slot in self._slots.items()
+                if b == batch and t == key_tree and cap >= need]
         if fits:
             return min(fits, key=lambda item: item[0])[1]
         capacity = need if self._max_len is not None else max(self.MIN_CAPACITY, 1 << (need - 1).bit_length())
