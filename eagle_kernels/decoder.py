@@ -556,6 +556,9 @@ class SpeculativeDecoder:
         if max_len > self.target.config.max_position_embeddings:
             raise ValueError(f"max_len: {max_len} exceeds the model's context of "
                              f"{self.target.config.max_position_embeddings} positions")
+        if speculative and self.head is None and not self._call_tree(sizes[0], temperature).lookup:
+            raise ValueError("speculative: warm-up of speculative steps needs a draft head or a lookup chain "
+                             "(TreeConfig.lookup > 0)")
         self._batch_sizes = tuple(sorted(set(sizes) | set(self._batch_sizes or ())))
         self._max_len = max(max_len, self._max_len or 0)
         modes = [False, True] if speculative is None else [bool(speculative)]
@@ -566,10 +569,7 @@ class SpeculativeDecoder:
             for size in sizes:
                 tree = self._call_tree(size, temperature)
                 if mode and self.head is None and not tree.lookup:
-                    if speculative:
-                        raise ValueError("speculative: warm-up of speculative steps needs a draft head or a "
-                                         "lookup chain (TreeConfig.lookup > 0)")
-                    continue
+                    continue  # nothing drafts: plain steps only
                 slot = self._slot(size, self._max_len, tree, mode)
                 if slot.replay is not None or slot.eager:
                     continue
