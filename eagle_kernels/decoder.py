@@ -393,6 +393,7 @@ class SpeculativeDecoder:
         self.graphs = graphs
         self.captures = 0  # steps captured by this decoder (one per shape, unless a capture failed)
         self._slots: dict[tuple, _Slot] = {}
+        self._caches: dict[tuple, KVCache] = {}  # target caches of the slots, by (batch, capacity)
         self._batch_sizes: tuple[int, ...] | None = None  # set by warmup
         self._max_len: int | None = None  # set by warmup
         self._capture_warned = False
@@ -707,7 +708,10 @@ class SpeculativeDecoder:
                 if b == batch and t == key_tree and cap >= need]
         if fits:
             return min(fits, key=lambda item: item[0])[1]
-        capacity = need if self._max_len is not None else max(self.MIN_CAPACITY, 1 << (need - 1).bit_length())
+        if self._max_len is not None:  # a multiple of 128: plain and speculative slots share a cache
+            capacity = -(-need // 128) * 128
+        else:
+            capacity = max(self.MIN_CAPACITY, 1 << (need - 1).bit_length())
         # Outputs and the lookup history sized by the capacity: any call the slot serves fits.
         state = self._allocate(batch, capacity, capacity, 2 * capacity, tree, speculative, slot=True)
         slot = self._slots[(batch, key_tree, capacity)] = _Slot(state, speculative)
@@ -717,10 +721,17 @@ class SpeculativeDecoder:
     def _allocate(self, B: int, capacity: int, out_width: int, history_width: int, tree: TreeConfig,
                   speculative: bool, slot: bool = False) -> _State:
         """A state of ``B`` requests, caches of ``capacity`` tokens; ``slot``: the per-request
-        limit and EOS as tensors (a graph replays against them), else filled in per call."""
+        limit and EOS as tensors (a graph replays against them), else filled in per call, and
+        the target cache shared with the decoder's other slots of the same batch and capacity
+        (only one call runs at a time, and each refills it)."""
         device = self.target.device
         depth = self._depth(tree, speculative)
-        target_cache = self.target.new_cache(B, capacity)
+        if slot:  # one target cache per (batch, capacity): a call refills it, whichever slot runs
+            target_cache = self._caches.get((B, capacity))
+            if target_cache is None:
+                target_cache = self._caches[(B, capacity)] = self.target.new_cache(B, capacity)
+        else:
+            target_cache = self.target.new_cache(B, capacity)
         head_cache, root_hidden = None, None
         if speculative and self.head is not None:
             head_cache = self.head.new_cache(B, capacity + tree.depth * tree.top_k)

@@ -105,6 +105,8 @@ def test_warmup_captures_ahead(target, head):
             assert got.timings["graph"] == "replayed"
             same(got, reference.generate(prompts, 12, speculative=speculative))
     assert decoder.captures == 4 and decoder.graphs.warms == warms
+    # Plain and speculative slots of a batch size share one target cache.
+    assert len({id(slot.state.target_cache) for slot in decoder._slots.values()}) == 2
     assert decoder.warmup(batch_sizes=[4], max_len=40) == 0  # already captured
 
 
