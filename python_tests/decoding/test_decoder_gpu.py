@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import SpeculativeDecoder, StepGraphs, TreeConfig
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead
 
@@ -187,16 +187,31 @@ def test_capture_failure_falls_back_to_eager(target, monkeypatch):
     assert got.timings["graph"] == "eager" and graphed.captures == 0
 
 
+class EagerReplays(StepGraphs):
+    """The slots' mechanism without graphs: a "replay" runs the step eagerly. The reference
+    for bf16, where eager steps of another cache capacity may round differently (tree
+    attention's split count follows the capacity)."""
+
+    def warm(self, step, state):
+        step(state)
+
+    def capture(self, step, state):
+        return lambda: step(state)
+
+
 def test_bf16_graph_equals_eager():
-    """16-bit end to end: bf16 weights, activations and KV cache; graph replays give the eager
-    tokens, speculative greedy the plain tokens' length."""
+    """16-bit end to end: bf16 weights, activations and KV cache; graph replays (captured,
+    then replayed in a second call) give the tokens of eager steps on the same slot."""
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16, device="cuda")
     head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
-    graphed, eager = decoders(target, head, TreeConfig(3, 3, 8))
+    tree = TreeConfig(3, 3, 8)
+    graphed = SpeculativeDecoder(target, head, tree)
+    eager = SpeculativeDecoder(target, head, tree, graphs=EagerReplays())
     for speculative in (False, True):
         want = eager.generate(PROMPTS4, 12, speculative=speculative)
         for _ in range(2):
             assert_same(graphed.generate(PROMPTS4, 12, speculative=speculative), want)
+    assert graphed.captures == 2 and eager.captures == 2
 
 
 @contextlib.contextmanager
