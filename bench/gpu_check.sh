@@ -182,11 +182,11 @@ run_stage build 140 "$OUT/build.log" bash -c build
 run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" python_tests/ops/triton_cuda_compile.py 90
 
 # ------------------------------------------------------------------ 3. GPU tests
-run_stage gpu_tests 110 "$OUT/gpu_tests.log" \
+run_stage gpu_tests 150 "$OUT/gpu_tests.log" \
   "$PY" -m pytest python_tests -m gpu -q -rs -p no:cacheprovider
 
 # ------------------------------------------------------------------ 4. steady-state end to end
-run_stage e2e_smollm2 75 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --out "$OUT"
+run_stage e2e_smollm2 70 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --out "$OUT"
 run_stage e2e_llama3_8b 110 "$OUT/e2e_llama3_8b.log" \
   "$PY" bench/gpu_e2e.py --model llama3-8b --max-new-tokens 64 --out "$OUT"
 
@@ -222,7 +222,7 @@ export OUT MODEL_PARTS CPU_TAU
 run_stage real_weights 90 "$OUT/real_weights.log" bash -c real_weights
 
 # ------------------------------------------------------------------ 6. goals
-run_stage goals 90 "$OUT/goals.log" "$PY" bench/gpu_goals.py --out "$OUT"
+run_stage goals 80 "$OUT/goals.log" "$PY" bench/gpu_goals.py --out "$OUT"
 
 # ------------------------------------------------------------------ 7. modeled vs measured
 # Slot for the cost model: bench/gpu_model.py compares its modeled kernel and step times with
