@@ -582,6 +582,13 @@ class SpeculativeDecoder:
                 self._capture(slot, step)
         return self.captures - before
 
+    def release(self) -> None:
+        """Drop every slot (states, KV caches, captured graphs) and the limits of :meth:`warmup`;
+        the next call of each shape captures again."""
+        self._slots.clear()
+        self._caches.clear()
+        self._batch_sizes = self._max_len = None
+
     def _call_tree(self, batch: int, temperature) -> TreeConfig:
         """The tree of a call: the decoder's, else the device's default for this call."""
         if self.tree is not None:

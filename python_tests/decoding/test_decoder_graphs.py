@@ -108,6 +108,10 @@ def test_warmup_captures_ahead(target, head):
     # Plain and speculative slots of a batch size share one target cache.
     assert len({id(slot.state.target_cache) for slot in decoder._slots.values()}) == 2
     assert decoder.warmup(batch_sizes=[4], max_len=40) == 0  # already captured
+    decoder.release()
+    assert decoder._slots == {} and decoder._caches == {}
+    decoder.generate(PROMPTS, 60)  # past the released max_len: no error, a new shape
+    assert decoder.captures == 5
 
 
 def test_each_new_bucket_captures_once(target, head):
