@@ -150,6 +150,9 @@ else {
   timeout 60 "$PY" -c 'import sys, torch; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1
   timeout 30 "$PY" -c 'import triton; print("triton", triton.__version__)' 2>&1
   timeout 30 "$PY" -c 'import pytest_benchmark; print("pytest-benchmark", pytest_benchmark.__version__)' 2>&1
+  # Reading the carried GGUF (real-weights stage) goes through transformers and gguf.
+  timeout 60 "$PY" -c 'import gguf, transformers; print("gguf", gguf.__version__, "transformers", transformers.__version__)' 2>&1
+  echo "model parts: $([ -f "$MODEL_PARTS/manifest.json" ] && echo "manifest in $MODEL_PARTS" || echo none)"
 } >"$OUT/env.log"
 fi
 cat "$OUT/env.log"
