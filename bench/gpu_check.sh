@@ -151,7 +151,7 @@ else {
   timeout 30 "$PY" -c 'import triton; print("triton", triton.__version__)' 2>&1
   timeout 30 "$PY" -c 'import pytest_benchmark; print("pytest-benchmark", pytest_benchmark.__version__)' 2>&1
   # Reading the carried GGUF (real-weights stage) goes through transformers and gguf.
-  timeout 60 "$PY" -c 'import gguf, transformers; print("gguf", gguf.__version__, "transformers", transformers.__version__)' 2>&1
+  timeout 60 "$PY" -c 'import gguf, transformers; print("gguf", getattr(gguf, "__version__", "installed"), "transformers", transformers.__version__)' 2>&1
   echo "model parts: $([ -f "$MODEL_PARTS/manifest.json" ] && echo "manifest in $MODEL_PARTS" || echo none)"
 } >"$OUT/env.log"
 fi
