@@ -167,7 +167,10 @@ class GenerationResult:
     steps : list of int
         Decoding steps per request.
     timings : dict
-        ``prefill_s``, ``decode_s``, ``total_s`` (seconds), ``tokens``, ``tokens_per_s``.
+        ``prefill_s``, ``decode_s``, ``total_s`` (seconds), ``tokens``, ``tokens_per_s``; with
+        CUDA graphs also ``capture_s`` (warm-up step and capture, 0 for a shape captured
+        before), ``replay_steps``, ``replay_s`` (device time of the replayed steps, CUDA events)
+        and ``graph`` ("captured", "replayed" or "eager").
     tree : TreeConfig or None
         The tree shape of the call (None for plain decoding).
     """
