@@ -119,3 +119,29 @@ def check_device(name: str, value) -> None:
         torch.device(value)
     except RuntimeError as error:
         raise ValueError(f"{name}: {value!r} is not a device ({error})") from None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def check_same_device(device: torch.device, **values) -> None:
+    """Every tensor among ``values`` (or, for ``prompts``, among its prompts) on ``device``: a
+    tensor elsewhere would be copied on every call or fail inside a kernel."""
+    for name, value in values.items():
+        if name == "prompts" and isinstance(value, (list, tuple)):
+            for index, prompt in enumerate(value):
+                if isinstance(prompt, torch.Tensor) and not _same_device(prompt.device, device):
+                    raise ValueError(f"prompts[{index}]: a tensor on {prompt.device}, the model on {device}")
+        elif isinstance(value, torch.Tensor) and not _same_device(value.device, device):
+            raise ValueError(f"{name}: a tensor on {value.device}, the model on {device}")
+
+
+def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_len: int) -> None:
+    """Every prompt plus ``max_new_tokens`` within the ``max_len`` a decoder was warmed up for
+    (its caches hold no more)."""
+    for index, prompt in enumerate(prompts):
+        total = len(prompt) + max_new_tokens
+        if total > max_len:
+            raise ValueError(f"prompts[{index}]: {len(prompt)} prompt tokens + max_new_tokens {max_new_tokens} = "
+                             f"{total} exceed the cache capacity of {max_len} tokens set by warmup(max_len=...)")

@@ -9,7 +9,10 @@ static shapes on a GPU, shapes fitted to the step on a CPU.
 
 A step reads and writes only the preallocated tensors of :class:`_State`, in place, so under
 the static policy it can be captured once into a CUDA graph and replayed for every later step
-(``cuda_graph``). The host looks at the ``done`` flags only every ``sync_every`` steps.
+(``cuda_graph``). With graphs on, the decoder keeps each shape's state, caches and graph across
+``generate`` calls (:class:`_Slot`, keyed by batch-size bucket, tree and cache capacity), so a
+shape is captured once per decoder, or ahead of time by :meth:`SpeculativeDecoder.warmup`.
+The host looks at the ``done`` flags only every ``sync_every`` steps.
 
 Plain decoding (``speculative=False``) is the same loop with a one-node tree: the target runs
 the root, and ``verify`` samples the next token from the same filtered distribution and random
@@ -22,6 +25,8 @@ docs/decoding.md.
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,7 +34,7 @@ import torch
 
 from . import ops
 from ._checks import mask_words, values_checked
-from ._inputs import check_context, check_count, check_prompts, check_token
+from ._inputs import check_capacity, check_context, check_count, check_prompts, check_same_device, check_token
 from ._types import Tree
 from .expansion import expand_tree
 from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
@@ -162,7 +167,10 @@ class GenerationResult:
     steps : list of int
         Decoding steps per request.
     timings : dict
-        ``prefill_s``, ``decode_s``, ``total_s`` (seconds), ``tokens``, ``tokens_per_s``.
+        ``prefill_s``, ``decode_s``, ``total_s`` (seconds), ``tokens``, ``tokens_per_s``; with
+        CUDA graphs also ``capture_s`` (warm-up step and capture, 0 for a shape captured
+        before), ``replay_steps``, ``replay_s`` (device time of the replayed steps, CUDA events)
+        and ``graph`` ("captured", "replayed" or "eager").
     tree : TreeConfig or None
         The tree shape of the call (None for plain decoding).
     """
@@ -184,9 +192,10 @@ def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
 
 @dataclass
 class _State:
-    """One call's decoding state: its tree shape and every tensor a step reads and writes, all
+    """One shape's decoding state: its tree shape and every tensor a step reads and writes, all
     on the device. Steps update these tensors in place and never rebind them: a captured CUDA
-    graph replays against their addresses."""
+    graph replays against their addresses. Without graphs each call allocates its own, sized to
+    the call; with graphs a :class:`_Slot` keeps one per shape and each call refills it."""
 
     tree: TreeConfig
     max_depth: int  # deepest verify-tree node (0: plain decoding)
@@ -194,16 +203,76 @@ class _State:
     head_cache: KVCache | None
     root: torch.Tensor  # int64 [B] last committed token (KV not cached yet)
     root_hidden: torch.Tensor | None  # [B, H] head output drafting the root's children
-    out: torch.Tensor  # int64 [B, max_new + depth + 1] generated tokens
+    out: torch.Tensor  # int64 [B, W] generated tokens (W >= max_new + depth + 1)
     out_len: torch.Tensor  # int64 [B]
     steps: torch.Tensor  # int64 [B] steps taken while active
     done: torch.Tensor  # bool [B]
     offset: torch.Tensor  # int64 [B] random-stream offset, advanced every step
     sampling: dict  # temperature, top_k, top_p, seed tensors [B]
-    max_new: int
-    eos: int | None
+    max_new: int  # this call's max_new_tokens
+    # A request stops at ``limit`` tokens: the int max_new, or int64 [B] in a slot (a graph
+    # replays against it, and padding requests of a batch bucket have 0).
+    limit: int | torch.Tensor
+    # None (no EOS), an int, or int64 [B, 1] in a slot (-1: none; token ids are >= 0).
+    eos: int | torch.Tensor | None
     history: torch.Tensor | None = None  # int64 [B, C] prompt + generated tokens (lookup drafts)
     prompt_len: torch.Tensor | None = None  # int64 [B]
+
+
+@dataclass
+class _Slot:
+    """What the decoder keeps for one shape across calls: the state (caches included) and the
+    captured step (``replay``), or ``eager`` after a failed capture."""
+
+    state: _State
+    speculative: bool
+    replay: Callable[[], None] | None = None
+    eager: bool = False
+
+
+class StepGraphs:
+    """How a decoder captures and replays one decoding step; the decoder's slots decide when.
+
+    ``warm(step, state)`` runs one real step eagerly where captures happen (first use of a
+    shape); ``capture(step, state)`` records ``step(state)`` without running it and returns the
+    replay (a callable), or raises, in which case the decoder runs that shape's steps eagerly.
+    :class:`CudaStepGraphs` is the CUDA implementation; tests substitute a CPU stand-in that
+    records captures and replays the eager step."""
+
+    def warm(self, step, state: _State) -> None:
+        raise NotImplementedError
+
+    def capture(self, step, state: _State) -> Callable[[], None]:
+        raise NotImplementedError
+
+
+class CudaStepGraphs(StepGraphs):
+    """``torch.cuda.CUDAGraph`` captures on one side stream per decoder. The warm-up step runs
+    on that stream, so Triton compiles and loads its kernels and cuBLAS allocates that stream's
+    workspace before the capture, not during it. Each graph has its own memory pool."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = None
+
+    def _stream(self):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        return self.stream
+
+    def warm(self, step, state: _State) -> None:
+        stream = self._stream()
+        current = torch.cuda.current_stream(self.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            step(state)
+        current.wait_stream(stream)
+
+    def capture(self, step, state: _State) -> Callable[[], None]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self._stream()):
+            step(state)
+        return graph.replay
 
 
 class _Lookup(NamedTuple):
@@ -281,31 +350,68 @@ class SpeculativeDecoder:
         steps under the static (GPU) policy, where each read waits for the device (up to 3
         steps past the end are then computed and dropped).
     cuda_graph : bool
-        On CUDA, under the static policy, each :meth:`generate` call runs its first decoding
-        step eagerly on a side stream (a real step, which also compiles the Triton kernels and
-        sets up cuBLAS for that stream), captures the second step once into one
-        ``torch.cuda.CUDAGraph`` on that stream and replays the graph for the second and every
-        later step: one graph launch per step instead of one launch per kernel. Outputs are
-        identical to eager steps. Ignored on CPU, and when ``EAGLE_KERNELS_CHECK_VALUES=1``
-        makes the ops read values on the host (those checks cannot be captured; the steps then
-        run eagerly).
+        On CUDA, under the static policy, the first :meth:`generate` call of a shape runs its
+        first decoding step eagerly on a side stream (a real step, which also compiles the
+        Triton kernels and sets up cuBLAS for that stream), captures the second step once into
+        a ``torch.cuda.CUDAGraph`` and replays it for every later step; later calls of the same
+        shape replay it from their first step: one graph launch per step instead of one launch
+        per kernel, no capture. A shape is (batch-size bucket, tree, cache-capacity bucket):
+        batches are padded to the next power of two (or to the next size given to
+        :meth:`warmup`) with finished dummy requests, caches to a power-of-two capacity
+        (>= 256 tokens) or the capacity :meth:`warmup` set. Outputs are identical to eager
+        steps. A failed capture warns once and runs that shape's steps eagerly. Ignored on CPU,
+        and when ``EAGLE_KERNELS_CHECK_VALUES=1`` makes the ops read values on the host (those
+        checks cannot be captured; the steps then run eagerly).
     policy : StepPolicy or None
         Who decides host reads and data-dependent shapes (:mod:`eagle_kernels.policy`). None
         (default): :func:`~eagle_kernels.policy.policy_for` the target's device, fitted on a
         CPU and static elsewhere. Both give the same tokens; a fitted policy on a GPU runs
         without CUDA graphs.
+    graphs : StepGraphs or None
+        The capture mechanism. None (default): :class:`CudaStepGraphs` where graphs apply (see
+        ``cuda_graph``). Given, it is used on any device and policy (with ``cuda_graph``), e.g.
+        a CPU stand-in that tests the per-shape cache.
+
+    Raises
+    ------
+    ValueError
+        A head on another device or with another compute dtype than the target.
     """
 
+    MIN_CAPACITY = 256
+
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig | None = None,
-                 sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None):
+                 sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None,
+                 graphs: StepGraphs | None = None):
         if head is not None:
             head.config.check_fits(target.config)
         self.target = target
         self.head = head
+        self._check_head()
         self.tree = tree
         self.policy = policy or policy_for(target.device)
         self.sync_every = None if sync_every is None else max(1, sync_every)
         self.cuda_graph = cuda_graph
+        self._graphs_given = graphs is not None
+        self.graphs = graphs
+        self.captures = 0  # steps captured by this decoder (one per shape, unless a capture failed)
+        self._slots: dict[tuple, _Slot] = {}
+        self._caches: dict[tuple, KVCache] = {}  # target caches of the slots, by (batch, capacity)
+        self._batch_sizes: tuple[int, ...] | None = None  # set by warmup
+        self._max_len: int | None = None  # set by warmup
+        self._capture_warned = False
+
+    def _check_head(self) -> None:
+        """The head on the target's device and in its compute dtype (mixed ones fail in the
+        first kernel, or silently convert on every step)."""
+        head, target = self.head, self.target
+        if head is None:
+            return
+        device = next(iter(head.weights.values())).device
+        if device != target.device:
+            raise ValueError(f"head: on {device}, the target on {target.device}; move both to one device")
+        if head.dtype != target.dtype:
+            raise ValueError(f"head: compute dtype {head.dtype}, the target's {target.dtype}; load both in one dtype")
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -360,41 +466,131 @@ class SpeculativeDecoder:
             ``speculative=True`` with neither a draft head nor a lookup chain
             (``tree.lookup == 0``); no prompt, a prompt without tokens, a token id or
             ``eos_token_id`` outside ``[0, vocab)``, a negative ``max_new_tokens``, a prompt plus
-            ``max_new_tokens`` past the context (see ``allow_beyond_context``); sampling
-            parameters the ops reject (their message names the tensor). Messages name the
-            argument, the request index and the value.
+            ``max_new_tokens`` past the context (see ``allow_beyond_context``); after
+            :meth:`warmup`, more requests than its largest batch size or a prompt plus
+            ``max_new_tokens`` past its ``max_len``; a tensor argument or the head on another
+            device than the target; sampling parameters the ops reject (their message names
+            the tensor). Messages name the argument, the request index and the value. Every
+            check runs before any kernel.
         TypeError
             ``prompts`` not a sequence of token-id sequences (e.g. one flat list of ints), or a
             non-int ``max_new_tokens`` / ``eos_token_id``.
         """
         vocab = self.target.config.vocab_size
+        device = self.target.device
+        check_same_device(device, prompts=prompts, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         prompts = check_prompts(prompts, vocab)
         max_new_tokens = check_count("max_new_tokens", max_new_tokens)
         eos_token_id = check_token("eos_token_id", eos_token_id, vocab)
         check_context(prompts, max_new_tokens, self.target.config.max_position_embeddings, allow_beyond_context)
+        self._check_head()
         tree = self._call_tree(len(prompts), temperature)
         if speculative and self.head is None and not tree.lookup:
             raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
                              "(TreeConfig.lookup > 0), or speculative=False")
+        B = len(prompts)
+        bucket = self._batch_bucket(B)
+        if self._max_len is not None:
+            check_capacity(prompts, max_new_tokens, self._max_len)
+        slot = None
+        if self._graphs_enabled(device):
+            slot = self._slot(bucket, max(len(p) for p in prompts) + max_new_tokens, tree, speculative)
         start = time.perf_counter()
-        state = self._prefill(prompts, tree, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
-                              speculative)
+        if slot is None:
+            state = self._prefill(prompts, tree, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                                  speculative)
+        else:
+            state = slot.state
+            self._fill(state, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
         prefill_done = time.perf_counter()
         step = self._speculative_step if speculative else self._plain_step
-        graph = self._run_steps(state, step, max_new_tokens, on_sync)
-        lengths = state.out_len.clamp(max=max_new_tokens).tolist()
-        out = state.out.tolist()
-        steps = state.steps.tolist()
-        del graph  # only now: the readback has waited for its last replay
+        if slot is None:
+            self._run_steps(state, step, max_new_tokens, on_sync)
+            clock = {}
+        else:
+            clock = self._run_slot(slot, step, B, max_new_tokens, on_sync)
+        lengths = state.out_len[:B].clamp(max=max_new_tokens).tolist()
+        out = state.out[:B].tolist()
+        steps = state.steps[:B].tolist()
         end = time.perf_counter()
+        if "events" in clock:
+            first, last = clock.pop("events")
+            clock["timings"]["replay_s"] = first.elapsed_time(last) * 1e-3
         sequences = [row[:n] for row, n in zip(out, lengths)]
         # The first token comes from the prefill; tau counts the tokens of decoding steps.
         tau = [(n - 1) / s if s else 0.0 for n, s in zip(lengths, steps)]
         generated = sum(lengths)
-        return GenerationResult(sequences, tau, steps, {
-            "prefill_s": prefill_done - start, "decode_s": end - prefill_done, "total_s": end - start,
-            "tokens": generated, "tokens_per_s": generated / (end - start)}, tree if speculative else None)
+        timings = {"prefill_s": prefill_done - start, "decode_s": end - prefill_done, "total_s": end - start,
+                   "tokens": generated, "tokens_per_s": generated / (end - start)}
+        timings.update(clock.pop("timings", {}))
+        return GenerationResult(sequences, tau, steps, timings, tree if speculative else None)
 
+    @torch.no_grad()
+    def warmup(self, batch_sizes=(1,), max_len: int = 2048, speculative=None, temperature=0.0) -> int:
+        """Capture ahead of time the steps of every batch size in ``batch_sizes`` for prompts
+        plus ``max_new_tokens`` up to ``max_len`` tokens, as serving engines do; later
+        :meth:`generate` calls within those limits capture nothing.
+
+        After a warm-up, the batch sizes are the decoder's batch buckets (a call is padded to
+        the smallest one that holds it) and ``max_len`` its cache capacity: a larger batch or a
+        longer request is a ``ValueError`` before any kernel runs. Without graphs (CPU, or
+        ``cuda_graph=False``) nothing is captured, and the limits are checked all the same.
+
+        Parameters
+        ----------
+        batch_sizes : sequence of int
+            Batch sizes to capture (each >= 1).
+        max_len : int
+            Longest prompt plus ``max_new_tokens`` of a request.
+        speculative : bool or None
+            Capture speculative steps (True), plain steps (False) or both (None: plain, and
+            speculative where the decoder has a head or a lookup chain).
+        temperature : float
+            Passed to the tree choice when the decoder has no tree (CPU default trees only).
+
+        Returns
+        -------
+        int
+            Steps captured by this call.
+        """
+        sizes = sorted({check_count("batch_sizes", b, minimum=1) for b in batch_sizes})
+        if not sizes:
+            raise ValueError("batch_sizes: expected at least one batch size, got none")
+        max_len = check_count("max_len", max_len, minimum=2)
+        if max_len > self.target.config.max_position_embeddings:
+            raise ValueError(f"max_len: {max_len} exceeds the model's context of "
+                             f"{self.target.config.max_position_embeddings} positions")
+        if speculative and self.head is None and not self._call_tree(sizes[0], temperature).lookup:
+            raise ValueError("speculative: warm-up of speculative steps needs a draft head or a lookup chain "
+                             "(TreeConfig.lookup > 0)")
+        self._batch_sizes = tuple(sorted(set(sizes) | set(self._batch_sizes or ())))
+        self._max_len = max(max_len, self._max_len or 0)
+        modes = [False, True] if speculative is None else [bool(speculative)]
+        before = self.captures
+        if not self._graphs_enabled(self.target.device):
+            return 0
+        for mode in modes:
+            for size in sizes:
+                tree = self._call_tree(size, temperature)
+                if mode and self.head is None and not tree.lookup:
+                    continue  # nothing drafts: plain steps only
+                slot = self._slot(size, self._max_len, tree, mode)
+                if slot.replay is not None or slot.eager:
+                    continue
+                # Dummy one-token prompts; the warm step and the capture run on them and the
+                # next generate call refills the state.
+                self._fill(slot.state, [[0]] * size, 3, 0.0, 0, 1.0, 0, None, mode)
+                step = self._speculative_step if mode else self._plain_step
+                self._graph_mechanism().warm(step, slot.state)
+                self._capture(slot, step)
+        return self.captures - before
+
+    def release(self) -> None:
+        """Drop every slot (states, KV caches, captured graphs) and the limits of :meth:`warmup`;
+        the next call of each shape captures again."""
+        self._slots.clear()
+        self._caches.clear()
+        self._batch_sizes = self._max_len = None
 
     def _call_tree(self, batch: int, temperature) -> TreeConfig:
         """The tree of a call: the decoder's, else the device's default for this call."""
@@ -403,93 +599,244 @@ class SpeculativeDecoder:
         all_sample = self.head is not None and bool((_per_request(temperature, batch, torch.float32, "cpu") > 0).all())
         return default_tree(self.target.device, batch, sampling=all_sample)
 
-    def _run_steps(self, state: _State, step, max_steps: int, on_sync):
-        """Up to ``max_steps`` decoding steps; the host reads ``state.done`` (and calls
-        ``on_sync``) only every ``sync_every`` steps. With CUDA graphs on (see the class
-        docstring) step 1 runs eagerly on a side stream, step 2 is captured on that stream, and
-        steps 2, 3, ... are replays. Returns the graph (None when every step ran eagerly)."""
-        device = state.out.device
-        graphed = self._graphs_enabled(device)
+    # ------------------------------------------------------------------ step loops
+    def _run_steps(self, state: _State, step, max_steps: int, on_sync) -> None:
+        """Up to ``max_steps`` eager decoding steps; the host reads ``state.done`` (and calls
+        ``on_sync``) only every ``sync_every`` steps."""
         sync_every = self.sync_every or self.policy.sync_every
-        stream = torch.cuda.Stream(device) if graphed else None
-        graph = None
         for index in range(max_steps):
-            if not graphed:
-                step(state)
-            elif index == 0:
-                # Warm-up on the stream the capture will use: Triton compiles and loads its
-                # kernels and cuBLAS allocates this stream's workspace here, not during the
-                # capture. It is a real step, so nothing is undone afterwards.
-                current = torch.cuda.current_stream(device)
-                stream.wait_stream(current)
-                with torch.cuda.stream(stream):
-                    step(state)
-                current.wait_stream(stream)
-            else:
-                if graph is None:
-                    # Capture records the step's kernels without running them; the state still
-                    # holds step 1's result, and the replay right after runs step 2.
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, stream=stream):
-                        step(state)
-                graph.replay()
+            step(state)
             if (index + 1) % sync_every == 0:
                 if on_sync is not None:
                     on_sync(state.out, state.out_len.clamp(max=state.max_new))
                 if bool(state.done.all()):
                     break
-        return graph
+
+    def _run_slot(self, slot: _Slot, step, batch: int, max_steps: int, on_sync) -> dict:
+        """The steps of a call on a slot: replays of its captured step; on the slot's first use
+        step 1 runs eagerly (warm-up), step 2 is captured, then every step is a replay; eager
+        steps after a failed capture. Returns ``{"timings": {...}}``: ``capture_s`` (host time
+        of the warm-up step and the capture, 0 on a shape captured before), ``replay_steps`` and
+        ``replay_s`` (device time from the first replay to the end of the loop: CUDA events on
+        CUDA, read by the caller after its readback as ``"events"``, else the host clock),
+        ``graph`` ("replayed", "captured" or "eager"). Nothing here waits for the device but
+        the done-flag reads every ``sync_every`` steps."""
+        state = slot.state
+        sync_every = self.sync_every or self.policy.sync_every
+        kind = "replayed" if slot.replay is not None else ("eager" if slot.eager else "captured")
+        cuda = state.out.device.type == "cuda"
+        capture_s, replays, start, host0, warmed = 0.0, 0, None, 0.0, False
+        for index in range(max_steps):
+            if slot.replay is None and not slot.eager:
+                t0 = time.perf_counter()
+                if not warmed:  # a real step where the capture will happen
+                    self._graph_mechanism().warm(step, state)
+                    warmed = True
+                else:  # records this step without running it; the replay below runs it
+                    self._capture(slot, step)
+                    kind = "eager" if slot.eager else kind
+                capture_s += time.perf_counter() - t0
+            if slot.replay is not None:
+                if start is None:
+                    host0 = time.perf_counter()
+                    start = torch.cuda.Event(enable_timing=True) if cuda else host0
+                    if cuda:
+                        start.record()
+                slot.replay()
+                replays += 1
+            elif slot.eager:
+                step(state)
+            if (index + 1) % sync_every == 0:
+                if on_sync is not None:
+                    on_sync(state.out[:batch], state.out_len[:batch].clamp(max=state.max_new))
+                if bool(state.done.all()):
+                    break
+        timings = {"capture_s": capture_s, "replay_steps": replays, "replay_s": 0.0, "graph": kind}
+        if replays and cuda:  # read after the output's readback has waited for the device
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            return {"timings": timings, "events": (start, end)}
+        if replays:
+            timings["replay_s"] = time.perf_counter() - host0
+        return {"timings": timings}
+
+    def _capture(self, slot: _Slot, step) -> None:
+        """Capture a slot's step, after a warm-up step on the same mechanism (see ``warm``). A
+        failed capture warns once per decoder and leaves the slot to eager steps: a capture
+        records and runs nothing, so the state still holds the previous step's result and the
+        next eager step continues from it."""
+        try:
+            slot.replay = self._graph_mechanism().capture(step, slot.state)
+        except Exception as error:  # noqa: BLE001 -- any capture failure: eager steps, same output
+            slot.eager = True
+            if not self._capture_warned:
+                self._capture_warned = True
+                warnings.warn(f"CUDA graph capture failed ({type(error).__name__}: {error}); this shape runs "
+                              "eager steps (same output, one launch per kernel)", RuntimeWarning, stacklevel=4)
+            return
+        self.captures += 1
+
+    def _graph_mechanism(self) -> StepGraphs:
+        if self.graphs is None:
+            self.graphs = CudaStepGraphs(self.target.device)
+        return self.graphs
 
     def _graphs_enabled(self, device: torch.device) -> bool:
-        return self.cuda_graph and self.policy.capturable and device.type == "cuda" and not values_checked(device)
+        """Whether calls run on slots with captured steps: ``cuda_graph`` and either a given
+        capture mechanism or CUDA under a capturable policy without host-reading checks."""
+        if not self.cuda_graph:
+            return False
+        if self._graphs_given:
+            return True
+        return self.policy.capturable and device.type == "cuda" and not values_checked(device)
+
+    def _batch_bucket(self, batch: int) -> int:
+        """The batch size of the slot a call of ``batch`` requests runs in: the smallest warmed
+        size that holds it, else the next power of two."""
+        if self._batch_sizes is not None:
+            fits = [b for b in self._batch_sizes if b >= batch]
+            if not fits:
+                raise ValueError(f"prompts: {batch} requests exceed the largest batch size warmed up, "
+                                 f"{self._batch_sizes[-1]} (warmup(batch_sizes=...) sets them)")
+            return fits[0]
+        return 1 << (batch - 1).bit_length()
+
+    def _depth(self, tree: TreeConfig, speculative: bool) -> int:
+        """Deepest verify-tree node: the EAGLE tree's with a head, the lookup chain's without."""
+        if not speculative:
+            return 0
+        return tree.max_depth if self.head is not None else tree.lookup
+
+    def _slot(self, batch: int, length: int, tree: TreeConfig, speculative: bool) -> _Slot:
+        """The slot of a shape, made on first use: ``batch`` requests (a bucket) of up to
+        ``length`` tokens of prompt plus output. An existing slot with a larger capacity serves
+        shorter calls; after a warm-up every slot has the capacity of its ``max_len``."""
+        key_tree = tree if speculative else None
+        extra = (tree.verify_nodes if speculative else 1) + self._depth(tree, speculative) + 2
+        need = (self._max_len if self._max_len is not None else length) + extra
+        fits = [(cap, slot) for (b, t, cap), slot in self._slots.items()
+                if b == batch and t == key_tree and cap >= need]
+        if fits:
+            return min(fits, key=lambda item: item[0])[1]
+        if self._max_len is not None:  # a multiple of 128: plain and speculative slots share a cache
+            capacity = -(-need // 128) * 128
+        else:
+            capacity = max(self.MIN_CAPACITY, 1 << (need - 1).bit_length())
+        # Outputs and the lookup history sized by the capacity: any call the slot serves fits.
+        state = self._allocate(batch, capacity, capacity, 2 * capacity, tree, speculative, slot=True)
+        slot = self._slots[(batch, key_tree, capacity)] = _Slot(state, speculative)
+        return slot
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, prompts, tree, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
+    def _allocate(self, B: int, capacity: int, out_width: int, history_width: int, tree: TreeConfig,
+                  speculative: bool, slot: bool = False) -> _State:
+        """A state of ``B`` requests, caches of ``capacity`` tokens; ``slot``: the per-request
+        limit and EOS as tensors (a graph replays against them), else filled in per call, and
+        the target cache shared with the decoder's other slots of the same batch and capacity
+        (only one call runs at a time, and each refills it)."""
         device = self.target.device
-        B = len(prompts)
+        depth = self._depth(tree, speculative)
+        if slot:  # one target cache per (batch, capacity): a call refills it, whichever slot runs
+            target_cache = self._caches.get((B, capacity))
+            if target_cache is None:
+                target_cache = self._caches[(B, capacity)] = self.target.new_cache(B, capacity)
+        else:
+            target_cache = self.target.new_cache(B, capacity)
+        head_cache, root_hidden = None, None
+        if speculative and self.head is not None:
+            head_cache = self.head.new_cache(B, capacity + tree.depth * tree.top_k)
+            root_hidden = torch.zeros(B, self.head.config.hidden_size, dtype=self.head.dtype, device=device)
+        i64 = dict(dtype=torch.int64, device=device)
+        sampling = {"temperature": torch.zeros(B, dtype=torch.float32, device=device),
+                    "top_k": torch.zeros(B, dtype=torch.int32, device=device),
+                    "top_p": torch.ones(B, dtype=torch.float32, device=device),
+                    "seed": torch.zeros(B, **i64)}
+        history = torch.zeros(B, history_width, **i64) if speculative and tree.lookup else None
+        return _State(tree, depth, target_cache, head_cache, torch.zeros(B, **i64), root_hidden,
+                      torch.full((B, out_width), -1, **i64), torch.ones(B, **i64), torch.zeros(B, **i64),
+                      torch.zeros(B, dtype=torch.bool, device=device), torch.zeros(B, **i64), sampling, 0,
+                      torch.zeros(B, **i64) if slot else 0, torch.full((B, 1), -1, **i64) if slot else None,
+                      history, torch.zeros(B, **i64) if history is not None else None)
+
+    def _prefill(self, prompts, tree, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
+        """A state sized to this call (eager steps), prefilled."""
+        width = max(len(p) for p in prompts)
+        depth = self._depth(tree, speculative)
+        capacity = width + max_new + tree.verify_nodes + depth + 2
+        out_width = max_new + depth + 1
+        state = self._allocate(len(prompts), capacity, out_width, width + out_width, tree, speculative)
+        self._fill(state, prompts, max_new, temperature, top_k, top_p, seed, eos, speculative)
+        return state
+
+    def _fill(self, state: _State, prompts, max_new, temperature, top_k, top_p, seed, eos, speculative) -> None:
+        """Start a call on ``state``: the prefill of ``prompts`` into its caches, the first token,
+        and every other field reset in place. A state with more rows than prompts (a slot's
+        batch bucket) gets finished one-token dummy requests in the rest."""
+        device = self.target.device
+        B, rows = len(prompts), state.root.shape[0]
+        if rows > B:
+            prompts = list(prompts) + [[0]] * (rows - B)
         lengths = torch.tensor([len(p) for p in prompts], device=device)  # checked by generate: each >= 1
         width = int(lengths.max())
-        tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
+        tokens = torch.zeros(rows, width, dtype=torch.int64, device=device)
         for b, prompt in enumerate(prompts):
             tokens[b, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
-        # Deepest verify-tree node: the EAGLE tree's with a head, the lookup chain's without.
-        depth = (tree.max_depth if self.head is not None else tree.lookup) if speculative else 0
-        capacity = width + max_new + tree.verify_nodes + depth + 2
-        target_cache = self.target.new_cache(B, capacity)
+        slot = isinstance(state.limit, torch.Tensor)
+        target_cache = state.target_cache
+        if slot:
+            target_cache.seqlens.zero_()
         layers = self.head.config.feature_layers if (speculative and self.head) else ()
         last = (lengths - 1)[:, None]
         out = self.target(tokens, target_cache, feature_layers=layers, logit_rows=last)
-        sampling = {"temperature": _per_request(temperature, B, torch.float32, device),
-                    "top_k": _per_request(top_k, B, torch.int32, device),
-                    "top_p": _per_request(top_p, B, torch.float32, device),
-                    "seed": _per_request(seed, B, torch.int64, device)}
-        offset = torch.zeros(B, dtype=torch.int64, device=device)
+        sampling = state.sampling
+        for name, value, dtype in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+                                   ("top_p", top_p, torch.float32), ("seed", seed, torch.int64)):
+            sampling[name][:B] = _per_request(value, B, dtype, device)
+        if rows > B:  # dummy requests: greedy defaults (their tokens are dropped)
+            for name, fill in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("seed", 0)):
+                sampling[name][B:] = fill
+        offset = state.offset
+        offset.zero_()
         first = self._sample_root(out.logits, sampling, offset)
         target_cache.seqlens.copy_(lengths.to(torch.int32))
 
-        head_cache, root_hidden = None, None
-        if speculative and self.head is not None:
+        if state.head_cache is not None:
             # Pair i = (token i + 1, feature i); the last pair carries the first generated token.
-            next_tokens = torch.cat([tokens[:, 1:], tokens.new_zeros(B, 1)], dim=1)
+            next_tokens = torch.cat([tokens[:, 1:], tokens.new_zeros(rows, 1)], dim=1)
             next_tokens.scatter_(1, last, first[:, None])
-            head_cache = self.head.new_cache(B, capacity + tree.depth * tree.top_k)
+            head_cache = state.head_cache
+            if slot:
+                head_cache.seqlens.zero_()
             hidden = self.head(next_tokens, self.head.target_features(out), head_cache)
-            root_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+            state.root_hidden.copy_(torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0])
             head_cache.seqlens.copy_(lengths.to(torch.int32))
 
-        out_buf = torch.full((B, max_new + depth + 1), -1, dtype=torch.int64, device=device)
-        out_buf[:, 0] = first
-        done = torch.full((B,), max_new <= 1, device=device)
-        if eos is not None:
-            done |= first == eos
-        history = None
-        if speculative and tree.lookup:
-            history = torch.zeros(B, width + out_buf.shape[1], dtype=torch.int64, device=device)
-            history[:, :width] = tokens
-            history.scatter_(1, lengths[:, None], first[:, None])
-        return _State(tree, depth, target_cache, head_cache, first, root_hidden, out_buf,
-                      torch.ones(B, dtype=torch.int64, device=device), torch.zeros(B, dtype=torch.int64, device=device),
-                      done, offset + 1, sampling, max_new, eos, history, lengths)
+        state.root.copy_(first)
+        if slot:
+            state.out.fill_(-1)
+        state.out[:, 0] = first
+        state.max_new = max_new
+        if slot:
+            state.limit.fill_(max_new)
+            state.limit[B:] = 0
+            state.eos.fill_(-1 if eos is None else eos)
+            state.done.copy_(state.limit <= 1)
+            if eos is not None:
+                state.done |= first == eos
+        else:
+            state.limit, state.eos = max_new, eos
+            state.done.fill_(max_new <= 1)
+            if eos is not None:
+                state.done |= first == eos
+        if state.history is not None:
+            if slot:
+                state.history.zero_()
+            state.history[:, :width] = tokens
+            state.history.scatter_(1, lengths[:, None], first[:, None])
+            state.prompt_len.copy_(lengths)
+        state.out_len.fill_(1)
+        state.steps.zero_()
+        offset.fill_(1)
 
     def _sample_root(self, logits, sampling, offset) -> torch.Tensor:
         """Next token from one row of logits [B, 1, V], through verify on a one-node tree."""
@@ -589,7 +936,7 @@ class SpeculativeDecoder:
         state.out_len += count
         state.steps += active.long()
         state.root.copy_(torch.where(active, torch.gather(tokens, 1, last[:, None])[:, 0], state.root))
-        finished = state.out_len >= state.max_new
+        finished = state.out_len >= state.limit
         if state.eos is not None:
             finished |= (valid & (tokens == state.eos)).any(1)
         state.done |= finished

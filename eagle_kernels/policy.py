@@ -64,7 +64,7 @@ class StepPolicy:
 
 
 class StaticPolicy(StepPolicy):
-    """Fixed shapes, no host reads: the policy of GPU steps (one CUDA graph per call)."""
+    """Fixed shapes, no host reads: the policy of GPU steps (one CUDA graph per shape, replayed across calls)."""
 
     capturable = True
     sync_every = 4  # each read waits for the device: up to 3 steps past the end are dropped

