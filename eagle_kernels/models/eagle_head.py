@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .cpu_weights import PackedWeights, linear
 from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rope_inverse_frequencies
-from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight
+from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight, logits_for_ops
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 
@@ -211,12 +211,12 @@ class EagleHead(torch.nn.Module):
                     embed=embed, slot_offset=slot_offset)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft logits [B, N, Vd] float32 (EAGLE-1: the target's LM head on the predicted
+        """Draft logits [B, N, Vd] (float32 on the CPU, the head's dtype elsewhere; EAGLE-1: the target's LM head on the predicted
         feature; EAGLE-3: own norm and LM head over the draft vocabulary)."""
         if self.config.kind == EAGLE1:
-            return self.target.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]).float()
+            return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]))
         normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
-        return linear(normed, self.weights["lm_head.weight"], self.packed).float()
+        return logits_for_ops(linear(normed, self.weights["lm_head.weight"], self.packed))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: str) -> None:

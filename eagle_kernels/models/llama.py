@@ -104,13 +104,22 @@ class KVCache:
 
 @dataclass
 class ForwardOutput:
-    """logits [B, N, V] float32 ([B, P, V] with P ``logit_rows``); hidden [B, N, H]: the final
+    """logits [B, N, V] ([B, P, V] with P ``logit_rows``); hidden [B, N, H]: the final
     normed hidden state (EAGLE-1's feature); layer_states: {layer index: [B, N, H] output of
-    that layer} (EAGLE-3's features)."""
+    that layer} (EAGLE-3's features). The logits are float32 on the CPU and in the model's dtype
+    elsewhere (see :func:`logits_for_ops`)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
     layer_states: dict = field(default_factory=dict)
+
+
+def logits_for_ops(logits: torch.Tensor) -> torch.Tensor:
+    """The dtype logits take on their way to ``verify`` and ``draft_expand``: float32 on the CPU
+    (the C++ kernels' fastest and bit-stable input), the model's own 16-bit dtype on a GPU, where a
+    float32 copy of a [B, N, V] tensor would cost a launch and twice the bytes the ops then read
+    (both ops take fp16/bf16 logits and compute in float32 internally)."""
+    return logits.float() if logits.device.type == "cpu" else logits
 
 
 def _check_load_arguments(dtype, device, weight_dtype) -> None:
@@ -253,13 +262,14 @@ class LlamaModel(torch.nn.Module):
         if not path.computes_padding_rows and row_counts is not None and logit_rows is None:
             # The LM head over the computed rows only; padding rows get zero logits.
             computed = (torch.arange(N, device=x.device)[None] < row_counts[:, None]).view(-1)
-            logits = torch.empty(B * N, c.vocab_size, dtype=torch.float32, device=x.device)
-            logits[computed] = self.linear(hidden.view(B * N, -1)[computed], w["lm_head.weight"]).float()
+            computed_logits = logits_for_ops(self.linear(hidden.view(B * N, -1)[computed], w["lm_head.weight"]))
+            logits = torch.empty(B * N, c.vocab_size, dtype=computed_logits.dtype, device=x.device)
+            logits[computed] = computed_logits
             logits[~computed] = 0.0
             return ForwardOutput(logits.view(B, N, -1), hidden, states)
         rows = hidden if logit_rows is None else torch.gather(
             hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
-        logits = self.linear(rows, w["lm_head.weight"]).float()
+        logits = logits_for_ops(self.linear(rows, w["lm_head.weight"]))
         return ForwardOutput(logits, hidden, states)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -293,7 +293,7 @@ def step_losses(head: TrainableHead, batch: dict, cfg: TrainConfig, t2d, noise_g
         src = (index + step + 1).clamp(max=T - 1)  # token whose distribution this row predicts
         ids = batch["top_ids"][:, src].reshape(B * P, -1)
         logp = batch["top_logp"][:, src].reshape(B * P, -1)
-        ce, agree = soft_cross_entropy(head.logits(out).reshape(B * P, -1), ids, logp, t2d, valid)
+        ce, agree = soft_cross_entropy(head.logits(out).float().reshape(B * P, -1), ids, logp, t2d, valid)
         loss = cfg.cls_weight * ce if head.config.kind == EAGLE1 else ce
         if head.config.kind == EAGLE1:
             true_next = hidden[:, src]

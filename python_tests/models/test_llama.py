@@ -322,3 +322,19 @@ def test_layer_path_is_picked_per_pass(case, path, monkeypatch):
         monkeypatch.setenv(cpu_weights.CPU_LAYER_ENV, "ops")
     picked = model.layer_paths.pick(x, cache, weights, normed_input=case != "no-input-norm")
     assert type(picked) is path
+
+
+def test_logits_reach_the_ops_in_float32_on_cpu_and_in_16_bits_elsewhere():
+    """A bf16 model's logits are float32 on the CPU (the C++ kernels' input); on any other device
+    (``meta`` stands in for a GPU here) they keep the model's dtype: no [B, N, V] float32 copy."""
+    from eagle_kernels.models.llama import logits_for_ops
+
+    model = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
+    head = EagleHead.random(model, "eagle3", draft_vocab_size=40)
+    ids = torch.tensor([[3, 5, 7, 9]])
+    out = model.forward(ids, model.new_cache(1, 16))
+    assert out.logits.dtype == torch.float32
+    assert head.logits(out.hidden.to(torch.bfloat16)).dtype == torch.float32
+    on_gpu = torch.empty(2, 3, 11, dtype=torch.bfloat16, device="meta")
+    assert logits_for_ops(on_gpu).dtype == torch.bfloat16
+    assert logits_for_ops(torch.zeros(2, 3, dtype=torch.bfloat16)).dtype == torch.float32
