@@ -32,6 +32,11 @@ every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_
 row-major fp32 weights (the best ISA path, the AVX-512 path without paired tiles, capped at AVX2,
 and ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608``: only the LM head splits over threads), row-major bf16
 weights, packed fp32 (best path, AVX2) and bf16 weights, and packed Q8_0 / Q4_1 (best path, AVX2).
+``python bench/bench_cpu_linear.py --step [fp32,bf16,q8_0,q4_1,gguf] [ROUNDS]`` splits one plain decoding
+step of the real SmolLM2-135M (one token after a 96-token prompt, 1 thread) into the decoder layers' linear
+layers, the LM head and the rest (norms, attention, RoPE, K/V writes, Python), per weight storage,
+interleaved, in the thread's CPU time (``time.thread_time``): on cores shared with other busy processes
+wall clocks swing by 20% and more, CPU time by a few percent.
 """
 
 from __future__ import annotations
@@ -220,8 +225,60 @@ def forward_table(threads_list, rounds=7):
                   flush=True)
 
 
+def step_table(kinds, rounds):
+    """CPU time of one plain decoding step per weight storage, split as the module docstring says."""
+    from eagle_kernels.models import smollm2
+
+    torch.set_num_threads(1)
+    storage = {"fp32": None, "bf16": torch.bfloat16}
+    models = {w: smollm2.load(weight_dtype=storage.get(w, w))[0] for w in kinds}
+    state = {}
+    for w, m in models.items():
+        cache = m.new_cache(1, 256)
+        with torch.inference_mode():
+            m(torch.arange(100, 196)[None], cache)
+        cache.seqlens += 96
+        layers = [m.packed(t) for layer in range(m.config.num_layers) for t in m.layer_weights(layer).matrices]
+        state[w] = (m, cache, layers, m.packed(m.weights["lm_head.weight"]))
+    xs = {576: torch.randn(1, 576), 1536: torch.randn(1, 1536)}
+    token = torch.tensor([[5]])
+
+    def step(w):
+        m, cache = state[w][:2]
+        with torch.inference_mode():
+            m(token, cache)  # the same position every time: the cache's length is not advanced
+
+    def layers(w):
+        for t in state[w][2]:
+            eagle_kernels.cpu_linear(xs[in_features(t)], t)
+
+    def head(w):
+        eagle_kernels.cpu_linear(xs[576], state[w][3])
+
+    parts = {"step": step, "layers": layers, "head": head}
+    times = {(w, p): [] for w in kinds for p in parts}
+    for _ in range(rounds + 1):  # the first round warms up
+        for w in kinds:
+            for p, fn in parts.items():
+                start = time.thread_time()
+                fn(w)
+                times[(w, p)].append(time.thread_time() - start)
+    med = {k: sorted(v[1:])[len(v[1:]) // 2] * 1e3 for k, v in times.items()}
+    print(f"one plain decoding step, ms of CPU time (1 thread), median of {rounds} interleaved rounds")
+    print(f"{'weights':8} {'step':>7} {'layers':>7} {'LM head':>7} {'rest':>7} | {'MB read':>7} {'GB/s':>5}")
+    for w in kinds:
+        nbytes = sum(t.numel() * t.element_size() for t in state[w][2] + [state[w][3]])
+        step_ms, layers_ms, head_ms = med[(w, "step")], med[(w, "layers")], med[(w, "head")]
+        print(f"{w:8} {step_ms:7.2f} {layers_ms:7.2f} {head_ms:7.2f} {step_ms - layers_ms - head_ms:7.2f} | "
+              f"{nbytes / 1e6:7.1f} {nbytes / (layers_ms + head_ms) / 1e6:5.1f}", flush=True)
+
+
 if __name__ == "__main__":
-    if "--forward" in sys.argv[1:]:
+    if "--step" in sys.argv[1:]:
+        rest = [a for a in sys.argv[1:] if a != "--step"]
+        step_table(next((a.split(",") for a in rest if not a.isdigit()), ["fp32", "bf16", "q8_0", "q4_1", "gguf"]),
+                   next((int(a) for a in rest if a.isdigit()), 30))
+    elif "--forward" in sys.argv[1:]:
         forward_table([int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 2])
     else:
         main(sys.argv[1:])
