@@ -2,6 +2,8 @@
 format against the gguf package, the packed layout, every C++ path and the reference against float64, bit equality
 with the fp32 packed kernel on the dequantized matrix, identical bits across ISAs, batch invariance, bad input."""
 
+import functools
+
 import pytest
 import torch
 
@@ -10,6 +12,9 @@ from eagle_kernels import _dispatch
 from eagle_kernels.reference.cpu_linear import cpu_linear_unpack, dequantize, quantize
 from helpers import ISA_ENV, activations, assert_within_fp32_bound, skip_unavailable_isa, weight
 
+# Small torch ops (the quantizer, the reference) cost milliseconds each in OpenMP wake-ups when the other core is
+# busy; the kernels' own parallel split is not what these tests check.
+pytestmark = pytest.mark.usefixtures("single_thread")
 FORMATS = ["q8_0", "q4_1"]
 ISAS = ["avx512", "avx512-ymm", "avx2", "scalar"]
 MS = [1, 2, 3, 5, 13]  # AVX-512: 3, 2 and 1 groups side by side, two row tiles; AVX2: tiles of 4 rows
@@ -17,6 +22,7 @@ NS = [32, 160]  # 1 and 5 groups (wide tiles of 3 or 2 groups and a tail)
 KS = [32, 576]
 
 
+@functools.cache
 def blocks(N, K, fmt):
     return quantize(weight(N, K, "fp32"), fmt)
 
