@@ -29,7 +29,7 @@ def _load(args):
     weight_dtype = WEIGHT_DTYPES[args.weights] if args.weights else dtype
     if isinstance(weight_dtype, str):  # quantized matrices: fp32 compute
         if dtype != torch.float32:
-            raise SystemExit(f"--weights {args.weights}: needs --dtype float32 (weight-only quantization)")
+            raise ValueError(f"--weights {args.weights}: needs --dtype float32 (weight-only quantization)")
     elif weight_dtype.itemsize > dtype.itemsize:
         raise SystemExit(f"--weights {args.weights}: wider than the compute dtype --dtype {args.dtype}")
     target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype)

@@ -75,6 +75,15 @@ def test_bad_input():
         quantize_matrices(odd, "q4_1")
 
 
+def test_cli_quantized_weights_need_fp32_compute(capsys):
+    from eagle_kernels import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "--prompt", "hi", "--weights", "q4_1", "--dtype", "bfloat16"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and "--weights q4_1: needs --dtype float32" in line, line
+
+
 # ------------------------------------------------------------------------------ SmolLM2-135M
 @pytest.fixture(scope="module")
 def gguf_model():
