@@ -6,7 +6,9 @@ Providers:
 - ``eagle-bf16``: ``eagle_kernels.cpu_linear`` with the weights in bf16 (half the bytes; fp32
   compute and accumulation);
 - ``packed``, ``packed-bf16``: the same with the weights packed by ``eagle_kernels.cpu_linear_pack``
-  (K-major groups of 32 columns, the layout the model reads on CPU).
+  (K-major groups of 32 columns, the layout the model reads on CPU);
+- ``packed-q8_0``, ``packed-q4_1``: weight-only quantized (GGML Q8_0 / Q4_1 blocks of the fp32 weights, 8.5 /
+  5 bits per weight), packed; fp32 activations and accumulation.
 
 Shapes: SmolLM2-135M's (N, K) as the model runs them: (960, 576) fused q/k/v, (576, 576) o,
 (3072, 576) fused gate/up, (576, 1536) down, (49152, 576) the tied LM head; M in {1 (decoding),
@@ -29,7 +31,12 @@ machine noise hits all of them alike; median per provider). ``python bench/bench
 every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with
 row-major fp32 weights (the best ISA path, the AVX-512 path without paired tiles, capped at AVX2,
 and ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608``: only the LM head splits over threads), row-major bf16
-weights, and packed fp32 (best path, AVX2) and bf16 weights.
+weights, packed fp32 (best path, AVX2) and bf16 weights, and packed Q8_0 / Q4_1 (best path, AVX2).
+``python bench/bench_cpu_linear.py --step [fp32,bf16,q8_0,q4_1,gguf] [ROUNDS]`` splits one plain decoding
+step of the real SmolLM2-135M (one token after a 96-token prompt, 1 thread) into the decoder layers' linear
+layers, the LM head and the rest (norms, attention, RoPE, K/V writes, Python), per weight storage,
+interleaved, in the thread's CPU time (``time.thread_time``): on cores shared with other busy processes
+wall clocks swing by 20% and more, CPU time by a few percent.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ import torch
 import torch.nn.functional as F
 
 import eagle_kernels
+from eagle_kernels.reference.cpu_linear import quantize
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # (N, K)
 FORWARD_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 ROWS = [1, 4, 16, 64]
-PROVIDERS = ("torch", "eagle", "eagle-bf16", "packed", "packed-bf16")
+PROVIDERS = ("torch", "eagle", "eagle-bf16", "packed", "packed-bf16", "packed-q8_0", "packed-q4_1")
+BITS = {"q8_0": 8.5, "q4_1": 5.0, "bf16": 16}  # bits per weight streamed (fp32: 32)
 FOOTPRINT_BYTES = 96 * 2**20
 _MEANS: dict = {}
 
@@ -64,8 +73,10 @@ def weight_copies(N, K):
     count16 = max(2, math.ceil(FOOTPRINT_BYTES / (N * K * 2)))
     bf16 = [fp32[i % count].bfloat16() if i < count else torch.randn(N, K, generator=gen).bfloat16()
             for i in range(count16)]
+    quant = {fmt: [eagle_kernels.cpu_linear_pack(quantize(w, fmt)) for w in fp32] for fmt in ("q8_0", "q4_1")}
     return {"fp32": fp32, "bf16": bf16, "packed": [eagle_kernels.cpu_linear_pack(w) for w in fp32],
-            "packed-bf16": [eagle_kernels.cpu_linear_pack(w) for w in bf16]}
+            "packed-bf16": [eagle_kernels.cpu_linear_pack(w) for w in bf16], "packed-q8_0": quant["q8_0"],
+            "packed-q4_1": quant["q4_1"]}
 
 
 def provider_call(provider, x, N, K):
@@ -84,7 +95,8 @@ def provider_call(provider, x, N, K):
 
 
 def work(provider, M, N, K):
-    return N * K * (2 if provider.endswith("bf16") else 4), 2 * M * N * K
+    bits = next((b for name, b in BITS.items() if provider.endswith(name)), 32)
+    return int(N * K * bits / 8), 2 * M * N * K
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -150,6 +162,13 @@ def main(argv):
         weight_copies.cache_clear()
 
 
+def in_features(w):
+    """K of a cpu_linear weight: row-major [N, K], packed [N / 32, 2, K, 16] or quantized [N / 32, 2, K / 32, B]."""
+    if w.dim() == 2:
+        return w.shape[1]
+    return w.shape[2] * 32 if w.dtype in (torch.int8, torch.uint8) else w.shape[2]
+
+
 def forward_table(threads_list, rounds=7):
     """Linear layers of one SmolLM2-135M forward, per provider: median over interleaved rounds."""
     gen = torch.Generator().manual_seed(0)
@@ -157,6 +176,8 @@ def forward_table(threads_list, rounds=7):
     bf16 = [w.bfloat16() for w in fp32]
     packed = [eagle_kernels.cpu_linear_pack(w) for w in fp32]
     packed16 = [eagle_kernels.cpu_linear_pack(w) for w in bf16]
+    q8 = [eagle_kernels.cpu_linear_pack(quantize(w, "q8_0")) for w in fp32]
+    q41 = [eagle_kernels.cpu_linear_pack(quantize(w, "q4_1")) for w in fp32]
     chunk_env, isa_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK", "EAGLE_KERNELS_CPU_ISA"
 
     def one_pass(fn, weights, **env):
@@ -164,7 +185,7 @@ def forward_table(threads_list, rounds=7):
             os.environ.update(env)
             try:
                 for w in weights:
-                    fn(xs[w.shape[-2] if w.dim() == 4 else w.shape[1]], w)
+                    fn(xs[in_features(w)], w)
             finally:
                 for name in env:
                     os.environ.pop(name, None)
@@ -177,7 +198,11 @@ def forward_table(threads_list, rounds=7):
                  "eagle-bf16": one_pass(eagle_kernels.cpu_linear, bf16),
                  "packed": one_pass(eagle_kernels.cpu_linear, packed),
                  "packed-avx2": one_pass(eagle_kernels.cpu_linear, packed, **{isa_env: "avx2"}),
-                 "packed-bf16": one_pass(eagle_kernels.cpu_linear, packed16)}
+                 "packed-bf16": one_pass(eagle_kernels.cpu_linear, packed16),
+                 "packed-q8_0": one_pass(eagle_kernels.cpu_linear, q8),
+                 "q8_0-avx2": one_pass(eagle_kernels.cpu_linear, q8, **{isa_env: "avx2"}),
+                 "packed-q4_1": one_pass(eagle_kernels.cpu_linear, q41),
+                 "q4_1-avx2": one_pass(eagle_kernels.cpu_linear, q41, **{isa_env: "avx2"})}
     total_bytes = sum(w.numel() * 4 for w in fp32)
     print(f"one forward's linear layers ({total_bytes / 1e6:.0f} MB of fp32 weights), ms, median of {rounds} "
           f"interleaved rounds; eagle* = row-major weights, packed* = cpu_linear_pack'ed; eagle-coarse = "
@@ -200,8 +225,60 @@ def forward_table(threads_list, rounds=7):
                   flush=True)
 
 
+def step_table(kinds, rounds):
+    """CPU time of one plain decoding step per weight storage, split as the module docstring says."""
+    from eagle_kernels.models import smollm2
+
+    torch.set_num_threads(1)
+    storage = {"fp32": None, "bf16": torch.bfloat16}
+    models = {w: smollm2.load(weight_dtype=storage.get(w, w))[0] for w in kinds}
+    state = {}
+    for w, m in models.items():
+        cache = m.new_cache(1, 256)
+        with torch.inference_mode():
+            m(torch.arange(100, 196)[None], cache)
+        cache.seqlens += 96
+        layers = [m.packed(t) for layer in range(m.config.num_layers) for t in m.layer_weights(layer).matrices]
+        state[w] = (m, cache, layers, m.packed(m.weights["lm_head.weight"]))
+    xs = {576: torch.randn(1, 576), 1536: torch.randn(1, 1536)}
+    token = torch.tensor([[5]])
+
+    def step(w):
+        m, cache = state[w][:2]
+        with torch.inference_mode():
+            m(token, cache)  # the same position every time: the cache's length is not advanced
+
+    def layers(w):
+        for t in state[w][2]:
+            eagle_kernels.cpu_linear(xs[in_features(t)], t)
+
+    def head(w):
+        eagle_kernels.cpu_linear(xs[576], state[w][3])
+
+    parts = {"step": step, "layers": layers, "head": head}
+    times = {(w, p): [] for w in kinds for p in parts}
+    for _ in range(rounds + 1):  # the first round warms up
+        for w in kinds:
+            for p, fn in parts.items():
+                start = time.thread_time()
+                fn(w)
+                times[(w, p)].append(time.thread_time() - start)
+    med = {k: sorted(v[1:])[len(v[1:]) // 2] * 1e3 for k, v in times.items()}
+    print(f"one plain decoding step, ms of CPU time (1 thread), median of {rounds} interleaved rounds")
+    print(f"{'weights':8} {'step':>7} {'layers':>7} {'LM head':>7} {'rest':>7} | {'MB read':>7} {'GB/s':>5}")
+    for w in kinds:
+        nbytes = sum(t.numel() * t.element_size() for t in state[w][2] + [state[w][3]])
+        step_ms, layers_ms, head_ms = med[(w, "step")], med[(w, "layers")], med[(w, "head")]
+        print(f"{w:8} {step_ms:7.2f} {layers_ms:7.2f} {head_ms:7.2f} {step_ms - layers_ms - head_ms:7.2f} | "
+              f"{nbytes / 1e6:7.1f} {nbytes / (layers_ms + head_ms) / 1e6:5.1f}", flush=True)
+
+
 if __name__ == "__main__":
-    if "--forward" in sys.argv[1:]:
+    if "--step" in sys.argv[1:]:
+        rest = [a for a in sys.argv[1:] if a != "--step"]
+        step_table(next((a.split(",") for a in rest if not a.isdigit()), ["fp32", "bf16", "q8_0", "q4_1", "gguf"]),
+                   next((int(a) for a in rest if a.isdigit()), 30))
+    elif "--forward" in sys.argv[1:]:
         forward_table([int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 2])
     else:
         main(sys.argv[1:])

@@ -15,6 +15,9 @@ Providers
   decoders on a copy of the target whose weight matrices are stored in bf16 (fp32 compute; on
   CPU the cpu_linear kernel reads them as is). Their "same as plain" compares with
   ``ours-plain-bf16w``.
+- ``q8_0w`` / ``q4_1w`` / ``ggufw`` (opt-in, in ``--providers``): the same for weight-only quantized
+  matrices (GGML Q8_0 / Q4_1 blocks quantized from the fp32 weights, or the GGUF file's own blocks; fp32
+  activations, cpu_linear widens the blocks in registers); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
 
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
 per-token wall clock compares like with like; batch 1 runs the prompts one after another,
@@ -57,8 +60,12 @@ sys.path.insert(0, ROOT)
 from eagle_kernels import heads as shipped  # noqa: E402
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, default_tree  # noqa: E402
 from eagle_kernels.models import smollm2  # noqa: E402
+from eagle_kernels.models.cpu_weights import quantize_matrices, with_matrices  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
+
+QUANT_PROVIDERS = ("q8_0", "q4_1", "gguf")  # opt-in providers q8_0w, q4_1w, ggufw
+WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw")
 
 
 def parse_tree(text: str) -> TreeConfig:
@@ -269,7 +276,8 @@ def main(argv=None) -> int:
                              "temperature, eagle_kernels.decoder.default_tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
-                        help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; bf16w adds the bf16-weight "
+                        help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; q8_0w, q4_1w, ggufw add the "
+                             "quantized-weight providers as bf16w; bf16w adds the bf16-weight "
                              "twins of ours-plain, ours-lookup and eagle")
     parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
                         help="one more head to run beside the shipped ones, e.g. a candidate from training "
@@ -310,6 +318,18 @@ def main(argv=None) -> int:
     targets = {"": target}
     if "bf16w" in args.providers:
         targets["-bf16w"] = LlamaModel(target.config, dict(target.weights), weight_dtype=torch.bfloat16)
+    for fmt in QUANT_PROVIDERS:
+        if fmt + "w" not in args.providers:
+            continue
+        if fmt == "gguf":
+            if have_model:
+                targets["-ggufw"] = smollm2.load(device=device, weight_dtype="gguf")[0]
+            else:
+                print("ggufw: SmolLM2-135M is not installed: skipped")
+            continue
+        tied = {n: t for n, t in target.weights.items() if n != "lm_head.weight"}  # tied: one quantized matrix
+        targets[f"-{fmt}w"] = LlamaModel(target.config, with_matrices(tied, quantize_matrices(tied, fmt),
+                                                                      target.dtype, device))
     heads, head_folders = {}, {}
     for suffix, model in targets.items():
         for kind in args.heads if "eagle" in args.providers else []:
@@ -414,7 +434,8 @@ def main(argv=None) -> int:
                     if base:
                         row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
                         row["decode_vs_ours_plain"] = round(decode_ms_per_token(base, count) / tpot, 3)
-                        same_base = results.get("ours-plain-bf16w") if name.endswith("-bf16w") else base
+                        suffix = next((f"-{w}" for w in WEIGHT_SUFFIXES if name.endswith(f"-{w}")), "")
+                        same_base = results.get("ours-plain" + suffix) if suffix else base
                         if temperature == 0 and not name.startswith(("ours-plain", "hf-")) and same_base:
                             row["same_as_plain"] = r["sequences"] == same_base["sequences"]
                     if hf_base:

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "q8_0": "q8_0", "q4_1": "q4_1", "gguf": "gguf"}
 DEMO_PROMPTS = {
     "code": "Write a Python function that returns the n-th Fibonacci number.",
     "prose": "Tell me a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -27,7 +27,10 @@ def _load(args):
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     weight_dtype = WEIGHT_DTYPES[args.weights] if args.weights else dtype
-    if weight_dtype.itemsize > dtype.itemsize:
+    if isinstance(weight_dtype, str):  # quantized matrices: fp32 compute
+        if dtype != torch.float32:
+            raise ValueError(f"--weights {args.weights}: needs --dtype float32 (weight-only quantization)")
+    elif weight_dtype.itemsize > dtype.itemsize:
         raise SystemExit(f"--weights {args.weights}: wider than the compute dtype --dtype {args.dtype}")
     target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype)
     if args.head == "none":
@@ -82,7 +85,8 @@ def _common(parser):
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),
                         help="storage of the weight matrices (default: --dtype); bf16 with float32 compute halves "
-                             "the bytes read per token (CPU: the cpu_linear kernel widens them in registers)")
+                             "the bytes read per token (CPU: the cpu_linear kernel widens them in registers); q8_0 / "
+                             "q4_1: GGML's 8- / 4-bit blocks (fp32 compute); gguf: the model file's own blocks")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")

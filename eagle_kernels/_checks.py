@@ -265,9 +265,43 @@ def check_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table
 PACK_WIDTH = 32  # output columns per group of a packed cpu_linear weight
 
 
+QUANT_ROW_BYTES = {torch.int8: 34, torch.uint8: 20}  # GGML Q8_0 / Q4_1 bytes per block of 32 (block rows)
+QUANT_PACKED_BYTES = {torch.int8: 544, torch.uint8: 320}  # per block of a half of a packed group
+QUANT_NAMES = {torch.int8: "Q8_0", torch.uint8: "Q4_1"}
+LINEAR_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8)
+
+
+def check_quant_rows(name, blocks):
+    """Quantized block rows: int8 (Q8_0) [N, K / 32 * 34] or uint8 (Q4_1) [N, K / 32 * 20], contiguous."""
+    check_tensor(name, blocks, dtype=(torch.int8, torch.uint8), ndim=2)
+    per = QUANT_ROW_BYTES[blocks.dtype]
+    if blocks.shape[1] % per or blocks.shape[1] == 0:
+        _fail(name, f"{QUANT_NAMES[blocks.dtype]} block rows [N, K / 32 * {per}]", f"shape {tuple(blocks.shape)}")
+
+
+def _check_quant_packed(name, weight, rows, K):
+    """A quantized packed weight [rows / 32, 2, K / 32, bytes] (rows None: any N)."""
+    fmt, per = QUANT_NAMES[weight.dtype], QUANT_PACKED_BYTES[weight.dtype]
+    if weight.dim() != 4:
+        _fail(name, f"a {fmt} weight packed by cpu_linear_pack, 4-D [N / 32, 2, K / 32, {per}]",
+              f"{weight.dim()}-D shape {tuple(weight.shape)}")
+    if K % 32:
+        _fail(name, f"a {fmt} weight for K (from x) a multiple of 32", f"K = {K}")
+    n = "N" if rows is None else rows
+    if (tuple(weight.shape[1:]) != (2, K // 32, per)
+            or (rows is not None and (rows % PACK_WIDTH or weight.shape[0] != rows // PACK_WIDTH))):
+        _fail(name, f"packed {fmt} shape [{n} / 32, 2, K / 32 = {K // 32}, {per}]", f"shape {tuple(weight.shape)}")
+    if not weight.is_contiguous():
+        _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
+
+
 def check_linear_weight_layout(name, weight, K, device):
-    """A cpu_linear weight: [N, K] with a dense last dim, or packed [N / 32, 2, K, 16] contiguous."""
-    check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
+    """A cpu_linear weight: [N, K] with a dense last dim, or packed [N / 32, 2, K, 16] contiguous, or quantized
+    packed blocks."""
+    check_tensor(name, weight, dtype=LINEAR_DTYPES, device=device)
+    if weight.dtype in QUANT_NAMES:
+        _check_quant_packed(name, weight, None, K)
+        return
     if weight.dim() == 4:
         if tuple(weight.shape[1:]) != (2, K, PACK_WIDTH // 2):
             _fail(name, f"packed shape [N / 32, 2, K = {K}, 16] (K from x)", f"shape {tuple(weight.shape)}")
@@ -298,7 +332,9 @@ def check_cpu_linear(x, weight, *, values=True):
 
 
 def check_cpu_linear_pack(weight):
-    check_tensor("weight", weight, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2)
+    check_tensor("weight", weight, dtype=LINEAR_DTYPES, ndim=2)
+    if weight.dtype in QUANT_NAMES:
+        check_quant_rows("weight", weight)
     if weight.shape[0] % PACK_WIDTH:
         _fail("weight", f"[N, K] with N a multiple of {PACK_WIDTH}", f"shape {tuple(weight.shape)}")
 
@@ -309,7 +345,10 @@ def cpu_linear_shape(x, weight):
 
 # ------------------------------------------------------------------------ cpu_decoder_layer
 def _check_linear_weight(name, weight, rows, cols, layout, device):
-    check_tensor(name, weight, dtype=(torch.float32, torch.bfloat16, torch.float16), device=device)
+    check_tensor(name, weight, dtype=LINEAR_DTYPES, device=device)
+    if weight.dtype in QUANT_NAMES:
+        _check_quant_packed(name, weight, rows, cols)
+        return
     if weight.dim() == 4:  # packed (cpu_linear_pack)
         if rows % PACK_WIDTH or tuple(weight.shape) != (rows // PACK_WIDTH, 2, cols, PACK_WIDTH // 2):
             _fail(name, f"packed shape {layout} = [{rows}, {cols}] as [{rows} / 32, 2, {cols}, 16]",

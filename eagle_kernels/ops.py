@@ -49,9 +49,10 @@ def write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None)
 
 
 def cpu_linear(x, weight):
-    """``x @ weight.T`` with fp32 (or bf16/fp16, widened exactly) weights and fp32 accumulation: the
-    CPU kernel for the few-row linear layers of decoding and verification. Other devices run
-    the reference. See :func:`eagle_kernels.reference.cpu_linear`."""
+    """``x @ weight.T`` with fp32 (or bf16/fp16, widened exactly; or packed Q8_0 / Q4_1 blocks, dequantized
+    exactly in registers) weights and fp32 accumulation: the CPU kernel for the few-row linear layers of
+    decoding and verification. Other devices run the reference. See
+    :func:`eagle_kernels.reference.cpu_linear`."""
     return _dispatch.run("cpu_linear", x.device, x, weight)
 
 
@@ -59,7 +60,8 @@ def cpu_linear_pack(weight):
     """``weight`` [N, K] (N a multiple of 32) as the packed [N / 32, 2, K, 16] that ``cpu_linear``
     and ``cpu_decoder_layer`` also take: groups of 32 output columns in two K-major halves, for which the CPU
     kernel is a GEMM micro-kernel (verify passes of 8-12 rows cost little more than one row).
-    Pure layout (any device, same dtype and values). See
+    Pure layout (any device, same dtype and values); GGML Q8_0 / Q4_1 block rows (int8 / uint8, see
+    :func:`eagle_kernels.reference.cpu_linear.quantize`) are packed into the quantized kernel's layout. See
     :func:`eagle_kernels.reference.cpu_linear_pack`."""
     return _reference_pack(weight)
 

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "checks.h"
@@ -265,6 +266,28 @@ namespace linear_impl {
 // machine); read per call, like EAGLE_KERNELS_CPU_ISA.
 constexpr int64_t kDefaultParallelChunk = int64_t{1} << 20;
 
+bool is_quantized(const at::Tensor& w) { return w.scalar_type() == at::kChar || w.scalar_type() == at::kByte; }
+
+QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K) {
+  const bool q8 = w.scalar_type() == at::kChar;
+  const QuantFormat format = q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_1;
+  const char* fmt = q8 ? "Q8_0" : "Q4_1";
+  const int64_t bytes = q8 ? kQ8BlockBytes : kQ41BlockBytes;
+  TORCH_CHECK_VALUE(w.dim() == 4, op, ": ", name, ": a ", fmt, " weight (dtype ", w.scalar_type(),
+                    ") must be packed by cpu_linear_pack as 4-D [N / 32, 2, K / 32, ", bytes, "], got ", w.dim(),
+                    "-D shape ", shape_str(w.sizes()));
+  TORCH_CHECK_VALUE(K % kQuantBlock == 0, op, ": ", name, ": a ", fmt, " weight needs K (", K, ") to be a multiple of ",
+                    kQuantBlock);
+  TORCH_CHECK_VALUE(w.size(1) == 2 && w.size(2) == K / kQuantBlock && w.size(3) == bytes &&
+                        (rows < 0 || (rows % kPackWidth == 0 && w.size(0) == rows / kPackWidth)),
+                    op, ": ", name, ": expected packed ", fmt, " shape [",
+                    rows < 0 ? std::string("N") : std::to_string(rows), " / 32, 2, K / 32 = ", K / kQuantBlock, ", ",
+                    bytes, "], got ", shape_str(w.sizes()));
+  TORCH_CHECK_VALUE(w.is_contiguous(), op, ": ", name, ": expected a contiguous packed weight, got strides ",
+                    shape_str(w.strides()));
+  return format;
+}
+
 int64_t parallel_chunk() {
   const char* env = std::getenv("EAGLE_KERNELS_CPU_LINEAR_CHUNK");
   if (env == nullptr || *env == '\0') return kDefaultParallelChunk;
@@ -285,8 +308,27 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const at::Device dev = x.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
   const at::ScalarType wtype = weight.scalar_type();
+  if (linear_impl::is_quantized(weight)) {
+    check_device(weight, op, "weight", dev);
+    const int64_t K = x.size(-1);
+    const linear_impl::QuantFormat format = linear_impl::check_quantized(weight, op, "weight", -1, K);
+    const int64_t N = weight.size(0) * linear_impl::kPackWidth;
+    std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+    out_shape.back() = N;
+    at::Tensor out = at::empty(out_shape, x.options());
+    const int64_t M = x.numel() / std::max<int64_t>(K, 1);
+    if (out.numel() == 0) return out;
+    if (K == 0) return out.zero_();
+    at::Tensor x2 = x.reshape({M, K});
+    if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();
+    linear_impl::quant_linear(static_cast<const uint8_t*>(weight.data_ptr()), format, weight.size(0),
+                              x2.data_ptr<float>(), x2.stride(0), M, K, out.data_ptr<float>(), N, isa::current());
+    return out;
+  }
   TORCH_CHECK_VALUE(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kHalf, op,
-                    ": weight: expected dtype float32, bfloat16 or float16, got ", wtype);
+                    ": weight: expected dtype float32, bfloat16, float16, int8 (packed Q8_0) or uint8 (packed Q4_1), "
+                    "got ",
+                    wtype);
   TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 4, op,
                     ": weight: expected 2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack), got ",
                     weight.dim(), "-D shape ", shape_str(weight.sizes()));

@@ -2,7 +2,7 @@
 // weights in cpu_linear_packed.cpp) share. Not part of the op API.
 #pragma once
 
-#include <ATen/core/ScalarType.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 
@@ -22,6 +22,25 @@ constexpr int64_t kPackWidth = 32;
 // with the vector path of `level` (isa::current()).
 void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
                    int64_t K, float* out, int64_t ldo, isa::Level level);
+
+// Weight-only quantized weights (cpu_linear_quant.cpp): packed blocks of kQuantBlock k steps per half of a group,
+// int8 [N / 32, 2, K / 32, kQ8BlockBytes] for Q8_0, uint8 [N / 32, 2, K / 32, kQ41BlockBytes] for Q4_1.
+constexpr int64_t kQuantBlock = 32;
+constexpr int64_t kQ8BlockBytes = 32 + 32 * 16;   // 16 fp16 scales, 32 x 16 int8 quants
+constexpr int64_t kQ41BlockBytes = 64 + 16 * 16;  // 16 fp16 scales, 16 fp16 minimums, 16 x 16 bytes of nibble pairs
+enum class QuantFormat { kQ8_0, kQ4_1 };
+
+// Whether `w` has a quantized dtype (int8: Q8_0, uint8: Q4_1).
+bool is_quantized(const at::Tensor& w);
+
+// Checks a quantized packed weight for `rows` output features (-1: any multiple of 32) and K input features
+// (ValueError naming `name`); returns its format.
+QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K);
+
+// out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for the quantized packed weight `packed` (groups of 32
+// columns, K a multiple of 32).
+void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
+                  int64_t K, float* out, int64_t ldo, isa::Level level);
 
 }  // namespace linear_impl
 }  // namespace eagle

