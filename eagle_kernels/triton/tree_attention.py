@@ -167,9 +167,10 @@ def _tree_attention_kernel(
             if IS_CAUSAL:
                 visible = both & (j[None, :] <= node[:, None])
             else:
-                w_off = (b * N + node[:, None]) * W + j[None, :] // 64
-                words = tl.load(mask_ptr + w_off, mask=both, other=0)
-                bits = (words >> (j[None, :] % 64).to(tl.int64)) & 1
+                # BLOCK_K divides 64: the tile's keys share one mask word per row, loaded as a
+                # [BLOCK_M] vector (not a [BLOCK_M, BLOCK_K] tile of repeated words).
+                words = tl.load(mask_ptr + (b * N + node.to(tl.int64)) * W + j0 // 64, mask=row_valid, other=0)
+                bits = (words[:, None] >> (j[None, :] % 64).to(tl.int64)) & 1
                 visible = both & (bits != 0)
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
                                          True, UPCAST, DOT_PRECISION)
@@ -230,14 +231,23 @@ class TreeAttentionConfig:
     num_stages: int
     waves: int = 2
 
-    def shared_bytes(self, head_dim: int, element_size: int, causal: bool) -> int:
-        """Shared-memory estimate of a program: every tile a key step loads (K and V, and the
-        [block_m, block_k] int64 mask words with a tree mask), once per pipeline stage. An
-        upper bound of what Triton 3.9 allocates (196,608 B for the 128-row bf16 D 128 tree
-        launch, estimated 294,912 B)."""
+    def shared_bytes(self, head_dim: int, element_size: int, causal: bool, paged: bool = False) -> int:
+        """Dynamic shared memory Triton allocates for a block (triton 3.6 and 3.9, sm_90): the Q
+        tile (a Hopper MMA operand, kept in shared memory), K and V tiles once per pipeline
+        stage, and with a tree mask one int64 word per row per stage but one. The paged gather
+        pipelines K/V over at most two buffers and its mask words over one, plus the
+        block-table indices (1 KiB bound). Exact for 16-bit blocks of 64 rows or more (the
+        128-row bf16 D 128 tree launch: 133,120 B at 3 stages, 99,328 B at 2); an upper bound
+        for fp32 (FMA dots) and smaller blocks (python_tests/ops/test_tree_attention_compile.py)."""
         block_d = max(16, triton.next_power_of_2(head_dim))
-        tile = 2 * self.block_k * block_d * element_size + (0 if causal else self.block_m * self.block_k * 8)
-        return self.num_stages * tile
+        q_tile = self.block_m * block_d * element_size
+        kv_tiles = 2 * self.block_k * block_d * element_size
+        mask_words = 0 if causal else self.block_m * 8
+        stages = self.num_stages
+        if paged:
+            return (q_tile + min(stages, 2) * kv_tiles + min(stages - 1, 1) * mask_words
+                    + (1024 if stages >= 3 else 0))
+        return q_tile + stages * kv_tiles + (stages - 1) * mask_words
 
 
 # Shared memory an H200 (sm_90) block may use.
@@ -262,13 +272,15 @@ def _fp32(config: TreeAttentionConfig) -> TreeAttentionConfig:
                                num_stages=2)
 
 
-def _fit(config: TreeAttentionConfig, head_dim: int, element_size: int, causal: bool) -> TreeAttentionConfig:
-    """A table entry adapted to the dtype and the mask kind: fp32 tiles, then fewer pipeline
-    stages until the shared-memory estimate fits the budget (the 128-row 16-bit launch with a
-    tree mask, whose mask words take 64 KiB a stage, runs 2 stages)."""
+def _fit(config: TreeAttentionConfig, head_dim: int, element_size: int, causal: bool,
+         paged: bool = False) -> TreeAttentionConfig:
+    """A table entry adapted to the dtype and the layout: fp32 tiles, then fewer pipeline
+    stages until the block's shared memory (with Triton's 1 KiB of static shared memory) fits
+    the budget."""
     if element_size == 4:
         config = _fp32(config)
-    while config.num_stages > 1 and config.shared_bytes(head_dim, element_size, causal) > SHARED_MEMORY_BUDGET:
+    while config.num_stages > 1 and (config.shared_bytes(head_dim, element_size, causal, paged) + 1024
+                                     > SHARED_MEMORY_BUDGET):
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     return config
 
@@ -284,19 +296,34 @@ def _table_config(B, Hkv, N, group, D, device) -> TreeAttentionConfig:
     return GPU_CONFIG_SMALL if programs(128) < sms <= programs(64) else GPU_CONFIG
 
 
-def gpu_config(B, Hkv, N, group, D, dtype, causal, device) -> TreeAttentionConfig:
-    """The GPU launch configuration for a call's shapes, dtype and mask kind."""
+def gpu_config(B, Hkv, N, group, D, dtype, causal, device, paged=False) -> TreeAttentionConfig:
+    """The GPU launch configuration for a call's shapes, dtype and layout."""
     element_size = torch.empty((), dtype=dtype).element_size()
-    return _fit(_table_config(B, Hkv, N, group, D, device), D, element_size, causal)
+    return _fit(_table_config(B, Hkv, N, group, D, device), D, element_size, causal, paged)
 
 
-# Every configuration gpu_config can return (the tests run each one interpreted).
-GPU_CONFIGS = tuple(dict.fromkeys(
-    _fit(config, D, element_size, causal)
-    for config in (GPU_CONFIG, GPU_CONFIG_SMALL, GPU_CONFIG_D256)
-    for D in ((256,) if config is GPU_CONFIG_D256 else (64, 128))
-    for element_size in (2, 4)
-    for causal in (True, False)))
+def every_gpu_config() -> dict:
+    """{config: [(D, dtype, causal, paged), ...]}: every configuration gpu_config can return for
+    head dims 64 / 128 (256 for the D256 entry), fp16 / bf16 / fp32, both mask kinds and cache
+    layouts."""
+    configs: dict = {}
+    for table_config in (GPU_CONFIG, GPU_CONFIG_SMALL, GPU_CONFIG_D256):
+        for D in ((256,) if table_config is GPU_CONFIG_D256 else (64, 128)):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                element_size = torch.empty((), dtype=dtype).element_size()
+                for causal in (True, False):
+                    for paged in (False, True):
+                        config = _fit(table_config, D, element_size, causal, paged)
+                        configs.setdefault(config, []).append((D, dtype, causal, paged))
+    return configs
+
+
+def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:
+    """Resident blocks of one SM (sm_90: 228 KiB of shared memory, 1 KiB reserved and 1 KiB
+    static a block; 64 Ki registers allocated per warp in units of 256; 64 warps)."""
+    by_shared = 233_472 // (shared_bytes + 2048)
+    by_registers = 65_536 // (triton.cdiv(registers * 32, 256) * 256 * num_warps)
+    return max(0, min(by_shared, by_registers, 64 // num_warps, 32))
 
 
 def _num_splits(programs: int, capacity: int, block_k: int, device: torch.device, waves: int) -> int:
@@ -341,10 +368,12 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
 
     interpret = interpreted(_tree_attention_kernel)
     if config is None:
-        config = INTERPRETER_CONFIG if interpret else gpu_config(B, Hkv, N, group, D, q.dtype, causal, q.device)
+        config = INTERPRETER_CONFIG if interpret else gpu_config(B, Hkv, N, group, D, q.dtype, causal, q.device, paged)
     block_d = max(16, triton.next_power_of_2(D))
     block_m = max(config.block_m, triton.next_power_of_2(group))
     block_k = config.block_k
+    if 64 % block_k:
+        raise ValueError(f"config: block_k must divide 64 (one mask word per row and tile), got {block_k}")
     nodes = block_m // group
     programs = B * Hkv * triton.cdiv(N, nodes)
     capacity = _checks.kv_capacity(k_cache, block_table)

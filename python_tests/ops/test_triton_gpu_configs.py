@@ -188,7 +188,7 @@ def every_gpu_config():
     from eagle_kernels.triton import tree_attention as triton_tree_attention
 
     return [(config, 256 if config.block_k == 32 and config.num_warps == 8 else 64)
-            for config in triton_tree_attention.GPU_CONFIGS]
+            for config in triton_tree_attention.every_gpu_config()]
 
 
 @pytest.mark.parametrize("config,D", every_gpu_config(),
@@ -203,23 +203,23 @@ def test_tree_attention_every_gpu_config(config, D):
 @pytest.mark.parametrize("causal", [False, True], ids=["tree", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_tree_attention_configs_fit_shared_memory(dtype, causal):
-    """Every configuration the launcher can choose, for each head dim, dtype and mask kind,
-    fits an H200 block's shared memory by the estimate (contiguous and paged caches load the
-    same tiles). The 128-row 16-bit tree-mask launch with 3 stages would not (the mask words
-    take 64 KiB a stage): it runs 2."""
+    """Every configuration the launcher can choose, for each head dim, dtype, mask kind and
+    cache layout, fits an H200 block's shared memory by the estimate (which
+    test_tree_attention_compile.py checks against the compiled kernels). The goal layout
+    (128-row 16-bit blocks, D 128, contiguous cache, tree mask) fits with 3 stages now that a
+    tile's mask words are one per row (133,120 B; they were a [rows, keys] tile, 262,144 B)."""
     from eagle_kernels.triton import tree_attention as tta
 
     element_size = torch.empty((), dtype=dtype).element_size()
-    chosen = set()
+    configs = tta.every_gpu_config()
     for D in (64, 128, 256):
-        for table_config in ((tta.GPU_CONFIG_D256,) if D > 128 else (tta.GPU_CONFIG, tta.GPU_CONFIG_SMALL)):
-            config = tta._fit(table_config, D, element_size, causal)
-            assert config.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET, (config, D)
-            assert config in tta.GPU_CONFIGS
-            chosen.add(config)
-        # What the launcher picks (the 128-row entry off a GPU) is one of them.
-        picked = tta.gpu_config(1, 8, 64, 4, D, dtype, causal, torch.device("cpu"))
-        assert picked in chosen and picked.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET
+        for paged in (False, True):
+            picked = tta.gpu_config(1, 8, 64, 4, D, dtype, causal, torch.device("cpu"), paged)
+            assert picked in configs
+            assert picked.shared_bytes(D, element_size, causal, paged) + 1024 <= tta.SHARED_MEMORY_BUDGET
+    for config, layouts in configs.items():
+        for D, dtype_, causal_, paged in layouts:
+            size = torch.empty((), dtype=dtype_).element_size()
+            assert config.shared_bytes(D, size, causal_, paged) + 1024 <= tta.SHARED_MEMORY_BUDGET, config
     if element_size == 2 and not causal:
-        assert tta.GPU_CONFIG.shared_bytes(128, 2, False) > tta.SHARED_MEMORY_BUDGET
-        assert tta._fit(tta.GPU_CONFIG, 128, 2, False) == dataclasses.replace(tta.GPU_CONFIG, num_stages=2)
+        assert tta.GPU_CONFIG.shared_bytes(128, 2, False) == 133_120

@@ -1,0 +1,159 @@
+"""tree_attention's GPU launches without a GPU: ``python bench/tree_attention_audit.py [audit|counts]``.
+
+- ``audit``: compiles every configuration ``gpu_config`` can return (head dims 64 / 128 / 256,
+  fp16 / bf16 / fp32, contiguous and paged caches, with and without a tree mask) for sm_90 as the
+  JIT would launch it (the launcher's constexprs and options, and the JIT's alignment /
+  divisibility specialisation of the real argument tensors), and prints per configuration the
+  registers, spill bytes, shared memory beside ``shared_bytes()``'s figure, and the blocks per SM
+  they allow. Exit status 1 if a block needs more than an H200 allows or spills.
+- ``counts``: per goal shape (Llama-3-8B heads 32 / 8 / 128, N 64, bf16, 16-token pages,
+  prefix 4k / 16k, B 1 / 8 / 32), what a launch requests: programs, waves, K/V bytes
+  requested (every program reads its split of the prefix and the tree slots once), fp32
+  partial-result bytes written and read back, FLOPs of the two matrix products, and a simple
+  time estimate: waves x max(per-program FLOPs at the SM's share of 790 TFLOP/s, per-program
+  bytes at its share of 4.8 TB/s) + the partials at 4.8 TB/s + 3 us per launch.
+
+Run without ``TRITON_INTERPRET`` for ``audit`` (it compiles); ``counts`` needs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+HEADS = (32, 8, 128)
+
+
+def record_launches(fn) -> list:
+    """(kernel, args, kwargs) of every Triton launch ``fn`` makes; nothing runs."""
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, dict(kwargs)))
+
+    original = JITFunction.run
+    JITFunction.run = record
+    try:
+        fn()
+    finally:
+        JITFunction.run = original
+    return launches
+
+
+def compile_launch(kernel, args, kwargs, arch: int = 90) -> dict:
+    """Compile one recorded launch for sm_``arch`` exactly as the JIT's ``run`` would (its
+    binder's specialisation of the arguments, its option parsing): registers and local (spill)
+    bytes a thread, static and dynamic shared bytes of a block."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    name = kernel.fn.__name__
+    # The resource line of this kernel's function (the cubin holds one).
+    line = next(text for text in usage.splitlines() if "REG:" in text)
+    resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", line)}
+    return dict(kernel=name, registers=resources["REG"], local_bytes=resources["LOCAL"],
+                static_shared=resources["SHARED"], shared=compiled.metadata.shared)
+
+
+def case_tensors(D, dtype, causal, paged, N=64, heads=(32, 8), B=1, prefix=100, page=16):
+    """Small tensors of the goal layout (the JIT specialises on alignment and divisibility,
+    not on sizes)."""
+    Hq, Hkv = heads
+    capacity = prefix + N + 2 * page
+    q = torch.randn(B, N, Hq, D).to(dtype)
+    seqlens = torch.full((B,), prefix, dtype=torch.int32)
+    if paged:
+        pages = triton.cdiv(capacity, page)
+        k = torch.randn(B * pages, page, Hkv, D).to(dtype)
+        table = torch.arange(B * pages, dtype=torch.int32).view(B, pages)
+    else:
+        k, table = torch.randn(B, capacity, Hkv, D).to(dtype), None
+    mask = None if causal else torch.ones(B, N, triton.cdiv(N, 64), dtype=torch.int64)
+    return q, k, k.clone(), seqlens, mask, table
+
+
+def compile_config(config, D, dtype, causal, paged, num_splits=1) -> dict:
+    """Compile the attention kernel of one launch with ``config`` (the merge kernel is left out)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    q, k, v, seqlens, mask, table = case_tensors(D, dtype, causal, paged)
+    launches = record_launches(lambda: tta._launch(q, k, v, seqlens, mask, block_table=table,
+                                                   num_splits=num_splits, config=config))
+    kernel, args, kwargs = next(launch for launch in launches if launch[0].fn.__name__ == "_tree_attention_kernel")
+    return compile_launch(kernel, args, kwargs)
+
+
+def audit() -> int:
+    from eagle_kernels.triton import tree_attention as tac
+
+    failures = 0
+    for config, layouts in tac.every_gpu_config().items():
+        for D, dtype, causal, paged in sorted(set(layouts), key=str):
+            element_size = torch.empty((), dtype=dtype).element_size()
+            result = compile_config(config, D, dtype, causal, paged)
+            estimate = config.shared_bytes(D, element_size, causal, paged)
+            total = result["shared"] + result["static_shared"]
+            occupancy = tac.blocks_per_sm(result["shared"], result["registers"], config.num_warps)
+            ok = total <= tac.SHARED_MEMORY_BUDGET and result["local_bytes"] == 0
+            failures += not ok
+            print(json.dumps(dict(config=f"m{config.block_m}k{config.block_k}w{config.num_warps}s{config.num_stages}"
+                                  f"r{getattr(config, 'max_registers', None)}", D=D, dtype=str(dtype)[6:], causal=causal, paged=paged,
+                                  registers=result["registers"], spill_bytes=result["local_bytes"],
+                                  shared=result["shared"], estimate=estimate, blocks_per_sm=occupancy,
+                                  target_blocks_per_sm=getattr(config, "blocks_per_sm", None), ok=ok)), flush=True)
+    return 1 if failures else 0
+
+
+def check(cases) -> None:
+    """Compile each (D, dtype name, causal, paged) case with the configuration the launcher picks
+    for the goal shape (N 64, 32 / 8 heads) and print one JSON line per case (the tests' few)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    for D, dtype_name, causal, paged in cases:
+        dtype = getattr(torch, dtype_name)
+        config = tta.gpu_config(1, HEADS[1], 64, HEADS[0] // HEADS[1], D, dtype, causal, torch.device("cpu"), paged)
+        result = compile_config(config, D, dtype, causal, paged)
+        element_size = torch.empty((), dtype=dtype).element_size()
+        result.update(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),
+                      estimate=config.shared_bytes(D, element_size, causal, paged))
+        print(json.dumps(result), flush=True)
+
+
+def main(argv) -> int:
+    what = argv[0] if argv else "audit"
+    if what in ("audit", "check") and os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
+    if what == "audit":
+        return audit()
+    if what == "check":
+        check(json.loads(argv[1]))
+        return 0
+    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
