@@ -75,8 +75,31 @@ def compile_launch(kernel, args, kwargs, arch: int = 90) -> dict:
     # The resource line of this kernel's function (the cubin holds one).
     line = next(text for text in usage.splitlines() if "REG:" in text)
     resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", line)}
+    # Spilled registers live in the stack frame (STACK); LOCAL counts local arrays. The SASS
+    # says whether any spill instruction (STL / LDL) is emitted at all.
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
+    spill_instructions, loop_spills = spills(sass)
     return dict(kernel=name, registers=resources["REG"], local_bytes=resources["LOCAL"],
+                stack_bytes=resources.get("STACK", 0), spill_instructions=spill_instructions, loop_spills=loop_spills,
                 static_shared=resources["SHARED"], shared=compiled.metadata.shared)
+
+
+def spills(sass: str) -> tuple[int, int]:
+    """(spill instructions, spill instructions inside a loop) of one kernel's SASS: a loop is
+    the span from a backward branch's target to the branch."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    address = [int(a, 16) for a, _ in lines]
+    is_spill = [bool(re.search(r"\b(STL|LDL)\b", text)) for _, text in lines]
+    loops = []
+    for at, (_, text) in zip(address, lines):
+        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < at:
+            loops.append((int(branch.group(1), 16), at))
+    in_loop = sum(1 for at, spill in zip(address, is_spill) if spill and any(lo <= at <= hi for lo, hi in loops))
+    return sum(is_spill), in_loop
 
 
 def case_tensors(D, dtype, causal, paged, N=64, heads=(32, 8), B=1, prefix=100, page=16):
@@ -118,13 +141,14 @@ def audit() -> int:
             estimate = config.shared_bytes(D, element_size, causal, paged)
             total = result["shared"] + result["static_shared"]
             occupancy = tac.blocks_per_sm(result["shared"], result["registers"], config.num_warps)
-            ok = total <= tac.SHARED_MEMORY_BUDGET and result["local_bytes"] == 0
+            ok = total <= tac.SHARED_MEMORY_BUDGET and result["local_bytes"] == 0 and result["loop_spills"] == 0
             failures += not ok
             print(json.dumps(dict(config=f"m{config.block_m}k{config.block_k}w{config.num_warps}s{config.num_stages}"
-                                  f"r{getattr(config, 'max_registers', None)}", D=D, dtype=str(dtype)[6:], causal=causal, paged=paged,
-                                  registers=result["registers"], spill_bytes=result["local_bytes"],
+                                  f"r{config.max_registers}", D=D, dtype=str(dtype)[6:], causal=causal, paged=paged,
+                                  registers=result["registers"], stack_bytes=result["stack_bytes"],
+                                  spills=result["spill_instructions"], loop_spills=result["loop_spills"],
                                   shared=result["shared"], estimate=estimate, blocks_per_sm=occupancy,
-                                  target_blocks_per_sm=getattr(config, "blocks_per_sm", None), ok=ok)), flush=True)
+                                  target_blocks_per_sm=config.blocks_per_sm, ok=ok)), flush=True)
     return 1 if failures else 0
 
 
@@ -135,7 +159,7 @@ def check(cases) -> None:
 
     for D, dtype_name, causal, paged in cases:
         dtype = getattr(torch, dtype_name)
-        config = tta.gpu_config(1, HEADS[1], 64, HEADS[0] // HEADS[1], D, dtype, causal, torch.device("cpu"), paged)
+        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged)
         result = compile_config(config, D, dtype, causal, paged)
         element_size = torch.empty((), dtype=dtype).element_size()
         result.update(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),

@@ -24,7 +24,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 BUDGET = 232_448
 # (D, dtype, causal, paged): exact cases (16-bit, 64 rows or more), then the upper-bound ones.
 EXACT = [[128, "bfloat16", False, False], [64, "float16", True, False]]
-BOUNDED = [[128, "bfloat16", False, True], [128, "float32", False, False]]
+BOUNDED = [[128, "bfloat16", False, True]]
 
 
 @pytest.fixture(scope="module")
@@ -50,4 +50,4 @@ def test_estimate_matches_compiled_shared_memory(compiled, case):
     else:  # an upper bound, within 1 KiB for the 16-bit paged gather
         assert r["shared"] <= r["estimate"], r
         if case[1] != "float32":
-            assert r["estimate"] - r["shared"] <= 1024, r
+            assert r["estimate"] - r["shared"] <= 1024, r  # (fp32: bench/tree_attention_audit.py audit)
