@@ -135,7 +135,10 @@ def audit() -> int:
 
     failures = 0
     for config, layouts in tac.every_gpu_config().items():
-        for D, dtype, causal, paged in sorted(set(layouts), key=str):
+        # fp16 compiles as bf16 does (same tiles, same shared memory): bf16 stands for both.
+        layouts = {(D, torch.bfloat16 if dtype == torch.float16 else dtype, causal, paged)
+                   for D, dtype, causal, paged in layouts}
+        for D, dtype, causal, paged in sorted(layouts, key=str):
             element_size = torch.empty((), dtype=dtype).element_size()
             result = compile_config(config, D, dtype, causal, paged)
             estimate = config.shared_bytes(D, element_size, causal, paged)
@@ -167,6 +170,103 @@ def check(cases) -> None:
         print(json.dumps(result), flush=True)
 
 
+# The H200 figures the estimate uses: SMs, dense bf16 tensor-core peak, HBM bandwidth, and a
+# launch's cost inside a CUDA graph (an assumption, not a measurement).
+SMS, PEAK_FLOPS, HBM_BYTES_PER_S, LAUNCH_S = 132, 790e12, 4.8e12, 2e-6
+GOAL_SHAPES = [(B, 64, prefix) for B in (1, 8, 32) for prefix in (4096, 16384)]
+# The launcher before the rewrite (commit 700a43c), bf16 D 128 paged tree launches as the bench
+# runs them: 128-row blocks (8 warps, 2 stages) unless 64-row ones (4 warps, 3 stages) fill one
+# wave where 128-row ones do not; splits while programs < SMs, for 2 waves. Registers and
+# shared memory compiled from that commit here (triton 3.9, sm_90, the JIT's specialisation).
+BEFORE_COMPILED = {128: dict(registers=194, shared=163_840, num_warps=8, block_k=64),
+                   64: dict(registers=232, shared=114_944, num_warps=4, block_k=64)}
+# Graph-replay times of that kernel measured on an H200 (the launcher's default in the sweep
+# recorded in commit f062674's GPU_CONFIG comment), ms: the calibration of the estimate.
+BEFORE_MEASURED_MS = {(1, 16384): 0.105, (8, 4096): 0.193, (32, 16384): 2.43}
+
+
+def _before_plan(B, N, prefix, Hq, Hkv):
+    group = Hq // Hkv
+    programs = lambda rows: B * Hkv * triton.cdiv(N, rows // group)  # noqa: E731
+    rows = 64 if programs(128) < SMS <= programs(64) else 128
+    figures = BEFORE_COMPILED[rows]
+    capacity = prefix + N
+    splits = 1 if programs(rows) >= SMS else max(1, min(32, triton.cdiv(2 * SMS, programs(rows)),
+                                                         capacity // (4 * figures["block_k"])))
+    return rows, splits, figures
+
+
+def _after_plan(B, N, prefix, Hq, Hkv, D, compiled):
+    from eagle_kernels.triton import tree_attention_config as tac
+
+    group = Hq // Hkv
+    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True)
+    programs = B * Hkv * triton.cdiv(N, config.block_m // group)
+    splits = tac.num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
+    if compiled:
+        result = compile_config(config, D, torch.bfloat16, False, True)
+        figures = dict(registers=result["registers"], shared=result["shared"])
+    else:
+        figures = dict(registers=config.max_registers or tac.DEFAULT_REGISTERS,
+                       shared=config.shared_bytes(D, 2, False, True))
+    figures.update(num_warps=config.num_warps, block_k=config.block_k)
+    return config.block_m, splits, figures
+
+
+def plan_counts(B, N, prefix, heads, rows, splits, figures) -> dict:
+    """What one launch requests at bf16: programs, waves, K/V bytes (each program reads its
+    split of the prefix and the tree slots up to its block's last node, once per tile), fp32
+    partial bytes (written and read back), FLOPs of both products over the padded rows (the
+    dots compute them all), and the estimate."""
+    from eagle_kernels.triton import tree_attention_config as tac
+
+    Hq, Hkv, D = heads
+    group = Hq // Hkv
+    nodes = rows // group
+    node_blocks = triton.cdiv(N, nodes)
+    programs = B * Hkv * node_blocks * splits
+    occupancy = tac.blocks_per_sm(figures["shared"], figures["registers"], figures["num_warps"])
+    waves = triton.cdiv(programs, SMS * occupancy)
+    row_bytes = Hkv * D * 2 * 2  # K and V of one position, all KV heads
+    tree_keys = sum(min(N, (n + 1) * nodes) for n in range(node_blocks))
+    kv_bytes = B * (node_blocks * prefix + tree_keys) * row_bytes
+    partial_bytes = 0 if splits == 1 else 2 * splits * B * N * Hq * (D + 1) * 4
+    program_keys = triton.cdiv(prefix, splits) + N
+    program_flops = 4 * rows * program_keys * D
+    useful_flops = 4 * B * Hq * N * (prefix + (N + 1) / 2) * D
+    compute_s = waves * occupancy * program_flops / (PEAK_FLOPS / SMS)
+    memory_s = (kv_bytes + partial_bytes) / HBM_BYTES_PER_S
+    launches = 1 + (splits > 1)
+    estimate_s = max(compute_s, memory_s) + launches * LAUNCH_S
+    return dict(rows=rows, splits=splits, programs=programs, blocks_per_sm=occupancy, waves=waves,
+                kv_MB=kv_bytes / 1e6, partial_MB=partial_bytes / 1e6, useful_GFLOP=useful_flops / 1e9,
+                estimate_us=estimate_s * 1e6, estimate_TFLOPs=useful_flops / estimate_s / 1e12)
+
+
+def counts(compiled: bool) -> None:
+    """Before / after per goal shape, and the calibration: the before-estimate over the measured
+    time, applied to the after-estimate (the share of its model a Triton kernel of this
+    structure reached on the H200)."""
+    Hq, Hkv, D = HEADS
+    efficiency = []
+    rows_out = []
+    for B, N, prefix in GOAL_SHAPES:
+        before = plan_counts(B, N, prefix, HEADS, *_before_plan(B, N, prefix, Hq, Hkv))
+        after = plan_counts(B, N, prefix, HEADS, *_after_plan(B, N, prefix, Hq, Hkv, D, compiled))
+        measured = BEFORE_MEASURED_MS.get((B, prefix))
+        if measured:
+            before["measured_us"] = measured * 1e3
+            before["measured_TFLOPs"] = before["useful_GFLOP"] / measured  # GFLOP / ms = TFLOP/s
+            efficiency.append(before["estimate_us"] / before["measured_us"])
+        rows_out.append((f"B{B}-N{N}-prefix{prefix}", before, after))
+    share = sum(efficiency) / len(efficiency)
+    for shape, before, after in rows_out:
+        after["calibrated_TFLOPs"] = after["estimate_TFLOPs"] * share
+        after["calibrated_share_of_peak"] = after["calibrated_TFLOPs"] * 1e12 / PEAK_FLOPS
+        print(json.dumps(dict(shape=shape, before=before, after=after,
+                              model_share_reached_before=round(share, 3)), default=lambda x: round(x, 3)))
+
+
 def main(argv) -> int:
     what = argv[0] if argv else "audit"
     if what in ("audit", "check") and os.environ.get("TRITON_INTERPRET") == "1":
@@ -176,7 +276,10 @@ def main(argv) -> int:
     if what == "check":
         check(json.loads(argv[1]))
         return 0
-    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON")
+    if what == "counts":
+        counts(compiled="--compile" in argv)
+        return 0
+    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, counts [--compile]")
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def test_tree_attention_gpu_config(dtype, D, page, causal):
 
     B, N, prefix, heads = 2, 40, 150, (8, 2)
     config = tta.gpu_config(N, heads[0] // heads[1], D, dtype, causal, page is not None)
-    assert (config.block_m, config.block_k) == ((256, 32) if dtype == torch.bfloat16 else (64, 32))
+    assert (config.block_m, config.block_k) == ((256, 32) if dtype == torch.bfloat16 else (64, 16))
     if dtype == torch.bfloat16 and D == 128 and page is None and not causal:
         assert config == tta.GPU_CONFIG == tta.gpu_config(64, 4, 128, torch.float16, False, False)
     check_attention(config, B, N, prefix, heads, D, dtype, page, causal, seed=D + N)
