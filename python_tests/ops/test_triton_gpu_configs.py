@@ -10,7 +10,6 @@ checks that every tree_attention GPU configuration fits an H200's shared memory 
 (python_tests/ops/test_triton_compile.py checks the compiled kernels).
 """
 
-import dataclasses
 import math
 
 import pytest
