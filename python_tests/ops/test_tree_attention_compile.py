@@ -22,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 AUDIT = os.path.join(ROOT, "bench", "tree_attention_audit.py")
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 BUDGET = 232_448
+# Three compiles (~10-30 s): out of the fast lane.
+pytestmark = pytest.mark.slow
 # (D, dtype, causal, paged): exact cases (16-bit, 64 rows or more), then the upper-bound ones.
 EXACT = [[128, "bfloat16", False, False], [64, "float16", True, False]]
 BOUNDED = [[128, "bfloat16", False, True]]
