@@ -113,9 +113,11 @@ def tree_attention_rows(timer: Timer, limits: dict, shapes, heads) -> list[dict]
 
 
 # Tree-attention launch configurations the sweep times against the launcher's own choice:
-# (BLOCK_M, BLOCK_K, num_warps, num_stages).
-SWEEP_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 2),
-                 (128, 32, 4, 4), (64, 64, 4, 4)]
+# (BLOCK_M, BLOCK_K, num_warps, num_stages, maxnreg). The first is the launcher's choice at the
+# goal shape (every row of a KV head in one block); the others trade tile size, stages, register
+# cap and rows (the last two are the configurations of the earlier kernel's sweep).
+SWEEP_CONFIGS = [(256, 32, 16, 2, 128), (256, 64, 16, 2, 128), (256, 32, 16, 3, 128), (256, 64, 8, 2, None),
+                 (128, 32, 8, 2, 128), (128, 64, 8, 3, None), (64, 64, 4, 3, None)]
 
 
 def tree_attention_sweep(timer: Timer, shapes, heads, configs) -> list[dict]:
@@ -130,15 +132,15 @@ def tree_attention_sweep(timer: Timer, shapes, heads, configs) -> list[dict]:
         row = dict(op="tree_attention_sweep", shape=f"B{B}-N{N}-prefix{prefix}")
         row["default_us"] = timer.graph(
             lambda: triton_tree_attention._launch(q, k, v, seqlens, mask, block_table=table)) * 1e6
-        for block_m, block_k, warps, stages in configs:
+        for block_m, block_k, warps, stages, registers in configs:
             config = triton_tree_attention.TreeAttentionConfig(block_m=block_m, block_k=block_k, num_warps=warps,
-                                                               num_stages=stages)
+                                                               num_stages=stages, max_registers=registers)
             call = lambda: triton_tree_attention._launch(q, k, v, seqlens, mask, block_table=table,  # noqa: E731
                                                          config=config)
             try:
-                row[f"m{block_m}k{block_k}w{warps}s{stages}_us"] = timer.graph(call) * 1e6
+                row[f"m{block_m}k{block_k}w{warps}s{stages}r{registers}_us"] = timer.graph(call) * 1e6
             except Exception as error:  # e.g. out of shared memory: recorded, the sweep goes on
-                row[f"m{block_m}k{block_k}w{warps}s{stages}_error"] = type(error).__name__
+                row[f"m{block_m}k{block_k}w{warps}s{stages}r{registers}_error"] = type(error).__name__
         rows.append(row)
         q = k = v = None
         bench_tree_attention.make_case.cache_clear()

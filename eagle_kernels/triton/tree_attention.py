@@ -10,15 +10,17 @@ For request ``b``, node ``i`` and query head ``h`` (KV head ``h // G``)::
 FlashAttention, Dao et al. 2022, Alg. 1, in base 2: q is pre-scaled by sm_scale * log2 e.)
 
 Layout of one program: its rows are the (node, query head) pairs of ``NODES`` consecutive nodes
-and the ``G`` query heads sharing one KV head (GQA packing), so each K/V tile is loaded once for
-all of them. Prefix tiles need no mask beyond the length bound; tree tiles read the int64 mask
-words. Long prefixes with few programs are split over ``NUM_SPLITS`` programs per row block
-(flash-decoding); a small merge kernel then combines the partial results by their log-sum-exp.
+and the ``G`` query heads sharing one KV head (GQA packing). On a GPU a block holds every row of
+a (request, KV head) up to 256 rows (Llama-3-8B's 4 query heads per KV head at N 64), so each
+K/V tile is read once per KV head, not once per node block. Prefix tiles need no mask beyond
+the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
+when the (request, KV head) programs are fewer than the SMs is the prefix split over
+``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
+combines their fp32 partial results by their log-sum-exp. Configurations:
+:mod:`.tree_attention_config`.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import triton
@@ -26,6 +28,18 @@ import triton.language as tl
 
 from .. import _checks
 from ._launch_config import interpreted
+from .tree_attention_config import (  # noqa: F401  (the configurations' names, re-exported)
+    GPU_CONFIG,
+    GPU_CONFIG_D256,
+    GPU_CONFIG_SMALL,
+    INTERPRETER_CONFIG,
+    SHARED_MEMORY_BUDGET,
+    TreeAttentionConfig,
+    blocks_per_sm,
+    every_gpu_config,
+    gpu_config,
+)
+from .tree_attention_config import num_splits as num_splits_for
 
 
 @triton.jit
@@ -167,9 +181,10 @@ def _tree_attention_kernel(
             if IS_CAUSAL:
                 visible = both & (j[None, :] <= node[:, None])
             else:
-                w_off = (b * N + node[:, None]) * W + j[None, :] // 64
-                words = tl.load(mask_ptr + w_off, mask=both, other=0)
-                bits = (words >> (j[None, :] % 64).to(tl.int64)) & 1
+                # BLOCK_K divides 64: the tile's keys share one mask word per row, loaded as a
+                # [BLOCK_M] vector (not a [BLOCK_M, BLOCK_K] tile of repeated words).
+                words = tl.load(mask_ptr + (b * N + node.to(tl.int64)) * W + j0 // 64, mask=row_valid, other=0)
+                bits = (words[:, None] >> (j[None, :] % 64).to(tl.int64)) & 1
                 visible = both & (bits != 0)
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
                                          True, UPCAST, DOT_PRECISION)
@@ -215,99 +230,8 @@ def _tree_attention_merge_kernel(
     tl.store(out_ptr + row * D + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_valid)
 
 
-@dataclasses.dataclass(frozen=True)
-class TreeAttentionConfig:
-    """Tiles and launch options of one tree_attention launch.
-
-    block_m: (node, query head) rows per program (at least next_pow2 of the GQA group).
-    block_k: keys per tile. num_warps, num_stages: Triton launch options. waves: GPU waves
-    the flash-decoding split aims at.
-    """
-
-    block_m: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    waves: int = 2
-
-    def shared_bytes(self, head_dim: int, element_size: int, causal: bool) -> int:
-        """Shared-memory estimate of a program: every tile a key step loads (K and V, and the
-        [block_m, block_k] int64 mask words with a tree mask), once per pipeline stage. An
-        upper bound of what Triton 3.9 allocates (196,608 B for the 128-row bf16 D 128 tree
-        launch, estimated 294,912 B)."""
-        block_d = max(16, triton.next_power_of_2(head_dim))
-        tile = 2 * self.block_k * block_d * element_size + (0 if causal else self.block_m * self.block_k * 8)
-        return self.num_stages * tile
-
-
-# Shared memory an H200 (sm_90) block may use.
-SHARED_MEMORY_BUDGET = 232_448
-
-# GPU launch configurations, from a sweep on an H200 (triton 3.6, bf16, Hq 32, Hkv 8, D 128,
-# N 64): 128-row blocks with 8 warps won at B 1 / prefix 16k (0.105 vs 0.158 ms) and B 32 /
-# prefix 16k (2.43 vs 2.75 ms); 64-row blocks won at B 8 / prefix 4k (0.193 vs 0.226 ms), where
-# 128-row blocks leave the GPU short of one wave and need splitting while 64-row ones fill it.
-# Head dim 256 keeps 64 x 32 tiles (register pressure; correct, not tuned).
-GPU_CONFIG = TreeAttentionConfig(block_m=128, block_k=64, num_warps=8, num_stages=3)
-GPU_CONFIG_SMALL = TreeAttentionConfig(block_m=64, block_k=64, num_warps=4, num_stages=3)
-GPU_CONFIG_D256 = TreeAttentionConfig(block_m=64, block_k=32, num_warps=8, num_stages=2)
-# Under the interpreter the cost is per program and per operation: small row blocks keep the
-# tests' node counts spread over several programs; warps and stages mean nothing there.
-INTERPRETER_CONFIG = TreeAttentionConfig(block_m=16, block_k=64, num_warps=4, num_stages=1)
-
-
-def _fp32(config: TreeAttentionConfig) -> TreeAttentionConfig:
-    """fp32 tiles take twice the shared memory of 16-bit ones: at most 64 x 32 tiles, 2 stages."""
-    return dataclasses.replace(config, block_m=min(config.block_m, 64), block_k=min(config.block_k, 32),
-                               num_stages=2)
-
-
-def _fit(config: TreeAttentionConfig, head_dim: int, element_size: int, causal: bool) -> TreeAttentionConfig:
-    """A table entry adapted to the dtype and the mask kind: fp32 tiles, then fewer pipeline
-    stages until the shared-memory estimate fits the budget (the 128-row 16-bit launch with a
-    tree mask, whose mask words take 64 KiB a stage, runs 2 stages)."""
-    if element_size == 4:
-        config = _fp32(config)
-    while config.num_stages > 1 and config.shared_bytes(head_dim, element_size, causal) > SHARED_MEMORY_BUDGET:
-        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
-    return config
-
-
-def _table_config(B, Hkv, N, group, D, device) -> TreeAttentionConfig:
-    """The sweep's choice for the call's shapes (before the dtype and mask kind)."""
-    if D > 128:
-        return GPU_CONFIG_D256
-    if device.type != "cuda":
-        return GPU_CONFIG
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    programs = lambda rows: B * Hkv * triton.cdiv(N, max(rows, group) // group)  # noqa: E731
-    return GPU_CONFIG_SMALL if programs(128) < sms <= programs(64) else GPU_CONFIG
-
-
-def gpu_config(B, Hkv, N, group, D, dtype, causal, device) -> TreeAttentionConfig:
-    """The GPU launch configuration for a call's shapes, dtype and mask kind."""
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return _fit(_table_config(B, Hkv, N, group, D, device), D, element_size, causal)
-
-
-# Every configuration gpu_config can return (the tests run each one interpreted).
-GPU_CONFIGS = tuple(dict.fromkeys(
-    _fit(config, D, element_size, causal)
-    for config in (GPU_CONFIG, GPU_CONFIG_SMALL, GPU_CONFIG_D256)
-    for D in ((256,) if config is GPU_CONFIG_D256 else (64, 128))
-    for element_size in (2, 4)
-    for causal in (True, False)))
-
-
-def _num_splits(programs: int, capacity: int, block_k: int, device: torch.device, waves: int) -> int:
-    """Flash-decoding split count from shapes only (no device sync): enough programs for
-    ``waves`` waves of the GPU, each split keeping at least 4 key tiles of the cache's capacity."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if programs >= sms:
-        return 1
-    return max(1, min(32, triton.cdiv(waves * sms, programs), capacity // (4 * block_k)))
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None,
@@ -341,17 +265,21 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
 
     interpret = interpreted(_tree_attention_kernel)
     if config is None:
-        config = INTERPRETER_CONFIG if interpret else gpu_config(B, Hkv, N, group, D, q.dtype, causal, q.device)
+        config = INTERPRETER_CONFIG if interpret else gpu_config(N, group, D, q.dtype, causal, paged)
     block_d = max(16, triton.next_power_of_2(D))
     block_m = max(config.block_m, triton.next_power_of_2(group))
     block_k = config.block_k
+    if 64 % block_k:
+        raise ValueError(f"config: block_k must divide 64 (one mask word per row and tile), got {block_k}")
     nodes = block_m // group
     programs = B * Hkv * triton.cdiv(N, nodes)
     capacity = _checks.kv_capacity(k_cache, block_table)
-    if num_splits is None:
-        splits = _num_splits(programs, capacity, block_k, q.device, config.waves)
-    else:
+    if num_splits is not None:
         splits = int(num_splits)
+    elif q.device.type == "cuda":
+        splits = num_splits_for(programs, capacity, block_k, _sm_count(q.device), config.blocks_per_sm)
+    else:
+        splits = 1
     if splits > 1:
         part_o = torch.empty(splits, B * N * Hq, D, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, B * N * Hq, dtype=torch.float32, device=q.device)
@@ -359,6 +287,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         part_o = part_lse = out  # unused
     upcast = interpret and q.dtype != torch.float32  # the interpreter's bf16 dot is wrong
     precision = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
+    options = {} if config.max_registers is None else {"maxnreg": config.max_registers}
     page_size = k_cache.shape[1] if paged else 1
     max_pages = table.shape[1] if paged else 1
     _tree_attention_kernel[(programs, splits)](
@@ -371,7 +300,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
         NUM_SPLITS=splits, IS_PAGED=paged, IS_CAUSAL=causal, EVEN_D=block_d == D, UPCAST=upcast,
         DOT_PRECISION=precision,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:
         _tree_attention_merge_kernel[(B * N * Hq,)](

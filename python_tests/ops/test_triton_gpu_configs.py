@@ -10,7 +10,6 @@ checks that every tree_attention GPU configuration fits an H200's shared memory 
 (python_tests/ops/test_triton_compile.py checks the compiled kernels).
 """
 
-import dataclasses
 import math
 
 import pytest
@@ -171,31 +170,37 @@ def layout_id(page):
 @pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_tree_attention_gpu_config(dtype, D, page, causal):
-    """The configuration the launcher picks on a GPU for these shapes (128-row blocks of 16-bit
-    inputs, 64 x 32 tiles of fp32; bf16 through the interpreter's upcast dot). 40 nodes of 4
-    query heads per KV head fill one 128-row block and part of a second; the 150-entry prefix
-    takes whole key tiles and a partial one."""
-    from eagle_kernels.triton import tree_attention as triton_tree_attention
+    """The configuration the launcher picks on a GPU for these shapes (bf16 through the
+    interpreter's upcast dot): 40 nodes of 4 query heads per KV head are 160 rows, one 256-row
+    block of 16-bit inputs (at D 128, contiguous, tree mask: the goal layout's configuration,
+    GPU_CONFIG), 64-row blocks of fp32 (three per KV head, the last partial). The 150-entry
+    prefix takes whole key tiles and a partial one."""
+    from eagle_kernels.triton import tree_attention as tta
 
     B, N, prefix, heads = 2, 40, 150, (8, 2)
-    config = triton_tree_attention.gpu_config(B, heads[1], N, heads[0] // heads[1], D, dtype, causal,
-                                              torch.device("cpu"))
-    assert (config.block_m, config.block_k) == ((128, 64) if dtype == torch.bfloat16 else (64, 32))
+    config = tta.gpu_config(N, heads[0] // heads[1], D, dtype, causal, page is not None)
+    assert (config.block_m, config.block_k) == ((256, 32) if dtype == torch.bfloat16 else (64, 16))
+    if dtype == torch.bfloat16 and D == 128 and page is None and not causal:
+        assert config == tta.GPU_CONFIG == tta.gpu_config(64, 4, 128, torch.float16, False, False)
     check_attention(config, B, N, prefix, heads, D, dtype, page, causal, seed=D + N)
 
 
-def every_gpu_config():
-    from eagle_kernels.triton import tree_attention as triton_tree_attention
+def every_tile_shape():
+    """One configuration per distinct (block_m, block_k, head dim class) that gpu_config can
+    return: warps, stages and register caps mean nothing to the interpreter."""
+    from eagle_kernels.triton import tree_attention as tta
 
-    return [(config, 256 if config.block_k == 32 and config.num_warps == 8 else 64)
-            for config in triton_tree_attention.GPU_CONFIGS]
+    shapes = {}
+    for config, layouts in tta.every_gpu_config().items():
+        D = 256 if all(layout[0] == 256 for layout in layouts) else 64
+        shapes.setdefault((config.block_m, config.block_k, D), config)
+    return [(config, D) for (_, _, D), config in sorted(shapes.items())]
 
 
-@pytest.mark.parametrize("config,D", every_gpu_config(),
-                         ids=lambda x: f"D{x}" if isinstance(x, int) else
-                         f"m{x.block_m}k{x.block_k}w{x.num_warps}s{x.num_stages}")
+@pytest.mark.parametrize("config,D", every_tile_shape(),
+                         ids=lambda x: f"D{x}" if isinstance(x, int) else f"m{x.block_m}k{x.block_k}")
 def test_tree_attention_every_gpu_config(config, D):
-    """Each configuration ``gpu_config`` can return, once, on a tiny paged tree-mask case with
+    """Each tile shape ``gpu_config`` can return, once, on a tiny paged tree-mask case with
     the flash-decoding merge of two splits (bf16; the D 256 one at head dim 256)."""
     check_attention(config, 1, 9, 70, (6, 2), D, torch.bfloat16, 16, False, seed=config.block_m + D, num_splits=2)
 
@@ -203,23 +208,27 @@ def test_tree_attention_every_gpu_config(config, D):
 @pytest.mark.parametrize("causal", [False, True], ids=["tree", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_tree_attention_configs_fit_shared_memory(dtype, causal):
-    """Every configuration the launcher can choose, for each head dim, dtype and mask kind,
-    fits an H200 block's shared memory by the estimate (contiguous and paged caches load the
-    same tiles). The 128-row 16-bit tree-mask launch with 3 stages would not (the mask words
-    take 64 KiB a stage): it runs 2."""
+    """Every configuration the launcher can choose, for each head dim, dtype, mask kind and
+    cache layout, fits an H200 block's shared memory by the estimate (which
+    test_tree_attention_compile.py checks against the compiled kernels). The goal layout
+    (256-row 16-bit blocks, D 128, contiguous cache, tree mask) takes 100,352 B: a tile's mask
+    words are one per row (the 128-row block's [rows, keys] tile of words took 262,144 B at 3
+    stages)."""
     from eagle_kernels.triton import tree_attention as tta
 
     element_size = torch.empty((), dtype=dtype).element_size()
-    chosen = set()
+    configs = tta.every_gpu_config()
     for D in (64, 128, 256):
-        for table_config in ((tta.GPU_CONFIG_D256,) if D > 128 else (tta.GPU_CONFIG, tta.GPU_CONFIG_SMALL)):
-            config = tta._fit(table_config, D, element_size, causal)
-            assert config.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET, (config, D)
-            assert config in tta.GPU_CONFIGS
-            chosen.add(config)
-        # What the launcher picks (the 128-row entry off a GPU) is one of them.
-        picked = tta.gpu_config(1, 8, 64, 4, D, dtype, causal, torch.device("cpu"))
-        assert picked in chosen and picked.shared_bytes(D, element_size, causal) <= tta.SHARED_MEMORY_BUDGET
+        for paged in (False, True):
+            picked = tta.gpu_config(64, 4, D, dtype, causal, paged)
+            assert picked in configs
+            assert picked.shared_bytes(D, element_size, causal, paged) + 1024 <= tta.SHARED_MEMORY_BUDGET
+    for config, layouts in configs.items():
+        for D, dtype_, causal_, paged in layouts:
+            size = torch.empty((), dtype=dtype_).element_size()
+            assert config.shared_bytes(D, size, causal_, paged) + 1024 <= tta.SHARED_MEMORY_BUDGET, config
+    # Rows per block: every (node, query head) pair of a KV head up to 256 rows, then node blocks.
+    assert [tta.gpu_config(N, 4, 128, torch.bfloat16, causal, False).block_m for N in (1, 7, 16, 64, 65, 256)] == [
+        16, 32, 64, 256, 256, 256]
     if element_size == 2 and not causal:
-        assert tta.GPU_CONFIG.shared_bytes(128, 2, False) > tta.SHARED_MEMORY_BUDGET
-        assert tta._fit(tta.GPU_CONFIG, 128, 2, False) == dataclasses.replace(tta.GPU_CONFIG, num_stages=2)
+        assert tta.GPU_CONFIG.shared_bytes(128, 2, False, False) == 100_352

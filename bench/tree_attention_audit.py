@@ -1,0 +1,286 @@
+"""tree_attention's GPU launches without a GPU: ``python bench/tree_attention_audit.py [audit|counts]``.
+
+- ``audit``: compiles every configuration ``gpu_config`` can return (head dims 64 / 128 / 256,
+  fp16 / bf16 / fp32, contiguous and paged caches, with and without a tree mask) for sm_90 as the
+  JIT would launch it (the launcher's constexprs and options, and the JIT's alignment /
+  divisibility specialisation of the real argument tensors), and prints per configuration the
+  registers, spill bytes, shared memory beside ``shared_bytes()``'s figure, and the blocks per SM
+  they allow. Exit status 1 if a block needs more than an H200 allows or spills.
+- ``counts``: per goal shape (Llama-3-8B heads 32 / 8 / 128, N 64, bf16, 16-token pages,
+  prefix 4k / 16k, B 1 / 8 / 32), what a launch requests: programs, waves, K/V bytes
+  requested (every program reads its split of the prefix and the tree slots once), fp32
+  partial-result bytes written and read back, FLOPs of the two matrix products, and a simple
+  time estimate: waves x max(per-program FLOPs at the SM's share of 790 TFLOP/s, per-program
+  bytes at its share of 4.8 TB/s) + the partials at 4.8 TB/s + 3 us per launch.
+
+Run without ``TRITON_INTERPRET`` for ``audit`` (it compiles); ``counts`` needs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+HEADS = (32, 8, 128)
+
+
+def record_launches(fn) -> list:
+    """(kernel, args, kwargs) of every Triton launch ``fn`` makes; nothing runs."""
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, dict(kwargs)))
+
+    original = JITFunction.run
+    JITFunction.run = record
+    try:
+        fn()
+    finally:
+        JITFunction.run = original
+    return launches
+
+
+def compile_launch(kernel, args, kwargs, arch: int = 90) -> dict:
+    """Compile one recorded launch for sm_``arch`` exactly as the JIT's ``run`` would (its
+    binder's specialisation of the arguments, its option parsing): registers and local (spill)
+    bytes a thread, static and dynamic shared bytes of a block."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    name = kernel.fn.__name__
+    # The resource line of this kernel's function (the cubin holds one).
+    line = next(text for text in usage.splitlines() if "REG:" in text)
+    resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", line)}
+    # Spilled registers live in the stack frame (STACK); LOCAL counts local arrays. The SASS
+    # says whether any spill instruction (STL / LDL) is emitted at all.
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
+    spill_instructions, loop_spills = spills(sass)
+    return dict(kernel=name, registers=resources["REG"], local_bytes=resources["LOCAL"],
+                stack_bytes=resources.get("STACK", 0), spill_instructions=spill_instructions, loop_spills=loop_spills,
+                static_shared=resources["SHARED"], shared=compiled.metadata.shared)
+
+
+def spills(sass: str) -> tuple[int, int]:
+    """(spill instructions, spill instructions inside a loop) of one kernel's SASS: a loop is
+    the span from a backward branch's target to the branch."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    address = [int(a, 16) for a, _ in lines]
+    is_spill = [bool(re.search(r"\b(STL|LDL)\b", text)) for _, text in lines]
+    loops = []
+    for at, (_, text) in zip(address, lines):
+        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < at:
+            loops.append((int(branch.group(1), 16), at))
+    in_loop = sum(1 for at, spill in zip(address, is_spill) if spill and any(lo <= at <= hi for lo, hi in loops))
+    return sum(is_spill), in_loop
+
+
+def case_tensors(D, dtype, causal, paged, N=64, heads=(32, 8), B=1, prefix=100, page=16):
+    """Small tensors of the goal layout (the JIT specialises on alignment and divisibility,
+    not on sizes)."""
+    Hq, Hkv = heads
+    capacity = prefix + N + 2 * page
+    q = torch.randn(B, N, Hq, D).to(dtype)
+    seqlens = torch.full((B,), prefix, dtype=torch.int32)
+    if paged:
+        pages = triton.cdiv(capacity, page)
+        k = torch.randn(B * pages, page, Hkv, D).to(dtype)
+        table = torch.arange(B * pages, dtype=torch.int32).view(B, pages)
+    else:
+        k, table = torch.randn(B, capacity, Hkv, D).to(dtype), None
+    mask = None if causal else torch.ones(B, N, triton.cdiv(N, 64), dtype=torch.int64)
+    return q, k, k.clone(), seqlens, mask, table
+
+
+def compile_config(config, D, dtype, causal, paged, num_splits=1) -> dict:
+    """Compile the attention kernel of one launch with ``config`` (the merge kernel is left out)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    q, k, v, seqlens, mask, table = case_tensors(D, dtype, causal, paged)
+    launches = record_launches(lambda: tta._launch(q, k, v, seqlens, mask, block_table=table,
+                                                   num_splits=num_splits, config=config))
+    kernel, args, kwargs = next(launch for launch in launches if launch[0].fn.__name__ == "_tree_attention_kernel")
+    return compile_launch(kernel, args, kwargs)
+
+
+def audit() -> int:
+    from eagle_kernels.triton import tree_attention as tac
+
+    failures = 0
+    for config, layouts in tac.every_gpu_config().items():
+        # fp16 compiles as bf16 does (same tiles, same shared memory): bf16 stands for both.
+        layouts = {(D, torch.bfloat16 if dtype == torch.float16 else dtype, causal, paged)
+                   for D, dtype, causal, paged in layouts}
+        for D, dtype, causal, paged in sorted(layouts, key=str):
+            element_size = torch.empty((), dtype=dtype).element_size()
+            result = compile_config(config, D, dtype, causal, paged)
+            estimate = config.shared_bytes(D, element_size, causal, paged)
+            total = result["shared"] + result["static_shared"]
+            occupancy = tac.blocks_per_sm(result["shared"], result["registers"], config.num_warps)
+            ok = total <= tac.SHARED_MEMORY_BUDGET and result["local_bytes"] == 0 and result["loop_spills"] == 0
+            failures += not ok
+            print(json.dumps(dict(config=f"m{config.block_m}k{config.block_k}w{config.num_warps}s{config.num_stages}"
+                                  f"r{config.max_registers}", D=D, dtype=str(dtype)[6:], causal=causal, paged=paged,
+                                  registers=result["registers"], stack_bytes=result["stack_bytes"],
+                                  spills=result["spill_instructions"], loop_spills=result["loop_spills"],
+                                  shared=result["shared"], estimate=estimate, blocks_per_sm=occupancy,
+                                  target_blocks_per_sm=config.blocks_per_sm, ok=ok)), flush=True)
+    return 1 if failures else 0
+
+
+def check(cases) -> None:
+    """Compile each (D, dtype name, causal, paged) case with the configuration the launcher picks
+    for the goal shape (N 64, 32 / 8 heads) and print one JSON line per case (the tests' few)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    for D, dtype_name, causal, paged in cases:
+        dtype = getattr(torch, dtype_name)
+        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged)
+        result = compile_config(config, D, dtype, causal, paged)
+        element_size = torch.empty((), dtype=dtype).element_size()
+        result.update(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),
+                      estimate=config.shared_bytes(D, element_size, causal, paged))
+        print(json.dumps(result), flush=True)
+
+
+# The H200 figures the estimate uses: SMs, dense bf16 tensor-core peak, HBM bandwidth, and a
+# launch's cost inside a CUDA graph (an assumption, not a measurement).
+SMS, PEAK_FLOPS, HBM_BYTES_PER_S, LAUNCH_S = 132, 790e12, 4.8e12, 2e-6
+GOAL_SHAPES = [(B, 64, prefix) for B in (1, 8, 32) for prefix in (4096, 16384)]
+# The launcher before the rewrite (commit 700a43c), bf16 D 128 paged tree launches as the bench
+# runs them: 128-row blocks (8 warps, 2 stages) unless 64-row ones (4 warps, 3 stages) fill one
+# wave where 128-row ones do not; splits while programs < SMs, for 2 waves. Registers and
+# shared memory compiled from that commit here (triton 3.9, sm_90, the JIT's specialisation).
+BEFORE_COMPILED = {128: dict(registers=194, shared=163_840, num_warps=8, block_k=64),
+                   64: dict(registers=232, shared=114_944, num_warps=4, block_k=64)}
+# Graph-replay times of that kernel measured on an H200 (the launcher's default in the sweep
+# recorded in commit f062674's GPU_CONFIG comment), ms: the calibration of the estimate.
+BEFORE_MEASURED_MS = {(1, 16384): 0.105, (8, 4096): 0.193, (32, 16384): 2.43}
+
+
+def _before_plan(B, N, prefix, Hq, Hkv):
+    group = Hq // Hkv
+    programs = lambda rows: B * Hkv * triton.cdiv(N, rows // group)  # noqa: E731
+    rows = 64 if programs(128) < SMS <= programs(64) else 128
+    figures = BEFORE_COMPILED[rows]
+    capacity = prefix + N
+    splits = 1 if programs(rows) >= SMS else max(1, min(32, triton.cdiv(2 * SMS, programs(rows)),
+                                                         capacity // (4 * figures["block_k"])))
+    return rows, splits, figures
+
+
+def _after_plan(B, N, prefix, Hq, Hkv, D, compiled):
+    from eagle_kernels.triton import tree_attention_config as tac
+
+    group = Hq // Hkv
+    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True)
+    programs = B * Hkv * triton.cdiv(N, config.block_m // group)
+    splits = tac.num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
+    if compiled:
+        result = compile_config(config, D, torch.bfloat16, False, True)
+        figures = dict(registers=result["registers"], shared=result["shared"])
+    else:
+        figures = dict(registers=config.max_registers or tac.DEFAULT_REGISTERS,
+                       shared=config.shared_bytes(D, 2, False, True))
+    figures.update(num_warps=config.num_warps, block_k=config.block_k)
+    return config.block_m, splits, figures
+
+
+def plan_counts(B, N, prefix, heads, rows, splits, figures) -> dict:
+    """What one launch requests at bf16: programs, waves, K/V bytes (each program reads its
+    split of the prefix and the tree slots up to its block's last node, once per tile), fp32
+    partial bytes (written and read back), FLOPs of both products over the padded rows (the
+    dots compute them all), and the estimate."""
+    from eagle_kernels.triton import tree_attention_config as tac
+
+    Hq, Hkv, D = heads
+    group = Hq // Hkv
+    nodes = rows // group
+    node_blocks = triton.cdiv(N, nodes)
+    programs = B * Hkv * node_blocks * splits
+    occupancy = tac.blocks_per_sm(figures["shared"], figures["registers"], figures["num_warps"])
+    waves = triton.cdiv(programs, SMS * occupancy)
+    row_bytes = Hkv * D * 2 * 2  # K and V of one position, all KV heads
+    tree_keys = sum(min(N, (n + 1) * nodes) for n in range(node_blocks))
+    kv_bytes = B * (node_blocks * prefix + tree_keys) * row_bytes
+    partial_bytes = 0 if splits == 1 else 2 * splits * B * N * Hq * (D + 1) * 4
+    program_keys = triton.cdiv(prefix, splits) + N
+    program_flops = 4 * rows * program_keys * D
+    useful_flops = 4 * B * Hq * N * (prefix + (N + 1) / 2) * D
+    compute_s = waves * occupancy * program_flops / (PEAK_FLOPS / SMS)
+    memory_s = (kv_bytes + partial_bytes) / HBM_BYTES_PER_S
+    launches = 1 + (splits > 1)
+    estimate_s = max(compute_s, memory_s) + launches * LAUNCH_S
+    return dict(rows=rows, splits=splits, programs=programs, blocks_per_sm=occupancy, waves=waves,
+                kv_MB=kv_bytes / 1e6, partial_MB=partial_bytes / 1e6, useful_GFLOP=useful_flops / 1e9,
+                estimate_us=estimate_s * 1e6, estimate_TFLOPs=useful_flops / estimate_s / 1e12)
+
+
+def counts(compiled: bool) -> None:
+    """Before / after per goal shape, and the calibration: the before-estimate over the measured
+    time, applied to the after-estimate (the share of its model a Triton kernel of this
+    structure reached on the H200)."""
+    Hq, Hkv, D = HEADS
+    efficiency = []
+    rows_out = []
+    for B, N, prefix in GOAL_SHAPES:
+        before = plan_counts(B, N, prefix, HEADS, *_before_plan(B, N, prefix, Hq, Hkv))
+        after = plan_counts(B, N, prefix, HEADS, *_after_plan(B, N, prefix, Hq, Hkv, D, compiled))
+        measured = BEFORE_MEASURED_MS.get((B, prefix))
+        if measured:
+            before["measured_us"] = measured * 1e3
+            before["measured_TFLOPs"] = before["useful_GFLOP"] / measured  # GFLOP / ms = TFLOP/s
+            efficiency.append(before["estimate_us"] / before["measured_us"])
+        rows_out.append((f"B{B}-N{N}-prefix{prefix}", before, after))
+    share = sum(efficiency) / len(efficiency)
+    for shape, before, after in rows_out:
+        after["calibrated_TFLOPs"] = after["estimate_TFLOPs"] * share
+        after["calibrated_share_of_peak"] = after["calibrated_TFLOPs"] * 1e12 / PEAK_FLOPS
+        print(json.dumps(dict(shape=shape, before=before, after=after,
+                              model_share_reached_before=round(share, 3)), default=lambda x: round(x, 3)))
+
+
+def main(argv) -> int:
+    what = argv[0] if argv else "audit"
+    if what in ("audit", "check") and os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
+    if what == "audit":
+        return audit()
+    if what == "check":
+        check(json.loads(argv[1]))
+        return 0
+    if what == "counts":
+        counts(compiled="--compile" in argv)
+        return 0
+    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, counts [--compile]")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,177 @@
+"""Launch configurations of the Triton tree_attention kernel, their shared memory and occupancy.
+
+``gpu_config`` picks a configuration from the call's shapes, dtype and layout: the row block
+``block_m`` holds every (node, query head) pair of a (request, KV head) up to 256 rows (GQA
+packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, so each K/V tile is read once per KV
+head); warps scale with the rows; pipeline stages are the most that keep the target blocks per
+SM (2 up to 128 rows, 1 at 256 rows, whose fp32 accumulator alone takes half the register file).
+
+``TreeAttentionConfig.shared_bytes`` is the dynamic shared memory Triton allocates for the
+kernel (triton 3.6 and 3.9, sm_90), term by term: the Q tile (an operand of the Hopper MMA,
+kept in shared memory), the K and V tiles once per pipeline stage, and with a tree mask one
+int64 word per row per stage but one. The paged gather pipelines its K/V tiles over at most
+two buffers, its mask words over one, and adds the block-table indices (1 KiB bound). This is
+exact for the 16-bit configurations of 64 rows or more (python_tests/ops/
+test_tree_attention_compile.py compiles some; ``python bench/bench_tree_attention.py audit``
+compiles every configuration ``gpu_config`` can return), and an upper bound for fp32 (FMA
+dots) and for 16 and 32 rows (the pre-Hopper MMA keeps its operands in registers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+# Shared memory an H100 / H200 (sm_90) block may use, and an SM holds (each resident block also
+# takes 1 KiB the driver reserves); 32-bit registers of an SM; warps an SM can hold.
+SHARED_MEMORY_BUDGET = 232_448
+SM_SHARED_MEMORY = 233_472
+SM_RESERVED_PER_BLOCK = 1024
+SM_REGISTERS = 65_536
+SM_MAX_WARPS = 64
+H200_SMS = 132
+# Static shared memory of the compiled kernel (Triton's, reported beside the dynamic bytes).
+STATIC_SHARED = 1024
+MAX_ROWS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeAttentionConfig:
+    """Tiles and launch options of one tree_attention launch.
+
+    block_m: (node, query head) rows per program (at least next_pow2 of the GQA group).
+    block_k: keys per tile, a divisor of 64 (a tile's mask bits then lie in one int64 word per
+    row). num_warps, num_stages, max_registers (ptxas ``maxnreg``, None: ptxas's choice):
+    Triton launch options. blocks_per_sm: the occupancy the configuration is chosen for.
+    """
+
+    block_m: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    max_registers: int | None = None
+    blocks_per_sm: int = 1
+
+    def __post_init__(self):
+        if 64 % self.block_k or self.num_stages < 1:
+            raise ValueError(f"config: block_k must divide 64 and num_stages be >= 1, got {self}")
+
+    def shared_bytes(self, head_dim: int, element_size: int, causal: bool, paged: bool) -> int:
+        """Dynamic shared memory of a block (see the module docstring for what is exact)."""
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        q_tile = self.block_m * block_d * element_size
+        kv_tiles = 2 * self.block_k * block_d * element_size
+        mask_words = 0 if causal else self.block_m * 8
+        stages = self.num_stages
+        if paged:
+            return (q_tile + min(stages, 2) * kv_tiles + min(stages - 1, 1) * mask_words
+                    + (1024 if stages >= 3 else 0))
+        return q_tile + stages * kv_tiles + (stages - 1) * mask_words
+
+
+def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:
+    """Resident blocks of one SM by shared memory, registers (per-warp allocation in units of
+    256) and warps."""
+    by_shared = SM_SHARED_MEMORY // (shared_bytes + STATIC_SHARED + SM_RESERVED_PER_BLOCK)
+    warp_registers = triton.cdiv(registers * 32, 256) * 256
+    by_registers = SM_REGISTERS // (warp_registers * num_warps)
+    return max(0, min(by_shared, by_registers, SM_MAX_WARPS // num_warps, 32))
+
+
+# Row-block entries for 16-bit inputs and head dims up to 128: block_m -> (block_k, num_warps,
+# max_registers, most stages). 256 rows take 16 warps (4 warpgroups of 64 rows; the fp32
+# accumulator is 64 registers a thread) capped at 128 registers: one block of 16 warps an SM.
+# 128 rows take 8 warps capped at 128 registers: two blocks an SM. Both run 32-key tiles over
+# 2 stages: with 64-key tiles or a third stage, ptxas spills inside the key loop at that cap
+# (87 / 62 spill instructions in the loops at 256 rows, contiguous / paged; none at 32 x 2).
+# Smaller blocks come from short trees (N x group rows) and leave ptxas its choice (<= 255
+# registers, two blocks of 4 warps an SM).
+ROW_TABLE = {
+    256: (32, 16, 128, 2),
+    128: (32, 8, 128, 2),
+    64: (64, 4, None, 3),
+    32: (64, 4, None, 3),
+    16: (64, 4, None, 3),
+}
+# fp32 (IEEE dots on FMA units): 64 x 16 tiles, 8 warps; the earlier 64 x 32 tiles of 4 warps
+# spilled inside the key loop (1,489 spill instructions in the loops at D 128, contiguous),
+# these do not. Head dims above 128: 64 x 32 tiles of 8 warps (16-bit; correct, not tuned).
+FP32_ENTRY = (64, 16, 8, None, 2)
+D256_ENTRY = (64, 32, 8, None, 2)
+# Registers a thread is assumed to take when ptxas chooses (the compiled figures of these
+# entries stay below it; ``bench/tree_attention_audit.py audit`` prints them).
+DEFAULT_REGISTERS = 255
+
+
+def _stages_for(block_m, block_k, num_warps, max_registers, most, target, head_dim, element_size, causal, paged):
+    """The most pipeline stages (``most`` down to 1) whose shared memory fits a block and keeps
+    ``target`` blocks per SM; 1 if none does."""
+    registers = max_registers or DEFAULT_REGISTERS
+    for stages in range(most, 0, -1):
+        config = TreeAttentionConfig(block_m, block_k, num_warps, stages, max_registers, target)
+        shared = config.shared_bytes(head_dim, element_size, causal, paged)
+        if shared + STATIC_SHARED <= SHARED_MEMORY_BUDGET and blocks_per_sm(shared, registers, num_warps) >= target:
+            return stages
+    return 1
+
+
+def rows_for(N: int, group: int) -> int:
+    """block_m for N nodes of ``group`` query heads: every row of a (request, KV head) up to
+    MAX_ROWS, at least 16 (the smallest dot) and next_pow2(group)."""
+    return max(16, triton.next_power_of_2(group), min(MAX_ROWS, triton.next_power_of_2(N * group)))
+
+
+def gpu_config(N, group, D, dtype, causal, paged) -> TreeAttentionConfig:
+    """The GPU launch configuration for a call's shapes, dtype and layout."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    rows = rows_for(N, group)
+    if D > 128:
+        block_m, block_k, num_warps, max_registers, most = D256_ENTRY
+        block_m = max(block_m, triton.next_power_of_2(group))
+    elif element_size == 4:
+        block_m, block_k, num_warps, max_registers, most = FP32_ENTRY
+        block_m = max(block_m, triton.next_power_of_2(group))
+    else:
+        block_m = rows
+        block_k, num_warps, max_registers, most = ROW_TABLE[min(block_m, MAX_ROWS)]
+    target = 1 if block_m >= 256 or D > 128 or element_size == 4 else 2
+    stages = _stages_for(block_m, block_k, num_warps, max_registers, most, target, D, element_size, causal, paged)
+    return TreeAttentionConfig(block_m, block_k, num_warps, stages, max_registers, target)
+
+
+def every_gpu_config() -> dict:
+    """{config: [(D, dtype, causal, paged), ...]}: every configuration gpu_config can return for
+    head dims 64 / 128 / 256, fp16 / bf16 / fp32, both mask kinds and both cache layouts, N 1-256
+    and GQA groups 1-8."""
+    configs: dict = {}
+    for D in (64, 128, 256):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for causal in (True, False):
+                for paged in (False, True):
+                    for group in (1, 2, 4, 8):
+                        for N in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+                            config = gpu_config(N, group, D, dtype, causal, paged)
+                            configs.setdefault(config, []).append((D, dtype, causal, paged))
+    return configs
+
+
+def num_splits(programs: int, capacity: int, block_k: int, sms: int, occupancy: int) -> int:
+    """Flash-decoding split count from shapes only (no device sync). With at least one program
+    per SM there is no split (no fp32 round trip of partial results); with fewer, the prefix is
+    split so that the programs fill the SMs' resident blocks once (``occupancy`` per SM), each
+    split keeping at least 4 key tiles of the cache's capacity, at most 32 splits."""
+    if programs >= sms:
+        return 1
+    return max(1, min(32, (sms * occupancy) // programs, capacity // (4 * block_k)))
+
+
+# The goal layout (Llama-3-8B heads, N 64: 256 rows), a shorter tree's 128 rows, head dim 256.
+GPU_CONFIG = gpu_config(64, 4, 128, torch.bfloat16, False, False)
+GPU_CONFIG_SMALL = gpu_config(32, 4, 128, torch.bfloat16, False, False)
+GPU_CONFIG_D256 = gpu_config(64, 4, 256, torch.bfloat16, False, False)
+
+# Under the interpreter the cost is per program and per operation: small row blocks keep the
+# tests' node counts spread over several programs; warps and stages mean nothing there.
+INTERPRETER_CONFIG = TreeAttentionConfig(block_m=16, block_k=64, num_warps=4, num_stages=1)

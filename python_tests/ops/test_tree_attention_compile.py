@@ -1,0 +1,55 @@
+"""tree_attention's shared-memory estimate against the compiled kernel (sm_90, Triton's own
+compiler and ptxas, the JIT's specialisation of the launcher's arguments: bench/
+tree_attention_audit.py, which also audits every configuration as a bench command).
+
+The estimate decides the pipeline stages (and so whether a launch fits an H200 block at all);
+a few configurations are compiled here, the goal layout first: Llama-3-8B heads (32 / 8),
+head_dim 128, 16-bit inputs, a contiguous cache with a tree mask, which once needed 262,144 B
+a block (over the 232,448 B an H200 block may use)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import triton
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+AUDIT = os.path.join(ROOT, "bench", "tree_attention_audit.py")
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+BUDGET = 232_448
+# Three compiles (~10-30 s): out of the fast lane.
+pytestmark = pytest.mark.slow
+# (D, dtype, causal, paged): exact cases (16-bit, 64 rows or more), then the upper-bound ones.
+EXACT = [[128, "bfloat16", False, False], [64, "float16", True, False]]
+BOUNDED = [[128, "bfloat16", False, True]]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if not os.path.exists(CUOBJDUMP):
+        pytest.skip("this Triton install has no CUDA backend tools (cuobjdump)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, AUDIT, "check", json.dumps(EXACT + BOUNDED)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return {json.dumps(r["case"]): r for r in map(json.loads, run.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("case", EXACT + BOUNDED, ids=lambda c: f"D{c[0]}-{c[1]}-{'causal' if c[2] else 'tree'}-"
+                         f"{'paged' if c[3] else 'contiguous'}")
+def test_estimate_matches_compiled_shared_memory(compiled, case):
+    r = compiled[json.dumps(case)]
+    assert r["shared"] + r["static_shared"] <= BUDGET, r
+    assert r["local_bytes"] == 0 and r["loop_spills"] == 0, r  # no spill instruction inside a loop
+    if case in EXACT:
+        assert r["estimate"] == r["shared"], r
+    else:  # an upper bound, within 1 KiB for the 16-bit paged gather
+        assert r["shared"] <= r["estimate"], r
+        if case[1] != "float32":
+            assert r["estimate"] - r["shared"] <= 1024, r  # (fp32: bench/tree_attention_audit.py audit)
