@@ -67,11 +67,8 @@ from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests
     STAT_MASS,
     STAT_MAX,
     STAT_NORM,
-    _verify_levels_kernel,
-    _verify_max_kernel,
-    _verify_rows_kernel,
 )
-from .verify_walk import _verify_walk_kernel
+from .verify_walk import _verify_kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,50 +78,38 @@ class VerifyConfig:
     radix_bits: bits per digit of the threshold searches (2^radix_bits candidates per pass).
     candidates: candidate list capacity (a power of two), or 0 to search every sampling row
         in full.
-    max_block: tile of the max and levels passes (capped at next_pow2(V)).
+    max_block: tile of the max pass (capped at next_pow2(V)).
+    block_v: tile of the list, mass and bonus passes (capped at next_pow2(V)).
+    num_warps: warps of the one program per request.
     """
 
     radix_bits: int
     candidates: int
     max_block: int
+    block_v: int = 1024
+    num_warps: int = 4
 
 
 # On the GPU: 16 candidates per search pass (the [BLOCK_S, 16] comparison stays in
-# registers), lists of 1024 entries, 2048-entry tiles for the chunked passes.
-GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=2048)
+# registers), lists of 1024 entries, 4096-entry tiles for the max pass (16 bf16 loads in
+# flight per thread at 8 warps).
+GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
-# and the multi-chunk merge.
-INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64)
-# The max pass runs at most this many chunks per row.
-MAX_SPLITS = 64
+# and the multi-tile bonus draw.
+INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4)
 
 
 def launch_config() -> VerifyConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
-    return INTERPRETER_CONFIG if interpreted(_verify_rows_kernel) else GPU_CONFIG
-
-
-
-def _max_splits(rows: int, V: int, block: int, device: torch.device) -> tuple[int, int]:
-    """(chunks per row, entries per chunk) of the max pass: enough programs for about four
-    per SM (a batch of a few rows would otherwise read each row with one SM), whole tiles per
-    chunk. Without a GPU (the interpreter), up to 4 chunks so that the merge is exercised."""
-    tiles = triton.cdiv(V, block)
-    if device.type == "cuda":
-        want = triton.cdiv(4 * torch.cuda.get_device_properties(device).multi_processor_count, rows)
-    else:
-        want = 4
-    splits = max(1, min(tiles, want, MAX_SPLITS))
-    chunk = triton.cdiv(tiles, splits) * block
-    return triton.cdiv(V, chunk), chunk
+    return INTERPRETER_CONFIG if interpreted(_verify_kernel) else GPU_CONFIG
 
 
 class Launch(NamedTuple):
     output: VerifyOutput
-    cand_count: torch.Tensor  # [B, N] int32
-    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (sampling rows only)
+    cand_count: torch.Tensor  # [B, N] int32: -2 row not visited / greedy, -1 no list, else list length
+    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (visited sampling rows only; NaN elsewhere)
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
@@ -134,7 +119,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
 
     Shapes
     ------
-    tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V]; optional float32 /
+    tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V] float32 / float16 /
+    bfloat16 / float64 (16-bit logits are read as they are, no copy); optional float32 /
     int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset.
     Returns VerifyOutput(accept_len [B], accept_nodes [B, max_depth + 1],
     out_tokens [B, max_depth + 1], status [B]).
@@ -149,8 +135,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
             config: VerifyConfig) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
     lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput with the
-    per-row internals: candidate counts ([B, N] int32, -1 where a row had no list) and the
-    sampling rows' scalars ([B, N, NUM_STATS] float64)."""
+    visited rows' internals: candidate counts and the sampling rows' scalars."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
@@ -165,17 +150,12 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     seed = given(seed, 0, torch.int64)
     offset = given(offset, 0, torch.int64)
     is_fp64 = target_logits.dtype == torch.float64
-    # Per-row scalars (the row kernel writes argmax and bad for every row, stats for sampling
-    # rows), candidate lists, and per-tile sums of one residual row per request for the bonus.
-    stats = torch.empty((B, N, NUM_STATS.value), dtype=torch.float64, device=device)
-    argmax = torch.empty((B, N), dtype=torch.int32, device=device)
-    bad = torch.empty((B, N), dtype=torch.int32, device=device)
     compute_dtype = torch.float64 if is_fp64 else torch.float32
     candidates = config.candidates
-    cand_count = torch.empty((B, N), dtype=torch.int32, device=device)
-    cand_index = torch.empty((B, N, max(candidates, 1)), dtype=torch.int32, device=device)
-    cand_scaled = torch.empty((B, N, max(candidates, 1)), dtype=compute_dtype, device=device)
-
+    stats = torch.full((B, N, NUM_STATS.value), float("nan"), dtype=torch.float64, device=device)
+    cand_count = torch.full((B, N), -2, dtype=torch.int32, device=device)
+    cand_index = torch.empty((B, max(candidates, 1)), dtype=torch.int32, device=device)
+    cand_scaled = torch.empty((B, max(candidates, 1)), dtype=compute_dtype, device=device)
     A = max_depth + 1
     accept_len = torch.empty(B, dtype=torch.int32, device=device)
     accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
@@ -183,39 +163,16 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     status = torch.empty(B, dtype=torch.int32, device=device)
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
-    block_v = min(1024, triton.next_power_of_2(V))
+    block_v = min(config.block_v, triton.next_power_of_2(V))
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
     tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
-    max_block = min(config.max_block, triton.next_power_of_2(V))
-    splits, chunk = _max_splits(B * N, V, max_block, device)
-    part_max = torch.empty((B, N, splits), dtype=compute_dtype, device=device)
-    part_arg = torch.empty((B, N, splits), dtype=torch.int32, device=device)
-    part_flags = torch.empty((B, N, splits), dtype=torch.int32, device=device)
-    _verify_max_kernel[(B * N, splits)](
-        logits, part_max, part_arg, part_flags, N, V, chunk, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, SPLITS=splits, BLOCK_V=max_block, num_warps=4,
-    )
-    part_total = torch.empty((B, N, splits), dtype=torch.float64, device=device)
-    part_counts = torch.empty((B, N, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
-    part_sums = torch.empty((B, N, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
-    _verify_levels_kernel[(B * N, splits)](
-        logits, temperature, part_max, part_flags, part_total, part_counts, part_sums, N, V, chunk,
-        logits.stride(0), logits.stride(1), IS_FP64=is_fp64, SPLITS=splits,
-        BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_S=min(max_block, SEARCH_BLOCK), num_warps=4,
-    )
-    _verify_rows_kernel[(B * N,)](
-        logits, temperature, top_k, top_p, stats, argmax, bad, part_max, part_arg, part_flags,
-        part_total, part_counts, part_sums, cand_count, cand_index, cand_scaled, N, V,
-        logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
-        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=config.radix_bits, NUM_CAND=candidates,
-        SPLITS=splits, BLOCK_SPLITS=triton.next_power_of_2(splits), num_warps=4,
-    )
-    _verify_walk_kernel[(B,)](
-        tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad,
-        cand_count, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
+    _verify_kernel[(B,)](
+        tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
+        cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
         N, V, max_depth, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t, NUM_CAND=candidates, num_warps=4,
+        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
+        BLOCK_S=min(block_v, SEARCH_BLOCK), BLOCK_MAX=min(config.max_block, triton.next_power_of_2(V)),
+        BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
+        RADIX_BITS=config.radix_bits, NUM_CAND=candidates, num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

@@ -135,10 +135,13 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
 
 
 @triton.jit
-def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, CT: tl.constexpr, IS_FP64: tl.constexpr,
-                    SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
+def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, sums_row, CT: tl.constexpr,
+                    IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
+                    RADIX_BITS: tl.constexpr):
     """kth, denom, cut, norm, mass of a sampling row from passes over the whole row; ``total``
-    (the softmax sum over the row) is the normaliser when top-k is off."""
+    (the softmax sum over the row) is the normaliser when top-k is off. The last pass (the
+    mass) also stores each BLOCK_V tile's float64 sum of w at ``sums_row``: the bonus draw
+    starts from them (a temperature-only row needs no other pass than max, levels and mass)."""
     kth = tl.full([], float("-inf"), CT)
     one = tl.full([], 1.0, CT)
     denom = total.to(CT)
@@ -172,8 +175,9 @@ def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, CT: t
         offs = start + tl.arange(0, BLOCK_V)
         valid = offs < V
         s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        w = _weights(_probs(s, kth, denom, CT), cut, norm, CT)
-        lane_mass += tl.where(valid, w, 0.0).to(tl.float64)
+        w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+        lane_mass += w
+        tl.store(sums_row + start // BLOCK_V, tl.sum(w, axis=0))
     return kth, denom, cut, norm, tl.sum(lane_mass, axis=0)
 
 
@@ -194,7 +198,15 @@ def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, leve
     need = tl.where(use_k, top_k, 1)
     fits = (level_counts >= need) & (level_counts <= NUM_CAND) \
         & (use_k | (level_sums.to(tl.float64) >= top_p.to(tl.float64) * total * 1.0001))
-    first = tl.min(tl.where(fits, tl.arange(0, NUM_PIVOTS), NUM_PIVOTS), axis=0)
+    pivots = tl.arange(0, NUM_PIVOTS)
+    first = tl.min(tl.where(fits, pivots, NUM_PIVOTS), axis=0)
+    # Top-p alone: the nucleus lies at or above level ``first``, but an unlisted token (s below
+    # the listed level) must not tie with the cut in p, which needs the cut at least 1 above the
+    # listed level. List one level lower (1.5 further down) when that still fits: the cut then
+    # clears it by 1.5 whatever the row, instead of failing the check below and searching the
+    # whole row (rows whose nucleus ends just above a level did, a fixed cost on some rows).
+    lower = tl.sum(tl.where(pivots == first + 1, level_counts, NUM_CAND + 1), axis=0)
+    first = tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
     kth = tl.full([], float("-inf"), CT)
     one = tl.full([], 1.0, CT)
     denom = total.to(CT)
@@ -203,8 +215,9 @@ def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, leve
     mass = tl.zeros([], dtype=tl.float64)
     count = -1
     if first < NUM_PIVOTS:
-        level = tl.sum(tl.where(tl.arange(0, NUM_PIVOTS) == first, levels, 0.0), axis=0).to(CT)
+        level = tl.sum(tl.where(pivots == first, levels, 0.0), axis=0).to(CT)
         stored = 0
+        tl.debug_barrier()  # the list of the previous row may still be read by other threads
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             valid = offs < V
@@ -243,216 +256,97 @@ def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, leve
     return count, kth, denom, cut, norm, mass
 
 
-@triton.jit
-def _any_flags(flags):
-    """OR of the chunks' flag words (bit 0: NaN or +inf seen, bit 1: a finite entry seen)."""
-    return tl.max(flags & 1, axis=0) | tl.max(flags & 2, axis=0)
 
 
 @triton.jit
-def _is_bad(flags):
-    """A row is bad with NaN or +inf anywhere, or no finite entry (-inf alone is a mask)."""
-    return ((flags & 1) != 0) | ((flags & 2) == 0)
-
-
-@triton.jit
-def _verify_max_kernel(
-    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
-    part_max_ptr,  # [B, N, SPLITS] compute dtype: chunk max (NaN ignored; -inf if none above)
-    part_arg_ptr,  # [B, N, SPLITS] int32: the chunk's first index holding its max (V if none)
-    part_flags_ptr,  # [B, N, SPLITS] int32: bit 0 NaN or +inf seen, bit 1 a finite entry seen
-    N, V, chunk, stride_lb, stride_ln,
-    IS_FP64: tl.constexpr,
-    SPLITS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """First pass over the logits, split into SPLITS chunks of ``chunk`` entries per row so
-    that a few rows still spread over the whole GPU (program (row, split)). A lane keeps its
-    first maximum (NaN never compares greater), so the smallest index among the lanes holding
-    the chunk max is the chunk's first argmax."""
-    if IS_FP64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
+def _row_max(row, V, CT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One pass over a row: its max (NaN ignored), first argmax (0 if no entry is above -inf)
+    and bad flag (NaN or +inf anywhere, or no finite entry: -inf alone is a mask). A lane keeps
+    its first maximum (NaN never compares greater), so the smallest index among the lanes
+    holding the row max is the first argmax. Per-lane partials, reduced once at the end."""
     lane_max = tl.full([BLOCK_V], float("-inf"), CT)
     lane_arg = tl.full([BLOCK_V], V, tl.int32)
-    lane_flags = tl.zeros([BLOCK_V], tl.int32)
-    end = tl.minimum(split * chunk + chunk, V)
-    for start in range(split * chunk, end, BLOCK_V):
+    lane_nonfinite = tl.zeros([BLOCK_V], tl.int32)
+    lane_finite = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < end
+        valid = offs < V
         x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-        lane_flags = lane_flags | (valid & ((x != x) | (x == float("inf")))).to(tl.int32) \
-            | ((valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32) * 2)
+        lane_nonfinite = lane_nonfinite | (valid & ((x != x) | (x == float("inf")))).to(tl.int32)
+        lane_finite = lane_finite | (valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32)
         better = valid & (x > lane_max)
         lane_arg = tl.where(better, offs, lane_arg)
         lane_max = tl.where(better, x, lane_max)
-    chunk_max = tl.max(lane_max, axis=0)
-    out = pid * SPLITS + split
-    tl.store(part_max_ptr + out, chunk_max)
-    tl.store(part_arg_ptr + out, tl.min(tl.where(lane_max == chunk_max, lane_arg, V), axis=0))
-    tl.store(part_flags_ptr + out, _any_flags(lane_flags))
+    row_max = tl.max(lane_max, axis=0)
+    arg = tl.min(tl.where(lane_max == row_max, lane_arg, V), axis=0)
+    arg = tl.where(arg < V, arg, 0)
+    bad = (tl.max(lane_nonfinite, axis=0) != 0) | (tl.max(lane_finite, axis=0) == 0)
+    return row_max, arg, bad.to(tl.int32)
 
 
 @triton.jit
-def _verify_levels_kernel(
-    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
-    temperature_ptr,  # [B] float32 (0 = greedy row: nothing to do)
-    part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
-    part_flags_ptr,  # [B, N, SPLITS] int32, from _verify_max_kernel
-    part_total_ptr,  # [B, N, SPLITS] float64: the chunk's sum of exp(s)
-    part_counts_ptr,  # [B, N, SPLITS, NUM_PIVOTS] int32: entries with s at or above each level
-    part_sums_ptr,  # [B, N, SPLITS, NUM_PIVOTS] float32: their sum of exp(s)
-    N, V, chunk, stride_lb, stride_ln,
-    IS_FP64: tl.constexpr,
-    SPLITS: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Second pass over a sampling row, in the max pass's chunks (program (row, split)): the
-    softmax sum and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of
-    s = (logit - max) / T, the entries at or above the level and their exp(s)."""
-    if IS_FP64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    temperature = tl.load(temperature_ptr + pid // N)
-    chunks = tl.arange(0, BLOCK_SPLITS)
-    flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS, other=0)
-    bad = _is_bad(_any_flags(flags))
-    if (temperature != 0.0) & (bad == 0):  # a bad row is never sampled from
-        row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
-        row_max = tl.max(tl.load(part_max_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS,
-                                 other=float("-inf")), axis=0)
-        t = temperature.to(CT)
-        levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)
-        counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
-        sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
-        lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
-        end = tl.minimum(split * chunk + chunk, V)
-        for start in range(split * chunk, end, BLOCK_S):
-            # [BLOCK_S, 1] tiles: loaded in the accumulators' 2-D layout, no per-tile shuffle
-            offs = start + tl.arange(0, BLOCK_S)[:, None]
-            valid = offs < end
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            e = tl.where(valid, tl.exp(s), 0.0).to(CT)
-            lane_total += e.to(tl.float64)
-            at_or_above = valid & (s >= levels[None, :])
-            counts += at_or_above.to(tl.int32)
-            sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
-        out = pid * SPLITS + split
-        tl.store(part_total_ptr + out, tl.sum(tl.sum(lane_total, axis=1), axis=0))
-        tl.store(part_counts_ptr + out * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), tl.sum(counts, axis=0))
-        tl.store(part_sums_ptr + out * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), tl.sum(sums, axis=0))
+def _finite_argmax(row, V, CT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The bonus token of a request with a bad row: the first argmax over the finite entries
+    of the root row, 0 if it has none."""
+    lane_best = tl.full([BLOCK_V], float("-inf"), CT)
+    lane_arg = tl.full([BLOCK_V], V, tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        valid = offs < V
+        x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        finite = valid & (x > float("-inf")) & (x < float("inf"))
+        better = finite & ((lane_arg == V) | (x > lane_best))
+        lane_arg = tl.where(better, offs, lane_arg)
+        lane_best = tl.where(better, x, lane_best)
+    best = tl.max(tl.where(lane_arg < V, lane_best, float("-inf")), axis=0)
+    arg = tl.min(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V), axis=0)
+    return tl.where(arg < V, arg, 0)
 
 
 @triton.jit
-def _verify_rows_kernel(
-    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
-    temperature_ptr,  # [B] float32 (0 = greedy row)
-    top_k_ptr,  # [B] int32 (0 = off)
-    top_p_ptr,  # [B] float32 (1 = off)
-    stats_ptr,  # [B, N, NUM_STATS] float64, slots STAT_*; written for sampling rows
-    argmax_ptr,  # [B, N] int32: first argmax; node 0 of a bad root row: its fallback token
-    bad_ptr,  # [B, N] int32: 1 where the row holds NaN / +inf or no finite entry
-    part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
-    part_arg_ptr,  # [B, N, SPLITS] int32
-    part_flags_ptr,  # [B, N, SPLITS] int32
-    part_total_ptr,  # [B, N, SPLITS] float64, from _verify_levels_kernel (sampling rows)
-    part_counts_ptr,  # [B, N, SPLITS, NUM_PIVOTS] int32
-    part_sums_ptr,  # [B, N, SPLITS, NUM_PIVOTS] float32
-    cand_count_ptr,  # [B, N] int32: entries in the row's candidate list, -1 where it has none
-    cand_index_ptr,  # [B, N, NUM_CAND] int32: candidate token ids, ascending
-    cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype: their s
-    N, V, stride_lb, stride_ln,
-    IS_FP64: tl.constexpr,
-    SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
-    BLOCK_V: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
-    NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
-    SPLITS: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-):
-    """Per-row scalars of the walk (module docstring), one program per row (b, node).
+def _row_levels(row, V, row_max, t, CT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Second pass over a sampling row: the softmax sum (float64 of the compute-dtype exp(s))
+    and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of s = (logit - max) / T,
+    the entries at or above the level (int32) and their float32 sum of exp(s)."""
+    levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)
+    counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
+    sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
+    lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
+    for start in range(0, V, BLOCK_S):
+        # [BLOCK_S, 1] tiles: loaded in the accumulators' 2-D layout, no per-tile shuffle
+        offs = start + tl.arange(0, BLOCK_S)[:, None]
+        valid = offs < V
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        e = tl.where(valid, tl.exp(s), 0.0).to(CT)
+        lane_total += e.to(tl.float64)
+        at_or_above = valid & (s >= levels[None, :])
+        counts += at_or_above.to(tl.int32)
+        sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
+    return tl.sum(tl.sum(lane_total, axis=1), axis=0), tl.sum(counts, axis=0), tl.sum(sums, axis=0)
 
-    Every pass keeps per-lane partials ([BLOCK_V] or [BLOCK_S, 2^R]) and reduces them once at
-    its end: a reduction across warps inside the loop would put a barrier in every tile."""
-    if IS_FP64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // N
-    node = pid % N
-    row = logits_ptr + b * stride_lb + node * stride_ln
-    temperature = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
 
-    # Max, first argmax and the bad-row flags, merged from _verify_max_kernel's chunks: the
-    # smallest index among the chunks holding the row max is the row's first argmax.
-    chunks = tl.arange(0, BLOCK_SPLITS)
-    in_row = chunks < SPLITS
-    chunk_max = tl.load(part_max_ptr + pid * SPLITS + chunks, mask=in_row, other=float("-inf"))
-    chunk_arg = tl.load(part_arg_ptr + pid * SPLITS + chunks, mask=in_row, other=V)
-    chunk_flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=in_row, other=0)
-    row_max = tl.max(chunk_max, axis=0)
-    arg = tl.min(tl.where(chunk_max == row_max, chunk_arg, V), axis=0)
-    arg = tl.where(arg < V, arg, 0)  # no entry above -inf: token 0
-    bad = _is_bad(_any_flags(chunk_flags)).to(tl.int32)
-    if (bad != 0) & (node == 0):
-        # A bad row anywhere on the walk falls back to the argmax over the finite root logits
-        # (0 if none). On a good root row that is the plain argmax already.
-        lane_best = tl.full([BLOCK_V], float("-inf"), CT)
-        lane_arg = tl.full([BLOCK_V], V, tl.int32)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-            finite = valid & (x > float("-inf")) & (x < float("inf"))
-            better = finite & ((lane_arg == V) | (x > lane_best))
-            lane_arg = tl.where(better, offs, lane_arg)
-            lane_best = tl.where(better, x, lane_best)
-        best = tl.max(tl.where(lane_arg < V, lane_best, float("-inf")), axis=0)
-        arg = tl.min(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V), axis=0)
-        arg = tl.where(arg < V, arg, 0)
-    tl.store(argmax_ptr + pid, arg)
-    tl.store(bad_ptr + pid, bad)
-
+@triton.jit
+def _sampling_stats(row, V, row_max, t, top_k, top_p, index_ptr, scaled_ptr, sums_row, CT: tl.constexpr,
+                    IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
+                    RADIX_BITS: tl.constexpr, NUM_CAND: tl.constexpr):
+    """The scalars of a sampling row (module docstring of verify.py): the levels pass, then the
+    candidate list where one holds every kept token, else the whole-row threshold searches.
+    Returns (count, kth, denom, cut, norm, mass); count = -1 where the row has no list."""
+    use_k = (top_k > 0) & (top_k < V)
+    use_p = top_p < 1.0
+    total, level_counts, level_sums = _row_levels(row, V, row_max, t, CT, BLOCK_S)
     count = -1
-    if (temperature != 0.0) & (bad == 0):
-        t = temperature.to(CT)
-        kth = tl.full([], float("-inf"), CT)
-        one = tl.full([], 1.0, CT)
-        denom = one
-        cut = tl.full([], float("-inf"), CT)
-        norm = one
-        mass = tl.zeros([], dtype=tl.float64)
-        use_k = (top_k > 0) & (top_k < V)
-        use_p = top_p < 1.0
-        total = tl.sum(tl.load(part_total_ptr + pid * SPLITS + chunks, mask=in_row, other=0.0), axis=0)
-        if NUM_CAND > 0:
-            if use_k | use_p:
-                at = (pid * SPLITS + chunks)[:, None] * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS)[None, :]
-                level_counts = tl.sum(tl.load(part_counts_ptr + at, mask=in_row[:, None], other=0), axis=0)
-                level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_row[:, None], other=0.0), axis=0)
-                count, kth, denom, cut, norm, mass = _candidate_stats(
-                    row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
-                    cand_index_ptr + pid * NUM_CAND, cand_scaled_ptr + pid * NUM_CAND, CT, BLOCK_V, NUM_CAND)
-        if count < 0:
-            kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total,
-                                                          CT, IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
-        st = stats_ptr + pid * NUM_STATS
-        tl.store(st + STAT_MAX, row_max.to(tl.float64))
-        tl.store(st + STAT_KTH, kth.to(tl.float64))
-        tl.store(st + STAT_DENOM, denom.to(tl.float64))
-        tl.store(st + STAT_CUT, cut.to(tl.float64))
-        tl.store(st + STAT_NORM, norm.to(tl.float64))
-        tl.store(st + STAT_MASS, mass)
-    tl.store(cand_count_ptr + pid, count)
+    kth = tl.full([], float("-inf"), CT)
+    denom = total.to(CT)
+    cut = tl.full([], float("-inf"), CT)
+    norm = tl.full([], 1.0, CT)
+    mass = tl.zeros([], dtype=tl.float64)
+    if NUM_CAND > 0:
+        if use_k | use_p:
+            count, kth, denom, cut, norm, mass = _candidate_stats(
+                row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
+                index_ptr, scaled_ptr, CT, BLOCK_V, NUM_CAND)
+    if count < 0:
+        kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total,
+                                                      sums_row, CT, IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
+    return count, kth, denom, cut, norm, mass

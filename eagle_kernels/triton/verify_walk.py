@@ -1,6 +1,7 @@
-"""The walk of Triton ``verify`` (the overview is in ``verify.py``): one program per request
-descends its tree from the per-row scalars of ``verify_rows.py``, accepting or rejecting each
-drafted child and drawing the bonus token by inverse CDF, with Philox4x32-10 coins in-kernel.
+"""The kernel of Triton ``verify`` (the overview is in ``verify.py``): one program per request
+descends its tree, computing each visited row's scalars with ``verify_rows.py`` when it gets
+there, accepting or rejecting each drafted child and drawing the bonus token by inverse CDF,
+with Philox4x32-10 coins in-kernel.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import triton.language as tl
 
 from .verify_rows import (
     NUM_STATS,
+    _finite_argmax,
+    _row_max,
+    _sampling_stats,
     STAT_CUT,
     STAT_DENOM,
     STAT_KTH,
@@ -80,14 +84,10 @@ def _residual_tile(row, start, V, row_max, t, kth, denom, cut, norm, tokens_row,
 def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node, N, rejected, offs_n, sums_row,
                  CT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
     """Smallest x with cumsum64(w)[x] > u * sum(w) over the residual row (the node's rejected
-    children's tokens at 0); the largest x with w[x] > 0 if none. One pass stores every
-    tile's float64 sum (the tiles of rejected tokens are summed again with them at 0); the
-    running tile sums then name the one tile to scan."""
+    children's tokens at 0); the largest x with w[x] > 0 if none. The row's mass pass stored
+    every tile's float64 sum at ``sums_row``; the tiles of rejected tokens are summed again
+    with them at 0, then the running tile sums name the one tile to scan."""
     n_tiles = tl.cdiv(V, BLOCK_V)
-    for tile in range(0, n_tiles):
-        offs, valid, w = _residual_tile(row, tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
-                                        node, N, rejected, offs_n, False, CT, BLOCK_V)
-        tl.store(sums_row + tile, tl.sum(w, axis=0))
     tl.debug_barrier()
     for c in range(node + 1, N):
         if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
@@ -136,33 +136,40 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
 
 
 @triton.jit
-def _verify_walk_kernel(
+def _verify_kernel(
     tokens_ptr,  # [B, N] int64
     parents_ptr,  # [B, N] int32
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32 (0 = greedy row)
+    top_k_ptr,  # [B] int32 (0 = off)
+    top_p_ptr,  # [B] float32 (1 = off)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
-    stats_ptr,  # [B, N, NUM_STATS] float64 from _verify_rows_kernel
-    argmax_ptr,  # [B, N] int32 from _verify_rows_kernel
-    bad_ptr,  # [B, N] int32 from _verify_rows_kernel
-    cand_count_ptr,  # [B, N] int32 from _verify_rows_kernel (-1: no candidate list)
-    cand_index_ptr,  # [B, N, NUM_CAND] int32 from _verify_rows_kernel
-    cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype from _verify_rows_kernel
-    tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the bonus row's residual weights
+    stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (for tests)
+    cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list
+    cand_index_ptr,  # [B, NUM_CAND] int32 scratch: the current row's candidate ids, ascending
+    cand_scaled_ptr,  # [B, NUM_CAND] compute dtype scratch: their s
+    tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the current row's weights
     accept_len_ptr,  # [B] int32
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
     out_tokens_ptr,  # [B, A] int64
     status_ptr,  # [B] int32
     N, V, max_depth, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
+    SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_MAX: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
-    BLOCK_T: tl.constexpr,  # next power of two of the tiles per row
-    NUM_CAND: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # next power of two of the BLOCK_V tiles per row
+    RADIX_BITS: tl.constexpr,
+    NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
 ):
-    """One program per request walks its tree from the per-row scalars."""
+    """One program per request walks its tree; each visited row is read when the walk reaches
+    it: the max pass (all a greedy row needs), then for a sampling row the levels pass and the
+    candidate list (or the whole-row searches), the acceptance of its children and, at the
+    last row, the bonus draw."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
     else:
@@ -170,11 +177,16 @@ def _verify_walk_kernel(
     b = tl.program_id(0).to(tl.int64)
     A = max_depth + 1
     temperature = tl.load(temperature_ptr + b)
+    top_k = tl.load(top_k_ptr + b)
+    top_p = tl.load(top_p_ptr + b)
     seed = tl.load(seed_ptr + b)
     offset = tl.load(offset_ptr + b)
     greedy = temperature == 0.0
     t = temperature.to(CT)
     logits_b = logits_ptr + b * stride_lb
+    index_b = cand_index_ptr + b * NUM_CAND
+    scaled_b = cand_scaled_ptr + b * NUM_CAND
+    sums_b = tile_sums_ptr + b * BLOCK_T
 
     offs_n = tl.arange(0, BLOCK_N)
     parents = tl.load(parents_ptr + b * N + offs_n, mask=offs_n < N, other=-2)
@@ -195,14 +207,15 @@ def _verify_walk_kernel(
     done = tl.zeros([], tl.int32)
     bad = tl.zeros([], tl.int32)
     while done == 0:
-        if tl.load(bad_ptr + b * N + node) != 0:
+        row = logits_b + node * stride_ln
+        row_max, arg, row_bad = _row_max(row, V, CT, BLOCK_MAX)
+        if row_bad != 0:
             bad = 1
             done = 1
         else:
             may_descend = depth < max_depth  # a node at max_depth is a leaf
             child = -1
             if greedy:
-                arg = tl.load(argmax_ptr + b * N + node)
                 hit = (parents == node) & (tokens == arg) & (offs_n > node) & may_descend
                 first = tl.min(tl.where(hit, offs_n, BLOCK_N), axis=0)
                 child = tl.where(first < BLOCK_N, first, -1)
@@ -210,17 +223,20 @@ def _verify_walk_kernel(
                     tl.store(out_tokens_ptr + b * A + depth, arg.to(tl.int64))
                     done = 1
             else:
-                row = logits_b + node * stride_ln
+                count, kth, denom, cut, norm, mass = _sampling_stats(
+                    row, V, row_max, t, top_k, top_p, index_b, scaled_b, sums_b, CT, IS_FP64, SIG_BITS,
+                    BLOCK_V, BLOCK_S, RADIX_BITS, NUM_CAND)
                 st = stats_ptr + (b * N + node) * NUM_STATS
-                row_max = tl.load(st + STAT_MAX).to(CT)
-                kth = tl.load(st + STAT_KTH).to(CT)
-                denom = tl.load(st + STAT_DENOM).to(CT)
-                cut = tl.load(st + STAT_CUT).to(CT)
-                norm = tl.load(st + STAT_NORM).to(CT)
+                tl.store(st + STAT_MAX, row_max.to(tl.float64))
+                tl.store(st + STAT_KTH, kth.to(tl.float64))
+                tl.store(st + STAT_DENOM, denom.to(tl.float64))
+                tl.store(st + STAT_CUT, cut.to(tl.float64))
+                tl.store(st + STAT_NORM, norm.to(tl.float64))
+                tl.store(st + STAT_MASS, mass)
+                tl.store(cand_count_ptr + b * N + node, count)
                 # Children of this node whose token was rejected: their weight is now 0.
                 rejected = tl.zeros([BLOCK_N], tl.int32)
                 if may_descend:
-                    mass = tl.load(st + STAT_MASS)
                     for c in range(node + 1, N):
                         parent = tl.load(parents_ptr + b * N + c)
                         if (parent == node) & (child < 0):
@@ -239,17 +255,14 @@ def _verify_walk_kernel(
                                 mass = mass - wx.to(tl.float64)
                 if child < 0:
                     u = tl.sum(tl.where(offs_n == node, bonus_coins, 0.0), axis=0)
-                    listed = tl.full([], -1, tl.int32)
+                    bonus = tl.full([], -1, tl.int32)
                     if NUM_CAND > 0:
-                        listed = tl.load(cand_count_ptr + b * N + node)
-                    if listed >= 0:
-                        bonus = _bonus_from_list(cand_index_ptr + (b * N + node) * NUM_CAND,
-                                                 cand_scaled_ptr + (b * N + node) * NUM_CAND, listed,
-                                                 tokens_ptr + b * N, node, N, rejected, offs_n,
-                                                 kth, denom, cut, norm, u, V, CT, NUM_CAND)
-                    else:
+                        if count >= 0:
+                            bonus = _bonus_from_list(index_b, scaled_b, count, tokens_ptr + b * N, node, N, rejected,
+                                                     offs_n, kth, denom, cut, norm, u, V, CT, NUM_CAND).to(tl.int32)
+                    if bonus < 0:
                         bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_ptr + b * N, node,
-                                             N, rejected, offs_n, tile_sums_ptr + b * BLOCK_T, CT, BLOCK_V, BLOCK_T)
+                                             N, rejected, offs_n, sums_b, CT, BLOCK_V, BLOCK_T).to(tl.int32)
                     tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
                     done = 1
             if done == 0:
@@ -259,8 +272,8 @@ def _verify_walk_kernel(
                 node = child
     tl.debug_barrier()
     if bad != 0:
-        # Accept nothing; the bonus is the root's fallback token from the row kernel.
-        fallback = tl.load(argmax_ptr + b * N)
+        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
+        fallback = _finite_argmax(logits_b, V, CT, BLOCK_MAX)
         tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
         tl.store(out_tokens_ptr + b * A + offs_a,
                  tl.where(offs_a == 0, fallback.to(tl.int64), -1), mask=offs_a < A)
