@@ -36,12 +36,12 @@ def assert_same(a, b, what=""):
 
 
 def verify_batch(dtype):
-    """Five requests over V = 2100 (two chunks of the GPU max pass's 2048-entry tiles, three
+    """Five requests over V = 2100 (a 4096-entry max-pass tile with its tail masked, three
     1024-entry row tiles): greedy; peaked rows with temperature only (whole-row bonus draw) and
     with top-k + top-p (candidate lists); flat rows with top-k 1500 and with top-p 0.95, whose
     kept sets outgrow the 1024-entry list (whole-row threshold searches). The trees hold a chain
     of each parent's most likely tokens (walks go deep) and a token with p = 0. Four nodes: the
-    interpreter sorts a 1024-entry list in about 4 s (one list row per node of request 2)."""
+    interpreter sorts a 1024-entry list in about 4 s (one list per visited row of request 2)."""
     B, N, V = 5, 4, 2100
     gen = torch.Generator().manual_seed(V)
     parents = torch.tensor([[-1, 0, 0, 1]] * B, dtype=torch.int32)
@@ -63,9 +63,9 @@ def verify_batch(dtype):
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16],
                          ids=["fp32", "bf16"])
 def test_verify_gpu_config(dtype):
-    """verify with GPU_CONFIG: 16-candidate radix passes, 1024-entry candidate lists, 2048-entry
-    max-pass tiles. bf16 searches 16 key bits (4 passes); fp32 searches all 32 (8 passes), which
-    doubles the interpreted search time, so it is marked slow."""
+    """verify with GPU_CONFIG: 16-candidate radix passes, 1024-entry candidate lists, 4096-entry
+    max-pass tiles, 8 warps. bf16 searches 16 key bits (4 passes); fp32 searches all 32 (8
+    passes), which doubles the interpreted search time, so it is marked slow."""
     from eagle_kernels.triton import verify as triton_verify
 
     config = triton_verify.GPU_CONFIG
@@ -79,10 +79,16 @@ def test_verify_gpu_config(dtype):
     want = reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling)
     assert_same(launch.output, want, "gpu config")
     # The batch reaches both row paths: candidate lists (peaked filtered rows) and the
-    # whole-row search (the flat top-p and top-k 1500 rows).
-    filtered = ((sampling["top_k"] > 0) | (sampling["top_p"] < 1)) & (sampling["temperature"] > 0)
-    assert (launch.cand_count[2] >= 0).all() and (launch.cand_count[3:] < 0).all(), launch.cand_count
-    assert (launch.cand_count[~filtered] < 0).all()
+    # whole-row search (the flat top-p and top-k 1500 rows). Only visited rows are read (-2
+    # marks the others and greedy rows).
+    counts = launch.cand_count
+    visited = torch.zeros_like(counts, dtype=torch.bool)
+    for b in range(len(counts)):
+        visited[b, want.accept_nodes[b][want.accept_nodes[b] >= 0].long()] = True
+    visited[0] = False  # greedy
+    assert torch.equal(counts > -2, visited), counts
+    assert (counts[2][visited[2]] >= 0).all() and (counts[3:][visited[3:]] == -1).all(), counts
+    assert (counts[1][visited[1]] == -1).all()  # temperature only: no list
     assert want.accept_len[0] == 2 and int(want.accept_len[1:].max()) >= 1
     # The public launcher takes the configuration as a private keyword.
     assert_same(triton_verify.verify(tokens, parents, logits, max_depth=max_depth, _config=config, **sampling),
