@@ -68,7 +68,10 @@ from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests
     STAT_MAX,
     STAT_NORM,
 )
-from .verify_walk import _verify_kernel
+from .verify_walk import CTL_WORDS, ROW_WORDS, _verify_kernel
+
+# Chunks per row at most (programs per request).
+MAX_SPLITS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +107,20 @@ def launch_config() -> VerifyConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
     return INTERPRETER_CONFIG if interpreted(_verify_kernel) else GPU_CONFIG
+
+
+def _splits(B: int, V: int, unit: int, device: torch.device) -> tuple[int, int]:
+    """(chunks per row, entries per chunk): on a GPU enough programs for about two per SM
+    whatever the batch, in whole tiles of ``unit`` entries; without one (the interpreter), up to
+    4 chunks so that the merges are exercised."""
+    tiles = triton.cdiv(V, unit)
+    if device.type == "cuda":
+        want = triton.cdiv(2 * torch.cuda.get_device_properties(device).multi_processor_count, B)
+    else:
+        want = 4
+    splits = max(1, min(tiles, want, MAX_SPLITS))
+    chunk = triton.cdiv(tiles, splits) * unit
+    return triton.cdiv(V, chunk), chunk
 
 
 class Launch(NamedTuple):
@@ -164,14 +181,28 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(config.block_v, triton.next_power_of_2(V))
+    block_max = min(config.max_block, triton.next_power_of_2(V))
+    block_s = min(block_v, SEARCH_BLOCK)
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
+    splits, chunk = _splits(B, V, max(block_v, block_max), device)
+    phases = 3 * A  # a max, a levels and a list or mass phase per visited row
+    control = torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device)
+    row_scalars = torch.empty((B, ROW_WORDS.value), dtype=torch.float64, device=device)
+    part_max = torch.empty((B, splits), dtype=compute_dtype, device=device)
+    part_arg = torch.empty((B, splits), dtype=torch.int32, device=device)
+    part_flags = torch.empty((B, splits), dtype=torch.int32, device=device)
+    part_total = torch.empty((B, splits), dtype=torch.float64, device=device)
+    part_counts = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
+    part_sums = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
+    part_mass = torch.empty((B, splits), dtype=torch.float64, device=device)
     tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
-    _verify_kernel[(B,)](
+    _verify_kernel[(B, splits)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
+        control, row_scalars, part_max, part_arg, part_flags, part_total, part_counts, part_sums, part_mass,
         cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
-        N, V, max_depth, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
-        BLOCK_S=min(block_v, SEARCH_BLOCK), BLOCK_MAX=min(config.max_block, triton.next_power_of_2(V)),
+        N, V, max_depth, chunk, logits.stride(0), logits.stride(1),
+        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
+        BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
         BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, num_warps=config.num_warps,
     )

@@ -170,118 +170,117 @@ def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, sums_
             p = _probs(s, kth, denom, CT)
             lane_kept += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
         norm = tl.sum(lane_kept, axis=0).to(CT)
-    lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
-        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
-        lane_mass += w
-        tl.store(sums_row + start // BLOCK_V, tl.sum(w, axis=0))
-    return kth, denom, cut, norm, tl.sum(lane_mass, axis=0)
+    mass = _range_mass(row, 0, V, row_max, t, kth, denom, cut, norm, sums_row, CT, BLOCK_V)
+    return kth, denom, cut, norm, mass
 
 
 @triton.jit
-def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
-                     index_ptr, scaled_ptr, CT: tl.constexpr, BLOCK_V: tl.constexpr, NUM_CAND: tl.constexpr):
-    """The same scalars from a short candidate list, when one holds every token the filters
-    keep. _verify_levels_kernel has counted the entries and summed their exp(s) at or above
-    NUM_PIVOTS levels of s (``level_counts``, ``level_sums``; ``total`` = the sum over the
-    row); one pass stores the entries at or above the highest level that can hold the top-k
-    set and the nucleus in at most NUM_CAND slots (ascending token ids); thresholds,
-    normalisers and mass then come from the sorted list. Returns count = -1 where no level
-    fits (or the sorted list shows the nucleus reaching below the level): the caller then
-    searches the whole row."""
-    levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)  # [NUM_PIVOTS] levels of s
-    # A level fits when it holds the k largest (top-k) or, without top-k, clearly more than the
-    # top_p share of the softmax mass (the sorted list checks it exactly below), in NUM_CAND slots.
+def _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND: tl.constexpr):
+    """The pivot index whose level bounds the candidate list (NUM_PIVOTS if none fits).
+
+    ``level_counts`` / ``level_sums`` count the row's entries at or above each level of s and
+    sum their exp(s) (``total``: over the row). A level fits when it holds the k largest
+    (top-k) or, without top-k, clearly more than the top_p share of the softmax mass (the
+    sorted list checks it exactly), in NUM_CAND slots; the highest fitting level is taken."""
+    pivots = tl.arange(0, NUM_PIVOTS)
     need = tl.where(use_k, top_k, 1)
     fits = (level_counts >= need) & (level_counts <= NUM_CAND) \
         & (use_k | (level_sums.to(tl.float64) >= top_p.to(tl.float64) * total * 1.0001))
-    pivots = tl.arange(0, NUM_PIVOTS)
     first = tl.min(tl.where(fits, pivots, NUM_PIVOTS), axis=0)
     # Top-p alone: the nucleus lies at or above level ``first``, but an unlisted token (s below
     # the listed level) must not tie with the cut in p, which needs the cut at least 1 above the
-    # listed level. List one level lower (1.5 further down) when that still fits: the cut then
-    # clears it by 1.5 whatever the row, instead of failing the check below and searching the
-    # whole row (rows whose nucleus ends just above a level did, a fixed cost on some rows).
+    # listed level (checked in _list_stats). List one level lower (1.5 further down) when that
+    # still fits: the cut then clears it by 1.5 whatever the row. Rows whose nucleus ended just
+    # above a level used to fail the check and search the whole row.
     lower = tl.sum(tl.where(pivots == first + 1, level_counts, NUM_CAND + 1), axis=0)
-    first = tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
-    kth = tl.full([], float("-inf"), CT)
-    one = tl.full([], 1.0, CT)
-    denom = total.to(CT)
-    cut = tl.full([], float("-inf"), CT)
-    norm = one
-    mass = tl.zeros([], dtype=tl.float64)
-    count = -1
-    if first < NUM_PIVOTS:
-        level = tl.sum(tl.where(pivots == first, levels, 0.0), axis=0).to(CT)
-        stored = 0
-        tl.debug_barrier()  # the list of the previous row may still be read by other threads
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            keep = valid & (s >= level)
-            slot = stored + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            tl.store(index_ptr + slot, offs, mask=keep & (slot < NUM_CAND))
-            tl.store(scaled_ptr + slot, s, mask=keep & (slot < NUM_CAND))
-            stored += tl.sum(keep.to(tl.int32), axis=0)
-        tl.debug_barrier()  # the list is read back by other threads of this program
-        slots = tl.arange(0, NUM_CAND)
-        listed = tl.load(scaled_ptr + slots, mask=slots < stored, other=float("-inf"))
-        ranked = tl.sort(listed, descending=True)
-        if use_k:
-            kth = tl.max(tl.where(slots == top_k - 1, ranked, float("-inf")), axis=0)
-            e = tl.where(ranked >= kth, tl.exp(ranked), 0.0).to(CT)
-            denom = tl.sum(e.to(tl.float64), axis=0).to(CT)
-        p = _probs(ranked, kth, denom, CT)
-        count = stored
-        if use_p:
-            # Most probable first: the first rank whose running mass reaches top_p sets the cut
-            # (ties at the cut are kept by p >= cut).
-            running = tl.cumsum(p.to(tl.float64), axis=0)
-            first_rank = tl.min(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND), axis=0)
-            if first_rank < NUM_CAND:
-                cut = tl.max(tl.where(slots == first_rank, p, float("-inf")), axis=0)
-            elif use_k == 0:
-                count = -1  # the nucleus reaches below the listed level
-            if use_k == 0:
-                # Every unlisted token has s < level: clear of the cut by a margin of e in
-                # p, so no unlisted token can tie with it.
-                if cut < (tl.exp(level + 1.0) / denom).to(CT):
-                    count = -1
-            norm = tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0).to(CT)
-        mass = tl.sum(_weights(p, cut, norm, CT).to(tl.float64), axis=0)
-    return count, kth, denom, cut, norm, mass
-
-
+    return tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
 
 
 @triton.jit
-def _row_max(row, V, CT: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One pass over a row: its max (NaN ignored), first argmax (0 if no entry is above -inf)
-    and bad flag (NaN or +inf anywhere, or no finite entry: -inf alone is a mask). A lane keeps
-    its first maximum (NaN never compares greater), so the smallest index among the lanes
-    holding the row max is the first argmax. Per-lane partials, reduced once at the end."""
-    lane_max = tl.full([BLOCK_V], float("-inf"), CT)
-    lane_arg = tl.full([BLOCK_V], V, tl.int32)
-    lane_nonfinite = tl.zeros([BLOCK_V], tl.int32)
-    lane_finite = tl.zeros([BLOCK_V], tl.int32)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
+def _pivot_level(first, CT: tl.constexpr):
+    """The level of s of pivot index ``first``: -PIVOT_STEP * (first + 1)."""
+    level = (first + 1).to(CT) * PIVOT_STEP
+    return -level
+
+
+@triton.jit
+def _store_list(row, start, end, row_max, t, level, slot0, index_ptr, scaled_ptr, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr, NUM_CAND: tl.constexpr):
+    """Stores (id, s) of the entries of [start, end) with s >= level at slots slot0, slot0 + 1,
+    ... in ascending id order; returns how many there were."""
+    stored = 0
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        keep = valid & (s >= level)
+        slot = slot0 + stored + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(index_ptr + slot, offs, mask=keep & (slot < NUM_CAND))
+        tl.store(scaled_ptr + slot, s, mask=keep & (slot < NUM_CAND))
+        stored += tl.sum(keep.to(tl.int32), axis=0)
+    return stored
+
+
+@triton.jit
+def _list_stats(scaled_ptr, stored, level, top_k, top_p, use_k, use_p, total, CT: tl.constexpr,
+                NUM_CAND: tl.constexpr):
+    """kth, denom, cut, norm, mass of a row from its candidate list (the ``stored`` entries at
+    or above ``level``), sorted in registers. Returns count = -1 where the list cannot give
+    them exactly (the nucleus reaching below the level, or too close to it): the caller then
+    searches the whole row."""
+    kth = tl.full([], float("-inf"), CT)
+    denom = total.to(CT)
+    cut = tl.full([], float("-inf"), CT)
+    norm = tl.full([], 1.0, CT)
+    slots = tl.arange(0, NUM_CAND)
+    listed = tl.load(scaled_ptr + slots, mask=slots < stored, other=float("-inf"), volatile=True)
+    ranked = tl.sort(listed, descending=True)
+    if use_k:
+        kth = tl.max(tl.where(slots == top_k - 1, ranked, float("-inf")), axis=0)
+        e = tl.where(ranked >= kth, tl.exp(ranked), 0.0).to(CT)
+        denom = tl.sum(e.to(tl.float64), axis=0).to(CT)
+    p = _probs(ranked, kth, denom, CT)
+    count = stored
+    if use_p:
+        # Most probable first: the first rank whose running mass reaches top_p sets the cut
+        # (ties at the cut are kept by p >= cut).
+        running = tl.cumsum(p.to(tl.float64), axis=0)
+        first_rank = tl.min(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND), axis=0)
+        if first_rank < NUM_CAND:
+            cut = tl.max(tl.where(slots == first_rank, p, float("-inf")), axis=0)
+        elif use_k == 0:
+            count = -1  # the nucleus reaches below the listed level
+        if use_k == 0:
+            # Every unlisted token has s < level: clear of the cut by a margin of e in p, so
+            # no unlisted token can tie with it.
+            if cut < (tl.exp(level + 1.0) / denom).to(CT):
+                count = -1
+        norm = tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0).to(CT)
+    mass = tl.sum(_weights(p, cut, norm, CT).to(tl.float64), axis=0)
+    return count, kth, denom, cut, norm, mass
+
+
+@triton.jit
+def _range_max(row, start, end, CT: tl.constexpr, BLOCK: tl.constexpr):
+    """Max pass over [start, end) of a row: its max (NaN ignored), first index holding it
+    (``end`` if no entry is above -inf) and flags (bit 0: NaN or +inf seen, bit 1: a finite
+    entry seen). A lane keeps its first maximum (NaN never compares greater), so the smallest
+    index among the lanes holding the max is the first argmax. Per-lane partials, reduced once."""
+    lane_max = tl.full([BLOCK], float("-inf"), CT)
+    lane_arg = tl.full([BLOCK], end, tl.int32)
+    lane_flags = tl.zeros([BLOCK], tl.int32)
+    for tile in range(start, end, BLOCK):
+        offs = tile + tl.arange(0, BLOCK)
+        valid = offs < end
         x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-        lane_nonfinite = lane_nonfinite | (valid & ((x != x) | (x == float("inf")))).to(tl.int32)
-        lane_finite = lane_finite | (valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32)
+        lane_flags = lane_flags | (valid & ((x != x) | (x == float("inf")))).to(tl.int32) \
+            | ((valid & (x > float("-inf")) & (x < float("inf"))).to(tl.int32) * 2)
         better = valid & (x > lane_max)
         lane_arg = tl.where(better, offs, lane_arg)
         lane_max = tl.where(better, x, lane_max)
-    row_max = tl.max(lane_max, axis=0)
-    arg = tl.min(tl.where(lane_max == row_max, lane_arg, V), axis=0)
-    arg = tl.where(arg < V, arg, 0)
-    bad = (tl.max(lane_nonfinite, axis=0) != 0) | (tl.max(lane_finite, axis=0) == 0)
-    return row_max, arg, bad.to(tl.int32)
+    chunk_max = tl.max(lane_max, axis=0)
+    arg = tl.min(tl.where(lane_max == chunk_max, lane_arg, end), axis=0)
+    return chunk_max, arg, tl.max(lane_flags & 1, axis=0) | tl.max(lane_flags & 2, axis=0)
 
 
 @triton.jit
@@ -304,18 +303,19 @@ def _finite_argmax(row, V, CT: tl.constexpr, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _row_levels(row, V, row_max, t, CT: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Second pass over a sampling row: the softmax sum (float64 of the compute-dtype exp(s))
-    and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of s = (logit - max) / T,
-    the entries at or above the level (int32) and their float32 sum of exp(s)."""
+def _range_levels(row, start, end, row_max, t, CT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Levels pass over [start, end) of a sampling row: the softmax sum (float64 of the
+    compute-dtype exp(s)) and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of
+    s = (logit - max) / T, the entries at or above the level (int32) and their float32 sum of
+    exp(s)."""
     levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)
     counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
     sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
     lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
-    for start in range(0, V, BLOCK_S):
+    for tile in range(start, end, BLOCK_S):
         # [BLOCK_S, 1] tiles: loaded in the accumulators' 2-D layout, no per-tile shuffle
-        offs = start + tl.arange(0, BLOCK_S)[:, None]
-        valid = offs < V
+        offs = tile + tl.arange(0, BLOCK_S)[:, None]
+        valid = offs < end
         s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
         e = tl.where(valid, tl.exp(s), 0.0).to(CT)
         lane_total += e.to(tl.float64)
@@ -326,27 +326,16 @@ def _row_levels(row, V, row_max, t, CT: tl.constexpr, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _sampling_stats(row, V, row_max, t, top_k, top_p, index_ptr, scaled_ptr, sums_row, CT: tl.constexpr,
-                    IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
-                    RADIX_BITS: tl.constexpr, NUM_CAND: tl.constexpr):
-    """The scalars of a sampling row (module docstring of verify.py): the levels pass, then the
-    candidate list where one holds every kept token, else the whole-row threshold searches.
-    Returns (count, kth, denom, cut, norm, mass); count = -1 where the row has no list."""
-    use_k = (top_k > 0) & (top_k < V)
-    use_p = top_p < 1.0
-    total, level_counts, level_sums = _row_levels(row, V, row_max, t, CT, BLOCK_S)
-    count = -1
-    kth = tl.full([], float("-inf"), CT)
-    denom = total.to(CT)
-    cut = tl.full([], float("-inf"), CT)
-    norm = tl.full([], 1.0, CT)
-    mass = tl.zeros([], dtype=tl.float64)
-    if NUM_CAND > 0:
-        if use_k | use_p:
-            count, kth, denom, cut, norm, mass = _candidate_stats(
-                row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
-                index_ptr, scaled_ptr, CT, BLOCK_V, NUM_CAND)
-    if count < 0:
-        kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total,
-                                                      sums_row, CT, IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
-    return count, kth, denom, cut, norm, mass
+def _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_row, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """Mass pass over [start, end) (BLOCK_V-aligned): the float64 sum of the weights w, and each
+    tile's sum stored at ``sums_row`` (the bonus draw starts from them)."""
+    lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+        lane_mass += w
+        tl.store(sums_row + tile // BLOCK_V, tl.sum(w, axis=0))
+    return tl.sum(lane_mass, axis=0)

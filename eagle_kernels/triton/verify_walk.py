@@ -10,18 +10,25 @@ import triton
 import triton.language as tl
 
 from .verify_rows import (
+    NUM_PIVOTS,
     NUM_STATS,
-    _finite_argmax,
-    _row_max,
-    _sampling_stats,
     STAT_CUT,
     STAT_DENOM,
     STAT_KTH,
     STAT_MASS,
     STAT_MAX,
     STAT_NORM,
+    _finite_argmax,
+    _full_row_stats,
+    _list_level,
+    _list_stats,
+    _pivot_level,
     _probs,
+    _range_levels,
+    _range_mass,
+    _range_max,
     _scaled,
+    _store_list,
     _weights,
 )
 
@@ -31,6 +38,30 @@ PHILOX_W0 = tl.constexpr(0x9E3779B9)
 PHILOX_W1 = tl.constexpr(0xBB67AE85)
 ACCEPT_DRAW = tl.constexpr(0)
 BONUS_DRAW = tl.constexpr(1)
+# The passes a phase runs over one chunk of the current row.
+KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
+KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
+KIND_LIST = tl.constexpr(2)  # the candidate list: entries at or above the chosen level
+KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no list)
+# Per-request control words (int32, zeroed by the launcher): the phase now open (FINISHED
+# once the request is done), the open phase's kind and row, the walk's depth, the pivot of
+# the list level; then the claim and done counters of every phase.
+CTL_PHASE = tl.constexpr(0)
+CTL_KIND = tl.constexpr(1)
+CTL_NODE = tl.constexpr(2)
+CTL_DEPTH = tl.constexpr(3)
+CTL_PIVOT = tl.constexpr(4)
+CTL_WORDS = tl.constexpr(8)
+FINISHED = tl.constexpr(1 << 30)
+# Per-request float64 scalars of the current row, written by a phase's merge for the next.
+ROW_MAX = tl.constexpr(0)
+ROW_TOTAL = tl.constexpr(1)
+ROW_KTH = tl.constexpr(2)
+ROW_DENOM = tl.constexpr(3)
+ROW_CUT = tl.constexpr(4)
+ROW_NORM = tl.constexpr(5)
+ROW_LEVEL = tl.constexpr(6)
+ROW_WORDS = tl.constexpr(8)
 
 
 @triton.jit
@@ -97,7 +128,7 @@ def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
             tl.store(sums_row + hit, tl.sum(w, axis=0))
     tl.debug_barrier()
     tiles = tl.arange(0, BLOCK_T)
-    sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0)
+    sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0, volatile=True)
     target = u * tl.sum(sums, axis=0)
     running = tl.cumsum(sums, axis=0)
     tile = tl.min(tl.where(running > target, tiles, n_tiles), axis=0).to(tl.int32)
@@ -125,14 +156,42 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
     """The inverse-CDF draw of _inverse_cdf over a row's candidate list: every token of
     positive weight is listed, in ascending id order, so the running sums are the same."""
     slots = tl.arange(0, NUM_CAND)
-    index = tl.load(index_ptr + slots, mask=slots < listed, other=V)
-    scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"))
+    index = tl.load(index_ptr + slots, mask=slots < listed, other=V, volatile=True)
+    scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"), volatile=True)
     w = tl.where(slots < listed, _weights(_probs(scaled, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
     w = _zero_rejected(w, index, tokens_row, node, N, rejected, offs_n)
     target = u * tl.sum(w, axis=0)
     found = tl.min(tl.where(tl.cumsum(w, axis=0) > target, index, V), axis=0)
     last_positive = tl.max(tl.where(w > 0, index, -1), axis=0)
     return tl.where(found < V, found, tl.maximum(last_positive, 0))
+
+
+@triton.jit
+def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row, tokens_row, tokens,
+            accept_coins, offs_n, N, CT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tries the node's children in node order: child c with token x is accepted with
+    probability w(x) / mass under the residual; a rejection zeroes w(x) (``rejected`` flags the
+    child) and removes it from the mass. Returns (accepted child or -1, rejected flags)."""
+    child = -1
+    rejected = tl.zeros([BLOCK_N], tl.int32)
+    if may_descend:
+        for c in range(node + 1, N):
+            parent = tl.load(parents_row + c)
+            if (parent == node) & (child < 0):
+                x = tl.load(tokens_row + c)
+                in_range = (x >= 0) & (x < V)
+                logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
+                wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
+                seen = tl.max(((rejected != 0) & (tokens == x)).to(tl.int32), axis=0)
+                wx = tl.where(seen != 0, 0.0, wx).to(CT)
+                u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
+                # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
+                if (wx > 0) & (u < wx.to(tl.float64) / mass):
+                    child = c
+                elif wx > 0:  # reject: zero p(x) and renormalise
+                    rejected = tl.where(offs_n == c, 1, rejected)
+                    mass = mass - wx.to(tl.float64)
+    return child, rejected
 
 
 @triton.jit
@@ -147,6 +206,15 @@ def _verify_kernel(
     offset_ptr,  # [B] int64
     stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (for tests)
     cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list
+    ctl_ptr,  # [B, CTL_WORDS + 2 * PHASES] int32, zeroed: control words, claim and done counters
+    rowf_ptr,  # [B, ROW_WORDS] float64 scratch: the current row's scalars
+    part_max_ptr,  # [B, SPLITS] compute dtype: chunk max
+    part_arg_ptr,  # [B, SPLITS] int32: chunk first argmax
+    part_flags_ptr,  # [B, SPLITS] int32: chunk NaN / +inf (bit 0) and finite (bit 1) flags
+    part_total_ptr,  # [B, SPLITS] float64: chunk softmax sum
+    part_counts_ptr,  # [B, SPLITS, NUM_PIVOTS] int32: chunk entries at or above each level
+    part_sums_ptr,  # [B, SPLITS, NUM_PIVOTS] float32: their exp(s) sum
+    part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights
     cand_index_ptr,  # [B, NUM_CAND] int32 scratch: the current row's candidate ids, ascending
     cand_scaled_ptr,  # [B, NUM_CAND] compute dtype scratch: their s
     tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the current row's weights
@@ -154,9 +222,12 @@ def _verify_kernel(
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
     out_tokens_ptr,  # [B, A] int64
     status_ptr,  # [B] int32
-    N, V, max_depth, stride_lb, stride_ln,
+    N, V, max_depth, chunk, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
+    SPLITS: tl.constexpr,  # chunks per row (programs per request)
+    PHASES: tl.constexpr,  # claim / done counters per request: 3 per row the walk can visit
+    BLOCK_SPLITS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_MAX: tl.constexpr,
@@ -166,10 +237,12 @@ def _verify_kernel(
     RADIX_BITS: tl.constexpr,
     NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
 ):
-    """One program per request walks its tree; each visited row is read when the walk reaches
-    it: the max pass (all a greedy row needs), then for a sampling row the levels pass and the
-    candidate list (or the whole-row searches), the acceptance of its children and, at the
-    last row, the bonus draw."""
+    """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
+    verify.py): each phase is one pass over the chunks of the current row; a program claims
+    chunks of the open phase, and the one that finishes a phase's last chunk merges the
+    chunks, walks on (accepts a child, or draws the bonus token) and opens the next phase.
+    A program with nothing left to claim waits only for chunks already claimed by running
+    programs, so the launch never depends on how many programs are resident."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
     else:
@@ -179,104 +252,216 @@ def _verify_kernel(
     temperature = tl.load(temperature_ptr + b)
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
     greedy = temperature == 0.0
+    use_k = (top_k > 0) & (top_k < V)
+    use_p = top_p < 1.0
     t = temperature.to(CT)
     logits_b = logits_ptr + b * stride_lb
+    ctl = ctl_ptr + b * (CTL_WORDS + 2 * PHASES)
+    claims = ctl + CTL_WORDS
+    dones = claims + PHASES
+    rowf = rowf_ptr + b * ROW_WORDS
+    parts = b * SPLITS
     index_b = cand_index_ptr + b * NUM_CAND
     scaled_b = cand_scaled_ptr + b * NUM_CAND
     sums_b = tile_sums_ptr + b * BLOCK_T
-
-    offs_n = tl.arange(0, BLOCK_N)
-    parents = tl.load(parents_ptr + b * N + offs_n, mask=offs_n < N, other=-2)
-    tokens = tl.load(tokens_ptr + b * N + offs_n, mask=offs_n < N, other=-1)
-    # Every coin the walk may need, in two vectorised Philox calls: accept coin of each node
-    # (as a child) and bonus coin of each node (as the last accepted node).
-    accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
-    bonus_coins = _uniform(seed, offset, offs_n, BONUS_DRAW)
+    tokens_row = tokens_ptr + b * N
+    parents_row = parents_ptr + b * N
     offs_a = tl.arange(0, BLOCK_A)
-    tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
-    tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
-    # The walk's scalar stores below may come from other threads than these vector stores: order
-    # them (without the barrier a late -1 can overwrite an emitted token).
-    tl.debug_barrier()
+    splits = tl.arange(0, BLOCK_SPLITS)
+    in_splits = splits < SPLITS
 
-    node = tl.zeros([], tl.int32)
-    depth = tl.zeros([], tl.int32)
-    done = tl.zeros([], tl.int32)
-    bad = tl.zeros([], tl.int32)
-    while done == 0:
-        row = logits_b + node * stride_ln
-        row_max, arg, row_bad = _row_max(row, V, CT, BLOCK_MAX)
-        if row_bad != 0:
-            bad = 1
-            done = 1
+    phase = tl.zeros([], tl.int32)
+    running = tl.full([], 1, tl.int32)
+    while running != 0:
+        # Wait for the phase to open (acquire: its kind, row and scalars are then visible).
+        opened = tl.atomic_add(ctl + CTL_PHASE, 0)
+        while opened < phase:
+            opened = tl.atomic_add(ctl + CTL_PHASE, 0)
+        if opened >= FINISHED:
+            running = 0
         else:
-            may_descend = depth < max_depth  # a node at max_depth is a leaf
-            child = -1
-            if greedy:
-                hit = (parents == node) & (tokens == arg) & (offs_n > node) & may_descend
-                first = tl.min(tl.where(hit, offs_n, BLOCK_N), axis=0)
-                child = tl.where(first < BLOCK_N, first, -1)
-                if child < 0:
-                    tl.store(out_tokens_ptr + b * A + depth, arg.to(tl.int64))
-                    done = 1
+            claim = tl.atomic_add(claims + phase, 1)
+            if claim >= SPLITS:
+                phase += 1  # every chunk of this phase is taken: wait for the next one
             else:
-                count, kth, denom, cut, norm, mass = _sampling_stats(
-                    row, V, row_max, t, top_k, top_p, index_b, scaled_b, sums_b, CT, IS_FP64, SIG_BITS,
-                    BLOCK_V, BLOCK_S, RADIX_BITS, NUM_CAND)
-                st = stats_ptr + (b * N + node) * NUM_STATS
-                tl.store(st + STAT_MAX, row_max.to(tl.float64))
-                tl.store(st + STAT_KTH, kth.to(tl.float64))
-                tl.store(st + STAT_DENOM, denom.to(tl.float64))
-                tl.store(st + STAT_CUT, cut.to(tl.float64))
-                tl.store(st + STAT_NORM, norm.to(tl.float64))
-                tl.store(st + STAT_MASS, mass)
-                tl.store(cand_count_ptr + b * N + node, count)
-                # Children of this node whose token was rejected: their weight is now 0.
-                rejected = tl.zeros([BLOCK_N], tl.int32)
-                if may_descend:
-                    for c in range(node + 1, N):
-                        parent = tl.load(parents_ptr + b * N + c)
-                        if (parent == node) & (child < 0):
-                            x = tl.load(tokens_ptr + b * N + c)
-                            in_range = (x >= 0) & (x < V)
-                            logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
-                            wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
-                            seen = tl.max(((rejected != 0) & (tokens == x)).to(tl.int32), axis=0)
-                            wx = tl.where(seen != 0, 0.0, wx).to(CT)
-                            u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
-                            # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
-                            if (wx > 0) & (u < wx.to(tl.float64) / mass):
-                                child = c
-                            elif wx > 0:  # reject: zero p(x) and renormalise
-                                rejected = tl.where(offs_n == c, 1, rejected)
-                                mass = mass - wx.to(tl.float64)
-                if child < 0:
-                    u = tl.sum(tl.where(offs_n == node, bonus_coins, 0.0), axis=0)
-                    bonus = tl.full([], -1, tl.int32)
+                kind = tl.load(ctl + CTL_KIND, volatile=True)
+                node = tl.load(ctl + CTL_NODE, volatile=True)
+                row = logits_b + node * stride_ln
+                start = claim * chunk
+                end = tl.minimum(start + chunk, V)
+                if (phase == 0) & (claim == 0):
+                    tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
+                    tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
+                row_max = tl.load(rowf + ROW_MAX, volatile=True).to(CT)
+                if kind == KIND_MAX:
+                    chunk_max, chunk_arg, chunk_flags = _range_max(row, start, end, CT, BLOCK_MAX)
+                    tl.store(part_max_ptr + parts + claim, chunk_max)
+                    tl.store(part_arg_ptr + parts + claim, chunk_arg)
+                    tl.store(part_flags_ptr + parts + claim, chunk_flags)
+                elif kind == KIND_LEVELS:
+                    chunk_total, chunk_counts, chunk_sums = _range_levels(row, start, end, row_max, t, CT, BLOCK_S)
+                    tl.store(part_total_ptr + parts + claim, chunk_total)
+                    tl.store(part_counts_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_counts)
+                    tl.store(part_sums_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_sums)
+                elif kind == KIND_LIST:
                     if NUM_CAND > 0:
-                        if count >= 0:
-                            bonus = _bonus_from_list(index_b, scaled_b, count, tokens_ptr + b * N, node, N, rejected,
-                                                     offs_n, kth, denom, cut, norm, u, V, CT, NUM_CAND).to(tl.int32)
-                    if bonus < 0:
-                        bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_ptr + b * N, node,
-                                             N, rejected, offs_n, sums_b, CT, BLOCK_V, BLOCK_T).to(tl.int32)
-                    tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
-                    done = 1
-            if done == 0:
-                depth += 1
-                tl.store(accept_nodes_ptr + b * A + depth, child)
-                tl.store(out_tokens_ptr + b * A + depth - 1, tl.load(tokens_ptr + b * N + child))
-                node = child
-    tl.debug_barrier()
-    if bad != 0:
-        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
-        fallback = _finite_argmax(logits_b, V, CT, BLOCK_MAX)
-        tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
-        tl.store(out_tokens_ptr + b * A + offs_a,
-                 tl.where(offs_a == 0, fallback.to(tl.int64), -1), mask=offs_a < A)
-        depth = 0
-    tl.store(accept_len_ptr + b, depth)
-    tl.store(status_ptr + b, bad)
+                        pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
+                        before = tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
+                                         mask=splits < claim, other=0, volatile=True)
+                        level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
+                        _store_list(row, start, end, row_max, t, level, tl.sum(before, axis=0), index_b, scaled_b,
+                                    CT, BLOCK_V, NUM_CAND)
+                else:
+                    kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                    denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                    cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
+                    norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
+                    tl.store(part_mass_ptr + parts + claim,
+                             _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
+                # Release this chunk's results; the last chunk of the phase merges them.
+                tl.debug_barrier()
+                if tl.atomic_add(dones + phase, 1) == SPLITS - 1:
+                    depth = tl.load(ctl + CTL_DEPTH, volatile=True)
+                    may_descend = depth < max_depth  # a node at max_depth is a leaf
+                    next_kind = KIND_MAX
+                    next_node = node
+                    finish = 0
+                    bad = 0
+                    bonus = -1
+                    child = -1
+                    ready = 0  # 1: the row's weights are known, walk on
+                    listed = -1
+                    kth = tl.full([], float("-inf"), CT)
+                    denom = tl.full([], 1.0, CT)
+                    cut = tl.full([], float("-inf"), CT)
+                    norm = tl.full([], 1.0, CT)
+                    mass = tl.zeros([], tl.float64)
+                    total = tl.load(rowf + ROW_TOTAL, volatile=True)
+                    if kind == KIND_MAX:
+                        cm = tl.load(part_max_ptr + parts + splits, mask=in_splits, other=float("-inf"), volatile=True)
+                        ca = tl.load(part_arg_ptr + parts + splits, mask=in_splits, other=V, volatile=True)
+                        cf = tl.load(part_flags_ptr + parts + splits, mask=in_splits, other=0, volatile=True)
+                        row_max = tl.max(cm, axis=0)
+                        arg = tl.min(tl.where(cm == row_max, ca, V), axis=0)
+                        flags = tl.max(cf & 1, axis=0) | tl.max(cf & 2, axis=0)
+                        if ((flags & 1) != 0) | ((flags & 2) == 0):
+                            bad = 1
+                            finish = 1
+                        elif greedy:
+                            hit = (tl.load(parents_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
+                                           other=-2) == node) \
+                                & (tl.load(tokens_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
+                                           other=-1) == arg) \
+                                & (tl.arange(0, BLOCK_N) > node) & may_descend
+                            first = tl.min(tl.where(hit, tl.arange(0, BLOCK_N), BLOCK_N), axis=0)
+                            if first < BLOCK_N:
+                                child = first
+                            else:
+                                bonus = arg
+                                finish = 1
+                        else:
+                            tl.store(rowf + ROW_MAX, row_max.to(tl.float64))
+                            next_kind = KIND_LEVELS
+                    elif kind == KIND_LEVELS:
+                        total = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
+                                               volatile=True), axis=0)
+                        tl.store(rowf + ROW_TOTAL, total)
+                        pivot = tl.full([], NUM_PIVOTS, tl.int32)
+                        if NUM_CAND > 0:
+                            if use_k | use_p:
+                                at = (parts + splits)[:, None] * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS)[None, :]
+                                level_counts = tl.sum(tl.load(part_counts_ptr + at, mask=in_splits[:, None], other=0,
+                                                              volatile=True), axis=0)
+                                level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_splits[:, None], other=0.0,
+                                                            volatile=True), axis=0)
+                                pivot = _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND)
+                        if pivot < NUM_PIVOTS:
+                            tl.store(ctl + CTL_PIVOT, pivot)
+                            tl.store(rowf + ROW_LEVEL, _pivot_level(pivot, CT).to(tl.float64))
+                            next_kind = KIND_LIST
+                        elif use_k | use_p:
+                            ready = 1  # no list holds the kept tokens: search the whole row here
+                        else:
+                            tl.store(rowf + ROW_KTH, float("-inf"))
+                            tl.store(rowf + ROW_DENOM, total.to(CT).to(tl.float64))
+                            tl.store(rowf + ROW_CUT, float("-inf"))
+                            tl.store(rowf + ROW_NORM, 1.0)
+                            next_kind = KIND_MASS
+                    elif kind == KIND_LIST:
+                        if NUM_CAND > 0:
+                            pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
+                            stored = tl.sum(tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
+                                                    mask=in_splits, other=0, volatile=True), axis=0)
+                            level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
+                            tl.debug_barrier()
+                            listed, kth, denom, cut, norm, mass = _list_stats(scaled_b, stored, level, top_k, top_p,
+                                                                              use_k, use_p, total, CT, NUM_CAND)
+                        ready = 1
+                    else:
+                        kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                        denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                        cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
+                        norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
+                        mass = tl.sum(tl.load(part_mass_ptr + parts + splits, mask=in_splits, other=0.0,
+                                              volatile=True), axis=0)
+                        listed = -2  # the mass phase ran: the tile sums are in place
+                        ready = 1
+                    if ready != 0:
+                        if listed == -1:  # no list: the whole-row searches, in this program
+                            kth, denom, cut, norm, mass = _full_row_stats(
+                                row, V, row_max, t, top_k, top_p, use_k, use_p, total, sums_b, CT, IS_FP64,
+                                SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
+                        st = stats_ptr + (b * N + node) * NUM_STATS
+                        tl.store(st + STAT_MAX, row_max.to(tl.float64))
+                        tl.store(st + STAT_KTH, kth.to(tl.float64))
+                        tl.store(st + STAT_DENOM, denom.to(tl.float64))
+                        tl.store(st + STAT_CUT, cut.to(tl.float64))
+                        tl.store(st + STAT_NORM, norm.to(tl.float64))
+                        tl.store(st + STAT_MASS, mass)
+                        tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
+                        offs_n = tl.arange(0, BLOCK_N)
+                        tokens = tl.load(tokens_row + offs_n, mask=offs_n < N, other=-1)
+                        seed = tl.load(seed_ptr + b)
+                        offset = tl.load(offset_ptr + b)
+                        accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
+                        child, rejected = _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend,
+                                                  parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT,
+                                                  BLOCK_N)
+                        if child < 0:
+                            u = tl.sum(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0),
+                                       axis=0)
+                            if listed >= 0:
+                                if NUM_CAND > 0:
+                                    bonus = _bonus_from_list(index_b, scaled_b, listed, tokens_row, node, N, rejected,
+                                                             offs_n, kth, denom, cut, norm, u, V, CT,
+                                                             NUM_CAND).to(tl.int32)
+                            else:
+                                bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
+                                                     N, rejected, offs_n, sums_b, CT, BLOCK_V, BLOCK_T).to(tl.int32)
+                            finish = 1
+                    # Walk on: record an accepted child or the bonus, then open the next phase.
+                    if child >= 0:
+                        depth += 1
+                        tl.store(accept_nodes_ptr + b * A + depth, child)
+                        tl.store(out_tokens_ptr + b * A + depth - 1, tl.load(tokens_row + child))
+                        next_kind = KIND_MAX
+                        next_node = child
+                    if bad != 0:
+                        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
+                        fallback = _finite_argmax(logits_b, V, CT, BLOCK_MAX)
+                        tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
+                        tl.store(out_tokens_ptr + b * A + offs_a, tl.where(offs_a == 0, fallback.to(tl.int64), -1),
+                                 mask=offs_a < A)
+                        depth = 0
+                    elif finish != 0:
+                        tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
+                    if finish != 0:
+                        tl.store(accept_len_ptr + b, depth)
+                        tl.store(status_ptr + b, bad)
+                    else:
+                        tl.store(ctl + CTL_KIND, next_kind)
+                        tl.store(ctl + CTL_NODE, next_node)
+                        tl.store(ctl + CTL_DEPTH, depth)
+                    tl.debug_barrier()
+                    tl.atomic_xchg(ctl + CTL_PHASE, tl.where(finish != 0, FINISHED, phase + 1))
