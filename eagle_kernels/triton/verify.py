@@ -72,6 +72,8 @@ from .verify_walk import CTL_WORDS, ROW_WORDS, _verify_kernel
 
 # Chunks per row at most (programs per request).
 MAX_SPLITS = 64
+# Candidate lists of at most this many entries are sorted in a block of this size.
+SHORT_LIST = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +206,6 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
         BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
         BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
-        RADIX_BITS=config.radix_bits, NUM_CAND=candidates, num_warps=config.num_warps,
+        RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)), num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

@@ -236,6 +236,7 @@ def _verify_kernel(
     BLOCK_T: tl.constexpr,  # next power of two of the BLOCK_V tiles per row
     RADIX_BITS: tl.constexpr,
     NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
+    SHORT_CAND: tl.constexpr,  # min(128, NUM_CAND): the sort size of short lists
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
     verify.py): each phase is one pass over the chunks of the current row; a program claims
@@ -395,8 +396,13 @@ def _verify_kernel(
                                                     mask=in_splits, other=0, volatile=True), axis=0)
                             level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
                             tl.debug_barrier()
-                            listed, kth, denom, cut, norm, mass = _list_stats(scaled_b, stored, level, top_k, top_p,
-                                                                              use_k, use_p, total, CT, NUM_CAND)
+                            # Lists are mostly short: sort SHORT_CAND slots when they hold it.
+                            if stored <= SHORT_CAND:
+                                listed, kth, denom, cut, norm, mass = _list_stats(
+                                    scaled_b, stored, level, top_k, top_p, use_k, use_p, total, CT, SHORT_CAND)
+                            else:
+                                listed, kth, denom, cut, norm, mass = _list_stats(
+                                    scaled_b, stored, level, top_k, top_p, use_k, use_p, total, CT, NUM_CAND)
                         ready = 1
                     else:
                         kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
