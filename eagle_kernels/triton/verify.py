@@ -3,46 +3,51 @@
 Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) on trees with deterministic
 draft children (EAGLE-2, Li et al. 2024, §4); semantics and random stream as in
 ``eagle_kernels/reference/verify.py`` and docs/design.md ("Counter-based random stream",
-"verify details").
+"verify details"). Measurements and the design's numbers: docs/gpu_kernels.md ("verify").
 
-Four kernels. ``_verify_max_kernel`` reads every logit row once, split into chunks across
-programs (a few rows still fill the GPU): chunk max, first argmax and NaN/+inf/finite flags.
-``_verify_levels_kernel`` reads the sampling rows once more in the same chunks: the softmax sum
-and the entries (and their softmax mass) at or above 16 levels of ``s``, for the candidate lists
-below. ``_verify_rows_kernel`` runs one program per logit row (B * N programs): it merges the
-chunks into the row's max, first argmax and bad-row flag (all a greedy row needs) and, for
-sampling requests, computes in ``BLOCK_V`` tiles the top-k threshold ``kth`` (the k-th
-largest ``s = (logits - max) / T``), the softmax normaliser ``denom`` (float64 sum of
-``exp(s)`` over ``s >= kth``), the top-p threshold ``cut``, the top-p normaliser ``norm`` and
-the float64 mass of the final weights. Both thresholds come from a radix-16 search over the
-order keys of the logits themselves, counting (top-k) or summing ``p`` over (top-p) the keys
-at or above 15 candidates per pass: ``s`` and ``p`` are monotone in the logit, so ``kth`` is
-``s`` of the k-th largest logit and ``cut`` is ``p`` of the logit found, and bf16/fp16 rows
-need only the passes for their 16/19 significant key bits. ``s`` and ``p`` are recomputed
-from the logits in every pass instead of being stored. Every weight is then a pure function
-of its logit and the row's scalars::
+Walk first, in one launch (``_verify_kernel``, verify_walk.py): only the rows the walk visits
+are read (at most max_depth + 1 per request, of the B * N given). Programs (b, j), j < SPLITS,
+serve request b together: the walk is a sequence of phases, each one pass over the current
+row split into SPLITS chunks; a program claims chunks of the open phase (an atomic counter),
+and the program that completes a phase's last chunk merges the chunks' results, walks on and
+opens the next phase. A program that finds every chunk taken waits for the next phase, which
+depends only on programs already running, so the launch needs no co-residency; under the
+interpreter (programs run one after another) the first program of a request runs every phase.
+
+Per visited row:
+
+- max phase: max, first argmax, NaN / +inf / finite flags. A greedy row needs nothing else:
+  greedy mode is one pass over each visited row.
+- sampling rows, levels phase: the softmax sum and the entries (and their exp(s)) at or above
+  16 levels of ``s = (logits - max) / T``.
+- then, with top-k or top-p, the list phase: the entries at or above the highest level that
+  holds the top-k set or the nucleus in ``candidates`` slots are stored (ascending ids, each
+  chunk at the offset its level counts give), and the merge takes the thresholds, normalisers
+  and mass from that list sorted in registers. For top-p alone the list reaches one level
+  lower than the nucleus needs, so the cut always clears the listed level by the margin the
+  exactness check needs (rows whose nucleus ended just above a level used to fall back to a
+  whole-row search). Temperature alone: the mass phase (float64 sum of the weights and
+  per-tile sums for the bonus draw).
+- rows no list can hold exactly (a flat distribution with top-k in the thousands or a nucleus
+  of thousands of tokens) take the whole-row radix searches in the merging program
+  (``_full_row_stats``): radix-16 over the order keys of the logits, 16/19 key bits for
+  bf16/fp16 rows.
+
+Every weight is a pure function of its logit and the row's scalars::
 
     p(x) = [s(x) >= kth] * exp(s(x)) / denom,    w(x) = [p(x) >= cut] * p(x) / norm
 
 and both filters are "keep x iff key >= threshold", which keeps ties together exactly as the
-reference does. A row with top-k or top-p usually keeps few tokens, so before searching the
-whole row the kernel tries a candidate list (``_candidate_stats``): from the levels kernel's
-counts it picks the highest level that holds the top-k set or the nucleus in ``candidates``
-slots, stores (id, s) of the entries at or above it in one more pass, and takes the
-thresholds, normalisers and mass from that list sorted in registers: three reads of the row
-in all instead of up to twenty. Rows the list cannot hold exactly (a flat distribution, a
-nucleus reaching below the lowest level, temperature alone) take the search.
+reference does. The merge of a row's last phase evaluates ``w`` only at the drafted tokens
+(acceptance, removing a rejected token's weight from the float64 mass) and draws the bonus
+(inverse CDF, a float64 running sum in token order) over the candidate list, or from the
+per-tile sums and one scanned tile. Philox4x32-10 runs in-kernel on uint32 words. Logits are
+read in their own dtype (fp16 / bf16 / fp32 / fp64; no copy) and computed in float32 (float64
+for fp64 logits).
 
-``_verify_walk_kernel`` runs one program per request: greedy steps read the stored argmax; a
-sampling step evaluates ``w`` only at the drafted tokens and removes a rejected token's weight
-from the float64 mass; the bonus draw (inverse CDF, a float64 running sum in token order) runs
-over the row's candidate list, or else over the whole row in one pass that stores per-tile
-sums, then scans the one tile where the running sum passes the coin. Philox4x32-10 runs
-in-kernel on uint32 words.
-
-Modules: ``verify_rows.py`` (the max, levels and rows kernels: thresholds and candidate lists),
-``verify_walk.py`` (Philox and the walk kernel), and here the launch configurations and the
-launcher.
+Modules: ``verify_rows.py`` (the passes over a row's chunks, the threshold searches and
+candidate lists), ``verify_walk.py`` (Philox, acceptance, bonus draw and the kernel), and here
+the launch configurations and the launcher.
 """
 
 from __future__ import annotations
@@ -206,6 +211,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
         BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
         BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
-        RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)), num_warps=config.num_warps,
+        RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
+        num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
