@@ -14,8 +14,8 @@ import triton
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-KERNELS = {"_verify_kernel", "_tree_attention_kernel", "_tree_attention_merge_kernel", "_draft_chunk_kernel", "_draft_merge_kernel",
-           "_write_kv_kernel"}
+KERNELS = {"_verify_kernel", "_tree_attention_kernel", "_tree_attention_merge_kernel", "_draft_chunk_kernel",
+           "_draft_merge_kernel", "_write_kv_kernel"}
 
 
 @pytest.fixture(scope="module")
