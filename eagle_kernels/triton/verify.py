@@ -192,7 +192,10 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     block_s = min(block_v, SEARCH_BLOCK)
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
     splits, chunk = _splits(B, V, max(block_v, block_max), device)
-    phases = 3 * A  # a max, a levels and a list or mass phase per visited row
+    # Per visited row: max, levels, list, the search digits of top-k and top-p, their two
+    # normalisers and the mass.
+    digits = triton.cdiv(SIGNIFICANT_KEY_BITS[target_logits.dtype], config.radix_bits)
+    phases = A * (6 + 2 * digits)
     control = torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device)
     row_scalars = torch.empty((B, ROW_WORDS.value), dtype=torch.float64, device=device)
     part_max = torch.empty((B, splits), dtype=compute_dtype, device=device)
@@ -202,11 +205,13 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     part_counts = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
     part_sums = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
     part_mass = torch.empty((B, splits), dtype=torch.float64, device=device)
+    part_search = torch.empty((B, splits, 1 << config.radix_bits), dtype=torch.float64, device=device)
+    prefix = torch.empty(B, dtype=torch.int64, device=device)
     tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
     _verify_kernel[(B, splits)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
         control, row_scalars, part_max, part_arg, part_flags, part_total, part_counts, part_sums, part_mass,
-        cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
+        part_search, prefix, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
         N, V, max_depth, chunk, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
         BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,

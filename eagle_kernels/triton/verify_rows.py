@@ -70,19 +70,62 @@ def _weights(p, cut, norm, CT: tl.constexpr):
 
 
 @triton.jit
-def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.constexpr, CT: tl.constexpr,
-                   IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Radix search, most significant digit first, over the order keys of the logits (as CT
-    values): the largest key P with F(P) >= target, where F(P) counts the entries with
-    key >= P (top-k, target k) or sums their p (top-p, target top_p). Returns the logit
-    value whose key is P.
+def _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, IS_TOP_P: tl.constexpr, CT: tl.constexpr,
+                  IS_FP64: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """One digit of the radix threshold search over [start, end) of a row: for the candidates
+    P_j = prefix + j * 2^shift (j < 2^RADIX_BITS; j = 0 is never taken), F(P_j) counts the
+    entries with order key >= P_j (top-k) or sums their p (top-p), as float64. One
+    [BLOCK_S, 2^R] accumulator, reduced once."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+    else:
+        KT: tl.constexpr = tl.uint32
+    lanes = tl.arange(0, 1 << RADIX_BITS)
+    candidates = prefix + (lanes.to(KT) << shift.to(KT))
+    if IS_TOP_P:
+        acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
+    for tile in range(start, end, BLOCK_S):
+        # [BLOCK_S, 1] tiles: loaded in the accumulator's 2-D layout, no per-tile shuffle
+        offs = tile + tl.arange(0, BLOCK_S)[:, None]
+        valid = offs < end
+        logits = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        above = (_order_key(logits, IS_FP64) >= candidates[None, :]) & valid
+        if IS_TOP_P:
+            p = _probs(_scaled(logits, row_max, t), kth, denom, CT)
+            acc += tl.where(above, p.to(tl.float64), 0.0)
+        else:
+            acc += above.to(tl.int32)
+    if IS_TOP_P:
+        return tl.sum(acc, axis=0)
+    else:
+        return tl.sum(acc, axis=0).to(tl.float64)
+
+
+@triton.jit
+def _search_digit(prefix, shift, totals, target, IS_FP64: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """The prefix after one digit: the largest candidate P_j with F(P_j) >= target (F is
+    non-increasing in P), j = 0 (the prefix itself) if none."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+    else:
+        KT: tl.constexpr = tl.uint32
+    lanes = tl.arange(0, 1 << RADIX_BITS)
+    digit = tl.sum(((totals >= target) & (lanes > 0)).to(tl.int32), axis=0)
+    return prefix + (digit.to(KT) << shift.to(KT))
+
+
+@triton.jit
+def _search_value(prefix, CT: tl.constexpr, IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr,
+                  RADIX_BITS: tl.constexpr):
+    """The logit value whose order key is the searched prefix (the largest key P with
+    F(P) >= target once every digit is searched).
 
     s and p are monotone in the logit, so the k-th largest s is s of the k-th largest logit
-    and the lowest kept level of p is p of the logit found here: the search needs no s or p
-    for top-k, and only the leading SIG_BITS key bits vary for logits widened from 16 bits
-    (bf16: 16, fp16: 19), so those take half the passes of fp32. Each digit of RADIX_BITS bits
-    is one pass that evaluates the candidates P + j * 2^shift, j >= 1, into a [BLOCK_S, 2^R]
-    accumulator reduced once per pass."""
+    and the lowest kept level of p is p of the logit found: the search needs no s or p for
+    top-k, and only the leading SIG_BITS key bits vary for logits widened from 16 bits (bf16:
+    16, fp16: 19), so those take half the digits of fp32."""
     if IS_FP64:
         KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
@@ -91,32 +134,6 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
         KEY_BITS: tl.constexpr = 32
     LEVELS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
     LOW_BITS: tl.constexpr = KEY_BITS - LEVELS * RADIX_BITS
-    lanes = tl.arange(0, 1 << RADIX_BITS)
-    prefix = tl.zeros([], dtype=KT)
-    for level in tl.static_range(LEVELS):
-        shift = KEY_BITS - RADIX_BITS * (level + 1)
-        candidates = prefix + (lanes.to(KT) << shift)  # lane 0 is never counted
-        if IS_TOP_P:
-            acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
-        else:
-            acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
-        for start in range(0, V, BLOCK_S):
-            # [BLOCK_S, 1] tiles: loaded in the accumulator's 2-D layout, no per-tile shuffle
-            offs = start + tl.arange(0, BLOCK_S)[:, None]
-            valid = offs < V
-            logits = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(CT)
-            above = (_order_key(logits, IS_FP64) >= candidates[None, :]) & valid
-            if IS_TOP_P:
-                p = _probs(_scaled(logits, row_max, t), kth, denom, CT)
-                acc += tl.where(above, p.to(tl.float64), 0.0)
-            else:
-                acc += above.to(tl.int32)
-        if IS_TOP_P:
-            totals = tl.sum(acc, axis=0)
-        else:
-            totals = tl.sum(acc, axis=0).to(tl.float64)
-        digit = tl.sum(((totals >= target) & (lanes > 0)).to(tl.int32), axis=0)
-        prefix = prefix + (digit.to(KT) << shift)
     if LOW_BITS > 0:
         # Below the searched bits a widened 16-bit logit's key is all zeros (x >= 0) or all
         # ones (x < 0, whose key is the complement): restore them to land on the entry itself.
@@ -135,43 +152,21 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
 
 
 @triton.jit
-def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, sums_row, CT: tl.constexpr,
-                    IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
-                    RADIX_BITS: tl.constexpr):
-    """kth, denom, cut, norm, mass of a sampling row from passes over the whole row; ``total``
-    (the softmax sum over the row) is the normaliser when top-k is off. The last pass (the
-    mass) also stores each BLOCK_V tile's float64 sum of w at ``sums_row``: the bonus draw
-    starts from them (a temperature-only row needs no other pass than max, levels and mass)."""
-    kth = tl.full([], float("-inf"), CT)
-    one = tl.full([], 1.0, CT)
-    denom = total.to(CT)
-    if use_k:
-        kth_logit = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.float64), False,
-                                   CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
-        kth = _scaled(kth_logit.to(CT), row_max, t)
-        lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
-        denom = tl.sum(lane_total, axis=0).to(CT)
-    cut = tl.full([], float("-inf"), CT)
-    norm = one
-    if use_p:
-        cut_logit = _threshold_key(row, V, row_max, t, kth, denom, top_p.to(tl.float64), True,
-                                   CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
-        cut = _probs(_scaled(cut_logit.to(CT), row_max, t), kth, denom, CT)
-        lane_kept = tl.zeros([BLOCK_V], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+def _range_kept(row, start, end, row_max, t, kth, denom, cut, IS_NORM: tl.constexpr, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """Over [start, end): the float64 sum of exp(s) over s >= kth (the top-k softmax
+    normaliser) or, with IS_NORM, of p over p >= cut (the top-p normaliser)."""
+    lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        if IS_NORM:
             p = _probs(s, kth, denom, CT)
-            lane_kept += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
-        norm = tl.sum(lane_kept, axis=0).to(CT)
-    mass = _range_mass(row, 0, V, row_max, t, kth, denom, cut, norm, sums_row, CT, BLOCK_V)
-    return kth, denom, cut, norm, mass
+            lane_total += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
+        else:
+            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
+    return tl.sum(lane_total, axis=0)
 
 
 @triton.jit

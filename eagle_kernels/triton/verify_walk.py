@@ -19,15 +19,18 @@ from .verify_rows import (
     STAT_MAX,
     STAT_NORM,
     _finite_argmax,
-    _full_row_stats,
     _list_level,
     _list_stats,
     _pivot_level,
     _probs,
+    _range_kept,
     _range_levels,
     _range_mass,
     _range_max,
     _scaled,
+    _search_chunk,
+    _search_digit,
+    _search_value,
     _store_list,
     _weights,
 )
@@ -43,6 +46,10 @@ KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
 KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
 KIND_LIST = tl.constexpr(2)  # the candidate list: entries at or above the chosen level
 KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no list)
+KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list)
+KIND_DENOM = tl.constexpr(5)  # the top-k softmax normaliser
+KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search
+KIND_NORM = tl.constexpr(7)  # the top-p normaliser
 # Per-request control words (int32, zeroed by the launcher): the phase now open (FINISHED
 # once the request is done), the open phase's kind and row, the walk's depth, the pivot of
 # the list level; then the claim and done counters of every phase.
@@ -51,6 +58,7 @@ CTL_KIND = tl.constexpr(1)
 CTL_NODE = tl.constexpr(2)
 CTL_DEPTH = tl.constexpr(3)
 CTL_PIVOT = tl.constexpr(4)
+CTL_DIGIT = tl.constexpr(5)  # the digit of the open search phase
 CTL_WORDS = tl.constexpr(8)
 FINISHED = tl.constexpr(1 << 30)
 # Per-request float64 scalars of the current row, written by a phase's merge for the next.
@@ -167,6 +175,24 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
 
 
 @triton.jit
+def _load_prefix(ptr, IS_FP64: tl.constexpr):
+    """The open search's key prefix (stored as the bits of an int64)."""
+    bits = tl.load(ptr, volatile=True)
+    if IS_FP64:
+        return bits.to(tl.uint64, bitcast=True)
+    else:
+        return bits.to(tl.uint32)
+
+
+@triton.jit
+def _store_prefix(ptr, prefix, IS_FP64: tl.constexpr):
+    if IS_FP64:
+        tl.store(ptr, prefix.to(tl.uint64).to(tl.int64, bitcast=True))
+    else:
+        tl.store(ptr, prefix.to(tl.uint32).to(tl.int64))
+
+
+@triton.jit
 def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row, tokens_row, tokens,
             accept_coins, offs_n, N, CT: tl.constexpr, BLOCK_N: tl.constexpr):
     """Tries the node's children in node order: child c with token x is accepted with
@@ -215,6 +241,8 @@ def _verify_kernel(
     part_counts_ptr,  # [B, SPLITS, NUM_PIVOTS] int32: chunk entries at or above each level
     part_sums_ptr,  # [B, SPLITS, NUM_PIVOTS] float32: their exp(s) sum
     part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights
+    part_search_ptr,  # [B, SPLITS, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit
+    prefix_ptr,  # [B] int64 scratch: the order-key prefix of the open search (bits of a uint32 / uint64)
     cand_index_ptr,  # [B, NUM_CAND] int32 scratch: the current row's candidate ids, ascending
     cand_scaled_ptr,  # [B, NUM_CAND] compute dtype scratch: their s
     tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the current row's weights
@@ -226,7 +254,7 @@ def _verify_kernel(
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     SPLITS: tl.constexpr,  # chunks per row (programs per request)
-    PHASES: tl.constexpr,  # claim / done counters per request: 3 per row the walk can visit
+    PHASES: tl.constexpr,  # claim / done counters per request: 6 + 2 * DIGITS per row the walk can visit
     BLOCK_SPLITS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -246,8 +274,12 @@ def _verify_kernel(
     programs, so the launch never depends on how many programs are resident."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
+        KEY_BITS: tl.constexpr = 64
     else:
         CT: tl.constexpr = tl.float32
+        KEY_BITS: tl.constexpr = 32
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    DIGITS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
     b = tl.program_id(0).to(tl.int64)
     A = max_depth + 1
     temperature = tl.load(temperature_ptr + b)
@@ -318,8 +350,25 @@ def _verify_kernel(
                     denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
                     cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
                     norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
-                    tl.store(part_mass_ptr + parts + claim,
-                             _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
+                    if kind == KIND_MASS:
+                        tl.store(part_mass_ptr + parts + claim,
+                                 _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
+                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
+                        if kind == KIND_DENOM:
+                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, False, CT, BLOCK_V)
+                        else:
+                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, True, CT, BLOCK_V)
+                        tl.store(part_total_ptr + parts + claim, kept)
+                    else:
+                        prefix = _load_prefix(prefix_ptr + b, IS_FP64)
+                        shift = KEY_BITS - RADIX_BITS * (tl.load(ctl + CTL_DIGIT, volatile=True) + 1)
+                        if kind == KIND_SEARCH_K:
+                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, False, CT,
+                                                   IS_FP64, BLOCK_S, RADIX_BITS)
+                        else:
+                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, True, CT,
+                                                   IS_FP64, BLOCK_S, RADIX_BITS)
+                        tl.store(part_search_ptr + (parts + claim) * RADIX + tl.arange(0, RADIX), totals)
                 # Release this chunk's results; the last chunk of the phase merges them.
                 tl.debug_barrier()
                 if tl.atomic_add(dones + phase, 1) == SPLITS - 1:
@@ -332,6 +381,7 @@ def _verify_kernel(
                     bonus = -1
                     child = -1
                     ready = 0  # 1: the row's weights are known, walk on
+                    search = 0  # 1: start the whole-row threshold searches
                     listed = -1
                     kth = tl.full([], float("-inf"), CT)
                     denom = tl.full([], 1.0, CT)
@@ -381,14 +431,10 @@ def _verify_kernel(
                             tl.store(ctl + CTL_PIVOT, pivot)
                             tl.store(rowf + ROW_LEVEL, _pivot_level(pivot, CT).to(tl.float64))
                             next_kind = KIND_LIST
-                        elif use_k | use_p:
-                            ready = 1  # no list holds the kept tokens: search the whole row here
                         else:
-                            tl.store(rowf + ROW_KTH, float("-inf"))
-                            tl.store(rowf + ROW_DENOM, total.to(CT).to(tl.float64))
-                            tl.store(rowf + ROW_CUT, float("-inf"))
-                            tl.store(rowf + ROW_NORM, 1.0)
-                            next_kind = KIND_MASS
+                            # No list holds the kept tokens (or temperature alone): the searches,
+                            # then the mass.
+                            search = 1
                     elif kind == KIND_LIST:
                         if NUM_CAND > 0:
                             pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
@@ -403,7 +449,46 @@ def _verify_kernel(
                             else:
                                 listed, kth, denom, cut, norm, mass = _list_stats(
                                     scaled_b, stored, level, top_k, top_p, use_k, use_p, total, CT, NUM_CAND)
-                        ready = 1
+                        if listed >= 0:
+                            ready = 1
+                        else:
+                            search = 1  # the list cannot give the thresholds exactly
+                    elif (kind == KIND_SEARCH_K) | (kind == KIND_SEARCH_P):
+                        digit = tl.load(ctl + CTL_DIGIT, volatile=True)
+                        shift = KEY_BITS - RADIX_BITS * (digit + 1)
+                        at = (parts + splits)[:, None] * RADIX + tl.arange(0, RADIX)[None, :]
+                        totals = tl.sum(tl.load(part_search_ptr + at, mask=in_splits[:, None], other=0.0,
+                                                volatile=True), axis=0)
+                        target = tl.where(kind == KIND_SEARCH_K, top_k.to(tl.float64), top_p.to(tl.float64))
+                        prefix = _search_digit(_load_prefix(prefix_ptr + b, IS_FP64), shift, totals, target, IS_FP64,
+                                               RADIX_BITS)
+                        next_kind = kind
+                        if digit + 1 < DIGITS:
+                            _store_prefix(prefix_ptr + b, prefix, IS_FP64)
+                            tl.store(ctl + CTL_DIGIT, digit + 1)
+                        else:
+                            value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
+                            if kind == KIND_SEARCH_K:
+                                tl.store(rowf + ROW_KTH, _scaled(value, row_max, t).to(tl.float64))
+                                next_kind = KIND_DENOM
+                            else:
+                                kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                                denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                                cut = _probs(_scaled(value, row_max, t), kth, denom, CT)
+                                tl.store(rowf + ROW_CUT, cut.to(tl.float64))
+                                next_kind = KIND_NORM
+                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
+                        kept = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
+                                              volatile=True), axis=0).to(CT)
+                        next_kind = KIND_MASS
+                        if kind == KIND_DENOM:
+                            tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
+                            if use_p:
+                                _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
+                                tl.store(ctl + CTL_DIGIT, 0)
+                                next_kind = KIND_SEARCH_P
+                        else:
+                            tl.store(rowf + ROW_NORM, kept.to(tl.float64))
                     else:
                         kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                         denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
@@ -413,11 +498,17 @@ def _verify_kernel(
                                               volatile=True), axis=0)
                         listed = -2  # the mass phase ran: the tile sums are in place
                         ready = 1
+                    if search != 0:
+                        # Whole-row thresholds, each digit and normaliser one phase over the chunks:
+                        # top-k (then its softmax normaliser), top-p (then its normaliser), mass.
+                        tl.store(rowf + ROW_KTH, float("-inf"))
+                        tl.store(rowf + ROW_DENOM, total.to(CT).to(tl.float64))
+                        tl.store(rowf + ROW_CUT, float("-inf"))
+                        tl.store(rowf + ROW_NORM, 1.0)
+                        _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
+                        tl.store(ctl + CTL_DIGIT, 0)
+                        next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, KIND_MASS))
                     if ready != 0:
-                        if listed == -1:  # no list: the whole-row searches, in this program
-                            kth, denom, cut, norm, mass = _full_row_stats(
-                                row, V, row_max, t, top_k, top_p, use_k, use_p, total, sums_b, CT, IS_FP64,
-                                SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
                         st = stats_ptr + (b * N + node) * NUM_STATS
                         tl.store(st + STAT_MAX, row_max.to(tl.float64))
                         tl.store(st + STAT_KTH, kth.to(tl.float64))
