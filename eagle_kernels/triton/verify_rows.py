@@ -187,7 +187,7 @@ def _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND: 
     # listed level (checked in _list_stats). List one level lower (1.5 further down) when that
     # still fits: the cut then clears it by 1.5 whatever the row. Rows whose nucleus ended just
     # above a level used to fail the check and search the whole row.
-    lower = tl.sum(tl.where(pivots == first + 1, level_counts, NUM_CAND + 1), axis=0)
+    lower = tl.min(tl.where(pivots == first + 1, level_counts, NUM_CAND + 1), axis=0)
     return tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
 
 
