@@ -29,9 +29,9 @@ Per visited row:
   whole-row search). Temperature alone: the mass phase (float64 sum of the weights and
   per-tile sums for the bonus draw).
 - rows no list can hold exactly (a flat distribution with top-k in the thousands or a nucleus
-  of thousands of tokens) take the whole-row radix searches in the merging program
-  (``_full_row_stats``): radix-16 over the order keys of the logits, 16/19 key bits for
-  bf16/fp16 rows.
+  of thousands of tokens) search their thresholds in more phases: radix-16 digits over the
+  order keys of the logits (16/19 key bits for bf16/fp16 rows: 4/5 digits per threshold),
+  then the normaliser, each digit and normaliser one pass over the chunks.
 
 Every weight is a pure function of its logit and the row's scalars::
 
