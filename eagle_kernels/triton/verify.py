@@ -3,46 +3,51 @@
 Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) on trees with deterministic
 draft children (EAGLE-2, Li et al. 2024, §4); semantics and random stream as in
 ``eagle_kernels/reference/verify.py`` and docs/design.md ("Counter-based random stream",
-"verify details").
+"verify details"). Measurements and the design's numbers: docs/gpu_kernels.md ("verify").
 
-Four kernels. ``_verify_max_kernel`` reads every logit row once, split into chunks across
-programs (a few rows still fill the GPU): chunk max, first argmax and NaN/+inf/finite flags.
-``_verify_levels_kernel`` reads the sampling rows once more in the same chunks: the softmax sum
-and the entries (and their softmax mass) at or above 16 levels of ``s``, for the candidate lists
-below. ``_verify_rows_kernel`` runs one program per logit row (B * N programs): it merges the
-chunks into the row's max, first argmax and bad-row flag (all a greedy row needs) and, for
-sampling requests, computes in ``BLOCK_V`` tiles the top-k threshold ``kth`` (the k-th
-largest ``s = (logits - max) / T``), the softmax normaliser ``denom`` (float64 sum of
-``exp(s)`` over ``s >= kth``), the top-p threshold ``cut``, the top-p normaliser ``norm`` and
-the float64 mass of the final weights. Both thresholds come from a radix-16 search over the
-order keys of the logits themselves, counting (top-k) or summing ``p`` over (top-p) the keys
-at or above 15 candidates per pass: ``s`` and ``p`` are monotone in the logit, so ``kth`` is
-``s`` of the k-th largest logit and ``cut`` is ``p`` of the logit found, and bf16/fp16 rows
-need only the passes for their 16/19 significant key bits. ``s`` and ``p`` are recomputed
-from the logits in every pass instead of being stored. Every weight is then a pure function
-of its logit and the row's scalars::
+Walk first, in one launch (``_verify_kernel``, verify_walk.py): only the rows the walk visits
+are read (at most max_depth + 1 per request, of the B * N given). Programs (b, j), j < SPLITS,
+serve request b together: the walk is a sequence of phases, each one pass over the current
+row split into SPLITS chunks; a program claims chunks of the open phase (an atomic counter),
+and the program that completes a phase's last chunk merges the chunks' results, walks on and
+opens the next phase. A program that finds every chunk taken waits for the next phase, which
+depends only on programs already running, so the launch needs no co-residency; under the
+interpreter (programs run one after another) the first program of a request runs every phase.
+
+Per visited row:
+
+- max phase: max, first argmax, NaN / +inf / finite flags. A greedy row needs nothing else:
+  greedy mode is one pass over each visited row.
+- sampling rows, levels phase: the softmax sum and the entries (and their exp(s)) at or above
+  16 levels of ``s = (logits - max) / T``.
+- then, with top-k or top-p, the list phase: the entries at or above the highest level that
+  holds the top-k set or the nucleus in ``candidates`` slots are stored (ascending ids, each
+  chunk at the offset its level counts give), and the merge takes the thresholds, normalisers
+  and mass from that list sorted in registers. For top-p alone the list reaches one level
+  lower than the nucleus needs, so the cut always clears the listed level by the margin the
+  exactness check needs (rows whose nucleus ended just above a level used to fall back to a
+  whole-row search). Temperature alone: the mass phase (float64 sum of the weights and
+  per-tile sums for the bonus draw).
+- rows no list can hold exactly (a flat distribution with top-k in the thousands or a nucleus
+  of thousands of tokens) search their thresholds in more phases: radix-16 digits over the
+  order keys of the logits (16/19 key bits for bf16/fp16 rows: 4/5 digits per threshold),
+  then the normaliser, each digit and normaliser one pass over the chunks.
+
+Every weight is a pure function of its logit and the row's scalars::
 
     p(x) = [s(x) >= kth] * exp(s(x)) / denom,    w(x) = [p(x) >= cut] * p(x) / norm
 
 and both filters are "keep x iff key >= threshold", which keeps ties together exactly as the
-reference does. A row with top-k or top-p usually keeps few tokens, so before searching the
-whole row the kernel tries a candidate list (``_candidate_stats``): from the levels kernel's
-counts it picks the highest level that holds the top-k set or the nucleus in ``candidates``
-slots, stores (id, s) of the entries at or above it in one more pass, and takes the
-thresholds, normalisers and mass from that list sorted in registers: three reads of the row
-in all instead of up to twenty. Rows the list cannot hold exactly (a flat distribution, a
-nucleus reaching below the lowest level, temperature alone) take the search.
+reference does. The merge of a row's last phase evaluates ``w`` only at the drafted tokens
+(acceptance, removing a rejected token's weight from the float64 mass) and draws the bonus
+(inverse CDF, a float64 running sum in token order) over the candidate list, or from the
+per-tile sums and one scanned tile. Philox4x32-10 runs in-kernel on uint32 words. Logits are
+read in their own dtype (fp16 / bf16 / fp32 / fp64; no copy) and computed in float32 (float64
+for fp64 logits).
 
-``_verify_walk_kernel`` runs one program per request: greedy steps read the stored argmax; a
-sampling step evaluates ``w`` only at the drafted tokens and removes a rejected token's weight
-from the float64 mass; the bonus draw (inverse CDF, a float64 running sum in token order) runs
-over the row's candidate list, or else over the whole row in one pass that stores per-tile
-sums, then scans the one tile where the running sum passes the coin. Philox4x32-10 runs
-in-kernel on uint32 words.
-
-Modules: ``verify_rows.py`` (the max, levels and rows kernels: thresholds and candidate lists),
-``verify_walk.py`` (Philox and the walk kernel), and here the launch configurations and the
-launcher.
+Modules: ``verify_rows.py`` (the passes over a row's chunks, the threshold searches and
+candidate lists), ``verify_walk.py`` (Philox, acceptance, bonus draw and the kernel), and here
+the launch configurations and the launcher.
 """
 
 from __future__ import annotations
@@ -67,11 +72,13 @@ from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests
     STAT_MASS,
     STAT_MAX,
     STAT_NORM,
-    _verify_levels_kernel,
-    _verify_max_kernel,
-    _verify_rows_kernel,
 )
-from .verify_walk import _verify_walk_kernel
+from .verify_walk import CTL_WORDS, ROW_WORDS, _verify_kernel
+
+# Chunks per row at most (programs per request).
+MAX_SPLITS = 64
+# Candidate lists of at most this many entries are sorted in a block of this size.
+SHORT_LIST = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,50 +88,52 @@ class VerifyConfig:
     radix_bits: bits per digit of the threshold searches (2^radix_bits candidates per pass).
     candidates: candidate list capacity (a power of two), or 0 to search every sampling row
         in full.
-    max_block: tile of the max and levels passes (capped at next_pow2(V)).
+    max_block: tile of the max pass (capped at next_pow2(V)).
+    block_v: tile of the list, mass and bonus passes (capped at next_pow2(V)).
+    num_warps: warps of the one program per request.
     """
 
     radix_bits: int
     candidates: int
     max_block: int
+    block_v: int = 1024
+    num_warps: int = 4
 
 
 # On the GPU: 16 candidates per search pass (the [BLOCK_S, 16] comparison stays in
-# registers), lists of 1024 entries, 2048-entry tiles for the chunked passes.
-GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=2048)
+# registers), lists of 1024 entries, 4096-entry tiles for the max pass (16 bf16 loads in
+# flight per thread at 8 warps).
+GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
-# and the multi-chunk merge.
-INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64)
-# The max pass runs at most this many chunks per row.
-MAX_SPLITS = 64
+# and the multi-tile bonus draw.
+INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4)
 
 
 def launch_config() -> VerifyConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
-    return INTERPRETER_CONFIG if interpreted(_verify_rows_kernel) else GPU_CONFIG
+    return INTERPRETER_CONFIG if interpreted(_verify_kernel) else GPU_CONFIG
 
 
-
-def _max_splits(rows: int, V: int, block: int, device: torch.device) -> tuple[int, int]:
-    """(chunks per row, entries per chunk) of the max pass: enough programs for about four
-    per SM (a batch of a few rows would otherwise read each row with one SM), whole tiles per
-    chunk. Without a GPU (the interpreter), up to 4 chunks so that the merge is exercised."""
-    tiles = triton.cdiv(V, block)
+def _splits(B: int, V: int, unit: int, device: torch.device) -> tuple[int, int]:
+    """(chunks per row, entries per chunk): on a GPU enough programs for about two per SM
+    whatever the batch, in whole tiles of ``unit`` entries; without one (the interpreter), up to
+    4 chunks so that the merges are exercised."""
+    tiles = triton.cdiv(V, unit)
     if device.type == "cuda":
-        want = triton.cdiv(4 * torch.cuda.get_device_properties(device).multi_processor_count, rows)
+        want = triton.cdiv(2 * torch.cuda.get_device_properties(device).multi_processor_count, B)
     else:
         want = 4
     splits = max(1, min(tiles, want, MAX_SPLITS))
-    chunk = triton.cdiv(tiles, splits) * block
+    chunk = triton.cdiv(tiles, splits) * unit
     return triton.cdiv(V, chunk), chunk
 
 
 class Launch(NamedTuple):
     output: VerifyOutput
-    cand_count: torch.Tensor  # [B, N] int32
-    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (sampling rows only)
+    cand_count: torch.Tensor  # [B, N] int32: -2 row not visited / greedy, -1 no list, else list length
+    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (visited sampling rows only; NaN elsewhere)
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
@@ -134,7 +143,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
 
     Shapes
     ------
-    tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V]; optional float32 /
+    tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V] float32 / float16 /
+    bfloat16 / float64 (16-bit logits are read as they are, no copy); optional float32 /
     int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset.
     Returns VerifyOutput(accept_len [B], accept_nodes [B, max_depth + 1],
     out_tokens [B, max_depth + 1], status [B]).
@@ -149,8 +159,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
             config: VerifyConfig) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
     lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput with the
-    per-row internals: candidate counts ([B, N] int32, -1 where a row had no list) and the
-    sampling rows' scalars ([B, N, NUM_STATS] float64)."""
+    visited rows' internals: candidate counts and the sampling rows' scalars."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
@@ -165,17 +174,12 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     seed = given(seed, 0, torch.int64)
     offset = given(offset, 0, torch.int64)
     is_fp64 = target_logits.dtype == torch.float64
-    # Per-row scalars (the row kernel writes argmax and bad for every row, stats for sampling
-    # rows), candidate lists, and per-tile sums of one residual row per request for the bonus.
-    stats = torch.empty((B, N, NUM_STATS.value), dtype=torch.float64, device=device)
-    argmax = torch.empty((B, N), dtype=torch.int32, device=device)
-    bad = torch.empty((B, N), dtype=torch.int32, device=device)
     compute_dtype = torch.float64 if is_fp64 else torch.float32
     candidates = config.candidates
-    cand_count = torch.empty((B, N), dtype=torch.int32, device=device)
-    cand_index = torch.empty((B, N, max(candidates, 1)), dtype=torch.int32, device=device)
-    cand_scaled = torch.empty((B, N, max(candidates, 1)), dtype=compute_dtype, device=device)
-
+    stats = torch.full((B, N, NUM_STATS.value), float("nan"), dtype=torch.float64, device=device)
+    cand_count = torch.full((B, N), -2, dtype=torch.int32, device=device)
+    cand_index = torch.empty((B, max(candidates, 1)), dtype=torch.int32, device=device)
+    cand_scaled = torch.empty((B, max(candidates, 1)), dtype=compute_dtype, device=device)
     A = max_depth + 1
     accept_len = torch.empty(B, dtype=torch.int32, device=device)
     accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
@@ -183,39 +187,36 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     status = torch.empty(B, dtype=torch.int32, device=device)
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
-    block_v = min(1024, triton.next_power_of_2(V))
+    block_v = min(config.block_v, triton.next_power_of_2(V))
+    block_max = min(config.max_block, triton.next_power_of_2(V))
+    block_s = min(block_v, SEARCH_BLOCK)
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
+    splits, chunk = _splits(B, V, max(block_v, block_max), device)
+    # Per visited row: max, levels, list, the search digits of top-k and top-p, their two
+    # normalisers and the mass.
+    digits = triton.cdiv(SIGNIFICANT_KEY_BITS[target_logits.dtype], config.radix_bits)
+    phases = A * (6 + 2 * digits)
+    control = torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device)
+    row_scalars = torch.empty((B, ROW_WORDS.value), dtype=torch.float64, device=device)
+    part_max = torch.empty((B, splits), dtype=compute_dtype, device=device)
+    part_arg = torch.empty((B, splits), dtype=torch.int32, device=device)
+    part_flags = torch.empty((B, splits), dtype=torch.int32, device=device)
+    part_total = torch.empty((B, splits), dtype=torch.float64, device=device)
+    part_counts = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
+    part_sums = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
+    part_mass = torch.empty((B, splits), dtype=torch.float64, device=device)
+    part_search = torch.empty((B, splits, 1 << config.radix_bits), dtype=torch.float64, device=device)
+    prefix = torch.empty(B, dtype=torch.int64, device=device)
     tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
-    max_block = min(config.max_block, triton.next_power_of_2(V))
-    splits, chunk = _max_splits(B * N, V, max_block, device)
-    part_max = torch.empty((B, N, splits), dtype=compute_dtype, device=device)
-    part_arg = torch.empty((B, N, splits), dtype=torch.int32, device=device)
-    part_flags = torch.empty((B, N, splits), dtype=torch.int32, device=device)
-    _verify_max_kernel[(B * N, splits)](
-        logits, part_max, part_arg, part_flags, N, V, chunk, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, SPLITS=splits, BLOCK_V=max_block, num_warps=4,
-    )
-    part_total = torch.empty((B, N, splits), dtype=torch.float64, device=device)
-    part_counts = torch.empty((B, N, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
-    part_sums = torch.empty((B, N, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
-    _verify_levels_kernel[(B * N, splits)](
-        logits, temperature, part_max, part_flags, part_total, part_counts, part_sums, N, V, chunk,
-        logits.stride(0), logits.stride(1), IS_FP64=is_fp64, SPLITS=splits,
-        BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_S=min(max_block, SEARCH_BLOCK), num_warps=4,
-    )
-    _verify_rows_kernel[(B * N,)](
-        logits, temperature, top_k, top_p, stats, argmax, bad, part_max, part_arg, part_flags,
-        part_total, part_counts, part_sums, cand_count, cand_index, cand_scaled, N, V,
-        logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
-        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=config.radix_bits, NUM_CAND=candidates,
-        SPLITS=splits, BLOCK_SPLITS=triton.next_power_of_2(splits), num_warps=4,
-    )
-    _verify_walk_kernel[(B,)](
-        tokens.contiguous(), parents.contiguous(), logits, temperature, seed, offset, stats, argmax, bad,
-        cand_count, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
-        N, V, max_depth, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t, NUM_CAND=candidates, num_warps=4,
+    _verify_kernel[(B, splits)](
+        tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
+        control, row_scalars, part_max, part_arg, part_flags, part_total, part_counts, part_sums, part_mass,
+        part_search, prefix, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
+        N, V, max_depth, chunk, logits.stride(0), logits.stride(1),
+        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
+        BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
+        BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
+        RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
+        num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

@@ -70,19 +70,62 @@ def _weights(p, cut, norm, CT: tl.constexpr):
 
 
 @triton.jit
-def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.constexpr, CT: tl.constexpr,
-                   IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Radix search, most significant digit first, over the order keys of the logits (as CT
-    values): the largest key P with F(P) >= target, where F(P) counts the entries with
-    key >= P (top-k, target k) or sums their p (top-p, target top_p). Returns the logit
-    value whose key is P.
+def _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, IS_TOP_P: tl.constexpr, CT: tl.constexpr,
+                  IS_FP64: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """One digit of the radix threshold search over [start, end) of a row: for the candidates
+    P_j = prefix + j * 2^shift (j < 2^RADIX_BITS; j = 0 is never taken), F(P_j) counts the
+    entries with order key >= P_j (top-k) or sums their p (top-p), as float64. One
+    [BLOCK_S, 2^R] accumulator, reduced once."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+    else:
+        KT: tl.constexpr = tl.uint32
+    lanes = tl.arange(0, 1 << RADIX_BITS)
+    candidates = prefix + (lanes.to(KT) << shift.to(KT))
+    if IS_TOP_P:
+        acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
+    for tile in range(start, end, BLOCK_S):
+        # [BLOCK_S, 1] tiles: loaded in the accumulator's 2-D layout, no per-tile shuffle
+        offs = tile + tl.arange(0, BLOCK_S)[:, None]
+        valid = offs < end
+        logits = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        above = (_order_key(logits, IS_FP64) >= candidates[None, :]) & valid
+        if IS_TOP_P:
+            p = _probs(_scaled(logits, row_max, t), kth, denom, CT)
+            acc += tl.where(above, p.to(tl.float64), 0.0)
+        else:
+            acc += above.to(tl.int32)
+    if IS_TOP_P:
+        return tl.sum(acc, axis=0)
+    else:
+        return tl.sum(acc, axis=0).to(tl.float64)
+
+
+@triton.jit
+def _search_digit(prefix, shift, totals, target, IS_FP64: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """The prefix after one digit: the largest candidate P_j with F(P_j) >= target (F is
+    non-increasing in P), j = 0 (the prefix itself) if none."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+    else:
+        KT: tl.constexpr = tl.uint32
+    lanes = tl.arange(0, 1 << RADIX_BITS)
+    digit = tl.sum(((totals >= target) & (lanes > 0)).to(tl.int32), axis=0)
+    return prefix + (digit.to(KT) << shift.to(KT))
+
+
+@triton.jit
+def _search_value(prefix, CT: tl.constexpr, IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr,
+                  RADIX_BITS: tl.constexpr):
+    """The logit value whose order key is the searched prefix (the largest key P with
+    F(P) >= target once every digit is searched).
 
     s and p are monotone in the logit, so the k-th largest s is s of the k-th largest logit
-    and the lowest kept level of p is p of the logit found here: the search needs no s or p
-    for top-k, and only the leading SIG_BITS key bits vary for logits widened from 16 bits
-    (bf16: 16, fp16: 19), so those take half the passes of fp32. Each digit of RADIX_BITS bits
-    is one pass that evaluates the candidates P + j * 2^shift, j >= 1, into a [BLOCK_S, 2^R]
-    accumulator reduced once per pass."""
+    and the lowest kept level of p is p of the logit found: the search needs no s or p for
+    top-k, and only the leading SIG_BITS key bits vary for logits widened from 16 bits (bf16:
+    16, fp16: 19), so those take half the digits of fp32."""
     if IS_FP64:
         KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
@@ -91,32 +134,6 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
         KEY_BITS: tl.constexpr = 32
     LEVELS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
     LOW_BITS: tl.constexpr = KEY_BITS - LEVELS * RADIX_BITS
-    lanes = tl.arange(0, 1 << RADIX_BITS)
-    prefix = tl.zeros([], dtype=KT)
-    for level in tl.static_range(LEVELS):
-        shift = KEY_BITS - RADIX_BITS * (level + 1)
-        candidates = prefix + (lanes.to(KT) << shift)  # lane 0 is never counted
-        if IS_TOP_P:
-            acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
-        else:
-            acc = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
-        for start in range(0, V, BLOCK_S):
-            # [BLOCK_S, 1] tiles: loaded in the accumulator's 2-D layout, no per-tile shuffle
-            offs = start + tl.arange(0, BLOCK_S)[:, None]
-            valid = offs < V
-            logits = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(CT)
-            above = (_order_key(logits, IS_FP64) >= candidates[None, :]) & valid
-            if IS_TOP_P:
-                p = _probs(_scaled(logits, row_max, t), kth, denom, CT)
-                acc += tl.where(above, p.to(tl.float64), 0.0)
-            else:
-                acc += above.to(tl.int32)
-        if IS_TOP_P:
-            totals = tl.sum(acc, axis=0)
-        else:
-            totals = tl.sum(acc, axis=0).to(tl.float64)
-        digit = tl.sum(((totals >= target) & (lanes > 0)).to(tl.int32), axis=0)
-        prefix = prefix + (digit.to(KT) << shift)
     if LOW_BITS > 0:
         # Below the searched bits a widened 16-bit logit's key is all zeros (x >= 0) or all
         # ones (x < 0, whose key is the complement): restore them to land on the entry itself.
@@ -135,154 +152,120 @@ def _threshold_key(row_ptr, V, row_max, t, kth, denom, target, IS_TOP_P: tl.cons
 
 
 @triton.jit
-def _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, CT: tl.constexpr, IS_FP64: tl.constexpr,
-                    SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """kth, denom, cut, norm, mass of a sampling row from passes over the whole row; ``total``
-    (the softmax sum over the row) is the normaliser when top-k is off."""
-    kth = tl.full([], float("-inf"), CT)
-    one = tl.full([], 1.0, CT)
-    denom = total.to(CT)
-    if use_k:
-        kth_logit = _threshold_key(row, V, row_max, t, kth, one, top_k.to(tl.float64), False,
-                                   CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
-        kth = _scaled(kth_logit.to(CT), row_max, t)
-        lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
-        denom = tl.sum(lane_total, axis=0).to(CT)
-    cut = tl.full([], float("-inf"), CT)
-    norm = one
-    if use_p:
-        cut_logit = _threshold_key(row, V, row_max, t, kth, denom, top_p.to(tl.float64), True,
-                                   CT, IS_FP64, SIG_BITS, BLOCK_S, RADIX_BITS)
-        cut = _probs(_scaled(cut_logit.to(CT), row_max, t), kth, denom, CT)
-        lane_kept = tl.zeros([BLOCK_V], dtype=tl.float64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            p = _probs(s, kth, denom, CT)
-            lane_kept += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
-        norm = tl.sum(lane_kept, axis=0).to(CT)
-    lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        valid = offs < V
+def _range_kept(row, start, end, row_max, t, kth, denom, cut, IS_NORM: tl.constexpr, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """Over [start, end): the float64 sum of exp(s) over s >= kth (the top-k softmax
+    normaliser) or, with IS_NORM, of p over p >= cut (the top-p normaliser)."""
+    lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
         s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        w = _weights(_probs(s, kth, denom, CT), cut, norm, CT)
-        lane_mass += tl.where(valid, w, 0.0).to(tl.float64)
-    return kth, denom, cut, norm, tl.sum(lane_mass, axis=0)
+        if IS_NORM:
+            p = _probs(s, kth, denom, CT)
+            lane_total += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
+        else:
+            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
+    return tl.sum(lane_total, axis=0)
 
 
 @triton.jit
-def _candidate_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
-                     index_ptr, scaled_ptr, CT: tl.constexpr, BLOCK_V: tl.constexpr, NUM_CAND: tl.constexpr):
-    """The same scalars from a short candidate list, when one holds every token the filters
-    keep. _verify_levels_kernel has counted the entries and summed their exp(s) at or above
-    NUM_PIVOTS levels of s (``level_counts``, ``level_sums``; ``total`` = the sum over the
-    row); one pass stores the entries at or above the highest level that can hold the top-k
-    set and the nucleus in at most NUM_CAND slots (ascending token ids); thresholds,
-    normalisers and mass then come from the sorted list. Returns count = -1 where no level
-    fits (or the sorted list shows the nucleus reaching below the level): the caller then
-    searches the whole row."""
-    levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)  # [NUM_PIVOTS] levels of s
-    # A level fits when it holds the k largest (top-k) or, without top-k, clearly more than the
-    # top_p share of the softmax mass (the sorted list checks it exactly below), in NUM_CAND slots.
+def _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND: tl.constexpr):
+    """The pivot index whose level bounds the candidate list (NUM_PIVOTS if none fits).
+
+    ``level_counts`` / ``level_sums`` count the row's entries at or above each level of s and
+    sum their exp(s) (``total``: over the row). A level fits when it holds the k largest
+    (top-k) or, without top-k, clearly more than the top_p share of the softmax mass (the
+    sorted list checks it exactly), in NUM_CAND slots; the highest fitting level is taken."""
+    pivots = tl.arange(0, NUM_PIVOTS)
     need = tl.where(use_k, top_k, 1)
     fits = (level_counts >= need) & (level_counts <= NUM_CAND) \
         & (use_k | (level_sums.to(tl.float64) >= top_p.to(tl.float64) * total * 1.0001))
-    first = tl.min(tl.where(fits, tl.arange(0, NUM_PIVOTS), NUM_PIVOTS), axis=0)
+    first = tl.min(tl.where(fits, pivots, NUM_PIVOTS), axis=0)
+    # Top-p alone: the nucleus lies at or above level ``first``, but an unlisted token (s below
+    # the listed level) must not tie with the cut in p, which needs the cut at least 1 above the
+    # listed level (checked in _list_stats). List one level lower (1.5 further down) when that
+    # still fits: the cut then clears it by 1.5 whatever the row. Rows whose nucleus ended just
+    # above a level used to fail the check and search the whole row.
+    lower = tl.min(tl.where(pivots == first + 1, level_counts, NUM_CAND + 1), axis=0)
+    return tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
+
+
+@triton.jit
+def _pivot_level(first, CT: tl.constexpr):
+    """The level of s of pivot index ``first``: -PIVOT_STEP * (first + 1)."""
+    level = (first + 1).to(CT) * PIVOT_STEP
+    return -level
+
+
+@triton.jit
+def _store_list(row, start, end, row_max, t, level, slot0, index_ptr, scaled_ptr, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr, NUM_CAND: tl.constexpr):
+    """Stores (id, s) of the entries of [start, end) with s >= level at slots slot0, slot0 + 1,
+    ... in ascending id order; returns how many there were."""
+    stored = 0
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        keep = valid & (s >= level)
+        slot = slot0 + stored + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(index_ptr + slot, offs, mask=keep & (slot < NUM_CAND))
+        tl.store(scaled_ptr + slot, s, mask=keep & (slot < NUM_CAND))
+        stored += tl.sum(keep.to(tl.int32), axis=0)
+    return stored
+
+
+@triton.jit
+def _list_stats(scaled_ptr, stored, level, top_k, top_p, use_k, use_p, total, CT: tl.constexpr,
+                NUM_CAND: tl.constexpr):
+    """kth, denom, cut, norm, mass of a row from its candidate list (the ``stored`` entries at
+    or above ``level``), sorted in registers. Returns count = -1 where the list cannot give
+    them exactly (the nucleus reaching below the level, or too close to it): the caller then
+    searches the whole row."""
     kth = tl.full([], float("-inf"), CT)
-    one = tl.full([], 1.0, CT)
     denom = total.to(CT)
     cut = tl.full([], float("-inf"), CT)
-    norm = one
-    mass = tl.zeros([], dtype=tl.float64)
-    count = -1
-    if first < NUM_PIVOTS:
-        level = tl.sum(tl.where(tl.arange(0, NUM_PIVOTS) == first, levels, 0.0), axis=0).to(CT)
-        stored = 0
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            keep = valid & (s >= level)
-            slot = stored + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            tl.store(index_ptr + slot, offs, mask=keep & (slot < NUM_CAND))
-            tl.store(scaled_ptr + slot, s, mask=keep & (slot < NUM_CAND))
-            stored += tl.sum(keep.to(tl.int32), axis=0)
-        tl.debug_barrier()  # the list is read back by other threads of this program
-        slots = tl.arange(0, NUM_CAND)
-        listed = tl.load(scaled_ptr + slots, mask=slots < stored, other=float("-inf"))
-        ranked = tl.sort(listed, descending=True)
-        if use_k:
-            kth = tl.max(tl.where(slots == top_k - 1, ranked, float("-inf")), axis=0)
-            e = tl.where(ranked >= kth, tl.exp(ranked), 0.0).to(CT)
-            denom = tl.sum(e.to(tl.float64), axis=0).to(CT)
-        p = _probs(ranked, kth, denom, CT)
-        count = stored
-        if use_p:
-            # Most probable first: the first rank whose running mass reaches top_p sets the cut
-            # (ties at the cut are kept by p >= cut).
-            running = tl.cumsum(p.to(tl.float64), axis=0)
-            first_rank = tl.min(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND), axis=0)
-            if first_rank < NUM_CAND:
-                cut = tl.max(tl.where(slots == first_rank, p, float("-inf")), axis=0)
-            elif use_k == 0:
-                count = -1  # the nucleus reaches below the listed level
-            if use_k == 0:
-                # Every unlisted token has s < level: clear of the cut by a margin of e in
-                # p, so no unlisted token can tie with it.
-                if cut < (tl.exp(level + 1.0) / denom).to(CT):
-                    count = -1
-            norm = tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0).to(CT)
-        mass = tl.sum(_weights(p, cut, norm, CT).to(tl.float64), axis=0)
+    norm = tl.full([], 1.0, CT)
+    slots = tl.arange(0, NUM_CAND)
+    listed = tl.load(scaled_ptr + slots, mask=slots < stored, other=float("-inf"), volatile=True)
+    ranked = tl.sort(listed, descending=True)
+    if use_k:
+        kth = tl.max(tl.where(slots == top_k - 1, ranked, float("-inf")), axis=0)
+        e = tl.where(ranked >= kth, tl.exp(ranked), 0.0).to(CT)
+        denom = tl.sum(e.to(tl.float64), axis=0).to(CT)
+    p = _probs(ranked, kth, denom, CT)
+    count = stored
+    if use_p:
+        # Most probable first: the first rank whose running mass reaches top_p sets the cut
+        # (ties at the cut are kept by p >= cut).
+        running = tl.cumsum(p.to(tl.float64), axis=0)
+        first_rank = tl.min(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND), axis=0)
+        if first_rank < NUM_CAND:
+            cut = tl.max(tl.where(slots == first_rank, p, float("-inf")), axis=0)
+        elif use_k == 0:
+            count = -1  # the nucleus reaches below the listed level
+        if use_k == 0:
+            # Every unlisted token has s < level: clear of the cut by a margin of e in p, so
+            # no unlisted token can tie with it.
+            if cut < (tl.exp(level + 1.0) / denom).to(CT):
+                count = -1
+        norm = tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0).to(CT)
+    mass = tl.sum(_weights(p, cut, norm, CT).to(tl.float64), axis=0)
     return count, kth, denom, cut, norm, mass
 
 
 @triton.jit
-def _any_flags(flags):
-    """OR of the chunks' flag words (bit 0: NaN or +inf seen, bit 1: a finite entry seen)."""
-    return tl.max(flags & 1, axis=0) | tl.max(flags & 2, axis=0)
-
-
-@triton.jit
-def _is_bad(flags):
-    """A row is bad with NaN or +inf anywhere, or no finite entry (-inf alone is a mask)."""
-    return ((flags & 1) != 0) | ((flags & 2) == 0)
-
-
-@triton.jit
-def _verify_max_kernel(
-    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
-    part_max_ptr,  # [B, N, SPLITS] compute dtype: chunk max (NaN ignored; -inf if none above)
-    part_arg_ptr,  # [B, N, SPLITS] int32: the chunk's first index holding its max (V if none)
-    part_flags_ptr,  # [B, N, SPLITS] int32: bit 0 NaN or +inf seen, bit 1 a finite entry seen
-    N, V, chunk, stride_lb, stride_ln,
-    IS_FP64: tl.constexpr,
-    SPLITS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """First pass over the logits, split into SPLITS chunks of ``chunk`` entries per row so
-    that a few rows still spread over the whole GPU (program (row, split)). A lane keeps its
-    first maximum (NaN never compares greater), so the smallest index among the lanes holding
-    the chunk max is the chunk's first argmax."""
-    if IS_FP64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
-    lane_max = tl.full([BLOCK_V], float("-inf"), CT)
-    lane_arg = tl.full([BLOCK_V], V, tl.int32)
-    lane_flags = tl.zeros([BLOCK_V], tl.int32)
-    end = tl.minimum(split * chunk + chunk, V)
-    for start in range(split * chunk, end, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+def _range_max(row, start, end, CT: tl.constexpr, BLOCK: tl.constexpr):
+    """Max pass over [start, end) of a row: its max (NaN ignored), first index holding it
+    (``end`` if no entry is above -inf) and flags (bit 0: NaN or +inf seen, bit 1: a finite
+    entry seen). A lane keeps its first maximum (NaN never compares greater), so the smallest
+    index among the lanes holding the max is the first argmax. Per-lane partials, reduced once."""
+    lane_max = tl.full([BLOCK], float("-inf"), CT)
+    lane_arg = tl.full([BLOCK], end, tl.int32)
+    lane_flags = tl.zeros([BLOCK], tl.int32)
+    for tile in range(start, end, BLOCK):
+        offs = tile + tl.arange(0, BLOCK)
         valid = offs < end
         x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
         lane_flags = lane_flags | (valid & ((x != x) | (x == float("inf")))).to(tl.int32) \
@@ -291,168 +274,63 @@ def _verify_max_kernel(
         lane_arg = tl.where(better, offs, lane_arg)
         lane_max = tl.where(better, x, lane_max)
     chunk_max = tl.max(lane_max, axis=0)
-    out = pid * SPLITS + split
-    tl.store(part_max_ptr + out, chunk_max)
-    tl.store(part_arg_ptr + out, tl.min(tl.where(lane_max == chunk_max, lane_arg, V), axis=0))
-    tl.store(part_flags_ptr + out, _any_flags(lane_flags))
+    arg = tl.min(tl.where(lane_max == chunk_max, lane_arg, end), axis=0)
+    return chunk_max, arg, tl.max(lane_flags & 1, axis=0) | tl.max(lane_flags & 2, axis=0)
 
 
 @triton.jit
-def _verify_levels_kernel(
-    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
-    temperature_ptr,  # [B] float32 (0 = greedy row: nothing to do)
-    part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
-    part_flags_ptr,  # [B, N, SPLITS] int32, from _verify_max_kernel
-    part_total_ptr,  # [B, N, SPLITS] float64: the chunk's sum of exp(s)
-    part_counts_ptr,  # [B, N, SPLITS, NUM_PIVOTS] int32: entries with s at or above each level
-    part_sums_ptr,  # [B, N, SPLITS, NUM_PIVOTS] float32: their sum of exp(s)
-    N, V, chunk, stride_lb, stride_ln,
-    IS_FP64: tl.constexpr,
-    SPLITS: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Second pass over a sampling row, in the max pass's chunks (program (row, split)): the
-    softmax sum and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of
-    s = (logit - max) / T, the entries at or above the level and their exp(s)."""
-    if IS_FP64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    temperature = tl.load(temperature_ptr + pid // N)
-    chunks = tl.arange(0, BLOCK_SPLITS)
-    flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS, other=0)
-    bad = _is_bad(_any_flags(flags))
-    if (temperature != 0.0) & (bad == 0):  # a bad row is never sampled from
-        row = logits_ptr + (pid // N) * stride_lb + (pid % N) * stride_ln
-        row_max = tl.max(tl.load(part_max_ptr + pid * SPLITS + chunks, mask=chunks < SPLITS,
-                                 other=float("-inf")), axis=0)
-        t = temperature.to(CT)
-        levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)
-        counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
-        sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
-        lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
-        end = tl.minimum(split * chunk + chunk, V)
-        for start in range(split * chunk, end, BLOCK_S):
-            # [BLOCK_S, 1] tiles: loaded in the accumulators' 2-D layout, no per-tile shuffle
-            offs = start + tl.arange(0, BLOCK_S)[:, None]
-            valid = offs < end
-            s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-            e = tl.where(valid, tl.exp(s), 0.0).to(CT)
-            lane_total += e.to(tl.float64)
-            at_or_above = valid & (s >= levels[None, :])
-            counts += at_or_above.to(tl.int32)
-            sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
-        out = pid * SPLITS + split
-        tl.store(part_total_ptr + out, tl.sum(tl.sum(lane_total, axis=1), axis=0))
-        tl.store(part_counts_ptr + out * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), tl.sum(counts, axis=0))
-        tl.store(part_sums_ptr + out * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), tl.sum(sums, axis=0))
+def _finite_argmax(row, V, CT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The bonus token of a request with a bad row: the first argmax over the finite entries
+    of the root row, 0 if it has none."""
+    lane_best = tl.full([BLOCK_V], float("-inf"), CT)
+    lane_arg = tl.full([BLOCK_V], V, tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        valid = offs < V
+        x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        finite = valid & (x > float("-inf")) & (x < float("inf"))
+        better = finite & ((lane_arg == V) | (x > lane_best))
+        lane_arg = tl.where(better, offs, lane_arg)
+        lane_best = tl.where(better, x, lane_best)
+    best = tl.max(tl.where(lane_arg < V, lane_best, float("-inf")), axis=0)
+    arg = tl.min(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V), axis=0)
+    return tl.where(arg < V, arg, 0)
 
 
 @triton.jit
-def _verify_rows_kernel(
-    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
-    temperature_ptr,  # [B] float32 (0 = greedy row)
-    top_k_ptr,  # [B] int32 (0 = off)
-    top_p_ptr,  # [B] float32 (1 = off)
-    stats_ptr,  # [B, N, NUM_STATS] float64, slots STAT_*; written for sampling rows
-    argmax_ptr,  # [B, N] int32: first argmax; node 0 of a bad root row: its fallback token
-    bad_ptr,  # [B, N] int32: 1 where the row holds NaN / +inf or no finite entry
-    part_max_ptr,  # [B, N, SPLITS] compute dtype, from _verify_max_kernel
-    part_arg_ptr,  # [B, N, SPLITS] int32
-    part_flags_ptr,  # [B, N, SPLITS] int32
-    part_total_ptr,  # [B, N, SPLITS] float64, from _verify_levels_kernel (sampling rows)
-    part_counts_ptr,  # [B, N, SPLITS, NUM_PIVOTS] int32
-    part_sums_ptr,  # [B, N, SPLITS, NUM_PIVOTS] float32
-    cand_count_ptr,  # [B, N] int32: entries in the row's candidate list, -1 where it has none
-    cand_index_ptr,  # [B, N, NUM_CAND] int32: candidate token ids, ascending
-    cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype: their s
-    N, V, stride_lb, stride_ln,
-    IS_FP64: tl.constexpr,
-    SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
-    BLOCK_V: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
-    NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
-    SPLITS: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-):
-    """Per-row scalars of the walk (module docstring), one program per row (b, node).
+def _range_levels(row, start, end, row_max, t, CT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Levels pass over [start, end) of a sampling row: the softmax sum (float64 of the
+    compute-dtype exp(s)) and, at the NUM_PIVOTS levels -PIVOT_STEP * (1 .. NUM_PIVOTS) of
+    s = (logit - max) / T, the entries at or above the level (int32) and their float32 sum of
+    exp(s)."""
+    levels = -PIVOT_STEP * (tl.arange(0, NUM_PIVOTS) + 1).to(CT)
+    counts = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.int32)
+    sums = tl.zeros([BLOCK_S, NUM_PIVOTS], dtype=tl.float32)
+    lane_total = tl.zeros([BLOCK_S, 1], dtype=tl.float64)
+    for tile in range(start, end, BLOCK_S):
+        # [BLOCK_S, 1] tiles: loaded in the accumulators' 2-D layout, no per-tile shuffle
+        offs = tile + tl.arange(0, BLOCK_S)[:, None]
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        e = tl.where(valid, tl.exp(s), 0.0).to(CT)
+        lane_total += e.to(tl.float64)
+        at_or_above = valid & (s >= levels[None, :])
+        counts += at_or_above.to(tl.int32)
+        sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
+    return tl.sum(tl.sum(lane_total, axis=1), axis=0), tl.sum(counts, axis=0), tl.sum(sums, axis=0)
 
-    Every pass keeps per-lane partials ([BLOCK_V] or [BLOCK_S, 2^R]) and reduces them once at
-    its end: a reduction across warps inside the loop would put a barrier in every tile."""
-    if IS_FP64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // N
-    node = pid % N
-    row = logits_ptr + b * stride_lb + node * stride_ln
-    temperature = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
 
-    # Max, first argmax and the bad-row flags, merged from _verify_max_kernel's chunks: the
-    # smallest index among the chunks holding the row max is the row's first argmax.
-    chunks = tl.arange(0, BLOCK_SPLITS)
-    in_row = chunks < SPLITS
-    chunk_max = tl.load(part_max_ptr + pid * SPLITS + chunks, mask=in_row, other=float("-inf"))
-    chunk_arg = tl.load(part_arg_ptr + pid * SPLITS + chunks, mask=in_row, other=V)
-    chunk_flags = tl.load(part_flags_ptr + pid * SPLITS + chunks, mask=in_row, other=0)
-    row_max = tl.max(chunk_max, axis=0)
-    arg = tl.min(tl.where(chunk_max == row_max, chunk_arg, V), axis=0)
-    arg = tl.where(arg < V, arg, 0)  # no entry above -inf: token 0
-    bad = _is_bad(_any_flags(chunk_flags)).to(tl.int32)
-    if (bad != 0) & (node == 0):
-        # A bad row anywhere on the walk falls back to the argmax over the finite root logits
-        # (0 if none). On a good root row that is the plain argmax already.
-        lane_best = tl.full([BLOCK_V], float("-inf"), CT)
-        lane_arg = tl.full([BLOCK_V], V, tl.int32)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            valid = offs < V
-            x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
-            finite = valid & (x > float("-inf")) & (x < float("inf"))
-            better = finite & ((lane_arg == V) | (x > lane_best))
-            lane_arg = tl.where(better, offs, lane_arg)
-            lane_best = tl.where(better, x, lane_best)
-        best = tl.max(tl.where(lane_arg < V, lane_best, float("-inf")), axis=0)
-        arg = tl.min(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V), axis=0)
-        arg = tl.where(arg < V, arg, 0)
-    tl.store(argmax_ptr + pid, arg)
-    tl.store(bad_ptr + pid, bad)
-
-    count = -1
-    if (temperature != 0.0) & (bad == 0):
-        t = temperature.to(CT)
-        kth = tl.full([], float("-inf"), CT)
-        one = tl.full([], 1.0, CT)
-        denom = one
-        cut = tl.full([], float("-inf"), CT)
-        norm = one
-        mass = tl.zeros([], dtype=tl.float64)
-        use_k = (top_k > 0) & (top_k < V)
-        use_p = top_p < 1.0
-        total = tl.sum(tl.load(part_total_ptr + pid * SPLITS + chunks, mask=in_row, other=0.0), axis=0)
-        if NUM_CAND > 0:
-            if use_k | use_p:
-                at = (pid * SPLITS + chunks)[:, None] * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS)[None, :]
-                level_counts = tl.sum(tl.load(part_counts_ptr + at, mask=in_row[:, None], other=0), axis=0)
-                level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_row[:, None], other=0.0), axis=0)
-                count, kth, denom, cut, norm, mass = _candidate_stats(
-                    row, V, row_max, t, top_k, top_p, use_k, use_p, total, level_counts, level_sums,
-                    cand_index_ptr + pid * NUM_CAND, cand_scaled_ptr + pid * NUM_CAND, CT, BLOCK_V, NUM_CAND)
-        if count < 0:
-            kth, denom, cut, norm, mass = _full_row_stats(row, V, row_max, t, top_k, top_p, use_k, use_p, total,
-                                                          CT, IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
-        st = stats_ptr + pid * NUM_STATS
-        tl.store(st + STAT_MAX, row_max.to(tl.float64))
-        tl.store(st + STAT_KTH, kth.to(tl.float64))
-        tl.store(st + STAT_DENOM, denom.to(tl.float64))
-        tl.store(st + STAT_CUT, cut.to(tl.float64))
-        tl.store(st + STAT_NORM, norm.to(tl.float64))
-        tl.store(st + STAT_MASS, mass)
-    tl.store(cand_count_ptr + pid, count)
+@triton.jit
+def _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_row, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """Mass pass over [start, end) (BLOCK_V-aligned): the float64 sum of the weights w, and each
+    tile's sum stored at ``sums_row`` (the bonus draw starts from them)."""
+    lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+        lane_mass += w
+        tl.store(sums_row + tile // BLOCK_V, tl.sum(w, axis=0))
+    return tl.sum(lane_mass, axis=0)

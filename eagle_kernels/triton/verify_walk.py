@@ -1,6 +1,7 @@
-"""The walk of Triton ``verify`` (the overview is in ``verify.py``): one program per request
-descends its tree from the per-row scalars of ``verify_rows.py``, accepting or rejecting each
-drafted child and drawing the bonus token by inverse CDF, with Philox4x32-10 coins in-kernel.
+"""The kernel of Triton ``verify`` (the overview is in ``verify.py``): one program per request
+descends its tree, computing each visited row's scalars with ``verify_rows.py`` when it gets
+there, accepting or rejecting each drafted child and drawing the bonus token by inverse CDF,
+with Philox4x32-10 coins in-kernel.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .verify_rows import (
+    NUM_PIVOTS,
     NUM_STATS,
     STAT_CUT,
     STAT_DENOM,
@@ -16,8 +18,20 @@ from .verify_rows import (
     STAT_MASS,
     STAT_MAX,
     STAT_NORM,
+    _finite_argmax,
+    _list_level,
+    _list_stats,
+    _pivot_level,
     _probs,
+    _range_kept,
+    _range_levels,
+    _range_mass,
+    _range_max,
     _scaled,
+    _search_chunk,
+    _search_digit,
+    _search_value,
+    _store_list,
     _weights,
 )
 
@@ -27,6 +41,35 @@ PHILOX_W0 = tl.constexpr(0x9E3779B9)
 PHILOX_W1 = tl.constexpr(0xBB67AE85)
 ACCEPT_DRAW = tl.constexpr(0)
 BONUS_DRAW = tl.constexpr(1)
+# The passes a phase runs over one chunk of the current row.
+KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
+KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
+KIND_LIST = tl.constexpr(2)  # the candidate list: entries at or above the chosen level
+KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no list)
+KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list)
+KIND_DENOM = tl.constexpr(5)  # the top-k softmax normaliser
+KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search
+KIND_NORM = tl.constexpr(7)  # the top-p normaliser
+# Per-request control words (int32, zeroed by the launcher): the phase now open (FINISHED
+# once the request is done), the open phase's kind and row, the walk's depth, the pivot of
+# the list level; then the claim and done counters of every phase.
+CTL_PHASE = tl.constexpr(0)
+CTL_KIND = tl.constexpr(1)
+CTL_NODE = tl.constexpr(2)
+CTL_DEPTH = tl.constexpr(3)
+CTL_PIVOT = tl.constexpr(4)
+CTL_DIGIT = tl.constexpr(5)  # the digit of the open search phase
+CTL_WORDS = tl.constexpr(8)
+FINISHED = tl.constexpr(1 << 30)
+# Per-request float64 scalars of the current row, written by a phase's merge for the next.
+ROW_MAX = tl.constexpr(0)
+ROW_TOTAL = tl.constexpr(1)
+ROW_KTH = tl.constexpr(2)
+ROW_DENOM = tl.constexpr(3)
+ROW_CUT = tl.constexpr(4)
+ROW_NORM = tl.constexpr(5)
+ROW_LEVEL = tl.constexpr(6)
+ROW_WORDS = tl.constexpr(8)
 
 
 @triton.jit
@@ -80,14 +123,10 @@ def _residual_tile(row, start, V, row_max, t, kth, denom, cut, norm, tokens_row,
 def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node, N, rejected, offs_n, sums_row,
                  CT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
     """Smallest x with cumsum64(w)[x] > u * sum(w) over the residual row (the node's rejected
-    children's tokens at 0); the largest x with w[x] > 0 if none. One pass stores every
-    tile's float64 sum (the tiles of rejected tokens are summed again with them at 0); the
-    running tile sums then name the one tile to scan."""
+    children's tokens at 0); the largest x with w[x] > 0 if none. The row's mass pass stored
+    every tile's float64 sum at ``sums_row``; the tiles of rejected tokens are summed again
+    with them at 0, then the running tile sums name the one tile to scan."""
     n_tiles = tl.cdiv(V, BLOCK_V)
-    for tile in range(0, n_tiles):
-        offs, valid, w = _residual_tile(row, tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
-                                        node, N, rejected, offs_n, False, CT, BLOCK_V)
-        tl.store(sums_row + tile, tl.sum(w, axis=0))
     tl.debug_barrier()
     for c in range(node + 1, N):
         if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
@@ -97,7 +136,7 @@ def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
             tl.store(sums_row + hit, tl.sum(w, axis=0))
     tl.debug_barrier()
     tiles = tl.arange(0, BLOCK_T)
-    sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0)
+    sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0, volatile=True)
     target = u * tl.sum(sums, axis=0)
     running = tl.cumsum(sums, axis=0)
     tile = tl.min(tl.where(running > target, tiles, n_tiles), axis=0).to(tl.int32)
@@ -125,8 +164,8 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
     """The inverse-CDF draw of _inverse_cdf over a row's candidate list: every token of
     positive weight is listed, in ascending id order, so the running sums are the same."""
     slots = tl.arange(0, NUM_CAND)
-    index = tl.load(index_ptr + slots, mask=slots < listed, other=V)
-    scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"))
+    index = tl.load(index_ptr + slots, mask=slots < listed, other=V, volatile=True)
+    scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"), volatile=True)
     w = tl.where(slots < listed, _weights(_probs(scaled, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
     w = _zero_rejected(w, index, tokens_row, node, N, rejected, offs_n)
     target = u * tl.sum(w, axis=0)
@@ -136,134 +175,390 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
 
 
 @triton.jit
-def _verify_walk_kernel(
+def _load_prefix(ptr, IS_FP64: tl.constexpr):
+    """The open search's key prefix (stored as the bits of an int64)."""
+    bits = tl.load(ptr, volatile=True)
+    if IS_FP64:
+        return bits.to(tl.uint64, bitcast=True)
+    else:
+        return bits.to(tl.uint32)
+
+
+@triton.jit
+def _store_prefix(ptr, prefix, IS_FP64: tl.constexpr):
+    if IS_FP64:
+        tl.store(ptr, prefix.to(tl.uint64).to(tl.int64, bitcast=True))
+    else:
+        tl.store(ptr, prefix.to(tl.uint32).to(tl.int64))
+
+
+@triton.jit
+def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row, tokens_row, tokens,
+            accept_coins, offs_n, N, CT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tries the node's children in node order: child c with token x is accepted with
+    probability w(x) / mass under the residual; a rejection zeroes w(x) (``rejected`` flags the
+    child) and removes it from the mass. Returns (accepted child or -1, rejected flags)."""
+    child = -1
+    rejected = tl.zeros([BLOCK_N], tl.int32)
+    if may_descend:
+        for c in range(node + 1, N):
+            parent = tl.load(parents_row + c)
+            if (parent == node) & (child < 0):
+                x = tl.load(tokens_row + c)
+                in_range = (x >= 0) & (x < V)
+                logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
+                wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
+                seen = tl.max(((rejected != 0) & (tokens == x)).to(tl.int32), axis=0)
+                wx = tl.where(seen != 0, 0.0, wx).to(CT)
+                u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
+                # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
+                if (wx > 0) & (u < wx.to(tl.float64) / mass):
+                    child = c
+                elif wx > 0:  # reject: zero p(x) and renormalise
+                    rejected = tl.where(offs_n == c, 1, rejected)
+                    mass = mass - wx.to(tl.float64)
+    return child, rejected
+
+
+@triton.jit
+def _verify_kernel(
     tokens_ptr,  # [B, N] int64
     parents_ptr,  # [B, N] int32
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32 (0 = greedy row)
+    top_k_ptr,  # [B] int32 (0 = off)
+    top_p_ptr,  # [B] float32 (1 = off)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
-    stats_ptr,  # [B, N, NUM_STATS] float64 from _verify_rows_kernel
-    argmax_ptr,  # [B, N] int32 from _verify_rows_kernel
-    bad_ptr,  # [B, N] int32 from _verify_rows_kernel
-    cand_count_ptr,  # [B, N] int32 from _verify_rows_kernel (-1: no candidate list)
-    cand_index_ptr,  # [B, N, NUM_CAND] int32 from _verify_rows_kernel
-    cand_scaled_ptr,  # [B, N, NUM_CAND] compute dtype from _verify_rows_kernel
-    tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the bonus row's residual weights
+    stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (for tests)
+    cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list
+    ctl_ptr,  # [B, CTL_WORDS + 2 * PHASES] int32, zeroed: control words, claim and done counters
+    rowf_ptr,  # [B, ROW_WORDS] float64 scratch: the current row's scalars
+    part_max_ptr,  # [B, SPLITS] compute dtype: chunk max
+    part_arg_ptr,  # [B, SPLITS] int32: chunk first argmax
+    part_flags_ptr,  # [B, SPLITS] int32: chunk NaN / +inf (bit 0) and finite (bit 1) flags
+    part_total_ptr,  # [B, SPLITS] float64: chunk softmax sum
+    part_counts_ptr,  # [B, SPLITS, NUM_PIVOTS] int32: chunk entries at or above each level
+    part_sums_ptr,  # [B, SPLITS, NUM_PIVOTS] float32: their exp(s) sum
+    part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights
+    part_search_ptr,  # [B, SPLITS, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit
+    prefix_ptr,  # [B] int64 scratch: the order-key prefix of the open search (bits of a uint32 / uint64)
+    cand_index_ptr,  # [B, NUM_CAND] int32 scratch: the current row's candidate ids, ascending
+    cand_scaled_ptr,  # [B, NUM_CAND] compute dtype scratch: their s
+    tile_sums_ptr,  # [B, BLOCK_T] float64 scratch: per-tile sums of the current row's weights
     accept_len_ptr,  # [B] int32
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
     out_tokens_ptr,  # [B, A] int64
     status_ptr,  # [B] int32
-    N, V, max_depth, stride_lb, stride_ln,
+    N, V, max_depth, chunk, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
+    SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
+    SPLITS: tl.constexpr,  # chunks per row (programs per request)
+    PHASES: tl.constexpr,  # claim / done counters per request: 6 + 2 * DIGITS per row the walk can visit
+    BLOCK_SPLITS: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_MAX: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
-    BLOCK_T: tl.constexpr,  # next power of two of the tiles per row
-    NUM_CAND: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # next power of two of the BLOCK_V tiles per row
+    RADIX_BITS: tl.constexpr,
+    NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
+    SHORT_CAND: tl.constexpr,  # min(128, NUM_CAND): the sort size of short lists
 ):
-    """One program per request walks its tree from the per-row scalars."""
+    """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
+    verify.py): each phase is one pass over the chunks of the current row; a program claims
+    chunks of the open phase, and the one that finishes a phase's last chunk merges the
+    chunks, walks on (accepts a child, or draws the bonus token) and opens the next phase.
+    A program with nothing left to claim waits only for chunks already claimed by running
+    programs, so the launch never depends on how many programs are resident."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
+        KEY_BITS: tl.constexpr = 64
     else:
         CT: tl.constexpr = tl.float32
+        KEY_BITS: tl.constexpr = 32
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    DIGITS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
     b = tl.program_id(0).to(tl.int64)
     A = max_depth + 1
     temperature = tl.load(temperature_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
+    top_k = tl.load(top_k_ptr + b)
+    top_p = tl.load(top_p_ptr + b)
     greedy = temperature == 0.0
+    use_k = (top_k > 0) & (top_k < V)
+    use_p = top_p < 1.0
     t = temperature.to(CT)
     logits_b = logits_ptr + b * stride_lb
-
-    offs_n = tl.arange(0, BLOCK_N)
-    parents = tl.load(parents_ptr + b * N + offs_n, mask=offs_n < N, other=-2)
-    tokens = tl.load(tokens_ptr + b * N + offs_n, mask=offs_n < N, other=-1)
-    # Every coin the walk may need, in two vectorised Philox calls: accept coin of each node
-    # (as a child) and bonus coin of each node (as the last accepted node).
-    accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
-    bonus_coins = _uniform(seed, offset, offs_n, BONUS_DRAW)
+    ctl = ctl_ptr + b * (CTL_WORDS + 2 * PHASES)
+    claims = ctl + CTL_WORDS
+    dones = claims + PHASES
+    rowf = rowf_ptr + b * ROW_WORDS
+    parts = b * SPLITS
+    index_b = cand_index_ptr + b * NUM_CAND
+    scaled_b = cand_scaled_ptr + b * NUM_CAND
+    sums_b = tile_sums_ptr + b * BLOCK_T
+    tokens_row = tokens_ptr + b * N
+    parents_row = parents_ptr + b * N
     offs_a = tl.arange(0, BLOCK_A)
-    tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
-    tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
-    # The walk's scalar stores below may come from other threads than these vector stores: order
-    # them (without the barrier a late -1 can overwrite an emitted token).
-    tl.debug_barrier()
+    splits = tl.arange(0, BLOCK_SPLITS)
+    in_splits = splits < SPLITS
 
-    node = tl.zeros([], tl.int32)
-    depth = tl.zeros([], tl.int32)
-    done = tl.zeros([], tl.int32)
-    bad = tl.zeros([], tl.int32)
-    while done == 0:
-        if tl.load(bad_ptr + b * N + node) != 0:
-            bad = 1
-            done = 1
+    phase = tl.zeros([], tl.int32)
+    running = tl.full([], 1, tl.int32)
+    while running != 0:
+        # Wait for the phase to open (acquire: its kind, row and scalars are then visible).
+        opened = tl.atomic_add(ctl + CTL_PHASE, 0)
+        while opened < phase:
+            opened = tl.atomic_add(ctl + CTL_PHASE, 0)
+        if opened >= FINISHED:
+            running = 0
         else:
-            may_descend = depth < max_depth  # a node at max_depth is a leaf
-            child = -1
-            if greedy:
-                arg = tl.load(argmax_ptr + b * N + node)
-                hit = (parents == node) & (tokens == arg) & (offs_n > node) & may_descend
-                first = tl.min(tl.where(hit, offs_n, BLOCK_N), axis=0)
-                child = tl.where(first < BLOCK_N, first, -1)
-                if child < 0:
-                    tl.store(out_tokens_ptr + b * A + depth, arg.to(tl.int64))
-                    done = 1
+            claim = tl.atomic_add(claims + phase, 1)
+            if claim >= SPLITS:
+                phase += 1  # every chunk of this phase is taken: wait for the next one
             else:
+                kind = tl.load(ctl + CTL_KIND, volatile=True)
+                node = tl.load(ctl + CTL_NODE, volatile=True)
                 row = logits_b + node * stride_ln
-                st = stats_ptr + (b * N + node) * NUM_STATS
-                row_max = tl.load(st + STAT_MAX).to(CT)
-                kth = tl.load(st + STAT_KTH).to(CT)
-                denom = tl.load(st + STAT_DENOM).to(CT)
-                cut = tl.load(st + STAT_CUT).to(CT)
-                norm = tl.load(st + STAT_NORM).to(CT)
-                # Children of this node whose token was rejected: their weight is now 0.
-                rejected = tl.zeros([BLOCK_N], tl.int32)
-                if may_descend:
-                    mass = tl.load(st + STAT_MASS)
-                    for c in range(node + 1, N):
-                        parent = tl.load(parents_ptr + b * N + c)
-                        if (parent == node) & (child < 0):
-                            x = tl.load(tokens_ptr + b * N + c)
-                            in_range = (x >= 0) & (x < V)
-                            logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
-                            wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
-                            seen = tl.max(((rejected != 0) & (tokens == x)).to(tl.int32), axis=0)
-                            wx = tl.where(seen != 0, 0.0, wx).to(CT)
-                            u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
-                            # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
-                            if (wx > 0) & (u < wx.to(tl.float64) / mass):
-                                child = c
-                            elif wx > 0:  # reject: zero p(x) and renormalise
-                                rejected = tl.where(offs_n == c, 1, rejected)
-                                mass = mass - wx.to(tl.float64)
-                if child < 0:
-                    u = tl.sum(tl.where(offs_n == node, bonus_coins, 0.0), axis=0)
-                    listed = tl.full([], -1, tl.int32)
+                start = claim * chunk
+                end = tl.minimum(start + chunk, V)
+                if (phase == 0) & (claim == 0):
+                    tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
+                    tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
+                row_max = tl.load(rowf + ROW_MAX, volatile=True).to(CT)
+                if kind == KIND_MAX:
+                    chunk_max, chunk_arg, chunk_flags = _range_max(row, start, end, CT, BLOCK_MAX)
+                    tl.store(part_max_ptr + parts + claim, chunk_max)
+                    tl.store(part_arg_ptr + parts + claim, chunk_arg)
+                    tl.store(part_flags_ptr + parts + claim, chunk_flags)
+                elif kind == KIND_LEVELS:
+                    chunk_total, chunk_counts, chunk_sums = _range_levels(row, start, end, row_max, t, CT, BLOCK_S)
+                    tl.store(part_total_ptr + parts + claim, chunk_total)
+                    tl.store(part_counts_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_counts)
+                    tl.store(part_sums_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_sums)
+                elif kind == KIND_LIST:
                     if NUM_CAND > 0:
-                        listed = tl.load(cand_count_ptr + b * N + node)
-                    if listed >= 0:
-                        bonus = _bonus_from_list(cand_index_ptr + (b * N + node) * NUM_CAND,
-                                                 cand_scaled_ptr + (b * N + node) * NUM_CAND, listed,
-                                                 tokens_ptr + b * N, node, N, rejected, offs_n,
-                                                 kth, denom, cut, norm, u, V, CT, NUM_CAND)
+                        pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
+                        before = tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
+                                         mask=splits < claim, other=0, volatile=True)
+                        level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
+                        _store_list(row, start, end, row_max, t, level, tl.sum(before, axis=0), index_b, scaled_b,
+                                    CT, BLOCK_V, NUM_CAND)
+                else:
+                    kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                    denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                    cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
+                    norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
+                    if kind == KIND_MASS:
+                        tl.store(part_mass_ptr + parts + claim,
+                                 _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
+                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
+                        if kind == KIND_DENOM:
+                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, False, CT, BLOCK_V)
+                        else:
+                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, True, CT, BLOCK_V)
+                        tl.store(part_total_ptr + parts + claim, kept)
                     else:
-                        bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_ptr + b * N, node,
-                                             N, rejected, offs_n, tile_sums_ptr + b * BLOCK_T, CT, BLOCK_V, BLOCK_T)
-                    tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
-                    done = 1
-            if done == 0:
-                depth += 1
-                tl.store(accept_nodes_ptr + b * A + depth, child)
-                tl.store(out_tokens_ptr + b * A + depth - 1, tl.load(tokens_ptr + b * N + child))
-                node = child
-    tl.debug_barrier()
-    if bad != 0:
-        # Accept nothing; the bonus is the root's fallback token from the row kernel.
-        fallback = tl.load(argmax_ptr + b * N)
-        tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
-        tl.store(out_tokens_ptr + b * A + offs_a,
-                 tl.where(offs_a == 0, fallback.to(tl.int64), -1), mask=offs_a < A)
-        depth = 0
-    tl.store(accept_len_ptr + b, depth)
-    tl.store(status_ptr + b, bad)
+                        prefix = _load_prefix(prefix_ptr + b, IS_FP64)
+                        shift = KEY_BITS - RADIX_BITS * (tl.load(ctl + CTL_DIGIT, volatile=True) + 1)
+                        if kind == KIND_SEARCH_K:
+                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, False, CT,
+                                                   IS_FP64, BLOCK_S, RADIX_BITS)
+                        else:
+                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, True, CT,
+                                                   IS_FP64, BLOCK_S, RADIX_BITS)
+                        tl.store(part_search_ptr + (parts + claim) * RADIX + tl.arange(0, RADIX), totals)
+                # Release this chunk's results; the last chunk of the phase merges them.
+                tl.debug_barrier()
+                if tl.atomic_add(dones + phase, 1) == SPLITS - 1:
+                    depth = tl.load(ctl + CTL_DEPTH, volatile=True)
+                    may_descend = depth < max_depth  # a node at max_depth is a leaf
+                    next_kind = KIND_MAX
+                    next_node = node
+                    finish = 0
+                    bad = 0
+                    bonus = -1
+                    child = -1
+                    ready = 0  # 1: the row's weights are known, walk on
+                    search = 0  # 1: start the whole-row threshold searches
+                    listed = -1
+                    kth = tl.full([], float("-inf"), CT)
+                    denom = tl.full([], 1.0, CT)
+                    cut = tl.full([], float("-inf"), CT)
+                    norm = tl.full([], 1.0, CT)
+                    mass = tl.zeros([], tl.float64)
+                    total = tl.load(rowf + ROW_TOTAL, volatile=True)
+                    if kind == KIND_MAX:
+                        cm = tl.load(part_max_ptr + parts + splits, mask=in_splits, other=float("-inf"), volatile=True)
+                        ca = tl.load(part_arg_ptr + parts + splits, mask=in_splits, other=V, volatile=True)
+                        cf = tl.load(part_flags_ptr + parts + splits, mask=in_splits, other=0, volatile=True)
+                        row_max = tl.max(cm, axis=0)
+                        arg = tl.min(tl.where(cm == row_max, ca, V), axis=0)
+                        flags = tl.max(cf & 1, axis=0) | tl.max(cf & 2, axis=0)
+                        if ((flags & 1) != 0) | ((flags & 2) == 0):
+                            bad = 1
+                            finish = 1
+                        elif greedy:
+                            hit = (tl.load(parents_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
+                                           other=-2) == node) \
+                                & (tl.load(tokens_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
+                                           other=-1) == arg) \
+                                & (tl.arange(0, BLOCK_N) > node) & may_descend
+                            first = tl.min(tl.where(hit, tl.arange(0, BLOCK_N), BLOCK_N), axis=0)
+                            if first < BLOCK_N:
+                                child = first
+                            else:
+                                bonus = arg
+                                finish = 1
+                        else:
+                            tl.store(rowf + ROW_MAX, row_max.to(tl.float64))
+                            next_kind = KIND_LEVELS
+                    elif kind == KIND_LEVELS:
+                        total = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
+                                               volatile=True), axis=0)
+                        tl.store(rowf + ROW_TOTAL, total)
+                        pivot = tl.full([], NUM_PIVOTS, tl.int32)
+                        if NUM_CAND > 0:
+                            if use_k | use_p:
+                                at = (parts + splits)[:, None] * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS)[None, :]
+                                level_counts = tl.sum(tl.load(part_counts_ptr + at, mask=in_splits[:, None], other=0,
+                                                              volatile=True), axis=0)
+                                level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_splits[:, None], other=0.0,
+                                                            volatile=True), axis=0)
+                                pivot = _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND)
+                        if pivot < NUM_PIVOTS:
+                            tl.store(ctl + CTL_PIVOT, pivot)
+                            tl.store(rowf + ROW_LEVEL, _pivot_level(pivot, CT).to(tl.float64))
+                            next_kind = KIND_LIST
+                        else:
+                            # No list holds the kept tokens (or temperature alone): the searches,
+                            # then the mass.
+                            search = 1
+                    elif kind == KIND_LIST:
+                        if NUM_CAND > 0:
+                            pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
+                            stored = tl.sum(tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
+                                                    mask=in_splits, other=0, volatile=True), axis=0)
+                            level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
+                            tl.debug_barrier()
+                            # Lists are mostly short: sort SHORT_CAND slots when they hold it.
+                            if stored <= SHORT_CAND:
+                                listed, kth, denom, cut, norm, mass = _list_stats(
+                                    scaled_b, stored, level, top_k, top_p, use_k, use_p, total, CT, SHORT_CAND)
+                            else:
+                                listed, kth, denom, cut, norm, mass = _list_stats(
+                                    scaled_b, stored, level, top_k, top_p, use_k, use_p, total, CT, NUM_CAND)
+                        if listed >= 0:
+                            ready = 1
+                        else:
+                            search = 1  # the list cannot give the thresholds exactly
+                    elif (kind == KIND_SEARCH_K) | (kind == KIND_SEARCH_P):
+                        digit = tl.load(ctl + CTL_DIGIT, volatile=True)
+                        shift = KEY_BITS - RADIX_BITS * (digit + 1)
+                        at = (parts + splits)[:, None] * RADIX + tl.arange(0, RADIX)[None, :]
+                        totals = tl.sum(tl.load(part_search_ptr + at, mask=in_splits[:, None], other=0.0,
+                                                volatile=True), axis=0)
+                        target = tl.where(kind == KIND_SEARCH_K, top_k.to(tl.float64), top_p.to(tl.float64))
+                        prefix = _search_digit(_load_prefix(prefix_ptr + b, IS_FP64), shift, totals, target, IS_FP64,
+                                               RADIX_BITS)
+                        next_kind = kind
+                        if digit + 1 < DIGITS:
+                            _store_prefix(prefix_ptr + b, prefix, IS_FP64)
+                            tl.store(ctl + CTL_DIGIT, digit + 1)
+                        else:
+                            value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
+                            if kind == KIND_SEARCH_K:
+                                tl.store(rowf + ROW_KTH, _scaled(value, row_max, t).to(tl.float64))
+                                next_kind = KIND_DENOM
+                            else:
+                                kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                                denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                                cut = _probs(_scaled(value, row_max, t), kth, denom, CT)
+                                tl.store(rowf + ROW_CUT, cut.to(tl.float64))
+                                next_kind = KIND_NORM
+                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
+                        kept = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
+                                              volatile=True), axis=0).to(CT)
+                        next_kind = KIND_MASS
+                        if kind == KIND_DENOM:
+                            tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
+                            if use_p:
+                                _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
+                                tl.store(ctl + CTL_DIGIT, 0)
+                                next_kind = KIND_SEARCH_P
+                        else:
+                            tl.store(rowf + ROW_NORM, kept.to(tl.float64))
+                    else:
+                        kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                        denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                        cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
+                        norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
+                        mass = tl.sum(tl.load(part_mass_ptr + parts + splits, mask=in_splits, other=0.0,
+                                              volatile=True), axis=0)
+                        listed = -2  # the mass phase ran: the tile sums are in place
+                        ready = 1
+                    if search != 0:
+                        # Whole-row thresholds, each digit and normaliser one phase over the chunks:
+                        # top-k (then its softmax normaliser), top-p (then its normaliser), mass.
+                        tl.store(rowf + ROW_KTH, float("-inf"))
+                        tl.store(rowf + ROW_DENOM, total.to(CT).to(tl.float64))
+                        tl.store(rowf + ROW_CUT, float("-inf"))
+                        tl.store(rowf + ROW_NORM, 1.0)
+                        _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
+                        tl.store(ctl + CTL_DIGIT, 0)
+                        next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, KIND_MASS))
+                    if ready != 0:
+                        st = stats_ptr + (b * N + node) * NUM_STATS
+                        tl.store(st + STAT_MAX, row_max.to(tl.float64))
+                        tl.store(st + STAT_KTH, kth.to(tl.float64))
+                        tl.store(st + STAT_DENOM, denom.to(tl.float64))
+                        tl.store(st + STAT_CUT, cut.to(tl.float64))
+                        tl.store(st + STAT_NORM, norm.to(tl.float64))
+                        tl.store(st + STAT_MASS, mass)
+                        tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
+                        offs_n = tl.arange(0, BLOCK_N)
+                        tokens = tl.load(tokens_row + offs_n, mask=offs_n < N, other=-1)
+                        seed = tl.load(seed_ptr + b)
+                        offset = tl.load(offset_ptr + b)
+                        accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
+                        child, rejected = _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend,
+                                                  parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT,
+                                                  BLOCK_N)
+                        if child < 0:
+                            u = tl.sum(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0),
+                                       axis=0)
+                            if listed >= 0:
+                                if NUM_CAND > 0:
+                                    bonus = _bonus_from_list(index_b, scaled_b, listed, tokens_row, node, N, rejected,
+                                                             offs_n, kth, denom, cut, norm, u, V, CT,
+                                                             NUM_CAND).to(tl.int32)
+                            else:
+                                bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
+                                                     N, rejected, offs_n, sums_b, CT, BLOCK_V, BLOCK_T).to(tl.int32)
+                            finish = 1
+                    # Walk on: record an accepted child or the bonus, then open the next phase.
+                    if child >= 0:
+                        depth += 1
+                        tl.store(accept_nodes_ptr + b * A + depth, child)
+                        tl.store(out_tokens_ptr + b * A + depth - 1, tl.load(tokens_row + child))
+                        next_kind = KIND_MAX
+                        next_node = child
+                    if bad != 0:
+                        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
+                        fallback = _finite_argmax(logits_b, V, CT, BLOCK_MAX)
+                        tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
+                        tl.store(out_tokens_ptr + b * A + offs_a, tl.where(offs_a == 0, fallback.to(tl.int64), -1),
+                                 mask=offs_a < A)
+                        depth = 0
+                    elif finish != 0:
+                        tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
+                    if finish != 0:
+                        tl.store(accept_len_ptr + b, depth)
+                        tl.store(status_ptr + b, bad)
+                    else:
+                        tl.store(ctl + CTL_KIND, next_kind)
+                        tl.store(ctl + CTL_NODE, next_node)
+                        tl.store(ctl + CTL_DEPTH, depth)
+                    tl.debug_barrier()
+                    tl.atomic_xchg(ctl + CTL_PHASE, tl.where(finish != 0, FINISHED, phase + 1))

@@ -14,9 +14,8 @@ import triton
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-KERNELS = {"_verify_max_kernel", "_verify_levels_kernel", "_verify_rows_kernel", "_verify_walk_kernel",
-           "_tree_attention_kernel", "_tree_attention_merge_kernel", "_draft_chunk_kernel", "_draft_merge_kernel",
-           "_write_kv_kernel", "_rmsnorm_kernel", "_rope_write_kv_kernel", "_silu_mul_kernel"}
+KERNELS = {"_verify_kernel", "_tree_attention_kernel", "_tree_attention_merge_kernel", "_draft_chunk_kernel",
+           "_draft_merge_kernel", "_write_kv_kernel", "_rmsnorm_kernel", "_rope_write_kv_kernel", "_silu_mul_kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -52,5 +51,5 @@ def test_shared_memory_fits_sm90(compiled):
 
 
 def test_verify_searches_fewer_key_bits_for_16_bit_logits(compiled):
-    rows = {r["constexprs"]["SIG_BITS"] for r in compiled if r["kernel"] == "_verify_rows_kernel"}
+    rows = {r["constexprs"]["SIG_BITS"] for r in compiled if r["kernel"] == "_verify_kernel"}
     assert rows == {"16", "19", "32", "64"}

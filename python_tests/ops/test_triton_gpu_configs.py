@@ -35,13 +35,15 @@ def assert_same(a, b, what=""):
 
 
 def verify_batch(dtype):
-    """Five requests over V = 2100 (two chunks of the GPU max pass's 2048-entry tiles, three
-    1024-entry row tiles): greedy; peaked rows with temperature only (whole-row bonus draw) and
-    with top-k + top-p (candidate lists); flat rows with top-k 1500 and with top-p 0.95, whose
-    kept sets outgrow the 1024-entry list (whole-row threshold searches). The trees hold a chain
-    of each parent's most likely tokens (walks go deep) and a token with p = 0. Four nodes: the
-    interpreter sorts a 1024-entry list in about 4 s (one list row per node of request 2)."""
-    B, N, V = 5, 4, 2100
+    """Six requests over V = 4200: two chunks per row (4096 entries, the tile of the max pass,
+    and 104), so every pass is split and merged as on a GPU; five 1024-entry row tiles.
+    Requests: greedy; peaked rows with temperature only (whole-row bonus draw) and with
+    top-k + top-p (short candidate lists, sorted in 128 slots); flat rows with top-k 1500 and
+    with top-p 0.95, whose kept sets outgrow the 1024-entry list (whole-row threshold
+    searches); top-k 300 at T 0.9 (a list of several hundred entries, sorted in 1024 slots:
+    about 4 s in the interpreter). The trees hold a chain of each parent's most likely tokens
+    (walks go deep) and a token with p = 0."""
+    B, N, V = 6, 4, 4200
     gen = torch.Generator().manual_seed(V)
     parents = torch.tensor([[-1, 0, 0, 1]] * B, dtype=torch.int32)
     logits = torch.randn(B, N, V, generator=gen, dtype=torch.float64)
@@ -50,9 +52,9 @@ def verify_batch(dtype):
     tokens = torch.gather(logits.argmax(-1), 1, parents.clamp(min=0).long())  # chain 0 - 1 - 3
     tokens[:, 2] = 7  # a -inf logit: p(x) = 0 at the root
     sampling = dict(
-        temperature=torch.tensor([0.0, 1.0, 0.5, 2.0, 0.9]),
-        top_k=torch.tensor([0, 0, 50, 1500, 0], dtype=torch.int32),
-        top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95]),  # a greedy row ignores top-p
+        temperature=torch.tensor([0.0, 1.0, 0.5, 2.0, 0.9, 0.9]),
+        top_k=torch.tensor([0, 0, 50, 1500, 0, 300], dtype=torch.int32),
+        top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 1.0]),  # a greedy row ignores top-p
         seed=torch.randint(-2**62, 2**62, (B,), generator=gen),
         offset=torch.randint(0, 2**40, (B,), generator=gen),
     )
@@ -62,9 +64,9 @@ def verify_batch(dtype):
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16],
                          ids=["fp32", "bf16"])
 def test_verify_gpu_config(dtype):
-    """verify with GPU_CONFIG: 16-candidate radix passes, 1024-entry candidate lists, 2048-entry
-    max-pass tiles. bf16 searches 16 key bits (4 passes); fp32 searches all 32 (8 passes), which
-    doubles the interpreted search time, so it is marked slow."""
+    """verify with GPU_CONFIG: 16-candidate radix passes, 1024-entry candidate lists, 4096-entry
+    max-pass tiles, 8 warps. bf16 searches 16 key bits (4 passes); fp32 searches all 32 (8
+    passes), which doubles the interpreted search time, so it is marked slow."""
     from eagle_kernels.triton import verify as triton_verify
 
     config = triton_verify.GPU_CONFIG
@@ -78,11 +80,19 @@ def test_verify_gpu_config(dtype):
     want = reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling)
     assert_same(launch.output, want, "gpu config")
     # The batch reaches both row paths: candidate lists (peaked filtered rows) and the
-    # whole-row search (the flat top-p and top-k 1500 rows).
-    filtered = ((sampling["top_k"] > 0) | (sampling["top_p"] < 1)) & (sampling["temperature"] > 0)
-    assert (launch.cand_count[2] >= 0).all() and (launch.cand_count[3:] < 0).all(), launch.cand_count
-    assert (launch.cand_count[~filtered] < 0).all()
+    # whole-row search (the flat top-p and top-k 1500 rows). Only visited rows are read (-2
+    # marks the others and greedy rows).
+    counts = launch.cand_count
+    visited = torch.zeros_like(counts, dtype=torch.bool)
+    for b in range(len(counts)):
+        visited[b, want.accept_nodes[b][want.accept_nodes[b] >= 0].long()] = True
+    visited[0] = False  # greedy
+    assert torch.equal(counts > -2, visited), counts
+    assert (counts[2][visited[2]] >= 0).all() and (counts[3:5][visited[3:5]] == -1).all(), counts
+    assert (counts[5][visited[5]] > triton_verify.SHORT_LIST).all(), counts
+    assert (counts[1][visited[1]] == -1).all()  # temperature only: no list
     assert want.accept_len[0] == 2 and int(want.accept_len[1:].max()) >= 1
+    assert triton_verify._splits(len(counts), logits.shape[-1], config.max_block, logits.device) == (2, 4096)
     # The public launcher takes the configuration as a private keyword.
     assert_same(triton_verify.verify(tokens, parents, logits, max_depth=max_depth, _config=config, **sampling),
                 want, "public launcher")

@@ -203,9 +203,13 @@ def test_triton_candidate_lists_match_full_row_search(dtype):
     listed = triton_verify._launch(*args, config)
     searched = triton_verify._launch(*args, dataclasses.replace(config, candidates=0))
     counts = listed.cand_count
-    filtered = ((sampling["top_k"] > 0) | (sampling["top_p"] < 1))[:, None].expand_as(counts)
-    assert (counts[filtered] >= 0).any() and (counts[filtered] < 0).any()
-    assert (counts[~filtered] < 0).all() and (searched.cand_count < 0).all()
+    # Only the rows the walk visits are read (-2 elsewhere); both launches visit the same rows.
+    visited = counts > -2
+    assert torch.equal(visited, searched.cand_count > -2)
+    assert int(visited.sum()) <= int((listed.output.accept_len + 1).sum()) < counts.numel()
+    filtered = ((sampling["top_k"] > 0) | (sampling["top_p"] < 1))[:, None].expand_as(counts) & visited
+    assert (counts[filtered] >= 0).any() and (counts[filtered] == -1).any()
+    assert (counts[visited & ~filtered] == -1).all() and (searched.cand_count[visited] == -1).all()
     # The row scalars agree: thresholds exactly, normalisers to the last bit of a float64 sum
     # rounded to float32, the weights' mass to float64 rounding.
     rows = counts >= 0
@@ -258,3 +262,25 @@ def test_triton_full_row_bonus_over_many_tiles():
     assert_same(verify(tokens, parents, logits, max_depth=3, **sampling), want)
     bonus = want.out_tokens[torch.arange(B), want.accept_len.long()]
     assert len(set((bonus // 1024).tolist())) >= 2
+
+
+def test_triton_top_p_nucleus_just_above_a_level_takes_the_list():
+    """Top-p alone, the nucleus ending at s = -1.4, just above the first list level (-1.5): the
+    cut must clear the listed level by 1 in s (so that no unlisted token ties with it in p),
+    which that level does not give. The list is taken one level lower (-3) instead of searching
+    the whole row (the bench's top-p rows did), and gives the reference's tokens."""
+    backend_impl("triton")
+    from eagle_kernels.triton import verify as triton_verify
+
+    V = 70
+    logits = torch.full((1, 2, V), -8.0)
+    logits[:, :, 5], logits[:, :, 40] = 0.0, -1.4  # p about 0.79 and 0.19: top-p 0.9 needs both
+    tokens, parents = torch.tensor([[0, 9]]), torch.tensor([[-1, 0]], dtype=torch.int32)
+    for seed in range(4):
+        sampling = dict(temperature=torch.tensor([1.0]), top_k=torch.tensor([0], dtype=torch.int32),
+                        top_p=torch.tensor([0.9]), seed=torch.tensor([seed]), offset=torch.tensor([3]))
+        args = (tokens, parents, logits, 1, *sampling.values())
+        launch = triton_verify._launch(*args, triton_verify.INTERPRETER_CONFIG)
+        assert int(launch.cand_count[0, 0]) == 2, launch.cand_count  # the two tokens at or above s = -3
+        assert_same(launch.output, reference.verify(tokens, parents, logits, max_depth=1, **sampling), seed)
+        assert int(launch.output.out_tokens[0, 0]) in (5, 40)
