@@ -1,6 +1,6 @@
 """Compile audit: every Triton kernel compiled for an H200 (sm_90) exactly as the JIT would.
 
-    python bench/compile_audit.py [--grid ci|full] [--arch 90] [--json] [--markdown]
+    python bench/compile_audit.py [--grid ci|full] [--arch 90] [--json | --from-json FILE]
 
 Run it without ``TRITON_INTERPRET``. The launchers are driven on CPU tensors with a modeled
 H200 standing in for the device (``torch.cuda.get_device_properties`` answers 132 SMs and the
@@ -437,19 +437,25 @@ def audit(grid: str = "ci", arch: int = 90, progress: bool = False) -> list[Audi
     return list(results.values())
 
 
-def markdown(results: list[Audit]) -> str:
-    """One table row per compiled configuration."""
+def markdown(rows: list[dict]) -> str:
+    """One table row per compiled configuration (rows: Audit.row() dicts); of the constexprs,
+    those that differ between configurations of a kernel."""
+    varying = {}
+    for r in rows:
+        for k, v in r["constexprs"].items():
+            varying.setdefault(r["kernel"], {}).setdefault(k, set()).add(v)
     lines = ["| kernel | constexprs | warps/stages | regs | spill st/ld (B) | smem dyn+static (B) | blocks/SM "
-             "(limit) | SASS | loops (instr; innermost*) | first case |",
+             "(limit) | SASS | innermost loops (instr) | first case (+more) |",
              "|---|---|---|---:|---:|---:|---|---:|---|---|"]
-    for r in sorted(results, key=lambda r: (r.kernel, json.dumps(r.constexprs, sort_keys=True))):
-        const = " ".join(f"{k}={v}" for k, v in r.constexprs.items())
-        loops = " ".join(f"{loop.instructions}{'*' if loop.innermost else ''}" for loop in r.loops) or "-"
-        flag = " **over**" if r.shared_dynamic > H200.smem_per_block else ""
-        lines.append(f"| {r.kernel} | {const} | {r.num_warps}/{r.num_stages} | {r.registers} | "
-                     f"{r.spill_stores}/{r.spill_loads} | {r.shared_dynamic}+{r.shared_static}{flag} | "
-                     f"{r.blocks_per_sm} ({r.limiter}) | {r.sass_instructions} | {loops} | {r.cases[0]} "
-                     f"(+{len(r.cases) - 1}) |")
+    for r in sorted(rows, key=lambda r: (r["kernel"], r["cases"][0])):
+        const = " ".join(f"{k}={v}" for k, v in r["constexprs"].items() if len(varying[r["kernel"]][k]) > 1)
+        loops = " ".join(f"{loop['instructions']}{'+LDL/STL' if loop['local_memory'] else ''}" for loop in r["loops"]
+                         if loop["innermost"]) or "-"
+        flag = " **over**" if r["shared_dynamic"] > H200.smem_per_block else ""
+        lines.append(f"| {r['kernel']} | {const or '-'} | {r['num_warps']}/{r['num_stages']} | {r['registers']} | "
+                     f"{r['spill_stores']}/{r['spill_loads']} | {r['shared_dynamic']}+{r['shared_static']}{flag} | "
+                     f"{r['blocks_per_sm']} ({r['limiter']}) | {r['sass_instructions']} | {loops} | {r['cases'][0]} "
+                     f"(+{len(r['cases']) - 1}) |")
     return "\n".join(lines)
 
 
@@ -460,8 +466,12 @@ def main() -> None:
     parser.add_argument("--grid", choices=("ci", "full"), default="ci")
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--json", action="store_true", help="one JSON line per configuration")
-    parser.add_argument("--markdown", action="store_true", help="a markdown table")
+    parser.add_argument("--from-json", help="print the table of a --json output instead of compiling")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            print(markdown([json.loads(line) for line in f if line.startswith("{")]))
+        return
     results = audit(args.grid, args.arch, progress=not args.json)
     if args.json:
         for r in results:
@@ -469,7 +479,7 @@ def main() -> None:
     else:
         print(f"triton {triton.__version__}, torch {torch.__version__}, sm_{args.arch}, {args.grid} grid: "
               f"{len(results)} configurations")
-        print(markdown(results))
+        print(markdown([r.row() for r in results]))
         bad = [r for r in results if not r.fits or r.spills_in_loop]
         for r in bad:
             print(f"FAIL {r.kernel}: smem {r.shared_dynamic} B (limit {H200.smem_per_block}), "

@@ -17,19 +17,21 @@ recorded, not run):
 2. run a sample of the launch's programs in Triton's interpreter (the other program ids are
    skipped; ``tl.num_programs`` still answers the full grid) with counters on the interpreter's
    builder: bytes each load and store requests and the distinct 32-byte sectors they touch,
-   ``tl.dot`` FLOPs, block reductions, the depth of the chain of loads whose address or mask
-   depends on an earlier load, and how often each source line of the kernel runs;
+   ``tl.dot`` FLOPs, block reductions, the serial memory latencies of an in-order warp (a load
+   issues when its address is ready; an operation using a loaded value waits for it), and how
+   often each statement of the kernel runs;
 3. dynamic warp instructions of a program = sum over SASS instructions of the runs of the kernel
    line each comes from (its outermost inlined call site), times the warps of a block;
 4. time = launch overhead + waves x max(issue, latency chain, bytes / 4.3 TB/s,
    FLOPs / 790 TFLOP/s), where a wave is the programs resident at once (blocks per SM x 132),
    issue = resident blocks x warp instructions / (issue rate x 1.98 GHz) per SM, and the chain is
-   the deepest dependent-load chain x the memory latency. A launch of one wave or less is also
+   the serial latencies x the memory latency (divided by num_stages in kernels with ``tl.dot``,
+   whose loops the compiler pipelines). A launch of one wave or less is also
    bounded below by its slowest sampled program (its own instructions at the SM's issue rate,
    and its chain).
 
 Constants: bandwidth, FLOP rate, clock and SM count are the H200's; memory latency 0.8 us
-(dependent HBM loads); the launch overhead (host time per Triton launch, as the benchmarks
+(a dependent HBM load under load); the launch overhead (host time per Triton launch, as the benchmarks
 measure wall time) and the issue rate (warp instructions per clock per SM) are fitted on the
 H200 run (``calibrate``), see docs/gpu_model.md.
 """
@@ -77,7 +79,7 @@ class Counts:
     store_sectors: int = 0
     flops: int = 0
     reductions: int = 0
-    chain: int = 0  # deepest dependent-load chain
+    chain: int = 0  # memory latencies the program waits for in sequence (in-order warp)
     lines: Counter = dataclasses.field(default_factory=Counter)
 
     @property
@@ -85,13 +87,14 @@ class Counts:
         return (self.load_sectors + self.store_sectors) * SECTOR
 
 
-def _depth(*values) -> int:
-    depth = 0
+def _ready(*values) -> int:
+    """When the latest of ``values`` is ready, in memory latencies since the program began."""
+    ready = 0
     for v in values:
         attr = getattr(v, "attr", None)
         if isinstance(attr, dict):
-            depth = max(depth, attr.get("depth", 0))
-    return depth
+            ready = max(ready, attr.get("ready", 0))
+    return ready
 
 
 def statement_lines(kernel_fn) -> dict[int, int]:
@@ -132,30 +135,37 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     saved = {}
     current = [Counts()]
 
+    # An in-order warp: a load issues when its address and mask are ready and its result is
+    # ready one memory latency later; any other operation waits for its inputs. ``clock`` is
+    # the program's time in memory latencies: loads in flight together overlap, a load whose
+    # result is used before the next load is issued costs a whole latency.
+    clock = [0]
+
     def wrap(name, fn):
         def wrapped(self, *args, **kwargs):
             result = fn(self, *args, **kwargs)
-            depth = _depth(*args, *kwargs.values())
+            ready = max(clock[0], _ready(*args, *kwargs.values()))
+            clock[0] = ready
+            c = current[0]
             if name in ("create_masked_load", "create_load"):
                 ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
                 size = ptrs.get_element_ty().primitive_bitwidth // 8
-                c = current[0]
                 c.load_bytes += active.size * size
                 c.load_sectors += np.unique(active // SECTOR).size
-                depth += 1
-                c.chain = max(c.chain, depth)
+                ready += 1
             elif name in ("create_masked_store", "create_store"):
                 ptrs, mask = args[0], (args[2] if name == "create_masked_store" else None)
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
                 size = ptrs.get_element_ty().primitive_bitwidth // 8
-                current[0].store_bytes += active.size * size
-                current[0].store_sectors += np.unique(active // SECTOR).size
+                c.store_bytes += active.size * size
+                c.store_sectors += np.unique(active // SECTOR).size
             elif name == "create_dot":
                 a, b = args[0].data, args[1].data
-                current[0].flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
-            if depth and isinstance(result, ti.TensorHandle):
-                result.attr["depth"] = max(result.attr.get("depth", 0), depth)
+                c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
+            c.chain = max(c.chain, ready)
+            if ready and isinstance(result, ti.TensorHandle):
+                result.attr["ready"] = ready
             return result
 
         return wrapped
@@ -172,12 +182,12 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
         if isinstance(self, ti.ReduceOps):
             current[0].reductions += 1
         inputs = input if isinstance(input, tuple) else (input,)
-        depth = _depth(*(getattr(t, "handle", None) for t in inputs))
-        if depth:
+        clock[0] = max(clock[0], _ready(*(getattr(t, "handle", None) for t in inputs)))
+        if clock[0]:
             for t in result if isinstance(result, tuple) else (result,):
                 handle = getattr(t, "handle", None)
                 if handle is not None:
-                    handle.attr["depth"] = max(handle.attr.get("depth", 0), depth)
+                    handle.attr["ready"] = clock[0]
         return result
 
     ti.ReduceScanOpInterface.apply = apply_counted
@@ -209,6 +219,7 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
 
     def next_program_reset(self, x, y, z):
         last[0] = None
+        clock[0] = 0
         return next_program(self, x, y, z)
 
     builder.set_grid_idx = next_program_reset
@@ -355,6 +366,7 @@ class LaunchModel:
     grid: tuple
     programs: int
     num_warps: int
+    num_stages: int
     blocks_per_sm: int
     waves: int
     warp_instructions: float  # per program, mean of the sampled
@@ -378,7 +390,8 @@ class LaunchModel:
         self.issue_s = resident * self.warp_instructions / rate
         self.memory_s = self.dram_bytes / self.waves / H200.hbm_bytes_per_s
         self.compute_s = self.flops / self.waves / H200.dense_bf16_flops
-        self.latency_s = self.chain * MEMORY_LATENCY_S
+        # Loops feeding tl.dot are software-pipelined num_stages deep by the compiler.
+        self.latency_s = self.chain * MEMORY_LATENCY_S / (self.num_stages if self.flops else 1)
         parts = {"issue": self.issue_s, "memory": self.memory_s, "compute": self.compute_s, "latency": self.latency_s}
         self.bound = max(parts, key=lambda k: parts[k])
         wave = parts[self.bound]
@@ -405,7 +418,8 @@ def model_launch(launch: compile_audit.Launch, samples: int, cache: dict) -> Lau
     waves = math.ceil(programs / (blocks * H200.sms))
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
     return LaunchModel(
-        kernel=audit.kernel, grid=grid, programs=programs, num_warps=audit.num_warps, blocks_per_sm=audit.blocks_per_sm,
+        kernel=audit.kernel, grid=grid, programs=programs, num_warps=audit.num_warps, num_stages=audit.num_stages,
+        blocks_per_sm=audit.blocks_per_sm,
         waves=waves, warp_instructions=mean(instructions) * audit.num_warps,
         warp_instructions_max=max(instructions, default=0) * audit.num_warps,
         dram_bytes=mean([c.dram_bytes for c in counts]) * programs,
@@ -528,7 +542,8 @@ def benchmark_json_ms(path: str) -> dict:
 
 def calibration_cases(measured: dict = H200_RUN_MS):
     """The benchmark shapes of ``measured`` (ms per call), modeled on the imported package."""
-    for key, ms in measured.items():
+    order = {"draft_expand": 0, "verify": 1, "tree_attention": 2}  # cheapest to interpret first
+    for key, ms in sorted(measured.items(), key=lambda item: order[item[0][0]]):
         if key[0] == "tree_attention":
             _, B, prefix = key
             yield f"tree_attention B{B} N64 prefix{prefix} paged16", lambda B=B, p=prefix: _tree_attention(B, 64, p), ms
@@ -553,7 +568,7 @@ def fmt_us(s: float) -> str:
     return f"{s * 1e6:,.1f}"
 
 
-def run(cases, samples: int, out=sys.stdout, measured_col=False):
+def run(cases, samples: int, out=sys.stdout, json_path=None):
     cache: dict = {}
     rows = []
     for name, make, extra in cases:
@@ -574,13 +589,16 @@ def run(cases, samples: int, out=sys.stdout, measured_col=False):
         other = (f"roofline {row['roofline_us']:,.1f} us" if "roofline_us" in row
                  else f"measured {row['measured_us']:,.1f} us ({row['modeled_us'] / row['measured_us']:.2f}x)")
         print(f"{name:45s} modeled {row['modeled_us']:10,.1f} us  {other}  [{detail}]", file=out, flush=True)
+        if json_path:  # after every case: a long run leaves what it has modeled
+            with open(json_path, "w") as f:
+                json.dump(rows, f, indent=1)
     return rows
 
 
 def fit(rows) -> tuple[float, float, float]:
     """Least squares in log space over (launch overhead, issue rate): returns (overhead, rate, rms log error)."""
     best = None
-    for overhead in np.linspace(0e-6, 60e-6, 31):
+    for overhead in np.linspace(0e-6, 150e-6, 76):
         for rate in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
             err = []
             for row in rows:
@@ -597,7 +615,9 @@ def fit(rows) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("goals", "calibrate", "smoke"))
+    parser.add_argument("mode", choices=("goals", "calibrate", "smoke", "fit"),
+                        help="fit: refit the constants on a calibrate --json output (--rows)")
+    parser.add_argument("--rows", help="fit: the rows of an earlier calibrate --json run")
     parser.add_argument("--samples", type=int, default=4, help="program ids interpreted per launch")
     parser.add_argument("--package", help="import eagle_kernels from this directory (an older commit)")
     parser.add_argument("--only", help="cases whose name contains this")
@@ -608,6 +628,18 @@ def main() -> None:
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1 (the model compiles and interprets each launch itself)")
+    if args.mode == "fit":
+        with open(args.rows) as f:
+            rows = json.load(f)
+        overhead, rate, rms = fit(rows)
+        print(f"fit: launch overhead {overhead * 1e6:.1f} us, issue rate {rate} warp instr/clk/SM, "
+              f"rms log error {rms:.3f} ({math.exp(rms):.2f}x)")
+        for row in rows:
+            total = sum(LaunchModel(**{k: v for k, v in m.items() if k in LaunchModel.__dataclass_fields__})
+                        .finish(overhead, rate).time_s for m in row["launches"])
+            print(f"{row['case']:45s} modeled {total * 1e6:10,.1f} us  measured {row['measured_us']:10,.1f} us  "
+                  f"({total * 1e6 / row['measured_us']:.2f}x)")
+        return
     if args.package:
         sys.path.insert(0, args.package)
     import eagle_kernels
@@ -620,14 +652,11 @@ def main() -> None:
         cases = list({"goals": goal_cases, "smoke": smoke_cases}[args.mode]())
     if args.only:
         cases = [c for c in cases if args.only in c[0]]
-    rows = run(cases, args.samples)
+    rows = run(cases, args.samples, json_path=args.json)
     if args.fit and args.mode == "calibrate":
         overhead, rate, rms = fit(rows)
         print(f"fit: launch overhead {overhead * 1e6:.1f} us, issue rate {rate} warp instr/clk/SM, "
               f"rms log error {rms:.3f} ({math.exp(rms):.2f}x)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
