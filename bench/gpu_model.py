@@ -237,10 +237,12 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
 
 
 def sample_programs(grid: tuple, samples: int) -> list[tuple[int, int, int]]:
-    """Up to ``samples`` program ids spread over the grid (first and last included)."""
+    """Up to ``samples`` program ids at the midpoints of equal slices of the grid (the first and
+    last programs are often special: a root row, the split that also does the tree)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     total = grid[0] * grid[1] * grid[2]
-    flat = sorted(set(np.linspace(0, total - 1, min(samples, total)).round().astype(int).tolist()))
+    n = min(samples, total)
+    flat = sorted({int((i + 0.5) * total / n) for i in range(n)})
     return [(i // (grid[1] * grid[2]), (i // grid[2]) % grid[1], i % grid[2]) for i in flat]
 
 
