@@ -237,18 +237,21 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
 
 
 def sample_programs(grid: tuple, samples: int) -> list[tuple[int, int, int]]:
-    """Up to ``samples`` program ids at the midpoints of equal slices of the grid (the first and
-    last programs are often special: a root row, the split that also does the tree)."""
+    """Every program of up to ``samples`` values of the first grid axis, at the midpoints of
+    equal slices of it (the first and last are often special: a root row, a partial chunk).
+    The other axes (splits, chunks of a row) are run whole, and a launch over the same first
+    axis as the one before it (verify's rows) samples the same indices, so it reads what the
+    sampled programs before it wrote."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    total = grid[0] * grid[1] * grid[2]
-    n = min(samples, total)
-    flat = sorted({int((i + 0.5) * total / n) for i in range(n)})
-    return [(i // (grid[1] * grid[2]), (i // grid[2]) % grid[1], i % grid[2]) for i in flat]
+    n = min(samples, grid[0])
+    xs = sorted({int((i + 0.5) * grid[0] / n) for i in range(n)})
+    return [(x, y, z) for x in xs for y in range(grid[1]) for z in range(grid[2])]
 
 
-def interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
-    """Run ``samples`` programs of a recorded launch in the interpreter, counting, in a forked
-    process: the interpreter patches triton.language for good, which would break later compiles."""
+def interpret(launches: list[compile_audit.Launch], samples: int) -> list[list[Counts]]:
+    """Run the sampled programs of a call's launches, in order, in Triton's interpreter with the
+    counters, in one forked process (the interpreter patches triton.language for good, which
+    would break later compiles; the launches' outputs feed the next ones)."""
     import pickle
     import tempfile
 
@@ -258,7 +261,7 @@ def interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
             code = 1
             try:
                 with open(f.name, "wb") as out:
-                    pickle.dump(_interpret(launch, samples), out)
+                    pickle.dump([_interpret(launch, samples) for launch in launches], out)
                 code = 0
             except BaseException:
                 import traceback
@@ -268,7 +271,7 @@ def interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         if status != 0:
-            raise RuntimeError(f"interpreting {launch.kernel.fn.__name__} ({launch.case}) failed")
+            raise RuntimeError(f"interpreting {launches[0].case or launches[0].kernel.fn.__name__} failed")
         with open(f.name, "rb") as result:
             return pickle.load(result)
 
@@ -298,6 +301,7 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
                 executor.fn(**args)
         finally:
             scope.restore()
+        executor._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)  # outputs feed the next launch
 
     kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
     # Jit functions the kernel calls (its helpers, tl.cdiv, tl.max, ...) were defined compiled:
@@ -405,13 +409,12 @@ class LaunchModel:
         return self
 
 
-def model_launch(launch: compile_audit.Launch, samples: int, cache: dict) -> LaunchModel:
+def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict) -> LaunchModel:
     target = compile_audit.GPUTarget("cuda", H200.arch, 32)
     key = compile_audit.specialisation_key(launch, target)
     if key not in cache:
         cache[key] = compile_audit.compile_launch(launch, target)
     audit = cache[key]
-    counts = interpret(launch, samples)
     in_loop, out_loop, outside = sass_by_line(audit.sass, launch.kernel.fn)
     instructions = [dynamic_instructions(c, in_loop, out_loop, outside) for c in counts]
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
@@ -436,7 +439,8 @@ def model_call(call, samples: int, cache: dict) -> list[LaunchModel]:
     launches: list[compile_audit.Launch] = []
     with compile_audit.modeled_gpu(launches, [""]):
         call()
-    return [model_launch(launch, samples, cache) for launch in launches]
+    counts = interpret(launches, samples)
+    return [model_launch(launch, c, cache) for launch, c in zip(launches, counts)]
 
 
 # --------------------------------------------------------------------------------------------
