@@ -58,8 +58,8 @@ import compile_audit  # noqa: E402
 from compile_audit import H200  # noqa: E402
 
 # Fitted on the H200 run (docs/gpu_model.md, "Calibration"); --fit refits them.
-LAUNCH_OVERHEAD_S = 20e-6
-ISSUE_RATE = 2.0  # warp instructions per clock per SM (4 schedulers at most)
+LAUNCH_OVERHEAD_S = 58e-6
+ISSUE_RATE = 1.25  # warp instructions per clock per SM (4 schedulers at most)
 MEMORY_LATENCY_S = 0.8e-6
 SECTOR = 32
 ANNOTATION = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
