@@ -1,0 +1,517 @@
+"""Compile audit: every Triton kernel compiled for an H200 (sm_90) exactly as the JIT would.
+
+    python bench/compile_audit.py [--grid ci|full] [--arch 90] [--json | --from-json FILE]
+
+Run it without ``TRITON_INTERPRET``. The launchers are driven on CPU tensors with a modeled
+H200 standing in for the device (``torch.cuda.get_device_properties`` answers 132 SMs and the
+tensors report a CUDA device to the launchers' device checks, so they take their GPU branches:
+GPU launch configurations, flash-decoding splits, verify's chunk counts), and the launch
+itself (``JITFunction.run``) is replaced by a recorder. Each recorded launch is then
+specialised by the JIT's own binder (``create_function_from_signature`` and
+``JITFunction._pack_args``, the code ``JITFunction.run`` calls): pointer arguments whose
+address is divisible by 16 and integers divisible by 16 get ``tt.divisibility = 16``, integers
+equal to 1 become constants, ``do_not_specialize`` is honoured, and the JIT's option defaults
+apply. The compiled cubin is then read for
+
+- registers per thread (the cubin's resource usage),
+- spill stores / loads in bytes (``ptxas -v``: "N bytes spill stores, N bytes spill loads";
+  the cubin's LOCAL field is the stack frame, which also holds local arrays, not the spills),
+- dynamic shared memory of a block (``metadata.shared``, the figure Triton checks against the
+  device's opt-in limit before a launch) and the static shared section (on sm_90 the 1 KiB a
+  block reserves),
+- occupancy on an H200: blocks per SM from registers, shared memory, threads and the 32-block
+  cap,
+- the loops of the SASS (backward branches), their instruction counts, and local-memory
+  instructions (LDL/STL) inside a loop: a spill in a hot loop.
+
+The ``ci`` grid is a representative subset (python_tests/ops/test_triton_compile.py runs it);
+``full`` enumerates the layouts the package supports (contiguous and paged caches, with and
+without a tree mask, fp16/bf16/fp32, head_dim 64 and 128, N 1-256, the verify modes, draft
+vocabularies 32000 and 128256) and takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+from collections.abc import Callable, Iterator
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime import jit as triton_jit
+
+# The H200 (sm_90, 132 SMs).
+H200 = types.SimpleNamespace(
+    name="NVIDIA H200", arch=90, sms=132, regs_per_sm=65536, reg_alloc_unit=256, max_regs_per_thread=255,
+    smem_per_sm=233_472, smem_per_block=232_448, max_threads_per_sm=2048, max_blocks_per_sm=32, warp=32,
+    hbm_bytes_per_s=4.3e12, dense_bf16_flops=790e12, clock_hz=1.98e9,
+)
+NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+BRANCH = re.compile(r"/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?BRA(\.\w+)*\s+`?\(?(\.L_x_\d+)")
+INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?);")
+LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+# --------------------------------------------------------------------------------------------
+# Recording: the real launchers, a modeled H200, the launch replaced by a recorder.
+
+
+@dataclasses.dataclass
+class Launch:
+    kernel: triton_jit.JITFunction
+    args: tuple
+    kwargs: dict
+    grid: tuple
+    case: str  # the call that made it (op and shape)
+
+
+class _ModeledCudaDevice(str):
+    """``"cpu"`` to torch's allocator (so tensors stay on the host), a CUDA device to the
+    launchers' ``device.type == "cuda"`` checks."""
+
+    type = "cuda"
+    index = 0
+
+
+@contextlib.contextmanager
+def modeled_gpu(launches: list[Launch], case: list[str]) -> Iterator[None]:
+    """Within the block, tensors report a CUDA device, the device has an H200's SM count, and
+    JITFunction.run records instead of compiling or launching."""
+    device = _ModeledCudaDevice("cpu")
+    props = types.SimpleNamespace(name=H200.name, multi_processor_count=H200.sms, major=9, minor=0,
+                                  total_memory=141 * 2**30, shared_memory_per_block_optin=H200.smem_per_block)
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append(Launch(self, args, dict(kwargs), tuple(grid) if not callable(grid) else grid, case[0]))
+
+    saved = (torch.Tensor.device, torch.cuda.get_device_properties, triton_jit.JITFunction.run)
+    torch.Tensor.device = property(lambda self: device)
+    torch.cuda.get_device_properties = lambda *a, **k: props
+    triton_jit.JITFunction.run = record
+    try:
+        yield
+    finally:
+        torch.Tensor.device, torch.cuda.get_device_properties, triton_jit.JITFunction.run = saved
+
+
+MODES = {  # verify's sampling modes: temperature, top_k, top_p per request
+    "greedy": (0.0, 0, 1.0), "temperature": (0.8, 0, 1.0), "top-k": (0.8, 50, 1.0), "top-p": (0.8, 0, 0.9),
+}
+
+
+def _verify_case(dtype, B, N, V, mode):
+    from eagle_kernels.triton import verify as triton_verify
+
+    temperature, top_k, top_p = MODES[mode]
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    parents = (torch.arange(N, dtype=torch.int32) - 1).repeat(B, 1)  # a chain
+    sampling = dict(temperature=torch.full((B,), temperature), top_k=torch.full((B,), top_k, dtype=torch.int32),
+                    top_p=torch.full((B,), top_p), seed=torch.zeros(B, dtype=torch.int64),
+                    offset=torch.zeros(B, dtype=torch.int64))
+    logits = torch.empty(B, N, V, dtype=dtype)
+    triton_verify.verify(tokens, parents, logits, max_depth=min(N - 1, 8), **sampling)
+
+
+def _tree_attention_case(dtype, B, N, Hq, Hkv, D, prefix, paged, tree_mask, page=64):
+    from eagle_kernels.triton import tree_attention as triton_tree_attention
+
+    cap = prefix + N
+    q = torch.empty(B, N, Hq, D, dtype=dtype)
+    seqlens = torch.full((B,), prefix, dtype=torch.int32)
+    if paged:
+        pages = triton.cdiv(cap, page)
+        k = torch.empty(B * pages, page, Hkv, D, dtype=dtype)
+        table = torch.arange(B * pages, dtype=torch.int32).view(B, pages)
+    else:
+        k, table = torch.empty(B, cap, Hkv, D, dtype=dtype), None
+    mask = torch.empty(B, N, triton.cdiv(N, 64), dtype=torch.int64) if tree_mask else None
+    triton_tree_attention.tree_attention(q, k, torch.empty_like(k), seqlens, mask, block_table=table)
+
+
+def _draft_expand_case(dtype, B, M, V, top_k, d2t):
+    from eagle_kernels.triton import draft_expand as triton_draft_expand
+
+    logits = torch.empty(B, M, V, dtype=dtype)
+    triton_draft_expand.draft_expand(logits, torch.zeros(B, M), top_k,
+                                     d2t=torch.arange(V, dtype=torch.int64) if d2t else None)
+
+
+def _write_kv_case(dtype, B, N, Hkv, D, paged, page=64, cap=4096):
+    from eagle_kernels.triton import write_kv as triton_write_kv
+
+    new = torch.empty(B, N, Hkv, D, dtype=dtype)
+    seqlens = torch.full((B,), cap - N, dtype=torch.int32)
+    if paged:
+        pages = cap // page
+        cache = torch.empty(B * pages, page, Hkv, D, dtype=dtype)
+        table = torch.arange(B * pages, dtype=torch.int32).view(B, pages)
+    else:
+        cache, table = torch.empty(B, cap, Hkv, D, dtype=dtype), None
+    triton_write_kv.write_kv(cache, torch.empty_like(cache), new, new, seqlens, block_table=table)
+
+
+def _layer_cases(dtype, H, I, Hq, Hkv, D):
+    """The GPU decoder layer's own kernels (rmsnorm, its EAGLE-3 two-input form, silu_mul,
+    rope_write_kv) at one model's widths."""
+    from eagle_kernels.triton import rmsnorm as triton_rmsnorm
+    from eagle_kernels.triton import rope_write_kv as triton_rope_write_kv
+    from eagle_kernels.triton import silu_mul as triton_silu_mul
+
+    x = torch.empty(2, 3, H, dtype=dtype)
+    weight = torch.ones(H, dtype=dtype)
+    triton_rmsnorm.rmsnorm(x, weight, 1e-5)
+    triton_rmsnorm.rmsnorm(x, weight, 1e-5, embed=x, embed_weight=weight)
+    triton_silu_mul.silu_mul(torch.empty(2, 3, 2 * I, dtype=dtype))
+    cos = torch.zeros(64, D // 2)
+    cache = torch.zeros(2, 16, Hkv, D, dtype=dtype)
+    triton_rope_write_kv.rope_write_kv(torch.empty(2, 3, (Hq + 2 * Hkv) * D, dtype=dtype),
+                                       torch.zeros(2, 3, dtype=torch.int64), cos, cos, cache, cache.clone(),
+                                       torch.tensor([1, 2], dtype=torch.int32), num_heads=Hq, slot_offset=2)
+
+
+# (name, hidden, intermediate, Hq, Hkv, head_dim) of the models the GPU layer path is audited at.
+LAYER_SHAPES = [("SmolLM2-135M", 576, 1536, 9, 3, 64), ("Llama-3-8B", 4096, 14336, 32, 8, 128)]
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+# The ci grid: the 128-row (B 1, split) and 64-row (B 8) 16-bit head_dim-128 launches in
+# every cache layout, one fp32 and one head_dim-64 layout, verify from bf16 and fp32 logits
+# in every mode, draft_expand at both vocabularies, write_kv paged.
+CI_TREE = [("bf16", B, 64, 32, 8, 128, 4096, paged, mask) for B in (1, 8) for paged in (False, True)
+           for mask in (True, False)] + [("fp32", 8, 64, 32, 8, 64, 4096, False, False),
+                                         ("bf16", 8, 64, 32, 8, 64, 4096, True, True)]
+
+
+def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """(name, call) of every launcher call of ``grid``."""
+    full = grid == "full"
+    if full:  # Llama-3-8B heads (Hq 32 / Hkv 8) and plain MHA, every cache layout
+        tree = [(dt, B, N, Hq, Hkv, D, prefix, paged, mask) for dt in ("bf16", "fp16", "fp32") for D in (64, 128)
+                for paged in (False, True) for mask in (True, False)
+                for B, N in ((1, 1), (1, 16), (1, 64), (8, 64), (32, 64), (1, 256), (4, 256))
+                for Hq, Hkv in ((32, 8), (8, 8)) for prefix in (4096, 16384)]
+    else:
+        tree = CI_TREE
+    for dt, B, N, Hq, Hkv, D, prefix, paged, mask in tree:
+        name = (f"tree_attention {dt} B{B} N{N} Hq{Hq}/Hkv{Hkv} D{D} prefix{prefix} "
+                f"{'paged' if paged else 'contiguous'} {'tree-mask' if mask else 'causal'}")
+        yield name, (lambda a=(DTYPES[dt], B, N, Hq, Hkv, D, prefix, paged, mask): _tree_attention_case(*a))
+    # verify: every mode; the row count sets the chunk count of the max pass.
+    shapes = [(1, 1), (1, 8), (1, 64), (8, 64), (32, 64), (1, 256), (8, 256)] if full else [(8, 64)]
+    for dt in ("bf16", "fp16", "fp32", "fp64") if full else ("bf16", "fp32"):
+        for V in (32000, 128256) if full else (128256,):
+            for B, N in shapes:
+                for mode in MODES:
+                    yield (f"verify {dt} B{B} N{N} V{V} {mode}",
+                           lambda a=(DTYPES[dt], B, N, V, mode): _verify_case(*a))
+    for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
+        for V in (32000, 128256):
+            for B, M, k in [(1, 1, 8), (8, 8, 8), (32, 8, 10)] if full else [(8, 8, 8)]:
+                for d2t in (False, True) if full else (False,):
+                    yield (f"draft_expand {dt} B{B} M{M} V{V} top_k{k}{' d2t' if d2t else ''}",
+                           lambda a=(DTYPES[dt], B, M, V, k, d2t): _draft_expand_case(*a))
+    for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
+        for D in (64, 128) if full else (128,):
+            for paged in (False, True) if full else (True,):
+                yield (f"write_kv {dt} B8 N64 Hkv8 D{D} {'paged' if paged else 'contiguous'}",
+                       lambda a=(DTYPES[dt], 8, 64, 8, D, paged): _write_kv_case(*a))
+    for dt in ("bf16", "fp16", "fp32") if full else ("bf16", "fp32"):
+        for model, *widths in LAYER_SHAPES if full or dt == "bf16" else LAYER_SHAPES[:1]:
+            yield f"layer kernels {dt} {model}", lambda a=(DTYPES[dt], *widths): _layer_cases(*a)
+
+
+def record(grid: str) -> list[Launch]:
+    launches: list[Launch] = []
+    case = [""]
+    with modeled_gpu(launches, case):
+        for name, call in cases(grid):
+            case[0] = name
+            call()
+    return launches
+
+
+# --------------------------------------------------------------------------------------------
+# Specialisation: the JIT's own binder.
+
+
+def _run_kwargs(kernel, kwargs: dict) -> dict:
+    """The options JITFunction.run adds before binding (debug, instrumentation, ...)."""
+    knobs = triton.knobs
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+    for name in ("instrumentation_mode", "fpsan_homomorphic_casts"):
+        if hasattr(knobs.compilation, name):
+            kwargs[name] = getattr(knobs.compilation, name)
+    return kwargs
+
+
+def specialise(launch: Launch, target: GPUTarget):
+    """(options, signature, constexprs, attrs) of a launch, as JITFunction.run derives them."""
+    backend = make_backend(target)
+    kernel = launch.kernel
+    kwargs = _run_kwargs(kernel, launch.kwargs)
+    binder = triton_jit.create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*launch.args, **kwargs)
+    return kernel._pack_args(backend, kwargs, bound_args, specialization, options)
+
+
+def specialisation_key(launch: Launch, target: GPUTarget) -> str:
+    options, signature, constexprs, attrs = specialise(launch, target)
+    return json.dumps([launch.kernel.fn.__name__, signature, {str(k): str(v) for k, v in constexprs.items()},
+                       {str(k): v for k, v in attrs.items()}, _options_text(options)], sort_keys=True)
+
+
+def _options_text(options) -> dict:
+    return {k: getattr(options, k) for k in ("num_warps", "num_stages", "num_ctas", "maxnreg") if hasattr(options, k)}
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation and what the cubin says.
+
+
+@dataclasses.dataclass
+class Loop:
+    start: int  # byte offsets in the SASS
+    end: int
+    instructions: int
+    innermost: bool
+    local_memory: int  # LDL/STL instructions inside
+
+
+@dataclasses.dataclass
+class Audit:
+    kernel: str
+    cases: list[str]
+    grid: list
+    constexprs: dict
+    specialised: dict  # argument -> "tt.divisibility=16" or "==1"
+    num_warps: int
+    num_stages: int
+    registers: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+    shared_dynamic: int
+    shared_static: int
+    blocks_per_sm: int
+    limiter: str
+    sass_instructions: int
+    loops: list[Loop]
+    hot_loop_instructions: int
+    sass: str = dataclasses.field(default="", repr=False)
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * H200.warp
+
+    @property
+    def fits(self) -> bool:
+        return self.shared_dynamic <= H200.smem_per_block and self.registers <= H200.max_regs_per_thread
+
+    @property
+    def spills_in_loop(self) -> bool:
+        return any(loop.local_memory for loop in self.loops)
+
+    def row(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("sass")
+        d["fits"] = self.fits
+        d["spills_in_loop"] = self.spills_in_loop
+        return d
+
+
+def occupancy(registers: int, num_warps: int, shared: int) -> tuple[int, str]:
+    """Resident blocks per SM on an H200 and the resource that limits them; 0 when a block
+    cannot launch at all."""
+    if shared > H200.smem_per_block or registers > H200.max_regs_per_thread:
+        return 0, "shared memory" if shared > H200.smem_per_block else "registers"
+    regs_per_warp = math.ceil(max(registers, 1) * H200.warp / H200.reg_alloc_unit) * H200.reg_alloc_unit
+    limits = {
+        "registers": (H200.regs_per_sm // regs_per_warp) // num_warps,
+        "threads": H200.max_threads_per_sm // (num_warps * H200.warp),
+        "shared memory": H200.smem_per_sm // max(shared, 1),
+        "blocks": H200.max_blocks_per_sm,
+    }
+    limiter = min(limits, key=lambda k: limits[k])
+    return limits[limiter], limiter
+
+
+def _tool(name: str) -> str:
+    path = os.path.join(NVIDIA_BIN, name)
+    return path if os.path.exists(path) else name
+
+
+def sass_loops(sass: str) -> tuple[int, list[Loop]]:
+    """(instruction count, loops) of a disassembly: a loop is a backward branch to a label."""
+    labels, offsets, text = {}, [], {}
+    pending = []
+    for line in sass.splitlines():
+        if m := LABEL.match(line):
+            pending.append(m.group(1))
+        elif m := INSTRUCTION.match(line):
+            offset = int(m.group(1), 16)
+            for label in pending:
+                labels[label] = offset
+            pending = []
+            offsets.append(offset)
+            text[offset] = m.group(2)
+    spans = []
+    for offset in offsets:
+        m = BRANCH.search(f"/*{offset:04x}*/ {text[offset]}")
+        if m and labels.get(m.group(4), offset + 1) <= offset:
+            spans.append((labels[m.group(4)], offset))
+    loops = []
+    for start, end in spans:
+        inside = [o for o in offsets if start <= o <= end]
+        inner = not any((s, e) != (start, end) and start <= s and e <= end for s, e in spans)
+        local = sum(1 for o in inside if re.match(r"(@!?P\w+\s+)?(LDL|STL)\b", text[o]))
+        loops.append(Loop(start, end, len(inside), inner, local))
+    # EXIT-only trailers ("BRA to self") are not loops.
+    loops = [loop for loop in loops if loop.instructions > 1]
+    return len(offsets), loops
+
+
+def compile_launch(launch: Launch, target: GPUTarget) -> Audit:
+    options, signature, constexprs, attrs = specialise(launch, target)
+    kernel = launch.kernel
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    compiled, log = _compile_with_ptxas_log(source, target, options)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([_tool("nvdisasm"), "-c", "-gi", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", usage)}
+    spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    registers_v = re.search(r"Used (\d+) registers", log)
+    if not spills or not registers_v or int(registers_v.group(1)) != resources["REG"]:
+        raise RuntimeError(f"{kernel.fn.__name__}: no ptxas -v log matching the cubin ({log[-500:]!r})")
+    shared = compiled.metadata.shared
+    num_warps = compiled.metadata.num_warps
+    blocks, limiter = occupancy(resources["REG"], num_warps, shared + resources["SHARED"])
+    count, loops = sass_loops(sass)
+    inner = [loop for loop in loops if loop.innermost]
+    names = list(signature)
+    specialised = {}
+    for path, value in attrs.items():
+        for attr, v in value:
+            specialised[names[path[0]]] = f"{attr}={v}"
+    declared = {param.name for param in kernel.params if param.is_constexpr}
+    for path, value in constexprs.items():
+        if names[path[0]] not in declared:  # an integer argument equal to 1
+            specialised[names[path[0]]] = f"=={value}"
+    return Audit(
+        kernel=kernel.fn.__name__, cases=[launch.case], grid=list(launch.grid) if not callable(launch.grid) else [],
+        constexprs={names[p[0]]: str(v) for p, v in constexprs.items() if names[p[0]] in declared},
+        specialised=specialised, num_warps=num_warps, num_stages=compiled.metadata.num_stages,
+        registers=resources["REG"], stack_bytes=int(spills.group(1)),
+        spill_stores=int(spills.group(2)), spill_loads=int(spills.group(3)),
+        shared_dynamic=shared, shared_static=resources["SHARED"], blocks_per_sm=blocks, limiter=limiter,
+        sass_instructions=count, loops=loops,
+        hot_loop_instructions=max((loop.instructions for loop in inner), default=0), sass=sass,
+    )
+
+
+def _compile_with_ptxas_log(source, target, options):
+    """triton.compile, always compiling (not from Triton's cache) with the log of the ptxas run
+    Triton makes ("ptxas -v": registers, stack frame, spill stores and loads)."""
+    knobs = triton.knobs
+    saved = (knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile)
+    knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = True, True
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            compiled = triton.compile(source, target=target, options=options.__dict__)
+    finally:
+        knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = saved
+    return compiled, out.getvalue()
+
+
+def audit(grid: str = "ci", arch: int = 90, progress: bool = False) -> list[Audit]:
+    """Compile every distinct specialisation the launchers make over ``grid``."""
+    target = GPUTarget("cuda", arch, 32)
+    results: dict[str, Audit] = {}
+    for launch in record(grid):
+        key = specialisation_key(launch, target)
+        if key in results:
+            results[key].cases.append(launch.case)
+            continue
+        try:
+            results[key] = compile_launch(launch, target)
+        except Exception as error:  # a compile error is a finding: report it with its launch
+            raise RuntimeError(f"{launch.kernel.fn.__name__} ({launch.case}) does not compile: {error}") from error
+        if progress:
+            r = results[key]
+            print(f"  {r.kernel} {r.registers} regs {r.shared_dynamic} B smem ({launch.case})", file=sys.stderr)
+    return list(results.values())
+
+
+def markdown(rows: list[dict]) -> str:
+    """One table row per compiled configuration (rows: Audit.row() dicts); of the constexprs,
+    those that differ between configurations of a kernel."""
+    varying = {}
+    for r in rows:
+        for k, v in r["constexprs"].items():
+            varying.setdefault(r["kernel"], {}).setdefault(k, set()).add(v)
+    lines = ["| kernel | constexprs | warps/stages | regs | spill st/ld (B) | smem dyn+static (B) | blocks/SM "
+             "(limit) | SASS | innermost loops (instr) | first case (+more) |",
+             "|---|---|---|---:|---:|---:|---|---:|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["kernel"], r["cases"][0])):
+        const = " ".join(f"{k}={v}" for k, v in r["constexprs"].items() if len(varying[r["kernel"]][k]) > 1)
+        loops = " ".join(f"{loop['instructions']}{'+LDL/STL' if loop['local_memory'] else ''}" for loop in r["loops"]
+                         if loop["innermost"]) or "-"
+        flag = " **over**" if r["shared_dynamic"] > H200.smem_per_block else ""
+        lines.append(f"| {r['kernel']} | {const or '-'} | {r['num_warps']}/{r['num_stages']} | {r['registers']} | "
+                     f"{r['spill_stores']}/{r['spill_loads']} | {r['shared_dynamic']}+{r['shared_static']}{flag} | "
+                     f"{r['blocks_per_sm']} ({r['limiter']}) | {r['sass_instructions']} | {loops} | {r['cases'][0]} "
+                     f"(+{len(r['cases']) - 1}) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--grid", choices=("ci", "full"), default="ci")
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--json", action="store_true", help="one JSON line per configuration")
+    parser.add_argument("--from-json", help="print the table of a --json output instead of compiling")
+    args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            print(markdown([json.loads(line) for line in f if line.startswith("{")]))
+        return
+    results = audit(args.grid, args.arch, progress=not args.json)
+    if args.json:
+        for r in results:
+            print(json.dumps(r.row()), flush=True)
+    else:
+        print(f"triton {triton.__version__}, torch {torch.__version__}, sm_{args.arch}, {args.grid} grid: "
+              f"{len(results)} configurations")
+        print(markdown([r.row() for r in results]))
+        bad = [r for r in results if not r.fits or r.spills_in_loop]
+        for r in bad:
+            print(f"FAIL {r.kernel}: smem {r.shared_dynamic} B (limit {H200.smem_per_block}), "
+                  f"spill instructions in loops {sum(loop.local_memory for loop in r.loops)}; {r.cases[0]}")
+        sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

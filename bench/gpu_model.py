@@ -1,0 +1,669 @@
+"""A cost model of the Triton launches on an H200, from the CPU: ``python bench/gpu_model.py MODE``.
+
+Modes
+-----
+``goals``      the goal shapes of the GPU kernel issue: modeled time beside the roofline bound.
+``calibrate``  the kernels of the one H200 run (``--package`` points at that commit's
+               ``eagle_kernels``), the run's benchmark shapes, predicted beside measured.
+``smoke``      one small shape per op (CI: python_tests/ops/test_gpu_model.py).
+``calibrate --bench-json OUT/bench.json`` models the current package beside the times of a
+pytest-benchmark JSON (bench/gpu_check.sh's), e.g. after a GPU check.
+
+Per launch (the launchers are driven as in bench/compile_audit.py: a modeled H200, launches
+recorded, not run):
+
+1. compile as the JIT would (compile_audit.compile_launch): registers, shared memory, blocks per
+   SM, and the SASS with its source lines (``nvdisasm -gi``);
+2. run a sample of the launch's programs in Triton's interpreter (the other program ids are
+   skipped; ``tl.num_programs`` still answers the full grid) with counters on the interpreter's
+   builder: bytes each load and store requests and the distinct 32-byte sectors they touch,
+   ``tl.dot`` FLOPs, block reductions, the serial memory latencies of an in-order warp (a load
+   issues when its address is ready; an operation using a loaded value waits for it), and how
+   often each statement of the kernel runs;
+3. dynamic warp instructions of a program = sum over SASS instructions of the runs of the kernel
+   line each comes from (its outermost inlined call site), times the warps of a block;
+4. time = launch overhead + waves x max(issue, latency chain, bytes / 4.3 TB/s,
+   FLOPs / 790 TFLOP/s), where a wave is the programs resident at once (blocks per SM x 132),
+   issue = resident blocks x warp instructions / (issue rate x 1.98 GHz) per SM, and the chain is
+   the serial latencies x the memory latency (divided by num_stages in kernels with ``tl.dot``,
+   whose loops the compiler pipelines). A launch of one wave or less is also
+   bounded below by its slowest sampled program (its own instructions at the SM's issue rate,
+   and its chain).
+
+Constants: bandwidth, FLOP rate, clock and SM count are the H200's; memory latency 0.8 us
+(a dependent HBM load under load); the launch overhead (host time per Triton launch, as the benchmarks
+measure wall time) and the issue rate (warp instructions per clock per SM) are fitted on the
+H200 run (``calibrate``), see docs/gpu_model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compile_audit  # noqa: E402
+from compile_audit import H200  # noqa: E402
+
+# Fitted on the H200 run (docs/gpu_model.md, "Calibration"); --fit refits them.
+LAUNCH_OVERHEAD_S = 58e-6
+ISSUE_RATE = 1.25  # warp instructions per clock per SM (4 schedulers at most)
+MEMORY_LATENCY_S = 0.8e-6
+SECTOR = 32
+ANNOTATION = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
+
+
+# --------------------------------------------------------------------------------------------
+# Counting in the interpreter.
+
+
+@dataclasses.dataclass
+class Counts:
+    """What one program did."""
+
+    load_bytes: int = 0
+    load_sectors: int = 0
+    store_bytes: int = 0
+    store_sectors: int = 0
+    flops: int = 0
+    reductions: int = 0
+    chain: int = 0  # memory latencies the program waits for in sequence (in-order warp)
+    lines: Counter = dataclasses.field(default_factory=Counter)
+
+    @property
+    def dram_bytes(self) -> int:
+        return (self.load_sectors + self.store_sectors) * SECTOR
+
+
+def _ready(*values) -> int:
+    """When the latest of ``values`` is ready, in memory latencies since the program began."""
+    ready = 0
+    for v in values:
+        attr = getattr(v, "attr", None)
+        if isinstance(attr, dict):
+            ready = max(ready, attr.get("ready", 0))
+    return ready
+
+
+def statement_lines(kernel_fn) -> dict[int, int]:
+    """File line -> first line of the statement it belongs to (for a compound statement, its
+    header lines only): Python reports a multi-line statement's lines several times per run,
+    the SASS attributes instructions to any of them."""
+    import ast
+    import inspect
+    import textwrap
+
+    lines, first = inspect.getsourcelines(kernel_fn)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    out = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt):
+            continue
+        end = node.end_lineno
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+            end = body[0].lineno - 1
+        for line in range(node.lineno, end + 1):
+            out.setdefault(line + first - 1, node.lineno + first - 1)
+    # ast.walk visits outer statements first: inner simple statements must win.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(getattr(node, "body", None), list):
+            for line in range(node.lineno, node.end_lineno + 1):
+                out[line + first - 1] = node.lineno + first - 1
+    return out
+
+
+@contextlib.contextmanager
+def counting(kernel_fn, counts_of_program: list[Counts]):
+    """Counters on the interpreter's builder for the duration of the block; each program
+    appends its Counts. ``kernel_fn`` is the kernel's Python function (its lines are traced)."""
+    from triton.runtime import interpreter as ti
+
+    builder = ti.InterpreterBuilder
+    saved = {}
+    current = [Counts()]
+
+    # An in-order warp: a load issues when its address and mask are ready and its result is
+    # ready one memory latency later; any other operation waits for its inputs. ``clock`` is
+    # the program's time in memory latencies: loads in flight together overlap, a load whose
+    # result is used before the next load is issued costs a whole latency.
+    clock = [0]
+
+    def wrap(name, fn):
+        def wrapped(self, *args, **kwargs):
+            result = fn(self, *args, **kwargs)
+            ready = max(clock[0], _ready(*args, *kwargs.values()))
+            clock[0] = ready
+            c = current[0]
+            if name in ("create_masked_load", "create_load"):
+                ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
+                active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+                size = ptrs.get_element_ty().primitive_bitwidth // 8
+                c.load_bytes += active.size * size
+                c.load_sectors += np.unique(active // SECTOR).size
+                ready += 1 if active.size else 0  # a load with every lane masked off reads nothing
+            elif name in ("create_masked_store", "create_store"):
+                ptrs, mask = args[0], (args[2] if name == "create_masked_store" else None)
+                active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+                size = ptrs.get_element_ty().primitive_bitwidth // 8
+                c.store_bytes += active.size * size
+                c.store_sectors += np.unique(active // SECTOR).size
+            elif name == "create_dot":
+                a, b = args[0].data, args[1].data
+                c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
+            c.chain = max(c.chain, ready)
+            if ready and isinstance(result, ti.TensorHandle):
+                result.attr["ready"] = ready
+            return result
+
+        return wrapped
+
+    for name, fn in list(vars(builder).items()):
+        if name.startswith("create_") and callable(fn):
+            saved[name] = fn
+            setattr(builder, name, wrap(name, fn))
+
+    apply = ti.ReduceScanOpInterface.apply
+
+    def apply_counted(self, input):
+        result = apply(self, input)
+        if isinstance(self, ti.ReduceOps):
+            current[0].reductions += 1
+        inputs = input if isinstance(input, tuple) else (input,)
+        clock[0] = max(clock[0], _ready(*(getattr(t, "handle", None) for t in inputs)))
+        if clock[0]:
+            for t in result if isinstance(result, tuple) else (result,):
+                handle = getattr(t, "handle", None)
+                if handle is not None:
+                    handle.attr["ready"] = clock[0]
+        return result
+
+    ti.ReduceScanOpInterface.apply = apply_counted
+
+    code_name, code_file = kernel_fn.__name__, kernel_fn.__code__.co_filename
+    statement = statement_lines(kernel_fn)
+    last = [None]
+
+    def local(frame, event, arg):
+        if event == "line":
+            s = statement.get(frame.f_lineno, frame.f_lineno)
+            if s != last[0]:  # a statement spanning lines reports each of them, some repeatedly
+                current[0].lines[s] += 1
+                last[0] = s
+        return local
+
+    def global_trace(frame, event, arg):
+        if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
+            return local
+        return None
+
+    set_grid_idx = builder.set_grid_idx
+
+    def next_program(self, x, y, z):
+        if current[0].lines or current[0].load_bytes:
+            counts_of_program.append(current[0])
+        current[0] = Counts()
+        return set_grid_idx(self, x, y, z)
+
+    def next_program_reset(self, x, y, z):
+        last[0] = None
+        clock[0] = 0
+        return next_program(self, x, y, z)
+
+    builder.set_grid_idx = next_program_reset
+    sys.settrace(global_trace)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+        if current[0].lines or current[0].load_bytes:
+            counts_of_program.append(current[0])
+        builder.set_grid_idx = set_grid_idx
+        ti.ReduceScanOpInterface.apply = apply
+        for name, fn in saved.items():
+            setattr(builder, name, fn)
+
+
+def sample_programs(grid: tuple, samples: int) -> list[tuple[int, int, int]]:
+    """Every program of up to ``samples`` values of the first grid axis, at the midpoints of
+    equal slices of it (the first and last are often special: a root row, a partial chunk).
+    The other axes (splits, chunks of a row) are run whole, and a launch over the same first
+    axis as the one before it (verify's rows) samples the same indices, so it reads what the
+    sampled programs before it wrote."""
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    n = min(samples, grid[0])
+    xs = sorted({int((i + 0.5) * grid[0] / n) for i in range(n)})
+    return [(x, y, z) for x in xs for y in range(grid[1]) for z in range(grid[2])]
+
+
+def interpret(launches: list[compile_audit.Launch], samples: int) -> list[list[Counts]]:
+    """Run the sampled programs of a call's launches, in order, in Triton's interpreter with the
+    counters, in one forked process (the interpreter patches triton.language for good, which
+    would break later compiles; the launches' outputs feed the next ones)."""
+    import pickle
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                with open(f.name, "wb") as out:
+                    pickle.dump([_interpret(launch, samples) for launch in launches], out)
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise RuntimeError(f"interpreting {launches[0].case or launches[0].kernel.fn.__name__} failed")
+        with open(f.name, "rb") as result:
+            return pickle.load(result)
+
+
+def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
+    from triton.runtime import interpreter as ti
+
+    counts: list[Counts] = []
+    programs = sample_programs(launch.grid, samples)
+    executor = ti.GridExecutor(ti.InterpretedFunction(launch.kernel.fn).rewrite(), launch.kernel.arg_names,
+                               tuple(launch.grid))
+    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    builder = ti.interpreter_builder
+    def fake_call(*args_dev, **kwargs):
+        import inspect
+
+        argspec = inspect.getfullargspec(executor.fn)
+        kwargs = {k: v for k, v in kwargs.items() if k in argspec.args or k in argspec.kwonlyargs}
+        args_hst, kwargs_hst = executor._init_args_hst(args_dev, kwargs)
+        scope = ti._patch_lang(executor.fn)
+        try:
+            args = inspect.getcallargs(executor.fn, *args_hst, **kwargs_hst)
+            args = {n: a if n in executor.constexprs else ti._implicit_cvt(a) for n, a in args.items()}
+            builder.set_grid_dim(*grid)
+            for x, y, z in programs:
+                builder.set_grid_idx(x, y, z)
+                executor.fn(**args)
+        finally:
+            scope.restore()
+        executor._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)  # outputs feed the next launch
+
+    kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
+    # Jit functions the kernel calls (its helpers, tl.cdiv, tl.max, ...) were defined compiled:
+    # inside the interpreted kernel, they run interpreted.
+    interpreted = {}
+
+    def call_interpreted(self, *a, **k):
+        if self.fn not in interpreted:
+            interpreted[self.fn] = ti.InterpretedFunction(self.fn)
+        return interpreted[self.fn](*a, **k)
+
+    saved = compile_audit.triton_jit.JITFunction.__call__
+    compile_audit.triton_jit.JITFunction.__call__ = call_interpreted
+    try:
+        with counting(launch.kernel.fn, counts):
+            fake_call(*launch.args, **kwargs)
+    finally:
+        compile_audit.triton_jit.JITFunction.__call__ = saved
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# SASS: instructions per source line.
+
+
+def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
+    """Instructions per kernel statement inside a SASS loop, the same outside any loop, and the
+    instructions with no kernel statement (prologue). An instruction inside a loop runs once per
+    run of its statement; one outside runs at most once (a pipelined loop's peeled prologue and
+    epilogue, a fully unrolled copy)."""
+    import inspect
+
+    file = os.path.realpath(kernel_fn.__code__.co_filename)
+    lines, first = inspect.getsourcelines(kernel_fn)
+    span = range(first, first + len(lines))
+    statement = statement_lines(kernel_fn)
+    _, loops = compile_audit.sass_loops(sass)
+    in_loop, out_loop, outside = Counter(), Counter(), 0
+    line = None
+    for text in sass.splitlines():
+        if m := ANNOTATION.search(text):
+            f, n = m.group(1), int(m.group(2))
+            line = statement.get(n, n) if os.path.realpath(f) == file and n in span else None
+        elif m := compile_audit.INSTRUCTION.match(text):
+            offset = int(m.group(1), 16)
+            if line is None:
+                outside += 1
+            elif any(loop.start <= offset <= loop.end for loop in loops):
+                in_loop[line] += 1
+            else:
+                out_loop[line] += 1
+    return in_loop, out_loop, outside
+
+
+def dynamic_instructions(counts: Counts, in_loop: Counter, out_loop: Counter, outside: int) -> int:
+    """Instructions one warp of a program issues."""
+    return (outside + sum(n * counts.lines.get(s, 0) for s, n in in_loop.items())
+            + sum(n * min(counts.lines.get(s, 0), 1) for s, n in out_loop.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# The model.
+
+
+@dataclasses.dataclass
+class LaunchModel:
+    kernel: str
+    grid: tuple
+    programs: int
+    num_warps: int
+    num_stages: int
+    blocks_per_sm: int
+    waves: int
+    warp_instructions: float  # per program, mean of the sampled
+    warp_instructions_max: float
+    dram_bytes: float  # all programs
+    requested_bytes: float
+    flops: float
+    reductions: float  # per program
+    chain: int
+    issue_s: float = 0.0
+    memory_s: float = 0.0
+    compute_s: float = 0.0
+    latency_s: float = 0.0
+    time_s: float = 0.0
+    bound: str = ""
+
+    def finish(self, overhead=None, issue_rate=None) -> LaunchModel:
+        overhead = LAUNCH_OVERHEAD_S if overhead is None else overhead
+        rate = (ISSUE_RATE if issue_rate is None else issue_rate) * H200.clock_hz
+        resident = max(1, min(self.blocks_per_sm, math.ceil(self.programs / H200.sms)))
+        self.issue_s = resident * self.warp_instructions / rate
+        self.memory_s = self.dram_bytes / self.waves / H200.hbm_bytes_per_s
+        self.compute_s = self.flops / self.waves / H200.dense_bf16_flops
+        # Loops feeding tl.dot are software-pipelined num_stages deep by the compiler.
+        self.latency_s = self.chain * MEMORY_LATENCY_S / (self.num_stages if self.flops else 1)
+        parts = {"issue": self.issue_s, "memory": self.memory_s, "compute": self.compute_s, "latency": self.latency_s}
+        self.bound = max(parts, key=lambda k: parts[k])
+        wave = parts[self.bound]
+        if self.waves == 1:  # the slowest program bounds a single wave
+            slowest = self.warp_instructions_max / rate
+            if slowest > wave:
+                wave, self.bound = slowest, "slowest program"
+        self.time_s = overhead + self.waves * wave
+        return self
+
+
+def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict) -> LaunchModel:
+    target = compile_audit.GPUTarget("cuda", H200.arch, 32)
+    key = compile_audit.specialisation_key(launch, target)
+    if key not in cache:
+        cache[key] = compile_audit.compile_launch(launch, target)
+    audit = cache[key]
+    in_loop, out_loop, outside = sass_by_line(audit.sass, launch.kernel.fn)
+    instructions = [dynamic_instructions(c, in_loop, out_loop, outside) for c in counts]
+    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    programs = grid[0] * grid[1] * grid[2]
+    blocks = max(audit.blocks_per_sm, 1)
+    waves = math.ceil(programs / (blocks * H200.sms))
+    mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+    return LaunchModel(
+        kernel=audit.kernel, grid=grid, programs=programs, num_warps=audit.num_warps, num_stages=audit.num_stages,
+        blocks_per_sm=audit.blocks_per_sm,
+        waves=waves, warp_instructions=mean(instructions) * audit.num_warps,
+        warp_instructions_max=max(instructions, default=0) * audit.num_warps,
+        dram_bytes=mean([c.dram_bytes for c in counts]) * programs,
+        requested_bytes=mean([c.load_bytes + c.store_bytes for c in counts]) * programs,
+        flops=mean([c.flops for c in counts]) * programs, reductions=mean([c.reductions for c in counts]),
+        chain=max((c.chain for c in counts), default=0),
+    ).finish()
+
+
+def model_call(call, samples: int, cache: dict) -> list[LaunchModel]:
+    """Model every launch one launcher call makes."""
+    launches: list[compile_audit.Launch] = []
+    with compile_audit.modeled_gpu(launches, [""]):
+        call()
+    counts = interpret(launches, samples)
+    return [model_launch(launch, c, cache) for launch, c in zip(launches, counts)]
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes: goals, the H200 run's benchmarks, smoke.
+
+
+def _tree_attention(B, N, prefix, dtype=torch.bfloat16, Hq=32, Hkv=8, D=128, page=16):
+    """bench/bench_tree_attention.py's GPU case (pages of 16, its random tree mask); the cache
+    is left unwritten (fresh pages read as zeros; the values do not steer the kernel)."""
+    import bench_tree_attention
+
+    from eagle_kernels.triton import tree_attention as ta
+
+    g = torch.Generator().manual_seed(0)
+    cap = prefix + N
+    q = torch.randn(B, N, Hq, D, generator=g).to(dtype)
+    if page:
+        pages = -(-cap // page)
+        k = torch.empty(B * pages, page, Hkv, D, dtype=dtype)
+        table = torch.randperm(B * pages, generator=g).view(B, pages).to(torch.int32)
+    else:
+        k, table = torch.empty(B, cap, Hkv, D, dtype=dtype), None
+    v = torch.empty_like(k)
+    mask = bench_tree_attention.random_mask(B, N, prefix)
+    seqlens = torch.full((B,), prefix, dtype=torch.int32)
+    return lambda: ta.tree_attention(q, k, v, seqlens, mask, block_table=table)
+
+
+def _verify(B, N, V, mode, dtype=torch.bfloat16):
+    """bench/bench_verify.py's inputs (its EAGLE-2 shaped trees, spiked logits); ``top-k`` and
+    ``top-p`` are its ``temp`` inputs with one filter."""
+    import bench_verify
+
+    from eagle_kernels.triton import verify as tv
+
+    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp"}.get(mode, mode)
+    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
+    if mode == "top-k":
+        sampling["top_k"] = torch.full((B,), 50, dtype=torch.int32)
+    if mode == "top-p":
+        sampling["top_p"] = torch.full((B,), 0.9)
+    return lambda: tv.verify(tokens, parents, logits, max_depth=bench_verify.MAX_DEPTH, **sampling)
+
+
+def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):
+    import bench_draft_expand
+
+    from eagle_kernels.triton import draft_expand as de
+
+    logits, frontier_scores = bench_draft_expand.make_inputs(B, M, V, dtype, "cpu")
+    return lambda: de.draft_expand(logits, frontier_scores, top_k)
+
+
+def goal_cases():
+    for mode in ("greedy", "temperature", "top-k", "top-p"):
+        # visited rows: at most depth + 1 = 7 per request
+        yield (f"verify B8 N64 V128256 {mode}", lambda m=mode: _verify(8, 64, 128256, m),
+               dict(bytes=8 * 7 * 128256 * 2))
+    yield "draft_expand B8 M8 V128256 top_k8", lambda: _draft_expand(8, 8, 128256, 8), dict(bytes=8 * 8 * 128256 * 2)
+    for prefix in (4096, 16384):
+        for B in (1, 8, 32):
+            # FLOPs: QK^T and PV over the prefix and about half the tree; bytes: K and V once.
+            yield (f"tree_attention B{B} N64 prefix{prefix} paged16", lambda B=B, p=prefix: _tree_attention(B, 64, p),
+                   dict(flops=4 * B * 64 * 32 * (prefix + 32) * 128, bytes=2 * B * (prefix + 64) * 8 * 128 * 2))
+
+
+# The H200 run (bench/results/nvidia-h200/gpu_check.md, kernels of commit f836145): mean ms per
+# call of the per-op benchmarks (pytest-benchmark wall time with a device sync).
+H200_RUN_MS = {
+    ("tree_attention", 1, 1024): 0.1390, ("tree_attention", 1, 4096): 0.1600,
+    ("tree_attention", 1, 16384): 0.2527, ("tree_attention", 8, 1024): 0.2260,
+    ("tree_attention", 8, 4096): 0.3697, ("tree_attention", 8, 16384): 0.9470,
+    ("tree_attention", 32, 1024): 0.3676, ("tree_attention", 32, 4096): 0.8485,
+    ("tree_attention", 32, 16384): 2.6204,
+    ("verify", 1, "greedy"): 0.2340, ("verify", 1, "temp"): 0.6728, ("verify", 1, "topkp"): 11.6421,
+    ("verify", 8, "greedy"): 0.3375, ("verify", 8, "temp"): 1.1454, ("verify", 8, "topkp"): 32.4633,
+    ("verify", 32, "greedy"): 1.0151, ("verify", 32, "temp"): 3.2891, ("verify", 32, "topkp"): 192.5434,
+    ("draft_expand", 1, 32000, 8): 0.1768, ("draft_expand", 1, 32000, 10): 0.1296,
+    ("draft_expand", 1, 128256, 8): 0.1466, ("draft_expand", 1, 128256, 10): 0.1559,
+    ("draft_expand", 8, 32000, 8): 0.1488, ("draft_expand", 8, 32000, 10): 0.1522,
+    ("draft_expand", 8, 128256, 8): 0.1613, ("draft_expand", 8, 128256, 10): 0.1796,
+    ("draft_expand", 32, 32000, 8): 0.1753, ("draft_expand", 32, 32000, 10): 0.2210,
+    ("draft_expand", 32, 128256, 8): 0.3961, ("draft_expand", 32, 128256, 10): 0.3730,
+}
+
+
+def benchmark_json_ms(path: str) -> dict:
+    """Mean ms of the eagle entries of a pytest-benchmark JSON (bench/gpu_check.sh's bench.json),
+    keyed as H200_RUN_MS."""
+    with open(path) as f:
+        benchmarks = json.load(f)["benchmarks"]
+    out = {}
+    for b in benchmarks:
+        name, ms = b["name"], b["stats"]["mean"] * 1e3
+        if "eagle" not in name:
+            continue
+        if m := re.match(r"test_tree_attention_gpu\[B(\d+)-N64-prefix(\d+)-eagle\]", name):
+            out[("tree_attention", int(m.group(1)), int(m.group(2)))] = ms
+        elif m := re.match(r"test_verify_gpu\[B(\d+)-(\w+)-eagle\]", name):
+            out[("verify", int(m.group(1)), m.group(2))] = ms
+        elif m := re.match(r"test_draft_expand_cuda\[eagle-B(\d+)-V(\d+)-k(\d+)\]", name):
+            out[("draft_expand", int(m.group(1)), int(m.group(2)), int(m.group(3)))] = ms
+    return out
+
+
+def calibration_cases(measured: dict = H200_RUN_MS):
+    """The benchmark shapes of ``measured`` (ms per call), modeled on the imported package."""
+    order = {"draft_expand": 0, "verify": 1, "tree_attention": 2}  # cheapest to interpret first
+    for key, ms in sorted(measured.items(), key=lambda item: order[item[0][0]]):
+        if key[0] == "tree_attention":
+            _, B, prefix = key
+            yield f"tree_attention B{B} N64 prefix{prefix} paged16", lambda B=B, p=prefix: _tree_attention(B, 64, p), ms
+        elif key[0] == "verify":
+            _, B, mode = key
+            yield f"verify B{B} N64 V128256 {mode}", lambda B=B, m=mode: _verify(B, 64, 128256, m), ms
+        else:
+            _, B, V, k = key
+            yield f"draft_expand B{B} M8 V{V} top_k{k}", lambda B=B, V=V, k=k: _draft_expand(B, 8, V, k), ms
+
+
+def smoke_cases():
+    """Small shapes (CI): the useful work each must at least count, in ``extra``."""
+    B, N, Hq, Hkv, D, prefix = 1, 8, 4, 2, 64, 256
+    yield ("tree_attention B1 N8 Hq4/Hkv2 D64 prefix256", lambda: _tree_attention(B, N, prefix, Hq=Hq, Hkv=Hkv, D=D,
+                                                                                 page=None),
+           dict(flops=4 * B * N * Hq * prefix * D, bytes=2 * B * prefix * Hkv * D * 2))
+    yield ("draft_expand B1 M2 V4096 top_k4", lambda: _draft_expand(1, 2, 4096, 4), dict(bytes=1 * 2 * 4096 * 2))
+
+
+def fmt_us(s: float) -> str:
+    return f"{s * 1e6:,.1f}"
+
+
+def run(cases, samples: int, out=sys.stdout, json_path=None):
+    cache: dict = {}
+    rows = []
+    for name, make, extra in cases:
+        start = time.time()
+        launches = model_call(make(), samples, cache)
+        total = sum(m.time_s for m in launches)
+        row = dict(case=name, modeled_us=total * 1e6, launches=[dataclasses.asdict(m) for m in launches],
+                   model_s=time.time() - start)
+        if isinstance(extra, dict):
+            bound = max(extra.get("bytes", 0) / H200.hbm_bytes_per_s, extra.get("flops", 0) / H200.dense_bf16_flops)
+            row["roofline_us"] = bound * 1e6 + LAUNCH_OVERHEAD_S * 1e6
+            row["minimal"] = extra
+        else:
+            row["measured_us"] = extra * 1e3
+        rows.append(row)
+        detail = "; ".join(f"{m.kernel} {m.programs}p {m.waves}w {m.blocks_per_sm}b/SM {fmt_us(m.time_s)} us "
+                           f"({m.bound})" for m in launches)
+        other = (f"roofline {row['roofline_us']:,.1f} us" if "roofline_us" in row
+                 else f"measured {row['measured_us']:,.1f} us ({row['modeled_us'] / row['measured_us']:.2f}x)")
+        print(f"{name:45s} modeled {row['modeled_us']:10,.1f} us  {other}  [{detail}]", file=out, flush=True)
+        if json_path:  # after every case: a long run leaves what it has modeled
+            with open(json_path, "w") as f:
+                json.dump(rows, f, indent=1)
+    return rows
+
+
+def fit(rows) -> tuple[float, float, float]:
+    """Least squares in log space over (launch overhead, issue rate): returns (overhead, rate, rms log error)."""
+    best = None
+    for overhead in np.linspace(0e-6, 150e-6, 76):
+        for rate in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
+            err = []
+            for row in rows:
+                total = 0.0
+                for m in row["launches"]:
+                    lm = LaunchModel(**{k: v for k, v in m.items() if k in LaunchModel.__dataclass_fields__})
+                    total += lm.finish(overhead, rate).time_s
+                err.append(math.log(total / (row["measured_us"] * 1e-6)))
+            rms = math.sqrt(sum(e * e for e in err) / len(err))
+            if best is None or rms < best[2]:
+                best = (overhead, rate, rms)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=("goals", "calibrate", "smoke", "fit"),
+                        help="fit: refit the constants on a calibrate --json output (--rows)")
+    parser.add_argument("--rows", help="fit: the rows of an earlier calibrate --json run")
+    parser.add_argument("--samples", type=int, default=4, help="program ids interpreted per launch")
+    parser.add_argument("--package", help="import eagle_kernels from this directory (an older commit)")
+    parser.add_argument("--only", help="cases whose name contains this")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--fit", action="store_true", help="calibrate: fit launch overhead and issue rate")
+    parser.add_argument("--bench-json", help="calibrate against this pytest-benchmark JSON (bench/gpu_check.sh's "
+                        "bench.json) instead of the H200 run")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run without TRITON_INTERPRET=1 (the model compiles and interprets each launch itself)")
+    if args.mode == "fit":
+        with open(args.rows) as f:
+            rows = json.load(f)
+        overhead, rate, rms = fit(rows)
+        print(f"fit: launch overhead {overhead * 1e6:.1f} us, issue rate {rate} warp instr/clk/SM, "
+              f"rms log error {rms:.3f} ({math.exp(rms):.2f}x)")
+        for row in rows:
+            total = sum(LaunchModel(**{k: v for k, v in m.items() if k in LaunchModel.__dataclass_fields__})
+                        .finish(overhead, rate).time_s for m in row["launches"])
+            print(f"{row['case']:45s} modeled {total * 1e6:10,.1f} us  measured {row['measured_us']:10,.1f} us  "
+                  f"({total * 1e6 / row['measured_us']:.2f}x)")
+        return
+    if args.package:
+        sys.path.insert(0, args.package)
+    import eagle_kernels
+
+    print(f"eagle_kernels from {os.path.dirname(eagle_kernels.__file__)}; launch overhead "
+          f"{LAUNCH_OVERHEAD_S * 1e6:.0f} us, issue rate {ISSUE_RATE} warp instr/clk/SM", flush=True)
+    if args.mode == "calibrate":
+        cases = list(calibration_cases(benchmark_json_ms(args.bench_json) if args.bench_json else H200_RUN_MS))
+    else:
+        cases = list({"goals": goal_cases, "smoke": smoke_cases}[args.mode]())
+    if args.only:
+        cases = [c for c in cases if args.only in c[0]]
+    rows = run(cases, args.samples, json_path=args.json)
+    if args.fit and args.mode == "calibrate":
+        overhead, rate, rms = fit(rows)
+        print(f"fit: launch overhead {overhead * 1e6:.1f} us, issue rate {rate} warp instr/clk/SM, "
+              f"rms log error {rms:.3f} ({math.exp(rms):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

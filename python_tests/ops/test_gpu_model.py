@@ -1,0 +1,38 @@
+"""bench/gpu_model.py on small shapes: every launch compiles, its sampled programs run in the
+interpreter with the counters, and the counts hold at least the work the op must do (every
+logit read once, the attention's QK^T and PV FLOPs over the prefix)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import triton
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(CUOBJDUMP), reason="this Triton install has no CUDA backend tools")
+def test_model_smoke(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    out = tmp_path / "rows.json"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"), "smoke", "--json", str(out)],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = {row["case"].split()[0]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {"tree_attention", "draft_expand"}
+    for row in rows.values():
+        launches = row["launches"]
+        assert launches and all(m["time_s"] > 0 and m["warp_instructions"] > 0 for m in launches)
+        assert row["modeled_us"] >= row["roofline_us"] - 1e-6  # the model never beats the roofline
+        requested = sum(m["requested_bytes"] for m in launches)
+        assert requested >= row["minimal"]["bytes"]
+        assert sum(m["dram_bytes"] for m in launches) >= row["minimal"]["bytes"]
+    assert sum(m["flops"] for m in rows["tree_attention"]["launches"]) >= rows["tree_attention"]["minimal"]["flops"]
