@@ -12,9 +12,9 @@
 #        head (bench/results/cpu_tau/) x this GPU's steady-state step rate
 #      parts present but incomplete or corrupt: the stage fails, naming them
 #   6. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
-#   7. modeled vs measured (bench/gpu_model.py, when present)                  -> model.log
-#   8. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
-#   9. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
+#   7. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
+#   8. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
+#   9. modeled vs measured (bench/gpu_model.py calibrate on bench.json)        -> model.log, gpu_model.json
 #  10. summary.md: result and wall time per stage, the tables from the logs
 # Every stage has its own timeout, clipped to what is left of the overall budget; a failing
 # stage does not stop the later ones. Exit status: 1 if any stage failed, else 0 (skips are
@@ -182,7 +182,7 @@ export -f build
 run_stage build 140 "$OUT/build.log" bash -c build
 
 # ------------------------------------------------------------------ 2. compile audit
-run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" python_tests/ops/triton_cuda_compile.py 90
+run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci
 
 # ------------------------------------------------------------------ 3. GPU tests
 run_stage gpu_tests 150 "$OUT/gpu_tests.log" \
@@ -227,16 +227,7 @@ run_stage real_weights 90 "$OUT/real_weights.log" bash -c real_weights
 # ------------------------------------------------------------------ 6. goals
 run_stage goals 80 "$OUT/goals.log" "$PY" bench/gpu_goals.py --out "$OUT"
 
-# ------------------------------------------------------------------ 7. modeled vs measured
-# Slot for the cost model: bench/gpu_model.py compares its modeled kernel and step times with
-# the measured ones of the stages above (their JSON files in OUTDIR).
-if [ -f bench/gpu_model.py ]; then
-  run_stage model 30 "$OUT/model.log" "$PY" bench/gpu_model.py --measured "$OUT" --out "$OUT"
-else
-  skip_stage model "bench/gpu_model.py not present" "$OUT/model.log"
-fi
-
-# ------------------------------------------------------------------ 8. memcheck
+# ------------------------------------------------------------------ 7. memcheck
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ]; then
   SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
@@ -255,7 +246,7 @@ else
   skip_stage memcheck "compute-sanitizer not found" "$OUT/memcheck.log"
 fi
 
-# ------------------------------------------------------------------ 9. per-op benchmarks
+# ------------------------------------------------------------------ 8. per-op benchmarks
 if timeout 60 "$PY" -c "import pytest_benchmark" >/dev/null 2>&1; then
   # GPU shapes live in their own test functions (test_*_gpu, test_draft_expand_cuda).
   run_stage bench 50 "$OUT/bench.log" \
@@ -265,6 +256,18 @@ if timeout 60 "$PY" -c "import pytest_benchmark" >/dev/null 2>&1; then
 else
   skip_stage bench "pytest-benchmark not installed" "$OUT/bench.log"
 fi
+
+# ------------------------------------------------------------------ 9. modeled vs measured
+# The cost model (bench/gpu_model.py, calibrated on the first H200 run) beside this run's
+# per-op benchmark times: it interprets sampled programs of each benchmarked launch on the CPU
+# and prints modeled / measured per case.
+if [ -s "$OUT/bench.json" ]; then
+  run_stage model 120 "$OUT/model.log" env PYTHONPATH=. "$PY" bench/gpu_model.py calibrate \
+    --bench-json "$OUT/bench.json" --samples 2 --json "$OUT/gpu_model.json"
+else
+  skip_stage model "no bench.json from the per-op benchmarks" "$OUT/model.log"
+fi
+
 
 # ------------------------------------------------------------------ dry run: the parts logic
 parts_logic() {  # split a small file, plan, join, verify; a corrupt and a missing part must fail
@@ -291,7 +294,7 @@ parts_logic() {  # split a small file, plan, join, verify; a corrupt and a missi
 if ((DRY)); then
   export -f parts_logic
   DRY=0 run_stage parts_logic 60 "$OUT/parts_logic.log" bash -c parts_logic
-  for f in bench/gpu_e2e.py bench/model_parts.py bench/gpu_goals.py python_tests/ops/triton_cuda_compile.py "$CPU_TAU"; do
+  for f in bench/gpu_e2e.py bench/model_parts.py bench/gpu_goals.py bench/compile_audit.py bench/gpu_model.py "$CPU_TAU"; do
     if [ ! -f "$f" ]; then
       record "file $f" "FAIL (missing)" 0 /dev/null
       FAILED=1
@@ -341,7 +344,7 @@ SUMMARY="$OUT/summary.md"
   if [ -s "$OUT/gpu_goals.md" ]; then sed -n '3,$p' "$OUT/gpu_goals.md"; else tail -5 "$OUT/goals.log" 2>/dev/null; fi
   echo
   echo "## Modeled vs measured (bench/gpu_model.py)"
-  if [ -s "$OUT/gpu_model.md" ]; then cat "$OUT/gpu_model.md"; else tail -5 "$OUT/model.log" 2>/dev/null; fi
+  echo '```'; tail -40 "$OUT/model.log" 2>/dev/null; echo '```'
   echo
   echo "## memcheck"
   echo '```'
