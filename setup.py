@@ -209,6 +209,7 @@ setup(
     # names it (SGLANG_PLUGINS / VLLM_PLUGINS=eagle_kernels) or EAGLE_KERNELS_ENGINE_PLUGINS=1.
     entry_points={
         "sglang.srt.plugins": ["eagle_kernels = eagle_kernels.integrations.sglang:register"],
+        "vllm.general_plugins": ["eagle_kernels = eagle_kernels.integrations.vllm:register"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -92,6 +92,17 @@ def _install_stubs() -> None:
             _stub(name)
     if "sgl_kernel" not in sys.modules:
         _sgl_kernel_stub()
+    if importlib.util.find_spec("vllm") is not None:
+        # vLLM turns triton.jit into a placeholder when no GPU driver is active; its kernels are
+        # real Triton code that the interpreter runs on CPU tensors, so say Triton is there
+        # (before vllm.triton_utils reads the flag; SGLang imports parts of vLLM too).
+        import triton
+        import triton.language as tl
+        import vllm.triton_utils
+        import vllm.triton_utils.importing as triton_importing
+
+        triton_importing.HAS_TRITON = vllm.triton_utils.HAS_TRITON = True
+        vllm.triton_utils.triton, vllm.triton_utils.tl = triton, tl
 
 
 if importlib.util.find_spec("sglang") is not None or importlib.util.find_spec("vllm") is not None:

@@ -1,0 +1,173 @@
+"""vLLM plugin: our ``verify`` as the chain rejection sampler of vLLM's V1 runner (docs/serving.md).
+
+Entry point ``eagle_kernels = eagle_kernels.integrations.vllm:register`` in the group
+``vllm.general_plugins`` (vLLM runs it in every process); enabled by
+``VLLM_PLUGINS=eagle_kernels`` (or ``EAGLE_KERNELS_ENGINE_PLUGINS=1``).
+
+vLLM's EAGLE is chain-only. ``vllm.v1.sample.rejection_sampler.rejection_sample`` verifies the
+ragged draft chains of a batch against the target's (already temperature-scaled and top-k/top-p
+filtered) logits at the draft positions, with the bonus token sampled beforehand from the last
+position. The plugin replaces it, in the lossless one-hot case only (no draft probabilities:
+EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
+:func:`eagle_kernels.verify` on chains: request ``b``'s chain is padded to ``max_spec_len`` drafts
+with *never-accepted siblings* under its last draft (token ``bonus + 1``, probability 0 in that
+node's one-hot row, which holds the bonus token). Every other call runs vLLM's own function, with
+one log line per reason. Model Runner V2 (``vllm.v1.worker.gpu.spec_decode``) keeps vLLM's own
+sampler (not wired yet).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from importlib import metadata
+
+import torch
+
+from .. import ops
+from . import enabled, logger
+
+V1_MODULE = "vllm.v1.sample.rejection_sampler"
+TESTED_VERSIONS = ("0.33.0",)
+
+
+class OutsideContract(Exception):
+    """A call our adapter does not take; vLLM's own function runs it."""
+
+
+@functools.cache
+def _log_fallback(reason: str) -> None:
+    logger.warning("eagle_kernels: vLLM rejection_sample falls back to vLLM's own sampler: %s", reason)
+
+
+def _need(cond: bool, reason: str) -> None:
+    if not cond:
+        raise OutsideContract(reason)
+
+
+def _stream(uniform: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
+    """``(seed, offset)`` of our counter-based stream from vLLM's uniforms for this step (its own
+    ``generate_uniform_probs``, which honours per-request seeded generators): the float64 bits of
+    each request's first and last draws."""
+    bits = uniform.double().contiguous().view(torch.int64)
+    last = bits.numel() - 1
+    return bits[starts.clamp(0, last)], bits[(ends - 1).clamp(0, last)]
+
+
+def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                 bonus_token_ids, sampling_metadata, synthetic_mode=False, synthetic_conditional_rates=None,
+                 use_fp64_gumbel=False, fly_window_size=None, fly_entropy_threshold=None, fly_entropy_top_k=3):
+    """vLLM's ``rejection_sample`` (V1) through :func:`eagle_kernels.verify`; returns the output
+    token ids int32 ``[batch, max_spec_len + 1]`` padded with -1, as vLLM's does."""
+    _need(draft_probs is None, "draft probabilities given (not the one-hot case)")
+    _need(not synthetic_mode, "synthetic acceptance mode")
+    _need(fly_window_size is None, "FLy relaxed acceptance")
+    _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
+          "target_logits: expected a float [num_tokens, vocab] tensor")
+    _need(draft_token_ids.dim() == 1 and draft_token_ids.shape[0] == target_logits.shape[0],
+          f"draft_token_ids: expected shape ({target_logits.shape[0]},), got {tuple(draft_token_ids.shape)}")
+    B = len(num_draft_tokens)
+    _need(tuple(cu_num_draft_tokens.shape) == (B,), f"cu_num_draft_tokens: expected shape ({B},), got "
+          f"{tuple(cu_num_draft_tokens.shape)}")
+    _need(bonus_token_ids.numel() == B, f"bonus_token_ids: expected {B} entries, got {bonus_token_ids.numel()}")
+    L = int(max_spec_len)
+    T, V = target_logits.shape
+    device = target_logits.device
+    bonus = bonus_token_ids.reshape(B).long()
+    ends = cu_num_draft_tokens.long()
+    counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+    starts = ends - counts
+    steps = torch.arange(L, device=device)
+    real = steps < counts[:, None]  # [B, L]: draft j of request b exists
+    rows = torch.where(real, starts[:, None] + steps, 0)
+
+    # Nodes: 0 the root, j + 1 draft j. Padding nodes hang under the last real draft.
+    pad_token = (bonus + 1) % V
+    if T > 0:
+        drafts = draft_token_ids.long()[rows]
+    else:
+        drafts = torch.zeros(B, L, dtype=torch.long, device=device)
+    tokens = torch.cat([bonus[:, None], torch.where(real, drafts, pad_token[:, None])], dim=1)
+    parents = torch.cat([torch.full((B, 1), -1, device=device, dtype=torch.long),
+                         torch.minimum(steps[None, :], counts[:, None])], dim=1).int()
+    logits = torch.empty(B, L + 1, V, dtype=torch.float32, device=device)
+    if T > 0 and L > 0:
+        logits[:, :L] = target_logits.index_select(0, rows.reshape(-1)).view(B, L, V)
+    # Node counts[b] (after the last draft) and the padding after it: one-hot at the bonus token.
+    one_hot_rows = torch.arange(L + 1, device=device)[None, :] >= counts[:, None]
+    logits[:, L] = 0.0  # never read from target_logits
+    logits.masked_fill_(one_hot_rows[:, :, None], float("-inf"))
+    at_bonus = bonus[:, None, None].expand(B, L + 1, 1)
+    logits.scatter_(2, at_bonus, torch.where(one_hot_rows[:, :, None], 0.0, logits.gather(2, at_bonus)))
+
+    if sampling_metadata.all_greedy:
+        temperature = seed = offset = None
+    else:
+        from vllm.v1.sample.rejection_sampler import generate_uniform_probs
+
+        uniform = generate_uniform_probs(T, num_draft_tokens, sampling_metadata.generators, device)
+        if T > 0:
+            seed, offset = _stream(uniform, starts, ends)
+        else:
+            seed = torch.zeros(B, dtype=torch.int64, device=device)
+            offset = seed
+        # The logits are already divided by the temperature (1 for greedy rows).
+        temperature = (sampling_metadata.temperature.reshape(B) != 0).float()
+    result = ops.verify(tokens, parents, logits, max_depth=L, temperature=temperature, seed=seed, offset=offset)
+    return result.out_tokens.int()
+
+
+_SIGNATURE = inspect.signature(chain_verify)
+
+
+def rejection_sample_hook(original, *args, **kwargs):
+    """Our :func:`chain_verify`, or vLLM's ``original`` for calls outside the contract."""
+    bound = _SIGNATURE.bind(*args, **kwargs)
+    try:
+        return chain_verify(*bound.args, **bound.kwargs)
+    except OutsideContract as reason:
+        _log_fallback(str(reason))
+        return original(*args, **kwargs)
+
+
+def _version_ok() -> bool:
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        logger.error("eagle_kernels: the vLLM plugin is enabled but vllm is not installed")
+        return False
+    if version in TESTED_VERSIONS:
+        return True
+    if version.split(".")[:2] == TESTED_VERSIONS[0].split(".")[:2]:
+        logger.warning("eagle_kernels: vllm %s is untested (tested: %s); the plugin is active", version,
+                       ", ".join(TESTED_VERSIONS))
+        return True
+    logger.error("eagle_kernels: vllm %s is not supported (tested: %s); vLLM keeps its own rejection sampler",
+                 version, ", ".join(TESTED_VERSIONS))
+    return False
+
+
+def register() -> bool:
+    """The ``vllm.general_plugins`` entry point (idempotent). Returns whether the sampler was
+    replaced."""
+    if not enabled("VLLM_PLUGINS"):
+        logger.info("eagle_kernels: vLLM plugin installed but not enabled (VLLM_PLUGINS=eagle_kernels)")
+        return False
+    if not _version_ok():
+        return False
+    import importlib
+
+    module = importlib.import_module(V1_MODULE)
+    current = module.rejection_sample
+    if getattr(current, "__eagle_kernels__", False):
+        return True
+    original = current
+
+    @functools.wraps(original)
+    def rejection_sample(*args, **kwargs):
+        return rejection_sample_hook(original, *args, **kwargs)
+
+    rejection_sample.__eagle_kernels__ = True
+    module.rejection_sample = rejection_sample
+    logger.info("eagle_kernels: vLLM V1 rejection sampler replaced by eagle_kernels.verify on chains")
+    return True
