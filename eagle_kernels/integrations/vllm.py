@@ -10,10 +10,9 @@ filtered) logits at the draft positions, with the bonus token sampled beforehand
 position. The plugin replaces it, in the lossless one-hot case only (no draft probabilities:
 EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
 :func:`eagle_kernels.verify` on chains: request ``b``'s chain is padded to ``max_spec_len`` drafts
-with *never-accepted siblings* under its last draft (token ``bonus + 1``, probability 0 in that
-node's one-hot row, which holds the bonus token). Every other call runs vLLM's own function, with
-one log line per reason. Model Runner V2 (``vllm.v1.worker.gpu.spec_decode``) keeps vLLM's own
-sampler (not wired yet).
+whose outcome is discarded (the walk is cut at the chain's end, where vLLM's bonus token is
+emitted). Every other call runs vLLM's own function, with one log line per reason. Model Runner
+V2 (``vllm.v1.worker.gpu.spec_decode``) keeps vLLM's own sampler (not wired yet).
 """
 
 from __future__ import annotations
@@ -81,24 +80,23 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     real = steps < counts[:, None]  # [B, L]: draft j of request b exists
     rows = torch.where(real, starts[:, None] + steps, 0)
 
-    # Nodes: 0 the root, j + 1 draft j. Padding nodes hang under the last real draft.
-    pad_token = (bonus + 1) % V
+    # Nodes: 0 the root, j + 1 draft j; request b's chain is padded to L drafts with nodes after
+    # its last draft. Node j's row is target_logits[starts + j] for j < counts[b] and any valid row
+    # beyond (one gather, no other pass over the vocabulary): what the walk does past node
+    # counts[b] is discarded below, where the bonus token takes its place.
     if T > 0:
         drafts = draft_token_ids.long()[rows]
     else:
         drafts = torch.zeros(B, L, dtype=torch.long, device=device)
-    tokens = torch.cat([bonus[:, None], torch.where(real, drafts, pad_token[:, None])], dim=1)
-    parents = torch.cat([torch.full((B, 1), -1, device=device, dtype=torch.long),
-                         torch.minimum(steps[None, :], counts[:, None])], dim=1).int()
-    logits = torch.empty(B, L + 1, V, dtype=torch.float32, device=device)
-    if T > 0 and L > 0:
-        logits[:, :L] = target_logits.index_select(0, rows.reshape(-1)).view(B, L, V)
-    # Node counts[b] (after the last draft) and the padding after it: one-hot at the bonus token.
-    one_hot_rows = torch.arange(L + 1, device=device)[None, :] >= counts[:, None]
-    logits[:, L] = 0.0  # never read from target_logits
-    logits.masked_fill_(one_hot_rows[:, :, None], float("-inf"))
-    at_bonus = bonus[:, None, None].expand(B, L + 1, 1)
-    logits.scatter_(2, at_bonus, torch.where(one_hot_rows[:, :, None], 0.0, logits.gather(2, at_bonus)))
+    tokens = torch.cat([bonus[:, None], torch.where(real, drafts, 0)], dim=1)
+    parents = torch.cat([torch.full((B, 1), -1, device=device, dtype=torch.long), steps[None, :].expand(B, L)],
+                        dim=1).int()
+    nodes = torch.arange(L + 1, device=device)
+    if T > 0:
+        node_rows = (starts[:, None] + nodes).clamp(max=T - 1)
+        logits = target_logits.index_select(0, node_rows.reshape(-1)).view(B, L + 1, V)
+    else:
+        logits = torch.zeros(B, L + 1, V, dtype=target_logits.dtype, device=device)
 
     if sampling_metadata.all_greedy:
         temperature = seed = offset = None
@@ -114,7 +112,14 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
         # The logits are already divided by the temperature (1 for greedy rows).
         temperature = (sampling_metadata.temperature.reshape(B) != 0).float()
     result = ops.verify(tokens, parents, logits, max_depth=L, temperature=temperature, seed=seed, offset=offset)
-    return result.out_tokens.int()
+    # Accepted drafts up to the chain's end, then the token drawn at the first rejection
+    # (vLLM's "recovered" token) or, after the last draft, the bonus token.
+    accepted = torch.minimum(result.accept_len.long(), counts)
+    at_end = (accepted == counts)[:, None]
+    out = torch.where(nodes < accepted[:, None], result.out_tokens,
+                      torch.where(nodes == accepted[:, None], torch.where(at_end, bonus[:, None], result.out_tokens),
+                                  -1))
+    return out.int()
 
 
 _SIGNATURE = inspect.signature(chain_verify)
