@@ -29,7 +29,7 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q transformers==5.19.0 pydantic==2.14.4 orjson==3.13.0 psutil==7.2.2 \
   pybase64==1.5.1 requests pillow starlette msgspec==0.23.0 pyzmq==27.3.0 tqdm aiohttp zstandard \
   dill loguru PyYAML cbor2 openai==3.57.0 cachetools cloudpickle uvloop py-cpuinfo prometheus_client \
-  fastapi openai-harmony==0.0.8 partial-json-parser
+  fastapi openai-harmony==0.0.8 partial-json-parser einops
 # eagle_kernels itself, editable, so that its entry points (sglang.srt.plugins,
 # vllm.general_plugins) are visible to the engines' plugin loaders. The native extension is the
 # one built by scripts/setup_env.sh in the source tree (same torch), so no build here.

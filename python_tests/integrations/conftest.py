@@ -46,6 +46,12 @@ class _Any(metaclass=_AnyMeta):
             raise AttributeError(name)
         return _Any()
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):  # a field type of an engine's pydantic model
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
+
 
 def _stub(name: str) -> types.ModuleType:
     module = types.ModuleType(name)

@@ -441,3 +441,48 @@ def test_top_p_renorm():
     probs = torch.tensor([[0.1, 0.4, 0.3, 0.2]])
     out = plugin.top_p_renorm_prob(probs, torch.tensor([0.7]))
     torch.testing.assert_close(out, torch.tensor([[0.0, 0.4, 0.3, 0.0]]) / 0.7)
+
+
+# ------------------------------------------------------------------------------ the engine's step
+def test_eagle_sample_on_cpu_is_exact(hooks, monkeypatch):
+    """SGLang's own ``eagle_utils.eagle_sample`` (the verify step of its EAGLE worker) on CPU,
+    sampling requests with temperature and top-k: with the plugin it samples exactly (χ² against
+    the law of plain sampling from the engine's top-k-filtered, tempered target)."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+    from sglang.srt.layers import dp_attention
+
+    spec = SimpleNamespace(speculative_use_rejection_sampling=False, speculative_accept_threshold_single=1.0,
+                           speculative_accept_threshold_acc=1.0, speculative_use_block_verification=False)
+    group = SimpleNamespace(world_size=1)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    monkeypatch.setattr(eagle_utils, "get_spec", lambda: spec)
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(tp_group=group, attn_tp_group=group))
+    monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
+
+    gen = torch.Generator().manual_seed(21)
+    draws, n, num_spec, temperature, top_k = 4000, 6, 3, 0.7, 3
+    logits = torch.randn(n, V_SAMPLE, generator=gen) * 1.5
+    expand = lambda rows: torch.tensor(rows).expand(draws, n).contiguous()  # noqa: E731
+    verify_input = SimpleNamespace(
+        draft_token=expand(SAMPLE_TOKENS).reshape(-1), draft_token_num=n, max_tree_depth=num_spec,
+        retrieve_index=torch.arange(draws * n).view(draws, n), retrieve_next_token=expand(SAMPLE_NEXT_TOKEN),
+        retrieve_next_sibling=expand(SAMPLE_NEXT_SIBLING), tree_topk=2, draft_probs=None)
+    sampling_info = SimpleNamespace(
+        acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None, has_watermark_candidates=False,
+        is_all_greedy=False, temperatures=torch.full((draws, 1), temperature), need_top_k_sampling=True,
+        top_ks=torch.full((draws,), top_k, dtype=torch.int32), need_top_p_sampling=False, top_ps=None,
+        need_min_p_sampling=False, sampling_seed=None)
+    batch = SimpleNamespace(device="cpu", forward_mode=SimpleNamespace(is_idle=lambda: False),
+                            seq_lens=torch.full((draws,), 10), sampling_info=sampling_info, return_logprob=False)
+    logits_output = SimpleNamespace(next_token_logits=logits.repeat(draws, 1))
+    predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits_output)
+
+    probs = torch.softmax(logits.double() / temperature, -1)
+    kth = probs.sort(-1, descending=True).values[:, top_k - 1 : top_k]
+    probs = torch.where(probs >= kth, probs, 0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    tree = dict(candidates=expand(SAMPLE_TOKENS))
+    p_value = emitted_p_value(probs, tree, predict, accept_index, accept_lens - 1, num_spec)
+    assert p_value > 1e-3, p_value
