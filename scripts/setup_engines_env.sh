@@ -19,8 +19,19 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip >/dev/null
-# torch==2.13.0 is pinned on purpose: a bare `torch` (or the engines' own pins) pulls a CUDA build.
-"$PY" -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest setuptools wheel
+# torch, triton and the test tools come from the project venv (scripts/setup_env.sh) when it has
+# the pinned torch: its site-packages is appended to this venv's path (a .pth line; packages
+# installed here come first), which saves installing torch a second time. Otherwise they are
+# installed here. torch==2.13.0 is pinned on purpose: a bare `torch` (or the engines' own pins)
+# pulls a CUDA build.
+BASE=${EAGLE_VENV:-.venv}
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+if [ -x "$BASE/bin/python" ] && "$BASE/bin/python" -c "import torch, triton, pytest, scipy; assert torch.__version__.startswith('2.13.0')" 2>/dev/null; then
+  "$BASE/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$SITE/eagle_project_venv.pth"
+else
+  rm -f "$SITE/eagle_project_venv.pth"
+  "$PY" -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest setuptools wheel
+fi
 # The engines and two of their pinned pure-Python dependencies, without their dependency trees.
 "$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION" "vllm==$VLLM_VERSION" \
   compressed-tensors==0.18.0 gguf==0.19.0
