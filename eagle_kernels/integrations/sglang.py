@@ -10,6 +10,8 @@ Entry point ``eagle_kernels = eagle_kernels.integrations.sglang:register`` in th
 - ``spec_tree.verify_tree_greedy_func``: the greedy walk through :func:`eagle_kernels.verify`;
 - ``verify_sampling.tree_speculative_sampling_target_only``: lossless tree sampling through
   :func:`eagle_kernels.verify` (docs/ops.md §4);
+- ``spec_utils.move_accept_tokens_to_target_kvcache``: the KV commit through
+  :func:`eagle_kernels.compact_kv` over SGLang's slot-addressed pool (plain MHA pools);
 - ``eagle_utils._verify_uses_greedy``: on CPU, XPU and HIP without rejection sampling SGLang
   verifies sampling requests greedily, which changes their output distribution; with the plugin
   they take the sampling path, which then runs our verify.
@@ -37,6 +39,7 @@ from . import _layout, enabled, logger
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 VERIFY_SAMPLING = "sglang.kernels.ops.speculative.verify_sampling"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+SPEC_UTILS = "sglang.srt.speculative.spec_utils"
 TESTED_VERSIONS = ("0.5.23",)
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 
@@ -262,6 +265,41 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor
     return kept / kept.sum(-1, keepdim=True)
 
 
+# ------------------------------------------------------------------------------ KV commit
+def commit_kv(batch, accept_index, num_correct_drafts, token_to_kv_pool_allocator):
+    """SGLang's ``spec_utils.move_accept_tokens_to_target_kvcache`` through
+    :func:`eagle_kernels.compact_kv`: request ``b``'s verify window is slots
+    ``out_cache_loc[b * N : (b + 1) * N]``, a paged view of each layer's ``[slots, H, D]`` buffer
+    with page size 1 (``block_table = out_cache_loc.view(B, N)``, ``cache_seqlens = 0``); the
+    accepted nodes move to the front of the window, as SGLang's move does. Plain
+    ``MHATokenToKVPool`` only (other pools: SGLang's own move)."""
+    pool = token_to_kv_pool_allocator.get_kvcache()
+    name = type(pool).__name__
+    _need(name == "MHATokenToKVPool", f"KV pool {name}: only MHATokenToKVPool is taken")
+    _need(not getattr(pool, "use_hnd", False), "KV pool with the HND layout")
+    _need(getattr(pool, "k_scale_buffer", None) is None and getattr(pool, "native_k_scale_buffer", None) is None,
+          "KV pool with scale buffers")
+    _need_tensor("accept_index", accept_index, _INT_DTYPES, ndim=2)
+    B, S = accept_index.shape
+    _need_tensor("num_correct_drafts", num_correct_drafts, _INT_DTYPES, shape=(B,))
+    out = batch.out_cache_loc
+    _need_tensor("out_cache_loc", out, _INT_DTYPES, ndim=1)
+    _need(B > 0 and out.numel() % B == 0 and out.numel() // B >= S,
+          f"out_cache_loc: expected {B} windows of at least {S} slots, got {out.numel()} slots")
+    N = out.numel() // B
+    buffers = list(zip(pool.k_buffer, pool.v_buffer))
+    for k, v in buffers:
+        _need(k.dim() == 3 and v.dim() == 3 and k.dtype == v.dtype, "KV pool buffers: expected [slots, H, D] pairs")
+    device = accept_index.device
+    table = out.view(B, N).int()
+    base = torch.arange(B, device=device)[:, None] * N
+    nodes = torch.where(accept_index >= 0, accept_index.long() - base, -1).int()
+    accept_len = num_correct_drafts.int()
+    seqlens = torch.zeros(B, dtype=torch.int32, device=device)
+    for k, v in buffers:
+        ops.compact_kv(k.unsqueeze(1), v.unsqueeze(1), seqlens, nodes, accept_len, block_table=table)
+
+
 # ------------------------------------------------------------------------------ hooks
 def _around(name: str, ours, signature_of):
     """An AROUND hook running ``ours`` with the call's arguments, or SGLang's function when
@@ -287,6 +325,7 @@ def _around(name: str, ours, signature_of):
 build_tree_hook = _around("build_tree_kernel_efficient_func", build_tree, build_tree)
 verify_greedy_hook = _around("verify_tree_greedy_func", verify_greedy, verify_greedy)
 tree_sampling_hook = _around("tree_speculative_sampling_target_only", tree_sampling, tree_sampling)
+commit_kv_hook = _around("move_accept_tokens_to_target_kvcache", commit_kv, commit_kv)
 
 
 def uses_greedy_hook(original, *args, **kwargs):
@@ -350,6 +389,7 @@ def register() -> bool:
     HookRegistry.register(f"{SPEC_TREE}.build_tree_kernel_efficient_func", build_tree_hook, HookType.AROUND)
     HookRegistry.register(f"{SPEC_TREE}.verify_tree_greedy_func", verify_greedy_hook, HookType.AROUND)
     HookRegistry.register(f"{EAGLE_UTILS}._verify_uses_greedy", uses_greedy_hook, HookType.AROUND)
+    HookRegistry.register(f"{SPEC_UTILS}.move_accept_tokens_to_target_kvcache", commit_kv_hook, HookType.AROUND)
 
     verify_sampling = importlib.import_module(VERIFY_SAMPLING)
     eagle_utils = importlib.import_module(EAGLE_UTILS)

@@ -5,9 +5,9 @@ The engines import a few packages at module level that are native builds for oth
 versions or GPU-only (torchvision, tvm_ffi, sentencepiece, xgrammar, llguidance, IPython,
 sgl_kernel). None of them is used by the code under test, so they are stubbed here, before the
 engines are imported, and nowhere in the package. SGLang's CPU tree kernels come from
-``sgl_kernel``, a source build that is not on the package index: the stub routes its two tree
-functions to SGLang's own Triton tree kernels (its XPU path), which run on CPU tensors under
-``TRITON_INTERPRET=1``, so "SGLang's own kernel" in these tests is SGLang's code.
+``sgl_kernel``, a source build that is not on the package index: the stub routes its tree and
+cache-location functions to SGLang's own Triton kernels (its GPU/XPU paths), which run on CPU
+tensors under ``TRITON_INTERPRET=1``, so "SGLang's own kernel" in these tests is SGLang's code.
 """
 
 from __future__ import annotations
@@ -82,6 +82,23 @@ def _sgl_kernel_stub() -> types.ModuleType:
         return spec_tree.verify_tree_greedy_triton(retrieve_index=retrive_index, retrieve_next_token=retrive_next_token,
                                                    retrieve_next_sibling=retrive_next_sibling, **kwargs)
 
+    def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
+        from sglang.kernels.ops.speculative import eagle
+        from sglang.srt.utils import next_power_of_2
+
+        size = accept_out_cache_loc.numel()
+        eagle.fill_accept_out_cache_loc[(size,)](accept_index, out_cache_loc, accept_out_cache_loc,
+                                                 next_power_of_2(size))
+
+    def assign_extend_cache_locs_cpu(rows, window, starts, ends, out, pool_len):
+        from sglang.kernels.ops.speculative import cache_locs
+        from sglang.srt.utils import next_power_of_2
+
+        bs = rows.numel()
+        cache_locs.assign_extend_cache_locs[(bs,)](rows, window, starts, ends, out, pool_len, next_power_of_2(bs))
+
+    module.fill_accept_out_cache_loc_cpu = fill_accept_out_cache_loc_cpu
+    module.assign_extend_cache_locs_cpu = assign_extend_cache_locs_cpu
     module.build_tree_kernel_efficient_cpu = build_tree_kernel_efficient_cpu
     module.verify_tree_greedy_cpu = verify_tree_greedy_cpu
     return module

@@ -486,3 +486,63 @@ def test_eagle_sample_on_cpu_is_exact(hooks, monkeypatch):
     tree = dict(candidates=expand(SAMPLE_TOKENS))
     p_value = emitted_p_value(probs, tree, predict, accept_index, accept_lens - 1, num_spec)
     assert p_value > 1e-3, p_value
+
+
+# ------------------------------------------------------------------------------ KV commit
+def test_kv_commit_matches_sglang(hooks, caplog):
+    """``spec_utils.move_accept_tokens_to_target_kvcache`` through compact_kv: the same pool
+    contents as SGLang's own move (its cache-location kernels and ``move_kv_cache``)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.speculative import spec_utils
+
+    gen = torch.Generator().manual_seed(4)
+    bs, n, num_spec, heads, dim, layers, slots = 3, 6, 4, 2, 8, 3, 40
+
+    def pool():
+        p = object.__new__(MHATokenToKVPool)  # its buffers, without a device allocator behind them
+        p.layer_num, p.size, p.page_size, p.use_hnd, p.use_native_move_kv_cache = layers, slots, 1, False, True
+        p.native_k_scale_buffer = p.k_scale_buffer = None
+        g = torch.Generator().manual_seed(9)
+        p.k_buffer = [torch.randn(slots + 1, heads, dim, generator=g) for _ in range(layers)]
+        p.v_buffer = [torch.randn(slots + 1, heads, dim, generator=g) for _ in range(layers)]
+        return p
+
+    out_cache_loc = (torch.randperm(slots, generator=gen)[: bs * n] + 1).long()
+    accept_len = torch.tensor([0, 2, 3], dtype=torch.int32)
+    accept_index = torch.full((bs, num_spec), -1, dtype=torch.int32)
+    for b in range(bs):
+        picked = torch.sort(torch.randperm(n - 1, generator=gen)[: int(accept_len[b])] + 1).values
+        accept_index[b, : int(accept_len[b]) + 1] = torch.cat([torch.zeros(1, dtype=torch.long), picked]) + b * n
+    batch = SimpleNamespace(seq_lens=torch.full((bs,), 9), out_cache_loc=out_cache_loc)
+    ours, ref, before = pool(), pool(), pool()
+    plugin._log_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        spec_utils.move_accept_tokens_to_target_kvcache(batch, accept_index, accept_len,
+                                                        SimpleNamespace(get_kvcache=lambda: ours))
+    assert "falls back" not in caplog.text
+    spec_utils.move_accept_tokens_to_target_kvcache.__wrapped__(batch, accept_index, accept_len,
+                                                                SimpleNamespace(get_kvcache=lambda: ref))
+    moved = False
+    for a, b, c in zip(ours.k_buffer + ours.v_buffer, ref.k_buffer + ref.v_buffer, before.k_buffer + before.v_buffer):
+        assert torch.equal(a, b)
+        moved |= not torch.equal(a, c)
+    assert moved
+
+
+def test_kv_commit_other_pools_fall_back(hooks, caplog):
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative import spec_utils
+
+    calls = []
+    other = SimpleNamespace(move_kv_cache=lambda tgt, src: calls.append((tgt.clone(), src.clone())))
+    batch = SimpleNamespace(seq_lens=torch.full((1,), 9), out_cache_loc=torch.arange(1, 5))
+    plugin._log_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        spec_utils.move_accept_tokens_to_target_kvcache(batch, torch.tensor([[0, 2, -1]], dtype=torch.int32),
+                                                        torch.tensor([1], dtype=torch.int32),
+                                                        SimpleNamespace(get_kvcache=lambda: other))
+    assert "only MHATokenToKVPool" in caplog.text
+    assert calls and calls[0][1][:2].tolist() == [1, 3]  # SGLang's own move ran
