@@ -11,8 +11,9 @@ position. The plugin replaces it, in the lossless one-hot case only (no draft pr
 EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
 :func:`eagle_kernels.verify` on chains: request ``b``'s chain is padded to ``max_spec_len`` drafts
 whose outcome is discarded (the walk is cut at the chain's end, where vLLM's bonus token is
-emitted). Every other call runs vLLM's own function, with one log line per reason. Model Runner
-V2 (``vllm.v1.worker.gpu.spec_decode``) keeps vLLM's own sampler (not wired yet).
+emitted). Model Runner V2's ``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the
+same treatment (:func:`chain_verify_v2`). Every other call runs vLLM's own function, with one log
+line per reason.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from .. import ops
 from . import enabled, logger
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
+V2_UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
+V2_SAMPLER = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 TESTED_VERSIONS = ("0.33.0",)
 
 
@@ -122,7 +125,53 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     return out.int()
 
 
+def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
+                    expanded_local_pos, temperature, seed, num_speculative_steps, synthetic_conditional_rates=None,
+                    use_fp64=False, use_block_verification=False, contexts=None, watermarking=None,
+                    watermarking_skip_mask=None, watermark_key=None, fly_window_size=0, fly_entropy_threshold=0.3,
+                    fly_entropy_top_k=3):
+    """Model Runner V2's ``rejection_sample`` through :func:`eagle_kernels.verify`; returns
+    ``(sampled int64 [num_reqs, steps + 1], num_sampled int32 [num_reqs])``.
+
+    Request ``r`` owns logits rows ``cu_num_logits[r] .. cu_num_logits[r + 1] - 1`` (its drafts'
+    positions and the bonus position, already temperature-scaled and filtered); the draft verified
+    at row ``i`` is ``draft_sampled[i + 1]`` (-1: none, which ends the chain). The chain is padded
+    to ``steps`` drafts with never-accepted siblings: token ``V``, a column of probability 0."""
+    _need(draft_logits is None, "draft logits given (not the one-hot case)")
+    _need(synthetic_conditional_rates is None, "synthetic acceptance mode")
+    _need(not use_block_verification, "block verification")
+    _need(contexts is None and watermarking is None, "watermarking")
+    _need(not fly_window_size, "FLy relaxed acceptance")
+    _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
+          "target_logits: expected a float [num_logits, vocab] tensor")
+    R = cu_num_logits.shape[0] - 1
+    S = int(num_speculative_steps)
+    T, V = target_logits.shape
+    device = target_logits.device
+    start = cu_num_logits[:-1].long()
+    end = cu_num_logits[1:].long()
+    nodes = torch.arange(S + 1, device=device)
+    rows = (start[:, None] + nodes).clamp(max=max(T - 1, 0))  # node j's row (clamped past the chain)
+    num_drafts = end - start - 1
+    draft_at = (start[:, None] + nodes[:-1] + 1).clamp(max=max(T - 1, 0))
+    drafts = draft_sampled.long()[draft_at]
+    valid = (nodes[None, :-1] < num_drafts[:, None]) & (drafts >= 0)
+    valid = torch.cumprod(valid.int(), dim=1).bool()  # the chain ends at the first missing draft
+    tokens = torch.cat([torch.zeros(R, 1, dtype=torch.long, device=device), torch.where(valid, drafts, V)], dim=1)
+    parents = torch.cat([torch.full((R, 1), -1, dtype=torch.long, device=device), nodes[None, :-1].expand(R, S)],
+                        dim=1).int()
+    logits = torch.empty(R * (S + 1), V + 1, dtype=torch.float32, device=device)
+    logits[:, V] = float("-inf")
+    logits[:, :V] = target_logits.index_select(0, rows.reshape(-1))
+    state = idx_mapping.long()
+    temp = (temperature[state] != 0).float()
+    result = ops.verify(tokens, parents, logits.view(R, S + 1, V + 1), max_depth=S, temperature=temp,
+                        seed=seed[state].long(), offset=pos.long()[start.clamp(max=max(T - 1, 0))])
+    return result.out_tokens, (result.accept_len + 1).int()
+
+
 _SIGNATURE = inspect.signature(chain_verify)
+_SIGNATURE_V2 = inspect.signature(chain_verify_v2)
 
 
 def rejection_sample_hook(original, *args, **kwargs):
@@ -133,6 +182,31 @@ def rejection_sample_hook(original, *args, **kwargs):
     except OutsideContract as reason:
         _log_fallback(str(reason))
         return original(*args, **kwargs)
+
+
+def rejection_sample_v2_hook(original, *args, **kwargs):
+    """Our :func:`chain_verify_v2`, or vLLM's ``original`` for calls outside the contract."""
+    bound = _SIGNATURE_V2.bind(*args, **kwargs)
+    try:
+        return chain_verify_v2(*bound.args, **bound.kwargs)
+    except OutsideContract as reason:
+        _log_fallback(str(reason))
+        return original(*args, **kwargs)
+
+
+def _patch(module, name, hook):
+    current = getattr(module, name)
+    if getattr(current, "__eagle_kernels__", False):
+        return current
+    original = current
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        return hook(original, *args, **kwargs)
+
+    patched.__eagle_kernels__ = True
+    setattr(module, name, patched)
+    return patched
 
 
 def _version_ok() -> bool:
@@ -162,17 +236,17 @@ def register() -> bool:
         return False
     import importlib
 
-    module = importlib.import_module(V1_MODULE)
-    current = module.rejection_sample
-    if getattr(current, "__eagle_kernels__", False):
-        return True
-    original = current
-
-    @functools.wraps(original)
-    def rejection_sample(*args, **kwargs):
-        return rejection_sample_hook(original, *args, **kwargs)
-
-    rejection_sample.__eagle_kernels__ = True
-    module.rejection_sample = rejection_sample
-    logger.info("eagle_kernels: vLLM V1 rejection sampler replaced by eagle_kernels.verify on chains")
+    _patch(importlib.import_module(V1_MODULE), "rejection_sample", rejection_sample_hook)
+    # Model Runner V2: the function and the copy its sampler module imported.
+    try:
+        utils = importlib.import_module(V2_UTILS)
+        sampler = importlib.import_module(V2_SAMPLER)
+    except ImportError as error:
+        logger.warning("eagle_kernels: Model Runner V2 keeps vLLM's rejection sampler (%s)", error)
+    else:
+        patched = _patch(utils, "rejection_sample", rejection_sample_v2_hook)
+        if getattr(sampler, "rejection_sample", None) is patched.__wrapped__:
+            sampler.rejection_sample = patched
+    logger.info("eagle_kernels: vLLM rejection samplers (V1, Model Runner V2) replaced by eagle_kernels.verify "
+                "on chains")
     return True

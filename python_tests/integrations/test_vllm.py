@@ -198,3 +198,89 @@ def test_no_host_reads(hooked, monkeypatch):
     rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, meta)
     rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(3))
     assert reads.calls == []
+
+
+# ------------------------------------------------------------------------------ Model Runner V2
+def v2_inputs(drafts, vocab, gen, temperature):
+    """Model Runner V2's layout: request r owns k_r + 1 logits rows; the draft verified at row i
+    is draft_sampled[i + 1]."""
+    R = len(drafts)
+    counts = [len(d) for d in drafts]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum([k + 1 for k in counts])]), dtype=torch.int32)
+    sampled = []
+    for d in drafts:
+        sampled += [7] + list(d)
+    num_logits = int(cu[-1])
+    expanded = torch.repeat_interleave(torch.arange(R), torch.tensor([k + 1 for k in counts]))
+    local = torch.cat([torch.arange(k + 1) for k in counts])
+    return dict(draft_logits=None, draft_sampled=torch.tensor(sampled, dtype=torch.int64), cu_num_logits=cu,
+                pos=(100 + local).long(), idx_mapping=torch.arange(R, dtype=torch.int32),
+                expanded_idx_mapping=expanded.int(), expanded_local_pos=local.int(),
+                temperature=torch.full((R,), float(temperature)), seed=torch.randint(0, 2**31, (R,), generator=gen)), \
+        num_logits
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_v2_greedy_random_chains_match_vllm(hooked, seed):
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2_sampler
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    assert v2_sampler.rejection_sample is v2.rejection_sample  # the sampler's copy is rebound too
+    gen = torch.Generator().manual_seed(seed)
+    steps, vocab = 4, 4
+    drafts = [torch.randint(0, vocab, (int(k),), generator=gen).tolist() for k in [steps, 0, 2, steps, 1]]
+    kwargs, num_logits = v2_inputs(drafts, vocab, gen, 0.0)
+    logits = torch.randn(num_logits, vocab, generator=gen)
+    ours, ours_n = v2.rejection_sample(logits, num_speculative_steps=steps, **kwargs)
+    ref, ref_n = v2.rejection_sample.__wrapped__(logits, num_speculative_steps=steps, **kwargs)
+    assert torch.equal(ours_n, ref_n)
+    for r in range(len(drafts)):
+        assert ours[r, : int(ref_n[r])].tolist() == ref[r, : int(ref_n[r])].tolist()
+
+
+def test_v2_sampling_is_exact(hooked):
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    gen = torch.Generator().manual_seed(8)
+    draws, vocab, chain = 3000, 4, [1, 3]
+    probs = torch.softmax(torch.randn(len(chain) + 1, vocab, generator=gen) * 1.5, -1)
+    probs[1, 0] = 0
+    kwargs, num_logits = v2_inputs([chain] * draws, vocab, gen, 1.0)
+    logits = torch.log(probs).repeat(draws, 1)
+    out, num = v2.rejection_sample(logits, num_speculative_steps=len(chain), **kwargs)
+    seen = {}
+    for r in range(draws):
+        seq = tuple(out[r, : int(num[r])].tolist())
+        seen[seq] = seen.get(seq, 0) + 1
+    exact = (probs.double() / probs.double().sum(-1, keepdim=True)).numpy()
+    law = {}
+
+    def walk(j, prefix, mass):
+        for x in range(vocab):
+            p = mass * exact[j, x]
+            if p == 0:
+                continue
+            if j < len(chain) and x == chain[j]:
+                walk(j + 1, prefix + (x,), p)
+            else:
+                law[prefix + (x,)] = law.get(prefix + (x,), 0) + p
+
+    walk(0, (), 1.0)
+    assert set(seen) <= set(law)
+    keys = sorted(law)
+    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
+    expected = np.array([law[k] for k in keys]) * draws
+    expected *= draws / expected.sum()
+    assert stats.chisquare(observed, expected)[1] > 1e-3
+
+
+def test_v2_no_host_reads(hooked, monkeypatch):
+    from test_sglang import HostReads
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    gen = torch.Generator().manual_seed(2)
+    kwargs, num_logits = v2_inputs([[1, 2], [], [3]], 5, gen, 1.0)
+    logits = torch.randn(num_logits, 5, generator=gen)
+    reads = HostReads(monkeypatch)
+    v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    assert reads.calls == []
