@@ -205,6 +205,12 @@ setup(
     package_data={"eagle_kernels.heads": ["*/config.json", "*/model.safetensors", "*/README.md", "*/training.json"]},
     python_requires=">=3.9",
     install_requires=["torch"],
+    # Engine plugins (docs/serving.md); each stays inactive until the engine's plugin whitelist
+    # names it (SGLANG_PLUGINS / VLLM_PLUGINS=eagle_kernels) or EAGLE_KERNELS_ENGINE_PLUGINS=1.
+    entry_points={
+        "sglang.srt.plugins": ["eagle_kernels = eagle_kernels.integrations.sglang:register"],
+        "vllm.general_plugins": ["eagle_kernels = eagle_kernels.integrations.vllm:register"],
+    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     zip_safe=False,

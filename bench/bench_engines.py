@@ -1,0 +1,141 @@
+"""Conversion cost of the engine adapters (eagle_kernels/integrations/) on CPU.
+
+Run in the engine venv (scripts/setup_engines_env.sh), from the repository root:
+
+    TRITON_INTERPRET=1 build/engines-venv/bin/python bench/bench_engines.py
+
+For each wrapped engine call it times the whole call (layout conversion both ways + our op) and
+our op alone on the converted inputs (recorded from the same call); "conversion" is the
+difference. The engines' own kernels are timed where they run on CPU: SGLang's tree kernels and
+vLLM's rejection sampler are Triton kernels, here under the Triton interpreter, which runs them
+at Python speed and is no speed reference (SGLang's CPU kernels live in sgl_kernel, a source
+build not on the package index), so they are timed at the smallest shape only. Minimum over
+repeated calls (the least disturbed by other load on a shared machine), in microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python_tests", "integrations"))
+
+
+def best_us(fn, repeats=30, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e6
+
+
+class Recorder:
+    """Records the arguments of the adapter's ``ops.verify`` call."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, []
+        self.original = module.ops.verify
+
+    def __enter__(self):
+        def record(*args, **kwargs):
+            self.calls.append((args, kwargs))
+            return self.original(*args, **kwargs)
+
+        self.module.ops.verify = record
+        return self
+
+    def __exit__(self, *exc):
+        self.module.ops.verify = self.original
+
+
+def op_alone_us(module, call):
+    from eagle_kernels import ops
+
+    with Recorder(module) as rec:
+        call()
+    args, kwargs = rec.calls[-1]
+    return best_us(lambda: ops.verify(*args, **kwargs))
+
+
+def main():
+    import conftest  # noqa: F401  (the engines' import-time stubs)
+    import sglang_cases as cases
+    import torch
+    from sglang.kernels.ops.speculative import spec_tree
+    from sglang.srt.speculative import eagle_utils
+
+    from eagle_kernels.integrations import sglang as sg
+    from eagle_kernels.integrations import vllm as vl
+
+    # One thread: on a loaded machine OpenMP wake-ups cost milliseconds per small op.
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread")
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for bs, topk, depth, n in ((1, 4, 4, 8), (8, 8, 6, 16), (32, 8, 6, 64)):
+        score_list, token_list, parents_list = cases.random_draft(bs, topk, depth, 50, gen)
+        parent_list, top_index, _ = eagle_utils.organize_draft_results(score_list, token_list, parents_list, n)
+        seq_lens = torch.randint(100, 2000, (bs,), generator=gen)
+        mask = torch.full((n * n * bs,), True)
+        ret = torch.full((3, bs, n), -1, dtype=torch.long)
+        pos = torch.empty(bs * n, dtype=torch.long)
+        build_args = (parent_list, top_index, seq_lens, mask, pos, ret[0], ret[1], ret[2], topk, depth, n, 1)
+        ours_build = best_us(lambda: sg.build_tree(*build_args))
+        small = bs == 1
+        sgl_build = (best_us(lambda: spec_tree.sgl_build_tree_kernel_triton(*build_args), repeats=3, warmup=1)
+                     if small else None)
+        rows.append(("sglang build_tree (QLEN_ONLY)", f"bs={bs} topk={topk} depth={depth} N={n}", ours_build, None,
+                     sgl_build))
+        sg.build_tree(*build_args)
+        cand = torch.randint(0, 3, (bs, n), generator=gen)
+        target = torch.randint(0, 3, (bs, n), generator=gen)
+        outs = (torch.zeros(bs * n, dtype=torch.int32), torch.full((bs, depth + 1), -1, dtype=torch.int32),
+                torch.empty(bs, dtype=torch.int32))
+        greedy_args = (*outs, cand, ret[0], ret[1], ret[2], target)
+        total = best_us(lambda: sg.verify_greedy(*greedy_args))
+        alone = op_alone_us(sg, lambda: sg.verify_greedy(*greedy_args))
+        sgl = (best_us(lambda: spec_tree.verify_tree_greedy_triton(*greedy_args), repeats=3, warmup=1)
+               if small else None)
+        rows.append(("sglang verify_tree_greedy", f"bs={bs} N={n}", total, alone, sgl))
+        for V in (32000,):
+            probs = torch.softmax(torch.randn(bs, n, V, generator=gen), -1)
+            coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
+            sample = lambda: sg.tree_sampling(*outs, cand, ret[0], ret[1], ret[2], coins, final, probs)  # noqa: E731
+            total = best_us(sample, repeats=10)
+            alone = op_alone_us(sg, sample)
+            rows.append(("sglang tree sampling verify", f"bs={bs} N={n} V={V}", total, alone, None))
+
+    from types import SimpleNamespace
+
+    for bs, k, V in ((1, 3, 32000), (16, 5, 32000)):
+        counts = [k] * bs
+        flat = torch.randint(0, V, (bs * k,), generator=gen, dtype=torch.int32)
+        cu = torch.tensor([k * (i + 1) for i in range(bs)], dtype=torch.int32)
+        logits = torch.randn(bs * k, V, generator=gen)
+        bonus = torch.randint(0, V, (bs, 1), generator=gen, dtype=torch.int32)
+        for name, meta in (("greedy", SimpleNamespace(all_greedy=True, all_random=False, temperature=None,
+                                                        generators={})),
+                           ("random", SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(bs),
+                                                        generators={}))):
+            call = lambda: vl.chain_verify(flat, counts, k, cu, None, logits, bonus, meta)  # noqa: E731
+            total = best_us(call, repeats=10)
+            alone = op_alone_us(vl, call)
+            rows.append((f"vllm rejection_sample ({name})", f"bs={bs} k={k} V={V}", total, alone, None))
+
+    print(f"{'call':34} {'shape':28} {'wrapped us':>11} {'op alone us':>12} {'conversion':>11} "
+          f"{'engine kernel (interp.) us':>27}")
+    for name, shape, total, alone, engine in rows:
+        conv = "" if alone is None else f"{100 * (total - alone) / total:.0f}%"
+        alone_s = "" if alone is None else f"{alone:.0f}"
+        engine_s = "" if engine is None else f"{engine:.0f}"
+        print(f"{name:34} {shape:28} {total:11.0f} {alone_s:>12} {conv:>11} {engine_s:>27}")
+
+
+if __name__ == "__main__":
+    main()

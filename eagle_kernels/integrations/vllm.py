@@ -1,0 +1,252 @@
+"""vLLM plugin: our ``verify`` as the chain rejection sampler of vLLM's V1 runner (docs/serving.md).
+
+Entry point ``eagle_kernels = eagle_kernels.integrations.vllm:register`` in the group
+``vllm.general_plugins`` (vLLM runs it in every process); enabled by
+``VLLM_PLUGINS=eagle_kernels`` (or ``EAGLE_KERNELS_ENGINE_PLUGINS=1``).
+
+vLLM's EAGLE is chain-only. ``vllm.v1.sample.rejection_sampler.rejection_sample`` verifies the
+ragged draft chains of a batch against the target's (already temperature-scaled and top-k/top-p
+filtered) logits at the draft positions, with the bonus token sampled beforehand from the last
+position. The plugin replaces it, in the lossless one-hot case only (no draft probabilities:
+EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
+:func:`eagle_kernels.verify` on chains: request ``b``'s chain is padded to ``max_spec_len`` drafts
+whose outcome is discarded (the walk is cut at the chain's end, where vLLM's bonus token is
+emitted). Model Runner V2's ``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the
+same treatment (:func:`chain_verify_v2`). Every other call runs vLLM's own function, with one log
+line per reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from importlib import metadata
+
+import torch
+
+from .. import ops
+from . import enabled, logger
+
+V1_MODULE = "vllm.v1.sample.rejection_sampler"
+V2_UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
+V2_SAMPLER = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+TESTED_VERSIONS = ("0.33.0",)
+
+
+class OutsideContract(Exception):
+    """A call our adapter does not take; vLLM's own function runs it."""
+
+
+@functools.cache
+def _log_fallback(reason: str) -> None:
+    logger.warning("eagle_kernels: vLLM rejection_sample falls back to vLLM's own sampler: %s", reason)
+
+
+def _need(cond: bool, reason: str) -> None:
+    if not cond:
+        raise OutsideContract(reason)
+
+
+def _stream(uniform: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
+    """``(seed, offset)`` of our counter-based stream from vLLM's uniforms for this step (its own
+    ``generate_uniform_probs``, which honours per-request seeded generators): the float64 bits of
+    each request's first and last draws."""
+    bits = uniform.double().contiguous().view(torch.int64)
+    last = bits.numel() - 1
+    return bits[starts.clamp(0, last)], bits[(ends - 1).clamp(0, last)]
+
+
+def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                 bonus_token_ids, sampling_metadata, synthetic_mode=False, synthetic_conditional_rates=None,
+                 use_fp64_gumbel=False, fly_window_size=None, fly_entropy_threshold=None, fly_entropy_top_k=3):
+    """vLLM's ``rejection_sample`` (V1) through :func:`eagle_kernels.verify`; returns the output
+    token ids int32 ``[batch, max_spec_len + 1]`` padded with -1, as vLLM's does."""
+    _need(draft_probs is None, "draft probabilities given (not the one-hot case)")
+    _need(not synthetic_mode, "synthetic acceptance mode")
+    _need(fly_window_size is None, "FLy relaxed acceptance")
+    _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
+          "target_logits: expected a float [num_tokens, vocab] tensor")
+    _need(draft_token_ids.dim() == 1 and draft_token_ids.shape[0] == target_logits.shape[0],
+          f"draft_token_ids: expected shape ({target_logits.shape[0]},), got {tuple(draft_token_ids.shape)}")
+    B = len(num_draft_tokens)
+    _need(tuple(cu_num_draft_tokens.shape) == (B,), f"cu_num_draft_tokens: expected shape ({B},), got "
+          f"{tuple(cu_num_draft_tokens.shape)}")
+    _need(bonus_token_ids.numel() == B, f"bonus_token_ids: expected {B} entries, got {bonus_token_ids.numel()}")
+    L = int(max_spec_len)
+    T, V = target_logits.shape
+    device = target_logits.device
+    bonus = bonus_token_ids.reshape(B).long()
+    ends = cu_num_draft_tokens.long()
+    counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+    starts = ends - counts
+    steps = torch.arange(L, device=device)
+    real = steps < counts[:, None]  # [B, L]: draft j of request b exists
+    rows = torch.where(real, starts[:, None] + steps, 0)
+
+    # Nodes: 0 the root, j + 1 draft j; request b's chain is padded to L drafts with nodes after
+    # its last draft. Node j's row is target_logits[starts + j] for j < counts[b] and any valid row
+    # beyond (one gather, no other pass over the vocabulary): what the walk does past node
+    # counts[b] is discarded below, where the bonus token takes its place.
+    if T > 0:
+        drafts = draft_token_ids.long()[rows]
+    else:
+        drafts = torch.zeros(B, L, dtype=torch.long, device=device)
+    tokens = torch.cat([bonus[:, None], torch.where(real, drafts, 0)], dim=1)
+    parents = torch.cat([torch.full((B, 1), -1, device=device, dtype=torch.long), steps[None, :].expand(B, L)],
+                        dim=1).int()
+    nodes = torch.arange(L + 1, device=device)
+    if T > 0:
+        node_rows = (starts[:, None] + nodes).clamp(max=T - 1)
+        logits = target_logits.index_select(0, node_rows.reshape(-1)).view(B, L + 1, V)
+    else:
+        logits = torch.zeros(B, L + 1, V, dtype=target_logits.dtype, device=device)
+
+    if sampling_metadata.all_greedy:
+        temperature = seed = offset = None
+    else:
+        from vllm.v1.sample.rejection_sampler import generate_uniform_probs
+
+        uniform = generate_uniform_probs(T, num_draft_tokens, sampling_metadata.generators, device)
+        if T > 0:
+            seed, offset = _stream(uniform, starts, ends)
+        else:
+            seed = torch.zeros(B, dtype=torch.int64, device=device)
+            offset = seed
+        # The logits are already divided by the temperature (1 for greedy rows).
+        temperature = (sampling_metadata.temperature.reshape(B) != 0).float()
+    result = ops.verify(tokens, parents, logits, max_depth=L, temperature=temperature, seed=seed, offset=offset)
+    # Accepted drafts up to the chain's end, then the token drawn at the first rejection
+    # (vLLM's "recovered" token) or, after the last draft, the bonus token.
+    accepted = torch.minimum(result.accept_len.long(), counts)
+    at_end = (accepted == counts)[:, None]
+    out = torch.where(nodes < accepted[:, None], result.out_tokens,
+                      torch.where(nodes == accepted[:, None], torch.where(at_end, bonus[:, None], result.out_tokens),
+                                  -1))
+    return out.int()
+
+
+def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
+                    expanded_local_pos, temperature, seed, num_speculative_steps, synthetic_conditional_rates=None,
+                    use_fp64=False, use_block_verification=False, contexts=None, watermarking=None,
+                    watermarking_skip_mask=None, watermark_key=None, fly_window_size=0, fly_entropy_threshold=0.3,
+                    fly_entropy_top_k=3):
+    """Model Runner V2's ``rejection_sample`` through :func:`eagle_kernels.verify`; returns
+    ``(sampled int64 [num_reqs, steps + 1], num_sampled int32 [num_reqs])``.
+
+    Request ``r`` owns logits rows ``cu_num_logits[r] .. cu_num_logits[r + 1] - 1`` (its drafts'
+    positions and the bonus position, already temperature-scaled and filtered); the draft verified
+    at row ``i`` is ``draft_sampled[i + 1]`` (-1: none, which ends the chain). The chain is padded
+    to ``steps`` drafts with never-accepted siblings: token ``V``, a column of probability 0."""
+    _need(draft_logits is None, "draft logits given (not the one-hot case)")
+    _need(synthetic_conditional_rates is None, "synthetic acceptance mode")
+    _need(not use_block_verification, "block verification")
+    _need(contexts is None and watermarking is None, "watermarking")
+    _need(not fly_window_size, "FLy relaxed acceptance")
+    _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
+          "target_logits: expected a float [num_logits, vocab] tensor")
+    R = cu_num_logits.shape[0] - 1
+    S = int(num_speculative_steps)
+    T, V = target_logits.shape
+    device = target_logits.device
+    start = cu_num_logits[:-1].long()
+    end = cu_num_logits[1:].long()
+    nodes = torch.arange(S + 1, device=device)
+    rows = (start[:, None] + nodes).clamp(max=max(T - 1, 0))  # node j's row (clamped past the chain)
+    num_drafts = end - start - 1
+    draft_at = (start[:, None] + nodes[:-1] + 1).clamp(max=max(T - 1, 0))
+    drafts = draft_sampled.long()[draft_at]
+    valid = (nodes[None, :-1] < num_drafts[:, None]) & (drafts >= 0)
+    valid = torch.cumprod(valid.int(), dim=1).bool()  # the chain ends at the first missing draft
+    tokens = torch.cat([torch.zeros(R, 1, dtype=torch.long, device=device), torch.where(valid, drafts, V)], dim=1)
+    parents = torch.cat([torch.full((R, 1), -1, dtype=torch.long, device=device), nodes[None, :-1].expand(R, S)],
+                        dim=1).int()
+    logits = torch.empty(R * (S + 1), V + 1, dtype=torch.float32, device=device)
+    logits[:, V] = float("-inf")
+    logits[:, :V] = target_logits.index_select(0, rows.reshape(-1))
+    state = idx_mapping.long()
+    temp = (temperature[state] != 0).float()
+    result = ops.verify(tokens, parents, logits.view(R, S + 1, V + 1), max_depth=S, temperature=temp,
+                        seed=seed[state].long(), offset=pos.long()[start.clamp(max=max(T - 1, 0))])
+    return result.out_tokens, (result.accept_len + 1).int()
+
+
+_SIGNATURE = inspect.signature(chain_verify)
+_SIGNATURE_V2 = inspect.signature(chain_verify_v2)
+
+
+def rejection_sample_hook(original, *args, **kwargs):
+    """Our :func:`chain_verify`, or vLLM's ``original`` for calls outside the contract."""
+    bound = _SIGNATURE.bind(*args, **kwargs)
+    try:
+        return chain_verify(*bound.args, **bound.kwargs)
+    except OutsideContract as reason:
+        _log_fallback(str(reason))
+        return original(*args, **kwargs)
+
+
+def rejection_sample_v2_hook(original, *args, **kwargs):
+    """Our :func:`chain_verify_v2`, or vLLM's ``original`` for calls outside the contract."""
+    bound = _SIGNATURE_V2.bind(*args, **kwargs)
+    try:
+        return chain_verify_v2(*bound.args, **bound.kwargs)
+    except OutsideContract as reason:
+        _log_fallback(str(reason))
+        return original(*args, **kwargs)
+
+
+def _patch(module, name, hook):
+    current = getattr(module, name)
+    if getattr(current, "__eagle_kernels__", False):
+        return current
+    original = current
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        return hook(original, *args, **kwargs)
+
+    patched.__eagle_kernels__ = True
+    setattr(module, name, patched)
+    return patched
+
+
+def _version_ok() -> bool:
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        logger.error("eagle_kernels: the vLLM plugin is enabled but vllm is not installed")
+        return False
+    if version in TESTED_VERSIONS:
+        return True
+    if version.split(".")[:2] == TESTED_VERSIONS[0].split(".")[:2]:
+        logger.warning("eagle_kernels: vllm %s is untested (tested: %s); the plugin is active", version,
+                       ", ".join(TESTED_VERSIONS))
+        return True
+    logger.error("eagle_kernels: vllm %s is not supported (tested: %s); vLLM keeps its own rejection sampler",
+                 version, ", ".join(TESTED_VERSIONS))
+    return False
+
+
+def register() -> bool:
+    """The ``vllm.general_plugins`` entry point (idempotent). Returns whether the sampler was
+    replaced."""
+    if not enabled("VLLM_PLUGINS"):
+        logger.info("eagle_kernels: vLLM plugin installed but not enabled (VLLM_PLUGINS=eagle_kernels)")
+        return False
+    if not _version_ok():
+        return False
+    import importlib
+
+    _patch(importlib.import_module(V1_MODULE), "rejection_sample", rejection_sample_hook)
+    # Model Runner V2: the function and the copy its sampler module imported.
+    try:
+        utils = importlib.import_module(V2_UTILS)
+        sampler = importlib.import_module(V2_SAMPLER)
+    except ImportError as error:
+        logger.warning("eagle_kernels: Model Runner V2 keeps vLLM's rejection sampler (%s)", error)
+    else:
+        patched = _patch(utils, "rejection_sample", rejection_sample_v2_hook)
+        if getattr(sampler, "rejection_sample", None) is patched.__wrapped__:
+            sampler.rejection_sample = patched
+    logger.info("eagle_kernels: vLLM rejection samplers (V1, Model Runner V2) replaced by eagle_kernels.verify "
+                "on chains")
+    return True

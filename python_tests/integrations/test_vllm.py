@@ -1,0 +1,286 @@
+"""The vLLM plugin against vLLM's own V1 rejection sampler on CPU (its Triton kernels under
+TRITON_INTERPRET=1) (docs/serving.md). Runs in the venv of scripts/setup_engines_env.sh."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from importlib import metadata
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from scipy import stats  # noqa: E402
+from vllm.v1.sample import rejection_sampler as rs  # noqa: E402
+
+from eagle_kernels.integrations import vllm as plugin  # noqa: E402
+
+
+def _interpretable_vllm_kernels():
+    """vLLM's Triton launch helper reads a kernel's parameter names from the JIT function; under
+    TRITON_INTERPRET=1 the kernel is an InterpretedFunction, whose Python function is ``fn``."""
+    from vllm.model_executor.warmup import jit_warmup_triton_helper as helper
+
+    cls = helper.VllmTritonJitKernel
+    original = cls.__dict__["_kernel_arg_names"]
+
+    def arg_names(self):
+        if getattr(self.kernel, "arg_names", None) is None and getattr(self.kernel, "func", None) is None:
+            fn = getattr(self.kernel, "fn", None) or self.kernel
+            return tuple(inspect.signature(fn).parameters)
+        return original.func(self)
+
+    cls._kernel_arg_names = property(arg_names)
+
+
+@pytest.fixture(scope="session")
+def hooked():
+    """vLLM's plugin loader discovers our entry point (once per process)."""
+    import vllm.plugins
+
+    _interpretable_vllm_kernels()
+
+    os.environ["VLLM_PLUGINS"] = "eagle_kernels"
+    vllm.plugins.plugins_loaded = False
+    vllm.plugins.load_general_plugins()
+    assert getattr(rs.rejection_sample, "__eagle_kernels__", False), "the plugin did not load"
+    return rs.rejection_sample.__wrapped__
+
+
+def batch(drafts, vocab):
+    """vLLM's flattened draft layout for the ragged chains ``drafts``."""
+    counts = [len(d) for d in drafts]
+    flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int32)
+    cu = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+    return flat, counts, max(counts), cu
+
+
+def greedy_metadata(bs):
+    return SimpleNamespace(all_greedy=True, all_random=False, temperature=None, generators={})
+
+
+def one_hot_logits(targets, vocab):
+    """Target logits whose argmax at draft position j is targets[j] (the bonus column excluded)."""
+    rows = [t for tgt in targets for t in tgt[:-1]]
+    logits = torch.full((len(rows), vocab), -5.0)
+    logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 5.0
+    return logits
+
+
+# vLLM's greedy chain cases (tests/v1/sample/test_rejection_sampler.py): drafts, target tokens
+# (the last one is the bonus token), expected output.
+GREEDY_CASES = {
+    "perfect_match": ([[1, 2, 3]], [[1, 2, 3, 4]], [[1, 2, 3, 4]]),
+    "early_mismatch": ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]),
+    "multiple_sequences": ([[1, 2], [3]], [[1, 2, 5], [3, 4]], [[1, 2, 5], [3, 4, -1]]),
+    "single_token": ([[1]], [[1, 2]], [[1, 2]]),
+    "empty_sequence": ([[]], [[5]], [[5]]),
+    "multiple_mismatches": ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, -1], [4, 8, -1, -1]]),
+}
+
+
+def test_entry_point(hooked):
+    eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "eagle_kernels"]
+    assert [ep.value for ep in eps] == ["eagle_kernels.integrations.vllm:register"]
+    assert plugin.register() is True  # idempotent: vLLM runs general plugins in every process
+
+
+@pytest.mark.parametrize("case", sorted(GREEDY_CASES))
+def test_greedy_golden(hooked, case):
+    drafts, targets, expected = GREEDY_CASES[case]
+    vocab = 12
+    flat, counts, max_len, cu = batch(drafts, vocab)
+    bonus = torch.tensor([[t[-1]] for t in targets], dtype=torch.int32)
+    logits = one_hot_logits(targets, vocab)
+    out = rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(len(drafts)))
+    assert out.dtype == torch.int32
+    assert out.tolist() == expected
+    ref = hooked(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(len(drafts)))
+    assert ref.tolist() == expected  # vLLM's own sampler agrees
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_random_chains_match_vllm(hooked, seed):
+    gen = torch.Generator().manual_seed(seed)
+    bs, max_len, vocab = 6, 5, 4
+    counts = torch.randint(0, max_len + 1, (bs,), generator=gen).tolist()
+    counts[0] = max_len
+    drafts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in counts]
+    flat, counts, max_len, cu = batch(drafts, vocab)
+    logits = torch.randn(flat.numel(), vocab, generator=gen)
+    bonus = torch.randint(0, vocab, (bs, 1), generator=gen, dtype=torch.int32)
+    ours = rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(bs))
+    ref = hooked(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(bs))
+    assert torch.equal(ours, ref)
+
+
+def exact_chain_law(probs, drafts, bonus):
+    """Law of the emitted tokens of one chain: x_j ~ p_j while x_j equals draft j; after the
+    last draft, the bonus token."""
+    law = {}
+
+    def walk(j, prefix, mass):
+        if j == len(drafts):
+            law[prefix + (bonus,)] = law.get(prefix + (bonus,), 0) + mass
+            return
+        for x in range(probs.shape[1]):
+            p = mass * probs[j, x]
+            if p == 0:
+                continue
+            if x == drafts[j]:
+                walk(j + 1, prefix + (x,), p)
+            else:
+                law[prefix + (x,)] = law.get(prefix + (x,), 0) + p
+
+    walk(0, (), 1.0)
+    return law
+
+
+def test_sampling_is_exact(hooked):
+    """χ² of the emitted chains (random requests, one greedy request mixed in) against the exact
+    law of sampling from the target."""
+    gen = torch.Generator().manual_seed(5)
+    draws, vocab, chain = 4000, 4, [1, 3]
+    probs = torch.softmax(torch.randn(len(chain), vocab, generator=gen) * 1.5, -1)
+    probs[1, 0] = 0
+    logits = torch.log(probs)
+    flat, counts, max_len, cu = batch([chain] * draws, vocab)
+    bonus = torch.full((draws, 1), 2, dtype=torch.int32)
+    temperature = torch.ones(draws)
+    temperature[0] = 0  # a greedy request in a random batch
+    meta = SimpleNamespace(all_greedy=False, all_random=False, temperature=temperature, generators={})
+    out = rs.rejection_sample(flat, counts, max_len, cu, None, logits.repeat(draws, 1), bonus, meta)
+    greedy = [int(probs[0].argmax())]
+    if greedy[0] == chain[0]:
+        greedy += [int(probs[1].argmax())] if int(probs[1].argmax()) != chain[1] else [chain[1], 2]
+    assert [t for t in out[0].tolist() if t >= 0] == greedy
+    counts_seen = {}
+    for row in out[1:].tolist():
+        seq = tuple(t for t in row if t >= 0)
+        counts_seen[seq] = counts_seen.get(seq, 0) + 1
+    exact = probs.double() / probs.double().sum(-1, keepdim=True)
+    law = exact_chain_law(exact.numpy(), chain, 2)
+    assert set(counts_seen) <= set(law)
+    keys = sorted(law)
+    observed = np.array([counts_seen.get(k, 0) for k in keys], dtype=np.float64)
+    expected = np.array([law[k] for k in keys])
+    expected *= observed.sum() / expected.sum()
+    assert stats.chisquare(observed, expected)[1] > 1e-3
+
+
+def test_draft_probs_fall_back(hooked, caplog):
+    plugin._log_fallback.cache_clear()
+    flat, counts, max_len, cu = batch([[1, 2]], 6)
+    logits = torch.randn(2, 6)
+    probs = torch.softmax(torch.randn(2, 6), -1)
+    bonus = torch.tensor([[3]], dtype=torch.int32)
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        out = rs.rejection_sample(flat, counts, max_len, cu, probs, logits, bonus, greedy_metadata(1))
+    assert "draft probabilities" in caplog.text
+    ref = hooked(flat, counts, max_len, cu, probs, logits, bonus, greedy_metadata(1))
+    assert torch.equal(out, ref)
+
+
+def test_no_host_reads(hooked, monkeypatch):
+    from test_sglang import HostReads
+
+    gen = torch.Generator().manual_seed(1)
+    flat, counts, max_len, cu = batch([[1, 2, 3], [0], []], 5)
+    logits = torch.randn(flat.numel(), 5, generator=gen)
+    bonus = torch.tensor([[1], [2], [3]], dtype=torch.int32)
+    meta = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(3), generators={})
+    reads = HostReads(monkeypatch)
+    rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, meta)
+    rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(3))
+    assert reads.calls == []
+
+
+# ------------------------------------------------------------------------------ Model Runner V2
+def v2_inputs(drafts, vocab, gen, temperature):
+    """Model Runner V2's layout: request r owns k_r + 1 logits rows; the draft verified at row i
+    is draft_sampled[i + 1]."""
+    R = len(drafts)
+    counts = [len(d) for d in drafts]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum([k + 1 for k in counts])]), dtype=torch.int32)
+    sampled = []
+    for d in drafts:
+        sampled += [7] + list(d)
+    num_logits = int(cu[-1])
+    expanded = torch.repeat_interleave(torch.arange(R), torch.tensor([k + 1 for k in counts]))
+    local = torch.cat([torch.arange(k + 1) for k in counts])
+    return dict(draft_logits=None, draft_sampled=torch.tensor(sampled, dtype=torch.int64), cu_num_logits=cu,
+                pos=(100 + local).long(), idx_mapping=torch.arange(R, dtype=torch.int32),
+                expanded_idx_mapping=expanded.int(), expanded_local_pos=local.int(),
+                temperature=torch.full((R,), float(temperature)), seed=torch.randint(0, 2**31, (R,), generator=gen)), \
+        num_logits
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_v2_greedy_random_chains_match_vllm(hooked, seed):
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2_sampler
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    assert v2_sampler.rejection_sample is v2.rejection_sample  # the sampler's copy is rebound too
+    gen = torch.Generator().manual_seed(seed)
+    steps, vocab = 4, 4
+    drafts = [torch.randint(0, vocab, (int(k),), generator=gen).tolist() for k in [steps, 0, 2, steps, 1]]
+    kwargs, num_logits = v2_inputs(drafts, vocab, gen, 0.0)
+    logits = torch.randn(num_logits, vocab, generator=gen)
+    ours, ours_n = v2.rejection_sample(logits, num_speculative_steps=steps, **kwargs)
+    ref, ref_n = v2.rejection_sample.__wrapped__(logits, num_speculative_steps=steps, **kwargs)
+    assert torch.equal(ours_n, ref_n)
+    for r in range(len(drafts)):
+        assert ours[r, : int(ref_n[r])].tolist() == ref[r, : int(ref_n[r])].tolist()
+
+
+def test_v2_sampling_is_exact(hooked):
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    gen = torch.Generator().manual_seed(8)
+    draws, vocab, chain = 3000, 4, [1, 3]
+    probs = torch.softmax(torch.randn(len(chain) + 1, vocab, generator=gen) * 1.5, -1)
+    probs[1, 0] = 0
+    kwargs, num_logits = v2_inputs([chain] * draws, vocab, gen, 1.0)
+    logits = torch.log(probs).repeat(draws, 1)
+    out, num = v2.rejection_sample(logits, num_speculative_steps=len(chain), **kwargs)
+    seen = {}
+    for r in range(draws):
+        seq = tuple(out[r, : int(num[r])].tolist())
+        seen[seq] = seen.get(seq, 0) + 1
+    exact = (probs.double() / probs.double().sum(-1, keepdim=True)).numpy()
+    law = {}
+
+    def walk(j, prefix, mass):
+        for x in range(vocab):
+            p = mass * exact[j, x]
+            if p == 0:
+                continue
+            if j < len(chain) and x == chain[j]:
+                walk(j + 1, prefix + (x,), p)
+            else:
+                law[prefix + (x,)] = law.get(prefix + (x,), 0) + p
+
+    walk(0, (), 1.0)
+    assert set(seen) <= set(law)
+    keys = sorted(law)
+    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
+    expected = np.array([law[k] for k in keys]) * draws
+    expected *= draws / expected.sum()
+    assert stats.chisquare(observed, expected)[1] > 1e-3
+
+
+def test_v2_no_host_reads(hooked, monkeypatch):
+    from test_sglang import HostReads
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    gen = torch.Generator().manual_seed(2)
+    kwargs, num_logits = v2_inputs([[1, 2], [], [3]], 5, gen, 1.0)
+    logits = torch.randn(num_logits, 5, generator=gen)
+    reads = HostReads(monkeypatch)
+    v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    assert reads.calls == []
