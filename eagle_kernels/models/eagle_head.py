@@ -211,10 +211,12 @@ class EagleHead(torch.nn.Module):
                     embed=embed, slot_offset=slot_offset)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft logits [B, N, Vd] (float32 on the CPU, the head's dtype elsewhere; EAGLE-1: the target's LM head on the predicted
-        feature; EAGLE-3: own norm and LM head over the draft vocabulary)."""
+        """Draft logits [B, N, Vd], float32 on the CPU and the head's dtype elsewhere (EAGLE-1:
+        the target's LM head on the predicted feature; EAGLE-3: own norm and LM head over the
+        draft vocabulary)."""
         if self.config.kind == EAGLE1:
-            return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), self.target.weights["lm_head.weight"]))
+            lm_head = self.target.weights["lm_head.weight"]
+            return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), lm_head))
         normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
         return logits_for_ops(linear(normed, self.weights["lm_head.weight"], self.packed))
 
