@@ -158,19 +158,25 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         # Compaction, per thread of the [registers, threads] view: a bit mask of its survivors
         # (one select and add per entry), then its first PER_THREAD survivors by lowest set bit,
         # at slot = survivors of the threads before + j. A thread with more sends the chunk to
-        # the plain rounds (n > CAP).
-        surv = tl.reshape(surv, [BLOCK_V // THREADS, THREADS])
-        reg = tl.arange(0, BLOCK_V // THREADS)[:, None]
-        bits = tl.sum(tl.where(surv, tl.full([BLOCK_V // THREADS, 1], 1, tl.uint32) << reg.to(tl.uint32), 0), axis=0)
-        cnt = _popcount(bits)  # [THREADS]
+        # the plain rounds (n > CAP). No step wraps around (the interpreter checks overflow).
+        REGS: tl.constexpr = BLOCK_V // THREADS
+        surv = tl.reshape(surv, [REGS, THREADS])
+        reg = tl.arange(0, REGS)[:, None].to(tl.uint32)
+        bits = tl.sum(tl.where(surv, tl.full([REGS, 1], 1, tl.uint32) << reg, 0), axis=0)
+        c = bits - ((bits >> 1) & 0x55555555)  # SWAR popcount
+        c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
+        c = (c + (c >> 4)) & 0x0F0F0F0F
+        c = c + (c >> 8)
+        cnt = ((c + (c >> 16)) & 0x3F).to(tl.int32)  # [THREADS]
         n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
         slot = tl.cumsum(cnt, axis=0) - cnt
         first_id = base + tl.arange(0, THREADS)  # the id of each thread's register 0
-        for j in tl.static_range(PER_THREAD):
-            low = bits & (0 - bits)  # lowest set bit; its index from the float's exponent
-            at = (low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-            tl.store(surv_ptr + out * CAP + slot + j, first_id + at * THREADS, mask=(j < cnt) & (slot + j < CAP))
-            bits = bits & (bits - 1)
+        for j in tl.static_range(min(PER_THREAD, REGS)):
+            rest = bits & ((bits | (bits == 0).to(tl.uint32)) - 1)  # without the lowest set bit
+            # The lowest set bit's index, from the exponent of its float value.
+            at = ((bits ^ rest).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+            tl.store(surv_ptr + out * CAP + slot + j, first_id + at * THREADS, mask=(j < cnt) & (slot < CAP - j))
+            bits = rest
         tl.debug_barrier()  # the ids just stored by other threads are read back below
     if n <= CAP:
         # Rank each survivor among the others (value desc, id asc): one compare per pair.
@@ -204,14 +210,6 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
             tl.store(part_val_ptr + out * TOP_K + i, best)
             tl.store(part_id_ptr + out * TOP_K + i, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + i, pick))
             alive = alive & (offs != pick)
-
-
-@triton.jit
-def _popcount(bits):
-    """Set bits of each uint32 (SWAR), as int32."""
-    c = bits - ((bits >> 1) & 0x55555555)
-    c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
-    return ((((c + (c >> 4)) & 0x0F0F0F0F) * 0x01010101) >> 24).to(tl.int32)
 
 
 @triton.jit
