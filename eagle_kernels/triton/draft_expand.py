@@ -2,31 +2,38 @@
 in two launches, with no sort.
 
 1. ``_draft_chunk_kernel``, grid ``(B * M, NC)``: chunk ``j`` of row ``(b, m)`` (``BLOCK_V``
-   entries, read as contiguous groups of ``GROUP`` ids) gives its max, its sum of
-   ``exp(x - max)``, a bad flag (NaN or +inf seen) and its local top ``TOP_K``: ``TOP_K``
-   rounds of argmax over the group maxima choose the ``TOP_K`` best groups, which hold the
-   chunk's top ``TOP_K`` (see the kernel), then ``TOP_K`` rounds of masked argmax over those
-   groups' entries (ties: smaller id).
+   entries, one per thread and register: a [registers, threads] view) gives its max, its sum
+   of ``exp(x - max)``, a bad flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id),
+   stored best first, in a constant number of block-wide steps:
+   a. threshold: the chunk's threads form ``SUPER = 2 * next_pow2(TOP_K)`` super-groups; the
+      ``TOP_K``-th largest super-group max ``t`` is reached by ``TOP_K`` distinct entries, so
+      every top-``TOP_K`` entry (ties included) is ``>= t``;
+   b. compaction: each thread builds a bit mask of its entries ``>= t`` (one compare, select and
+      add per entry), a scan over the threads' counts gives each one its slots, and it stores
+      the ids of its first ``PER_THREAD`` survivors (lowest set bits) to a scratch row;
+   c. rank: the ``n <= CAP`` survivors are read back and ranked by one compare per pair; the
+      ``TOP_K`` best are stored at their rank.
+   More than ``CAP`` survivors, or more than ``PER_THREAD`` in one thread (long ties at ``t``,
+   mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
+   instead: exact, slower. About 1.3 * TOP_K entries survive an 8192-entry chunk of random
+   logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
 2. ``_draft_merge_kernel``, grid ``(B,)``: merges the ``NC`` partials of several rows at once
    into ``lse = max + log(sum)`` and each row's top ``TOP_K`` (the best ``TOP_K`` of its
    ``NC * TOP_K`` chunk candidates; one argmax round serves all rows of a block), writes
    tokens and scores (``frontier_score + (x - max) - log(sum)``), then selects the frontier
    among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index).
 
-Each argmax round is one int64 max over packed (value, id) keys (``_pack_key``) for
-fp32/fp16/bf16 input; fp64 input keeps a max over values and a min over ids and no pre-filter.
-Before the group pre-filter, the rounds over whole 4096-entry chunks bounded kernel 1 and the
-merge ran ``M * TOP_K`` rounds in sequence: on an H200, B = 32, M = 8, V = 128256 bf16 logits
-took about 330-380 us per call and B = 1 about 150 us (top_k 8-10, bench/bench_draft_expand.py),
-far below the memory bandwidth. Now a GPU chunk's rounds run over its 256 group maxima and then
-over ``16 * TOP_K`` entries instead of 4096, and the merge runs ``2 * TOP_K`` rounds in sequence
-(one block of rows while ``M * next_pow2(NC * TOP_K) <= 4096``: M = 8 at V = 128256, top_k 10).
+A merge round is one int64 max over packed (value, id) keys (``_pack_key``) for fp32/fp16/bf16
+input; fp64 input keeps a max over values and a min over ids. The chunk kernel before the
+threshold ran ``2 * TOP_K`` block-wide int64 argmax rounds per chunk: 1,542 instructions per
+thread for a 4096-entry chunk, 37 barriers (bf16, top_k 8, sm_90 SASS); now 719 for an
+8192-entry chunk and 13 barriers (``python bench/bench_draft_expand.py --sass``;
+docs/gpu_kernels.md).
 
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +52,7 @@ class DraftExpandConfig:
     """Tuning constants of the draft_expand launch; the outputs do not depend on them.
 
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
-        group size of the chunk pre-filter (``_group_size``).
+        warps and the [registers, threads] view of a chunk (``chunk_shape``).
     merge_lanes: candidate keys of the frontier rows one merge round reduces together.
     """
 
@@ -53,9 +60,12 @@ class DraftExpandConfig:
     merge_lanes: int = 4096
 
 
-# Large chunks on the GPU (fewer partials to merge); small ones in the interpreter so that
-# V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
-# python_tests/ops/test_draft_expand_backends.py drives smaller chunks through _launch).
+# Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
+# (reductions, scan, rank): 719 instructions per thread for 8192 entries against 541 for 4096
+# (bf16, top_k 8), at 126 registers (two blocks per SM); fewer partials to merge. Small ones in
+# the interpreter so that V = 1031 in the tests already takes the multi-chunk merge
+# (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
+# chunks through _launch).
 GPU_CONFIG = DraftExpandConfig(block_v=8192)
 INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
@@ -309,10 +319,10 @@ class ChunkShape:
 
 
 def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
-    """Twice next_pow2(top_k) super-groups keep about 1.2 * top_k survivors of a 4096-entry
-    chunk of random logits (at most 22 for top_k 8 over 4096 bf16 chunks of N(0, 1)); the slots
-    are a power of two >= 32 and >= 3 * top_k. Above top_k 32 the [cap, cap] rank would not fit
-    in registers: plain rounds."""
+    """Twice next_pow2(top_k) super-groups keep about 1.3 * top_k survivors of an 8192-entry
+    chunk of random logits (mean 10.9, at most 24 for top_k 8 over 4096 bf16 chunks of N(0, 1));
+    the slots are a power of two >= 32 and >= 3 * top_k. Above top_k 32 the [cap, cap] rank
+    would not fit in registers: plain rounds."""
     warps = 4 if block_v <= 2048 else 8
     threads = min(block_v, max(32 * warps, block_v // 32))
     block_k = triton.next_power_of_2(top_k)
