@@ -181,7 +181,7 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
         slot = tl.cumsum(cnt, axis=0) - cnt
         first_id = base + tl.arange(0, THREADS)  # the id of each thread's register 0
-        for j in tl.static_range(min(PER_THREAD, REGS)):
+        for j in tl.static_range(PER_THREAD if PER_THREAD < REGS else REGS):
             rest = bits & ((bits | (bits == 0).to(tl.uint32)) - 1)  # without the lowest set bit
             # The lowest set bit's index, from the exponent of its float value.
             at = ((bits ^ rest).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
@@ -190,16 +190,14 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         tl.debug_barrier()  # the ids just stored by other threads are read back below
     if n <= CAP:
         # Rank each survivor among the others (value desc, id asc): one compare per pair.
-        slot_i = tl.arange(0, CAP)[:, None]
-        slot_j = tl.arange(0, CAP)[None, :]
-        id_i = tl.load(surv_ptr + out * CAP + slot_i, mask=slot_i < n, other=0)
-        id_j = tl.load(surv_ptr + out * CAP + slot_j, mask=slot_j < n, other=0)
-        v_i = tl.load(row_ptr + id_i, mask=slot_i < n, other=float("-inf"))
-        v_j = tl.load(row_ptr + id_j, mask=slot_j < n, other=float("-inf"))
-        v_i = v_i.to(tl.float64) if IS_FP64 else v_i.to(tl.float32)
-        v_j = v_j.to(tl.float64) if IS_FP64 else v_j.to(tl.float32)
+        cand = tl.arange(0, CAP)
+        ids = tl.load(surv_ptr + out * CAP + cand, mask=cand < n, other=0)
+        vals = tl.load(row_ptr + ids, mask=cand < n, other=float("-inf"))
+        vals = vals.to(tl.float64) if IS_FP64 else vals.to(tl.float32)
+        slot_i, id_i, v_i = cand[None, :], ids[None, :], vals[None, :]  # ranked: columns
+        slot_j, id_j, v_j = cand[:, None], ids[:, None], vals[:, None]
         beats = (slot_j < n) & ((v_j > v_i) | ((v_j == v_i) & (id_j < id_i)))
-        rank = tl.sum(beats.to(tl.int32), axis=1, keep_dims=True)  # [CAP, 1]
+        rank = tl.sum(beats.to(tl.int32), axis=0, keep_dims=True)  # [1, CAP]
         won = (slot_i < n) & (rank < TOP_K)
         tl.store(part_val_ptr + out * TOP_K + rank, v_i, mask=won)
         tl.store(part_id_ptr + out * TOP_K + rank, id_i, mask=won)
