@@ -26,8 +26,8 @@ in two launches, with no sort.
 A merge round is one int64 max over packed (value, id) keys (``_pack_key``) for fp32/fp16/bf16
 input; fp64 input keeps a max over values and a min over ids. The chunk kernel before the
 threshold ran ``2 * TOP_K`` block-wide int64 argmax rounds per chunk: 1,542 instructions per
-thread for a 4096-entry chunk, 37 barriers (bf16, top_k 8, sm_90 SASS); now 719 for an
-8192-entry chunk and 13 barriers (``python bench/bench_draft_expand.py --sass``;
+thread for a 4096-entry chunk, 37 barriers (bf16, top_k 8, sm_90 SASS, triton 3.9); now 732
+for an 8192-entry chunk and 15 barriers (``python bench/bench_draft_expand.py --sass``;
 docs/gpu_kernels.md).
 
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
@@ -61,8 +61,8 @@ class DraftExpandConfig:
 
 
 # Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
-# (reductions, scan, rank): 719 instructions per thread for 8192 entries against 541 for 4096
-# (bf16, top_k 8), at 126 registers (two blocks per SM); fewer partials to merge. Small ones in
+# (reductions, scan, rank): about 23 instructions per logit at 124-135 registers (two blocks
+# per SM; docs/gpu_kernels.md), and fewer partials to merge. Small ones in
 # the interpreter so that V = 1031 in the tests already takes the multi-chunk merge
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
@@ -329,6 +329,13 @@ def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
     return ChunkShape(warps, threads, min(2 * block_k, threads), max(32, triton.next_power_of_2(3 * top_k)))
 
 
+def _register_cap(shape: ChunkShape) -> dict:
+    """At most 128 registers per thread for 8-warp chunks, so two blocks share an SM (triton 3.6
+    otherwise allocates 135 for bf16 and one block runs per SM); no launch option when
+    interpreted."""
+    return {} if shape.warps < 8 or interpreted(_draft_chunk_kernel) else {"maxnreg": 128}
+
+
 def launch_config() -> DraftExpandConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
@@ -366,7 +373,7 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     _draft_chunk_kernel[(R, NC)](
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, IS_FP64=is_fp64, num_warps=shape.warps,
+        THREADS=shape.threads, IS_FP64=is_fp64, num_warps=shape.warps, **_register_cap(shape),
     )
     d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
     block_ck = triton.next_power_of_2(NC * top_k)
