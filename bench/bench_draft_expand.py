@@ -112,6 +112,8 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
     found = []
 
     def walk(i, counts, loops, masked, depth):
+        if len(found) >= 4096:  # fp64's branchy slow paths would multiply paths without end
+            return
         counts = collections.Counter(counts)
         while i < len(instrs):
             _addr, pred, op, args = instrs[i]
