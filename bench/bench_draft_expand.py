@@ -13,7 +13,22 @@ CUDA (only with a device) ``B in {1, 8, 32}``, ``M = 8``, ``V in {32000, 128256}
 ``top_k in {8, 10}``, bf16 logits. Throughput: logits bytes read per second
 (``B * M * V * element size`` / mean time). CUDA timings synchronise after every call.
 Set ``EAGLE_BENCH_THREADS=1`` or ``2`` to compare thread counts.
+
+Without a GPU, ``python bench/bench_draft_expand.py --sass`` compiles the Triton kernels for
+sm_90 as the launcher would launch them (its constexprs, warps and the JIT's specialisation of
+the argument tensors), reads the SASS and counts the instructions one thread executes along the
+path of a full chunk of ordinary logits (no masked loads, no fallback rounds; a loop counts
+``TOP_K`` times), then models the chunk launch's issue time on an H200 (132 SMs, 4 warp
+instructions per cycle per SM, 1.98 GHz) beside one read of the logits at 4.3 TB/s. Needs
+``TRITON_INTERPRET`` unset.
 """
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -78,3 +93,124 @@ def test_draft_expand_cpu(measure, provider, B, dtype):
 @pytest.mark.parametrize("B", [1, 8, 32], ids=lambda b: f"B{b}")
 def test_draft_expand_cuda(measure, provider, B, V, top_k):
     run_case(measure, provider, B, 8, V, top_k, torch.bfloat16, "cuda")
+
+
+# --------------------------------------------------------------------- SASS count (no GPU)
+H200 = dict(sms=132, issue_per_cycle=4, clock_hz=1.98e9, read_Bps=4.3e12)
+_INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.A-Z0-9_]*\s*([^;]*);")
+
+
+def _sass_paths(sass: str, trips: int, outer_once: bool):
+    """(op counts, loops, predicated LDGs) of every path from the entry to an unconditional
+    EXIT: forward conditional branches both ways, a backward branch closes a loop whose body
+    then runs ``trips`` times in all; with ``outer_once`` the outermost loop runs once (the
+    merge's loop over blocks of rows: one block at the shapes reported)."""
+    instrs = [(int(m[1], 16), m[2] is not None, m[3], m[4]) for m in map(_INSTR.match, sass.splitlines()) if m]
+    index = {addr: i for i, (addr, *_rest) in enumerate(instrs)}
+    targets = [(index.get(int(a.split()[0], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]
+    outermost = min((t for t, i in targets if t < i), default=None) if outer_once else None
+    found = []
+
+    def walk(i, counts, loops, masked, depth):
+        if len(found) >= 4096:  # fp64's branchy slow paths would multiply paths without end
+            return
+        counts = collections.Counter(counts)
+        while i < len(instrs):
+            _addr, pred, op, args = instrs[i]
+            counts[op] += 1
+            masked += op == "LDG" and pred
+            if op == "EXIT" and not pred:
+                found.append((counts, loops, masked))
+                return
+            if op == "BRA":
+                target = index.get(int(args.split()[0], 16))
+                if target is None or target == i:
+                    return
+                if target < i:
+                    for *_rest, body_op, _args in instrs[target:i + 1]:
+                        counts[body_op] += 0 if target == outermost else trips - 1
+                    loops += 1
+                elif not pred:
+                    i = target
+                    continue
+                elif depth < 24:
+                    walk(target, counts, loops, masked, depth + 1)
+            i += 1
+
+    walk(0, {}, 0, 0, 0)
+    return found
+
+
+def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90) -> list[dict]:
+    """One dict per kernel launch of ``draft_expand`` at this shape, compiled for ``sm_arch``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from eagle_kernels.triton import draft_expand as triton_draft_expand
+
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs, grid))
+
+    original, JITFunction.run = JITFunction.run, record
+    try:
+        triton_draft_expand._launch(torch.randn(B, M, V).to(dtype), torch.zeros(B, M), top_k, None,
+                                    triton_draft_expand.GPU_CONFIG)
+    finally:
+        JITFunction.run = original
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    rows = []
+    for kernel, args, kwargs, grid in launches:
+        kwargs = dict(kwargs, debug=False)
+        bound, spec, options = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **kwargs)
+        options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, spec, options)
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                                  options=options.__dict__)
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                                   check=True).stdout
+        res = {k: int(v) for k, v in re.findall(r"(REG|LOCAL):(\d+)", usage)}
+        paths = _sass_paths(sass, kwargs["TOP_K"], outer_once="BLOCK_M" in kwargs)
+        if "BLOCK_V" in kwargs:  # chunk: fewest loops (no fallback rounds), fewest masked loads
+            counts, loops, _ = min(paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+        else:  # merge: every loop entered, the block of rows once
+            assert kwargs["BLOCK_M"] >= M
+            counts, loops, _ = max(paths, key=lambda p: (p[1], sum(p[0].values())))
+        warps, programs = kwargs["num_warps"], grid[0] * (grid[1] if len(grid) > 1 else 1)
+        per_thread = sum(counts.values())
+        row = dict(kernel=kernel.fn.__name__, grid=grid, warps=warps, registers=res["REG"], spill_bytes=res["LOCAL"],
+                   instr_per_thread=per_thread, barriers=counts["BAR"], shuffles=counts["SHFL"], loops=loops,
+                   warp_instr_per_program=per_thread * warps)
+        if "BLOCK_V" in kwargs:
+            block_v = kwargs["BLOCK_V"]
+            row.update(block_v=block_v, thread_instr_per_entry=per_thread * warps * 32 / block_v)
+            issue_s = programs * per_thread * warps / (H200["sms"] * H200["issue_per_cycle"] * H200["clock_hz"])
+            read_s = B * M * V * torch.finfo(dtype).bits / 8 / H200["read_Bps"]
+            row.update(modeled_issue_us=issue_s * 1e6, one_read_us=read_s * 1e6, issue_over_read=issue_s / read_s)
+        rows.append(row)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sass", action="store_true", help="count the compiled kernels' instructions (no GPU)")
+    parser.add_argument("--shape", type=int, nargs=4, default=[8, 8, 128256, 8], metavar=("B", "M", "V", "TOP_K"))
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    args = parser.parse_args()
+    if not args.sass:
+        parser.error("run the benchmarks with pytest (see bench/README.md); --sass for the instruction count")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    for row in sass_report(*args.shape, dtype=dtype):
+        print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -2,31 +2,38 @@
 in two launches, with no sort.
 
 1. ``_draft_chunk_kernel``, grid ``(B * M, NC)``: chunk ``j`` of row ``(b, m)`` (``BLOCK_V``
-   entries, read as contiguous groups of ``GROUP`` ids) gives its max, its sum of
-   ``exp(x - max)``, a bad flag (NaN or +inf seen) and its local top ``TOP_K``: ``TOP_K``
-   rounds of argmax over the group maxima choose the ``TOP_K`` best groups, which hold the
-   chunk's top ``TOP_K`` (see the kernel), then ``TOP_K`` rounds of masked argmax over those
-   groups' entries (ties: smaller id).
+   entries, one per thread and register: a [registers, threads] view) gives its max, its sum
+   of ``exp(x - max)``, a bad flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id),
+   stored best first, in a constant number of block-wide steps:
+   a. threshold: the chunk's threads form ``SUPER = 2 * next_pow2(TOP_K)`` super-groups; the
+      ``TOP_K``-th largest super-group max ``t`` is reached by ``TOP_K`` distinct entries, so
+      every top-``TOP_K`` entry (ties included) is ``>= t``;
+   b. compaction: each thread builds a bit mask of its entries ``>= t`` (one compare, select and
+      add per entry), a scan over the threads' counts gives each one its slots, and it stores
+      the ids of its first ``PER_THREAD`` survivors (lowest set bits) to a scratch row;
+   c. rank: the ``n <= CAP`` survivors are read back and ranked by one compare per pair; the
+      ``TOP_K`` best are stored at their rank.
+   More than ``CAP`` survivors, or more than ``PER_THREAD`` in one thread (long ties at ``t``,
+   mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
+   instead: exact, slower. About 1.3 * TOP_K entries survive an 8192-entry chunk of random
+   logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
 2. ``_draft_merge_kernel``, grid ``(B,)``: merges the ``NC`` partials of several rows at once
    into ``lse = max + log(sum)`` and each row's top ``TOP_K`` (the best ``TOP_K`` of its
    ``NC * TOP_K`` chunk candidates; one argmax round serves all rows of a block), writes
    tokens and scores (``frontier_score + (x - max) - log(sum)``), then selects the frontier
    among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index).
 
-Each argmax round is one int64 max over packed (value, id) keys (``_pack_key``) for
-fp32/fp16/bf16 input; fp64 input keeps a max over values and a min over ids and no pre-filter.
-Before the group pre-filter, the rounds over whole 4096-entry chunks bounded kernel 1 and the
-merge ran ``M * TOP_K`` rounds in sequence: on an H200, B = 32, M = 8, V = 128256 bf16 logits
-took about 330-380 us per call and B = 1 about 150 us (top_k 8-10, bench/bench_draft_expand.py),
-far below the memory bandwidth. Now a GPU chunk's rounds run over its 256 group maxima and then
-over ``16 * TOP_K`` entries instead of 4096, and the merge runs ``2 * TOP_K`` rounds in sequence
-(one block of rows while ``M * next_pow2(NC * TOP_K) <= 4096``: M = 8 at V = 128256, top_k 10).
+A merge round is one int64 max over packed (value, id) keys (``_pack_key``) for fp32/fp16/bf16
+input; fp64 input keeps a max over values and a min over ids. The chunk kernel before the
+threshold ran ``2 * TOP_K`` block-wide int64 argmax rounds per chunk: 1,542 instructions per
+thread for a 4096-entry chunk, 37 barriers (bf16, top_k 8, sm_90 SASS, triton 3.9); now 732
+for an 8192-entry chunk and 15 barriers (``python bench/bench_draft_expand.py --sass``;
+docs/gpu_kernels.md).
 
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +52,7 @@ class DraftExpandConfig:
     """Tuning constants of the draft_expand launch; the outputs do not depend on them.
 
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
-        group size of the chunk pre-filter (``_group_size``).
+        warps and the [registers, threads] view of a chunk (``chunk_shape``).
     merge_lanes: candidate keys of the frontier rows one merge round reduces together.
     """
 
@@ -53,13 +60,19 @@ class DraftExpandConfig:
     merge_lanes: int = 4096
 
 
-# Large chunks on the GPU (fewer partials to merge); small ones in the interpreter so that
-# V = 1031 in the tests already takes the multi-chunk merge (test_triton_many_chunks in
-# python_tests/ops/test_draft_expand_backends.py drives smaller chunks through _launch).
-GPU_CONFIG = DraftExpandConfig(block_v=4096)
+# Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
+# (reductions, scan, rank): about 23 instructions per logit at 124-135 registers (two blocks
+# per SM; docs/gpu_kernels.md), and fewer partials to merge. Small ones in
+# the interpreter so that V = 1031 in the tests already takes the multi-chunk merge
+# (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
+# chunks through _launch).
+GPU_CONFIG = DraftExpandConfig(block_v=8192)
 INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
+PER_THREAD = tl.constexpr(4)  # survivors one thread compacts
+_LOG2E = tl.constexpr(1.4426950408889634)
+_MAX_FILTER_K = 32  # largest top_k of the chunk threshold
 _KEY_MIN = tl.constexpr(-(2**63) + 1)  # below every packed key: taken or masked entries
 
 
@@ -87,91 +100,124 @@ def _draft_chunk_kernel(
     part_bad_ptr,  # [B * M, NC] int32
     part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
     part_id_ptr,  # [B * M, NC, TOP_K] int32
+    surv_ptr,  # [B * M, NC, CAP] int32 scratch: ids of the chunk's survivors
     V,
     NC,
     TOP_K: tl.constexpr,
     BLOCK_K: tl.constexpr,  # next power of two of TOP_K
     BLOCK_V: tl.constexpr,
-    GROUP: tl.constexpr,  # entries per group of the pre-filter; 0: no pre-filter
+    SUPER: tl.constexpr,  # super-groups of the threshold; 0: no threshold, TOP_K plain rounds
+    CAP: tl.constexpr,  # survivor slots ranked in registers
+    THREADS: tl.constexpr,  # 32 * num_warps
     IS_FP64: tl.constexpr,
 ):
+    """Chunk ``(row, chunk)``: max, sum of ``exp(x - max)``, bad flag and the chunk's top
+    TOP_K (value desc, id asc; unordered: the merge ranks them). Only the last chunk of a row
+    takes the masked loads and compares."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    base = chunk * BLOCK_V
-    out = row * NC + chunk
-    if GROUP > 0:
-        # The chunk as [GROUPS, GROUP] contiguous groups of ids, one load of the logits.
-        GROUPS: tl.constexpr = BLOCK_V // GROUP
-        group_ids = tl.arange(0, GROUPS)
-        offs = base + group_ids[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    if (chunk + 1) * BLOCK_V <= V:
+        _chunk_partials(logits_ptr + row * V, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr,
+                        surv_ptr, row * NC + chunk, chunk * BLOCK_V, V, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP,
+                        THREADS, IS_FP64, False)
     else:
-        offs = base + tl.arange(0, BLOCK_V)
-    in_row = offs < V
-    x = tl.load(logits_ptr + row * V + offs, mask=in_row, other=float("-inf"))
+        _chunk_partials(logits_ptr + row * V, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr,
+                        surv_ptr, row * NC + chunk, chunk * BLOCK_V, V, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP,
+                        THREADS, IS_FP64, True)
+
+
+@triton.jit
+def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
+                    base, V, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SUPER: tl.constexpr,
+                    CAP: tl.constexpr, THREADS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
+    # One element per thread and register: the survivors' compaction below then stores from the
+    # load's own layout (a vectorised load would make the compiler convert all BLOCK_V entries
+    # through shared memory for the scattered store).
+    offs = base + tl.arange(0, BLOCK_V)
+    if MASKED:
+        in_row = offs < V
+        x = tl.load(row_ptr + tl.max_contiguous(offs, 1), mask=in_row, other=float("-inf"))
+    else:
+        x = tl.load(row_ptr + tl.max_contiguous(offs, 1))
     x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
-    is_nan = x != x
-    # Ranking value: NaN only occurs in bad rows, whose ranking is not used.
-    xr = tl.where(is_nan, float("-inf"), x)
-    if GROUP > 0:
-        bad = tl.max(tl.max(is_nan.to(tl.int32), axis=1), axis=0)
-        group_max = tl.max(xr, axis=1)  # [GROUPS]
-        cmax = tl.max(group_max, axis=0)
+    # Maxima ignore NaN (max.f32 on the GPU, fmax in the interpreter); NaN only occurs in bad
+    # rows, whose ranking is not used.
+    if SUPER > 0:
+        # [registers, threads] view: the per-thread maxima take no shuffles.
+        tmax = tl.max(tl.reshape(x, [BLOCK_V // THREADS, THREADS]), axis=0)
+        smax = tl.max(tl.reshape(tmax, [SUPER, THREADS // SUPER]), axis=1)  # [SUPER]
+        cmax = tl.max(smax, axis=0)
     else:
-        bad = tl.max(is_nan.to(tl.int32), axis=0)
-        cmax = tl.max(xr, axis=0)
-    bad = bad | (cmax == float("inf")).to(tl.int32)
-    # -inf entries count 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf).
+        cmax = tl.max(x, axis=0)
+    # exp(-inf) = 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf). A NaN entry
+    # makes the sum NaN: with +inf as the max, that is the bad flag, with no extra reduction.
     shift = tl.where(cmax == float("-inf"), 0.0, cmax)
-    e = tl.where(xr == float("-inf"), 0.0, tl.exp(xr - shift))
-    if GROUP > 0:
-        csum = tl.sum(tl.sum(e, axis=1), axis=0)
-    else:
-        csum = tl.sum(e, axis=0)
+    csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E), axis=0)  # one FFMA per entry
     tl.store(part_max_ptr + out, cmax)
     tl.store(part_sum_ptr + out, csum)
-    tl.store(part_bad_ptr + out, bad)
-    # Local top-k: TOP_K rounds of argmax over the entries not taken yet (ties: smaller id).
-    # -inf entries are real candidates (ranked by id); the masked tail never is.
-    # A chunk with fewer than TOP_K entries stores -inf with ids above every real one, so the
-    # merge ranks them last.
-    if IS_FP64:
-        alive = in_row
-        for r in range(TOP_K):
-            best = tl.max(tl.where(alive, xr, float("-inf")), axis=0)
-            pick = tl.min(tl.where(alive & (xr == best), offs, _BIG_ID), axis=0)
-            tl.store(part_val_ptr + out * TOP_K + r, best)
-            tl.store(part_id_ptr + out * TOP_K + r, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + r, pick))
-            alive = alive & (offs != pick)
+    tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
+    n = BLOCK_V + 1  # survivors; above CAP: the plain rounds
+    if SUPER > 0:
+        # Threshold: the TOP_K-th largest super-group max. TOP_K super-groups hold an entry >= t
+        # (or t = -inf), so the chunk's top TOP_K, ties included, are all >= t.
+        above = tl.sum((smax[None, :] >= smax[:, None]).to(tl.int32), axis=1)  # [SUPER]
+        t = tl.max(tl.where(above >= TOP_K, smax, float("-inf")), axis=0)
+        surv = x >= t
+        if MASKED:
+            surv = surv & in_row
+        # Compaction, per thread of the [registers, threads] view: a bit mask of its survivors
+        # (one select and add per entry), then its first PER_THREAD survivors by lowest set bit,
+        # at slot = survivors of the threads before + j. A thread with more sends the chunk to
+        # the plain rounds (n > CAP). No step wraps around (the interpreter checks overflow).
+        REGS: tl.constexpr = BLOCK_V // THREADS
+        surv = tl.reshape(surv, [REGS, THREADS])
+        reg = tl.arange(0, REGS)[:, None].to(tl.uint32)
+        bits = tl.sum(tl.where(surv, tl.full([REGS, 1], 1, tl.uint32) << reg, 0), axis=0)
+        c = bits - ((bits >> 1) & 0x55555555)  # SWAR popcount
+        c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
+        c = (c + (c >> 4)) & 0x0F0F0F0F
+        c = c + (c >> 8)
+        cnt = ((c + (c >> 16)) & 0x3F).to(tl.int32)  # [THREADS]
+        n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
+        slot = tl.cumsum(cnt, axis=0) - cnt
+        first_id = base + tl.arange(0, THREADS)  # the id of each thread's register 0
+        for j in tl.static_range(PER_THREAD if PER_THREAD < REGS else REGS):
+            rest = bits & ((bits | (bits == 0).to(tl.uint32)) - 1)  # without the lowest set bit
+            # The lowest set bit's index, from the exponent of its float value.
+            at = ((bits ^ rest).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+            tl.store(surv_ptr + out * CAP + slot + j, first_id + at * THREADS, mask=(j < cnt) & (slot < CAP - j))
+            bits = rest
+        tl.debug_barrier()  # the ids just stored by other threads are read back below
+    if n <= CAP:
+        # Rank each survivor among the others (value desc, id asc): one compare per pair.
+        cand = tl.arange(0, CAP)
+        ids = tl.load(surv_ptr + out * CAP + cand, mask=cand < n, other=0)
+        vals = tl.load(row_ptr + ids, mask=cand < n, other=float("-inf"))
+        vals = vals.to(tl.float64) if IS_FP64 else vals.to(tl.float32)
+        slot_i, id_i, v_i = cand[None, :], ids[None, :], vals[None, :]  # ranked: columns
+        slot_j, id_j, v_j = cand[:, None], ids[:, None], vals[:, None]
+        beats = (slot_j < n) & ((v_j > v_i) | ((v_j == v_i) & (id_j < id_i)))
+        rank = tl.sum(beats.to(tl.int32), axis=0, keep_dims=True)  # [1, CAP]
+        won = (slot_i < n) & (rank < TOP_K)
+        tl.store(part_val_ptr + out * TOP_K + rank, v_i, mask=won)
+        tl.store(part_id_ptr + out * TOP_K + rank, id_i, mask=won)
+        # A chunk with fewer than TOP_K entries stores -inf with ids above every real one, so
+        # the merge ranks them last.
+        r = tl.arange(0, BLOCK_K)
+        empty = (r >= n) & (r < TOP_K)
+        tl.store(part_val_ptr + out * TOP_K + r, tl.full([BLOCK_K], float("-inf"), v_i.dtype), mask=empty)
+        tl.store(part_id_ptr + out * TOP_K + r, r + (_BIG_ID - TOP_K), mask=empty)
     else:
-        if GROUP > 0:
-            # Pre-filter: the chunk's top TOP_K lie in the TOP_K best groups by (group max desc,
-            # group index asc). An entry of any other group is beaten by the best entry of each
-            # chosen group: a larger value, or an equal one at a smaller id (groups are
-            # ascending id ranges). So the rounds run over TOP_K * GROUP entries, re-read from
-            # the cache, instead of BLOCK_V.
-            group_keys = tl.where(base + group_ids * GROUP < V, _pack_key(group_max, group_ids), _KEY_MIN)
-            lanes = tl.arange(0, BLOCK_K)
-            chosen = tl.full([BLOCK_K], -1, tl.int32)  # group of each lane; -1: none left
-            for r in range(TOP_K):
-                gmax = tl.max(group_keys, axis=0)
-                _, group = _unpack_key(gmax)
-                chosen = tl.where((lanes == r) & (gmax != _KEY_MIN), group, chosen)
-                group_keys = tl.where(group_keys == gmax, _KEY_MIN, group_keys)
-            offs = base + chosen[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_K, GROUP]
-            in_row = (chosen[:, None] >= 0) & (offs < V)
-            xr = tl.load(logits_ptr + row * V + offs, mask=in_row, other=float("-inf")).to(tl.float32)
-            xr = tl.where(xr != xr, float("-inf"), xr)
-        keys = tl.where(in_row, _pack_key(xr, offs), _KEY_MIN)
-        for r in range(TOP_K):
-            if GROUP > 0:
-                kmax = tl.max(tl.max(keys, axis=1), axis=0)
-            else:
-                kmax = tl.max(keys, axis=0)
-            best, pick = _unpack_key(kmax)
-            exhausted = kmax == _KEY_MIN
-            tl.store(part_val_ptr + out * TOP_K + r, tl.where(exhausted, float("-inf"), best))
-            tl.store(part_id_ptr + out * TOP_K + r, tl.where(exhausted, _BIG_ID - TOP_K + r, pick))
-            keys = tl.where(keys == kmax, _KEY_MIN, keys)
+        # TOP_K rounds of argmax (ties: smaller id) over the whole chunk: for more than CAP
+        # survivors (long ties at the threshold, many -inf) and for large TOP_K (no threshold).
+        # An exhausted round stores the filler described above.
+        alive = in_row if MASKED else offs >= 0
+        for i in range(TOP_K):
+            best = tl.max(tl.where(alive, x, float("-inf")), axis=0)
+            pick = tl.min(tl.where(alive & (x == best), offs, _BIG_ID), axis=0)
+            tl.store(part_val_ptr + out * TOP_K + i, best)
+            tl.store(part_id_ptr + out * TOP_K + i, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + i, pick))
+            alive = alive & (offs != pick)
 
 
 @triton.jit
@@ -257,13 +303,37 @@ def _draft_merge_kernel(
         keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
 
 
-def _group_size(block_v: int, top_k: int, is_fp64: bool) -> int:
-    """Entries per group of the chunk pre-filter, 0 for none. A round costs about
-    (groups + top_k * group) lanes, least near group = sqrt(block_v / top_k): 16 for the GPU's
-    4096-entry chunks; smaller so that a chunk has at least twice top_k groups. Chunks with
-    fewer groups than that, and fp64 logits, take the plain rounds."""
-    group = min(16, block_v // (2 * triton.next_power_of_2(top_k)))  # a power of two, or 0
-    return 0 if is_fp64 or group < 1 else group
+@dataclasses.dataclass(frozen=True)
+class ChunkShape:
+    """How a chunk program of ``block_v`` entries runs: ``warps`` warps; the chunk seen as
+    [block_v // threads, threads] (registers x threads, at most 32 registers: the uint32
+    survivor mask); ``n_super`` super-groups of whole threads for the threshold and ``cap``
+    survivor slots, or 0 and 0 for the plain rounds (top_k above ``_MAX_FILTER_K``)."""
+
+    warps: int
+    threads: int
+    n_super: int
+    cap: int
+
+
+def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
+    """Twice next_pow2(top_k) super-groups keep about 1.3 * top_k survivors of an 8192-entry
+    chunk of random logits (mean 10.9, at most 24 for top_k 8 over 4096 bf16 chunks of N(0, 1));
+    the slots are a power of two >= 32 and >= 3 * top_k. Above top_k 32 the [cap, cap] rank
+    would not fit in registers: plain rounds."""
+    warps = 4 if block_v <= 2048 else 8
+    threads = min(block_v, max(32 * warps, block_v // 32))
+    block_k = triton.next_power_of_2(top_k)
+    if block_k > _MAX_FILTER_K:
+        return ChunkShape(warps, threads, 0, 0)
+    return ChunkShape(warps, threads, min(2 * block_k, threads), max(32, triton.next_power_of_2(3 * top_k)))
+
+
+def _register_cap(shape: ChunkShape) -> dict:
+    """At most 128 registers per thread for 8-warp chunks, so two blocks share an SM (triton 3.6
+    otherwise allocates 135 for bf16 and one block runs per SM); no launch option when
+    interpreted."""
+    return {} if shape.warps < 8 or interpreted(_draft_chunk_kernel) else {"maxnreg": 128}
 
 
 def launch_config() -> DraftExpandConfig:
@@ -272,7 +342,9 @@ def launch_config() -> DraftExpandConfig:
     return INTERPRETER_CONFIG if interpreted(_draft_chunk_kernel) else GPU_CONFIG
 
 
-def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig) -> DraftCandidates:
+def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, survivors=None) -> DraftCandidates:
+    """``survivors``: the chunk kernel's scratch (int32 [B * M, NC, cap]), given by tests that
+    read back which ids each chunk compacted."""
     B, M, V = logits.shape
     device = logits.device
     x = logits if logits.is_contiguous() else logits.contiguous()
@@ -295,11 +367,13 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig) -> D
     part_bad = torch.empty(R, NC, dtype=torch.int32, device=device)
     part_val = torch.empty(R, NC, top_k, dtype=compute, device=device)
     part_id = torch.empty(R, NC, top_k, dtype=torch.int32, device=device)
+    shape = chunk_shape(block_v, top_k)
+    if survivors is None:
+        survivors = torch.empty(R, NC, max(shape.cap, 1), dtype=torch.int32, device=device)
     _draft_chunk_kernel[(R, NC)](
-        x, part_max, part_sum, part_bad, part_val, part_id, V, NC,
-        TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v,
-        GROUP=_group_size(block_v, top_k, is_fp64), IS_FP64=is_fp64,
-        num_warps=4 if block_v <= 2048 else 8,
+        x, part_max, part_sum, part_bad, part_val, part_id, survivors, V, NC,
+        TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
+        THREADS=shape.threads, IS_FP64=is_fp64, num_warps=shape.warps, **_register_cap(shape),
     )
     d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
     block_ck = triton.next_power_of_2(NC * top_k)

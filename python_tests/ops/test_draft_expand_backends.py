@@ -171,40 +171,71 @@ def test_triton_many_chunks(backend, op_impl, block_v, V, top_k):
     assert_same_as_reference(out, ref)
 
 
-def _grouped_rows(V, group, top_k):
-    """[1, 5, V] float32 rows aimed at the chunk pre-filter (groups of ``group`` ids): the top
-    ``top_k`` inside one group; every group sharing the same max (ties across groups, broken
-    by id); a flat row (all equal); ascending values (the best entries in the last groups);
-    half -inf with the real entries after them."""
-    gen = torch.Generator().manual_seed(V + group)
-    rows = torch.randn(5, V, generator=gen).clamp(-3, 3)
-    rows[0, 3 * group: 3 * group + top_k] = 10.0 + torch.arange(top_k, dtype=torch.float32)
-    rows[1] = rows[1].clamp(max=2.0)
-    rows[1, ::group] = 2.0
-    rows[2] = 0.5
-    rows[3] = torch.linspace(-5, 5, V)
-    rows[4, : V // 2] = float("-inf")
+def _threshold_rows(V, block_v, top_k):
+    """[1, 7, V] float32 rows aimed at the chunk threshold: random; the top ``top_k`` in one
+    thread's registers (more survivors than a thread compacts: plain rounds); ties at the max
+    spread over threads (ranked by id); ties at the max in two threads (plain rounds); a flat row
+    (plain rounds); ascending values (the best entries in the last chunk); half -inf."""
+    from eagle_kernels.triton.draft_expand import chunk_shape
+
+    threads = chunk_shape(block_v, top_k).threads
+    gen = torch.Generator().manual_seed(V + block_v)
+    rows = torch.randn(7, V, generator=gen).clamp(-3, 3)
+    rows[1, (5 + threads * torch.arange(top_k)) % V] = 10.0 + torch.arange(top_k, dtype=torch.float32)
+    rows[2] = rows[2].clamp(max=2.0)
+    rows[2, :: threads + 1] = 2.0
+    rows[3] = rows[3].clamp(max=2.0)
+    rows[3, :: threads // 2] = 2.0
+    rows[4] = 0.5
+    rows[5] = torch.linspace(-5, 5, V)
+    rows[6, : V // 2] = float("-inf")
     return rows[None]
 
 
-@pytest.mark.parametrize("block_v,V,top_k", [(64, 64, 4), (64, 64 + 5, 4), (128, 700, 8), (256, 1031, 3)],
-                         ids=["one-chunk", "tail-group", "b128k8", "b256k3"])
-def test_triton_group_prefilter(backend, op_impl, block_v, V, top_k):
-    """The chunk kernel's group pre-filter (rounds over the best groups only) keeps the exact
-    top-k and tie order of a full search, including ties across groups and tail chunks with
-    fewer groups than top_k."""
+def _expected_survivors(row, chunk, block_v, top_k):
+    """(ids >= the chunk's threshold, whether the chunk takes the compaction) by the kernel's
+    definition: threads own ids ``base + r * threads + t``; super-groups are runs of threads."""
+    from eagle_kernels.triton.draft_expand import PER_THREAD, chunk_shape
+
+    shape = chunk_shape(block_v, top_k)
+    V = row.numel()
+    ids = chunk * block_v + torch.arange(block_v)
+    valid = ids < V
+    x = torch.full((block_v,), float("-inf"))
+    x[valid] = row[ids[valid]]
+    tmax = x.view(-1, shape.threads).amax(0)
+    smax = tmax.view(shape.n_super, -1).amax(1)
+    t = smax[(smax[None, :] >= smax[:, None]).sum(1) >= top_k].max()
+    surv = (x >= t) & valid
+    per_thread = surv.view(-1, shape.threads).sum(0)
+    return set(ids[surv].tolist()), int(surv.sum()) <= shape.cap and int(per_thread.max()) <= PER_THREAD.value
+
+
+@pytest.mark.parametrize("block_v,V,top_k", [(1024, 1100, 8), (256, 700, 10)], ids=["b1024k8", "b256k10"])
+def test_triton_chunk_threshold(backend, op_impl, block_v, V, top_k):
+    """The chunk kernel's threshold and compaction: each chunk that takes them stores exactly
+    the ids at or above its threshold (read back from the scratch), the others take the plain
+    rounds; both give the exact top-k and tie order of a full search, tail chunks included."""
     if backend != "triton":
         pytest.skip("triton launcher only")
     op_impl("draft_expand")
-    from eagle_kernels.triton.draft_expand import DraftExpandConfig, _group_size, _launch
+    from eagle_kernels.triton.draft_expand import DraftExpandConfig, _launch, chunk_shape
 
-    group = _group_size(block_v, top_k, False)
-    assert block_v // group > top_k  # the cases take the pre-filter
-    logits = _grouped_rows(V, group, top_k)
-    fs = random_frontier_scores(1, 5, V)
-    out = _launch(logits, fs, top_k, None, DraftExpandConfig(block_v=block_v))
+    logits = _threshold_rows(V, block_v, top_k)
+    fs = random_frontier_scores(1, 7, V)
+    NC = -(-V // block_v)
+    scratch = torch.full((7, NC, chunk_shape(block_v, top_k).cap), -1, dtype=torch.int32)
+    out = _launch(logits, fs, top_k, None, DraftExpandConfig(block_v=block_v), survivors=scratch)
     np.testing.assert_array_equal(out.tokens.numpy(), naive_draft_expand(logits, fs, top_k)[0])
     assert_same_as_reference(out, reference.draft_expand(logits, fs, top_k))
+    paths = set()
+    for m in range(7):
+        for chunk in range(NC):
+            want, compacted = _expected_survivors(logits[0, m], chunk, block_v, top_k)
+            paths.add(compacted)
+            if compacted:
+                assert set(scratch[m, chunk].tolist()) - {-1} == want, (m, chunk)
+    assert paths == {True, False}  # both the compaction and the plain rounds ran
 
 
 @pytest.mark.parametrize("lanes", [1, 64], ids=["one-row-per-block", "two-rows-per-block"])

@@ -100,30 +100,32 @@ def test_verify_gpu_config(dtype):
 
 # ---------------------------------------------------------------------------- draft_expand
 def draft_logits(B, M, V, top_k, dtype, seed):
-    """Logits in [-4, 4] with each row's top ``top_k`` planted 0.5 apart (exact in every
-    dtype) at random ids, some of them in the tail chunk."""
+    """N(0, 1.5) logits (no clamp: few ties, so the GPU chunks take the threshold compaction)
+    with each row's top ``top_k`` planted 0.5 apart from 10 (exact in every dtype) at random
+    ids, some of them in the tail chunk."""
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, M, V, generator=gen, dtype=torch.float64) * 1.5).clamp(-4, 4)
+    logits = torch.randn(B, M, V, generator=gen, dtype=torch.float64) * 1.5
     for b in range(B):
         for m in range(M):
             ids = torch.randperm(V, generator=gen)[:top_k]
-            logits[b, m, ids] = 5.0 + 0.5 * torch.arange(top_k - 1, -1, -1, dtype=torch.float64)
-    logits[0, 0, V - 3:] = 9.0  # ties at the top, in the partial last chunk
+            logits[b, m, ids] = 10.0 + 0.5 * torch.arange(top_k - 1, -1, -1, dtype=torch.float64)
+    logits[0, 0, V - 3:] = 20.0  # ties at the top, in the partial last chunk
     return logits.to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
 def test_draft_expand_gpu_config(dtype):
-    """V = 9000 spans three of the GPU's 4096-entry chunks (the last partial), each filtered
-    by groups of 16 (fp64: plain rounds); the merge takes all frontier rows in one block."""
+    """V = 9000 spans two of the GPU's 8192-entry chunks (the last partial, masked loads), each
+    seen as 32 registers x 256 threads with 16 super-groups and 32 survivor slots; the merge
+    takes all frontier rows in one block. Row (0, 1) is flat (plain rounds over the chunk)."""
     from eagle_kernels.triton import draft_expand as triton_draft_expand
 
     config = triton_draft_expand.GPU_CONFIG
     B, M, V, top_k = 2, 3, 9000, 8
     assert math.ceil(V / config.block_v) >= 2
-    assert triton_draft_expand._group_size(config.block_v, top_k, dtype == torch.float64) == (
-        0 if dtype == torch.float64 else 16)
+    assert triton_draft_expand.chunk_shape(config.block_v, top_k) == triton_draft_expand.ChunkShape(8, 256, 16, 32)
     logits = draft_logits(B, M, V, top_k, dtype, seed=V)
+    logits[0, 1] = 0.25
     gen = torch.Generator().manual_seed(1)
     fs = -3.0 * torch.rand(B, M, generator=gen)
     d2t = torch.randint(0, 1000, (V,), generator=gen)
