@@ -41,6 +41,9 @@ from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 from eagle_kernels.policy import StaticPolicy  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_e2e import random_llama  # noqa: E402
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 SHAPES = {
@@ -55,22 +58,8 @@ DTYPE = torch.bfloat16
 
 
 def random_model(config: LlamaConfig) -> LlamaModel:
-    g = torch.Generator().manual_seed(0)
-    H, I, D = config.hidden_size, config.intermediate_size, config.head_dim
-    q, kv = config.num_heads * D, config.num_kv_heads * D
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, H), "model.norm.weight": (H,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, H)
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-                       p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
-                       p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
-                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-                       p + "mlp.down_proj.weight": (H, I)})
-    weights = {n: (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.02).to(DTYPE)
-               for n, s in shapes.items()}
-    return LlamaModel(config, weights)
+    """Random bf16 weights of ``config``'s shapes (launch counts do not depend on the values)."""
+    return random_llama(config, DTYPE, "cpu")
 
 
 def count(name: str, tree: TreeConfig, gpu_layer_path: bool) -> dict:
