@@ -28,6 +28,7 @@ import collections
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -145,8 +146,10 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90) -> l
     """One dict per kernel launch of ``draft_expand`` at this shape, compiled for ``sm_arch``."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
+    from triton.runtime.jit import JITFunction
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import compile_audit
 
     from eagle_kernels.triton import draft_expand as triton_draft_expand
 
@@ -162,22 +165,19 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90) -> l
     finally:
         JITFunction.run = original
     target = GPUTarget("cuda", arch, 32)
-    backend = make_backend(target)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     rows = []
     for kernel, args, kwargs, grid in launches:
-        kwargs = dict(kwargs, debug=False)
-        bound, spec, options = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **kwargs)
-        options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, spec, options)
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                                  options=options.__dict__)
+        compiled, log, _ = compile_audit.compile_specialised(
+            compile_audit.Launch(kernel, args, kwargs, tuple(grid), "draft_expand"), target)
         with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
             sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
             usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
                                    check=True).stdout
-        res = {k: int(v) for k, v in re.findall(r"(REG|LOCAL):(\d+)", usage)}
+        res = {k: int(v) for k, v in re.findall(r"(REG):(\d+)", usage)}
+        _, spill_stores, spill_loads = compile_audit.ptxas_spills(log)
         paths = _sass_paths(sass, kwargs["TOP_K"], outer_once="BLOCK_M" in kwargs)
         if "BLOCK_V" in kwargs:  # chunk: fewest loops (no fallback rounds), fewest masked loads
             counts, loops, _ = min(paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
@@ -186,7 +186,8 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90) -> l
             counts, loops, _ = max(paths, key=lambda p: (p[1], sum(p[0].values())))
         warps, programs = kwargs["num_warps"], grid[0] * (grid[1] if len(grid) > 1 else 1)
         per_thread = sum(counts.values())
-        row = dict(kernel=kernel.fn.__name__, grid=grid, warps=warps, registers=res["REG"], spill_bytes=res["LOCAL"],
+        row = dict(kernel=kernel.fn.__name__, grid=grid, warps=warps, registers=res["REG"],
+                   spill_stores=spill_stores, spill_loads=spill_loads,
                    instr_per_thread=per_thread, barriers=counts["BAR"], shuffles=counts["SHFL"], loops=loops,
                    warp_instr_per_program=per_thread * warps)
         if "BLOCK_V" in kwargs:

@@ -385,11 +385,24 @@ def sass_loops(sass: str) -> tuple[int, list[Loop]]:
     return len(offsets), loops
 
 
-def compile_launch(launch: Launch, target: GPUTarget) -> Audit:
+def compile_specialised(launch: Launch, target: GPUTarget):
+    """(compiled kernel, ptxas -v log, (signature, constexprs, attrs)) of a launch compiled as the
+    JIT would compile it."""
     options, signature, constexprs, attrs = specialise(launch, target)
+    compiled, log = _compile_with_ptxas_log(ASTSource(launch.kernel, signature, constexprs, attrs), target, options)
+    return compiled, log, (signature, constexprs, attrs)
+
+
+def ptxas_spills(log: str) -> tuple[int, int, int] | None:
+    """(stack frame, spill stores, spill loads) in bytes from a ptxas -v log; the cubin's LOCAL
+    resource field is not the spill figure (it reads 0 for kernels that spill)."""
+    found = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return tuple(int(g) for g in found.groups()) if found else None
+
+
+def compile_launch(launch: Launch, target: GPUTarget) -> Audit:
     kernel = launch.kernel
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    compiled, log = _compile_with_ptxas_log(source, target, options)
+    compiled, log, (signature, constexprs, attrs) = compile_specialised(launch, target)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as f:
@@ -399,7 +412,7 @@ def compile_launch(launch: Launch, target: GPUTarget) -> Audit:
         sass = subprocess.run([_tool("nvdisasm"), "-c", "-gi", cubin], capture_output=True, text=True,
                               check=True).stdout
     resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", usage)}
-    spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    spills = ptxas_spills(log)
     registers_v = re.search(r"Used (\d+) registers", log)
     if not spills or not registers_v or int(registers_v.group(1)) != resources["REG"]:
         raise RuntimeError(f"{kernel.fn.__name__}: no ptxas -v log matching the cubin ({log[-500:]!r})")
@@ -421,8 +434,7 @@ def compile_launch(launch: Launch, target: GPUTarget) -> Audit:
         kernel=kernel.fn.__name__, cases=[launch.case], grid=list(launch.grid) if not callable(launch.grid) else [],
         constexprs={names[p[0]]: str(v) for p, v in constexprs.items() if names[p[0]] in declared},
         specialised=specialised, num_warps=num_warps, num_stages=compiled.metadata.num_stages,
-        registers=resources["REG"], stack_bytes=int(spills.group(1)),
-        spill_stores=int(spills.group(2)), spill_loads=int(spills.group(3)),
+        registers=resources["REG"], stack_bytes=spills[0], spill_stores=spills[1], spill_loads=spills[2],
         shared_dynamic=shared, shared_static=resources["SHARED"], blocks_per_sm=blocks, limiter=limiter,
         sass_instructions=count, loops=loops,
         hot_loop_instructions=max((loop.instructions for loop in inner), default=0), sass=sass,
