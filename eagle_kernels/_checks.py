@@ -128,7 +128,8 @@ def tree_attention_shape(q, *args, **kwargs):
 
 
 # ----------------------------------------------------------------------------- draft_expand
-def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, values=True):
+def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, seed=None, offset=None,
+                       depth=0, values=True):
     check_tensor("logits", logits, dtype=FLOAT_DTYPES, ndim=3)
     B, M, V = logits.shape
     device = logits.device
@@ -139,6 +140,22 @@ def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, values=True)
         _fail("logits", "at least one frontier node and one vocabulary entry", f"shape {tuple(logits.shape)}")
     if d2t is not None:
         check_tensor("d2t", d2t, dtype=torch.int64, shape=(V,), device=device)
+    for name, t, dtype in (("temperature", temperature, torch.float32), ("seed", seed, torch.int64),
+                           ("offset", offset, torch.int64)):
+        if t is not None:
+            check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
+    # The Gumbel draws' counter holds depth and the frontier row in 32 bits (docs/ops.md §2).
+    if not isinstance(depth, int) or not 0 <= depth < DRAFT_DEPTH_LIMIT:
+        _fail("depth", f"an int in [0, {DRAFT_DEPTH_LIMIT})", depth)
+    if M > DRAFT_ROW_LIMIT:
+        _fail("logits", f"at most {DRAFT_ROW_LIMIT} frontier nodes (M)", f"shape {tuple(logits.shape)}")
+    if temperature is not None and values and values_checked(device):
+        if bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
+            _fail("temperature", "finite values >= 0", temperature.tolist())
+
+
+DRAFT_DEPTH_LIMIT = 65535
+DRAFT_ROW_LIMIT = 65536
 
 
 def draft_expand_shapes(logits, frontier_scores, top_k, **_):
@@ -180,7 +197,7 @@ def build_tree_shapes(root_tokens, cand_tokens, cand_scores, cand_parents, num_n
 
 # ----------------------------------------------------------------------------------- verify
 def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
-                 top_p=None, seed=None, offset=None, values=True):
+                 top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, values=True):
     check_tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, ndim=3)
     B, N, V = target_logits.shape
     device = target_logits.device
@@ -196,6 +213,24 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
     for name, t, dtype in optional:
         if t is not None:
             check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
+    if draft_probs is None:
+        for name, t in (("draft_sampled", draft_sampled), ("d2t", d2t)):
+            if t is not None:
+                _fail(name, "None when draft_probs is None (it qualifies the draft distributions)",
+                      f"a {type(t).__name__}")
+    else:
+        check_tensor("draft_probs", draft_probs, dtype=torch.float32, ndim=3, device=device)
+        if tuple(draft_probs.shape[:2]) != (B, N):
+            _fail("draft_probs", f"shape [B = {B}, N = {N}, Vd]", f"shape {tuple(draft_probs.shape)}")
+        Vd = draft_probs.shape[2]
+        if d2t is None and Vd != V:
+            _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t", f"shape {tuple(draft_probs.shape)}")
+        if Vd == 0:
+            _fail("draft_probs", "at least one draft vocabulary entry", f"shape {tuple(draft_probs.shape)}")
+        if d2t is not None:
+            check_tensor("d2t", d2t, dtype=torch.int64, shape=(Vd,), device=device)
+        if draft_sampled is not None:
+            check_tensor("draft_sampled", draft_sampled, dtype=torch.bool, shape=(B, N), device=device)
     if not (values and values_checked(device)):
         return
     index = torch.arange(N, device=device, dtype=torch.int32)

@@ -17,11 +17,12 @@ class Tree(NamedTuple):
 
 class DraftCandidates(NamedTuple):
     """One depth of expansion. Shapes: tokens int64 [B, M * top_k],
-    scores float32 [B, M * top_k], frontier int32 [B, top_k]."""
+    scores float32 [B, M * top_k], frontier int32 [B, top_k], logprobs float32 [B, M * top_k]."""
 
     tokens: torch.Tensor
     scores: torch.Tensor
     frontier: torch.Tensor
+    logprobs: torch.Tensor | None = None  # None only from backends that predate sampled children
 
 
 class VerifyOutput(NamedTuple):

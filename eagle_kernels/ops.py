@@ -15,9 +15,12 @@ def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_
                          block_table=block_table, sm_scale=sm_scale)
 
 
-def draft_expand(logits, frontier_scores, top_k, *, d2t=None) -> DraftCandidates:
-    """One depth of EAGLE-2 expansion (docs/ops.md §2); see :func:`eagle_kernels.reference.draft_expand`."""
-    return _dispatch.run("draft_expand", logits.device, logits, frontier_scores, top_k, d2t=d2t)
+def draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, seed=None, offset=None,
+                 depth=0) -> DraftCandidates:
+    """One depth of EAGLE-2 expansion, children sampled without replacement for requests with
+    ``temperature[b] > 0`` (docs/ops.md §2); see :func:`eagle_kernels.reference.draft_expand`."""
+    sampling = {} if temperature is None else dict(temperature=temperature, seed=seed, offset=offset, depth=depth)
+    return _dispatch.run("draft_expand", logits.device, logits, frontier_scores, top_k, d2t=d2t, **sampling)
 
 
 def build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes) -> Tree:
@@ -27,11 +30,13 @@ def build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes) -
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
-           seed=None, offset=None) -> VerifyOutput:
-    """Greedy and lossless sampling verification of a tree (docs/ops.md §4); see
-    :func:`eagle_kernels.reference.verify`."""
+           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None) -> VerifyOutput:
+    """Greedy and lossless sampling verification of a tree, with the draft distributions of
+    sampled children when given (docs/ops.md §4); see :func:`eagle_kernels.reference.verify`."""
+    drafts = {} if draft_probs is None and draft_sampled is None and d2t is None else dict(
+        draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t)
     return _dispatch.run("verify", target_logits.device, tokens, parents, target_logits, max_depth=max_depth,
-                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
 
 
 def compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None) -> None:

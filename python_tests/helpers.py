@@ -178,7 +178,7 @@ def random_frontier_scores(B, M, seed):
 
 
 def check_invariants(out, frontier_scores, top_k, V, d2t=None):
-    tokens, scores, frontier = out
+    tokens, scores, frontier = out[:3]
     B, M = frontier_scores.shape
     assert tokens.dtype == torch.int64 and tokens.shape == (B, M * top_k)
     assert scores.dtype == torch.float32 and scores.shape == (B, M * top_k)
@@ -214,7 +214,7 @@ def check_frontier(frontier, scores, naive_scores, top_k, tol):
 
 
 def assert_matches(out, naive, expect_ref, dtype, top_k):
-    tokens, scores, frontier = out
+    tokens, scores, frontier = out[:3]
     n_tokens, n_scores, _ = naive
     tol = SCORE_TOL[dtype]
     np.testing.assert_array_equal(tokens.numpy(), n_tokens)

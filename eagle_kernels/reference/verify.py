@@ -6,6 +6,12 @@ tried in node order; child ``c`` with token ``x`` is accepted with probability `
 under the *current* residual ``p_u``; a rejection zeroes ``p_u(x)`` and renormalises. When
 every child fails, or ``u`` is a leaf, the bonus token is drawn from the residual. The emitted
 sequence then has exactly the target distribution.
+
+Children *sampled* from a draft distribution ``q`` without replacement (``draft_expand`` at a
+temperature) are verified with ``q``: recursive rejection sampling (Jeon et al. 2024, "Recursive
+speculative decoding"; Yang et al. 2024, "Multi-candidate speculative decoding"): child ``x`` is
+accepted with probability ``min(1, p(x) / q'(x))``, ``q'`` the draft with the earlier sampled
+siblings taken out and renormalised, and a rejection leaves ``norm(max(p - q', 0))``.
 """
 
 from __future__ import annotations
@@ -90,15 +96,51 @@ def children_of(parents_row: torch.Tensor, node: int) -> list[int]:
     return [int(c) for c in torch.nonzero(parents_row == node).flatten()]
 
 
+DRAFT_SUM_TOLERANCE = 1e-3  # |sum(q_u) - 1| above this makes a draft row invalid (docs/ops.md §4)
+
+
+def draft_row(draft_probs_row: torch.Tensor, d2t: torch.Tensor | None, V: int, dtype) -> torch.Tensor | None:
+    """``r = Q_u / S`` over the target vocabulary (float64), or None when the row is not a
+    distribution (NaN, inf or negative entries, ``|S - 1| > 1e-3``, ``d2t`` out of range)."""
+    q = draft_probs_row.to(torch.float64)
+    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+        return None
+    total = float(q.sum())
+    if abs(total - 1.0) > DRAFT_SUM_TOLERANCE:
+        return None
+    if d2t is None:
+        return q / total
+    target_ids = torch.arange(q.shape[0], dtype=torch.int64) + d2t.cpu()
+    if bool(((target_ids < 0) | (target_ids >= V)).any()):
+        return None
+    r = torch.zeros(V, dtype=torch.float64)
+    r[target_ids] = q / total
+    return r
+
+
+def sampled_children_valid(r: torch.Tensor | None, child_tokens: list[int]) -> bool:
+    """Whether the sampled children's tokens could have been drawn without replacement from ``r``."""
+    if r is None or len(set(child_tokens)) != len(child_tokens):
+        return False
+    removed = 0.0
+    for x in child_tokens:
+        if float(r[x]) <= 0.0 or removed >= 1.0:
+            return False
+        removed += float(r[x])
+    return True
+
+
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
-           seed=None, offset=None) -> VerifyOutput:
+           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None) -> VerifyOutput:
     """Verify a batch of draft trees against the target's logits.
 
     Shapes
     ------
     tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V] (any float dtype);
     optional per-request temperature float32 [B] (0 = greedy row), top_k int32 [B] (0 = off),
-    top_p float32 [B] (1 = off), seed int64 [B], offset int64 [B].
+    top_p float32 [B] (1 = off), seed int64 [B], offset int64 [B]; for sampled drafts
+    draft_probs float32 [B, N, Vd] (node u's row: the distribution its sampled children were drawn
+    from), draft_sampled bool [B, N] (None: every node but the root), d2t int64 [Vd].
 
     Returns
     -------
@@ -106,7 +148,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     out_tokens int64 [B, max_depth + 1], status int32 [B]); padding is -1.
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
-                         top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+                         top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
+                         draft_sampled=draft_sampled, d2t=d2t)
     B, N, V = target_logits.shape
     device = target_logits.device
     accept_len = torch.zeros(B, dtype=torch.int32, device=device)
@@ -122,7 +165,7 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
         row_offset = 0 if offset is None else int(offset[b])
         logits = target_logits[b]
 
-        path, emitted, bad = [0], [], False
+        path, emitted, bad, draft_bad = [0], [], False, False
         node = 0
         while True:
             row = logits[node]
@@ -138,16 +181,40 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                     break
             else:
                 weights = sampling_probs(row, row_temperature, row_top_k, row_top_p)
+                sampled = [c for c in children if draft_probs is not None
+                           and (draft_sampled is None or bool(draft_sampled[b, c]))]
+                r = None
+                if sampled:
+                    r = draft_row(draft_probs[b, node], d2t, V, weights.dtype)
+                    if not sampled_children_valid(r, [int(tokens[b, c]) for c in sampled]):
+                        draft_bad, children = True, []  # no valid drafts here: sample from p_u
+                removed = 0.0
                 child = None
                 for c in children:
                     x = int(tokens[b, c])
                     mass = float(weights.to(torch.float64).sum())
                     coin = float(uniform(row_seed, row_offset, c, ACCEPT_DRAW))
-                    if weights[x] > 0 and coin < float(weights[x]) / mass:
+                    is_sampled = c in sampled
+                    d = float(r[x]) / (1.0 - removed) if is_sampled else 1.0
+                    if weights[x] > 0 and coin < (float(weights[x]) / mass) / d:
                         child = c
                         break
-                    weights = weights.clone()
-                    weights[x] = 0
+                    previous = weights
+                    if is_sampled:
+                        # r' = r without the earlier sampled siblings, renormalised.
+                        r_now = r.clone()
+                        r_now[[int(tokens[b, s]) for s in sampled[: sampled.index(c)]]] = 0.0
+                        r_now = r_now / (1.0 - removed)
+                        weights = torch.clamp(weights / mass - r_now.to(device=weights.device, dtype=weights.dtype), min=0)
+                        removed += float(r[x])
+                    else:
+                        weights = weights.clone()
+                        weights[x] = 0
+                    if float(weights.to(torch.float64).sum()) == 0.0:  # only through rounding
+                        weights = previous.clone()
+                        weights[x] = 0
+                        if float(weights.to(torch.float64).sum()) == 0.0:
+                            weights = previous
                 if child is None:
                     coin = float(uniform(row_seed, row_offset, node, BONUS_DRAW))
                     emitted.append(sample_inverse_cdf(weights, coin))
@@ -159,6 +226,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
         if bad:
             status[b] = 1
             path, emitted = [0], [fallback_token(logits[0])]
+        elif draft_bad:
+            status[b] = 2
         accept_len[b] = len(path) - 1
         accept_nodes[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
         out_tokens[b, : len(emitted)] = torch.tensor(emitted, dtype=torch.int64)
