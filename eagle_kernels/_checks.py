@@ -224,7 +224,8 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
             _fail("draft_probs", f"shape [B = {B}, N = {N}, Vd]", f"shape {tuple(draft_probs.shape)}")
         Vd = draft_probs.shape[2]
         if d2t is None and Vd != V:
-            _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t", f"shape {tuple(draft_probs.shape)}")
+            _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t",
+                  f"shape {tuple(draft_probs.shape)}")
         if Vd == 0:
             _fail("draft_probs", "at least one draft vocabulary entry", f"shape {tuple(draft_probs.shape)}")
         if d2t is not None:

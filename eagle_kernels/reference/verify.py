@@ -205,7 +205,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                         r_now = r.clone()
                         r_now[[int(tokens[b, s]) for s in sampled[: sampled.index(c)]]] = 0.0
                         r_now = r_now / (1.0 - removed)
-                        weights = torch.clamp(weights / mass - r_now.to(device=weights.device, dtype=weights.dtype), min=0)
+                        r_now = r_now.to(device=weights.device, dtype=weights.dtype)
+                        weights = torch.clamp(weights / mass - r_now, min=0)
                         removed += float(r[x])
                     else:
                         weights = weights.clone()
