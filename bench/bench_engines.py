@@ -5,12 +5,17 @@ Run in the engine venv (scripts/setup_engines_env.sh), from the repository root:
     TRITON_INTERPRET=1 build/engines-venv/bin/python bench/bench_engines.py
 
 For each wrapped engine call it times the whole call (layout conversion both ways + our op) and
-our op alone on the converted inputs (recorded from the same call); "conversion" is the
-difference. The engines' own kernels are timed where they run on CPU: SGLang's tree kernels and
-vLLM's rejection sampler are Triton kernels, here under the Triton interpreter, which runs them
-at Python speed and is no speed reference (SGLang's CPU kernels live in sgl_kernel, a source
-build not on the package index), so they are timed at the smallest shape only. Minimum over
-repeated calls (the least disturbed by other load on a shared machine), in microseconds.
+our op alone on the converted inputs (recorded from the same call), side by side in one run;
+"conversion" is the difference, as a share of the wrapped call. Our op alone is the call the
+adapter makes: for SGLang's tree verify calls on CPU that is the native ``verify`` kernel
+(``torch.ops.eagle_kernels.verify``), which the adapter's fused native op
+(csrc/cpu/engine_layout.cpp) calls in C++; for vLLM's chains it is ``eagle_kernels.verify``. The
+adapters' tensor path (what runs on GPU, capturable in a CUDA graph) is timed on CPU as well. The
+engines' own kernels are timed where they run on CPU: SGLang's tree kernels and vLLM's rejection
+sampler are Triton kernels, here under the Triton interpreter, which runs them at Python speed
+and is no speed reference (SGLang's CPU kernels live in sgl_kernel, a source build not on the
+package index), so they are timed at the smallest shape only. Minimum over repeated calls (the
+least disturbed by other load on a shared machine), in microseconds.
 """
 
 from __future__ import annotations
@@ -54,17 +59,30 @@ class Recorder:
         self.module.ops.verify = self.original
 
 
-def op_alone_us(module, call):
+def op_alone_us(module, call, native=False, repeats=30, drop_column=False):
+    """Our op alone on the inputs ``call`` hands it (recorded): through ``eagle_kernels.verify``,
+    or with ``native`` the registered kernel itself, as the fused native conversion calls it;
+    ``drop_column``: the tensor path's extra never-selected logits column dropped where no token
+    needs it, as SGLang's native conversion does."""
+    import torch
+
     from eagle_kernels import ops
 
     with Recorder(module) as rec:
         call()
     args, kwargs = rec.calls[-1]
-    return best_us(lambda: ops.verify(*args, **kwargs))
+    if drop_column:
+        tokens, parents, logits = args
+        V = logits.shape[-1] - 1
+        if bool((tokens < V).all()):
+            args = (tokens, parents, logits[..., :V])
+    op = torch.ops.eagle_kernels.verify if native else ops.verify
+    return best_us(lambda: op(*args, **kwargs), repeats=repeats)
 
 
 def main():
     import conftest  # noqa: F401  (the engines' import-time stubs)
+    import numpy as np
     import sglang_cases as cases
     import torch
     from sglang.kernels.ops.speculative import spec_tree
@@ -91,7 +109,7 @@ def main():
         sgl_build = (best_us(lambda: spec_tree.sgl_build_tree_kernel_triton(*build_args), repeats=3, warmup=1)
                      if small else None)
         rows.append(("sglang build_tree (QLEN_ONLY)", f"bs={bs} topk={topk} depth={depth} N={n}", ours_build, None,
-                     sgl_build))
+                     None, sgl_build))
         sg.build_tree(*build_args)
         cand = torch.randint(0, 3, (bs, n), generator=gen)
         target = torch.randint(0, 3, (bs, n), generator=gen)
@@ -99,25 +117,33 @@ def main():
                 torch.empty(bs, dtype=torch.int32))
         greedy_args = (*outs, cand, ret[0], ret[1], ret[2], target)
         total = best_us(lambda: sg.verify_greedy(*greedy_args))
-        alone = op_alone_us(sg, lambda: sg.verify_greedy(*greedy_args))
+        tensors = best_us(lambda: sg.verify_greedy_tensors(*greedy_args))
+        # verify alone on the native conversion's own inputs (compact one-hot rows).
+        tok, par, lg, _ = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(cand, ret[1], ret[2], target)
+        alone = best_us(lambda: torch.ops.eagle_kernels.verify(tok, par, lg, max_depth=depth))
         sgl = (best_us(lambda: spec_tree.verify_tree_greedy_triton(*greedy_args), repeats=3, warmup=1)
                if small else None)
-        rows.append(("sglang verify_tree_greedy", f"bs={bs} N={n}", total, alone, sgl))
+        rows.append(("sglang verify_tree_greedy", f"bs={bs} N={n}", total, alone, tensors, sgl))
         for V in (32000,):
             probs = torch.softmax(torch.randn(bs, n, V, generator=gen), -1)
             coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
-            sample = lambda: sg.tree_sampling(*outs, cand, ret[0], ret[1], ret[2], coins, final, probs)  # noqa: E731
-            total = best_us(sample, repeats=10)
-            alone = op_alone_us(sg, sample)
-            rows.append(("sglang tree sampling verify", f"bs={bs} N={n} V={V}", total, alone, None))
+            sample_args = (*outs, cand, ret[0], ret[1], ret[2], coins, final, probs)
+            total = best_us(lambda: sg.tree_sampling(*sample_args), repeats=10)
+            tensors = best_us(lambda: sg.tree_sampling_tensors(*sample_args), repeats=3)
+            alone = op_alone_us(sg, lambda: sg.tree_sampling_tensors(*sample_args), native=True, repeats=10,
+                                drop_column=True)
+            rows.append(("sglang tree sampling verify", f"bs={bs} N={n} V={V}", total, alone, tensors, None))
 
     from types import SimpleNamespace
 
-    for bs, k, V in ((1, 3, 32000), (16, 5, 32000)):
+    for bs, k, V, ragged in ((1, 3, 32000, False), (16, 5, 32000, False), (16, 5, 32000, True)):
         counts = [k] * bs
-        flat = torch.randint(0, V, (bs * k,), generator=gen, dtype=torch.int32)
-        cu = torch.tensor([k * (i + 1) for i in range(bs)], dtype=torch.int32)
-        logits = torch.randn(bs * k, V, generator=gen)
+        if ragged:  # one request with a shorter chain: the gathered layout
+            counts[-1] = k - 2
+        T = sum(counts)
+        flat = torch.randint(0, V, (T,), generator=gen, dtype=torch.int32)
+        cu = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+        logits = torch.randn(T, V, generator=gen)
         bonus = torch.randint(0, V, (bs, 1), generator=gen, dtype=torch.int32)
         for name, meta in (("greedy", SimpleNamespace(all_greedy=True, all_random=False, temperature=None,
                                                         generators={})),
@@ -125,16 +151,27 @@ def main():
                                                         generators={}))):
             call = lambda: vl.chain_verify(flat, counts, k, cu, None, logits, bonus, meta)  # noqa: E731
             total = best_us(call, repeats=10)
-            alone = op_alone_us(vl, call)
-            rows.append((f"vllm rejection_sample ({name})", f"bs={bs} k={k} V={V}", total, alone, None))
+            tensors = None
+            if ragged:
+                alone = op_alone_us(vl, call)
+            else:
+                # The native op (CPU) calls verify in C++; the tensor path's call records the same
+                # inputs (tests keep the two identical).
+                native, vl._native_full_chains = vl._native_full_chains, lambda: None
+                try:
+                    tensors = best_us(call, repeats=10)
+                    alone = op_alone_us(vl, call, native=True)
+                finally:
+                    vl._native_full_chains = native
+            shape = f"bs={bs} k={k} V={V}" + (" ragged" if ragged else "")
+            rows.append((f"vllm rejection_sample ({name})", shape, total, alone, tensors, None))
 
-    print(f"{'call':34} {'shape':28} {'wrapped us':>11} {'op alone us':>12} {'conversion':>11} "
-          f"{'engine kernel (interp.) us':>27}")
-    for name, shape, total, alone, engine in rows:
+    print(f"{'call':30} {'shape':28} {'wrapped us':>10} {'op alone us':>11} {'conversion':>10} "
+          f"{'tensor path us':>14} {'engine kernel (interp.) us':>26}")
+    for name, shape, total, alone, tensors, engine in rows:
         conv = "" if alone is None else f"{100 * (total - alone) / total:.0f}%"
-        alone_s = "" if alone is None else f"{alone:.0f}"
-        engine_s = "" if engine is None else f"{engine:.0f}"
-        print(f"{name:34} {shape:28} {total:11.0f} {alone_s:>12} {conv:>11} {engine_s:>27}")
+        cells = ["" if x is None else f"{x:.0f}" for x in (alone, tensors, engine)]
+        print(f"{name:30} {shape:28} {total:10.0f} {cells[0]:>11} {conv:>10} {cells[1]:>14} {cells[2]:>26}")
 
 
 if __name__ == "__main__":

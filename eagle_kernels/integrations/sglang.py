@@ -61,12 +61,45 @@ def _need(cond: bool, reason: str) -> None:
 
 
 def _need_tensor(name, t, dtypes, shape=None, ndim=None):
-    _need(isinstance(t, torch.Tensor), f"{name}: expected a tensor, got {type(t).__name__}")
-    _need(t.dtype in dtypes, f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if ndim is not None:
-        _need(t.dim() == ndim, f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    if shape is not None:
-        _need(tuple(t.shape) == tuple(shape), f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    # The messages are formatted only on failure: this runs on every call.
+    if not isinstance(t, torch.Tensor):
+        raise OutsideContract(f"{name}: expected a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise OutsideContract(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise OutsideContract(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise OutsideContract(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+@functools.cache
+def _native_op(name: str):
+    """``torch.ops.eagle_kernels.<name>`` when the C++ extension has it (CPU), else ``None``."""
+    from .. import _dispatch
+
+    if not _dispatch.HAS_CPP or not torch._C._dispatch_has_kernel_for_dispatch_key(f"eagle_kernels::{name}", "CPU"):
+        return None
+    return getattr(torch.ops.eagle_kernels, name)
+
+
+def _run_native(name: str, args) -> bool:
+    """Run the native CPU conversion + verify ``name`` (csrc/cpu/engine_layout.cpp) on SGLang's
+    arguments when they are CPU tensors and the extension has it; returns whether it ran. Its
+    argument checks (ValueError naming the tensor) become :class:`OutsideContract`."""
+    native = _native_op(name)
+    if native is None:
+        return False
+    try:
+        if args[3].device.type != "cpu":
+            return False
+        native(*args)
+    except ValueError as error:
+        raise OutsideContract(str(error)) from None
+    except (AttributeError, TypeError, RuntimeError):
+        if all(isinstance(t, torch.Tensor) for t in args):
+            raise
+        return False  # not all tensors: the tensor path names the argument
+    return True
 
 
 # ------------------------------------------------------------------------------ build tree
@@ -167,6 +200,17 @@ def verify_greedy(predicts, accept_index, accept_token_num, candidates, retrieve
     ``N + 1`` classes (class ``N``: no child matches), which makes ``verify``'s walk exactly
     SGLang's for any sibling order. Nodes come in a topological order first (parents before
     children), as our contract needs."""
+    args = (predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+            retrieve_next_sibling, target_predict)
+    if _run_native("sglang_verify_greedy", args):
+        return predicts, accept_index, accept_token_num
+    return verify_greedy_tensors(*args)
+
+
+def verify_greedy_tensors(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                          retrieve_next_sibling, target_predict):
+    """The tensor path of :func:`verify_greedy` (any device, capturable in a CUDA graph); the
+    reference of the native CPU op ``torch.ops.eagle_kernels.sglang_verify_greedy``."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrieve_index,
                                     retrieve_next_token, retrieve_next_sibling)
     _need_tensor("target_predict", target_predict, _INT_DTYPES, ndim=2)
@@ -181,7 +225,7 @@ def verify_greedy(predicts, accept_index, accept_token_num, candidates, retrieve
     key = torch.where(match, rank[:, None, :], N)
     best, first = key.min(-1)
     choice = torch.where(best < N, first, N)
-    order, new_parents = _layout.topological_order(parent)
+    order, new_parents = _layout.verify_order(parent)
     logits = torch.zeros(B, N, N + 1, dtype=torch.float32, device=device)
     logits.scatter_(2, choice.gather(1, order)[:, :, None], 1.0)
     result = ops.verify(order, new_parents, logits, max_depth=S - 1)
@@ -210,8 +254,19 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
     tokens are drawn from ``target_probs`` exactly (docs/ops.md §4 with temperature 1 on their
     logarithms). ``draft_probs`` is not read: SGLang passes zeros on this path (target-only
     sampling); thresholds other than 1 are outside the contract."""
-    _need(float(threshold_single) == 1.0 and float(threshold_acc) == 1.0,
-          f"relaxed acceptance (threshold_single={threshold_single}, threshold_acc={threshold_acc})")
+    if float(threshold_single) != 1.0 or float(threshold_acc) != 1.0:
+        raise OutsideContract(f"relaxed acceptance (threshold_single={threshold_single}, "
+                              f"threshold_acc={threshold_acc})")
+    args = (predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+            retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs)
+    if not _run_native("sglang_tree_sampling", args):
+        tree_sampling_tensors(*args)
+
+
+def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                          retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs):
+    """The tensor path of :func:`tree_sampling` (any device, capturable in a CUDA graph); the
+    reference of the native CPU op ``torch.ops.eagle_kernels.sglang_tree_sampling``."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                     retrive_next_token, retrive_next_sibling)
     _need(isinstance(target_probs, torch.Tensor) and target_probs.is_floating_point()
@@ -225,7 +280,7 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
     device = target_probs.device
     V = target_probs.shape[2]
     parent, _ = _layout.parents_from_links(retrive_next_token, retrive_next_sibling)
-    order, new_parents = _layout.topological_order(parent)
+    order, new_parents = _layout.verify_order(parent)
     reached = parent >= 0
     reached[:, 0] = True
     # A node no link reaches gets token V, a column of probability 0: it is never accepted.

@@ -230,7 +230,12 @@ class HostReads:
         return counted
 
 
-def test_no_host_reads_in_wrapped_calls(hooks, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native_cpu", "tensor_path"])
+def test_no_host_reads_in_wrapped_calls(hooks, monkeypatch, native):
+    """No host reads in the wrapped calls: with the native CPU conversion (its reads are C++ on
+    CPU tensors) and on the tensor path every other device takes (capturable in a CUDA graph)."""
+    if not native:
+        monkeypatch.setattr(plugin, "_native_op", lambda name: None)
     gen = torch.Generator().manual_seed(3)
     bs, topk, depth, n = 3, 4, 4, 8
     score_list, token_list, parents_list = cases.random_draft(bs, topk, depth, 50, gen)
