@@ -125,14 +125,34 @@ def main():
                if small else None)
         rows.append(("sglang verify_tree_greedy", f"bs={bs} N={n}", total, alone, tensors, sgl))
         for V in (32000,):
-            probs = torch.softmax(torch.randn(bs, n, V, generator=gen), -1)
+            # SGLang's probabilities as eagle_sample makes them (softmax of the logits over the
+            # temperature, through the plugin's softmax hook), then top-k: the sampling verify
+            # takes the logits and parameters they were made of (the handoff); the same
+            # probabilities as a fresh tensor take the logarithm path.
+            logits = torch.randn(bs * n, V, generator=gen)
+            temps = torch.full((bs * n, 1), 0.8)
+            top_ks = torch.full((bs * n,), 50)
+            probs = sg.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, temps)
+            probs = sg.top_k_renorm_prob(probs, top_ks).view(bs, n, V)
             coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
+            handed = sg._handed_logits(probs)
+            assert handed is not None
             sample_args = (*outs, cand, ret[0], ret[1], ret[2], coins, final, probs)
             total = best_us(lambda: sg.tree_sampling(*sample_args), repeats=10)
-            tensors = best_us(lambda: sg.tree_sampling_tensors(*sample_args), repeats=3)
-            alone = op_alone_us(sg, lambda: sg.tree_sampling_tensors(*sample_args), native=True, repeats=10,
+            tensors = best_us(lambda: sg.tree_sampling_tensors(*sample_args[:-1], None, handed), repeats=10)
+            alone = op_alone_us(sg, lambda: sg.tree_sampling_tensors(*sample_args[:-1], None, handed, compact=True),
+                                native=True, repeats=10)
+            rows.append(("sglang tree sampling (logits)", f"bs={bs} N={n} V={V}", total, alone, tensors, None))
+            # Probabilities the adapter does not know the making of (here unfiltered: zeros, as
+            # top-k leaves, make torch.log take a slow path): the logarithm path.
+            fresh = torch.softmax(logits / temps, -1).view(bs, n, V)
+            fresh_args = (*sample_args[:-1], fresh)
+            slow = bs * n * V > 1 << 22
+            total = best_us(lambda: sg.tree_sampling(*fresh_args), repeats=3 if slow else 10)
+            tensors = best_us(lambda: sg.tree_sampling_tensors(*fresh_args), repeats=3)
+            alone = op_alone_us(sg, lambda: sg.tree_sampling_tensors(*fresh_args), native=True, repeats=10,
                                 drop_column=True)
-            rows.append(("sglang tree sampling verify", f"bs={bs} N={n} V={V}", total, alone, tensors, None))
+            rows.append(("sglang tree sampling (probs)", f"bs={bs} N={n} V={V}", total, alone, tensors, None))
 
     from types import SimpleNamespace
 

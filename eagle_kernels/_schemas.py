@@ -79,6 +79,12 @@ ENGINE_SCHEMAS = {
         "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
         "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs) -> ()"
     ),
+    "sglang_tree_sampling_logits": (
+        "sglang_tree_sampling_logits(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+        "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+        "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor logits, Tensor? temperatures=None, "
+        "Tensor? top_ks=None, Tensor? top_ps=None) -> ()"
+    ),
     "vllm_full_chains": (
         "vllm_full_chains(Tensor draft_token_ids, Tensor target_logits, Tensor bonus_token_ids, "
         "Tensor? temperature=None, Tensor? uniform=None) -> Tensor"

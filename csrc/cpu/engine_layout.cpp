@@ -294,21 +294,33 @@ int64_t coin_bits(const at::Tensor& coins, int64_t at) {
   return static_cast<int64_t>(u);
 }
 
-void sglang_tree_sampling_cpu(const at::Tensor& predicts, const at::Tensor& accept_index,
-                              const at::Tensor& accept_token_num, const at::Tensor& candidates,
-                              const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
-                              const at::Tensor& retrieve_next_sibling, const at::Tensor& uniform_samples,
-                              const at::Tensor& uniform_samples_for_final_sampling, const at::Tensor& target_probs) {
-  const char* op = "sglang_tree_sampling";
+// The sampling verify from SGLang's target probabilities (their logarithm is verify's logits,
+// temperature 1: one pass over [B * N, V]), or, with `logits_source`, from the logits those
+// probabilities were computed from (softmax(logits / temperature), then top-k / top-p renorm), read
+// in place with the per-request temperature / top-k / top-p (rows b * N of SGLang's per-row
+// tensors): the same law (docs/ops.md §4), no pass over the vocabulary here.
+void tree_sampling_impl(const char* op, const at::Tensor& predicts, const at::Tensor& accept_index,
+                        const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                        const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
+                        const at::Tensor& retrieve_next_sibling, const at::Tensor& uniform_samples,
+                        const at::Tensor& uniform_samples_for_final_sampling, const at::Tensor& source,
+                        bool logits_source, const std::optional<at::Tensor>& temperatures,
+                        const std::optional<at::Tensor>& top_ks, const std::optional<at::Tensor>& top_ps) {
   const LinkArgs a = check_links(op, predicts, accept_index, accept_token_num, candidates, retrieve_index,
                                  retrieve_next_token, retrieve_next_sibling);
   const int64_t B = a.B, N = a.N, S = a.S;
-  check_float_dtype(target_probs, op, "target_probs");
-  TORCH_CHECK_VALUE(target_probs.dim() == 3 && target_probs.size(0) == B && target_probs.size(1) == N, op,
-                    ": target_probs: expected shape (", B, ", ", N, ", V), got ", shape_str(target_probs.sizes()));
-  TORCH_CHECK_VALUE(target_probs.device().is_cpu(), op, ": target_probs: expected a CPU tensor");
-  const int64_t V = target_probs.size(2);
-  TORCH_CHECK_VALUE(V > 0, op, ": target_probs: expected a vocabulary of at least one token");
+  const char* source_name = logits_source ? "logits" : "target_probs";
+  check_float_dtype(source, op, source_name);
+  TORCH_CHECK_VALUE(source.device().is_cpu(), op, ": ", source_name, ": expected a CPU tensor");
+  if (logits_source) {
+    TORCH_CHECK_VALUE(source.dim() == 2 && source.size(0) == B * N, op, ": logits: expected shape (", B * N,
+                      ", V), got ", shape_str(source.sizes()));
+  } else {
+    TORCH_CHECK_VALUE(source.dim() == 3 && source.size(0) == B && source.size(1) == N, op,
+                      ": target_probs: expected shape (", B, ", ", N, ", V), got ", shape_str(source.sizes()));
+  }
+  const int64_t V = source.size(source.dim() - 1);
+  TORCH_CHECK_VALUE(V > 0, op, ": ", source_name, ": expected a vocabulary of at least one token");
   const char* coin_names[2] = {"uniform_samples", "uniform_samples_for_final_sampling"};
   const at::Tensor* coin_tensors[2] = {&uniform_samples, &uniform_samples_for_final_sampling};
   for (int i = 0; i < 2; ++i) {
@@ -351,30 +363,80 @@ void sglang_tree_sampling_cpu(const at::Tensor& predicts, const at::Tensor& acce
   std::copy(t.new_parent.begin(), t.new_parent.end(), par);
   const std::vector<int64_t>& order = t.order;
   const bool identity = t.identity;
-  // Logits: the logarithm of the probabilities, in verify's node order; one elementwise pass
-  // when SGLang's order is already a valid one and every node is reached.
+  // Verify's logits in its node order: one view when SGLang's order is already a valid one and
+  // every node is reached; else the rows gathered, with a column of probability 0 (token V).
   at::Tensor logits;
-  const at::Tensor probs = target_probs.reshape({B * N, V});
+  const at::Tensor rows2d = source.reshape({B * N, V});
   if (identity && all_reached) {
-    logits = at::log(probs.to(at::kFloat)).view({B, N, V});
+    logits = logits_source ? rows2d.view({B, N, V}) : at::log(rows2d.to(at::kFloat)).view({B, N, V});
   } else {
-    logits = at::empty({B * N, V + 1}, long_opts.dtype(at::kFloat));
+    logits = at::empty({B * N, V + 1}, rows2d.options().dtype(logits_source ? rows2d.scalar_type() : at::kFloat));
     logits.select(1, V).fill_(-std::numeric_limits<float>::infinity());
     at::Tensor index = at::empty({B * N}, long_opts);
     std::copy(rows.begin(), rows.end(), index.data_ptr<int64_t>());
     at::Tensor body = logits.narrow(1, 0, V);
-    at::log_out(body, at::index_select(probs, 0, index).to(at::kFloat));
+    if (logits_source) {
+      body.copy_(at::index_select(rows2d, 0, index));
+    } else {
+      at::log_out(body, at::index_select(rows2d, 0, index).to(at::kFloat));
+    }
     logits = logits.view({B, N, V + 1});
   }
+  // Per-request sampling parameters from SGLang's per-row ones (row b * N is request b's first).
   at::Tensor temperature = at::empty({B}, long_opts.dtype(at::kFloat)).fill_(1.0);
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, S - 1, temperature, std::nullopt, std::nullopt, seed,
-                                       offset);
+  std::optional<at::Tensor> top_k, top_p;
+  auto per_request = [&](const std::optional<at::Tensor>& t, const char* name) {
+    TORCH_CHECK_VALUE(t->numel() == B * N && t->device().is_cpu(), op, ": ", name, ": expected ", B * N,
+                      " per-row values on the CPU, got shape ", shape_str(t->sizes()));
+    return t->reshape({B * N}).to(at::kDouble).contiguous();
+  };
+  if (temperatures.has_value()) {
+    const at::Tensor v = per_request(temperatures, "temperatures");
+    for (int64_t b = 0; b < B; ++b) temperature.data_ptr<float>()[b] = static_cast<float>(v.data_ptr<double>()[b * N]);
+  }
+  if (top_ks.has_value()) {
+    const at::Tensor v = per_request(top_ks, "top_ks");
+    top_k = at::empty({B}, long_opts.dtype(at::kInt));
+    for (int64_t b = 0; b < B; ++b) {
+      const double k = v.data_ptr<double>()[b * N];  // k <= 0 or k >= V: no filter
+      top_k->data_ptr<int32_t>()[b] = k <= 0 || k >= static_cast<double>(V) ? 0 : static_cast<int32_t>(k);
+    }
+  }
+  if (top_ps.has_value()) {
+    const at::Tensor v = per_request(top_ps, "top_ps");
+    top_p = at::empty({B}, long_opts.dtype(at::kFloat));
+    for (int64_t b = 0; b < B; ++b) top_p->data_ptr<float>()[b] = static_cast<float>(v.data_ptr<double>()[b * N]);
+  }
+  const VerifyTensors out = verify_cpu(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset);
   const at::Tensor& out_tokens = std::get<2>(out);
   std::vector<int64_t> emitted(B * S);
   const int64_t* ot = out_tokens.data_ptr<int64_t>();
   for (int64_t i = 0; i < B * S; ++i) emitted[i] = std::max<int64_t>(ot[i], 0);
   write_results(a, predicts, accept_index, accept_token_num, order, std::get<0>(out), std::get<1>(out),
                 emitted.data());
+}
+
+void sglang_tree_sampling_cpu(const at::Tensor& predicts, const at::Tensor& accept_index,
+                              const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                              const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
+                              const at::Tensor& retrieve_next_sibling, const at::Tensor& uniform_samples,
+                              const at::Tensor& uniform_samples_for_final_sampling, const at::Tensor& target_probs) {
+  tree_sampling_impl("sglang_tree_sampling", predicts, accept_index, accept_token_num, candidates, retrieve_index,
+                     retrieve_next_token, retrieve_next_sibling, uniform_samples, uniform_samples_for_final_sampling,
+                     target_probs, false, std::nullopt, std::nullopt, std::nullopt);
+}
+
+void sglang_tree_sampling_logits_cpu(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                     const at::Tensor& accept_token_num, const at::Tensor& candidates,
+                                     const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
+                                     const at::Tensor& retrieve_next_sibling, const at::Tensor& uniform_samples,
+                                     const at::Tensor& uniform_samples_for_final_sampling, const at::Tensor& logits,
+                                     const std::optional<at::Tensor>& temperatures,
+                                     const std::optional<at::Tensor>& top_ks,
+                                     const std::optional<at::Tensor>& top_ps) {
+  tree_sampling_impl("sglang_tree_sampling_logits", predicts, accept_index, accept_token_num, candidates,
+                     retrieve_index, retrieve_next_token, retrieve_next_sibling, uniform_samples,
+                     uniform_samples_for_final_sampling, logits, true, temperatures, top_ks, top_ps);
 }
 
 // vLLM's V1 rejection sampler on a batch of full chains (every request has L = T / B drafts), as
@@ -465,6 +527,11 @@ TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
       "sglang_greedy_verify_inputs(Tensor candidates, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
       "Tensor target_predict) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
+      "sglang_tree_sampling_logits(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+      "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+      "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor logits, Tensor? temperatures=None, "
+      "Tensor? top_ks=None, Tensor? top_ps=None) -> ()");
+  m.def(
       "vllm_full_chains(Tensor draft_token_ids, Tensor target_logits, Tensor bonus_token_ids, "
       "Tensor? temperature=None, Tensor? uniform=None) -> Tensor");
   m.def(
@@ -477,5 +544,6 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("sglang_verify_greedy", &eagle::sglang_verify_greedy_cpu);
   m.impl("sglang_greedy_verify_inputs", &eagle::sglang_greedy_verify_inputs_cpu);
   m.impl("sglang_tree_sampling", &eagle::sglang_tree_sampling_cpu);
+  m.impl("sglang_tree_sampling_logits", &eagle::sglang_tree_sampling_logits_cpu);
   m.impl("vllm_full_chains", &eagle::vllm_full_chains_cpu);
 }

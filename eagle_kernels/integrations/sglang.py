@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from importlib import metadata
 
 import torch
@@ -40,6 +41,7 @@ SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 VERIFY_SAMPLING = "sglang.kernels.ops.speculative.verify_sampling"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 SPEC_UTILS = "sglang.srt.speculative.spec_utils"
+SAMPLING = "sglang.kernels.ops.sampling"
 TESTED_VERSIONS = ("0.5.23",)
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 
@@ -259,26 +261,45 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
                               f"threshold_acc={threshold_acc})")
     args = (predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs)
-    if not _run_native("sglang_tree_sampling", args):
+    handed = _handed_logits(target_probs)
+    if handed is not None:
+        if not _run_native("sglang_tree_sampling_logits", args[:-1] + handed):
+            tree_sampling_tensors(*args[:-1], None, handed)
+    elif not _run_native("sglang_tree_sampling", args):
         tree_sampling_tensors(*args)
 
 
 def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-                          retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs):
+                          retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                          handed=None, compact=False):
     """The tensor path of :func:`tree_sampling` (any device, capturable in a CUDA graph); the
-    reference of the native CPU op ``torch.ops.eagle_kernels.sglang_tree_sampling``."""
+    reference of the native CPU ops ``torch.ops.eagle_kernels.sglang_tree_sampling`` (from
+    ``target_probs``) and ``sglang_tree_sampling_logits`` (``handed``: the logits, temperatures,
+    top-k and top-p SGLang computed the probabilities from, :func:`_handed_logits`).
+
+    The logits get a column of probability 0 for the nodes no link reaches (token ``V``). The
+    native ops leave it out when every node is reached and SGLang's node order is kept, which
+    changes the float summation order inside verify; ``compact=True`` (for the tests' bit-exact
+    comparison, where the caller knows that) leaves it out here too."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                     retrive_next_token, retrive_next_sibling)
-    _need(isinstance(target_probs, torch.Tensor) and target_probs.is_floating_point()
-          and target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (B, N),
-          f"target_probs: expected a float tensor of shape ({B}, {N}, V), got "
-          f"{getattr(target_probs, 'dtype', None)} {tuple(getattr(target_probs, 'shape', ()))}")
+    if handed is None:
+        if not (isinstance(target_probs, torch.Tensor) and target_probs.is_floating_point()
+                and target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (B, N)):
+            raise OutsideContract(f"target_probs: expected a float tensor of shape ({B}, {N}, V), got "
+                                  f"{getattr(target_probs, 'dtype', None)} "
+                                  f"{tuple(getattr(target_probs, 'shape', ()))}")
+        source = target_probs.reshape(B * N, -1)
+    else:
+        source = handed[0]
+        if source.dim() != 2 or source.shape[0] != B * N:
+            raise OutsideContract(f"logits: expected shape ({B * N}, V), got {tuple(source.shape)}")
     _need_tensor("uniform_samples", uniform_samples, (torch.float32, torch.float64), ndim=2)
     _need(uniform_samples.shape[0] == B, f"uniform_samples: expected {B} rows, got {tuple(uniform_samples.shape)}")
     _need_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling,
                  (torch.float32, torch.float64), shape=(B,))
-    device = target_probs.device
-    V = target_probs.shape[2]
+    device = source.device
+    V = source.shape[1]
     parent, _ = _layout.parents_from_links(retrive_next_token, retrive_next_sibling)
     order, new_parents = _layout.verify_order(parent)
     reached = parent >= 0
@@ -286,15 +307,96 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
     # A node no link reaches gets token V, a column of probability 0: it is never accepted.
     tokens = torch.where(reached, candidates.long(), V).gather(1, order)
     rows = (torch.arange(B, device=device)[:, None] * N + order).reshape(-1)
-    logits = torch.empty(B * N, V + 1, dtype=torch.float32, device=device)
-    logits[:, V] = float("-inf")
-    torch.log(target_probs.reshape(B * N, V).index_select(0, rows).float(), out=logits[:, :V])
     seed, offset = _stream_from_coins(uniform_samples, uniform_samples_for_final_sampling)
     temperature = torch.ones(B, dtype=torch.float32, device=device)
-    result = ops.verify(tokens, new_parents, logits.view(B, N, V + 1), max_depth=S - 1, temperature=temperature,
-                        seed=seed, offset=offset)
+    top_k = top_p = None
+    width = V if compact else V + 1
+    logits = torch.empty(B * N, width, dtype=torch.float32 if handed is None else source.dtype, device=device)
+    if not compact:
+        logits[:, V] = float("-inf")
+    if handed is None:
+        torch.log(source.index_select(0, rows).float(), out=logits[:, :V])
+    else:
+        logits[:, :V] = source.index_select(0, rows)
+        # Per-request parameters: row b * N of SGLang's per-row tensors is request b's first.
+        temperatures, top_ks, top_ps = handed[1:]
+        if temperatures is not None:
+            temperature = temperatures.reshape(B, N)[:, 0].float()
+        if top_ks is not None:
+            k = top_ks.reshape(B, N)[:, 0]
+            top_k = torch.where((k <= 0) | (k >= V), 0, k).int()  # no filter: 0
+        if top_ps is not None:
+            top_p = top_ps.reshape(B, N)[:, 0].float()
+    result = ops.verify(tokens, new_parents, logits.view(B, N, width), max_depth=S - 1, temperature=temperature,
+                        top_k=top_k, top_p=top_p, seed=seed, offset=offset)
     emitted = result.out_tokens.clamp(min=0)
     _write_results(predicts, accept_index, accept_token_num, retrive_index, order, result, emitted)
+
+
+# ------------------------------------------------------------------------------ logits handoff
+# SGLang's sampling verify (eagle_utils.eagle_sample) computes target_probs = softmax(logits /
+# temperature), then on CPU our top_k_renorm_prob / top_p_renorm_prob, and hands the
+# probabilities to the tree sampling verify, whose own input is logits: taking their logarithm is
+# a pass over [B * N, V] that verify (which reads only the rows on the walked path) does not need.
+# The softmax hook records what the probabilities were made of; the sampling verify takes the
+# logits and the per-row parameters instead when it gets exactly those probabilities (same
+# storage, shape and version counter: not modified in place since), which is the same law
+# (docs/ops.md §4: temperature, top-k, softmax, top-p, renormalise). Anything else (other
+# filters, another order, a modified tensor) goes through the probabilities as before.
+class _Handoff:
+    __slots__ = ("probs", "version", "logits", "temperatures", "top_ks", "top_ps")
+
+    def __init__(self, probs, logits, temperatures, top_ks=None, top_ps=None):
+        self.probs = weakref.ref(probs)
+        self.version = probs._version
+        self.logits = weakref.ref(logits)
+        self.temperatures, self.top_ks, self.top_ps = temperatures, top_ks, top_ps
+
+    def made(self, probs) -> bool:
+        """Whether ``probs`` (or a view of the same size) is the recorded tensor, unmodified."""
+        recorded = self.probs()
+        return (recorded is not None and isinstance(probs, torch.Tensor) and probs.data_ptr() == recorded.data_ptr()
+                and probs.numel() == recorded.numel() and probs._version == self.version)
+
+
+_handoff: _Handoff | None = None
+
+
+def softmax_hook(original, logits, temperatures=None):
+    """AROUND ``sglang.kernels.ops.sampling.softmax``: SGLang's result, recorded with its inputs."""
+    global _handoff
+    probs = original(logits, temperatures)
+    ok = (isinstance(logits, torch.Tensor) and logits.dim() == 2 and isinstance(probs, torch.Tensor)
+          and probs.shape == logits.shape
+          and (temperatures is None or (isinstance(temperatures, torch.Tensor)
+                                        and temperatures.numel() == logits.shape[0])))
+    _handoff = _Handoff(probs, logits, temperatures) if ok else None
+    return probs
+
+
+def _handed_logits(target_probs):
+    """``(logits, temperatures, top_ks, top_ps)`` SGLang computed ``target_probs`` from, or
+    ``None`` (see above)."""
+    h = _handoff
+    if h is None or not h.made(target_probs):
+        return None
+    logits = h.logits()
+    if logits is None:
+        return None
+    return logits, h.temperatures, h.top_ks, h.top_ps
+
+
+def _record_renorm(probs, out, top_ks=None, top_ps=None) -> None:
+    """Carry the record through our renormalisations: top-k then top-p, as verify applies them."""
+    global _handoff
+    h = _handoff
+    if h is None or not h.made(probs) or h.top_ps is not None or (top_ks is not None and h.top_ks is not None):
+        return
+    logits = h.logits()
+    if logits is None or not isinstance(out, torch.Tensor):
+        return
+    _handoff = _Handoff(out, logits, h.temperatures, h.top_ks if top_ks is None else top_ks,
+                        h.top_ps if top_ps is None else top_ps)
 
 
 def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
@@ -306,7 +408,9 @@ def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor
     kth = descending.gather(-1, (k.clamp(1, V) - 1)[:, None])
     keep = (probs >= kth) | ((k <= 0) | (k >= V))[:, None]
     kept = torch.where(keep, probs, 0)
-    return kept / kept.sum(-1, keepdim=True)
+    out = kept / kept.sum(-1, keepdim=True)
+    _record_renorm(probs, out, top_ks=top_ks)
+    return out
 
 
 def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
@@ -317,7 +421,9 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor
     above = suffix.gather(-1, torch.searchsorted(ascending, probs.double(), right=True))
     keep = above < top_ps.reshape(-1, 1).double()
     kept = torch.where(keep, probs, 0)
-    return kept / kept.sum(-1, keepdim=True)
+    out = kept / kept.sum(-1, keepdim=True)
+    _record_renorm(probs, out, top_ps=top_ps)
+    return out
 
 
 # ------------------------------------------------------------------------------ KV commit
@@ -445,6 +551,7 @@ def register() -> bool:
     HookRegistry.register(f"{SPEC_TREE}.verify_tree_greedy_func", verify_greedy_hook, HookType.AROUND)
     HookRegistry.register(f"{EAGLE_UTILS}._verify_uses_greedy", uses_greedy_hook, HookType.AROUND)
     HookRegistry.register(f"{SPEC_UTILS}.move_accept_tokens_to_target_kvcache", commit_kv_hook, HookType.AROUND)
+    HookRegistry.register(f"{SAMPLING}.softmax", softmax_hook, HookType.AROUND)
 
     verify_sampling = importlib.import_module(VERIFY_SAMPLING)
     eagle_utils = importlib.import_module(EAGLE_UTILS)

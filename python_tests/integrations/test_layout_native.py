@@ -82,7 +82,8 @@ def test_native_sampling_equals_tensor_path(bs, n, num_spec, shuffled, unlinked)
         native = outputs(bs, n, num_spec, torch.int64)
         torch.ops.eagle_kernels.sglang_tree_sampling(*native, cand, ri, nt, ns, coins, final, probs)
         ref = outputs(bs, n, num_spec, torch.int64)
-        plugin.tree_sampling_tensors(*ref, cand, ri, nt, ns, coins, final, probs)
+        # The native op reads the rows in place (no probability-0 column) when it can.
+        plugin.tree_sampling_tensors(*ref, cand, ri, nt, ns, coins, final, probs, compact=not (shuffled or unlinked))
         for name, a, b in zip(("predicts", "accept_index", "accept_token_num"), native, ref):
             assert torch.equal(a, b), (name, trial)
 
@@ -138,3 +139,45 @@ def test_native_full_chains_equal_tensor_path(bs, L, V, sampling):
         ref = vllm_plugin.full_chains(drafts, logits, bonus, temperature, uniform)
         assert native.dtype == ref.dtype == torch.int32
         assert torch.equal(native, ref), trial
+
+
+@pytest.mark.parametrize("filters", ["temperature", "top_k", "top_p", "top_k_top_p"])
+@pytest.mark.parametrize("shuffled,unlinked", LAYOUTS, ids=LAYOUT_IDS)
+def test_native_sampling_from_logits_equals_tensor_path(shuffled, unlinked, filters):
+    """The sampling verify from the logits SGLang's probabilities were made of (per-row
+    temperature / top-k / top-p, as SGLang expands them over a request's N rows)."""
+    gen = torch.Generator().manual_seed(len(filters) + 10 * shuffled + 100 * unlinked)
+    bs, n, num_spec, vocab = 3, 8, 5, 7
+    for trial in range(4):
+        ri, nt, ns = random_links(bs, n, gen, shuffled, unlinked)
+        cand = torch.randint(0, vocab, (bs, n), generator=gen)
+        logits = torch.randn(bs * n, vocab, generator=gen) * 2
+        temps = (torch.rand(bs, 1, generator=gen) + 0.3).repeat_interleave(n, 0)
+        ks = torch.tensor([2, 0, vocab + 3]).repeat_interleave(n) if "top_k" in filters else None
+        ps = torch.tensor([0.5, 1.0, 0.8]).repeat_interleave(n) if "top_p" in filters else None
+        coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
+        native = outputs(bs, n, num_spec, torch.int64)
+        torch.ops.eagle_kernels.sglang_tree_sampling_logits(*native, cand, ri, nt, ns, coins, final, logits, temps,
+                                                            ks, ps)
+        ref = outputs(bs, n, num_spec, torch.int64)
+        plugin.tree_sampling_tensors(*ref, cand, ri, nt, ns, coins, final, None, (logits, temps, ks, ps),
+                                     compact=not (shuffled or unlinked))
+        for name, a, b in zip(("predicts", "accept_index", "accept_token_num"), native, ref):
+            assert torch.equal(a, b), (name, trial)
+
+
+def test_handoff_only_for_the_recorded_unmodified_probabilities(monkeypatch):
+    logits = torch.randn(4, 5)
+    temps = torch.full((4, 1), 0.5)
+    probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, temps)
+    assert plugin._handed_logits(probs.view(2, 2, 5))[0] is logits
+    filtered = plugin.top_k_renorm_prob(probs, torch.full((4,), 2))
+    handed = plugin._handed_logits(filtered.view(2, 2, 5))
+    assert handed[0] is logits and handed[2] is not None and handed[3] is None
+    assert plugin._handed_logits(probs) is None  # no longer the latest record
+    filtered.mul_(1.0)  # modified in place: not the recorded values any more
+    assert plugin._handed_logits(filtered) is None
+    probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, temps)
+    nucleus = plugin.top_p_renorm_prob(probs, torch.full((4,), 0.9))
+    assert plugin._handed_logits(plugin.top_k_renorm_prob(nucleus, torch.full((4,), 2))) is None  # top-p first
+    assert plugin._handed_logits(probs.clone()) is None
