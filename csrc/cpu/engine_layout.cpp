@@ -66,9 +66,8 @@ struct LinkArgs {
 };
 
 LinkArgs check_links(const char* op, const at::Tensor& predicts, const at::Tensor& accept_index,
-                     const at::Tensor& accept_token_num, const at::Tensor& candidates,
-                     const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
-                     const at::Tensor& retrieve_next_sibling) {
+                     const at::Tensor& accept_token_num, const at::Tensor& candidates, const at::Tensor& retrieve_index,
+                     const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling) {
   check_index_tensor(candidates, op, "candidates");
   check_dim(candidates, op, "candidates", 2, "[B, N]");
   const int64_t B = candidates.size(0), N = candidates.size(1);
@@ -79,8 +78,8 @@ LinkArgs check_links(const char* op, const at::Tensor& predicts, const at::Tenso
                     predicts.numel());
   check_index_tensor(accept_index, op, "accept_index");
   check_dim(accept_index, op, "accept_index", 2, "[B, depth + 1]");
-  TORCH_CHECK_VALUE(accept_index.size(0) == B && accept_index.size(1) >= 1, op,
-                    ": accept_index: expected shape (", B, ", depth + 1), got ", shape_str(accept_index.sizes()));
+  TORCH_CHECK_VALUE(accept_index.size(0) == B && accept_index.size(1) >= 1, op, ": accept_index: expected shape (", B,
+                    ", depth + 1), got ", shape_str(accept_index.sizes()));
   check_index_tensor(accept_token_num, op, "accept_token_num");
   check_shape(accept_token_num, op, "accept_token_num", {B}, "[B]");
   const char* names[3] = {"retrieve_index", "retrieve_next_token", "retrieve_next_sibling"};
@@ -155,8 +154,8 @@ struct Trees {
 // SGLang's outputs from verify's: accept_index holds the flat row (retrieve_index) of each
 // accepted node, predicts[row] the token that follows that node, accept_token_num the count.
 void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tensor& accept_index,
-                   const at::Tensor& accept_token_num, const std::vector<int64_t>& order,
-                   const at::Tensor& accept_len, const at::Tensor& accept_nodes, const int64_t* emitted) {
+                   const at::Tensor& accept_token_num, const std::vector<int64_t>& order, const at::Tensor& accept_len,
+                   const at::Tensor& accept_nodes, const int64_t* emitted) {
   const int64_t B = a.B, N = a.N, S = a.S;
   const IntOut pred = int_out(predicts), index = int_out(accept_index), count = int_out(accept_token_num);
   const int64_t ps = predicts.stride(0), is0 = accept_index.stride(0), is1 = accept_index.stride(1);
@@ -234,9 +233,8 @@ LinkArgs check_greedy(const char* op, const at::Tensor& predicts, const at::Tens
   const LinkArgs a = check_links(op, predicts, accept_index, accept_token_num, candidates, retrieve_index,
                                  retrieve_next_token, retrieve_next_sibling);
   check_index_tensor(target_predict, op, "target_predict");
-  TORCH_CHECK_VALUE(target_predict.dim() == 2 && target_predict.numel() == a.B * a.N, op,
-                    ": target_predict: expected ", a.B * a.N, " entries [B, N], got shape ",
-                    shape_str(target_predict.sizes()));
+  TORCH_CHECK_VALUE(target_predict.dim() == 2 && target_predict.numel() == a.B * a.N, op, ": target_predict: expected ",
+                    a.B * a.N, " entries [B, N], got shape ", shape_str(target_predict.sizes()));
   *target = as_long(target_predict);
   return a;
 }
@@ -276,9 +274,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_
   const at::Tensor accept_index = at::empty({B, 1}, candidates.options().dtype(at::kLong));
   const at::Tensor accept_num = at::empty({B}, candidates.options().dtype(at::kLong));
   at::Tensor target;
-  const LinkArgs a = check_greedy("sglang_greedy_verify_inputs", predicts, accept_index, accept_num, candidates,
-                                  retrieve_next_token, retrieve_next_token, retrieve_next_sibling, target_predict,
-                                  &target);
+  const LinkArgs a =
+      check_greedy("sglang_greedy_verify_inputs", predicts, accept_index, accept_num, candidates, retrieve_next_token,
+                   retrieve_next_token, retrieve_next_sibling, target_predict, &target);
   GreedyInputs in = greedy_inputs(a, target.data_ptr<int64_t>());
   at::Tensor order = at::empty({B, N}, candidates.options().dtype(at::kLong));
   std::copy(in.order.begin(), in.order.end(), order.data_ptr<int64_t>());
@@ -288,7 +286,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_
 // The bits of a float32 coin, as _stream_from_coins reads them.
 int64_t coin_bits(const at::Tensor& coins, int64_t at) {
   const float x = coins.scalar_type() == at::kDouble ? static_cast<float>(coins.data_ptr<double>()[at])
-                                                      : coins.data_ptr<float>()[at];
+                                                     : coins.data_ptr<float>()[at];
   uint32_t u;
   std::memcpy(&u, &x, sizeof(u));
   return static_cast<int64_t>(u);
@@ -412,8 +410,7 @@ void tree_sampling_impl(const char* op, const at::Tensor& predicts, const at::Te
   std::vector<int64_t> emitted(B * S);
   const int64_t* ot = out_tokens.data_ptr<int64_t>();
   for (int64_t i = 0; i < B * S; ++i) emitted[i] = std::max<int64_t>(ot[i], 0);
-  write_results(a, predicts, accept_index, accept_token_num, order, std::get<0>(out), std::get<1>(out),
-                emitted.data());
+  write_results(a, predicts, accept_index, accept_token_num, order, std::get<0>(out), std::get<1>(out), emitted.data());
 }
 
 void sglang_tree_sampling_cpu(const at::Tensor& predicts, const at::Tensor& accept_index,
@@ -432,8 +429,7 @@ void sglang_tree_sampling_logits_cpu(const at::Tensor& predicts, const at::Tenso
                                      const at::Tensor& retrieve_next_sibling, const at::Tensor& uniform_samples,
                                      const at::Tensor& uniform_samples_for_final_sampling, const at::Tensor& logits,
                                      const std::optional<at::Tensor>& temperatures,
-                                     const std::optional<at::Tensor>& top_ks,
-                                     const std::optional<at::Tensor>& top_ps) {
+                                     const std::optional<at::Tensor>& top_ks, const std::optional<at::Tensor>& top_ps) {
   tree_sampling_impl("sglang_tree_sampling_logits", predicts, accept_index, accept_token_num, candidates,
                      retrieve_index, retrieve_next_token, retrieve_next_sibling, uniform_samples,
                      uniform_samples_for_final_sampling, logits, true, temperatures, top_ks, top_ps);
@@ -479,8 +475,8 @@ at::Tensor vllm_full_chains_cpu(const at::Tensor& draft_token_ids, const at::Ten
   std::optional<at::Tensor> temp, seed, offset;
   if (temperature.has_value()) {
     TORCH_CHECK_VALUE(uniform.has_value(), op, ": uniform: expected vLLM's uniforms with a temperature");
-    TORCH_CHECK_VALUE(temperature->numel() == B && temperature->device().is_cpu(), op,
-                      ": temperature: expected ", B, " entries on the CPU, got ", shape_str(temperature->sizes()));
+    TORCH_CHECK_VALUE(temperature->numel() == B && temperature->device().is_cpu(), op, ": temperature: expected ", B,
+                      " entries on the CPU, got ", shape_str(temperature->sizes()));
     TORCH_CHECK_VALUE(uniform->numel() == T && uniform->device().is_cpu() && uniform->is_floating_point(), op,
                       ": uniform: expected ", T, " floats on the CPU, got ", shape_str(uniform->sizes()));
     const at::Tensor t64 = temperature->to(at::kDouble).contiguous().reshape({B});
@@ -498,8 +494,8 @@ at::Tensor vllm_full_chains_cpu(const at::Tensor& draft_token_ids, const at::Ten
       std::memcpy(offset->data_ptr<int64_t>() + b, uv + b * L + L - 1, sizeof(int64_t));
     }
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, target_logits.view({B, L, V}), L - 1, temp, std::nullopt,
-                                       std::nullopt, seed, offset);
+  const VerifyTensors out =
+      verify_cpu(tokens, parents, target_logits.view({B, L, V}), L - 1, temp, std::nullopt, std::nullopt, seed, offset);
   const int32_t* len = std::get<0>(out).data_ptr<int32_t>();
   const int64_t* ot = std::get<2>(out).data_ptr<int64_t>();
   at::Tensor result = at::empty({B, L + 1}, long_opts.dtype(at::kInt));
