@@ -5,11 +5,11 @@ Run in the engine venv (scripts/setup_engines_env.sh), from the repository root:
     TRITON_INTERPRET=1 build/engines-venv/bin/python bench/bench_engines.py
 
 For each wrapped engine call it times the whole call (layout conversion both ways + our op) and
-our op alone on the converted inputs (recorded from the same call), side by side in one run;
-"conversion" is the difference, as a share of the wrapped call. Our op alone is the call the
-adapter makes: for SGLang's tree verify calls on CPU that is the native ``verify`` kernel
-(``torch.ops.eagle_kernels.verify``), which the adapter's fused native op
-(csrc/cpu/engine_layout.cpp) calls in C++; for vLLM's chains it is ``eagle_kernels.verify``. The
+our op alone on the converted inputs, side by side in one run; "conversion" is the difference,
+as a share of the wrapped call. On CPU the adapters' conversions are native ops
+(csrc/cpu/engine_layout.cpp) that call our ``verify`` kernel in C++; our op alone is that kernel
+(``torch.ops.eagle_kernels.verify``) on the inputs they give it (recorded from the tensor path,
+which the tests keep identical, or made by ``sglang_greedy_verify_inputs``). The
 adapters' tensor path (what runs on GPU, capturable in a CUDA graph) is timed on CPU as well. The
 engines' own kernels are timed where they run on CPU: SGLang's tree kernels and vLLM's rejection
 sampler are Triton kernels, here under the Triton interpreter, which runs them at Python speed
@@ -78,6 +78,34 @@ def op_alone_us(module, call, native=False, repeats=30, drop_column=False):
             args = (tokens, parents, logits[..., :V])
     op = torch.ops.eagle_kernels.verify if native else ops.verify
     return best_us(lambda: op(*args, **kwargs), repeats=repeats)
+
+
+def ragged_op_alone_us(flat, counts, logits, meta):
+    """verify on each request's chain as vllm_chains makes it (root + first n - 1 drafts, the
+    request's rows in place, vLLM's uniforms' bits as the stream), all requests in turn."""
+    import torch
+    from vllm.v1.sample.rejection_sampler import generate_uniform_probs
+
+    V = logits.shape[1]
+    uniform = None if meta.all_greedy else generate_uniform_probs(logits.shape[0], counts, {}, "cpu")
+    calls, start = [], 0
+    for b, n in enumerate(counts):
+        if n:
+            tokens = torch.cat([torch.zeros(1, dtype=torch.long), flat[start : start + n - 1].long()])[None]
+            parents = (torch.arange(n, dtype=torch.int32) - 1)[None]
+            kwargs = dict(max_depth=n - 1)
+            if uniform is not None:
+                bits = uniform.double().view(torch.int64)
+                kwargs.update(temperature=(meta.temperature[b : b + 1] != 0).float(), seed=bits[start : start + 1],
+                              offset=bits[start + n - 1 : start + n])
+            calls.append(((tokens, parents, logits[start : start + n].view(1, n, V)), kwargs))
+        start += n
+
+    def run():
+        for args, kwargs in calls:
+            torch.ops.eagle_kernels.verify(*args, **kwargs)
+
+    return best_us(run, repeats=10)
 
 
 def main():
@@ -173,16 +201,23 @@ def main():
             total = best_us(call, repeats=10)
             tensors = None
             if ragged:
-                alone = op_alone_us(vl, call)
+                # The native op verifies each request alone (its rows in place): our op alone is
+                # those calls, timed here from Python (each call's dispatch, ~1-2 us, counted in).
+                alone = ragged_op_alone_us(flat, counts, logits, meta)
+                native, vl._native_chains = vl._native_chains, lambda: None
+                try:
+                    tensors = best_us(call, repeats=10)
+                finally:
+                    vl._native_chains = native
             else:
                 # The native op (CPU) calls verify in C++; the tensor path's call records the same
                 # inputs (tests keep the two identical).
-                native, vl._native_full_chains = vl._native_full_chains, lambda: None
+                native, vl._native_chains = vl._native_chains, lambda: None
                 try:
                     tensors = best_us(call, repeats=10)
                     alone = op_alone_us(vl, call, native=True)
                 finally:
-                    vl._native_full_chains = native
+                    vl._native_chains = native
             shape = f"bs={bs} k={k} V={V}" + (" ragged" if ragged else "")
             rows.append((f"vllm rejection_sample ({name})", shape, total, alone, tensors, None))
 

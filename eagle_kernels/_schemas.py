@@ -61,7 +61,7 @@ LAYER_SCHEMAS = {
 LAYER_OPS = tuple(LAYER_SCHEMAS)
 
 # Native CPU helpers of the engine adapters (eagle_kernels/integrations/): SGLang's tree verify
-# calls and vLLM's full-chain rejection sampling with the layout conversion fused around verify
+# calls and vLLM's chain rejection sampling with the layout conversion fused around verify
 # (csrc/cpu/engine_layout.cpp, which defines them; not public ops: without the extension, and on
 # other devices, the adapters run their tensor path).
 ENGINE_SCHEMAS = {
@@ -85,9 +85,9 @@ ENGINE_SCHEMAS = {
         "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor logits, Tensor? temperatures=None, "
         "Tensor? top_ks=None, Tensor? top_ps=None) -> ()"
     ),
-    "vllm_full_chains": (
-        "vllm_full_chains(Tensor draft_token_ids, Tensor target_logits, Tensor bonus_token_ids, "
-        "Tensor? temperature=None, Tensor? uniform=None) -> Tensor"
+    "vllm_chains": (
+        "vllm_chains(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, "
+        "Tensor bonus_token_ids, int max_spec_len, Tensor? temperature=None, Tensor? uniform=None) -> Tensor"
     ),
 }
 ALL_OPS = OPS + LAYER_OPS

@@ -1,9 +1,8 @@
-// The engines' verify calls on CPU (SGLang's EAGLE tree verify, vLLM's chain rejection sampler on
-// full chains), with the layout conversion native and fused with our verify (docs/serving.md
-// "Conversion cost"). The torch reference is the adapter's own tensor
-// path (eagle_kernels/integrations/sglang.py with eagle_kernels/integrations/_layout.py): these
-// ops compute the same trees, the same verify inputs and the same outputs, read on the host
-// (CPU tensors), in one call instead of ~30 small tensor ops.
+// The engines' verify calls on CPU (SGLang's EAGLE tree verify, vLLM's chain rejection sampler), with the layout
+// conversion native and fused with our verify (docs/serving.md "Conversion cost"). The torch reference is the adapter's
+// own tensor path (eagle_kernels/integrations/sglang.py with eagle_kernels/integrations/_layout.py): these ops compute
+// the same trees, the same verify inputs and the same outputs, read on the host (CPU tensors), in one call instead of
+// ~30 small tensor ops.
 //
 // SGLang's layout: node i of request b is row b * N + i of the flattened verify batch;
 // retrieve_next_token[b, i] is the first child of i and retrieve_next_sibling[b, i] the next
@@ -16,6 +15,7 @@
 // their tensor path on other devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/zeros.h>
@@ -435,78 +435,122 @@ void sglang_tree_sampling_logits_cpu(const at::Tensor& predicts, const at::Tenso
                      uniform_samples_for_final_sampling, logits, true, temperatures, top_ks, top_ps);
 }
 
-// vLLM's V1 rejection sampler on a batch of full chains (every request has L = T / B drafts), as
-// eagle_kernels/integrations/vllm.py _full_chains computes it: request b's rows b * L .. b * L + L
-// - 1 of target_logits are read in place as verify's [B, L, V] logits; the chain is the root and
-// the first L - 1 drafts, and the last draft is accepted iff the token verify draws at node L - 1
-// equals it (see there); then the bonus token. Returns int32 [B, L + 1] padded with -1.
-at::Tensor vllm_full_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& target_logits,
-                                const at::Tensor& bonus_token_ids, const std::optional<at::Tensor>& temperature,
-                                const std::optional<at::Tensor>& uniform) {
-  const char* op = "vllm_full_chains";
+// vLLM's V1 rejection sampler on chains, as eagle_kernels/integrations/vllm.py full_chains
+// computes it for a batch of full chains: the L drafts of a chain are verified against its L rows
+// of target_logits, read in place as verify's [G, L, V] logits; the chain is the root and the
+// first L - 1 drafts, and the last draft is accepted iff the token verify draws at node L - 1
+// equals it (see there); then the bonus token. Full chains (every request with L = max_spec_len
+// drafts) take one verify call; ragged batches one call per request (its rows, no copy; a request
+// without drafts emits its bonus token). Returns int32 [B, max_spec_len + 1] padded with -1.
+struct ChainArgs {
+  const int64_t* drafts;
+  const int64_t* bonus;
+  const double* temperature;  // nullptr: greedy batch
+  const double* uniform;
+  at::TensorOptions long_opts;
+  int32_t* out;
+  int64_t out_width;
+};
+
+// Requests b0 .. b0 + G - 1, each with L >= 1 drafts starting at row starts[b].
+void verify_chains(const ChainArgs& c, const at::Tensor& logits, int64_t b0, int64_t G, int64_t L,
+                   const int64_t* starts) {
+  at::Tensor tokens = at::empty({G, L}, c.long_opts);
+  at::Tensor parents = at::empty({G, L}, c.long_opts.dtype(at::kInt));
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  int32_t* par = parents.data_ptr<int32_t>();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t* d = c.drafts + starts[b0 + g];
+    tok[g * L] = 0;  // the root's token is not read
+    par[g * L] = -1;
+    for (int64_t j = 1; j < L; ++j) {
+      tok[g * L + j] = d[j - 1];
+      par[g * L + j] = static_cast<int32_t>(j - 1);
+    }
+  }
+  std::optional<at::Tensor> temp, seed, offset;
+  if (c.temperature != nullptr) {
+    temp = at::empty({G}, c.long_opts.dtype(at::kFloat));
+    seed = at::empty({G}, c.long_opts);
+    offset = at::empty({G}, c.long_opts);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t start = starts[b0 + g];
+      // The logits are already divided by the temperature (greedy rows: 0).
+      temp->data_ptr<float>()[g] = c.temperature[b0 + g] != 0.0 ? 1.0f : 0.0f;
+      // The stream: the float64 bits of the request's first and last uniforms (vllm._stream).
+      std::memcpy(seed->data_ptr<int64_t>() + g, c.uniform + start, sizeof(int64_t));
+      std::memcpy(offset->data_ptr<int64_t>() + g, c.uniform + start + L - 1, sizeof(int64_t));
+    }
+  }
+  const VerifyTensors out = verify_cpu(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset);
+  const int32_t* len = std::get<0>(out).data_ptr<int32_t>();
+  const int64_t* ot = std::get<2>(out).data_ptr<int64_t>();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t b = b0 + g, a = len[g];
+    const bool last = a == L - 1 && ot[g * L + L - 1] == c.drafts[starts[b] + L - 1];
+    int32_t* r = c.out + b * c.out_width;
+    for (int64_t j = 0; j <= a; ++j) r[j] = static_cast<int32_t>(ot[g * L + j]);
+    if (last) r[L] = static_cast<int32_t>(c.bonus[b]);
+  }
+}
+
+at::Tensor vllm_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& cu_num_draft_tokens,
+                           const at::Tensor& target_logits, const at::Tensor& bonus_token_ids, int64_t max_spec_len,
+                           const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& uniform) {
+  const char* op = "vllm_chains";
   check_float_dtype(target_logits, op, "target_logits");
   check_dim(target_logits, op, "target_logits", 2, "[num_tokens, vocab]");
   TORCH_CHECK_VALUE(target_logits.device().is_cpu(), op, ": target_logits: expected a CPU tensor");
   check_index_tensor(draft_token_ids, op, "draft_token_ids");
+  check_index_tensor(cu_num_draft_tokens, op, "cu_num_draft_tokens");
   check_index_tensor(bonus_token_ids, op, "bonus_token_ids");
   const int64_t T = target_logits.size(0), V = target_logits.size(1), B = bonus_token_ids.numel();
+  const int64_t L = max_spec_len;
+  TORCH_CHECK_VALUE(L >= 0, op, ": max_spec_len: expected >= 0, got ", L);
   TORCH_CHECK_VALUE(draft_token_ids.dim() == 1 && draft_token_ids.numel() == T, op,
                     ": draft_token_ids: expected shape [", T, "], got ", shape_str(draft_token_ids.sizes()));
-  TORCH_CHECK_VALUE(B > 0 && T > 0 && T % B == 0, op, ": bonus_token_ids: expected a divisor of the ", T,
-                    " drafts (full chains), got ", B, " entries");
-  TORCH_CHECK_VALUE(target_logits.stride(1) == 1 || V == 1, op, ": target_logits: expected contiguous rows");
-  const int64_t L = T / B;
+  check_shape(cu_num_draft_tokens, op, "cu_num_draft_tokens", {B}, "[B]");
+  TORCH_CHECK_VALUE(target_logits.stride(1) == 1 || V <= 1, op, ": target_logits: expected contiguous rows");
   const at::Tensor drafts = as_long(draft_token_ids), bonus = as_long(bonus_token_ids.reshape({B}));
-  const int64_t* d = drafts.data_ptr<int64_t>();
-  const int64_t* bo = bonus.data_ptr<int64_t>();
-  const auto long_opts = drafts.options();
-  at::Tensor tokens = at::empty({B, L}, long_opts);
-  at::Tensor parents = at::empty({B, L}, long_opts.dtype(at::kInt));
-  int64_t* tok = tokens.data_ptr<int64_t>();
-  int32_t* par = parents.data_ptr<int32_t>();
+  const at::Tensor cu = as_long(cu_num_draft_tokens);
+  const int64_t* ends = cu.data_ptr<int64_t>();
+  std::vector<int64_t> starts(B), counts(B);
+  bool full = B > 0;
   for (int64_t b = 0; b < B; ++b) {
-    tok[b * L] = 0;  // the root's token is not read
-    par[b * L] = -1;
-    for (int64_t j = 1; j < L; ++j) {
-      tok[b * L + j] = d[b * L + j - 1];
-      par[b * L + j] = static_cast<int32_t>(j - 1);
-    }
+    starts[b] = b == 0 ? 0 : ends[b - 1];
+    counts[b] = ends[b] - starts[b];
+    TORCH_CHECK_VALUE(counts[b] >= 0 && counts[b] <= L && ends[b] <= T, op,
+                      ": cu_num_draft_tokens: expected non-decreasing ends <= ", T, " with at most ", L,
+                      " drafts per request, got ", ends[b], " at ", b);
+    full &= counts[b] == L;
   }
-  std::optional<at::Tensor> temp, seed, offset;
+  ChainArgs c{
+      drafts.data_ptr<int64_t>(), bonus.data_ptr<int64_t>(), nullptr, nullptr, drafts.options(), nullptr, L + 1};
+  at::Tensor t64, u64;
   if (temperature.has_value()) {
     TORCH_CHECK_VALUE(uniform.has_value(), op, ": uniform: expected vLLM's uniforms with a temperature");
     TORCH_CHECK_VALUE(temperature->numel() == B && temperature->device().is_cpu(), op, ": temperature: expected ", B,
                       " entries on the CPU, got ", shape_str(temperature->sizes()));
     TORCH_CHECK_VALUE(uniform->numel() == T && uniform->device().is_cpu() && uniform->is_floating_point(), op,
                       ": uniform: expected ", T, " floats on the CPU, got ", shape_str(uniform->sizes()));
-    const at::Tensor t64 = temperature->to(at::kDouble).contiguous().reshape({B});
-    const at::Tensor u64 = uniform->to(at::kDouble).contiguous().reshape({T});
-    temp = at::empty({B}, long_opts.dtype(at::kFloat));
-    seed = at::empty({B}, long_opts);
-    offset = at::empty({B}, long_opts);
-    const double* tv = t64.data_ptr<double>();
-    const double* uv = u64.data_ptr<double>();
-    for (int64_t b = 0; b < B; ++b) {
-      // The logits are already divided by the temperature (greedy rows: 0).
-      temp->data_ptr<float>()[b] = tv[b] != 0.0 ? 1.0f : 0.0f;
-      // The stream: the float64 bits of the request's first and last uniforms (vllm._stream).
-      std::memcpy(seed->data_ptr<int64_t>() + b, uv + b * L, sizeof(int64_t));
-      std::memcpy(offset->data_ptr<int64_t>() + b, uv + b * L + L - 1, sizeof(int64_t));
-    }
+    t64 = temperature->to(at::kDouble).contiguous();
+    u64 = uniform->to(at::kDouble).contiguous();
+    c.temperature = t64.data_ptr<double>();
+    c.uniform = u64.data_ptr<double>();
   }
-  const VerifyTensors out =
-      verify_cpu(tokens, parents, target_logits.view({B, L, V}), L - 1, temp, std::nullopt, std::nullopt, seed, offset);
-  const int32_t* len = std::get<0>(out).data_ptr<int32_t>();
-  const int64_t* ot = std::get<2>(out).data_ptr<int64_t>();
-  at::Tensor result = at::empty({B, L + 1}, long_opts.dtype(at::kInt));
-  int32_t* r = result.data_ptr<int32_t>();
+  at::Tensor result = at::full({B, L + 1}, -1, drafts.options().dtype(at::kInt));
+  c.out = result.data_ptr<int32_t>();
+  if (full && L >= 1) {
+    verify_chains(c, target_logits.view({B, L, V}), 0, B, L, starts.data());
+    return result;
+  }
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t a = len[b];
-    const bool last = a == L - 1 && ot[b * L + L - 1] == d[b * L + L - 1];
-    for (int64_t j = 0; j <= L; ++j) {
-      const int64_t v = j <= a ? ot[b * L + j] : (j == L && last ? bo[b] : -1);
-      r[b * (L + 1) + j] = static_cast<int32_t>(v);
+    if (counts[b] == 0) {
+      c.out[b * (L + 1)] = static_cast<int32_t>(c.bonus[b]);
+      continue;
     }
+    verify_chains(c, target_logits.narrow(0, starts[b], counts[b]).view({1, counts[b], V}), b, 1, counts[b],
+                  starts.data());
   }
   return result;
 }
@@ -528,8 +572,8 @@ TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
       "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor logits, Tensor? temperatures=None, "
       "Tensor? top_ks=None, Tensor? top_ps=None) -> ()");
   m.def(
-      "vllm_full_chains(Tensor draft_token_ids, Tensor target_logits, Tensor bonus_token_ids, "
-      "Tensor? temperature=None, Tensor? uniform=None) -> Tensor");
+      "vllm_chains(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, "
+      "Tensor bonus_token_ids, int max_spec_len, Tensor? temperature=None, Tensor? uniform=None) -> Tensor");
   m.def(
       "sglang_tree_sampling(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
       "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
@@ -541,5 +585,5 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("sglang_greedy_verify_inputs", &eagle::sglang_greedy_verify_inputs_cpu);
   m.impl("sglang_tree_sampling", &eagle::sglang_tree_sampling_cpu);
   m.impl("sglang_tree_sampling_logits", &eagle::sglang_tree_sampling_logits_cpu);
-  m.impl("vllm_full_chains", &eagle::vllm_full_chains_cpu);
+  m.impl("vllm_chains", &eagle::vllm_chains_cpu);
 }

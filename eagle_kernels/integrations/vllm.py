@@ -77,20 +77,22 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
         raise OutsideContract(f"bonus_token_ids: expected {B} entries, got {bonus_token_ids.numel()}")
     L = int(max_spec_len)
     T, V = target_logits.shape
-    if L >= 1 and T == B * L and target_logits.stride(1) == 1 and all(n == L for n in num_draft_tokens):
+    native = _native_chains() if target_logits.device.type == "cpu" else None
+    full = L >= 1 and T == B * L and target_logits.stride(1) == 1 and all(n == L for n in num_draft_tokens)
+    if native is not None or full:
         uniform = None
         if not sampling_metadata.all_greedy:
             from vllm.v1.sample.rejection_sampler import generate_uniform_probs
 
             uniform = generate_uniform_probs(T, num_draft_tokens, sampling_metadata.generators, target_logits.device)
-        if target_logits.device.type == "cpu" and _native_full_chains() is not None:
-            args = () if uniform is None else (sampling_metadata.temperature, uniform)
+        temperature = None if uniform is None else sampling_metadata.temperature
+        if native is not None:
             try:
-                return _native_full_chains()(draft_token_ids, target_logits, bonus_token_ids, *args)
+                return native(draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids, L, temperature,
+                              uniform)
             except ValueError as error:
                 raise OutsideContract(str(error)) from None
-        return full_chains(draft_token_ids, target_logits, bonus_token_ids,
-                           None if uniform is None else sampling_metadata.temperature, uniform)
+        return full_chains(draft_token_ids, target_logits, bonus_token_ids, temperature, uniform)
     device = target_logits.device
     bonus = bonus_token_ids.reshape(B).long()
     ends = cu_num_draft_tokens.long()
@@ -143,14 +145,16 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
 
 
 @functools.cache
-def _native_full_chains():
-    """``torch.ops.eagle_kernels.vllm_full_chains`` when the C++ extension has it, else ``None``."""
+def _native_chains():
+    """``torch.ops.eagle_kernels.vllm_chains`` (csrc/cpu/engine_layout.cpp: full chains in one
+    verify call, ragged ones one call per request, rows read in place) when the C++ extension has
+    it, else ``None``."""
     from .. import _dispatch
 
-    if not _dispatch.HAS_CPP or not torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::vllm_full_chains",
+    if not _dispatch.HAS_CPP or not torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::vllm_chains",
                                                                                    "CPU"):
         return None
-    return torch.ops.eagle_kernels.vllm_full_chains
+    return torch.ops.eagle_kernels.vllm_chains
 
 
 @functools.cache
@@ -162,7 +166,7 @@ def _chain_parents(B: int, L: int, device: torch.device) -> torch.Tensor:
 def full_chains(draft_token_ids, target_logits, bonus_token_ids, temperature=None, uniform=None):
     """:func:`chain_verify` when every request has ``L = T / B`` drafts (``num_draft_tokens`` is
     a host list: no sync); the tensor path (any device) and the reference of the native CPU op
-    ``torch.ops.eagle_kernels.vllm_full_chains``. ``temperature`` and ``uniform`` (vLLM's
+    ``torch.ops.eagle_kernels.vllm_chains`` (which applies it per request to ragged batches). ``temperature`` and ``uniform`` (vLLM's
     uniforms for this step) for sampling batches, both ``None`` for all-greedy ones.
 
     Request ``b``'s rows ``b * L .. b * L + L - 1`` of ``target_logits`` are read in place as

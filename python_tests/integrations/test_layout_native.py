@@ -135,10 +135,40 @@ def test_native_full_chains_equal_tensor_path(bs, L, V, sampling):
             temperature = torch.rand(bs, generator=gen)
             temperature[0] = 0  # a greedy request in a sampling batch
             uniform = torch.rand(bs * L, generator=gen, dtype=torch.float64)
-        native = torch.ops.eagle_kernels.vllm_full_chains(drafts, logits, bonus, temperature, uniform)
+        cu = torch.arange(1, bs + 1) * L
+        native = torch.ops.eagle_kernels.vllm_chains(drafts, cu, logits, bonus, L, temperature, uniform)
         ref = vllm_plugin.full_chains(drafts, logits, bonus, temperature, uniform)
         assert native.dtype == ref.dtype == torch.int32
         assert torch.equal(native, ref), trial
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
+def test_native_ragged_chains_are_full_chains_per_request(sampling):
+    """Ragged batches: each request verified alone as a full chain, padded to max_spec_len + 1."""
+    gen = torch.Generator().manual_seed(3)
+    V, L = 5, 4
+    for trial in range(5):
+        counts = torch.randint(0, L + 1, (6,), generator=gen).tolist()
+        T = sum(counts)
+        drafts = torch.randint(0, 3, (T,), generator=gen)
+        logits = torch.randn(T, V, generator=gen) * 3
+        bonus = torch.randint(0, V, (len(counts), 1), generator=gen)
+        temperature = torch.rand(len(counts), generator=gen) if sampling else None
+        uniform = torch.rand(T, generator=gen, dtype=torch.float64) if sampling else None
+        cu = torch.tensor(counts).cumsum(0)
+        native = torch.ops.eagle_kernels.vllm_chains(drafts, cu, logits, bonus, L, temperature, uniform)
+        start = 0
+        for b, n in enumerate(counts):
+            expected = torch.full((L + 1,), -1, dtype=torch.int32)
+            if n == 0:
+                expected[0] = bonus[b, 0]
+            else:
+                rows = slice(start, start + n)
+                one = vllm_plugin.full_chains(drafts[rows], logits[rows], bonus[b], None if not sampling else
+                                              temperature[b : b + 1], None if not sampling else uniform[rows])
+                expected[: n + 1] = one[0]
+            assert torch.equal(native[b], expected), (trial, b, counts)
+            start += n
 
 
 @pytest.mark.parametrize("filters", ["temperature", "top_k", "top_p", "top_k_top_p"])

@@ -147,7 +147,7 @@ def test_sampling_is_exact(hooked, monkeypatch, layout):
     law of sampling from the target: full chains (read in place; native on CPU, and the tensor
     path) and ragged ones (gathered: one extra request with a shorter chain, not counted)."""
     if layout == "full_tensor_path":
-        monkeypatch.setattr(plugin, "_native_full_chains", lambda: None)
+        monkeypatch.setattr(plugin, "_native_chains", lambda: None)
     gen = torch.Generator().manual_seed(5)
     draws, vocab, chain = 4000, 4, [1, 3]
     probs = torch.softmax(torch.randn(len(chain), vocab, generator=gen) * 1.5, -1)
@@ -199,7 +199,7 @@ def test_no_host_reads(hooked, monkeypatch, native):
     from test_sglang import HostReads
 
     if not native:
-        monkeypatch.setattr(plugin, "_native_full_chains", lambda: None)
+        monkeypatch.setattr(plugin, "_native_chains", lambda: None)
     gen = torch.Generator().manual_seed(1)
     reads = HostReads(monkeypatch)
     for drafts in ([[1, 2, 3], [0], []], [[1, 2], [0, 4], [3, 3]]):
