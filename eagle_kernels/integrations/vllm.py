@@ -166,8 +166,9 @@ def _chain_parents(B: int, L: int, device: torch.device) -> torch.Tensor:
 def full_chains(draft_token_ids, target_logits, bonus_token_ids, temperature=None, uniform=None):
     """:func:`chain_verify` when every request has ``L = T / B`` drafts (``num_draft_tokens`` is
     a host list: no sync); the tensor path (any device) and the reference of the native CPU op
-    ``torch.ops.eagle_kernels.vllm_chains`` (which applies it per request to ragged batches). ``temperature`` and ``uniform`` (vLLM's
-    uniforms for this step) for sampling batches, both ``None`` for all-greedy ones.
+    ``torch.ops.eagle_kernels.vllm_chains`` (which applies it per request to ragged batches).
+    ``temperature`` and ``uniform`` (vLLM's uniforms for this step) for sampling batches, both
+    ``None`` for all-greedy ones.
 
     Request ``b``'s rows ``b * L .. b * L + L - 1`` of ``target_logits`` are read in place as
     verify's ``[B, L, V]`` logits, no copy. The chain is the root and the first ``L - 1`` drafts
