@@ -9,10 +9,13 @@ ragged draft chains of a batch against the target's (already temperature-scaled 
 filtered) logits at the draft positions, with the bonus token sampled beforehand from the last
 position. The plugin replaces it, in the lossless one-hot case only (no draft probabilities:
 EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
-:func:`eagle_kernels.verify` on chains: request ``b``'s chain is padded to ``max_spec_len`` drafts
-whose outcome is discarded (the walk is cut at the chain's end, where vLLM's bonus token is
-emitted). Model Runner V2's ``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the
-same treatment (:func:`chain_verify_v2`). Every other call runs vLLM's own function, with one log
+:func:`eagle_kernels.verify` on chains: full chains (every request with ``max_spec_len`` drafts)
+read the logits rows in place (:func:`full_chains`); on CPU the native op
+``torch.ops.eagle_kernels.vllm_chains`` does the same per request for ragged batches; elsewhere a
+ragged batch's chains are padded to ``max_spec_len`` drafts whose outcome is discarded (the walk is
+cut at the chain's end, where vLLM's bonus token is emitted). Model Runner V2's
+``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the same treatment
+(:func:`chain_verify_v2`, tensor code). Every other call runs vLLM's own function, with one log
 line per reason.
 """
 
