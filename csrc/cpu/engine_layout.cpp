@@ -15,7 +15,6 @@
 // their tensor path on other devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/zeros.h>
@@ -58,6 +57,17 @@ struct IntOut {
 };
 
 IntOut int_out(const at::Tensor& t) { return {t.data_ptr(), t.scalar_type() == at::kLong}; }
+
+// Reads a contiguous int32 / int64 tensor as int64 without a converted copy.
+struct IntIn {
+  at::Tensor t;  // keeps a contiguous copy alive when the input was not
+  const void* data;
+  bool is_long;
+  explicit IntIn(const at::Tensor& x) : t(x.contiguous()), data(t.data_ptr()), is_long(t.scalar_type() == at::kLong) {}
+  int64_t operator[](int64_t i) const {
+    return is_long ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
+  }
+};
 
 // The SGLang-side inputs shared by both verify calls, checked and read as int64.
 struct LinkArgs {
@@ -443,8 +453,8 @@ void sglang_tree_sampling_logits_cpu(const at::Tensor& predicts, const at::Tenso
 // drafts) take one verify call; ragged batches one call per request (its rows, no copy; a request
 // without drafts emits its bonus token). Returns int32 [B, max_spec_len + 1] padded with -1.
 struct ChainArgs {
-  const int64_t* drafts;
-  const int64_t* bonus;
+  const IntIn& drafts;
+  const IntIn& bonus;
   const double* temperature;  // nullptr: greedy batch
   const double* uniform;
   at::TensorOptions long_opts;
@@ -460,11 +470,11 @@ void verify_chains(const ChainArgs& c, const at::Tensor& logits, int64_t b0, int
   int64_t* tok = tokens.data_ptr<int64_t>();
   int32_t* par = parents.data_ptr<int32_t>();
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t* d = c.drafts + starts[b0 + g];
+    const int64_t d = starts[b0 + g];
     tok[g * L] = 0;  // the root's token is not read
     par[g * L] = -1;
     for (int64_t j = 1; j < L; ++j) {
-      tok[g * L + j] = d[j - 1];
+      tok[g * L + j] = c.drafts[d + j - 1];
       par[g * L + j] = static_cast<int32_t>(j - 1);
     }
   }
@@ -511,9 +521,8 @@ at::Tensor vllm_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& 
                     ": draft_token_ids: expected shape [", T, "], got ", shape_str(draft_token_ids.sizes()));
   check_shape(cu_num_draft_tokens, op, "cu_num_draft_tokens", {B}, "[B]");
   TORCH_CHECK_VALUE(target_logits.stride(1) == 1 || V <= 1, op, ": target_logits: expected contiguous rows");
-  const at::Tensor drafts = as_long(draft_token_ids), bonus = as_long(bonus_token_ids.reshape({B}));
-  const at::Tensor cu = as_long(cu_num_draft_tokens);
-  const int64_t* ends = cu.data_ptr<int64_t>();
+  const IntIn drafts(draft_token_ids), bonus(bonus_token_ids), ends(cu_num_draft_tokens);
+  const auto long_opts = target_logits.options().dtype(at::kLong);
   std::vector<int64_t> starts(B), counts(B);
   bool full = B > 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -524,8 +533,7 @@ at::Tensor vllm_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& 
                       " drafts per request, got ", ends[b], " at ", b);
     full &= counts[b] == L;
   }
-  ChainArgs c{
-      drafts.data_ptr<int64_t>(), bonus.data_ptr<int64_t>(), nullptr, nullptr, drafts.options(), nullptr, L + 1};
+  ChainArgs c{drafts, bonus, nullptr, nullptr, long_opts, nullptr, L + 1};
   at::Tensor t64, u64;
   if (temperature.has_value()) {
     TORCH_CHECK_VALUE(uniform.has_value(), op, ": uniform: expected vLLM's uniforms with a temperature");
@@ -538,8 +546,9 @@ at::Tensor vllm_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& 
     c.temperature = t64.data_ptr<double>();
     c.uniform = u64.data_ptr<double>();
   }
-  at::Tensor result = at::full({B, L + 1}, -1, drafts.options().dtype(at::kInt));
+  at::Tensor result = at::empty({B, L + 1}, long_opts.dtype(at::kInt));
   c.out = result.data_ptr<int32_t>();
+  std::fill(c.out, c.out + B * (L + 1), -1);
   if (full && L >= 1) {
     verify_chains(c, target_logits.view({B, L, V}), 0, B, L, starts.data());
     return result;

@@ -81,8 +81,8 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     L = int(max_spec_len)
     T, V = target_logits.shape
     native = _native_chains() if target_logits.device.type == "cpu" else None
-    full = L >= 1 and T == B * L and target_logits.stride(1) == 1 and all(n == L for n in num_draft_tokens)
-    if native is not None or full:
+    if native is not None or (L >= 1 and T == B * L and target_logits.stride(1) == 1
+                              and all(n == L for n in num_draft_tokens)):
         uniform = None
         if not sampling_metadata.all_greedy:
             from vllm.v1.sample.rejection_sampler import generate_uniform_probs
