@@ -105,7 +105,7 @@ def ragged_op_alone_us(flat, counts, logits, meta):
         for args, kwargs in calls:
             torch.ops.eagle_kernels.verify(*args, **kwargs)
 
-    return best_us(run, repeats=10)
+    return best_us(run, repeats=30)
 
 
 def main():
@@ -166,10 +166,10 @@ def main():
             handed = sg._handed_logits(probs)
             assert handed is not None
             sample_args = (*outs, cand, ret[0], ret[1], ret[2], coins, final, probs)
-            total = best_us(lambda: sg.tree_sampling(*sample_args), repeats=10)
-            tensors = best_us(lambda: sg.tree_sampling_tensors(*sample_args[:-1], None, handed), repeats=10)
+            total = best_us(lambda: sg.tree_sampling(*sample_args), repeats=30)
+            tensors = best_us(lambda: sg.tree_sampling_tensors(*sample_args[:-1], None, handed), repeats=3)
             alone = op_alone_us(sg, lambda: sg.tree_sampling_tensors(*sample_args[:-1], None, handed, compact=True),
-                                native=True, repeats=10)
+                                native=True, repeats=30)
             rows.append(("sglang tree sampling (logits)", f"bs={bs} N={n} V={V}", total, alone, tensors, None))
             # Probabilities the adapter does not know the making of (here unfiltered: zeros, as
             # top-k leaves, make torch.log take a slow path): the logarithm path.
@@ -198,7 +198,7 @@ def main():
                            ("random", SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(bs),
                                                         generators={}))):
             call = lambda: vl.chain_verify(flat, counts, k, cu, None, logits, bonus, meta)  # noqa: E731
-            total = best_us(call, repeats=10)
+            total = best_us(call, repeats=30)
             tensors = None
             if ragged:
                 # The native op verifies each request alone (its rows in place): our op alone is
