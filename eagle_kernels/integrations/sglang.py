@@ -92,7 +92,7 @@ def _run_native(name: str, args) -> bool:
     if native is None:
         return False
     try:
-        if args[3].device.type != "cpu":
+        if not args[3].is_cpu:
             return False
         native(*args)
     except ValueError as error:
@@ -253,9 +253,10 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
                   retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
                   draft_probs=None, threshold_single=1.0, threshold_acc=1.0, deterministic=True):
     """SGLang's ``tree_speculative_sampling_target_only`` through :func:`eagle_kernels.verify`:
-    tokens are drawn from ``target_probs`` exactly (docs/ops.md §4 with temperature 1 on their
-    logarithms). ``draft_probs`` is not read: SGLang passes zeros on this path (target-only
-    sampling); thresholds other than 1 are outside the contract."""
+    tokens are drawn from ``target_probs`` exactly: from the logits, temperature, top-k and top-p
+    SGLang made them of when the softmax hook saw them made (:func:`_handed_logits`), else with
+    temperature 1 on their logarithms (docs/ops.md §4). ``draft_probs`` is not read: SGLang passes
+    zeros on this path (target-only sampling); thresholds other than 1 are outside the contract."""
     if float(threshold_single) != 1.0 or float(threshold_acc) != 1.0:
         raise OutsideContract(f"relaxed acceptance (threshold_single={threshold_single}, "
                               f"threshold_acc={threshold_acc})")
@@ -263,9 +264,14 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs)
     handed = _handed_logits(target_probs)
     if handed is not None:
-        if not _run_native("sglang_tree_sampling_logits", args[:-1] + handed):
-            tree_sampling_tensors(*args[:-1], None, handed)
-    elif not _run_native("sglang_tree_sampling", args):
+        try:
+            if not _run_native("sglang_tree_sampling_logits", args[:-1] + handed):
+                tree_sampling_tensors(*args[:-1], None, handed)
+            return
+        except (OutsideContract, ValueError) as reason:  # e.g. a top_p outside (0, 1]
+            _log_fallback("tree_speculative_sampling_target_only", f"from SGLang's logits: {reason}; verifying "
+                          "from the probabilities instead")
+    if not _run_native("sglang_tree_sampling", args):
         tree_sampling_tensors(*args)
 
 

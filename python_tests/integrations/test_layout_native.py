@@ -212,3 +212,23 @@ def test_handoff_only_for_the_recorded_unmodified_probabilities(monkeypatch):
     nucleus = plugin.top_p_renorm_prob(probs, torch.full((4,), 0.9))
     assert plugin._handed_logits(plugin.top_k_renorm_prob(nucleus, torch.full((4,), 2))) is None  # top-p first
     assert plugin._handed_logits(probs.clone()) is None
+
+
+def test_handed_logits_outside_the_contract_verify_from_the_probabilities(caplog):
+    """A top_p outside (0, 1] (verify's contract) on the logits path: logged, and the
+    probabilities path runs instead (SGLang has no kernel to fall back to on CPU)."""
+    import logging
+
+    bs, n, vocab = 2, 4, 5
+    ri, nt, ns = random_links(bs, n, torch.Generator().manual_seed(2), False, False)
+    logits = torch.randn(bs * n, vocab)
+    probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, torch.ones(bs * n, 1))
+    probs = plugin.top_p_renorm_prob(probs, torch.full((bs * n,), 1.5))
+    assert plugin._handed_logits(probs) is not None
+    out = outputs(bs, n, 3, torch.int64)
+    plugin._log_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        plugin.tree_sampling(*out, torch.zeros(bs, n, dtype=torch.long), ri, nt, ns, torch.rand(bs, n),
+                             torch.rand(bs), probs.view(bs, n, vocab))
+    assert "top_p" in caplog.text and "from the probabilities" in caplog.text
+    assert out[2].min() >= 0
