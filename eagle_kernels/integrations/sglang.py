@@ -14,7 +14,13 @@ Entry point ``eagle_kernels = eagle_kernels.integrations.sglang:register`` in th
   :func:`eagle_kernels.compact_kv` over SGLang's slot-addressed pool (plain MHA pools);
 - ``eagle_utils._verify_uses_greedy``: on CPU, XPU and HIP without rejection sampling SGLang
   verifies sampling requests greedily, which changes their output distribution; with the plugin
-  they take the sampling path, which then runs our verify.
+  they take the sampling path, which then runs our verify;
+- ``sglang.kernels.ops.sampling.softmax``: SGLang's own, recorded with its inputs so that the
+  sampling verify can take the logits the probabilities were made of (:func:`_handed_logits`).
+
+On CPU the verify hooks run native ops (csrc/cpu/engine_layout.cpp) that convert, call our
+verify kernel and write SGLang's outputs in one call; elsewhere (and without the C++ extension)
+the same conversion runs as tensor code without host reads (``*_tensors``, their reference).
 
 Where SGLang has no kernel at all (``None`` on CPU/XPU: the tree sampling verify and the
 top-k/top-p renormalisations), the attributes are set directly instead of hooked: a REPLACE hook
@@ -200,8 +206,10 @@ def verify_greedy(predicts, accept_index, accept_token_num, candidates, retrieve
     only which child (if any) is the first in sibling order whose token is ``target_predict[u]``;
     so the tree goes to ``verify`` with each node's own index as its token and one-hot logits over
     ``N + 1`` classes (class ``N``: no child matches), which makes ``verify``'s walk exactly
-    SGLang's for any sibling order. Nodes come in a topological order first (parents before
-    children), as our contract needs."""
+    SGLang's for any sibling order. Nodes keep SGLang's order where parents precede children, else
+    come in a topological order (:func:`._layout.verify_order`), as our contract needs. On CPU
+    the native op does the same with each node's place among its siblings as its token (fewer
+    classes)."""
     args = (predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
             retrieve_next_sibling, target_predict)
     if _run_native("sglang_verify_greedy", args):
