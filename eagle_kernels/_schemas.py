@@ -59,4 +59,35 @@ LAYER_SCHEMAS = {
 }
 
 LAYER_OPS = tuple(LAYER_SCHEMAS)
+
+# Native CPU helpers of the engine adapters (eagle_kernels/integrations/): SGLang's tree verify
+# calls and vLLM's chain rejection sampling with the layout conversion fused around verify
+# (csrc/cpu/engine_layout.cpp, which defines them; not public ops: without the extension, and on
+# other devices, the adapters run their tensor path).
+ENGINE_SCHEMAS = {
+    "sglang_verify_greedy": (
+        "sglang_verify_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+        "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+        "Tensor target_predict) -> ()"
+    ),
+    "sglang_greedy_verify_inputs": (
+        "sglang_greedy_verify_inputs(Tensor candidates, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+        "Tensor target_predict) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "sglang_tree_sampling": (
+        "sglang_tree_sampling(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+        "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+        "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs) -> ()"
+    ),
+    "sglang_tree_sampling_logits": (
+        "sglang_tree_sampling_logits(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+        "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+        "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor logits, Tensor? temperatures=None, "
+        "Tensor? top_ks=None, Tensor? top_ps=None) -> ()"
+    ),
+    "vllm_chains": (
+        "vllm_chains(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, "
+        "Tensor bonus_token_ids, int max_spec_len, Tensor? temperature=None, Tensor? uniform=None) -> Tensor"
+    ),
+}
 ALL_OPS = OPS + LAYER_OPS

@@ -160,3 +160,19 @@ def topological_order(parent: torch.Tensor):
     new_parents = inverse.gather(1, par.gather(1, order))
     new_parents[:, 0] = -1
     return order, new_parents.int()
+
+
+def verify_order(parent: torch.Tensor):
+    """The node order verify gets: the nodes' own indices where every parent already precedes
+    its child (SGLang's own build; unreached nodes count as children of the root), else
+    :func:`topological_order`, decided per request without reading values on the host. The
+    native CPU conversion (``torch.ops.eagle_kernels.sglang_*``) uses the same rule.
+    Returns ``(order, new_parents)`` as :func:`topological_order`."""
+    B, N = parent.shape
+    ar = torch.arange(N, device=parent.device).expand(B, N)
+    par = torch.where(parent >= 0, parent, 0)
+    in_order = (par[:, 1:] < ar[:, 1:]).all(-1, keepdim=True)
+    order, new_parents = topological_order(parent)
+    own = par.int()
+    own[:, 0] = -1
+    return torch.where(in_order, ar, order), torch.where(in_order, own, new_parents)

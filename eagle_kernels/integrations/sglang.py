@@ -14,7 +14,13 @@ Entry point ``eagle_kernels = eagle_kernels.integrations.sglang:register`` in th
   :func:`eagle_kernels.compact_kv` over SGLang's slot-addressed pool (plain MHA pools);
 - ``eagle_utils._verify_uses_greedy``: on CPU, XPU and HIP without rejection sampling SGLang
   verifies sampling requests greedily, which changes their output distribution; with the plugin
-  they take the sampling path, which then runs our verify.
+  they take the sampling path, which then runs our verify;
+- ``sglang.kernels.ops.sampling.softmax``: SGLang's own, recorded with its inputs so that the
+  sampling verify can take the logits the probabilities were made of (:func:`_handed_logits`).
+
+On CPU the verify hooks run native ops (csrc/cpu/engine_layout.cpp) that convert, call our
+verify kernel and write SGLang's outputs in one call; elsewhere (and without the C++ extension)
+the same conversion runs as tensor code without host reads (``*_tensors``, their reference).
 
 Where SGLang has no kernel at all (``None`` on CPU/XPU: the tree sampling verify and the
 top-k/top-p renormalisations), the attributes are set directly instead of hooked: a REPLACE hook
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from importlib import metadata
 
 import torch
@@ -40,6 +47,7 @@ SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 VERIFY_SAMPLING = "sglang.kernels.ops.speculative.verify_sampling"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 SPEC_UTILS = "sglang.srt.speculative.spec_utils"
+SAMPLING = "sglang.kernels.ops.sampling"
 TESTED_VERSIONS = ("0.5.23",)
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 
@@ -61,12 +69,45 @@ def _need(cond: bool, reason: str) -> None:
 
 
 def _need_tensor(name, t, dtypes, shape=None, ndim=None):
-    _need(isinstance(t, torch.Tensor), f"{name}: expected a tensor, got {type(t).__name__}")
-    _need(t.dtype in dtypes, f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if ndim is not None:
-        _need(t.dim() == ndim, f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    if shape is not None:
-        _need(tuple(t.shape) == tuple(shape), f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    # The messages are formatted only on failure: this runs on every call.
+    if not isinstance(t, torch.Tensor):
+        raise OutsideContract(f"{name}: expected a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise OutsideContract(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise OutsideContract(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise OutsideContract(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+@functools.cache
+def _native_op(name: str):
+    """``torch.ops.eagle_kernels.<name>`` when the C++ extension has it (CPU), else ``None``."""
+    from .. import _dispatch
+
+    if not _dispatch.HAS_CPP or not torch._C._dispatch_has_kernel_for_dispatch_key(f"eagle_kernels::{name}", "CPU"):
+        return None
+    return getattr(torch.ops.eagle_kernels, name)
+
+
+def _run_native(name: str, args) -> bool:
+    """Run the native CPU conversion + verify ``name`` (csrc/cpu/engine_layout.cpp) on SGLang's
+    arguments when they are CPU tensors and the extension has it; returns whether it ran. Its
+    argument checks (ValueError naming the tensor) become :class:`OutsideContract`."""
+    native = _native_op(name)
+    if native is None:
+        return False
+    try:
+        if not args[3].is_cpu:
+            return False
+        native(*args)
+    except ValueError as error:
+        raise OutsideContract(str(error)) from None
+    except (AttributeError, TypeError, RuntimeError):
+        if all(isinstance(t, torch.Tensor) for t in args):
+            raise
+        return False  # not all tensors: the tensor path names the argument
+    return True
 
 
 # ------------------------------------------------------------------------------ build tree
@@ -165,8 +206,21 @@ def verify_greedy(predicts, accept_index, accept_token_num, candidates, retrieve
     only which child (if any) is the first in sibling order whose token is ``target_predict[u]``;
     so the tree goes to ``verify`` with each node's own index as its token and one-hot logits over
     ``N + 1`` classes (class ``N``: no child matches), which makes ``verify``'s walk exactly
-    SGLang's for any sibling order. Nodes come in a topological order first (parents before
-    children), as our contract needs."""
+    SGLang's for any sibling order. Nodes keep SGLang's order where parents precede children, else
+    come in a topological order (:func:`._layout.verify_order`), as our contract needs. On CPU
+    the native op does the same with each node's place among its siblings as its token (fewer
+    classes)."""
+    args = (predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+            retrieve_next_sibling, target_predict)
+    if _run_native("sglang_verify_greedy", args):
+        return predicts, accept_index, accept_token_num
+    return verify_greedy_tensors(*args)
+
+
+def verify_greedy_tensors(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                          retrieve_next_sibling, target_predict):
+    """The tensor path of :func:`verify_greedy` (any device, capturable in a CUDA graph); the
+    reference of the native CPU op ``torch.ops.eagle_kernels.sglang_verify_greedy``."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrieve_index,
                                     retrieve_next_token, retrieve_next_sibling)
     _need_tensor("target_predict", target_predict, _INT_DTYPES, ndim=2)
@@ -181,7 +235,7 @@ def verify_greedy(predicts, accept_index, accept_token_num, candidates, retrieve
     key = torch.where(match, rank[:, None, :], N)
     best, first = key.min(-1)
     choice = torch.where(best < N, first, N)
-    order, new_parents = _layout.topological_order(parent)
+    order, new_parents = _layout.verify_order(parent)
     logits = torch.zeros(B, N, N + 1, dtype=torch.float32, device=device)
     logits.scatter_(2, choice.gather(1, order)[:, :, None], 1.0)
     result = ops.verify(order, new_parents, logits, max_depth=S - 1)
@@ -207,39 +261,156 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
                   retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
                   draft_probs=None, threshold_single=1.0, threshold_acc=1.0, deterministic=True):
     """SGLang's ``tree_speculative_sampling_target_only`` through :func:`eagle_kernels.verify`:
-    tokens are drawn from ``target_probs`` exactly (docs/ops.md §4 with temperature 1 on their
-    logarithms). ``draft_probs`` is not read: SGLang passes zeros on this path (target-only
-    sampling); thresholds other than 1 are outside the contract."""
-    _need(float(threshold_single) == 1.0 and float(threshold_acc) == 1.0,
-          f"relaxed acceptance (threshold_single={threshold_single}, threshold_acc={threshold_acc})")
+    tokens are drawn from ``target_probs`` exactly: from the logits, temperature, top-k and top-p
+    SGLang made them of when the softmax hook saw them made (:func:`_handed_logits`), else with
+    temperature 1 on their logarithms (docs/ops.md §4). ``draft_probs`` is not read: SGLang passes
+    zeros on this path (target-only sampling); thresholds other than 1 are outside the contract."""
+    if float(threshold_single) != 1.0 or float(threshold_acc) != 1.0:
+        raise OutsideContract(f"relaxed acceptance (threshold_single={threshold_single}, "
+                              f"threshold_acc={threshold_acc})")
+    args = (predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+            retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs)
+    handed = _handed_logits(target_probs)
+    if handed is not None:
+        try:
+            if not _run_native("sglang_tree_sampling_logits", args[:-1] + handed):
+                tree_sampling_tensors(*args[:-1], None, handed)
+            return
+        except (OutsideContract, ValueError) as reason:  # e.g. a top_p outside (0, 1]
+            _log_fallback("tree_speculative_sampling_target_only", f"from SGLang's logits: {reason}; verifying "
+                          "from the probabilities instead")
+    if not _run_native("sglang_tree_sampling", args):
+        tree_sampling_tensors(*args)
+
+
+def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                          retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                          handed=None, compact=False):
+    """The tensor path of :func:`tree_sampling` (any device, capturable in a CUDA graph); the
+    reference of the native CPU ops ``torch.ops.eagle_kernels.sglang_tree_sampling`` (from
+    ``target_probs``) and ``sglang_tree_sampling_logits`` (``handed``: the logits, temperatures,
+    top-k and top-p SGLang computed the probabilities from, :func:`_handed_logits`).
+
+    The logits get a column of probability 0 for the nodes no link reaches (token ``V``). The
+    native ops leave it out when every node is reached and SGLang's node order is kept, which
+    changes the float summation order inside verify; ``compact=True`` (for the tests' bit-exact
+    comparison, where the caller knows that) leaves it out here too."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                     retrive_next_token, retrive_next_sibling)
-    _need(isinstance(target_probs, torch.Tensor) and target_probs.is_floating_point()
-          and target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (B, N),
-          f"target_probs: expected a float tensor of shape ({B}, {N}, V), got "
-          f"{getattr(target_probs, 'dtype', None)} {tuple(getattr(target_probs, 'shape', ()))}")
+    if handed is None:
+        if not (isinstance(target_probs, torch.Tensor) and target_probs.is_floating_point()
+                and target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (B, N)):
+            raise OutsideContract(f"target_probs: expected a float tensor of shape ({B}, {N}, V), got "
+                                  f"{getattr(target_probs, 'dtype', None)} "
+                                  f"{tuple(getattr(target_probs, 'shape', ()))}")
+        source = target_probs.reshape(B * N, -1)
+    else:
+        source = handed[0]
+        if source.dim() != 2 or source.shape[0] != B * N:
+            raise OutsideContract(f"logits: expected shape ({B * N}, V), got {tuple(source.shape)}")
     _need_tensor("uniform_samples", uniform_samples, (torch.float32, torch.float64), ndim=2)
     _need(uniform_samples.shape[0] == B, f"uniform_samples: expected {B} rows, got {tuple(uniform_samples.shape)}")
     _need_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling,
                  (torch.float32, torch.float64), shape=(B,))
-    device = target_probs.device
-    V = target_probs.shape[2]
+    device = source.device
+    V = source.shape[1]
     parent, _ = _layout.parents_from_links(retrive_next_token, retrive_next_sibling)
-    order, new_parents = _layout.topological_order(parent)
+    order, new_parents = _layout.verify_order(parent)
     reached = parent >= 0
     reached[:, 0] = True
     # A node no link reaches gets token V, a column of probability 0: it is never accepted.
     tokens = torch.where(reached, candidates.long(), V).gather(1, order)
     rows = (torch.arange(B, device=device)[:, None] * N + order).reshape(-1)
-    logits = torch.empty(B * N, V + 1, dtype=torch.float32, device=device)
-    logits[:, V] = float("-inf")
-    torch.log(target_probs.reshape(B * N, V).index_select(0, rows).float(), out=logits[:, :V])
     seed, offset = _stream_from_coins(uniform_samples, uniform_samples_for_final_sampling)
     temperature = torch.ones(B, dtype=torch.float32, device=device)
-    result = ops.verify(tokens, new_parents, logits.view(B, N, V + 1), max_depth=S - 1, temperature=temperature,
-                        seed=seed, offset=offset)
+    top_k = top_p = None
+    width = V if compact else V + 1
+    logits = torch.empty(B * N, width, dtype=torch.float32 if handed is None else source.dtype, device=device)
+    if not compact:
+        logits[:, V] = float("-inf")
+    if handed is None:
+        torch.log(source.index_select(0, rows).float(), out=logits[:, :V])
+    else:
+        logits[:, :V] = source.index_select(0, rows)
+        # Per-request parameters: row b * N of SGLang's per-row tensors is request b's first.
+        temperatures, top_ks, top_ps = handed[1:]
+        if temperatures is not None:
+            temperature = temperatures.reshape(B, N)[:, 0].float()
+        if top_ks is not None:
+            k = top_ks.reshape(B, N)[:, 0]
+            top_k = torch.where((k <= 0) | (k >= V), 0, k).int()  # no filter: 0
+        if top_ps is not None:
+            top_p = top_ps.reshape(B, N)[:, 0].float()
+    result = ops.verify(tokens, new_parents, logits.view(B, N, width), max_depth=S - 1, temperature=temperature,
+                        top_k=top_k, top_p=top_p, seed=seed, offset=offset)
     emitted = result.out_tokens.clamp(min=0)
     _write_results(predicts, accept_index, accept_token_num, retrive_index, order, result, emitted)
+
+
+# ------------------------------------------------------------------------------ logits handoff
+# SGLang's sampling verify (eagle_utils.eagle_sample) computes target_probs = softmax(logits /
+# temperature), then on CPU our top_k_renorm_prob / top_p_renorm_prob, and hands the
+# probabilities to the tree sampling verify, whose own input is logits: taking their logarithm is
+# a pass over [B * N, V] that verify (which reads only the rows on the walked path) does not need.
+# The softmax hook records what the probabilities were made of; the sampling verify takes the
+# logits and the per-row parameters instead when it gets exactly those probabilities (same
+# storage, shape and version counter: not modified in place since), which is the same law
+# (docs/ops.md §4: temperature, top-k, softmax, top-p, renormalise). Anything else (other
+# filters, another order, a modified tensor) goes through the probabilities as before.
+class _Handoff:
+    __slots__ = ("probs", "version", "logits", "temperatures", "top_ks", "top_ps")
+
+    def __init__(self, probs, logits, temperatures, top_ks=None, top_ps=None):
+        self.probs = weakref.ref(probs)
+        self.version = probs._version
+        self.logits = weakref.ref(logits)
+        self.temperatures, self.top_ks, self.top_ps = temperatures, top_ks, top_ps
+
+    def made(self, probs) -> bool:
+        """Whether ``probs`` (or a view of the same size) is the recorded tensor, unmodified."""
+        recorded = self.probs()
+        return (recorded is not None and isinstance(probs, torch.Tensor) and probs.data_ptr() == recorded.data_ptr()
+                and probs.numel() == recorded.numel() and probs._version == self.version)
+
+
+_handoff: _Handoff | None = None
+
+
+def softmax_hook(original, logits, temperatures=None):
+    """AROUND ``sglang.kernels.ops.sampling.softmax``: SGLang's result, recorded with its inputs."""
+    global _handoff
+    probs = original(logits, temperatures)
+    ok = (isinstance(logits, torch.Tensor) and logits.dim() == 2 and isinstance(probs, torch.Tensor)
+          and probs.shape == logits.shape
+          and (temperatures is None or (isinstance(temperatures, torch.Tensor)
+                                        and temperatures.numel() == logits.shape[0])))
+    _handoff = _Handoff(probs, logits, temperatures) if ok else None
+    return probs
+
+
+def _handed_logits(target_probs):
+    """``(logits, temperatures, top_ks, top_ps)`` SGLang computed ``target_probs`` from, or
+    ``None`` (see above)."""
+    h = _handoff
+    if h is None or not h.made(target_probs):
+        return None
+    logits = h.logits()
+    if logits is None:
+        return None
+    return logits, h.temperatures, h.top_ks, h.top_ps
+
+
+def _record_renorm(probs, out, top_ks=None, top_ps=None) -> None:
+    """Carry the record through our renormalisations: top-k then top-p, as verify applies them."""
+    global _handoff
+    h = _handoff
+    if h is None or not h.made(probs) or h.top_ps is not None or (top_ks is not None and h.top_ks is not None):
+        return
+    logits = h.logits()
+    if logits is None or not isinstance(out, torch.Tensor):
+        return
+    _handoff = _Handoff(out, logits, h.temperatures, h.top_ks if top_ks is None else top_ks,
+                        h.top_ps if top_ps is None else top_ps)
 
 
 def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
@@ -251,7 +422,9 @@ def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor
     kth = descending.gather(-1, (k.clamp(1, V) - 1)[:, None])
     keep = (probs >= kth) | ((k <= 0) | (k >= V))[:, None]
     kept = torch.where(keep, probs, 0)
-    return kept / kept.sum(-1, keepdim=True)
+    out = kept / kept.sum(-1, keepdim=True)
+    _record_renorm(probs, out, top_ks=top_ks)
+    return out
 
 
 def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
@@ -262,7 +435,9 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor
     above = suffix.gather(-1, torch.searchsorted(ascending, probs.double(), right=True))
     keep = above < top_ps.reshape(-1, 1).double()
     kept = torch.where(keep, probs, 0)
-    return kept / kept.sum(-1, keepdim=True)
+    out = kept / kept.sum(-1, keepdim=True)
+    _record_renorm(probs, out, top_ps=top_ps)
+    return out
 
 
 # ------------------------------------------------------------------------------ KV commit
@@ -390,6 +565,7 @@ def register() -> bool:
     HookRegistry.register(f"{SPEC_TREE}.verify_tree_greedy_func", verify_greedy_hook, HookType.AROUND)
     HookRegistry.register(f"{EAGLE_UTILS}._verify_uses_greedy", uses_greedy_hook, HookType.AROUND)
     HookRegistry.register(f"{SPEC_UTILS}.move_accept_tokens_to_target_kvcache", commit_kv_hook, HookType.AROUND)
+    HookRegistry.register(f"{SAMPLING}.softmax", softmax_hook, HookType.AROUND)
 
     verify_sampling = importlib.import_module(VERIFY_SAMPLING)
     eagle_utils = importlib.import_module(EAGLE_UTILS)

@@ -9,10 +9,13 @@ ragged draft chains of a batch against the target's (already temperature-scaled 
 filtered) logits at the draft positions, with the bonus token sampled beforehand from the last
 position. The plugin replaces it, in the lossless one-hot case only (no draft probabilities:
 EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
-:func:`eagle_kernels.verify` on chains: request ``b``'s chain is padded to ``max_spec_len`` drafts
-whose outcome is discarded (the walk is cut at the chain's end, where vLLM's bonus token is
-emitted). Model Runner V2's ``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the
-same treatment (:func:`chain_verify_v2`). Every other call runs vLLM's own function, with one log
+:func:`eagle_kernels.verify` on chains: full chains (every request with ``max_spec_len`` drafts)
+read the logits rows in place (:func:`full_chains`); on CPU the native op
+``torch.ops.eagle_kernels.vllm_chains`` does the same per request for ragged batches; elsewhere a
+ragged batch's chains are padded to ``max_spec_len`` drafts whose outcome is discarded (the walk is
+cut at the chain's end, where vLLM's bonus token is emitted). Model Runner V2's
+``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the same treatment
+(:func:`chain_verify_v2`, tensor code). Every other call runs vLLM's own function, with one log
 line per reason.
 """
 
@@ -66,14 +69,33 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     _need(fly_window_size is None, "FLy relaxed acceptance")
     _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
           "target_logits: expected a float [num_tokens, vocab] tensor")
-    _need(draft_token_ids.dim() == 1 and draft_token_ids.shape[0] == target_logits.shape[0],
-          f"draft_token_ids: expected shape ({target_logits.shape[0]},), got {tuple(draft_token_ids.shape)}")
+    # The messages are formatted only on failure: this runs on every step.
+    if draft_token_ids.dim() != 1 or draft_token_ids.shape[0] != target_logits.shape[0]:
+        raise OutsideContract(f"draft_token_ids: expected shape ({target_logits.shape[0]},), got "
+                              f"{tuple(draft_token_ids.shape)}")
     B = len(num_draft_tokens)
-    _need(tuple(cu_num_draft_tokens.shape) == (B,), f"cu_num_draft_tokens: expected shape ({B},), got "
-          f"{tuple(cu_num_draft_tokens.shape)}")
-    _need(bonus_token_ids.numel() == B, f"bonus_token_ids: expected {B} entries, got {bonus_token_ids.numel()}")
+    if cu_num_draft_tokens.shape != (B,):
+        raise OutsideContract(f"cu_num_draft_tokens: expected shape ({B},), got {tuple(cu_num_draft_tokens.shape)}")
+    if bonus_token_ids.numel() != B:
+        raise OutsideContract(f"bonus_token_ids: expected {B} entries, got {bonus_token_ids.numel()}")
     L = int(max_spec_len)
     T, V = target_logits.shape
+    native = _native_chains() if target_logits.device.type == "cpu" else None
+    if native is not None or (L >= 1 and T == B * L and target_logits.stride(1) == 1
+                              and all(n == L for n in num_draft_tokens)):
+        uniform = None
+        if not sampling_metadata.all_greedy:
+            from vllm.v1.sample.rejection_sampler import generate_uniform_probs
+
+            uniform = generate_uniform_probs(T, num_draft_tokens, sampling_metadata.generators, target_logits.device)
+        temperature = None if uniform is None else sampling_metadata.temperature
+        if native is not None:
+            try:
+                return native(draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids, L, temperature,
+                              uniform)
+            except ValueError as error:
+                raise OutsideContract(str(error)) from None
+        return full_chains(draft_token_ids, target_logits, bonus_token_ids, temperature, uniform)
     device = target_logits.device
     bonus = bonus_token_ids.reshape(B).long()
     ends = cu_num_draft_tokens.long()
@@ -123,6 +145,62 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
                       torch.where(nodes == accepted[:, None], torch.where(at_end, bonus[:, None], result.out_tokens),
                                   -1))
     return out.int()
+
+
+@functools.cache
+def _native_chains():
+    """``torch.ops.eagle_kernels.vllm_chains`` (csrc/cpu/engine_layout.cpp: full chains in one
+    verify call, ragged ones one call per request, rows read in place) when the C++ extension has
+    it, else ``None``."""
+    from .. import _dispatch
+
+    if not _dispatch.HAS_CPP or not torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::vllm_chains",
+                                                                                   "CPU"):
+        return None
+    return torch.ops.eagle_kernels.vllm_chains
+
+
+@functools.cache
+def _chain_parents(B: int, L: int, device: torch.device) -> torch.Tensor:
+    """Chain parents ``[-1, 0, ..., L - 2]`` int32 ``[B, L]`` (cached: the same every step)."""
+    return (torch.arange(L, dtype=torch.int32, device=device) - 1).expand(B, L).contiguous()
+
+
+def full_chains(draft_token_ids, target_logits, bonus_token_ids, temperature=None, uniform=None):
+    """:func:`chain_verify` when every request has ``L = T / B`` drafts (``num_draft_tokens`` is
+    a host list: no sync); the tensor path (any device) and the reference of the native CPU op
+    ``torch.ops.eagle_kernels.vllm_chains`` (which applies it per request to ragged batches).
+    ``temperature`` and ``uniform`` (vLLM's uniforms for this step) for sampling batches, both
+    ``None`` for all-greedy ones.
+
+    Request ``b``'s rows ``b * L .. b * L + L - 1`` of ``target_logits`` are read in place as
+    verify's ``[B, L, V]`` logits, no copy. The chain is the root and the first ``L - 1`` drafts
+    (node ``j``'s row predicts draft ``j``); the last draft is decided by the token verify draws
+    at node ``L - 1`` when it gets there: the draft is accepted iff that token equals it (greedy:
+    the argmax; sampling: a draw from ``p``, which accepts ``x`` with probability ``p(x)`` and
+    otherwise yields a token distributed as ``p`` without ``x``, the one-hot residual: the law of
+    rejection sampling with a one-hot draft); then vLLM's bonus token follows."""
+    B = bonus_token_ids.numel()
+    T, V = target_logits.shape
+    L = T // B
+    device = target_logits.device
+    drafts = draft_token_ids.view(B, L).long()
+    bonus = bonus_token_ids.reshape(B, 1).long()
+    tokens = torch.cat([bonus, drafts[:, : L - 1]], dim=1)
+    if uniform is None:
+        seed = offset = None
+    else:
+        bits = uniform.double().view(torch.int64).view(B, L)
+        seed, offset = bits[:, 0], bits[:, L - 1]
+        # The logits are already divided by the temperature (1 for greedy rows).
+        temperature = (temperature.reshape(B) != 0).float()
+    result = ops.verify(tokens, _chain_parents(B, L, device), target_logits.view(B, L, V), max_depth=L - 1,
+                        temperature=temperature, seed=seed, offset=offset)
+    accepted = result.accept_len.long()[:, None]
+    last = (accepted == L - 1) & (result.out_tokens[:, L - 1 :] == drafts[:, L - 1 :])
+    emitted = torch.cat([result.out_tokens, bonus], dim=1)
+    nodes = torch.arange(L + 1, device=device)
+    return torch.where(nodes <= accepted + last.long(), emitted, -1).int()
 
 
 def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,

@@ -230,7 +230,12 @@ class HostReads:
         return counted
 
 
-def test_no_host_reads_in_wrapped_calls(hooks, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native_cpu", "tensor_path"])
+def test_no_host_reads_in_wrapped_calls(hooks, monkeypatch, native):
+    """No host reads in the wrapped calls: with the native CPU conversion (its reads are C++ on
+    CPU tensors) and on the tensor path every other device takes (capturable in a CUDA graph)."""
+    if not native:
+        monkeypatch.setattr(plugin, "_native_op", lambda name: None)
     gen = torch.Generator().manual_seed(3)
     bs, topk, depth, n = 3, 4, 4, 8
     score_list, token_list, parents_list = cases.random_draft(bs, topk, depth, 50, gen)
@@ -260,6 +265,16 @@ def test_no_host_reads_in_wrapped_calls(hooks, monkeypatch):
         draft_probs=torch.zeros_like(probs), threshold_single=1.0, threshold_acc=1.0, deterministic=True)
     eagle_utils.top_k_renorm_prob(probs.view(-1, 11), torch.full((bs * n,), 3))
     eagle_utils.top_p_renorm_prob(probs.view(-1, 11), torch.full((bs * n,), 0.7))
+    # The sampling verify from the logits SGLang's probabilities were made of.
+    logits = torch.randn(bs * n, 11, generator=gen)
+    made = eagle_utils.sampling_softmax(logits, temperatures=torch.full((bs * n, 1), 0.8))
+    made = eagle_utils.top_k_renorm_prob(made, torch.full((bs * n,), 3))
+    assert plugin._handed_logits(made) is not None
+    eagle_utils.tree_speculative_sampling_target_only(
+        predicts=outs[0], accept_index=outs[1], accept_token_num=outs[2], candidates=candidates,
+        retrive_index=retrieve[0], retrive_next_token=retrieve[1], retrive_next_sibling=retrieve[2],
+        uniform_samples=coins, uniform_samples_for_final_sampling=final, target_probs=made.view(bs, n, 11),
+        draft_probs=torch.zeros_like(probs), threshold_single=1.0, threshold_acc=1.0, deterministic=True)
     assert reads.calls == []
 
 
@@ -477,7 +492,12 @@ def test_eagle_sample_on_cpu_is_exact(hooks, monkeypatch):
     batch = SimpleNamespace(device="cpu", forward_mode=SimpleNamespace(is_idle=lambda: False),
                             seq_lens=torch.full((draws,), 10), sampling_info=sampling_info, return_logprob=False)
     logits_output = SimpleNamespace(next_token_logits=logits.repeat(draws, 1))
+    handed = []
+    original = plugin._handed_logits
+    monkeypatch.setattr(plugin, "_handed_logits", lambda probs: handed.append(original(probs)) or handed[-1])
     predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits_output)
+    # The verify took the logits and parameters SGLang's probabilities were made of.
+    assert len(handed) == 1 and handed[0] is not None and handed[0][2] is not None
 
     probs = torch.softmax(logits.double() / temperature, -1)
     kth = probs.sort(-1, descending=True).values[:, top_k - 1 : top_k]

@@ -141,20 +141,26 @@ def exact_chain_law(probs, drafts, bonus):
     return law
 
 
-def test_sampling_is_exact(hooked):
+@pytest.mark.parametrize("layout", ["full_native", "full_tensor_path", "ragged"])
+def test_sampling_is_exact(hooked, monkeypatch, layout):
     """χ² of the emitted chains (random requests, one greedy request mixed in) against the exact
-    law of sampling from the target."""
+    law of sampling from the target: full chains (read in place; native on CPU, and the tensor
+    path) and ragged ones (gathered: one extra request with a shorter chain, not counted)."""
+    if layout == "full_tensor_path":
+        monkeypatch.setattr(plugin, "_native_chains", lambda: None)
     gen = torch.Generator().manual_seed(5)
     draws, vocab, chain = 4000, 4, [1, 3]
     probs = torch.softmax(torch.randn(len(chain), vocab, generator=gen) * 1.5, -1)
     probs[1, 0] = 0
     logits = torch.log(probs)
-    flat, counts, max_len, cu = batch([chain] * draws, vocab)
-    bonus = torch.full((draws, 1), 2, dtype=torch.int32)
-    temperature = torch.ones(draws)
+    extra = [[1]] if layout == "ragged" else []
+    flat, counts, max_len, cu = batch([chain] * draws + extra, vocab)
+    bonus = torch.full((draws + len(extra), 1), 2, dtype=torch.int32)
+    temperature = torch.ones(draws + len(extra))
     temperature[0] = 0  # a greedy request in a random batch
     meta = SimpleNamespace(all_greedy=False, all_random=False, temperature=temperature, generators={})
-    out = rs.rejection_sample(flat, counts, max_len, cu, None, logits.repeat(draws, 1), bonus, meta)
+    rows = torch.cat([logits.repeat(draws, 1), logits[:1].repeat(len(extra), 1)])
+    out = rs.rejection_sample(flat, counts, max_len, cu, None, rows, bonus, meta)[:draws]
     greedy = [int(probs[0].argmax())]
     if greedy[0] == chain[0]:
         greedy += [int(probs[1].argmax())] if int(probs[1].argmax()) != chain[1] else [chain[1], 2]
@@ -186,17 +192,23 @@ def test_draft_probs_fall_back(hooked, caplog):
     assert torch.equal(out, ref)
 
 
-def test_no_host_reads(hooked, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native_cpu", "tensor_path"])
+def test_no_host_reads(hooked, monkeypatch, native):
+    """Ragged chains (gathered layout) and full chains (read in place): no host reads, with the
+    native CPU op for full chains and on the tensor path every other device takes."""
     from test_sglang import HostReads
 
+    if not native:
+        monkeypatch.setattr(plugin, "_native_chains", lambda: None)
     gen = torch.Generator().manual_seed(1)
-    flat, counts, max_len, cu = batch([[1, 2, 3], [0], []], 5)
-    logits = torch.randn(flat.numel(), 5, generator=gen)
-    bonus = torch.tensor([[1], [2], [3]], dtype=torch.int32)
-    meta = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(3), generators={})
     reads = HostReads(monkeypatch)
-    rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, meta)
-    rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(3))
+    for drafts in ([[1, 2, 3], [0], []], [[1, 2], [0, 4], [3, 3]]):
+        flat, counts, max_len, cu = batch(drafts, 5)
+        logits = torch.randn(flat.numel(), 5, generator=gen)
+        bonus = torch.tensor([[1], [2], [3]], dtype=torch.int32)
+        meta = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(3), generators={})
+        rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, meta)
+        rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(3))
     assert reads.calls == []
 
 

@@ -1,0 +1,234 @@
+"""The native CPU conversions of the SGLang adapter (csrc/cpu/engine_layout.cpp) against their
+reference, the adapter's tensor path: identical outputs on random trees, in SGLang's node order
+and shuffled, with nodes no link reaches. Needs neither engine (the main suite runs them too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_kernels import _dispatch
+from eagle_kernels._schemas import ENGINE_SCHEMAS
+from eagle_kernels.integrations import _layout
+from eagle_kernels.integrations import sglang as plugin
+from eagle_kernels.integrations import vllm as vllm_plugin
+
+pytestmark = pytest.mark.skipif(not _dispatch.HAS_CPP, reason="C++ extension not built")
+
+
+def random_links(bs, n, gen, shuffled, unlinked):
+    """SGLang links of random trees (parents before children, siblings in index order), then
+    optionally with nodes 1..N-1 relabelled and with one node cut from the links."""
+    # parents[b, i] uniform in [0, i): floor(u * i)
+    parents = (torch.rand(bs, n, generator=gen) * torch.arange(n)).long()
+    parents[:, 0] = -1
+    linked = torch.ones(bs, n, dtype=torch.bool)
+    if unlinked and n > 2:
+        linked[:, n - 1] = False  # a leaf whose parent was not selected: no link reaches it
+    nt, ns = _layout.first_child_next_sibling(parents, linked)
+    if shuffled:
+        perm = torch.cat([torch.zeros(bs, 1, dtype=torch.long),
+                          torch.argsort(torch.rand(bs, n - 1, generator=gen), -1) + 1], 1)  # new -> old
+        inv = torch.argsort(perm, -1)
+
+        def move(links):
+            moved = links.gather(1, perm)
+            return torch.where(moved >= 0, inv.gather(1, moved.clamp(min=0)), -1)
+
+        nt, ns = move(nt), move(ns)
+    ri = torch.arange(bs * n).view(bs, n)
+    return ri, nt, ns
+
+
+def outputs(bs, n, num_spec, dtype=torch.int32):
+    return (torch.full((bs * n,), -1, dtype=dtype), torch.full((bs, num_spec), -1, dtype=dtype),
+            torch.full((bs,), -7, dtype=dtype))
+
+
+CASES = [(1, 1, 1), (1, 8, 4), (3, 8, 5), (4, 16, 6), (2, 64, 7)]
+LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
+LAYOUT_IDS = ["sglang_order", "shuffled", "unlinked", "shuffled_unlinked"]
+
+
+@pytest.mark.parametrize("shuffled,unlinked", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("bs,n,num_spec", CASES, ids=[f"bs{c[0]}-n{c[1]}-spec{c[2]}" for c in CASES])
+def test_native_greedy_equals_tensor_path(bs, n, num_spec, shuffled, unlinked):
+    gen = torch.Generator().manual_seed(bs * 100 + n)
+    for trial in range(3):
+        ri, nt, ns = random_links(bs, n, gen, shuffled, unlinked)
+        vocab = 2 + trial  # few tokens: many matches, duplicate siblings
+        cand = torch.randint(0, vocab, (bs, n), generator=gen)
+        target = torch.randint(0, vocab, (bs, n), generator=gen)
+        native = outputs(bs, n, num_spec)
+        ints = (lambda t: t.int()) if trial == 1 else (lambda t: t)  # SGLang's int32 and int64 tensors
+        torch.ops.eagle_kernels.sglang_verify_greedy(*native, ints(cand), ints(ri), ints(nt), ints(ns), ints(target))
+        ref = outputs(bs, n, num_spec)
+        plugin.verify_greedy_tensors(*ref, cand, ri, nt, ns, target)
+        for name, a, b in zip(("predicts", "accept_index", "accept_token_num"), native, ref):
+            assert torch.equal(a, b), (name, trial)
+
+
+@pytest.mark.parametrize("shuffled,unlinked", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("bs,n,num_spec", CASES, ids=[f"bs{c[0]}-n{c[1]}-spec{c[2]}" for c in CASES])
+def test_native_sampling_equals_tensor_path(bs, n, num_spec, shuffled, unlinked):
+    gen = torch.Generator().manual_seed(bs * 100 + n + 1)
+    vocab = 5
+    for trial in range(4):
+        ri, nt, ns = random_links(bs, n, gen, shuffled, unlinked)
+        cand = torch.randint(0, vocab, (bs, n), generator=gen)
+        probs = torch.softmax(torch.randn(bs, n, vocab, generator=gen) * 2, -1)
+        probs[:, :, 1] = 0  # zero-probability drafts are never accepted
+        probs = probs / probs.sum(-1, keepdim=True)
+        coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
+        native = outputs(bs, n, num_spec, torch.int64)
+        torch.ops.eagle_kernels.sglang_tree_sampling(*native, cand, ri, nt, ns, coins, final, probs)
+        ref = outputs(bs, n, num_spec, torch.int64)
+        # The native op reads the rows in place (no probability-0 column) when it can.
+        plugin.tree_sampling_tensors(*ref, cand, ri, nt, ns, coins, final, probs, compact=not (shuffled or unlinked))
+        for name, a, b in zip(("predicts", "accept_index", "accept_token_num"), native, ref):
+            assert torch.equal(a, b), (name, trial)
+
+
+def test_adapter_takes_the_native_path(monkeypatch):
+    calls = []
+    monkeypatch.setattr(plugin, "verify_greedy_tensors", lambda *a: calls.append(a))
+    ri, nt, ns = random_links(2, 8, torch.Generator().manual_seed(0), False, False)
+    out = outputs(2, 8, 4)
+    plugin.verify_greedy(*out, torch.zeros(2, 8, dtype=torch.long), ri, nt, ns, torch.zeros(2, 8, dtype=torch.long))
+    assert calls == []  # the tensor path did not run
+    assert out[2].min() >= 0 and out[1][:, 0].tolist() == ri[:, 0].tolist()
+
+
+@pytest.mark.parametrize("name,bad,match", [
+    ("candidates", lambda a: {**a, "candidates": a["candidates"].float()}, "candidates: expected dtype"),
+    ("retrieve_next_token", lambda a: {**a, "retrieve_next_token": a["retrieve_next_token"][:, :3]},
+     "retrieve_next_token: expected shape"),
+    ("accept_index", lambda a: {**a, "accept_index": a["accept_index"][0]}, "accept_index: expected 2-D"),
+    ("target_predict", lambda a: {**a, "target_predict": a["target_predict"][:, :2]}, "target_predict: expected"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_native_bad_input_names_the_tensor(name, bad, match):
+    ri, nt, ns = random_links(2, 6, torch.Generator().manual_seed(1), False, False)
+    predicts, accept_index, accept_num = outputs(2, 6, 3)
+    args = dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
+                candidates=torch.zeros(2, 6, dtype=torch.long), retrieve_index=ri, retrieve_next_token=nt,
+                retrieve_next_sibling=ns, target_predict=torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match=match):
+        torch.ops.eagle_kernels.sglang_verify_greedy(**bad(args))
+
+
+@pytest.mark.parametrize("op", sorted(ENGINE_SCHEMAS))
+def test_engine_schemas_match_the_extension(op):
+    assert str(getattr(torch.ops.eagle_kernels, op).default._schema) == "eagle_kernels::" + ENGINE_SCHEMAS[op]
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("bs,L,V", [(1, 1, 3), (3, 2, 4), (5, 4, 6), (2, 6, 50)], ids=lambda x: str(x))
+def test_native_full_chains_equal_tensor_path(bs, L, V, sampling):
+    gen = torch.Generator().manual_seed(bs * 10 + L)
+    for trial in range(4):
+        # Few tokens and peaked rows: chains of every acceptance length.
+        drafts = torch.randint(0, min(V, 3), (bs * L,), generator=gen, dtype=torch.int32)
+        logits = torch.randn(bs * L, V, generator=gen) * 3
+        logits[:, :3] += 2
+        bonus = torch.randint(0, V, (bs, 1), generator=gen, dtype=torch.int32)
+        temperature = uniform = None
+        if sampling:
+            temperature = torch.rand(bs, generator=gen)
+            temperature[0] = 0  # a greedy request in a sampling batch
+            uniform = torch.rand(bs * L, generator=gen, dtype=torch.float64)
+        cu = torch.arange(1, bs + 1) * L
+        native = torch.ops.eagle_kernels.vllm_chains(drafts, cu, logits, bonus, L, temperature, uniform)
+        ref = vllm_plugin.full_chains(drafts, logits, bonus, temperature, uniform)
+        assert native.dtype == ref.dtype == torch.int32
+        assert torch.equal(native, ref), trial
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
+def test_native_ragged_chains_are_full_chains_per_request(sampling):
+    """Ragged batches: each request verified alone as a full chain, padded to max_spec_len + 1."""
+    gen = torch.Generator().manual_seed(3)
+    V, L = 5, 4
+    for trial in range(5):
+        counts = torch.randint(0, L + 1, (6,), generator=gen).tolist()
+        T = sum(counts)
+        drafts = torch.randint(0, 3, (T,), generator=gen)
+        logits = torch.randn(T, V, generator=gen) * 3
+        bonus = torch.randint(0, V, (len(counts), 1), generator=gen)
+        temperature = torch.rand(len(counts), generator=gen) if sampling else None
+        uniform = torch.rand(T, generator=gen, dtype=torch.float64) if sampling else None
+        cu = torch.tensor(counts).cumsum(0)
+        native = torch.ops.eagle_kernels.vllm_chains(drafts, cu, logits, bonus, L, temperature, uniform)
+        start = 0
+        for b, n in enumerate(counts):
+            expected = torch.full((L + 1,), -1, dtype=torch.int32)
+            if n == 0:
+                expected[0] = bonus[b, 0]
+            else:
+                rows = slice(start, start + n)
+                one = vllm_plugin.full_chains(drafts[rows], logits[rows], bonus[b], None if not sampling else
+                                              temperature[b : b + 1], None if not sampling else uniform[rows])
+                expected[: n + 1] = one[0]
+            assert torch.equal(native[b], expected), (trial, b, counts)
+            start += n
+
+
+@pytest.mark.parametrize("filters", ["temperature", "top_k", "top_p", "top_k_top_p"])
+@pytest.mark.parametrize("shuffled,unlinked", LAYOUTS, ids=LAYOUT_IDS)
+def test_native_sampling_from_logits_equals_tensor_path(shuffled, unlinked, filters):
+    """The sampling verify from the logits SGLang's probabilities were made of (per-row
+    temperature / top-k / top-p, as SGLang expands them over a request's N rows)."""
+    gen = torch.Generator().manual_seed(len(filters) + 10 * shuffled + 100 * unlinked)
+    bs, n, num_spec, vocab = 3, 8, 5, 7
+    for trial in range(4):
+        ri, nt, ns = random_links(bs, n, gen, shuffled, unlinked)
+        cand = torch.randint(0, vocab, (bs, n), generator=gen)
+        logits = torch.randn(bs * n, vocab, generator=gen) * 2
+        temps = (torch.rand(bs, 1, generator=gen) + 0.3).repeat_interleave(n, 0)
+        ks = torch.tensor([2, 0, vocab + 3]).repeat_interleave(n) if "top_k" in filters else None
+        ps = torch.tensor([0.5, 1.0, 0.8]).repeat_interleave(n) if "top_p" in filters else None
+        coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
+        native = outputs(bs, n, num_spec, torch.int64)
+        torch.ops.eagle_kernels.sglang_tree_sampling_logits(*native, cand, ri, nt, ns, coins, final, logits, temps,
+                                                            ks, ps)
+        ref = outputs(bs, n, num_spec, torch.int64)
+        plugin.tree_sampling_tensors(*ref, cand, ri, nt, ns, coins, final, None, (logits, temps, ks, ps),
+                                     compact=not (shuffled or unlinked))
+        for name, a, b in zip(("predicts", "accept_index", "accept_token_num"), native, ref):
+            assert torch.equal(a, b), (name, trial)
+
+
+def test_handoff_only_for_the_recorded_unmodified_probabilities(monkeypatch):
+    logits = torch.randn(4, 5)
+    temps = torch.full((4, 1), 0.5)
+    probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, temps)
+    assert plugin._handed_logits(probs.view(2, 2, 5))[0] is logits
+    filtered = plugin.top_k_renorm_prob(probs, torch.full((4,), 2))
+    handed = plugin._handed_logits(filtered.view(2, 2, 5))
+    assert handed[0] is logits and handed[2] is not None and handed[3] is None
+    assert plugin._handed_logits(probs) is None  # no longer the latest record
+    filtered.mul_(1.0)  # modified in place: not the recorded values any more
+    assert plugin._handed_logits(filtered) is None
+    probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, temps)
+    nucleus = plugin.top_p_renorm_prob(probs, torch.full((4,), 0.9))
+    assert plugin._handed_logits(plugin.top_k_renorm_prob(nucleus, torch.full((4,), 2))) is None  # top-p first
+    assert plugin._handed_logits(probs.clone()) is None
+
+
+def test_handed_logits_outside_the_contract_verify_from_the_probabilities(caplog):
+    """A top_p outside (0, 1] (verify's contract) on the logits path: logged, and the
+    probabilities path runs instead (SGLang has no kernel to fall back to on CPU)."""
+    import logging
+
+    bs, n, vocab = 2, 4, 5
+    ri, nt, ns = random_links(bs, n, torch.Generator().manual_seed(2), False, False)
+    logits = torch.randn(bs * n, vocab)
+    probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, torch.ones(bs * n, 1))
+    probs = plugin.top_p_renorm_prob(probs, torch.full((bs * n,), 1.5))
+    assert plugin._handed_logits(probs) is not None
+    out = outputs(bs, n, 3, torch.int64)
+    plugin._log_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        plugin.tree_sampling(*out, torch.zeros(bs, n, dtype=torch.long), ri, nt, ns, torch.rand(bs, n),
+                             torch.rand(bs), probs.view(bs, n, vocab))
+    assert "top_p" in caplog.text and "from the probabilities" in caplog.text
+    assert out[2].min() >= 0
