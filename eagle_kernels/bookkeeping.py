@@ -115,15 +115,44 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
 
 
 # ---------------------------------------------------------------------------- commit
-def commit_inputs(accept_nodes, out_tokens, width: int | None):
-    """The head's commit input from ``verify``'s accepted path: ``(path int64, emitted int64)``
-    [B, width] (None: all of ``accept_nodes``' columns), -1 padding clamped to 0."""
+def tree_positions(seqlens, depths=None):
+    """Positions of a target pass over a tree: ``seqlens`` [B] plus the nodes' ``depths``
+    int32 [B, N] (None: one token per request, at ``seqlens``). int32 on the GPU path (one
+    launch, none for one token), int64 on the CPU."""
+    if gpu_path(seqlens):
+        return seqlens[:, None] if depths is None else depths + seqlens[:, None]
+    base = seqlens[:, None].long()
+    return base if depths is None else base + depths.long()
+
+
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None):
+    """The head's commit input from ``verify``'s accepted path: ``(path int64, emitted int64,
+    positions)`` [B, width] (None: all of ``accept_nodes``' columns), -1 padding clamped to 0;
+    ``positions`` int64 ``seqlens + j`` (the head cache's ``seqlens`` int32 [B]) on the GPU path,
+    None (the head's default, the same values) on the CPU."""
     if gpu_path(accept_nodes):
         B, D = accept_nodes.shape
         _check("accept_nodes", accept_nodes, torch.int32, (B, D))
         _check("out_tokens", out_tokens, torch.int64, (B, D))
-        return _triton().commit_inputs(accept_nodes, out_tokens, D if width is None else min(width, D))
-    return accept_nodes.clamp(min=0).long()[:, :width], out_tokens.clamp(min=0)[:, :width]
+        _check("seqlens", seqlens, torch.int32, (B,))
+        return _triton().commit_inputs(accept_nodes, out_tokens, seqlens, D if width is None else min(width, D))
+    return accept_nodes.clamp(min=0).long()[:, :width], out_tokens.clamp(min=0)[:, :width], None
+
+
+def gather_rows(tensors, rows):
+    """``rows`` int64 [B, P] of each of ``tensors`` ([B, N, H] each, one dtype), side by side:
+    [B, P, len(tensors) * H] (EAGLE-3's low, mid and high features of the accepted path)."""
+    if gpu_path(rows) and 1 <= len(tensors) <= 3:
+        B, P = rows.shape
+        _check("rows", rows, torch.int64, (B, P))
+        first = tensors[0]
+        for i, t in enumerate(tensors):
+            if t.dim() != 3 or t.shape[0] != B or t.shape[2] != first.shape[2] or t.dtype != first.dtype:
+                raise ValueError(f"tensors[{i}]: expected [B = {B}, N, {first.shape[2]}] {first.dtype}, got "
+                                 f"{list(t.shape)} {t.dtype}")
+        return _triton().gather_rows(list(tensors), rows)
+    picked = [torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[-1])) for t in tensors]
+    return picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)
 
 
 def commit(state, tokens, accept_len, hidden, head_cache) -> None:

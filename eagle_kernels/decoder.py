@@ -842,7 +842,7 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ steps
     def _plain_step(self, state: _State) -> None:
         cache = state.target_cache
-        logits = self.target(state.root[:, None], cache).logits
+        logits = self.target(state.root[:, None], cache, positions=bookkeeping.tree_positions(cache.seqlens)).logits
         token = self._sample_root(logits, state.sampling, state.offset)
         bookkeeping.commit(state, token[:, None], None, None, None)
 
@@ -855,7 +855,7 @@ class SpeculativeDecoder:
         tree = self._expand(state) if head is not None and not alone else _root_tree(state.root)
         tree, chains = self._graft(state, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
-        positions = cache.seqlens[:, None].long() + tree.depths.long()
+        positions = bookkeeping.tree_positions(cache.seqlens, tree.depths)
         out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
@@ -899,5 +899,6 @@ class SpeculativeDecoder:
         slots (None: all). Returns the head's outputs [B, width, H]; the one at the last
         accepted pair drafts the next step (``bookkeeping.commit`` keeps it)."""
         head = self.head
-        path, emitted = bookkeeping.commit_inputs(result.accept_nodes, result.out_tokens, width)
-        return head(emitted, head.target_features(out, rows=path), state.head_cache)
+        path, emitted, positions = bookkeeping.commit_inputs(result.accept_nodes, result.out_tokens,
+                                                             state.head_cache.seqlens, width)
+        return head(emitted, head.target_features(out, rows=path), state.head_cache, positions=positions)

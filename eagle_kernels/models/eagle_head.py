@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..bookkeeping import gather_rows
 from .cpu_weights import PackedWeights, linear
 from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rope_inverse_frequencies
 from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight, logits_for_ops
@@ -184,12 +185,10 @@ class EagleHead(torch.nn.Module):
         normed hidden state, EAGLE-3 fc over the low/mid/high layer states. ``rows`` int64
         [B, P] picks token rows first (result [B, P, H]), so EAGLE-3's fc runs over those
         rows only (a row's feature does not depend on the other rows)."""
-        def pick(t):
-            return t if rows is None else torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[-1]))
-
         if self.config.kind == EAGLE1:
-            return pick(out.hidden)
-        stacked = torch.cat([pick(out.layer_states[layer]) for layer in self.config.feature_layers], dim=-1)
+            return out.hidden if rows is None else gather_rows([out.hidden], rows)
+        states = [out.layer_states[layer] for layer in self.config.feature_layers]
+        stacked = torch.cat(states, dim=-1) if rows is None else gather_rows(states, rows)
         return linear(stacked, self.weights["fc.weight"], self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,

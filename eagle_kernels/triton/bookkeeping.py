@@ -7,8 +7,8 @@ versions, which are the CPU path and the tests' truth (python_tests/decoding/tes
   §4.1), write its candidates into the history and gather the next frontier's inputs;
 - ``draft_inputs``: the inputs of one head pass over a frontier: its parents' hidden states,
   the tree-attention mask rows of its draft slots (parent's row plus its own bit), positions;
-- ``commit_inputs`` / ``commit``: after ``verify``, the accepted path as the head's commit
-  input, then emit the accepted tokens, advance the caches and the output, update the root.
+- ``commit_inputs`` / ``gather_rows`` / ``commit``: after ``verify``, the accepted path as the
+  head's commit input (tokens, positions, the target's feature rows), then emit the accepted tokens, advance the caches and the output, update the root.
 
 Each launcher takes contiguous tensors the caller allocated (shapes stated per argument); one
 program per request (per frontier node for ``draft_inputs``).
@@ -130,7 +130,8 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
 def _commit_inputs_kernel(
     accept_nodes_ptr,  # [B, D] int32 (-1 padded)
     out_tokens_ptr,  # [B, D] int64 (-1 padded)
-    inputs_ptr,  # [2, B, P] int64 out: path rows, emitted tokens (padding clamped to 0)
+    seqlens_ptr,  # [B] int32: the head cache's committed lengths
+    inputs_ptr,  # [3, B, P] int64 out: path rows, emitted tokens (padding clamped to 0), positions
     B, D, P,
     BLOCK_P: tl.constexpr,
 ):
@@ -141,15 +142,56 @@ def _commit_inputs_kernel(
     tokens = tl.load(out_tokens_ptr + b * D + j, mask=valid, other=0)
     tl.store(inputs_ptr + b * P + j, tl.maximum(nodes, 0), mask=valid)
     tl.store(inputs_ptr + (B + b) * P + j, tl.maximum(tokens, 0), mask=valid)
+    tl.store(inputs_ptr + (2 * B + b) * P + j, tl.load(seqlens_ptr + b).to(tl.int64) + j, mask=valid)
 
 
-def commit_inputs(accept_nodes, out_tokens, width: int):
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int):
     """Launch :func:`_commit_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.commit_inputs`."""
     B, D = accept_nodes.shape
-    inputs = torch.empty(2, B, width, dtype=torch.int64, device=accept_nodes.device)
-    _commit_inputs_kernel[(B,)](accept_nodes, out_tokens, inputs, B, D, width,
+    inputs = torch.empty(3, B, width, dtype=torch.int64, device=accept_nodes.device)
+    _commit_inputs_kernel[(B,)](accept_nodes, out_tokens, seqlens, inputs, B, D, width,
                                 BLOCK_P=triton.next_power_of_2(width), num_warps=1)
-    return inputs[0], inputs[1]
+    return inputs[0], inputs[1], inputs[2]
+
+
+@triton.jit
+def _gather_rows_kernel(
+    a_ptr, b_ptr, c_ptr,  # [B, N, H] each (strided rows; b, c only with NUM >= 2, 3)
+    rows_ptr,  # [B, P] int64: the rows to take
+    out_ptr,  # [B, P, NUM * H] out: the picked rows of a, b, c side by side
+    P, H,
+    stride_ab, stride_an, stride_bb, stride_bn, stride_cb, stride_cn,
+    NUM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    row = tl.load(rows_ptr + b * P + p)
+    target = out_ptr + (b * P + p) * NUM * H
+    for start in range(0, H, BLOCK_H):
+        h = start + tl.arange(0, BLOCK_H)
+        inside = h < H
+        tl.store(target + h, tl.load(a_ptr + b * stride_ab + row * stride_an + h, mask=inside, other=0.0),
+                 mask=inside)
+        if NUM >= 2:
+            tl.store(target + H + h, tl.load(b_ptr + b * stride_bb + row * stride_bn + h, mask=inside, other=0.0),
+                     mask=inside)
+        if NUM >= 3:
+            tl.store(target + 2 * H + h,
+                     tl.load(c_ptr + b * stride_cb + row * stride_cn + h, mask=inside, other=0.0), mask=inside)
+
+
+def gather_rows(tensors, rows):
+    """Launch :func:`_gather_rows_kernel`: see :func:`eagle_kernels.bookkeeping.gather_rows`."""
+    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+    B, P = rows.shape
+    H = tensors[0].shape[-1]
+    out = torch.empty(B, P, len(tensors) * H, dtype=tensors[0].dtype, device=rows.device)
+    padded = tensors + [tensors[0]] * (3 - len(tensors))
+    strides = [s for t in padded for s in (t.stride(0), t.stride(1))]
+    _gather_rows_kernel[(B, P)](*padded, rows, out, P, H, *strides,
+                                NUM=len(tensors), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), num_warps=4)
+    return out
 
 
 @triton.jit

@@ -75,8 +75,33 @@ def test_draft_inputs(step, dtype):
 def test_commit_inputs(width):
     accept_nodes = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1]], dtype=torch.int32)
     out_tokens = torch.tensor([[11, 12, 13, 14], [21, 22, -1, -1]])
-    want, _, got, _ = both(bookkeeping.commit_inputs, accept_nodes, out_tokens, width)
+    seqlens = torch.tensor([6, 9], dtype=torch.int32)
+    want, _, got, _ = both(bookkeeping.commit_inputs, accept_nodes, out_tokens, seqlens, width)
+    assert_identical(got[:2], want[:2])
+    assert want[2] is None  # the CPU path leaves the head its default positions: these
+    assert_identical(got[2], seqlens[:, None].long() + torch.arange(got[0].shape[1]))
+
+
+def test_tree_positions():
+    seqlens, depths = torch.tensor([6, 9], dtype=torch.int32), torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]],
+                                                                           dtype=torch.int32)
+    for args in ((seqlens, depths), (seqlens,)):
+        want, _, got, _ = both(bookkeeping.tree_positions, *args)
+        assert got.dtype == torch.int32 and want.dtype == torch.int64
+        assert torch.equal(got.long(), want)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3], ids=["one", "two", "three"])
+def test_gather_rows(count):
+    gen = torch.Generator().manual_seed(count)
+    B, N, H, P = 2, 7, 40, 4
+    base = torch.randn(B, N, 2 * H, generator=gen).to(torch.bfloat16)
+    tensors = [base[..., :H]] + [torch.randn(B, N, H, generator=gen).to(torch.bfloat16) for _ in range(count - 1)]
+    rows = torch.randint(0, N, (B, P), generator=gen)
+    want, _, got, _ = both(bookkeeping.gather_rows, tensors, rows)
     assert_identical(got, want)
+    with bookkeeping.gpu_path_on_cpu(), pytest.raises(ValueError, match="rows"):
+        bookkeeping.gather_rows(tensors, rows.int())
 
 
 def fake_state(B, T, H, *, slot, eos, history, head, seed):
