@@ -84,15 +84,28 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
 
 
 # ---------------------------------------------------------------------------- head drafts
-def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
+def _embedding_table(table, tokens, dtype):
+    """``table`` if the GPU path's kernels gather its rows themselves: rows already in ``dtype``
+    (the embedding is then a copy, no conversion), and tokens given; else None."""
+    if table is None or tokens is None or table.dim() != 2 or table.dtype != dtype:
+        return None
+    if table.stride(1) != 1 or table.device != tokens.device:
+        return None
+    return table
+
+
+def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
     """The inputs of an EAGLE head's pass over the frontier of expansion step ``step >= 1``.
 
     ``hidden`` [B, M, H]: the head's outputs of the previous pass; ``parent_row`` int64 [B, F]:
     the row each frontier node continues from; ``slot_masks`` int64 [B, S, words]: the mask
     rows of the draft slots (bit ``j``: slot ``j`` visible), frontier node ``m`` of step ``s``
-    in slot ``(s - 1) * F + m``; ``seqlens`` int32 [B]: the head cache's committed lengths.
+    in slot ``(s - 1) * F + m``; ``seqlens`` int32 [B]: the head cache's committed lengths;
+    ``tokens`` int64 [B, F] and ``table`` [V, H]: the frontier's tokens and the token embedding.
     Writes the frontier's rows of ``slot_masks`` (its parent's row, none at step 1, plus its
-    own bit) and returns ``(feature [B, F, H], positions int64 [B, 1] = seqlens + step - 1)``.
+    own bit) and returns ``(feature [B, F, H], positions int64 [B, 1] = seqlens + step - 1,
+    embed)``: ``embed`` [B, F, H] the tokens' embedding rows in ``hidden``'s dtype on the GPU
+    path (with ``tokens`` and ``table`` in that dtype), else None (the head embeds them itself).
     """
     B, F = parent_row.shape
     if gpu_path(hidden):
@@ -101,7 +114,12 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
         _check("seqlens", seqlens, torch.int32, (B,))
         if slot_masks.shape[1] < step * F:
             raise ValueError(f"slot_masks: {slot_masks.shape[1]} slots, step {step} needs {step * F}")
-        return _triton().draft_inputs(hidden, parent_row, slot_masks, seqlens, step)
+        table = _embedding_table(table, tokens, hidden.dtype)
+        if table is not None:
+            _check("tokens", tokens, torch.int64, (B, F))
+            if table.shape[1] != hidden.shape[-1]:
+                raise ValueError(f"table: expected [V, {hidden.shape[-1]}], got {list(table.shape)}")
+        return _triton().draft_inputs(hidden, parent_row, slot_masks, seqlens, step, tokens, table)
     H, words = hidden.shape[-1], slot_masks.shape[-1]
     feature = torch.gather(hidden, 1, parent_row[..., None].expand(-1, -1, H))
     own = (step - 1) * F + torch.arange(F, device=hidden.device)  # this frontier's slots
@@ -111,7 +129,7 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
         rows = torch.gather(slot_masks, 1, ((step - 2) * F + parent_row)[..., None].expand(-1, -1, words))
     rows[:, torch.arange(F, device=hidden.device), own // 64] |= torch.ones_like(own) << (own % 64)
     slot_masks[:, own] = rows
-    return feature, seqlens[:, None].long() + (step - 1)
+    return feature, seqlens[:, None].long() + (step - 1), None
 
 
 # ---------------------------------------------------------------------------- commit
@@ -125,18 +143,22 @@ def tree_positions(seqlens, depths=None):
     return base if depths is None else base + depths.long()
 
 
-def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None):
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None, table=None, dtype=None):
     """The head's commit input from ``verify``'s accepted path: ``(path int64, emitted int64,
-    positions)`` [B, width] (None: all of ``accept_nodes``' columns), -1 padding clamped to 0;
-    ``positions`` int64 ``seqlens + j`` (the head cache's ``seqlens`` int32 [B]) on the GPU path,
-    None (the head's default, the same values) on the CPU."""
+    positions, embed)`` [B, width] (None: all of ``accept_nodes``' columns), -1 padding clamped
+    to 0. On the GPU path ``positions`` int64 ``seqlens + j`` (the head cache's ``seqlens``
+    int32 [B]) and, with a token embedding ``table`` [V, H] in ``dtype``, ``embed`` [B, width, H]
+    the emitted tokens' rows; on the CPU both None (the head's defaults, the same
+    values)."""
     if gpu_path(accept_nodes):
         B, D = accept_nodes.shape
         _check("accept_nodes", accept_nodes, torch.int32, (B, D))
         _check("out_tokens", out_tokens, torch.int64, (B, D))
         _check("seqlens", seqlens, torch.int32, (B,))
-        return _triton().commit_inputs(accept_nodes, out_tokens, seqlens, D if width is None else min(width, D))
-    return accept_nodes.clamp(min=0).long()[:, :width], out_tokens.clamp(min=0)[:, :width], None
+        table = None if dtype is None else _embedding_table(table, out_tokens, dtype)
+        return _triton().commit_inputs(accept_nodes, out_tokens, seqlens, D if width is None else min(width, D),
+                                       table, dtype)
+    return accept_nodes.clamp(min=0).long()[:, :width], out_tokens.clamp(min=0)[:, :width], None, None
 
 
 def gather_rows(tensors, rows):

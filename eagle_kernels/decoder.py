@@ -305,9 +305,9 @@ class _HeadDraft:
             # The frontier's parents' outputs, its mask rows, and its position: the root's pair
             # sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d (the
             # position training-time test trains the head on).
-            feature, positions = bookkeeping.draft_inputs(self.hidden, parent_row, self.slot_masks,
-                                                          self.cache.seqlens, step)
-            self.hidden = self.head(tokens, feature, self.cache, positions=positions,
+            feature, positions, embed = bookkeeping.draft_inputs(
+                self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
+            self.hidden = self.head(tokens, feature, self.cache, positions=positions, embed=embed,
                                     tree_mask=self.slot_masks[:, : step * self.k], slot_offset=(step - 1) * self.k)
         return self.head.logits(self.hidden)
 
@@ -899,6 +899,7 @@ class SpeculativeDecoder:
         slots (None: all). Returns the head's outputs [B, width, H]; the one at the last
         accepted pair drafts the next step (``bookkeeping.commit`` keeps it)."""
         head = self.head
-        path, emitted, positions = bookkeeping.commit_inputs(result.accept_nodes, result.out_tokens,
-                                                             state.head_cache.seqlens, width)
-        return head(emitted, head.target_features(out, rows=path), state.head_cache, positions=positions)
+        path, emitted, positions, embed = bookkeeping.commit_inputs(
+            result.accept_nodes, result.out_tokens, state.head_cache.seqlens, width, head.token_embedding, head.dtype)
+        return head(emitted, head.target_features(out, rows=path), state.head_cache, positions=positions,
+                    embed=embed)

@@ -80,35 +80,45 @@ def _draft_inputs_kernel(
     seqlens_ptr,  # [B] int32: the head cache's committed lengths
     feature_ptr,  # [B, F, H] out
     positions_ptr,  # [B] int64 out
+    tokens_ptr,  # [B, F] int64: the frontier's tokens (HAS_EMBED)
+    table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
+    embed_ptr,  # [B, F, H] out (HAS_EMBED)
     step, F, H, S, WORDS,
-    stride_hb, stride_hm,
+    stride_hb, stride_hm, stride_v,
     BLOCK_H: tl.constexpr,
     BLOCK_WORDS: tl.constexpr,
     HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: parents sit in draft slots
+    HAS_EMBED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     m = tl.program_id(1)
     parent = tl.load(parent_row_ptr + b * F + m)
     source = hidden_ptr + b * stride_hb + parent * stride_hm
     target = feature_ptr + (b * F + m) * H
+    if HAS_EMBED:
+        row = table_ptr + tl.load(tokens_ptr + b * F + m) * stride_v
     for start in range(0, H, BLOCK_H):
         h = start + tl.arange(0, BLOCK_H)
         tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+        if HAS_EMBED:
+            tl.store(embed_ptr + (b * F + m) * H + h,
+                     tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
     own = (step - 1) * F + m
     words = tl.arange(0, BLOCK_WORDS)
     in_words = words < WORDS
     if HAS_PARENT_SLOTS:
-        row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words, other=0)
+        mask_row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words,
+                           other=0)
     else:
-        row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
+        mask_row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
     bit = tl.full([BLOCK_WORDS], 1, tl.int64) << (own % 64).to(tl.int64)
-    row = row | tl.where(words == own // 64, bit, 0)
-    tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, row, mask=in_words)
+    mask_row = mask_row | tl.where(words == own // 64, bit, 0)
+    tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
     if m == 0:
         tl.store(positions_ptr + b, tl.load(seqlens_ptr + b).to(tl.int64) + step - 1)
 
 
-def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
+def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
     """Launch :func:`_draft_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.draft_inputs`."""
     B, F = parent_row.shape
     H = hidden.shape[-1]
@@ -116,14 +126,17 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int):
         hidden = hidden.contiguous()
     feature = torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
     positions = torch.empty(B, 1, dtype=torch.int64, device=hidden.device)
+    embed = None if table is None else torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
     S, words = slot_masks.shape[1:]
     _draft_inputs_kernel[(B, F)](
         hidden, parent_row, slot_masks, seqlens, feature, positions,
-        step, F, H, S, words, hidden.stride(0), hidden.stride(1),
+        parent_row if table is None else tokens, hidden if table is None else table,
+        feature if table is None else embed,
+        step, F, H, S, words, hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0),
         BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), BLOCK_WORDS=triton.next_power_of_2(words),
-        HAS_PARENT_SLOTS=step > 1, num_warps=4,
+        HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None, num_warps=4,
     )
-    return feature, positions
+    return feature, positions, embed
 
 
 @triton.jit
@@ -132,26 +145,39 @@ def _commit_inputs_kernel(
     out_tokens_ptr,  # [B, D] int64 (-1 padded)
     seqlens_ptr,  # [B] int32: the head cache's committed lengths
     inputs_ptr,  # [3, B, P] int64 out: path rows, emitted tokens (padding clamped to 0), positions
-    B, D, P,
-    BLOCK_P: tl.constexpr,
+    table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
+    embed_ptr,  # [B, P, H] out: the emitted tokens' embedding rows (HAS_EMBED)
+    B, D, P, H, stride_v,
+    BLOCK_H: tl.constexpr,
+    HAS_EMBED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    j = tl.arange(0, BLOCK_P)
-    valid = j < P
-    nodes = tl.load(accept_nodes_ptr + b * D + j, mask=valid, other=0).to(tl.int64)
-    tokens = tl.load(out_tokens_ptr + b * D + j, mask=valid, other=0)
-    tl.store(inputs_ptr + b * P + j, tl.maximum(nodes, 0), mask=valid)
-    tl.store(inputs_ptr + (B + b) * P + j, tl.maximum(tokens, 0), mask=valid)
-    tl.store(inputs_ptr + (2 * B + b) * P + j, tl.load(seqlens_ptr + b).to(tl.int64) + j, mask=valid)
+    p = tl.program_id(1)
+    node = tl.maximum(tl.load(accept_nodes_ptr + b * D + p).to(tl.int64), 0)
+    token = tl.maximum(tl.load(out_tokens_ptr + b * D + p), 0)
+    tl.store(inputs_ptr + b * P + p, node)
+    tl.store(inputs_ptr + (B + b) * P + p, token)
+    tl.store(inputs_ptr + (2 * B + b) * P + p, tl.load(seqlens_ptr + b).to(tl.int64) + p)
+    if HAS_EMBED:
+        for start in range(0, H, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            tl.store(embed_ptr + (b * P + p) * H + h,
+                     tl.load(table_ptr + token * stride_v + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty),
+                     mask=h < H)
 
 
-def commit_inputs(accept_nodes, out_tokens, seqlens, width: int):
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int, table=None, dtype=None):
     """Launch :func:`_commit_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.commit_inputs`."""
     B, D = accept_nodes.shape
     inputs = torch.empty(3, B, width, dtype=torch.int64, device=accept_nodes.device)
-    _commit_inputs_kernel[(B,)](accept_nodes, out_tokens, seqlens, inputs, B, D, width,
-                                BLOCK_P=triton.next_power_of_2(width), num_warps=1)
-    return inputs[0], inputs[1], inputs[2]
+    H = 1 if table is None else table.shape[1]
+    embed = None if table is None else torch.empty(B, width, H, dtype=dtype, device=accept_nodes.device)
+    _commit_inputs_kernel[(B, width)](accept_nodes, out_tokens, seqlens, inputs,
+                                      inputs if table is None else table, inputs if table is None else embed,
+                                      B, D, width, H, 0 if table is None else table.stride(0),
+                                      BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+                                      HAS_EMBED=table is not None, num_warps=4)
+    return inputs[0], inputs[1], inputs[2], embed
 
 
 @triton.jit

@@ -64,8 +64,15 @@ def test_draft_inputs(step, dtype):
     parent_row = torch.randint(0, M, (B, F), generator=gen)
     slot_masks = torch.randint(-2**62, 2**62, (B, depth * F, 2), generator=gen)
     seqlens = torch.tensor([5, 17], dtype=torch.int32)
-    want, want_args, got, got_args = both(bookkeeping.draft_inputs, hidden, parent_row, slot_masks, seqlens, step)
-    assert_identical(got, want)
+    tokens, table = torch.randint(0, 50, (B, F), generator=gen), torch.randn(50, H, generator=gen).half()
+    want, want_args, got, got_args = both(bookkeeping.draft_inputs, hidden, parent_row, slot_masks, seqlens, step,
+                                          tokens, table)
+    assert_identical(got[:2], want[:2])
+    assert want[2] is None  # the CPU path leaves the embedding to the head: the same rows
+    assert got[2] is None  # a table in another dtype: the head embeds (and converts) itself
+    want, _, got, _ = both(bookkeeping.draft_inputs, hidden, parent_row, slot_masks, seqlens, step, tokens,
+                           table.to(dtype))
+    assert_identical(got[2], torch.nn.functional.embedding(tokens, table.to(dtype)))
     own = slice((step - 1) * F, step * F)
     assert_identical(got_args[2][:, own], want_args[2][:, own])  # the frontier's mask rows
     assert_identical(got_args[2][:, : (step - 1) * F], slot_masks[:, : (step - 1) * F])  # ancestors unchanged
@@ -74,12 +81,15 @@ def test_draft_inputs(step, dtype):
 @pytest.mark.parametrize("width", [None, 2], ids=["all", "width2"])
 def test_commit_inputs(width):
     accept_nodes = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1]], dtype=torch.int32)
-    out_tokens = torch.tensor([[11, 12, 13, 14], [21, 22, -1, -1]])
+    out_tokens = torch.tensor([[11, 12, 13, 14], [21, 22, -1, -1]])  # ids < 30: rows of table
     seqlens = torch.tensor([6, 9], dtype=torch.int32)
-    want, _, got, _ = both(bookkeeping.commit_inputs, accept_nodes, out_tokens, seqlens, width)
+    table = torch.randn(30, 40).bfloat16()
+    want, _, got, _ = both(bookkeeping.commit_inputs, accept_nodes, out_tokens, seqlens, width, table,
+                           torch.bfloat16)
     assert_identical(got[:2], want[:2])
-    assert want[2] is None  # the CPU path leaves the head its default positions: these
+    assert want[2] is None and want[3] is None  # the CPU path leaves the head its defaults: these
     assert_identical(got[2], seqlens[:, None].long() + torch.arange(got[0].shape[1]))
+    assert_identical(got[3], torch.nn.functional.embedding(got[1], table))
 
 
 def test_tree_positions():
