@@ -257,7 +257,7 @@ def _commit_kernel(
     if HAS_ACCEPT:
         last = tl.load(accept_len_ptr + b).to(tl.int64)
     else:
-        last = tl.zeros([], dtype=tl.int64)
+        last = b * 0  # one token: tokens[:, 0]
     j = tl.arange(0, BLOCK_T)
     tokens = tl.load(tokens_ptr + b * T + j, mask=j < T, other=0)
     valid = (j <= (last + 1) * active - 1) & (j < T)  # nothing for a finished request
