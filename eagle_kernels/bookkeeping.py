@@ -66,7 +66,8 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
     B, W = tokens.shape
     M, F, C = cand_index.shape[1], frontier.shape[1], cand_tokens.shape[1]
     if gpu_path(tokens):
-        for name, t, dtype, shape in (("tokens", tokens, torch.int64, (B, W)), ("scores", scores, torch.float32, (B, W)),
+        for name, t, dtype, shape in (("tokens", tokens, torch.int64, (B, W)),
+                                      ("scores", scores, torch.float32, (B, W)),
                                       ("frontier", frontier, torch.int32, (B, F)),
                                       ("cand_index", cand_index, torch.int64, (B, W // top_k)),
                                       ("cand_tokens", cand_tokens, torch.int64, (B, C)),
@@ -163,8 +164,10 @@ def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None, table=No
 
 def gather_rows(tensors, rows):
     """``rows`` int64 [B, P] of each of ``tensors`` ([B, N, H] each, one dtype), side by side:
-    [B, P, len(tensors) * H] (EAGLE-3's low, mid and high features of the accepted path)."""
-    if gpu_path(rows) and 1 <= len(tensors) <= 3:
+    [B, P, len(tensors) * H] (EAGLE-3's low, mid and high features of the accepted path). The
+    GPU path's kernel takes up to three tensors and no autograd graph; torch the rest."""
+    if (gpu_path(rows) and 1 <= len(tensors) <= 3
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
         B, P = rows.shape
         _check("rows", rows, torch.int64, (B, P))
         first = tensors[0]

@@ -6,12 +6,15 @@ versions, which are the CPU path and the tests' truth (python_tests/decoding/tes
 - ``expansion_step``: after one ``draft_expand`` of an EAGLE-2 expansion (Li et al. 2024,
   §4.1), write its candidates into the history and gather the next frontier's inputs;
 - ``draft_inputs``: the inputs of one head pass over a frontier: its parents' hidden states,
-  the tree-attention mask rows of its draft slots (parent's row plus its own bit), positions;
+  the tree-attention mask rows of its draft slots (parent's row plus its own bit), positions,
+  its tokens' embedding rows;
 - ``commit_inputs`` / ``gather_rows`` / ``commit``: after ``verify``, the accepted path as the
-  head's commit input (tokens, positions, the target's feature rows), then emit the accepted tokens, advance the caches and the output, update the root.
+  head's commit input (tokens, positions, embedding and target feature rows), then emit the
+  accepted tokens, advance the caches and the output, update the root.
 
-Each launcher takes contiguous tensors the caller allocated (shapes stated per argument); one
-program per request (per frontier node for ``draft_inputs``).
+The launchers take contiguous inputs (checked by :mod:`eagle_kernels.bookkeeping`; shapes per
+kernel argument), allocate their outputs and update the state tensors they are given in place;
+one program per request (per frontier node or path pair where rows of H are copied).
 """
 
 from __future__ import annotations
