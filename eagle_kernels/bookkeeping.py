@@ -104,7 +104,7 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     in slot ``(s - 1) * F + m``; ``seqlens`` int32 [B]: the head cache's committed lengths;
     ``tokens`` int64 [B, F] and ``table`` [V, H]: the frontier's tokens and the token embedding.
     Writes the frontier's rows of ``slot_masks`` (its parent's row, none at step 1, plus its
-    own bit) and returns ``(feature [B, F, H], positions int64 [B, 1] = seqlens + step - 1,
+    own bit) and returns ``(feature [B, F, H], positions int32 [B, 1] = seqlens + step - 1,
     embed)``: ``embed`` [B, F, H] the tokens' embedding rows in ``hidden``'s dtype on the GPU
     path (with ``tokens`` and ``table`` in that dtype), else None (the head embeds them itself).
     """
@@ -130,18 +130,16 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
         rows = torch.gather(slot_masks, 1, ((step - 2) * F + parent_row)[..., None].expand(-1, -1, words))
     rows[:, torch.arange(F, device=hidden.device), own // 64] |= torch.ones_like(own) << (own % 64)
     slot_masks[:, own] = rows
-    return feature, seqlens[:, None].long() + (step - 1), None
+    return feature, seqlens[:, None] + (step - 1), None
 
 
 # ---------------------------------------------------------------------------- commit
 def tree_positions(seqlens, depths=None):
-    """Positions of a target pass over a tree: ``seqlens`` [B] plus the nodes' ``depths``
-    int32 [B, N] (None: one token per request, at ``seqlens``). int32 on the GPU path (one
-    launch, none for one token), int64 on the CPU."""
-    if gpu_path(seqlens):
-        return seqlens[:, None] if depths is None else depths + seqlens[:, None]
-    base = seqlens[:, None].long()
-    return base if depths is None else base + depths.long()
+    """Positions of a target pass over a tree, int32 [B, N]: ``seqlens`` [B] plus the nodes'
+    ``depths`` int32 [B, N] (None: one token per request, at ``seqlens``: a view). One launch,
+    where int64 positions took three; every consumer takes int32 (RoPE converts to float64 or
+    reads them in its kernel)."""
+    return seqlens[:, None] if depths is None else depths + seqlens[:, None]
 
 
 def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None, table=None, dtype=None):

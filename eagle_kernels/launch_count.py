@@ -95,7 +95,7 @@ class LaunchCount:
         return [n for who, n in self.layers if who == owner]
 
 
-_SKIPPED_FILES = ("launch_count.py", "_dispatch.py", "ops.py", "_python_dispatch.py", "functional.py",
+_SKIPPED_FILES = ("launch_count.py", "_dispatch.py", "ops.py", "bookkeeping.py", "_python_dispatch.py", "functional.py",
                   "_ops.py", "_tensor.py", "overrides.py", "contextlib.py")
 
 

@@ -82,7 +82,7 @@ def _draft_inputs_kernel(
     slot_masks_ptr,  # [B, S, WORDS] int64: mask row of each draft slot over the draft slots
     seqlens_ptr,  # [B] int32: the head cache's committed lengths
     feature_ptr,  # [B, F, H] out
-    positions_ptr,  # [B] int64 out
+    positions_ptr,  # [B] int32 out
     tokens_ptr,  # [B, F] int64: the frontier's tokens (HAS_EMBED)
     table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
     embed_ptr,  # [B, F, H] out (HAS_EMBED)
@@ -118,7 +118,7 @@ def _draft_inputs_kernel(
     mask_row = mask_row | tl.where(words == own // 64, bit, 0)
     tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
     if m == 0:
-        tl.store(positions_ptr + b, tl.load(seqlens_ptr + b).to(tl.int64) + step - 1)
+        tl.store(positions_ptr + b, tl.load(seqlens_ptr + b) + step - 1)
 
 
 def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
@@ -128,7 +128,7 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     if hidden.stride(-1) != 1:
         hidden = hidden.contiguous()
     feature = torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
-    positions = torch.empty(B, 1, dtype=torch.int64, device=hidden.device)
+    positions = torch.empty(B, 1, dtype=torch.int32, device=hidden.device)
     embed = None if table is None else torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
     S, words = slot_masks.shape[1:]
     _draft_inputs_kernel[(B, F)](
