@@ -181,6 +181,33 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
                                        torch.tensor([1, 2], dtype=torch.int32), num_heads=Hq, slot_offset=2)
 
 
+def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):
+    """The speculative step's bookkeeping kernels (eagle_kernels/triton/bookkeeping.py) at one
+    model's hidden width, tree (6, 8, 60): every depth's expansion step (the root's and a
+    frontier's), a head pass's inputs at step 1 and later, the commit's."""
+    from eagle_kernels.triton import bookkeeping
+
+    i64 = dict(dtype=torch.int64)
+    C = k + (depth - 1) * k * k
+    history = (torch.empty(B, C, **i64), torch.empty(B, C), torch.empty(B, C, dtype=torch.int32))
+    for M in (1, k):
+        bookkeeping.expansion_step(torch.empty(B, M * k, **i64), torch.empty(B, M * k),
+                                   torch.zeros(B, k, dtype=torch.int32), torch.zeros(B, M, **i64), *history, k, k)
+    masks, seqlens = torch.zeros(B, depth * k, 1, **i64), torch.zeros(B, dtype=torch.int32)
+    table = torch.empty(V, H, dtype=dtype)
+    for step in (1, 2):
+        bookkeeping.draft_inputs(torch.empty(B, k, H, dtype=dtype), torch.zeros(B, k, **i64), masks, seqlens, step,
+                                 torch.zeros(B, k, **i64), table)
+    nodes, tokens = torch.zeros(B, P, dtype=torch.int32), torch.zeros(B, P, **i64)
+    bookkeeping.commit_inputs(nodes, tokens, seqlens, P, table, dtype)
+    bookkeeping.gather_rows([torch.empty(B, 64, H, dtype=dtype) for _ in range(3)], tokens)
+    out = torch.zeros(B, 256, **i64)
+    counters = [torch.zeros(B, **i64) for _ in range(5)]  # out_len, steps, root, offset, limit
+    bookkeeping.commit(tokens, torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.bool), out,
+                       *counters[:4], counters[4], torch.full((B, 1), -1, **i64), None, None, seqlens,
+                       seqlens.clone(), torch.empty(B, P, H, dtype=dtype), torch.empty(B, H, dtype=dtype))
+
+
 # (name, hidden, intermediate, Hq, Hkv, head_dim) of the models the GPU layer path is audited at.
 LAYER_SHAPES = [("SmolLM2-135M", 576, 1536, 9, 3, 64), ("Llama-3-8B", 4096, 14336, 32, 8, 128)]
 
@@ -232,6 +259,8 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16", "fp32"):
         for model, *widths in LAYER_SHAPES if full or dt == "bf16" else LAYER_SHAPES[:1]:
             yield f"layer kernels {dt} {model}", lambda a=(DTYPES[dt], *widths): _layer_cases(*a)
+    for model, H, *_ in LAYER_SHAPES if full else LAYER_SHAPES[:1]:  # H is a runtime size: the same code
+        yield f"step bookkeeping bf16 {model}", lambda a=(torch.bfloat16, H): _bookkeeping_cases(*a)
 
 
 def record(grid: str) -> list[Launch]:

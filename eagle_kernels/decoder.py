@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import ops
+from . import bookkeeping, ops
 from ._checks import mask_words, values_checked
 from ._inputs import check_capacity, check_context, check_count, check_prompts, check_same_device, check_token
 from ._types import Tree
@@ -297,25 +297,18 @@ class _HeadDraft:
         B, k, device = root_hidden.shape[0], tree.top_k, root_hidden.device
         self.head, self.cache, self.k = head, cache, k
         self.hidden = root_hidden[:, None]  # [B, M, H]: the head's outputs of the previous step
-        self.slot_masks = torch.zeros(B, tree.depth * k, mask_words(tree.depth * k), dtype=torch.int64, device=device)
-        # The root's pair sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d
-        # (the position training-time test trains the head on).
-        self.base_positions = cache.seqlens[:, None].long()
+        # Each step writes its frontier's rows whole before a pass reads them.
+        self.slot_masks = torch.empty(B, tree.depth * k, mask_words(tree.depth * k), dtype=torch.int64, device=device)
 
     def __call__(self, step: int, tokens: torch.Tensor, parent_row: torch.Tensor, cand_index: torch.Tensor):
         if step > 0:
-            k, H, words = self.k, self.hidden.shape[-1], self.slot_masks.shape[-1]
-            feature = torch.gather(self.hidden, 1, parent_row[..., None].expand(-1, -1, H))
-            own = (step - 1) * k + torch.arange(k, device=tokens.device)  # this frontier's slots
-            if step == 1:  # children of the root: no ancestor slots
-                rows = torch.zeros(tokens.shape[0], k, words, dtype=torch.int64, device=tokens.device)
-            else:
-                parent_slots = (step - 2) * k + parent_row
-                rows = torch.gather(self.slot_masks, 1, parent_slots[..., None].expand(-1, -1, words))
-            rows[:, torch.arange(k, device=tokens.device), own // 64] |= torch.ones_like(own) << (own % 64)
-            self.slot_masks[:, own] = rows
-            self.hidden = self.head(tokens, feature, self.cache, positions=self.base_positions + (step - 1),
-                                    tree_mask=self.slot_masks[:, : step * k], slot_offset=(step - 1) * k)
+            # The frontier's parents' outputs, its mask rows, and its position: the root's pair
+            # sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d (the
+            # position training-time test trains the head on).
+            feature, positions, embed = bookkeeping.draft_inputs(
+                self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
+            self.hidden = self.head(tokens, feature, self.cache, positions=positions, embed=embed,
+                                    tree_mask=self.slot_masks[:, : step * self.k], slot_offset=(step - 1) * self.k)
         return self.head.logits(self.hidden)
 
 
@@ -849,11 +842,9 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ steps
     def _plain_step(self, state: _State) -> None:
         cache = state.target_cache
-        logits = self.target(state.root[:, None], cache).logits
+        logits = self.target(state.root[:, None], cache, positions=bookkeeping.tree_positions(cache.seqlens)).logits
         token = self._sample_root(logits, state.sampling, state.offset)
-        active = ~state.done
-        cache.seqlens += active.to(torch.int32)
-        self._emit(state, token[:, None], torch.zeros_like(state.out_len), active)
+        bookkeeping.commit(state, token[:, None], None, None, None)
 
     def _speculative_step(self, state: _State) -> None:
         """One step: expand → graft → target pass → verify → compact → commit → emit. The policy
@@ -864,20 +855,16 @@ class SpeculativeDecoder:
         tree = self._expand(state) if head is not None and not alone else _root_tree(state.root)
         tree, chains = self._graft(state, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
-        positions = cache.seqlens[:, None].long() + tree.depths.long()
+        positions = bookkeeping.tree_positions(cache.seqlens, tree.depths)
         out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
                             **state.sampling)
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
-        if head is not None:
-            self._commit_head(state, out, result, policy.commit_width(result.accept_len))
-        active = ~state.done
-        advance = (result.accept_len + 1) * active.to(torch.int32)
-        cache.seqlens += advance
-        if head is not None:
-            state.head_cache.seqlens += advance
-        self._emit(state, result.out_tokens, result.accept_len.long(), active)
+        hidden = None if head is None else self._commit_head(state, out, result,
+                                                             policy.commit_width(result.accept_len))
+        # Emit the accepted tokens, advance both caches, the next root (and its head output).
+        bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, state.head_cache)
 
     def _lookup(self, state: _State) -> _Lookup | None:
         """Where each request's lookup chain starts this step (None without a chain)."""
@@ -906,38 +893,13 @@ class SpeculativeDecoder:
                 tree = pad_chains(tree, nodes, chains.own)
         return tree, chains
 
-    def _commit_head(self, state: _State, out, result, width: int | None) -> None:
+    def _commit_head(self, state: _State, out, result, width: int | None) -> torch.Tensor:
         """Feed the accepted path to the head: pair j = (emitted token j, target feature at path
         node j), recomputed with the target's true features, over the first ``width`` path
-        slots (None: all); the output at the last accepted pair drafts the next step."""
+        slots (None: all). Returns the head's outputs [B, width, H]; the one at the last
+        accepted pair drafts the next step (``bookkeeping.commit`` keeps it)."""
         head = self.head
-        path, emitted = result.accept_nodes.clamp(min=0).long()[:, :width], result.out_tokens.clamp(min=0)[:, :width]
-        hidden = head(emitted, head.target_features(out, rows=path), state.head_cache)
-        last = result.accept_len.long()[:, None, None].expand(-1, 1, hidden.shape[-1])
-        state.root_hidden.copy_(torch.gather(hidden, 1, last)[:, 0])
-
-    # ------------------------------------------------------------------ output
-    def _emit(self, state: _State, tokens: torch.Tensor, last: torch.Tensor, active: torch.Tensor) -> None:
-        """Append ``tokens[:, :last + 1]`` of the active requests; stop at EOS / max tokens."""
-        width = tokens.shape[1]
-        j = torch.arange(width, device=tokens.device)
-        valid = (j[None] <= last[:, None]) & active[:, None]
-        if state.eos is not None:
-            is_eos = valid & (tokens == state.eos)
-            first_eos = torch.where(is_eos, j[None], width).min(dim=1).values
-            valid &= j[None] <= first_eos[:, None]
-        index = (state.out_len[:, None] + j[None]).clamp(max=state.out.shape[1] - 1)
-        buffers = [(state.out, index)]
-        if state.history is not None:
-            buffers.append((state.history, index + state.prompt_len[:, None]))
-        for buffer, at in buffers:
-            buffer.scatter_(1, at, torch.where(valid, tokens, torch.gather(buffer, 1, at)))
-        count = valid.sum(1)
-        state.out_len += count
-        state.steps += active.long()
-        state.root.copy_(torch.where(active, torch.gather(tokens, 1, last[:, None])[:, 0], state.root))
-        finished = state.out_len >= state.limit
-        if state.eos is not None:
-            finished |= (valid & (tokens == state.eos)).any(1)
-        state.done |= finished
-        state.offset += 1
+        path, emitted, positions, embed = bookkeeping.commit_inputs(
+            result.accept_nodes, result.out_tokens, state.head_cache.seqlens, width, head.token_embedding, head.dtype)
+        return head(emitted, head.target_features(out, rows=path), state.head_cache, positions=positions,
+                    embed=embed)

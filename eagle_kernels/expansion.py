@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import ops
+from . import bookkeeping, ops
 from ._types import Tree
 
 DraftFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -106,8 +106,8 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
     cand_parents = torch.empty(B, C, dtype=torch.int32, device=device)
 
     tokens = root_tokens[:, None]
-    parent_row = torch.full((B, 1), -1, dtype=torch.int64, device=device)
-    cand_index = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    # Step 0 expands the root alone: no parent row, no history index (-1), score 0.
+    parent_row, cand_index = torch.full((2, B, 1), -1, dtype=torch.int64, device=device).unbind(0)
     frontier_scores = torch.zeros(B, 1, dtype=torch.float32, device=device)
     offset = 0
     for step in range(depth):
@@ -117,16 +117,11 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
         out = ops.draft_expand(logits, frontier_scores, k, d2t=d2t)
-        width = M * k
-        cand_tokens[:, offset:offset + width] = out.tokens
-        cand_scores[:, offset:offset + width] = out.scores
-        # Child r of node m has the node's history index as parent (-1 under the root).
-        cand_parents[:, offset:offset + width] = cand_index[:, :, None].expand(B, M, k).reshape(B, width)
-        frontier = out.frontier.long()  # [B, k], indices into this step's M * k candidates
-        tokens = torch.gather(out.tokens, 1, frontier)
-        frontier_scores = torch.gather(out.scores, 1, frontier)
-        parent_row = torch.div(frontier, k, rounding_mode="floor")
-        cand_index = frontier + offset
-        offset += width
+        # The candidates into the history (child r of node m has the node's history index as
+        # parent, -1 under the root); the frontier's tokens, scores, parent rows (indices into
+        # this step's M nodes) and history indices: one launch on the GPU path.
+        tokens, frontier_scores, parent_row, cand_index = bookkeeping.expansion_step(
+            out.tokens, out.scores, out.frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset, k)
+        offset += M * k
     tree = ops.build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes)
     return Expansion(tree, cand_tokens, cand_scores, cand_parents)

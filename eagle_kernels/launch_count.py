@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _dispatch
+from . import _dispatch, bookkeeping
 
 # Kernels per call of the ops a CUDA build runs natively (csrc/cuda: one kernel each).
 NATIVE_CUDA_LAUNCHES = {"build_tree": 1, "compact_kv": 1}
@@ -95,7 +95,7 @@ class LaunchCount:
         return [n for who, n in self.layers if who == owner]
 
 
-_SKIPPED_FILES = ("launch_count.py", "_dispatch.py", "ops.py", "_python_dispatch.py", "functional.py",
+_SKIPPED_FILES = ("launch_count.py", "_dispatch.py", "ops.py", "bookkeeping.py", "_python_dispatch.py", "functional.py",
                   "_ops.py", "_tensor.py", "overrides.py", "contextlib.py")
 
 
@@ -221,7 +221,7 @@ def counting(*models):
             cls.__call__ = layer_call(original)
         for paths_of_model, _ in flags:
             paths_of_model._gpu_path_on_cpu = True
-        with mode:
+        with mode, bookkeeping.gpu_path_on_cpu():
             yield count
     finally:
         for paths_of_model, flag in flags:

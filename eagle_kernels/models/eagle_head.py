@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..bookkeeping import gather_rows
 from .cpu_weights import PackedWeights, linear
 from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rope_inverse_frequencies
 from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight, logits_for_ops
@@ -184,24 +185,25 @@ class EagleHead(torch.nn.Module):
         normed hidden state, EAGLE-3 fc over the low/mid/high layer states. ``rows`` int64
         [B, P] picks token rows first (result [B, P, H]), so EAGLE-3's fc runs over those
         rows only (a row's feature does not depend on the other rows)."""
-        def pick(t):
-            return t if rows is None else torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[-1]))
-
         if self.config.kind == EAGLE1:
-            return pick(out.hidden)
-        stacked = torch.cat([pick(out.layer_states[layer]) for layer in self.config.feature_layers], dim=-1)
+            return out.hidden if rows is None else gather_rows([out.hidden], rows)
+        states = [out.layer_states[layer] for layer in self.config.feature_layers]
+        stacked = torch.cat(states, dim=-1) if rows is None else gather_rows(states, rows)
         return linear(stacked, self.weights["fc.weight"], self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
-                slot_offset: int = 0) -> torch.Tensor:
+                slot_offset: int = 0, embed=None) -> torch.Tensor:
         """Next-feature prediction for N (token, feature) pairs; K/V go to ``cache`` slots
         ``cache.seqlens + slot_offset + i`` (see ``cached_attention``).
-        tokens [B, N]; features [B, N, H]; returns hidden [B, N, H]."""
+        tokens [B, N]; features [B, N, H]; ``embed`` [B, N, H] the tokens' rows of
+        :attr:`token_embedding` in the head's dtype when the caller gathered them already (the
+        GPU path's bookkeeping), else None; returns hidden [B, N, H]."""
         c, w = self.config, self.weights
         B, N = tokens.shape
         if positions is None:
             positions = default_positions(cache, N)
-        embed = F.embedding(tokens, self.target.weights["model.embed_tokens.weight"]).to(self.dtype)
+        if embed is None:
+            embed = F.embedding(tokens, self.token_embedding).to(self.dtype)
         x = features.to(self.dtype)
         if c.kind == EAGLE1:  # fc(embedding, feature) feeds attention directly, with no input norm
             x, embed = F.linear(torch.cat([embed, x], dim=-1), w["fc.weight"], w["fc.bias"]), None
@@ -209,6 +211,11 @@ class EagleHead(torch.nn.Module):
         path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3, layer=lambda: layer)
         return path(x, layer, path.rope(self.inv_freq, positions, B, N, self.dtype), cache, 0, tree_mask,
                     embed=embed, slot_offset=slot_offset)
+
+    @property
+    def token_embedding(self) -> torch.Tensor:
+        """The token embedding [V, H] (the target's)."""
+        return self.target.weights["model.embed_tokens.weight"]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, N, Vd], float32 on the CPU and the head's dtype elsewhere (EAGLE-1:

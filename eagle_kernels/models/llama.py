@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .._inputs import check_device, check_dtype
+from ..bookkeeping import gpu_path
 from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, linear
 from .layers import (
     FusedProjections,
@@ -118,8 +119,9 @@ def logits_for_ops(logits: torch.Tensor) -> torch.Tensor:
     """The dtype logits take on their way to ``verify`` and ``draft_expand``: float32 on the CPU
     (the C++ kernels' fastest and bit-stable input), the model's own 16-bit dtype on a GPU, where a
     float32 copy of a [B, N, V] tensor would cost a launch and twice the bytes the ops then read
-    (both ops take fp16/bf16 logits and compute in float32 internally)."""
-    return logits.float() if logits.device.type == "cpu" else logits
+    (both ops take fp16/bf16 logits and compute in float32 internally), and on the launch
+    count's forced GPU path (:func:`eagle_kernels.bookkeeping.gpu_path`)."""
+    return logits if gpu_path(logits) else logits.float()
 
 
 def _check_load_arguments(dtype, device, weight_dtype) -> None:

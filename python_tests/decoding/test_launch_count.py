@@ -68,14 +68,43 @@ def test_no_host_reads(counted, mode):
     assert not counted[mode].host_reads, counted[mode].host_reads
 
 
+# Launches outside the layers as measured (docs/decoding.md, "Launches per step"): a step that
+# launches more fails. Speculative, tree (6, 2, 8): the ops (draft_expand 2 per depth, verify 4,
+# build_tree, compact_kv) 18; the models outside their layers (target embedding, final norms and
+# LM heads of the target and of each head pass, the commit's fc) 16; the bookkeeping
+# (eagle_kernels/bookkeeping.py: one per depth, one per head pass over a frontier, the target's
+# positions, three around the commit) 15 and the expansion's two initial fills.
+MEASURED_OUTSIDE_LAYERS = {"plain": 10, "speculative": 51}
+
+
 def test_plain_step_outside_layers_within_budget(counted):
     count = counted["plain"]
     assert count.outside_layers <= OUTSIDE_LAYERS_BUDGET, sorted(count.by_line.items())
 
 
-@pytest.mark.xfail(strict=True, reason="the speculative step's own code (decoder.py's _HeadDraft and step, "
-                                       "expansion.py's expand_tree) launches about 200 small kernels outside the "
-                                       "layers; see docs/decoding.md, 'Launches per step'")
+@pytest.mark.parametrize("mode", ["plain", "speculative"])
+def test_outside_layers_do_not_grow(counted, mode):
+    count = counted[mode]
+    assert count.outside_layers <= MEASURED_OUTSIDE_LAYERS[mode], sorted(count.by_line.items())
+
+
+def test_speculative_bookkeeping_kernels(counted):
+    """The speculative step's bookkeeping: one launch per depth of the expansion, per head pass
+    over a frontier, and one each around the head's commit pass; no torch gathers, scatters or
+    index writes left outside the layers."""
+    by_kernel = counted["speculative"].by_kernel
+    assert by_kernel["_expansion_step_kernel"] == TREE.depth
+    assert by_kernel["_draft_inputs_kernel"] == TREE.depth - 1
+    assert by_kernel["_commit_inputs_kernel"] == by_kernel["_gather_rows_kernel"] == by_kernel["_commit_kernel"] == 1
+    assert by_kernel["_draft_chunk_kernel"] == by_kernel["_draft_merge_kernel"] == TREE.depth
+    for op in ("gather", "scatter_", "index_put_", "index", "embedding", "cat", "_to_copy"):
+        assert counted["speculative"].by_kernel[op] <= (1 if op == "embedding" else 0), (op, dict(by_kernel))
+
+
+@pytest.mark.xfail(strict=True, reason="the speculative step launches 51 outside the layers: 40 needs fusions "
+                                       "in the ops (draft_expand's 2 launches per depth, verify's 4) and the "
+                                       "models (each head pass's final norm and LM head); see docs/decoding.md, "
+                                       "'Launches per step'")
 def test_speculative_step_outside_layers_within_budget(counted):
     count = counted["speculative"]
     assert count.outside_layers <= OUTSIDE_LAYERS_BUDGET, sorted(count.by_line.items())

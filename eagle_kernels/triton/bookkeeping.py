@@ -1,0 +1,327 @@
+"""Triton kernels for the bookkeeping of a speculative step (GPU path; CPU tensors under
+TRITON_INTERPRET=1): one launch where the torch code of the same logic launches five to twenty
+small kernels. :mod:`eagle_kernels.bookkeeping` chooses between them and holds the torch
+versions, which are the CPU path and the tests' truth (python_tests/decoding/test_bookkeeping.py).
+
+- ``expansion_step``: after one ``draft_expand`` of an EAGLE-2 expansion (Li et al. 2024,
+  §4.1), write its candidates into the history and gather the next frontier's inputs;
+- ``draft_inputs``: the inputs of one head pass over a frontier: its parents' hidden states,
+  the tree-attention mask rows of its draft slots (parent's row plus its own bit), positions,
+  its tokens' embedding rows;
+- ``commit_inputs`` / ``gather_rows`` / ``commit``: after ``verify``, the accepted path as the
+  head's commit input (tokens, positions, embedding and target feature rows), then emit the
+  accepted tokens, advance the caches and the output, update the root.
+
+The launchers take contiguous inputs (checked by :mod:`eagle_kernels.bookkeeping`; shapes per
+kernel argument), allocate their outputs and update the state tensors they are given in place;
+one program per request (per frontier node or path pair where rows of H are copied).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_H_MAX = 1024
+
+
+@triton.jit
+def _expansion_step_kernel(
+    out_tokens_ptr,  # [B, W] int64, W = M * K: this depth's candidates (draft_expand's tokens)
+    out_scores_ptr,  # [B, W] float32
+    frontier_ptr,  # [B, F] int32: indices into the W candidates
+    cand_index_ptr,  # [B, M] int64: history index of each expanded node (-1: the root)
+    cand_tokens_ptr,  # [B, C] int64
+    cand_scores_ptr,  # [B, C] float32
+    cand_parents_ptr,  # [B, C] int32
+    next_ptr,  # [3, B, F] int64: the frontier's tokens, parent rows, history indices
+    next_scores_ptr,  # [B, F] float32
+    B, M, K, F, C, offset,
+    BLOCK_W: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    W = M * K
+    j = tl.arange(0, BLOCK_W)
+    in_w = j < W
+    tokens = tl.load(out_tokens_ptr + b * W + j, mask=in_w, other=0)
+    scores = tl.load(out_scores_ptr + b * W + j, mask=in_w, other=0.0)
+    parents = tl.load(cand_index_ptr + b * M + j // K, mask=in_w, other=-1)
+    tl.store(cand_tokens_ptr + b * C + offset + j, tokens, mask=in_w)
+    tl.store(cand_scores_ptr + b * C + offset + j, scores, mask=in_w)
+    tl.store(cand_parents_ptr + b * C + offset + j, parents.to(tl.int32), mask=in_w)
+    r = tl.arange(0, BLOCK_F)
+    in_f = r < F
+    pick = tl.load(frontier_ptr + b * F + r, mask=in_f, other=0).to(tl.int64)
+    tl.store(next_ptr + b * F + r, tl.load(out_tokens_ptr + b * W + pick, mask=in_f, other=0), mask=in_f)
+    tl.store(next_ptr + (B + b) * F + r, pick // K, mask=in_f)
+    tl.store(next_ptr + (2 * B + b) * F + r, pick + offset, mask=in_f)
+    tl.store(next_scores_ptr + b * F + r, tl.load(out_scores_ptr + b * W + pick, mask=in_f, other=0.0), mask=in_f)
+
+
+def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
+                   top_k: int):
+    """Launch :func:`_expansion_step_kernel`: see :func:`eagle_kernels.bookkeeping.expansion_step`."""
+    B, W = tokens.shape
+    M, F, C = cand_index.shape[1], frontier.shape[1], cand_tokens.shape[1]
+    nxt = torch.empty(3, B, F, dtype=torch.int64, device=tokens.device)
+    next_scores = torch.empty(B, F, dtype=torch.float32, device=tokens.device)
+    _expansion_step_kernel[(B,)](
+        tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, nxt, next_scores,
+        B, M, top_k, F, C, offset,
+        BLOCK_W=triton.next_power_of_2(W), BLOCK_F=triton.next_power_of_2(F), num_warps=1,
+    )
+    return nxt[0], next_scores, nxt[1], nxt[2]
+
+
+@triton.jit(do_not_specialize=["step"])
+def _draft_inputs_kernel(
+    hidden_ptr,  # [B, M, H] the head's outputs of the previous pass (strided)
+    parent_row_ptr,  # [B, F] int64: row of hidden each frontier node continues from
+    slot_masks_ptr,  # [B, S, WORDS] int64: mask row of each draft slot over the draft slots
+    seqlens_ptr,  # [B] int32: the head cache's committed lengths
+    feature_ptr,  # [B, F, H] out
+    positions_ptr,  # [B] int32 out
+    tokens_ptr,  # [B, F] int64: the frontier's tokens (HAS_EMBED)
+    table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
+    embed_ptr,  # [B, F, H] out (HAS_EMBED)
+    step, F, H, S, WORDS,
+    stride_hb, stride_hm, stride_v,
+    BLOCK_H: tl.constexpr,
+    BLOCK_WORDS: tl.constexpr,
+    HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: parents sit in draft slots
+    HAS_EMBED: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    m = tl.program_id(1)
+    parent = tl.load(parent_row_ptr + b * F + m)
+    source = hidden_ptr + b * stride_hb + parent * stride_hm
+    target = feature_ptr + (b * F + m) * H
+    if HAS_EMBED:
+        row = table_ptr + tl.load(tokens_ptr + b * F + m) * stride_v
+    for start in range(0, H, BLOCK_H):
+        h = start + tl.arange(0, BLOCK_H)
+        tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+        if HAS_EMBED:
+            tl.store(embed_ptr + (b * F + m) * H + h,
+                     tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
+    own = (step - 1) * F + m
+    words = tl.arange(0, BLOCK_WORDS)
+    in_words = words < WORDS
+    if HAS_PARENT_SLOTS:
+        mask_row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words,
+                           other=0)
+    else:
+        mask_row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
+    bit = tl.full([BLOCK_WORDS], 1, tl.int64) << (own % 64).to(tl.int64)
+    mask_row = mask_row | tl.where(words == own // 64, bit, 0)
+    tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
+    if m == 0:
+        tl.store(positions_ptr + b, tl.load(seqlens_ptr + b) + step - 1)
+
+
+def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
+    """Launch :func:`_draft_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.draft_inputs`."""
+    B, F = parent_row.shape
+    H = hidden.shape[-1]
+    if hidden.stride(-1) != 1:
+        hidden = hidden.contiguous()
+    feature = torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
+    positions = torch.empty(B, 1, dtype=torch.int32, device=hidden.device)
+    embed = None if table is None else torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
+    S, words = slot_masks.shape[1:]
+    _draft_inputs_kernel[(B, F)](
+        hidden, parent_row, slot_masks, seqlens, feature, positions,
+        parent_row if table is None else tokens, hidden if table is None else table,
+        feature if table is None else embed,
+        step, F, H, S, words, hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0),
+        BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), BLOCK_WORDS=triton.next_power_of_2(words),
+        HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None, num_warps=4,
+    )
+    return feature, positions, embed
+
+
+@triton.jit
+def _commit_inputs_kernel(
+    accept_nodes_ptr,  # [B, D] int32 (-1 padded)
+    out_tokens_ptr,  # [B, D] int64 (-1 padded)
+    seqlens_ptr,  # [B] int32: the head cache's committed lengths
+    inputs_ptr,  # [3, B, P] int64 out: path rows, emitted tokens (padding clamped to 0), positions
+    table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
+    embed_ptr,  # [B, P, H] out: the emitted tokens' embedding rows (HAS_EMBED)
+    B, D, P, H, stride_v,
+    BLOCK_H: tl.constexpr,
+    HAS_EMBED: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    node = tl.maximum(tl.load(accept_nodes_ptr + b * D + p).to(tl.int64), 0)
+    token = tl.maximum(tl.load(out_tokens_ptr + b * D + p), 0)
+    tl.store(inputs_ptr + b * P + p, node)
+    tl.store(inputs_ptr + (B + b) * P + p, token)
+    tl.store(inputs_ptr + (2 * B + b) * P + p, tl.load(seqlens_ptr + b).to(tl.int64) + p)
+    if HAS_EMBED:
+        for start in range(0, H, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            tl.store(embed_ptr + (b * P + p) * H + h,
+                     tl.load(table_ptr + token * stride_v + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty),
+                     mask=h < H)
+
+
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int, table=None, dtype=None):
+    """Launch :func:`_commit_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.commit_inputs`."""
+    B, D = accept_nodes.shape
+    inputs = torch.empty(3, B, width, dtype=torch.int64, device=accept_nodes.device)
+    H = 1 if table is None else table.shape[1]
+    embed = None if table is None else torch.empty(B, width, H, dtype=dtype, device=accept_nodes.device)
+    _commit_inputs_kernel[(B, width)](accept_nodes, out_tokens, seqlens, inputs,
+                                      inputs if table is None else table, inputs if table is None else embed,
+                                      B, D, width, H, 0 if table is None else table.stride(0),
+                                      BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+                                      HAS_EMBED=table is not None, num_warps=4)
+    return inputs[0], inputs[1], inputs[2], embed
+
+
+@triton.jit
+def _gather_rows_kernel(
+    a_ptr, b_ptr, c_ptr,  # [B, N, H] each (strided rows; b, c only with NUM >= 2, 3)
+    rows_ptr,  # [B, P] int64: the rows to take
+    out_ptr,  # [B, P, NUM * H] out: the picked rows of a, b, c side by side
+    P, H,
+    stride_ab, stride_an, stride_bb, stride_bn, stride_cb, stride_cn,
+    NUM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    row = tl.load(rows_ptr + b * P + p)
+    target = out_ptr + (b * P + p) * NUM * H
+    for start in range(0, H, BLOCK_H):
+        h = start + tl.arange(0, BLOCK_H)
+        inside = h < H
+        tl.store(target + h, tl.load(a_ptr + b * stride_ab + row * stride_an + h, mask=inside, other=0.0),
+                 mask=inside)
+        if NUM >= 2:
+            tl.store(target + H + h, tl.load(b_ptr + b * stride_bb + row * stride_bn + h, mask=inside, other=0.0),
+                     mask=inside)
+        if NUM >= 3:
+            tl.store(target + 2 * H + h,
+                     tl.load(c_ptr + b * stride_cb + row * stride_cn + h, mask=inside, other=0.0), mask=inside)
+
+
+def gather_rows(tensors, rows):
+    """Launch :func:`_gather_rows_kernel`: see :func:`eagle_kernels.bookkeeping.gather_rows`."""
+    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+    B, P = rows.shape
+    H = tensors[0].shape[-1]
+    out = torch.empty(B, P, len(tensors) * H, dtype=tensors[0].dtype, device=rows.device)
+    padded = tensors + [tensors[0]] * (3 - len(tensors))
+    strides = [s for t in padded for s in (t.stride(0), t.stride(1))]
+    _gather_rows_kernel[(B, P)](*padded, rows, out, P, H, *strides,
+                                NUM=len(tensors), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), num_warps=4)
+    return out
+
+
+@triton.jit
+def _commit_kernel(
+    tokens_ptr,  # [B, T] int64: tokens to emit (verify's out_tokens, -1 padded)
+    accept_len_ptr,  # [B] int32: emit tokens[:accept_len + 1] (HAS_ACCEPT; else 1 token)
+    done_ptr,  # [B] uint8 (a view of the bool flags), updated
+    out_ptr,  # [B, OW] int64, appended to
+    out_len_ptr,  # [B] int64, advanced
+    steps_ptr,  # [B] int64, +1 while active
+    root_ptr,  # [B] int64: the last emitted token
+    offset_ptr,  # [B] int64 random-stream offset, +1
+    limit_ptr,  # [B] int64 (LIMIT_IS_TENSOR) else the int `limit`
+    eos_ptr,  # [B] int64, -1: none (EOS_MODE 2); EOS_MODE 1: the int `eos`
+    history_ptr,  # [B, HW] int64 (HAS_HISTORY)
+    prompt_len_ptr,  # [B] int64 (HAS_HISTORY)
+    seqlens_ptr,  # [B] int32: the target cache's lengths, advanced by the accepted tokens
+    head_seqlens_ptr,  # [B] int32 (HAS_HEAD_CACHE)
+    hidden_ptr,  # [B, P, H] the head's commit pass (HAS_HIDDEN, strided)
+    root_hidden_ptr,  # [B, H] out: hidden at the last accepted pair
+    T, OW, HW, H, limit, eos,
+    stride_hb, stride_hp,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_ACCEPT: tl.constexpr,
+    LIMIT_IS_TENSOR: tl.constexpr,
+    EOS_MODE: tl.constexpr,  # 0: no EOS, 1: one for all (`eos`), 2: per request (eos_ptr)
+    HAS_HISTORY: tl.constexpr,
+    HAS_HEAD_CACHE: tl.constexpr,
+    HAS_HIDDEN: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    # Flags as integers (0 / 1): scalar arithmetic instead of boolean scalars, which the
+    # interpreter does not broadcast into masks.
+    was_done = (tl.load(done_ptr + b) != 0).to(tl.int64)
+    active = 1 - was_done
+    if HAS_ACCEPT:
+        last = tl.load(accept_len_ptr + b).to(tl.int64)
+    else:
+        last = b * 0  # one token: tokens[:, 0]
+    j = tl.arange(0, BLOCK_T)
+    tokens = tl.load(tokens_ptr + b * T + j, mask=j < T, other=0)
+    valid = (j <= (last + 1) * active - 1) & (j < T)  # nothing for a finished request
+    if EOS_MODE == 1:
+        stop = eos
+    elif EOS_MODE == 2:
+        stop = tl.load(eos_ptr + b)
+    if EOS_MODE != 0:
+        first_eos = tl.min(tl.where(valid & (tokens == stop), j, T), axis=0)
+        valid = valid & (j <= first_eos)
+    out_len = tl.load(out_len_ptr + b)
+    index = tl.minimum(out_len + j, OW - 1)
+    tl.store(out_ptr + b * OW + index, tokens, mask=valid)
+    if HAS_HISTORY:
+        tl.store(history_ptr + b * HW + index + tl.load(prompt_len_ptr + b), tokens, mask=valid)
+    out_len += tl.sum(valid.to(tl.int64), axis=0)
+    tl.store(out_len_ptr + b, out_len)
+    tl.store(steps_ptr + b, tl.load(steps_ptr + b) + active)
+    last_token = tl.sum(tl.where(j == last, tokens, 0), axis=0)
+    root = tl.load(root_ptr + b)
+    tl.store(root_ptr + b, root + (last_token - root) * active)
+    if LIMIT_IS_TENSOR:
+        finished = (out_len >= tl.load(limit_ptr + b)).to(tl.int64)
+    else:
+        finished = (out_len >= limit).to(tl.int64)
+    if EOS_MODE != 0:
+        finished = tl.maximum(finished, tl.max((valid & (tokens == stop)).to(tl.int64), axis=0))
+    tl.store(done_ptr + b, tl.maximum(was_done, finished).to(tl.uint8))
+    tl.store(offset_ptr + b, tl.load(offset_ptr + b) + 1)
+    advance = ((last + 1) * active).to(tl.int32)
+    tl.store(seqlens_ptr + b, tl.load(seqlens_ptr + b) + advance)
+    if HAS_HEAD_CACHE:
+        tl.store(head_seqlens_ptr + b, tl.load(head_seqlens_ptr + b) + advance)
+    if HAS_HIDDEN:
+        source = hidden_ptr + b * stride_hb + last * stride_hp
+        for start in range(0, H, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            tl.store(root_hidden_ptr + b * H + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+
+
+def commit(tokens, accept_len, done, out, out_len, steps, root, offset, limit, eos, history, prompt_len,
+           seqlens, head_seqlens, hidden, root_hidden):
+    """Launch :func:`_commit_kernel`: see :func:`eagle_kernels.bookkeeping.commit`."""
+    B, T = tokens.shape
+    limit_tensor = isinstance(limit, torch.Tensor)
+    eos_mode = 0 if eos is None else (2 if isinstance(eos, torch.Tensor) else 1)
+    H = 1 if hidden is None else hidden.shape[-1]
+    if hidden is not None and hidden.stride(-1) != 1:
+        hidden = hidden.contiguous()
+    dummy = out_len
+    _commit_kernel[(B,)](
+        tokens, dummy if accept_len is None else accept_len, done.view(torch.uint8), out, out_len, steps, root, offset,
+        limit if limit_tensor else dummy, eos if eos_mode == 2 else dummy,
+        dummy if history is None else history, dummy if prompt_len is None else prompt_len,
+        seqlens, seqlens if head_seqlens is None else head_seqlens,
+        out if hidden is None else hidden, out if root_hidden is None else root_hidden,
+        T, out.shape[1], 0 if history is None else history.shape[1], H,
+        0 if limit_tensor else int(limit), eos if eos_mode == 1 else 0,
+        0 if hidden is None else hidden.stride(0), 0 if hidden is None else hidden.stride(1),
+        BLOCK_T=triton.next_power_of_2(T), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+        HAS_ACCEPT=accept_len is not None, LIMIT_IS_TENSOR=limit_tensor, EOS_MODE=eos_mode,
+        HAS_HISTORY=history is not None, HAS_HEAD_CACHE=head_seqlens is not None, HAS_HIDDEN=hidden is not None,
+        num_warps=4,
+    )

@@ -1,0 +1,190 @@
+"""The step bookkeeping's Triton kernels (eagle_kernels/triton/bookkeeping.py, interpreted on CPU
+tensors) against the torch code of the same logic (eagle_kernels/bookkeeping.py, the CPU path):
+identical results, on small random cases of each piece and on whole decoding calls with the GPU
+path of the bookkeeping forced."""
+
+import types
+
+import pytest
+import torch
+
+from eagle_kernels import _dispatch, bookkeeping
+from eagle_kernels.decoder import SpeculativeDecoder, StepGraphs, TreeConfig
+from eagle_kernels.models import LlamaModel
+from helpers import PROMPTS, repeat_head, tiny_hf_model
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None,
+                                 reason="triton runs CPU tensors only under TRITON_INTERPRET=1")]
+
+
+def both(fn, *args, **kwargs):
+    """``fn`` on the torch path and on the Triton path, each on its own copy of the tensors;
+    returns (torch result, torch args, triton result, triton args)."""
+    copies = [[a.clone() if isinstance(a, torch.Tensor) else a for a in args] for _ in range(2)]
+    want = fn(*copies[0], **kwargs)
+    with bookkeeping.gpu_path_on_cpu():
+        got = fn(*copies[1], **kwargs)
+    return want, copies[0], got, copies[1]
+
+
+def assert_identical(got, want):
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want)
+    else:
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_identical(g, w)
+
+
+@pytest.mark.parametrize("M, top_k, offset", [(1, 3, 0), (3, 3, 3), (4, 2, 10)], ids=["root", "M3", "M4-k2"])
+def test_expansion_step(M, top_k, offset):
+    gen = torch.Generator().manual_seed(M)
+    B, W, C = 2, M * top_k, 40
+    tokens = torch.randint(0, 1000, (B, W), generator=gen)
+    scores = torch.randn(B, W, generator=gen)
+    frontier = torch.stack([torch.randperm(W, generator=gen)[:top_k] for _ in range(B)]).int()
+    cand_index = torch.full((B, M), -1) if M == 1 else torch.randint(0, 30, (B, M), generator=gen)
+    history = (torch.full((B, C), -7), torch.full((B, C), -7.0), torch.full((B, C), -7, dtype=torch.int32))
+    want, want_args, got, got_args = both(bookkeeping.expansion_step, tokens, scores, frontier, cand_index,
+                                          *history, offset, top_k)
+    assert_identical(got, want)
+    assert_identical(got_args[4:7], want_args[4:7])  # the history, untouched outside the step's slice
+
+
+@pytest.mark.parametrize("step", [1, 2, 4], ids=["step1", "step2", "step4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_draft_inputs(step, dtype):
+    gen = torch.Generator().manual_seed(step)
+    B, F, H, depth = 2, 3, 40, 30  # 90 draft slots: two mask words
+    M = 1 if step == 1 else F
+    root = torch.randn(B, H, generator=gen).to(dtype)
+    hidden = root[:, None] if step == 1 else torch.randn(B, M, H, generator=gen).to(dtype)
+    parent_row = torch.randint(0, M, (B, F), generator=gen)
+    slot_masks = torch.randint(-2**62, 2**62, (B, depth * F, 2), generator=gen)
+    seqlens = torch.tensor([5, 17], dtype=torch.int32)
+    tokens, table = torch.randint(0, 50, (B, F), generator=gen), torch.randn(50, H, generator=gen).half()
+    want, want_args, got, got_args = both(bookkeeping.draft_inputs, hidden, parent_row, slot_masks, seqlens, step,
+                                          tokens, table)
+    assert_identical(got[:2], want[:2])
+    assert want[2] is None  # the CPU path leaves the embedding to the head: the same rows
+    assert got[2] is None  # a table in another dtype: the head embeds (and converts) itself
+    want, _, got, _ = both(bookkeeping.draft_inputs, hidden, parent_row, slot_masks, seqlens, step, tokens,
+                           table.to(dtype))
+    assert_identical(got[2], torch.nn.functional.embedding(tokens, table.to(dtype)))
+    own = slice((step - 1) * F, step * F)
+    assert_identical(got_args[2][:, own], want_args[2][:, own])  # the frontier's mask rows
+    assert_identical(got_args[2][:, : (step - 1) * F], slot_masks[:, : (step - 1) * F])  # ancestors unchanged
+
+
+@pytest.mark.parametrize("width", [None, 2], ids=["all", "width2"])
+def test_commit_inputs(width):
+    accept_nodes = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1]], dtype=torch.int32)
+    out_tokens = torch.tensor([[11, 12, 13, 14], [21, 22, -1, -1]])  # ids < 30: rows of table
+    seqlens = torch.tensor([6, 9], dtype=torch.int32)
+    table = torch.randn(30, 40).bfloat16()
+    want, _, got, _ = both(bookkeeping.commit_inputs, accept_nodes, out_tokens, seqlens, width, table,
+                           torch.bfloat16)
+    assert_identical(got[:2], want[:2])
+    assert want[2] is None and want[3] is None  # the CPU path leaves the head its defaults: these
+    assert_identical(got[2], seqlens[:, None].long() + torch.arange(got[0].shape[1]))
+    assert_identical(got[3], torch.nn.functional.embedding(got[1], table))
+
+
+def test_tree_positions():
+    seqlens, depths = torch.tensor([6, 9], dtype=torch.int32), torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]],
+                                                                           dtype=torch.int32)
+    assert torch.equal(bookkeeping.tree_positions(seqlens, depths), torch.tensor([[6, 7, 7, 8], [9, 10, 11, 12]],
+                                                                               dtype=torch.int32))
+    assert torch.equal(bookkeeping.tree_positions(seqlens), seqlens[:, None])
+
+
+@pytest.mark.parametrize("count", [1, 2, 3], ids=["one", "two", "three"])
+def test_gather_rows(count):
+    gen = torch.Generator().manual_seed(count)
+    B, N, H, P = 2, 7, 40, 4
+    base = torch.randn(B, N, 2 * H, generator=gen).to(torch.bfloat16)
+    tensors = [base[..., :H]] + [torch.randn(B, N, H, generator=gen).to(torch.bfloat16) for _ in range(count - 1)]
+    rows = torch.randint(0, N, (B, P), generator=gen)
+    want, _, got, _ = both(bookkeeping.gather_rows, tensors, rows)
+    assert_identical(got, want)
+    with bookkeeping.gpu_path_on_cpu(), pytest.raises(ValueError, match="rows"):
+        bookkeeping.gather_rows(tensors, rows.int())
+
+
+def fake_state(B, T, H, *, slot, eos, history, head, seed):
+    gen = torch.Generator().manual_seed(seed)
+    OW = 12
+    state = types.SimpleNamespace(
+        out=torch.randint(0, 50, (B, OW), generator=gen), out_len=torch.tensor([1, 3, 9, 2])[:B],
+        steps=torch.tensor([0, 2, 5, 1])[:B], root=torch.tensor([4, 5, 6, 7])[:B],
+        done=torch.tensor([False, False, True, False])[:B], offset=torch.tensor([1, 3, 6, 2])[:B],
+        limit=torch.tensor([10, 4, 10, 3])[:B] if slot else 10,
+        eos=(torch.full((B, 1), 13) if slot else 13) if eos else None,
+        history=torch.randint(0, 50, (B, 30), generator=gen) if history else None,
+        prompt_len=torch.tensor([5, 2, 7, 4])[:B] if history else None,
+        target_cache=types.SimpleNamespace(seqlens=torch.tensor([8, 9, 10, 11], dtype=torch.int32)[:B]),
+        root_hidden=torch.zeros(B, H, dtype=torch.bfloat16) if head else None)
+    head_cache = types.SimpleNamespace(seqlens=torch.tensor([7, 8, 9, 10], dtype=torch.int32)[:B]) if head else None
+    return state, head_cache
+
+
+def state_tensors(state, head_cache):
+    names = ["out", "out_len", "steps", "root", "done", "offset", "history", "root_hidden"]
+    found = [getattr(state, n) for n in names if getattr(state, n) is not None]
+    found.append(state.target_cache.seqlens)
+    if head_cache is not None:
+        found.append(head_cache.seqlens)
+    return found
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "plain"])
+@pytest.mark.parametrize("slot, eos, history", [(False, False, False), (False, True, True), (True, True, False),
+                                                (True, False, True)],
+                         ids=["plain-state", "int-eos-history", "slot-eos", "slot-history"])
+def test_commit(speculative, slot, eos, history):
+    B, T, H = 4, 4 if speculative else 1, 24
+    gen = torch.Generator().manual_seed(T)
+    tokens = torch.randint(10, 16, (B, T), generator=gen)  # EOS 13 in some rows
+    tokens[1, 3:] = -1
+    accept_len = torch.tensor([3, 2, 1, 0], dtype=torch.int32) if speculative else None
+    hidden = torch.randn(B, T, H, generator=gen).to(torch.bfloat16) if speculative else None
+    results = []
+    for forced in (False, True):
+        state, head_cache = fake_state(B, T, H, slot=slot, eos=eos, history=history, head=speculative, seed=T)
+        with bookkeeping.gpu_path_on_cpu(forced):
+            bookkeeping.commit(state, tokens, accept_len, hidden, head_cache)
+        results.append(state_tensors(state, head_cache))
+    assert_identical(results[1], results[0])
+
+
+class ReplayGraphs(StepGraphs):
+    """Captures by recording the step; a replay runs it (the slot path: per-request limits and
+    EOS as tensors)."""
+
+    def warm(self, step, state):
+        step(state)
+
+    def capture(self, step, state):
+        return lambda: step(state)
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize("slots", [False, True], ids=["eager", "slots"])
+def test_decoding_with_the_gpu_bookkeeping(slots):
+    """Whole calls (EOS, a lookup chain, plain and speculative) give the same tokens with the
+    bookkeeping's GPU path forced."""
+    from eagle_kernels.policy import StaticPolicy
+
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    head = repeat_head(target)
+    tree = TreeConfig(3, 2, 5, lookup=3)
+    kwargs = dict(graphs=ReplayGraphs()) if slots else dict(cuda_graph=False)
+    decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), **kwargs)
+    for speculative in (True, False):
+        want = decoder.generate(PROMPTS, 10, eos_token_id=9, speculative=speculative)
+        with bookkeeping.gpu_path_on_cpu():
+            got = decoder.generate(PROMPTS, 10, eos_token_id=9, speculative=speculative)
+        assert (got.sequences, got.steps) == (want.sequences, want.steps)
+        assert max(len(s) for s in want.sequences) > 1
