@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
@@ -195,7 +196,7 @@ def toy_verify(tokens, parents, target_logits, *, max_depth, temperature, top_k,
         while True:
             w = filtered_probs(x[b, node], float(temperature[b]), int(top_k[b]), float(top_p[b]))
             children = [c for c in range(1, N) if par[b, c] == node] if len(path) <= max_depth else []
-            sampled = [c for c in children if bool(draft_sampled[b, c])]
+            sampled = [c for c in children if draft_sampled is None or bool(draft_sampled[b, c])]
             r = np.zeros(V)
             if sampled:
                 q = q_all[b, node]
@@ -263,17 +264,54 @@ def test_toy_verifier_matches_reference():
                     reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling, **drafts))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bug, shape", [("no_removed_renorm", "wide"), ("deterministic_residual", "tree")])
-def test_chi2_detects_wrong_draft_rule(bug, shape):
-    """The χ² check above rejects plausible draft-aware bugs decisively."""
+# One node, k sampled children: a draft that puts 0.6 on a token the target rarely takes, so the
+# first child is usually rejected and the later ones are tried against a residual that is
+# spread thin (where both bugs above change acceptance probabilities).
+STAR_P = np.array([0.1, 0.2, 0.2, 0.2, 0.15, 0.15])
+STAR_Q = np.array([0.6, 0.1, 0.1, 0.1, 0.05, 0.05])
+STAR_TRIALS = 4000
+
+
+def star_first_tokens(verify, k, trials=STAR_TRIALS, seed=0):
+    """The bonus-or-accepted token of a root whose k children are drawn without replacement from
+    STAR_Q (Gumbel-top-k), for ``trials`` requests in one call; its law must be STAR_P."""
+    rng = np.random.default_rng(seed)
+    keys = np.log(STAR_Q) - np.log(-np.log(rng.random((trials, V_TOY))))
+    tokens = torch.zeros(trials, k + 1, dtype=torch.int64)
+    tokens[:, 1:] = torch.from_numpy(np.argsort(-keys, axis=-1, kind="stable")[:, :k])
+    logits = torch.tensor(np.log(STAR_P), dtype=torch.float32).expand(trials, k + 1, V_TOY).contiguous()
+    out = verify(tokens, torch.tensor([-1] + [0] * k, dtype=torch.int32).repeat(trials, 1), logits, max_depth=1,
+                 temperature=torch.ones(trials), top_k=torch.zeros(trials, dtype=torch.int32),
+                 top_p=torch.ones(trials), seed=torch.arange(trials), offset=torch.full((trials,), 5),
+                 draft_probs=torch.tensor(STAR_Q, dtype=torch.float32).expand(trials, k + 1, V_TOY).contiguous(),
+                 draft_sampled=None, d2t=None)
+    assert (out.status == 0).all()
+    return np.bincount(out.out_tokens[:, 0].numpy(), minlength=V_TOY)
+
+
+def star_pvalue(counts):
+    return float(stats.chisquare(counts, STAR_P * counts.sum()).pvalue)
+
+
+@pytest.mark.parametrize("k", [2, 3], ids=["k2", "k3"])
+def test_star_is_exact(sampled_verify, k):
+    """One node with k sampled siblings: the emitted token has the target's law (χ², p > 1e-3)."""
+    assert star_pvalue(star_first_tokens(sampled_verify, k)) > 1e-3
+
+
+@pytest.mark.parametrize("bug", ["no_removed_renorm", "deterministic_residual"])
+def test_chi2_detects_wrong_draft_rule(bug):
+    """The χ² checks above reject plausible draft-aware bugs decisively: on the star (both bugs;
+    the right rule passes on the same draws, test_star_is_exact) and on the joint law of the toy
+    model's trees (the deterministic residual)."""
 
     def wrong(*args, **kwargs):
         return toy_verify(*args, bug=bug, **kwargs)
 
-    samples, _ = emit_sequences(wrong, TRIALS, SHAPES[shape], False, "without", (1.0, 0, 1.0), seed_base=20_000)
-    pvalue = chi2_pvalue(samples, exact_joint(1.0, 0, 1.0))
-    assert pvalue < 1e-6, pvalue
+    assert star_pvalue(star_first_tokens(wrong, 2)) < 1e-6
+    if bug == "deterministic_residual":
+        samples, _ = emit_sequences(wrong, TRIALS, SHAPES["tree"], False, "without", (1.0, 0, 1.0), seed_base=20_000)
+        assert chi2_pvalue(samples, exact_joint(1.0, 0, 1.0)) < 1e-6
 
 
 def test_drafts_drawn_with_replacement_are_not_exact(sampled_verify):
