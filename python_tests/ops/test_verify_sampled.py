@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle_kernels import _dispatch, reference
-from helpers import assert_same
+from helpers import ISA_ENV, assert_same, skip_unavailable_isa
 
 
 @pytest.fixture(params=["cpp", "triton"])
@@ -209,3 +209,18 @@ def test_bad_draft_arguments_raise(verify_fn, path, case):
     fn = {"reference": reference.verify, "backend": verify_fn, "registered": torch.ops.eagle_kernels.verify}[path]
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         fn(tokens, parents, logits, max_depth=2, **sampling, **extra)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+def test_cpp_instruction_sets_agree(isa, monkeypatch):
+    """The C++ kernel's draft-aware walk gives the same outputs at every instruction-set level
+    (the draft-row pass has a variant per level, same lanes), and the reference's."""
+    fn, reason = _dispatch.implementation("verify", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    skip_unavailable_isa(isa)
+    monkeypatch.setenv(ISA_ENV, isa)
+    for seed, Vd in ((1, None), (2, 300)):
+        tokens, parents, logits, sampling = sampled_tree_batch(seed, 10, 10, 1000, Vd)
+        assert_same(fn(tokens, parents, logits, max_depth=4, **sampling),
+                    reference.verify(tokens, parents, logits, max_depth=4, **sampling))
