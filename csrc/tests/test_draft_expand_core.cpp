@@ -78,11 +78,21 @@ void test_frontier_nan_as_neg_inf_ties_by_index() {
   EXPECT(frontier == (std::vector<int32_t>{2, 0, 3, 1}));  // NaN (-inf) ties -inf by index
 }
 
+void test_gumbel_keys() {
+  EXPECT_EQ(de::gumbel_draw(0, 0), 2u);
+  EXPECT_EQ(de::gumbel_draw(3, 5), 2u + 3u * 65536u + 5u);
+  const double u = eagle::philox::uniform(-7, 11, 42, de::gumbel_draw(1, 2));
+  EXPECT(de::gumbel_key(-1.5, -7, 11, 42, de::gumbel_draw(1, 2)) == -1.5 - std::log(-std::log(u)));
+  EXPECT(de::rank_key(std::numeric_limits<double>::quiet_NaN()) == std::numeric_limits<double>::infinity());
+  EXPECT(de::rank_key(-kInf) == -kInf);
+}
+
 }  // namespace
 
 int main() {
   RUN(test_push_ties_by_smaller_id);
   RUN(test_finish_row);
+  RUN(test_gumbel_keys);
   RUN(test_bad_rows_give_ids_in_order_and_nan);
   RUN(test_frontier_nan_as_neg_inf_ties_by_index);
   TEST_MAIN_END();
