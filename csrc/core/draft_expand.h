@@ -88,8 +88,8 @@ HOST_DEVICE inline void finish_row(const RowStats<A>& s, const A* top_values, co
 }
 
 // ---------------------------------------------------------------------------- sampled rows
-constexpr uint32_t kDraftDraw = 2;         // first draw index of the Gumbel draws (docs/design.md)
-constexpr uint32_t kDepthStride = 65536;   // draw = kDraftDraw + depth * kDepthStride + m
+constexpr uint32_t kDraftDraw = 2;        // first draw index of the Gumbel draws (docs/design.md)
+constexpr uint32_t kDepthStride = 65536;  // draw = kDraftDraw + depth * kDepthStride + m
 HOST_DEVICE inline uint32_t gumbel_draw(int64_t depth, int64_t m) {
   return kDraftDraw + static_cast<uint32_t>(depth) * kDepthStride + static_cast<uint32_t>(m);
 }

@@ -341,9 +341,9 @@ void gumbel_scan_portable(const T* row, int64_t V, float mx, float t, float log_
   const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
   for (int64_t v = 0; v < V; ++v) {
     const float logp = (static_cast<float>(row[v]) - mx) / t - log_sum;
-    const philox::Words w = philox::philox4x32_10(static_cast<uint32_t>(of), static_cast<uint32_t>(of >> 32),
-                                                  static_cast<uint32_t>(v), draw, static_cast<uint32_t>(sd),
-                                                  static_cast<uint32_t>(sd >> 32));
+    const philox::Words w =
+        philox::philox4x32_10(static_cast<uint32_t>(of), static_cast<uint32_t>(of >> 32), static_cast<uint32_t>(v),
+                              draw, static_cast<uint32_t>(sd), static_cast<uint32_t>(sd >> 32));
     st.push(logp, w.w[0], w.w[1], v);
   }
 }
@@ -383,7 +383,7 @@ EAGLE_TARGET_AVX512 float tempered_sum_avx512(const E* row, int64_t V, float mx,
 
 // (hi, lo) 32-bit halves of the 16 products m * c (unsigned).
 EAGLE_TARGET_AVX512 inline void mulhilo16(__m512i m, __m512i c, __m512i& hi, __m512i& lo) {
-  const __m512i even = _mm512_mul_epu32(c, m);                         // lanes 0, 2, ..: 64-bit products
+  const __m512i even = _mm512_mul_epu32(c, m);                        // lanes 0, 2, ..: 64-bit products
   const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);  // lanes 1, 3, ..
   lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
   hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
@@ -476,8 +476,8 @@ void finish_sampled_row(const T* row, int64_t k, A mx, A t, A log_sum, bool bad,
 
 template <typename T>
 void sample_row(const T* row, int64_t V, int64_t k, float temperature, int64_t seed, int64_t offset, uint32_t draw,
-                float frontier_score, const int64_t* d2t, int64_t* tokens, float* scores, float* logprobs,
-                double* keys, int64_t* ids, isa::Level level) {
+                float frontier_score, const int64_t* d2t, int64_t* tokens, float* scores, float* logprobs, double* keys,
+                int64_t* ids, isa::Level level) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const A inf = std::numeric_limits<A>::infinity();
   A mx = -inf;
@@ -500,8 +500,8 @@ void sample_row(const T* row, int64_t V, int64_t k, float temperature, int64_t s
   SampledRow st{keys, ids, 0, k};
   if (bad) {
     for (int64_t v = 0; v < k; ++v) ids[v] = v;  // NaN keys rank first, in id order
-    finish_sampled_row<T, A>(row, k, mx, t, std::numeric_limits<A>::quiet_NaN(), true, frontier_score, d2t, ids,
-                             tokens, scores, logprobs);
+    finish_sampled_row<T, A>(row, k, mx, t, std::numeric_limits<A>::quiet_NaN(), true, frontier_score, d2t, ids, tokens,
+                             scores, logprobs);
     return;
   }
   A log_sum;

@@ -59,9 +59,9 @@ struct Args {
   const int64_t* d2t_inv;     // [V]: the draft id of each target id (-1: none), or null without d2t
   bool d2t_ok;                // every d2t target in [0, V)
   int32_t* accept_len;        // [B]
-  int32_t* accept_nodes;     // [B, max_depth + 1]
-  int64_t* out_tokens;       // [B, max_depth + 1]
-  int32_t* status;           // [B]
+  int32_t* accept_nodes;      // [B, max_depth + 1]
+  int64_t* out_tokens;        // [B, max_depth + 1]
+  int32_t* status;            // [B]
 };
 
 // ------------------------------------------------------------------------ element helpers
@@ -203,9 +203,9 @@ EAGLE_INLINE double exp_in_place(double* w, int64_t V) {
 template <typename C>
 struct Scratch {
   using K = typename verify::KeyOf<C>::type;
-  std::vector<C> w;     // the residual weights of the current node
-  std::vector<K> keys;  // order keys of w
-  std::vector<K> cand;  // radix-select candidates
+  std::vector<C> w;                        // the residual weights of the current node
+  std::vector<K> keys;                     // order keys of w
+  std::vector<K> cand;                     // radix-select candidates
   std::vector<C> w_next;                   // the residual after a sampled rejection
   std::vector<int64_t> children, sampled;  // the children of the node; its sampled children
 };

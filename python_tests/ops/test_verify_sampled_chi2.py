@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from test_verify_chi2 import PROMPT, TOY_TARGET, V_TOY, chi2_pvalue, exact_joint
 
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
 from eagle_kernels.reference.random import ACCEPT_DRAW, BONUS_DRAW
 from helpers import assert_same, filtered_probs, uniform_py
-from test_verify_chi2 import PROMPT, TOY_TARGET, V_TOY, chi2_pvalue, exact_joint
 
 EMIT = 3
 _rng = np.random.RandomState(4321)
