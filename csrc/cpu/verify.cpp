@@ -406,9 +406,9 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
         }
         double removed = 0.0;  // r's mass of the sampled children rejected so far
         size_t rejected_sampled = 0;
+        double mass = sum64(w, V);  // recomputed whenever w changes
         for (const int64_t c : children) {
           const int64_t x = tok[c];
-          const double mass = sum64(w, V);
           const double u = philox::uniform(seed, offset, static_cast<uint32_t>(c), philox::kAcceptDraw);
           const bool is_sampled = rejected_sampled < sampled.size() && sampled[rejected_sampled] == c;
           const double rx = is_sampled ? verify::draft_prob(q, S, a.d2t_inv, x) : 0.0;
@@ -442,16 +442,24 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
             }
             removed += rx;
             ++rejected_sampled;
-            if (sum64(next, V) != 0.0) {
+            const double next_mass = sum64(next, V);
+            if (next_mass != 0.0) {
               std::swap(s.w, s.w_next);
               w = s.w.data();
+              mass = next_mass;
               continue;
             }
             // Rounding only (p and r' agree to the last bit): zero w(x) instead, below.
           }
           const C previous = w[x];
+          if (previous == C(0)) continue;  // zeroing changes nothing
           w[x] = C(0);
-          if (sum64(w, V) == 0.0) w[x] = previous;  // that would empty w too: keep it as it was
+          const double zeroed_mass = sum64(w, V);
+          if (zeroed_mass == 0.0) {
+            w[x] = previous;  // that would empty w too: keep it as it was
+          } else {
+            mass = zeroed_mass;
+          }
         }
       }
       if (child < 0) {
