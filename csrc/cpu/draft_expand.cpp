@@ -14,9 +14,9 @@
 //
 // Sampled rows (requests with temperature[b] > 0, docs/ops.md §2) take three passes: max, sum of
 // exp((x - max) / T), then each id's tempered log-prob and its Gumbel key on the counter-based
-// stream (a Philox-4x32-10 block per id, 16 at a time under AVX-512: the pass's main cost), the
-// k largest keys kept in a sorted buffer, and ids that provably cannot enter it skipping the
-// float64 logs of their key (see sample_row).
+// stream (a Philox-4x32-10 block per id, 16 at a time under AVX-512, 8 under AVX2: the pass's
+// main cost), the k largest keys kept in a sorted buffer, and ids that provably cannot enter it
+// skipping the float64 logs of their key (see sample_row).
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -302,7 +302,7 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
 // exp in 16 float lanes (simd.h's exp, unfused) reduced in lane order, so the AVX-512 pass and
 // the portable one give the same bits; fp64 rows use std::exp and one accumulator.
 //
-// The key pass: every id needs its Philox block (16 lanes at a time under AVX-512), but once k
+// The key pass: every id needs its Philox block (16 or 8 lanes at a time), but once k
 // keys are held, an id can only enter if its key beats the k-th, tau: logp - log(-log U) > tau
 // iff -log U < exp(logp - tau). Since -log U >= 1 - U >= D, D a lower bound of 1 - U from the
 // top 27 bits of U, a lane with D >= 1.001 * exp(logp - tau) (float, the margin far above its
@@ -335,16 +335,42 @@ float tempered_sum_portable(const T* row, int64_t V, float mx, float t) {
   return sum;
 }
 
+// An element as float, for the c10 types and simd.h's bit types alike.
+inline float as_float(float x) { return x; }
+inline float as_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float as_float(c10::Half x) { return static_cast<float>(x); }
+inline float as_float(Bf16Bits x) { return widen(x); }
+inline float as_float(Fp16Bits x) { return widen(x); }
+
+// Whether ids may be pruned now, and the k-th key (float) they must beat.
+struct Prune {
+  bool on = false;
+  float tau = 0.0f;
+  void update(const SampledRow& st) {
+    if (st.count < st.k) return;
+    const double kth = st.keys[st.k - 1];
+    on = kth > -kPruneTauLimit && kth < kPruneTauLimit;
+    tau = static_cast<float>(kth);
+  }
+};
+
+// The key pass over ids [begin, end), one id at a time.
 template <typename T>
-void gumbel_scan_portable(const T* row, int64_t V, float mx, float t, float log_sum, int64_t seed, int64_t offset,
-                          uint32_t draw, SampledRow& st) {
+void gumbel_scan_portable(const T* row, int64_t begin, int64_t end, float mx, float t, float log_sum, int64_t seed,
+                          int64_t offset, uint32_t draw, SampledRow& st, Prune& pr) {
   const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
-  for (int64_t v = 0; v < V; ++v) {
-    const float logp = (static_cast<float>(row[v]) - mx) / t - log_sum;
+  for (int64_t v = begin; v < end; ++v) {
+    const float logp = (as_float(row[v]) - mx) / t - log_sum;
     const philox::Words w =
         philox::philox4x32_10(static_cast<uint32_t>(of), static_cast<uint32_t>(of >> 32), static_cast<uint32_t>(v),
                               draw, static_cast<uint32_t>(sd), static_cast<uint32_t>(sd >> 32));
+    if (pr.on) {  // the vector passes' test, lane by lane
+      const float d = static_cast<float>(static_cast<int32_t>((1u << 27) - 1 - (w.w[0] >> 5))) * 0x1p-27f;
+      const float gap = logp - pr.tau;
+      if (d >= simd::scalar::exp_nonpositive<false>(gap < 0.0f ? gap : 0.0f) * 1.001f) continue;
+    }
     st.push(logp, w.w[0], w.w[1], v);
+    pr.update(st);
   }
 }
 
@@ -458,6 +484,116 @@ EAGLE_TARGET_AVX512 void gumbel_scan_avx512(const E* row, int64_t V, float mx, f
     }
   }
 }
+// ---- 8 lanes (AVX2): the same passes; the sum keeps the 16 lanes of the other paths as two
+// accumulators (entries v with v % 16 < 8, and the others), tails one id at a time.
+template <typename E>
+EAGLE_TARGET_AVX2 float row_max_avx2(const E* row, int64_t V, bool& nan_seen) {
+  using namespace simd::avx2;
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int nan = 0;
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) {
+    const __m256 x = load8(row + v);
+    nan |= _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    m = _mm256_max_ps(x, m);
+  }
+  float mx = reduce_max(m);
+  for (; v < V; ++v) {
+    const float x = widen(row[v]);
+    nan |= std::isnan(x);
+    mx = x > mx ? x : mx;
+  }
+  nan_seen = nan != 0;
+  return mx;
+}
+
+template <typename E>
+EAGLE_TARGET_AVX2 float tempered_sum_avx2(const E* row, int64_t V, float mx, float t) {
+  using namespace simd::avx2;
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256 vmx = _mm256_set1_ps(mx), vt = _mm256_set1_ps(t);
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) {
+    const __m256 e = exp_nonpositive<false>(_mm256_div_ps(_mm256_sub_ps(load8(row + v), vmx), vt));
+    acc[(v >> 3) & 1] = _mm256_add_ps(acc[(v >> 3) & 1], e);
+  }
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, acc[0]);
+  _mm256_store_ps(lanes + 8, acc[1]);
+  for (; v < V; ++v) lanes[v & 15] += simd::scalar::exp_nonpositive<false>((widen(row[v]) - mx) / t);
+  float sum = 0.0f;
+  for (int j = 0; j < 16; ++j) sum += lanes[j];
+  return sum;
+}
+
+EAGLE_TARGET_AVX2 inline void mulhilo8(__m256i m, __m256i c, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(c, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(c, 32), m);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+EAGLE_TARGET_AVX2 inline void philox8(uint32_t o0, uint32_t o1, __m256i node, uint32_t draw, uint32_t k0, uint32_t k1,
+                                      __m256i& w0, __m256i& w1) {
+  const __m256i m0 = _mm256_set1_epi64x(philox::kM0), m1 = _mm256_set1_epi64x(philox::kM1);
+  __m256i c0 = _mm256_set1_epi32(static_cast<int>(o0)), c1 = _mm256_set1_epi32(static_cast<int>(o1));
+  __m256i c2 = node, c3 = _mm256_set1_epi32(static_cast<int>(draw));
+  for (int round = 0; round < philox::kRounds; ++round) {
+    if (round > 0) {
+      k0 += philox::kW0;
+      k1 += philox::kW1;
+    }
+    __m256i hi0, lo0, hi1, lo1;
+    mulhilo8(m0, c0, hi0, lo0);
+    mulhilo8(m1, c2, hi1, lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c3 = lo0;
+  }
+  w0 = c0;
+  w1 = c1;
+}
+
+template <typename E>
+EAGLE_TARGET_AVX2 void gumbel_scan_avx2(const E* row, int64_t V, float mx, float t, float log_sum, int64_t seed,
+                                        int64_t offset, uint32_t draw, SampledRow& st) {
+  using namespace simd::avx2;
+  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  const uint32_t k0 = static_cast<uint32_t>(sd), k1 = static_cast<uint32_t>(sd >> 32);
+  const uint32_t o0 = static_cast<uint32_t>(of), o1 = static_cast<uint32_t>(of >> 32);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 vmx = _mm256_set1_ps(mx), vt = _mm256_set1_ps(t), vls = _mm256_set1_ps(log_sum);
+  const __m256i d_top = _mm256_set1_epi32((1 << 27) - 1);
+  const __m256 zero = _mm256_setzero_ps(), two_m27 = _mm256_set1_ps(0x1p-27f), margin = _mm256_set1_ps(1.001f);
+  Prune pr;
+  alignas(32) float logp_buf[8];
+  alignas(32) uint32_t w0_buf[8], w1_buf[8];
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) {
+    const __m256 logp = _mm256_sub_ps(_mm256_div_ps(_mm256_sub_ps(load8(row + v), vmx), vt), vls);
+    __m256i w0, w1;
+    philox8(o0, o1, _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(v))), draw, k0, k1, w0, w1);
+    unsigned cand = 0xFF;
+    if (pr.on) {
+      const __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(d_top, _mm256_srli_epi32(w0, 5))), two_m27);
+      const __m256 gap = _mm256_min_ps(_mm256_sub_ps(logp, _mm256_set1_ps(pr.tau)), zero);  // NaN -> 0
+      const __m256 bound = _mm256_mul_ps(exp_nonpositive<true>(gap), margin);
+      cand &= ~static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(d, bound, _CMP_GE_OQ)));
+    }
+    if (cand == 0) continue;
+    _mm256_store_ps(logp_buf, logp);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w0_buf), w0);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w1_buf), w1);
+    while (cand) {
+      const int lane = __builtin_ctz(cand);
+      cand &= cand - 1;
+      st.push(logp_buf[lane], w0_buf[lane], w1_buf[lane], v + lane);
+    }
+    pr.update(st);
+  }
+  gumbel_scan_portable(row, v, V, mx, t, log_sum, seed, offset, draw, st, pr);
+}
 #endif  // EAGLE_X86_SIMD
 
 // Writes the k candidates of a sampled row from its buffer (ids in draw order).
@@ -486,6 +622,9 @@ void sample_row(const T* row, int64_t V, int64_t k, float temperature, int64_t s
   if constexpr (!std::is_same_v<T, double>) {
     if (level >= isa::Level::kAvx512Ymm) {
       mx = row_max_avx512(reinterpret_cast<const Elem<T>*>(row), V, bad);
+      vector_max = true;
+    } else if (level >= isa::Level::kAvx2) {
+      mx = row_max_avx2(reinterpret_cast<const Elem<T>*>(row), V, bad);
       vector_max = true;
     }
   }
@@ -522,11 +661,17 @@ void sample_row(const T* row, int64_t V, int64_t k, float temperature, int64_t s
       log_sum = std::log(tempered_sum_avx512(elems, V, mx, t));
       gumbel_scan_avx512(elems, V, mx, t, log_sum, seed, offset, draw, st);
       done = true;
+    } else if (level >= isa::Level::kAvx2) {
+      const Elem<T>* elems = reinterpret_cast<const Elem<T>*>(row);
+      log_sum = std::log(tempered_sum_avx2(elems, V, mx, t));
+      gumbel_scan_avx2(elems, V, mx, t, log_sum, seed, offset, draw, st);
+      done = true;
     }
 #endif
     if (!done) {
       log_sum = std::log(tempered_sum_portable(row, V, mx, t));
-      gumbel_scan_portable(row, V, mx, t, log_sum, seed, offset, draw, st);
+      Prune pr;
+      gumbel_scan_portable(row, 0, V, mx, t, log_sum, seed, offset, draw, st, pr);
     }
   }
   finish_sampled_row<T, A>(row, k, mx, t, log_sum, false, frontier_score, d2t, ids, tokens, scores, logprobs);
