@@ -299,8 +299,8 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
 // A sampled row: k draws without replacement from softmax((x - max) / T) by Gumbel-top-k, in
 // draw order (docs/ops.md §2). logp = (x - max) / T - log(sum), the association of
 // torch.log_softmax (the scaled max is exactly 0); keys in float64. fp32/bf16/fp16 rows sum
-// exp in 16 float lanes (simd.h's exp, unfused) reduced in lane order, so the AVX-512 pass and
-// the portable one give the same bits; fp64 rows use std::exp and one accumulator.
+// exp in 16 float lanes (simd.h's exp, unfused) reduced in lane order, so the AVX-512, AVX2 and
+// portable passes give the same bits; fp64 rows use std::exp and one accumulator.
 //
 // The key pass: every id needs its Philox block (16 or 8 lanes at a time), but once k
 // keys are held, an id can only enter if its key beats the k-th, tau: logp - log(-log U) > tau
