@@ -260,7 +260,8 @@ void sglang_verify_greedy_cpu(const at::Tensor& predicts, const at::Tensor& acce
   const int64_t* tp = target.data_ptr<int64_t>();
   const GreedyInputs in = greedy_inputs(a, tp);
   const VerifyTensors out = verify_cpu(in.tokens, in.parents, in.logits, S - 1, std::nullopt, std::nullopt,
-                                       std::nullopt, std::nullopt, std::nullopt);
+                                       std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                                       std::nullopt);
   // The token that follows each accepted node is the target's prediction at that node.
   std::vector<int64_t> emitted(B * S, 0);
   const int32_t* nodes = std::get<1>(out).data_ptr<int32_t>();
@@ -415,7 +416,8 @@ void tree_sampling_impl(const char* op, const at::Tensor& predicts, const at::Te
     top_p = at::empty({B}, long_opts.dtype(at::kFloat));
     for (int64_t b = 0; b < B; ++b) top_p->data_ptr<float>()[b] = static_cast<float>(v.data_ptr<double>()[b * N]);
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset);
+  const VerifyTensors out = verify_cpu(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset,
+                                       std::nullopt, std::nullopt, std::nullopt);
   const at::Tensor& out_tokens = std::get<2>(out);
   std::vector<int64_t> emitted(B * S);
   const int64_t* ot = out_tokens.data_ptr<int64_t>();
@@ -492,7 +494,8 @@ void verify_chains(const ChainArgs& c, const at::Tensor& logits, int64_t b0, int
       std::memcpy(offset->data_ptr<int64_t>() + g, c.uniform + start + L - 1, sizeof(int64_t));
     }
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset);
+  const VerifyTensors out = verify_cpu(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset,
+                                       std::nullopt, std::nullopt, std::nullopt);
   const int32_t* len = std::get<0>(out).data_ptr<int32_t>();
   const int64_t* ot = std::get<2>(out).data_ptr<int64_t>();
   for (int64_t g = 0; g < G; ++g) {
