@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .philox import _uniform
 from .verify_rows import (
     NUM_PIVOTS,
     NUM_STATS,
@@ -35,10 +36,6 @@ from .verify_rows import (
     _weights,
 )
 
-PHILOX_M0 = tl.constexpr(0xD2511F53)
-PHILOX_M1 = tl.constexpr(0xCD9E8D57)
-PHILOX_W0 = tl.constexpr(0x9E3779B9)
-PHILOX_W1 = tl.constexpr(0xBB67AE85)
 ACCEPT_DRAW = tl.constexpr(0)
 BONUS_DRAW = tl.constexpr(1)
 # The passes a phase runs over one chunk of the current row.
@@ -70,30 +67,6 @@ ROW_CUT = tl.constexpr(4)
 ROW_NORM = tl.constexpr(5)
 ROW_LEVEL = tl.constexpr(6)
 ROW_WORDS = tl.constexpr(8)
-
-
-@triton.jit
-def _uniform(seed, offset, nodes, DRAW: tl.constexpr):
-    """U in [0, 1) (float64, 53 bits) of the stream at (seed, offset, node, DRAW) for every
-    entry of the int32 tensor ``nodes``; seed and offset are int64 scalars."""
-    c2 = nodes.to(tl.uint32)
-    zero = c2 * 0
-    k0 = zero + (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = zero + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = zero + (offset & 0xFFFFFFFF).to(tl.uint32)
-    c1 = zero + ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c3 = zero + DRAW
-    for round_index in tl.static_range(10):
-        if round_index > 0:
-            k0 = tl.add(k0, PHILOX_W0, sanitize_overflow=False)
-            k1 = tl.add(k1, PHILOX_W1, sanitize_overflow=False)
-        hi0 = tl.umulhi(c0, PHILOX_M0)
-        lo0 = tl.mul(c0, PHILOX_M0, sanitize_overflow=False)
-        hi1 = tl.umulhi(c2, PHILOX_M1)
-        lo1 = tl.mul(c2, PHILOX_M1, sanitize_overflow=False)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    bits53 = ((c0 >> 5).to(tl.uint64) << 26) | (c1 >> 6).to(tl.uint64)
-    return bits53.to(tl.float64) * 1.1102230246251565e-16  # 2**-53
 
 
 @triton.jit
