@@ -55,10 +55,13 @@ class DraftExpandConfig:
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
         warps and the [registers, threads] view of a chunk (``chunk_shape``).
     merge_lanes: candidate keys of the frontier rows one merge round reduces together.
+    sampled_block_v: entries per chunk program in launches with a temperature (sampled
+        children): a float64 key and its Philox draw per entry need more registers per entry.
     """
 
     block_v: int
     merge_lanes: int = 4096
+    sampled_block_v: int = 2048
 
 
 # Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
@@ -68,7 +71,7 @@ class DraftExpandConfig:
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
 GPU_CONFIG = DraftExpandConfig(block_v=8192)
-INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024)
+INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024, sampled_block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
 PER_THREAD = tl.constexpr(4)  # survivors one thread compacts
@@ -517,7 +520,8 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     fs = frontier_scores.contiguous()
     is_fp64 = logits.dtype == torch.float64
     compute = torch.float64 if is_fp64 else torch.float32
-    block_v = min(config.block_v, triton.next_power_of_2(V))
+    sampled = temperature is not None
+    block_v = min(config.sampled_block_v if sampled else config.block_v, triton.next_power_of_2(V))
     NC = triton.cdiv(V, block_v)
     if NC * top_k > _MAX_CANDIDATES:
         raise ValueError(f"top_k: expected ceil(V / {block_v}) * top_k <= {_MAX_CANDIDATES} on the "
@@ -528,7 +532,6 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     frontier = torch.empty(B, top_k, dtype=torch.int32, device=device)
     if B == 0:
         return DraftCandidates(tokens, scores, frontier, logprobs)
-    sampled = temperature is not None
     if sampled:
         temperature = temperature.contiguous()
         seed = torch.zeros(B, dtype=torch.int64, device=device) if seed is None else seed.contiguous()

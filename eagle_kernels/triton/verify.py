@@ -73,7 +73,7 @@ from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests
     STAT_MAX,
     STAT_NORM,
 )
-from .verify_walk import CTL_WORDS, ROW_WORDS, _verify_kernel
+from .verify_walk import CTL_WORDS, EVENT_WORDS, ROW_WORDS, _verify_kernel
 
 # Chunks per row at most (programs per request).
 MAX_SPLITS = 64
@@ -234,11 +234,14 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     prefix = torch.empty(B, dtype=torch.int64, device=device)
     tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
     probs, sampled, inverse, d2t_ok, Vd = _draft_inputs(draft_probs, draft_sampled, d2t, V, status)
+    # The rejections at the current node of the draft-aware rule (EVENT_WORDS float64 each).
+    events = status if draft_probs is None else torch.empty(
+        (B, EVENT_WORDS.value * triton.next_power_of_2(N)), dtype=torch.float64, device=device)
     _verify_kernel[(B, splits)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
         control, row_scalars, part_max, part_arg, part_flags, part_total, part_counts, part_sums, part_mass,
         part_search, prefix, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
-        probs, sampled, inverse, d2t_ok, N, V, Vd, max_depth, chunk, logits.stride(0), logits.stride(1),
+        probs, sampled, inverse, d2t_ok, events, N, V, Vd, max_depth, chunk, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
         BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
         BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,

@@ -222,6 +222,13 @@ def _accept_and_bonus(row, V, row_max, t, kth, denom, cut, norm, mass, node, may
 EV_ZERO = tl.constexpr(1)  # a deterministic child, or a sampled one whose residual would be empty: w(x) = 0
 EV_RESIDUAL = tl.constexpr(2)  # a sampled child: w = max(w / mass - r', 0)
 EV_KEEP = tl.constexpr(3)  # a sampled child whose residual and zeroing would both be empty: w unchanged
+# An event's float64 words in the per-request scratch: kind, token, the mass before it and, for a
+# sampled child, the draft mass removed before it (-1 for a deterministic child).
+EV_WORD_KIND = tl.constexpr(0)
+EV_WORD_TOKEN = tl.constexpr(1)
+EV_WORD_MASS = tl.constexpr(2)
+EV_WORD_REMOVED = tl.constexpr(3)
+EVENT_WORDS = tl.constexpr(4)
 DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)
 
 
@@ -238,32 +245,39 @@ def _draft_r(ids, valid, q_row, inv_ptr, S, HAS_D2T: tl.constexpr):
 
 
 @triton.jit
-def _apply_events(w, ids, r, ev_kind, ev_token, ev_mass, ev_removed, n_events, offs_n, CT: tl.constexpr):
+def _apply_events(w, ids, r, events, n_events, CT: tl.constexpr):
     """The residual weights of tokens ``ids`` (first weights ``w``, draft probabilities ``r``)
-    after the node's recorded rejections, computed as the reference does: ``w / mass`` in the
-    compute dtype with mass rounded to it, ``r'`` rounded to it from float64."""
+    after the node's ``n_events`` recorded rejections (``events``: EVENT_WORDS float64 per
+    rejection), computed as the reference does: ``w / mass`` in the compute dtype with mass
+    rounded to it, ``r'`` rounded to it from float64."""
     zeroed = ids < 0  # the earlier sampled siblings' tokens: out of r'
     for j in range(0, n_events):
-        at = offs_n == j
-        kind = tl.sum(tl.where(at, ev_kind, 0), axis=0)
-        token = tl.sum(tl.where(at, ev_token, 0), axis=0)
+        kind = tl.load(events + j * EVENT_WORDS + EV_WORD_KIND, volatile=True).to(tl.int32)
+        token = tl.load(events + j * EVENT_WORDS + EV_WORD_TOKEN, volatile=True).to(tl.int64)
+        removed = tl.load(events + j * EVENT_WORDS + EV_WORD_REMOVED, volatile=True)
         if kind == EV_RESIDUAL:
-            mass = tl.sum(tl.where(at, ev_mass, 0.0), axis=0)
-            removed = tl.sum(tl.where(at, ev_removed, 0.0), axis=0)
+            mass = tl.load(events + j * EVENT_WORDS + EV_WORD_MASS, volatile=True)
             r_now = tl.where(zeroed, 0.0, r / (1.0 - removed)).to(CT)
             w = tl.maximum(w / mass.to(CT) - r_now, 0.0).to(CT)
         elif kind == EV_ZERO:
             w = tl.where(ids == token, 0.0, w).to(CT)
-        if kind != EV_ZERO:
-            zeroed = zeroed | (ids == token)
-        elif tl.sum(tl.where(at, ev_removed, 0.0), axis=0) >= 0:  # a sampled child's zeroing: out of r' too
+        if removed >= 0:  # a sampled child (deterministic ones record -1): out of r' from now on
             zeroed = zeroed | (ids == token)
     return w
 
 
 @triton.jit
-def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, ev_kind, ev_token,
-                       ev_mass, ev_removed, n_events, offs_n, CT: tl.constexpr, BLOCK_V: tl.constexpr,
+def _record_event(events, n_events, kind, token, mass, removed):
+    at = events + n_events * EVENT_WORDS
+    tl.store(at + EV_WORD_KIND, kind.to(tl.float64))
+    tl.store(at + EV_WORD_TOKEN, token.to(tl.float64))
+    tl.store(at + EV_WORD_MASS, mass.to(tl.float64))
+    tl.store(at + EV_WORD_REMOVED, removed.to(tl.float64))
+    tl.debug_barrier()  # read back by every thread of the program
+
+
+@triton.jit
+def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr, BLOCK_V: tl.constexpr,
                        HAS_D2T: tl.constexpr):
     """Token ids, validity and float64 residual weights of one tile of the row."""
     offs = start + tl.arange(0, BLOCK_V)
@@ -271,33 +285,31 @@ def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, 
     s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
     w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(CT)
     r = _draft_r(offs, valid, q_row, inv_ptr, S, HAS_D2T)
-    w = _apply_events(w, offs, r, ev_kind, ev_token, ev_mass, ev_removed, n_events, offs_n, CT)
+    w = _apply_events(w, offs, r, events, n_events, CT)
     return offs, valid, tl.where(valid, w, 0.0).to(tl.float64)
 
 
 @triton.jit
-def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, ev_kind, ev_token, ev_mass,
-                   ev_removed, n_events, offs_n, CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
+def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
     """float64 sum of the residual weights: one pass over the row."""
     lane = tl.zeros([BLOCK_V], dtype=tl.float64)
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            ev_kind, ev_token, ev_mass, ev_removed, n_events, offs_n, CT, BLOCK_V,
+                                            events, n_events, CT, BLOCK_V,
                                             HAS_D2T)
         lane += w
     return tl.sum(lane, axis=0)
 
 
 @triton.jit
-def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, ev_kind, ev_token, ev_mass,
-                    ev_removed, n_events, offs_n, u, CT: tl.constexpr, BLOCK_V: tl.constexpr,
+def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, u, CT: tl.constexpr, BLOCK_V: tl.constexpr,
                     HAS_D2T: tl.constexpr):
     """Inverse CDF over the residual row (as _inverse_cdf): the smallest x with
     cumsum64(w)[x] > u * sum(w), else the largest x with w[x] > 0; two passes over the row."""
     total = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            ev_kind, ev_token, ev_mass, ev_removed, n_events, offs_n, CT, BLOCK_V,
+                                            events, n_events, CT, BLOCK_V,
                                             HAS_D2T)
         total += tl.sum(w, axis=0)
     target = u * total
@@ -306,7 +318,7 @@ def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S
     last_positive = -1
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            ev_kind, ev_token, ev_mass, ev_removed, n_events, offs_n, CT, BLOCK_V,
+                                            events, n_events, CT, BLOCK_V,
                                             HAS_D2T)
         hit = tl.min(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V), axis=0)
         found = tl.minimum(found, hit)
@@ -327,14 +339,16 @@ def _sampled_child_count(node, may_descend, parents_row, sampled_row, N, BLOCK_N
 
 
 @triton.jit
-def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row, sampled_row,
-                    q_row, inv_ptr, d2t_ok_ptr, accept_coins, u_bonus, offs_n, N, CT: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, HAS_MASK: tl.constexpr, HAS_D2T: tl.constexpr):
+def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row, tokens,
+                    sampled_row, q_row, inv_ptr, d2t_ok_ptr, events, accept_coins, u_bonus, offs_n, N,
+                    CT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, HAS_MASK: tl.constexpr,
+                    HAS_D2T: tl.constexpr):
     """The draft-aware rule at a node with sampled children (docs/ops.md §4): validates the draft
     row (one pass over it), tries the children in node order against the residual, with one
     pass over the row per rejected sampled child for the new mass, and draws the bonus from the
-    final residual when every child fails. Returns (accepted child or -1, bonus token, 1 when
-    the draft row is invalid)."""
+    final residual when every child fails (two passes). The rejections are recorded in
+    ``events`` (per-request scratch), not held in registers. Returns (accepted child or -1,
+    bonus token, 1 when the draft row is invalid)."""
     # The draft row: entries finite and >= 0, S = float64 sum within the tolerance, d2t in range.
     lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
     lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
@@ -348,8 +362,11 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
     if HAS_D2T:
         draft_bad = draft_bad | (tl.load(d2t_ok_ptr) == 0)
     S = tl.where(draft_bad, 1.0, S)
-    # The sampled children: r(x) > 0, distinct tokens, removed below 1 before each.
-    sampled_tokens = tl.full([BLOCK_N], -1, tl.int64)
+    # The sampled children: r(x) > 0, no earlier sampled sibling with the same token, removed
+    # below 1 before each.
+    siblings = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node)
+    if HAS_MASK:
+        siblings = siblings & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
     removed = tl.zeros([], tl.float64)
     for c in range(node + 1, N):
         is_child = tl.load(parents_row + c) == node
@@ -359,15 +376,10 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
             x = tl.load(tokens_row + c)
             xs = x + offs_n * 0
             rx = tl.sum(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T), axis=0)
-            seen = tl.max((sampled_tokens == x).to(tl.int32), axis=0) != 0
+            seen = tl.max((siblings & (offs_n < c) & (tokens == x)).to(tl.int32), axis=0) != 0
             draft_bad = draft_bad | (rx <= 0) | seen | (removed >= 1.0)
-            sampled_tokens = tl.where(offs_n == c, x, sampled_tokens)
             removed += rx
     child = -1
-    ev_kind = tl.zeros([BLOCK_N], tl.int32)
-    ev_token = tl.zeros([BLOCK_N], tl.int64)
-    ev_mass = tl.zeros([BLOCK_N], tl.float64)
-    ev_removed = tl.zeros([BLOCK_N], tl.float64)
     n_events = 0
     removed = tl.zeros([], tl.float64)
     if draft_bad == 0:
@@ -383,40 +395,33 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
                 w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT),
                               0.0).to(CT)
                 r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
-                wx = tl.sum(_apply_events(w0, xs, r, ev_kind, ev_token, ev_mass, ev_removed, n_events, offs_n, CT)
-                            .to(tl.float64), axis=0)
+                wx = tl.sum(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64), axis=0)
                 rx = tl.sum(r, axis=0)
                 d = tl.where(is_sampled, rx / (1.0 - removed), 1.0)
                 coin = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
                 if (wx > 0) & (coin < (wx / mass) / d):
                     child = c
                 elif is_sampled:
-                    at = offs_n == n_events
-                    ev_kind = tl.where(at, EV_RESIDUAL, ev_kind)
-                    ev_token = tl.where(at, x, ev_token)
-                    ev_mass = tl.where(at, mass, ev_mass)
-                    ev_removed = tl.where(at, removed, ev_removed)
-                    new_mass = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, ev_kind,
-                                              ev_token, ev_mass, ev_removed, n_events + 1, offs_n, CT, BLOCK_V,
-                                              HAS_D2T)
+                    _record_event(events, n_events, tl.full([], EV_RESIDUAL, tl.int32), x, mass, removed)
+                    new_mass = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events,
+                                              n_events + 1, CT, BLOCK_V, HAS_D2T)
                     if new_mass == 0.0:  # only through rounding: zero w(x) instead, or keep w
                         new_mass = mass - wx
-                        ev_kind = tl.where(at, tl.where(new_mass > 0, EV_ZERO, EV_KEEP), ev_kind)
+                        kind = tl.where(new_mass > 0, EV_ZERO, EV_KEEP).to(tl.int32)
+                        _record_event(events, n_events, kind, x, mass, removed)
                         new_mass = tl.where(new_mass > 0, new_mass, mass)
                     n_events += 1
                     mass = new_mass
                     removed += rx
                 elif wx > 0:  # a deterministic child: zero w(x), remove it from the mass
-                    at = offs_n == n_events
-                    ev_kind = tl.where(at, EV_ZERO, ev_kind)
-                    ev_token = tl.where(at, x, ev_token)
-                    ev_removed = tl.where(at, -1.0, ev_removed)  # not a sampled sibling
+                    _record_event(events, n_events, tl.full([], EV_ZERO, tl.int32), x, mass,
+                                  tl.full([], -1.0, tl.float64))
                     n_events += 1
                     mass = mass - wx
     bonus = -1
     if child < 0:
-        bonus = _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, ev_kind, ev_token,
-                                ev_mass, ev_removed, n_events, offs_n, u_bonus, CT, BLOCK_V, HAS_D2T)
+        bonus = _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
+                                u_bonus, CT, BLOCK_V, HAS_D2T)
     return child, bonus, draft_bad.to(tl.int32)
 
 
@@ -454,6 +459,7 @@ def _verify_kernel(
     draft_sampled_ptr,  # [B, N] int8 (read only when HAS_MASK)
     inv_d2t_ptr,  # [V] int32: the draft id of each target id, -1 for none (read only when HAS_D2T)
     d2t_ok_ptr,  # [1] int32: 1 when every draft id maps into [0, V)
+    events_ptr,  # [B, EVENT_WORDS * BLOCK_N] float64 scratch: the rejections at the current node
     N, V, Vd, max_depth, chunk, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
@@ -739,8 +745,9 @@ def _verify_kernel(
                                        axis=0)
                             child, bonus, draft_bad = _accept_sampled(
                                 row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row,
-                                draft_sampled_ptr + b * N, draft_probs_ptr + (b * N + node) * Vd, inv_d2t_ptr,
-                                d2t_ok_ptr, accept_coins, u, offs_n, N, CT, BLOCK_N, BLOCK_V, HAS_MASK, HAS_D2T)
+                                tokens, draft_sampled_ptr + b * N, draft_probs_ptr + (b * N + node) * Vd,
+                                inv_d2t_ptr, d2t_ok_ptr, events_ptr + b * EVENT_WORDS * BLOCK_N, accept_coins, u,
+                                offs_n, N, CT, BLOCK_N, BLOCK_S, HAS_MASK, HAS_D2T)
                             bonus = bonus.to(tl.int32)
                             if child < 0:
                                 finish = 1

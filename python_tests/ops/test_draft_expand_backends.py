@@ -303,11 +303,11 @@ def assert_sampled_same_as_reference(out, ref):
     torch.testing.assert_close(out.logprobs, ref.logprobs, equal_nan=True, **SCORE_TOL[torch.float32])
 
 
-# (launch configuration, B, M, V, top_k, dtype): one chunk per row (the GPU's block over a small V), the
-# interpreter's chunks with a tail, chunks smaller than top_k, and top_k above the chunk threshold's limit
-# (plain rounds).
+# (launch configuration, B, M, V, top_k, dtype): the GPU's sampled chunks (2048 entries, 128 threads) with a
+# tail, the interpreter's chunks with a tail, chunks smaller than top_k, and top_k above the chunk threshold's
+# limit (plain rounds).
 SAMPLED_CASES = [
-    ("gpu-block", 5, 2, 5000, 6, torch.float32),
+    ("gpu-block", 3, 2, 3000, 6, torch.float32),
     ("interp-block", 4, 2, 1100, 8, torch.bfloat16),
     ("block16", 3, 1, 150, 20, torch.float64),
     ("plain-rounds", 3, 1, 300, 40, torch.float16),
