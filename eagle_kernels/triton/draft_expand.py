@@ -33,6 +33,19 @@ docs/gpu_kernels.md).
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
+
+Sampled children (docs/ops.md §2): a launch given ``temperature`` compiles the ``SAMPLED``
+specialisation (calls without it keep the kernels above unchanged). In it, a row of a request
+with ``temperature > 0`` runs the same three steps on Gumbel keys instead of logits: each entry's
+``(x - chunk max) / T - log(-log U)`` in float64, U from the shared Philox stream
+(``philox.py``) at ``(seed, offset, node = id, draw = 2 + depth * 65536 + m)``; the chunk's sum
+is of ``exp((x - chunk max) / T)``. The merge re-keys each chunk's candidates exactly as the
+contract writes the key (``logp = (x - max) / T - log(sum)`` in the compute dtype, then
+``logp - log(-log U)`` in float64) and takes the ``TOP_K`` largest, ties toward the smaller id:
+rank ``r`` is the ``r``-th draw. Rows of requests at temperature 0 keep the deterministic rule
+inside the same launch. Sampled launches use ``sampled_block_v``-entry chunks (2048 on the GPU:
+the float64 keys and their Philox words do not fit 32 entries per thread). Every row also returns
+its draft log-probs (``logprobs``).
 """
 from __future__ import annotations
 

@@ -45,6 +45,15 @@ per-tile sums and one scanned tile. Philox4x32-10 runs in-kernel on uint32 words
 read in their own dtype (fp16 / bf16 / fp32 / fp64; no copy) and computed in float32 (float64
 for fp64 logits).
 
+Sampled drafts (``draft_probs`` given: the ``HAS_DRAFT`` specialisation; calls without it compile
+the kernel as before): at a node of a sampling row with sampled children, the program that merges
+the row's last phase applies the draft-aware rule itself (``_accept_sampled`` in verify_walk.py):
+one pass over the draft row (validity, float64 sum), the children in node order against the
+residual, one pass over the target row per rejected sampled child for the new float64 mass, and
+two passes for the bonus from the final residual; the residual weight of any token is its first
+weight with the recorded rejections applied in order, as the reference computes it. With ``d2t``
+the launcher builds the inverse map (target id -> draft id) and the range flag on the device.
+
 Modules: ``verify_rows.py`` (the passes over a row's chunks, the threshold searches and
 candidate lists), ``verify_walk.py`` (Philox, acceptance, bonus draw and the kernel), and here
 the launch configurations and the launcher.

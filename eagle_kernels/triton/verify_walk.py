@@ -277,8 +277,8 @@ def _record_event(events, n_events, kind, token, mass, removed):
 
 
 @triton.jit
-def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr, BLOCK_V: tl.constexpr,
-                       HAS_D2T: tl.constexpr):
+def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
+                       CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
     """Token ids, validity and float64 residual weights of one tile of the row."""
     offs = start + tl.arange(0, BLOCK_V)
     valid = offs < V
@@ -290,27 +290,26 @@ def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, 
 
 
 @triton.jit
-def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
+def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr,
+                   BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
     """float64 sum of the residual weights: one pass over the row."""
     lane = tl.zeros([BLOCK_V], dtype=tl.float64)
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            events, n_events, CT, BLOCK_V,
-                                            HAS_D2T)
+                                            events, n_events, CT, BLOCK_V, HAS_D2T)
         lane += w
     return tl.sum(lane, axis=0)
 
 
 @triton.jit
-def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, u, CT: tl.constexpr, BLOCK_V: tl.constexpr,
-                    HAS_D2T: tl.constexpr):
+def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, u,
+                    CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
     """Inverse CDF over the residual row (as _inverse_cdf): the smallest x with
     cumsum64(w)[x] > u * sum(w), else the largest x with w[x] > 0; two passes over the row."""
     total = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            events, n_events, CT, BLOCK_V,
-                                            HAS_D2T)
+                                            events, n_events, CT, BLOCK_V, HAS_D2T)
         total += tl.sum(w, axis=0)
     target = u * total
     carry = tl.zeros([], tl.float64)
@@ -318,8 +317,7 @@ def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S
     last_positive = -1
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            events, n_events, CT, BLOCK_V,
-                                            HAS_D2T)
+                                            events, n_events, CT, BLOCK_V, HAS_D2T)
         hit = tl.min(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V), axis=0)
         found = tl.minimum(found, hit)
         last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), axis=0))
