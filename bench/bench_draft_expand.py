@@ -8,6 +8,11 @@ Providers (the names bench/conftest.py pairs in its ratio table):
   ``log_softmax`` (fp32) -> ``topk`` -> add the frontier scores -> ``topk`` of the candidates.
   Its tie order among equal scores is torch's, otherwise it computes the same outputs.
 
+Modes: ``greedy`` (the deterministic top-k of every row) and ``sampled`` (every request at T = 1:
+top_k children drawn without replacement by Gumbel-top-k, docs/ops.md §2); the ``reference``
+of a sampled case is the torch sequence with Gumbel noise from ``torch.rand`` (same law, not the
+same stream): ``log_softmax(logits / T)`` -> keys ``logp - log(-log U)`` -> ``topk`` -> gather.
+
 Shapes: CPU ``B in {1, 4}``, ``M = 8``, ``V = 49152``, ``top_k = 8``, fp32 and bf16 logits;
 CUDA (only with a device) ``B in {1, 8, 32}``, ``M = 8``, ``V in {32000, 128256}``,
 ``top_k in {8, 10}``, bf16 logits. Throughput: logits bytes read per second
@@ -50,6 +55,18 @@ def torch_sequence(logits, frontier_scores, top_k):
     return ids.reshape(B, -1), scores, frontier
 
 
+def torch_sampled_sequence(logits, frontier_scores, top_k, *, temperature, seed=None, offset=None, depth=0):
+    """The hand-written torch baseline of sampled children (Gumbel-top-k with torch.rand)."""
+    B = logits.shape[0]
+    logp = torch.log_softmax(logits.float() / temperature[:, None, None], dim=-1)
+    keys = logp - torch.log(-torch.log(torch.rand_like(logp)))
+    ids = keys.topk(top_k, dim=-1).indices
+    values = logp.gather(-1, ids)
+    scores = (frontier_scores[..., None] + values).reshape(B, -1)
+    frontier = scores.topk(top_k, dim=-1).indices.to(torch.int32)
+    return ids.reshape(B, -1), scores, frontier
+
+
 def make_inputs(B, M, V, dtype, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
     logits = (torch.randn(B, M, V, generator=gen) * 3).to(dtype).to(device)
@@ -63,9 +80,23 @@ def provider_fn(provider, device):
     return torch_sequence, "torch"
 
 
-def run_case(measure, provider, B, M, V, top_k, dtype, device):
+def run_case(measure, provider, B, M, V, top_k, dtype, device, mode="greedy"):
     fn, backend = provider_fn(provider, device)
     logits, fs = make_inputs(B, M, V, dtype, device)
+    if mode == "sampled":
+        sampling = dict(temperature=torch.ones(B, device=device), seed=torch.arange(B, device=device),
+                        offset=torch.zeros(B, dtype=torch.int64, device=device), depth=0)
+        if provider != "eagle":
+            fn = torch_sampled_sequence
+
+        def sampled(logits, fs, top_k):
+            return fn(logits, fs, top_k, **sampling)
+
+        nbytes = logits.numel() * logits.element_size()
+        measure(sampled, logits, fs, top_k, work=nbytes, unit="logits_bytes",
+                info={"backend": backend, "B": B, "M": M, "V": V, "top_k": top_k, "mode": mode,
+                      "dtype": str(dtype).removeprefix("torch.")})
+        return
     if provider == "eagle":  # the comparison is only meaningful if both agree
         want = torch_sequence(logits, fs, top_k)
         got = fn(logits, fs, top_k)
@@ -82,10 +113,11 @@ def run_case(measure, provider, B, M, V, top_k, dtype, device):
                   "dtype": str(dtype).removeprefix("torch.")})
 
 
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
 @pytest.mark.parametrize("B", [1, 4], ids=lambda b: f"B{b}")
-def test_draft_expand_cpu(measure, provider, B, dtype):
-    run_case(measure, provider, B, 8, 49152, 8, dtype, "cpu")
+def test_draft_expand_cpu(measure, provider, B, dtype, mode):
+    run_case(measure, provider, B, 8, 49152, 8, dtype, "cpu", mode)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")

@@ -16,7 +16,11 @@ the levels forming a chain, each node's first child carrying its parent row's to
 that walks go deep (greedy accepts the whole chain); logits ``3 * randn`` with that
 token set to the row max + ``SPIKE`` (p about 0.97 at T = 0.8). Modes: ``greedy`` (T = 0),
 ``temp`` (T = 0.8, no filters: the cheapest torch sampling path), ``topkp`` (T = 0.8, top-k 50,
-top-p 0.9), ``topp`` (T = 0.8, top-p 0.9 alone, the common serving default). ``extra_info``:
+top-p 0.9), ``topp`` (T = 0.8, top-p 0.9 alone, the common serving default), ``draft`` (T = 0.8
+with every draft node sampled from its parent's draft row, ``draft_probs = softmax(target row +
+randn)``: the draft-aware rule of docs/ops.md §4) and ``draftd2t`` (the same over a draft
+vocabulary of V / 4 ids mapped by ``d2t``). The draft modes have no torch baseline here; their
+eagle entry records ``ratio_over_temp``, its time over the ``temp`` mode's. ``extra_info``:
 ``logits_bytes`` (B * N * V * element size, the input the op is given) and
 ``logits_bytes_per_s``; the eagle entry also gets ``speedup_over_torch``.
 
@@ -42,6 +46,8 @@ MODES = {
     "temp": dict(temperature=0.8, top_k=0, top_p=1.0),
     "topkp": dict(temperature=0.8, top_k=50, top_p=0.9),
     "topp": dict(temperature=0.8, top_k=0, top_p=0.9),
+    "draft": dict(temperature=0.8, top_k=0, top_p=1.0),
+    "draftd2t": dict(temperature=0.8, top_k=0, top_p=1.0),
 }
 SPIKE = 4.0  # the planted token's logit is the row max + SPIKE: p about 0.97 at T = 0.8
 _MEANS: dict = {}
@@ -75,6 +81,22 @@ def make_inputs(B, N, V, mode, dtype=torch.float32, device="cpu", seed=0):
                     top_k=torch.full((B,), p["top_k"], dtype=torch.int32),
                     top_p=torch.full((B,), p["top_p"]), seed=torch.arange(B, dtype=torch.int64),
                     offset=torch.full((B,), 7, dtype=torch.int64))
+    if mode.startswith("draft"):
+        # Draft rows near the target's; the tree's tokens stay the planted ones (distinct siblings,
+        # each with r(x) > 0), so the walks go as deep as in the other modes.
+        draft_logits = logits + torch.randn(B, N, V, generator=gen)
+        if mode == "draftd2t":
+            Vd = V // 4
+            keep = torch.zeros(V, dtype=torch.bool)
+            keep[tokens.flatten()] = True
+            keep[top.flatten()] = True
+            rest = torch.nonzero(~keep).flatten()
+            extra = rest[torch.randperm(rest.numel(), generator=gen)[: max(0, Vd - int(keep.sum()))]]
+            keep[extra] = True
+            ids = torch.nonzero(keep).flatten()
+            sampling.update(draft_probs=torch.softmax(draft_logits[..., ids], -1), d2t=ids - torch.arange(ids.numel()))
+        else:
+            sampling.update(draft_probs=torch.softmax(draft_logits, -1))
     to = dict(device=device)
     return (tokens.to(**to), parents.to(**to), logits.to(dtype=dtype, **to),
             {k: v.to(**to) for k, v in sampling.items()})
@@ -165,6 +187,15 @@ def _run(benchmark, request, provider, fn, args, kwargs, logits, device):
                                 logits_bytes=nbytes, logits_bytes_per_s=nbytes / mean)
     means = _MEANS.setdefault(shape, {})
     means[provider] = mean
+    temp_shape = shape.replace("draftd2t", "temp").replace("draft", "temp")
+    if provider == "eagle" and temp_shape != shape and "eagle" in _MEANS.get(temp_shape, {}):
+        ratio = mean / _MEANS[temp_shape]["eagle"]
+        benchmark.extra_info["ratio_over_temp"] = ratio
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            temp_ms = _MEANS[temp_shape]["eagle"] * 1e3
+            reporter.write_line(f"verify[{shape}] threads={torch.get_num_threads()} eagle ({backend}) "
+                                f"{mean * 1e3:.3f} ms, {ratio:.2f}x the temp mode's {temp_ms:.3f} ms")
     if provider == "eagle" and "torch" in means:
         benchmark.extra_info["speedup_over_torch"] = means["torch"] / mean
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -179,6 +210,8 @@ def _run(benchmark, request, provider, fn, args, kwargs, logits, device):
 @pytest.mark.parametrize("N", [16, 60], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("B", [1, 4], ids=lambda b: f"B{b}")
 def test_verify_cpu(benchmark, request, provider, B, N, mode):
+    if provider == "torch" and mode.startswith("draft"):
+        pytest.skip("no torch baseline of the draft-aware rule")
     tokens, parents, logits, sampling = make_inputs(B, N, 49152, mode)
     fn = eagle_kernels.verify if provider == "eagle" else torch_path_verify
     _run(benchmark, request, provider, fn, (tokens, parents, logits), dict(max_depth=MAX_DEPTH, **sampling),
@@ -190,6 +223,8 @@ def test_verify_cpu(benchmark, request, provider, B, N, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("B", [1, 8, 32], ids=lambda b: f"B{b}")
 def test_verify_gpu(benchmark, request, provider, B, mode):
+    if provider == "torch" and mode.startswith("draft"):
+        pytest.skip("no torch baseline of the draft-aware rule")
     tokens, parents, logits, sampling = make_inputs(B, 64, 128256, mode, torch.bfloat16, "cuda")
     fn = eagle_kernels.verify if provider == "eagle" else torch_path_verify
     _run(benchmark, request, provider, fn, (tokens, parents, logits), dict(max_depth=MAX_DEPTH, **sampling),

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <math.h>
 
 #include "common.h"
 
@@ -163,6 +164,56 @@ HOST_DEVICE inline int64_t sample_inverse_cdf(const C* w, int64_t n, double u) {
     if (w[i] > C(0)) return i;
   }
   return 0;
+}
+
+// |sum(q_u) - 1| above this makes a draft row invalid (docs/ops.md §4, "Invalid draft rows").
+constexpr double kDraftSumTolerance = 1e-3;
+
+// Whether a draft row q (Vd floats) is a distribution: no entry NaN, infinite or negative, and
+// |S - 1| <= kDraftSumTolerance, S its float64 sum (16 lane accumulators added in lane order: the
+// loop vectorises without reassociating). S is written either way.
+HOST_DEVICE inline bool draft_row_sum(const float* q, int64_t Vd, double& S) {
+  double acc[16] = {0.0};
+  int bad = 0;
+  int64_t i = 0;
+  for (; i + 16 <= Vd; i += 16) {
+    for (int j = 0; j < 16; ++j) {
+      const float v = q[i + j];
+      bad |= static_cast<int>(!(v >= 0.0f)) | static_cast<int>(v == __builtin_huge_valf());  // NaN, < 0, +inf
+      acc[j] += static_cast<double>(v);
+    }
+  }
+  for (; i < Vd; ++i) {
+    const float v = q[i];
+    bad |= static_cast<int>(!(v >= 0.0f)) | static_cast<int>(v == __builtin_huge_valf());
+    acc[0] += static_cast<double>(v);
+  }
+  S = 0.0;
+  for (int j = 0; j < 16; ++j) S += acc[j];
+  return bad == 0 && fabs(S - 1.0) <= kDraftSumTolerance;
+}
+
+// The draft ids of the target vocabulary under d2t (target t = x + d2t[x], the int64 sum
+// wrapping as torch's does): inv[t] = x, -1 where no draft id maps. Returns false when a target
+// falls outside [0, V), which makes every draft row invalid. `inv` holds V entries.
+HOST_DEVICE inline bool invert_d2t(const int64_t* d2t, int64_t Vd, int64_t V, int64_t* inv) {
+  for (int64_t t = 0; t < V; ++t) inv[t] = -1;
+  bool ok = true;
+  for (int64_t x = 0; x < Vd; ++x) {
+    const int64_t t = static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(d2t[x]));
+    if (t < 0 || t >= V) {
+      ok = false;
+    } else {
+      inv[t] = x;
+    }
+  }
+  return ok;
+}
+
+// r(t) = q[x] / S for the draft id x of target t (t itself without d2t; 0 when none maps).
+HOST_DEVICE inline double draft_prob(const float* q, double S, const int64_t* inv, int64_t t) {
+  const int64_t x = inv != nullptr ? inv[t] : t;
+  return x < 0 ? 0.0 : static_cast<double>(q[x]) / S;
 }
 
 }  // namespace verify

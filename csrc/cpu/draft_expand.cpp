@@ -11,6 +11,12 @@
 // blocks of 4 vectors: a block whose max does not exceed the running max and whose entries all
 // sit below the k-th value (the common case after the first few blocks) costs one exp per
 // entry (simd.h's, FMA form) and two vector compares.
+//
+// Sampled rows (requests with temperature[b] > 0, docs/ops.md §2) take three passes: max, sum of
+// exp((x - max) / T), then each id's tempered log-prob and its Gumbel key on the counter-based
+// stream (a Philox-4x32-10 block per id, 16 at a time under AVX-512: the pass's main cost), the
+// k largest keys kept in a sorted buffer, and ids that provably cannot enter it skipping the
+// float64 logs of their key (see sample_row).
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -30,6 +36,7 @@
 
 #include "checks.h"
 #include "core/draft_expand.h"
+#include "core/philox.h"
 #include "ops.h"
 
 namespace eagle {
@@ -43,6 +50,9 @@ constexpr int64_t kMaxBufferK = 64;
 // Target entries scanned per parallel_for chunk: small problems run inline (waking the other
 // thread costs far more than scanning a few rows).
 constexpr int64_t kWorkPerChunk = 1 << 19;
+// The Gumbel draws' counter word holds depth * 65536 + m (docs/ops.md §2; _checks.py's limits).
+constexpr int64_t kDepthLimit = 65535;
+constexpr int64_t kRowLimit = 65536;
 
 // ------------------------------------------------------------------------- portable scan
 // One pass: online max / sum-exp and the top-k buffer. A = accumulation type (float, or double
@@ -246,7 +256,7 @@ EAGLE_TARGET_AVX2 core::RowStats<float> scan_row_avx2(const E* row, int64_t V, i
 // Scans row (b, m) and writes its k candidates. Scratch: top_values/top_ids of kMaxBufferK.
 template <typename T>
 void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const int64_t* d2t, int64_t* tokens,
-                float* scores, isa::Level level) {
+                float* scores, float* logprobs, isa::Level level) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t kb = k <= kMaxBufferK ? k : 0;  // 0: lse only, top-k below
   A top_values[kMaxBufferK];
@@ -277,28 +287,291 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
     });
     std::vector<A> values(k);
     for (int64_t r = 0; r < k; ++r) values[r] = static_cast<A>(row[ids[r]]);
-    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t, tokens, scores);
+    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t, tokens, scores,
+                        logprobs);
     return;
   }
   core::finish_row<A>(s, top_values, top_ids, kb == 0 ? 0 : count, k, static_cast<A>(frontier_score), d2t, tokens,
-                      scores);
+                      scores, logprobs);
+}
+
+// ------------------------------------------------------------------------- sampled rows
+// A sampled row: k draws without replacement from softmax((x - max) / T) by Gumbel-top-k, in
+// draw order (docs/ops.md §2). logp = (x - max) / T - log(sum), the association of
+// torch.log_softmax (the scaled max is exactly 0); keys in float64. fp32/bf16/fp16 rows sum
+// exp in 16 float lanes (simd.h's exp, unfused) reduced in lane order, so the AVX-512 pass and
+// the portable one give the same bits; fp64 rows use std::exp and one accumulator.
+//
+// The key pass: every id needs its Philox block (16 lanes at a time under AVX-512), but once k
+// keys are held, an id can only enter if its key beats the k-th, tau: logp - log(-log U) > tau
+// iff -log U < exp(logp - tau). Since -log U >= 1 - U >= D, D a lower bound of 1 - U from the
+// top 27 bits of U, a lane with D >= 1.001 * exp(logp - tau) (float, the margin far above its
+// rounding) cannot enter and skips the float64 logs. The pruning is exact (it drops only ids
+// that would not enter), so every pass gives the reference's draws; it runs while |tau| is
+// small enough for float (|tau| < 64), else every key is computed.
+constexpr float kPruneTauLimit = 64.0f;
+
+struct SampledRow {
+  double* keys;  // k entries, sorted descending
+  int64_t* ids;
+  int64_t count;
+  int64_t k;
+  // Exact key of id v and its push into the buffer.
+  void push(float logp, uint32_t w0, uint32_t w1, int64_t v) {
+    const uint64_t bits53 = (static_cast<uint64_t>(w0 >> 5) << 26) | (w1 >> 6);
+    const double u = static_cast<double>(bits53) * 0x1p-53;
+    core::push_top_k(keys, ids, count, k, core::rank_key(static_cast<double>(logp) - std::log(-std::log(u))), v);
+  }
+};
+
+template <typename T>
+float tempered_sum_portable(const T* row, int64_t V, float mx, float t) {
+  float acc[16] = {0.0f};
+  for (int64_t v = 0; v < V; ++v) {
+    acc[v & 15] += simd::scalar::exp_nonpositive<false>((static_cast<float>(row[v]) - mx) / t);
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < 16; ++j) sum += acc[j];
+  return sum;
 }
 
 template <typename T>
+void gumbel_scan_portable(const T* row, int64_t V, float mx, float t, float log_sum, int64_t seed, int64_t offset,
+                          uint32_t draw, SampledRow& st) {
+  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  for (int64_t v = 0; v < V; ++v) {
+    const float logp = (static_cast<float>(row[v]) - mx) / t - log_sum;
+    const philox::Words w =
+        philox::philox4x32_10(static_cast<uint32_t>(of), static_cast<uint32_t>(of >> 32), static_cast<uint32_t>(v),
+                              draw, static_cast<uint32_t>(sd), static_cast<uint32_t>(sd >> 32));
+    st.push(logp, w.w[0], w.w[1], v);
+  }
+}
+
+#if EAGLE_X86_SIMD
+// The row max, and whether a NaN was seen.
+template <typename E>
+EAGLE_TARGET_AVX512 float row_max_avx512(const E* row, int64_t V, bool& nan_seen) {
+  using namespace simd::avx512;
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (int64_t v = 0; v < V; v += 16) {
+    const int64_t left = V - v;
+    const __mmask16 valid = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    const __m512 x = load16_or_neg_inf(row + v, valid);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    m = _mm512_max_ps(x, m);  // NaN lanes keep m
+  }
+  nan_seen = nan != 0;
+  return reduce_max(m);
+}
+
+template <typename E>
+EAGLE_TARGET_AVX512 float tempered_sum_avx512(const E* row, int64_t V, float mx, float t) {
+  using namespace simd::avx512;
+  __m512 acc = _mm512_setzero_ps();
+  const __m512 vmx = _mm512_set1_ps(mx), vt = _mm512_set1_ps(t);
+  for (int64_t v = 0; v < V; v += 16) {
+    const int64_t left = V - v;
+    const __mmask16 valid = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    // Lanes past V hold -inf: exp gives +0, which leaves their accumulators as they are.
+    const __m512 x = load16_or_neg_inf(row + v, valid);
+    acc = _mm512_add_ps(acc, exp_nonpositive<false>(_mm512_div_ps(_mm512_sub_ps(x, vmx), vt)));
+  }
+  return reduce_add(acc);
+}
+
+// (hi, lo) 32-bit halves of the 16 products m * c (unsigned).
+EAGLE_TARGET_AVX512 inline void mulhilo16(__m512i m, __m512i c, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(c, m);                        // lanes 0, 2, ..: 64-bit products
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);  // lanes 1, 3, ..
+  lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+
+// philox::philox4x32_10 for 16 counters (o0, o1, node + lane, draw): the first two words.
+EAGLE_TARGET_AVX512 inline void philox16(uint32_t o0, uint32_t o1, __m512i node, uint32_t draw, uint32_t k0,
+                                         uint32_t k1, __m512i& w0, __m512i& w1) {
+  const __m512i m0 = _mm512_set1_epi64(philox::kM0), m1 = _mm512_set1_epi64(philox::kM1);
+  __m512i c0 = _mm512_set1_epi32(static_cast<int>(o0)), c1 = _mm512_set1_epi32(static_cast<int>(o1));
+  __m512i c2 = node, c3 = _mm512_set1_epi32(static_cast<int>(draw));
+  for (int round = 0; round < philox::kRounds; ++round) {
+    if (round > 0) {
+      k0 += philox::kW0;
+      k1 += philox::kW1;
+    }
+    __m512i hi0, lo0, hi1, lo1;
+    mulhilo16(m0, c0, hi0, lo0);
+    mulhilo16(m1, c2, hi1, lo1);
+    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
+    c1 = lo1;
+    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
+    c3 = lo0;
+  }
+  w0 = c0;
+  w1 = c1;
+}
+
+template <typename E>
+EAGLE_TARGET_AVX512 void gumbel_scan_avx512(const E* row, int64_t V, float mx, float t, float log_sum, int64_t seed,
+                                            int64_t offset, uint32_t draw, SampledRow& st) {
+  using namespace simd::avx512;
+  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  const uint32_t k0 = static_cast<uint32_t>(sd), k1 = static_cast<uint32_t>(sd >> 32);
+  const uint32_t o0 = static_cast<uint32_t>(of), o1 = static_cast<uint32_t>(of >> 32);
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 vmx = _mm512_set1_ps(mx), vt = _mm512_set1_ps(t), vls = _mm512_set1_ps(log_sum);
+  const __m512i d_top = _mm512_set1_epi32((1 << 27) - 1);
+  const __m512 zero = _mm512_setzero_ps(), two_m27 = _mm512_set1_ps(0x1p-27f), margin = _mm512_set1_ps(1.001f);
+  bool prune = false;
+  __m512 tau = _mm512_setzero_ps();
+  alignas(64) float logp_buf[16];
+  alignas(64) uint32_t w0_buf[16], w1_buf[16];
+  for (int64_t v = 0; v < V; v += 16) {
+    const int64_t left = V - v;
+    const __mmask16 valid = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    const __m512 x = load16_or_neg_inf(row + v, valid);
+    const __m512 logp = _mm512_sub_ps(_mm512_div_ps(_mm512_sub_ps(x, vmx), vt), vls);
+    __m512i w0, w1;
+    philox16(o0, o1, _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(v))), draw, k0, k1, w0, w1);
+    __mmask16 cand = valid;
+    if (prune) {
+      // D = (2^27 - 1 - (w0 >> 5)) 2^-27 <= 1 - U; exp(min(logp - tau, 0)), NaN -> 0 (minps).
+      const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d_top, _mm512_srli_epi32(w0, 5))), two_m27);
+      const __m512 bound = _mm512_mul_ps(exp_nonpositive<true>(_mm512_min_ps(_mm512_sub_ps(logp, tau), zero)), margin);
+      cand &= ~_mm512_cmp_ps_mask(d, bound, _CMP_GE_OQ);
+    }
+    if (cand == 0) continue;
+    _mm512_store_ps(logp_buf, logp);
+    _mm512_store_si512(w0_buf, w0);
+    _mm512_store_si512(w1_buf, w1);
+    uint32_t bits = cand;
+    while (bits) {
+      const int lane = __builtin_ctz(bits);
+      bits &= bits - 1;
+      st.push(logp_buf[lane], w0_buf[lane], w1_buf[lane], v + lane);
+    }
+    if (st.count == st.k) {
+      const double kth = st.keys[st.k - 1];
+      prune = kth > -kPruneTauLimit && kth < kPruneTauLimit;
+      tau = _mm512_set1_ps(static_cast<float>(kth));
+    }
+  }
+}
+#endif  // EAGLE_X86_SIMD
+
+// Writes the k candidates of a sampled row from its buffer (ids in draw order).
+template <typename T, typename A>
+void finish_sampled_row(const T* row, int64_t k, A mx, A t, A log_sum, bool bad, float frontier_score,
+                        const int64_t* d2t, const int64_t* ids, int64_t* tokens, float* scores, float* logprobs) {
+  const A fs = static_cast<A>(frontier_score);
+  for (int64_t r = 0; r < k; ++r) {
+    const int64_t id = ids[r];
+    const A logp = bad ? log_sum : (static_cast<A>(row[id]) - mx) / t - log_sum;
+    tokens[r] = d2t != nullptr ? id + d2t[id] : id;
+    scores[r] = static_cast<float>(fs + logp);
+    logprobs[r] = static_cast<float>(logp);
+  }
+}
+
+template <typename T>
+void sample_row(const T* row, int64_t V, int64_t k, float temperature, int64_t seed, int64_t offset, uint32_t draw,
+                float frontier_score, const int64_t* d2t, int64_t* tokens, float* scores, float* logprobs, double* keys,
+                int64_t* ids, isa::Level level) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const A inf = std::numeric_limits<A>::infinity();
+  A mx = -inf;
+  bool bad = false, vector_max = false;
+#if EAGLE_X86_SIMD
+  if constexpr (!std::is_same_v<T, double>) {
+    if (level >= isa::Level::kAvx512Ymm) {
+      mx = row_max_avx512(reinterpret_cast<const Elem<T>*>(row), V, bad);
+      vector_max = true;
+    }
+  }
+#endif
+  for (int64_t v = 0; v < V && !vector_max; ++v) {
+    const A x = static_cast<A>(row[v]);
+    if (std::isnan(x)) bad = true;
+    mx = x > mx ? x : mx;
+  }
+  bad = bad || mx == inf || mx == -inf;  // every log-prob NaN, as torch.log_softmax gives
+  const A t = static_cast<A>(temperature);
+  SampledRow st{keys, ids, 0, k};
+  if (bad) {
+    for (int64_t v = 0; v < k; ++v) ids[v] = v;  // NaN keys rank first, in id order
+    finish_sampled_row<T, A>(row, k, mx, t, std::numeric_limits<A>::quiet_NaN(), true, frontier_score, d2t, ids, tokens,
+                             scores, logprobs);
+    return;
+  }
+  A log_sum;
+  if constexpr (std::is_same_v<T, double>) {
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp((row[v] - mx) / t);
+    log_sum = std::log(sum);
+    for (int64_t v = 0; v < V; ++v) {
+      const double logp = (row[v] - mx) / t - log_sum;
+      core::push_top_k(keys, ids, st.count, k,
+                       core::rank_key(core::gumbel_key(logp, seed, offset, static_cast<uint32_t>(v), draw)), v);
+    }
+  } else {
+    bool done = false;
+#if EAGLE_X86_SIMD
+    if (level >= isa::Level::kAvx512Ymm) {
+      const Elem<T>* elems = reinterpret_cast<const Elem<T>*>(row);
+      log_sum = std::log(tempered_sum_avx512(elems, V, mx, t));
+      gumbel_scan_avx512(elems, V, mx, t, log_sum, seed, offset, draw, st);
+      done = true;
+    }
+#endif
+    if (!done) {
+      log_sum = std::log(tempered_sum_portable(row, V, mx, t));
+      gumbel_scan_portable(row, V, mx, t, log_sum, seed, offset, draw, st);
+    }
+  }
+  finish_sampled_row<T, A>(row, k, mx, t, log_sum, false, frontier_score, d2t, ids, tokens, scores, logprobs);
+}
+
+// Per-request sampling parameters (all null when no request samples).
+struct Sampling {
+  const float* temperature;  // [B] or null
+  const int64_t* seed;       // [B] or null
+  const int64_t* offset;     // [B] or null
+  int64_t depth;
+};
+
+template <typename T>
 void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const int64_t* d2t, int64_t k,
-                      at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier) {
+                      const Sampling& sp, at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier,
+                      at::Tensor& logprobs) {
   const int64_t B = logits.size(0), M = logits.size(1), V = logits.size(2);
   const T* x = logits.data_ptr<T>();
   const float* fs = fscores.data_ptr<float>();
   int64_t* tok = tokens.data_ptr<int64_t>();
   float* sc = scores.data_ptr<float>();
   int32_t* fr = frontier.data_ptr<int32_t>();
-  const int64_t grain = std::max<int64_t>(1, kWorkPerChunk / V);
+  float* lp = logprobs.data_ptr<float>();
+  bool any_sampled = false;
+  for (int64_t b = 0; sp.temperature != nullptr && b < B; ++b) any_sampled |= sp.temperature[b] > 0.0f;
+  // A sampled entry costs two passes and a Philox block, a few times a deterministic one.
+  const int64_t grain = std::max<int64_t>(1, kWorkPerChunk / (any_sampled ? 4 * V : V));
   const isa::Level level = isa::current();
   at::parallel_for(0, B * M, grain, [&](int64_t begin, int64_t end) {
+    std::vector<double> keys;
+    std::vector<int64_t> ids;
     for (int64_t row = begin; row < end; ++row) {
       // Candidate row * k + r: (b, m) rows are laid out as b * (M * k) + m * k.
-      expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k, level);
+      const int64_t b = row / M, m = row % M;
+      const float temperature = sp.temperature != nullptr ? sp.temperature[b] : 0.0f;
+      if (temperature > 0.0f) {
+        keys.resize(k);
+        ids.resize(k);
+        sample_row<T>(x + row * V, V, k, temperature, sp.seed ? sp.seed[b] : 0, sp.offset ? sp.offset[b] : 0,
+                      core::gumbel_draw(sp.depth, m), fs[row], d2t, tok + row * k, sc + row * k, lp + row * k,
+                      keys.data(), ids.data(), level);
+      } else {
+        expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k, lp + row * k, level);
+      }
     }
   });
   const int64_t MK = M * k;
@@ -310,7 +583,10 @@ void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const
 }  // namespace
 
 DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores, int64_t top_k,
-                                       const std::optional<at::Tensor>& d2t) {
+                                       const std::optional<at::Tensor>& d2t,
+                                       const std::optional<at::Tensor>& temperature,
+                                       const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                                       int64_t depth) {
   const char* op = "draft_expand";
   TORCH_CHECK_VALUE(logits.device().is_cpu(), op, ": logits: expected device cpu, got ", logits.device());
   check_float_dtype(logits, op, "logits");
@@ -330,29 +606,57 @@ DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tenso
     check_device(*d2t, op, "d2t", logits.device());
     d2t_c = d2t->contiguous();
   }
+  // Sampling parameters, in the order of eagle_kernels/_checks.py.
+  at::Tensor sampling_c[3];
+  const std::optional<at::Tensor>* sampling_args[3] = {&temperature, &seed, &offset};
+  const char* sampling_names[3] = {"temperature", "seed", "offset"};
+  const at::ScalarType sampling_dtypes[3] = {at::kFloat, at::kLong, at::kLong};
+  for (int i = 0; i < 3; ++i) {
+    const std::optional<at::Tensor>& t = *sampling_args[i];
+    if (!t.has_value()) continue;
+    check_dtype(*t, op, sampling_names[i], sampling_dtypes[i]);
+    check_shape(*t, op, sampling_names[i], {B}, "[B]");
+    check_device(*t, op, sampling_names[i], logits.device());
+    sampling_c[i] = t->contiguous();
+  }
+  TORCH_CHECK_VALUE(depth >= 0 && depth < kDepthLimit, op, ": depth: expected an int in [0, ", kDepthLimit, "), got ",
+                    depth);
+  TORCH_CHECK_VALUE(M <= kRowLimit, op, ": logits: expected at most ", kRowLimit, " frontier nodes (M), got shape ",
+                    shape_str(logits.sizes()));
+  Sampling sp{nullptr, nullptr, nullptr, depth};
+  if (temperature.has_value()) {
+    sp.temperature = sampling_c[0].data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(std::isfinite(sp.temperature[b]) && sp.temperature[b] >= 0.0f, op,
+                        ": temperature: expected finite values >= 0, got ", sp.temperature[b], " at ", b);
+    }
+  }
+  if (seed.has_value()) sp.seed = sampling_c[1].data_ptr<int64_t>();
+  if (offset.has_value()) sp.offset = sampling_c[2].data_ptr<int64_t>();
   const at::Tensor x = logits.contiguous();
   const at::Tensor fs = frontier_scores.contiguous();
   const auto opts = x.options();
   at::Tensor tokens = at::empty({B, M * top_k}, opts.dtype(at::kLong));
   at::Tensor scores = at::empty({B, M * top_k}, opts.dtype(at::kFloat));
   at::Tensor frontier = at::empty({B, top_k}, opts.dtype(at::kInt));
-  if (B == 0) return {tokens, scores, frontier};
+  at::Tensor logprobs = at::empty({B, M * top_k}, opts.dtype(at::kFloat));
+  if (B == 0) return {tokens, scores, frontier, logprobs};
   const int64_t* d2t_p = d2t.has_value() ? d2t_c.data_ptr<int64_t>() : nullptr;
   switch (dt) {
     case at::kFloat:
-      run_draft_expand<float>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<float>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
     case at::kBFloat16:
-      run_draft_expand<c10::BFloat16>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<c10::BFloat16>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
     case at::kHalf:
-      run_draft_expand<c10::Half>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<c10::Half>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
     default:
-      run_draft_expand<double>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<double>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
   }
-  return {tokens, scores, frontier};
+  return {tokens, scores, frontier, logprobs};
 }
 
 }  // namespace eagle

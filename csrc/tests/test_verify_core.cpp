@@ -3,6 +3,7 @@
 // against brute force, and the inverse-CDF draw.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -120,6 +121,30 @@ void test_inverse_cdf() {
   EXPECT_EQ(vf::sample_inverse_cdf<double>(zeros, 2, 0.5), 0);
 }
 
+void test_draft_rows() {
+  double S = 0.0;
+  const float good[3] = {0.25f, 0.5f, 0.25f};
+  EXPECT(vf::draft_row_sum(good, 3, S) && S == 1.0);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const float bad : {nan, inf, -0.125f}) {
+    const float row[3] = {0.25f, bad, 0.75f};
+    EXPECT(!vf::draft_row_sum(row, 3, S));
+  }
+  std::vector<float> wide(40, 1.0f / 40);  // 16-lane body and a tail
+  EXPECT(vf::draft_row_sum(wide.data(), 40, S) && std::fabs(S - 1.0) < 1e-6);
+  wide[37] += 2e-3f;  // |S - 1| > 1e-3
+  EXPECT(!vf::draft_row_sum(wide.data(), 40, S));
+  // d2t: draft ids 0, 1, 2 -> targets 1, 4, 2 of V = 5; out of range -> false.
+  const int64_t d2t[3] = {1, 3, 0};
+  int64_t inv[5];
+  EXPECT(vf::invert_d2t(d2t, 3, 5, inv));
+  EXPECT(inv[0] == -1 && inv[1] == 0 && inv[2] == 2 && inv[3] == -1 && inv[4] == 1);
+  EXPECT(vf::draft_prob(good, 1.0, inv, 4) == 0.5 && vf::draft_prob(good, 1.0, inv, 3) == 0.0);
+  EXPECT(vf::draft_prob(good, 0.5, nullptr, 1) == 1.0);
+  const int64_t out_of_range[3] = {1, 3, -3};
+  EXPECT(!vf::invert_d2t(out_of_range, 3, 5, inv));
+}
+
 }  // namespace
 
 int main() {
@@ -128,5 +153,6 @@ int main() {
   RUN(test_order_keys);
   RUN(test_thresholds_brute_force);
   RUN(test_inverse_cdf);
+  RUN(test_draft_rows);
   TEST_MAIN_END();
 }
