@@ -12,7 +12,6 @@ power; so do children drawn *with* replacement: flagging their duplicates is not
 keeping only the distinct pairs biases their law away from draws without replacement.
 """
 
-import inspect
 import sys
 from dataclasses import dataclass
 
