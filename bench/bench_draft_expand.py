@@ -174,8 +174,10 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
     return found
 
 
-def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90) -> list[dict]:
-    """One dict per kernel launch of ``draft_expand`` at this shape, compiled for ``sm_arch``."""
+def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90, sampled=False) -> list[dict]:
+    """One dict per kernel launch of ``draft_expand`` at this shape, compiled for ``sm_arch``.
+    ``sampled``: every request at temperature 1 (the sampled specialisation; the chunk's path
+    counted, the longest path without fallback rounds, is then the Gumbel keys')."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
@@ -192,8 +194,10 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90) -> l
 
     original, JITFunction.run = JITFunction.run, record
     try:
+        sampling = dict(temperature=torch.ones(B), seed=torch.zeros(B, dtype=torch.int64),
+                        offset=torch.zeros(B, dtype=torch.int64), depth=1) if sampled else {}
         triton_draft_expand._launch(torch.randn(B, M, V).to(dtype), torch.zeros(B, M), top_k, None,
-                                    triton_draft_expand.GPU_CONFIG)
+                                    triton_draft_expand.GPU_CONFIG, **sampling)
     finally:
         JITFunction.run = original
     target = GPUTarget("cuda", arch, 32)
@@ -237,11 +241,12 @@ def main():
     parser.add_argument("--sass", action="store_true", help="count the compiled kernels' instructions (no GPU)")
     parser.add_argument("--shape", type=int, nargs=4, default=[8, 8, 128256, 8], metavar=("B", "M", "V", "TOP_K"))
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    parser.add_argument("--sampled", action="store_true", help="sampled children (temperature 1) for every request")
     args = parser.parse_args()
     if not args.sass:
         parser.error("run the benchmarks with pytest (see bench/README.md); --sass for the instruction count")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    for row in sass_report(*args.shape, dtype=dtype):
+    for row in sass_report(*args.shape, dtype=dtype, sampled=args.sampled):
         print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
 
 

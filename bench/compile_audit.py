@@ -111,7 +111,13 @@ MODES = {  # verify's sampling modes: temperature, top_k, top_p per request
 }
 
 
-def _verify_case(dtype, B, N, V, mode):
+# The draft vocabulary of the sampled-draft verify cases (EAGLE-3's d2t over a larger target vocabulary).
+DRAFT_VOCAB = 32000
+
+
+def _verify_case(dtype, B, N, V, mode, drafts=False):
+    """``drafts``: sampled children with their draft rows (draft_probs over DRAFT_VOCAB ids mapped by d2t
+    when V is larger, a draft_sampled mask): the draft-aware specialisation."""
     from eagle_kernels.triton import verify as triton_verify
 
     temperature, top_k, top_p = MODES[mode]
@@ -121,6 +127,10 @@ def _verify_case(dtype, B, N, V, mode):
                     top_p=torch.full((B,), top_p), seed=torch.zeros(B, dtype=torch.int64),
                     offset=torch.zeros(B, dtype=torch.int64))
     logits = torch.empty(B, N, V, dtype=dtype)
+    if drafts:
+        Vd = min(V, DRAFT_VOCAB)
+        sampling.update(draft_probs=torch.full((B, N, Vd), 1.0 / Vd), draft_sampled=torch.ones(B, N, dtype=torch.bool),
+                        d2t=torch.zeros(Vd, dtype=torch.int64) if Vd < V else None)
     triton_verify.verify(tokens, parents, logits, max_depth=min(N - 1, 8), **sampling)
 
 
@@ -140,12 +150,15 @@ def _tree_attention_case(dtype, B, N, Hq, Hkv, D, prefix, paged, tree_mask, page
     triton_tree_attention.tree_attention(q, k, torch.empty_like(k), seqlens, mask, block_table=table)
 
 
-def _draft_expand_case(dtype, B, M, V, top_k, d2t):
+def _draft_expand_case(dtype, B, M, V, top_k, d2t, sampled=False):
+    """``sampled``: a temperature per request, the sampled specialisation (Gumbel keys)."""
     from eagle_kernels.triton import draft_expand as triton_draft_expand
 
     logits = torch.empty(B, M, V, dtype=dtype)
+    sampling = dict(temperature=torch.ones(B), seed=torch.zeros(B, dtype=torch.int64),
+                    offset=torch.zeros(B, dtype=torch.int64), depth=1) if sampled else {}
     triton_draft_expand.draft_expand(logits, torch.zeros(B, M), top_k,
-                                     d2t=torch.arange(V, dtype=torch.int64) if d2t else None)
+                                     d2t=torch.arange(V, dtype=torch.int64) if d2t else None, **sampling)
 
 
 def _write_kv_case(dtype, B, N, Hkv, D, paged, page=64, cap=4096):
@@ -245,12 +258,18 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in MODES:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode}",
                            lambda a=(DTYPES[dt], B, N, V, mode): _verify_case(*a))
+                # Sampled drafts (the draft-aware rule): greedy rows never read the drafts.
+                for mode in [m for m in MODES if m != "greedy"] if full else ["temperature", "top-p"]:
+                    yield (f"verify {dt} B{B} N{N} V{V} {mode} sampled-drafts",
+                           lambda a=(DTYPES[dt], B, N, V, mode, True): _verify_case(*a))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for V in (32000, 128256):
             for B, M, k in [(1, 1, 8), (8, 8, 8), (32, 8, 10)] if full else [(8, 8, 8)]:
                 for d2t in (False, True) if full else (False,):
-                    yield (f"draft_expand {dt} B{B} M{M} V{V} top_k{k}{' d2t' if d2t else ''}",
-                           lambda a=(DTYPES[dt], B, M, V, k, d2t): _draft_expand_case(*a))
+                    for sampled in (False, True):
+                        yield (f"draft_expand {dt} B{B} M{M} V{V} top_k{k}{' d2t' if d2t else ''}"
+                               f"{' sampled' if sampled else ''}",
+                               lambda a=(DTYPES[dt], B, M, V, k, d2t, sampled): _draft_expand_case(*a))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for D in (64, 128) if full else (128,):
             for paged in (False, True) if full else (True,):

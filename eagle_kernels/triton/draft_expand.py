@@ -33,6 +33,19 @@ docs/gpu_kernels.md).
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
+
+Sampled children (docs/ops.md §2): a launch given ``temperature`` compiles the ``SAMPLED``
+specialisation (calls without it keep the kernels above unchanged). In it, a row of a request
+with ``temperature > 0`` runs the same three steps on Gumbel keys instead of logits: each entry's
+``(x - chunk max) / T - log(-log U)`` in float64, U from the shared Philox stream
+(``philox.py``) at ``(seed, offset, node = id, draw = 2 + depth * 65536 + m)``; the chunk's sum
+is of ``exp((x - chunk max) / T)``. The merge re-keys each chunk's candidates exactly as the
+contract writes the key (``logp = (x - max) / T - log(sum)`` in the compute dtype, then
+``logp - log(-log U)`` in float64) and takes the ``TOP_K`` largest, ties toward the smaller id:
+rank ``r`` is the ``r``-th draw. Rows of requests at temperature 0 keep the deterministic rule
+inside the same launch. Sampled launches use ``sampled_block_v``-entry chunks (2048 on the GPU:
+the float64 keys and their Philox words do not fit 32 entries per thread). Every row also returns
+its draft log-probs (``logprobs``).
 """
 from __future__ import annotations
 
@@ -45,6 +58,7 @@ import triton.language as tl
 from .. import _checks
 from .._types import DraftCandidates
 from ._launch_config import interpreted
+from .philox import _uniform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +68,13 @@ class DraftExpandConfig:
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
         warps and the [registers, threads] view of a chunk (``chunk_shape``).
     merge_lanes: candidate keys of the frontier rows one merge round reduces together.
+    sampled_block_v: entries per chunk program in launches with a temperature (sampled
+        children): a float64 key and its Philox draw per entry need more registers per entry.
     """
 
     block_v: int
     merge_lanes: int = 4096
+    sampled_block_v: int = 2048
 
 
 # Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
@@ -67,7 +84,7 @@ class DraftExpandConfig:
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
 GPU_CONFIG = DraftExpandConfig(block_v=8192)
-INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024)
+INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024, sampled_block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
 PER_THREAD = tl.constexpr(4)  # survivors one thread compacts
@@ -101,6 +118,11 @@ def _draft_chunk_kernel(
     part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
     part_id_ptr,  # [B * M, NC, TOP_K] int32
     surv_ptr,  # [B * M, NC, CAP] int32 scratch: ids of the chunk's survivors
+    temperature_ptr,  # [B] float32 (read only when SAMPLED)
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
+    draw_base,  # DRAFT_DRAW + depth * DEPTH_STRIDE (< 2**32)
+    M,
     V,
     NC,
     TOP_K: tl.constexpr,
@@ -110,26 +132,71 @@ def _draft_chunk_kernel(
     CAP: tl.constexpr,  # survivor slots ranked in registers
     THREADS: tl.constexpr,  # 32 * num_warps
     IS_FP64: tl.constexpr,
+    SAMPLED: tl.constexpr,  # temperature given: rows of requests with temperature > 0 rank Gumbel keys
 ):
     """Chunk ``(row, chunk)``: max, sum of ``exp(x - max)``, bad flag and the chunk's top
     TOP_K (value desc, id asc; unordered: the merge ranks them). Only the last chunk of a row
-    takes the masked loads and compares."""
+    takes the masked loads and compares. A sampled row's sum is of ``exp((x - max) / T)`` and
+    its top TOP_K are by Gumbel key (``_gumbel_keys``)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    if (chunk + 1) * BLOCK_V <= V:
-        _chunk_partials(logits_ptr + row * V, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr,
-                        surv_ptr, row * NC + chunk, chunk * BLOCK_V, V, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP,
-                        THREADS, IS_FP64, False)
+    t = 0.0
+    seed = 0
+    offset = 0
+    draw = draw_base
+    if SAMPLED:
+        b = row // M
+        t = tl.load(temperature_ptr + b)
+        seed = tl.load(seed_ptr + b)
+        offset = tl.load(offset_ptr + b)
+        draw = draw_base + row % M
+    row_ptr = logits_ptr + row * V
+    out = row * NC + chunk
+    if SAMPLED:
+        if t > 0:
+            _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,True)
+        else:
+            _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,False)
     else:
-        _chunk_partials(logits_ptr + row * V, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr,
-                        surv_ptr, row * NC + chunk, chunk * BLOCK_V, V, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP,
-                        THREADS, IS_FP64, True)
+        _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
+               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,False)
+
+
+@triton.jit
+def _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk, V, t,
+           seed, offset, draw, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+           BLOCK_V: tl.constexpr, SUPER: tl.constexpr, CAP: tl.constexpr, THREADS: tl.constexpr,
+           IS_FP64: tl.constexpr, SAMPLED_ROW: tl.constexpr):
+    """_chunk_partials, with the masked loads in a row's last chunk only."""
+    if (chunk + 1) * BLOCK_V <= V:
+        _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
+                        chunk * BLOCK_V, V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS,
+                        IS_FP64, False, SAMPLED_ROW)
+    else:
+        _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
+                        chunk * BLOCK_V, V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS,
+                        IS_FP64, True, SAMPLED_ROW)
+
+
+@triton.jit
+def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
+    """Exponential-race keys ``(x - shift) / t - log(-log U)`` in float64 (docs/ops.md §2), U the
+    stream's uniform at (seed, offset, node = id, draw); ``x`` in the compute dtype. With the
+    row's max as ``shift`` the first term is the reference's scaled logit, bit for bit; the
+    merge subtracts the row's log-normaliser (a float32 rounding of its own) for the final
+    ranking."""
+    s = (x - shift) / t
+    u = _uniform(seed, offset, ids, draw.to(tl.uint32))
+    return s.to(tl.float64) - tl.log(-tl.log(u))
 
 
 @triton.jit
 def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
-                    base, V, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SUPER: tl.constexpr,
-                    CAP: tl.constexpr, THREADS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
+                    base, V, temp, seed, offset, draw, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_V: tl.constexpr, SUPER: tl.constexpr, CAP: tl.constexpr, THREADS: tl.constexpr,
+                    IS_FP64: tl.constexpr, MASKED: tl.constexpr, SAMPLED: tl.constexpr):
     # One element per thread and register: the survivors' compaction below then stores from the
     # load's own layout (a vectorised load would make the compiler convert all BLOCK_V entries
     # through shared memory for the scattered store).
@@ -140,6 +207,18 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
     else:
         x = tl.load(row_ptr + tl.max_contiguous(offs, 1))
     x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+    if SAMPLED:
+        # The max and sum of exp((x - max) / T) as below; then x holds the Gumbel keys, which
+        # the threshold, compaction and rank steps take in place of the logits.
+        cmax = tl.max(x, axis=0)
+        shift = tl.where(cmax == float("-inf"), 0.0, cmax)
+        csum = tl.sum(tl.exp((x - shift) / temp), axis=0)
+        tl.store(part_max_ptr + out, cmax)
+        tl.store(part_sum_ptr + out, csum)
+        tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
+        x = _gumbel_keys(x, offs, shift, temp, seed, offset, draw)
+        if MASKED:
+            x = tl.where(in_row, x, float("-inf"))
     # Maxima ignore NaN (max.f32 on the GPU, fmax in the interpreter); NaN only occurs in bad
     # rows, whose ranking is not used.
     if SUPER > 0:
@@ -147,15 +226,16 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         tmax = tl.max(tl.reshape(x, [BLOCK_V // THREADS, THREADS]), axis=0)
         smax = tl.max(tl.reshape(tmax, [SUPER, THREADS // SUPER]), axis=1)  # [SUPER]
         cmax = tl.max(smax, axis=0)
-    else:
+    elif not SAMPLED:
         cmax = tl.max(x, axis=0)
-    # exp(-inf) = 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf). A NaN entry
-    # makes the sum NaN: with +inf as the max, that is the bad flag, with no extra reduction.
-    shift = tl.where(cmax == float("-inf"), 0.0, cmax)
-    csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E), axis=0)  # one FFMA per entry
-    tl.store(part_max_ptr + out, cmax)
-    tl.store(part_sum_ptr + out, csum)
-    tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
+    if not SAMPLED:
+        # exp(-inf) = 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf). A NaN entry
+        # makes the sum NaN: with +inf as the max, that is the bad flag, with no extra reduction.
+        shift = tl.where(cmax == float("-inf"), 0.0, cmax)
+        csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E), axis=0)  # one FFMA per entry
+        tl.store(part_max_ptr + out, cmax)
+        tl.store(part_sum_ptr + out, csum)
+        tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
     n = BLOCK_V + 1  # survivors; above CAP: the plain rounds
     if SUPER > 0:
         # Threshold: the TOP_K-th largest super-group max. TOP_K super-groups hold an entry >= t
@@ -194,6 +274,8 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         ids = tl.load(surv_ptr + out * CAP + cand, mask=cand < n, other=0)
         vals = tl.load(row_ptr + ids, mask=cand < n, other=float("-inf"))
         vals = vals.to(tl.float64) if IS_FP64 else vals.to(tl.float32)
+        if SAMPLED:
+            vals = tl.where(cand < n, _gumbel_keys(vals, ids, shift, temp, seed, offset, draw), float("-inf"))
         slot_i, id_i, v_i = cand[None, :], ids[None, :], vals[None, :]  # ranked: columns
         slot_j, id_j, v_j = cand[:, None], ids[:, None], vals[:, None]
         beats = (slot_j < n) & ((v_j > v_i) | ((v_j == v_i) & (id_j < id_i)))
@@ -229,10 +311,17 @@ def _draft_merge_kernel(
     part_id_ptr,  # [B * M, NC, TOP_K] int32
     frontier_scores_ptr,  # [B, M] float32
     d2t_ptr,  # [V] int64 (unused unless HAS_D2T)
+    logits_ptr,  # [B * M, V] (read only for sampled rows: their candidates' exact keys)
+    temperature_ptr,  # [B] float32 (read only when SAMPLED)
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
     tokens_ptr,  # [B, M * TOP_K] int64
     scores_ptr,  # [B, M * TOP_K] float32
+    logprobs_ptr,  # [B, M * TOP_K] float32
     frontier_ptr,  # [B, TOP_K] int32
+    draw_base,
     M,
+    V,
     NC,
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr,  # frontier rows merged together
@@ -241,10 +330,78 @@ def _draft_merge_kernel(
     BLOCK_MK: tl.constexpr,
     HAS_D2T: tl.constexpr,
     IS_FP64: tl.constexpr,
+    SAMPLED: tl.constexpr,
 ):
     """Per request: BLOCK_M rows at a time, each round takes every row's next best candidate
     (TOP_K rounds per block of rows, not per row), then the frontier over the stored scores."""
     b = tl.program_id(0).to(tl.int64)
+    if SAMPLED:
+        t = tl.load(temperature_ptr + b)
+        if t > 0:
+            _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
+                                logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, t, tl.load(seed_ptr + b),
+                                tl.load(offset_ptr + b), draw_base, M, V, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
+                                HAS_D2T, IS_FP64)
+        else:
+            _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
+                        d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
+                        HAS_D2T, IS_FP64)
+    else:
+        _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
+                    d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
+                    HAS_D2T, IS_FP64)
+    MK = M * TOP_K
+    # The scores just stored by other threads of this program are read back below.
+    tl.debug_barrier()
+    # Frontier: TOP_K rounds of argmax over the candidates, NaN ranked as -inf, ties by index.
+    offs_mk = tl.arange(0, BLOCK_MK)
+    acc = tl.load(scores_ptr + b * MK + offs_mk, mask=offs_mk < MK, other=float("-inf"))
+    keys_mk = tl.where(offs_mk < MK, _pack_key(tl.where(acc != acc, float("-inf"), acc), offs_mk), _KEY_MIN)
+    for r in range(TOP_K):
+        kmax = tl.max(keys_mk, axis=0)
+        _, pick = _unpack_key(kmax)
+        tl.store(frontier_ptr + b * TOP_K + r, pick)
+        keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+
+
+@triton.jit
+def _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, t, SAMPLED_ROW: tl.constexpr):
+    """Max, log of the softmax sum and bad flag of a block of rows from their chunk partials
+    (sums of ``exp((x - chunk max) / t)`` for sampled rows, t = 1 otherwise)."""
+    part = row_ok[:, None] & (offs_c < NC)[None, :]
+    at = row[:, None] * NC + offs_c[None, :]
+    pm = tl.load(part_max_ptr + at, mask=part, other=float("-inf"))
+    ps = tl.load(part_sum_ptr + at, mask=part, other=0.0)
+    pb = tl.load(part_bad_ptr + at, mask=part, other=0)
+    gmax = tl.max(pm, axis=1)
+    shift = tl.where(gmax == float("-inf"), 0.0, gmax)
+    if SAMPLED_ROW:
+        total = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp((pm - shift[:, None]) / t)), axis=1)
+    else:
+        total = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - shift[:, None])), axis=1)
+    bad = (tl.max(pb, axis=1) != 0) | (gmax == float("-inf")) | (gmax == float("inf"))
+    return gmax, tl.log(tl.where(bad, 1.0, total)), bad
+
+
+@triton.jit
+def _store_candidate(tokens_ptr, scores_ptr, logprobs_ptr, d2t_ptr, b, m, r, row_ok, bad, pick, fs, logp, MK,
+                     TOP_K: tl.constexpr, HAS_D2T: tl.constexpr):
+    """Rank ``r`` of rows ``m``: token (``r`` for bad rows), score and draft log-prob."""
+    token = tl.where(bad, r, pick).to(tl.int64)
+    score = tl.where(bad, float("nan"), fs + logp).to(tl.float32)
+    if HAS_D2T:
+        token = token + tl.load(d2t_ptr + token, mask=row_ok, other=0)
+    c = m * TOP_K + r
+    tl.store(tokens_ptr + b * MK + c, token, mask=row_ok)
+    tl.store(scores_ptr + b * MK + c, score, mask=row_ok)
+    tl.store(logprobs_ptr + b * MK + c, tl.where(bad, float("nan"), logp).to(tl.float32), mask=row_ok)
+
+
+@triton.jit
+def _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
+                tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
+    """The most likely TOP_K of every row of request ``b``, by value from the chunks' top TOP_K."""
     offs_c = tl.arange(0, BLOCK_C)
     offs_ck = tl.arange(0, BLOCK_CK)
     MK = M * TOP_K
@@ -253,16 +410,8 @@ def _draft_merge_kernel(
         m = m0 + tl.arange(0, BLOCK_M)
         row_ok = m < M
         row = b * M + m  # [BLOCK_M]
-        part = row_ok[:, None] & (offs_c < NC)[None, :]
-        at = row[:, None] * NC + offs_c[None, :]
-        pm = tl.load(part_max_ptr + at, mask=part, other=float("-inf"))
-        ps = tl.load(part_sum_ptr + at, mask=part, other=0.0)
-        pb = tl.load(part_bad_ptr + at, mask=part, other=0)
-        gmax = tl.max(pm, axis=1)
-        shift = tl.where(gmax == float("-inf"), 0.0, gmax)
-        total = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - shift[:, None])), axis=1)
-        bad = (tl.max(pb, axis=1) != 0) | (gmax == float("-inf")) | (gmax == float("inf"))
-        log_sum = tl.log(tl.where(bad, 1.0, total))
+        gmax, log_sum, bad = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, 1.0,
+                                              False)
         fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
         fs = fs.to(tl.float64) if IS_FP64 else fs
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
@@ -282,25 +431,51 @@ def _draft_merge_kernel(
                 kmax = tl.max(keys, axis=1)
                 best, pick = _unpack_key(kmax)
                 keys = tl.where(keys == kmax[:, None], _KEY_MIN, keys)
-            token = tl.where(bad, r, pick).to(tl.int64)
             logp = (best - gmax) - log_sum
-            score = tl.where(bad, float("nan"), fs + logp).to(tl.float32)
-            if HAS_D2T:
-                token = token + tl.load(d2t_ptr + token, mask=row_ok, other=0)
-            c = m * TOP_K + r
-            tl.store(tokens_ptr + b * MK + c, token, mask=row_ok)
-            tl.store(scores_ptr + b * MK + c, score, mask=row_ok)
-    # The scores just stored by other threads of this program are read back below.
-    tl.debug_barrier()
-    # Frontier: TOP_K rounds of argmax over the candidates, NaN ranked as -inf, ties by index.
-    offs_mk = tl.arange(0, BLOCK_MK)
-    acc = tl.load(scores_ptr + b * MK + offs_mk, mask=offs_mk < MK, other=float("-inf"))
-    keys_mk = tl.where(offs_mk < MK, _pack_key(tl.where(acc != acc, float("-inf"), acc), offs_mk), _KEY_MIN)
-    for r in range(TOP_K):
-        kmax = tl.max(keys_mk, axis=0)
-        _, pick = _unpack_key(kmax)
-        tl.store(frontier_ptr + b * TOP_K + r, pick)
-        keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+            _store_candidate(tokens_ptr, scores_ptr, logprobs_ptr, d2t_ptr, b, m, r, row_ok, bad, pick, fs, logp, MK,
+                             TOP_K, HAS_D2T)
+
+
+@triton.jit
+def _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
+                        logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, t, seed, offset, draw_base, M, V, NC,
+                        TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
+                        HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
+    """The TOP_K draws of every row of a sampled request: its chunks' candidates re-keyed
+    exactly as the contract writes it (``logp = (x - max) / T - log(sum)`` in the compute
+    dtype, then ``logp - log(-log U)`` in float64) and ranked by key, ties toward the smaller id."""
+    if IS_FP64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_ck = tl.arange(0, BLOCK_CK)
+    MK = M * TOP_K
+    n_cand = NC * TOP_K
+    for m0 in range(0, M, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        row_ok = m < M
+        row = b * M + m  # [BLOCK_M]
+        gmax, log_sum, bad = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, t,
+                                              True)
+        fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
+        fs = fs.to(tl.float64) if IS_FP64 else fs
+        cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
+        ids = tl.load(part_id_ptr + row[:, None] * n_cand + offs_ck[None, :], mask=cand, other=_BIG_ID)
+        real = cand & (ids < V)  # chunks shorter than TOP_K fill with ids above V
+        x = tl.load(logits_ptr + row[:, None] * V + ids, mask=real, other=float("-inf")).to(CT)
+        logp = ((x - gmax[:, None]) / t).to(CT) - log_sum[:, None].to(CT)
+        u = _uniform(seed, offset, ids, (draw_base + m[:, None]).to(tl.uint32))
+        keys = tl.where(real, logp.to(tl.float64) - tl.log(-tl.log(u)), float("-inf"))
+        alive = cand
+        for r in range(TOP_K):
+            best = tl.max(tl.where(alive, keys, float("-inf")), axis=1)
+            pick = tl.min(tl.where(alive & (keys == best[:, None]), ids, _BIG_ID), axis=1)
+            taken = alive & (ids == pick[:, None])
+            picked_logp = tl.max(tl.where(taken, logp, float("-inf")), axis=1)
+            alive = alive & (ids != pick[:, None])
+            _store_candidate(tokens_ptr, scores_ptr, logprobs_ptr, d2t_ptr, b, m, r, row_ok, bad, pick, fs,
+                             picked_logp, MK, TOP_K, HAS_D2T)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,25 +517,41 @@ def launch_config() -> DraftExpandConfig:
     return INTERPRETER_CONFIG if interpreted(_draft_chunk_kernel) else GPU_CONFIG
 
 
-def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, survivors=None) -> DraftCandidates:
+DRAFT_DRAW = 2  # first draw index of the Gumbel draws (docs/design.md)
+DEPTH_STRIDE = 65536  # draw = DRAFT_DRAW + depth * DEPTH_STRIDE + frontier row
+
+
+def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, survivors=None, temperature=None,
+            seed=None, offset=None, depth=0) -> DraftCandidates:
     """``survivors``: the chunk kernel's scratch (int32 [B * M, NC, cap]), given by tests that
-    read back which ids each chunk compacted."""
+    read back which ids each chunk compacted. With ``temperature`` the kernels take the sampled
+    specialisation (rows of requests at 0 keep the deterministic rule inside it); without it the
+    deterministic kernels, unchanged."""
     B, M, V = logits.shape
     device = logits.device
     x = logits if logits.is_contiguous() else logits.contiguous()
     fs = frontier_scores.contiguous()
     is_fp64 = logits.dtype == torch.float64
     compute = torch.float64 if is_fp64 else torch.float32
-    block_v = min(config.block_v, triton.next_power_of_2(V))
+    sampled = temperature is not None
+    block_v = min(config.sampled_block_v if sampled else config.block_v, triton.next_power_of_2(V))
     NC = triton.cdiv(V, block_v)
     if NC * top_k > _MAX_CANDIDATES:
         raise ValueError(f"top_k: expected ceil(V / {block_v}) * top_k <= {_MAX_CANDIDATES} on the "
                          f"triton path, got top_k = {top_k} with V = {V}")
     tokens = torch.empty(B, M * top_k, dtype=torch.int64, device=device)
     scores = torch.empty(B, M * top_k, dtype=torch.float32, device=device)
+    logprobs = torch.empty(B, M * top_k, dtype=torch.float32, device=device)
     frontier = torch.empty(B, top_k, dtype=torch.int32, device=device)
     if B == 0:
-        return DraftCandidates(tokens, scores, frontier)
+        return DraftCandidates(tokens, scores, frontier, logprobs)
+    if sampled:
+        temperature = temperature.contiguous()
+        seed = torch.zeros(B, dtype=torch.int64, device=device) if seed is None else seed.contiguous()
+        offset = torch.zeros(B, dtype=torch.int64, device=device) if offset is None else offset.contiguous()
+    else:
+        temperature = seed = offset = fs  # placeholder pointers, never read
+    draw_base = DRAFT_DRAW + depth * DEPTH_STRIDE
     R = B * M
     part_max = torch.empty(R, NC, dtype=compute, device=device)
     part_sum = torch.empty(R, NC, dtype=compute, device=device)
@@ -371,25 +562,25 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     if survivors is None:
         survivors = torch.empty(R, NC, max(shape.cap, 1), dtype=torch.int32, device=device)
     _draft_chunk_kernel[(R, NC)](
-        x, part_max, part_sum, part_bad, part_val, part_id, survivors, V, NC,
+        x, part_max, part_sum, part_bad, part_val, part_id, survivors, temperature, seed, offset, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, IS_FP64=is_fp64, num_warps=shape.warps, **_register_cap(shape),
+        THREADS=shape.threads, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
     d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
     block_ck = triton.next_power_of_2(NC * top_k)
     _draft_merge_kernel[(B,)](
-        part_max, part_sum, part_bad, part_val, part_id, fs, d2t_arg, tokens, scores, frontier,
-        M, NC, TOP_K=top_k,
+        part_max, part_sum, part_bad, part_val, part_id, fs, d2t_arg, x, temperature, seed, offset, tokens, scores,
+        logprobs, frontier, draw_base, M, V, NC, TOP_K=top_k,
         # Rows merged together: their candidate keys (BLOCK_M * BLOCK_CK int64) stay in registers.
         BLOCK_M=max(1, min(triton.next_power_of_2(M), config.merge_lanes // block_ck)),
         BLOCK_C=triton.next_power_of_2(NC), BLOCK_CK=block_ck,
-        BLOCK_MK=triton.next_power_of_2(M * top_k), HAS_D2T=d2t is not None, IS_FP64=is_fp64,
+        BLOCK_MK=triton.next_power_of_2(M * top_k), HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled,
         num_warps=4 if block_ck * triton.next_power_of_2(M) <= 2048 else 8,
     )
-    return DraftCandidates(tokens, scores, frontier)
+    return DraftCandidates(tokens, scores, frontier, logprobs)
 
 
-def draft_expand(logits, frontier_scores, top_k, *, d2t=None,
+def draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, seed=None, offset=None, depth=0,
                  _config: DraftExpandConfig | None = None) -> DraftCandidates:
     """Triton path of :func:`eagle_kernels.draft_expand` (contract §2); see
     :func:`eagle_kernels.reference.draft_expand` for semantics. ``_config`` overrides
@@ -398,8 +589,11 @@ def draft_expand(logits, frontier_scores, top_k, *, d2t=None,
     Shapes
     ------
     logits [B, M, Vd] (fp32, fp16, bf16; fp64 computes in fp64); frontier_scores float32
-    [B, M]; d2t int64 [Vd] -> DraftCandidates(tokens int64 [B, M * top_k], scores float32
-    [B, M * top_k], frontier int32 [B, top_k]).
+    [B, M]; d2t int64 [Vd]; temperature float32 [B] (> 0: that request's children are sampled);
+    seed, offset int64 [B]; depth: int -> DraftCandidates(tokens int64 [B, M * top_k], scores
+    float32 [B, M * top_k], frontier int32 [B, top_k], logprobs float32 [B, M * top_k]).
     """
-    _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t)
-    return _launch(logits, frontier_scores, top_k, d2t, _config or launch_config())
+    _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t, temperature=temperature, seed=seed,
+                               offset=offset, depth=depth)
+    return _launch(logits, frontier_scores, top_k, d2t, _config or launch_config(), temperature=temperature,
+                   seed=seed, offset=offset, depth=depth)

@@ -45,6 +45,15 @@ per-tile sums and one scanned tile. Philox4x32-10 runs in-kernel on uint32 words
 read in their own dtype (fp16 / bf16 / fp32 / fp64; no copy) and computed in float32 (float64
 for fp64 logits).
 
+Sampled drafts (``draft_probs`` given: the ``HAS_DRAFT`` specialisation; calls without it compile
+the kernel as before): at a node of a sampling row with sampled children, the program that merges
+the row's last phase applies the draft-aware rule itself (``_accept_sampled`` in verify_walk.py):
+one pass over the draft row (validity, float64 sum), the children in node order against the
+residual, one pass over the target row per rejected sampled child for the new float64 mass, and
+two passes for the bonus from the final residual; the residual weight of any token is its first
+weight with the recorded rejections applied in order, as the reference computes it. With ``d2t``
+the launcher builds the inverse map (target id -> draft id) and the range flag on the device.
+
 Modules: ``verify_rows.py`` (the passes over a row's chunks, the threshold searches and
 candidate lists), ``verify_walk.py`` (Philox, acceptance, bonus draw and the kernel), and here
 the launch configurations and the launcher.
@@ -73,7 +82,7 @@ from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests
     STAT_MAX,
     STAT_NORM,
 )
-from .verify_walk import CTL_WORDS, ROW_WORDS, _verify_kernel
+from .verify_walk import CTL_WORDS, EVENT_WORDS, ROW_WORDS, _verify_kernel
 
 # Chunks per row at most (programs per request).
 MAX_SPLITS = 64
@@ -137,7 +146,8 @@ class Launch(NamedTuple):
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
-           seed=None, offset=None, _config: VerifyConfig | None = None) -> VerifyOutput:
+           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None,
+           _config: VerifyConfig | None = None) -> VerifyOutput:
     """Triton launcher with the contract signature (shapes as ``eagle_kernels.reference.verify``).
     ``_config`` overrides :func:`launch_config` (tests run the GPU configuration interpreted).
 
@@ -145,18 +155,42 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     ------
     tokens int64 [B, N], parents int32 [B, N], target_logits [B, N, V] float32 / float16 /
     bfloat16 / float64 (16-bit logits are read as they are, no copy); optional float32 /
-    int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset.
+    int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset; for sampled
+    drafts draft_probs float32 [B, N, Vd], draft_sampled bool [B, N], d2t int64 [Vd].
     Returns VerifyOutput(accept_len [B], accept_nodes [B, max_depth + 1],
     out_tokens [B, max_depth + 1], status [B]).
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
-                         top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+                         top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
+                         draft_sampled=draft_sampled, d2t=d2t)
     return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-                   _config or launch_config()).output
+                   _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t).output
+
+
+def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
+    """Kernel arguments of the draft-aware rule: the draft rows, the sampled flags as int8, and
+    with ``d2t`` the inverse map (the draft id of each target id, -1 for none; d2t is injective)
+    and whether every draft id maps into [0, V), both built on the device without a sync."""
+    if draft_probs is None:
+        return placeholder, placeholder, placeholder, placeholder, 1
+    device = draft_probs.device
+    Vd = draft_probs.shape[2]
+    probs = draft_probs.contiguous()
+    sampled = draft_sampled.contiguous().view(torch.int8) if draft_sampled is not None else placeholder
+    if d2t is None:
+        return probs, sampled, placeholder, placeholder, Vd
+    ids = torch.arange(Vd, dtype=torch.int64, device=device)
+    target = ids + d2t
+    in_range = (target >= 0) & (target < V)
+    inverse = torch.full((V,), -1, dtype=torch.int32, device=device)
+    inverse.index_put_((torch.where(in_range, target, 0),), torch.where(in_range, ids, -1).to(torch.int32))
+    # A clamped out-of-range id may have overwritten slot 0: the row is then invalid anyway (d2t_ok = 0).
+    d2t_ok = in_range.all().to(torch.int32).reshape(1)
+    return probs, sampled, inverse, d2t_ok, Vd
 
 
 def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-            config: VerifyConfig) -> Launch:
+            config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
     lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput with the
     visited rows' internals: candidate counts and the sampling rows' scalars."""
@@ -208,15 +242,20 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     part_search = torch.empty((B, splits, 1 << config.radix_bits), dtype=torch.float64, device=device)
     prefix = torch.empty(B, dtype=torch.int64, device=device)
     tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
+    probs, sampled, inverse, d2t_ok, Vd = _draft_inputs(draft_probs, draft_sampled, d2t, V, status)
+    # The rejections at the current node of the draft-aware rule (EVENT_WORDS float64 each).
+    events = status if draft_probs is None else torch.empty(
+        (B, EVENT_WORDS.value * triton.next_power_of_2(N)), dtype=torch.float64, device=device)
     _verify_kernel[(B, splits)](
         tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
         control, row_scalars, part_max, part_arg, part_flags, part_total, part_counts, part_sums, part_mass,
         part_search, prefix, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
-        N, V, max_depth, chunk, logits.stride(0), logits.stride(1),
+        probs, sampled, inverse, d2t_ok, events, N, V, Vd, max_depth, chunk, logits.stride(0), logits.stride(1),
         IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
         BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
         BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
+        HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,
         num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .philox import _uniform
 from .verify_rows import (
     NUM_PIVOTS,
     NUM_STATS,
@@ -35,10 +36,6 @@ from .verify_rows import (
     _weights,
 )
 
-PHILOX_M0 = tl.constexpr(0xD2511F53)
-PHILOX_M1 = tl.constexpr(0xCD9E8D57)
-PHILOX_W0 = tl.constexpr(0x9E3779B9)
-PHILOX_W1 = tl.constexpr(0xBB67AE85)
 ACCEPT_DRAW = tl.constexpr(0)
 BONUS_DRAW = tl.constexpr(1)
 # The passes a phase runs over one chunk of the current row.
@@ -70,30 +67,6 @@ ROW_CUT = tl.constexpr(4)
 ROW_NORM = tl.constexpr(5)
 ROW_LEVEL = tl.constexpr(6)
 ROW_WORDS = tl.constexpr(8)
-
-
-@triton.jit
-def _uniform(seed, offset, nodes, DRAW: tl.constexpr):
-    """U in [0, 1) (float64, 53 bits) of the stream at (seed, offset, node, DRAW) for every
-    entry of the int32 tensor ``nodes``; seed and offset are int64 scalars."""
-    c2 = nodes.to(tl.uint32)
-    zero = c2 * 0
-    k0 = zero + (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = zero + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = zero + (offset & 0xFFFFFFFF).to(tl.uint32)
-    c1 = zero + ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c3 = zero + DRAW
-    for round_index in tl.static_range(10):
-        if round_index > 0:
-            k0 = tl.add(k0, PHILOX_W0, sanitize_overflow=False)
-            k1 = tl.add(k1, PHILOX_W1, sanitize_overflow=False)
-        hi0 = tl.umulhi(c0, PHILOX_M0)
-        lo0 = tl.mul(c0, PHILOX_M0, sanitize_overflow=False)
-        hi1 = tl.umulhi(c2, PHILOX_M1)
-        lo1 = tl.mul(c2, PHILOX_M1, sanitize_overflow=False)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    bits53 = ((c0 >> 5).to(tl.uint64) << 26) | (c1 >> 6).to(tl.uint64)
-    return bits53.to(tl.float64) * 1.1102230246251565e-16  # 2**-53
 
 
 @triton.jit
@@ -221,6 +194,236 @@ def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, 
 
 
 @triton.jit
+def _accept_and_bonus(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row, tokens_row,
+                      tokens, accept_coins, offs_n, N, seed, offset, listed, index_b, scaled_b, sums_b,
+                      CT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
+                      NUM_CAND: tl.constexpr):
+    """Deterministic drafts: _accept, then the bonus over the candidate list or the row's tiles
+    when every child fails. Returns (child or -1, bonus or -1, finish)."""
+    child, rejected = _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row,
+                              tokens_row, tokens, accept_coins, offs_n, N, CT, BLOCK_N)
+    bonus = tl.full([], -1, tl.int32)
+    finish = 0
+    if child < 0:
+        u = tl.sum(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0), axis=0)
+        if listed >= 0:
+            if NUM_CAND > 0:
+                bonus = _bonus_from_list(index_b, scaled_b, listed, tokens_row, node, N, rejected, offs_n, kth, denom,
+                                         cut, norm, u, V, CT, NUM_CAND).to(tl.int32)
+        else:
+            bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node, N, rejected, offs_n,
+                                 sums_b, CT, BLOCK_V, BLOCK_T).to(tl.int32)
+        finish = 1
+    return child, bonus, finish
+
+
+# Rejections at a node with sampled children (the draft-aware rule, docs/ops.md §4), recorded in
+# order; the residual weight of any token is its first weight with these events applied.
+EV_ZERO = tl.constexpr(1)  # a deterministic child, or a sampled one whose residual would be empty: w(x) = 0
+EV_RESIDUAL = tl.constexpr(2)  # a sampled child: w = max(w / mass - r', 0)
+EV_KEEP = tl.constexpr(3)  # a sampled child whose residual and zeroing would both be empty: w unchanged
+# An event's float64 words in the per-request scratch: kind, token, the mass before it and, for a
+# sampled child, the draft mass removed before it (-1 for a deterministic child).
+EV_WORD_KIND = tl.constexpr(0)
+EV_WORD_TOKEN = tl.constexpr(1)
+EV_WORD_MASS = tl.constexpr(2)
+EV_WORD_REMOVED = tl.constexpr(3)
+EVENT_WORDS = tl.constexpr(4)
+DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)
+
+
+@triton.jit
+def _draft_r(ids, valid, q_row, inv_ptr, S, HAS_D2T: tl.constexpr):
+    """r(y) = q_u(draft id of y) / S in float64 for target ids ``ids`` (0 where no draft id maps
+    to y)."""
+    if HAS_D2T:
+        draft = tl.load(inv_ptr + ids, mask=valid, other=-1)
+        q = tl.load(q_row + draft, mask=valid & (draft >= 0), other=0.0)
+    else:
+        q = tl.load(q_row + ids, mask=valid, other=0.0)
+    return q.to(tl.float64) / S
+
+
+@triton.jit
+def _apply_events(w, ids, r, events, n_events, CT: tl.constexpr):
+    """The residual weights of tokens ``ids`` (first weights ``w``, draft probabilities ``r``)
+    after the node's ``n_events`` recorded rejections (``events``: EVENT_WORDS float64 per
+    rejection), computed as the reference does: ``w / mass`` in the compute dtype with mass
+    rounded to it, ``r'`` rounded to it from float64."""
+    zeroed = ids < 0  # the earlier sampled siblings' tokens: out of r'
+    for j in range(0, n_events):
+        kind = tl.load(events + j * EVENT_WORDS + EV_WORD_KIND, volatile=True).to(tl.int32)
+        token = tl.load(events + j * EVENT_WORDS + EV_WORD_TOKEN, volatile=True).to(tl.int64)
+        removed = tl.load(events + j * EVENT_WORDS + EV_WORD_REMOVED, volatile=True)
+        if kind == EV_RESIDUAL:
+            mass = tl.load(events + j * EVENT_WORDS + EV_WORD_MASS, volatile=True)
+            r_now = tl.where(zeroed, 0.0, r / (1.0 - removed)).to(CT)
+            w = tl.maximum(w / mass.to(CT) - r_now, 0.0).to(CT)
+        elif kind == EV_ZERO:
+            w = tl.where(ids == token, 0.0, w).to(CT)
+        if removed >= 0:  # a sampled child (deterministic ones record -1): out of r' from now on
+            zeroed = zeroed | (ids == token)
+    return w
+
+
+@triton.jit
+def _record_event(events, n_events, kind, token, mass, removed):
+    at = events + n_events * EVENT_WORDS
+    tl.store(at + EV_WORD_KIND, kind.to(tl.float64))
+    tl.store(at + EV_WORD_TOKEN, token.to(tl.float64))
+    tl.store(at + EV_WORD_MASS, mass.to(tl.float64))
+    tl.store(at + EV_WORD_REMOVED, removed.to(tl.float64))
+    tl.debug_barrier()  # read back by every thread of the program
+
+
+@triton.jit
+def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
+                       CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
+    """Token ids, validity and float64 residual weights of one tile of the row."""
+    offs = start + tl.arange(0, BLOCK_V)
+    valid = offs < V
+    s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+    w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(CT)
+    r = _draft_r(offs, valid, q_row, inv_ptr, S, HAS_D2T)
+    w = _apply_events(w, offs, r, events, n_events, CT)
+    return offs, valid, tl.where(valid, w, 0.0).to(tl.float64)
+
+
+@triton.jit
+def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr,
+                   BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
+    """float64 sum of the residual weights: one pass over the row."""
+    lane = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
+                                            events, n_events, CT, BLOCK_V, HAS_D2T)
+        lane += w
+    return tl.sum(lane, axis=0)
+
+
+@triton.jit
+def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, u,
+                    CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
+    """Inverse CDF over the residual row (as _inverse_cdf): the smallest x with
+    cumsum64(w)[x] > u * sum(w), else the largest x with w[x] > 0; two passes over the row."""
+    total = tl.zeros([], tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
+                                            events, n_events, CT, BLOCK_V, HAS_D2T)
+        total += tl.sum(w, axis=0)
+    target = u * total
+    carry = tl.zeros([], tl.float64)
+    found = V
+    last_positive = -1
+    for start in range(0, V, BLOCK_V):
+        offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
+                                            events, n_events, CT, BLOCK_V, HAS_D2T)
+        hit = tl.min(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V), axis=0)
+        found = tl.minimum(found, hit)
+        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), axis=0))
+        carry += tl.sum(w, axis=0)
+    return tl.where(found < V, found, tl.maximum(last_positive, 0))
+
+
+@triton.jit
+def _sampled_child_count(node, may_descend, parents_row, sampled_row, N, BLOCK_N: tl.constexpr,
+                         HAS_MASK: tl.constexpr):
+    """How many children of ``node`` were drawn from its draft row."""
+    offs_n = tl.arange(0, BLOCK_N)
+    child = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node) & may_descend
+    if HAS_MASK:
+        child = child & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
+    return tl.sum(child.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row, tokens,
+                    sampled_row, q_row, inv_ptr, d2t_ok_ptr, events, accept_coins, u_bonus, offs_n, N,
+                    CT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, HAS_MASK: tl.constexpr,
+                    HAS_D2T: tl.constexpr):
+    """The draft-aware rule at a node with sampled children (docs/ops.md §4): validates the draft
+    row (one pass over it), tries the children in node order against the residual, with one
+    pass over the row per rejected sampled child for the new mass, and draws the bonus from the
+    final residual when every child fails (two passes). The rejections are recorded in
+    ``events`` (per-request scratch), not held in registers. Returns (accepted child or -1,
+    bonus token, 1 when the draft row is invalid)."""
+    # The draft row: entries finite and >= 0, S = float64 sum within the tolerance, d2t in range.
+    lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
+    lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
+    for start in range(0, Vd, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        q = tl.load(q_row + offs, mask=offs < Vd, other=0.0)
+        lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
+        lane_sum += q.to(tl.float64)
+    S = tl.sum(lane_sum, axis=0)
+    draft_bad = (tl.max(lane_bad, axis=0) != 0) | (tl.abs(S - 1.0) > DRAFT_SUM_TOLERANCE) | (S != S)
+    if HAS_D2T:
+        draft_bad = draft_bad | (tl.load(d2t_ok_ptr) == 0)
+    S = tl.where(draft_bad, 1.0, S)
+    # The sampled children: r(x) > 0, no earlier sampled sibling with the same token, removed
+    # below 1 before each.
+    siblings = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node)
+    if HAS_MASK:
+        siblings = siblings & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
+    removed = tl.zeros([], tl.float64)
+    for c in range(node + 1, N):
+        is_child = tl.load(parents_row + c) == node
+        if HAS_MASK:
+            is_child = is_child & (tl.load(sampled_row + c) != 0)
+        if is_child:
+            x = tl.load(tokens_row + c)
+            xs = x + offs_n * 0
+            rx = tl.sum(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T), axis=0)
+            seen = tl.max((siblings & (offs_n < c) & (tokens == x)).to(tl.int32), axis=0) != 0
+            draft_bad = draft_bad | (rx <= 0) | seen | (removed >= 1.0)
+            removed += rx
+    child = -1
+    n_events = 0
+    removed = tl.zeros([], tl.float64)
+    if draft_bad == 0:
+        for c in range(node + 1, N):
+            if (tl.load(parents_row + c) == node) & (child < 0):
+                is_sampled = tl.full([], 1, tl.int32) != 0
+                if HAS_MASK:
+                    is_sampled = tl.load(sampled_row + c) != 0
+                x = tl.load(tokens_row + c)
+                xs = x + offs_n * 0
+                one = (offs_n == 0) & (xs >= 0) & (xs < V)
+                logit = tl.load(row + xs, mask=one, other=float("-inf")).to(CT)
+                w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT),
+                              0.0).to(CT)
+                r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
+                wx = tl.sum(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64), axis=0)
+                rx = tl.sum(r, axis=0)
+                d = tl.where(is_sampled, rx / (1.0 - removed), 1.0)
+                coin = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
+                if (wx > 0) & (coin < (wx / mass) / d):
+                    child = c
+                elif is_sampled:
+                    _record_event(events, n_events, tl.full([], EV_RESIDUAL, tl.int32), x, mass, removed)
+                    new_mass = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events,
+                                              n_events + 1, CT, BLOCK_V, HAS_D2T)
+                    if new_mass == 0.0:  # only through rounding: zero w(x) instead, or keep w
+                        new_mass = mass - wx
+                        kind = tl.where(new_mass > 0, EV_ZERO, EV_KEEP).to(tl.int32)
+                        _record_event(events, n_events, kind, x, mass, removed)
+                        new_mass = tl.where(new_mass > 0, new_mass, mass)
+                    n_events += 1
+                    mass = new_mass
+                    removed += rx
+                elif wx > 0:  # a deterministic child: zero w(x), remove it from the mass
+                    _record_event(events, n_events, tl.full([], EV_ZERO, tl.int32), x, mass,
+                                  tl.full([], -1.0, tl.float64))
+                    n_events += 1
+                    mass = mass - wx
+    bonus = -1
+    if child < 0:
+        bonus = _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
+                                u_bonus, CT, BLOCK_V, HAS_D2T)
+    return child, bonus, draft_bad.to(tl.int32)
+
+
+@triton.jit
 def _verify_kernel(
     tokens_ptr,  # [B, N] int64
     parents_ptr,  # [B, N] int32
@@ -250,7 +453,12 @@ def _verify_kernel(
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
     out_tokens_ptr,  # [B, A] int64
     status_ptr,  # [B] int32
-    N, V, max_depth, chunk, stride_lb, stride_ln,
+    draft_probs_ptr,  # [B, N, Vd] float32 (read only when HAS_DRAFT)
+    draft_sampled_ptr,  # [B, N] int8 (read only when HAS_MASK)
+    inv_d2t_ptr,  # [V] int32: the draft id of each target id, -1 for none (read only when HAS_D2T)
+    d2t_ok_ptr,  # [1] int32: 1 when every draft id maps into [0, V)
+    events_ptr,  # [B, EVENT_WORDS * BLOCK_N] float64 scratch: the rejections at the current node
+    N, V, Vd, max_depth, chunk, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     SPLITS: tl.constexpr,  # chunks per row (programs per request)
@@ -265,6 +473,9 @@ def _verify_kernel(
     RADIX_BITS: tl.constexpr,
     NUM_CAND: tl.constexpr,  # candidate list capacity; 0 turns the candidate path off
     SHORT_CAND: tl.constexpr,  # min(128, NUM_CAND): the sort size of short lists
+    HAS_DRAFT: tl.constexpr,  # draft_probs given: the draft-aware rule at nodes with sampled children
+    HAS_MASK: tl.constexpr,  # draft_sampled given (else every non-root node is sampled)
+    HAS_D2T: tl.constexpr,
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
     verify.py): each phase is one pass over the chunks of the current row; a program claims
@@ -378,6 +589,7 @@ def _verify_kernel(
                     next_node = node
                     finish = 0
                     bad = 0
+                    draft_bad = 0
                     bonus = -1
                     child = -1
                     ready = 0  # 1: the row's weights are known, walk on
@@ -522,21 +734,26 @@ def _verify_kernel(
                         seed = tl.load(seed_ptr + b)
                         offset = tl.load(offset_ptr + b)
                         accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
-                        child, rejected = _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend,
-                                                  parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT,
-                                                  BLOCK_N)
-                        if child < 0:
+                        drafted = 0
+                        if HAS_DRAFT:
+                            drafted = _sampled_child_count(node, may_descend, parents_row, draft_sampled_ptr + b * N,
+                                                           N, BLOCK_N, HAS_MASK)
+                        if drafted > 0:
                             u = tl.sum(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0),
                                        axis=0)
-                            if listed >= 0:
-                                if NUM_CAND > 0:
-                                    bonus = _bonus_from_list(index_b, scaled_b, listed, tokens_row, node, N, rejected,
-                                                             offs_n, kth, denom, cut, norm, u, V, CT,
-                                                             NUM_CAND).to(tl.int32)
-                            else:
-                                bonus = _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
-                                                     N, rejected, offs_n, sums_b, CT, BLOCK_V, BLOCK_T).to(tl.int32)
-                            finish = 1
+                            child, bonus, draft_bad = _accept_sampled(
+                                row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row,
+                                tokens, draft_sampled_ptr + b * N, draft_probs_ptr + (b * N + node) * Vd,
+                                inv_d2t_ptr, d2t_ok_ptr, events_ptr + b * EVENT_WORDS * BLOCK_N, accept_coins, u,
+                                offs_n, N, CT, BLOCK_N, BLOCK_S, HAS_MASK, HAS_D2T)
+                            bonus = bonus.to(tl.int32)
+                            if child < 0:
+                                finish = 1
+                        else:
+                            child, bonus, finish = _accept_and_bonus(
+                                row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row,
+                                tokens_row, tokens, accept_coins, offs_n, N, seed, offset, listed, index_b, scaled_b,
+                                sums_b, CT, BLOCK_N, BLOCK_V, BLOCK_T, NUM_CAND)
                     # Walk on: record an accepted child or the bonus, then open the next phase.
                     if child >= 0:
                         depth += 1
@@ -555,7 +772,7 @@ def _verify_kernel(
                         tl.store(out_tokens_ptr + b * A + depth, bonus.to(tl.int64))
                     if finish != 0:
                         tl.store(accept_len_ptr + b, depth)
-                        tl.store(status_ptr + b, bad)
+                        tl.store(status_ptr + b, tl.where(bad != 0, 1, 2 * draft_bad))
                     else:
                         tl.store(ctl + CTL_KIND, next_kind)
                         tl.store(ctl + CTL_NODE, next_node)

@@ -283,3 +283,101 @@ def test_gpu_nan_and_inf_rows(gpu_op_impl, dtype):
     fs = random_frontier_scores(2, 5, 9)
     out = fn(logits.cuda(), fs.cuda(), 4)
     assert_same_as_reference(type(out)(*(t.cpu() for t in out)), reference.draft_expand(logits, fs, 4))
+
+
+# ------------------------------------------------------------------ Triton sampled children
+def _sampled_inputs(B, M, V, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, M, V, generator=gen, dtype=torch.float64) * 2.5).to(dtype)
+    fs = random_frontier_scores(B, M, V)
+    # Mixed batch: sampled, deterministic, hot, a temperature that sends every logit but the max to -inf.
+    temperature = torch.tensor([0.8, 0.0, 1.7, 1e-30, 1.0][:B], dtype=torch.float32)
+    seeds = torch.tensor([3, -1, 2**40 + 7, 11, 0][:B], dtype=torch.int64)
+    offsets = torch.tensor([0, 5, 2**33 + 1, 9, 123][:B], dtype=torch.int64)
+    d2t = torch.randint(0, 50, (V,), generator=gen, dtype=torch.int64)
+    return logits, fs, dict(d2t=d2t, temperature=temperature, seed=seeds, offset=offsets)
+
+
+def assert_sampled_same_as_reference(out, ref):
+    assert_same_as_reference(out, ref)
+    torch.testing.assert_close(out.logprobs, ref.logprobs, equal_nan=True, **SCORE_TOL[torch.float32])
+
+
+# (launch configuration, B, M, V, top_k, dtype): the GPU's sampled chunks (2048 entries, 128 threads) with a
+# tail, the interpreter's chunks with a tail, chunks smaller than top_k, and top_k above the chunk threshold's
+# limit (plain rounds).
+SAMPLED_CASES = [
+    ("gpu-block", 3, 2, 3000, 6, torch.float32),
+    ("interp-block", 4, 2, 1100, 8, torch.bfloat16),
+    ("block16", 3, 1, 150, 20, torch.float64),
+    ("plain-rounds", 3, 1, 300, 40, torch.float16),
+]
+
+
+@pytest.mark.parametrize("case", SAMPLED_CASES, ids=[c[0] for c in SAMPLED_CASES])
+def test_triton_sampled_matches_reference(backend, op_impl, case):
+    """Sampled children on every launch shape the Triton launcher can take: the same draws as
+    the reference (the same random stream), in a batch mixing sampled and deterministic rows."""
+    if backend != "triton":
+        pytest.skip("triton launcher only")
+    op_impl("draft_expand")
+    from eagle_kernels.triton import draft_expand as triton_draft_expand
+
+    name, B, M, V, top_k, dtype = case
+    config = {"gpu-block": triton_draft_expand.GPU_CONFIG, "interp-block": triton_draft_expand.INTERPRETER_CONFIG,
+              "block16": triton_draft_expand.DraftExpandConfig(block_v=16),
+              "plain-rounds": triton_draft_expand.DraftExpandConfig(block_v=128)}[name]
+    logits, fs, kwargs = _sampled_inputs(B, M, V, dtype, V + top_k)
+    out = triton_draft_expand._launch(logits, fs, top_k, kwargs["d2t"], config, temperature=kwargs["temperature"],
+                                      seed=kwargs["seed"], offset=kwargs["offset"], depth=7)
+    ref = reference.draft_expand(logits, fs, top_k, depth=7, **kwargs)
+    assert_sampled_same_as_reference(out, ref)
+    # The deterministic row is the deterministic op's, and another depth draws other children.
+    det = reference.draft_expand(logits, fs, top_k, d2t=kwargs["d2t"])
+    assert out.tokens[1].tolist() == det.tokens[1].tolist()
+    other = triton_draft_expand._launch(logits, fs, top_k, kwargs["d2t"], config, temperature=kwargs["temperature"],
+                                        seed=kwargs["seed"], offset=kwargs["offset"], depth=8)
+    assert other.tokens[0].tolist() != out.tokens[0].tolist()
+
+
+def test_triton_sampled_bad_rows(backend, op_impl):
+    """NaN, +inf and all -inf rows of sampled requests give the reference's ids 0..k-1 with NaN
+    scores and log-probs; -inf entries of a good row are never drawn before finite ones."""
+    if backend != "triton":
+        pytest.skip("triton launcher only")
+    fn = op_impl("draft_expand")
+    logits = _bad_rows(torch.float32)
+    logits[1, 4, 3:] = float("-inf")  # three finite entries: drawn first, then -inf ties by id
+    fs = random_frontier_scores(2, 5, 9)
+    kwargs = dict(temperature=torch.tensor([0.9, 1.3]), seed=torch.tensor([1, 2]), offset=torch.tensor([0, 4]))
+    out = fn(logits, fs, 4, **kwargs)
+    ref = reference.draft_expand(logits, fs, 4, **kwargs)
+    assert_sampled_same_as_reference(out, ref)
+    assert out.tokens[1, 16:19].sort().values.tolist() == [0, 1, 2] and int(out.tokens[1, 19]) == 3
+
+
+def test_sampled_arguments_are_checked(backend, op_impl):
+    if backend == "cpp":
+        pytest.skip("the C++ kernel's sampled arguments are checked with it")
+    fn = op_impl("draft_expand")
+    logits, fs = torch.zeros(2, 1, 10), torch.zeros(2, 1)
+    with pytest.raises(ValueError, match="temperature"):
+        fn(logits, fs, 2, temperature=torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="seed"):
+        fn(logits, fs, 2, temperature=torch.ones(2), seed=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="temperature"):
+        fn(logits, fs, 2, temperature=torch.tensor([1.0, -1.0]))
+    with pytest.raises(ValueError, match="depth"):
+        fn(logits, fs, 2, temperature=torch.ones(2), depth=65535)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("B,M,V,top_k", [(5, 8, 32000, 8), (5, 1, 128256, 10), (3, 4, 1031, 40)], ids=lambda x: str(x))
+def test_gpu_sampled_matches_reference(gpu_op_impl, B, M, V, top_k, dtype):
+    fn = gpu_op_impl("draft_expand")
+    logits, fs, kwargs = _sampled_inputs(B, M, V, dtype, V)
+    out = fn(logits.cuda(), fs.cuda(), top_k, depth=3, **{k: v.cuda() for k, v in kwargs.items()})
+    torch.cuda.synchronize()
+    assert_sampled_same_as_reference(type(out)(*(t.cpu() for t in out)),
+                                     reference.draft_expand(logits, fs, top_k, depth=3, **kwargs))

@@ -139,6 +139,9 @@ def ordered_draw_law(q, k):
 def test_draws_follow_without_replacement_law(expand, temperature, top_k):
     """The ordered k-tuples drawn for 6000 requests (one batch, offsets 0..5999) fit the exact law
     of k draws without replacement from softmax(logits / T), in draw order (χ², p > 1e-3)."""
+    if "triton" in expand.__module__:
+        pytest.skip("6000 interpreted programs take minutes; Triton's draws equal the reference's "
+                    "(test_matches_reference, test_draft_expand_backends.py)")
     V, B = 5, 6000
     row = torch.tensor([1.0, 0.3, -0.5, 0.9, float("-inf")])
     logits = row.expand(B, 1, V).contiguous()

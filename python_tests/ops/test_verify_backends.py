@@ -284,3 +284,130 @@ def test_triton_top_p_nucleus_just_above_a_level_takes_the_list():
         assert int(launch.cand_count[0, 0]) == 2, launch.cand_count  # the two tokens at or above s = -3
         assert_same(launch.output, reference.verify(tokens, parents, logits, max_depth=1, **sampling), seed)
         assert int(launch.output.out_tokens[0, 0]) in (5, 40)
+
+
+# ------------------------------------------------------------ sampled drafts (draft-aware rule)
+def sampled_draft_batch(seed, B, N, V, Vd=None, noise=1.0, dtype=torch.float32):
+    """Trees whose children were drawn without replacement (Gumbel-top-k) from draft rows close to
+    the target (so children are accepted, and rejected, at several depths); 15% of the children
+    deterministic (``draft_sampled`` False, any token); requests greedy, temperature-only, top-k
+    and top-p in turn. ``Vd < V``: a draft vocabulary of ``Vd`` target ids mapped by ``d2t``."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    for i in range(1, N):
+        parents[:, i] = torch.randint(max(0, i - 3), i, (B,), generator=gen, dtype=torch.int32)
+    logits = torch.randn(B, N, V, generator=gen, dtype=torch.float64) * 2
+    temperature = torch.tensor([1.0, 0.7, 1.3, 0.0])[torch.arange(B) % 4]
+    Vd = Vd or V
+    d2t = None
+    draft_logits = logits
+    if Vd != V:
+        target = torch.sort(torch.randperm(V, generator=gen)[:Vd]).values
+        d2t = target - torch.arange(Vd)
+        draft_logits = logits[..., target]
+    q = torch.softmax(draft_logits / temperature.clamp(min=0.5)[:, None, None]
+                      + noise * torch.randn(B, N, Vd, generator=gen, dtype=torch.float64), -1).float()
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    sampled = torch.rand(B, N, generator=gen) < 0.85
+    for b in range(B):
+        for u in range(N):
+            kids = [c for c in range(u + 1, N) if int(parents[b, c]) == u]
+            u_draw = torch.rand(Vd, generator=gen, dtype=torch.float64)
+            drawn = torch.sort(torch.log(q[b, u].double()) - torch.log(-torch.log(u_draw)), descending=True,
+                               stable=True).indices[: len(kids)].tolist()
+            for c, x in zip(kids, drawn):
+                if not bool(sampled[b, c]):
+                    x = int(torch.randint(0, Vd, (1,), generator=gen))
+                tokens[b, c] = x if d2t is None else x + int(d2t[x])
+    sampling = dict(temperature=temperature.float(), top_k=torch.tensor([0, 5, 0, 0])[torch.arange(B) % 4].int(),
+                    top_p=torch.tensor([1.0, 1.0, 0.8, 1.0])[torch.arange(B) % 4].float(),
+                    seed=torch.arange(B) * 7 + seed, offset=torch.arange(B) + 3 * seed)
+    return tokens, parents, logits.to(dtype), sampling, dict(draft_probs=q, draft_sampled=sampled, d2t=d2t)
+
+
+# (id, launch configuration, B, N, V, Vd): the interpreter's candidate lists and tiles, the GPU's
+# configuration interpreted (one chunk, long lists), and the whole-row searches (no lists); a draft
+# vocabulary mapped by d2t.
+SAMPLED_DRAFT_CASES = [("interp-V50", "interpreter", 8, 12, 50, None), ("gpu-V80-d2t", "gpu", 8, 12, 80, 60),
+                       ("search-V300-d2t", "search", 4, 10, 300, 250)]
+
+
+@pytest.mark.parametrize("case", SAMPLED_DRAFT_CASES, ids=[c[0] for c in SAMPLED_DRAFT_CASES])
+def test_triton_sampled_drafts_match_reference(case):
+    """Triton's draft-aware rule gives the reference's outputs token for token (the same stream,
+    the same float32 residuals and float64 masses), over several seeds' worth of accepted and
+    rejected sampled children, deterministic children among them, and greedy rows in the batch."""
+    backend_impl("triton")
+    from eagle_kernels.triton import verify as triton_verify
+
+    name, config, B, N, V, Vd = case
+    config = {"interpreter": triton_verify.INTERPRETER_CONFIG, "gpu": triton_verify.GPU_CONFIG,
+              "search": dataclasses.replace(triton_verify.INTERPRETER_CONFIG, candidates=0)}[config]
+    tokens, parents, logits, sampling, drafts = sampled_draft_batch(V, B, N, V, Vd, noise=0.3)
+    want = reference.verify(tokens, parents, logits, max_depth=6, **sampling, **drafts)
+    got = triton_verify.verify(tokens, parents, logits, max_depth=6, **sampling, **drafts, _config=config)
+    assert_same(got, want, name)
+    sampling_rows = sampling["temperature"] > 0
+    assert int(want.accept_len[sampling_rows].sum()) >= 1  # sampled children accepted ...
+    assert int((want.accept_len[sampling_rows] < 6).sum()) >= 1  # ... and rejected
+
+
+def test_triton_invalid_draft_rows():
+    """Draft rows that are not a distribution the sampled children could come from: no child is
+    tried, the bonus is drawn from p (a valid token), status 2, as the reference; the other
+    requests of the batch are unaffected."""
+    backend_impl("triton")
+    from eagle_kernels.triton import verify as triton_verify
+
+    B, N, V = 8, 4, 40
+    tokens, parents, logits, sampling, drafts = sampled_draft_batch(3, B, N, V)
+    parents[:] = torch.tensor([-1, 0, 0, 1], dtype=torch.int32)
+    sampling["temperature"][:] = 1.0
+    drafts["draft_sampled"][:] = True
+    q = drafts["draft_probs"]
+    q[0] = torch.softmax(logits[0].double(), -1).float()  # valid: the reference row
+    tokens[0, 1:] = torch.tensor([3, 7, 9])
+    q[1, 0, 5] = float("nan")
+    q[2, 0, 6] = -0.01
+    q[3, 0] *= 1.01  # |S - 1| > 1e-3
+    q[4, 0, int(tokens[4, 2])] = 0.0  # a sampled child with r(x) = 0
+    q[4, 0] /= q[4, 0].sum()
+    tokens[5, 2] = tokens[5, 1]  # two sampled siblings with one token
+    q[6, 0] = 0.0
+    q[6, 0, int(tokens[6, 1])] = 1.0  # removed reaches 1 before the second sampled child
+    q[6, 0, int(tokens[6, 2])] = 1e-30  # S rounds to 1: r(x) of the first child is 1
+    logits[7, 0, 0] = float("nan")  # a bad target row: status 1
+    want = reference.verify(tokens, parents, logits, max_depth=3, **sampling, **drafts)
+    assert want.status.tolist() == [0, 2, 2, 2, 2, 2, 2, 1]
+    assert_same(triton_verify.verify(tokens, parents, logits, max_depth=3, **sampling, **drafts), want)
+    # d2t mapping a draft id outside [0, V): every sampled node's row is invalid.
+    Vd = 30
+    d2t = torch.arange(Vd) * 0 + 5
+    d2t[-1] = V  # Vd - 1 + V is out of range
+    probs = torch.softmax(torch.randn(2, N, Vd, generator=torch.Generator().manual_seed(1)), -1)
+    child_tokens = torch.tensor([[0, 5, 6, 7]] * 2)
+    kwargs = dict(draft_probs=probs, d2t=d2t)
+    sampling = {k: v[-2:] for k, v in sampling.items()}
+    want = reference.verify(child_tokens, parents[-2:], logits[-2:], max_depth=3, **sampling, **kwargs)
+    assert want.status.tolist() == [2, 1]
+    assert_same(triton_verify.verify(child_tokens, parents[-2:], logits[-2:], max_depth=3, **sampling, **kwargs),
+                want)
+
+
+def test_draft_arguments_are_checked():
+    """Shape and dtype mismatches of the draft arguments are ValueErrors naming the tensor."""
+    verify = backend_impl("triton")
+    B, N, V = 2, 3, 10
+    tokens, parents = torch.zeros(B, N, dtype=torch.int64), torch.tensor([[-1, 0, 1]] * B, dtype=torch.int32)
+    logits = torch.zeros(B, N, V)
+    sampling = dict(temperature=torch.ones(B))
+    cases = [("draft_probs", dict(draft_probs=torch.zeros(B, N, V + 1))),
+             ("draft_probs", dict(draft_probs=torch.zeros(B, N, V, dtype=torch.float64))),
+             ("draft_probs", dict(draft_probs=torch.zeros(B, N + 1, V))),
+             ("draft_sampled", dict(draft_sampled=torch.ones(B, N, dtype=torch.bool))),
+             ("draft_sampled", dict(draft_probs=torch.zeros(B, N, V), draft_sampled=torch.ones(B, N))),
+             ("d2t", dict(draft_probs=torch.zeros(B, N, 4), d2t=torch.zeros(5, dtype=torch.int64))),
+             ("d2t", dict(d2t=torch.zeros(V, dtype=torch.int64)))]
+    for name, kwargs in cases:
+        with pytest.raises(ValueError, match=name):
+            verify(tokens, parents, logits, max_depth=2, **sampling, **kwargs)

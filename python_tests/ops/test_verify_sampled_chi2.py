@@ -12,7 +12,6 @@ power; so do children drawn *with* replacement: flagging their duplicates is not
 keeping only the distinct pairs biases their law away from draws without replacement.
 """
 
-import inspect
 import sys
 from dataclasses import dataclass
 
@@ -153,8 +152,11 @@ def sampled_verify(request, monkeypatch):
     fn, reason = _dispatch.implementation("verify", request.param, "cpu")
     if fn is None:
         pytest.skip(reason)
-    if request.param == "triton" and "draft_probs" not in inspect.signature(fn).parameters:
-        pytest.skip("the triton verify does not take draft distributions")
+    if request.param == "triton":
+        # Thousands of interpreted requests per χ² take many minutes (the k = 2 star alone ran past
+        # 400 s). Triton's outputs equal the reference's on the same streams token for token
+        # (test_verify_sampled.py, test_verify_backends.py), so the reference's χ² covers them.
+        pytest.skip("Triton interpreter: too slow for the χ² trials; checked equal to the reference instead")
     if request.param == "reference":
         # The bit-identical Python-int stream (test_uniform_py_matches_reference) keeps it fast.
         monkeypatch.setattr(sys.modules["eagle_kernels.reference.verify"], "uniform", uniform_py)
