@@ -10,11 +10,13 @@ SM (2 up to 128 rows, 1 at 256 rows, whose fp32 accumulator alone takes half the
 kernel (triton 3.6 and 3.9, sm_90), term by term: the Q tile (an operand of the Hopper MMA,
 kept in shared memory), the K and V tiles once per pipeline stage, and with a tree mask one
 int64 word per row per stage but one. The paged gather pipelines its K/V tiles over at most
-two buffers, its mask words over one, and adds the block-table indices (1 KiB bound). This is
-exact for the 16-bit configurations of 64 rows or more (python_tests/ops/
-test_tree_attention_compile.py compiles some; ``python bench/bench_tree_attention.py audit``
-compiles every configuration ``gpu_config`` can return), and an upper bound for fp32 (FMA
-dots) and for 16 and 32 rows (the pre-Hopper MMA keeps its operands in registers).
+two buffers, its mask words over one, and adds the block-table indices (1 KiB bound); 16-bit
+inputs add the conditional rescale's reduction scratch (1 KiB bound). For the 16-bit
+configurations of 64 rows or more this is at most 1 KiB above the compiled figure, never below
+(python_tests/ops/test_tree_attention_compile.py compiles some; ``python
+bench/tree_attention_audit.py audit`` compiles every configuration ``gpu_config`` can return),
+and an upper bound for fp32 (FMA dots) and for 16 and 32 rows (the pre-Hopper MMA keeps its
+operands in registers).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ H200_SMS = 132
 # Static shared memory of the compiled kernel (Triton's, reported beside the dynamic bytes).
 STATIC_SHARED = 1024
 MAX_ROWS = 256
+RESCALE_SCRATCH = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +68,13 @@ class TreeAttentionConfig:
         kv_tiles = 2 * self.block_k * block_d * element_size
         mask_words = 0 if causal else self.block_m * 8
         stages = self.num_stages
+        # 16-bit inputs: the conditional rescale's block-wide maximum (4 B a warp, placed at the
+        # allocator's alignment: 16 B to 1 KiB more in the compiled kernels, bounded by 1 KiB).
+        scratch = RESCALE_SCRATCH if element_size == 2 else 0
         if paged:
             return (q_tile + min(stages, 2) * kv_tiles + min(stages - 1, 1) * mask_words
-                    + (1024 if stages >= 3 else 0))
-        return q_tile + stages * kv_tiles + (stages - 1) * mask_words
+                    + (1024 if stages >= 3 else 0) + scratch)
+        return q_tile + stages * kv_tiles + (stages - 1) * mask_words + scratch
 
 
 def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:

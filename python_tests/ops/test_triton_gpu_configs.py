@@ -223,9 +223,9 @@ def test_tree_attention_configs_fit_shared_memory(dtype, causal):
     """Every configuration the launcher can choose, for each head dim, dtype, mask kind and
     cache layout, fits an H200 block's shared memory by the estimate (which
     test_tree_attention_compile.py checks against the compiled kernels). The goal layout
-    (256-row 16-bit blocks, D 128, contiguous cache, tree mask) takes 100,352 B: a tile's mask
-    words are one per row (the 128-row block's [rows, keys] tile of words took 262,144 B at 3
-    stages)."""
+    (256-row 16-bit blocks, D 128, contiguous cache, tree mask) takes 101,376 B by the estimate
+    (100,416 compiled): a tile's mask words are one per row (the 128-row block's [rows, keys]
+    tile of words took 262,144 B at 3 stages)."""
     from eagle_kernels.triton import tree_attention as tta
 
     element_size = torch.empty((), dtype=dtype).element_size()
@@ -243,4 +243,37 @@ def test_tree_attention_configs_fit_shared_memory(dtype, causal):
     assert [tta.gpu_config(N, 4, 128, torch.bfloat16, causal, False).block_m for N in (1, 7, 16, 64, 65, 256)] == [
         16, 32, 64, 256, 256, 256]
     if element_size == 2 and not causal:
-        assert tta.GPU_CONFIG.shared_bytes(128, 2, False, False) == 100_352
+        assert tta.GPU_CONFIG.shared_bytes(128, 2, False, False) == 101_376  # compiled: 100,416
+
+
+@pytest.mark.parametrize("page", [None, 16], ids=layout_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tree_attention_lazy_rescale(dtype, page):
+    """The conditional rescale of the goal configuration (256 rows, 32-key tiles): keys 64-95
+    scaled by 2 raise the rows' maxima by less than the slack (2^8), so the stale maxima stay and
+    the 16-bit probabilities of the PV product exceed 1; keys 128-159 scaled by 40 raise them far
+    beyond it, so the running maxima, sums and accumulators move in mid-prefix. Against the
+    float64 reference, with a tree mask, in both cache layouts."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    B, N, prefix, heads, D = 1, 12, 200, (8, 2), 64
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed=11)
+    t = torch.arange(prefix)
+    scale = torch.ones(prefix, dtype=dtype)
+    scale[64:96] = 2.0
+    scale[128:160] = 40.0
+    if table is None:
+        k[0, :prefix] *= scale[:, None, None]
+    else:
+        slots = (table[0].long()[t // page], t % page)
+        k[slots] *= scale[:, None, None]
+    mask = random_mask(B, N, seed=11)
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, config=tta.GPU_CONFIG)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
+    # The rows' running maxima do rise past the slack in mid-prefix (not only at the first tile).
+    scores = torch.einsum("nhd,thd->nht", q[0].double().view(N, 2, 4, D).flatten(1, 2),
+                          k[0, :prefix].double().repeat_interleave(4, 1) if table is None
+                          else k[slots].double().repeat_interleave(4, 1)) * D ** -0.5 / math.log(2)
+    running = scores.cummax(-1).values  # log2 units, per (node, head) row
+    assert (running[..., 95] - running[..., 63]).max() < 8 < (running[..., 159] - running[..., 127]).max()
