@@ -11,9 +11,9 @@ FlashAttention, Dao et al. 2022, Alg. 1, in base 2, the scale sm_scale * log2 e 
 exponent; FlashAttention-4's lazy rescaling, see ``_attend_tile``.)
 
 Layout of one program: its rows are the (node, query head) pairs of ``NODES`` consecutive nodes
-and the ``G`` query heads sharing one KV head (GQA packing). On a GPU a block holds every row of
-a (request, KV head) up to 256 rows (Llama-3-8B's 4 query heads per KV head at N 64), so each
-K/V tile is read once per KV head, not once per node block. Prefix tiles need no mask beyond
+and the ``G`` query heads sharing one KV head (GQA packing). On a GPU a block holds up to 128
+rows of a (request, KV head) (Llama-3-8B's 4 query heads per KV head at N 64: two node blocks,
+neighbouring programs that read the same K/V tiles at the same time). Prefix tiles need no mask beyond
 the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
 when the (request, KV head) programs are fewer than the SMs is the prefix split over
 ``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
