@@ -46,9 +46,9 @@ def test_estimate_matches_compiled_shared_memory(compiled, case):
     r = compiled[json.dumps(case)]
     assert r["shared"] + r["static_shared"] <= BUDGET, r
     assert r["loop_spills"] == 0, r  # no spill instruction (LDL / STL) inside a loop
-    # An upper bound, within 1 KiB for 16-bit inputs (the rescale's reduction scratch is placed
-    # at the allocator's alignment; the paged gather's block-table indices); fp32 (FMA dots) is
-    # checked as a bound by bench/tree_attention_audit.py audit.
+    # An upper bound, for 16-bit inputs within its 1 KiB bounds: the rescale's reduction scratch
+    # (placed at the allocator's alignment) and the paged gather's block-table indices; fp32 (FMA
+    # dots) is checked as a bound by bench/tree_attention_audit.py audit.
     assert r["shared"] <= r["estimate"], r
     if case[1] != "float32":
-        assert r["estimate"] - r["shared"] <= 1024, r
+        assert r["estimate"] - r["shared"] <= 1024 * (1 + case[3]), r
