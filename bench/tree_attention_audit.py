@@ -222,19 +222,75 @@ def counts(compiled: bool) -> None:
                               model_share_reached_before=round(share, 3)), default=lambda x: round(x, 3)))
 
 
+OPCODE_CLASSES = [  # (class, opcodes): the instruction mix of a loop
+    ("MMA", ("HGMMA", "HMMA")), ("MMA fences/waits", ("WARPGROUP",)), ("MUFU", ("MUFU",)),
+    ("FP32", ("FMUL", "FADD", "FFMA", "FMNMX", "FSEL", "FSETP", "FCHK")), ("convert", ("F2FP", "F2F", "I2F", "F2I")),
+    ("shuffle", ("SHFL",)), ("memory", ("LDG", "LDGSTS", "LDS", "STS", "LDSM", "STG", "LDGDEPBAR", "DEPBAR")),
+    ("barrier", ("BAR", "MEMBAR", "FENCE")), ("branch", ("BRA", "BSSY", "BSYNC")),
+]
+
+
+def loop_mix(sass: str, loop) -> dict:
+    """Instruction classes of one SASS loop, and the overlap its MMAs get within a warp: for each
+    wgmma group (its last HGMMA carries ``gsb0``), the other instructions the warp issues before
+    the ``WARPGROUP.DEPBAR`` that waits for it, around the loop's back edge (0: the warp waits at
+    once, nothing of its own runs under that MMA)."""
+    mix = dict.fromkeys([name for name, _ in OPCODE_CLASSES] + ["integer/address/other"], 0)
+    texts = []
+    for line in sass.splitlines():
+        m = compile_audit.INSTRUCTION.match(line)
+        if m and loop.start <= int(m.group(1), 16) <= loop.end:
+            texts.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(2)))
+    opcodes = [text.split()[0].split(".")[0] for text in texts]
+    for opcode in opcodes:
+        mix[next((name for name, ops in OPCODE_CLASSES if opcode in ops), "integer/address/other")] += 1
+    under_mma = []
+    for i, text in enumerate(texts):
+        if opcodes[i] == "HGMMA" and "gsb0" in text:
+            issued = 0
+            for j in range(1, len(texts)):
+                k = (i + j) % len(texts)
+                if texts[k].startswith("WARPGROUP.DEPBAR"):
+                    break
+                issued += opcodes[k] not in ("HGMMA", "WARPGROUP")
+            under_mma.append(issued)
+    return dict(instructions=loop.instructions, mix=mix, issued_under_mma=under_mma)
+
+
+def mix(cases) -> None:
+    """Per (D, dtype name, causal, paged) case at the goal shape's configuration: each innermost
+    loop's instruction mix (one JSON line per case)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    for D, dtype_name, causal, paged in cases:
+        dtype = getattr(torch, dtype_name)
+        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged)
+        q, k, v, seqlens, mask, table = case_tensors(D, dtype, causal, paged)
+        launches: list[compile_audit.Launch] = []
+        with compile_audit.modeled_gpu(launches, ["mix"]):
+            tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=1, config=config)
+        audit = compile_audit.compile_launch(launches[0], compile_audit.GPUTarget("cuda", 90, 32))
+        loops = [loop_mix(audit.sass, loop) for loop in audit.loops if loop.innermost]
+        print(json.dumps(dict(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),
+                              registers=audit.registers, loops=loops)), flush=True)
+
+
 def main(argv) -> int:
     what = argv[0] if argv else "audit"
-    if what in ("audit", "check") and os.environ.get("TRITON_INTERPRET") == "1":
+    if what in ("audit", "check", "mix") and os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
     if what == "audit":
         return audit()
     if what == "check":
         check(json.loads(argv[1]))
         return 0
+    if what == "mix":
+        mix(json.loads(argv[1]) if len(argv) > 1 else [[128, "bfloat16", False, False], [128, "bfloat16", False, True]])
+        return 0
     if what == "counts":
         counts(compiled="--compile" in argv)
         return 0
-    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, counts [--compile]")
+    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, mix [CASES_JSON], counts [--compile]")
 
 
 if __name__ == "__main__":

@@ -53,8 +53,9 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
     """One online-softmax step over a key tile; with MASKED, ``valid`` [BLOCK_M, BLOCK_K] says
     which scores count (else all do).
 
-    ``m_i`` is the running row maximum of the raw scores q . k (the scale is folded into the
-    exponent: p = 2^(s * qk - s * m), one FFMA a score). Lazy rescaling (FlashAttention-4's
+    With LAZY, ``m_i`` is the running row maximum of the raw scores q . k (the scale is folded
+    into the exponent: p = 2^(s * qk - s * m), one FFMA a score); without, of the scaled scores
+    s * q . k (log2 units). Lazy rescaling (FlashAttention-4's
     conditional rescale), with LAZY: the block's maxima, ``l_i`` and ``acc`` move to the new row
     maxima only when some row's maximum grew by more than RESCALE_SLACK (in log2 units) or a row
     saw its first key; otherwise the stale maxima stay and p may reach 2^RESCALE_SLACK. acc and
@@ -66,6 +67,8 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if not LAZY:
+        qk = qk * scale_log2  # this path keeps m in log2 units
     if MASKED:
         qk = tl.where(valid, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -77,15 +80,16 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
             acc = acc * alpha[:, None]
             m_i = m_new
         shift = tl.where(m_i == float("-inf"), 0.0, m_i) * scale_log2
+        p = tl.exp2(qk * scale_log2 - shift[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     else:
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new) * scale_log2
-        alpha = tl.exp2(m_i * scale_log2 - shift)
-        l_i = l_i * alpha
-        acc = acc * alpha[:, None]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
-    p = tl.exp2(qk * scale_log2 - shift[:, None])
-    l_i = l_i + tl.sum(p, 1)
-    acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
 
@@ -229,7 +233,11 @@ def _tree_attention_kernel(
         rows_total = tl.num_programs(0) // node_blocks * N * GROUP  # B * N * Hq
         base = split.to(tl.int64) * rows_total + row
         tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], o, mask=o_mask)
-        lse = tl.where(has, m_i * scale_log2 + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        if LAZY_RESCALE:
+            m_log2 = m_i * scale_log2  # m of raw scores on the lazy path
+        else:
+            m_log2 = m_i
+        lse = tl.where(has, m_log2 + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + base, lse, mask=row_valid)
 
 
