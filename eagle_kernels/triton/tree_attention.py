@@ -94,13 +94,20 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
 
 
 @triton.jit
-def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, max_pages,
+def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
                 stride0, stride1, stride2, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr):
-    """int64 element offsets [BLOCK_K] of logical positions ``t`` of request ``b`` (the page size
-    is a compile-time constant: a shift and a mask for powers of two, no integer division)."""
+    """int64 element offsets [BLOCK_K] of logical positions ``t`` of request ``b``. A page size
+    PAGE_SIZE > 0 is a compile-time constant (a shift and a mask for powers of two); 0 takes the
+    runtime ``page_size`` (an integer division: the fp32 launches, whose registers are full)."""
     if IS_PAGED:
-        page = tl.load(block_table_ptr + b * max_pages + t // PAGE_SIZE, mask=t_valid, other=0)
-        return page.to(tl.int64) * stride0 + (t % PAGE_SIZE).to(tl.int64) * stride1 + kvh * stride2
+        if PAGE_SIZE > 0:
+            page_index = t // PAGE_SIZE
+            slot = t % PAGE_SIZE
+        else:
+            page_index = t // page_size
+            slot = t % page_size
+        page = tl.load(block_table_ptr + b * max_pages + page_index, mask=t_valid, other=0)
+        return page.to(tl.int64) * stride0 + slot.to(tl.int64) * stride1 + kvh * stride2
     else:
         return b * stride0 + t.to(tl.int64) * stride1 + kvh * stride2
 
@@ -116,7 +123,7 @@ def _tree_attention_kernel(
     out_ptr,  # [B, N, Hq, D] q.dtype, contiguous (written when NUM_SPLITS == 1)
     part_o_ptr,  # [NUM_SPLITS, B * N * Hq, D] float32 (written when NUM_SPLITS > 1)
     part_lse_ptr,  # [NUM_SPLITS, B * N * Hq] float32, base-2 log-sum-exp
-    N, Hq, Hkv, D, W, max_pages, scale_log2,
+    N, Hq, Hkv, D, W, page_size, max_pages, scale_log2,
     stride_qb, stride_qn, stride_qh,
     stride_k0, stride_k1, stride_k2,
     stride_v0, stride_v1, stride_v2,
@@ -169,9 +176,9 @@ def _tree_attention_kernel(
     kd_full = all_keys[:, None] & d_valid[None, :]
     for t0 in range(start, full_stop, BLOCK_K):
         t = t0 + offs_k
-        k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, max_pages,
+        k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
                             stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-        v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, max_pages,
+        v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
                             stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
         if EVEN_D:
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :])
@@ -185,9 +192,9 @@ def _tree_attention_kernel(
         t = full_stop + offs_k
         t_valid = t < stop
         kd_mask = t_valid[:, None] & d_valid[None, :]
-        k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, max_pages,
+        k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
                             stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-        v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, max_pages,
+        v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
                             stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
         k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
@@ -203,9 +210,9 @@ def _tree_attention_kernel(
             j_valid = j <= last
             kd_mask = j_valid[:, None] & d_valid[None, :]
             t = prefix + j
-            k_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, max_pages,
+            k_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
                                 stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-            v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, max_pages,
+            v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
                                 stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
@@ -325,17 +332,20 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     precision = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
     options = {} if config.max_registers is None else {"maxnreg": config.max_registers}
     page_size = k_cache.shape[1] if paged else 1
+    # 16-bit inputs: lazy rescaling and a compile-time page size; fp32 (FMA dots, registers
+    # full) keeps the eager rescale and the runtime page size, which spill nothing in its loops.
+    sixteen_bit = q.dtype != torch.float32
     max_pages = table.shape[1] if paged else 1
     _tree_attention_kernel[(programs, splits)](
         q, k_cache, v_cache, seqlens, mask, table, out, part_o, part_lse,
-        N, Hq, Hkv, D, mask.shape[-1] if not causal else 1, max_pages,
+        N, Hq, Hkv, D, mask.shape[-1] if not causal else 1, page_size, max_pages,
         scale * 1.4426950408889634,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
-        NUM_SPLITS=splits, PAGE_SIZE=page_size, IS_PAGED=paged, IS_CAUSAL=causal, EVEN_D=block_d == D, UPCAST=upcast,
-        DOT_PRECISION=precision, LAZY_RESCALE=q.dtype != torch.float32,
+        NUM_SPLITS=splits, PAGE_SIZE=page_size if sixteen_bit else 0, IS_PAGED=paged, IS_CAUSAL=causal,
+        EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:
