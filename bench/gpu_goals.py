@@ -116,10 +116,10 @@ def tree_attention_rows(timer: Timer, limits: dict, shapes, heads) -> list[dict]
 
 # Tree-attention launch configurations the sweep times against the launcher's own choice:
 # (BLOCK_M, BLOCK_K, num_warps, num_stages, maxnreg). The first is the launcher's choice at the
-# goal shape (every row of a KV head in one block); the others trade tile size, stages, register
-# cap and rows (the last two are the configurations of the earlier kernel's sweep).
-SWEEP_CONFIGS = [(256, 32, 16, 2, 128), (256, 64, 16, 2, 128), (256, 32, 16, 3, 128), (256, 64, 8, 2, None),
-                 (128, 32, 8, 2, 128), (128, 64, 8, 3, None), (64, 64, 4, 3, None)]
+# goal shape (128-row blocks, two per KV head); the others trade tile size, stages, register cap
+# and rows (every row of a KV head in one 256-row block: the previous choice, first of them).
+SWEEP_CONFIGS = [(128, 64, 8, 3, None), (256, 32, 16, 2, 128), (256, 64, 16, 2, 128), (256, 32, 16, 3, 128),
+                 (256, 64, 8, 2, None), (128, 32, 8, 2, 128), (128, 64, 8, 2, None), (64, 64, 4, 3, None)]
 
 
 def tree_attention_sweep(timer: Timer, shapes, heads, configs) -> list[dict]:

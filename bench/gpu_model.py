@@ -23,12 +23,16 @@ recorded, not run):
 3. dynamic warp instructions of a program = sum over SASS instructions of the runs of the kernel
    line each comes from (its outermost inlined call site), times the warps of a block;
 4. time = launch overhead + waves x max(issue, latency chain, bytes / 4.3 TB/s,
-   FLOPs / 790 TFLOP/s), where a wave is the programs resident at once (blocks per SM x 132),
-   issue = resident blocks x warp instructions / (issue rate x 1.98 GHz) per SM, and the chain is
-   the serial latencies x the memory latency (divided by num_stages in kernels with ``tl.dot``,
-   whose loops the compiler pipelines). A launch of one wave or less is also
-   bounded below by its slowest sampled program (its own instructions at the SM's issue rate,
-   and its chain).
+   FLOPs / 790 TFLOP/s, warpgroup chain), where a wave is the programs resident at once (blocks
+   per SM x 132), issue = resident blocks x warp instructions / (issue rate x 1.98 GHz) per SM,
+   and the chain is the serial latencies x the memory latency (divided by num_stages in kernels
+   with ``tl.dot``, whose loops the compiler pipelines). The warpgroup chain (kernels with
+   ``tl.dot``): a warp waits for its own MMA results before the instructions that use them, so
+   one warpgroup's time is its share of the FLOPs at the SM's tensor rate plus its own
+   instructions at a scheduler's share of the issue rate; MMAs overlap other instructions only
+   across warpgroups (several per block, or several blocks per SM). A launch of one wave or less
+   is also bounded below by its slowest sampled program (its own instructions at the SM's issue
+   rate, and its chain).
 
 Constants: bandwidth, FLOP rate, clock and SM count are the H200's; memory latency 0.8 us
 (a dependent HBM load under load); the launch overhead (host time per Triton launch, as the benchmarks
@@ -125,6 +129,26 @@ def statement_lines(kernel_fn) -> dict[int, int]:
     return out
 
 
+def helper_statements(kernel_fn) -> dict[str, dict[int, int]]:
+    """{name: statement map} of the ``@triton.jit`` helpers defined in the kernel's own file (the
+    kernel excluded). Their bodies are inlined into the kernel; a branch inside one (e.g. a
+    conditional rescale) runs only as often as its condition holds, so its statements are
+    counted per call site (see ``sass_by_line``)."""
+    import inspect
+
+    from triton.runtime.jit import JITFunction
+
+    module = inspect.getmodule(kernel_fn)
+    file = os.path.realpath(kernel_fn.__code__.co_filename)
+    out = {}
+    for value in vars(module).values():
+        fn = getattr(value, "fn", None) if isinstance(value, JITFunction) else None
+        if fn is None or fn is kernel_fn or os.path.realpath(fn.__code__.co_filename) != file:
+            continue
+        out[fn.__name__] = statement_lines(fn)
+    return out
+
+
 @contextlib.contextmanager
 def counting(kernel_fn, counts_of_program: list[Counts]):
     """Counters on the interpreter's builder for the duration of the block; each program
@@ -141,9 +165,24 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     # result is used before the next load is issued costs a whole latency.
     clock = [0]
 
+    # The interpreter's create_load / create_store call create_masked_load / create_masked_store:
+    # a memory operation inside another is the same access and is not counted again (counting
+    # both doubled every unmasked load's bytes and sectors).
+    depth = [0]
+    memory_ops = ("create_masked_load", "create_load", "create_masked_store", "create_store")
+
     def wrap(name, fn):
         def wrapped(self, *args, **kwargs):
-            result = fn(self, *args, **kwargs)
+            if name in memory_ops:
+                depth[0] += 1
+                try:
+                    result = fn(self, *args, **kwargs)
+                finally:
+                    depth[0] -= 1
+                if depth[0]:  # nested: counted by the outer call
+                    return result
+            else:
+                result = fn(self, *args, **kwargs)
             ready = max(clock[0], _ready(*args, *kwargs.values()))
             clock[0] = ready
             c = current[0]
@@ -204,9 +243,31 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
                 last[0] = s
         return local
 
+    helpers = helper_statements(kernel_fn)
+    helper_last = [None]
+
+    def call_site(frame):
+        while frame is not None:
+            if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
+                return statement.get(frame.f_lineno, frame.f_lineno)
+            frame = frame.f_back
+        return None
+
+    def helper_local(frame, event, arg):
+        if event == "line":
+            site = call_site(frame.f_back)
+            key = (helpers[frame.f_code.co_name].get(frame.f_lineno, frame.f_lineno), site)
+            if site is not None and key != helper_last[0]:
+                current[0].lines[key] += 1
+                helper_last[0] = key
+        return helper_local
+
     def global_trace(frame, event, arg):
         if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
             return local
+        if frame.f_code.co_name in helpers and frame.f_code.co_filename == code_file:
+            helper_last[0] = None  # a new call: its first statement counts again
+            return helper_local
         return None
 
     set_grid_idx = builder.set_grid_idx
@@ -276,6 +337,18 @@ def interpret(launches: list[compile_audit.Launch], samples: int) -> list[list[C
             return pickle.load(result)
 
 
+# Constexprs set for the interpreted run only. Triton's interpreter computes a 16-bit tl.dot
+# wrongly (the reason the tests interpret tree_attention with UPCAST), and the values steer
+# tree_attention's conditional rescale: its 16-bit launches are interpreted with fp32 dots, as
+# the tests run them. The statements this adds (the upcasts) have no instruction in the SASS of
+# the real launch, so they add nothing to the counts; every other statement runs as it would.
+INTERPRETER_OVERRIDES = {"_tree_attention_kernel": {"UPCAST": True, "DOT_PRECISION": "ieee"}}
+
+
+def _sixteen_bit(launch: compile_audit.Launch) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in launch.args)
+
+
 def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
     from triton.runtime import interpreter as ti
 
@@ -304,6 +377,7 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
         executor._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)  # outputs feed the next launch
 
     kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
+    kwargs.update(INTERPRETER_OVERRIDES.get(launch.kernel.fn.__name__, {}) if _sixteen_bit(launch) else {})
     # Jit functions the kernel calls (its helpers, tl.cdiv, tl.max, ...) were defined compiled:
     # inside the interpreted kernel, they run interpreted.
     interpreted = {}
@@ -331,28 +405,50 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
     """Instructions per kernel statement inside a SASS loop, the same outside any loop, and the
     instructions with no kernel statement (prologue). An instruction inside a loop runs once per
     run of its statement; one outside runs at most once (a pipelined loop's peeled prologue and
-    epilogue, a fully unrolled copy)."""
+    epilogue, a fully unrolled copy).
+
+    ``nvdisasm -gi`` prints an instruction's inlining chain innermost first, the kernel statement
+    last. An instruction of a helper defined in the kernel's file (``helper_statements``) is keyed
+    (helper statement, kernel statement of the call), which the interpreter counts the same way:
+    so a branch inside a helper counts as often as it is taken at that call site, not once per
+    call."""
     import inspect
 
     file = os.path.realpath(kernel_fn.__code__.co_filename)
     lines, first = inspect.getsourcelines(kernel_fn)
     span = range(first, first + len(lines))
     statement = statement_lines(kernel_fn)
+    helper_lines = {}
+    for helper in helper_statements(kernel_fn).values():
+        helper_lines.update(helper)
     _, loops = compile_audit.sass_loops(sass)
     in_loop, out_loop, outside = Counter(), Counter(), 0
     line = None
+    chain = []
     for text in sass.splitlines():
         if m := ANNOTATION.search(text):
-            f, n = m.group(1), int(m.group(2))
-            line = statement.get(n, n) if os.path.realpath(f) == file and n in span else None
-        elif m := compile_audit.INSTRUCTION.match(text):
-            offset = int(m.group(1), 16)
-            if line is None:
-                outside += 1
-            elif any(loop.start <= offset <= loop.end for loop in loops):
-                in_loop[line] += 1
-            else:
-                out_loop[line] += 1
+            chain.append((os.path.realpath(m.group(1)), int(m.group(2)), m.group(3), m.group(4)))
+            continue
+        m = compile_audit.INSTRUCTION.match(text)
+        if not m:
+            continue
+        if chain:  # a new location: the outermost entry is the kernel statement
+            f, n = chain[-1][:2]
+            line = statement.get(n, n) if f == file and n in span else None
+            if line is not None:
+                for f, n, f_at, n_at in chain:
+                    if (f == file and n in helper_lines and f_at and os.path.realpath(f_at) == file
+                            and int(n_at) in span):
+                        line = (helper_lines[n], statement.get(int(n_at), int(n_at)))
+                        break
+            chain = []
+        offset = int(m.group(1), 16)
+        if line is None:
+            outside += 1
+        elif any(loop.start <= offset <= loop.end for loop in loops):
+            in_loop[line] += 1
+        else:
+            out_loop[line] += 1
     return in_loop, out_loop, outside
 
 
@@ -386,6 +482,7 @@ class LaunchModel:
     memory_s: float = 0.0
     compute_s: float = 0.0
     latency_s: float = 0.0
+    serial_s: float = 0.0
     time_s: float = 0.0
     bound: str = ""
 
@@ -398,7 +495,19 @@ class LaunchModel:
         self.compute_s = self.flops / self.waves / H200.dense_bf16_flops
         # Loops feeding tl.dot are software-pipelined num_stages deep by the compiler.
         self.latency_s = self.chain * MEMORY_LATENCY_S / (self.num_stages if self.flops else 1)
-        parts = {"issue": self.issue_s, "memory": self.memory_s, "compute": self.compute_s, "latency": self.latency_s}
+        # A warp does not overlap its own MMAs with its other instructions (Triton's loops wait for
+        # the QK^T result before the softmax: WARPGROUP.DEPBAR / HMMA results used in order); the
+        # SM overlaps them only across warps. One warpgroup's chain: its share of the program's
+        # FLOPs at the SM's tensor rate (a wgmma uses all four sub-partitions), then its own
+        # instructions at one scheduler's share of the issue rate. It bounds the wave from below
+        # where one warpgroup is alone on an SM; with several resident it is below the others.
+        if self.flops:
+            per_program = self.flops / self.programs
+            warps = max(self.num_warps, 1)
+            self.serial_s = (per_program * 4 / warps / (H200.dense_bf16_flops / H200.sms)
+                             + self.warp_instructions / warps / (rate / 4))
+        parts = {"issue": self.issue_s, "memory": self.memory_s, "compute": self.compute_s, "latency": self.latency_s,
+                 "serial": self.serial_s}
         self.bound = max(parts, key=lambda k: parts[k])
         wave = parts[self.bound]
         if self.waves == 1:  # the slowest program bounds a single wave
@@ -448,8 +557,9 @@ def model_call(call, samples: int, cache: dict) -> list[LaunchModel]:
 
 
 def _tree_attention(B, N, prefix, dtype=torch.bfloat16, Hq=32, Hkv=8, D=128, page=16):
-    """bench/bench_tree_attention.py's GPU case (pages of 16, its random tree mask); the cache
-    is left unwritten (fresh pages read as zeros; the values do not steer the kernel)."""
+    """bench/bench_tree_attention.py's GPU case (pages of 16, its random tree mask) with
+    standard-normal q, K and V: the values steer the kernel's conditional rescale (the running
+    maxima move when a row's grew by more than its slack), so the cache is written."""
     import bench_tree_attention
 
     from eagle_kernels.triton import tree_attention as ta
@@ -459,11 +569,11 @@ def _tree_attention(B, N, prefix, dtype=torch.bfloat16, Hq=32, Hkv=8, D=128, pag
     q = torch.randn(B, N, Hq, D, generator=g).to(dtype)
     if page:
         pages = -(-cap // page)
-        k = torch.empty(B * pages, page, Hkv, D, dtype=dtype)
+        k = torch.empty(B * pages, page, Hkv, D, dtype=dtype).normal_(generator=g)
         table = torch.randperm(B * pages, generator=g).view(B, pages).to(torch.int32)
     else:
-        k, table = torch.empty(B, cap, Hkv, D, dtype=dtype), None
-    v = torch.empty_like(k)
+        k, table = torch.empty(B, cap, Hkv, D, dtype=dtype).normal_(generator=g), None
+    v = torch.empty_like(k).normal_(generator=g)
     mask = bench_tree_attention.random_mask(B, N, prefix)
     seqlens = torch.full((B,), prefix, dtype=torch.int32)
     return lambda: ta.tree_attention(q, k, v, seqlens, mask, block_table=table)

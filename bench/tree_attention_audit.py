@@ -2,10 +2,12 @@
 
 - ``audit``: compiles every configuration ``gpu_config`` can return (head dims 64 / 128 / 256,
   fp16 / bf16 / fp32, contiguous and paged caches, with and without a tree mask) for sm_90 as the
-  JIT would launch it (the launcher's constexprs and options, and the JIT's alignment /
-  divisibility specialisation of the real argument tensors), and prints per configuration the
-  registers, spill bytes, shared memory beside ``shared_bytes()``'s figure, and the blocks per SM
-  they allow. Exit status 1 if a block needs more than an H200 allows or spills.
+  JIT would launch it, through ``compile_audit.compile_launch`` (``compile_specialised``: the
+  launcher's constexprs and options, and the JIT's alignment / divisibility specialisation of
+  the real argument tensors), and prints per configuration the registers, ptxas spill bytes,
+  spill instructions (all, and inside a loop), shared memory beside ``shared_bytes()``'s figure,
+  and the blocks per SM they allow. Exit status 1 if a block needs more shared memory than an
+  H200 allows or spills inside a loop.
 - ``counts``: per goal shape (Llama-3-8B heads 32 / 8 / 128, N 64, bf16, 16-token pages,
   prefix 4k / 16k, B 1 / 8 / 32), what a launch requests: programs, waves, K/V bytes
   requested (every program reads its split of the prefix and the tree slots once), fp32
@@ -22,84 +24,36 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 import triton
 
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compile_audit  # noqa: E402
+
 HEADS = (32, 8, 128)
+LOCAL_MEMORY = re.compile(r"^(@!?U?P\w+\s+)?(LDL|STL)\b")
 
 
-def record_launches(fn) -> list:
-    """(kernel, args, kwargs) of every Triton launch ``fn`` makes; nothing runs."""
-    from triton.runtime.jit import JITFunction
-
-    launches = []
-
-    def record(self, *args, grid, warmup, **kwargs):
-        launches.append((self, args, dict(kwargs)))
-
-    original = JITFunction.run
-    JITFunction.run = record
-    try:
-        fn()
-    finally:
-        JITFunction.run = original
-    return launches
-
-
-def compile_launch(kernel, args, kwargs, arch: int = 90) -> dict:
-    """Compile one recorded launch for sm_``arch`` exactly as the JIT's ``run`` would (its
-    binder's specialisation of the arguments, its option parsing): registers and local (spill)
-    bytes a thread, static and dynamic shared bytes of a block."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", arch, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=options.__dict__)
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    name = kernel.fn.__name__
-    # The resource line of this kernel's function (the cubin holds one).
-    line = next(text for text in usage.splitlines() if "REG:" in text)
-    resources = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", line)}
-    # Spilled registers live in the stack frame (STACK); LOCAL counts local arrays. The SASS
-    # says whether any spill instruction (STL / LDL) is emitted at all.
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
-    spill_instructions, loop_spills = spills(sass)
-    return dict(kernel=name, registers=resources["REG"], local_bytes=resources["LOCAL"],
-                stack_bytes=resources.get("STACK", 0), spill_instructions=spill_instructions, loop_spills=loop_spills,
-                static_shared=resources["SHARED"], shared=compiled.metadata.shared)
-
-
-def spills(sass: str) -> tuple[int, int]:
-    """(spill instructions, spill instructions inside a loop) of one kernel's SASS: a loop is
-    the span from a backward branch's target to the branch."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
-    address = [int(a, 16) for a, _ in lines]
-    is_spill = [bool(re.search(r"\b(STL|LDL)\b", text)) for _, text in lines]
-    loops = []
-    for at, (_, text) in zip(address, lines):
-        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < at:
-            loops.append((int(branch.group(1), 16), at))
-    in_loop = sum(1 for at, spill in zip(address, is_spill) if spill and any(lo <= at <= hi for lo, hi in loops))
-    return sum(is_spill), in_loop
+def compile_launch(launch: compile_audit.Launch, arch: int = 90) -> dict:
+    """Compile one recorded launch for sm_``arch`` through ``compile_audit.compile_launch`` (the
+    JIT's own binder and option parsing, ``compile_audit.compile_specialised``): registers, the
+    ptxas spill bytes (``compile_audit.ptxas_spills``), the spill instructions of the SASS (all,
+    and inside a loop), static and dynamic shared bytes of a block, blocks per SM."""
+    audit = compile_audit.compile_launch(launch, compile_audit.GPUTarget("cuda", arch, 32))
+    spill_instructions = loop_spills = 0
+    for line in audit.sass.splitlines():
+        m = compile_audit.INSTRUCTION.match(line)
+        if m and LOCAL_MEMORY.match(m.group(2)):
+            spill_instructions += 1
+            offset = int(m.group(1), 16)
+            loop_spills += any(loop.start <= offset <= loop.end for loop in audit.loops)
+    return dict(kernel=audit.kernel, registers=audit.registers, stack_bytes=audit.stack_bytes,
+                spill_stores=audit.spill_stores, spill_loads=audit.spill_loads,
+                spill_instructions=spill_instructions, loop_spills=loop_spills,
+                static_shared=audit.shared_static, shared=audit.shared_dynamic, blocks_per_sm=audit.blocks_per_sm,
+                hot_loop_instructions=audit.hot_loop_instructions)
 
 
 def case_tensors(D, dtype, causal, paged, N=64, heads=(32, 8), B=1, prefix=100, page=16):
@@ -124,10 +78,10 @@ def compile_config(config, D, dtype, causal, paged, num_splits=1) -> dict:
     from eagle_kernels.triton import tree_attention as tta
 
     q, k, v, seqlens, mask, table = case_tensors(D, dtype, causal, paged)
-    launches = record_launches(lambda: tta._launch(q, k, v, seqlens, mask, block_table=table,
-                                                   num_splits=num_splits, config=config))
-    kernel, args, kwargs = next(launch for launch in launches if launch[0].fn.__name__ == "_tree_attention_kernel")
-    return compile_launch(kernel, args, kwargs)
+    launches: list[compile_audit.Launch] = []
+    with compile_audit.modeled_gpu(launches, [f"tree_attention D{D} {dtype} causal={causal} paged={paged}"]):
+        tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=num_splits, config=config)
+    return compile_launch(next(launch for launch in launches if launch.kernel.fn.__name__ == "_tree_attention_kernel"))
 
 
 def audit() -> int:
@@ -144,11 +98,12 @@ def audit() -> int:
             estimate = config.shared_bytes(D, element_size, causal, paged)
             total = result["shared"] + result["static_shared"]
             occupancy = tac.blocks_per_sm(result["shared"], result["registers"], config.num_warps)
-            ok = total <= tac.SHARED_MEMORY_BUDGET and result["local_bytes"] == 0 and result["loop_spills"] == 0
+            ok = total <= tac.SHARED_MEMORY_BUDGET and result["loop_spills"] == 0
             failures += not ok
             print(json.dumps(dict(config=f"m{config.block_m}k{config.block_k}w{config.num_warps}s{config.num_stages}"
                                   f"r{config.max_registers}", D=D, dtype=str(dtype)[6:], causal=causal, paged=paged,
                                   registers=result["registers"], stack_bytes=result["stack_bytes"],
+                                  spill_bytes=[result["spill_stores"], result["spill_loads"]],
                                   spills=result["spill_instructions"], loop_spills=result["loop_spills"],
                                   shared=result["shared"], estimate=estimate, blocks_per_sm=occupancy,
                                   target_blocks_per_sm=config.blocks_per_sm, ok=ok)), flush=True)
@@ -267,19 +222,75 @@ def counts(compiled: bool) -> None:
                               model_share_reached_before=round(share, 3)), default=lambda x: round(x, 3)))
 
 
+OPCODE_CLASSES = [  # (class, opcodes): the instruction mix of a loop
+    ("MMA", ("HGMMA", "HMMA")), ("MMA fences/waits", ("WARPGROUP",)), ("MUFU", ("MUFU",)),
+    ("FP32", ("FMUL", "FADD", "FFMA", "FMNMX", "FSEL", "FSETP", "FCHK")), ("convert", ("F2FP", "F2F", "I2F", "F2I")),
+    ("shuffle", ("SHFL",)), ("memory", ("LDG", "LDGSTS", "LDS", "STS", "LDSM", "STG", "LDGDEPBAR", "DEPBAR")),
+    ("barrier", ("BAR", "MEMBAR", "FENCE")), ("branch", ("BRA", "BSSY", "BSYNC")),
+]
+
+
+def loop_mix(sass: str, loop) -> dict:
+    """Instruction classes of one SASS loop, and the overlap its MMAs get within a warp: for each
+    wgmma group (its last HGMMA carries ``gsb0``), the other instructions the warp issues before
+    the ``WARPGROUP.DEPBAR`` that waits for it, around the loop's back edge (0: the warp waits at
+    once, nothing of its own runs under that MMA)."""
+    mix = dict.fromkeys([name for name, _ in OPCODE_CLASSES] + ["integer/address/other"], 0)
+    texts = []
+    for line in sass.splitlines():
+        m = compile_audit.INSTRUCTION.match(line)
+        if m and loop.start <= int(m.group(1), 16) <= loop.end:
+            texts.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(2)))
+    opcodes = [text.split()[0].split(".")[0] for text in texts]
+    for opcode in opcodes:
+        mix[next((name for name, ops in OPCODE_CLASSES if opcode in ops), "integer/address/other")] += 1
+    under_mma = []
+    for i, text in enumerate(texts):
+        if opcodes[i] == "HGMMA" and "gsb0" in text:
+            issued = 0
+            for j in range(1, len(texts)):
+                k = (i + j) % len(texts)
+                if texts[k].startswith("WARPGROUP.DEPBAR"):
+                    break
+                issued += opcodes[k] not in ("HGMMA", "WARPGROUP")
+            under_mma.append(issued)
+    return dict(instructions=loop.instructions, mix=mix, issued_under_mma=under_mma)
+
+
+def mix(cases) -> None:
+    """Per (D, dtype name, causal, paged) case at the goal shape's configuration: each innermost
+    loop's instruction mix (one JSON line per case)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    for D, dtype_name, causal, paged in cases:
+        dtype = getattr(torch, dtype_name)
+        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged)
+        q, k, v, seqlens, mask, table = case_tensors(D, dtype, causal, paged)
+        launches: list[compile_audit.Launch] = []
+        with compile_audit.modeled_gpu(launches, ["mix"]):
+            tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=1, config=config)
+        audit = compile_audit.compile_launch(launches[0], compile_audit.GPUTarget("cuda", 90, 32))
+        loops = [loop_mix(audit.sass, loop) for loop in audit.loops if loop.innermost]
+        print(json.dumps(dict(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),
+                              registers=audit.registers, loops=loops)), flush=True)
+
+
 def main(argv) -> int:
     what = argv[0] if argv else "audit"
-    if what in ("audit", "check") and os.environ.get("TRITON_INTERPRET") == "1":
+    if what in ("audit", "check", "mix") and os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
     if what == "audit":
         return audit()
     if what == "check":
         check(json.loads(argv[1]))
         return 0
+    if what == "mix":
+        mix(json.loads(argv[1]) if len(argv) > 1 else [[128, "bfloat16", False, False], [128, "bfloat16", False, True]])
+        return 0
     if what == "counts":
         counts(compiled="--compile" in argv)
         return 0
-    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, counts [--compile]")
+    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, mix [CASES_JSON], counts [--compile]")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ For request ``b``, node ``i`` and query head ``h`` (KV head ``h // G``)::
                    (mask bit (i, j), or j <= i when tree_mask is None)
 
 (SpecInfer, Miao et al. 2024, §4.2 tree-based parallel decoding; online softmax of
-FlashAttention, Dao et al. 2022, Alg. 1, in base 2: q is pre-scaled by sm_scale * log2 e.)
+FlashAttention, Dao et al. 2022, Alg. 1, in base 2, the scale sm_scale * log2 e folded into the
+exponent; FlashAttention-4's lazy rescaling, see ``_attend_tile``.)
 
 Layout of one program: its rows are the (node, query head) pairs of ``NODES`` consecutive nodes
-and the ``G`` query heads sharing one KV head (GQA packing). On a GPU a block holds every row of
-a (request, KV head) up to 256 rows (Llama-3-8B's 4 query heads per KV head at N 64), so each
-K/V tile is read once per KV head, not once per node block. Prefix tiles need no mask beyond
+and the ``G`` query heads sharing one KV head (GQA packing). On a GPU a block holds up to 128
+rows of a (request, KV head) (Llama-3-8B's 4 query heads per KV head at N 64: two node blocks,
+neighbouring programs that read the same K/V tiles at the same time). Prefix tiles need no mask beyond
 the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
 when the (request, KV head) programs are fewer than the SMs is the prefix split over
 ``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
@@ -41,35 +42,72 @@ from .tree_attention_config import (  # noqa: F401  (the configurations' names, 
 )
 from .tree_attention_config import num_splits as num_splits_for
 
+# Lazy rescaling: the running maxima move only when a row's grew by more than this (log2 units),
+# so the probabilities of a tile stay below 2^8 (fp16 and bf16 hold them; the fp32 sums too).
+RESCALE_SLACK = tl.constexpr(8.0)
+
 
 @triton.jit
 def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
-                 MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, LAZY: tl.constexpr):
     """One online-softmax step over a key tile; with MASKED, ``valid`` [BLOCK_M, BLOCK_K] says
-    which scores count (else all do). A row that has seen no valid key keeps m = -inf and is
-    shifted by 0 instead, so no -inf - -inf NaN appears."""
+    which scores count (else all do).
+
+    With LAZY, ``m_i`` is the running row maximum of the raw scores q . k (the scale is folded
+    into the exponent: p = 2^(s * qk - s * m), one FFMA a score); without, of the scaled scores
+    s * q . k (log2 units). Lazy rescaling (FlashAttention-4's
+    conditional rescale), with LAZY: the block's maxima, ``l_i`` and ``acc`` move to the new row
+    maxima only when some row's maximum grew by more than RESCALE_SLACK (in log2 units) or a row
+    saw its first key; otherwise the stale maxima stay and p may reach 2^RESCALE_SLACK. acc and
+    l_i then carry the same factor, which the final acc / l_i cancels: exact up to rounding.
+    Without LAZY (fp32 inputs, whose FMA dots leave no registers for the block-wide test) every
+    tile rescales. A row that has seen no valid key keeps m = -inf and is shifted by 0 instead,
+    so no -inf - -inf NaN appears."""
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if not LAZY:
+        qk = qk * scale_log2  # this path keeps m in log2 units
     if MASKED:
         qk = tl.where(valid, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(qk - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+    if LAZY:
+        grow = tl.where(m_new > m_i, (m_new - m_i) * scale_log2, 0.0)  # -inf -> finite: +inf
+        if tl.max(grow, 0) > RESCALE_SLACK:  # block-uniform branch: rare after the first tile
+            alpha = tl.exp2((m_i - tl.where(m_new == float("-inf"), 0.0, m_new)) * scale_log2)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        shift = tl.where(m_i == float("-inf"), 0.0, m_i) * scale_log2
+        p = tl.exp2(qk * scale_log2 - shift[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    else:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
 def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                stride0, stride1, stride2, IS_PAGED: tl.constexpr):
-    """int64 element offsets [BLOCK_K] of logical positions ``t`` of request ``b``."""
+                stride0, stride1, stride2, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr):
+    """int64 element offsets [BLOCK_K] of logical positions ``t`` of request ``b``. A page size
+    PAGE_SIZE > 0 is a compile-time constant (a shift and a mask for powers of two); 0 takes the
+    runtime ``page_size`` (an integer division: the fp32 launches, whose registers are full)."""
     if IS_PAGED:
-        page = tl.load(block_table_ptr + b * max_pages + t // page_size, mask=t_valid, other=0)
-        return page.to(tl.int64) * stride0 + (t % page_size).to(tl.int64) * stride1 + kvh * stride2
+        if PAGE_SIZE > 0:
+            page_index = t // PAGE_SIZE
+            slot = t % PAGE_SIZE
+        else:
+            page_index = t // page_size
+            slot = t % page_size
+        page = tl.load(block_table_ptr + b * max_pages + page_index, mask=t_valid, other=0)
+        return page.to(tl.int64) * stride0 + slot.to(tl.int64) * stride1 + kvh * stride2
     else:
         return b * stride0 + t.to(tl.int64) * stride1 + kvh * stride2
 
@@ -91,9 +129,10 @@ def _tree_attention_kernel(
     stride_v0, stride_v1, stride_v2,
     GROUP: tl.constexpr, NODES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, IS_PAGED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr, IS_CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D: whole-tile loads need no mask at all
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,  # 16-bit inputs: the conditional rescale of _attend_tile
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -138,9 +177,9 @@ def _tree_attention_kernel(
     for t0 in range(start, full_stop, BLOCK_K):
         t = t0 + offs_k
         k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, IS_PAGED)
+                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
         v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
-                            stride_v0, stride_v1, stride_v2, IS_PAGED)
+                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
         if EVEN_D:
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :])
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :])
@@ -148,19 +187,19 @@ def _tree_attention_kernel(
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_full, other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_full, other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, all_keys[None, :], m_i, l_i, acc, scale_log2,
-                                     False, UPCAST, DOT_PRECISION)
+                                     False, UPCAST, DOT_PRECISION, LAZY_RESCALE)
     if full_stop < stop:
         t = full_stop + offs_k
         t_valid = t < stop
         kd_mask = t_valid[:, None] & d_valid[None, :]
         k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, IS_PAGED)
+                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
         v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_v0, stride_v1, stride_v2, IS_PAGED)
+                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
         k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, t_valid[None, :], m_i, l_i, acc, scale_log2,
-                                     True, UPCAST, DOT_PRECISION)
+                                     True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
     # Tree slots (last split only). Ancestors precede descendants, so no row of this block
     # sees a slot past its last node.
@@ -172,9 +211,9 @@ def _tree_attention_kernel(
             kd_mask = j_valid[:, None] & d_valid[None, :]
             t = prefix + j
             k_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_k0, stride_k1, stride_k2, IS_PAGED)
+                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
             v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_v0, stride_v1, stride_v2, IS_PAGED)
+                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             both = row_valid[:, None] & j_valid[None, :]
@@ -187,7 +226,7 @@ def _tree_attention_kernel(
                 bits = (words[:, None] >> (j[None, :] % 64).to(tl.int64)) & 1
                 visible = both & (bits != 0)
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
-                                         True, UPCAST, DOT_PRECISION)
+                                         True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
     # A row with no visible key (a mask without the node's own bit and an empty prefix)
     # outputs zeros.
@@ -201,7 +240,11 @@ def _tree_attention_kernel(
         rows_total = tl.num_programs(0) // node_blocks * N * GROUP  # B * N * Hq
         base = split.to(tl.int64) * rows_total + row
         tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], o, mask=o_mask)
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        if LAZY_RESCALE:
+            m_log2 = m_i * scale_log2  # m of raw scores on the lazy path
+        else:
+            m_log2 = m_i
+        lse = tl.where(has, m_log2 + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + base, lse, mask=row_valid)
 
 
@@ -289,6 +332,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     precision = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
     options = {} if config.max_registers is None else {"maxnreg": config.max_registers}
     page_size = k_cache.shape[1] if paged else 1
+    # 16-bit inputs: lazy rescaling and a compile-time page size; fp32 (FMA dots, registers
+    # full) keeps the eager rescale and the runtime page size, which spill nothing in its loops.
+    sixteen_bit = q.dtype != torch.float32
     max_pages = table.shape[1] if paged else 1
     _tree_attention_kernel[(programs, splits)](
         q, k_cache, v_cache, seqlens, mask, table, out, part_o, part_lse,
@@ -298,8 +344,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
-        NUM_SPLITS=splits, IS_PAGED=paged, IS_CAUSAL=causal, EVEN_D=block_d == D, UPCAST=upcast,
-        DOT_PRECISION=precision,
+        NUM_SPLITS=splits, PAGE_SIZE=page_size if sixteen_bit else 0, IS_PAGED=paged, IS_CAUSAL=causal,
+        EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:

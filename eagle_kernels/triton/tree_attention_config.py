@@ -1,20 +1,22 @@
 """Launch configurations of the Triton tree_attention kernel, their shared memory and occupancy.
 
 ``gpu_config`` picks a configuration from the call's shapes, dtype and layout: the row block
-``block_m`` holds every (node, query head) pair of a (request, KV head) up to 256 rows (GQA
-packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, so each K/V tile is read once per KV
-head); warps scale with the rows; pipeline stages are the most that keep the target blocks per
-SM (2 up to 128 rows, 1 at 256 rows, whose fp32 accumulator alone takes half the register file).
+``block_m`` holds the (node, query head) pairs of a (request, KV head) up to 128 rows (GQA
+packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, two blocks of 128); warps scale with
+the rows; pipeline stages are the most that keep the target blocks per SM (2 up to 64 rows, 1
+at 128 rows, whose registers fill the SM's file).
 
 ``TreeAttentionConfig.shared_bytes`` is the dynamic shared memory Triton allocates for the
 kernel (triton 3.6 and 3.9, sm_90), term by term: the Q tile (an operand of the Hopper MMA,
 kept in shared memory), the K and V tiles once per pipeline stage, and with a tree mask one
 int64 word per row per stage but one. The paged gather pipelines its K/V tiles over at most
-two buffers, its mask words over one, and adds the block-table indices (1 KiB bound). This is
-exact for the 16-bit configurations of 64 rows or more (python_tests/ops/
-test_tree_attention_compile.py compiles some; ``python bench/bench_tree_attention.py audit``
-compiles every configuration ``gpu_config`` can return), and an upper bound for fp32 (FMA
-dots) and for 16 and 32 rows (the pre-Hopper MMA keeps its operands in registers).
+two buffers, its mask words over one, and adds the block-table indices (1 KiB bound); 16-bit
+inputs add the conditional rescale's reduction scratch (1 KiB bound). For the 16-bit
+configurations of 64 rows or more this is at most 1 KiB above the compiled figure, never below
+(python_tests/ops/test_tree_attention_compile.py compiles some; ``python
+bench/tree_attention_audit.py audit`` compiles every configuration ``gpu_config`` can return),
+and an upper bound for fp32 (FMA dots) and for 16 and 32 rows (the pre-Hopper MMA keeps its
+operands in registers).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ SM_MAX_WARPS = 64
 H200_SMS = 132
 # Static shared memory of the compiled kernel (Triton's, reported beside the dynamic bytes).
 STATIC_SHARED = 1024
-MAX_ROWS = 256
+MAX_ROWS = 128
+RESCALE_SCRATCH = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +68,13 @@ class TreeAttentionConfig:
         kv_tiles = 2 * self.block_k * block_d * element_size
         mask_words = 0 if causal else self.block_m * 8
         stages = self.num_stages
+        # 16-bit inputs: the conditional rescale's block-wide maximum (4 B a warp, placed at the
+        # allocator's alignment: 16 B to 1 KiB more in the compiled kernels, bounded by 1 KiB).
+        scratch = RESCALE_SCRATCH if element_size == 2 else 0
         if paged:
             return (q_tile + min(stages, 2) * kv_tiles + min(stages - 1, 1) * mask_words
-                    + (1024 if stages >= 3 else 0))
-        return q_tile + stages * kv_tiles + (stages - 1) * mask_words
+                    + (1024 if stages >= 3 else 0) + scratch)
+        return q_tile + stages * kv_tiles + (stages - 1) * mask_words + scratch
 
 
 def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:
@@ -81,16 +87,17 @@ def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:
 
 
 # Row-block entries for 16-bit inputs and head dims up to 128: block_m -> (block_k, num_warps,
-# max_registers, most stages). 256 rows take 16 warps (4 warpgroups of 64 rows; the fp32
-# accumulator is 64 registers a thread) capped at 128 registers: one block of 16 warps an SM.
-# 128 rows take 8 warps capped at 128 registers: two blocks an SM. Both run 32-key tiles over
-# 2 stages: with 64-key tiles or a third stage, ptxas spills inside the key loop at that cap
-# (87 / 62 spill instructions in the loops at 256 rows, contiguous / paged; none at 32 x 2).
+# max_registers, most stages). 128 rows take 8 warps (2 warpgroups of 64 rows) over 64-key tiles
+# and 3 stages, registers at ptxas's choice (204-222 at D 128: one block an SM). Per key and
+# row this issues fewer instructions than 256 rows of 16 warps over 32-key tiles capped at 128
+# registers (a 64 x 32 x 16 wgmma does half the work of a 64 x 64 x 16 one for the same
+# descriptor arithmetic; 64-key tiles at that cap spill in the loop), so the 256 rows of a
+# (request, KV head) at N 64 are two node blocks whose K/V reads repeat (from L2, as the
+# neighbouring program of the same head reads them at the same time; docs/gpu_kernels.md).
 # Smaller blocks come from short trees (N x group rows) and leave ptxas its choice (<= 255
 # registers, two blocks of 4 warps an SM).
 ROW_TABLE = {
-    256: (32, 16, 128, 2),
-    128: (32, 8, 128, 2),
+    128: (64, 8, None, 3),
     64: (64, 4, None, 3),
     32: (64, 4, None, 3),
     16: (64, 4, None, 3),
@@ -136,7 +143,7 @@ def gpu_config(N, group, D, dtype, causal, paged) -> TreeAttentionConfig:
     else:
         block_m = rows
         block_k, num_warps, max_registers, most = ROW_TABLE[min(block_m, MAX_ROWS)]
-    target = 1 if block_m >= 256 or D > 128 or element_size == 4 else 2
+    target = 1 if block_m >= 128 or D > 128 or element_size == 4 else 2
     stages = _stages_for(block_m, block_k, num_warps, max_registers, most, target, D, element_size, causal, paged)
     return TreeAttentionConfig(block_m, block_k, num_warps, stages, max_registers, target)
 
@@ -167,7 +174,8 @@ def num_splits(programs: int, capacity: int, block_k: int, sms: int, occupancy: 
     return max(1, min(32, (sms * occupancy) // programs, capacity // (4 * block_k)))
 
 
-# The goal layout (Llama-3-8B heads, N 64: 256 rows), a shorter tree's 128 rows, head dim 256.
+# The goal layout (Llama-3-8B heads, N 64: 256 rows, two 128-row blocks), a shorter tree's 128
+# rows, head dim 256.
 GPU_CONFIG = gpu_config(64, 4, 128, torch.bfloat16, False, False)
 GPU_CONFIG_SMALL = gpu_config(32, 4, 128, torch.bfloat16, False, False)
 GPU_CONFIG_D256 = gpu_config(64, 4, 256, torch.bfloat16, False, False)

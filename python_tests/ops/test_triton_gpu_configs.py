@@ -183,15 +183,15 @@ def layout_id(page):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_tree_attention_gpu_config(dtype, D, page, causal):
     """The configuration the launcher picks on a GPU for these shapes (bf16 through the
-    interpreter's upcast dot): 40 nodes of 4 query heads per KV head are 160 rows, one 256-row
-    block of 16-bit inputs (at D 128, contiguous, tree mask: the goal layout's configuration,
-    GPU_CONFIG), 64-row blocks of fp32 (three per KV head, the last partial). The 150-entry
-    prefix takes whole key tiles and a partial one."""
+    interpreter's upcast dot): 40 nodes of 4 query heads per KV head are 160 rows, two 128-row
+    blocks of 16-bit inputs (the second partial; at D 128, contiguous, tree mask: the goal
+    layout's configuration, GPU_CONFIG), 64-row blocks of fp32 (three per KV head, the last
+    partial). The 150-entry prefix takes whole key tiles and a partial one."""
     from eagle_kernels.triton import tree_attention as tta
 
     B, N, prefix, heads = 2, 40, 150, (8, 2)
     config = tta.gpu_config(N, heads[0] // heads[1], D, dtype, causal, page is not None)
-    assert (config.block_m, config.block_k) == ((256, 32) if dtype == torch.bfloat16 else (64, 16))
+    assert (config.block_m, config.block_k) == ((128, 64) if dtype == torch.bfloat16 else (64, 16))
     if dtype == torch.bfloat16 and D == 128 and page is None and not causal:
         assert config == tta.GPU_CONFIG == tta.gpu_config(64, 4, 128, torch.float16, False, False)
     check_attention(config, B, N, prefix, heads, D, dtype, page, causal, seed=D + N)
@@ -223,9 +223,9 @@ def test_tree_attention_configs_fit_shared_memory(dtype, causal):
     """Every configuration the launcher can choose, for each head dim, dtype, mask kind and
     cache layout, fits an H200 block's shared memory by the estimate (which
     test_tree_attention_compile.py checks against the compiled kernels). The goal layout
-    (256-row 16-bit blocks, D 128, contiguous cache, tree mask) takes 100,352 B: a tile's mask
-    words are one per row (the 128-row block's [rows, keys] tile of words took 262,144 B at 3
-    stages)."""
+    (128-row 16-bit blocks, 64-key tiles, 3 stages, D 128, contiguous cache, tree mask) takes
+    134,144 B by the estimate (133,152 compiled): a tile's mask words are one per row (the
+    earlier 128-row block's [rows, keys] tile of words took 262,144 B at 3 stages)."""
     from eagle_kernels.triton import tree_attention as tta
 
     element_size = torch.empty((), dtype=dtype).element_size()
@@ -239,8 +239,42 @@ def test_tree_attention_configs_fit_shared_memory(dtype, causal):
         for D, dtype_, causal_, paged in layouts:
             size = torch.empty((), dtype=dtype_).element_size()
             assert config.shared_bytes(D, size, causal_, paged) + 1024 <= tta.SHARED_MEMORY_BUDGET, config
-    # Rows per block: every (node, query head) pair of a KV head up to 256 rows, then node blocks.
+    # Rows per block: every (node, query head) pair of a KV head up to 128 rows, then node blocks.
     assert [tta.gpu_config(N, 4, 128, torch.bfloat16, causal, False).block_m for N in (1, 7, 16, 64, 65, 256)] == [
-        16, 32, 64, 256, 256, 256]
+        16, 32, 64, 128, 128, 128]
     if element_size == 2 and not causal:
-        assert tta.GPU_CONFIG.shared_bytes(128, 2, False, False) == 100_352
+        assert tta.GPU_CONFIG.shared_bytes(128, 2, False, False) == 134_144  # compiled: 133,152
+
+
+@pytest.mark.parametrize("page", [None, 16], ids=layout_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tree_attention_lazy_rescale(dtype, page):
+    """The conditional rescale of the goal configuration (GPU_CONFIG): keys 64-127 scaled by 1.5
+    raise the rows' maxima by less than the slack (2^8), so the stale maxima stay and the 16-bit
+    probabilities of the PV product exceed 1; keys 128-191 scaled by 40 raise them far beyond it
+    (2^128 would overflow without a rescale), so the running maxima, sums and accumulators move in
+    mid-prefix. Against the float64 reference, with a tree mask, in both cache layouts."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    B, N, prefix, heads, D = 1, 12, 200, (8, 2), 64
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed=11)
+    t = torch.arange(prefix)
+    scale = torch.ones(prefix, dtype=dtype)
+    scale[64:128] = 1.5
+    scale[128:192] = 40.0
+    if table is None:
+        k[0, :prefix] *= scale[:, None, None]
+    else:
+        slots = (table[0].long()[t // page], t % page)
+        k[slots] *= scale[:, None, None]
+    mask = random_mask(B, N, seed=11)
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, config=tta.GPU_CONFIG)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
+    # The rows' running maxima do rise past the slack in mid-prefix (not only at the first tile).
+    scores = torch.einsum("nhd,thd->nht", q[0].double().view(N, 2, 4, D).flatten(1, 2),
+                          k[0, :prefix].double().repeat_interleave(4, 1) if table is None
+                          else k[slots].double().repeat_interleave(4, 1)) * D ** -0.5 / math.log(2)
+    running = scores.cummax(-1).values  # log2 units, per (node, head) row
+    assert 64 % tta.GPU_CONFIG.block_k == 0  # the key ranges above are whole tiles
+    assert (running[..., 127] - running[..., 63]).max() < 8 < (running[..., 191] - running[..., 127]).max()
