@@ -9,10 +9,14 @@
 namespace eagle {
 
 using TreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using DraftCandidateTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+// (tokens, scores, frontier, logprobs)
+using DraftCandidateTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores, int64_t top_k,
-                                       const std::optional<at::Tensor>& d2t);
+                                       const std::optional<at::Tensor>& d2t,
+                                       const std::optional<at::Tensor>& temperature,
+                                       const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                                       int64_t depth);
 
 TreeTensors build_tree_cpu(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,
                            const at::Tensor& cand_parents, int64_t num_nodes);
@@ -51,7 +55,9 @@ using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
                          int64_t max_depth, const std::optional<at::Tensor>& temperature,
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset);
+                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                         const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_sampled,
+                         const std::optional<at::Tensor>& d2t);
 
 #ifdef EAGLE_WITH_CUDA
 TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,

@@ -18,15 +18,17 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
       "Tensor? tree_mask=None, *, Tensor? block_table=None, float? sm_scale=None) -> Tensor");
   m.def(
-      "draft_expand(Tensor logits, Tensor frontier_scores, int top_k, *, Tensor? d2t=None) "
-      "-> (Tensor, Tensor, Tensor)");
+      "draft_expand(Tensor logits, Tensor frontier_scores, int top_k, *, Tensor? d2t=None, "
+      "Tensor? temperature=None, Tensor? seed=None, Tensor? offset=None, int depth=0) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "build_tree(Tensor root_tokens, Tensor cand_tokens, Tensor cand_scores, "
       "Tensor cand_parents, int num_nodes) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "verify(Tensor tokens, Tensor parents, Tensor target_logits, *, int max_depth, "
       "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, "
-      "Tensor? offset=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
       "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()");

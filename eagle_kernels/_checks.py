@@ -159,8 +159,9 @@ DRAFT_ROW_LIMIT = 65536
 
 
 def draft_expand_shapes(logits, frontier_scores, top_k, **_):
+    """Shapes of (tokens, scores, frontier, logprobs)."""
     B, M, _V = logits.shape
-    return (B, M * top_k), (B, M * top_k), (B, top_k)
+    return (B, M * top_k), (B, M * top_k), (B, top_k), (B, M * top_k)
 
 
 # ------------------------------------------------------------------------------- build_tree

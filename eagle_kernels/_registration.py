@@ -32,11 +32,13 @@ def _fake_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, 
     return q.new_empty(_checks.tree_attention_shape(q))
 
 
-def _fake_draft_expand(logits, frontier_scores, top_k, *, d2t=None):
-    _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t, values=False)
-    tokens, scores, frontier = _checks.draft_expand_shapes(logits, frontier_scores, top_k)
+def _fake_draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, seed=None, offset=None,
+                       depth=0):
+    _checks.check_draft_expand(logits, frontier_scores, top_k, d2t=d2t, temperature=temperature, seed=seed,
+                               offset=offset, depth=depth, values=False)
+    tokens, scores, frontier, logprobs = _checks.draft_expand_shapes(logits, frontier_scores, top_k)
     return (logits.new_empty(tokens, dtype=torch.int64), logits.new_empty(scores, dtype=torch.float32),
-            logits.new_empty(frontier, dtype=torch.int32))
+            logits.new_empty(frontier, dtype=torch.int32), logits.new_empty(logprobs, dtype=torch.float32))
 
 
 def _fake_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes):
@@ -48,9 +50,10 @@ def _fake_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_no
 
 
 def _fake_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
-                 top_p=None, seed=None, offset=None):
+                 top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None):
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
-                         top_k=top_k, top_p=top_p, seed=seed, offset=offset, values=False)
+                         top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
+                         draft_sampled=draft_sampled, d2t=d2t, values=False)
     shapes = _checks.verify_shapes(tokens, parents, target_logits, max_depth=max_depth)
     dtypes = (torch.int32, torch.int32, torch.int64, torch.int32)
     return tuple(target_logits.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))

@@ -11,8 +11,9 @@ SCHEMAS = {
         "Tensor? tree_mask=None, *, Tensor? block_table=None, float? sm_scale=None) -> Tensor"
     ),
     "draft_expand": (
-        "draft_expand(Tensor logits, Tensor frontier_scores, int top_k, *, Tensor? d2t=None) "
-        "-> (Tensor, Tensor, Tensor)"
+        "draft_expand(Tensor logits, Tensor frontier_scores, int top_k, *, Tensor? d2t=None, "
+        "Tensor? temperature=None, Tensor? seed=None, Tensor? offset=None, int depth=0) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"
     ),
     "build_tree": (
         "build_tree(Tensor root_tokens, Tensor cand_tokens, Tensor cand_scores, "
@@ -21,7 +22,8 @@ SCHEMAS = {
     "verify": (
         "verify(Tensor tokens, Tensor parents, Tensor target_logits, *, int max_depth, "
         "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, "
-        "Tensor? offset=None) -> (Tensor, Tensor, Tensor, Tensor)"
+        "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"
     ),
     "compact_kv": (
         "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "

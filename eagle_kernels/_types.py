@@ -22,7 +22,7 @@ class DraftCandidates(NamedTuple):
     tokens: torch.Tensor
     scores: torch.Tensor
     frontier: torch.Tensor
-    logprobs: torch.Tensor | None = None  # None only from backends that predate sampled children
+    logprobs: torch.Tensor
 
 
 class VerifyOutput(NamedTuple):

@@ -12,11 +12,18 @@
 // Bad rows: a row holding NaN or +inf, or no entry above -inf, has an lse that is not finite,
 // so every log-prob is NaN (as torch.log_softmax gives). All log-probs then tie and rank by id:
 // the row's candidates are ids 0..k-1 with NaN scores, exactly as the reference computes.
+//
+// Sampled rows (docs/ops.md §2, requests at a temperature): the children are the k largest
+// Gumbel keys logp(x) - log(-log U_x), U_x the counter-based uniform of philox.h at (seed,
+// offset, node = x, draw = gumbel_draw(depth, m)); k draws without replacement from
+// exp(logp). The keys are float64 and ranked like the logits (descending, ties to the smaller
+// id); a bad row's keys are all NaN and rank as +inf, so it too yields ids 0..k-1.
 #pragma once
 
 #include <math.h>
 
 #include "core/common.h"
+#include "core/philox.h"
 
 namespace eagle {
 namespace draft_expand {
@@ -60,13 +67,14 @@ HOST_DEVICE inline bool row_is_bad(const RowStats<A>& s) {
 HOST_DEVICE inline float log_of(float x) { return logf(x); }
 HOST_DEVICE inline double log_of(double x) { return log(x); }
 
-// Writes the k candidates of one frontier row: tokens[r] and scores[r] for rank r < k.
+// Writes the k candidates of one frontier row: tokens[r], scores[r] and logprobs[r] for rank r < k.
 // top_values/top_ids: the row's top-k logits (as A) from push_top_k, `count` of them (count
 // == k unless the row is bad). logp = (x - max) - log(sum), the same association as
 // torch.log_softmax; score = frontier_score + logp in A, rounded once to float32.
 template <typename A>
 HOST_DEVICE inline void finish_row(const RowStats<A>& s, const A* top_values, const int64_t* top_ids, int64_t count,
-                                   int64_t k, A frontier_score, const int64_t* d2t, int64_t* tokens, float* scores) {
+                                   int64_t k, A frontier_score, const int64_t* d2t, int64_t* tokens, float* scores,
+                                   float* logprobs) {
   const bool bad = row_is_bad(s) || count < k;
   const A log_sum = bad ? A(0) : log_of(s.sum);
   const A nan = static_cast<A>(NAN);
@@ -75,8 +83,26 @@ HOST_DEVICE inline void finish_row(const RowStats<A>& s, const A* top_values, co
     const A logp = bad ? nan : (top_values[r] - s.max) - log_sum;
     tokens[r] = d2t != nullptr ? id + d2t[id] : id;
     scores[r] = static_cast<float>(frontier_score + logp);
+    logprobs[r] = static_cast<float>(logp);
   }
 }
+
+// ---------------------------------------------------------------------------- sampled rows
+constexpr uint32_t kDraftDraw = 2;         // first draw index of the Gumbel draws (docs/design.md)
+constexpr uint32_t kDepthStride = 65536;   // draw = kDraftDraw + depth * kDepthStride + m
+HOST_DEVICE inline uint32_t gumbel_draw(int64_t depth, int64_t m) {
+  return kDraftDraw + static_cast<uint32_t>(depth) * kDepthStride + static_cast<uint32_t>(m);
+}
+
+// The exponential-race key of draft id x: logp - log(-log U) in float64 (U = 0 gives -inf).
+HOST_DEVICE inline double gumbel_key(double logp, int64_t seed, int64_t offset, uint32_t x, uint32_t draw) {
+  const double u = philox::uniform(seed, offset, x, draw);
+  return logp - log(-log(u));
+}
+
+// NaN keys (bad rows only) rank first, as torch.sort(descending=True) puts them; the keys of a
+// good row are below log(-log(1 - 2^-53)) + 0 < 37, never +inf.
+HOST_DEVICE inline double rank_key(double key) { return key != key ? INFINITY : key; }
 
 // Frontier of one request: the k best of the M*k candidate scores by score descending (NaN
 // ranked as -inf), ties by smaller index. keys/picked: scratch of k entries.

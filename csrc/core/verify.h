@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <math.h>
 
 #include "common.h"
 
@@ -163,6 +164,34 @@ HOST_DEVICE inline int64_t sample_inverse_cdf(const C* w, int64_t n, double u) {
     if (w[i] > C(0)) return i;
   }
   return 0;
+}
+
+// |sum(q_u) - 1| above this makes a draft row invalid (docs/ops.md §4, "Invalid draft rows").
+constexpr double kDraftSumTolerance = 1e-3;
+
+// The draft row of a node over the target vocabulary: r[t] = q[x] / S (float64) for t = x +
+// d2t[x] (t = x without d2t; r is V long, zero where no draft id maps). Returns false when q is
+// not a distribution: an entry NaN, infinite or negative, |S - 1| > kDraftSumTolerance (S the
+// float64 sum), or a d2t target outside [0, V) (the int64 sum wraps as torch's does).
+HOST_DEVICE inline bool draft_row(const float* q, int64_t Vd, const int64_t* d2t, int64_t V, double* r) {
+  double total = 0.0;
+  for (int64_t i = 0; i < Vd; ++i) {
+    const float v = q[i];
+    if (!(v >= 0.0f) || v == __builtin_huge_valf()) return false;  // NaN, negative or +inf
+    total += static_cast<double>(v);
+  }
+  if (fabs(total - 1.0) > kDraftSumTolerance) return false;
+  if (d2t == nullptr) {
+    for (int64_t i = 0; i < Vd; ++i) r[i] = static_cast<double>(q[i]) / total;
+    return true;
+  }
+  for (int64_t t = 0; t < V; ++t) r[t] = 0.0;
+  for (int64_t i = 0; i < Vd; ++i) {
+    const int64_t t = static_cast<int64_t>(static_cast<uint64_t>(i) + static_cast<uint64_t>(d2t[i]));
+    if (t < 0 || t >= V) return false;
+    r[t] = static_cast<double>(q[i]) / total;
+  }
+  return true;
 }
 
 }  // namespace verify

@@ -11,6 +11,11 @@
 // blocks of 4 vectors: a block whose max does not exceed the running max and whose entries all
 // sit below the k-th value (the common case after the first few blocks) costs one exp per
 // entry (simd.h's, FMA form) and two vector compares.
+//
+// Sampled rows (requests with temperature[b] > 0, docs/ops.md §2) take a separate scalar path:
+// max pass, sum of exp((x - max) / T), then one pass computing each id's tempered log-prob and
+// its float64 Gumbel key on the counter-based stream (one Philox-4x32-10 block and two float64
+// logs per entry, which is what the pass costs), keeping the k largest keys in a sorted buffer.
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -43,6 +48,9 @@ constexpr int64_t kMaxBufferK = 64;
 // Target entries scanned per parallel_for chunk: small problems run inline (waking the other
 // thread costs far more than scanning a few rows).
 constexpr int64_t kWorkPerChunk = 1 << 19;
+// The Gumbel draws' counter word holds depth * 65536 + m (docs/ops.md §2; _checks.py's limits).
+constexpr int64_t kDepthLimit = 65535;
+constexpr int64_t kRowLimit = 65536;
 
 // ------------------------------------------------------------------------- portable scan
 // One pass: online max / sum-exp and the top-k buffer. A = accumulation type (float, or double
@@ -246,7 +254,7 @@ EAGLE_TARGET_AVX2 core::RowStats<float> scan_row_avx2(const E* row, int64_t V, i
 // Scans row (b, m) and writes its k candidates. Scratch: top_values/top_ids of kMaxBufferK.
 template <typename T>
 void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const int64_t* d2t, int64_t* tokens,
-                float* scores, isa::Level level) {
+                float* scores, float* logprobs, isa::Level level) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t kb = k <= kMaxBufferK ? k : 0;  // 0: lse only, top-k below
   A top_values[kMaxBufferK];
@@ -277,28 +285,94 @@ void expand_row(const T* row, int64_t V, int64_t k, float frontier_score, const 
     });
     std::vector<A> values(k);
     for (int64_t r = 0; r < k; ++r) values[r] = static_cast<A>(row[ids[r]]);
-    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t, tokens, scores);
+    core::finish_row<A>(s, values.data(), ids.data(), k, k, static_cast<A>(frontier_score), d2t, tokens, scores,
+                        logprobs);
     return;
   }
   core::finish_row<A>(s, top_values, top_ids, kb == 0 ? 0 : count, k, static_cast<A>(frontier_score), d2t, tokens,
-                      scores);
+                      scores, logprobs);
 }
+
+// A sampled row: k draws without replacement from softmax((x - max) / T) by Gumbel-top-k, in
+// draw order (docs/ops.md §2). logp = scaled - log(sum exp(scaled)) in A, the association of
+// torch.log_softmax (the scaled max is exactly 0); keys in float64. `keys`/`ids`: k entries.
+template <typename T>
+void sample_row(const T* row, int64_t V, int64_t k, float temperature, int64_t seed, int64_t offset, uint32_t draw,
+                float frontier_score, const int64_t* d2t, int64_t* tokens, float* scores, float* logprobs,
+                double* keys, int64_t* ids) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const A inf = std::numeric_limits<A>::infinity();
+  A mx = -inf;
+  bool bad = false;
+  for (int64_t v = 0; v < V; ++v) {
+    const A x = static_cast<A>(row[v]);
+    if (std::isnan(x)) bad = true;
+    mx = x > mx ? x : mx;
+  }
+  bad = bad || mx == inf || mx == -inf;  // every log-prob NaN, as torch.log_softmax gives
+  const A t = static_cast<A>(temperature);
+  A sum = A(0);
+  if (!bad) {
+    for (int64_t v = 0; v < V; ++v) sum += std::exp((static_cast<A>(row[v]) - mx) / t);
+  }
+  const A log_sum = bad ? std::numeric_limits<A>::quiet_NaN() : std::log(sum);
+  int64_t count = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const A logp = bad ? log_sum : (static_cast<A>(row[v]) - mx) / t - log_sum;
+    const double key = core::rank_key(
+        core::gumbel_key(static_cast<double>(logp), seed, offset, static_cast<uint32_t>(v), draw));
+    core::push_top_k(keys, ids, count, k, key, v);
+  }
+  const A fs = static_cast<A>(frontier_score);
+  for (int64_t r = 0; r < k; ++r) {
+    const int64_t id = ids[r];
+    const A logp = bad ? log_sum : (static_cast<A>(row[id]) - mx) / t - log_sum;
+    tokens[r] = d2t != nullptr ? id + d2t[id] : id;
+    scores[r] = static_cast<float>(fs + logp);
+    logprobs[r] = static_cast<float>(logp);
+  }
+}
+
+// Per-request sampling parameters (all null when no request samples).
+struct Sampling {
+  const float* temperature;  // [B] or null
+  const int64_t* seed;       // [B] or null
+  const int64_t* offset;     // [B] or null
+  int64_t depth;
+};
 
 template <typename T>
 void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const int64_t* d2t, int64_t k,
-                      at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier) {
+                      const Sampling& sp, at::Tensor& tokens, at::Tensor& scores, at::Tensor& frontier,
+                      at::Tensor& logprobs) {
   const int64_t B = logits.size(0), M = logits.size(1), V = logits.size(2);
   const T* x = logits.data_ptr<T>();
   const float* fs = fscores.data_ptr<float>();
   int64_t* tok = tokens.data_ptr<int64_t>();
   float* sc = scores.data_ptr<float>();
   int32_t* fr = frontier.data_ptr<int32_t>();
-  const int64_t grain = std::max<int64_t>(1, kWorkPerChunk / V);
+  float* lp = logprobs.data_ptr<float>();
+  bool any_sampled = false;
+  for (int64_t b = 0; sp.temperature != nullptr && b < B; ++b) any_sampled |= sp.temperature[b] > 0.0f;
+  // A sampled entry costs a Philox block and two float64 logs, ~10x a deterministic one.
+  const int64_t grain = std::max<int64_t>(1, kWorkPerChunk / (any_sampled ? 10 * V : V));
   const isa::Level level = isa::current();
   at::parallel_for(0, B * M, grain, [&](int64_t begin, int64_t end) {
+    std::vector<double> keys;
+    std::vector<int64_t> ids;
     for (int64_t row = begin; row < end; ++row) {
       // Candidate row * k + r: (b, m) rows are laid out as b * (M * k) + m * k.
-      expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k, level);
+      const int64_t b = row / M, m = row % M;
+      const float temperature = sp.temperature != nullptr ? sp.temperature[b] : 0.0f;
+      if (temperature > 0.0f) {
+        keys.resize(k);
+        ids.resize(k);
+        sample_row<T>(x + row * V, V, k, temperature, sp.seed ? sp.seed[b] : 0, sp.offset ? sp.offset[b] : 0,
+                      core::gumbel_draw(sp.depth, m), fs[row], d2t, tok + row * k, sc + row * k, lp + row * k,
+                      keys.data(), ids.data());
+      } else {
+        expand_row<T>(x + row * V, V, k, fs[row], d2t, tok + row * k, sc + row * k, lp + row * k, level);
+      }
     }
   });
   const int64_t MK = M * k;
@@ -310,7 +384,10 @@ void run_draft_expand(const at::Tensor& logits, const at::Tensor& fscores, const
 }  // namespace
 
 DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tensor& frontier_scores, int64_t top_k,
-                                       const std::optional<at::Tensor>& d2t) {
+                                       const std::optional<at::Tensor>& d2t,
+                                       const std::optional<at::Tensor>& temperature,
+                                       const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                                       int64_t depth) {
   const char* op = "draft_expand";
   TORCH_CHECK_VALUE(logits.device().is_cpu(), op, ": logits: expected device cpu, got ", logits.device());
   check_float_dtype(logits, op, "logits");
@@ -330,29 +407,57 @@ DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tenso
     check_device(*d2t, op, "d2t", logits.device());
     d2t_c = d2t->contiguous();
   }
+  // Sampling parameters, in the order of eagle_kernels/_checks.py.
+  at::Tensor sampling_c[3];
+  const std::optional<at::Tensor>* sampling_args[3] = {&temperature, &seed, &offset};
+  const char* sampling_names[3] = {"temperature", "seed", "offset"};
+  const at::ScalarType sampling_dtypes[3] = {at::kFloat, at::kLong, at::kLong};
+  for (int i = 0; i < 3; ++i) {
+    const std::optional<at::Tensor>& t = *sampling_args[i];
+    if (!t.has_value()) continue;
+    check_dtype(*t, op, sampling_names[i], sampling_dtypes[i]);
+    check_shape(*t, op, sampling_names[i], {B}, "[B]");
+    check_device(*t, op, sampling_names[i], logits.device());
+    sampling_c[i] = t->contiguous();
+  }
+  TORCH_CHECK_VALUE(depth >= 0 && depth < kDepthLimit, op, ": depth: expected an int in [0, ", kDepthLimit, "), got ",
+                    depth);
+  TORCH_CHECK_VALUE(M <= kRowLimit, op, ": logits: expected at most ", kRowLimit, " frontier nodes (M), got shape ",
+                    shape_str(logits.sizes()));
+  Sampling sp{nullptr, nullptr, nullptr, depth};
+  if (temperature.has_value()) {
+    sp.temperature = sampling_c[0].data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(std::isfinite(sp.temperature[b]) && sp.temperature[b] >= 0.0f, op,
+                        ": temperature: expected finite values >= 0, got ", sp.temperature[b], " at ", b);
+    }
+  }
+  if (seed.has_value()) sp.seed = sampling_c[1].data_ptr<int64_t>();
+  if (offset.has_value()) sp.offset = sampling_c[2].data_ptr<int64_t>();
   const at::Tensor x = logits.contiguous();
   const at::Tensor fs = frontier_scores.contiguous();
   const auto opts = x.options();
   at::Tensor tokens = at::empty({B, M * top_k}, opts.dtype(at::kLong));
   at::Tensor scores = at::empty({B, M * top_k}, opts.dtype(at::kFloat));
   at::Tensor frontier = at::empty({B, top_k}, opts.dtype(at::kInt));
-  if (B == 0) return {tokens, scores, frontier};
+  at::Tensor logprobs = at::empty({B, M * top_k}, opts.dtype(at::kFloat));
+  if (B == 0) return {tokens, scores, frontier, logprobs};
   const int64_t* d2t_p = d2t.has_value() ? d2t_c.data_ptr<int64_t>() : nullptr;
   switch (dt) {
     case at::kFloat:
-      run_draft_expand<float>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<float>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
     case at::kBFloat16:
-      run_draft_expand<c10::BFloat16>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<c10::BFloat16>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
     case at::kHalf:
-      run_draft_expand<c10::Half>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<c10::Half>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
     default:
-      run_draft_expand<double>(x, fs, d2t_p, top_k, tokens, scores, frontier);
+      run_draft_expand<double>(x, fs, d2t_p, top_k, sp, tokens, scores, frontier, logprobs);
       break;
   }
-  return {tokens, scores, frontier};
+  return {tokens, scores, frontier, logprobs};
 }
 
 }  // namespace eagle

@@ -10,6 +10,13 @@
 // picked per call from isa::current() (the AVX-512 variant from avx512-ymm up). Every variant
 // gives the same bits: the exp is simd.h's in its unfused form, and the sums run in a fixed
 // lane order.
+//
+// Sampled drafts (draft_probs, docs/ops.md §4 "Draft-aware rule"): at a node with sampled
+// children the draft row is checked and mapped to target ids once (r = Q / S in a float64
+// scratch row, core/verify.h's draft_row), the children are tried against the residual, and a
+// rejected sampled child replaces the residual with max(w / mass - r', 0) in a second scratch
+// row (r' without the earlier sampled siblings, over 1 - removed), so the rounding rule can fall
+// back to the previous residual without a copy.
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -45,7 +52,11 @@ struct Args {
   const float* top_p;        // [B] or null
   const int64_t* seed;       // [B] or null
   const int64_t* offset;     // [B] or null
-  int32_t* accept_len;       // [B]
+  const float* draft_probs;  // [B, N, Vd] or null
+  int64_t Vd;
+  const bool* draft_sampled;  // [B, N] or null (every non-root node sampled)
+  const int64_t* d2t;         // [Vd] or null
+  int32_t* accept_len;        // [B]
   int32_t* accept_nodes;     // [B, max_depth + 1]
   int64_t* out_tokens;       // [B, max_depth + 1]
   int32_t* status;           // [B]
@@ -132,6 +143,9 @@ struct Scratch {
   std::vector<C> w;     // the residual weights of the current node
   std::vector<K> keys;  // order keys of w
   std::vector<K> cand;  // radix-select candidates
+  std::vector<C> w_next;                // the residual after a sampled rejection
+  std::vector<double> r;                // the draft row over target ids
+  std::vector<int64_t> children, sampled;  // the children of the node; its sampled children
 };
 
 // One scratch row per thread, kept across calls: rows of V >= 32k entries are mmap-sized, and
@@ -143,6 +157,8 @@ Scratch<C>& thread_scratch(int64_t V) {
     s.w.resize(V);
     s.keys.resize(V);
     s.cand.resize(V);
+    s.w_next.resize(V);
+    s.r.resize(V);
   }
   return s;
 }
@@ -244,6 +260,21 @@ EAGLE_INLINE void build_weights(const In* row, int64_t V, C row_max, float tempe
   }
 }
 
+// Whether the sampled children's tokens could have been drawn without replacement from r: all
+// distinct, each with r(x) > 0, and the mass of the earlier ones below 1 before each.
+inline bool sampled_children_valid(const double* r, const int64_t* tok, const std::vector<int64_t>& sampled) {
+  double removed = 0.0;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const int64_t x = tok[sampled[i]];
+    for (size_t j = 0; j < i; ++j) {
+      if (tok[sampled[j]] == x) return false;
+    }
+    if (!(r[x] > 0.0) || removed >= 1.0) return false;
+    removed += r[x];
+  }
+  return true;
+}
+
 // --------------------------------------------------------------------------------- the walk
 template <int kIsa, typename In, typename C>
 EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) {
@@ -264,7 +295,7 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
   nodes_out[0] = 0;
 
   int64_t node = 0, depth = 0;
-  bool bad = false;
+  bool bad = false, draft_bad = false;
   while (true) {
     const In* row = logits + node * a.stride_n;
     const RowStats<C> st = row_stats<In, C>(row, V);
@@ -291,21 +322,65 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
       build_weights<kIsa, In, C>(row, V, st.max, temperature, top_k, top_p, s);
       C* w = s.w.data();
       if (may_descend) {
-        double mass = sum64(w, V);
+        std::vector<int64_t>& children = s.children;
+        std::vector<int64_t>& sampled = s.sampled;
+        children.clear();
+        sampled.clear();
         for (int64_t c = node + 1; c < N; ++c) {
           if (par[c] != node) continue;
+          children.push_back(c);
+          if (a.draft_probs != nullptr && (a.draft_sampled == nullptr || a.draft_sampled[b * N + c])) {
+            sampled.push_back(c);
+          }
+        }
+        double* r = s.r.data();
+        if (!sampled.empty()) {
+          const float* q = a.draft_probs + (b * N + node) * a.Vd;
+          if (!verify::draft_row(q, a.Vd, a.d2t, V, r) || !sampled_children_valid(r, tok, sampled)) {
+            draft_bad = true;  // no valid drafts here: the bonus comes from p_u (still exact)
+            children.clear();
+          }
+        }
+        double removed = 0.0;  // r's mass of the sampled children rejected so far
+        size_t rejected_sampled = 0;
+        for (const int64_t c : children) {
           const int64_t x = tok[c];
-          const C wx = (x >= 0 && x < V) ? w[x] : C(0);
+          const double mass = sum64(w, V);
           const double u = philox::uniform(seed, offset, static_cast<uint32_t>(c), philox::kAcceptDraw);
+          const bool is_sampled = rejected_sampled < sampled.size() && sampled[rejected_sampled] == c;
+          const double d = is_sampled ? r[x] / (1.0 - removed) : 1.0;
+          const C wx = w[x];
           // w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
-          if (wx > C(0) && u < static_cast<double>(wx) / mass) {
+          if (wx > C(0) && u < (static_cast<double>(wx) / mass) / d) {
             child = c;
             break;
           }
-          if (wx > C(0)) {  // reject: zero p(x) and renormalise
-            w[x] = C(0);
-            mass = sum64(w, V);
+          if (is_sampled) {
+            // w <- max(w / mass - r', 0), r' = r without the earlier sampled siblings / (1 - removed).
+            C* next = s.w_next.data();
+            const C m = static_cast<C>(mass);
+            const double keep = 1.0 - removed;
+            for (int64_t i = 0; i < V; ++i) {
+              const C v = w[i] / m - static_cast<C>(r[i] / keep);
+              next[i] = v > C(0) ? v : C(0);
+            }
+            for (size_t j = 0; j < rejected_sampled; ++j) {
+              const int64_t y = tok[sampled[j]];
+              const C v = w[y] / m;
+              next[y] = v > C(0) ? v : C(0);
+            }
+            removed += r[x];
+            ++rejected_sampled;
+            if (sum64(next, V) != 0.0) {
+              std::swap(s.w, s.w_next);
+              w = s.w.data();
+              continue;
+            }
+            // Rounding only (p and r' agree to the last bit): zero w(x) instead, below.
           }
+          const C previous = w[x];
+          w[x] = C(0);
+          if (sum64(w, V) == 0.0) w[x] = previous;  // that would empty w too: keep it as it was
         }
       }
       if (child < 0) {
@@ -326,7 +401,7 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
     depth = 0;
   }
   a.accept_len[b] = static_cast<int32_t>(depth);
-  a.status[b] = bad ? 1 : 0;
+  a.status[b] = bad ? 1 : draft_bad ? 2 : 0;
 }
 
 template <int kIsa, typename In, typename C>
@@ -425,7 +500,9 @@ at::Tensor dense(const std::optional<at::Tensor>& t) { return t ? t->contiguous(
 VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
                          int64_t max_depth, const std::optional<at::Tensor>& temperature,
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                         const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_sampled,
+                         const std::optional<at::Tensor>& d2t) {
   const char* op = "verify";
   check_float_dtype(target_logits, op, "target_logits");
   check_dim(target_logits, op, "target_logits", 3, "[B, N, V]");
@@ -447,11 +524,40 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   check_optional(top_p, "top_p", at::kFloat, B, dev);
   check_optional(seed, "seed", at::kLong, B, dev);
   check_optional(offset, "offset", at::kLong, B, dev);
+  int64_t Vd = 0;
+  if (!draft_probs) {
+    TORCH_CHECK_VALUE(!draft_sampled, "verify: draft_sampled: expected None when draft_probs is None ",
+                      "(it qualifies the draft distributions), got a Tensor");
+    TORCH_CHECK_VALUE(!d2t, "verify: d2t: expected None when draft_probs is None ",
+                      "(it qualifies the draft distributions), got a Tensor");
+  } else {
+    check_dtype(*draft_probs, op, "draft_probs", at::kFloat);
+    check_dim(*draft_probs, op, "draft_probs", 3, "[B, N, Vd]");
+    check_device(*draft_probs, op, "draft_probs", dev);
+    TORCH_CHECK_VALUE(draft_probs->size(0) == B && draft_probs->size(1) == N, "verify: draft_probs: expected shape ",
+                      "[B = ", B, ", N = ", N, ", Vd], got shape ", shape_str(draft_probs->sizes()));
+    Vd = draft_probs->size(2);
+    TORCH_CHECK_VALUE(d2t || Vd == V, "verify: draft_probs: expected Vd = V = ", V,
+                      " (the target vocabulary) without d2t, got shape ", shape_str(draft_probs->sizes()));
+    TORCH_CHECK_VALUE(Vd > 0, "verify: draft_probs: expected at least one draft vocabulary entry, got shape ",
+                      shape_str(draft_probs->sizes()));
+    if (d2t) {
+      check_dtype(*d2t, op, "d2t", at::kLong);
+      check_shape(*d2t, op, "d2t", {Vd}, "[Vd]");
+      check_device(*d2t, op, "d2t", dev);
+    }
+    if (draft_sampled) {
+      check_dtype(*draft_sampled, op, "draft_sampled", at::kBool);
+      check_shape(*draft_sampled, op, "draft_sampled", {B, N}, "[B, N]");
+      check_device(*draft_sampled, op, "draft_sampled", dev);
+    }
+  }
 
   const at::Tensor tok = tokens.contiguous();
   const at::Tensor par = parents.contiguous();
   const at::Tensor temp_c = dense(temperature), topk_c = dense(top_k), topp_c = dense(top_p);
   const at::Tensor seed_c = dense(seed), offset_c = dense(offset);
+  const at::Tensor draft_c = dense(draft_probs), sampled_c = dense(draft_sampled), d2t_c = dense(d2t);
   check_values(tok, par, B, N, V, temp_c, topk_c, topp_c);
   // Rows are read in place when their entries are contiguous; otherwise one dense copy.
   const at::Tensor logits = target_logits.stride(2) == 1 || V == 1 ? target_logits : target_logits.contiguous();
@@ -478,6 +584,10 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   a.top_p = top_p ? topp_c.data_ptr<float>() : nullptr;
   a.seed = seed ? seed_c.data_ptr<int64_t>() : nullptr;
   a.offset = offset ? offset_c.data_ptr<int64_t>() : nullptr;
+  a.draft_probs = draft_probs ? draft_c.data_ptr<float>() : nullptr;
+  a.Vd = Vd;
+  a.draft_sampled = draft_sampled ? sampled_c.data_ptr<bool>() : nullptr;
+  a.d2t = d2t ? d2t_c.data_ptr<int64_t>() : nullptr;
   a.accept_len = accept_len.data_ptr<int32_t>();
   a.accept_nodes = accept_nodes.data_ptr<int32_t>();
   a.out_tokens = out_tokens.data_ptr<int64_t>();

@@ -42,26 +42,29 @@ void test_finish_row() {
   const int64_t ids[2] = {1, 0};
   const int64_t d2t[2] = {10, 20};
   int64_t tokens[2];
-  float scores[2];
-  de::finish_row<float>(s, vals, ids, 2, 2, -1.0f, d2t, tokens, scores);
+  float scores[2], logprobs[2];
+  de::finish_row<float>(s, vals, ids, 2, 2, -1.0f, d2t, tokens, scores, logprobs);
   EXPECT_EQ(tokens[0], 1 + 20);
   EXPECT_EQ(tokens[1], 0 + 10);
   EXPECT(std::fabs(scores[0] - (-1.0f - std::log(4.0f / 3.0f))) < 1e-6f);
   EXPECT(std::fabs(scores[1] - (-1.0f - std::log(4.0f))) < 1e-6f);
+  EXPECT(std::fabs(logprobs[0] - (-std::log(4.0f / 3.0f))) < 1e-6f);
+  EXPECT(std::fabs(logprobs[1] - (-std::log(4.0f))) < 1e-6f);
 }
 
 void test_bad_rows_give_ids_in_order_and_nan() {
   const float vals[2] = {5.0f, 4.0f};
   const int64_t ids[2] = {7, 3};
   int64_t tokens[2];
-  float scores[2];
+  float scores[2], logprobs[2];
   for (const de::RowStats<float>& s : {de::RowStats<float>{1.0f, 1.0f, true}, de::RowStats<float>{kInf, 1.0f, false},
                                        de::RowStats<float>{-kInf, 0.0f, false}}) {
     EXPECT(de::row_is_bad(s));
-    de::finish_row<float>(s, vals, ids, 2, 2, 0.0f, nullptr, tokens, scores);
+    de::finish_row<float>(s, vals, ids, 2, 2, 0.0f, nullptr, tokens, scores, logprobs);
     EXPECT_EQ(tokens[0], 0);
     EXPECT_EQ(tokens[1], 1);
     EXPECT(std::isnan(scores[0]) && std::isnan(scores[1]));
+    EXPECT(std::isnan(logprobs[0]) && std::isnan(logprobs[1]));
   }
 }
 

@@ -31,8 +31,10 @@ def small_inputs(op):
                 node = int(parents[node])
         return (q, k, v, seqlens, mask), {"sm_scale": 0.3}
     if op == "draft_expand":
+        # One deterministic and one sampled request (docs/ops.md §2).
         return (torch.randn(2, 3, 11, generator=g), torch.randn(2, 3, generator=g), 4), {
-            "d2t": torch.arange(11, dtype=torch.int64) * 2}
+            "d2t": torch.arange(11, dtype=torch.int64) * 2, "temperature": torch.tensor([0.0, 0.8]),
+            "seed": torch.tensor([3, 4]), "offset": torch.tensor([0, 9]), "depth": 2}
     if op == "build_tree":
         root = torch.tensor([1, 2])
         tokens = torch.arange(12).reshape(2, 6)
@@ -46,7 +48,11 @@ def small_inputs(op):
         return (tokens, parents, logits), {
             "max_depth": 2, "temperature": torch.tensor([0.0, 0.8]),
             "top_k": torch.tensor([0, 3], dtype=torch.int32), "top_p": torch.tensor([1.0, 0.9]),
-            "seed": torch.tensor([1, 2]), "offset": torch.tensor([0, 5])}
+            "seed": torch.tensor([1, 2]), "offset": torch.tensor([0, 5]),
+            # Draft rows over a draft vocabulary of 4 (ids 0-3 -> target 1-4); node 3 deterministic.
+            "draft_probs": torch.softmax(torch.randn(2, 4, 4, generator=g), -1),
+            "draft_sampled": torch.tensor([[False, True, True, False]] * 2),
+            "d2t": torch.ones(4, dtype=torch.int64)}
     if op == "compact_kv":
         k = torch.randn(3, 2, 12, 2, 8, generator=g)
         v = torch.randn(3, 2, 12, 2, 8, generator=g)
@@ -123,7 +129,7 @@ def test_public_op_equals_reference(op):
 
 def test_result_types_are_named_tuples():
     assert eagle_kernels.Tree._fields == ("tokens", "parents", "depths", "mask")
-    assert eagle_kernels.DraftCandidates._fields == ("tokens", "scores", "frontier")
+    assert eagle_kernels.DraftCandidates._fields == ("tokens", "scores", "frontier", "logprobs")
     assert eagle_kernels.VerifyOutput._fields == ("accept_len", "accept_nodes", "out_tokens", "status")
 
 
