@@ -20,9 +20,6 @@ def draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, 
     """One depth of EAGLE-2 expansion, children sampled without replacement for requests with
     ``temperature[b] > 0`` (docs/ops.md §2); see :func:`eagle_kernels.reference.draft_expand`."""
     sampling = {} if temperature is None else dict(temperature=temperature, seed=seed, offset=offset, depth=depth)
-    if sampling:  # TEMPORARY-SHIM: the native kernels do not take the sampling arguments yet
-        from . import reference as _ref
-        return _ref.draft_expand(logits, frontier_scores, top_k, d2t=d2t, **sampling)
     return _dispatch.run("draft_expand", logits.device, logits, frontier_scores, top_k, d2t=d2t, **sampling)
 
 
@@ -38,10 +35,6 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     sampled children when given (docs/ops.md §4); see :func:`eagle_kernels.reference.verify`."""
     drafts = {} if draft_probs is None and draft_sampled is None and d2t is None else dict(
         draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t)
-    if drafts:  # TEMPORARY-SHIM: the native kernels do not take the draft arguments yet
-        from . import reference as _ref
-        return _ref.verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
-                           top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
     return _dispatch.run("verify", target_logits.device, tokens, parents, target_logits, max_depth=max_depth,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
 

@@ -355,8 +355,9 @@ def test_default_tree_follows_the_batch_size(target):
 def test_sampling_batches_draft_without_the_chain(target, temperature, want):
     """A CPU batch whose every request samples gets the head draft without a lookup chain;
     one greedy request keeps the chain; a head-less decoder keeps its chain (its only draft);
-    batch 1 and the GPU are unchanged."""
-    decoder = SpeculativeDecoder(target, repeat_head(target))
+    batch 1 and the GPU are unchanged. (These are the deterministic drafts' trees; sampled drafts:
+    test_sampled_drafts.py.)"""
+    decoder = SpeculativeDecoder(target, repeat_head(target), sampled_drafts=False)
     assert decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2]).tree == want
     assert CPU_BATCH_SAMPLING_TREE.lookup == 0 and CPU_BATCH_TREE.lookup > 0
     headless = SpeculativeDecoder(target, None)

@@ -73,7 +73,8 @@ def test_expand_sampled_tree_keeps_every_draw(depth, top_k, frontier):
         want = reference.draft_expand(logits, scores, top_k, d2t=d2t, temperature=temperature, seed=seed,
                                       offset=offset, depth=step)
         torch.testing.assert_close(got.cand_tokens[:, start:start + M * top_k], want.tokens, rtol=0, atol=0)
-        torch.testing.assert_close(got.cand_scores[:, start:start + M * top_k], want.scores, rtol=0, atol=0)
+        step_scores = got.cand_scores[:, start:start + M * top_k]  # backends agree to rounding (docs/ops.md §2)
+        torch.testing.assert_close(step_scores, want.scores, rtol=1e-6, atol=1e-6)
         parents = got.tree.parents[:, 1 + start:1 + start + M * top_k].long()
         torch.testing.assert_close(parents, (cand_index + 1).repeat_interleave(top_k, 1), rtol=0, atol=0)
         q = torch.softmax((logits - logits.amax(-1, keepdim=True)) / torch.where(
@@ -81,8 +82,8 @@ def test_expand_sampled_tree_keeps_every_draw(depth, top_k, frontier):
         rows = torch.gather(got.draft_probs, 1, (cand_index + 1)[..., None].expand(-1, -1, V))
         torch.testing.assert_close(rows, q, rtol=1e-6, atol=1e-7)
         expanded.scatter_(1, cand_index + 1, True)
-        order = torch.sort(want.scores, dim=1, descending=True, stable=True).indices[:, :frontier]
-        scores = torch.gather(want.scores, 1, order)
+        order = torch.sort(step_scores, dim=1, descending=True, stable=True).indices[:, :frontier]
+        scores = torch.gather(step_scores, 1, order)
         if step + 1 < depth:
             torch.testing.assert_close(head.logits[step + 1][0], order + start, rtol=0, atol=0)
         start += M * top_k
