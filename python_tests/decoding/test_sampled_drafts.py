@@ -240,3 +240,38 @@ def test_planted_bug_is_detected(target, monkeypatch):
     result = sampled_run(target, "t1", "eagle1-repeat", sampled_tree(3, 3, 2))
     assert joint_chi_square_p(result.sequences, pairs, probs) < 1e-6
     assert decoder_module.expand_sampled_tree is expand_sampled_tree  # the patched module is the one used
+
+
+SYNC_METHODS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"]
+
+
+@pytest.mark.parametrize("lookup", [0, 3])
+def test_sampled_steps_never_synchronise_and_stay_in_place(target32, lookup, monkeypatch):
+    """The static-shape (GPU, CUDA-graph) steps with sampled drafts read no value on the host and
+    write only into the state's tensors, as deterministic steps."""
+    import eagle_kernels
+    from eagle_kernels._schemas import OPS
+    from eagle_kernels.policy import StaticPolicy
+
+    missing = [op for op in OPS if eagle_kernels.backend_of(op, "cpu") != "cpp"]
+    if missing:
+        pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
+    monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
+    tree = sampled_tree(3, 3, 2, lookup=lookup)
+    decoder = SpeculativeDecoder(target32, HEADS["eagle3-random"](target32), tree, sync_every=1000,
+                                 policy=StaticPolicy())
+    state = decoder._prefill(PROMPTS, tree, 8, torch.tensor([1.0, 0.0, 0.7]), 0, 1.0, torch.tensor([1, 2, 3]),
+                             None, True)
+    before = {name: (t, t.data_ptr()) for name, t in vars(state).items() if isinstance(t, torch.Tensor)}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host synchronisation inside a decoding step")
+
+    for _ in range(3):
+        with monkeypatch.context() as patch:
+            for name in SYNC_METHODS:
+                patch.setattr(torch.Tensor, name, refuse)
+            decoder._speculative_step(state)
+    for name, (tensor, address) in before.items():
+        assert getattr(state, name) is tensor and tensor.data_ptr() == address, name
+    assert bool((state.out_len > 3).all())  # three steps emitted tokens
