@@ -327,6 +327,12 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert CPU_TREE.lookup_alone and decoder.tree == dataclasses.replace(CPU_TREE, lookup_alone=False)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
         cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "0"]))
+    # At T > 0 the sampled-draft default, unless a tree shape is given.
+    parser.add_argument("--temperature", type=float, default=0.0)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--temperature", "1"]))
+    assert decoder.tree == default_tree("cpu", sampled_drafts=True) and decoder.tree.sampled
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--temperature", "1", "--depth", "2"]))
+    assert decoder.tree == dataclasses.replace(CPU_TREE, depth=2)
 
 
 def test_speculative_without_head_is_rejected(target):
