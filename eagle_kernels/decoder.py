@@ -331,7 +331,7 @@ class _HeadDraft:
     """The draft function of :func:`~eagle_kernels.expansion.expand_tree` for an EAGLE head.
 
     Step 0 drafts from the head's output at the root. Step ``s >= 1`` runs the head over the
-    ``k`` frontier nodes at depth ``s`` (``k = tree.frontier_width``), fed their parents' outputs, with tree attention over
+    ``k = tree.frontier_width`` frontier nodes at depth ``s``, fed their parents' outputs, with tree attention over
     the head's cache and the frontier's ancestors: frontier node ``m`` of step ``s`` writes its
     K/V to draft slot ``(s - 1) * k + m`` of the cache, and its mask row is its parent's row
     plus its own bit.
