@@ -158,7 +158,7 @@ CPU_BATCH_SAMPLING_TREE = TreeConfig(1, 1, 2)
 CPU_SAMPLED_TREE = sampled_tree(3, 1, lookup=8, lookup_ngram=4, lookup_trim=True, lookup_alone=True)
 CPU_BATCH_SAMPLED_TREE = sampled_tree(1, 1, lookup=4, lookup_ngram=4, lookup_trim=True)
 CPU_BATCH_ALL_SAMPLED_TREE = sampled_tree(1, 1)
-SAMPLED_TREE = sampled_tree(8, 4, 2)
+SAMPLED_TREE = sampled_tree(4, 6, 3)
 
 
 def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_drafts: bool = False) -> TreeConfig:
