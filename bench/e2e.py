@@ -58,7 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from eagle_kernels import heads as shipped  # noqa: E402
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, default_tree  # noqa: E402
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, default_tree, sampled_tree  # noqa: E402
 from eagle_kernels.models import smollm2  # noqa: E402
 from eagle_kernels.models.cpu_weights import quantize_matrices, with_matrices  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
@@ -70,16 +70,24 @@ WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw")
 
 def parse_tree(text: str) -> TreeConfig:
     """``depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta]`` (``t``: lookup_trim, ``ta``:
-    lookup_trim and lookup_alone)."""
-    parts = text.split(",")
+    lookup_trim and lookup_alone), or a sampled-draft tree ``sdepth,top_k,frontier[,lookup[,lookup_ngram]][,t|ta]``
+    (``TreeConfig.sampled``: every candidate verified)."""
+    sampled = text.startswith("s")
+    parts = text.removeprefix("s").split(",")
     flags = parts[-1] if parts[-1] in ("t", "ta") else ""
     numbers = [int(x) for x in (parts[:-1] if flags else parts)]
-    return TreeConfig(*numbers, lookup_trim=bool(flags), lookup_alone=flags == "ta")
+    chain = dict(lookup_trim=bool(flags), lookup_alone=flags == "ta")
+    if sampled:
+        chain.update(zip(("lookup", "lookup_ngram"), numbers[3:]))
+        return sampled_tree(*numbers[:3], **chain)
+    return TreeConfig(*numbers, **chain)
 
 
 def tree_name(tree: TreeConfig) -> str:
     flags = ("t" if tree.lookup_trim else "") + ("a" if tree.lookup_trim and tree.lookup_alone else "")
     lookup = f"l{tree.lookup}{flags}" if tree.lookup else ""
+    if tree.sampled:  # sampled drafts: depth, children, frontier (verify rows: num_nodes)
+        return f"s{tree.depth}k{tree.top_k}f{tree.frontier_width}n{tree.num_nodes}" + lookup
     return f"d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + lookup
 
 
@@ -272,8 +280,9 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--trees", type=parse_tree, nargs="+",
                         help="depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta] (t: lookup_trim, ta: lookup_trim "
-                             "and lookup_alone; several allowed; default: the device's tree for each batch size and "
-                             "temperature, eagle_kernels.decoder.default_tree)")
+                             "and lookup_alone), or sdepth,top_k,frontier[,...] for a sampled-draft tree; several "
+                             "allowed; default: the device's tree for each batch size and temperature, "
+                             "eagle_kernels.decoder.default_tree, and at T > 0 also its sampled-draft tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; q8_0w, q4_1w, ggufw add the "
@@ -390,7 +399,10 @@ def main(argv=None) -> int:
                             tokenizer.eos_token_id or 0, seed_base=g * batch)))
                 for label, head in heads.items():
                     kind, _, suffix = label.partition("-")
-                    for tree in args.trees or [default_tree(device, batch, sampling=temperature > 0)]:
+                    # Default: the device's tree, and at T > 0 also its sampled-draft tree.
+                    defaults = dict.fromkeys(default_tree(device, batch, sampling=temperature > 0, sampled_drafts=s)
+                                             for s in sorted({False, temperature > 0}))
+                    for tree in args.trees or list(defaults):
                         decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
                         name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
                         runs.append((name, ours(decoder, True)))

@@ -48,7 +48,10 @@ def _load(args):
         head, label = EagleHead.load(args.head, target), f"head from {args.head}"
     given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes, "lookup": args.lookup,
              "lookup_ngram": args.lookup_ngram, "lookup_trim": args.lookup_trim, "lookup_alone": args.lookup_alone}
-    base = default_tree(target.device)
+    # At T > 0 without a tree shape given: the device's sampled-draft tree (docs/decoding.md).
+    sampled = head is not None and getattr(args, "temperature", 0) > 0 and (
+        args.depth, args.tree_top_k, args.num_nodes) == (None, None, None)
+    base = default_tree(target.device, sampled_drafts=sampled)
     if args.lookup == 0 or args.lookup_trim is False:  # the default's chain flags need a (trimmed) chain
         base = dataclasses.replace(base, lookup_alone=False, lookup_trim=base.lookup_trim and args.lookup != 0)
     tree = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})

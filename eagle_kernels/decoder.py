@@ -36,7 +36,7 @@ from . import bookkeeping, ops
 from ._checks import mask_words, values_checked
 from ._inputs import check_capacity, check_context, check_count, check_prompts, check_same_device, check_token
 from ._types import Tree
-from .expansion import expand_tree
+from .expansion import SampledExpansion, expand_sampled_tree, expand_tree
 from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
@@ -68,6 +68,17 @@ class TreeConfig:
         Needs ``lookup_trim``. Under the fitted policy, a step in which every request matched
         a full ``lookup_ngram``-token suffix verifies the root and the chain alone: no head
         expansion, ``1 + lookup`` verify rows. The static policy never does.
+    sampled
+        A tree for sampled drafts (:func:`eagle_kernels.expansion.expand_sampled_tree`): requests
+        with temperature > 0 draw each expanded node's ``top_k`` children without replacement
+        from the head's distribution at their temperature, and verify accepts them with the
+        draft's probabilities (docs/ops.md §4, draft-aware rule); greedy requests take the
+        ``top_k`` most likely children. Each depth after the root expands ``frontier`` nodes, and
+        the tree keeps every candidate (``num_nodes = 1 + num_candidates``, which
+        :func:`sampled_tree` fills in): EAGLE-2's re-ranking would keep a sampled child depending
+        on its own draw, which is not exact.
+    frontier
+        Nodes expanded per depth after the root (0: ``top_k``); in ``[1, top_k]``, sampled trees only.
 
     Raises
     ------
@@ -86,11 +97,18 @@ class TreeConfig:
     lookup_ngram: int = 3
     lookup_trim: bool = False
     lookup_alone: bool = False
+    sampled: bool = False
+    frontier: int = 0
+
+    @property
+    def frontier_width(self) -> int:
+        """Nodes expanded per depth after the root."""
+        return self.frontier or self.top_k
 
     @property
     def num_candidates(self) -> int:
         """Size of the expansion history the verify tree is chosen from."""
-        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
+        return self.top_k + (self.depth - 1) * self.frontier_width * self.top_k
 
     @property
     def verify_nodes(self) -> int:
@@ -115,14 +133,35 @@ class TreeConfig:
         if self.lookup_alone and not self.lookup_trim:
             raise ValueError("tree: lookup_alone=True needs lookup_trim=True (chain-alone steps are part of the "
                              f"trimmed-chain rule), got {self}")
+        if self.frontier and not (self.sampled and 1 <= self.frontier <= self.top_k):
+            raise ValueError(f"tree: frontier must be in [1, top_k] and needs sampled=True, got {self}")
+        if self.sampled and self.num_nodes != self.num_candidates + 1:
+            raise ValueError(f"tree: a sampled tree keeps every candidate: num_nodes = {self.num_candidates + 1}, "
+                             f"got {self} (sampled_tree() fills it in)")
+
+
+def sampled_tree(depth: int, top_k: int, frontier: int = 0, **lookup) -> TreeConfig:
+    """The sampled-draft tree (``TreeConfig.sampled``) of ``depth`` steps, ``top_k`` children per
+    expanded node and ``frontier`` expanded nodes per depth (0: ``top_k``), with every candidate
+    verified; ``lookup`` takes the chain fields of :class:`TreeConfig`."""
+    width = frontier or top_k
+    return TreeConfig(depth, top_k, 1 + top_k + (depth - 1) * width * top_k, sampled=True, frontier=frontier,
+                      **lookup)
 
 
 CPU_TREE = TreeConfig(3, 2, 4, lookup=8, lookup_ngram=4, lookup_trim=True, lookup_alone=True)
 CPU_BATCH_TREE = TreeConfig(1, 1, 2, lookup=4, lookup_ngram=4, lookup_trim=True)
 CPU_BATCH_SAMPLING_TREE = TreeConfig(1, 1, 2)
+# Sampled-draft trees (TreeConfig.sampled) of the same verify rows as the trees above: the CPU
+# default's 4 tree rows (and its chain), one draft per request in a batch, and the 61 rows of the
+# GPU default. The measurements behind each: docs/benchmarks.md ("Sampled drafts").
+CPU_SAMPLED_TREE = sampled_tree(3, 1, lookup=8, lookup_ngram=4, lookup_trim=True, lookup_alone=True)
+CPU_BATCH_SAMPLED_TREE = sampled_tree(1, 1, lookup=4, lookup_ngram=4, lookup_trim=True)
+CPU_BATCH_ALL_SAMPLED_TREE = sampled_tree(1, 1)
+SAMPLED_TREE = sampled_tree(4, 6, 3)
 
 
-def default_tree(device, batch_size: int = 1, sampling: bool = False) -> TreeConfig:
+def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_drafts: bool = False) -> TreeConfig:
     """The tree shape the decoder, CLI and benchmarks use when none is given.
 
     A GPU verifies the 60 nodes of the EAGLE-2 default (``TreeConfig()``) in about the time of
@@ -141,6 +180,9 @@ def default_tree(device, batch_size: int = 1, sampling: bool = False) -> TreeCon
         Requests decoded together (CPU only).
     sampling : bool
         Whether every request samples (temperature > 0; CPU batches only).
+    sampled_drafts : bool
+        Whether some request samples and drafts by sampling: the sampled-draft tree
+        (``TreeConfig.sampled``) of the same verify rows as the tree above.
 
     Returns
     -------
@@ -148,9 +190,11 @@ def default_tree(device, batch_size: int = 1, sampling: bool = False) -> TreeCon
     """
     if torch.device(device).type == "cpu":
         if batch_size <= 1:
-            return CPU_TREE
+            return CPU_SAMPLED_TREE if sampled_drafts else CPU_TREE
+        if sampled_drafts:
+            return CPU_BATCH_ALL_SAMPLED_TREE if sampling else CPU_BATCH_SAMPLED_TREE
         return CPU_BATCH_SAMPLING_TREE if sampling else CPU_BATCH_TREE
-    return TreeConfig()
+    return SAMPLED_TREE if sampled_drafts else TreeConfig()
 
 
 @dataclass
@@ -287,14 +331,14 @@ class _HeadDraft:
     """The draft function of :func:`~eagle_kernels.expansion.expand_tree` for an EAGLE head.
 
     Step 0 drafts from the head's output at the root. Step ``s >= 1`` runs the head over the
-    ``k`` frontier nodes at depth ``s``, fed their parents' outputs, with tree attention over
+    ``k = tree.frontier_width`` frontier nodes at depth ``s``, fed their parents' outputs, with tree attention over
     the head's cache and the frontier's ancestors: frontier node ``m`` of step ``s`` writes its
     K/V to draft slot ``(s - 1) * k + m`` of the cache, and its mask row is its parent's row
     plus its own bit.
     """
 
     def __init__(self, head: EagleHead, root_hidden: torch.Tensor, cache: KVCache, tree: TreeConfig):
-        B, k, device = root_hidden.shape[0], tree.top_k, root_hidden.device
+        B, k, device = root_hidden.shape[0], tree.frontier_width, root_hidden.device
         self.head, self.cache, self.k = head, cache, k
         self.hidden = root_hidden[:, None]  # [B, M, H]: the head's outputs of the previous step
         # Each step writes its frontier's rows whole before a pass reads them.
@@ -335,7 +379,10 @@ class SpeculativeDecoder:
     tree : TreeConfig or None
         The draft shape of every call. None (default): each call's :func:`default_tree` for
         the target's device, the call's batch size and, with a head, whether every request
-        samples (the call's :attr:`GenerationResult.tree` says which).
+        samples and whether some request drafts by sampling (``sampled_drafts``; the call's
+        :attr:`GenerationResult.tree` says which). A sampled tree (``TreeConfig.sampled``)
+        draws the drafts of requests at a temperature > 0; any other tree drafts the most
+        likely tokens, which verify accepts by the deterministic rule.
     sync_every : int or None
         The host reads the ``done`` flags (and calls ``on_sync``) every ``sync_every`` steps.
         None (default): the policy's cadence, every step under the fitted (CPU) policy, where
@@ -364,6 +411,13 @@ class SpeculativeDecoder:
         The capture mechanism. None (default): :class:`CudaStepGraphs` where graphs apply (see
         ``cuda_graph``). Given, it is used on any device and policy (with ``cuda_graph``), e.g.
         a CPU stand-in that tests the per-shape cache.
+    sampled_drafts : bool
+        With ``tree=None`` and a head, a call in which some request samples (temperature > 0)
+        runs the sampled-draft default tree (``default_tree(..., sampled_drafts=True)``): its
+        sampling requests draw their drafts from the head at their own temperature, and verify
+        accepts them with the draft's probabilities (docs/ops.md §4), which accepts more than
+        the most likely drafts at the same verify rows (docs/benchmarks.md, "Sampled drafts").
+        False: the deterministic trees of earlier versions.
 
     Raises
     ------
@@ -375,13 +429,14 @@ class SpeculativeDecoder:
 
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig | None = None,
                  sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None,
-                 graphs: StepGraphs | None = None):
+                 graphs: StepGraphs | None = None, sampled_drafts: bool = True):
         if head is not None:
             head.config.check_fits(target.config)
         self.target = target
         self.head = head
         self._check_head()
         self.tree = tree
+        self.sampled_drafts = sampled_drafts
         self.policy = policy or policy_for(target.device)
         self.sync_every = None if sync_every is None else max(1, sync_every)
         self.cuda_graph = cuda_graph
@@ -589,8 +644,10 @@ class SpeculativeDecoder:
         """The tree of a call: the decoder's, else the device's default for this call."""
         if self.tree is not None:
             return self.tree
-        all_sample = self.head is not None and bool((_per_request(temperature, batch, torch.float32, "cpu") > 0).all())
-        return default_tree(self.target.device, batch, sampling=all_sample)
+        samples = _per_request(temperature, batch, torch.float32, "cpu") > 0
+        all_sample = self.head is not None and bool(samples.all())
+        sampled = self.head is not None and self.sampled_drafts and bool(samples.any())
+        return default_tree(self.target.device, batch, sampling=all_sample, sampled_drafts=sampled)
 
     # ------------------------------------------------------------------ step loops
     def _run_steps(self, state: _State, step, max_steps: int, on_sync) -> None:
@@ -852,14 +909,15 @@ class SpeculativeDecoder:
         policy, head, cache = self.policy, self.head, state.target_cache
         lookup = self._lookup(state)
         alone = lookup is not None and policy.chain_alone(state.tree, lookup.matched)
-        tree = self._expand(state) if head is not None and not alone else _root_tree(state.root)
+        expansion = self._expand(state) if head is not None and not alone else None
+        tree = expansion.tree if expansion is not None else _root_tree(state.root)
         tree, chains = self._graft(state, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
         positions = bookkeeping.tree_positions(cache.seqlens, tree.depths)
         out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
-                            **state.sampling)
+                            **state.sampling, **self._draft_rows(expansion, tree))
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
         hidden = None if head is None else self._commit_head(state, out, result,
                                                              policy.commit_width(result.accept_len))
@@ -873,12 +931,33 @@ class SpeculativeDecoder:
         context = state.prompt_len + state.out_len
         return _Lookup(context, *lookup_search(state.history, context, state.tree.lookup_ngram))
 
-    def _expand(self, state: _State) -> Tree:
-        """The head's EAGLE-2 draft tree for this step's roots."""
+    def _expand(self, state: _State):
+        """The head's draft tree for this step's roots: EAGLE-2's (an ``Expansion``), or with a
+        sampled tree every candidate and the draft rows (a ``SampledExpansion``)."""
         tree = state.tree
         draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree)
+        if tree.sampled:
+            # The draws use the step's offset, as verify's: draft_expand's draws are disjoint from
+            # verify's by their draw index (docs/design.md).
+            sampling = state.sampling
+            return expand_sampled_tree(draft, state.root, depth=tree.depth, top_k=tree.top_k,
+                                       frontier=tree.frontier_width, temperature=sampling["temperature"],
+                                       seed=sampling["seed"], offset=state.offset, d2t=self.head.d2t)
         return expand_tree(draft, state.root, depth=tree.depth, top_k=tree.top_k, num_nodes=tree.num_nodes,
-                           d2t=self.head.d2t).tree
+                           d2t=self.head.d2t)
+
+    def _draft_rows(self, expansion, tree: Tree) -> dict:
+        """verify's draft arguments for a sampled expansion (else none): its draft rows, padded
+        with zero rows for the grafted lookup chain, whose nodes are deterministic drafts."""
+        if not isinstance(expansion, SampledExpansion):
+            return {}
+        probs = expansion.draft_probs
+        B, nodes, total = probs.shape[0], probs.shape[1], tree.tokens.shape[1]
+        if total > nodes:
+            probs = torch.cat([probs, probs.new_zeros(B, total - nodes, probs.shape[2])], 1)
+        node = torch.arange(total, device=probs.device)
+        sampled = ((node >= 1) & (node < nodes))[None].expand(B, total).contiguous()
+        return {"draft_probs": probs, "draft_sampled": sampled, "d2t": self.head.d2t}
 
     def _graft(self, state: _State, tree: Tree, lookup: _Lookup | None) -> tuple[Tree, ChainPlan]:
         """``tree`` with this step's lookup chain below its root, as long as the policy plans

@@ -125,3 +125,117 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
         offset += M * k
     tree = ops.build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes)
     return Expansion(tree, cand_tokens, cand_scores, cand_parents)
+
+
+class SampledExpansion(NamedTuple):
+    """Result of :func:`expand_sampled_tree`: ``tree`` holds every candidate (``N = C + 1``
+    nodes, node ``c + 1`` is candidate ``c``); ``draft_probs`` float32 [B, N, Vd] is row ``u`` =
+    the draft distribution node ``u``'s children were drawn from (zeros for the nodes that were
+    not expanded), as ``verify`` takes it; ``cand_*`` as in :class:`Expansion`."""
+
+    tree: Tree
+    draft_probs: torch.Tensor
+    cand_tokens: torch.Tensor
+    cand_scores: torch.Tensor
+    cand_parents: torch.Tensor
+
+
+def sampled_num_candidates(depth: int, top_k: int, frontier: int) -> int:
+    """Size ``C`` of the candidate history of :func:`expand_sampled_tree`: ``top_k`` children of
+    the root, then ``frontier * top_k`` per further depth."""
+    return top_k + (depth - 1) * frontier * top_k
+
+
+def draft_distribution(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``q = softmax((logits - max) / T)`` float32 [B, M, Vd] per request, computed as
+    ``draft_expand`` computes the log-probabilities it draws from (docs/ops.md §2); requests with
+    ``T = 0`` get ``T = 1`` (their drafts are deterministic and verify never reads their rows)."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    rows = logits.to(dtype)
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(dtype)
+    scaled = (rows - rows.amax(dim=-1, keepdim=True)) / scale[:, None, None]
+    return torch.log_softmax(scaled, dim=-1).exp().to(torch.float32)
+
+
+def expand_sampled_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top_k: int, frontier: int,
+                        temperature: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
+                        d2t: torch.Tensor | None = None) -> SampledExpansion:
+    """A draft tree whose children are sampled (``draft_expand`` at the requests' temperatures),
+    kept whole so that ``verify``'s draft-aware rule is exact.
+
+    EAGLE-2's final re-ranking (``build_tree`` keeping the best ``num_nodes - 1``) would keep a
+    sampled child depending on its own draw, which biases the draws ``verify`` assumes. Here the
+    choice of which nodes to expand may depend on everything drawn before (the frontier: the
+    ``frontier`` best candidates of a depth by cumulative score, ties toward the smaller index),
+    but every expanded node keeps all its ``top_k`` draws, and the tree is every candidate. The
+    draws of step ``s`` use ``depth = s`` of the request's stream (``seed``, ``offset``), so no two
+    draws of a step share a counter, nor with ``verify``'s draws at the same offset.
+
+    Parameters
+    ----------
+    draft_fn, root_tokens, depth, top_k, d2t
+        As in :func:`expand_tree`; ``draft_fn`` gets ``M = frontier`` nodes at steps >= 1.
+    frontier
+        Nodes expanded per depth after the root, in ``[1, top_k]``.
+    temperature, seed, offset
+        float32 / int64 / int64 [B], as ``draft_expand`` takes them. Requests with temperature 0
+        take the ``top_k`` most likely children (deterministic drafts, in the same tree shape).
+
+    Returns
+    -------
+    SampledExpansion
+        ``tree`` with ``N = C + 1`` nodes, ``C = top_k + (depth - 1) * frontier * top_k``, and
+        ``draft_probs`` [B, N, Vd]. Static shapes, no host reads.
+    """
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth: expected an int >= 1, got {depth!r}")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k: expected an int >= 1, got {top_k!r}")
+    if not isinstance(frontier, int) or not 1 <= frontier <= top_k:
+        raise ValueError(f"frontier: expected an int in [1, top_k = {top_k}], got {frontier!r}")
+    if not isinstance(root_tokens, torch.Tensor) or root_tokens.dim() != 1 or root_tokens.dtype != torch.int64:
+        got = f"dtype {root_tokens.dtype}, shape {tuple(root_tokens.shape)}" if isinstance(
+            root_tokens, torch.Tensor) else type(root_tokens).__name__
+        raise ValueError(f"root_tokens: expected an int64 tensor of shape [B], got {got}")
+    B, device, k = root_tokens.shape[0], root_tokens.device, top_k
+    C = sampled_num_candidates(depth, k, frontier)
+    cand_tokens = torch.empty(B, C, dtype=torch.int64, device=device)
+    cand_scores = torch.empty(B, C, dtype=torch.float32, device=device)
+    cand_parents = torch.empty(B, C, dtype=torch.int32, device=device)
+    draft_probs = None
+
+    tokens = root_tokens[:, None]
+    parent_row = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    cand_index = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    frontier_scores = torch.zeros(B, 1, dtype=torch.float32, device=device)
+    start = 0
+    for step in range(depth):
+        M = tokens.shape[1]
+        logits = draft_fn(step, tokens, parent_row, cand_index)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, M):
+            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
+        if draft_probs is None:
+            draft_probs = torch.zeros(B, C + 1, logits.shape[-1], dtype=torch.float32, device=device)
+        # Row of each expanded node: the root is node 0, candidate c is node c + 1.
+        nodes = (cand_index + 1)[..., None].expand(-1, -1, logits.shape[-1])
+        draft_probs.scatter_(1, nodes, draft_distribution(logits, temperature))
+        out = ops.draft_expand(logits, frontier_scores, k, d2t=d2t, temperature=temperature, seed=seed,
+                               offset=offset, depth=step)
+        width = M * k
+        cand_tokens[:, start:start + width] = out.tokens
+        cand_scores[:, start:start + width] = out.scores
+        cand_parents[:, start:start + width] = cand_index[:, :, None].expand(B, M, k).reshape(B, width)
+        if frontier == k:
+            chosen = out.frontier.long()
+        else:  # the draft_expand frontier rule with another size: stable, NaN ranked as -inf
+            key = torch.where(out.scores.isnan(), float("-inf"), out.scores)
+            chosen = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :frontier]
+        tokens = torch.gather(out.tokens, 1, chosen)
+        frontier_scores = torch.gather(out.scores, 1, chosen)
+        parent_row = torch.div(chosen, k, rounding_mode="floor")
+        cand_index = chosen + start
+        start += width
+    # Every candidate is kept: build_tree with N = C + 1 only lays them out (in candidate order).
+    tree = ops.build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, C + 1)
+    return SampledExpansion(tree, draft_probs, cand_tokens, cand_scores, cand_parents)

@@ -327,6 +327,12 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     assert CPU_TREE.lookup_alone and decoder.tree == dataclasses.replace(CPU_TREE, lookup_alone=False)
     with pytest.raises(ValueError, match="tree"):  # a given 0 is checked, not replaced by the default
         cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "0"]))
+    # At T > 0 the sampled-draft default, unless a tree shape is given.
+    parser.add_argument("--temperature", type=float, default=0.0)
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--temperature", "1"]))
+    assert decoder.tree == default_tree("cpu", sampled_drafts=True) and decoder.tree.sampled
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--temperature", "1", "--depth", "2"]))
+    assert decoder.tree == dataclasses.replace(CPU_TREE, depth=2)
 
 
 def test_speculative_without_head_is_rejected(target):
@@ -355,8 +361,9 @@ def test_default_tree_follows_the_batch_size(target):
 def test_sampling_batches_draft_without_the_chain(target, temperature, want):
     """A CPU batch whose every request samples gets the head draft without a lookup chain;
     one greedy request keeps the chain; a head-less decoder keeps its chain (its only draft);
-    batch 1 and the GPU are unchanged."""
-    decoder = SpeculativeDecoder(target, repeat_head(target))
+    batch 1 and the GPU are unchanged. (These are the deterministic drafts' trees; sampled drafts:
+    test_sampled_drafts.py.)"""
+    decoder = SpeculativeDecoder(target, repeat_head(target), sampled_drafts=False)
     assert decoder.generate(PROMPTS, 3, temperature=temperature, seed=[0, 1, 2]).tree == want
     assert CPU_BATCH_SAMPLING_TREE.lookup == 0 and CPU_BATCH_TREE.lookup > 0
     headless = SpeculativeDecoder(target, None)
