@@ -478,7 +478,8 @@ def main(argv=None) -> int:
                             if device.type == "cuda":
                                 torch.cuda.reset_peak_memory_stats(device)
                             parts[name].append(fn(g))
-                            peaks[name] = max(peaks[name], peak_memory_mb(device))
+                            # llamacpp runs report their own process's peak
+                            peaks[name] = max(peaks[name], parts[name][-1].get("peak_mb") or peak_memory_mb(device))
                     for name, _ in runs:
                         r = merge_runs(parts[name])
                         r["peak_mb"] = peaks[name]

@@ -116,6 +116,12 @@ class LlamaCpp:
             self.proc.wait()
 
 
+def peak_mb() -> float:
+    """This process's peak RSS (VmHWM: ru_maxrss would count the benchmark's RSS at the fork)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
 def serve() -> None:  # runs under the Python of llama_cpp: numpy and llama_cpp only
     import time
 
@@ -159,6 +165,7 @@ def serve() -> None:  # runs under the Python of llama_cpp: numpy and llama_cpp 
                     reply["seconds"] += seconds
                     reply["first_token_seconds"] += first
                     reply["sequences"].append(tokens)
+                reply["peak_mb"] = peak_mb()
         except Exception as e:  # reported to the benchmark, which stops with it
             reply = {"error": f"{type(e).__name__}: {e}"}
         sys.stdout.write(json.dumps(reply) + "\n")
