@@ -278,11 +278,58 @@ def summary_lines(meta: dict, rows: list) -> list:
     return lines
 
 
+WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1", "-ggufw": "the GGUF (Q4_1, Q8_0 head)"}
+
+
+def llamacpp_lines(meta: dict, rows: list) -> list:
+    """Ours against llama.cpp (T = 0, batch 1), per domain and weight type: decode ms/token of llama.cpp, of our
+    plain decoding and of our speculative decoder (the first head and tree of the run) at the same weights, and
+    their ratios (llama.cpp's time / ours: above 1, ours is faster); "x fastest" against llama.cpp's fastest weight
+    type in that domain (per token; whole call: tok/s against its best tok/s)."""
+    cells = {(r["provider"], r["domain"]): r for r in rows if r["temperature"] == 0 and r["batch"] == 1}
+    info = meta.get("llamacpp", {})
+    lines = [f"llama-cpp-python {info.get('version', '?')}, {info.get('threads', '?')} thread(s) on both sides; "
+             f"{meta['prompts_per_domain']} prompts per domain, {meta['max_new_tokens']} new tokens, median of "
+             f"{meta['rounds']} interleaved round(s). ms = decode ms/token; x = llama.cpp's / ours (above 1: ours "
+             "faster); same = greedy tokens equal to our plain decoding with the same weights.", "",
+             "| domain | weights | llama.cpp ms | ours plain ms | plain x | speculative ms (tau) | speculative x | "
+             "speculative x fastest llama.cpp (per token / whole call) | same: llama.cpp / speculative |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    domains = list(dict.fromkeys(d for _, d in cells))
+    for d in domains:
+        ours_llama = [r for (p, dd), r in cells.items() if dd == d and p.startswith("llamacpp")]
+        if not ours_llama:
+            continue
+        fastest = min(r["decode_ms_per_token"] for r in ours_llama)
+        best_tps = max(r["tok_per_s"] for r in ours_llama)
+        for suffix, weights in WEIGHT_NAMES.items():
+            llama = cells.get(("llamacpp" + suffix, d))
+            plain = cells.get(("ours-plain" + suffix, d))
+            if llama is None or plain is None:
+                continue
+            spec = next((r for (p, dd), r in cells.items() if dd == d and p.split("-")[0] not in
+                         ("hf", "ours", "llamacpp") and p.endswith(suffix) and
+                         not any(p.endswith(f"-{w}") for w in WEIGHT_SUFFIXES if f"-{w}" != suffix)), None)
+            same = {True: "yes", False: "NO", None: ""}
+            row = [d, weights, f"{llama['decode_ms_per_token']:.1f}", f"{plain['decode_ms_per_token']:.1f}",
+                   f"{llama['decode_ms_per_token'] / plain['decode_ms_per_token']:.2f}"]
+            if spec:
+                row += [f"{spec['decode_ms_per_token']:.1f} ({spec['tau']:.2f})",
+                        f"{llama['decode_ms_per_token'] / spec['decode_ms_per_token']:.2f}",
+                        f"{fastest / spec['decode_ms_per_token']:.2f} / {spec['tok_per_s'] / best_tps:.2f}",
+                        f"{same[llama.get('same_as_plain')]} / {same[spec.get('same_as_plain')]}"]
+            else:
+                row += ["", "", "", f"{same[llama.get('same_as_plain')]} / "]
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 DOCS = ("README.md", "docs/benchmarks.md")  # the files with generated sections
 
 # A generated section of a Markdown file: <!-- e2e-table PATH --> ... <!-- /e2e-table --> (or
-# e2e-summary), PATH an e2e.json relative to the repository root.
-GENERATED = re.compile(r"(<!-- (e2e-table|e2e-summary) (\S+) -->\n).*?(<!-- /\2 -->)", re.S)
+# e2e-summary, e2e-llamacpp), PATH an e2e.json relative to the repository root.
+GENERATED = re.compile(r"(<!-- (e2e-table|e2e-summary|e2e-llamacpp) (\S+) -->\n).*?(<!-- /\2 -->)", re.S)
+RENDERERS = {"e2e-table": table_lines, "e2e-summary": summary_lines, "e2e-llamacpp": llamacpp_lines}
 
 
 def render_doc(text: str) -> str:
@@ -290,7 +337,7 @@ def render_doc(text: str) -> str:
     def section(match):
         with open(os.path.join(ROOT, match.group(3))) as f:
             data = json.load(f)
-        render = table_lines if match.group(2) == "e2e-table" else summary_lines
+        render = RENDERERS[match.group(2)]
         return match.group(1) + "\n".join(render(data["meta"], data["rows"])) + "\n" + match.group(4)
 
     return GENERATED.sub(section, text)
