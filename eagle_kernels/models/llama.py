@@ -173,7 +173,7 @@ class LlamaModel(torch.nn.Module):
         # Per layer: the names LayerWeights.from_weights reads, and the last (entries read, LayerWeights).
         names = ("input_layernorm.weight",) + QKV + ("self_attn.o_proj.weight", "post_attention_layernorm.weight") \
             + GATE_UP + ("mlp.down_proj.weight",)
-        self._layer_names = [tuple(prefix + n for n in names) for prefix in self._prefixes]
+        self._layer_entries = [operator.itemgetter(*(prefix + n for n in names)) for prefix in self._prefixes]
         self._layer_cache: list = [None] * config.num_layers
         # Fuse and pack now, so that loading settles the memory.
         matrices = [weights["lm_head.weight"]] + [m for layer in range(config.num_layers)
@@ -188,13 +188,13 @@ class LlamaModel(torch.nn.Module):
         entries it was made from are the very tensors under those names: building one (q/k/v and
         gate/up fused) cost about 15 us, 30 times per forward pass; this check is a tenth of it."""
         w = self.weights
-        entries = tuple(w[n] for n in self._layer_names[layer])
+        entries = self._layer_entries[layer](w)
         hit = self._layer_cache[layer]
         if hit is not None and all(map(operator.is_, hit[0], entries)):
             return hit[1]
         made = LayerWeights.from_weights(w, self._prefixes[layer], self.fused)
         # Read again: fusing re-points the q/k/v and gate/up entries at views of the fused matrices.
-        self._layer_cache[layer] = (tuple(w[n] for n in self._layer_names[layer]), made)
+        self._layer_cache[layer] = (self._layer_entries[layer](w), made)
         return made
 
     @property
