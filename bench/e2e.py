@@ -278,7 +278,8 @@ def summary_lines(meta: dict, rows: list) -> list:
     return lines
 
 
-WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1", "-ggufw": "the GGUF (Q4_1, Q8_0 head)"}
+WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1",
+                "-ggufw": "the GGUF (Q4_1, Q8_0 head)"}
 
 
 def llamacpp_lines(meta: dict, rows: list) -> list:

@@ -56,8 +56,8 @@ void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const
 
 // Groups [begin, end) of the packed weight against all M rows of x: out[m * ldo + 32 g + j].
 template <typename T>
-void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int64_t depth, const float* x,
-                int64_t ldx, int64_t M, float* out, int64_t ldo, isa::Level level) {
+void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int64_t depth, const float* x, int64_t ldx,
+                int64_t M, float* out, int64_t ldo, isa::Level level) {
   constexpr int64_t kW = kPackWidth;
   const int64_t group_elems = T::group_elems(depth);
 #if EAGLE_X86_SIMD
@@ -98,8 +98,7 @@ void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int6
   }
 #endif
   (void)level;
-  for (int64_t g = begin; g < end; ++g)
-    T::group_scalar(packed + g * group_elems, depth, x, ldx, M, out + g * kW, ldo);
+  for (int64_t g = begin; g < end; ++g) T::group_scalar(packed + g * group_elems, depth, x, ldx, M, out + g * kW, ldo);
 }
 
 // fn(begin, end) over the `groups` 32-column groups of a weight with K input features, split over the threads in
