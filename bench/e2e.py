@@ -18,6 +18,14 @@ Providers
 - ``q8_0w`` / ``q4_1w`` / ``ggufw`` (opt-in, in ``--providers``): the same for weight-only quantized
   matrices (GGML Q8_0 / Q4_1 blocks quantized from the fp32 weights, or the GGUF file's own blocks; fp32
   activations, cpu_linear widens the blocks in registers); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
+- ``llamacpp`` (opt-in): llama.cpp through llama-cpp-python (``bench/llamacpp.py``; skipped with a message
+  where it is not installed), fed the same token ids, greedy, at the same thread count, one row per weight
+  type of the run: ``llamacpp`` (F32), ``llamacpp-bf16w``, ``-q8_0w``, ``-q4_1w``, ``-ggufw`` (the shipped
+  file), each a GGUF with exactly the matrices of our provider of that suffix; T = 0, batch 1 only. Its
+  "same as plain" compares with our plain decoding at the same weights.
+
+Domains: ``code`` and ``prose`` are held-out document windows (``--prompt-tokens`` each); ``chat`` is
+``CHAT_PROMPTS`` in the model's chat template (user turn and generation prompt; 70-110 tokens).
 
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
 per-token wall clock compares like with like; batch 1 runs the prompts one after another,
@@ -64,8 +72,37 @@ from eagle_kernels.models.cpu_weights import quantize_matrices, with_matrices  #
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llamacpp  # noqa: E402
+
 QUANT_PROVIDERS = ("q8_0", "q4_1", "gguf")  # opt-in providers q8_0w, q4_1w, ggufw
 WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw")
+
+# The chat domain: user turns (the chat template adds the system turn and the generation prompt).
+CHAT_PROMPTS = (
+    "I am writing a small command-line tool in Python that reads a CSV file of expenses, groups them by month "
+    "and category, and prints a summary table. Which standard library modules should I use, and how would you "
+    "structure the code so that it stays easy to test?",
+    "Explain to a high-school student why the sky is blue during the day but red and orange at sunset. Use a "
+    "simple analogy, mention what happens to light in the atmosphere, and keep the answer to a few short "
+    "paragraphs.",
+    "My team keeps missing deadlines because tasks are estimated too optimistically. Suggest a practical "
+    "process for planning a two-week sprint, including how to split large tasks, how to track progress during "
+    "the sprint, and what to discuss at the end.",
+    "Write a short story of about two hundred words about a lighthouse keeper who finds a message in a bottle "
+    "that seems to be addressed to her, written many years ago. The tone should be quiet and a little "
+    "mysterious, with a hopeful ending.",
+)
+
+
+def chat_prompts(tokenizer, count: int) -> list:
+    """The first ``count`` of ``CHAT_PROMPTS`` as token ids in the model's chat template."""
+    prompts = []
+    for text in CHAT_PROMPTS[:count]:
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True)
+        prompts.append(list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded))  # transformers 5 / 4
+    return prompts
 
 
 def parse_tree(text: str) -> TreeConfig:
@@ -230,7 +267,8 @@ def summary_lines(meta: dict, rows: list) -> list:
     the domains side by side."""
     cells = {(r["provider"], r["domain"]): r for r in rows if r["temperature"] == 0 and r["batch"] == 1}
     domains = list(dict.fromkeys(domain for _, domain in cells))
-    speculative = next((p for p, _ in cells if p.split("-")[0] not in ("hf", "ours") and not p.endswith("-bf16w")),
+    speculative = next((p for p, _ in cells if p.split("-")[0] not in ("hf", "ours", "llamacpp")
+                        and not p.endswith("-bf16w")),
                        None)
     providers = [p for p in ("hf-generate", "hf-lookup", "ours-plain", speculative)
                  if any((p, d) in cells for d in domains)]
@@ -248,11 +286,59 @@ def summary_lines(meta: dict, rows: list) -> list:
     return lines
 
 
+WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1",
+                "-ggufw": "the GGUF (Q4_1, Q8_0 head)"}
+
+
+def llamacpp_lines(meta: dict, rows: list) -> list:
+    """Ours against llama.cpp (T = 0, batch 1), per domain and weight type: decode ms/token of llama.cpp, of our
+    plain decoding and of our speculative decoder (the first head and tree of the run) at the same weights, and
+    their ratios (llama.cpp's time / ours: above 1, ours is faster); "x fastest" against llama.cpp's fastest weight
+    type in that domain (per token; whole call: tok/s against its best tok/s)."""
+    cells = {(r["provider"], r["domain"]): r for r in rows if r["temperature"] == 0 and r["batch"] == 1}
+    info = meta.get("llamacpp", {})
+    lines = [f"llama-cpp-python {info.get('version', '?')}, {info.get('threads', '?')} thread(s) on both sides; "
+             f"{meta['prompts_per_domain']} prompts per domain, {meta['max_new_tokens']} new tokens, median of "
+             f"{meta['rounds']} interleaved round(s). ms = decode ms/token; x = llama.cpp's / ours (above 1: ours "
+             "faster); same = greedy tokens equal to our plain decoding with the same weights.", "",
+             "| domain | weights | llama.cpp ms | ours plain ms | plain x | speculative ms (tau) | speculative x | "
+             "speculative x fastest llama.cpp (per token / whole call) | same: llama.cpp / speculative |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    domains = list(dict.fromkeys(d for _, d in cells))
+    for d in domains:
+        ours_llama = [r for (p, dd), r in cells.items() if dd == d and p.startswith("llamacpp")]
+        if not ours_llama:
+            continue
+        fastest = min(r["decode_ms_per_token"] for r in ours_llama)
+        best_tps = max(r["tok_per_s"] for r in ours_llama)
+        for suffix, weights in WEIGHT_NAMES.items():
+            llama = cells.get(("llamacpp" + suffix, d))
+            plain = cells.get(("ours-plain" + suffix, d))
+            if llama is None or plain is None:
+                continue
+            spec = next((r for (p, dd), r in cells.items() if dd == d and p.split("-")[0] not in
+                         ("hf", "ours", "llamacpp") and p.endswith(suffix) and
+                         not any(p.endswith(f"-{w}") for w in WEIGHT_SUFFIXES if f"-{w}" != suffix)), None)
+            same = {True: "yes", False: "NO", None: ""}
+            row = [d, weights, f"{llama['decode_ms_per_token']:.1f}", f"{plain['decode_ms_per_token']:.1f}",
+                   f"{llama['decode_ms_per_token'] / plain['decode_ms_per_token']:.2f}"]
+            if spec:
+                row += [f"{spec['decode_ms_per_token']:.1f} ({spec['tau']:.2f})",
+                        f"{llama['decode_ms_per_token'] / spec['decode_ms_per_token']:.2f}",
+                        f"{fastest / spec['decode_ms_per_token']:.2f} / {spec['tok_per_s'] / best_tps:.2f}",
+                        f"{same[llama.get('same_as_plain')]} / {same[spec.get('same_as_plain')]}"]
+            else:
+                row += ["", "", "", f"{same[llama.get('same_as_plain')]} / "]
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 DOCS = ("README.md", "docs/benchmarks.md")  # the files with generated sections
 
 # A generated section of a Markdown file: <!-- e2e-table PATH --> ... <!-- /e2e-table --> (or
-# e2e-summary), PATH an e2e.json relative to the repository root.
-GENERATED = re.compile(r"(<!-- (e2e-table|e2e-summary) (\S+) -->\n).*?(<!-- /\2 -->)", re.S)
+# e2e-summary, e2e-llamacpp), PATH an e2e.json relative to the repository root.
+GENERATED = re.compile(r"(<!-- (e2e-table|e2e-summary|e2e-llamacpp) (\S+) -->\n).*?(<!-- /\2 -->)", re.S)
+RENDERERS = {"e2e-table": table_lines, "e2e-summary": summary_lines, "e2e-llamacpp": llamacpp_lines}
 
 
 def render_doc(text: str) -> str:
@@ -260,7 +346,7 @@ def render_doc(text: str) -> str:
     def section(match):
         with open(os.path.join(ROOT, match.group(3))) as f:
             data = json.load(f)
-        render = table_lines if match.group(2) == "e2e-table" else summary_lines
+        render = RENDERERS[match.group(2)]
         return match.group(1) + "\n".join(render(data["meta"], data["rows"])) + "\n" + match.group(4)
 
     return GENERATED.sub(section, text)
@@ -271,7 +357,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     parser.add_argument("--quick", action="store_true", help="1 prompt per domain, 32 tokens, batch 1, T = 0")
-    parser.add_argument("--domains", nargs="+", default=["code", "prose"])
+    parser.add_argument("--domains", nargs="+", default=["code", "prose"], help="code, prose, chat")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per domain")
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -285,9 +371,14 @@ def main(argv=None) -> int:
                              "eagle_kernels.decoder.default_tree, and at T > 0 also its sampled-draft tree)")
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
-                        help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup; q8_0w, q4_1w, ggufw add the "
-                             "quantized-weight providers as bf16w; bf16w adds the bf16-weight "
-                             "twins of ours-plain, ours-lookup and eagle")
+                        help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup, llamacpp; q8_0w, q4_1w, "
+                             "ggufw add the quantized-weight providers as bf16w; bf16w adds the bf16-weight "
+                             "twins of ours-plain, ours-lookup, eagle and llamacpp")
+    parser.add_argument("--llamacpp-python",
+                        help="a Python that imports llama_cpp, for the llamacpp providers (default: this one, if it "
+                             "can; e.g. a separate venv's bin/python)")
+    parser.add_argument("--gguf-dir", default=os.path.join(ROOT, "build", "llamacpp-gguf"),
+                        help="where the llamacpp providers' GGUF files are written (once) and read")
     parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
                         help="one more head to run beside the shipped ones, e.g. a candidate from training "
                              "(NAME without '-'; rows are NAME-TREE); repeatable")
@@ -355,6 +446,12 @@ def main(argv=None) -> int:
 
     prompts = {}
     for domain in args.domains:
+        if domain == "chat":
+            if have_model:
+                prompts[domain] = chat_prompts(tokenizer, args.prompts)
+            else:
+                print("chat: SmolLM2-135M is not installed (no chat template): chat skipped")
+            continue
         if have_model:
             from eagle_kernels.train import corpus
 
@@ -368,6 +465,24 @@ def main(argv=None) -> int:
 
     plain_decoders = {suffix: SpeculativeDecoder(model, None, sync_every=args.sync_every)
                       for suffix, model in targets.items()}
+    llama, llama_files, llama_threads = None, {}, args.threads or torch.get_num_threads()
+    if "llamacpp" in args.providers:
+        python = llamacpp.find_python(args.llamacpp_python)
+        if not have_model:
+            print("llamacpp: SmolLM2-135M is not installed (its GGUF is llama.cpp's input): skipped")
+        elif python is None:
+            print("llamacpp: llama_cpp is not installed (pip install llama-cpp-python, or --llamacpp-python "
+                  "PYTHON of an environment that has it): skipped")
+        elif device.type != "cpu":
+            print("llamacpp: CPU runs only: skipped")
+        else:
+            os.makedirs(args.gguf_dir, exist_ok=True)
+            for suffix in targets:
+                kind = llamacpp.KINDS[suffix]
+                llama_files[suffix] = smollm2.gguf_path() if kind == "gguf" else llamacpp.write_gguf(
+                    smollm2.gguf_path(), os.path.join(args.gguf_dir, f"smollm2-135m-instruct-{kind}.gguf"), kind)
+            llama = llamacpp.LlamaCpp(python)
+            print(f"llamacpp: llama-cpp-python {llama.version} ({python}), {llama_threads} thread(s)")
     rows, warmed = [], set()
     for domain in prompts:
         for temperature in args.temperatures:
@@ -391,6 +506,9 @@ def main(argv=None) -> int:
                         decoder = SpeculativeDecoder(plain_decoder.target, None, TreeConfig(lookup=args.lookup_chain),
                                                      sync_every=args.sync_every)
                         runs.append((f"ours-lookup-l{args.lookup_chain}" + suffix, ours(decoder, True)))
+                for suffix, path in llama_files.items() if temperature == 0 and batch == 1 else ():
+                    runs.append(("llamacpp" + suffix, lambda g=0, warmup=False, path=path: llama.run(
+                        path, llama_threads, group(g), 4 if warmup else args.max_new_tokens)))
                 for name, lookup in (("hf-generate", False), ("hf-lookup", True)):
                     # transformers' assisted decoding (prompt lookup) runs batch 1 only.
                     if hf is not None and name in args.providers and not (lookup and batch > 1):
@@ -420,7 +538,8 @@ def main(argv=None) -> int:
                             if device.type == "cuda":
                                 torch.cuda.reset_peak_memory_stats(device)
                             parts[name].append(fn(g))
-                            peaks[name] = max(peaks[name], peak_memory_mb(device))
+                            # llamacpp runs report their own process's peak
+                            peaks[name] = max(peaks[name], parts[name][-1].get("peak_mb") or peak_memory_mb(device))
                     for name, _ in runs:
                         r = merge_runs(parts[name])
                         r["peak_mb"] = peaks[name]
@@ -460,6 +579,10 @@ def main(argv=None) -> int:
             if have_model else "random weights (SmolLM2-135M shapes)", "max_new_tokens": args.max_new_tokens,
             "prompts_per_domain": args.prompts, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
             "heads": head_folders}
+    if llama is not None:
+        meta["llamacpp"] = {"version": llama.version, "threads": llama_threads,
+                            "files": {"llamacpp" + s: os.path.basename(p) for s, p in llama_files.items()}}
+        llama.close()
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = table_lines(meta, rows)

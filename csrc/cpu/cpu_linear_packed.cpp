@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_linear_groups.h"
 #include "cpu_linear_impl.h"
 
 namespace eagle {
@@ -144,88 +145,42 @@ EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ld
   }
 }
 
-// tile256<C> for a C (1 .. kMaxRows256) known at run time.
-template <int C, typename W>
-void tile256_dispatch(int64_t C_run, const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-  if constexpr (C > 1) {
-    if (C_run < C) return tile256_dispatch<C - 1, W>(C_run, w, K, x, ldx, out, ldo, prefetch);
-  }
-  tile256<C, W>(w, K, x, ldx, out, ldo, prefetch);
-}
-
-// tile512<G, C> for a C (1 .. kMaxRows) known at run time, G = groups_for(C) or 1.
-template <int C, typename W>
-void tile512_dispatch(int64_t C_run, bool wide, const W* w, int64_t K, const float* x, int64_t ldx, float* out,
-                      int64_t ldo, bool prefetch) {
-  if constexpr (C > 1) {
-    if (C_run < C) return tile512_dispatch<C - 1, W>(C_run, wide, w, K, x, ldx, out, ldo, prefetch);
-  }
-  if (wide)
-    tile512<groups_for(C), C, W>(w, K, x, ldx, out, ldo, prefetch);
-  else
-    tile512<1, C, W>(w, K, x, ldx, out, ldo, prefetch);
-}
 #endif  // EAGLE_X86_SIMD
 
-// Groups [begin, end) of the packed weight against all M rows of x.
+// The tiles above as cpu_linear_groups.h takes them (depth: K).
 template <typename W>
-void run_groups(const W* packed, int64_t begin, int64_t end, const float* x, int64_t ldx, int64_t M, int64_t K,
-                float* out, int64_t ldo, Level level) {
-  const int64_t group_elems = K * kW;
-#if EAGLE_X86_SIMD
-  if (level >= Level::kAvx512Ymm) {
-    // Row tiles of near-equal size (8 + 8 at M = 16 rather than 12 + 4). Groups side by side
-    // (G > 1) only when one tile holds all M rows (M <= 6; two tiles have 7 rows or more, G = 1),
-    // so the tile's own groups_for(C) is G.
-    const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
-    const int64_t G = tiles == 1 ? groups_for(static_cast<int>(M)) : 1;
-    for (int64_t g = begin; g < end;) {
-      const bool wide = G > 1 && g + G <= end;  // the range's last groups may not fill a wide tile
-      const int64_t width = wide ? G : 1;
-      const W* w = packed + g * group_elems;
-      for (int64_t t = 0, m = 0; t < tiles; ++t) {
-        const int64_t C = (M - m) / (tiles - t);
-        // Later row tiles find the weights in L2: only the first streams them from DRAM.
-        tile512_dispatch<kMaxRows, W>(C, wide, w, K, x + m * ldx, ldx, out + m * ldo + g * kW, ldo, t == 0);
-        m += C;
-      }
-      g += width;
-    }
-    return;
+struct Tiles {
+  using Elem = W;
+  static int64_t group_elems(int64_t K) { return K * kW; }
+  static void group_scalar(const W* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
+    linear_impl::group_scalar<W>(w, x, ldx, M, K, out, ldo);
   }
-  if (level >= Level::kAvx2) {
-    // Half by half (16 registers hold one half's tile): each half is read once from DRAM, by the
-    // first row tile, and from L2 by the others.
-    const int64_t tiles = (M + kMaxRows256 - 1) / kMaxRows256;
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t h = 0; h < 2; ++h) {
-        const W* w = packed + g * group_elems + h * K * kHalf;
-        for (int64_t t = 0, m = 0; t < tiles; ++t) {
-          const int64_t C = (M - m) / (tiles - t);
-          tile256_dispatch<kMaxRows256, W>(C, w, K, x + m * ldx, ldx, out + m * ldo + g * kW + h * kHalf, ldo, t == 0);
-          m += C;
-        }
-      }
-    return;
+#if EAGLE_X86_SIMD
+  static constexpr int kMaxRows = linear_impl::kMaxRows;
+  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
+  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
+  template <int G, int C>
+  static void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
+    linear_impl::tile512<G, C, W>(w, K, x, ldx, out, ldo, prefetch);
+  }
+  template <int C>
+  static void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
+    linear_impl::tile256<C, W>(w, K, x, ldx, out, ldo, prefetch);
   }
 #endif
-  (void)level;
-  for (int64_t g = begin; g < end; ++g) group_scalar<W>(packed + g * group_elems, x, ldx, M, K, out + g * kW, ldo);
-}
+};
 
 }  // namespace
 
 void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
                    int64_t K, float* out, int64_t ldo, Level level) {
-  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kW * K * std::max<int64_t>(M, 8)));
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+  parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
     if (wtype == at::kFloat)
-      run_groups(static_cast<const float*>(packed), begin, end, x, ldx, M, K, out, ldo, level);
+      run_groups<Tiles<float>>(static_cast<const float*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
     else if (wtype == at::kBFloat16)
-      run_groups(static_cast<const Bf16Bits*>(packed), begin, end, x, ldx, M, K, out, ldo, level);
+      run_groups<Tiles<Bf16Bits>>(static_cast<const Bf16Bits*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
     else
-      run_groups(static_cast<const Fp16Bits*>(packed), begin, end, x, ldx, M, K, out, ldo, level);
+      run_groups<Tiles<Fp16Bits>>(static_cast<const Fp16Bits*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
   });
 }
 

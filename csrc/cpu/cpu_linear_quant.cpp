@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_linear_groups.h"
 #include "cpu_linear_impl.h"
 
 namespace eagle {
@@ -192,18 +193,6 @@ EAGLE_TARGET_AVX512 void tile512(Q41, const uint8_t* w, int64_t nb, const float*
     for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + c * ldo + s * kHalf, acc[s][c]);
 }
 
-template <int C, typename F>
-void tile512_dispatch(int64_t C_run, bool wide, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
-                      int64_t ldo, bool prefetch) {
-  if constexpr (C > 1) {
-    if (C_run < C) return tile512_dispatch<C - 1, F>(C_run, wide, w, nb, x, ldx, out, ldo, prefetch);
-  }
-  if (wide)
-    tile512<groups_for(C), C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-  else
-    tile512<1, C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-}
-
 // ------------------------------------------------------------------------------------- AVX2
 // One half (16 columns: two 8-lane vectors) times C rows of x; 2 C accumulators, 2 scales (and 2 minimums),
 // 2 widened weights and one x of 16 registers.
@@ -280,69 +269,44 @@ EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const float* x
   }
 }
 
-template <int C, typename F>
-void tile256_dispatch(int64_t C_run, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-  if constexpr (C > 1) {
-    if (C_run < C) return tile256_dispatch<C - 1, F>(C_run, w, nb, x, ldx, out, ldo, prefetch);
-  }
-  tile256<C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-}
 #endif  // EAGLE_X86_SIMD
 
-// Groups [begin, end) against all M rows of x.
+// The tiles above as cpu_linear_groups.h takes them (depth: blocks per half, K / 32).
 template <typename F>
-void run_groups(const uint8_t* packed, int64_t begin, int64_t end, int64_t nb, const float* x, int64_t ldx, int64_t M,
-                float* out, int64_t ldo, Level level) {
-  const int64_t half_bytes = nb * F::kBytes;
-  const int64_t group_bytes = 2 * half_bytes;
-#if EAGLE_X86_SIMD
-  if (level >= Level::kAvx512Ymm) {
-    // As cpu_linear_packed.cpp: row tiles of near-equal size; groups side by side only when one tile holds all M
-    // rows; later row tiles find the weights in L2.
-    const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
-    const int64_t G = tiles == 1 ? groups_for(static_cast<int>(M)) : 1;
-    for (int64_t g = begin; g < end;) {
-      const bool wide = G > 1 && g + G <= end;
-      const uint8_t* w = packed + g * group_bytes;
-      for (int64_t t = 0, m = 0; t < tiles; ++t) {
-        const int64_t C = (M - m) / (tiles - t);
-        tile512_dispatch<kMaxRows, F>(C, wide, w, nb, x + m * ldx, ldx, out + m * ldo + g * kW, ldo, t == 0);
-        m += C;
-      }
-      g += wide ? G : 1;
-    }
-    return;
+struct Tiles {
+  using Elem = uint8_t;
+  static int64_t group_elems(int64_t nb) { return 2 * nb * F::kBytes; }
+  static void group_scalar(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int64_t M, float* out,
+                           int64_t ldo) {
+    linear_impl::group_scalar<F>(w, nb, x, ldx, M, out, ldo);
   }
-  if (level >= Level::kAvx2) {
-    const int64_t tiles = (M + kMaxRows256 - 1) / kMaxRows256;
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t h = 0; h < 2; ++h) {
-        const uint8_t* w = packed + g * group_bytes + h * half_bytes;
-        for (int64_t t = 0, m = 0; t < tiles; ++t) {
-          const int64_t C = (M - m) / (tiles - t);
-          tile256_dispatch<kMaxRows256, F>(C, w, nb, x + m * ldx, ldx, out + m * ldo + g * kW + h * kHalf, ldo, t == 0);
-          m += C;
-        }
-      }
-    return;
+#if EAGLE_X86_SIMD
+  static constexpr int kMaxRows = linear_impl::kMaxRows;
+  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
+  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
+  template <int G, int C>
+  static void tile512(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+    linear_impl::tile512<G, C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
+  }
+  template <int C>
+  static void tile256(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+    linear_impl::tile256<C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
   }
 #endif
-  (void)level;
-  for (int64_t g = begin; g < end; ++g) group_scalar<F>(packed + g * group_bytes, nb, x, ldx, M, out + g * kW, ldo);
-}
+};
 
 }  // namespace
 
 void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
                   int64_t K, float* out, int64_t ldo, Level level) {
   const int64_t nb = K / kBlock;
-  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kW * K * std::max<int64_t>(M, 8)));
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+  parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
     if (format == QuantFormat::kQ8_0)
-      run_groups<Q8>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
+      run_groups<Tiles<Q8>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
     else
-      run_groups<Q41>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
+      run_groups<Tiles<Q41>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
   });
 }
 

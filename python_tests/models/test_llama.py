@@ -251,6 +251,23 @@ def test_fused_projections_share_memory_and_follow_replaced_weights(monkeypatch)
     assert torch.equal(after, separate_forward(tokens, ours.new_cache(2, 8)))
 
 
+def test_layer_weights_are_kept_while_their_entries_stay():
+    """layer_weights returns the same LayerWeights while every entry it was read from is the very tensor under
+    its name, and a new one as soon as any entry (a norm included) is replaced."""
+    ours = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    w, p = ours.weights, "model.layers.0."
+    first = ours.layer_weights(0)
+    assert ours.layer_weights(0) is first and ours.layer_weights(1) is not first
+    for name in ("post_attention_layernorm.weight", "self_attn.v_proj.weight", "mlp.down_proj.weight"):
+        w[p + name] = w[p + name] * 2.0
+        again = ours.layer_weights(0)
+        assert again is not first and ours.layer_weights(0) is again
+        assert torch.equal(again.post_norm, w[p + "post_attention_layernorm.weight"])
+        assert torch.equal(again.down, w[p + "mlp.down_proj.weight"])
+        assert torch.equal(again.qkv[-w[p + "self_attn.v_proj.weight"].shape[0]:], w[p + "self_attn.v_proj.weight"])
+        first = again
+
+
 def test_logit_rows_selects_rows_of_the_full_logits():
     """logit_rows computes the LM head for the listed tokens only: the same values as those
     rows of the full logits (per-row independent linear layers), hidden states unchanged."""

@@ -1,0 +1,113 @@
+// Internal to cpu_linear: the GEMM scaffolding of the packed layout, shared by its two kernels (fp32 / bf16 /
+// fp16 weights in cpu_linear_packed.cpp, Q8_0 / Q4_1 blocks in cpu_linear_quant.cpp). A kernel brings its
+// tiles; this header runs them over a range of 32-column groups (row tiles of near-equal size, groups side by
+// side at few rows, only the first row tile streaming the weights from DRAM) at the instruction set of the
+// call, and splits the groups over the threads.
+//
+// A tile set `T` provides:
+//   using Elem;                                 the packed weight's element type (a pointer to it walks a group)
+//   static int64_t group_elems(int64_t depth);  Elems per group (depth: K, or the blocks per half)
+//   static constexpr int kMaxRows;              rows of x per AVX-512 tile (1 .. kMaxRows)
+//   static constexpr int groups_for(int C);     groups side by side in an AVX-512 tile of C rows
+//   template <int G, int C> static void tile512(const Elem* w, int64_t depth, const float* x, int64_t ldx,
+//                                               float* out, int64_t ldo, bool prefetch);
+//   static constexpr int kMaxRows256;           rows of x per AVX2 tile
+//   template <int C> static void tile256(...);  the same arguments, one half of a group (16 columns)
+//   static void group_scalar(const Elem* w, int64_t depth, const float* x, int64_t ldx, int64_t M, float* out,
+//                            int64_t ldo);      one group, all M rows, portable
+// The tile functions exist where EAGLE_X86_SIMD is set.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu_linear_impl.h"
+#include "simd.h"
+
+namespace eagle {
+namespace linear_impl {
+
+#if EAGLE_X86_SIMD
+// T::tile512<G, C> for a C (1 .. C_max) known at run time; G = T::groups_for(C) if `wide`, else 1.
+template <typename T, int C>
+void tile512_rows(int64_t C_run, bool wide, const typename T::Elem* w, int64_t depth, const float* x, int64_t ldx,
+                  float* out, int64_t ldo, bool prefetch) {
+  if constexpr (C > 1) {
+    if (C_run < C) return tile512_rows<T, C - 1>(C_run, wide, w, depth, x, ldx, out, ldo, prefetch);
+  }
+  if (wide)
+    T::template tile512<T::groups_for(C), C>(w, depth, x, ldx, out, ldo, prefetch);
+  else
+    T::template tile512<1, C>(w, depth, x, ldx, out, ldo, prefetch);
+}
+
+// T::tile256<C> for a C (1 .. C_max) known at run time.
+template <typename T, int C>
+void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const float* x, int64_t ldx, float* out,
+                  int64_t ldo, bool prefetch) {
+  if constexpr (C > 1) {
+    if (C_run < C) return tile256_rows<T, C - 1>(C_run, w, depth, x, ldx, out, ldo, prefetch);
+  }
+  T::template tile256<C>(w, depth, x, ldx, out, ldo, prefetch);
+}
+#endif  // EAGLE_X86_SIMD
+
+// Groups [begin, end) of the packed weight against all M rows of x: out[m * ldo + 32 g + j].
+template <typename T>
+void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int64_t depth, const float* x, int64_t ldx,
+                int64_t M, float* out, int64_t ldo, isa::Level level) {
+  constexpr int64_t kW = kPackWidth;
+  const int64_t group_elems = T::group_elems(depth);
+#if EAGLE_X86_SIMD
+  if (level >= isa::Level::kAvx512Ymm) {
+    // Row tiles of near-equal size (8 + 8 at M = 16 rather than 12 + 4). Groups side by side
+    // (G > 1) only when one tile holds all M rows (two tiles have 7 rows or more, G = 1), so the
+    // tile's own groups_for(C) is G. Later row tiles find the weights in L2: only the first
+    // streams (and prefetches) them from DRAM.
+    const int64_t tiles = (M + T::kMaxRows - 1) / T::kMaxRows;
+    const int64_t G = tiles == 1 ? T::groups_for(static_cast<int>(M)) : 1;
+    for (int64_t g = begin; g < end;) {
+      const bool wide = G > 1 && g + G <= end;  // the range's last groups may not fill a wide tile
+      const typename T::Elem* w = packed + g * group_elems;
+      for (int64_t t = 0, m = 0; t < tiles; ++t) {
+        const int64_t C = (M - m) / (tiles - t);
+        tile512_rows<T, T::kMaxRows>(C, wide, w, depth, x + m * ldx, ldx, out + m * ldo + g * kW, ldo, t == 0);
+        m += C;
+      }
+      g += wide ? G : 1;
+    }
+    return;
+  }
+  if (level >= isa::Level::kAvx2) {
+    // Half by half (16 registers hold one half's tile): each half is read once from DRAM, by the
+    // first row tile, and from L2 by the others.
+    const int64_t tiles = (M + T::kMaxRows256 - 1) / T::kMaxRows256;
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t h = 0; h < 2; ++h) {
+        const typename T::Elem* w = packed + g * group_elems + h * (group_elems / 2);
+        for (int64_t t = 0, m = 0; t < tiles; ++t) {
+          const int64_t C = (M - m) / (tiles - t);
+          tile256_rows<T, T::kMaxRows256>(C, w, depth, x + m * ldx, ldx, out + m * ldo + g * kW + h * (kW / 2), ldo,
+                                          t == 0);
+          m += C;
+        }
+      }
+    return;
+  }
+#endif
+  (void)level;
+  for (int64_t g = begin; g < end; ++g) T::group_scalar(packed + g * group_elems, depth, x, ldx, M, out + g * kW, ldo);
+}
+
+// fn(begin, end) over the `groups` 32-column groups of a weight with K input features, split over the threads in
+// tasks of about parallel_chunk() multiply-adds (M counted as at least 8: few-row calls stay on fewer threads).
+template <typename Fn>
+void parallel_groups(int64_t groups, int64_t K, int64_t M, const Fn& fn) {
+  const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPackWidth * K * std::max<int64_t>(M, 8)));
+  at::parallel_for(0, groups, grain, fn);
+}
+
+}  // namespace linear_impl
+}  // namespace eagle
