@@ -72,7 +72,7 @@ ENGINE_SCHEMAS = {
     ),
     "sglang_greedy_verify_inputs": (
         "sglang_greedy_verify_inputs(Tensor candidates, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
-        "Tensor target_predict) -> (Tensor, Tensor, Tensor, Tensor)"
+        "Tensor target_predict, int max_depth=-1) -> (Tensor, Tensor, Tensor, Tensor)"
     ),
     "sglang_tree_sampling": (
         "sglang_tree_sampling(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "

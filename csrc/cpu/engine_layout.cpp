@@ -43,6 +43,16 @@ at::Tensor as_long(const at::Tensor& t) {
   return t.scalar_type() == at::kLong ? t.contiguous() : t.to(at::kLong).contiguous();
 }
 
+// Our verify kernel: every call of this file goes through here.
+VerifyTensors run_verify(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& logits,
+                         int64_t max_depth, const std::optional<at::Tensor>& temperature = std::nullopt,
+                         const std::optional<at::Tensor>& top_k = std::nullopt,
+                         const std::optional<at::Tensor>& top_p = std::nullopt,
+                         const std::optional<at::Tensor>& seed = std::nullopt,
+                         const std::optional<at::Tensor>& offset = std::nullopt) {
+  return verify_cpu(tokens, parents, logits, max_depth, temperature, top_k, top_p, seed, offset);
+}
+
 // Writes int values into an int32 / int64 tensor at a flat element offset (strided tensors).
 struct IntOut {
   void* data;
@@ -161,11 +171,11 @@ struct Trees {
   }
 };
 
-// SGLang's outputs from verify's: accept_index holds the flat row (retrieve_index) of each
+// SGLang's outputs from verify's (order: [B, M], SGLang's node at each verify index): accept_index holds the flat row (retrieve_index) of each
 // accepted node, predicts[row] the token that follows that node, accept_token_num the count.
 void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tensor& accept_index,
-                   const at::Tensor& accept_token_num, const std::vector<int64_t>& order, const at::Tensor& accept_len,
-                   const at::Tensor& accept_nodes, const int64_t* emitted) {
+                   const at::Tensor& accept_token_num, const std::vector<int64_t>& order, int64_t M,
+                   const at::Tensor& accept_len, const at::Tensor& accept_nodes, const int64_t* emitted) {
   const int64_t B = a.B, N = a.N, S = a.S;
   const IntOut pred = int_out(predicts), index = int_out(accept_index), count = int_out(accept_token_num);
   const int64_t ps = predicts.stride(0), is0 = accept_index.stride(0), is1 = accept_index.stride(1);
@@ -180,7 +190,7 @@ void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tens
         index.set(b * is0 + k * is1, -1);
         continue;
       }
-      const int64_t row = ri[b * N + order[b * N + node]];
+      const int64_t row = ri[b * N + order[b * M + node]];
       index.set(b * is0 + k * is1, row);
       pred.set(row * ps, emitted[b * S + k]);
     }
@@ -188,51 +198,110 @@ void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tens
   }
 }
 
-// verify's inputs for SGLang's greedy walk. Each node's token is its place in its parent's
-// sibling chain (siblings have distinct places) and each row is one-hot at the place of the
-// child SGLang's walk takes (the first in sibling order whose draft is the target's token), or at
-// R (none; R = the longest sibling chain) when no child matches; nodes no link reaches get token
-// R + 1, which no row selects. So verify's greedy walk is SGLang's for any sibling order, over
-// R + 2 <= N + 1 classes.
+// verify's inputs for SGLang's greedy walk, over the nodes that walk looks at only: the root, and
+// the children of each node it accepts (SGLang's kernel looks at no other node; one-hot rows for
+// every node made the conversion ~60% of the call at bs 32 N 64). The walk is made here from the
+// links, as SGLang's kernel walks them: from the root, at most `max_depth` times, the first child
+// in sibling order whose draft is the target's token at the current node. In verify's inputs over
+// 3 classes, the child the walk takes has token 1, every other node token 0, and each row is
+// one-hot at 1 (go on to the child with token 1) or at 2 (stop: no child has it); padding nodes
+// (requests that looked at fewer nodes) are leaves under the root with token 0, which no row
+// selects. So verify's greedy walk is SGLang's for any sibling order, and the nodes keep parents
+// before children. A node the walk already looked at ends a chain, so malformed (cyclic) links
+// terminate.
 struct GreedyInputs {
   at::Tensor tokens, parents, logits;
-  std::vector<int64_t> order;  // [B * N]: the node at verify index k of request b
+  int64_t M = 1;               // verify's nodes per request
+  std::vector<int64_t> order;  // [B * M]: SGLang's node at verify index k of request b, -1: padding
 };
 
-GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp) {
+// Per-thread scratch of the walk, reused between calls (no allocation per call once warm).
+struct WalkScratch {
+  std::vector<int64_t> node, count;
+  std::vector<int32_t> par, next;
+  std::vector<uint8_t> seen;
+};
+
+GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_depth) {
+  constexpr int64_t V = 3;
   const int64_t B = a.B, N = a.N;
   const int64_t* cand = a.cand.data_ptr<int64_t>();
-  Trees t(a.next_token.data_ptr<int64_t>(), a.next_sibling.data_ptr<int64_t>(), B, N);
-  // choice[u]: the node SGLang's walk takes from u, -1 for none.
-  std::vector<int64_t> choice(B * N, -1);
-  int64_t R = 1;
+  const int64_t* nt = a.next_token.data_ptr<int64_t>();
+  const int64_t* ns = a.next_sibling.data_ptr<int64_t>();
+  // Per request, by verify index: SGLang's node, its verify parent, and the verify index of the
+  // child its row selects (-1: the walk stops there).
+  thread_local WalkScratch w;
+  w.node.resize(B * N);
+  w.par.resize(B * N);
+  w.next.resize(B * N);
+  w.count.resize(B);
+  w.seen.resize(N);
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t c = b * N + 1; c < (b + 1) * N; ++c) {
-      const int64_t u = t.parent[c];
-      if (u < 0) continue;
-      R = std::max(R, t.rank[c] + 1);
-      int64_t& ch = choice[b * N + u];
-      if (cand[c] == tp[b * N + u] && (ch < 0 || t.rank[c] < t.rank[ch])) ch = c;
+    int64_t* nd = w.node.data() + b * N;
+    int32_t* pr = w.par.data() + b * N;
+    int32_t* nx = w.next.data() + b * N;
+    const int64_t* cand_b = cand + b * N;
+    const int64_t* nt_b = nt + b * N;
+    const int64_t* ns_b = ns + b * N;
+    std::fill(w.seen.begin(), w.seen.end(), 0);
+    w.seen[0] = 1;
+    nd[0] = 0;
+    pr[0] = -1;
+    nx[0] = -1;
+    int64_t m = 1;
+    for (int64_t k = 0, depth = 0; depth < max_depth; ++depth) {  // k: verify index of the current node
+      const int64_t want = tp[b * N + nd[k]];
+      int32_t go = -1;
+      for (int64_t c = nt_b[nd[k]]; c > 0 && c < N && !w.seen[c]; c = ns_b[c]) {
+        w.seen[c] = 1;
+        nd[m] = c;
+        pr[m] = static_cast<int32_t>(k);
+        nx[m] = -1;
+        if (go < 0 && cand_b[c] == want) go = static_cast<int32_t>(m);
+        ++m;
+      }
+      nx[k] = go;
+      if (go < 0) break;
+      k = go;
     }
+    w.count[b] = m;
   }
-  const int64_t V = R + 2;
+  int64_t M = 1;
+  for (int64_t b = 0; b < B; ++b) M = std::max(M, w.count[b]);
   const auto long_opts = a.cand.options().dtype(at::kLong);
   GreedyInputs in;
-  in.tokens = at::empty({B, N}, long_opts);
-  in.parents = at::empty({B, N}, long_opts.dtype(at::kInt));
-  in.logits = at::zeros({B, N, V}, long_opts.dtype(at::kFloat));
+  in.M = M;
+  in.tokens = at::empty({B, M}, long_opts);
+  in.parents = at::empty({B, M}, long_opts.dtype(at::kInt));
+  in.logits = at::empty({B, M, V}, long_opts.dtype(at::kFloat));
+  in.order.assign(B * M, -1);
   int64_t* tok = in.tokens.data_ptr<int64_t>();
+  int32_t* vp = in.parents.data_ptr<int32_t>();
   float* lg = in.logits.data_ptr<float>();
-  std::copy(t.new_parent.begin(), t.new_parent.end(), in.parents.data_ptr<int32_t>());
+  std::fill(tok, tok + B * M, 0);
+  std::fill(vp, vp + B * M, 0);  // padding: leaves under the root with token 0 that stop
+  for (int64_t i = 0; i < B * M; ++i) {
+    lg[i * V] = 0.0f;
+    lg[i * V + 1] = 0.0f;
+    lg[i * V + 2] = 1.0f;
+  }
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t k = 0; k < N; ++k) {
-      const int64_t node = t.order[b * N + k], i = b * N + node;
-      tok[b * N + k] = node == 0 ? 0 : (t.parent[i] >= 0 ? t.rank[i] : R + 1);
-      const int64_t c = choice[i];
-      lg[(b * N + k) * V + (c >= 0 ? t.rank[c] : R)] = 1.0f;
+    const int64_t m = w.count[b];
+    const int64_t* nd = w.node.data() + b * N;
+    const int32_t* pr = w.par.data() + b * N;
+    const int32_t* nx = w.next.data() + b * N;
+    int64_t* ord = in.order.data() + b * M;
+    for (int64_t k = 0; k < m; ++k) {
+      vp[b * M + k] = pr[k];
+      ord[k] = nd[k];
+      if (nx[k] >= 0) {
+        tok[b * M + nx[k]] = 1;
+        float* row = lg + (b * M + k) * V;
+        row[1] = 1.0f;
+        row[2] = 0.0f;
+      }
     }
   }
-  in.order = std::move(t.order);
   return in;
 }
 
@@ -258,27 +327,27 @@ void sglang_verify_greedy_cpu(const at::Tensor& predicts, const at::Tensor& acce
                                   retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict, &target);
   const int64_t B = a.B, N = a.N, S = a.S;
   const int64_t* tp = target.data_ptr<int64_t>();
-  const GreedyInputs in = greedy_inputs(a, tp);
-  const VerifyTensors out = verify_cpu(in.tokens, in.parents, in.logits, S - 1, std::nullopt, std::nullopt,
-                                       std::nullopt, std::nullopt, std::nullopt);
+  const GreedyInputs in = greedy_inputs(a, tp, S - 1);
+  const VerifyTensors out = run_verify(in.tokens, in.parents, in.logits, S - 1);
   // The token that follows each accepted node is the target's prediction at that node.
   std::vector<int64_t> emitted(B * S, 0);
   const int32_t* nodes = std::get<1>(out).data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t k = 0; k < S; ++k) {
       const int32_t node = nodes[b * S + k];
-      if (node >= 0) emitted[b * S + k] = tp[b * N + in.order[b * N + node]];
+      if (node >= 0) emitted[b * S + k] = tp[b * N + in.order[b * in.M + node]];
     }
   }
-  write_results(a, predicts, accept_index, accept_token_num, in.order, std::get<0>(out), std::get<1>(out),
+  write_results(a, predicts, accept_index, accept_token_num, in.order, in.M, std::get<0>(out), std::get<1>(out),
                 emitted.data());
 }
 
-// verify's inputs of sglang_verify_greedy, for tests and for timing verify alone on them:
-// (tokens int64 [B, N], parents int32 [B, N], logits float32 [B, N, R + 2], order int64 [B, N]).
+// verify's inputs of sglang_verify_greedy, for tests and for timing verify alone on them (the walk
+// at most max_depth deep, -1: unbounded): (tokens int64 [B, M], parents int32 [B, M], logits
+// float32 [B, M, 3], order int64 [B, M] with -1 for padding), M <= N the most nodes looked at.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_inputs_cpu(
     const at::Tensor& candidates, const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling,
-    const at::Tensor& target_predict) {
+    const at::Tensor& target_predict, int64_t max_depth) {
   const int64_t B = candidates.dim() == 2 ? candidates.size(0) : 0, N = candidates.dim() == 2 ? candidates.size(1) : 0;
   const at::Tensor predicts = at::empty({B * N}, candidates.options().dtype(at::kLong));
   const at::Tensor accept_index = at::empty({B, 1}, candidates.options().dtype(at::kLong));
@@ -287,8 +356,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_
   const LinkArgs a =
       check_greedy("sglang_greedy_verify_inputs", predicts, accept_index, accept_num, candidates, retrieve_next_token,
                    retrieve_next_token, retrieve_next_sibling, target_predict, &target);
-  GreedyInputs in = greedy_inputs(a, target.data_ptr<int64_t>());
-  at::Tensor order = at::empty({B, N}, candidates.options().dtype(at::kLong));
+  GreedyInputs in = greedy_inputs(a, target.data_ptr<int64_t>(), max_depth >= 0 ? max_depth : N);
+  at::Tensor order = at::empty({B, in.M}, candidates.options().dtype(at::kLong));
   std::copy(in.order.begin(), in.order.end(), order.data_ptr<int64_t>());
   return {in.tokens, in.parents, in.logits, order};
 }
@@ -415,12 +484,13 @@ void tree_sampling_impl(const char* op, const at::Tensor& predicts, const at::Te
     top_p = at::empty({B}, long_opts.dtype(at::kFloat));
     for (int64_t b = 0; b < B; ++b) top_p->data_ptr<float>()[b] = static_cast<float>(v.data_ptr<double>()[b * N]);
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset);
+  const VerifyTensors out = run_verify(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset);
   const at::Tensor& out_tokens = std::get<2>(out);
   std::vector<int64_t> emitted(B * S);
   const int64_t* ot = out_tokens.data_ptr<int64_t>();
   for (int64_t i = 0; i < B * S; ++i) emitted[i] = std::max<int64_t>(ot[i], 0);
-  write_results(a, predicts, accept_index, accept_token_num, order, std::get<0>(out), std::get<1>(out), emitted.data());
+  write_results(a, predicts, accept_index, accept_token_num, order, N, std::get<0>(out), std::get<1>(out),
+                emitted.data());
 }
 
 void sglang_tree_sampling_cpu(const at::Tensor& predicts, const at::Tensor& accept_index,
@@ -492,7 +562,7 @@ void verify_chains(const ChainArgs& c, const at::Tensor& logits, int64_t b0, int
       std::memcpy(offset->data_ptr<int64_t>() + g, c.uniform + start + L - 1, sizeof(int64_t));
     }
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset);
+  const VerifyTensors out = run_verify(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset);
   const int32_t* len = std::get<0>(out).data_ptr<int32_t>();
   const int64_t* ot = std::get<2>(out).data_ptr<int64_t>();
   for (int64_t g = 0; g < G; ++g) {
@@ -574,7 +644,7 @@ TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
       "Tensor target_predict) -> ()");
   m.def(
       "sglang_greedy_verify_inputs(Tensor candidates, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
-      "Tensor target_predict) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor target_predict, int max_depth=-1) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "sglang_tree_sampling_logits(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
       "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
