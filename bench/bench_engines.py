@@ -161,8 +161,8 @@ def main():
                 torch.empty(bs, dtype=torch.int32))
         greedy_args = (*outs, cand, ret[0], ret[1], ret[2], target)
         tensors = best_us(lambda: sg.verify_greedy_tensors(*greedy_args))
-        # verify alone on the native conversion's own inputs (compact one-hot rows).
-        tok, par, lg, _ = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(cand, ret[1], ret[2], target)
+        # verify alone on the native conversion's own inputs (the nodes the walk looks at, 3 classes).
+        tok, par, lg, _ = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(cand, ret[1], ret[2], target, depth)
         total, alone = best_pair_us(lambda: sg.verify_greedy(*greedy_args),
                                     lambda: torch.ops.eagle_kernels.verify(tok, par, lg, max_depth=depth), 300)
         sgl = (best_us(lambda: spec_tree.verify_tree_greedy_triton(*greedy_args), repeats=3, warmup=1)

@@ -15,6 +15,7 @@
 // their tensor path on other devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/zeros.h>
@@ -171,10 +172,10 @@ struct Trees {
   }
 };
 
-// SGLang's outputs from verify's (order: [B, M], SGLang's node at each verify index): accept_index holds the flat row (retrieve_index) of each
+// SGLang's outputs from verify's (order[b * M + k]: SGLang's node at verify index k of request b): accept_index holds the flat row (retrieve_index) of each
 // accepted node, predicts[row] the token that follows that node, accept_token_num the count.
 void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tensor& accept_index,
-                   const at::Tensor& accept_token_num, const std::vector<int64_t>& order, int64_t M,
+                   const at::Tensor& accept_token_num, const int64_t* order, int64_t M,
                    const at::Tensor& accept_len, const at::Tensor& accept_nodes, const int64_t* emitted) {
   const int64_t B = a.B, N = a.N, S = a.S;
   const IntOut pred = int_out(predicts), index = int_out(accept_index), count = int_out(accept_token_num);
@@ -209,17 +210,18 @@ void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tens
 // selects. So verify's greedy walk is SGLang's for any sibling order, and the nodes keep parents
 // before children. A node the walk already looked at ends a chain, so malformed (cyclic) links
 // terminate.
-struct GreedyInputs {
-  at::Tensor tokens, parents, logits;
-  int64_t M = 1;               // verify's nodes per request
-  std::vector<int64_t> order;  // [B * M]: SGLang's node at verify index k of request b, -1: padding
-};
-
 // Per-thread scratch of the walk, reused between calls (no allocation per call once warm).
 struct WalkScratch {
-  std::vector<int64_t> node, count;
+  std::vector<int64_t> node, count, emitted;
   std::vector<int32_t> par, next;
-  std::vector<uint8_t> seen;
+  std::vector<uint32_t> seen;  // the walk's stamp on the nodes it looked at
+  uint32_t stamp = 0;
+};
+
+struct GreedyInputs {
+  at::Tensor tokens, parents, logits;
+  int64_t M = 1;   // verify's nodes per request
+  WalkScratch* w;  // w->node[b * N + k]: SGLang's node at verify index k < w->count[b] of request b
 };
 
 GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_depth) {
@@ -235,7 +237,10 @@ GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_dep
   w.par.resize(B * N);
   w.next.resize(B * N);
   w.count.resize(B);
-  w.seen.resize(N);
+  if (static_cast<int64_t>(w.seen.size()) < N || w.stamp > (1u << 31)) {
+    w.seen.assign(std::max<size_t>(N, w.seen.size()), 0);
+    w.stamp = 0;
+  }
   for (int64_t b = 0; b < B; ++b) {
     int64_t* nd = w.node.data() + b * N;
     int32_t* pr = w.par.data() + b * N;
@@ -243,8 +248,9 @@ GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_dep
     const int64_t* cand_b = cand + b * N;
     const int64_t* nt_b = nt + b * N;
     const int64_t* ns_b = ns + b * N;
-    std::fill(w.seen.begin(), w.seen.end(), 0);
-    w.seen[0] = 1;
+    const uint32_t stamp = ++w.stamp;
+    uint32_t* seen = w.seen.data();
+    seen[0] = stamp;
     nd[0] = 0;
     pr[0] = -1;
     nx[0] = -1;
@@ -252,8 +258,8 @@ GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_dep
     for (int64_t k = 0, depth = 0; depth < max_depth; ++depth) {  // k: verify index of the current node
       const int64_t want = tp[b * N + nd[k]];
       int32_t go = -1;
-      for (int64_t c = nt_b[nd[k]]; c > 0 && c < N && !w.seen[c]; c = ns_b[c]) {
-        w.seen[c] = 1;
+      for (int64_t c = nt_b[nd[k]]; c > 0 && c < N && seen[c] != stamp; c = ns_b[c]) {
+        seen[c] = stamp;
         nd[m] = c;
         pr[m] = static_cast<int32_t>(k);
         nx[m] = -1;
@@ -274,7 +280,7 @@ GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_dep
   in.tokens = at::empty({B, M}, long_opts);
   in.parents = at::empty({B, M}, long_opts.dtype(at::kInt));
   in.logits = at::empty({B, M, V}, long_opts.dtype(at::kFloat));
-  in.order.assign(B * M, -1);
+  in.w = &w;
   int64_t* tok = in.tokens.data_ptr<int64_t>();
   int32_t* vp = in.parents.data_ptr<int32_t>();
   float* lg = in.logits.data_ptr<float>();
@@ -290,10 +296,8 @@ GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_dep
     const int64_t* nd = w.node.data() + b * N;
     const int32_t* pr = w.par.data() + b * N;
     const int32_t* nx = w.next.data() + b * N;
-    int64_t* ord = in.order.data() + b * M;
     for (int64_t k = 0; k < m; ++k) {
       vp[b * M + k] = pr[k];
-      ord[k] = nd[k];
       if (nx[k] >= 0) {
         tok[b * M + nx[k]] = 1;
         float* row = lg + (b * M + k) * V;
@@ -330,15 +334,17 @@ void sglang_verify_greedy_cpu(const at::Tensor& predicts, const at::Tensor& acce
   const GreedyInputs in = greedy_inputs(a, tp, S - 1);
   const VerifyTensors out = run_verify(in.tokens, in.parents, in.logits, S - 1);
   // The token that follows each accepted node is the target's prediction at that node.
-  std::vector<int64_t> emitted(B * S, 0);
+  const int64_t* order = in.w->node.data();
+  std::vector<int64_t>& emitted = in.w->emitted;
+  emitted.assign(B * S, 0);
   const int32_t* nodes = std::get<1>(out).data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t k = 0; k < S; ++k) {
       const int32_t node = nodes[b * S + k];
-      if (node >= 0) emitted[b * S + k] = tp[b * N + in.order[b * in.M + node]];
+      if (node >= 0) emitted[b * S + k] = tp[b * N + order[b * N + node]];
     }
   }
-  write_results(a, predicts, accept_index, accept_token_num, in.order, in.M, std::get<0>(out), std::get<1>(out),
+  write_results(a, predicts, accept_index, accept_token_num, order, N, std::get<0>(out), std::get<1>(out),
                 emitted.data());
 }
 
@@ -357,8 +363,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_
       check_greedy("sglang_greedy_verify_inputs", predicts, accept_index, accept_num, candidates, retrieve_next_token,
                    retrieve_next_token, retrieve_next_sibling, target_predict, &target);
   GreedyInputs in = greedy_inputs(a, target.data_ptr<int64_t>(), max_depth >= 0 ? max_depth : N);
-  at::Tensor order = at::empty({B, in.M}, candidates.options().dtype(at::kLong));
-  std::copy(in.order.begin(), in.order.end(), order.data_ptr<int64_t>());
+  at::Tensor order = at::full({B, in.M}, -1, candidates.options().dtype(at::kLong));
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(in.w->node.data() + b * N, in.w->count[b], order.data_ptr<int64_t>() + b * in.M);
+  }
   return {in.tokens, in.parents, in.logits, order};
 }
 
@@ -489,7 +497,7 @@ void tree_sampling_impl(const char* op, const at::Tensor& predicts, const at::Te
   std::vector<int64_t> emitted(B * S);
   const int64_t* ot = out_tokens.data_ptr<int64_t>();
   for (int64_t i = 0; i < B * S; ++i) emitted[i] = std::max<int64_t>(ot[i], 0);
-  write_results(a, predicts, accept_index, accept_token_num, order, N, std::get<0>(out), std::get<1>(out),
+  write_results(a, predicts, accept_index, accept_token_num, order.data(), N, std::get<0>(out), std::get<1>(out),
                 emitted.data());
 }
 

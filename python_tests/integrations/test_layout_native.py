@@ -68,6 +68,45 @@ def test_native_greedy_equals_tensor_path(bs, n, num_spec, shuffled, unlinked):
             assert torch.equal(a, b), (name, trial)
 
 
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sglang_order", "shuffled"])
+def test_native_greedy_verifies_only_the_nodes_the_walk_looks_at(shuffled):
+    """verify's inputs of the fused greedy op hold the root and the children of each accepted
+    node only (fewer than N nodes), and our verify on them gives the fused op's accepted path."""
+    gen = torch.Generator().manual_seed(7)
+    bs, n, num_spec = 4, 32, 5
+    ri, nt, ns = random_links(bs, n, gen, shuffled, False)
+    cand = torch.randint(0, 2, (bs, n), generator=gen)
+    target = torch.randint(0, 2, (bs, n), generator=gen)
+    tokens, parents, logits, order = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(
+        cand, nt, ns, target, num_spec - 1)
+    parent, _ = _layout.parents_from_links(nt, ns)
+    out = outputs(bs, n, num_spec)
+    torch.ops.eagle_kernels.sglang_verify_greedy(*out, cand, ri, nt, ns, target)
+    for b in range(bs):
+        # The walk looks at the root and at the children of each accepted node it goes on from
+        # (not from the last one when it reached num_spec - 1 drafts).
+        path = [int(i) - b * n for i in out[1][b] if i >= 0][: num_spec - 1]
+        expected = {0} | {i for i in range(1, n) if int(parent[b, i]) in path}
+        looked = order[b][order[b] >= 0].tolist()
+        assert looked[0] == 0 and len(looked) == len(set(looked)) and set(looked) == expected, b
+    assert tokens.shape[1] < n and logits.shape == (bs, tokens.shape[1], 3)
+    lengths, nodes = torch.ops.eagle_kernels.verify(tokens, parents, logits, max_depth=num_spec - 1)[:2]
+    rows = torch.where(nodes >= 0, order.gather(1, nodes.clamp(min=0).long()) + ri[:, :1], -1)
+    assert torch.equal(rows.int(), out[1]) and torch.equal(lengths.int(), out[2])
+
+
+def test_native_greedy_terminates_on_cyclic_links():
+    """Malformed links (a sibling chain that loops, a child that is its own ancestor) end the walk."""
+    nt = torch.tensor([[1, 2, 1, -1]])
+    ns = torch.tensor([[-1, 3, -1, 1]])
+    cand = torch.tensor([[0, 5, 5, 5]])
+    target = torch.tensor([[5, 5, 5, 5]])
+    ri = torch.arange(4).view(1, 4)
+    out = outputs(1, 4, 6)
+    torch.ops.eagle_kernels.sglang_verify_greedy(*out, cand, ri, nt, ns, target)
+    assert out[1][0, 0] == 0 and 1 <= int(out[2][0]) <= 3
+
+
 @pytest.mark.parametrize("shuffled,unlinked", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("bs,n,num_spec", CASES, ids=[f"bs{c[0]}-n{c[1]}-spec{c[2]}" for c in CASES])
 def test_native_sampling_equals_tensor_path(bs, n, num_spec, shuffled, unlinked):
