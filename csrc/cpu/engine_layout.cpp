@@ -15,6 +15,7 @@
 // their tensor path on other devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/log.h>
@@ -523,6 +524,151 @@ void sglang_tree_sampling_logits_cpu(const at::Tensor& predicts, const at::Tenso
                      uniform_samples_for_final_sampling, logits, true, temperatures, top_ks, top_ps);
 }
 
+// SGLang's tree build (build_tree_kernel_efficient_func: outputs written in place), as the adapter's
+// tensor path computes it (eagle_kernels/integrations/sglang.py build_tree with
+// _layout.tree_from_selection and _layout.first_child_next_sibling): node j + 1 of request b is
+// the selected candidate top_scores_index[b, j]; its parent is the node of the first selected
+// position holding candidate parent_list[b, s // topk] (the root when s // topk == 0); a node whose
+// parent candidate was not selected is left out of the links and masked as a child of the root.
+// Ancestors and depths by walking each node up at most spec_steps levels; links: the first child
+// is the smallest child index, siblings follow in increasing index. The adapter has checked the
+// arguments (a failed check falls back to SGLang's own kernel); these checks name the tensor.
+void sglang_build_tree_cpu(const at::Tensor& parent_list, const at::Tensor& top_scores_index,
+                           const at::Tensor& seq_lens, const at::Tensor& tree_mask, const at::Tensor& positions,
+                           const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
+                           const at::Tensor& retrieve_next_sibling, int64_t topk, int64_t spec_steps,
+                           int64_t num_verify_tokens, int64_t tree_mask_mode) {
+  const char* op = "sglang_build_tree";
+  const int64_t N = num_verify_tokens;
+  TORCH_CHECK_VALUE(topk > 0 && spec_steps > 0 && N > 0, op, ": topk, spec_steps, num_verify_tokens: expected > 0, got ",
+                    topk, ", ", spec_steps, ", ", N);
+  TORCH_CHECK_VALUE(tree_mask_mode >= 0 && tree_mask_mode <= 2, op, ": tree_mask_mode: unknown mode ", tree_mask_mode);
+  check_index_tensor(seq_lens, op, "seq_lens");
+  check_dim(seq_lens, op, "seq_lens", 1, "[B]");
+  const int64_t B = seq_lens.size(0), M = N - 1;
+  check_index_tensor(top_scores_index, op, "top_scores_index");
+  check_shape(top_scores_index, op, "top_scores_index", {B, M}, "[B, N - 1]");
+  check_index_tensor(parent_list, op, "parent_list");
+  check_dim(parent_list, op, "parent_list", 2, "[B, P]");
+  TORCH_CHECK_VALUE(parent_list.size(0) == B, op, ": parent_list: expected ", B, " rows, got shape ",
+                    shape_str(parent_list.sizes()));
+  const char* names[3] = {"retrieve_index", "retrieve_next_token", "retrieve_next_sibling"};
+  const at::Tensor* links[3] = {&retrieve_index, &retrieve_next_token, &retrieve_next_sibling};
+  for (int i = 0; i < 3; ++i) {
+    check_index_tensor(*links[i], op, names[i]);
+    check_shape(*links[i], op, names[i], {B, N}, "[B, N]");
+  }
+  check_index_tensor(positions, op, "positions");
+  check_shape(positions, op, "positions", {B * N}, "[B * N]");
+  TORCH_CHECK_VALUE(tree_mask.dim() == 1 && tree_mask.is_contiguous() && tree_mask.device().is_cpu(), op,
+                    ": tree_mask: expected a contiguous 1-D CPU tensor");
+  const IntIn sel(top_scores_index), plist(parent_list), seq(seq_lens);
+  const int64_t P = parent_list.size(1);
+
+  std::vector<int64_t> parent(N), depth(N), first(N), cur(N);
+  std::vector<uint8_t> linked(N);
+  // anc[(b * N + i) * N + j]: j is i or an ancestor of i (the root included).
+  std::vector<uint8_t> anc(B * N * N, 0);
+  const IntOut ri = int_out(retrieve_index), nt = int_out(retrieve_next_token), ns = int_out(retrieve_next_sibling);
+  const IntOut pos = int_out(positions);
+  const int64_t r0 = retrieve_index.stride(0), r1 = retrieve_index.stride(1);
+  const int64_t t0 = retrieve_next_token.stride(0), t1 = retrieve_next_token.stride(1);
+  const int64_t s0 = retrieve_next_sibling.stride(0), s1 = retrieve_next_sibling.stride(1);
+  const int64_t ps = positions.stride(0);
+  for (int64_t b = 0; b < B; ++b) {
+    bool sorted = true;
+    for (int64_t j = 1; j < M; ++j) sorted &= sel[b * M + j - 1] <= sel[b * M + j];
+    parent[0] = -1;
+    linked[0] = 1;
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t s = sel[b * M + j];
+      const int64_t tb = s >= 0 ? s / topk : -((-s + topk - 1) / topk);  // floor division
+      if (tb == 0) {
+        parent[j + 1] = 0;
+        linked[j + 1] = 1;
+        continue;
+      }
+      const int64_t want = P > 0 ? plist[b * P + std::clamp<int64_t>(tb, 0, P - 1)] : -1;
+      int64_t q = -1;
+      if (sorted) {
+        int64_t lo = 0, hi = M;  // the first position holding `want`
+        while (lo < hi) {
+          const int64_t mid = (lo + hi) / 2;
+          if (sel[b * M + mid] < want) lo = mid + 1; else hi = mid;
+        }
+        if (lo < M && sel[b * M + lo] == want) q = lo;
+      } else {
+        for (int64_t x = 0; x < M && q < 0; ++x) if (sel[b * M + x] == want) q = x;
+      }
+      parent[j + 1] = q >= 0 ? q + 1 : 0;
+      linked[j + 1] = q >= 0;
+    }
+    uint8_t* anc_b = anc.data() + b * N * N;
+    for (int64_t i = 0; i < N; ++i) {
+      int64_t c = i, d = 0;
+      anc_b[i * N] = 1;
+      for (int64_t step = 0; step < spec_steps; ++step) {
+        if (c > 0) {
+          anc_b[i * N + c] = 1;
+          ++d;
+        }
+        c = parent[c] >= 0 ? parent[c] : 0;
+      }
+      depth[i] = d;
+      ri.set(b * r0 + i * r1, b * N + i);
+      pos.set((b * N + i) * ps, seq[b] + d);
+    }
+    // Links, children in decreasing index: each child's next sibling is the one placed before it.
+    std::fill(first.begin(), first.end(), -1);
+    for (int64_t c = N - 1; c >= 1; --c) {
+      const int64_t p = parent[c];
+      if (!linked[c] || p < 0 || p >= N) {
+        ns.set(b * s0 + c * s1, -1);
+        continue;
+      }
+      ns.set(b * s0 + c * s1, first[p]);
+      first[p] = c;
+    }
+    ns.set(b * s0, -1);
+    for (int64_t u = 0; u < N; ++u) nt.set(b * t0 + u * t1, first[u]);
+  }
+
+  const at::Tensor anc_t = at::from_blob(anc.data(), {B * N * N}, at::TensorOptions().dtype(at::kBool));
+  if (tree_mask_mode == 1) {  // QLEN_ONLY: [B, N, N]
+    TORCH_CHECK_VALUE(tree_mask.numel() >= B * N * N, op, ": tree_mask: expected at least ", B * N * N,
+                      " entries, got ", tree_mask.numel());
+    tree_mask.narrow(0, 0, B * N * N).copy_(anc_t);
+  } else if (tree_mask_mode == 2) {  // QLEN_ONLY_BITPACKING: N bits per row in 1, 2 or 4 bytes
+    TORCH_CHECK_VALUE(N <= 32, op, ": tree_mask_mode QLEN_ONLY_BITPACKING: needs num_verify_tokens <= 32, got ", N);
+    const int64_t width = N > 16 ? 4 : (N > 8 ? 2 : 1);
+    const at::Tensor raw = tree_mask.view(at::kByte);
+    TORCH_CHECK_VALUE(raw.numel() >= B * N * width, op, ": tree_mask: expected at least ", B * N * width,
+                      " bytes, got ", raw.numel());
+    uint8_t* out = raw.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < B * N; ++r) {
+      uint32_t word = 0;
+      for (int64_t j = 0; j < N; ++j) word |= static_cast<uint32_t>(anc[r * N + j]) << j;
+      for (int64_t k = 0; k < width; ++k) out[r * width + k] = static_cast<uint8_t>(word >> (8 * k));
+    }
+  } else {  // FULL_MASK: request b's rows follow the requests before it, N * (seq_len + N) entries each
+    int64_t prefix = 0;
+    std::vector<int64_t> index(B * N * N);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t L = seq[b];
+      for (int64_t i = 0; i < N; ++i) {
+        const int64_t start = N * N * b + prefix * N + i * (L + N) + L;
+        for (int64_t j = 0; j < N; ++j) index[(b * N + i) * N + j] = start + j;
+      }
+      prefix += L;
+    }
+    const int64_t last = B > 0 ? index.back() : -1;
+    TORCH_CHECK_VALUE(last < tree_mask.numel(), op, ": tree_mask: expected at least ", last + 1, " entries, got ",
+                      tree_mask.numel());
+    const at::Tensor index_t = at::from_blob(index.data(), {B * N * N}, at::TensorOptions().dtype(at::kLong));
+    tree_mask.index_put_({index_t}, anc_t.to(tree_mask.scalar_type()));
+  }
+}
+
 // vLLM's V1 rejection sampler on chains, as eagle_kernels/integrations/vllm.py full_chains
 // computes it for a batch of full chains: the L drafts of a chain are verified against its L rows
 // of target_logits, read in place as verify's [G, L, V] logits; the chain is the root and the
@@ -647,6 +793,10 @@ at::Tensor vllm_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& 
 
 TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
   m.def(
+      "sglang_build_tree(Tensor parent_list, Tensor top_scores_index, Tensor seq_lens, Tensor(a!) tree_mask, "
+      "Tensor(b!) positions, Tensor(c!) retrieve_index, Tensor(d!) retrieve_next_token, "
+      "Tensor(e!) retrieve_next_sibling, int topk, int spec_steps, int num_verify_tokens, int tree_mask_mode) -> ()");
+  m.def(
       "sglang_verify_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
       "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
       "Tensor target_predict) -> ()");
@@ -668,6 +818,7 @@ TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
+  m.impl("sglang_build_tree", &eagle::sglang_build_tree_cpu);
   m.impl("sglang_verify_greedy", &eagle::sglang_verify_greedy_cpu);
   m.impl("sglang_greedy_verify_inputs", &eagle::sglang_greedy_verify_inputs_cpu);
   m.impl("sglang_tree_sampling", &eagle::sglang_tree_sampling_cpu);
