@@ -173,11 +173,12 @@ struct Trees {
   }
 };
 
-// SGLang's outputs from verify's (order[b * M + k]: SGLang's node at verify index k of request b): accept_index holds the flat row (retrieve_index) of each
-// accepted node, predicts[row] the token that follows that node, accept_token_num the count.
+// SGLang's outputs from verify's (order[b * M + k]: SGLang's node at verify index k of request b): accept_index holds
+// the flat row (retrieve_index) of each accepted node, predicts[row] the token that follows that node, accept_token_num
+// the count.
 void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tensor& accept_index,
-                   const at::Tensor& accept_token_num, const int64_t* order, int64_t M,
-                   const at::Tensor& accept_len, const at::Tensor& accept_nodes, const int64_t* emitted) {
+                   const at::Tensor& accept_token_num, const int64_t* order, int64_t M, const at::Tensor& accept_len,
+                   const at::Tensor& accept_nodes, const int64_t* emitted) {
   const int64_t B = a.B, N = a.N, S = a.S;
   const IntOut pred = int_out(predicts), index = int_out(accept_index), count = int_out(accept_token_num);
   const int64_t ps = predicts.stride(0), is0 = accept_index.stride(0), is1 = accept_index.stride(1);
@@ -294,7 +295,6 @@ GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_dep
   }
   for (int64_t b = 0; b < B; ++b) {
     const int64_t m = w.count[b];
-    const int64_t* nd = w.node.data() + b * N;
     const int32_t* pr = w.par.data() + b * N;
     const int32_t* nx = w.next.data() + b * N;
     for (int64_t k = 0; k < m; ++k) {
@@ -540,8 +540,8 @@ void sglang_build_tree_cpu(const at::Tensor& parent_list, const at::Tensor& top_
                            int64_t num_verify_tokens, int64_t tree_mask_mode) {
   const char* op = "sglang_build_tree";
   const int64_t N = num_verify_tokens;
-  TORCH_CHECK_VALUE(topk > 0 && spec_steps > 0 && N > 0, op, ": topk, spec_steps, num_verify_tokens: expected > 0, got ",
-                    topk, ", ", spec_steps, ", ", N);
+  TORCH_CHECK_VALUE(topk > 0 && spec_steps > 0 && N > 0, op,
+                    ": topk, spec_steps, num_verify_tokens: expected > 0, got ", topk, ", ", spec_steps, ", ", N);
   TORCH_CHECK_VALUE(tree_mask_mode >= 0 && tree_mask_mode <= 2, op, ": tree_mask_mode: unknown mode ", tree_mask_mode);
   check_index_tensor(seq_lens, op, "seq_lens");
   check_dim(seq_lens, op, "seq_lens", 1, "[B]");
@@ -565,7 +565,7 @@ void sglang_build_tree_cpu(const at::Tensor& parent_list, const at::Tensor& top_
   const IntIn sel(top_scores_index), plist(parent_list), seq(seq_lens);
   const int64_t P = parent_list.size(1);
 
-  std::vector<int64_t> parent(N), depth(N), first(N), cur(N);
+  std::vector<int64_t> parent(N), first(N);
   std::vector<uint8_t> linked(N);
   // anc[(b * N + i) * N + j]: j is i or an ancestor of i (the root included).
   std::vector<uint8_t> anc(B * N * N, 0);
@@ -594,11 +594,17 @@ void sglang_build_tree_cpu(const at::Tensor& parent_list, const at::Tensor& top_
         int64_t lo = 0, hi = M;  // the first position holding `want`
         while (lo < hi) {
           const int64_t mid = (lo + hi) / 2;
-          if (sel[b * M + mid] < want) lo = mid + 1; else hi = mid;
+          if (sel[b * M + mid] < want) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
         }
         if (lo < M && sel[b * M + lo] == want) q = lo;
       } else {
-        for (int64_t x = 0; x < M && q < 0; ++x) if (sel[b * M + x] == want) q = x;
+        for (int64_t x = 0; x < M && q < 0; ++x) {
+          if (sel[b * M + x] == want) q = x;
+        }
       }
       parent[j + 1] = q >= 0 ? q + 1 : 0;
       linked[j + 1] = q >= 0;
@@ -614,7 +620,6 @@ void sglang_build_tree_cpu(const at::Tensor& parent_list, const at::Tensor& top_
         }
         c = parent[c] >= 0 ? parent[c] : 0;
       }
-      depth[i] = d;
       ri.set(b * r0 + i * r1, b * N + i);
       pos.set((b * N + i) * ps, seq[b] + d);
     }

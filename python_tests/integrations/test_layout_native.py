@@ -114,7 +114,8 @@ def test_native_build_tree_runs_natively(monkeypatch):
     mask = torch.zeros(16, dtype=torch.bool)
     plugin.build_tree(torch.tensor([[-1, 0]]), torch.tensor([[0, 1, 2]]), torch.tensor([5]), mask, pos, ret[0],
                       ret[1], ret[2], 2, 2, 4, 1)
-    assert pos.tolist() == [5, 6, 6, 7] and ret[1, 0].tolist() == [1, 3, -1, -1] and ret[2, 0].tolist() == [-1, 2, -1, -1]
+    assert pos.tolist() == [5, 6, 6, 7]
+    assert ret[1, 0].tolist() == [1, 3, -1, -1] and ret[2, 0].tolist() == [-1, 2, -1, -1]
 
 
 @pytest.mark.parametrize("shuffled", [False, True], ids=["sglang_order", "shuffled"])
