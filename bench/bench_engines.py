@@ -10,8 +10,9 @@ as a share of the wrapped call. On CPU the adapters' conversions are native ops
 (csrc/cpu/engine_layout.cpp) that call our ``verify`` kernel in C++; our op alone is that kernel
 (``torch.ops.eagle_kernels.verify``) on the inputs they give it (recorded from the tensor path,
 which the tests keep identical, or made by ``sglang_greedy_verify_inputs``). The
-adapters' tensor path (what runs on GPU, capturable in a CUDA graph) is timed on CPU as well. The
-engines' own kernels are timed where they run on CPU: SGLang's tree kernels and vLLM's rejection
+adapters' tensor path (what runs on GPU, capturable in a CUDA graph) is timed on CPU as well. SGLang's
+tree build is a conversion only (no op of ours inside): its row gives the native op and the tensor
+path. The engines' own kernels are timed where they run on CPU: SGLang's tree kernels and vLLM's rejection
 sampler are Triton kernels, here under the Triton interpreter, which runs them at Python speed
 and is no speed reference (SGLang's CPU kernels live in sgl_kernel, a source build not on the
 package index), so they are timed at the smallest shape only. Minimum over repeated calls (the
@@ -148,12 +149,13 @@ def main():
         ret = torch.full((3, bs, n), -1, dtype=torch.long)
         pos = torch.empty(bs * n, dtype=torch.long)
         build_args = (parent_list, top_index, seq_lens, mask, pos, ret[0], ret[1], ret[2], topk, depth, n, 1)
-        ours_build = best_us(lambda: sg.build_tree(*build_args))
+        ours_build = best_us(lambda: sg.build_tree(*build_args))  # native on CPU
+        tensors_build = best_us(lambda: sg.build_tree_tensors(*build_args))
         small = bs == 1
         sgl_build = (best_us(lambda: spec_tree.sgl_build_tree_kernel_triton(*build_args), repeats=3, warmup=1)
                      if small else None)
         rows.append(("sglang build_tree (QLEN_ONLY)", f"bs={bs} topk={topk} depth={depth} N={n}", ours_build, None,
-                     None, sgl_build))
+                     tensors_build, sgl_build))
         sg.build_tree(*build_args)
         cand = torch.randint(0, 3, (bs, n), generator=gen)
         target = torch.randint(0, 3, (bs, n), generator=gen)
@@ -161,8 +163,8 @@ def main():
                 torch.empty(bs, dtype=torch.int32))
         greedy_args = (*outs, cand, ret[0], ret[1], ret[2], target)
         tensors = best_us(lambda: sg.verify_greedy_tensors(*greedy_args))
-        # verify alone on the native conversion's own inputs (compact one-hot rows).
-        tok, par, lg, _ = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(cand, ret[1], ret[2], target)
+        # verify alone on the native conversion's own inputs (the nodes the walk looks at, 3 classes).
+        tok, par, lg, _ = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(cand, ret[1], ret[2], target, depth)
         total, alone = best_pair_us(lambda: sg.verify_greedy(*greedy_args),
                                     lambda: torch.ops.eagle_kernels.verify(tok, par, lg, max_depth=depth), 300)
         sgl = (best_us(lambda: spec_tree.verify_tree_greedy_triton(*greedy_args), repeats=3, warmup=1)

@@ -67,6 +67,11 @@ LAYER_OPS = tuple(LAYER_SCHEMAS)
 # (csrc/cpu/engine_layout.cpp, which defines them; not public ops: without the extension, and on
 # other devices, the adapters run their tensor path).
 ENGINE_SCHEMAS = {
+    "sglang_build_tree": (
+        "sglang_build_tree(Tensor parent_list, Tensor top_scores_index, Tensor seq_lens, Tensor(a!) tree_mask, "
+        "Tensor(b!) positions, Tensor(c!) retrieve_index, Tensor(d!) retrieve_next_token, "
+        "Tensor(e!) retrieve_next_sibling, int topk, int spec_steps, int num_verify_tokens, int tree_mask_mode) -> ()"
+    ),
     "sglang_verify_greedy": (
         "sglang_verify_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
         "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
@@ -74,7 +79,7 @@ ENGINE_SCHEMAS = {
     ),
     "sglang_greedy_verify_inputs": (
         "sglang_greedy_verify_inputs(Tensor candidates, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
-        "Tensor target_predict) -> (Tensor, Tensor, Tensor, Tensor)"
+        "Tensor target_predict, int max_depth=-1) -> (Tensor, Tensor, Tensor, Tensor)"
     ),
     "sglang_tree_sampling": (
         "sglang_tree_sampling(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "

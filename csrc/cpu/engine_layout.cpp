@@ -15,6 +15,8 @@
 // their tensor path on other devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/zeros.h>
@@ -41,6 +43,18 @@ void check_index_tensor(const at::Tensor& t, const char* op, const char* name) {
 
 at::Tensor as_long(const at::Tensor& t) {
   return t.scalar_type() == at::kLong ? t.contiguous() : t.to(at::kLong).contiguous();
+}
+
+// Our verify kernel: every call of this file goes through here.
+VerifyTensors run_verify(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& logits,
+                         int64_t max_depth, const std::optional<at::Tensor>& temperature = std::nullopt,
+                         const std::optional<at::Tensor>& top_k = std::nullopt,
+                         const std::optional<at::Tensor>& top_p = std::nullopt,
+                         const std::optional<at::Tensor>& seed = std::nullopt,
+                         const std::optional<at::Tensor>& offset = std::nullopt) {
+  // The engines' drafts are deterministic: no draft distributions.
+  return verify_cpu(tokens, parents, logits, max_depth, temperature, top_k, top_p, seed, offset, std::nullopt,
+                    std::nullopt, std::nullopt);
 }
 
 // Writes int values into an int32 / int64 tensor at a flat element offset (strided tensors).
@@ -161,10 +175,11 @@ struct Trees {
   }
 };
 
-// SGLang's outputs from verify's: accept_index holds the flat row (retrieve_index) of each
-// accepted node, predicts[row] the token that follows that node, accept_token_num the count.
+// SGLang's outputs from verify's (order[b * M + k]: SGLang's node at verify index k of request b): accept_index holds
+// the flat row (retrieve_index) of each accepted node, predicts[row] the token that follows that node, accept_token_num
+// the count.
 void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tensor& accept_index,
-                   const at::Tensor& accept_token_num, const std::vector<int64_t>& order, const at::Tensor& accept_len,
+                   const at::Tensor& accept_token_num, const int64_t* order, int64_t M, const at::Tensor& accept_len,
                    const at::Tensor& accept_nodes, const int64_t* emitted) {
   const int64_t B = a.B, N = a.N, S = a.S;
   const IntOut pred = int_out(predicts), index = int_out(accept_index), count = int_out(accept_token_num);
@@ -180,7 +195,7 @@ void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tens
         index.set(b * is0 + k * is1, -1);
         continue;
       }
-      const int64_t row = ri[b * N + order[b * N + node]];
+      const int64_t row = ri[b * N + order[b * M + node]];
       index.set(b * is0 + k * is1, row);
       pred.set(row * ps, emitted[b * S + k]);
     }
@@ -188,51 +203,112 @@ void write_results(const LinkArgs& a, const at::Tensor& predicts, const at::Tens
   }
 }
 
-// verify's inputs for SGLang's greedy walk. Each node's token is its place in its parent's
-// sibling chain (siblings have distinct places) and each row is one-hot at the place of the
-// child SGLang's walk takes (the first in sibling order whose draft is the target's token), or at
-// R (none; R = the longest sibling chain) when no child matches; nodes no link reaches get token
-// R + 1, which no row selects. So verify's greedy walk is SGLang's for any sibling order, over
-// R + 2 <= N + 1 classes.
-struct GreedyInputs {
-  at::Tensor tokens, parents, logits;
-  std::vector<int64_t> order;  // [B * N]: the node at verify index k of request b
+// verify's inputs for SGLang's greedy walk, over the nodes that walk looks at only: the root, and
+// the children of each node it accepts (SGLang's kernel looks at no other node; one-hot rows for
+// every node made the conversion ~60% of the call at bs 32 N 64). The walk is made here from the
+// links, as SGLang's kernel walks them: from the root, at most `max_depth` times, the first child
+// in sibling order whose draft is the target's token at the current node. In verify's inputs over
+// 3 classes, the child the walk takes has token 1, every other node token 0, and each row is
+// one-hot at 1 (go on to the child with token 1) or at 2 (stop: no child has it); padding nodes
+// (requests that looked at fewer nodes) are leaves under the root with token 0, which no row
+// selects. So verify's greedy walk is SGLang's for any sibling order, and the nodes keep parents
+// before children. A node the walk already looked at ends a chain, so malformed (cyclic) links
+// terminate.
+// Per-thread scratch of the walk, reused between calls (no allocation per call once warm).
+struct WalkScratch {
+  std::vector<int64_t> node, count, emitted;
+  std::vector<int32_t> par, next;
+  std::vector<uint32_t> seen;  // the walk's stamp on the nodes it looked at
+  uint32_t stamp = 0;
 };
 
-GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp) {
+struct GreedyInputs {
+  at::Tensor tokens, parents, logits;
+  int64_t M = 1;   // verify's nodes per request
+  WalkScratch* w;  // w->node[b * N + k]: SGLang's node at verify index k < w->count[b] of request b
+};
+
+GreedyInputs greedy_inputs(const LinkArgs& a, const int64_t* tp, int64_t max_depth) {
+  constexpr int64_t V = 3;
   const int64_t B = a.B, N = a.N;
   const int64_t* cand = a.cand.data_ptr<int64_t>();
-  Trees t(a.next_token.data_ptr<int64_t>(), a.next_sibling.data_ptr<int64_t>(), B, N);
-  // choice[u]: the node SGLang's walk takes from u, -1 for none.
-  std::vector<int64_t> choice(B * N, -1);
-  int64_t R = 1;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t c = b * N + 1; c < (b + 1) * N; ++c) {
-      const int64_t u = t.parent[c];
-      if (u < 0) continue;
-      R = std::max(R, t.rank[c] + 1);
-      int64_t& ch = choice[b * N + u];
-      if (cand[c] == tp[b * N + u] && (ch < 0 || t.rank[c] < t.rank[ch])) ch = c;
-    }
+  const int64_t* nt = a.next_token.data_ptr<int64_t>();
+  const int64_t* ns = a.next_sibling.data_ptr<int64_t>();
+  // Per request, by verify index: SGLang's node, its verify parent, and the verify index of the
+  // child its row selects (-1: the walk stops there).
+  thread_local WalkScratch w;
+  w.node.resize(B * N);
+  w.par.resize(B * N);
+  w.next.resize(B * N);
+  w.count.resize(B);
+  if (static_cast<int64_t>(w.seen.size()) < N || w.stamp > (1u << 31)) {
+    w.seen.assign(std::max<size_t>(N, w.seen.size()), 0);
+    w.stamp = 0;
   }
-  const int64_t V = R + 2;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t* nd = w.node.data() + b * N;
+    int32_t* pr = w.par.data() + b * N;
+    int32_t* nx = w.next.data() + b * N;
+    const int64_t* cand_b = cand + b * N;
+    const int64_t* nt_b = nt + b * N;
+    const int64_t* ns_b = ns + b * N;
+    const uint32_t stamp = ++w.stamp;
+    uint32_t* seen = w.seen.data();
+    seen[0] = stamp;
+    nd[0] = 0;
+    pr[0] = -1;
+    nx[0] = -1;
+    int64_t m = 1;
+    for (int64_t k = 0, depth = 0; depth < max_depth; ++depth) {  // k: verify index of the current node
+      const int64_t want = tp[b * N + nd[k]];
+      int32_t go = -1;
+      for (int64_t c = nt_b[nd[k]]; c > 0 && c < N && seen[c] != stamp; c = ns_b[c]) {
+        seen[c] = stamp;
+        nd[m] = c;
+        pr[m] = static_cast<int32_t>(k);
+        nx[m] = -1;
+        if (go < 0 && cand_b[c] == want) go = static_cast<int32_t>(m);
+        ++m;
+      }
+      nx[k] = go;
+      if (go < 0) break;
+      k = go;
+    }
+    w.count[b] = m;
+  }
+  int64_t M = 1;
+  for (int64_t b = 0; b < B; ++b) M = std::max(M, w.count[b]);
   const auto long_opts = a.cand.options().dtype(at::kLong);
   GreedyInputs in;
-  in.tokens = at::empty({B, N}, long_opts);
-  in.parents = at::empty({B, N}, long_opts.dtype(at::kInt));
-  in.logits = at::zeros({B, N, V}, long_opts.dtype(at::kFloat));
+  in.M = M;
+  in.tokens = at::empty({B, M}, long_opts);
+  in.parents = at::empty({B, M}, long_opts.dtype(at::kInt));
+  in.logits = at::empty({B, M, V}, long_opts.dtype(at::kFloat));
+  in.w = &w;
   int64_t* tok = in.tokens.data_ptr<int64_t>();
+  int32_t* vp = in.parents.data_ptr<int32_t>();
   float* lg = in.logits.data_ptr<float>();
-  std::copy(t.new_parent.begin(), t.new_parent.end(), in.parents.data_ptr<int32_t>());
+  std::fill(tok, tok + B * M, 0);
+  std::fill(vp, vp + B * M, 0);  // padding: leaves under the root with token 0 that stop
+  for (int64_t i = 0; i < B * M; ++i) {
+    lg[i * V] = 0.0f;
+    lg[i * V + 1] = 0.0f;
+    lg[i * V + 2] = 1.0f;
+  }
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t k = 0; k < N; ++k) {
-      const int64_t node = t.order[b * N + k], i = b * N + node;
-      tok[b * N + k] = node == 0 ? 0 : (t.parent[i] >= 0 ? t.rank[i] : R + 1);
-      const int64_t c = choice[i];
-      lg[(b * N + k) * V + (c >= 0 ? t.rank[c] : R)] = 1.0f;
+    const int64_t m = w.count[b];
+    const int32_t* pr = w.par.data() + b * N;
+    const int32_t* nx = w.next.data() + b * N;
+    for (int64_t k = 0; k < m; ++k) {
+      vp[b * M + k] = pr[k];
+      if (nx[k] >= 0) {
+        tok[b * M + nx[k]] = 1;
+        float* row = lg + (b * M + k) * V;
+        row[1] = 1.0f;
+        row[2] = 0.0f;
+      }
     }
   }
-  in.order = std::move(t.order);
   return in;
 }
 
@@ -258,28 +334,29 @@ void sglang_verify_greedy_cpu(const at::Tensor& predicts, const at::Tensor& acce
                                   retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict, &target);
   const int64_t B = a.B, N = a.N, S = a.S;
   const int64_t* tp = target.data_ptr<int64_t>();
-  const GreedyInputs in = greedy_inputs(a, tp);
-  const VerifyTensors out = verify_cpu(in.tokens, in.parents, in.logits, S - 1, std::nullopt, std::nullopt,
-                                       std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
-                                       std::nullopt);
+  const GreedyInputs in = greedy_inputs(a, tp, S - 1);
+  const VerifyTensors out = run_verify(in.tokens, in.parents, in.logits, S - 1);
   // The token that follows each accepted node is the target's prediction at that node.
-  std::vector<int64_t> emitted(B * S, 0);
+  const int64_t* order = in.w->node.data();
+  std::vector<int64_t>& emitted = in.w->emitted;
+  emitted.assign(B * S, 0);
   const int32_t* nodes = std::get<1>(out).data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t k = 0; k < S; ++k) {
       const int32_t node = nodes[b * S + k];
-      if (node >= 0) emitted[b * S + k] = tp[b * N + in.order[b * N + node]];
+      if (node >= 0) emitted[b * S + k] = tp[b * N + order[b * N + node]];
     }
   }
-  write_results(a, predicts, accept_index, accept_token_num, in.order, std::get<0>(out), std::get<1>(out),
+  write_results(a, predicts, accept_index, accept_token_num, order, N, std::get<0>(out), std::get<1>(out),
                 emitted.data());
 }
 
-// verify's inputs of sglang_verify_greedy, for tests and for timing verify alone on them:
-// (tokens int64 [B, N], parents int32 [B, N], logits float32 [B, N, R + 2], order int64 [B, N]).
+// verify's inputs of sglang_verify_greedy, for tests and for timing verify alone on them (the walk
+// at most max_depth deep, -1: unbounded): (tokens int64 [B, M], parents int32 [B, M], logits
+// float32 [B, M, 3], order int64 [B, M] with -1 for padding), M <= N the most nodes looked at.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_inputs_cpu(
     const at::Tensor& candidates, const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling,
-    const at::Tensor& target_predict) {
+    const at::Tensor& target_predict, int64_t max_depth) {
   const int64_t B = candidates.dim() == 2 ? candidates.size(0) : 0, N = candidates.dim() == 2 ? candidates.size(1) : 0;
   const at::Tensor predicts = at::empty({B * N}, candidates.options().dtype(at::kLong));
   const at::Tensor accept_index = at::empty({B, 1}, candidates.options().dtype(at::kLong));
@@ -288,9 +365,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sglang_greedy_verify_
   const LinkArgs a =
       check_greedy("sglang_greedy_verify_inputs", predicts, accept_index, accept_num, candidates, retrieve_next_token,
                    retrieve_next_token, retrieve_next_sibling, target_predict, &target);
-  GreedyInputs in = greedy_inputs(a, target.data_ptr<int64_t>());
-  at::Tensor order = at::empty({B, N}, candidates.options().dtype(at::kLong));
-  std::copy(in.order.begin(), in.order.end(), order.data_ptr<int64_t>());
+  GreedyInputs in = greedy_inputs(a, target.data_ptr<int64_t>(), max_depth >= 0 ? max_depth : N);
+  at::Tensor order = at::full({B, in.M}, -1, candidates.options().dtype(at::kLong));
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(in.w->node.data() + b * N, in.w->count[b], order.data_ptr<int64_t>() + b * in.M);
+  }
   return {in.tokens, in.parents, in.logits, order};
 }
 
@@ -416,13 +495,13 @@ void tree_sampling_impl(const char* op, const at::Tensor& predicts, const at::Te
     top_p = at::empty({B}, long_opts.dtype(at::kFloat));
     for (int64_t b = 0; b < B; ++b) top_p->data_ptr<float>()[b] = static_cast<float>(v.data_ptr<double>()[b * N]);
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset,
-                                       std::nullopt, std::nullopt, std::nullopt);
+  const VerifyTensors out = run_verify(tokens, parents, logits, S - 1, temperature, top_k, top_p, seed, offset);
   const at::Tensor& out_tokens = std::get<2>(out);
   std::vector<int64_t> emitted(B * S);
   const int64_t* ot = out_tokens.data_ptr<int64_t>();
   for (int64_t i = 0; i < B * S; ++i) emitted[i] = std::max<int64_t>(ot[i], 0);
-  write_results(a, predicts, accept_index, accept_token_num, order, std::get<0>(out), std::get<1>(out), emitted.data());
+  write_results(a, predicts, accept_index, accept_token_num, order.data(), N, std::get<0>(out), std::get<1>(out),
+                emitted.data());
 }
 
 void sglang_tree_sampling_cpu(const at::Tensor& predicts, const at::Tensor& accept_index,
@@ -445,6 +524,156 @@ void sglang_tree_sampling_logits_cpu(const at::Tensor& predicts, const at::Tenso
   tree_sampling_impl("sglang_tree_sampling_logits", predicts, accept_index, accept_token_num, candidates,
                      retrieve_index, retrieve_next_token, retrieve_next_sibling, uniform_samples,
                      uniform_samples_for_final_sampling, logits, true, temperatures, top_ks, top_ps);
+}
+
+// SGLang's tree build (build_tree_kernel_efficient_func: outputs written in place), as the adapter's
+// tensor path computes it (eagle_kernels/integrations/sglang.py build_tree with
+// _layout.tree_from_selection and _layout.first_child_next_sibling): node j + 1 of request b is
+// the selected candidate top_scores_index[b, j]; its parent is the node of the first selected
+// position holding candidate parent_list[b, s // topk] (the root when s // topk == 0); a node whose
+// parent candidate was not selected is left out of the links and masked as a child of the root.
+// Ancestors and depths by walking each node up at most spec_steps levels; links: the first child
+// is the smallest child index, siblings follow in increasing index. The adapter has checked the
+// arguments (a failed check falls back to SGLang's own kernel); these checks name the tensor.
+void sglang_build_tree_cpu(const at::Tensor& parent_list, const at::Tensor& top_scores_index,
+                           const at::Tensor& seq_lens, const at::Tensor& tree_mask, const at::Tensor& positions,
+                           const at::Tensor& retrieve_index, const at::Tensor& retrieve_next_token,
+                           const at::Tensor& retrieve_next_sibling, int64_t topk, int64_t spec_steps,
+                           int64_t num_verify_tokens, int64_t tree_mask_mode) {
+  const char* op = "sglang_build_tree";
+  const int64_t N = num_verify_tokens;
+  TORCH_CHECK_VALUE(topk > 0 && spec_steps > 0 && N > 0, op,
+                    ": topk, spec_steps, num_verify_tokens: expected > 0, got ", topk, ", ", spec_steps, ", ", N);
+  TORCH_CHECK_VALUE(tree_mask_mode >= 0 && tree_mask_mode <= 2, op, ": tree_mask_mode: unknown mode ", tree_mask_mode);
+  check_index_tensor(seq_lens, op, "seq_lens");
+  check_dim(seq_lens, op, "seq_lens", 1, "[B]");
+  const int64_t B = seq_lens.size(0), M = N - 1;
+  check_index_tensor(top_scores_index, op, "top_scores_index");
+  check_shape(top_scores_index, op, "top_scores_index", {B, M}, "[B, N - 1]");
+  check_index_tensor(parent_list, op, "parent_list");
+  check_dim(parent_list, op, "parent_list", 2, "[B, P]");
+  TORCH_CHECK_VALUE(parent_list.size(0) == B, op, ": parent_list: expected ", B, " rows, got shape ",
+                    shape_str(parent_list.sizes()));
+  const char* names[3] = {"retrieve_index", "retrieve_next_token", "retrieve_next_sibling"};
+  const at::Tensor* links[3] = {&retrieve_index, &retrieve_next_token, &retrieve_next_sibling};
+  for (int i = 0; i < 3; ++i) {
+    check_index_tensor(*links[i], op, names[i]);
+    check_shape(*links[i], op, names[i], {B, N}, "[B, N]");
+  }
+  check_index_tensor(positions, op, "positions");
+  check_shape(positions, op, "positions", {B * N}, "[B * N]");
+  TORCH_CHECK_VALUE(tree_mask.dim() == 1 && tree_mask.is_contiguous() && tree_mask.device().is_cpu(), op,
+                    ": tree_mask: expected a contiguous 1-D CPU tensor");
+  const IntIn sel(top_scores_index), plist(parent_list), seq(seq_lens);
+  const int64_t P = parent_list.size(1);
+
+  std::vector<int64_t> parent(N), first(N);
+  std::vector<uint8_t> linked(N);
+  // anc[(b * N + i) * N + j]: j is i or an ancestor of i (the root included).
+  std::vector<uint8_t> anc(B * N * N, 0);
+  const IntOut ri = int_out(retrieve_index), nt = int_out(retrieve_next_token), ns = int_out(retrieve_next_sibling);
+  const IntOut pos = int_out(positions);
+  const int64_t r0 = retrieve_index.stride(0), r1 = retrieve_index.stride(1);
+  const int64_t t0 = retrieve_next_token.stride(0), t1 = retrieve_next_token.stride(1);
+  const int64_t s0 = retrieve_next_sibling.stride(0), s1 = retrieve_next_sibling.stride(1);
+  const int64_t ps = positions.stride(0);
+  for (int64_t b = 0; b < B; ++b) {
+    bool sorted = true;
+    for (int64_t j = 1; j < M; ++j) sorted &= sel[b * M + j - 1] <= sel[b * M + j];
+    parent[0] = -1;
+    linked[0] = 1;
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t s = sel[b * M + j];
+      const int64_t tb = s >= 0 ? s / topk : -((-s + topk - 1) / topk);  // floor division
+      if (tb == 0) {
+        parent[j + 1] = 0;
+        linked[j + 1] = 1;
+        continue;
+      }
+      const int64_t want = P > 0 ? plist[b * P + std::clamp<int64_t>(tb, 0, P - 1)] : -1;
+      int64_t q = -1;
+      if (sorted) {
+        int64_t lo = 0, hi = M;  // the first position holding `want`
+        while (lo < hi) {
+          const int64_t mid = (lo + hi) / 2;
+          if (sel[b * M + mid] < want) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
+        }
+        if (lo < M && sel[b * M + lo] == want) q = lo;
+      } else {
+        for (int64_t x = 0; x < M && q < 0; ++x) {
+          if (sel[b * M + x] == want) q = x;
+        }
+      }
+      parent[j + 1] = q >= 0 ? q + 1 : 0;
+      linked[j + 1] = q >= 0;
+    }
+    uint8_t* anc_b = anc.data() + b * N * N;
+    for (int64_t i = 0; i < N; ++i) {
+      int64_t c = i, d = 0;
+      anc_b[i * N] = 1;
+      for (int64_t step = 0; step < spec_steps; ++step) {
+        if (c > 0) {
+          anc_b[i * N + c] = 1;
+          ++d;
+        }
+        c = parent[c] >= 0 ? parent[c] : 0;
+      }
+      ri.set(b * r0 + i * r1, b * N + i);
+      pos.set((b * N + i) * ps, seq[b] + d);
+    }
+    // Links, children in decreasing index: each child's next sibling is the one placed before it.
+    std::fill(first.begin(), first.end(), -1);
+    for (int64_t c = N - 1; c >= 1; --c) {
+      const int64_t p = parent[c];
+      if (!linked[c] || p < 0 || p >= N) {
+        ns.set(b * s0 + c * s1, -1);
+        continue;
+      }
+      ns.set(b * s0 + c * s1, first[p]);
+      first[p] = c;
+    }
+    ns.set(b * s0, -1);
+    for (int64_t u = 0; u < N; ++u) nt.set(b * t0 + u * t1, first[u]);
+  }
+
+  const at::Tensor anc_t = at::from_blob(anc.data(), {B * N * N}, at::TensorOptions().dtype(at::kBool));
+  if (tree_mask_mode == 1) {  // QLEN_ONLY: [B, N, N]
+    TORCH_CHECK_VALUE(tree_mask.numel() >= B * N * N, op, ": tree_mask: expected at least ", B * N * N,
+                      " entries, got ", tree_mask.numel());
+    tree_mask.narrow(0, 0, B * N * N).copy_(anc_t);
+  } else if (tree_mask_mode == 2) {  // QLEN_ONLY_BITPACKING: N bits per row in 1, 2 or 4 bytes
+    TORCH_CHECK_VALUE(N <= 32, op, ": tree_mask_mode QLEN_ONLY_BITPACKING: needs num_verify_tokens <= 32, got ", N);
+    const int64_t width = N > 16 ? 4 : (N > 8 ? 2 : 1);
+    const at::Tensor raw = tree_mask.view(at::kByte);
+    TORCH_CHECK_VALUE(raw.numel() >= B * N * width, op, ": tree_mask: expected at least ", B * N * width,
+                      " bytes, got ", raw.numel());
+    uint8_t* out = raw.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < B * N; ++r) {
+      uint32_t word = 0;
+      for (int64_t j = 0; j < N; ++j) word |= static_cast<uint32_t>(anc[r * N + j]) << j;
+      for (int64_t k = 0; k < width; ++k) out[r * width + k] = static_cast<uint8_t>(word >> (8 * k));
+    }
+  } else {  // FULL_MASK: request b's rows follow the requests before it, N * (seq_len + N) entries each
+    int64_t prefix = 0;
+    std::vector<int64_t> index(B * N * N);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t L = seq[b];
+      for (int64_t i = 0; i < N; ++i) {
+        const int64_t start = N * N * b + prefix * N + i * (L + N) + L;
+        for (int64_t j = 0; j < N; ++j) index[(b * N + i) * N + j] = start + j;
+      }
+      prefix += L;
+    }
+    const int64_t last = B > 0 ? index.back() : -1;
+    TORCH_CHECK_VALUE(last < tree_mask.numel(), op, ": tree_mask: expected at least ", last + 1, " entries, got ",
+                      tree_mask.numel());
+    const at::Tensor index_t = at::from_blob(index.data(), {B * N * N}, at::TensorOptions().dtype(at::kLong));
+    tree_mask.index_put_({index_t}, anc_t.to(tree_mask.scalar_type()));
+  }
 }
 
 // vLLM's V1 rejection sampler on chains, as eagle_kernels/integrations/vllm.py full_chains
@@ -494,8 +723,7 @@ void verify_chains(const ChainArgs& c, const at::Tensor& logits, int64_t b0, int
       std::memcpy(offset->data_ptr<int64_t>() + g, c.uniform + start + L - 1, sizeof(int64_t));
     }
   }
-  const VerifyTensors out = verify_cpu(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset,
-                                       std::nullopt, std::nullopt, std::nullopt);
+  const VerifyTensors out = run_verify(tokens, parents, logits, L - 1, temp, std::nullopt, std::nullopt, seed, offset);
   const int32_t* len = std::get<0>(out).data_ptr<int32_t>();
   const int64_t* ot = std::get<2>(out).data_ptr<int64_t>();
   for (int64_t g = 0; g < G; ++g) {
@@ -572,12 +800,16 @@ at::Tensor vllm_chains_cpu(const at::Tensor& draft_token_ids, const at::Tensor& 
 
 TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
   m.def(
+      "sglang_build_tree(Tensor parent_list, Tensor top_scores_index, Tensor seq_lens, Tensor(a!) tree_mask, "
+      "Tensor(b!) positions, Tensor(c!) retrieve_index, Tensor(d!) retrieve_next_token, "
+      "Tensor(e!) retrieve_next_sibling, int topk, int spec_steps, int num_verify_tokens, int tree_mask_mode) -> ()");
+  m.def(
       "sglang_verify_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
       "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
       "Tensor target_predict) -> ()");
   m.def(
       "sglang_greedy_verify_inputs(Tensor candidates, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
-      "Tensor target_predict) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor target_predict, int max_depth=-1) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "sglang_tree_sampling_logits(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
       "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
@@ -593,6 +825,7 @@ TORCH_LIBRARY_FRAGMENT(eagle_kernels, m) {
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
+  m.impl("sglang_build_tree", &eagle::sglang_build_tree_cpu);
   m.impl("sglang_verify_greedy", &eagle::sglang_verify_greedy_cpu);
   m.impl("sglang_greedy_verify_inputs", &eagle::sglang_greedy_verify_inputs_cpu);
   m.impl("sglang_tree_sampling", &eagle::sglang_tree_sampling_cpu);

@@ -113,9 +113,23 @@ def _run_native(name: str, args) -> bool:
 # ------------------------------------------------------------------------------ build tree
 def build_tree(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index, retrieve_next_token,
                retrieve_next_sibling, topk, spec_steps, num_verify_tokens, tree_mask_mode):
-    """SGLang's ``build_tree_kernel_efficient_func`` (outputs written in place), computed by
-    :func:`._layout.tree_from_selection`. Raises :class:`OutsideContract` for inputs it does not
-    take."""
+    """SGLang's ``build_tree_kernel_efficient_func`` (outputs written in place): on CPU the native
+    op ``torch.ops.eagle_kernels.sglang_build_tree`` (csrc/cpu/engine_layout.cpp), elsewhere
+    :func:`build_tree_tensors`. Raises :class:`OutsideContract` for inputs it does not take."""
+    _build_tree(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index, retrieve_next_token,
+                retrieve_next_sibling, topk, spec_steps, num_verify_tokens, tree_mask_mode, native=True)
+
+
+def build_tree_tensors(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index,
+                       retrieve_next_token, retrieve_next_sibling, topk, spec_steps, num_verify_tokens, tree_mask_mode):
+    """:func:`build_tree` as tensor code (:func:`._layout.tree_from_selection`, capturable; any
+    device): the reference of the native CPU op ``torch.ops.eagle_kernels.sglang_build_tree``."""
+    _build_tree(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index, retrieve_next_token,
+                retrieve_next_sibling, topk, spec_steps, num_verify_tokens, tree_mask_mode, native=False)
+
+
+def _build_tree(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index, retrieve_next_token,
+                retrieve_next_sibling, topk, spec_steps, num_verify_tokens, tree_mask_mode, native):
     N = int(num_verify_tokens)
     mode = int(tree_mask_mode)
     _need(mode in (FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING), f"tree_mask_mode: unknown mode {tree_mask_mode!r}")
@@ -135,6 +149,12 @@ def build_tree(parent_list, top_scores_index, seq_lens, tree_mask, positions, re
     if mode == QLEN_ONLY_BITPACKING:
         _need(N <= 32, f"tree_mask_mode QLEN_ONLY_BITPACKING: needs num_verify_tokens <= 32, got {N}")
     device = seq_lens.device
+    outs = (parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index, retrieve_next_token,
+            retrieve_next_sibling)
+    if native and all(t.is_cpu for t in outs):
+        args = (*outs, int(topk), int(spec_steps), N, mode)
+        if _run_native("sglang_build_tree", args):
+            return
 
     parents, linked, depths, ancestors = _layout.tree_from_selection(parent_list, top_scores_index, int(topk),
                                                                      int(spec_steps))

@@ -68,6 +68,95 @@ def test_native_greedy_equals_tensor_path(bs, n, num_spec, shuffled, unlinked):
             assert torch.equal(a, b), (name, trial)
 
 
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["full_mask", "qlen_only", "qlen_only_bitpacking"])
+@pytest.mark.parametrize("bs,topk,depth,n", [(1, 1, 1, 2), (2, 4, 4, 8), (3, 8, 6, 32), (2, 8, 6, 64)])
+def test_native_build_tree_equals_tensor_path(bs, topk, depth, n, mode):
+    """SGLang's tree build, native (CPU) against the adapter's tensor path: random selections of
+    candidates (sorted and not), parent candidates selected or not (unlinked nodes), int32 and
+    int64 tensors, every mask mode over a pre-filled mask."""
+    if mode == 2 and n > 32:
+        pytest.skip("QLEN_ONLY_BITPACKING takes at most 32 nodes")
+    gen = torch.Generator().manual_seed(bs * 1000 + n + mode)
+    num_cand = topk + (depth - 1) * topk * topk
+    for trial in range(3):
+        sel = torch.stack([torch.randperm(num_cand, generator=gen)[: n - 1] for _ in range(bs)])
+        if trial != 1:
+            sel = sel.sort(-1).values  # SGLang's order; trial 1 unsorted
+        parent_list = torch.randint(-1, num_cand, (bs, 1 + (depth - 1) * topk), generator=gen)
+        parent_list[:, 0] = -1
+        # Most parent candidates among the selected ones, some not (no link reaches those nodes).
+        pick = sel.gather(1, torch.randint(0, n - 1, parent_list.shape, generator=gen))
+        parent_list[:, 1:] = torch.where(torch.rand(bs, parent_list.shape[1] - 1, generator=gen) < 0.8,
+                                         pick[:, 1:], parent_list[:, 1:])
+        seq_lens = torch.randint(1, 20, (bs,), generator=gen)
+        ints = (lambda t: t.int()) if trial == 2 else (lambda t: t)
+        if mode == 0:
+            size = int(n * n * bs + seq_lens.sum() * n)
+        else:
+            size = bs * n * n if mode == 1 else bs * n * (4 if n > 16 else 2 if n > 8 else 1) // 4 + 1
+        dtype = torch.int32 if mode == 2 else torch.bool
+        outs = []
+        for fn in (plugin.build_tree, plugin.build_tree_tensors):
+            mask = torch.randint(0, 2, (size,), generator=torch.Generator().manual_seed(trial)).to(dtype)
+            ret = torch.full((3, bs, n), -5, dtype=torch.int32 if trial == 2 else torch.long)
+            pos = torch.full((bs * n,), -5, dtype=ret.dtype)
+            fn(ints(parent_list), ints(sel), ints(seq_lens), mask, pos, ret[0], ret[1], ret[2], topk, depth, n, mode)
+            outs.append((mask, pos, ret))
+        for name, a, b in zip(("tree_mask", "positions", "retrieve"), *outs):
+            assert torch.equal(a, b), (name, trial)
+
+
+def test_native_build_tree_runs_natively(monkeypatch):
+    """On CPU the adapter's build runs the native op, not the tensor path."""
+    monkeypatch.setattr(_layout, "tree_from_selection", lambda *a: pytest.fail("the tensor path ran"))
+    ret = torch.full((3, 1, 4), -1, dtype=torch.long)
+    pos = torch.empty(4, dtype=torch.long)
+    mask = torch.zeros(16, dtype=torch.bool)
+    plugin.build_tree(torch.tensor([[-1, 0]]), torch.tensor([[0, 1, 2]]), torch.tensor([5]), mask, pos, ret[0],
+                      ret[1], ret[2], 2, 2, 4, 1)
+    assert pos.tolist() == [5, 6, 6, 7]
+    assert ret[1, 0].tolist() == [1, 3, -1, -1] and ret[2, 0].tolist() == [-1, 2, -1, -1]
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sglang_order", "shuffled"])
+def test_native_greedy_verifies_only_the_nodes_the_walk_looks_at(shuffled):
+    """verify's inputs of the fused greedy op hold the root and the children of each accepted
+    node only (fewer than N nodes), and our verify on them gives the fused op's accepted path."""
+    gen = torch.Generator().manual_seed(7)
+    bs, n, num_spec = 4, 32, 5
+    ri, nt, ns = random_links(bs, n, gen, shuffled, False)
+    cand = torch.randint(0, 2, (bs, n), generator=gen)
+    target = torch.randint(0, 2, (bs, n), generator=gen)
+    tokens, parents, logits, order = torch.ops.eagle_kernels.sglang_greedy_verify_inputs(
+        cand, nt, ns, target, num_spec - 1)
+    parent, _ = _layout.parents_from_links(nt, ns)
+    out = outputs(bs, n, num_spec)
+    torch.ops.eagle_kernels.sglang_verify_greedy(*out, cand, ri, nt, ns, target)
+    for b in range(bs):
+        # The walk looks at the root and at the children of each accepted node it goes on from
+        # (not from the last one when it reached num_spec - 1 drafts).
+        path = [int(i) - b * n for i in out[1][b] if i >= 0][: num_spec - 1]
+        expected = {0} | {i for i in range(1, n) if int(parent[b, i]) in path}
+        looked = order[b][order[b] >= 0].tolist()
+        assert looked[0] == 0 and len(looked) == len(set(looked)) and set(looked) == expected, b
+    assert tokens.shape[1] < n and logits.shape == (bs, tokens.shape[1], 3)
+    lengths, nodes = torch.ops.eagle_kernels.verify(tokens, parents, logits, max_depth=num_spec - 1)[:2]
+    rows = torch.where(nodes >= 0, order.gather(1, nodes.clamp(min=0).long()) + ri[:, :1], -1)
+    assert torch.equal(rows.int(), out[1]) and torch.equal(lengths.int(), out[2])
+
+
+def test_native_greedy_terminates_on_cyclic_links():
+    """Malformed links (a sibling chain that loops, a child that is its own ancestor) end the walk."""
+    nt = torch.tensor([[1, 2, 1, -1]])
+    ns = torch.tensor([[-1, 3, -1, 1]])
+    cand = torch.tensor([[0, 5, 5, 5]])
+    target = torch.tensor([[5, 5, 5, 5]])
+    ri = torch.arange(4).view(1, 4)
+    out = outputs(1, 4, 6)
+    torch.ops.eagle_kernels.sglang_verify_greedy(*out, cand, ri, nt, ns, target)
+    assert out[1][0, 0] == 0 and 1 <= int(out[2][0]) <= 3
+
+
 @pytest.mark.parametrize("shuffled,unlinked", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("bs,n,num_spec", CASES, ids=[f"bs{c[0]}-n{c[1]}-spec{c[2]}" for c in CASES])
 def test_native_sampling_equals_tensor_path(bs, n, num_spec, shuffled, unlinked):
