@@ -19,6 +19,11 @@ Providers
   matrices (GGML Q8_0 / Q4_1 blocks quantized from the fp32 weights, or the GGUF file's own blocks; fp32
   activations, cpu_linear widens the blocks in registers); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
 
+Prompt sets (``--domains``): ``code`` and ``prose`` come from the held-out documents of the training
+corpora; ``offcode`` (numpy's sources), ``offprose`` (license and copyright texts) and ``chat`` (a
+fixed list of held-out instructions in the target's chat template) from sources no training cache
+ever holds (``eagle_kernels.train.corpus``), to measure a head off its training domain.
+
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
 per-token wall clock compares like with like; batch 1 runs the prompts one after another,
 batch B runs them together. Two clocks per provider:
@@ -263,7 +268,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     parser.add_argument("--quick", action="store_true", help="1 prompt per domain, 32 tokens, batch 1, T = 0")
-    parser.add_argument("--domains", nargs="+", default=["code", "prose"])
+    parser.add_argument("--domains", nargs="+", default=["code", "prose"],
+                        help="held-out prompt sets: code, prose (the training corpora's held-out documents), "
+                             "offcode (numpy's sources), offprose (license and copyright texts), chat (held-out "
+                             "instructions in the chat template; whole prompts, --prompt-tokens does not apply); "
+                             "see eagle_kernels.train.corpus")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per domain")
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -350,7 +359,8 @@ def main(argv=None) -> int:
             from eagle_kernels.train import corpus
 
             prompts[domain] = corpus.held_out_prompts(tokenizer, domain, args.prompts, args.prompt_tokens)
-            if not prompts[domain]:  # prose needs Debian's python3.11-doc, bible-kjv, r-cran-janeaustenr
+            if not prompts[domain]:  # prose needs Debian's python3.11-doc, bible-kjv, r-cran-janeaustenr;
+                # offprose /usr/share/common-licenses and /usr/share/doc/*/copyright
                 print(f"no held-out {domain} documents on this machine: {domain} skipped")
                 del prompts[domain]
         else:
