@@ -148,6 +148,9 @@ def main(argv=None) -> int:
     rows = []
     for domain in args.domains:
         prompts = corpus.held_out_prompts(tokenizer, domain, args.prompts, args.prompt_tokens)
+        if not prompts:  # e.g. prose without Debian's python3.11-doc, bible-kjv, r-cran-janeaustenr
+            print(f"no held-out {domain} documents on this machine: {domain} skipped")
+            continue
         for temperature in args.temperatures:
             sums = {name: [0.0, 0.0] for name in masks}  # mass inside, first choice inside
             n = 0
