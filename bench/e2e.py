@@ -24,8 +24,11 @@ Providers
   file), each a GGUF with exactly the matrices of our provider of that suffix; T = 0, batch 1 only. Its
   "same as plain" compares with our plain decoding at the same weights.
 
-Domains: ``code`` and ``prose`` are held-out document windows (``--prompt-tokens`` each); ``chat`` is
-``CHAT_PROMPTS`` in the model's chat template (user turn and generation prompt; 70-110 tokens).
+Prompt sets (``--domains``): ``code`` and ``prose`` come from the held-out documents of the training
+corpora; ``offcode`` (numpy's sources), ``offprose`` (license and copyright texts) and ``chat`` (a
+fixed list of held-out instructions in the target's chat template) from sources no training cache
+ever holds (``eagle_kernels.train.corpus``), to measure a head off its training domain; ``chatlong``
+is ``CHAT_PROMPTS``, four long requests in the chat template (70-110 tokens with the system turn).
 
 Every run generates exactly ``--max-new-tokens`` tokens per prompt (EOS ignored) so that
 per-token wall clock compares like with like; batch 1 runs the prompts one after another,
@@ -78,7 +81,7 @@ import llamacpp  # noqa: E402
 QUANT_PROVIDERS = ("q8_0", "q4_1", "gguf")  # opt-in providers q8_0w, q4_1w, ggufw
 WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw")
 
-# The chat domain: user turns (the chat template adds the system turn and the generation prompt).
+# The chatlong domain: user turns (the chat template adds the system turn and the generation prompt).
 CHAT_PROMPTS = (
     "I am writing a small command-line tool in Python that reads a CSV file of expenses, groups them by month "
     "and category, and prints a summary table. Which standard library modules should I use, and how would you "
@@ -357,7 +360,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     parser.add_argument("--quick", action="store_true", help="1 prompt per domain, 32 tokens, batch 1, T = 0")
-    parser.add_argument("--domains", nargs="+", default=["code", "prose"], help="code, prose, chat")
+    parser.add_argument("--domains", nargs="+", default=["code", "prose"],
+                        help="held-out prompt sets: code, prose (the training corpora's held-out documents), "
+                             "offcode (numpy's sources), offprose (license and copyright texts), chat (held-out "
+                             "instructions in the chat template; whole prompts, --prompt-tokens does not apply; "
+                             "see eagle_kernels.train.corpus), chatlong (CHAT_PROMPTS: four long requests)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per domain")
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -446,17 +453,18 @@ def main(argv=None) -> int:
 
     prompts = {}
     for domain in args.domains:
-        if domain == "chat":
+        if domain == "chatlong":
             if have_model:
                 prompts[domain] = chat_prompts(tokenizer, args.prompts)
             else:
-                print("chat: SmolLM2-135M is not installed (no chat template): chat skipped")
+                print("chatlong: SmolLM2-135M is not installed (no chat template): chatlong skipped")
             continue
         if have_model:
             from eagle_kernels.train import corpus
 
             prompts[domain] = corpus.held_out_prompts(tokenizer, domain, args.prompts, args.prompt_tokens)
-            if not prompts[domain]:  # prose needs Debian's python3.11-doc, bible-kjv, r-cran-janeaustenr
+            if not prompts[domain]:  # prose needs Debian's python3.11-doc, bible-kjv, r-cran-janeaustenr;
+                # offprose /usr/share/common-licenses and /usr/share/doc/*/copyright
                 print(f"no held-out {domain} documents on this machine: {domain} skipped")
                 del prompts[domain]
         else:

@@ -86,4 +86,33 @@ distill_late "$R/dcode7" 1024 43 code
 train_late "$R/eagle3-distilled6" "$R/eagle3-distilled7" \
     "$R/dcode3,$R/dcode4,$R/dcode5,$R/dcode6,$R/dcode7,$R/dprose4" 1000 5e-4 30
 
+echo "== phase 9 (candidate): wider data and chat, one torch thread per process"
+# Off-domain and chat evaluation sets (sources no training cache holds: numpy, license texts,
+# held-out chat instructions) and the data: the target's answers to generated chat instructions
+# (T = 0, 0.7, 0, 1 by batch) and continuations of windows of installed packages' sources, Debian
+# docs and the original corpora. On a shared 2-core machine two single-thread processes ran side
+# by side (two threads in one process spent most of their time waiting on each other).
+one() { distill "$@" --threads 1; }
+# In-domain evaluation: phase 6's heldout_code (the recorded run evaluated on a 32-sequence draw of the
+# same command, --sequences 32 --batch-size 32, whose first 8 sequences differ).
+for domain in offcode offprose; do
+  one --out "$R/heldout_$domain" --held-out --sequences 8 --batch-size 8 --seq-len 192 --seed 5 --temperatures 0 \
+      --domains "$domain"
+done
+one --out "$R/heldout_chat" --held-out --sequences 8 --batch-size 8 --seq-len 192 --seed 5 --temperatures 0 \
+    --domains chat --prompt-len 96
+one --out "$R/dchat1" --sequences 256 --batch-size 32 --seq-len 224 --seed 51 --temperatures 0,0.7,0,1 \
+    --domains chat --prompt-len 96
+for seed_count in 53:128 67:64; do
+  seed=${seed_count%:*}
+  one --out "$R/dwide$seed" --sequences "${seed_count#*:}" --batch-size 32 --seq-len 192 --seed "$seed" \
+      --temperatures 0,0,0.7 --domains pkgcode,docprose,code,prose
+done
+# (The recorded run drew no prose windows: its machine lacked the prose corpora of `prose`, so the
+# wide caches hold pkgcode, docprose and code; elsewhere the same command also draws prose.)
+train --method eagle3 --init "$R/eagle3-distilled7" --out "$R/eagle3-wide" \
+    --features "$R/dwide53,$R/dchat1,$R/dwide67" \
+    --eval-features "$R/heldout_chat,$R/heldout_offcode,$R/heldout_offprose,$R/heldout_code" \
+    --steps 100 --batch-size 8 --lr 5e-4 --warmup 10 --ttt-steps 5 --eval-every 50 --threads 1 --autocast bf16
+
 echo "== done: heads in $R/eagle1 and $R/eagle3-distilled7 (model cards: python -m eagle_kernels.train.card)"

@@ -18,7 +18,9 @@ from .features import FeatureCache
 from .trainer import cpu_name, data_summary
 
 SOURCE_NAMES = ("code = CPython standard library; austen = Jane Austen's novels; kjv = King James Bible; "
-                "pydoc = Python 3.11 documentation sources")
+                "pydoc = Python 3.11 documentation sources; pkg = sources of installed Python packages (not numpy); "
+                "debdoc = Debian package documentation (no copyright or license files); chat = generated "
+                "instructions in the target's chat template")
 
 
 def _data_lines(data: list) -> list:
@@ -29,8 +31,10 @@ def _data_lines(data: list) -> list:
         if d.get("generated"):
             g = d["generated"]
             temps = ", ".join(f"{t:g}" for t in g["temperatures"])
+            prompt = (f"an instruction in the chat template (up to {g['prompt_len']} tokens; {sources}) answered"
+                      if g.get("domains") == ["chat"] else f"{g['prompt_len']} corpus tokens ({sources}) continued")
             lines.append(f"- Self-distilled ({d['folder']}): {d['sequences']} sequences x {d['seq_len']} tokens = "
-                         f"{tokens:,} tokens, each {g['prompt_len']} corpus tokens ({sources}) continued by the "
+                         f"{tokens:,} tokens, each {prompt} by the "
                          f"target itself (batches cycle through temperatures {temps}; 0 = greedy); features "
                          f"recorded while generating ({d['extract_seconds'] / 60:.0f} min).")
         else:

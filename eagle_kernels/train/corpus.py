@@ -2,6 +2,21 @@
 novels (Debian ``r-cran-janeaustenr``), the King James Bible (Debian ``bible-kjv``) and the
 Python documentation's reST sources (Debian ``python3.11-doc``).
 
+Wider domains (``--domains`` of ``distill``; ``code`` and ``prose`` above are unchanged):
+
+- ``pkgcode``: the Python sources of packages installed beside this one (torch, transformers,
+  triton, setuptools, pip, hypothesis, ...; never numpy);
+- ``docprose``: Debian's package documentation under ``/usr/share/doc`` (READMEs, NEWS, change
+  logs, Markdown and text files; never the copyright files, nor the Python docs of ``prose``);
+- ``chat``: instructions in the target's chat template (:mod:`.chat`).
+
+Evaluation-only domains, whose documents are all held out and never enter a training cache:
+
+- ``offcode``: numpy's sources;
+- ``offprose``: the license texts of ``/usr/share/common-licenses`` and the packages'
+  ``/usr/share/doc/*/copyright`` files;
+- ``chat`` (held-out split): a fixed list of instructions written apart from the training ones.
+
 Every document is a file (or a book); the train / held-out split is decided by the document's
 name alone, so it never changes with the token budget or the machine.
 """
@@ -9,6 +24,8 @@ name alone, so it never changes with the token budget or the machine.
 from __future__ import annotations
 
 import glob
+import gzip
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,6 +34,22 @@ import zlib
 from dataclasses import dataclass
 
 CODE, PROSE = "code", "prose"
+PKGCODE, DOCPROSE, CHAT = "pkgcode", "docprose", "chat"
+OFFCODE, OFFPROSE = "offcode", "offprose"
+TRAIN_DOMAINS = (CODE, PROSE, PKGCODE, DOCPROSE, CHAT)  # what distill may draw training prompts from
+DOMAINS = TRAIN_DOMAINS + (OFFCODE, OFFPROSE)
+# Sources whose every document is held out (evaluation only); chat's held-out list is "chateval".
+EVAL_SOURCES = ("numpy", "license", "copyright", "chateval")
+# Packages whose sources make ``pkgcode`` (numpy is kept for evaluation), and the characters read
+# per package (its files in CRC32 order), which bounds tokenisation time.
+PACKAGES = ("torch", "transformers", "triton", "setuptools", "pip", "hypothesis", "_pytest", "pydantic", "rich",
+            "huggingface_hub", "networkx", "sympy", "jinja2", "requests", "pygments", "accelerate", "click",
+            "fsspec", "gguf", "anyio", "markdown_it", "mpmath", "filelock", "packaging")
+PACKAGE_CHARS = 1_500_000
+DOC_FILE_CHARS = 60_000  # characters kept per /usr/share/doc file
+DOC_FILES_PER_PACKAGE = 12  # (git ships hundreds of release notes)
+SHARE_DOC = "/usr/share/doc"
+COMMON_LICENSES = "/usr/share/common-licenses"
 HELD_OUT_EVERY = 10  # one document in ten (by name hash) is held out
 DOCS_SOURCES = "/usr/share/doc/python3.11/html/_sources"
 AUSTEN_HELD_OUT = "Persuasion"
@@ -30,6 +63,10 @@ class Document:
 
     @property
     def held_out(self) -> bool:
+        if self.name.split(":")[0] in EVAL_SOURCES:
+            return True
+        if self.name.startswith("chat:"):  # generated training instructions (held-out: "chateval")
+            return False
         if self.name == f"austen:{AUSTEN_HELD_OUT}":
             return True
         if self.name.startswith("austen:"):
@@ -58,6 +95,108 @@ def stdlib_documents() -> list[Document]:
         text = _read(path)
         if text and len(text) > 500:
             docs.append(Document(f"code:{rel}", CODE, text))
+    return docs
+
+
+def _python_files(root: str, prefix: str, limit: int | None = None) -> list[Document]:
+    """Python files under ``root`` (tests and vendored code skipped), in CRC32 order of their
+    path up to ``limit`` characters, as documents named ``prefix:relative/path``."""
+    skip = ("test", "tests", "testing", "_vendor", "vendor", "__pycache__")
+    paths = []
+    for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+        rel = os.path.relpath(path, root)
+        if not any(part in skip for part in rel.split(os.sep)):
+            paths.append(rel)
+    docs, total = [], 0
+    for rel in sorted(paths, key=lambda r: (zlib.crc32(r.encode()), r)):
+        text = _read(os.path.join(root, rel))
+        if not text or len(text) <= 500:
+            continue
+        docs.append(Document(f"{prefix}:{rel}", CODE, text))
+        total += len(text)
+        if limit is not None and total >= limit:
+            break
+    return sorted(docs, key=lambda d: d.name)
+
+
+def _package_root(name: str) -> str | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def package_documents() -> list[Document]:
+    """``pkgcode``: sources of the installed packages of ``PACKAGES`` (up to ``PACKAGE_CHARS``
+    characters each), named ``pkg:PACKAGE/path``."""
+    docs = []
+    for name in PACKAGES:
+        root = _package_root(name)
+        if root:
+            docs += [Document(f"pkg:{name}/{d.name.partition(':')[2]}", CODE, d.text)
+                     for d in _python_files(root, "pkg", PACKAGE_CHARS)]
+    return docs
+
+
+def numpy_documents() -> list[Document]:
+    """``offcode``: numpy's sources (evaluation only)."""
+    root = _package_root("numpy")
+    return _python_files(root, "numpy") if root else []
+
+
+def _read_any(path: str) -> str | None:
+    if path.endswith(".gz"):
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read(DOC_FILE_CHARS)
+        except (UnicodeDecodeError, OSError, EOFError):
+            return None
+    text = _read(path)
+    return text[:DOC_FILE_CHARS] if text else text
+
+
+def debian_doc_documents(folder: str = SHARE_DOC) -> list[Document]:
+    """``docprose``: text documentation of the installed Debian packages (README, NEWS, change
+    logs, ``.txt`` / ``.md`` / ``.rst``; copyright and license files and the Python docs
+    excluded), named ``debdoc:package/file``."""
+    text_ext = (".txt", ".md", ".rst", ".txt.gz", ".md.gz", ".rst.gz")
+    stems = ("readme", "news", "changelog", "changes", "faq", "todo", "authors", "thanks", "usage", "history")
+    docs, seen, per_package = [], set(), {}
+    paths = glob.glob(os.path.join(folder, "**", "*"), recursive=True)
+    for path in sorted(paths, key=lambda p: (zlib.crc32(p.encode()), p)):
+        rel = os.path.relpath(path, folder)
+        base = os.path.basename(path).lower()
+        if (not os.path.isfile(path) or rel.startswith("python3.11") or "copyright" in base or "licen" in base
+                or base.startswith("copying") or "/html/" in f"/{rel}"):
+            continue
+        if not (base.endswith(text_ext) or base.split(".")[0] in stems):
+            continue
+        text = _read_any(path)
+        key = zlib.crc32(text.encode()) if text else None
+        package = rel.split(os.sep)[0]
+        if (text and len(text) > 500 and "\x00" not in text and key not in seen  # symlinked folders: once
+                and per_package.get(package, 0) < DOC_FILES_PER_PACKAGE):
+            seen.add(key)
+            per_package[package] = per_package.get(package, 0) + 1
+            docs.append(Document(f"debdoc:{rel}", PROSE, text))
+    return sorted(docs, key=lambda d: d.name)
+
+
+def license_documents() -> list[Document]:
+    """``offprose``: ``/usr/share/common-licenses`` and the packages' copyright files, each text
+    once (evaluation only)."""
+    docs, seen = [], set()
+    paths = [("license", p) for p in sorted(glob.glob(os.path.join(COMMON_LICENSES, "*")))]
+    paths += [("copyright", p) for p in sorted(glob.glob(os.path.join(SHARE_DOC, "*", "copyright")))]
+    for source, path in paths:
+        if not os.path.isfile(path):
+            continue
+        text = _read(path)
+        key = zlib.crc32(text.encode()) if text else None
+        if text and len(text) > 500 and key not in seen:
+            seen.add(key)
+            name = os.path.basename(path) if source == "license" else os.path.basename(os.path.dirname(path))
+            docs.append(Document(f"{source}:{name}", PROSE, text))
     return docs
 
 
@@ -106,11 +245,26 @@ def kjv_documents() -> list[Document]:
 
 
 def documents(domains=(CODE, PROSE)) -> list[Document]:
+    unknown = [d for d in domains if d not in DOMAINS]
+    if unknown:
+        raise ValueError(f"domains: unknown {unknown!r}, expected some of {DOMAINS!r}")
     docs = []
     if CODE in domains:
         docs += stdlib_documents()
     if PROSE in domains:
         docs += austen_documents() + kjv_documents() + python_docs_documents()
+    if PKGCODE in domains:
+        docs += package_documents()
+    if DOCPROSE in domains:
+        docs += debian_doc_documents()
+    if CHAT in domains:
+        from . import chat
+
+        docs += chat.documents()
+    if OFFCODE in domains:
+        docs += numpy_documents()
+    if OFFPROSE in domains:
+        docs += license_documents()
     return docs
 
 
@@ -121,8 +275,15 @@ def split(docs: list[Document], held_out: bool) -> list[Document]:
 def held_out_prompts(tokenizer, domain: str, count: int, length: int) -> list[list[int]]:
     """``count`` prompts of ``length`` tokens from held-out documents of ``domain`` (never in
     any training cache): for prose the sources take turns (Austen, KJV, Python docs). Each
-    prompt is the window starting a third of the way into its document."""
+    prompt is the window starting a third of the way into its document. Chat prompts are whole
+    held-out instructions in the tokenizer's chat template (``length`` does not apply)."""
+    if domain == CHAT:
+        from . import chat
+
+        return [chat.prompt_ids(tokenizer, text) for text in chat.HELD_OUT[:count]]
     docs = sorted(split(documents((domain,)), held_out=True), key=lambda d: d.name)
+    if domain in (OFFCODE, OFFPROSE):  # all documents held out: spread over packages by a hash of the name
+        docs = sorted(docs, key=lambda d: (zlib.crc32(d.name.encode()), d.name))
     groups: dict[str, list] = {}
     for d in docs:
         groups.setdefault(d.name.split(":")[0], []).append(d)

@@ -9,6 +9,12 @@ tokens the target generates (greedy, or sampled at the batch's temperature); the
 every position come from the same forward passes that generate the text, so the data costs one
 decoding run and no separate extraction.
 
+Chat prompts (``domains=("chat",)``) are whole instructions in the target's chat template, of
+different lengths: a batch prefills its shortest prompt and feeds the rest of each prompt token
+by token (the generated token is replaced by the prompt's while a row is still in its prompt), so
+every row's answer starts right after its own prompt. Their lengths are in the manifest
+(``"prompt_lens"``).
+
 The result is an ordinary :class:`~.features.FeatureCache` (same layout, resumable per batch)
 whose manifest also records ``"generated": {"prompt_len", "temperatures", "seed"}``; training
 mixes it with real-text caches (``train --features A,B``).
@@ -37,6 +43,27 @@ def choose_prompts(tokenizer, count: int, prompt_len: int, held_out: bool = Fals
     return tokens[order], [names[i] for i in order]
 
 
+def choose_chat_prompts(tokenizer, count: int, max_len: int, held_out: bool = False,
+                        seed: int = 0) -> tuple[np.ndarray, list, list]:
+    """``count`` chat prompts (int32 [count, max_len], zero-padded), their lengths and their
+    instructions' document names: generated training instructions, or the held-out list
+    (cycled when ``count`` exceeds it). Prompts longer than ``max_len`` are skipped."""
+    from . import chat
+
+    texts = list(chat.HELD_OUT) if held_out else chat.training_instructions(seed=seed)
+    prefix = "chateval:" if held_out else "chat:"
+    rows, lens, names = [], [], []
+    for i in range(len(texts) * (-(-count // len(texts)) if held_out else 1)):
+        ids = chat.prompt_ids(tokenizer, texts[i % len(texts)])
+        if len(ids) <= max_len:
+            rows.append(ids + [0] * (max_len - len(ids)))
+            lens.append(len(ids))
+            names.append(prefix + texts[i % len(texts)])
+        if len(rows) == count:
+            break
+    return np.array(rows, dtype=np.int32).reshape(-1, max_len), lens, names
+
+
 def _next_tokens(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
     """Next token per row of ``logits`` [B, V]: argmax at T = 0, else a sample at ``temperature``."""
     if temperature <= 0:
@@ -47,14 +74,19 @@ def _next_tokens(logits: torch.Tensor, temperature: float, gen: torch.Generator)
 
 @torch.no_grad()
 def generate_batch(target, prompts: torch.Tensor, seq_len: int, feature_layers, top_k: int,
-                   temperature: float, gen: torch.Generator) -> dict:
+                   temperature: float, gen: torch.Generator, prompt_lens=None) -> dict:
     """Continue ``prompts`` (int64 [B, P]) to ``seq_len`` tokens, recording per position the
     final hidden state, the feature layers' outputs and the top-``top_k`` log-probabilities.
-    Returns numpy arrays in the cache's dtypes."""
-    B, P = prompts.shape
+    With ``prompt_lens`` (B lengths <= P), row ``b``'s prompt is ``prompts[b, :prompt_lens[b]]``
+    and its continuation starts there. Returns numpy arrays in the cache's dtypes."""
+    B, width = prompts.shape
+    lens = torch.full((B,), width) if prompt_lens is None else torch.as_tensor(list(prompt_lens)).long()
+    if lens.shape != (B,) or int(lens.min()) < 1 or int(lens.max()) > width:
+        raise ValueError(f"prompt_lens: expected {B} lengths in [1, {width}], got {list(lens)}")
+    P = int(lens.min())
     H = target.config.hidden_size
     tokens = torch.zeros(B, seq_len, dtype=torch.int64)
-    tokens[:, :P] = prompts
+    tokens[:, :width] = prompts
     hidden = torch.zeros(B, seq_len, H)
     layers = torch.zeros(B, seq_len, len(feature_layers), H)
     top_ids = torch.zeros(B, seq_len, top_k, dtype=torch.int32)
@@ -69,13 +101,14 @@ def generate_batch(target, prompts: torch.Tensor, seq_len: int, feature_layers, 
         top_logp[:, start:stop] = logp
 
     cache = target.new_cache(B, seq_len)
-    out = target(prompts.to(target.device), cache, feature_layers=feature_layers)
+    out = target(prompts[:, :P].to(target.device), cache, feature_layers=feature_layers)
     cache.seqlens.fill_(P)
     record(out, 0)
     for t in range(P, seq_len):
-        token = _next_tokens(out.logits[:, -1], temperature, gen)
-        tokens[:, t] = token.cpu()
-        out = target(token[:, None], cache, feature_layers=feature_layers)
+        token = _next_tokens(out.logits[:, -1], temperature, gen).cpu()
+        token = torch.where(lens > t, tokens[:, t], token)  # rows still in their prompt
+        tokens[:, t] = token
+        out = target(token[:, None].to(target.device), cache, feature_layers=feature_layers)
         cache.seqlens += 1
         record(out, t)
     return {"tokens": tokens.int().numpy(), "hidden": hidden.half().numpy(), "layers": layers.half().numpy(),
@@ -88,25 +121,34 @@ def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512
           domains=(corpus.CODE, corpus.PROSE)) -> FeatureCache:
     """Create (or resume) a self-distilled cache of ``num_sequences`` sequences whose prompts
     come from ``domains``. Batch ``j`` generates at ``temperatures[j % len(temperatures)]`` with
-    a generator seeded ``seed + j``, so a resumed run produces the same data."""
+    a generator seeded ``seed + j``, so a resumed run produces the same data. ``domains=("chat",)``
+    takes chat prompts of at most ``prompt_len`` tokens (a chat cache holds chat only)."""
     if not 0 < prompt_len < seq_len:
         raise ValueError(f"prompt_len: must be in (0, seq_len={seq_len}), got {prompt_len}")
-    if not domains or any(d not in (corpus.CODE, corpus.PROSE) for d in domains):
-        raise ValueError(f"domains: expected a non-empty subset of ({corpus.CODE!r}, {corpus.PROSE!r}), "
-                         f"got {domains!r}")
+    allowed = corpus.DOMAINS if held_out else corpus.TRAIN_DOMAINS  # offcode / offprose: evaluation only
+    if not domains or any(d not in allowed for d in domains) or (corpus.CHAT in domains and len(domains) > 1):
+        raise ValueError(f"domains: expected a non-empty subset of {allowed!r} (chat alone), got {domains!r}")
     if os.path.exists(os.path.join(folder, MANIFEST)):
         cache = FeatureCache(folder, "w")
         meta = cache.manifest.get("generated", {})
         prompt_len, temperatures, seed = meta["prompt_len"], tuple(meta["temperatures"]), meta["seed"]
         batch_size = meta.get("batch_size", batch_size)
+        prompt_lens = cache.manifest.get("prompt_lens")
     else:
-        prompts, names = choose_prompts(tokenizer, num_sequences, prompt_len, held_out, seed, domains=tuple(domains))
+        prompt_lens = None
+        if corpus.CHAT in domains:
+            prompts, prompt_lens, names = choose_chat_prompts(tokenizer, num_sequences, prompt_len, held_out, seed)
+        else:
+            prompts, names = choose_prompts(tokenizer, num_sequences, prompt_len, held_out, seed,
+                                            domains=tuple(domains))
         tokens = np.zeros((len(names), seq_len), dtype=np.int32)
         tokens[:, :prompt_len] = prompts
         cache = FeatureCache.create(folder, tokens, names, target.config.hidden_size, feature_layers, top_k,
                                     model_name)
         cache.manifest["generated"] = {"prompt_len": prompt_len, "temperatures": list(temperatures), "seed": seed,
                                        "batch_size": batch_size, "domains": list(domains)}
+        if prompt_lens is not None:
+            cache.manifest["prompt_lens"] = [int(n) for n in prompt_lens]
         cache.commit(0, 0.0)
     n = cache.manifest["num_sequences"]
     layers = tuple(cache.manifest["feature_layers"])
@@ -117,7 +159,9 @@ def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512
         index = start // batch_size
         gen = torch.Generator().manual_seed(seed + index)
         prompts = torch.from_numpy(np.array(cache.tokens[start:stop, :prompt_len])).long()
-        data = generate_batch(target, prompts, seq_len, layers, top_k, temperatures[index % len(temperatures)], gen)
+        lens = None if prompt_lens is None else prompt_lens[start:stop]
+        data = generate_batch(target, prompts, seq_len, layers, top_k, temperatures[index % len(temperatures)], gen,
+                              lens)
         cache.tokens[start:stop] = data["tokens"]
         for name in ("hidden", "layers", "top_ids", "top_logp"):
             getattr(cache, name)[start:stop] = data[name]

@@ -29,7 +29,9 @@ from . import corpus
 
 MANIFEST = "manifest.json"
 # Share of the token budget per source (code first; prose split between three sources).
-SOURCE_SHARES = {"code": 0.45, "pydoc": 0.2, "austen": 0.2, "kjv": 0.15}
+SOURCE_SHARES = {"code": 0.45, "pydoc": 0.2, "austen": 0.2, "kjv": 0.15,
+                 # the wider domains (corpus.PKGCODE, DOCPROSE) and the evaluation-only ones
+                 "pkg": 0.45, "debdoc": 0.4, "numpy": 0.45, "license": 0.2, "copyright": 0.2}
 
 
 def chunk_documents(docs, tokenizer, seq_len: int, budget_tokens: int, seed: int = 0) -> tuple[np.ndarray, list]:

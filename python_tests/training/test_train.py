@@ -240,6 +240,64 @@ def test_self_distilled_cache_is_deterministic_and_resumes(toy_cache, tmp_path, 
         distill.build(str(tmp_path / "bad"), target32, None, 2, seq_len=16, prompt_len=6, domains=("poetry",))
 
 
+def test_variable_length_prompts_continue_after_their_own_prompt(toy_cache):
+    """Chat prompts of different lengths in one batch: each row keeps its whole prompt and its
+    greedy continuation starts right after it, as if it had been decoded alone."""
+    target32, folder = toy_cache
+    prompts = torch.from_numpy(np.array(features.FeatureCache(folder).tokens[:3, :9])).long()
+    lens = [5, 9, 7]
+    data = distill.generate_batch(target32, prompts, 16, (0, 1, 2), 4, 0.0, torch.Generator().manual_seed(0), lens)
+    for b, n in enumerate(lens):
+        alone = distill.generate_batch(target32, prompts[b:b + 1, :n], 16, (0, 1, 2), 4, 0.0,
+                                       torch.Generator().manual_seed(0))
+        assert np.array_equal(data["tokens"][b, :n], prompts[b, :n].numpy())
+        assert np.array_equal(data["tokens"][b], alone["tokens"][0]), b
+        torch.testing.assert_close(torch.from_numpy(data["hidden"][b]).float(),
+                                   torch.from_numpy(alone["hidden"][0]).float(), atol=2e-3, rtol=2e-3)
+    with pytest.raises(ValueError, match="prompt_lens"):
+        distill.generate_batch(target32, prompts, 16, (0, 1, 2), 4, 0.0, torch.Generator(), [5, 10, 7])
+
+
+def test_chat_cache_records_prompt_lengths_and_resumes(toy_cache, tmp_path, monkeypatch):
+    target32, folder = toy_cache
+    rows = np.array(features.FeatureCache(folder).tokens[:3, :9])
+    monkeypatch.setattr(distill, "choose_chat_prompts", lambda tokenizer, count, max_len, held_out, seed: (
+        rows[:count, :max_len], [5, 9, 7][:count], [f"chat:q{i}" for i in range(count)]))
+
+    def build(path, progress=None):
+        return distill.build(str(path), target32, None, 3, seq_len=16, prompt_len=9, temperatures=(0.0,),
+                             feature_layers=(0, 1, 2), top_k=4, batch_size=2, domains=("chat",), progress=progress)
+
+    def stop_after_first_batch(count):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "chat", progress=stop_after_first_batch)
+    cache = build(tmp_path / "chat")
+    assert cache.done == 3 and cache.manifest["prompt_lens"] == [5, 9, 7]
+    alone = distill.generate_batch(target32, torch.from_numpy(rows[2:3, :7]).long(), 16, (0, 1, 2), 4, 0.0,
+                                   torch.Generator().manual_seed(0))
+    assert np.array_equal(np.array(cache.tokens[2]), alone["tokens"][0])
+
+
+def test_evaluation_domains_never_reach_a_training_split(target):
+    from eagle_kernels.train import chat
+
+    for name in ("numpy:core/x.py", "license:GPL-3", "copyright:bash", "chateval:Why is the sky blue?"):
+        assert corpus.Document(name, corpus.PROSE, "").held_out, name
+    assert not corpus.Document("chat:Describe coffee in three sentences.", "chat", "").held_out
+    generated = chat.training_instructions(400)
+    assert len(generated) == 400 and len(set(generated)) == 400
+    assert set(generated).isdisjoint(chat.HELD_OUT) and len(set(chat.HELD_OUT)) == len(chat.HELD_OUT)
+    assert "numpy" not in corpus.PACKAGES
+    with pytest.raises(ValueError, match="domains"):
+        corpus.documents(("poetry",))
+    with pytest.raises(ValueError, match="domains"):  # evaluation-only domains cannot feed training data
+        distill.build("unused", target, None, 2, seq_len=16, prompt_len=6, domains=(corpus.OFFCODE,))
+    with pytest.raises(ValueError, match="domains"):  # a chat cache holds chat only (its own prompt lengths)
+        distill.build("unused", target, None, 2, seq_len=16, prompt_len=6, domains=(corpus.CHAT, corpus.CODE))
+
+
 def test_training_mixes_caches_and_continues_from_a_head(toy_cache, tmp_path, monkeypatch):
     target32, folder = toy_cache
     real = features.FeatureCache(folder)
