@@ -35,6 +35,16 @@ class Expansion(NamedTuple):
     cand_parents: torch.Tensor
 
 
+def _draft_logits(draft_fn: DraftFn, step, tokens, parent_row, cand_index) -> torch.Tensor:
+    """``draft_fn``'s logits for the ``M`` nodes of ``tokens`` [B, M], checked to be [B, M, Vd]."""
+    B, M = tokens.shape
+    logits = draft_fn(step, tokens, parent_row, cand_index)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, M):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
+    return logits
+
+
 def num_candidates(depth: int, top_k: int) -> int:
     """Size ``C`` of the candidate history of :func:`expand_tree`."""
     return top_k + (depth - 1) * top_k * top_k
@@ -112,10 +122,7 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
     offset = 0
     for step in range(depth):
         M = tokens.shape[1]
-        logits = draft_fn(step, tokens, parent_row, cand_index)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, M):
-            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
+        logits = _draft_logits(draft_fn, step, tokens, parent_row, cand_index)
         out = ops.draft_expand(logits, frontier_scores, k, d2t=d2t)
         # The candidates into the history (child r of node m has the node's history index as
         # parent, -1 under the root); the frontier's tokens, scores, parent rows (indices into
@@ -211,10 +218,7 @@ def expand_sampled_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: 
     start = 0
     for step in range(depth):
         M = tokens.shape[1]
-        logits = draft_fn(step, tokens, parent_row, cand_index)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, M):
-            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
+        logits = _draft_logits(draft_fn, step, tokens, parent_row, cand_index)
         if draft_probs is None:
             draft_probs = torch.zeros(B, C + 1, logits.shape[-1], dtype=torch.float32, device=device)
         # Row of each expanded node: the root is node 0, candidate c is node c + 1.
