@@ -415,9 +415,9 @@ class SpeculativeDecoder:
         With ``tree=None`` and a head, a call in which some request samples (temperature > 0)
         runs the sampled-draft default tree (``default_tree(..., sampled_drafts=True)``): its
         sampling requests draw their drafts from the head at their own temperature, and verify
-        accepts them with the draft's probabilities (docs/ops.md §4), which accepts more than
-        the most likely drafts at the same verify rows (docs/benchmarks.md, "Sampled drafts").
-        False: the deterministic trees of earlier versions.
+        accepts them with the draft's probabilities (docs/ops.md §4). Measured with the shipped
+        head it gains on code and loses a little on chat against the deterministic trees of the
+        same rows (docs/benchmarks.md, "Sampled drafts"). False: the deterministic trees.
 
     Raises
     ------
