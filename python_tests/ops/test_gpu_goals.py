@@ -13,7 +13,11 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "gpu_goals.py")
+BENCH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench")
+SCRIPT = os.path.join(BENCH, "gpu_goals.py")
+sys.path.insert(0, BENCH)
+import bench_verify  # noqa: E402
+import gpu_goals  # noqa: E402
 
 
 @pytest.mark.slow
@@ -31,9 +35,11 @@ def test_smoke_run_fills_every_goal_column(tmp_path):
     assert sorted(ops) == ["draft_expand", "tree_attention", "verify"]
     assert {"share_of_copy", "share_bound", "speedup_over_baseline"} <= set(ops["tree_attention"][0])
     assert all("x_one_read" in row for row in ops["draft_expand"] + ops["verify"])
-    assert len(ops["verify"]) == 4  # greedy, temperature, top-k + top-p, top-p
+    # One row per mode of bench_verify: greedy, temperature, top-k + top-p, top-p, the draft-aware rule (± d2t).
+    assert [row["shape"].rsplit("-", 1)[1] for row in ops["verify"]] == list(bench_verify.MODES)
     (sweep,) = result["sweep"]
-    assert sweep["default_us"] > 0 and sum(key.endswith("_us") for key in sweep) == 8  # default + 7 configs
+    # The launcher's own choice, then each configuration of SWEEP_CONFIGS.
+    assert sweep["default_us"] > 0 and sum(key.endswith("_us") for key in sweep) == 1 + len(gpu_goals.SWEEP_CONFIGS)
     table = (tmp_path / "gpu_goals.md").read_text()
     assert table.count("\n| tree_attention |") == 1 and "share bound" in table
 
