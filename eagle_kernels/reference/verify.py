@@ -99,7 +99,7 @@ def children_of(parents_row: torch.Tensor, node: int) -> list[int]:
 DRAFT_SUM_TOLERANCE = 1e-3  # |sum(q_u) - 1| above this makes a draft row invalid (docs/ops.md §4)
 
 
-def draft_row(draft_probs_row: torch.Tensor, d2t: torch.Tensor | None, V: int, dtype) -> torch.Tensor | None:
+def draft_row(draft_probs_row: torch.Tensor, d2t: torch.Tensor | None, V: int) -> torch.Tensor | None:
     """``r = Q_u / S`` over the target vocabulary (float64), or None when the row is not a
     distribution (NaN, inf or negative entries, ``|S - 1| > 1e-3``, ``d2t`` out of range)."""
     q = draft_probs_row.to(torch.float64)
@@ -185,10 +185,11 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                            and (draft_sampled is None or bool(draft_sampled[b, c]))]
                 r = None
                 if sampled:
-                    r = draft_row(draft_probs[b, node], d2t, V, weights.dtype)
+                    r = draft_row(draft_probs[b, node], d2t, V)
                     if not sampled_children_valid(r, [int(tokens[b, c]) for c in sampled]):
                         draft_bad, children = True, []  # no valid drafts here: sample from p_u
-                removed = 0.0
+                # r_left: r without the sampled siblings rejected so far (their mass: removed).
+                r_left, removed, sampled = r, 0.0, set(sampled)
                 child = None
                 for c in children:
                     x = int(tokens[b, c])
@@ -202,11 +203,10 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                     previous = weights
                     if is_sampled:
                         # r' = r without the earlier sampled siblings, renormalised.
-                        r_now = r.clone()
-                        r_now[[int(tokens[b, s]) for s in sampled[: sampled.index(c)]]] = 0.0
-                        r_now = r_now / (1.0 - removed)
-                        r_now = r_now.to(device=weights.device, dtype=weights.dtype)
+                        r_now = (r_left / (1.0 - removed)).to(device=weights.device, dtype=weights.dtype)
                         weights = torch.clamp(weights / mass - r_now, min=0)
+                        r_left = r_left.clone()
+                        r_left[x] = 0.0
                         removed += float(r[x])
                     else:
                         weights = weights.clone()
