@@ -15,6 +15,7 @@ reads tensor values on the host, so a step stays capturable in a CUDA graph.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -51,8 +52,21 @@ def _check(name: str, t: torch.Tensor, dtype, shape: tuple) -> None:
 
 
 # ---------------------------------------------------------------------------- expansion
+class DraftInputs(NamedTuple):
+    """What an EAGLE head's pass over the next frontier reads (see :func:`draft_inputs`), for
+    :func:`expansion_step` to gather in the same launch: the head's outputs ``hidden`` [B, M, H]
+    of this depth's pass, the draft slots' mask rows ``slot_masks``, the head cache's
+    ``seqlens``, the token embedding ``table`` [V, H] (or None) and the pass's ``step``."""
+
+    hidden: torch.Tensor
+    slot_masks: torch.Tensor
+    seqlens: torch.Tensor
+    table: torch.Tensor | None
+    step: int
+
+
 def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
-                   top_k: int):
+                   top_k: int, draft: DraftInputs | None = None):
     """Record one depth of an EAGLE-2 expansion and gather the next frontier.
 
     ``tokens`` int64 / ``scores`` float32 [B, M * top_k] and ``frontier`` int32 [B, F] are one
@@ -61,7 +75,10 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
     candidates into ``cand_tokens`` / ``cand_scores`` / ``cand_parents`` [B, C] at
     ``offset .. offset + M * top_k`` (parent: the node's history index) and returns the
     frontier's ``(tokens int64, scores float32, parent_row int64, cand_index int64)``, [B, F]
-    each (``parent_row``: the frontier node's parent among the M nodes).
+    each (``parent_row``: the frontier node's parent among the M nodes), and ``inputs``: with
+    ``draft``, :func:`draft_inputs` of the head's pass over that frontier, ``(feature,
+    positions, embed)`` (its mask rows written into ``draft.slot_masks``), made in the same
+    launch on the GPU path; else None.
     """
     B, W = tokens.shape
     M, F, C = cand_index.shape[1], frontier.shape[1], cand_tokens.shape[1]
@@ -74,14 +91,25 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
                                       ("cand_scores", cand_scores, torch.float32, (B, C)),
                                       ("cand_parents", cand_parents, torch.int32, (B, C))):
             _check(name, t, dtype, shape)
+        if draft is not None:
+            _check_draft(draft.hidden, draft.slot_masks, draft.seqlens, draft.step, F)
+            table = _embedding_table(draft.table, tokens, draft.hidden.dtype)
+            if table is not None and table.shape[1] != draft.hidden.shape[-1]:
+                raise ValueError(f"table: expected [V, {draft.hidden.shape[-1]}], got {list(table.shape)}")
+            draft = draft._replace(table=table)
         return _triton().expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores,
-                                        cand_parents, offset, top_k)
+                                        cand_parents, offset, top_k, draft)
     cand_tokens[:, offset:offset + W] = tokens
     cand_scores[:, offset:offset + W] = scores
     cand_parents[:, offset:offset + W] = cand_index[:, :, None].expand(B, M, top_k).reshape(B, W)
     frontier = frontier.long()
-    return (torch.gather(tokens, 1, frontier), torch.gather(scores, 1, frontier),
-            torch.div(frontier, top_k, rounding_mode="floor"), frontier + offset)
+    nxt = (torch.gather(tokens, 1, frontier), torch.gather(scores, 1, frontier),
+           torch.div(frontier, top_k, rounding_mode="floor"), frontier + offset)
+    inputs = None
+    if draft is not None:
+        inputs = draft_inputs(draft.hidden, nxt[2], draft.slot_masks, draft.seqlens, draft.step, nxt[0],
+                              draft.table)
+    return (*nxt, inputs)
 
 
 # ---------------------------------------------------------------------------- head drafts
@@ -93,6 +121,18 @@ def _embedding_table(table, tokens, dtype):
     if table.stride(1) != 1 or table.device != tokens.device:
         return None
     return table
+
+
+def _check_draft(hidden, slot_masks, seqlens, step: int, F: int) -> None:
+    B = hidden.shape[0]
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden: expected [B, M, H], got {list(hidden.shape)}")
+    _check("slot_masks", slot_masks, torch.int64, (B, slot_masks.shape[1], slot_masks.shape[2]))
+    _check("seqlens", seqlens, torch.int32, (B,))
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"step: expected an int >= 1, got {step!r}")
+    if slot_masks.shape[1] < step * F:
+        raise ValueError(f"slot_masks: {slot_masks.shape[1]} slots, step {step} needs {step * F}")
 
 
 def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
@@ -111,10 +151,7 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     B, F = parent_row.shape
     if gpu_path(hidden):
         _check("parent_row", parent_row, torch.int64, (B, F))
-        _check("slot_masks", slot_masks, torch.int64, (B, slot_masks.shape[1], slot_masks.shape[2]))
-        _check("seqlens", seqlens, torch.int32, (B,))
-        if slot_masks.shape[1] < step * F:
-            raise ValueError(f"slot_masks: {slot_masks.shape[1]} slots, step {step} needs {step * F}")
+        _check_draft(hidden, slot_masks, seqlens, step, F)
         table = _embedding_table(table, tokens, hidden.dtype)
         if table is not None:
             _check("tokens", tokens, torch.int64, (B, F))
@@ -142,37 +179,51 @@ def tree_positions(seqlens, depths=None):
     return seqlens[:, None] if depths is None else depths + seqlens[:, None]
 
 
-def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None, table=None, dtype=None):
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int | None, table=None, dtype=None, features=None):
     """The head's commit input from ``verify``'s accepted path: ``(path int64, emitted int64,
-    positions, embed)`` [B, width] (None: all of ``accept_nodes``' columns), -1 padding clamped
-    to 0. On the GPU path ``positions`` int64 ``seqlens + j`` (the head cache's ``seqlens``
-    int32 [B]) and, with a token embedding ``table`` [V, H] in ``dtype``, ``embed`` [B, width, H]
-    the emitted tokens' rows; on the CPU both None (the head's defaults, the same
-    values)."""
+    positions, embed, rows)`` [B, width] (None: all of ``accept_nodes``' columns), -1 padding
+    clamped to 0. On the GPU path ``positions`` int64 ``seqlens + j`` (the head cache's ``seqlens``
+    int32 [B]), with a token embedding ``table`` [V, H] in ``dtype`` ``embed`` [B, width, H]
+    the emitted tokens' rows, and with ``features`` (up to three [B, N, FH] tensors of one
+    dtype, no autograd graph: EAGLE-3's low, mid and high target features) ``rows`` [B, width,
+    len(features) * FH] their ``path`` rows side by side (:func:`gather_rows`), all in one
+    launch; on the CPU all three None (the head's defaults, the same values)."""
     if gpu_path(accept_nodes):
         B, D = accept_nodes.shape
         _check("accept_nodes", accept_nodes, torch.int32, (B, D))
         _check("out_tokens", out_tokens, torch.int64, (B, D))
         _check("seqlens", seqlens, torch.int32, (B,))
         table = None if dtype is None else _embedding_table(table, out_tokens, dtype)
+        if features is not None and not _gathers(features):
+            features = None
+        if features is not None:
+            _check_features(features, B)
         return _triton().commit_inputs(accept_nodes, out_tokens, seqlens, D if width is None else min(width, D),
-                                       table, dtype)
-    return accept_nodes.clamp(min=0).long()[:, :width], out_tokens.clamp(min=0)[:, :width], None, None
+                                       table, dtype, features)
+    return accept_nodes.clamp(min=0).long()[:, :width], out_tokens.clamp(min=0)[:, :width], None, None, None
+
+
+def _gathers(tensors) -> bool:
+    """Whether the GPU path's kernels gather rows of ``tensors``: one to three, no autograd graph."""
+    return 1 <= len(tensors) <= 3 and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def _check_features(tensors, B: int) -> None:
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        if t.dim() != 3 or t.shape[0] != B or t.shape[2] != first.shape[2] or t.dtype != first.dtype:
+            raise ValueError(f"tensors[{i}]: expected [B = {B}, N, {first.shape[2]}] {first.dtype}, got "
+                             f"{list(t.shape)} {t.dtype}")
 
 
 def gather_rows(tensors, rows):
     """``rows`` int64 [B, P] of each of ``tensors`` ([B, N, H] each, one dtype), side by side:
     [B, P, len(tensors) * H] (EAGLE-3's low, mid and high features of the accepted path). The
     GPU path's kernel takes up to three tensors and no autograd graph; torch the rest."""
-    if (gpu_path(rows) and 1 <= len(tensors) <= 3
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+    if gpu_path(rows) and _gathers(tensors):
         B, P = rows.shape
         _check("rows", rows, torch.int64, (B, P))
-        first = tensors[0]
-        for i, t in enumerate(tensors):
-            if t.dim() != 3 or t.shape[0] != B or t.shape[2] != first.shape[2] or t.dtype != first.dtype:
-                raise ValueError(f"tensors[{i}]: expected [B = {B}, N, {first.shape[2]}] {first.dtype}, got "
-                                 f"{list(t.shape)} {t.dtype}")
+        _check_features(tensors, B)
         return _triton().gather_rows(list(tensors), rows)
     picked = [torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[-1])) for t in tensors]
     return picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)

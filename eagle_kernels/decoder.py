@@ -36,7 +36,7 @@ from . import bookkeeping, ops
 from ._checks import mask_words, values_checked
 from ._inputs import check_capacity, check_context, check_count, check_prompts, check_same_device, check_token
 from ._types import Tree
-from .expansion import SampledExpansion, expand_sampled_tree, expand_tree
+from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, expand_tree, expansion_start
 from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
@@ -261,6 +261,7 @@ class _State:
     eos: int | torch.Tensor | None
     history: torch.Tensor | None = None  # int64 [B, C] prompt + generated tokens (lookup drafts)
     prompt_len: torch.Tensor | None = None  # int64 [B]
+    expansion_start: ExpansionStart | None = None  # the head's expansion's first inputs (constant)
 
 
 @dataclass
@@ -344,12 +345,19 @@ class _HeadDraft:
         # Each step writes its frontier's rows whole before a pass reads them.
         self.slot_masks = torch.empty(B, tree.depth * k, mask_words(tree.depth * k), dtype=torch.int64, device=device)
 
-    def __call__(self, step: int, tokens: torch.Tensor, parent_row: torch.Tensor, cand_index: torch.Tensor):
+    def next_inputs(self, step: int) -> bookkeeping.DraftInputs:
+        """What the pass at ``step`` reads, for ``expand_tree`` to gather with the expansion
+        step before it (one launch on the GPU path)."""
+        return bookkeeping.DraftInputs(self.hidden, self.slot_masks, self.cache.seqlens, self.head.token_embedding,
+                                       step)
+
+    def __call__(self, step: int, tokens: torch.Tensor, parent_row: torch.Tensor, cand_index: torch.Tensor,
+                 inputs=None):
         if step > 0:
             # The frontier's parents' outputs, its mask rows, and its position: the root's pair
             # sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d (the
-            # position training-time test trains the head on).
-            feature, positions, embed = bookkeeping.draft_inputs(
+            # position training-time test trains the head on). ``inputs``: gathered already.
+            feature, positions, embed = inputs if inputs is not None else bookkeeping.draft_inputs(
                 self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
             self.hidden = self.head(tokens, feature, self.cache, positions=positions, embed=embed,
                                     tree_mask=self.slot_masks[:, : step * self.k], slot_offset=(step - 1) * self.k)
@@ -806,7 +814,8 @@ class SpeculativeDecoder:
                       torch.full((B, out_width), -1, **i64), torch.ones(B, **i64), torch.zeros(B, **i64),
                       torch.zeros(B, dtype=torch.bool, device=device), torch.zeros(B, **i64), sampling, 0,
                       torch.zeros(B, **i64) if slot else 0, torch.full((B, 1), -1, **i64) if slot else None,
-                      history, torch.zeros(B, **i64) if history is not None else None)
+                      history, torch.zeros(B, **i64) if history is not None else None,
+                      expansion_start(B, device) if head_cache is not None else None)
 
     def _prefill(self, prompts, tree, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
         """A state sized to this call (eager steps), prefilled."""
@@ -944,7 +953,7 @@ class SpeculativeDecoder:
                                        frontier=tree.frontier_width, temperature=sampling["temperature"],
                                        seed=sampling["seed"], offset=state.offset, d2t=self.head.d2t)
         return expand_tree(draft, state.root, depth=tree.depth, top_k=tree.top_k, num_nodes=tree.num_nodes,
-                           d2t=self.head.d2t)
+                           d2t=self.head.d2t, start=state.expansion_start)
 
     def _draft_rows(self, expansion, tree: Tree) -> dict:
         """verify's draft arguments for a sampled expansion (else none): its draft rows, padded
@@ -978,7 +987,8 @@ class SpeculativeDecoder:
         slots (None: all). Returns the head's outputs [B, width, H]; the one at the last
         accepted pair drafts the next step (``bookkeeping.commit`` keeps it)."""
         head = self.head
-        path, emitted, positions, embed = bookkeeping.commit_inputs(
-            result.accept_nodes, result.out_tokens, state.head_cache.seqlens, width, head.token_embedding, head.dtype)
-        return head(emitted, head.target_features(out, rows=path), state.head_cache, positions=positions,
-                    embed=embed)
+        path, emitted, positions, embed, rows = bookkeeping.commit_inputs(
+            result.accept_nodes, result.out_tokens, state.head_cache.seqlens, width, head.token_embedding, head.dtype,
+            head.feature_states(out))
+        return head(emitted, head.target_features(out, rows=path, gathered=rows), state.head_cache,
+                    positions=positions, embed=embed)

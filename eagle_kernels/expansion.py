@@ -35,10 +35,28 @@ class Expansion(NamedTuple):
     cand_parents: torch.Tensor
 
 
-def _draft_logits(draft_fn: DraftFn, step, tokens, parent_row, cand_index) -> torch.Tensor:
+class ExpansionStart(NamedTuple):
+    """The inputs of an expansion's first step (the root alone), int64 / int64 / float32 [B, 1]:
+    no parent row and no history index (-1), score 0. :func:`expansion_start` makes them; a
+    caller that expands every decoding step keeps one (never written) and passes it as
+    ``expand_tree(..., start=)``, so a step does not fill them again."""
+
+    parent_row: torch.Tensor
+    cand_index: torch.Tensor
+    frontier_scores: torch.Tensor
+
+
+def expansion_start(batch: int, device) -> ExpansionStart:
+    """:class:`ExpansionStart` for ``batch`` requests on ``device`` (two fills)."""
+    parent_row, cand_index = torch.full((2, batch, 1), -1, dtype=torch.int64, device=device).unbind(0)
+    return ExpansionStart(parent_row, cand_index, torch.zeros(batch, 1, dtype=torch.float32, device=device))
+
+
+def _draft_logits(draft_fn: DraftFn, step, tokens, parent_row, cand_index, inputs=None) -> torch.Tensor:
     """``draft_fn``'s logits for the ``M`` nodes of ``tokens`` [B, M], checked to be [B, M, Vd]."""
     B, M = tokens.shape
-    logits = draft_fn(step, tokens, parent_row, cand_index)
+    logits = (draft_fn(step, tokens, parent_row, cand_index) if inputs is None
+              else draft_fn(step, tokens, parent_row, cand_index, inputs=inputs))
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, M):
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"draft_fn: expected logits of shape [B = {B}, M = {M}, Vd] at step {step}, got {got}")
@@ -51,7 +69,7 @@ def num_candidates(depth: int, top_k: int) -> int:
 
 
 def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top_k: int,
-                num_nodes: int, d2t: torch.Tensor | None = None) -> Expansion:
+                num_nodes: int, d2t: torch.Tensor | None = None, start: ExpansionStart | None = None) -> Expansion:
     """Run an EAGLE-2 expansion of ``depth`` steps with ``draft_fn`` and build the verify tree.
 
     Parameters
@@ -73,6 +91,12 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
 
         It returns the draft logits ``[B, M, Vd]`` (any float dtype ``draft_expand`` takes).
         It must not read tensor values on the host if the expansion is to stay sync-free.
+
+        A draft function with a method ``next_inputs(step)`` (an EAGLE head's: the decoder's)
+        returns there the :class:`~eagle_kernels.bookkeeping.DraftInputs` its pass at ``step``
+        reads; each step's ``bookkeeping.expansion_step`` then gathers that pass's inputs in
+        the same launch and the call gets them as ``draft_fn(..., inputs=(feature, positions,
+        embed))`` (:func:`eagle_kernels.bookkeeping.draft_inputs`'s result).
     root_tokens
         int64 [B]: the last committed token of each request (node 0 of the tree).
     depth
@@ -83,6 +107,9 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
         Tree size ``N`` including the root; ``num_nodes - 1 <= C``.
     d2t
         Optional int64 [Vd] draft-to-target offsets (EAGLE-3), passed to ``draft_expand``.
+    start
+        The first step's inputs for ``B`` requests (:func:`expansion_start`), kept by the
+        caller; None: made here (two fills).
 
     Returns
     -------
@@ -117,18 +144,26 @@ def expand_tree(draft_fn: DraftFn, root_tokens: torch.Tensor, *, depth: int, top
 
     tokens = root_tokens[:, None]
     # Step 0 expands the root alone: no parent row, no history index (-1), score 0.
-    parent_row, cand_index = torch.full((2, B, 1), -1, dtype=torch.int64, device=device).unbind(0)
-    frontier_scores = torch.zeros(B, 1, dtype=torch.float32, device=device)
-    offset = 0
+    if start is None:
+        start = expansion_start(B, device)
+    elif any(tuple(t.shape) != (B, 1) or t.device != device for t in start):
+        raise ValueError(f"start: expected tensors of shape [B = {B}, 1] on {device}, got "
+                         f"{[(tuple(t.shape), str(t.device)) for t in start]}")
+    parent_row, cand_index, frontier_scores = start
+    next_inputs = getattr(draft_fn, "next_inputs", None)
+    inputs, offset = None, 0
     for step in range(depth):
         M = tokens.shape[1]
-        logits = _draft_logits(draft_fn, step, tokens, parent_row, cand_index)
+        logits = _draft_logits(draft_fn, step, tokens, parent_row, cand_index, inputs)
         out = ops.draft_expand(logits, frontier_scores, k, d2t=d2t)
         # The candidates into the history (child r of node m has the node's history index as
         # parent, -1 under the root); the frontier's tokens, scores, parent rows (indices into
-        # this step's M nodes) and history indices: one launch on the GPU path.
-        tokens, frontier_scores, parent_row, cand_index = bookkeeping.expansion_step(
-            out.tokens, out.scores, out.frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset, k)
+        # this step's M nodes) and history indices, and the next head pass's inputs: one
+        # launch on the GPU path.
+        draft = next_inputs(step + 1) if next_inputs is not None and step + 1 < depth else None
+        tokens, frontier_scores, parent_row, cand_index, inputs = bookkeeping.expansion_step(
+            out.tokens, out.scores, out.frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset, k,
+            draft)
         offset += M * k
     tree = ops.build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes)
     return Expansion(tree, cand_tokens, cand_scores, cand_parents)

@@ -180,16 +180,31 @@ class EagleHead(torch.nn.Module):
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return KVCache.allocate(self.config.as_llama(), batch, capacity, self.dtype, self.target.device)
 
-    def target_features(self, out, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def feature_states(self, out) -> list[torch.Tensor]:
+        """The target states [B, N, H] each that :meth:`target_features` reads from a target
+        ForwardOutput: EAGLE-1 the final normed hidden state, EAGLE-3 the low/mid/high layer
+        states."""
+        if self.config.kind == EAGLE1:
+            return [out.hidden]
+        return [out.layer_states[layer] for layer in self.config.feature_layers]
+
+    def target_features(self, out, rows: torch.Tensor | None = None, gathered: torch.Tensor | None = None
+                        ) -> torch.Tensor:
         """The head's input feature [B, N, H] from a target ForwardOutput: EAGLE-1 the final
         normed hidden state, EAGLE-3 fc over the low/mid/high layer states. ``rows`` int64
         [B, P] picks token rows first (result [B, P, H]), so EAGLE-3's fc runs over those
-        rows only (a row's feature does not depend on the other rows)."""
+        rows only (a row's feature does not depend on the other rows); ``gathered``: those
+        rows of :meth:`feature_states` side by side, picked already (the GPU path's
+        ``bookkeeping.commit_inputs``)."""
+        if gathered is None:
+            states = self.feature_states(out)
+            if rows is None:
+                gathered = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
+            else:
+                gathered = gather_rows(states, rows)
         if self.config.kind == EAGLE1:
-            return out.hidden if rows is None else gather_rows([out.hidden], rows)
-        states = [out.layer_states[layer] for layer in self.config.feature_layers]
-        stacked = torch.cat(states, dim=-1) if rows is None else gather_rows(states, rows)
-        return linear(stacked, self.weights["fc.weight"], self.packed)
+            return gathered
+        return linear(gathered, self.weights["fc.weight"], self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
                 slot_offset: int = 0, embed=None) -> torch.Tensor:

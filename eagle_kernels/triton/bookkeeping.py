@@ -26,7 +26,7 @@ import triton.language as tl
 BLOCK_H_MAX = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["offset", "step"])
 def _expansion_step_kernel(
     out_tokens_ptr,  # [B, W] int64, W = M * K: this depth's candidates (draft_expand's tokens)
     out_scores_ptr,  # [B, W] float32
@@ -37,42 +37,108 @@ def _expansion_step_kernel(
     cand_parents_ptr,  # [B, C] int32
     next_ptr,  # [3, B, F] int64: the frontier's tokens, parent rows, history indices
     next_scores_ptr,  # [B, F] float32
-    B, M, K, F, C, offset,
-    BLOCK_W: tl.constexpr,
-    BLOCK_F: tl.constexpr,
+    hidden_ptr,  # [B, M, H] the head's outputs of this depth's pass (HAS_DRAFT; strided)
+    slot_masks_ptr,  # [B, S, WORDS] int64: draft slots' mask rows (HAS_DRAFT)
+    seqlens_ptr,  # [B] int32: the head cache's committed lengths (HAS_DRAFT)
+    feature_ptr,  # [B, F, H] out (HAS_DRAFT)
+    positions_ptr,  # [B] int32 out (HAS_DRAFT)
+    table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
+    embed_ptr,  # [B, F, H] out (HAS_EMBED)
+    B, M, K, F, C, offset, chunk, step, H, S, WORDS,
+    stride_hb, stride_hm, stride_v,
+    BLOCK_CHUNK: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_WORDS: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,  # also gather the inputs of the head's pass over the new frontier
+    HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: the frontier's parents sit in draft slots
+    HAS_EMBED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
+    m = tl.program_id(1)
     W = M * K
-    j = tl.arange(0, BLOCK_W)
-    in_w = j < W
+    # This program's share of the candidates: `chunk` of the W, into the history.
+    c = tl.arange(0, BLOCK_CHUNK)
+    j = m * chunk + c
+    in_w = (c < chunk) & (j < W)
     tokens = tl.load(out_tokens_ptr + b * W + j, mask=in_w, other=0)
     scores = tl.load(out_scores_ptr + b * W + j, mask=in_w, other=0.0)
     parents = tl.load(cand_index_ptr + b * M + j // K, mask=in_w, other=-1)
     tl.store(cand_tokens_ptr + b * C + offset + j, tokens, mask=in_w)
     tl.store(cand_scores_ptr + b * C + offset + j, scores, mask=in_w)
     tl.store(cand_parents_ptr + b * C + offset + j, parents.to(tl.int32), mask=in_w)
-    r = tl.arange(0, BLOCK_F)
-    in_f = r < F
-    pick = tl.load(frontier_ptr + b * F + r, mask=in_f, other=0).to(tl.int64)
-    tl.store(next_ptr + b * F + r, tl.load(out_tokens_ptr + b * W + pick, mask=in_f, other=0), mask=in_f)
-    tl.store(next_ptr + (B + b) * F + r, pick // K, mask=in_f)
-    tl.store(next_ptr + (2 * B + b) * F + r, pick + offset, mask=in_f)
-    tl.store(next_scores_ptr + b * F + r, tl.load(out_scores_ptr + b * W + pick, mask=in_f, other=0.0), mask=in_f)
+    # Frontier node m.
+    pick = tl.load(frontier_ptr + b * F + m).to(tl.int64)
+    token = tl.load(out_tokens_ptr + b * W + pick)
+    parent = pick // K
+    tl.store(next_ptr + b * F + m, token)
+    tl.store(next_ptr + (B + b) * F + m, parent)
+    tl.store(next_ptr + (2 * B + b) * F + m, pick + offset)
+    tl.store(next_scores_ptr + b * F + m, tl.load(out_scores_ptr + b * W + pick))
+    if HAS_DRAFT:
+        # The inputs of the head's pass over the frontier (draft_inputs of step `step`).
+        source = hidden_ptr + b * stride_hb + parent * stride_hm
+        target = feature_ptr + (b * F + m) * H
+        if HAS_EMBED:
+            row = table_ptr + token * stride_v
+        for start in range(0, H, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+            if HAS_EMBED:
+                tl.store(embed_ptr + (b * F + m) * H + h,
+                         tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
+        own = (step - 1) * F + m
+        words = tl.arange(0, BLOCK_WORDS)
+        in_words = words < WORDS
+        if HAS_PARENT_SLOTS:
+            mask_row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words,
+                               other=0)
+        else:
+            mask_row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
+        bit = tl.full([BLOCK_WORDS], 1, tl.int64) << (own % 64).to(tl.int64)
+        mask_row = mask_row | tl.where(words == own // 64, bit, 0)
+        tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
+        if m == 0:
+            tl.store(positions_ptr + b, tl.load(seqlens_ptr + b) + step - 1)
 
 
 def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
-                   top_k: int):
-    """Launch :func:`_expansion_step_kernel`: see :func:`eagle_kernels.bookkeeping.expansion_step`."""
+                   top_k: int, draft=None):
+    """Launch :func:`_expansion_step_kernel`: see :func:`eagle_kernels.bookkeeping.expansion_step`
+    (``draft``: a :class:`eagle_kernels.bookkeeping.DraftInputs` whose ``table`` is None or
+    already in the hidden states' dtype)."""
     B, W = tokens.shape
     M, F, C = cand_index.shape[1], frontier.shape[1], cand_tokens.shape[1]
-    nxt = torch.empty(3, B, F, dtype=torch.int64, device=tokens.device)
-    next_scores = torch.empty(B, F, dtype=torch.float32, device=tokens.device)
-    _expansion_step_kernel[(B,)](
+    device = tokens.device
+    nxt = torch.empty(3, B, F, dtype=torch.int64, device=device)
+    next_scores = torch.empty(B, F, dtype=torch.float32, device=device)
+    chunk = triton.cdiv(W, F)
+    if draft is None:
+        inputs = None
+        hidden = slot_masks = seqlens = feature = positions = table = embed = nxt
+        H, S, words, step, strides = 1, 1, 1, 1, (0, 0, 0)
+    else:
+        hidden, slot_masks, seqlens, table, step = draft
+        if hidden.stride(-1) != 1:
+            hidden = hidden.contiguous()
+        H = hidden.shape[-1]
+        S, words = slot_masks.shape[1:]
+        feature = torch.empty(B, F, H, dtype=hidden.dtype, device=device)
+        positions = torch.empty(B, 1, dtype=torch.int32, device=device)
+        embed = None if table is None else torch.empty(B, F, H, dtype=hidden.dtype, device=device)
+        inputs = (feature, positions, embed)
+        strides = (hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0))
+        if table is None:
+            table = embed = feature
+    _expansion_step_kernel[(B, F)](
         tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, nxt, next_scores,
-        B, M, top_k, F, C, offset,
-        BLOCK_W=triton.next_power_of_2(W), BLOCK_F=triton.next_power_of_2(F), num_warps=1,
+        hidden, slot_masks, seqlens, feature, positions, table, embed,
+        B, M, top_k, F, C, offset, chunk, step, H, S, words, *strides,
+        BLOCK_CHUNK=triton.next_power_of_2(chunk), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+        BLOCK_WORDS=triton.next_power_of_2(words), HAS_DRAFT=draft is not None,
+        HAS_PARENT_SLOTS=draft is not None and step > 1, HAS_EMBED=draft is not None and embed is not feature,
+        num_warps=1 if draft is None else 4,
     )
-    return nxt[0], next_scores, nxt[1], nxt[2]
+    return nxt[0], next_scores, nxt[1], nxt[2], inputs
 
 
 @triton.jit(do_not_specialize=["step"])
@@ -150,9 +216,14 @@ def _commit_inputs_kernel(
     inputs_ptr,  # [3, B, P] int64 out: path rows, emitted tokens (padding clamped to 0), positions
     table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
     embed_ptr,  # [B, P, H] out: the emitted tokens' embedding rows (HAS_EMBED)
-    B, D, P, H, stride_v,
+    a_ptr, b_ptr, c_ptr,  # [B, N, FH] target features (NUM >= 1, 2, 3; strided rows)
+    rows_ptr,  # [B, P, NUM * FH] out: the path rows of a, b, c side by side (NUM >= 1)
+    B, D, P, H, FH, stride_v,
+    stride_ab, stride_an, stride_bb, stride_bn, stride_cb, stride_cn,
     BLOCK_H: tl.constexpr,
+    BLOCK_FH: tl.constexpr,
     HAS_EMBED: tl.constexpr,
+    NUM: tl.constexpr,  # feature tensors to gather (0: none)
 ):
     b = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -167,20 +238,42 @@ def _commit_inputs_kernel(
             tl.store(embed_ptr + (b * P + p) * H + h,
                      tl.load(table_ptr + token * stride_v + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty),
                      mask=h < H)
+    if NUM >= 1:
+        target = rows_ptr + (b * P + p) * NUM * FH
+        for start in range(0, FH, BLOCK_FH):
+            h = start + tl.arange(0, BLOCK_FH)
+            inside = h < FH
+            tl.store(target + h, tl.load(a_ptr + b * stride_ab + node * stride_an + h, mask=inside, other=0.0),
+                     mask=inside)
+            if NUM >= 2:
+                tl.store(target + FH + h,
+                         tl.load(b_ptr + b * stride_bb + node * stride_bn + h, mask=inside, other=0.0), mask=inside)
+            if NUM >= 3:
+                tl.store(target + 2 * FH + h,
+                         tl.load(c_ptr + b * stride_cb + node * stride_cn + h, mask=inside, other=0.0), mask=inside)
 
 
-def commit_inputs(accept_nodes, out_tokens, seqlens, width: int, table=None, dtype=None):
+def commit_inputs(accept_nodes, out_tokens, seqlens, width: int, table=None, dtype=None, features=None):
     """Launch :func:`_commit_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.commit_inputs`."""
     B, D = accept_nodes.shape
-    inputs = torch.empty(3, B, width, dtype=torch.int64, device=accept_nodes.device)
+    device = accept_nodes.device
+    inputs = torch.empty(3, B, width, dtype=torch.int64, device=device)
     H = 1 if table is None else table.shape[1]
-    embed = None if table is None else torch.empty(B, width, H, dtype=dtype, device=accept_nodes.device)
+    embed = None if table is None else torch.empty(B, width, H, dtype=dtype, device=device)
+    features = [] if features is None else [t if t.stride(-1) == 1 else t.contiguous() for t in features]
+    FH = features[0].shape[-1] if features else 1
+    rows = (torch.empty(B, width, len(features) * FH, dtype=features[0].dtype, device=device) if features
+            else None)
+    padded = features + [features[0] if features else inputs] * (3 - len(features))
+    strides = [s for t in padded for s in ((t.stride(0), t.stride(1)) if t.dim() == 3 else (0, 0))]
     _commit_inputs_kernel[(B, width)](accept_nodes, out_tokens, seqlens, inputs,
                                       inputs if table is None else table, inputs if table is None else embed,
-                                      B, D, width, H, 0 if table is None else table.stride(0),
+                                      *padded, inputs if rows is None else rows,
+                                      B, D, width, H, FH, 0 if table is None else table.stride(0), *strides,
                                       BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
-                                      HAS_EMBED=table is not None, num_warps=4)
-    return inputs[0], inputs[1], inputs[2], embed
+                                      BLOCK_FH=min(BLOCK_H_MAX, triton.next_power_of_2(FH)),
+                                      HAS_EMBED=table is not None, NUM=len(features), num_warps=4)
+    return inputs[0], inputs[1], inputs[2], embed, rows
 
 
 @triton.jit

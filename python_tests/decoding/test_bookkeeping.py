@@ -29,7 +29,9 @@ def both(fn, *args, **kwargs):
 
 
 def assert_identical(got, want):
-    if isinstance(want, torch.Tensor):
+    if want is None:
+        assert got is None
+    elif isinstance(want, torch.Tensor):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got, want)
     else:
@@ -50,7 +52,50 @@ def test_expansion_step(M, top_k, offset):
     want, want_args, got, got_args = both(bookkeeping.expansion_step, tokens, scores, frontier, cand_index,
                                           *history, offset, top_k)
     assert_identical(got, want)
+    assert got[4] is None  # no draft: no head-pass inputs
     assert_identical(got_args[4:7], want_args[4:7])  # the history, untouched outside the step's slice
+
+
+@pytest.mark.parametrize("step, M, embed", [(1, 1, True), (2, 3, True), (4, 3, False)],
+                         ids=["step1-embed", "step2-embed", "step4-no-embed"])
+def test_expansion_step_with_draft_inputs(step, M, embed):
+    """The expansion step of depth ``step - 1`` and the inputs of the head's pass at ``step`` in
+    one launch: the same as the expansion step followed by draft_inputs (the torch path)."""
+    gen = torch.Generator().manual_seed(10 + step)
+    B, top_k, H, depth, C = 2, 3, 40, 30, 60  # 90 draft slots: two mask words
+    F, W, offset = top_k, M * top_k, 0 if step == 1 else 3 + (step - 2) * 9
+    tokens = torch.randint(0, 50, (B, W), generator=gen)
+    scores = torch.randn(B, W, generator=gen)
+    frontier = torch.stack([torch.randperm(W, generator=gen)[:F] for _ in range(B)]).int()
+    cand_index = torch.full((B, M), -1) if M == 1 else torch.randint(0, 30, (B, M), generator=gen)
+    history = (torch.full((B, C), -7), torch.full((B, C), -7.0), torch.full((B, C), -7, dtype=torch.int32))
+    hidden = torch.randn(B, M, H, generator=gen).to(torch.bfloat16)
+    slot_masks = torch.randint(-2**62, 2**62, (B, depth * F, 2), generator=gen)
+    seqlens = torch.tensor([5, 17], dtype=torch.int32)
+    table = torch.randn(50, H, generator=gen).to(torch.bfloat16 if embed else torch.float16)
+    copies = [(hidden.clone(), slot_masks.clone(), [h.clone() for h in history]) for _ in range(2)]
+    results = []
+    for forced, (hid, masks, hist) in zip((False, True), copies):
+        with bookkeeping.gpu_path_on_cpu(forced):
+            draft = bookkeeping.DraftInputs(hid, masks, seqlens, table, step)
+            results.append(bookkeeping.expansion_step(tokens, scores, frontier, cand_index, *hist, offset, top_k,
+                                                      draft))
+    want, got = results
+    assert_identical(got[:4], want[:4])
+    assert_identical(got[4][:2], want[4][:2])  # the feature rows and the position
+    assert want[4][2] is None  # the CPU path leaves the embedding to the head
+    if embed:
+        assert_identical(got[4][2], torch.nn.functional.embedding(got[0], table))
+    else:
+        assert got[4][2] is None  # a table in another dtype: the head embeds (and converts) itself
+    assert_identical(copies[1][1], copies[0][1])  # the frontier's mask rows, the others unchanged
+    assert_identical(copies[1][2], copies[0][2])  # the history
+    # The same as the separate launches.
+    separate = bookkeeping.draft_inputs(hidden, want[2], slot_masks.clone(), seqlens, step, want[0], table)
+    assert_identical(want[4][:2], separate[:2])
+    with bookkeeping.gpu_path_on_cpu(), pytest.raises(ValueError, match="slot_masks"):
+        bookkeeping.expansion_step(tokens, scores, frontier, cand_index, *history, offset, top_k,
+                                   bookkeeping.DraftInputs(hidden, slot_masks[:, :2], seqlens, table, step))
 
 
 @pytest.mark.parametrize("step", [1, 2, 4], ids=["step1", "step2", "step4"])
@@ -78,18 +123,26 @@ def test_draft_inputs(step, dtype):
     assert_identical(got_args[2][:, : (step - 1) * F], slot_masks[:, : (step - 1) * F])  # ancestors unchanged
 
 
-@pytest.mark.parametrize("width", [None, 2], ids=["all", "width2"])
-def test_commit_inputs(width):
+@pytest.mark.parametrize("width, count", [(None, 3), (2, 1), (None, 0)], ids=["all-3", "width2-1", "all-0"])
+def test_commit_inputs(width, count):
+    """The accepted path's rows, tokens, positions, embedding rows and (with ``features``) the
+    target feature rows side by side, in one launch: the same as the torch path and gather_rows."""
     accept_nodes = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1]], dtype=torch.int32)
     out_tokens = torch.tensor([[11, 12, 13, 14], [21, 22, -1, -1]])  # ids < 30: rows of table
     seqlens = torch.tensor([6, 9], dtype=torch.int32)
     table = torch.randn(30, 40).bfloat16()
+    base = torch.randn(2, 7, 2 * 24).bfloat16()
+    features = [base[..., :24]] + [torch.randn(2, 7, 24).bfloat16() for _ in range(count - 1)] if count else None
     want, _, got, _ = both(bookkeeping.commit_inputs, accept_nodes, out_tokens, seqlens, width, table,
-                           torch.bfloat16)
+                           torch.bfloat16, features)
     assert_identical(got[:2], want[:2])
-    assert want[2] is None and want[3] is None  # the CPU path leaves the head its defaults: these
+    assert want[2] is None and want[3] is None and want[4] is None  # the CPU path leaves the head its defaults
     assert_identical(got[2], seqlens[:, None].long() + torch.arange(got[0].shape[1]))
     assert_identical(got[3], torch.nn.functional.embedding(got[1], table))
+    if count:
+        assert_identical(got[4], bookkeeping.gather_rows(features, want[0]))
+    else:
+        assert got[4] is None
 
 
 def test_tree_positions():
