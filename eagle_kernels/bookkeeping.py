@@ -229,14 +229,17 @@ def gather_rows(tensors, rows):
     return picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)
 
 
-def commit(state, tokens, accept_len, hidden, head_cache) -> None:
+def commit(state, tokens, accept_len, hidden, head_cache, norm=None) -> None:
     """Commit a step of the decoder's ``state`` (:class:`eagle_kernels.decoder._State`): for each
     active request (not ``done``), append ``tokens[:accept_len + 1]`` (``accept_len`` int32
     [B]; None: one token) to ``state.out`` (and its lookup history), up to and including an EOS;
     count the step, make the last token the next root and the head's output ``hidden`` [B, P, H]
     at that pair the next ``root_hidden`` (``hidden`` None: no head); advance the target cache
     and ``head_cache`` by the accepted tokens; set ``done`` at the token limit or an EOS; advance
-    the random-stream offset."""
+    the random-stream offset. ``norm`` ``(weight [H], eps)``: the head's final norm (EAGLE-3),
+    also applied to the new ``root_hidden`` into ``state.root_normed`` [B, H] (the first draft
+    logits' input: in the same launch on the GPU path)."""
+    has_norm = hidden is not None and norm is not None
     if gpu_path(tokens):
         B = tokens.shape[0]
         _check("tokens", tokens, torch.int64, (B, tokens.shape[1]))
@@ -244,10 +247,15 @@ def commit(state, tokens, accept_len, hidden, head_cache) -> None:
             _check("accept_len", accept_len, torch.int32, (B,))
         if hidden is not None and hidden.shape[0] != B:
             raise ValueError(f"hidden: expected {B} rows, got shape {list(hidden.shape)}")
+        if has_norm:
+            H = hidden.shape[-1]
+            _check("state.root_normed", state.root_normed, hidden.dtype, (B, H))
+            _check("norm weight", norm[0], hidden.dtype, (H,))
         _triton().commit(tokens, accept_len, state.done, state.out, state.out_len, state.steps, state.root,
                          state.offset, state.limit, state.eos, state.history, state.prompt_len,
                          state.target_cache.seqlens, None if head_cache is None else head_cache.seqlens,
-                         hidden, state.root_hidden if hidden is not None else None)
+                         hidden, state.root_hidden if hidden is not None else None,
+                         norm if has_norm else None, state.root_normed if has_norm else None)
         return
     active = ~state.done
     if accept_len is None:  # one token each
@@ -257,6 +265,10 @@ def commit(state, tokens, accept_len, hidden, head_cache) -> None:
     last = accept_len.long()
     if hidden is not None:
         state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
+        if has_norm:
+            from .models.layers import rms_norm
+
+            state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
     advance = (accept_len + 1) * active.to(torch.int32)
     state.target_cache.seqlens += advance
     if head_cache is not None:

@@ -262,6 +262,7 @@ class _State:
     history: torch.Tensor | None = None  # int64 [B, C] prompt + generated tokens (lookup drafts)
     prompt_len: torch.Tensor | None = None  # int64 [B]
     expansion_start: ExpansionStart | None = None  # the head's expansion's first inputs (constant)
+    root_normed: torch.Tensor | None = None  # [B, H] EAGLE-3: root_hidden through the head's final norm
 
 
 @dataclass
@@ -338,10 +339,13 @@ class _HeadDraft:
     plus its own bit.
     """
 
-    def __init__(self, head: EagleHead, root_hidden: torch.Tensor, cache: KVCache, tree: TreeConfig):
+    def __init__(self, head: EagleHead, root_hidden: torch.Tensor, cache: KVCache, tree: TreeConfig,
+                 root_normed: torch.Tensor | None = None):
         B, k, device = root_hidden.shape[0], tree.frontier_width, root_hidden.device
         self.head, self.cache, self.k = head, cache, k
         self.hidden = root_hidden[:, None]  # [B, M, H]: the head's outputs of the previous step
+        # EAGLE-3: the root's final norm, made by the previous commit (None: normed here).
+        self.root_normed = None if root_normed is None else root_normed[:, None]
         # Each step writes its frontier's rows whole before a pass reads them.
         self.slot_masks = torch.empty(B, tree.depth * k, mask_words(tree.depth * k), dtype=torch.int64, device=device)
 
@@ -361,7 +365,7 @@ class _HeadDraft:
                 self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
             self.hidden = self.head(tokens, feature, self.cache, positions=positions, embed=embed,
                                     tree_mask=self.slot_masks[:, : step * self.k], slot_offset=(step - 1) * self.k)
-        return self.head.logits(self.hidden)
+        return self.head.logits(self.hidden, normed=self.root_normed if step == 0 else None)
 
 
 def _root_tree(root: torch.Tensor) -> Tree:
@@ -815,7 +819,8 @@ class SpeculativeDecoder:
                       torch.zeros(B, dtype=torch.bool, device=device), torch.zeros(B, **i64), sampling, 0,
                       torch.zeros(B, **i64) if slot else 0, torch.full((B, 1), -1, **i64) if slot else None,
                       history, torch.zeros(B, **i64) if history is not None else None,
-                      expansion_start(B, device) if head_cache is not None else None)
+                      expansion_start(B, device) if head_cache is not None else None,
+                      torch.zeros_like(root_hidden) if head_cache is not None and self.head.final_norm() else None)
 
     def _prefill(self, prompts, tree, max_new, temperature, top_k, top_p, seed, eos, speculative) -> _State:
         """A state sized to this call (eager steps), prefilled."""
@@ -868,6 +873,8 @@ class SpeculativeDecoder:
                 head_cache.seqlens.zero_()
             hidden = self.head(next_tokens, self.head.target_features(out), head_cache)
             state.root_hidden.copy_(torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0])
+            if state.root_normed is not None:  # the steps' commits keep it
+                state.root_normed.copy_(self.head.layer_paths.norm(state.root_hidden, self.head.final_norm()[0]))
             head_cache.seqlens.copy_(lengths.to(torch.int32))
 
         state.root.copy_(first)
@@ -931,7 +938,8 @@ class SpeculativeDecoder:
         hidden = None if head is None else self._commit_head(state, out, result,
                                                              policy.commit_width(result.accept_len))
         # Emit the accepted tokens, advance both caches, the next root (and its head output).
-        bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, state.head_cache)
+        bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, state.head_cache,
+                           head.final_norm() if state.root_normed is not None else None)
 
     def _lookup(self, state: _State) -> _Lookup | None:
         """Where each request's lookup chain starts this step (None without a chain)."""
@@ -944,7 +952,7 @@ class SpeculativeDecoder:
         """The head's draft tree for this step's roots: EAGLE-2's (an ``Expansion``), or with a
         sampled tree every candidate and the draft rows (a ``SampledExpansion``)."""
         tree = state.tree
-        draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree)
+        draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree, state.root_normed)
         if tree.sampled:
             # The draws use the step's offset, as verify's: draft_expand's draws are disjoint from
             # verify's by their draw index (docs/design.md).

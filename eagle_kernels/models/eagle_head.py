@@ -232,15 +232,26 @@ class EagleHead(torch.nn.Module):
         """The token embedding [V, H] (the target's)."""
         return self.target.weights["model.embed_tokens.weight"]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
         """Draft logits [B, N, Vd], float32 on the CPU and the head's dtype elsewhere (EAGLE-1:
         the target's LM head on the predicted feature; EAGLE-3: own norm and LM head over the
-        draft vocabulary)."""
+        draft vocabulary). ``normed`` [B, N, H]: EAGLE-3's norm of ``hidden``, made already
+        (with :meth:`final_norm`, as the decoder's commit does for the next root)."""
         if self.config.kind == EAGLE1:
             lm_head = self.target.weights["lm_head.weight"]
             return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), lm_head))
-        normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
+        if normed is None:
+            normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
         return logits_for_ops(linear(normed, self.weights["lm_head.weight"], self.packed))
+
+    def final_norm(self) -> tuple[torch.Tensor, float] | None:
+        """EAGLE-3's norm before its LM head, ``(weight [H], eps)``, where its weight is in the
+        head's dtype (the rmsnorm op's case): a caller may norm rows ahead and pass them to
+        :meth:`logits` as ``normed``. None for EAGLE-1 (no such norm)."""
+        if self.config.kind == EAGLE1:
+            return None
+        weight = self.weights["norm.weight"]
+        return (weight, self.config.rms_norm_eps) if weight.dtype == self.dtype else None
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: str) -> None:

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rmsnorm import _normalise_row
+
 BLOCK_H_MAX = 1024
 
 
@@ -334,16 +336,20 @@ def _commit_kernel(
     head_seqlens_ptr,  # [B] int32 (HAS_HEAD_CACHE)
     hidden_ptr,  # [B, P, H] the head's commit pass (HAS_HIDDEN, strided)
     root_hidden_ptr,  # [B, H] out: hidden at the last accepted pair
-    T, OW, HW, H, limit, eos,
+    norm_weight_ptr,  # [H] the head's final norm (HAS_NORM)
+    root_normed_ptr,  # [B, H] out: the final norm of root_hidden (HAS_NORM)
+    T, OW, HW, H, limit, eos, norm_eps,
     stride_hb, stride_hp,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_NORM: tl.constexpr,  # >= H: the row as one tile, as the rmsnorm op reads it
     HAS_ACCEPT: tl.constexpr,
     LIMIT_IS_TENSOR: tl.constexpr,
     EOS_MODE: tl.constexpr,  # 0: no EOS, 1: one for all (`eos`), 2: per request (eos_ptr)
     HAS_HISTORY: tl.constexpr,
     HAS_HEAD_CACHE: tl.constexpr,
     HAS_HIDDEN: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     # Flags as integers (0 / 1): scalar arithmetic instead of boolean scalars, which the
@@ -389,13 +395,18 @@ def _commit_kernel(
         tl.store(head_seqlens_ptr + b, tl.load(head_seqlens_ptr + b) + advance)
     if HAS_HIDDEN:
         source = hidden_ptr + b * stride_hb + last * stride_hp
-        for start in range(0, H, BLOCK_H):
-            h = start + tl.arange(0, BLOCK_H)
-            tl.store(root_hidden_ptr + b * H + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+        if HAS_NORM:  # the row and its final norm (the rmsnorm op's arithmetic: docs/ops.md §9)
+            offs = tl.arange(0, BLOCK_NORM)
+            row = _normalise_row(source, norm_weight_ptr, root_normed_ptr + b * H, offs, offs < H, H, norm_eps)
+            tl.store(root_hidden_ptr + b * H + offs, row, mask=offs < H)
+        else:
+            for start in range(0, H, BLOCK_H):
+                h = start + tl.arange(0, BLOCK_H)
+                tl.store(root_hidden_ptr + b * H + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
 
 
 def commit(tokens, accept_len, done, out, out_len, steps, root, offset, limit, eos, history, prompt_len,
-           seqlens, head_seqlens, hidden, root_hidden):
+           seqlens, head_seqlens, hidden, root_hidden, norm=None, root_normed=None):
     """Launch :func:`_commit_kernel`: see :func:`eagle_kernels.bookkeeping.commit`."""
     B, T = tokens.shape
     limit_tensor = isinstance(limit, torch.Tensor)
@@ -403,6 +414,7 @@ def commit(tokens, accept_len, done, out, out_len, steps, root, offset, limit, e
     H = 1 if hidden is None else hidden.shape[-1]
     if hidden is not None and hidden.stride(-1) != 1:
         hidden = hidden.contiguous()
+    has_norm = hidden is not None and norm is not None
     dummy = out_len
     _commit_kernel[(B,)](
         tokens, dummy if accept_len is None else accept_len, done.view(torch.uint8), out, out_len, steps, root, offset,
@@ -410,10 +422,12 @@ def commit(tokens, accept_len, done, out, out_len, steps, root, offset, limit, e
         dummy if history is None else history, dummy if prompt_len is None else prompt_len,
         seqlens, seqlens if head_seqlens is None else head_seqlens,
         out if hidden is None else hidden, out if root_hidden is None else root_hidden,
+        out if not has_norm else norm[0], out if not has_norm else root_normed,
         T, out.shape[1], 0 if history is None else history.shape[1], H,
-        0 if limit_tensor else int(limit), eos if eos_mode == 1 else 0,
+        0 if limit_tensor else int(limit), eos if eos_mode == 1 else 0, float(norm[1]) if has_norm else 0.0,
         0 if hidden is None else hidden.stride(0), 0 if hidden is None else hidden.stride(1),
         BLOCK_T=triton.next_power_of_2(T), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+        BLOCK_NORM=triton.next_power_of_2(H) if has_norm else 1, HAS_NORM=has_norm,
         HAS_ACCEPT=accept_len is not None, LIMIT_IS_TENSOR=limit_tensor, EOS_MODE=eos_mode,
         HAS_HISTORY=history is not None, HAS_HEAD_CACHE=head_seqlens is not None, HAS_HIDDEN=hidden is not None,
         num_warps=4,

@@ -18,6 +18,12 @@ pytestmark = [pytest.mark.slow,
                                  reason="triton runs CPU tensors only under TRITON_INTERPRET=1")]
 
 
+def triton_rmsnorm(*args):
+    from eagle_kernels.triton.rmsnorm import rmsnorm
+
+    return rmsnorm(*args)
+
+
 def both(fn, *args, **kwargs):
     """``fn`` on the torch path and on the Triton path, each on its own copy of the tensors;
     returns (torch result, torch args, triton result, triton args)."""
@@ -178,13 +184,14 @@ def fake_state(B, T, H, *, slot, eos, history, head, seed):
         history=torch.randint(0, 50, (B, 30), generator=gen) if history else None,
         prompt_len=torch.tensor([5, 2, 7, 4])[:B] if history else None,
         target_cache=types.SimpleNamespace(seqlens=torch.tensor([8, 9, 10, 11], dtype=torch.int32)[:B]),
-        root_hidden=torch.zeros(B, H, dtype=torch.bfloat16) if head else None)
+        root_hidden=torch.zeros(B, H, dtype=torch.bfloat16) if head else None,
+        root_normed=torch.zeros(B, H, dtype=torch.bfloat16) if head else None)
     head_cache = types.SimpleNamespace(seqlens=torch.tensor([7, 8, 9, 10], dtype=torch.int32)[:B]) if head else None
     return state, head_cache
 
 
 def state_tensors(state, head_cache):
-    names = ["out", "out_len", "steps", "root", "done", "offset", "history", "root_hidden"]
+    names = ["out", "out_len", "steps", "root", "done", "offset", "history", "root_hidden", "root_normed"]
     found = [getattr(state, n) for n in names if getattr(state, n) is not None]
     found.append(state.target_cache.seqlens)
     if head_cache is not None:
@@ -192,23 +199,30 @@ def state_tensors(state, head_cache):
     return found
 
 
-@pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "plain"])
+@pytest.mark.parametrize("speculative, norm", [(True, False), (True, True), (False, False)],
+                         ids=["speculative", "speculative-norm", "plain"])
 @pytest.mark.parametrize("slot, eos, history", [(False, False, False), (False, True, True), (True, True, False),
                                                 (True, False, True)],
                          ids=["plain-state", "int-eos-history", "slot-eos", "slot-history"])
-def test_commit(speculative, slot, eos, history):
+def test_commit(speculative, norm, slot, eos, history):
     B, T, H = 4, 4 if speculative else 1, 24
     gen = torch.Generator().manual_seed(T)
     tokens = torch.randint(10, 16, (B, T), generator=gen)  # EOS 13 in some rows
     tokens[1, 3:] = -1
     accept_len = torch.tensor([3, 2, 1, 0], dtype=torch.int32) if speculative else None
-    hidden = torch.randn(B, T, H, generator=gen).to(torch.bfloat16) if speculative else None
+    hidden = (torch.randn(B, T, H, generator=gen) * 3).to(torch.bfloat16) if speculative else None
+    weight = (torch.rand(H, generator=gen) + 0.5).to(torch.bfloat16)
     results = []
     for forced in (False, True):
         state, head_cache = fake_state(B, T, H, slot=slot, eos=eos, history=history, head=speculative, seed=T)
         with bookkeeping.gpu_path_on_cpu(forced):
-            bookkeeping.commit(state, tokens, accept_len, hidden, head_cache)
+            bookkeeping.commit(state, tokens, accept_len, hidden, head_cache, (weight, 1e-5) if norm else None)
         results.append(state_tensors(state, head_cache))
+    if norm:  # the root's final norm: the Triton rmsnorm's arithmetic, and torch's to rounding (bf16)
+        normed = [r.pop(-3) for r in results]
+        assert_identical(normed[1], triton_rmsnorm(results[1][-3], weight, 1e-5)[0])  # root_hidden's norm
+        torch.testing.assert_close(normed[1], normed[0], atol=0, rtol=2 ** -6)
+        assert normed[0].abs().sum() > 0
     assert_identical(results[1], results[0])
 
 

@@ -65,9 +65,9 @@ def test_bf16_logits_reach_the_ops_without_a_float_copy(monkeypatch):
             out.logits = out.logits.to(torch.bfloat16)
         return out
 
-    def draft_logits(hidden):
+    def draft_logits(hidden, **kwargs):
         with audit.models():
-            return head_logits(hidden).to(torch.bfloat16)
+            return head_logits(hidden, **kwargs).to(torch.bfloat16)
 
     def draft_forward(*args, **kwargs):
         with audit.models():
