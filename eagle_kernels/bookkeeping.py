@@ -170,6 +170,40 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     return feature, seqlens[:, None] + (step - 1), None
 
 
+# ---------------------------------------------------------------------------- target pass
+def token_rows(tokens, table, weight, eps: float, seqlens=None, depths=None, positions=None):
+    """A decoder's first layer input from its tokens: ``(out, residual, positions)``, where
+    ``residual`` [B, N, H] are the rows of the token embedding ``table`` [V, H] (in the model's
+    dtype) for ``tokens`` int64 [B, N], ``out`` their RMSNorm with ``weight`` [H] (the rmsnorm
+    op's arithmetic on the GPU path, docs/ops.md §9) and, with ``seqlens`` int32 [B] and
+    ``depths`` int32 [B, N], ``positions`` int32 [B, N] = ``seqlens + depths`` (written into
+    ``positions`` when given; else None): the embedding, the first layer's input norm and a
+    tree's positions in one launch on the GPU path (the GPU layer path's first launch)."""
+    B, N = tokens.shape
+    H = table.shape[-1] if table.dim() == 2 else -1
+    if gpu_path(tokens):
+        _check("tokens", tokens, torch.int64, (B, N))
+        if table.dim() != 2 or table.stride(1) != 1 or table.device != tokens.device:
+            raise ValueError(f"table: expected [V, H] with contiguous rows on {tokens.device}, got "
+                             f"{list(table.shape)} strides {table.stride()} on {table.device}")
+        _check("weight", weight, table.dtype, (H,))
+        if depths is not None:
+            _check("seqlens", seqlens, torch.int32, (B,))
+            _check("depths", depths, torch.int32, (B, N))
+            if positions is not None:
+                _check("positions", positions, torch.int32, (B, N))
+        return _triton().token_rows(tokens, table, weight, eps, seqlens, depths, positions)
+    from .models.layers import rms_norm
+
+    residual = torch.nn.functional.embedding(tokens, table)
+    if depths is not None:
+        if positions is None:
+            positions = tree_positions(seqlens, depths)
+        else:
+            torch.add(depths, seqlens[:, None], out=positions)
+    return rms_norm(residual, weight, eps), residual, positions if depths is not None else None
+
+
 # ---------------------------------------------------------------------------- commit
 def tree_positions(seqlens, depths=None):
     """Positions of a target pass over a tree, int32 [B, N]: ``seqlens`` [B] plus the nodes'

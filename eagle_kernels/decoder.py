@@ -929,8 +929,7 @@ class SpeculativeDecoder:
         tree = expansion.tree if expansion is not None else _root_tree(state.root)
         tree, chains = self._graft(state, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
-        positions = bookkeeping.tree_positions(cache.seqlens, tree.depths)
-        out = self.target(tree.tokens, cache, positions=positions, tree_mask=tree.mask, row_counts=rows,
+        out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
                             **state.sampling, **self._draft_rows(expansion, tree))

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .. import ops
+from .. import bookkeeping, ops
 from .cpu_weights import CPU_LINEAR_MAX_ROWS, CpuPolicy, PackedWeights, cpu_policy, linear
 
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
@@ -295,6 +296,19 @@ class RopeTables:
         return tables
 
 
+class TokenRows(NamedTuple):
+    """A pass's input as token ids, for :class:`GpuLayerPath`'s first layer to embed and norm
+    in its first launch (``bookkeeping.token_rows``): ``tokens`` int64 [B, N], the embedding
+    ``table`` [V, H] in the model's dtype, and for a tree pass its ``depths`` int32 [B, N] with
+    the ``positions`` int32 [B, N] buffer that launch fills (``cache.seqlens + depths``, which
+    every layer's RoPE then reads); both None when the positions are given."""
+
+    tokens: torch.Tensor
+    table: torch.Tensor
+    depths: torch.Tensor | None
+    positions: torch.Tensor | None
+
+
 class GpuLayerPath(LayerPath):
     """The layer in nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
     step"):
@@ -322,8 +336,13 @@ class GpuLayerPath(LayerPath):
     def accepts(x: torch.Tensor, cache, layer: LayerWeights, weights: dict) -> bool:
         """fp32/fp16/bf16 activations, a cache and weight matrices of the same dtype, and
         nothing for autograd to record."""
-        return (x.dtype in (torch.float32, torch.float16, torch.bfloat16) and cache.k.dtype == x.dtype
-                and all(m.dtype == x.dtype for m in layer.matrices)
+        return GpuLayerPath.accepts_dtype(x.dtype, cache, layer, weights)
+
+    @staticmethod
+    def accepts_dtype(dtype, cache, layer: LayerWeights, weights: dict) -> bool:
+        """:meth:`accepts` for activations of ``dtype``."""
+        return (dtype in (torch.float32, torch.float16, torch.bfloat16) and cache.k.dtype == dtype
+                and all(m.dtype == dtype for m in layer.matrices)
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
 
     def rope(self, inv_freq, positions, B, N, dtype):
@@ -331,12 +350,15 @@ class GpuLayerPath(LayerPath):
 
     def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
         c = self.config
-        B, N, H = x.shape
         positions, inv_freq = rope
-        if layer.input_norm is None:
+        if isinstance(x, TokenRows):  # the first layer: embedding, input norm and positions in one launch
+            h, residual, _ = bookkeeping.token_rows(x.tokens, x.table, layer.input_norm, c.rms_norm_eps,
+                                                    cache.seqlens, x.depths, x.positions)
+        elif layer.input_norm is None:
             h, residual = x, x.clone(memory_format=torch.contiguous_format)
         else:
             h, residual = ops.rmsnorm(x, layer.input_norm, c.rms_norm_eps, embed=embed, embed_weight=layer.embed_norm)
+        B, N, H = residual.shape
         k_layer, v_layer = cache.layer(index)
         cos, sin = self.tables(inv_freq, k_layer.shape[1])
         qkv = torch.mm(h.reshape(B * N, -1), layer.qkv.t()).view(B, N, -1)
@@ -372,15 +394,24 @@ class LayerPaths:
             return ops.rmsnorm(x, weight, self.config.rms_norm_eps)[0]
         return rms_norm(x, weight, self.config.rms_norm_eps)
 
+    def gpu_path(self, device, dtype, cache, weights: dict, layer: Callable[[], LayerWeights]) -> GpuLayerPath | None:
+        """The GPU layer path for a pass of ``dtype`` activations on ``device``, where it runs
+        (see :meth:`pick`); else None."""
+        if (device.type != "cpu" or self._gpu_path_on_cpu) and GpuLayerPath.accepts_dtype(dtype, cache, layer(),
+                                                                                          weights):
+            return GpuLayerPath(self.config, self.packed, self.rope_tables)
+        return None
+
     def pick(self, x: torch.Tensor, cache, weights: dict, normed_input: bool = True,
              layer: Callable[[], LayerWeights] | None = None) -> LayerPath:
         """The path for a pass over ``x`` [B, N, H] (the layer input) with ``cache``;
         ``normed_input`` False (a layer without input norm) rules out the fused CPU kernel;
         ``layer`` returns one of the pass's layers, for the GPU path to check its weights' dtype
         (called only off the CPU: a CPU pass does not pay for it)."""
-        if ((x.device.type != "cpu" or self._gpu_path_on_cpu) and layer is not None
-                and GpuLayerPath.accepts(x, cache, layer(), weights)):
-            return GpuLayerPath(self.config, self.packed, self.rope_tables)
+        if layer is not None:
+            gpu = self.gpu_path(x.device, x.dtype, cache, weights, layer)
+            if gpu is not None:
+                return gpu
         if x.device.type != "cpu":
             return TorchLayerPath(self.config, self.packed)
         policy = cpu_policy()

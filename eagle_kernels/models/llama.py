@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .._inputs import check_device, check_dtype
-from ..bookkeeping import gpu_path
+from ..bookkeeping import gpu_path, tree_positions
 from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, linear
 from .layers import (
     GATE_UP,
@@ -29,6 +29,7 @@ from .layers import (
     FusedProjections,
     LayerPaths,
     LayerWeights,
+    TokenRows,
     default_positions,
     rms_norm,
     rope_cos_sin,
@@ -250,7 +251,7 @@ class LlamaModel(torch.nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=(), logit_rows=None,
-                row_counts=None):
+                row_counts=None, depths=None):
         """Run N new tokens per request against the cache.
 
         Shapes
@@ -265,13 +266,31 @@ class LlamaModel(torch.nn.Module):
         padding, whose hidden states, layer states, logits and K/V are unspecified (finite), and
         which the cpu_decoder_layer path does not compute (a batch verifying trees of different
         sizes); the other rows must not have padding among their ancestors.
+        depths int32 [B, N] (instead of ``positions``): a tree's node depths, positions
+        ``cache.seqlens + depths`` (int32), which the GPU layer path makes in its first launch
+        with the embedding and the first input norm.
         """
         c, w = self.config, self.weights
         B, N = tokens.shape
-        if positions is None:
-            positions = default_positions(cache, N)
-        x = F.embedding(tokens, w["model.embed_tokens.weight"]).to(self.dtype)
-        path = self.layer_paths.pick(x, cache, w, layer=lambda: self.layer_weights(0))
+        if positions is not None and depths is not None:
+            raise ValueError("positions, depths: give one of them")
+        table = w["model.embed_tokens.weight"]
+        path = None
+        if (gpu_path(tokens) and table.dtype == self.dtype and table.stride(1) == 1 and table.device == tokens.device
+                and self.layer_weights(0).input_norm is not None):
+            path = self.layer_paths.gpu_path(tokens.device, self.dtype, cache, w, layer=lambda: self.layer_weights(0))
+        if path is not None:
+            # The GPU layer path's first launch embeds the tokens, norms them and (a tree) makes the positions.
+            if positions is None and depths is None:
+                positions = default_positions(cache, N)
+            if depths is not None:
+                positions = torch.empty(B, N, dtype=torch.int32, device=tokens.device)
+            x = TokenRows(tokens, table, depths, positions if depths is not None else None)
+        else:
+            if positions is None:
+                positions = default_positions(cache, N) if depths is None else tree_positions(cache.seqlens, depths)
+            x = F.embedding(tokens, table).to(self.dtype)
+            path = self.layer_paths.pick(x, cache, w, layer=lambda: self.layer_weights(0))
         rope = path.rope(self.inv_freq, positions, B, N, self.dtype)
         states = {}
         for layer in range(c.num_layers):

@@ -432,3 +432,43 @@ def commit(tokens, accept_len, done, out, out_len, steps, root, offset, limit, e
         HAS_HISTORY=history is not None, HAS_HEAD_CACHE=head_seqlens is not None, HAS_HIDDEN=hidden is not None,
         num_warps=4,
     )
+
+
+@triton.jit
+def _token_rows_kernel(
+    tokens_ptr,  # [R] int64 (R = B * N)
+    table_ptr,  # [V, H] token embedding (rows strided), in the model's dtype
+    weight_ptr,  # [H] the first layer's input norm
+    out_ptr,  # [R, H] out: the rows' norm
+    residual_ptr,  # [R, H] out: the rows
+    seqlens_ptr,  # [B] int32 (HAS_DEPTHS)
+    depths_ptr,  # [R] int32 (HAS_DEPTHS)
+    positions_ptr,  # [R] int32 out: seqlens + depths (HAS_DEPTHS)
+    N, H, stride_v, eps,
+    BLOCK_H: tl.constexpr,
+    HAS_DEPTHS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_H)
+    token = tl.load(tokens_ptr + row)
+    x = _normalise_row(table_ptr + token * stride_v, weight_ptr, out_ptr + row * H, offs, offs < H, H, eps)
+    tl.store(residual_ptr + row * H + offs, x, mask=offs < H)
+    if HAS_DEPTHS:
+        tl.store(positions_ptr + row, tl.load(seqlens_ptr + row // N) + tl.load(depths_ptr + row))
+
+
+def token_rows(tokens, table, weight, eps: float, seqlens=None, depths=None, positions=None):
+    """Launch :func:`_token_rows_kernel`: see :func:`eagle_kernels.bookkeeping.token_rows`."""
+    B, N = tokens.shape
+    H = table.shape[1]
+    out = torch.empty(B, N, H, dtype=table.dtype, device=tokens.device)
+    residual = torch.empty(B, N, H, dtype=table.dtype, device=tokens.device)
+    has_depths = depths is not None
+    if has_depths and positions is None:
+        positions = torch.empty(B, N, dtype=torch.int32, device=tokens.device)
+    if B * N:
+        _token_rows_kernel[(B * N,)](tokens, table, weight, out, residual,
+                                     seqlens if has_depths else tokens, depths if has_depths else tokens,
+                                     positions if has_depths else tokens, N, H, table.stride(0), float(eps),
+                                     BLOCK_H=triton.next_power_of_2(H), HAS_DEPTHS=has_depths, num_warps=4)
+    return out, residual, positions

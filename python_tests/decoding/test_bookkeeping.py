@@ -159,6 +159,51 @@ def test_tree_positions():
     assert torch.equal(bookkeeping.tree_positions(seqlens), seqlens[:, None])
 
 
+@pytest.mark.parametrize("depths", [True, False], ids=["tree", "positions-given"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_token_rows(depths, dtype):
+    """The first layer's input in one launch: the embedding rows (exact), their norm (the
+    rmsnorm op's Triton arithmetic exactly, torch's to rounding) and a tree's positions."""
+    gen = torch.Generator().manual_seed(3)
+    B, N, H = 2, 5, 40
+    tokens = torch.randint(0, 30, (B, N), generator=gen)
+    table = (torch.randn(30, 2 * H, generator=gen) * 2).to(dtype)[:, :H]  # strided rows
+    weight = (torch.rand(H, generator=gen) + 0.5).to(dtype)
+    seqlens = torch.tensor([6, 9], dtype=torch.int32)
+    tree_depths = torch.tensor([[0, 1, 1, 2, 3], [0, 1, 2, 3, 4]], dtype=torch.int32) if depths else None
+    want, _, got, _ = both(bookkeeping.token_rows, tokens, table, weight, 1e-5, seqlens, tree_depths)
+    assert_identical(got[1:], want[1:])
+    assert_identical(got[1], torch.nn.functional.embedding(tokens, table))
+    if depths:
+        assert_identical(got[2], bookkeeping.tree_positions(seqlens, tree_depths))
+    assert_identical(got[0], triton_rmsnorm(got[1], weight, 1e-5)[0])
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=2 ** -6 if dtype == torch.bfloat16 else 1e-5)
+    with bookkeeping.gpu_path_on_cpu(), pytest.raises(ValueError, match="depths"):
+        bookkeeping.token_rows(tokens, table, weight, 1e-5, seqlens, torch.zeros(B, N, dtype=torch.int64))
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_target_tree_pass_embeds_in_its_first_layer(monkeypatch):
+    """A target tree pass on the GPU layer path with the depths (embedding, first norm and
+    positions in the first layer's first launch) gives the same logits, states and cache as
+    with the positions computed before it and the embedding outside the layers."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
+    target.layer_paths._gpu_path_on_cpu = True
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, "triton")
+    tokens = torch.randint(0, 97, (2, 4), generator=torch.Generator().manual_seed(2))
+    depths = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]], dtype=torch.int32)
+    mask = torch.tensor([[[1], [3], [5], [11]], [[1], [3], [7], [15]]])
+    results = []
+    for fused in (False, True):
+        cache = target.new_cache(2, 16)
+        cache.seqlens += torch.tensor([3, 5], dtype=torch.int32)
+        with bookkeeping.gpu_path_on_cpu(fused):
+            kwargs = dict(depths=depths) if fused else dict(positions=bookkeeping.tree_positions(cache.seqlens, depths))
+            out = target(tokens, cache, tree_mask=mask, feature_layers=(0, 2), **kwargs)
+        results.append([out.logits.float(), out.hidden, *out.layer_states.values(), cache.k, cache.v])
+    assert_identical(results[1], results[0])
+
+
 @pytest.mark.parametrize("count", [1, 2, 3], ids=["one", "two", "three"])
 def test_gather_rows(count):
     gen = torch.Generator().manual_seed(count)
