@@ -300,3 +300,27 @@ def test_decoding_with_the_gpu_bookkeeping(slots):
             got = decoder.generate(PROMPTS, 10, eos_token_id=9, speculative=speculative)
         assert (got.sequences, got.steps) == (want.sequences, want.steps)
         assert max(len(s) for s in want.sequences) > 1
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_greedy_decoding_on_the_gpu_path(monkeypatch):
+    """The whole GPU code path (GPU layer path with the first layer's token rows, the
+    bookkeeping kernels, an EAGLE-3 head's fused expansion steps and the commit's root norm):
+    greedy speculative decoding emits what plain greedy decoding on the CPU path emits."""
+    import warnings
+
+    from eagle_kernels.models.eagle_head import EagleHead
+    from eagle_kernels.policy import StaticPolicy
+
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    decoder = SpeculativeDecoder(target, head, TreeConfig(3, 2, 4), policy=StaticPolicy(), cuda_graph=False,
+                                 sync_every=1)
+    want = decoder.generate(PROMPTS[:1], 3, speculative=False)
+    for model in (target, head):
+        monkeypatch.setattr(model.layer_paths, "_gpu_path_on_cpu", True)
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, "triton")
+    with bookkeeping.gpu_path_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ops without a Triton kernel run the reference
+        got = decoder.generate(PROMPTS[:1], 3, speculative=True)
+    assert got.sequences == want.sequences and got.steps[0] >= 1
