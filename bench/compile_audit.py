@@ -196,29 +196,40 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
 
 def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):
     """The speculative step's bookkeeping kernels (eagle_kernels/triton/bookkeeping.py) at one
-    model's hidden width, tree (6, 8, 60): every depth's expansion step (the root's and a
-    frontier's), a head pass's inputs at step 1 and later, the commit's."""
+    model's hidden width, tree (6, 8, 60): every depth's expansion step (the root's, a
+    frontier's, with the next head pass's inputs at step 1 and later, the last depth's without),
+    a head pass's inputs alone, the commit's inputs (with EAGLE-3's three feature rows) and the
+    commit (with the root's final norm), the target's first-layer token rows (a tree's, with
+    positions, and a plain step's)."""
+    from eagle_kernels.bookkeeping import DraftInputs
     from eagle_kernels.triton import bookkeeping
 
     i64 = dict(dtype=torch.int64)
     C = k + (depth - 1) * k * k
     history = (torch.empty(B, C, **i64), torch.empty(B, C), torch.empty(B, C, dtype=torch.int32))
-    for M in (1, k):
-        bookkeeping.expansion_step(torch.empty(B, M * k, **i64), torch.empty(B, M * k),
-                                   torch.zeros(B, k, dtype=torch.int32), torch.zeros(B, M, **i64), *history, k, k)
     masks, seqlens = torch.zeros(B, depth * k, 1, **i64), torch.zeros(B, dtype=torch.int32)
     table = torch.empty(V, H, dtype=dtype)
+    for M, step in ((1, 1), (k, 2), (k, None)):
+        draft = None if step is None else DraftInputs(torch.empty(B, M, H, dtype=dtype), masks, seqlens, table, step)
+        bookkeeping.expansion_step(torch.zeros(B, M * k, **i64), torch.empty(B, M * k),
+                                   torch.zeros(B, k, dtype=torch.int32), torch.zeros(B, M, **i64), *history, k, k,
+                                   draft)
     for step in (1, 2):
         bookkeeping.draft_inputs(torch.empty(B, k, H, dtype=dtype), torch.zeros(B, k, **i64), masks, seqlens, step,
                                  torch.zeros(B, k, **i64), table)
     nodes, tokens = torch.zeros(B, P, dtype=torch.int32), torch.zeros(B, P, **i64)
-    bookkeeping.commit_inputs(nodes, tokens, seqlens, P, table, dtype)
+    bookkeeping.commit_inputs(nodes, tokens, seqlens, P, table, dtype,
+                              [torch.empty(B, 64, H, dtype=dtype) for _ in range(3)])
     bookkeeping.gather_rows([torch.empty(B, 64, H, dtype=dtype) for _ in range(3)], tokens)
     out = torch.zeros(B, 256, **i64)
     counters = [torch.zeros(B, **i64) for _ in range(5)]  # out_len, steps, root, offset, limit
-    bookkeeping.commit(tokens, torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.bool), out,
-                       *counters[:4], counters[4], torch.full((B, 1), -1, **i64), None, None, seqlens,
-                       seqlens.clone(), torch.empty(B, P, H, dtype=dtype), torch.empty(B, H, dtype=dtype))
+    for norm in (None, (torch.ones(H, dtype=dtype), 1e-5)):
+        bookkeeping.commit(tokens, torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.bool), out,
+                           *counters[:4], counters[4], torch.full((B, 1), -1, **i64), None, None, seqlens,
+                           seqlens.clone(), torch.empty(B, P, H, dtype=dtype), torch.empty(B, H, dtype=dtype), norm,
+                           torch.empty(B, H, dtype=dtype))
+    for N, depths in ((60, torch.zeros(B, 60, dtype=torch.int32)), (1, None)):
+        bookkeeping.token_rows(torch.zeros(B, N, **i64), table, torch.ones(H, dtype=dtype), 1e-5, seqlens, depths)
 
 
 # (name, hidden, intermediate, Hq, Hkv, head_dim) of the models the GPU layer path is audited at.
