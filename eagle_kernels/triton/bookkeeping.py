@@ -4,17 +4,21 @@ small kernels. :mod:`eagle_kernels.bookkeeping` chooses between them and holds t
 versions, which are the CPU path and the tests' truth (python_tests/decoding/test_bookkeeping.py).
 
 - ``expansion_step``: after one ``draft_expand`` of an EAGLE-2 expansion (Li et al. 2024,
-  §4.1), write its candidates into the history and gather the next frontier's inputs;
+  §4.1), write its candidates into the history and gather the next frontier, and (before the
+  last depth) the inputs of the head's pass over it, which ``draft_inputs`` makes alone;
 - ``draft_inputs``: the inputs of one head pass over a frontier: its parents' hidden states,
   the tree-attention mask rows of its draft slots (parent's row plus its own bit), positions,
   its tokens' embedding rows;
+- ``token_rows``: the target's first layer input: its tokens' embedding rows, their RMSNorm
+  (the rmsnorm kernel's row function) and a tree pass's positions;
 - ``commit_inputs`` / ``gather_rows`` / ``commit``: after ``verify``, the accepted path as the
   head's commit input (tokens, positions, embedding and target feature rows), then emit the
-  accepted tokens, advance the caches and the output, update the root.
+  accepted tokens, advance the caches and the output, update the root and (EAGLE-3) its
+  final norm.
 
 The launchers take contiguous inputs (checked by :mod:`eagle_kernels.bookkeeping`; shapes per
 kernel argument), allocate their outputs and update the state tensors they are given in place;
-one program per request (per frontier node or path pair where rows of H are copied).
+one program per request (per frontier node, token or path pair where rows of H are copied).
 """
 
 from __future__ import annotations
