@@ -72,7 +72,7 @@ def test_no_host_reads(counted, mode):
 # launches more fails. Speculative, tree (6, 2, 8): the ops (draft_expand 2 per depth, verify 4,
 # build_tree, compact_kv) 18; the models outside their layers (final norms and LM heads of the
 # target and of each head pass but the first, whose norm the commit makes, the first pass's LM
-# head, the commit's fc) 15; the bookkeeping (eagle_kernels/bookkeeping.py: one per depth, which
+# head, the commit's fc) 14; the bookkeeping (eagle_kernels/bookkeeping.py: one per depth, which
 # also gathers the next head pass's inputs, commit_inputs with the feature rows, commit) 8. The
 # target's embedding and tree positions are made in its first layer's first launch.
 MEASURED_OUTSIDE_LAYERS = {"plain": 9, "speculative": 40}
