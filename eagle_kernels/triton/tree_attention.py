@@ -95,8 +95,10 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
 
 @triton.jit
 def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                stride0, stride1, stride2, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr):
-    """int64 element offsets [BLOCK_K] of logical positions ``t`` of request ``b``. A page size
+                stride0, stride1, stride2, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr,
+                INT32_OFFSETS: tl.constexpr):
+    """Element offsets [BLOCK_K] of logical positions ``t`` of request ``b`` (int32 when the
+    launcher found every offset of both caches below 2^31, else int64). A page size
     PAGE_SIZE > 0 is a compile-time constant (a shift and a mask for powers of two); 0 takes the
     runtime ``page_size`` (an integer division: the fp32 launches, whose registers are full)."""
     if IS_PAGED:
@@ -107,9 +109,16 @@ def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
             page_index = t // page_size
             slot = t % page_size
         page = tl.load(block_table_ptr + b * max_pages + page_index, mask=t_valid, other=0)
-        return page.to(tl.int64) * stride0 + slot.to(tl.int64) * stride1 + kvh * stride2
+        if INT32_OFFSETS:
+            off = page * stride0 + slot * stride1 + kvh.to(tl.int32) * stride2
+        else:
+            off = page.to(tl.int64) * stride0 + slot.to(tl.int64) * stride1 + kvh * stride2
     else:
-        return b * stride0 + t.to(tl.int64) * stride1 + kvh * stride2
+        if INT32_OFFSETS:
+            off = b.to(tl.int32) * stride0 + t * stride1 + kvh.to(tl.int32) * stride2
+        else:
+            off = b * stride0 + t.to(tl.int64) * stride1 + kvh * stride2
+    return off
 
 
 @triton.jit
@@ -133,6 +142,9 @@ def _tree_attention_kernel(
     EVEN_D: tl.constexpr,  # D == BLOCK_D: whole-tile loads need no mask at all
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,  # 16-bit inputs: the conditional rescale of _attend_tile
+    INT32_OFFSETS: tl.constexpr,  # every element offset of both caches is below 2^31
+    SHARED_KV_OFFSETS: tl.constexpr,  # k_cache and v_cache have the same strides
+    TILE_MODE: tl.constexpr,  # whole prefix tiles: 0 general, 1 contiguous, 2 pages in a tile, 3 a tile in a page
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -174,12 +186,49 @@ def _tree_attention_kernel(
     full_stop = start + tl.maximum(stop - start, 0) // BLOCK_K * BLOCK_K
     all_keys = offs_k < BLOCK_K
     kd_full = all_keys[:, None] & d_valid[None, :]
+    # Whole tiles start at multiples of BLOCK_K, so what does not change from tile to tile is
+    # computed once: the request's and KV head's part and the keys' offsets within the tile
+    # (TILE_MODE 1), within their pages (2: BLOCK_K a multiple of the page size, a tile's pages
+    # at fixed places) or within the one page the tile lies in (3). Per tile only the
+    # block-table entries (one per page, or one scalar) and one multiply-add remain.
+    if INT32_OFFSETS:
+        b_o = b.to(tl.int32)
+        kvh_o = kvh.to(tl.int32)
+    else:
+        b_o = b
+        kvh_o = kvh
+    table_row = block_table_ptr + b * max_pages
+    if TILE_MODE == 1:
+        k_row = b_o * stride_k0 + kvh_o * stride_k2 + offs_k.to(b_o.dtype) * stride_k1
+        v_row = b_o * stride_v0 + kvh_o * stride_v2 + offs_k.to(b_o.dtype) * stride_v1
+    elif TILE_MODE == 2:
+        tile_page = offs_k // PAGE_SIZE
+        k_row = kvh_o * stride_k2 + (offs_k % PAGE_SIZE).to(b_o.dtype) * stride_k1
+        v_row = kvh_o * stride_v2 + (offs_k % PAGE_SIZE).to(b_o.dtype) * stride_v1
+    else:
+        k_row = kvh_o * stride_k2 + offs_k.to(b_o.dtype) * stride_k1
+        v_row = kvh_o * stride_v2 + offs_k.to(b_o.dtype) * stride_v1
     for t0 in range(start, full_stop, BLOCK_K):
-        t = t0 + offs_k
-        k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-        v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
-                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
+        if TILE_MODE == 0:
+            t = t0 + offs_k
+            k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
+                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+            v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
+                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+        elif TILE_MODE == 1:
+            k_off = tl.cast(t0, b_o.dtype) * stride_k1 + k_row
+            v_off = tl.cast(t0, b_o.dtype) * stride_v1 + v_row
+        elif TILE_MODE == 2:
+            page = tl.load(table_row + t0 // PAGE_SIZE + tile_page).to(b_o.dtype)
+            k_off = page * stride_k0 + k_row
+            v_off = page * stride_v0 + v_row
+        else:
+            page = tl.load(table_row + t0 // PAGE_SIZE).to(b_o.dtype)
+            slot = tl.cast(t0 % PAGE_SIZE, b_o.dtype)
+            k_off = (page * stride_k0 + slot * stride_k1) + k_row
+            v_off = (page * stride_v0 + slot * stride_v1) + v_row
+        if SHARED_KV_OFFSETS:
+            v_off = k_off
         if EVEN_D:
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :])
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :])
@@ -193,9 +242,12 @@ def _tree_attention_kernel(
         t_valid = t < stop
         kd_mask = t_valid[:, None] & d_valid[None, :]
         k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-        v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
+                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+        if SHARED_KV_OFFSETS:
+            v_off = k_off
+        else:
+            v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
+                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
         k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, t_valid[None, :], m_i, l_i, acc, scale_log2,
@@ -211,9 +263,12 @@ def _tree_attention_kernel(
             kd_mask = j_valid[:, None] & d_valid[None, :]
             t = prefix + j
             k_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-            v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
+                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+            if SHARED_KV_OFFSETS:
+                v_off = k_off
+            else:
+                v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
+                                    stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             both = row_valid[:, None] & j_valid[None, :]
@@ -271,6 +326,14 @@ def _tree_attention_merge_kernel(
     o = tl.load(part_o_ptr + o_off, mask=s_valid[:, None] & d_valid[None, :], other=0.0)
     merged = tl.sum(o * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + row * D + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_valid)
+
+
+def _fits_int32(cache: torch.Tensor) -> bool:
+    """Whether every element offset of ``cache`` (and every partial sum of one, the strides
+    being non-negative) is below 2^31: the kernel then computes its K/V offsets in int32."""
+    if any(s < 0 for s in cache.stride()):
+        return False
+    return sum((n - 1) * s for n, s in zip(cache.shape, cache.stride())) + 1 < 2**31
 
 
 def _sm_count(device: torch.device) -> int:
@@ -336,6 +399,15 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     # full) keeps the eager rescale and the runtime page size, which spill nothing in its loops.
     sixteen_bit = q.dtype != torch.float32
     max_pages = table.shape[1] if paged else 1
+    compile_page = page_size if sixteen_bit else 0
+    if not paged:
+        tile_mode = 1
+    elif compile_page and block_k % compile_page == 0:
+        tile_mode = 2
+    elif compile_page and compile_page % block_k == 0:
+        tile_mode = 3
+    else:
+        tile_mode = 0
     _tree_attention_kernel[(programs, splits)](
         q, k_cache, v_cache, seqlens, mask, table, out, part_o, part_lse,
         N, Hq, Hkv, D, mask.shape[-1] if not causal else 1, page_size, max_pages,
@@ -344,8 +416,10 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
-        NUM_SPLITS=splits, PAGE_SIZE=page_size if sixteen_bit else 0, IS_PAGED=paged, IS_CAUSAL=causal,
+        NUM_SPLITS=splits, PAGE_SIZE=compile_page, IS_PAGED=paged, IS_CAUSAL=causal,
         EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
+        INT32_OFFSETS=_fits_int32(k_cache) and _fits_int32(v_cache),
+        SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode,
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:

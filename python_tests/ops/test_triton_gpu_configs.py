@@ -278,3 +278,42 @@ def test_tree_attention_lazy_rescale(dtype, page):
     running = scores.cummax(-1).values  # log2 units, per (node, head) row
     assert 64 % tta.GPU_CONFIG.block_k == 0  # the key ranges above are whole tiles
     assert (running[..., 127] - running[..., 63]).max() < 8 < (running[..., 191] - running[..., 127]).max()
+
+
+OFFSET_CASES = [
+    # page (None: contiguous), int32 offsets, K and V with the same strides, flash-decoding splits
+    (None, True, True, None),
+    (None, False, False, None),
+    (16, True, True, None),
+    (16, False, False, 2),
+    (8, True, False, None),
+    (128, True, True, 2),
+    (128, False, True, None),
+    (24, True, True, None),
+]
+
+
+@pytest.mark.parametrize("page,int32,shared,splits", OFFSET_CASES,
+                         ids=lambda x: None if x is None or isinstance(x, bool) else str(x))
+def test_tree_attention_offset_paths(monkeypatch, page, int32, shared, splits):
+    """The K/V offsets of whole prefix tiles: contiguous (TILE_MODE 1), pages that divide the
+    64-key tile (16, 8: 2), tiles inside one page (128: 3), other page sizes (24: 0, the general
+    gather); int32 offsets and int64 ones (the launcher's size test forced off); K and V with the
+    same strides (one offset for both) or not (V a view of a wider buffer). bf16, 150-entry
+    prefixes: whole tiles and a partial one, with the split path where the split starts
+    mid-page."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    if not int32:
+        monkeypatch.setattr(tta, "_fits_int32", lambda cache: False)
+    B, N, prefix, heads, D, dtype = 2, 9, 150, (4, 2), 64, torch.bfloat16
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed=page or 5)
+    if not shared:
+        wide = torch.full(v.shape[:-1] + (2 * D,), float("nan"), dtype=dtype)
+        wide[..., :D] = v
+        v = wide[..., :D]
+        assert v.stride() != k.stride()
+    mask = random_mask(B, N, seed=3)
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=splits)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
