@@ -257,6 +257,7 @@ def _tree_attention_kernel(
     # sees a slot past its last node.
     if split == NUM_SPLITS - 1:
         last = tl.minimum(N, (nblk + 1) * NODES) - 1
+        key_bit = tl.full([BLOCK_K], 1, tl.int64) << offs_k.to(tl.int64)  # BLOCK_K <= 64
         for j0 in range(0, last + 1, BLOCK_K):
             j = j0 + offs_k
             j_valid = j <= last
@@ -271,22 +272,23 @@ def _tree_attention_kernel(
                                     stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
-            both = row_valid[:, None] & j_valid[None, :]
             if IS_CAUSAL:
-                visible = both & (j[None, :] <= node[:, None])
+                visible = row_valid[:, None] & j_valid[None, :] & (j[None, :] <= node[:, None])
             else:
                 # BLOCK_K divides 64: the tile's keys share one mask word per row, loaded as a
-                # [BLOCK_M] vector (not a [BLOCK_M, BLOCK_K] tile of repeated words).
+                # [BLOCK_M] vector (not a [BLOCK_M, BLOCK_K] tile of repeated words), shifted
+                # per row to the tile's first key; a key's bit is then a fixed mask, cleared past
+                # the block's last node (rows past it load 0).
                 words = tl.load(mask_ptr + (b * N + node.to(tl.int64)) * W + j0 // 64, mask=row_valid, other=0)
-                bits = (words[:, None] >> (j[None, :] % 64).to(tl.int64)) & 1
-                visible = both & (bits != 0)
+                words = words >> (j0 % 64)
+                visible = (words[:, None] & tl.where(j_valid, key_bit, 0)[None, :]) != 0
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
                                          True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
     # A row with no visible key (a mask without the node's own bit and an empty prefix)
     # outputs zeros.
     has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    o = acc * (1.0 / tl.where(has, l_i, 1.0))[:, None]  # one division a row, not a value
     row = (b * N + node.to(tl.int64)) * Hq + head  # flat (b, node, head) index
     o_mask = row_valid[:, None] & d_valid[None, :]
     if NUM_SPLITS == 1:
