@@ -45,6 +45,9 @@ from .tree_attention_config import num_splits as num_splits_for
 # Lazy rescaling: the running maxima move only when a row's grew by more than this (log2 units),
 # so the probabilities of a tile stay below 2^8 (fp16 and bf16 hold them; the fp32 sums too).
 RESCALE_SLACK = tl.constexpr(8.0)
+# Work of a tree tile in prefix tiles (its mask; compiled loop: ~640 instructions a warp against
+# ~415 for a prefix tile, plus the mask words' latency), for balancing flash-decoding splits.
+TREE_TILE_COST = tl.constexpr(2)
 
 
 @triton.jit
@@ -175,9 +178,17 @@ def _tree_attention_kernel(
         start = 0
         stop = prefix
     else:
-        chunk = tl.cdiv(tl.cdiv(prefix, NUM_SPLITS), BLOCK_K) * BLOCK_K
-        start = split * chunk
-        stop = tl.minimum(prefix, start + chunk)
+        # Whole key tiles per split, balanced with the tree: the last split also attends to the
+        # block's tree tiles (each about TREE_TILE_COST prefix tiles of work: the mask), so it
+        # takes that many fewer prefix tiles and the other splits share the rest.
+        tiles = tl.cdiv(prefix, BLOCK_K)
+        tree = tl.cdiv(tl.minimum(N, (nblk + 1) * NODES), BLOCK_K) * TREE_TILE_COST
+        last_tiles = tl.minimum(tl.maximum(tl.cdiv(tiles + tree, NUM_SPLITS) - tree, 0), tiles)
+        first = (tiles - last_tiles) * BLOCK_K  # keys of the splits before the last
+        chunk = tl.cdiv(tiles - last_tiles, NUM_SPLITS - 1) * BLOCK_K
+        is_last = split == NUM_SPLITS - 1
+        start = tl.where(is_last, first, split * chunk)
+        stop = tl.where(is_last, prefix, tl.minimum(tl.minimum(prefix, first), start + chunk))
 
     offs_k = tl.arange(0, BLOCK_K)
     # Committed prefix: every node sees every position. Whole tiles first, with no key mask
@@ -311,23 +322,29 @@ def _tree_attention_merge_kernel(
     part_lse_ptr,  # [NUM_SPLITS, R] float32
     out_ptr,  # [R, D] q.dtype
     R, D,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined."""
-    row = tl.program_id(0).to(tl.int64)
+    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined,
+    BLOCK_R rows a program (every load issued at once: [rows, splits] and [rows, splits, D])."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
-    s_valid = offs_s < NUM_SPLITS
     offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
-    lse = tl.load(part_lse_ptr + offs_s.to(tl.int64) * R + row, mask=s_valid, other=float("-inf"))
-    top = tl.max(lse, 0)
+    rs_valid = (rows < R)[:, None] & (offs_s < NUM_SPLITS)[None, :]
+    flat = offs_s.to(tl.int64)[None, :] * R + rows[:, None]  # [rows, splits]
+    lse = tl.load(part_lse_ptr + flat, mask=rs_valid, other=float("-inf"))
+    o_mask = rs_valid[:, :, None] & (offs_d < D)[None, None, :]
+    o = tl.load(part_o_ptr + flat[:, :, None] * D + offs_d[None, None, :], mask=o_mask, other=0.0)
+    top = tl.max(lse, 1)
     top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top)
-    total = tl.sum(weight, 0)
-    o_off = (offs_s.to(tl.int64)[:, None] * R + row) * D + offs_d[None, :]
-    o = tl.load(part_o_ptr + o_off, mask=s_valid[:, None] & d_valid[None, :], other=0.0)
-    merged = tl.sum(o * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + row * D + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_valid)
+    weight = tl.exp2(lse - top[:, None])
+    total = tl.sum(weight, 1)
+    merged = tl.sum(o * weight[:, :, None], 1) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
+    out_mask = (rows < R)[:, None] & (offs_d < D)[None, :]
+    tl.store(out_ptr + rows[:, None] * D + offs_d[None, :], merged.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+# Rows a merge program recombines (4 rows x 8 splits x 128 fp32 values: 32 a thread at 4 warps).
+MERGE_ROWS = 4
 
 
 def _fits_int32(cache: torch.Tensor) -> bool:
@@ -425,9 +442,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:
-        _tree_attention_merge_kernel[(B * N * Hq,)](
+        _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, MERGE_ROWS),)](
             part_o, part_lse, out, B * N * Hq, D,
-            NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+            NUM_SPLITS=splits, BLOCK_R=MERGE_ROWS, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
             num_warps=4,
         )
     return out
