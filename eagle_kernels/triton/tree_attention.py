@@ -48,6 +48,8 @@ RESCALE_SLACK = tl.constexpr(8.0)
 # Work of a tree tile in prefix tiles (its mask; compiled loop: ~640 instructions a warp against
 # ~415 for a prefix tile, plus the mask words' latency), for balancing flash-decoding splits.
 TREE_TILE_COST = tl.constexpr(2)
+# The lazy path's running maximum before a row's first key: raw scores are far above it.
+NO_KEY = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -64,8 +66,8 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
     saw its first key; otherwise the stale maxima stay and p may reach 2^RESCALE_SLACK. acc and
     l_i then carry the same factor, which the final acc / l_i cancels: exact up to rounding.
     Without LAZY (fp32 inputs, whose FMA dots leave no registers for the block-wide test) every
-    tile rescales. A row that has seen no valid key keeps m = -inf and is shifted by 0 instead,
-    so no -inf - -inf NaN appears."""
+    tile rescales. A row that has seen no valid key keeps m at its start (LAZY: the finite
+    NO_KEY; else -inf, shifted by 0 instead, so no -inf - -inf NaN appears)."""
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -76,14 +78,15 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
         qk = tl.where(valid, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     if LAZY:
-        grow = tl.where(m_new > m_i, (m_new - m_i) * scale_log2, 0.0)  # -inf -> finite: +inf
-        if tl.max(grow, 0) > RESCALE_SLACK:  # block-uniform branch: rare after the first tile
-            alpha = tl.exp2((m_i - tl.where(m_new == float("-inf"), 0.0, m_new)) * scale_log2)
+        # m starts at NO_KEY, a finite floor (no -inf - -inf NaN to guard): a row's first key
+        # grows it by ~1e30, its rescale factor is then 0 (l and acc are 0 anyway); the scale
+        # multiplies the block's largest growth once, not each row's.
+        if tl.max(m_new - m_i, 0) * scale_log2 > RESCALE_SLACK:  # block-uniform: rare after the first tile
+            alpha = tl.exp2((m_i - m_new) * scale_log2)
             l_i = l_i * alpha
             acc = acc * alpha[:, None]
             m_i = m_new
-        shift = tl.where(m_i == float("-inf"), 0.0, m_i) * scale_log2
-        p = tl.exp2(qk * scale_log2 - shift[:, None])
+        p = tl.exp2(qk * scale_log2 - (m_i * scale_log2)[:, None])
         l_i = l_i + tl.sum(p, 1)
         acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     else:
@@ -145,7 +148,7 @@ def _tree_attention_kernel(
     EVEN_D: tl.constexpr,  # D == BLOCK_D: whole-tile loads need no mask at all
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,  # 16-bit inputs: the conditional rescale of _attend_tile
-    INT32_OFFSETS: tl.constexpr,  # every element offset of both caches is below 2^31
+    INT32_OFFSETS: tl.constexpr,  # every element offset of q, both caches, out and the partials is below 2^31
     SHARED_KV_OFFSETS: tl.constexpr,  # k_cache and v_cache have the same strides
     TILE_MODE: tl.constexpr,  # whole prefix tiles: 0 general, 1 contiguous, 2 pages in a tile, 3 a tile in a page
 ):
@@ -159,17 +162,31 @@ def _tree_attention_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     node_local = offs_m // GROUP
     node = nblk * NODES + node_local
-    head = kvh * GROUP + offs_m % GROUP
+    # Offsets in int32 when the launcher found every offset of q, the caches, the output and the
+    # partial results below 2^31, else int64.
+    if INT32_OFFSETS:
+        b_o = b.to(tl.int32)
+        kvh_o = kvh.to(tl.int32)
+    else:
+        b_o = b
+        kvh_o = kvh
+    head = kvh_o * GROUP + offs_m % GROUP
     row_valid = (node_local < NODES) & (node < N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
+    if EVEN_D:
+        d_valid = offs_d < BLOCK_D  # constant true: row masks only
+    else:
+        d_valid = offs_d < D
 
-    q_off = b * stride_qb + node[:, None].to(tl.int64) * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
+    q_off = b_o * stride_qb + node[:, None].to(b_o.dtype) * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if LAZY_RESCALE:
+        m_i = tl.full([BLOCK_M], NO_KEY, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
@@ -202,12 +219,6 @@ def _tree_attention_kernel(
     # (TILE_MODE 1), within their pages (2: BLOCK_K a multiple of the page size, a tile's pages
     # at fixed places) or within the one page the tile lies in (3). Per tile only the
     # block-table entries (one per page, or one scalar) and one multiply-add remain.
-    if INT32_OFFSETS:
-        b_o = b.to(tl.int32)
-        kvh_o = kvh.to(tl.int32)
-    else:
-        b_o = b
-        kvh_o = kvh
     table_row = block_table_ptr + b * max_pages
     if TILE_MODE == 1:
         k_row = b_o * stride_k0 + kvh_o * stride_k2 + offs_k.to(b_o.dtype) * stride_k1
@@ -300,13 +311,13 @@ def _tree_attention_kernel(
     # outputs zeros.
     has = l_i > 0.0
     o = acc * (1.0 / tl.where(has, l_i, 1.0))[:, None]  # one division a row, not a value
-    row = (b * N + node.to(tl.int64)) * Hq + head  # flat (b, node, head) index
+    row = (b_o * N + node.to(b_o.dtype)) * Hq + head  # flat (b, node, head) index
     o_mask = row_valid[:, None] & d_valid[None, :]
     if NUM_SPLITS == 1:
         tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         rows_total = tl.num_programs(0) // node_blocks * N * GROUP  # B * N * Hq
-        base = split.to(tl.int64) * rows_total + row
+        base = split.to(b_o.dtype) * rows_total + row
         tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], o, mask=o_mask)
         if LAZY_RESCALE:
             m_log2 = m_i * scale_log2  # m of raw scores on the lazy path
@@ -347,12 +358,12 @@ def _tree_attention_merge_kernel(
 MERGE_ROWS = 4
 
 
-def _fits_int32(cache: torch.Tensor) -> bool:
-    """Whether every element offset of ``cache`` (and every partial sum of one, the strides
-    being non-negative) is below 2^31: the kernel then computes its K/V offsets in int32."""
-    if any(s < 0 for s in cache.stride()):
+def _fits_int32(tensor: torch.Tensor) -> bool:
+    """Whether every element offset of ``tensor`` (and every partial sum of one, the strides
+    being non-negative) is below 2^31: the kernel may then compute its offsets in int32."""
+    if any(s < 0 for s in tensor.stride()):
         return False
-    return sum((n - 1) * s for n, s in zip(cache.shape, cache.stride())) + 1 < 2**31
+    return sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 < 2**31
 
 
 def _sm_count(device: torch.device) -> int:
@@ -437,7 +448,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
         NUM_SPLITS=splits, PAGE_SIZE=compile_page, IS_PAGED=paged, IS_CAUSAL=causal,
         EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
-        INT32_OFFSETS=_fits_int32(k_cache) and _fits_int32(v_cache),
+        INT32_OFFSETS=all(map(_fits_int32, (q, k_cache, v_cache))) and splits * out.numel() < 2**31,
         SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode,
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )

@@ -317,3 +317,21 @@ def test_tree_attention_offset_paths(monkeypatch, page, int32, shared, splits):
     out = tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=splits)
     want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
     torch.testing.assert_close(out.double(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("splits", [None, 2], ids=lambda s: f"splits{s}")
+def test_tree_attention_row_without_keys(splits):
+    """bf16 (the lazy rescale, whose running maxima start at a finite floor): with an empty
+    prefix, a node whose mask row is empty sees no key and outputs zeros, and the other rows of
+    its block, whose first keys come later, match the reference; alone and through the split merge."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    B, N, heads, D, dtype = 1, 6, (4, 2), 64, torch.bfloat16
+    q, k, v, seqlens, table = attention_inputs(B, N, 0, heads, D, dtype, 16, seed=21)
+    mask = random_mask(B, N, seed=21)
+    mask[0, 2] = 0
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=splits, config=tta.GPU_CONFIG)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    rest = [i for i in range(N) if i != 2]  # the reference's row 2 is 0 / 0
+    torch.testing.assert_close(out[:, rest].double(), want[:, rest], **TOL[dtype])
+    assert torch.all(out[0, 2] == 0)
