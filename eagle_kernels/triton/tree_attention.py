@@ -398,6 +398,10 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     causal = tree_mask is None
     mask = seqlens if causal else tree_mask.contiguous()
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
+    if scale < 0:
+        # The kernel keeps running maxima of the raw scores q . k and folds a positive scale into
+        # the exponent: s (q . k) = |s| ((-q) . k), negation exact in every dtype.
+        q, scale = -q, -scale
 
     interpret = interpreted(_tree_attention_kernel)
     if config is None:

@@ -335,3 +335,19 @@ def test_tree_attention_row_without_keys(splits):
     rest = [i for i in range(N) if i != 2]  # the reference's row 2 is 0 / 0
     torch.testing.assert_close(out[:, rest].double(), want[:, rest], **TOL[dtype])
     assert torch.all(out[0, 2] == 0)
+
+
+def test_tree_attention_negative_scale():
+    """The goal configuration (the lazy rescale: maxima of raw scores, the scale folded into the
+    exponent) with a negative scale, which the launcher runs as |scale| on -q; bf16, against the
+    reference."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    B, N, prefix, heads, D, dtype = 1, 9, 150, (4, 2), 64, torch.bfloat16
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, 16, seed=17)
+    mask = random_mask(B, N, seed=17)
+    sm_scale = -0.2
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, sm_scale=sm_scale, config=tta.GPU_CONFIG)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table,
+                                    sm_scale=sm_scale)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
