@@ -45,6 +45,11 @@ from .tree_attention_config import num_splits as num_splits_for
 # Lazy rescaling: the running maxima move only when a row's grew by more than this (log2 units),
 # so the probabilities of a tile stay below 2^8 (fp16 and bf16 hold them; the fp32 sums too).
 RESCALE_SLACK = tl.constexpr(8.0)
+# Work of a tree tile in prefix tiles (its mask; compiled loop: ~640 instructions a warp against
+# ~415 for a prefix tile, plus the mask words' latency), for balancing flash-decoding splits.
+TREE_TILE_COST = tl.constexpr(2)
+# The lazy path's running maximum before a row's first key: raw scores are far above it.
+NO_KEY = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -61,8 +66,8 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
     saw its first key; otherwise the stale maxima stay and p may reach 2^RESCALE_SLACK. acc and
     l_i then carry the same factor, which the final acc / l_i cancels: exact up to rounding.
     Without LAZY (fp32 inputs, whose FMA dots leave no registers for the block-wide test) every
-    tile rescales. A row that has seen no valid key keeps m = -inf and is shifted by 0 instead,
-    so no -inf - -inf NaN appears."""
+    tile rescales. A row that has seen no valid key keeps m at its start (LAZY: the finite
+    NO_KEY; else -inf, shifted by 0 instead, so no -inf - -inf NaN appears)."""
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -73,14 +78,15 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
         qk = tl.where(valid, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     if LAZY:
-        grow = tl.where(m_new > m_i, (m_new - m_i) * scale_log2, 0.0)  # -inf -> finite: +inf
-        if tl.max(grow, 0) > RESCALE_SLACK:  # block-uniform branch: rare after the first tile
-            alpha = tl.exp2((m_i - tl.where(m_new == float("-inf"), 0.0, m_new)) * scale_log2)
+        # m starts at NO_KEY, a finite floor (no -inf - -inf NaN to guard): a row's first key
+        # grows it by ~1e30, its rescale factor is then 0 (l and acc are 0 anyway); the scale
+        # multiplies the block's largest growth once, not each row's.
+        if tl.max(m_new - m_i, 0) * scale_log2 > RESCALE_SLACK:  # block-uniform: rare after the first tile
+            alpha = tl.exp2((m_i - m_new) * scale_log2)
             l_i = l_i * alpha
             acc = acc * alpha[:, None]
             m_i = m_new
-        shift = tl.where(m_i == float("-inf"), 0.0, m_i) * scale_log2
-        p = tl.exp2(qk * scale_log2 - shift[:, None])
+        p = tl.exp2(qk * scale_log2 - (m_i * scale_log2)[:, None])
         l_i = l_i + tl.sum(p, 1)
         acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     else:
@@ -95,8 +101,10 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
 
 @triton.jit
 def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                stride0, stride1, stride2, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr):
-    """int64 element offsets [BLOCK_K] of logical positions ``t`` of request ``b``. A page size
+                stride0, stride1, stride2, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr,
+                INT32_OFFSETS: tl.constexpr):
+    """Element offsets [BLOCK_K] of logical positions ``t`` of request ``b`` (int32 when the
+    launcher found every offset of both caches below 2^31, else int64). A page size
     PAGE_SIZE > 0 is a compile-time constant (a shift and a mask for powers of two); 0 takes the
     runtime ``page_size`` (an integer division: the fp32 launches, whose registers are full)."""
     if IS_PAGED:
@@ -107,9 +115,16 @@ def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
             page_index = t // page_size
             slot = t % page_size
         page = tl.load(block_table_ptr + b * max_pages + page_index, mask=t_valid, other=0)
-        return page.to(tl.int64) * stride0 + slot.to(tl.int64) * stride1 + kvh * stride2
+        if INT32_OFFSETS:
+            off = page * stride0 + slot * stride1 + kvh.to(tl.int32) * stride2
+        else:
+            off = page.to(tl.int64) * stride0 + slot.to(tl.int64) * stride1 + kvh * stride2
     else:
-        return b * stride0 + t.to(tl.int64) * stride1 + kvh * stride2
+        if INT32_OFFSETS:
+            off = b.to(tl.int32) * stride0 + t * stride1 + kvh.to(tl.int32) * stride2
+        else:
+            off = b * stride0 + t.to(tl.int64) * stride1 + kvh * stride2
+    return off
 
 
 @triton.jit
@@ -133,6 +148,9 @@ def _tree_attention_kernel(
     EVEN_D: tl.constexpr,  # D == BLOCK_D: whole-tile loads need no mask at all
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,  # 16-bit inputs: the conditional rescale of _attend_tile
+    INT32_OFFSETS: tl.constexpr,  # every element offset of q, both caches, out and the partials is below 2^31
+    SHARED_KV_OFFSETS: tl.constexpr,  # k_cache and v_cache have the same strides
+    TILE_MODE: tl.constexpr,  # whole prefix tiles: 0 general, 1 contiguous, 2 pages in a tile, 3 a tile in a page
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -144,17 +162,31 @@ def _tree_attention_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     node_local = offs_m // GROUP
     node = nblk * NODES + node_local
-    head = kvh * GROUP + offs_m % GROUP
+    # Offsets in int32 when the launcher found every offset of q, the caches, the output and the
+    # partial results below 2^31, else int64.
+    if INT32_OFFSETS:
+        b_o = b.to(tl.int32)
+        kvh_o = kvh.to(tl.int32)
+    else:
+        b_o = b
+        kvh_o = kvh
+    head = kvh_o * GROUP + offs_m % GROUP
     row_valid = (node_local < NODES) & (node < N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
+    if EVEN_D:
+        d_valid = offs_d < BLOCK_D  # constant true: row masks only
+    else:
+        d_valid = offs_d < D
 
-    q_off = b * stride_qb + node[:, None].to(tl.int64) * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
+    q_off = b_o * stride_qb + node[:, None].to(b_o.dtype) * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if LAZY_RESCALE:
+        m_i = tl.full([BLOCK_M], NO_KEY, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
@@ -163,9 +195,17 @@ def _tree_attention_kernel(
         start = 0
         stop = prefix
     else:
-        chunk = tl.cdiv(tl.cdiv(prefix, NUM_SPLITS), BLOCK_K) * BLOCK_K
-        start = split * chunk
-        stop = tl.minimum(prefix, start + chunk)
+        # Whole key tiles per split, balanced with the tree: the last split also attends to the
+        # block's tree tiles (each about TREE_TILE_COST prefix tiles of work: the mask), so it
+        # takes that many fewer prefix tiles and the other splits share the rest.
+        tiles = tl.cdiv(prefix, BLOCK_K)
+        tree = tl.cdiv(tl.minimum(N, (nblk + 1) * NODES), BLOCK_K) * TREE_TILE_COST
+        last_tiles = tl.minimum(tl.maximum(tl.cdiv(tiles + tree, NUM_SPLITS) - tree, 0), tiles)
+        first = (tiles - last_tiles) * BLOCK_K  # keys of the splits before the last
+        chunk = tl.cdiv(tiles - last_tiles, NUM_SPLITS - 1) * BLOCK_K
+        is_last = split == NUM_SPLITS - 1
+        start = tl.where(is_last, first, split * chunk)
+        stop = tl.where(is_last, prefix, tl.minimum(tl.minimum(prefix, first), start + chunk))
 
     offs_k = tl.arange(0, BLOCK_K)
     # Committed prefix: every node sees every position. Whole tiles first, with no key mask
@@ -174,12 +214,43 @@ def _tree_attention_kernel(
     full_stop = start + tl.maximum(stop - start, 0) // BLOCK_K * BLOCK_K
     all_keys = offs_k < BLOCK_K
     kd_full = all_keys[:, None] & d_valid[None, :]
+    # Whole tiles start at multiples of BLOCK_K, so what does not change from tile to tile is
+    # computed once: the request's and KV head's part and the keys' offsets within the tile
+    # (TILE_MODE 1), within their pages (2: BLOCK_K a multiple of the page size, a tile's pages
+    # at fixed places) or within the one page the tile lies in (3). Per tile only the
+    # block-table entries (one per page, or one scalar) and one multiply-add remain.
+    table_row = block_table_ptr + b * max_pages
+    if TILE_MODE == 1:
+        k_row = b_o * stride_k0 + kvh_o * stride_k2 + offs_k.to(b_o.dtype) * stride_k1
+        v_row = b_o * stride_v0 + kvh_o * stride_v2 + offs_k.to(b_o.dtype) * stride_v1
+    elif TILE_MODE == 2:
+        tile_page = offs_k // PAGE_SIZE
+        k_row = kvh_o * stride_k2 + (offs_k % PAGE_SIZE).to(b_o.dtype) * stride_k1
+        v_row = kvh_o * stride_v2 + (offs_k % PAGE_SIZE).to(b_o.dtype) * stride_v1
+    else:
+        k_row = kvh_o * stride_k2 + offs_k.to(b_o.dtype) * stride_k1
+        v_row = kvh_o * stride_v2 + offs_k.to(b_o.dtype) * stride_v1
     for t0 in range(start, full_stop, BLOCK_K):
-        t = t0 + offs_k
-        k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-        v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
-                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
+        if TILE_MODE == 0:
+            t = t0 + offs_k
+            k_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
+                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+            v_off = _kv_offsets(b, kvh, t, all_keys, block_table_ptr, page_size, max_pages,
+                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+        elif TILE_MODE == 1:
+            k_off = tl.cast(t0, b_o.dtype) * stride_k1 + k_row
+            v_off = tl.cast(t0, b_o.dtype) * stride_v1 + v_row
+        elif TILE_MODE == 2:
+            page = tl.load(table_row + t0 // PAGE_SIZE + tile_page).to(b_o.dtype)
+            k_off = page * stride_k0 + k_row
+            v_off = page * stride_v0 + v_row
+        else:
+            page = tl.load(table_row + t0 // PAGE_SIZE).to(b_o.dtype)
+            slot = tl.cast(t0 % PAGE_SIZE, b_o.dtype)
+            k_off = (page * stride_k0 + slot * stride_k1) + k_row
+            v_off = (page * stride_v0 + slot * stride_v1) + v_row
+        if SHARED_KV_OFFSETS:
+            v_off = k_off
         if EVEN_D:
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :])
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :])
@@ -193,9 +264,12 @@ def _tree_attention_kernel(
         t_valid = t < stop
         kd_mask = t_valid[:, None] & d_valid[None, :]
         k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-        v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
+                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+        if SHARED_KV_OFFSETS:
+            v_off = k_off
+        else:
+            v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
+                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
         k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, t_valid[None, :], m_i, l_i, acc, scale_log2,
@@ -205,40 +279,45 @@ def _tree_attention_kernel(
     # sees a slot past its last node.
     if split == NUM_SPLITS - 1:
         last = tl.minimum(N, (nblk + 1) * NODES) - 1
+        key_bit = tl.full([BLOCK_K], 1, tl.int64) << offs_k.to(tl.int64)  # BLOCK_K <= 64
         for j0 in range(0, last + 1, BLOCK_K):
             j = j0 + offs_k
             j_valid = j <= last
             kd_mask = j_valid[:, None] & d_valid[None, :]
             t = prefix + j
             k_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED)
-            v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED)
+                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+            if SHARED_KV_OFFSETS:
+                v_off = k_off
+            else:
+                v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
+                                    stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
-            both = row_valid[:, None] & j_valid[None, :]
             if IS_CAUSAL:
-                visible = both & (j[None, :] <= node[:, None])
+                visible = row_valid[:, None] & j_valid[None, :] & (j[None, :] <= node[:, None])
             else:
                 # BLOCK_K divides 64: the tile's keys share one mask word per row, loaded as a
-                # [BLOCK_M] vector (not a [BLOCK_M, BLOCK_K] tile of repeated words).
+                # [BLOCK_M] vector (not a [BLOCK_M, BLOCK_K] tile of repeated words), shifted
+                # per row to the tile's first key; a key's bit is then a fixed mask, cleared past
+                # the block's last node (rows past it load 0).
                 words = tl.load(mask_ptr + (b * N + node.to(tl.int64)) * W + j0 // 64, mask=row_valid, other=0)
-                bits = (words[:, None] >> (j[None, :] % 64).to(tl.int64)) & 1
-                visible = both & (bits != 0)
+                words = words >> (j0 % 64)
+                visible = (words[:, None] & tl.where(j_valid, key_bit, 0)[None, :]) != 0
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
                                          True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
     # A row with no visible key (a mask without the node's own bit and an empty prefix)
     # outputs zeros.
     has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    row = (b * N + node.to(tl.int64)) * Hq + head  # flat (b, node, head) index
+    o = acc * (1.0 / tl.where(has, l_i, 1.0))[:, None]  # one division a row, not a value
+    row = (b_o * N + node.to(b_o.dtype)) * Hq + head  # flat (b, node, head) index
     o_mask = row_valid[:, None] & d_valid[None, :]
     if NUM_SPLITS == 1:
         tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         rows_total = tl.num_programs(0) // node_blocks * N * GROUP  # B * N * Hq
-        base = split.to(tl.int64) * rows_total + row
+        base = split.to(b_o.dtype) * rows_total + row
         tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], o, mask=o_mask)
         if LAZY_RESCALE:
             m_log2 = m_i * scale_log2  # m of raw scores on the lazy path
@@ -254,23 +333,37 @@ def _tree_attention_merge_kernel(
     part_lse_ptr,  # [NUM_SPLITS, R] float32
     out_ptr,  # [R, D] q.dtype
     R, D,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined."""
-    row = tl.program_id(0).to(tl.int64)
+    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined,
+    BLOCK_R rows a program (every load issued at once: [rows, splits] and [rows, splits, D])."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
-    s_valid = offs_s < NUM_SPLITS
     offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
-    lse = tl.load(part_lse_ptr + offs_s.to(tl.int64) * R + row, mask=s_valid, other=float("-inf"))
-    top = tl.max(lse, 0)
+    rs_valid = (rows < R)[:, None] & (offs_s < NUM_SPLITS)[None, :]
+    flat = offs_s.to(tl.int64)[None, :] * R + rows[:, None]  # [rows, splits]
+    lse = tl.load(part_lse_ptr + flat, mask=rs_valid, other=float("-inf"))
+    o_mask = rs_valid[:, :, None] & (offs_d < D)[None, None, :]
+    o = tl.load(part_o_ptr + flat[:, :, None] * D + offs_d[None, None, :], mask=o_mask, other=0.0)
+    top = tl.max(lse, 1)
     top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top)
-    total = tl.sum(weight, 0)
-    o_off = (offs_s.to(tl.int64)[:, None] * R + row) * D + offs_d[None, :]
-    o = tl.load(part_o_ptr + o_off, mask=s_valid[:, None] & d_valid[None, :], other=0.0)
-    merged = tl.sum(o * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + row * D + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_valid)
+    weight = tl.exp2(lse - top[:, None])
+    total = tl.sum(weight, 1)
+    merged = tl.sum(o * weight[:, :, None], 1) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
+    out_mask = (rows < R)[:, None] & (offs_d < D)[None, :]
+    tl.store(out_ptr + rows[:, None] * D + offs_d[None, :], merged.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+# Rows a merge program recombines (4 rows x 8 splits x 128 fp32 values: 32 a thread at 4 warps).
+MERGE_ROWS = 4
+
+
+def _fits_int32(tensor: torch.Tensor) -> bool:
+    """Whether every element offset of ``tensor`` (and every partial sum of one, the strides
+    being non-negative) is below 2^31: the kernel may then compute its offsets in int32."""
+    if any(s < 0 for s in tensor.stride()):
+        return False
+    return sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 < 2**31
 
 
 def _sm_count(device: torch.device) -> int:
@@ -305,6 +398,10 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     causal = tree_mask is None
     mask = seqlens if causal else tree_mask.contiguous()
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
+    if scale < 0:
+        # The kernel keeps running maxima of the raw scores q . k and folds a positive scale into
+        # the exponent: s (q . k) = |s| ((-q) . k), negation exact in every dtype.
+        q, scale = -q, -scale
 
     interpret = interpreted(_tree_attention_kernel)
     if config is None:
@@ -336,6 +433,15 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     # full) keeps the eager rescale and the runtime page size, which spill nothing in its loops.
     sixteen_bit = q.dtype != torch.float32
     max_pages = table.shape[1] if paged else 1
+    compile_page = page_size if sixteen_bit else 0
+    if not paged:
+        tile_mode = 1
+    elif compile_page and block_k % compile_page == 0:
+        tile_mode = 2
+    elif compile_page and compile_page % block_k == 0:
+        tile_mode = 3
+    else:
+        tile_mode = 0
     _tree_attention_kernel[(programs, splits)](
         q, k_cache, v_cache, seqlens, mask, table, out, part_o, part_lse,
         N, Hq, Hkv, D, mask.shape[-1] if not causal else 1, page_size, max_pages,
@@ -344,14 +450,16 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
-        NUM_SPLITS=splits, PAGE_SIZE=page_size if sixteen_bit else 0, IS_PAGED=paged, IS_CAUSAL=causal,
+        NUM_SPLITS=splits, PAGE_SIZE=compile_page, IS_PAGED=paged, IS_CAUSAL=causal,
         EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
+        INT32_OFFSETS=all(map(_fits_int32, (q, k_cache, v_cache))) and splits * out.numel() < 2**31,
+        SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode,
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:
-        _tree_attention_merge_kernel[(B * N * Hq,)](
+        _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, MERGE_ROWS),)](
             part_o, part_lse, out, B * N * Hq, D,
-            NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+            NUM_SPLITS=splits, BLOCK_R=MERGE_ROWS, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
             num_warps=4,
         )
     return out

@@ -88,7 +88,7 @@ def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:
 
 # Row-block entries for 16-bit inputs and head dims up to 128: block_m -> (block_k, num_warps,
 # max_registers, most stages). 128 rows take 8 warps (2 warpgroups of 64 rows) over 64-key tiles
-# and 3 stages, registers at ptxas's choice (204-222 at D 128: one block an SM). Per key and
+# and 3 stages, registers at ptxas's choice (190-254 at D 128: one block an SM). Per key and
 # row this issues fewer instructions than 256 rows of 16 warps over 32-key tiles capped at 128
 # registers (a 64 x 32 x 16 wgmma does half the work of a 64 x 64 x 16 one for the same
 # descriptor arithmetic; 64-key tiles at that cap spill in the loop), so the 256 rows of a

@@ -278,3 +278,76 @@ def test_tree_attention_lazy_rescale(dtype, page):
     running = scores.cummax(-1).values  # log2 units, per (node, head) row
     assert 64 % tta.GPU_CONFIG.block_k == 0  # the key ranges above are whole tiles
     assert (running[..., 127] - running[..., 63]).max() < 8 < (running[..., 191] - running[..., 127]).max()
+
+
+OFFSET_CASES = [
+    # page (None: contiguous), int32 offsets, K and V with the same strides, flash-decoding splits
+    (None, True, True, None),
+    (None, False, False, None),
+    (16, True, True, None),
+    (16, False, False, 2),
+    (8, True, False, None),
+    (128, True, True, 2),
+    (128, False, True, None),
+    (24, True, True, None),
+]
+
+
+@pytest.mark.parametrize("page,int32,shared,splits", OFFSET_CASES,
+                         ids=lambda x: None if x is None or isinstance(x, bool) else str(x))
+def test_tree_attention_offset_paths(monkeypatch, page, int32, shared, splits):
+    """The K/V offsets of whole prefix tiles: contiguous (TILE_MODE 1), pages that divide the
+    64-key tile (16, 8: 2), tiles inside one page (128: 3), other page sizes (24: 0, the general
+    gather); int32 offsets and int64 ones (the launcher's size test forced off); K and V with the
+    same strides (one offset for both) or not (V a view of a wider buffer). bf16, 150-entry
+    prefixes: whole tiles and a partial one, with the split path where the split starts
+    mid-page."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    if not int32:
+        monkeypatch.setattr(tta, "_fits_int32", lambda cache: False)
+    B, N, prefix, heads, D, dtype = 2, 9, 150, (4, 2), 64, torch.bfloat16
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, page, seed=page or 5)
+    if not shared:
+        wide = torch.full(v.shape[:-1] + (2 * D,), float("nan"), dtype=dtype)
+        wide[..., :D] = v
+        v = wide[..., :D]
+        assert v.stride() != k.stride()
+    mask = random_mask(B, N, seed=3)
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=splits)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("splits", [None, 2], ids=lambda s: f"splits{s}")
+def test_tree_attention_row_without_keys(splits):
+    """bf16 (the lazy rescale, whose running maxima start at a finite floor): with an empty
+    prefix, a node whose mask row is empty sees no key and outputs zeros, and the other rows of
+    its block, whose first keys come later, match the reference; alone and through the split merge."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    B, N, heads, D, dtype = 1, 6, (4, 2), 64, torch.bfloat16
+    q, k, v, seqlens, table = attention_inputs(B, N, 0, heads, D, dtype, 16, seed=21)
+    mask = random_mask(B, N, seed=21)
+    mask[0, 2] = 0
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=splits, config=tta.GPU_CONFIG)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    rest = [i for i in range(N) if i != 2]  # the reference's row 2 is 0 / 0
+    torch.testing.assert_close(out[:, rest].double(), want[:, rest], **TOL[dtype])
+    assert torch.all(out[0, 2] == 0)
+
+
+def test_tree_attention_negative_scale():
+    """The goal configuration (the lazy rescale: maxima of raw scores, the scale folded into the
+    exponent) with a negative scale, which the launcher runs as |scale| on -q; bf16, against the
+    reference."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    B, N, prefix, heads, D, dtype = 1, 9, 150, (4, 2), 64, torch.bfloat16
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, 16, seed=17)
+    mask = random_mask(B, N, seed=17)
+    sm_scale = -0.2
+    out = tta._launch(q, k, v, seqlens, mask, block_table=table, sm_scale=sm_scale, config=tta.GPU_CONFIG)
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table,
+                                    sm_scale=sm_scale)
+    torch.testing.assert_close(out.double(), want, **TOL[dtype])
