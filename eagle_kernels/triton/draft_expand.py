@@ -110,7 +110,7 @@ def _unpack_key(key):
 
 
 @triton.jit
-def _draft_chunk_kernel(
+def _draft_expand_kernel(
     logits_ptr,  # [B * M, V] fp32 / fp16 / bf16 / fp64, row-contiguous
     part_max_ptr,  # [B * M, NC] compute dtype
     part_sum_ptr,  # [B * M, NC] compute dtype
@@ -118,9 +118,18 @@ def _draft_chunk_kernel(
     part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
     part_id_ptr,  # [B * M, NC, TOP_K] int32
     surv_ptr,  # [B * M, NC, CAP] int32 scratch: ids of the chunk's survivors
+    tickets_ptr,  # [>= B] int32, zero between launches: chunk programs of each request done
+    merge_val_ptr,  # [B * M, CAP] compute dtype scratch: a row's merge survivors
+    merge_id_ptr,  # [B * M, CAP] int32 scratch
+    frontier_scores_ptr,  # [B, M] float32
+    d2t_ptr,  # [V] int64 (unused unless HAS_D2T)
     temperature_ptr,  # [B] float32 (read only when SAMPLED)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
+    tokens_ptr,  # [B, M * TOP_K] int64
+    scores_ptr,  # [B, M * TOP_K] float32
+    logprobs_ptr,  # [B, M * TOP_K] float32
+    frontier_ptr,  # [B, TOP_K] int32
     draw_base,  # DRAFT_DRAW + depth * DEPTH_STRIDE (< 2**32)
     M,
     V,
@@ -129,23 +138,32 @@ def _draft_chunk_kernel(
     BLOCK_K: tl.constexpr,  # next power of two of TOP_K
     BLOCK_V: tl.constexpr,
     SUPER: tl.constexpr,  # super-groups of the threshold; 0: no threshold, TOP_K plain rounds
-    CAP: tl.constexpr,  # survivor slots ranked in registers
+    CAP: tl.constexpr,  # survivor slots ranked in registers (chunk and merge)
     THREADS: tl.constexpr,  # 32 * num_warps
+    BLOCK_M: tl.constexpr,  # frontier rows the merge's plain rounds take together
+    BLOCK_C: tl.constexpr,  # next power of two of NC
+    BLOCK_CK: tl.constexpr,  # next power of two of NC * TOP_K
+    BLOCK_MK: tl.constexpr,  # next power of two of M * TOP_K
+    FILTER_MERGE: tl.constexpr,  # the merge's threshold, compaction and rank fit in registers
+    PAIRWISE_FRONTIER: tl.constexpr,  # the frontier by one rank step instead of TOP_K rounds
+    HAS_D2T: tl.constexpr,
     IS_FP64: tl.constexpr,
     SAMPLED: tl.constexpr,  # temperature given: rows of requests with temperature > 0 rank Gumbel keys
 ):
-    """Chunk ``(row, chunk)``: max, sum of ``exp(x - max)``, bad flag and the chunk's top
-    TOP_K (value desc, id asc; unordered: the merge ranks them). Only the last chunk of a row
-    takes the masked loads and compares. A sampled row's sum is of ``exp((x - max) / T)`` and
-    its top TOP_K are by Gumbel key (``_gumbel_keys``)."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+    """Program ``row * NC + chunk``: the chunk's partials (``_chunk``); the last program of a
+    request to finish (ticket ``M * NC - 1``) then merges the request's rows and picks its
+    frontier (``_merge_request``) and resets the request's ticket for the next launch. Programs
+    run row by row, so requests finish in order and all but the last one's merge overlap chunk
+    work."""
+    pid = tl.program_id(0)
+    row = (pid // NC).to(tl.int64)
+    chunk = pid % NC
+    b = row // M
     t = 0.0
     seed = 0
     offset = 0
     draw = draw_base
     if SAMPLED:
-        b = row // M
         t = tl.load(temperature_ptr + b)
         seed = tl.load(seed_ptr + b)
         offset = tl.load(offset_ptr + b)
@@ -155,13 +173,23 @@ def _draft_chunk_kernel(
     if SAMPLED:
         if t > 0:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,True)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, True)
         else:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,False)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
     else:
         _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,False)
+               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
+    # Publish: every thread's partials are stored (barrier) before one thread takes the ticket
+    # with release semantics; the program drawing the last ticket acquires them all.
+    tl.debug_barrier()
+    done = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+    if done == M * NC - 1:
+        _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
+                       merge_id_ptr, frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr,
+                       frontier_ptr, b, t, seed, offset, draw_base, M, V, NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_C,
+                       BLOCK_CK, BLOCK_MK, FILTER_MERGE, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64, SAMPLED)
+        tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
 
 
 @triton.jit
@@ -303,65 +331,125 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
 
 
 @triton.jit
-def _draft_merge_kernel(
-    part_max_ptr,  # [B * M, NC] compute dtype
-    part_sum_ptr,  # [B * M, NC] compute dtype
-    part_bad_ptr,  # [B * M, NC] int32
-    part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
-    part_id_ptr,  # [B * M, NC, TOP_K] int32
-    frontier_scores_ptr,  # [B, M] float32
-    d2t_ptr,  # [V] int64 (unused unless HAS_D2T)
-    logits_ptr,  # [B * M, V] (read only for sampled rows: their candidates' exact keys)
-    temperature_ptr,  # [B] float32 (read only when SAMPLED)
-    seed_ptr,  # [B] int64
-    offset_ptr,  # [B] int64
-    tokens_ptr,  # [B, M * TOP_K] int64
-    scores_ptr,  # [B, M * TOP_K] float32
-    logprobs_ptr,  # [B, M * TOP_K] float32
-    frontier_ptr,  # [B, TOP_K] int32
-    draw_base,
-    M,
-    V,
-    NC,
-    TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # frontier rows merged together
-    BLOCK_C: tl.constexpr,
-    BLOCK_CK: tl.constexpr,
-    BLOCK_MK: tl.constexpr,
-    HAS_D2T: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    SAMPLED: tl.constexpr,
-):
-    """Per request: BLOCK_M rows at a time, each round takes every row's next best candidate
-    (TOP_K rounds per block of rows, not per row), then the frontier over the stored scores."""
-    b = tl.program_id(0).to(tl.int64)
+def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr, merge_id_ptr,
+                   frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, frontier_ptr, b, t,
+                   seed, offset, draw_base, M, V, NC, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_MK: tl.constexpr,
+                   FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr, HAS_D2T: tl.constexpr,
+                   IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
+    """Request ``b``: every row's top TOP_K from its chunks' partials, then the frontier over
+    the stored scores."""
     if SAMPLED:
-        t = tl.load(temperature_ptr + b)
         if t > 0:
             _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
-                                logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, t, tl.load(seed_ptr + b),
-                                tl.load(offset_ptr + b), draw_base, M, V, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
-                                HAS_D2T, IS_FP64)
+                                logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, t, seed, offset, draw_base, M, V,
+                                NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK, HAS_D2T, IS_FP64)
+        else:
+            _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
+                              merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M,
+                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+    else:
+        _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
+                          merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
+                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+    # The scores just stored by other threads of this program are read back below.
+    tl.debug_barrier()
+    MK = M * TOP_K
+    offs_mk = tl.arange(0, BLOCK_MK)
+    acc = tl.load(scores_ptr + b * MK + offs_mk, mask=offs_mk < MK, other=float("-inf"))
+    acc = tl.where(acc != acc, float("-inf"), acc)  # NaN ranks as -inf
+    if PAIRWISE_FRONTIER:
+        # Rank of each candidate (score desc, index asc) by one compare per pair; the padding
+        # (-inf, indices above every candidate) is beaten by all candidates.
+        s_j, s_i = acc[:, None], acc[None, :]
+        j, i = offs_mk[:, None], offs_mk[None, :]
+        rank = tl.sum(((s_j > s_i) | ((s_j == s_i) & (j < i))).to(tl.int32), axis=0)
+        tl.store(frontier_ptr + b * TOP_K + rank, offs_mk, mask=(rank < TOP_K) & (offs_mk < MK))
+    else:
+        # TOP_K rounds of argmax, ties by index.
+        keys_mk = tl.where(offs_mk < MK, _pack_key(acc, offs_mk), _KEY_MIN)
+        for r in range(TOP_K):
+            kmax = tl.max(keys_mk, axis=0)
+            _, pick = _unpack_key(kmax)
+            tl.store(frontier_ptr + b * TOP_K + r, pick)
+            keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+
+
+@triton.jit
+def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr, merge_id_ptr,
+                      frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
+                      TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, FILTER_MERGE: tl.constexpr,
+                      HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
+    """The most likely TOP_K of every row of request ``b`` from its chunks' lists (sorted by
+    value, best first). With FILTER_MERGE (all rows in one block): threshold, compaction and
+    rank as in a chunk; rows with more than CAP survivors send the request to the rounds."""
+    if FILTER_MERGE:
+        m = tl.arange(0, BLOCK_M)
+        row_ok = m < M
+        row = b * M + m  # [BLOCK_M]
+        offs_c = tl.arange(0, BLOCK_C)
+        gmax, log_sum, bad, pm = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC,
+                                                  1.0, False)
+        # Threshold: the TOP_K-th largest chunk max (-inf with fewer chunks). TOP_K chunks hold an
+        # entry >= it, so a row's top TOP_K, ties included, are all >= it (and in their chunk's list).
+        above = tl.sum((pm[:, None, :] >= pm[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_M, BLOCK_C]
+        thr = tl.max(tl.where(above >= TOP_K, pm, float("-inf")), axis=1)
+        n_cand = NC * TOP_K
+        offs_ck = tl.arange(0, BLOCK_CK)
+        cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
+        at = row[:, None] * n_cand + offs_ck[None, :]
+        vals = tl.load(part_val_ptr + at, mask=cand, other=float("-inf"), cache_modifier=".cg")
+        ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID, cache_modifier=".cg")
+        # Compaction: the survivors of a row in candidate order (bad rows keep none).
+        surv = (cand & (vals >= thr[:, None]) & ~bad[:, None]).to(tl.int32)
+        n = tl.sum(surv, axis=1)  # [BLOCK_M]
+        slot = tl.cumsum(surv, axis=1) - surv
+        keep = (surv != 0) & (slot < CAP)
+        tl.store(merge_val_ptr + row[:, None] * CAP + slot, vals, mask=keep)
+        tl.store(merge_id_ptr + row[:, None] * CAP + slot, ids, mask=keep)
+        tl.debug_barrier()  # the survivors just stored by other threads are read back below
+        if tl.max(n, axis=0) <= CAP:
+            fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
+            fs = fs.to(tl.float64) if IS_FP64 else fs
+            cap = tl.arange(0, CAP)
+            ok = cap[None, :] < n[:, None]  # [BLOCK_M, CAP]
+            at_s = row[:, None] * CAP + cap[None, :]
+            sv = tl.load(merge_val_ptr + at_s, mask=ok, other=float("-inf"))
+            si = tl.load(merge_id_ptr + at_s, mask=ok, other=_BIG_ID)
+            # Rank (value desc, id asc) among the row's survivors: one compare per pair.
+            v_j, v_i = sv[:, :, None], sv[:, None, :]
+            id_j, id_i = si[:, :, None], si[:, None, :]
+            beats = ok[:, :, None] & ((v_j > v_i) | ((v_j == v_i) & (id_j < id_i)))
+            rank = tl.sum(beats.to(tl.int32), axis=1)  # [BLOCK_M, CAP]
+            won = ok & (rank < TOP_K)
+            logp = (sv - gmax[:, None]) - log_sum[:, None]
+            token = si.to(tl.int64)
+            if HAS_D2T:
+                token = token + tl.load(d2t_ptr + token, mask=won, other=0)
+            c = m[:, None] * TOP_K + rank
+            MK = M * TOP_K
+            tl.store(tokens_ptr + b * MK + c, token, mask=won)
+            tl.store(scores_ptr + b * MK + c, (fs[:, None] + logp).to(tl.float32), mask=won)
+            tl.store(logprobs_ptr + b * MK + c, logp.to(tl.float32), mask=won)
+            # Bad rows: candidates 0..TOP_K-1 with NaN scores, like the reference.
+            r = tl.arange(0, BLOCK_K)
+            nan_row = (row_ok & bad)[:, None] & (r < TOP_K)[None, :]
+            token = tl.zeros([BLOCK_M, BLOCK_K], tl.int64) + r[None, :]
+            if HAS_D2T:
+                token = token + tl.load(d2t_ptr + token, mask=nan_row, other=0)
+            c = m[:, None] * TOP_K + r[None, :]
+            tl.store(tokens_ptr + b * MK + c, token, mask=nan_row)
+            tl.store(scores_ptr + b * MK + c, tl.full([BLOCK_M, BLOCK_K], float("nan"), tl.float32), mask=nan_row)
+            tl.store(logprobs_ptr + b * MK + c, tl.full([BLOCK_M, BLOCK_K], float("nan"), tl.float32), mask=nan_row)
         else:
             _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
                         d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
                         HAS_D2T, IS_FP64)
     else:
-        _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
-                    d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
-                    HAS_D2T, IS_FP64)
-    MK = M * TOP_K
-    # The scores just stored by other threads of this program are read back below.
-    tl.debug_barrier()
-    # Frontier: TOP_K rounds of argmax over the candidates, NaN ranked as -inf, ties by index.
-    offs_mk = tl.arange(0, BLOCK_MK)
-    acc = tl.load(scores_ptr + b * MK + offs_mk, mask=offs_mk < MK, other=float("-inf"))
-    keys_mk = tl.where(offs_mk < MK, _pack_key(tl.where(acc != acc, float("-inf"), acc), offs_mk), _KEY_MIN)
-    for r in range(TOP_K):
-        kmax = tl.max(keys_mk, axis=0)
-        _, pick = _unpack_key(kmax)
-        tl.store(frontier_ptr + b * TOP_K + r, pick)
-        keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+        _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
+                    tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK, HAS_D2T,
+                    IS_FP64)
 
 
 @triton.jit
@@ -370,9 +458,10 @@ def _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs
     (sums of ``exp((x - chunk max) / t)`` for sampled rows, t = 1 otherwise)."""
     part = row_ok[:, None] & (offs_c < NC)[None, :]
     at = row[:, None] * NC + offs_c[None, :]
-    pm = tl.load(part_max_ptr + at, mask=part, other=float("-inf"))
-    ps = tl.load(part_sum_ptr + at, mask=part, other=0.0)
-    pb = tl.load(part_bad_ptr + at, mask=part, other=0)
+    # .cg: partials of other programs, published by their tickets (not through this SM's L1).
+    pm = tl.load(part_max_ptr + at, mask=part, other=float("-inf"), cache_modifier=".cg")
+    ps = tl.load(part_sum_ptr + at, mask=part, other=0.0, cache_modifier=".cg")
+    pb = tl.load(part_bad_ptr + at, mask=part, other=0, cache_modifier=".cg")
     gmax = tl.max(pm, axis=1)
     shift = tl.where(gmax == float("-inf"), 0.0, gmax)
     if SAMPLED_ROW:
@@ -380,7 +469,7 @@ def _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs
     else:
         total = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - shift[:, None])), axis=1)
     bad = (tl.max(pb, axis=1) != 0) | (gmax == float("-inf")) | (gmax == float("inf"))
-    return gmax, tl.log(tl.where(bad, 1.0, total)), bad
+    return gmax, tl.log(tl.where(bad, 1.0, total)), bad, pm
 
 
 @triton.jit
@@ -410,14 +499,14 @@ def _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_
         m = m0 + tl.arange(0, BLOCK_M)
         row_ok = m < M
         row = b * M + m  # [BLOCK_M]
-        gmax, log_sum, bad = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, 1.0,
+        gmax, log_sum, bad, _ = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, 1.0,
                                               False)
         fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
         fs = fs.to(tl.float64) if IS_FP64 else fs
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
         at = row[:, None] * n_cand + offs_ck[None, :]
-        vals = tl.load(part_val_ptr + at, mask=cand, other=float("-inf"))
-        ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID)
+        vals = tl.load(part_val_ptr + at, mask=cand, other=float("-inf"), cache_modifier=".cg")
+        ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID, cache_modifier=".cg")
         if IS_FP64:
             alive = cand
         else:
@@ -456,12 +545,13 @@ def _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, f
         m = m0 + tl.arange(0, BLOCK_M)
         row_ok = m < M
         row = b * M + m  # [BLOCK_M]
-        gmax, log_sum, bad = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, t,
+        gmax, log_sum, bad, _ = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, t,
                                               True)
         fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
         fs = fs.to(tl.float64) if IS_FP64 else fs
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
-        ids = tl.load(part_id_ptr + row[:, None] * n_cand + offs_ck[None, :], mask=cand, other=_BIG_ID)
+        ids = tl.load(part_id_ptr + row[:, None] * n_cand + offs_ck[None, :], mask=cand, other=_BIG_ID,
+                      cache_modifier=".cg")
         real = cand & (ids < V)  # chunks shorter than TOP_K fill with ids above V
         x = tl.load(logits_ptr + row[:, None] * V + ids, mask=real, other=float("-inf")).to(CT)
         logp = ((x - gmax[:, None]) / t).to(CT) - log_sum[:, None].to(CT)
@@ -508,13 +598,31 @@ def _register_cap(shape: ChunkShape) -> dict:
     """At most 128 registers per thread for 8-warp chunks, so two blocks share an SM (triton 3.6
     otherwise allocates 135 for bf16 and one block runs per SM); no launch option when
     interpreted."""
-    return {} if shape.warps < 8 or interpreted(_draft_chunk_kernel) else {"maxnreg": 128}
+    return {} if shape.warps < 8 or interpreted(_draft_expand_kernel) else {"maxnreg": 128}
 
 
 def launch_config() -> DraftExpandConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
-    return INTERPRETER_CONFIG if interpreted(_draft_chunk_kernel) else GPU_CONFIG
+    return INTERPRETER_CONFIG if interpreted(_draft_expand_kernel) else GPU_CONFIG
+
+
+# Per device: one ticket counter per request, zero between launches (the program that merges a
+# request resets its counter), so no launch zeroes them and CUDA-graph replays find them zero.
+# Buffers are never freed: a captured graph keeps the address it was captured with. Launches
+# on one device must not run concurrently (the decoder issues them on one stream).
+_TICKETS: dict = {}
+_OLD_TICKETS: list = []
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    buf = _TICKETS.get(device)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OLD_TICKETS.append(buf)
+        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _TICKETS[device] = buf
+    return buf
 
 
 DRAFT_DRAW = 2  # first draw index of the Gumbel draws (docs/design.md)
@@ -561,21 +669,27 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     shape = chunk_shape(block_v, top_k)
     if survivors is None:
         survivors = torch.empty(R, NC, max(shape.cap, 1), dtype=torch.int32, device=device)
-    _draft_chunk_kernel[(R, NC)](
-        x, part_max, part_sum, part_bad, part_val, part_id, survivors, temperature, seed, offset, draw_base, M, V, NC,
-        TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
-    )
+    merge_val = torch.empty(R, max(shape.cap, 1), dtype=compute, device=device)
+    merge_id = torch.empty(R, max(shape.cap, 1), dtype=torch.int32, device=device)
     d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
+    block_m = triton.next_power_of_2(M)
+    block_c = triton.next_power_of_2(NC)
     block_ck = triton.next_power_of_2(NC * top_k)
-    _draft_merge_kernel[(B,)](
-        part_max, part_sum, part_bad, part_val, part_id, fs, d2t_arg, x, temperature, seed, offset, tokens, scores,
-        logprobs, frontier, draw_base, M, V, NC, TOP_K=top_k,
-        # Rows merged together: their candidate keys (BLOCK_M * BLOCK_CK int64) stay in registers.
-        BLOCK_M=max(1, min(triton.next_power_of_2(M), config.merge_lanes // block_ck)),
-        BLOCK_C=triton.next_power_of_2(NC), BLOCK_CK=block_ck,
-        BLOCK_MK=triton.next_power_of_2(M * top_k), HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled,
-        num_warps=4 if block_ck * triton.next_power_of_2(M) <= 2048 else 8,
+    block_mk = triton.next_power_of_2(M * top_k)
+    # Rows the merge's plain rounds take together: their candidate keys stay in registers.
+    rounds_m = max(1, min(block_m, config.merge_lanes // block_ck))
+    # The merge's threshold, compaction and rank hold [M, NC, NC], [M, NC * top_k] and
+    # [M, cap, cap] tiles: at most 64 elements a thread each (else the plain rounds).
+    lanes = 64 * shape.threads
+    filter_merge = (shape.cap > 0 and rounds_m == block_m and block_m * block_c * block_c <= lanes
+                    and block_m * block_ck <= lanes and block_m * shape.cap * shape.cap <= lanes)
+    _draft_expand_kernel[(R * NC,)](
+        x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
+        d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
+        TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
+        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_C=block_c, BLOCK_CK=block_ck, BLOCK_MK=block_mk,
+        FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes, HAS_D2T=d2t is not None,
+        IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
     return DraftCandidates(tokens, scores, frontier, logprobs)
 
