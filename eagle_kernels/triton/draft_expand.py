@@ -73,7 +73,7 @@ class DraftExpandConfig:
     """
 
     block_v: int
-    merge_lanes: int = 4096
+    merge_lanes: int = 1024
     sampled_block_v: int = 2048
 
 
@@ -141,6 +141,7 @@ def _draft_expand_kernel(
     CAP: tl.constexpr,  # survivor slots ranked in registers (chunk and merge)
     THREADS: tl.constexpr,  # 32 * num_warps
     BLOCK_M: tl.constexpr,  # frontier rows the merge's plain rounds take together
+    BLOCK_MA: tl.constexpr,  # next power of two of M: the rows the merge's threshold step takes at once
     BLOCK_C: tl.constexpr,  # next power of two of NC
     BLOCK_CK: tl.constexpr,  # next power of two of NC * TOP_K
     BLOCK_MK: tl.constexpr,  # next power of two of M * TOP_K
@@ -187,8 +188,8 @@ def _draft_expand_kernel(
     if done == M * NC - 1:
         _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                        merge_id_ptr, frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr,
-                       frontier_ptr, b, t, seed, offset, draw_base, M, V, NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_C,
-                       BLOCK_CK, BLOCK_MK, FILTER_MERGE, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64, SAMPLED)
+                       frontier_ptr, b, t, seed, offset, draw_base, M, V, NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA,
+                       BLOCK_C, BLOCK_CK, BLOCK_MK, FILTER_MERGE, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64, SAMPLED)
         tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
 
 
@@ -334,8 +335,8 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
 def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr, merge_id_ptr,
                    frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, frontier_ptr, b, t,
                    seed, offset, draw_base, M, V, NC, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_MK: tl.constexpr,
-                   FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr, HAS_D2T: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
+                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr, HAS_D2T: tl.constexpr,
                    IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
     """Request ``b``: every row's top TOP_K from its chunks' partials, then the frontier over
     the stored scores."""
@@ -347,11 +348,12 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
         else:
             _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                               merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M,
-                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T,
+                              IS_FP64)
     else:
         _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                           merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
-                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
     # The scores just stored by other threads of this program are read back below.
     tl.debug_barrier()
     MK = M * TOP_K
@@ -379,21 +381,21 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
 def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr, merge_id_ptr,
                       frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
                       TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, FILTER_MERGE: tl.constexpr,
+                      BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, FILTER_MERGE: tl.constexpr,
                       HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
     """The most likely TOP_K of every row of request ``b`` from its chunks' lists (sorted by
-    value, best first). With FILTER_MERGE (all rows in one block): threshold, compaction and
+    value, best first). With FILTER_MERGE (all rows at once, BLOCK_MA): threshold, compaction and
     rank as in a chunk; rows with more than CAP survivors send the request to the rounds."""
     if FILTER_MERGE:
-        m = tl.arange(0, BLOCK_M)
+        m = tl.arange(0, BLOCK_MA)
         row_ok = m < M
-        row = b * M + m  # [BLOCK_M]
+        row = b * M + m  # [BLOCK_MA]
         offs_c = tl.arange(0, BLOCK_C)
         gmax, log_sum, bad, pm = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC,
                                                   1.0, False)
         # Threshold: the TOP_K-th largest chunk max (-inf with fewer chunks). TOP_K chunks hold an
         # entry >= it, so a row's top TOP_K, ties included, are all >= it (and in their chunk's list).
-        above = tl.sum((pm[:, None, :] >= pm[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_M, BLOCK_C]
+        above = tl.sum((pm[:, None, :] >= pm[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_MA, BLOCK_C]
         thr = tl.max(tl.where(above >= TOP_K, pm, float("-inf")), axis=1)
         n_cand = NC * TOP_K
         offs_ck = tl.arange(0, BLOCK_CK)
@@ -403,7 +405,7 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
         ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID, cache_modifier=".cg")
         # Compaction: the survivors of a row in candidate order (bad rows keep none).
         surv = (cand & (vals >= thr[:, None]) & ~bad[:, None]).to(tl.int32)
-        n = tl.sum(surv, axis=1)  # [BLOCK_M]
+        n = tl.sum(surv, axis=1)  # [BLOCK_MA]
         slot = tl.cumsum(surv, axis=1) - surv
         keep = (surv != 0) & (slot < CAP)
         tl.store(merge_val_ptr + row[:, None] * CAP + slot, vals, mask=keep)
@@ -413,7 +415,7 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
             fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
             fs = fs.to(tl.float64) if IS_FP64 else fs
             cap = tl.arange(0, CAP)
-            ok = cap[None, :] < n[:, None]  # [BLOCK_M, CAP]
+            ok = cap[None, :] < n[:, None]  # [BLOCK_MA, CAP]
             at_s = row[:, None] * CAP + cap[None, :]
             sv = tl.load(merge_val_ptr + at_s, mask=ok, other=float("-inf"))
             si = tl.load(merge_id_ptr + at_s, mask=ok, other=_BIG_ID)
@@ -421,7 +423,7 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
             v_j, v_i = sv[:, :, None], sv[:, None, :]
             id_j, id_i = si[:, :, None], si[:, None, :]
             beats = ok[:, :, None] & ((v_j > v_i) | ((v_j == v_i) & (id_j < id_i)))
-            rank = tl.sum(beats.to(tl.int32), axis=1)  # [BLOCK_M, CAP]
+            rank = tl.sum(beats.to(tl.int32), axis=1)  # [BLOCK_MA, CAP]
             won = ok & (rank < TOP_K)
             logp = (sv - gmax[:, None]) - log_sum[:, None]
             token = si.to(tl.int64)
@@ -435,13 +437,14 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
             # Bad rows: candidates 0..TOP_K-1 with NaN scores, like the reference.
             r = tl.arange(0, BLOCK_K)
             nan_row = (row_ok & bad)[:, None] & (r < TOP_K)[None, :]
-            token = tl.zeros([BLOCK_M, BLOCK_K], tl.int64) + r[None, :]
+            token = tl.zeros([BLOCK_MA, BLOCK_K], tl.int64) + r[None, :]
             if HAS_D2T:
                 token = token + tl.load(d2t_ptr + token, mask=nan_row, other=0)
             c = m[:, None] * TOP_K + r[None, :]
             tl.store(tokens_ptr + b * MK + c, token, mask=nan_row)
-            tl.store(scores_ptr + b * MK + c, tl.full([BLOCK_M, BLOCK_K], float("nan"), tl.float32), mask=nan_row)
-            tl.store(logprobs_ptr + b * MK + c, tl.full([BLOCK_M, BLOCK_K], float("nan"), tl.float32), mask=nan_row)
+            nan = tl.full([BLOCK_MA, BLOCK_K], float("nan"), tl.float32)
+            tl.store(scores_ptr + b * MK + c, nan, mask=nan_row)
+            tl.store(logprobs_ptr + b * MK + c, nan, mask=nan_row)
         else:
             _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
                         d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
@@ -681,13 +684,13 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     # The merge's threshold, compaction and rank hold [M, NC, NC], [M, NC * top_k] and
     # [M, cap, cap] tiles: at most 64 elements a thread each (else the plain rounds).
     lanes = 64 * shape.threads
-    filter_merge = (shape.cap > 0 and rounds_m == block_m and block_m * block_c * block_c <= lanes
+    filter_merge = (shape.cap > 0 and block_m * block_c * block_c <= lanes
                     and block_m * block_ck <= lanes and block_m * shape.cap * shape.cap <= lanes)
     _draft_expand_kernel[(R * NC,)](
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_C=block_c, BLOCK_CK=block_ck, BLOCK_MK=block_mk,
+        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c, BLOCK_CK=block_ck, BLOCK_MK=block_mk,
         FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes, HAS_D2T=d2t is not None,
         IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
