@@ -151,15 +151,14 @@ def _draft_expand_kernel(
     IS_FP64: tl.constexpr,
     SAMPLED: tl.constexpr,  # temperature given: rows of requests with temperature > 0 rank Gumbel keys
 ):
-    """Program ``row * NC + chunk``: the chunk's partials (``_chunk``); the last program of a
-    request to finish (ticket ``M * NC - 1``) then merges the request's rows and picks its
-    frontier (``_merge_request``) and resets the request's ticket for the next launch. Programs
-    run row by row, so requests finish in order and all but the last one's merge overlap chunk
+    """Program ``(chunk, m, b)``: the chunk's partials (``_chunk``); the last program of a
+    request to finish (ticket ``M * NC - 1``) then merges the request's rows, picks its frontier
+    (``_merge_request``) and resets the request's ticket for the next launch. Blocks are issued
+    chunk-axis first, so requests finish in order and all but the last one's merge overlap chunk
     work."""
-    pid = tl.program_id(0)
-    row = (pid // NC).to(tl.int64)
-    chunk = pid % NC
-    b = row // M
+    chunk = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    row = b * M + tl.program_id(1)
     t = 0.0
     seed = 0
     offset = 0
@@ -168,7 +167,7 @@ def _draft_expand_kernel(
         t = tl.load(temperature_ptr + b)
         seed = tl.load(seed_ptr + b)
         offset = tl.load(offset_ptr + b)
-        draw = draw_base + row % M
+        draw = draw_base + tl.program_id(1)
     row_ptr = logits_ptr + row * V
     out = row * NC + chunk
     if SAMPLED:
@@ -686,7 +685,7 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     lanes = 64 * shape.threads
     filter_merge = (shape.cap > 0 and block_m * block_c * block_c <= lanes
                     and block_m * block_ck <= lanes and block_m * shape.cap * shape.cap <= lanes)
-    _draft_expand_kernel[(R * NC,)](
+    _draft_expand_kernel[(NC, M, B)](
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
