@@ -603,6 +603,16 @@ def _register_cap(shape: ChunkShape) -> dict:
     return {} if shape.warps < 8 or interpreted(_draft_expand_kernel) else {"maxnreg": 128}
 
 
+def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int) -> bool:
+    """Whether the merge takes the threshold, compaction and rank (else the plain rounds): they
+    hold [M, NC, NC], [M, NC * top_k] and [M, cap, cap] tiles (powers of two), at most 64
+    elements a thread each, and need the chunk's slots (top_k <= 32)."""
+    lanes = 64 * shape.threads
+    block_m, block_c = triton.next_power_of_2(M), triton.next_power_of_2(NC)
+    return (shape.cap > 0 and block_m * block_c * block_c <= lanes
+            and block_m * triton.next_power_of_2(NC * top_k) <= lanes and block_m * shape.cap * shape.cap <= lanes)
+
+
 def launch_config() -> DraftExpandConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
@@ -632,9 +642,10 @@ DEPTH_STRIDE = 65536  # draw = DRAFT_DRAW + depth * DEPTH_STRIDE + frontier row
 
 
 def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, survivors=None, temperature=None,
-            seed=None, offset=None, depth=0) -> DraftCandidates:
-    """``survivors``: the chunk kernel's scratch (int32 [B * M, NC, cap]), given by tests that
-    read back which ids each chunk compacted. With ``temperature`` the kernels take the sampled
+            seed=None, offset=None, depth=0, merge_survivors=None) -> DraftCandidates:
+    """``survivors``: the chunk step's scratch (int32 [B * M, NC, cap]), ``merge_survivors`` the
+    merge's (int32 [B * M, cap]: ids), given by tests that read back which ids each chunk and
+    each row's merge compacted. With ``temperature`` the kernels take the sampled
     specialisation (rows of requests at 0 keep the deterministic rule inside it); without it the
     deterministic kernels, unchanged."""
     B, M, V = logits.shape
@@ -672,7 +683,9 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     if survivors is None:
         survivors = torch.empty(R, NC, max(shape.cap, 1), dtype=torch.int32, device=device)
     merge_val = torch.empty(R, max(shape.cap, 1), dtype=compute, device=device)
-    merge_id = torch.empty(R, max(shape.cap, 1), dtype=torch.int32, device=device)
+    merge_id = merge_survivors
+    if merge_id is None:
+        merge_id = torch.empty(R, max(shape.cap, 1), dtype=torch.int32, device=device)
     d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
     block_m = triton.next_power_of_2(M)
     block_c = triton.next_power_of_2(NC)
@@ -680,11 +693,8 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     block_mk = triton.next_power_of_2(M * top_k)
     # Rows the merge's plain rounds take together: their candidate keys stay in registers.
     rounds_m = max(1, min(block_m, config.merge_lanes // block_ck))
-    # The merge's threshold, compaction and rank hold [M, NC, NC], [M, NC * top_k] and
-    # [M, cap, cap] tiles: at most 64 elements a thread each (else the plain rounds).
+    filter_merge = merge_filters(shape, M, NC, top_k)
     lanes = 64 * shape.threads
-    filter_merge = (shape.cap > 0 and block_m * block_c * block_c <= lanes
-                    and block_m * block_ck <= lanes and block_m * shape.cap * shape.cap <= lanes)
     _draft_expand_kernel[(NC, M, B)](
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
