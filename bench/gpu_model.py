@@ -297,13 +297,23 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
             setattr(builder, name, fn)
 
 
-def sample_programs(grid: tuple, samples: int) -> list[tuple[int, int, int]]:
+# Kernels whose last program of a group (the programs sharing the last grid axis: a request)
+# does more work once every other program of the group has finished (an atomic ticket):
+# draft_expand's merge. The model interprets one whole group (so the ticket reaches its last
+# value), charges the launch's waves with the ordinary programs and adds the last group's
+# extra work, which runs after every other program, as a tail.
+GROUP_TAIL_KERNELS = {"_draft_expand_kernel"}
+
+
+def sample_programs(grid: tuple, samples: int, whole_group: bool = False) -> list[tuple[int, int, int]]:
     """Every program of up to ``samples`` values of the first grid axis, at the midpoints of
     equal slices of it (the first and last are often special: a root row, a partial chunk).
     The other axes (splits, chunks of a row) are run whole, and a launch over the same first
     axis as the one before it (verify's rows) samples the same indices, so it reads what the
     sampled programs before it wrote."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
+    if whole_group:  # every program of the middle group of the last axis
+        return [(x, y, grid[2] // 2) for x in range(grid[0]) for y in range(grid[1])]
     n = min(samples, grid[0])
     xs = sorted({int((i + 0.5) * grid[0] / n) for i in range(n)})
     return [(x, y, z) for x in xs for y in range(grid[1]) for z in range(grid[2])]
@@ -353,7 +363,7 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
     from triton.runtime import interpreter as ti
 
     counts: list[Counts] = []
-    programs = sample_programs(launch.grid, samples)
+    programs = sample_programs(launch.grid, samples, launch.kernel.fn.__name__ in GROUP_TAIL_KERNELS)
     executor = ti.GridExecutor(ti.InterpretedFunction(launch.kernel.fn).rewrite(), launch.kernel.arg_names,
                                tuple(launch.grid))
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
@@ -478,6 +488,9 @@ class LaunchModel:
     flops: float
     reductions: float  # per program
     chain: int
+    tail_warp_instructions: float = 0.0  # the group's last program: its extra work after the waves
+    tail_chain: int = 0
+    tail_s: float = 0.0
     issue_s: float = 0.0
     memory_s: float = 0.0
     compute_s: float = 0.0
@@ -514,7 +527,10 @@ class LaunchModel:
             slowest = self.warp_instructions_max / rate
             if slowest > wave:
                 wave, self.bound = slowest, "slowest program"
-        self.time_s = overhead + self.waves * wave
+        # The last group's extra work (GROUP_TAIL_KERNELS) starts when its last ordinary program
+        # ends, after the waves: its own instructions at the SM's issue rate, or its latency chain.
+        self.tail_s = max(self.tail_warp_instructions / rate, self.tail_chain * MEMORY_LATENCY_S)
+        self.time_s = overhead + self.waves * wave + self.tail_s
         return self
 
 
@@ -526,6 +542,16 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
     audit = cache[key]
     in_loop, out_loop, outside = sass_by_line(audit.sass, launch.kernel.fn)
     instructions = [dynamic_instructions(c, in_loop, out_loop, outside) for c in counts]
+    tail_instructions, tail_chain, slowest = 0.0, 0, instructions
+    if audit.kernel in GROUP_TAIL_KERNELS and len(counts) > 1:
+        last = max(range(len(counts)), key=lambda i: instructions[i])  # the program that did the group's work
+        others = [i for i in range(len(counts)) if i != last]
+        typical = sum(instructions[i] for i in others) / len(others)
+        tail_instructions = (instructions[last] - typical) * audit.num_warps
+        chain = max(counts[i].chain for i in others)
+        tail_chain = max(counts[last].chain - chain, 0)
+        counts = [counts[i] for i in others] + [dataclasses.replace(counts[last], chain=chain)]
+        slowest = [instructions[i] for i in others]  # the tail is added after the waves
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
     programs = grid[0] * grid[1] * grid[2]
     blocks = max(audit.blocks_per_sm, 1)
@@ -535,11 +561,12 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
         kernel=audit.kernel, grid=grid, programs=programs, num_warps=audit.num_warps, num_stages=audit.num_stages,
         blocks_per_sm=audit.blocks_per_sm,
         waves=waves, warp_instructions=mean(instructions) * audit.num_warps,
-        warp_instructions_max=max(instructions, default=0) * audit.num_warps,
+        warp_instructions_max=max(slowest, default=0) * audit.num_warps,
         dram_bytes=mean([c.dram_bytes for c in counts]) * programs,
         requested_bytes=mean([c.load_bytes + c.store_bytes for c in counts]) * programs,
         flops=mean([c.flops for c in counts]) * programs, reductions=mean([c.reductions for c in counts]),
         chain=max((c.chain for c in counts), default=0),
+        tail_warp_instructions=tail_instructions, tail_chain=tail_chain,
     ).finish()
 
 
