@@ -137,9 +137,10 @@ _INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)
 
 def _sass_paths(sass: str, trips: int, outer_once: bool):
     """(op counts, loops, predicated LDGs) of every path from the entry to an EXIT (a
-    predicated one both ends a path and falls through): forward conditional branches both ways, a backward branch closes a loop whose body
-    then runs ``trips`` times in all; with ``outer_once`` the outermost loop runs once (the
-    merge's loop over blocks of rows: one block at the shapes reported)."""
+    predicated one both ends a path and falls through): forward conditional branches both ways,
+    a backward branch closes a loop whose body then runs ``trips`` times in all; with
+    ``outer_once`` the outermost loop runs once (a loop over blocks of rows: one block at the
+    shapes reported)."""
     instrs = [(int(m[1], 16), m[2] is not None, m[3], m[4]) for m in map(_INSTR.match, sass.splitlines()) if m]
     index = {addr: i for i, (addr, *_rest) in enumerate(instrs)}
     targets = [(index.get(int(a.split()[0], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]

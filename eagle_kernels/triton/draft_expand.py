@@ -1,10 +1,10 @@
 """Triton ``draft_expand``: one depth of EAGLE-2 dynamic tree expansion (Li et al. 2024, §4.1)
-in two launches, with no sort.
+in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
 
-1. ``_draft_chunk_kernel``, grid ``(B * M, NC)``: chunk ``j`` of row ``(b, m)`` (``BLOCK_V``
-   entries, one per thread and register: a [registers, threads] view) gives its max, its sum
-   of ``exp(x - max)``, a bad flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id),
-   stored best first, in a constant number of block-wide steps:
+1. Every program, chunk ``j`` of row ``(b, m)`` (``BLOCK_V`` entries, one per thread and
+   register: a [registers, threads] view), gives its max, its sum of ``exp(x - max)``, a bad
+   flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id), stored best first, in a
+   constant number of block-wide steps:
    a. threshold: the chunk's threads form ``SUPER = 2 * next_pow2(TOP_K)`` super-groups; the
       ``TOP_K``-th largest super-group max ``t`` is reached by ``TOP_K`` distinct entries, so
       every top-``TOP_K`` entry (ties included) is ``>= t``;
@@ -17,25 +17,32 @@ in two launches, with no sort.
    mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
    instead: exact, slower. About 1.3 * TOP_K entries survive an 8192-entry chunk of random
    logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
-2. ``_draft_merge_kernel``, grid ``(B,)``: merges the ``NC`` partials of several rows at once
-   into ``lse = max + log(sum)`` and each row's top ``TOP_K`` (the best ``TOP_K`` of its
-   ``NC * TOP_K`` chunk candidates; one argmax round serves all rows of a block), writes
-   tokens and scores (``frontier_score + (x - max) - log(sum)``), then selects the frontier
-   among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index).
+2. The program then takes a ticket of its request (an int32 counter, ``atomic_add`` with
+   acquire-release semantics after a barrier, so every thread's partials are published). The
+   one drawing ticket ``M * NC - 1`` is the last of its request: it reads the request's partials
+   (``.cg`` loads) and merges them into ``lse = max + log(sum)`` and each row's top ``TOP_K``,
+   writes tokens and scores (``frontier_score + (x - max) - log(sum)``), selects the frontier
+   among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index), and sets the counter
+   back to zero: no launch zeroes the counters (``_tickets``: one buffer per device, zero
+   between launches, so CUDA-graph replays find it zero). A row's top ``TOP_K`` from its
+   chunks' lists, all rows at once: the threshold is the ``TOP_K``-th largest chunk max (each
+   of ``TOP_K`` chunks holds an entry ``>= it``), the list entries ``>= it`` are compacted by a
+   scan and ranked by one compare per pair (step c again); rows with more than ``CAP`` of them,
+   and tiles too large for registers (``merge_filters``), take ``TOP_K`` argmax rounds over the
+   candidates instead. The frontier is one pairwise rank over the ``M * TOP_K`` scores where
+   that fits in registers, else ``TOP_K`` argmax rounds. Blocks are issued chunk axis first:
+   requests finish in order and only the last request's merge runs after every chunk.
 
-A merge round is one int64 max over packed (value, id) keys (``_pack_key``) for fp32/fp16/bf16
-input; fp64 input keeps a max over values and a min over ids. The chunk kernel before the
-threshold ran ``2 * TOP_K`` block-wide int64 argmax rounds per chunk: 1,542 instructions per
-thread for a 4096-entry chunk, 37 barriers (bf16, top_k 8, sm_90 SASS, triton 3.9); now 732
-for an 8192-entry chunk and 15 barriers (``python bench/bench_draft_expand.py --sass``;
-docs/gpu_kernels.md).
+An argmax round is one int64 max over packed (value, id) keys (``_pack_key``) for
+fp32/fp16/bf16 input; fp64 input keeps a max over values and a min over ids. Instruction counts
+of both paths (``python bench/bench_draft_expand.py --sass``): docs/gpu_kernels.md.
 
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
 
 Sampled children (docs/ops.md §2): a launch given ``temperature`` compiles the ``SAMPLED``
-specialisation (calls without it keep the kernels above unchanged). In it, a row of a request
+specialisation (calls without it keep the kernel above unchanged). In it, a row of a request
 with ``temperature > 0`` runs the same three steps on Gumbel keys instead of logits: each entry's
 ``(x - chunk max) / T - log(-log U)`` in float64, U from the shared Philox stream
 (``philox.py``) at ``(seed, offset, node = id, draw = 2 + depth * 65536 + m)``; the chunk's sum
@@ -67,7 +74,8 @@ class DraftExpandConfig:
 
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
         warps and the [registers, threads] view of a chunk (``chunk_shape``).
-    merge_lanes: candidate keys of the frontier rows one merge round reduces together.
+    merge_lanes: candidate keys of the frontier rows one round of the merge's plain rounds reduces
+        together (the merge runs in a chunk program's warps).
     sampled_block_v: entries per chunk program in launches with a temperature (sampled
         children): a float64 key and its Philox draw per entry need more registers per entry.
     """
@@ -335,8 +343,8 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
                    frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, frontier_ptr, b, t,
                    seed, offset, draw_base, M, V, NC, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
-                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr, HAS_D2T: tl.constexpr,
-                   IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
+                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr,
+                   HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
     """Request ``b``: every row's top TOP_K from its chunks' partials, then the frontier over
     the stored scores."""
     if SAMPLED:
@@ -699,9 +707,9 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c, BLOCK_CK=block_ck, BLOCK_MK=block_mk,
-        FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes, HAS_D2T=d2t is not None,
-        IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
+        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c, BLOCK_CK=block_ck,
+        BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
+        HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
     return DraftCandidates(tokens, scores, frontier, logprobs)
 
