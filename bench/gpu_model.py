@@ -246,18 +246,23 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     helpers = helper_statements(kernel_fn)
     helper_last = [None]
 
-    def call_site(frame):
+    def helper_key(frame):
+        """(statement of each helper frame of this file, innermost first, ..., the kernel's
+        statement): the key ``sass_by_line`` gives the instructions inlined along that chain."""
+        key = []
         while frame is not None:
-            if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
-                return statement.get(frame.f_lineno, frame.f_lineno)
+            if frame.f_code.co_filename == code_file:
+                if frame.f_code.co_name == code_name:
+                    return tuple(key) + (statement.get(frame.f_lineno, frame.f_lineno),)
+                if frame.f_code.co_name in helpers:
+                    key.append(helpers[frame.f_code.co_name].get(frame.f_lineno, frame.f_lineno))
             frame = frame.f_back
         return None
 
     def helper_local(frame, event, arg):
         if event == "line":
-            site = call_site(frame.f_back)
-            key = (helpers[frame.f_code.co_name].get(frame.f_lineno, frame.f_lineno), site)
-            if site is not None and key != helper_last[0]:
+            key = helper_key(frame)
+            if key is not None and key != helper_last[0]:
                 current[0].lines[key] += 1
                 helper_last[0] = key
         return helper_local
@@ -419,9 +424,9 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
 
     ``nvdisasm -gi`` prints an instruction's inlining chain innermost first, the kernel statement
     last. An instruction of a helper defined in the kernel's file (``helper_statements``) is keyed
-    (helper statement, kernel statement of the call), which the interpreter counts the same way:
-    so a branch inside a helper counts as often as it is taken at that call site, not once per
-    call."""
+    by the statements of its chain of such helpers, innermost first, then the kernel statement of
+    the call (helpers nested in helpers included), which the interpreter counts the same way: so a
+    branch inside a helper counts as often as it is taken at that call site, not once per call."""
     import inspect
 
     file = os.path.realpath(kernel_fn.__code__.co_filename)
@@ -445,12 +450,11 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
         if chain:  # a new location: the outermost entry is the kernel statement
             f, n = chain[-1][:2]
             line = statement.get(n, n) if f == file and n in span else None
-            if line is not None:
-                for f, n, f_at, n_at in chain:
-                    if (f == file and n in helper_lines and f_at and os.path.realpath(f_at) == file
-                            and int(n_at) in span):
-                        line = (helper_lines[n], statement.get(int(n_at), int(n_at)))
-                        break
+            if line is not None:  # (innermost helper statement, ..., the kernel statement) for helpers
+                helpers_in = tuple(helper_lines[n] for f, n, _f_at, _n_at in chain[:-1]
+                                   if f == file and n in helper_lines)
+                if helpers_in:
+                    line = helpers_in + (line,)
             chain = []
         offset = int(m.group(1), 16)
         if line is None:
