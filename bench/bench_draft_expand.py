@@ -23,13 +23,15 @@ Without a GPU, ``python bench/bench_draft_expand.py --sass`` compiles the Triton
 sm_90 as the launcher would launch them (its constexprs, warps and the JIT's specialisation of
 the argument tensors), reads the SASS and counts the instructions one thread executes along the
 path of a full chunk of ordinary logits (no masked loads, no fallback rounds; a loop counts
-``TOP_K`` times), then models the chunk launch's issue time on an H200 (132 SMs, 4 warp
-instructions per cycle per SM, 1.98 GHz) beside one read of the logits at 4.3 TB/s. Needs
-``TRITON_INTERPRET`` unset.
+``TOP_K`` times) and, for the program that also merges a request, the merge's, then models the
+launch's issue time on an H200 (132 SMs, 4 warp instructions per cycle per SM, 1.98 GHz: the
+chunk programs, then the last request's merge alone) beside one read of the logits at 4.3 TB/s.
+Needs ``TRITON_INTERPRET`` unset.
 """
 
 import argparse
 import collections
+import math
 import os
 import re
 import subprocess
@@ -134,10 +136,11 @@ _INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)
 
 
 def _sass_paths(sass: str, trips: int, outer_once: bool):
-    """(op counts, loops, predicated LDGs) of every path from the entry to an unconditional
-    EXIT: forward conditional branches both ways, a backward branch closes a loop whose body
-    then runs ``trips`` times in all; with ``outer_once`` the outermost loop runs once (the
-    merge's loop over blocks of rows: one block at the shapes reported)."""
+    """(op counts, loops, predicated LDGs) of every path from the entry to an EXIT (a
+    predicated one both ends a path and falls through): forward conditional branches both ways,
+    a backward branch closes a loop whose body then runs ``trips`` times in all; with
+    ``outer_once`` the outermost loop runs once (a loop over blocks of rows: one block at the
+    shapes reported)."""
     instrs = [(int(m[1], 16), m[2] is not None, m[3], m[4]) for m in map(_INSTR.match, sass.splitlines()) if m]
     index = {addr: i for i, (addr, *_rest) in enumerate(instrs)}
     targets = [(index.get(int(a.split()[0], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]
@@ -152,9 +155,10 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
             _addr, pred, op, args = instrs[i]
             counts[op] += 1
             masked += op == "LDG" and pred
-            if op == "EXIT" and not pred:
-                found.append((counts, loops, masked))
-                return
+            if op == "EXIT":  # a predicated EXIT ends the paths of the threads it holds
+                found.append((collections.Counter(counts), loops, masked))
+                if not pred:
+                    return
             if op == "BRA":
                 target = index.get(int(args.split()[0], 16))
                 if target is None or target == i:
@@ -214,24 +218,35 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90, samp
                                    check=True).stdout
         res = {k: int(v) for k, v in re.findall(r"(REG):(\d+)", usage)}
         _, spill_stores, spill_loads = compile_audit.ptxas_spills(log)
-        paths = _sass_paths(sass, kwargs["TOP_K"], outer_once="BLOCK_M" in kwargs)
-        if "BLOCK_V" in kwargs:  # chunk: fewest loops (no fallback rounds), fewest masked loads
-            counts, loops, _ = min(paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
-        else:  # merge: every loop entered, the block of rows once
-            assert kwargs["BLOCK_M"] >= M
-            counts, loops, _ = max(paths, key=lambda p: (p[1], sum(p[0].values())))
-        warps, programs = kwargs["num_warps"], grid[0] * (grid[1] if len(grid) > 1 else 1)
+        # One kernel: every program computes its chunk; the last one of a request (its second
+        # ATOMG: the ticket reset) also merges the request. Chunk path: fewest loops (no fallback
+        # rounds), fewest masked loads, longest. Merging path: the same from the paths through the
+        # merge (deterministic: the threshold merge, no rounds; sampled: every loop entered).
+        paths = _sass_paths(sass, kwargs["TOP_K"], outer_once=False)
+        chunk_paths = [p for p in paths if p[0]["ATOMG"] < 2]
+        merge_paths = [p for p in paths if p[0]["ATOMG"] >= 2]
+        counts, loops, _ = min(chunk_paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+        if sampled:
+            merging, _, _ = max(merge_paths, key=lambda p: (p[1], -p[2], sum(p[0].values())))
+        else:
+            merging, _, _ = min(merge_paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+        warps, programs = kwargs["num_warps"], math.prod(grid)
         per_thread = sum(counts.values())
+        merge_extra = sum(merging.values()) - per_thread
         row = dict(kernel=kernel.fn.__name__, grid=grid, warps=warps, registers=res["REG"],
                    spill_stores=spill_stores, spill_loads=spill_loads,
                    instr_per_thread=per_thread, barriers=counts["BAR"], shuffles=counts["SHFL"], loops=loops,
-                   warp_instr_per_program=per_thread * warps)
-        if "BLOCK_V" in kwargs:
-            block_v = kwargs["BLOCK_V"]
-            row.update(block_v=block_v, thread_instr_per_entry=per_thread * warps * 32 / block_v)
-            issue_s = programs * per_thread * warps / (H200["sms"] * H200["issue_per_cycle"] * H200["clock_hz"])
-            read_s = B * M * V * torch.finfo(dtype).bits / 8 / H200["read_Bps"]
-            row.update(modeled_issue_us=issue_s * 1e6, one_read_us=read_s * 1e6, issue_over_read=issue_s / read_s)
+                   warp_instr_per_program=per_thread * warps,
+                   merge_instr_per_thread=merge_extra, merge_barriers=merging["BAR"] - counts["BAR"])
+        block_v = kwargs["BLOCK_V"]
+        row.update(block_v=block_v, thread_instr_per_entry=per_thread * warps * 32 / block_v)
+        issue_s = programs * per_thread * warps / (H200["sms"] * H200["issue_per_cycle"] * H200["clock_hz"])
+        # The last request's merge runs after every chunk: its warps alone on an SM, one
+        # instruction per warp per cycle on each of the 4 schedulers at best.
+        merge_s = merge_extra * warps / (H200["issue_per_cycle"] * H200["clock_hz"])
+        read_s = B * M * V * torch.finfo(dtype).bits / 8 / H200["read_Bps"]
+        row.update(modeled_issue_us=issue_s * 1e6, modeled_merge_issue_us=merge_s * 1e6, one_read_us=read_s * 1e6,
+                   issue_over_read=issue_s / read_s, op_over_read=(issue_s + merge_s) / read_s)
         rows.append(row)
     return rows
 

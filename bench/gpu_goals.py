@@ -11,7 +11,8 @@ process, so nothing rests on a data-sheet number:
   SDPA with the equivalent boolean mask (goal >= 3x);
 - draft_expand (B 1 / 8 / 32, M 8, V 32000 / 128256, top_k 8 / 10, bf16): time over one read
   of the logits at the read bandwidth (goal <= 1.5x), and over the plain torch sequence; beside
-  it, the chunk launch's issue time modeled from its SASS (``bench_draft_expand.py --sass``);
+  it, the launch's issue time modeled from its SASS (``bench_draft_expand.py --sass``: the
+  chunk programs, then the last request's merge);
 - verify (B 1 / 8 / 32, N 64, V 128256, bf16; greedy, T = 0.8, T = 0.8 with top-k 50 and
   top-p 0.9, top-p 0.9 alone): time less one launch over one read of the rows the walk visits
   (goal <= 1.5x greedy, <= 3x sampling).
@@ -150,13 +151,14 @@ def tree_attention_sweep(timer: Timer, shapes, heads, configs) -> list[dict]:
 
 
 def draft_expand_modeled_us(B, M, V, top_k) -> float | None:
-    """The chunk launch's issue time modeled from its sm_90 SASS (bench_draft_expand.sass_report),
-    printed beside the measured time; None where the kernels cannot be compiled here."""
+    """The launch's issue time modeled from its sm_90 SASS (bench_draft_expand.sass_report: the
+    chunk programs, then the last request's merge), printed beside the measured time; None where
+    the kernels cannot be compiled here."""
     try:
         rows = bench_draft_expand.sass_report(B, M, V, top_k, dtype=torch.bfloat16)
     except Exception:  # e.g. no cuobjdump beside triton: the measurement goes on without it
         return None
-    return next(r["modeled_issue_us"] for r in rows if "modeled_issue_us" in r)
+    return sum(r["modeled_issue_us"] + r.get("modeled_merge_issue_us", 0.0) for r in rows if "modeled_issue_us" in r)
 
 
 def draft_expand_rows(timer: Timer, limits: dict, shapes) -> list[dict]:
@@ -172,8 +174,7 @@ def draft_expand_rows(timer: Timer, limits: dict, shapes) -> list[dict]:
                          one_read_us=read_s * 1e6, x_one_read=t_graph / read_s, goal="x_one_read <= 1.5"))
         modeled = draft_expand_modeled_us(B, M, V, top_k) if timer.device == "cuda" else None
         if modeled is not None:
-            rows[-1].update(modeled_chunk_issue_us=modeled,
-                            goal=f"x_one_read <= 1.5 (chunk issue modeled {modeled:.1f} us)")
+            rows[-1].update(modeled_issue_us=modeled, goal=f"x_one_read <= 1.5 (issue modeled {modeled:.1f} us)")
     return rows
 
 

@@ -246,18 +246,23 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     helpers = helper_statements(kernel_fn)
     helper_last = [None]
 
-    def call_site(frame):
+    def helper_key(frame):
+        """(statement of each helper frame of this file, innermost first, ..., the kernel's
+        statement): the key ``sass_by_line`` gives the instructions inlined along that chain."""
+        key = []
         while frame is not None:
-            if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
-                return statement.get(frame.f_lineno, frame.f_lineno)
+            if frame.f_code.co_filename == code_file:
+                if frame.f_code.co_name == code_name:
+                    return tuple(key) + (statement.get(frame.f_lineno, frame.f_lineno),)
+                if frame.f_code.co_name in helpers:
+                    key.append(helpers[frame.f_code.co_name].get(frame.f_lineno, frame.f_lineno))
             frame = frame.f_back
         return None
 
     def helper_local(frame, event, arg):
         if event == "line":
-            site = call_site(frame.f_back)
-            key = (helpers[frame.f_code.co_name].get(frame.f_lineno, frame.f_lineno), site)
-            if site is not None and key != helper_last[0]:
+            key = helper_key(frame)
+            if key is not None and key != helper_last[0]:
                 current[0].lines[key] += 1
                 helper_last[0] = key
         return helper_local
@@ -297,13 +302,23 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
             setattr(builder, name, fn)
 
 
-def sample_programs(grid: tuple, samples: int) -> list[tuple[int, int, int]]:
+# Kernels whose last program of a group (the programs sharing the last grid axis: a request)
+# does more work once every other program of the group has finished (an atomic ticket):
+# draft_expand's merge. The model interprets one whole group (so the ticket reaches its last
+# value), charges the launch's waves with the ordinary programs and adds the last group's
+# extra work, which runs after every other program, as a tail.
+GROUP_TAIL_KERNELS = {"_draft_expand_kernel"}
+
+
+def sample_programs(grid: tuple, samples: int, whole_group: bool = False) -> list[tuple[int, int, int]]:
     """Every program of up to ``samples`` values of the first grid axis, at the midpoints of
     equal slices of it (the first and last are often special: a root row, a partial chunk).
     The other axes (splits, chunks of a row) are run whole, and a launch over the same first
     axis as the one before it (verify's rows) samples the same indices, so it reads what the
     sampled programs before it wrote."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
+    if whole_group:  # every program of the middle group of the last axis
+        return [(x, y, grid[2] // 2) for x in range(grid[0]) for y in range(grid[1])]
     n = min(samples, grid[0])
     xs = sorted({int((i + 0.5) * grid[0] / n) for i in range(n)})
     return [(x, y, z) for x in xs for y in range(grid[1]) for z in range(grid[2])]
@@ -353,7 +368,7 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
     from triton.runtime import interpreter as ti
 
     counts: list[Counts] = []
-    programs = sample_programs(launch.grid, samples)
+    programs = sample_programs(launch.grid, samples, launch.kernel.fn.__name__ in GROUP_TAIL_KERNELS)
     executor = ti.GridExecutor(ti.InterpretedFunction(launch.kernel.fn).rewrite(), launch.kernel.arg_names,
                                tuple(launch.grid))
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
@@ -409,9 +424,9 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
 
     ``nvdisasm -gi`` prints an instruction's inlining chain innermost first, the kernel statement
     last. An instruction of a helper defined in the kernel's file (``helper_statements``) is keyed
-    (helper statement, kernel statement of the call), which the interpreter counts the same way:
-    so a branch inside a helper counts as often as it is taken at that call site, not once per
-    call."""
+    by the statements of its chain of such helpers, innermost first, then the kernel statement of
+    the call (helpers nested in helpers included), which the interpreter counts the same way: so a
+    branch inside a helper counts as often as it is taken at that call site, not once per call."""
     import inspect
 
     file = os.path.realpath(kernel_fn.__code__.co_filename)
@@ -435,12 +450,11 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
         if chain:  # a new location: the outermost entry is the kernel statement
             f, n = chain[-1][:2]
             line = statement.get(n, n) if f == file and n in span else None
-            if line is not None:
-                for f, n, f_at, n_at in chain:
-                    if (f == file and n in helper_lines and f_at and os.path.realpath(f_at) == file
-                            and int(n_at) in span):
-                        line = (helper_lines[n], statement.get(int(n_at), int(n_at)))
-                        break
+            if line is not None:  # (innermost helper statement, ..., the kernel statement) for helpers
+                helpers_in = tuple(helper_lines[n] for f, n, _f_at, _n_at in chain[:-1]
+                                   if f == file and n in helper_lines)
+                if helpers_in:
+                    line = helpers_in + (line,)
             chain = []
         offset = int(m.group(1), 16)
         if line is None:
@@ -478,6 +492,9 @@ class LaunchModel:
     flops: float
     reductions: float  # per program
     chain: int
+    tail_warp_instructions: float = 0.0  # the group's last program: its extra work after the waves
+    tail_chain: int = 0
+    tail_s: float = 0.0
     issue_s: float = 0.0
     memory_s: float = 0.0
     compute_s: float = 0.0
@@ -514,7 +531,10 @@ class LaunchModel:
             slowest = self.warp_instructions_max / rate
             if slowest > wave:
                 wave, self.bound = slowest, "slowest program"
-        self.time_s = overhead + self.waves * wave
+        # The last group's extra work (GROUP_TAIL_KERNELS) starts when its last ordinary program
+        # ends, after the waves: its own instructions at the SM's issue rate, or its latency chain.
+        self.tail_s = max(self.tail_warp_instructions / rate, self.tail_chain * MEMORY_LATENCY_S)
+        self.time_s = overhead + self.waves * wave + self.tail_s
         return self
 
 
@@ -526,6 +546,16 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
     audit = cache[key]
     in_loop, out_loop, outside = sass_by_line(audit.sass, launch.kernel.fn)
     instructions = [dynamic_instructions(c, in_loop, out_loop, outside) for c in counts]
+    tail_instructions, tail_chain, slowest = 0.0, 0, instructions
+    if audit.kernel in GROUP_TAIL_KERNELS and len(counts) > 1:
+        last = max(range(len(counts)), key=lambda i: instructions[i])  # the program that did the group's work
+        others = [i for i in range(len(counts)) if i != last]
+        typical = sum(instructions[i] for i in others) / len(others)
+        tail_instructions = (instructions[last] - typical) * audit.num_warps
+        chain = max(counts[i].chain for i in others)
+        tail_chain = max(counts[last].chain - chain, 0)
+        counts = [counts[i] for i in others] + [dataclasses.replace(counts[last], chain=chain)]
+        slowest = [instructions[i] for i in others]  # the tail is added after the waves
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
     programs = grid[0] * grid[1] * grid[2]
     blocks = max(audit.blocks_per_sm, 1)
@@ -535,11 +565,12 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
         kernel=audit.kernel, grid=grid, programs=programs, num_warps=audit.num_warps, num_stages=audit.num_stages,
         blocks_per_sm=audit.blocks_per_sm,
         waves=waves, warp_instructions=mean(instructions) * audit.num_warps,
-        warp_instructions_max=max(instructions, default=0) * audit.num_warps,
+        warp_instructions_max=max(slowest, default=0) * audit.num_warps,
         dram_bytes=mean([c.dram_bytes for c in counts]) * programs,
         requested_bytes=mean([c.load_bytes + c.store_bytes for c in counts]) * programs,
         flops=mean([c.flops for c in counts]) * programs, reductions=mean([c.reductions for c in counts]),
         chain=max((c.chain for c in counts), default=0),
+        tail_warp_instructions=tail_instructions, tail_chain=tail_chain,
     ).finish()
 
 

@@ -1,10 +1,10 @@
 """Triton ``draft_expand``: one depth of EAGLE-2 dynamic tree expansion (Li et al. 2024, §4.1)
-in two launches, with no sort.
+in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
 
-1. ``_draft_chunk_kernel``, grid ``(B * M, NC)``: chunk ``j`` of row ``(b, m)`` (``BLOCK_V``
-   entries, one per thread and register: a [registers, threads] view) gives its max, its sum
-   of ``exp(x - max)``, a bad flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id),
-   stored best first, in a constant number of block-wide steps:
+1. Every program, chunk ``j`` of row ``(b, m)`` (``BLOCK_V`` entries, one per thread and
+   register: a [registers, threads] view), gives its max, its sum of ``exp(x - max)``, a bad
+   flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id), stored best first, in a
+   constant number of block-wide steps:
    a. threshold: the chunk's threads form ``SUPER = 2 * next_pow2(TOP_K)`` super-groups; the
       ``TOP_K``-th largest super-group max ``t`` is reached by ``TOP_K`` distinct entries, so
       every top-``TOP_K`` entry (ties included) is ``>= t``;
@@ -17,25 +17,32 @@ in two launches, with no sort.
    mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
    instead: exact, slower. About 1.3 * TOP_K entries survive an 8192-entry chunk of random
    logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
-2. ``_draft_merge_kernel``, grid ``(B,)``: merges the ``NC`` partials of several rows at once
-   into ``lse = max + log(sum)`` and each row's top ``TOP_K`` (the best ``TOP_K`` of its
-   ``NC * TOP_K`` chunk candidates; one argmax round serves all rows of a block), writes
-   tokens and scores (``frontier_score + (x - max) - log(sum)``), then selects the frontier
-   among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index).
+2. The program then takes a ticket of its request (an int32 counter, ``atomic_add`` with
+   acquire-release semantics after a barrier, so every thread's partials are published). The
+   one drawing ticket ``M * NC - 1`` is the last of its request: it reads the request's partials
+   (``.cg`` loads) and merges them into ``lse = max + log(sum)`` and each row's top ``TOP_K``,
+   writes tokens and scores (``frontier_score + (x - max) - log(sum)``), selects the frontier
+   among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index), and sets the counter
+   back to zero: no launch zeroes the counters (``_tickets``: one buffer per device, zero
+   between launches, so CUDA-graph replays find it zero). A row's top ``TOP_K`` from its
+   chunks' lists, all rows at once: the threshold is the ``TOP_K``-th largest chunk max (each
+   of ``TOP_K`` chunks holds an entry ``>= it``), the list entries ``>= it`` are compacted by a
+   scan and ranked by one compare per pair (step c again); rows with more than ``CAP`` of them,
+   and tiles too large for registers (``merge_filters``), take ``TOP_K`` argmax rounds over the
+   candidates instead. The frontier is one pairwise rank over the ``M * TOP_K`` scores where
+   that fits in registers, else ``TOP_K`` argmax rounds. Blocks are issued chunk axis first:
+   requests finish in order and only the last request's merge runs after every chunk.
 
-A merge round is one int64 max over packed (value, id) keys (``_pack_key``) for fp32/fp16/bf16
-input; fp64 input keeps a max over values and a min over ids. The chunk kernel before the
-threshold ran ``2 * TOP_K`` block-wide int64 argmax rounds per chunk: 1,542 instructions per
-thread for a 4096-entry chunk, 37 barriers (bf16, top_k 8, sm_90 SASS, triton 3.9); now 732
-for an 8192-entry chunk and 15 barriers (``python bench/bench_draft_expand.py --sass``;
-docs/gpu_kernels.md).
+An argmax round is one int64 max over packed (value, id) keys (``_pack_key``) for
+fp32/fp16/bf16 input; fp64 input keeps a max over values and a min over ids. Instruction counts
+of both paths (``python bench/bench_draft_expand.py --sass``): docs/gpu_kernels.md.
 
 Rows ranking logits by value is the log-prob order (one ``lse`` per row). A row with NaN or
 +inf, or no entry above -inf, has all log-probs NaN (as torch.log_softmax gives): its
 candidates are ids ``0..TOP_K-1`` with NaN scores, like the reference.
 
 Sampled children (docs/ops.md §2): a launch given ``temperature`` compiles the ``SAMPLED``
-specialisation (calls without it keep the kernels above unchanged). In it, a row of a request
+specialisation (calls without it keep the kernel above unchanged). In it, a row of a request
 with ``temperature > 0`` runs the same three steps on Gumbel keys instead of logits: each entry's
 ``(x - chunk max) / T - log(-log U)`` in float64, U from the shared Philox stream
 (``philox.py``) at ``(seed, offset, node = id, draw = 2 + depth * 65536 + m)``; the chunk's sum
@@ -67,13 +74,14 @@ class DraftExpandConfig:
 
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
         warps and the [registers, threads] view of a chunk (``chunk_shape``).
-    merge_lanes: candidate keys of the frontier rows one merge round reduces together.
+    merge_lanes: candidate keys of the frontier rows one round of the merge's plain rounds reduces
+        together (the merge runs in a chunk program's warps).
     sampled_block_v: entries per chunk program in launches with a temperature (sampled
         children): a float64 key and its Philox draw per entry need more registers per entry.
     """
 
     block_v: int
-    merge_lanes: int = 4096
+    merge_lanes: int = 1024
     sampled_block_v: int = 2048
 
 
@@ -110,7 +118,7 @@ def _unpack_key(key):
 
 
 @triton.jit
-def _draft_chunk_kernel(
+def _draft_expand_kernel(
     logits_ptr,  # [B * M, V] fp32 / fp16 / bf16 / fp64, row-contiguous
     part_max_ptr,  # [B * M, NC] compute dtype
     part_sum_ptr,  # [B * M, NC] compute dtype
@@ -118,9 +126,18 @@ def _draft_chunk_kernel(
     part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
     part_id_ptr,  # [B * M, NC, TOP_K] int32
     surv_ptr,  # [B * M, NC, CAP] int32 scratch: ids of the chunk's survivors
+    tickets_ptr,  # [>= B] int32, zero between launches: chunk programs of each request done
+    merge_val_ptr,  # [B * M, CAP] compute dtype scratch: a row's merge survivors
+    merge_id_ptr,  # [B * M, CAP] int32 scratch
+    frontier_scores_ptr,  # [B, M] float32
+    d2t_ptr,  # [V] int64 (unused unless HAS_D2T)
     temperature_ptr,  # [B] float32 (read only when SAMPLED)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
+    tokens_ptr,  # [B, M * TOP_K] int64
+    scores_ptr,  # [B, M * TOP_K] float32
+    logprobs_ptr,  # [B, M * TOP_K] float32
+    frontier_ptr,  # [B, TOP_K] int32
     draw_base,  # DRAFT_DRAW + depth * DEPTH_STRIDE (< 2**32)
     M,
     V,
@@ -129,39 +146,58 @@ def _draft_chunk_kernel(
     BLOCK_K: tl.constexpr,  # next power of two of TOP_K
     BLOCK_V: tl.constexpr,
     SUPER: tl.constexpr,  # super-groups of the threshold; 0: no threshold, TOP_K plain rounds
-    CAP: tl.constexpr,  # survivor slots ranked in registers
+    CAP: tl.constexpr,  # survivor slots ranked in registers (chunk and merge)
     THREADS: tl.constexpr,  # 32 * num_warps
+    BLOCK_M: tl.constexpr,  # frontier rows the merge's plain rounds take together
+    BLOCK_MA: tl.constexpr,  # next power of two of M: the rows the merge's threshold step takes at once
+    BLOCK_C: tl.constexpr,  # next power of two of NC
+    BLOCK_CK: tl.constexpr,  # next power of two of NC * TOP_K
+    BLOCK_MK: tl.constexpr,  # next power of two of M * TOP_K
+    FILTER_MERGE: tl.constexpr,  # the merge's threshold, compaction and rank fit in registers
+    PAIRWISE_FRONTIER: tl.constexpr,  # the frontier by one rank step instead of TOP_K rounds
+    HAS_D2T: tl.constexpr,
     IS_FP64: tl.constexpr,
     SAMPLED: tl.constexpr,  # temperature given: rows of requests with temperature > 0 rank Gumbel keys
 ):
-    """Chunk ``(row, chunk)``: max, sum of ``exp(x - max)``, bad flag and the chunk's top
-    TOP_K (value desc, id asc; unordered: the merge ranks them). Only the last chunk of a row
-    takes the masked loads and compares. A sampled row's sum is of ``exp((x - max) / T)`` and
-    its top TOP_K are by Gumbel key (``_gumbel_keys``)."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+    """Program ``(chunk, m, b)``: the chunk's partials (``_chunk``); the last program of a
+    request to finish (ticket ``M * NC - 1``) then merges the request's rows, picks its frontier
+    (``_merge_request``) and resets the request's ticket for the next launch. Blocks are issued
+    chunk-axis first, so requests finish in order and all but the last one's merge overlap chunk
+    work."""
+    chunk = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    row = b * M + tl.program_id(1)
     t = 0.0
     seed = 0
     offset = 0
     draw = draw_base
     if SAMPLED:
-        b = row // M
         t = tl.load(temperature_ptr + b)
         seed = tl.load(seed_ptr + b)
         offset = tl.load(offset_ptr + b)
-        draw = draw_base + row % M
+        draw = draw_base + tl.program_id(1)
     row_ptr = logits_ptr + row * V
     out = row * NC + chunk
     if SAMPLED:
         if t > 0:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,True)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, True)
         else:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,False)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
     else:
         _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64,False)
+               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
+    # Publish: every thread's partials are stored (barrier) before one thread takes the ticket
+    # with release semantics; the program drawing the last ticket acquires them all.
+    tl.debug_barrier()
+    done = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+    if done == M * NC - 1:
+        _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
+                       merge_id_ptr, frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr,
+                       frontier_ptr, b, t, seed, offset, draw_base, M, V, NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA,
+                       BLOCK_C, BLOCK_CK, BLOCK_MK, FILTER_MERGE, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64, SAMPLED)
+        tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
 
 
 @triton.jit
@@ -303,65 +339,127 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
 
 
 @triton.jit
-def _draft_merge_kernel(
-    part_max_ptr,  # [B * M, NC] compute dtype
-    part_sum_ptr,  # [B * M, NC] compute dtype
-    part_bad_ptr,  # [B * M, NC] int32
-    part_val_ptr,  # [B * M, NC, TOP_K] compute dtype
-    part_id_ptr,  # [B * M, NC, TOP_K] int32
-    frontier_scores_ptr,  # [B, M] float32
-    d2t_ptr,  # [V] int64 (unused unless HAS_D2T)
-    logits_ptr,  # [B * M, V] (read only for sampled rows: their candidates' exact keys)
-    temperature_ptr,  # [B] float32 (read only when SAMPLED)
-    seed_ptr,  # [B] int64
-    offset_ptr,  # [B] int64
-    tokens_ptr,  # [B, M * TOP_K] int64
-    scores_ptr,  # [B, M * TOP_K] float32
-    logprobs_ptr,  # [B, M * TOP_K] float32
-    frontier_ptr,  # [B, TOP_K] int32
-    draw_base,
-    M,
-    V,
-    NC,
-    TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # frontier rows merged together
-    BLOCK_C: tl.constexpr,
-    BLOCK_CK: tl.constexpr,
-    BLOCK_MK: tl.constexpr,
-    HAS_D2T: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    SAMPLED: tl.constexpr,
-):
-    """Per request: BLOCK_M rows at a time, each round takes every row's next best candidate
-    (TOP_K rounds per block of rows, not per row), then the frontier over the stored scores."""
-    b = tl.program_id(0).to(tl.int64)
+def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr, merge_id_ptr,
+                   frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, frontier_ptr, b, t,
+                   seed, offset, draw_base, M, V, NC, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
+                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr,
+                   HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
+    """Request ``b``: every row's top TOP_K from its chunks' partials, then the frontier over
+    the stored scores."""
     if SAMPLED:
-        t = tl.load(temperature_ptr + b)
         if t > 0:
             _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
-                                logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, t, tl.load(seed_ptr + b),
-                                tl.load(offset_ptr + b), draw_base, M, V, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
-                                HAS_D2T, IS_FP64)
+                                logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, t, seed, offset, draw_base, M, V,
+                                NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK, HAS_D2T, IS_FP64)
+        else:
+            _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
+                              merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M,
+                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T,
+                              IS_FP64)
+    else:
+        _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
+                          merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
+                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+    # The scores just stored by other threads of this program are read back below.
+    tl.debug_barrier()
+    MK = M * TOP_K
+    offs_mk = tl.arange(0, BLOCK_MK)
+    acc = tl.load(scores_ptr + b * MK + offs_mk, mask=offs_mk < MK, other=float("-inf"))
+    acc = tl.where(acc != acc, float("-inf"), acc)  # NaN ranks as -inf
+    if PAIRWISE_FRONTIER:
+        # Rank of each candidate (score desc, index asc) by one compare per pair; the padding
+        # (-inf, indices above every candidate) is beaten by all candidates.
+        s_j, s_i = acc[:, None], acc[None, :]
+        j, i = offs_mk[:, None], offs_mk[None, :]
+        rank = tl.sum(((s_j > s_i) | ((s_j == s_i) & (j < i))).to(tl.int32), axis=0)
+        tl.store(frontier_ptr + b * TOP_K + rank, offs_mk, mask=(rank < TOP_K) & (offs_mk < MK))
+    else:
+        # TOP_K rounds of argmax, ties by index.
+        keys_mk = tl.where(offs_mk < MK, _pack_key(acc, offs_mk), _KEY_MIN)
+        for r in range(TOP_K):
+            kmax = tl.max(keys_mk, axis=0)
+            _, pick = _unpack_key(kmax)
+            tl.store(frontier_ptr + b * TOP_K + r, pick)
+            keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+
+
+@triton.jit
+def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr, merge_id_ptr,
+                      frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
+                      TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, FILTER_MERGE: tl.constexpr,
+                      HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
+    """The most likely TOP_K of every row of request ``b`` from its chunks' lists (sorted by
+    value, best first). With FILTER_MERGE (all rows at once, BLOCK_MA): threshold, compaction and
+    rank as in a chunk; rows with more than CAP survivors send the request to the rounds."""
+    if FILTER_MERGE:
+        m = tl.arange(0, BLOCK_MA)
+        row_ok = m < M
+        row = b * M + m  # [BLOCK_MA]
+        offs_c = tl.arange(0, BLOCK_C)
+        gmax, log_sum, bad, pm = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC,
+                                                  1.0, False)
+        # Threshold: the TOP_K-th largest chunk max (-inf with fewer chunks). TOP_K chunks hold an
+        # entry >= it, so a row's top TOP_K, ties included, are all >= it (and in their chunk's list).
+        above = tl.sum((pm[:, None, :] >= pm[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_MA, BLOCK_C]
+        thr = tl.max(tl.where(above >= TOP_K, pm, float("-inf")), axis=1)
+        n_cand = NC * TOP_K
+        offs_ck = tl.arange(0, BLOCK_CK)
+        cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
+        at = row[:, None] * n_cand + offs_ck[None, :]
+        vals = tl.load(part_val_ptr + at, mask=cand, other=float("-inf"), cache_modifier=".cg")
+        ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID, cache_modifier=".cg")
+        # Compaction: the survivors of a row in candidate order (bad rows keep none).
+        surv = (cand & (vals >= thr[:, None]) & ~bad[:, None]).to(tl.int32)
+        n = tl.sum(surv, axis=1)  # [BLOCK_MA]
+        slot = tl.cumsum(surv, axis=1) - surv
+        keep = (surv != 0) & (slot < CAP)
+        tl.store(merge_val_ptr + row[:, None] * CAP + slot, vals, mask=keep)
+        tl.store(merge_id_ptr + row[:, None] * CAP + slot, ids, mask=keep)
+        tl.debug_barrier()  # the survivors just stored by other threads are read back below
+        if tl.max(n, axis=0) <= CAP:
+            fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
+            fs = fs.to(tl.float64) if IS_FP64 else fs
+            cap = tl.arange(0, CAP)
+            ok = cap[None, :] < n[:, None]  # [BLOCK_MA, CAP]
+            at_s = row[:, None] * CAP + cap[None, :]
+            sv = tl.load(merge_val_ptr + at_s, mask=ok, other=float("-inf"))
+            si = tl.load(merge_id_ptr + at_s, mask=ok, other=_BIG_ID)
+            # Rank (value desc, id asc) among the row's survivors: one compare per pair.
+            v_j, v_i = sv[:, :, None], sv[:, None, :]
+            id_j, id_i = si[:, :, None], si[:, None, :]
+            beats = ok[:, :, None] & ((v_j > v_i) | ((v_j == v_i) & (id_j < id_i)))
+            rank = tl.sum(beats.to(tl.int32), axis=1)  # [BLOCK_MA, CAP]
+            won = ok & (rank < TOP_K)
+            logp = (sv - gmax[:, None]) - log_sum[:, None]
+            token = si.to(tl.int64)
+            if HAS_D2T:
+                token = token + tl.load(d2t_ptr + token, mask=won, other=0)
+            c = m[:, None] * TOP_K + rank
+            MK = M * TOP_K
+            tl.store(tokens_ptr + b * MK + c, token, mask=won)
+            tl.store(scores_ptr + b * MK + c, (fs[:, None] + logp).to(tl.float32), mask=won)
+            tl.store(logprobs_ptr + b * MK + c, logp.to(tl.float32), mask=won)
+            # Bad rows: candidates 0..TOP_K-1 with NaN scores, like the reference.
+            r = tl.arange(0, BLOCK_K)
+            nan_row = (row_ok & bad)[:, None] & (r < TOP_K)[None, :]
+            token = tl.zeros([BLOCK_MA, BLOCK_K], tl.int64) + r[None, :]
+            if HAS_D2T:
+                token = token + tl.load(d2t_ptr + token, mask=nan_row, other=0)
+            c = m[:, None] * TOP_K + r[None, :]
+            tl.store(tokens_ptr + b * MK + c, token, mask=nan_row)
+            nan = tl.full([BLOCK_MA, BLOCK_K], float("nan"), tl.float32)
+            tl.store(scores_ptr + b * MK + c, nan, mask=nan_row)
+            tl.store(logprobs_ptr + b * MK + c, nan, mask=nan_row)
         else:
             _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
                         d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
                         HAS_D2T, IS_FP64)
     else:
-        _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr,
-                    d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK,
-                    HAS_D2T, IS_FP64)
-    MK = M * TOP_K
-    # The scores just stored by other threads of this program are read back below.
-    tl.debug_barrier()
-    # Frontier: TOP_K rounds of argmax over the candidates, NaN ranked as -inf, ties by index.
-    offs_mk = tl.arange(0, BLOCK_MK)
-    acc = tl.load(scores_ptr + b * MK + offs_mk, mask=offs_mk < MK, other=float("-inf"))
-    keys_mk = tl.where(offs_mk < MK, _pack_key(tl.where(acc != acc, float("-inf"), acc), offs_mk), _KEY_MIN)
-    for r in range(TOP_K):
-        kmax = tl.max(keys_mk, axis=0)
-        _, pick = _unpack_key(kmax)
-        tl.store(frontier_ptr + b * TOP_K + r, pick)
-        keys_mk = tl.where(keys_mk == kmax, _KEY_MIN, keys_mk)
+        _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, frontier_scores_ptr, d2t_ptr,
+                    tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC, TOP_K, BLOCK_M, BLOCK_C, BLOCK_CK, HAS_D2T,
+                    IS_FP64)
 
 
 @triton.jit
@@ -370,9 +468,10 @@ def _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs
     (sums of ``exp((x - chunk max) / t)`` for sampled rows, t = 1 otherwise)."""
     part = row_ok[:, None] & (offs_c < NC)[None, :]
     at = row[:, None] * NC + offs_c[None, :]
-    pm = tl.load(part_max_ptr + at, mask=part, other=float("-inf"))
-    ps = tl.load(part_sum_ptr + at, mask=part, other=0.0)
-    pb = tl.load(part_bad_ptr + at, mask=part, other=0)
+    # .cg: partials of other programs, published by their tickets (not through this SM's L1).
+    pm = tl.load(part_max_ptr + at, mask=part, other=float("-inf"), cache_modifier=".cg")
+    ps = tl.load(part_sum_ptr + at, mask=part, other=0.0, cache_modifier=".cg")
+    pb = tl.load(part_bad_ptr + at, mask=part, other=0, cache_modifier=".cg")
     gmax = tl.max(pm, axis=1)
     shift = tl.where(gmax == float("-inf"), 0.0, gmax)
     if SAMPLED_ROW:
@@ -380,7 +479,7 @@ def _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs
     else:
         total = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - shift[:, None])), axis=1)
     bad = (tl.max(pb, axis=1) != 0) | (gmax == float("-inf")) | (gmax == float("inf"))
-    return gmax, tl.log(tl.where(bad, 1.0, total)), bad
+    return gmax, tl.log(tl.where(bad, 1.0, total)), bad, pm
 
 
 @triton.jit
@@ -410,14 +509,14 @@ def _merge_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_
         m = m0 + tl.arange(0, BLOCK_M)
         row_ok = m < M
         row = b * M + m  # [BLOCK_M]
-        gmax, log_sum, bad = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, 1.0,
+        gmax, log_sum, bad, _ = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, 1.0,
                                               False)
         fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
         fs = fs.to(tl.float64) if IS_FP64 else fs
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
         at = row[:, None] * n_cand + offs_ck[None, :]
-        vals = tl.load(part_val_ptr + at, mask=cand, other=float("-inf"))
-        ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID)
+        vals = tl.load(part_val_ptr + at, mask=cand, other=float("-inf"), cache_modifier=".cg")
+        ids = tl.load(part_id_ptr + at, mask=cand, other=_BIG_ID, cache_modifier=".cg")
         if IS_FP64:
             alive = cand
         else:
@@ -456,12 +555,13 @@ def _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, f
         m = m0 + tl.arange(0, BLOCK_M)
         row_ok = m < M
         row = b * M + m  # [BLOCK_M]
-        gmax, log_sum, bad = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, t,
+        gmax, log_sum, bad, _ = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC, t,
                                               True)
         fs = tl.load(frontier_scores_ptr + row, mask=row_ok, other=0.0)
         fs = fs.to(tl.float64) if IS_FP64 else fs
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
-        ids = tl.load(part_id_ptr + row[:, None] * n_cand + offs_ck[None, :], mask=cand, other=_BIG_ID)
+        ids = tl.load(part_id_ptr + row[:, None] * n_cand + offs_ck[None, :], mask=cand, other=_BIG_ID,
+                      cache_modifier=".cg")
         real = cand & (ids < V)  # chunks shorter than TOP_K fill with ids above V
         x = tl.load(logits_ptr + row[:, None] * V + ids, mask=real, other=float("-inf")).to(CT)
         logp = ((x - gmax[:, None]) / t).to(CT) - log_sum[:, None].to(CT)
@@ -508,13 +608,41 @@ def _register_cap(shape: ChunkShape) -> dict:
     """At most 128 registers per thread for 8-warp chunks, so two blocks share an SM (triton 3.6
     otherwise allocates 135 for bf16 and one block runs per SM); no launch option when
     interpreted."""
-    return {} if shape.warps < 8 or interpreted(_draft_chunk_kernel) else {"maxnreg": 128}
+    return {} if shape.warps < 8 or interpreted(_draft_expand_kernel) else {"maxnreg": 128}
+
+
+def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int) -> bool:
+    """Whether the merge takes the threshold, compaction and rank (else the plain rounds): they
+    hold [M, NC, NC], [M, NC * top_k] and [M, cap, cap] tiles (powers of two), at most 64
+    elements a thread each, and need the chunk's slots (top_k <= 32)."""
+    lanes = 64 * shape.threads
+    block_m, block_c = triton.next_power_of_2(M), triton.next_power_of_2(NC)
+    return (shape.cap > 0 and block_m * block_c * block_c <= lanes
+            and block_m * triton.next_power_of_2(NC * top_k) <= lanes and block_m * shape.cap * shape.cap <= lanes)
 
 
 def launch_config() -> DraftExpandConfig:
     """The configuration a launch uses unless given one: the GPU's, or the interpreter's when
     the kernels run interpreted (TRITON_INTERPRET=1 when Triton defined them)."""
-    return INTERPRETER_CONFIG if interpreted(_draft_chunk_kernel) else GPU_CONFIG
+    return INTERPRETER_CONFIG if interpreted(_draft_expand_kernel) else GPU_CONFIG
+
+
+# Per device: one ticket counter per request, zero between launches (the program that merges a
+# request resets its counter), so no launch zeroes them and CUDA-graph replays find them zero.
+# Buffers are never freed: a captured graph keeps the address it was captured with. Launches
+# on one device must not run concurrently (the decoder issues them on one stream).
+_TICKETS: dict = {}
+_OLD_TICKETS: list = []
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    buf = _TICKETS.get(device)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OLD_TICKETS.append(buf)
+        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _TICKETS[device] = buf
+    return buf
 
 
 DRAFT_DRAW = 2  # first draw index of the Gumbel draws (docs/design.md)
@@ -522,9 +650,10 @@ DEPTH_STRIDE = 65536  # draw = DRAFT_DRAW + depth * DEPTH_STRIDE + frontier row
 
 
 def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, survivors=None, temperature=None,
-            seed=None, offset=None, depth=0) -> DraftCandidates:
-    """``survivors``: the chunk kernel's scratch (int32 [B * M, NC, cap]), given by tests that
-    read back which ids each chunk compacted. With ``temperature`` the kernels take the sampled
+            seed=None, offset=None, depth=0, merge_survivors=None) -> DraftCandidates:
+    """``survivors``: the chunk step's scratch (int32 [B * M, NC, cap]), ``merge_survivors`` the
+    merge's (int32 [B * M, cap]: ids), given by tests that read back which ids each chunk and
+    each row's merge compacted. With ``temperature`` the kernels take the sampled
     specialisation (rows of requests at 0 keep the deterministic rule inside it); without it the
     deterministic kernels, unchanged."""
     B, M, V = logits.shape
@@ -561,21 +690,26 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     shape = chunk_shape(block_v, top_k)
     if survivors is None:
         survivors = torch.empty(R, NC, max(shape.cap, 1), dtype=torch.int32, device=device)
-    _draft_chunk_kernel[(R, NC)](
-        x, part_max, part_sum, part_bad, part_val, part_id, survivors, temperature, seed, offset, draw_base, M, V, NC,
-        TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
-    )
+    merge_val = torch.empty(R, max(shape.cap, 1), dtype=compute, device=device)
+    merge_id = merge_survivors
+    if merge_id is None:
+        merge_id = torch.empty(R, max(shape.cap, 1), dtype=torch.int32, device=device)
     d2t_arg = d2t.contiguous() if d2t is not None else tokens  # placeholder pointer, never read
+    block_m = triton.next_power_of_2(M)
+    block_c = triton.next_power_of_2(NC)
     block_ck = triton.next_power_of_2(NC * top_k)
-    _draft_merge_kernel[(B,)](
-        part_max, part_sum, part_bad, part_val, part_id, fs, d2t_arg, x, temperature, seed, offset, tokens, scores,
-        logprobs, frontier, draw_base, M, V, NC, TOP_K=top_k,
-        # Rows merged together: their candidate keys (BLOCK_M * BLOCK_CK int64) stay in registers.
-        BLOCK_M=max(1, min(triton.next_power_of_2(M), config.merge_lanes // block_ck)),
-        BLOCK_C=triton.next_power_of_2(NC), BLOCK_CK=block_ck,
-        BLOCK_MK=triton.next_power_of_2(M * top_k), HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled,
-        num_warps=4 if block_ck * triton.next_power_of_2(M) <= 2048 else 8,
+    block_mk = triton.next_power_of_2(M * top_k)
+    # Rows the merge's plain rounds take together: their candidate keys stay in registers.
+    rounds_m = max(1, min(block_m, config.merge_lanes // block_ck))
+    filter_merge = merge_filters(shape, M, NC, top_k)
+    lanes = 64 * shape.threads
+    _draft_expand_kernel[(NC, M, B)](
+        x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
+        d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
+        TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
+        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c, BLOCK_CK=block_ck,
+        BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
+        HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
     return DraftCandidates(tokens, scores, frontier, logprobs)
 

@@ -97,7 +97,7 @@ def test_speculative_bookkeeping_kernels(counted):
     assert by_kernel["_expansion_step_kernel"] == TREE.depth  # with the next head pass's inputs
     assert "_draft_inputs_kernel" not in by_kernel and "_gather_rows_kernel" not in by_kernel
     assert by_kernel["_commit_inputs_kernel"] == by_kernel["_commit_kernel"] == 1
-    assert by_kernel["_draft_chunk_kernel"] == by_kernel["_draft_merge_kernel"] == TREE.depth
+    assert by_kernel["_draft_expand_kernel"] == TREE.depth  # one launch per depth, the merge in its last program
     # The target's embedding, first input norm and tree positions: its first layer's first launch.
     assert by_kernel["_token_rows_kernel"] == 1
     # The first draft logits read the root's norm made by the commit: one norm per head pass but the first.

@@ -255,6 +255,67 @@ def test_triton_merge_row_blocks(backend, op_impl, lanes):
     assert_same_as_reference(out, reference.draft_expand(logits, fs, 6))
 
 
+def _merge_threshold_survivors(logits, m, block_v, top_k):
+    """Ids of row ``m`` the merge compacts: the entries of its chunks' top-k lists at or above
+    the top_k-th largest chunk max (-inf with fewer chunks), by the kernel's definition."""
+    row = logits[0, m].double()
+    V = row.numel()
+    chunks = [row[c: c + block_v] for c in range(0, V, block_v)]
+    maxima = sorted((float(ch.max()) for ch in chunks), reverse=True)
+    t = maxima[top_k - 1] if len(maxima) >= top_k else float("-inf")
+    ids = set()
+    for c, ch in enumerate(chunks):
+        order = sorted(range(ch.numel()), key=lambda i: (-float(ch[i]), i))[:top_k]
+        ids |= {c * block_v + i for i in order if float(ch[i]) >= t}
+    return ids
+
+
+# (block_v, V, top_k): one chunk; two (fewer than top_k: every list survives); 12 chunks at
+# top_k 8, 1 and 10; 16 chunks of 64 threads (the rank's tile too large: plain rounds); top_k
+# above the threshold's limit (plain rounds).
+MERGE_CASES = [(1024, 700, 8), (256, 500, 8), (256, 3000, 8), (128, 1500, 1), (128, 1500, 10), (64, 1000, 8),
+               (64, 300, 40)]
+
+
+@pytest.mark.parametrize("block_v,V,top_k", MERGE_CASES, ids=lambda x: str(x))
+def test_triton_merge_threshold(backend, op_impl, block_v, V, top_k):
+    """The merge inside the last chunk program of each request: each row's compacted
+    survivors (read back from the merge's scratch) are exactly its chunk-list entries at or
+    above the threshold; rows with more than ``cap`` of them (a row of ties) and bad rows take
+    the plain rounds or the NaN rule; every output equals the reference's, with d2t; and the
+    request counters are back at zero after the launch."""
+    if backend != "triton":
+        pytest.skip("triton launcher only")
+    op_impl("draft_expand")
+    from eagle_kernels.triton import draft_expand as de
+
+    M = 5
+    logits = torch.randn(2, M, V, generator=torch.Generator().manual_seed(V + top_k))
+    logits[0, 1] = logits[0, 1].round()  # ties
+    logits[0, 3, 5:] = float("-inf")  # few finite entries
+    logits[1, 0] = 0.25  # a flat row: every candidate survives
+    logits[1, 2, 7] = float("nan")
+    fs = random_frontier_scores(2, M, V)
+    d2t = torch.randint(0, 100, (V,), generator=torch.Generator().manual_seed(3))
+    cap = de.chunk_shape(min(block_v, 1 << (V - 1).bit_length()), top_k).cap
+    scratch = torch.full((2 * M, max(cap, 1)), -1, dtype=torch.int32)
+    out = de._launch(logits, fs, top_k, d2t, de.DraftExpandConfig(block_v=block_v), merge_survivors=scratch)
+    ref = reference.draft_expand(logits, fs, top_k, d2t=d2t)
+    assert_same_as_reference(out, ref)
+    torch.testing.assert_close(out.logprobs, ref.logprobs, equal_nan=True, **SCORE_TOL[torch.float32])
+    assert not de._tickets(logits.device, 2)[:2].any()
+    NC = -(-V // block_v)
+    if not de.merge_filters(de.chunk_shape(block_v, top_k), M, NC, top_k):
+        assert (block_v, top_k) in ((64, 8), (64, 40))
+        assert (scratch == -1).all()  # plain rounds: nothing compacted
+        return
+    for m in range(M):  # request 0: rows 1 and 3 (ties, -inf) may overflow the slots (then: the plain rounds)
+        want = _merge_threshold_survivors(logits, m, block_v, top_k)
+        assert len(want) <= cap or m in (1, 3), m
+        if len(want) <= cap:
+            assert set(scratch[m, : len(want)].tolist()) == want, m
+
+
 # ---------------------------------------------------------------------------------- GPU path
 GPU_SHAPES = [(8, 8, 32000, 8), (4, 8, 128256, 10), (1, 1, 128256, 8), (2, 4, 262144, 32), (3, 4, 1031, 4)]
 

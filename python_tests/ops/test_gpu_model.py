@@ -36,3 +36,6 @@ def test_model_smoke(tmp_path):
         assert requested >= row["minimal"]["bytes"]
         assert sum(m["dram_bytes"] for m in launches) >= row["minimal"]["bytes"]
     assert sum(m["flops"] for m in rows["tree_attention"]["launches"]) >= rows["tree_attention"]["minimal"]["flops"]
+    # draft_expand is one launch whose last program of each request merges it: a tail after the waves.
+    (expand,) = rows["draft_expand"]["launches"]
+    assert expand["tail_warp_instructions"] > 0 and expand["tail_s"] > 0
