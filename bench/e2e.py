@@ -386,6 +386,9 @@ def main(argv=None) -> int:
                              "can; e.g. a separate venv's bin/python)")
     parser.add_argument("--gguf-dir", default=os.path.join(ROOT, "build", "llamacpp-gguf"),
                         help="where the llamacpp providers' GGUF files are written (once) and read")
+    parser.add_argument("--llamacpp-amx", action="store_true",
+                        help="let ggml use AMX (default: refused by bench/llamacpp_noamx.c, preloaded into the "
+                             "llama.cpp worker: its AMX path crashed on Q8_0 / Q4_1 models, see docs/benchmarks.md)")
     parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
                         help="one more head to run beside the shipped ones, e.g. a candidate from training "
                              "(NAME without '-'; rows are NAME-TREE); repeatable")
@@ -489,8 +492,10 @@ def main(argv=None) -> int:
                 kind = llamacpp.KINDS[suffix]
                 llama_files[suffix] = smollm2.gguf_path() if kind == "gguf" else llamacpp.write_gguf(
                     smollm2.gguf_path(), os.path.join(args.gguf_dir, f"smollm2-135m-instruct-{kind}.gguf"), kind)
-            llama = llamacpp.LlamaCpp(python)
-            print(f"llamacpp: llama-cpp-python {llama.version} ({python}), {llama_threads} thread(s)")
+            shim = None if args.llamacpp_amx else llamacpp.noamx_shim(args.gguf_dir)
+            llama = llamacpp.LlamaCpp(python, preload=shim)
+            print(f"llamacpp: llama-cpp-python {llama.version} ({python}), {llama_threads} thread(s), "
+                  + ("AMX refused (bench/llamacpp_noamx.c)" if shim else "AMX allowed"))
     rows, warmed = [], set()
     for domain in prompts:
         for temperature in args.temperatures:

@@ -87,11 +87,29 @@ def find_python(explicit: str | None) -> str | None:
     return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
 
 
-class LlamaCpp:
-    """A ``serve`` subprocess: ``run(path, threads, prompts, max_new)`` -> e2e's run dict."""
+def noamx_shim(build_dir: str) -> str | None:
+    """``llamacpp_noamx.c`` (refuses ggml the AMX tile state) built once into ``build_dir``; None (with a
+    message) where no C compiler can build it."""
+    dest = os.path.join(build_dir, "llamacpp_noamx.so")
+    if not os.path.exists(dest):
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llamacpp_noamx.c")
+        cmd = ["cc", "-O2", "-shared", "-fPIC", "-o", dest, source, "-ldl"]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"llamacpp: could not build the AMX refusal shim ({' '.join(cmd)}: {exc}); AMX left on")
+            return None
+    return dest
 
-    def __init__(self, python: str):
+
+class LlamaCpp:
+    """A ``serve`` subprocess: ``run(path, threads, prompts, max_new)`` -> e2e's run dict. ``preload``: a
+    shared library preloaded into it (``noamx_shim``)."""
+
+    def __init__(self, python: str, preload: str | None = None):
         env = dict(os.environ, PYTHONPATH="")
+        if preload:
+            env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         self.version = self._ask({"op": "version"})["version"]

@@ -15,7 +15,9 @@
 //   acc [R][D]   un-normalised outputs
 // so QK^T broadcasts one key element against a vector of rows, the softmax statistics are per-lane,
 // and PV broadcasts one probability against a V row; QK and PV are register-blocked like a GEMM
-// micro-kernel (several keys / rows per block, 12 or 24 accumulators).
+// micro-kernel (several keys / rows per block, 12 or 24 accumulators). Items of few rows (up to
+// 8 with AVX-512, 4 with AVX2) compute QK with keys in the lanes instead (K blocks transposed in
+// registers), into the same St, bit for bit.
 //
 // The hot loops (csrc/cpu/tree_attention_loops.h) exist as AVX-512 (fp32, and bf16 operand
 // pairs with AVX512_BF16) and AVX2+FMA intrinsics, chosen per call from isa::current() (simd.h:
@@ -58,11 +60,17 @@ struct Ops {
   void (*softmax)(Acc*, int, int, Acc*, Acc*, Acc*) = softmax_scalar<Acc>;
   void (*pv)(const Acc*, int, int, int, const Acc* const*, int, Acc*, const Acc*) = pv_scalar<Acc>;
   void (*to_acc)(const T*, Acc*, int) = to_acc_scalar<T, Acc>;
+  // QK of work items with at most few_rows rows (a decoded token: one KV head's G rows): keys
+  // in the vector lanes instead of padded rows (qk_few in tree_attention_blocks.inc), the same
+  // scores bit for bit. 0: qk for every item.
+  void (*qk_few)(const Acc* const*, int, const Acc*, int, int, int, Acc*) = nullptr;
+  int few_rows = 0;
   // bf16 inputs with AVX512_BF16: QK, softmax and PV from the bf16 operand-pair loops
   // (tree_attention_loops.h) instead of the loops above.
   bool bf16_pairs = false;
   // Rows are padded to a multiple of this: one float vector of the chosen loops (a decoded
-  // token of a 3-query-head group is 3 rows: 8 rather than 16 halves its QK and softmax work).
+  // token of a 3-query-head group is 3 rows of 16 lanes: qk_few computes its QK without the
+  // padding; the softmax still runs over the padded lanes).
   int row_pad = 8;
   // Rows of a work item rounded up to row_pad: the scratch is sized and indexed with this.
   int64_t padded_rows(int64_t rows) const { return (rows + row_pad - 1) / row_pad * row_pad; }
@@ -79,12 +87,23 @@ Ops<T, Acc> pick_ops(int64_t D) {
       ops.softmax = softmax_avx512;
       ops.pv = pv_avx512;
       ops.row_pad = 16;
+      // At 16 lanes a block of 16 keys x 16 steps costs 80 loads and shuffles + 16 R multiply-adds
+      // with keys in the lanes, 256 multiply-adds with rows in the lanes (up to 16 rows).
+      ops.qk_few = qk_few_avx512;
+      ops.few_rows = 8;
       if constexpr (!std::is_same_v<T, float>) ops.to_acc = to_float_avx512<T>;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) ops.bf16_pairs = level >= isa::Level::kAvx512Bf16;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        ops.bf16_pairs = level >= isa::Level::kAvx512Bf16;
+        // The pair loops transpose 16 pairs (32 values of d) at a time.
+        if (ops.bf16_pairs && D % 32 != 0) ops.few_rows = 0;
+      }
     } else if (level >= isa::Level::kAvx2 && D % 16 == 0) {
       ops.qk = qk_avx2;
       ops.softmax = softmax_avx2;
       ops.pv = pv_avx2;
+      // 8 x 8 blocks: 32 loads and shuffles + 16 R broadcasts and FMAs, against 128 (up to 8 rows).
+      ops.qk_few = qk_few_avx2;
+      ops.few_rows = 4;
       if constexpr (!std::is_same_v<T, float>) ops.to_acc = to_float_avx2<T>;
     }
   }
@@ -157,10 +176,14 @@ struct Scratch {
 // The bf16-pair tile steps (the softmax writes its probabilities as bf16 pairs); only bf16
 // inputs with float accumulation reach them.
 template <typename T, typename Acc>
-void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, float scale) {
+void qk_pairs(Scratch<T, Acc>& s, int nk, int D, int Rp, int R, bool few, float scale) {
 #if EAGLE_X86_SIMD
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Acc, float>) {
-    qk_bf16_pairs(s.kraw.data(), nk, s.Qp.data(), D, Rp, scale, s.St.data());
+    if (few) {
+      qk_few_bf16_pairs(s.kraw.data(), nk, s.Qp.data(), D, Rp, R, scale, s.St.data());
+    } else {
+      qk_bf16_pairs(s.kraw.data(), nk, s.Qp.data(), D, Rp, scale, s.St.data());
+    }
     return;
   }
 #endif
@@ -191,6 +214,7 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   const int R = static_cast<int>((n1 - n0) * p.G);
   const int Rp = static_cast<int>(ops.padded_rows(R));
   const int D = static_cast<int>(p.D);
+  const bool few = R <= ops.few_rows;
   const int64_t prefix = p.seqlens[b];
   const Acc ninf = -std::numeric_limits<Acc>::infinity();
 
@@ -256,7 +280,9 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
       }
     }
     if (ops.bf16_pairs) {
-      qk_pairs(s, nk, D, Rp, static_cast<float>(p.scale_log2));
+      qk_pairs(s, nk, D, Rp, R, few, static_cast<float>(p.scale_log2));
+    } else if (few) {
+      ops.qk_few(s.krows.data(), nk, s.Qt.data(), D, Rp, R, s.St.data());
     } else {
       ops.qk(s.krows.data(), nk, s.Qt.data(), D, Rp, s.St.data());
     }

@@ -278,6 +278,39 @@ inline Operand load_operand(const float* p) { return _mm256_loadu_ps(p); }
 // every accumulator to the stack after every FMA (55 instead of ~100 GFLOP/s).
 inline Operand broadcast_operand(const float* p) { return _mm256_set1_ps(*p); }
 inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec load_lanes(const float* p) { return _mm256_loadu_ps(p); }
+inline Operand lanes_operand(Vec v) { return v; }
+// 8 x 8: 8 + 8 in-lane unpacks, then the 128-bit halves.
+inline void transpose_lanes(Vec (&r)[8]) {
+  Vec t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  Vec u[8];  // u[4 i + m], half L: rows 4 i .. 4 i + 3 at column 4 L + m
+  for (int i = 0; i < 2; ++i) {
+    const __m256d a = _mm256_castps_pd(t[4 * i]), b = _mm256_castps_pd(t[4 * i + 1]);
+    const __m256d c = _mm256_castps_pd(t[4 * i + 2]), d = _mm256_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, d));
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+    r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+  }
+}
+inline void store_rows4(Vec a, Vec b, Vec c, Vec d, float* dst, int64_t stride, int n) {
+  const __m256d ab_lo = _mm256_castps_pd(_mm256_unpacklo_ps(a, b)), ab_hi = _mm256_castps_pd(_mm256_unpackhi_ps(a, b));
+  const __m256d cd_lo = _mm256_castps_pd(_mm256_unpacklo_ps(c, d)), cd_hi = _mm256_castps_pd(_mm256_unpackhi_ps(c, d));
+  alignas(32) float w[4][8];  // w[m], half L: the four values of key 4 L + m
+  _mm256_store_pd(reinterpret_cast<double*>(w[0]), _mm256_unpacklo_pd(ab_lo, cd_lo));
+  _mm256_store_pd(reinterpret_cast<double*>(w[1]), _mm256_unpackhi_pd(ab_lo, cd_lo));
+  _mm256_store_pd(reinterpret_cast<double*>(w[2]), _mm256_unpacklo_pd(ab_hi, cd_hi));
+  _mm256_store_pd(reinterpret_cast<double*>(w[3]), _mm256_unpackhi_pd(ab_hi, cd_hi));
+  for (int j = 0; j < n; ++j) _mm_storeu_ps(dst + j * stride, _mm_load_ps(w[j % 4] + 4 * (j / 4)));
+}
 #include "tree_attention_blocks.inc"
 }  // namespace avx2
 EAGLE_TARGET_POP
@@ -299,6 +332,46 @@ inline Vec vset1(float x) { return _mm512_set1_ps(x); }
 inline Operand load_operand(const float* p) { return _mm512_loadu_ps(p); }
 inline Operand broadcast_operand(const float* p) { return _mm512_set1_ps(*p); }
 inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec load_lanes(const float* p) { return _mm512_loadu_ps(p); }
+inline Operand lanes_operand(Vec v) { return v; }
+// 16 x 16: in-lane unpacks of 32- then 64-bit words, then two rounds of 128-bit block shuffles
+// (64 shuffles).
+inline void transpose_lanes(Vec (&r)[16]) {
+  Vec t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  Vec u[16];  // u[4 i + m], 128-bit block L: rows 4 i .. 4 i + 3 at column 4 L + m
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int m = 0; m < 4; ++m) {
+    // Blocks 0, 1 and 2, 3 of u[m], u[4 + m], then of u[8 + m], u[12 + m].
+    const Vec lo01 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44), hi01 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+    const Vec lo23 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+    const Vec hi23 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+    r[m] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+    r[4 + m] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+    r[8 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+  }
+}
+inline void store_rows4(Vec a, Vec b, Vec c, Vec d, float* dst, int64_t stride, int n) {
+  const __m512d ab_lo = _mm512_castps_pd(_mm512_unpacklo_ps(a, b)), ab_hi = _mm512_castps_pd(_mm512_unpackhi_ps(a, b));
+  const __m512d cd_lo = _mm512_castps_pd(_mm512_unpacklo_ps(c, d)), cd_hi = _mm512_castps_pd(_mm512_unpackhi_ps(c, d));
+  alignas(64) float w[4][16];  // w[m], 128-bit block L: the four values of key 4 L + m
+  _mm512_store_pd(w[0], _mm512_unpacklo_pd(ab_lo, cd_lo));
+  _mm512_store_pd(w[1], _mm512_unpackhi_pd(ab_lo, cd_lo));
+  _mm512_store_pd(w[2], _mm512_unpacklo_pd(ab_hi, cd_hi));
+  _mm512_store_pd(w[3], _mm512_unpackhi_pd(ab_hi, cd_hi));
+  for (int j = 0; j < n; ++j) _mm_storeu_ps(dst + j * stride, _mm_load_ps(w[j % 4] + 4 * (j / 4)));
+}
 #include "tree_attention_blocks.inc"
 }  // namespace avx512
 EAGLE_TARGET_POP
@@ -314,6 +387,9 @@ constexpr int kStep = 2;
 inline Operand load_operand(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 inline Operand broadcast_operand(const uint16_t* p) { return (__m512bh)_mm512_set1_epi32(bf16_pair(p)); }
 inline Vec multiply_add(Vec c, Operand a, Operand b) { return _mm512_dpbf16_ps(c, a, b); }
+using avx512::transpose_lanes, avx512::store_rows4;
+inline Vec load_lanes(const uint16_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+inline Operand lanes_operand(Vec v) { return (__m512bh)_mm512_castps_si512(v); }
 #include "tree_attention_blocks.inc"
 }  // namespace avx512_bf16
 EAGLE_TARGET_POP
@@ -329,6 +405,13 @@ inline void pv_avx2(const float* P, int nk, int Rp, int R, const float* const* v
 inline void qk_avx512(const float* const* krows, int nk, const float* Qt, int D, int Rp, float* St) {
   avx512::qk(krows, nk, Qt, D, Rp, 1.0f, St);
 }
+// Few rows, keys in the lanes (qk_few in tree_attention_blocks.inc): rows r < R of the same St.
+inline void qk_few_avx2(const float* const* krows, int nk, const float* Qt, int D, int Rp, int R, float* St) {
+  avx2::qk_few(krows, nk, Qt, D, Rp, R, 1.0f, St);
+}
+inline void qk_few_avx512(const float* const* krows, int nk, const float* Qt, int D, int Rp, int R, float* St) {
+  avx512::qk_few(krows, nk, Qt, D, Rp, R, 1.0f, St);
+}
 inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const* vrows, int D, float* acc,
                       const float* alpha) {
   avx512::pv(P, nk, Rp, R, PointedRows<float>{vrows, 0}, D, acc, alpha);
@@ -338,6 +421,10 @@ inline void pv_avx512(const float* P, int nk, int Rp, int R, const float* const*
 inline void qk_bf16_pairs(const uint16_t* const* krows, int nk, const uint16_t* Qp, int D, int Rp, float scale,
                           float* St) {
   avx512_bf16::qk(krows, nk, Qp, D, Rp, scale, St);
+}
+inline void qk_few_bf16_pairs(const uint16_t* const* krows, int nk, const uint16_t* Qp, int D, int Rp, int R,
+                              float scale, float* St) {
+  avx512_bf16::qk_few(krows, nk, Qp, D, Rp, R, scale, St);
 }
 inline void pv_bf16_pairs(const uint16_t* Pp, int nkp, int Rp, int R, const uint16_t* Vp, int D, float* acc,
                           const float* alpha) {

@@ -184,6 +184,8 @@ ISA_CASES = [
     (130, 1000, (32, 8), 128, torch.bfloat16, None, False),
     (60, 1, (8, 8), 64, torch.float16, 64, True),
     (7, 37, (9, 3), 40, torch.float32, None, False),  # D % 16 != 0: scalar loops at any cap
+    (1, 1000, (9, 3), 64, torch.float32, None, True),  # a decoded token: 3 rows, keys in the QK lanes
+    (2, 100, (9, 3), 64, torch.bfloat16, 16, False),  # 6 rows: keys in the lanes with AVX-512
 ]
 
 
@@ -197,3 +199,22 @@ def test_cpp_instruction_sets(backend, op_impl, monkeypatch, isa, case):
     monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
     N, prefix, heads, D, dtype, page, causal = case
     check(op_impl("tree_attention"), 2, N, prefix, heads, D, dtype, page, causal, seed=N + D)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512-bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cpp_rows_independent_of_node_count(backend, op_impl, monkeypatch, isa, dtype):
+    """A row's output does not depend on the other rows of its call, bit for bit: the first nodes
+    of a causal call alone (1-3 nodes: work items of few rows, whose QK puts keys in the lanes)
+    equal the same nodes within a call of 12 (rows in the lanes). Greedy speculative decoding
+    equals plain decoding through this."""
+    if backend != "cpp":
+        pytest.skip("C++-specific switch")
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+    fn = op_impl("tree_attention")
+    for heads, D in [((9, 3), 64), ((4, 1), 128), ((8, 8), 64)]:
+        q, k, v, seqlens, _ = attention_inputs(2, 12, 70, heads, D, DTYPES[dtype], None, seed=D + heads[0])
+        want = fn(q, k, v, seqlens)
+        for n in (1, 2, 3):
+            got = fn(q[:, :n].contiguous(), k, v, seqlens)
+            assert torch.equal(got, want[:, :n]), (heads, D, n)
