@@ -47,15 +47,18 @@ KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows
 KIND_DENOM = tl.constexpr(5)  # the top-k softmax normaliser
 KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search
 KIND_NORM = tl.constexpr(7)  # the top-p normaliser
-# Per-request control words (int32, zeroed by the launcher): the phase now open (FINISHED
-# once the request is done), the open phase's kind and row, the walk's depth, the pivot of
-# the list level; then the claim and done counters of every phase.
+# Per-request control words (int32, zero before a launch and left zero after it: the last program
+# of a request to exit resets them, so a cached workspace needs no fill between calls): the phase
+# now open (FINISHED once the request is done), the open phase's kind and row, the walk's depth,
+# the pivot of the list level, the programs that have exited; then the claim and done counters
+# of every phase.
 CTL_PHASE = tl.constexpr(0)
 CTL_KIND = tl.constexpr(1)
 CTL_NODE = tl.constexpr(2)
 CTL_DEPTH = tl.constexpr(3)
 CTL_PIVOT = tl.constexpr(4)
 CTL_DIGIT = tl.constexpr(5)  # the digit of the open search phase
+CTL_EXITED = tl.constexpr(6)  # programs of the request that have left the walk
 CTL_WORDS = tl.constexpr(8)
 FINISHED = tl.constexpr(1 << 30)
 # Per-request float64 scalars of the current row, written by a phase's merge for the next.
@@ -433,9 +436,9 @@ def _verify_kernel(
     top_p_ptr,  # [B] float32 (1 = off)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
-    stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (for tests)
-    cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list
-    ctl_ptr,  # [B, CTL_WORDS + 2 * PHASES] int32, zeroed: control words, claim and done counters
+    stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (RECORD only)
+    cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list (RECORD only)
+    ctl_ptr,  # [B, CTL_WORDS + 2 * PHASES] int32, zero: control words, claim and done counters (left zero)
     rowf_ptr,  # [B, ROW_WORDS] float64 scratch: the current row's scalars
     part_max_ptr,  # [B, SPLITS] compute dtype: chunk max
     part_arg_ptr,  # [B, SPLITS] int32: chunk first argmax
@@ -476,6 +479,8 @@ def _verify_kernel(
     HAS_DRAFT: tl.constexpr,  # draft_probs given: the draft-aware rule at nodes with sampled children
     HAS_MASK: tl.constexpr,  # draft_sampled given (else every non-root node is sampled)
     HAS_D2T: tl.constexpr,
+    RECORD: tl.constexpr,  # store each visited row's scalars and list length (tests)
+    BLOCK_CTL: tl.constexpr,  # next power of two of CTL_WORDS + 2 * PHASES
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
     verify.py): each phase is one pass over the chunks of the current row; a program claims
@@ -721,14 +726,15 @@ def _verify_kernel(
                         tl.store(ctl + CTL_DIGIT, 0)
                         next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, KIND_MASS))
                     if ready != 0:
-                        st = stats_ptr + (b * N + node) * NUM_STATS
-                        tl.store(st + STAT_MAX, row_max.to(tl.float64))
-                        tl.store(st + STAT_KTH, kth.to(tl.float64))
-                        tl.store(st + STAT_DENOM, denom.to(tl.float64))
-                        tl.store(st + STAT_CUT, cut.to(tl.float64))
-                        tl.store(st + STAT_NORM, norm.to(tl.float64))
-                        tl.store(st + STAT_MASS, mass)
-                        tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
+                        if RECORD:
+                            st = stats_ptr + (b * N + node) * NUM_STATS
+                            tl.store(st + STAT_MAX, row_max.to(tl.float64))
+                            tl.store(st + STAT_KTH, kth.to(tl.float64))
+                            tl.store(st + STAT_DENOM, denom.to(tl.float64))
+                            tl.store(st + STAT_CUT, cut.to(tl.float64))
+                            tl.store(st + STAT_NORM, norm.to(tl.float64))
+                            tl.store(st + STAT_MASS, mass)
+                            tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
                         offs_n = tl.arange(0, BLOCK_N)
                         tokens = tl.load(tokens_row + offs_n, mask=offs_n < N, other=-1)
                         seed = tl.load(seed_ptr + b)
@@ -779,3 +785,9 @@ def _verify_kernel(
                         tl.store(ctl + CTL_DEPTH, depth)
                     tl.debug_barrier()
                     tl.atomic_xchg(ctl + CTL_PHASE, tl.where(finish != 0, FINISHED, phase + 1))
+    # Every program of the request passes here once, after its last read of the control words:
+    # the last one resets them for the next launch on the same workspace.
+    tl.debug_barrier()
+    if tl.atomic_add(ctl + CTL_EXITED, 1) == SPLITS - 1:
+        words = tl.arange(0, BLOCK_CTL)
+        tl.store(ctl + words, tl.zeros([BLOCK_CTL], tl.int32), mask=words < CTL_WORDS + 2 * PHASES)
