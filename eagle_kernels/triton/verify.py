@@ -217,7 +217,7 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
 
     ws = dict(
         control=torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device),
-        row_scalars=empty(B, ROW_WORDS.value, dtype=torch.float64),
+        row_scalars=torch.zeros((B, ROW_WORDS.value), dtype=torch.float64, device=device),  # read before written: 0
         part_max=empty(B, splits, dtype=compute_dtype),
         part_arg=empty(B, splits, dtype=torch.int32),
         part_flags=empty(B, splits, dtype=torch.int32),
@@ -225,7 +225,7 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
         part_counts=empty(B, splits, NUM_PIVOTS.value, dtype=torch.int32),
         part_sums=empty(B, splits, NUM_PIVOTS.value, dtype=torch.float32),
         part_mass=empty(B, splits, dtype=torch.float64),
-        part_search=empty(B, splits, 1 << config.radix_bits, dtype=torch.float64),
+        part_search=empty(B, splits, 2, 1 << config.radix_bits, dtype=torch.float64),
         prefix=empty(B, dtype=torch.int64),
         cand_index=empty(B, candidates, dtype=torch.int32),
         cand_scaled=empty(B, candidates, dtype=compute_dtype),

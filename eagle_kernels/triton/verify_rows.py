@@ -152,21 +152,45 @@ def _search_value(prefix, CT: tl.constexpr, IS_FP64: tl.constexpr, SIG_BITS: tl.
 
 
 @triton.jit
-def _range_kept(row, start, end, row_max, t, kth, denom, cut, IS_NORM: tl.constexpr, CT: tl.constexpr,
-                BLOCK_V: tl.constexpr):
-    """Over [start, end): the float64 sum of exp(s) over s >= kth (the top-k softmax
-    normaliser) or, with IS_NORM, of p over p >= cut (the top-p normaliser)."""
-    lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
-    for tile in range(start, end, BLOCK_V):
-        offs = tile + tl.arange(0, BLOCK_V)
+def _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth, denom, IS_TOP_P: tl.constexpr,
+                       CT: tl.constexpr, IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                       RADIX_BITS: tl.constexpr):
+    """The last digit of a threshold search over [start, end), fused with the normaliser: each
+    candidate P_j is the key of one logit value v_j, and the threshold it would give is
+    t_j = s(v_j) (top-k) or p(v_j) (top-p). Returns, per candidate, (F_j, N_j): top-k: the
+    entries with s >= t_j and the float64 sum of their exp(s) (the softmax normaliser if t_j is
+    the threshold); top-p: twice the float64 sum of the p >= t_j (the search's mass and the
+    normaliser). Keys are compared through s or p, not the order key: a tie of a lower key with
+    t_j counts with it, which changes F only inside a tie group of s or p and so picks the same
+    threshold, and makes each N_j the kept set's own sum (``keep iff s >= kth`` / ``p >= cut``)."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+    else:
+        KT: tl.constexpr = tl.uint32
+    lanes = tl.arange(0, 1 << RADIX_BITS)
+    candidates = prefix + (lanes.to(KT) << shift.to(KT))
+    level = _scaled(_search_value(candidates, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT), row_max, t)
+    if IS_TOP_P:
+        # A candidate above the row max (s > 0) keeps nothing: p = +inf, without exp overflowing.
+        level = tl.where(level > 0, float("inf"), _probs(tl.minimum(level, 0.0), kth, denom, CT)).to(CT)
+    sums = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
+    counts = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
+    for tile in range(start, end, BLOCK_S):
+        offs = tile + tl.arange(0, BLOCK_S)[:, None]
         valid = offs < end
         s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        if IS_NORM:
+        if IS_TOP_P:
             p = _probs(s, kth, denom, CT)
-            lane_total += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
+            sums += tl.where(valid & (p >= level[None, :]), p.to(tl.float64), 0.0)
         else:
-            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
-    return tl.sum(lane_total, axis=0)
+            above = valid & (s >= level[None, :])
+            counts += above.to(tl.int32)
+            sums += tl.where(above, tl.exp(s).to(CT).to(tl.float64), 0.0)
+    kept = tl.sum(sums, axis=0)
+    if IS_TOP_P:
+        return kept, kept
+    else:
+        return tl.sum(counts, axis=0).to(tl.float64), kept
 
 
 @triton.jit

@@ -24,12 +24,12 @@ from .verify_rows import (
     _list_stats,
     _pivot_level,
     _probs,
-    _range_kept,
     _range_levels,
     _range_mass,
     _range_max,
     _scaled,
     _search_chunk,
+    _search_chunk_last,
     _search_digit,
     _search_value,
     _store_list,
@@ -43,10 +43,9 @@ KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
 KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
 KIND_LIST = tl.constexpr(2)  # the candidate list: entries at or above the chosen level
 KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no list)
-KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list)
-KIND_DENOM = tl.constexpr(5)  # the top-k softmax normaliser
-KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search
-KIND_NORM = tl.constexpr(7)  # the top-p normaliser
+KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list); the last
+# digit also sums each candidate's softmax normaliser
+KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search; the last also its normaliser
 # Per-request control words (int32, zero before a launch and left zero after it: the last program
 # of a request to exit resets them, so a cached workspace needs no fill between calls): the phase
 # now open (FINISHED once the request is done), the open phase's kind and row, the walk's depth,
@@ -447,7 +446,8 @@ def _verify_kernel(
     part_counts_ptr,  # [B, SPLITS, NUM_PIVOTS] int32: chunk entries at or above each level
     part_sums_ptr,  # [B, SPLITS, NUM_PIVOTS] float32: their exp(s) sum
     part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights
-    part_search_ptr,  # [B, SPLITS, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit
+    part_search_ptr,  # [B, SPLITS, 2, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit; last digit:
+    # each candidate's normaliser
     prefix_ptr,  # [B] int64 scratch: the order-key prefix of the open search (bits of a uint32 / uint64)
     cand_index_ptr,  # [B, NUM_CAND] int32 scratch: the current row's candidate ids, ascending
     cand_scaled_ptr,  # [B, NUM_CAND] compute dtype scratch: their s
@@ -569,22 +569,29 @@ def _verify_kernel(
                     if kind == KIND_MASS:
                         tl.store(part_mass_ptr + parts + claim,
                                  _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
-                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
-                        if kind == KIND_DENOM:
-                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, False, CT, BLOCK_V)
-                        else:
-                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, True, CT, BLOCK_V)
-                        tl.store(part_total_ptr + parts + claim, kept)
                     else:
                         prefix = _load_prefix(prefix_ptr + b, IS_FP64)
-                        shift = KEY_BITS - RADIX_BITS * (tl.load(ctl + CTL_DIGIT, volatile=True) + 1)
-                        if kind == KIND_SEARCH_K:
-                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, False, CT,
-                                                   IS_FP64, BLOCK_S, RADIX_BITS)
+                        digit = tl.load(ctl + CTL_DIGIT, volatile=True)
+                        shift = KEY_BITS - RADIX_BITS * (digit + 1)
+                        at = part_search_ptr + (parts + claim) * 2 * RADIX + tl.arange(0, RADIX)
+                        if digit + 1 < DIGITS:
+                            if kind == KIND_SEARCH_K:
+                                totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, False,
+                                                       CT, IS_FP64, BLOCK_S, RADIX_BITS)
+                            else:
+                                totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, True,
+                                                       CT, IS_FP64, BLOCK_S, RADIX_BITS)
                         else:
-                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, True, CT,
-                                                   IS_FP64, BLOCK_S, RADIX_BITS)
-                        tl.store(part_search_ptr + (parts + claim) * RADIX + tl.arange(0, RADIX), totals)
+                            if kind == KIND_SEARCH_K:
+                                totals, kept = _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth,
+                                                                  denom, False, CT, IS_FP64, SIG_BITS, BLOCK_S,
+                                                                  RADIX_BITS)
+                            else:
+                                totals, kept = _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth,
+                                                                  denom, True, CT, IS_FP64, SIG_BITS, BLOCK_S,
+                                                                  RADIX_BITS)
+                            tl.store(at + RADIX, kept)
+                        tl.store(at, totals)
                 # Release this chunk's results; the last chunk of the phase merges them.
                 tl.debug_barrier()
                 if tl.atomic_add(dones + phase, 1) == SPLITS - 1:
@@ -673,7 +680,7 @@ def _verify_kernel(
                     elif (kind == KIND_SEARCH_K) | (kind == KIND_SEARCH_P):
                         digit = tl.load(ctl + CTL_DIGIT, volatile=True)
                         shift = KEY_BITS - RADIX_BITS * (digit + 1)
-                        at = (parts + splits)[:, None] * RADIX + tl.arange(0, RADIX)[None, :]
+                        at = (parts + splits)[:, None] * 2 * RADIX + tl.arange(0, RADIX)[None, :]
                         totals = tl.sum(tl.load(part_search_ptr + at, mask=in_splits[:, None], other=0.0,
                                                 volatile=True), axis=0)
                         target = tl.where(kind == KIND_SEARCH_K, top_k.to(tl.float64), top_p.to(tl.float64))
@@ -684,28 +691,26 @@ def _verify_kernel(
                             _store_prefix(prefix_ptr + b, prefix, IS_FP64)
                             tl.store(ctl + CTL_DIGIT, digit + 1)
                         else:
+                            # The normaliser of the threshold found: its lane of the chunks' sums.
+                            lane = ((prefix >> shift.to(prefix.dtype)) & (RADIX - 1)).to(tl.int32)
+                            kept = tl.sum(tl.sum(tl.load(part_search_ptr + at + RADIX,
+                                                         mask=in_splits[:, None] & (tl.arange(0, RADIX) == lane)[None, :],
+                                                         other=0.0, volatile=True), axis=1), axis=0).to(CT)
                             value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
+                            next_kind = KIND_MASS
                             if kind == KIND_SEARCH_K:
                                 tl.store(rowf + ROW_KTH, _scaled(value, row_max, t).to(tl.float64))
-                                next_kind = KIND_DENOM
+                                tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
+                                if use_p:
+                                    _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
+                                    tl.store(ctl + CTL_DIGIT, 0)
+                                    next_kind = KIND_SEARCH_P
                             else:
                                 kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                                 denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
                                 cut = _probs(_scaled(value, row_max, t), kth, denom, CT)
                                 tl.store(rowf + ROW_CUT, cut.to(tl.float64))
-                                next_kind = KIND_NORM
-                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
-                        kept = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
-                                              volatile=True), axis=0).to(CT)
-                        next_kind = KIND_MASS
-                        if kind == KIND_DENOM:
-                            tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
-                            if use_p:
-                                _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
-                                tl.store(ctl + CTL_DIGIT, 0)
-                                next_kind = KIND_SEARCH_P
-                        else:
-                            tl.store(rowf + ROW_NORM, kept.to(tl.float64))
+                                tl.store(rowf + ROW_NORM, kept.to(tl.float64))
                     else:
                         kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                         denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
