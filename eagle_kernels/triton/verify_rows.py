@@ -215,6 +215,52 @@ def _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND: 
     return tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
 
 
+# Seeded searches (_seed_prefix): the relative margin by which the levels' float32 sums must clear
+# the top-p target, and the relative slack on the logit bounds of a level band.
+SEED_MARGIN = tl.constexpr(1e-3)
+SEED_SLACK = tl.constexpr(1e-3)
+
+
+@triton.jit
+def _seed_prefix(level_counts, level_sums, total, top_k, top_p, use_k, row_max, t, CT: tl.constexpr,
+                 IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """(prefix, first digit) of the first threshold search of a row no list holds, from its
+    levels: the band [-PIVOT_STEP * (j + 1), -PIVOT_STEP * j) of s that holds the threshold
+    (top-k: the first level with k entries at or above it, exact; top-p alone: the first level
+    whose exp(s) sum clears top_p * total by SEED_MARGIN, the level above it falling short by as
+    much, else no seed) bounds the threshold's logit, with slack, between two values; the digits
+    their order keys share are the search's first digits. The search then starts below them: the
+    threshold's key lies in that range, so it finds the same key (F is monotone). (0, 0) when no
+    band is certain."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+        KEY_BITS: tl.constexpr = 64
+    else:
+        KT: tl.constexpr = tl.uint32
+        KEY_BITS: tl.constexpr = 32
+    DIGITS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
+    pivots = tl.arange(0, NUM_PIVOTS)
+    target = top_p.to(tl.float64) * total
+    sums = level_sums.to(tl.float64)
+    reach = tl.where(use_k, level_counts >= top_k, sums >= target * (1.0 + SEED_MARGIN))
+    j = tl.min(tl.where(reach, pivots, NUM_PIVOTS), axis=0)
+    above = tl.sum(tl.where(pivots == j - 1, sums, 0.0), axis=0)
+    certain = (j < NUM_PIVOTS) & (use_k | (j == 0) | (above <= target * (1.0 - SEED_MARGIN)))
+    low = (j + 1).to(CT) * (-PIVOT_STEP)
+    high = j.to(CT) * (-PIVOT_STEP)
+    x_lo = (row_max + t * low - SEED_SLACK * (tl.abs(row_max) + t * tl.abs(low))).to(CT)
+    x_hi = (row_max + t * high + SEED_SLACK * (tl.abs(row_max) + t * tl.abs(high))).to(CT)
+    differ = _order_key(x_lo, IS_FP64) ^ _order_key(x_hi, IS_FP64)
+    digit = tl.zeros([], tl.int32)
+    for d in tl.static_range(DIGITS - 1):  # the last digit always runs (it sums the normaliser)
+        digit += ((differ >> (KEY_BITS - RADIX_BITS * (d + 1))) == 0).to(tl.int32)
+    digit = tl.where(certain, digit, 0)
+    keep = KEY_BITS - RADIX_BITS * digit  # low bits cleared
+    low_mask = tl.where(digit > 0, (tl.full([], 1, KT) << tl.minimum(keep, KEY_BITS - 1).to(KT)) - 1, 0)
+    prefix = tl.where(digit > 0, _order_key(x_lo, IS_FP64) & ~low_mask.to(KT), 0).to(KT)
+    return prefix, digit
+
+
 @triton.jit
 def _pivot_level(first, CT: tl.constexpr):
     """The level of s of pivot index ``first``: -PIVOT_STEP * (first + 1)."""

@@ -32,6 +32,7 @@ from .verify_rows import (
     _search_chunk_last,
     _search_digit,
     _search_value,
+    _seed_prefix,
     _store_list,
     _weights,
 )
@@ -55,7 +56,7 @@ CTL_PHASE = tl.constexpr(0)
 CTL_KIND = tl.constexpr(1)
 CTL_NODE = tl.constexpr(2)
 CTL_DEPTH = tl.constexpr(3)
-CTL_PIVOT = tl.constexpr(4)
+CTL_PIVOT = tl.constexpr(4)  # -1 - lane: a list of the top-k set, counted by the last top-k digit in that lane
 CTL_DIGIT = tl.constexpr(5)  # the digit of the open search phase
 CTL_EXITED = tl.constexpr(6)  # programs of the request that have left the walk
 CTL_WORDS = tl.constexpr(8)
@@ -165,6 +166,20 @@ def _store_prefix(ptr, prefix, IS_FP64: tl.constexpr):
         tl.store(ptr, prefix.to(tl.uint64).to(tl.int64, bitcast=True))
     else:
         tl.store(ptr, prefix.to(tl.uint32).to(tl.int64))
+
+
+@triton.jit
+def _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, mask, RADIX: tl.constexpr,
+                 NUM_PIVOTS: tl.constexpr):
+    """Each chunk's entries at or above the list level: the levels' counts at pivot CTL_PIVOT, or
+    for a list of the top-k set (CTL_PIVOT = -1 - lane) the last top-k digit's count in that lane."""
+    pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
+    if pivot >= 0:
+        counts = tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot, mask=mask, other=0, volatile=True)
+    else:
+        counts = tl.load(part_search_ptr + (parts + splits) * 2 * RADIX + (-1 - pivot), mask=mask, other=0.0,
+                         volatile=True).to(tl.int32)
+    return counts
 
 
 @triton.jit
@@ -490,9 +505,11 @@ def _verify_kernel(
     programs, so the launch never depends on how many programs are resident."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
+        KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
     else:
         CT: tl.constexpr = tl.float32
+        KT: tl.constexpr = tl.uint32
         KEY_BITS: tl.constexpr = 32
     RADIX: tl.constexpr = 1 << RADIX_BITS
     DIGITS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
@@ -555,9 +572,8 @@ def _verify_kernel(
                     tl.store(part_sums_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_sums)
                 elif kind == KIND_LIST:
                     if NUM_CAND > 0:
-                        pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
-                        before = tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
-                                         mask=splits < claim, other=0, volatile=True)
+                        before = _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, splits < claim,
+                                              RADIX, NUM_PIVOTS)
                         level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
                         _store_list(row, start, end, row_max, t, level, tl.sum(before, axis=0), index_b, scaled_b,
                                     CT, BLOCK_V, NUM_CAND)
@@ -607,6 +623,8 @@ def _verify_kernel(
                     ready = 0  # 1: the row's weights are known, walk on
                     search = 0  # 1: start the whole-row threshold searches
                     listed = -1
+                    seed_prefix = tl.zeros([], KT)  # the first search's prefix and digit (_seed_prefix)
+                    seed_digit = tl.zeros([], tl.int32)
                     kth = tl.full([], float("-inf"), CT)
                     denom = tl.full([], 1.0, CT)
                     cut = tl.full([], float("-inf"), CT)
@@ -657,13 +675,17 @@ def _verify_kernel(
                             next_kind = KIND_LIST
                         else:
                             # No list holds the kept tokens (or temperature alone): the searches,
-                            # then the mass.
+                            # then the mass; the first search starts at the digits its level band fixes.
                             search = 1
+                            if NUM_CAND > 0:
+                                if use_k | use_p:
+                                    seed_prefix, seed_digit = _seed_prefix(level_counts, level_sums, total, top_k,
+                                                                           top_p, use_k, row_max, t, CT, IS_FP64,
+                                                                           SIG_BITS, RADIX_BITS)
                     elif kind == KIND_LIST:
                         if NUM_CAND > 0:
-                            pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
-                            stored = tl.sum(tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
-                                                    mask=in_splits, other=0, volatile=True), axis=0)
+                            stored = tl.sum(_list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits,
+                                                         in_splits, RADIX, NUM_PIVOTS), axis=0)
                             level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
                             tl.debug_barrier()
                             # Lists are mostly short: sort SHORT_CAND slots when they hold it.
@@ -699,12 +721,21 @@ def _verify_kernel(
                             value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
                             next_kind = KIND_MASS
                             if kind == KIND_SEARCH_K:
-                                tl.store(rowf + ROW_KTH, _scaled(value, row_max, t).to(tl.float64))
+                                kth = _scaled(value, row_max, t)
+                                tl.store(rowf + ROW_KTH, kth.to(tl.float64))
                                 tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
                                 if use_p:
-                                    _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
-                                    tl.store(ctl + CTL_DIGIT, 0)
-                                    next_kind = KIND_SEARCH_P
+                                    # The entries with s >= kth (their count is the threshold's lane of the
+                                    # totals) hold the nucleus: a list of them when it fits, else the search.
+                                    at_kth = tl.sum(tl.where(tl.arange(0, RADIX) == lane, totals, 0.0), axis=0)
+                                    if (NUM_CAND > 0) & (at_kth <= NUM_CAND):
+                                        tl.store(ctl + CTL_PIVOT, -1 - lane)
+                                        tl.store(rowf + ROW_LEVEL, kth.to(tl.float64))
+                                        next_kind = KIND_LIST
+                                    else:
+                                        _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
+                                        tl.store(ctl + CTL_DIGIT, 0)
+                                        next_kind = KIND_SEARCH_P
                             else:
                                 kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                                 denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
@@ -727,8 +758,8 @@ def _verify_kernel(
                         tl.store(rowf + ROW_DENOM, total.to(CT).to(tl.float64))
                         tl.store(rowf + ROW_CUT, float("-inf"))
                         tl.store(rowf + ROW_NORM, 1.0)
-                        _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
-                        tl.store(ctl + CTL_DIGIT, 0)
+                        _store_prefix(prefix_ptr + b, seed_prefix, IS_FP64)
+                        tl.store(ctl + CTL_DIGIT, seed_digit)
                         next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, KIND_MASS))
                     if ready != 0:
                         if RECORD:

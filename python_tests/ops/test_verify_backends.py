@@ -288,10 +288,11 @@ def test_triton_top_p_nucleus_just_above_a_level_takes_the_list():
         assert int(launch.output.out_tokens[0, 0]) in (5, 40)
 
 
-# Huge nuclei: (temperature, top_k, top_p) per request; the last request repeats top-p with a NaN
-# in its root row (status 1).
+# Huge nuclei: (temperature, top_k, top_p) per request; "topkp-list": a top-k set no level list
+# holds but a list of the entries at or above the searched kth does; the last request repeats
+# top-p with a NaN in its root row (status 1).
 HUGE_NUCLEUS_MODES = [("temp", 1.0, 0, 1.0), ("topk", 0.9, 400, 1.0), ("topp", 1.0, 0, 0.9),
-                      ("topkp", 0.8, 500, 0.95), ("topp-nan", 1.0, 0, 0.9)]
+                      ("topkp", 0.8, 500, 0.95), ("topkp-list", 1.0, 20, 0.9), ("topp-nan", 1.0, 0, 0.9)]
 
 
 def huge_nucleus_batch(seed, V, dtype):
@@ -317,24 +318,27 @@ def huge_nucleus_batch(seed, V, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_triton_huge_nuclei_match_reference(dtype):
     """Every sampling mode on rows whose kept set spans most of the vocabulary (V 700, lists of
-    32 under the interpreter: the whole-row threshold searches, their normalisers and the mass
-    pass over several chunks): the reference's tokens, the rows' thresholds, and status 1 for
-    the request with a NaN."""
+    32 under the interpreter: the threshold searches, seeded by the levels where a band is
+    certain, with their normalisers, and the mass pass over several chunks), and top-k + top-p
+    with a top-k set that only a list at the searched kth holds: the reference's tokens, and
+    status 1 for the request with a NaN."""
     backend_impl("triton")
     from eagle_kernels.triton import verify as triton_verify
 
-    for seed in range(2):
+    for seed in (0, 2):  # seeds whose top-p masses keep clear of the targets (top_p_margin)
         tokens, parents, logits, sampling = huge_nucleus_batch(seed, 700, dtype)
         assert top_p_margin(logits[:-1], {k: v[:-1] for k, v in sampling.items()}) > 1e-6
         want = reference.verify(tokens, parents, logits, max_depth=4, **sampling)
         launch = triton_verify._launch(tokens, parents, logits, 4, *sampling.values(),
                                        triton_verify.INTERPRETER_CONFIG)
         assert_same(launch.output, want, seed)
-        assert want.status.tolist() == [0, 0, 0, 0, 1]
-        visited = launch.cand_count[:-1] > -2
-        assert (launch.cand_count[:-1][visited] == -1).all(), launch.cand_count  # no list holds them
+        assert want.status.tolist() == [0, 0, 0, 0, 0, 1]
+        visited = launch.cand_count > -2
+        listed = launch.cand_count[4][visited[4]]
+        assert (listed >= 20).all() and (listed <= 32).all(), launch.cand_count  # the top-k set, listed
+        assert (launch.cand_count[:4][visited[:4]] == -1).all(), launch.cand_count  # no list holds them
         assert int(want.accept_len[:-1].sum()) >= 3, want.accept_len  # the walk goes past the root
-        for b in range(len(HUGE_NUCLEUS_MODES) - 1):  # the kept sets are huge
+        for b in range(4):  # the kept sets are huge
             t, k, p = (float(sampling[n][b]) for n in ("temperature", "top_k", "top_p"))
             kept = int((sampling_probs(logits[b, 0], t, int(k), p) > 0).sum())
             assert kept > 200, (b, kept)
