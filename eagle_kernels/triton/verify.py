@@ -197,10 +197,15 @@ _WORKSPACES: collections.OrderedDict = collections.OrderedDict()
 MAX_WORKSPACES = 8
 
 
+# Defaults of the sampling arguments left out: greedy, no top-k, no top-p, seed and offset 0.
+_DEFAULTS = {"temperature": (0.0, torch.float32), "top_k": (0, torch.int32), "top_p": (1.0, torch.float32),
+             "seed": (0, torch.int64), "offset": (0, torch.int64)}
+
+
 def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, block_t, Vd):
     """The per-shape scratch of a launch, made (and its control words zeroed) on the first call and
     reused after: the kernel's last program of each request resets its control words, the other
-    scratch is written before it is read, and the sampling defaults are constants. Calls of one
+    scratch is written before it is read (the sampling defaults, kept there too, are constants). Calls of one
     shape share it, so they must not overlap (calls on one stream never do); a CUDA graph replays
     the kernel on the buffers of the call it captured (a first call before capturing keeps the
     fill out of the graph)."""
@@ -217,7 +222,7 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
 
     ws = dict(
         control=torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device),
-        row_scalars=torch.zeros((B, ROW_WORDS.value), dtype=torch.float64, device=device),  # read before written: 0
+        row_scalars=empty(B, ROW_WORDS.value, dtype=torch.float64),
         part_max=empty(B, splits, dtype=compute_dtype),
         part_arg=empty(B, splits, dtype=torch.int32),
         part_flags=empty(B, splits, dtype=torch.int32),
@@ -232,12 +237,6 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
         tile_sums=empty(B, block_t, dtype=torch.float64),
         # The rejections at the current node of the draft-aware rule (EVENT_WORDS float64 each).
         events=empty(B, EVENT_WORDS.value * triton.next_power_of_2(N), dtype=torch.float64) if Vd else None,
-        # Defaults of the sampling arguments not given (never written).
-        temperature=torch.zeros(B, dtype=torch.float32, device=device),
-        top_k=torch.zeros(B, dtype=torch.int32, device=device),
-        top_p=torch.ones(B, dtype=torch.float32, device=device),
-        seed=torch.zeros(B, dtype=torch.int64, device=device),
-        offset=torch.zeros(B, dtype=torch.int64, device=device),
     )
     _WORKSPACES[key] = ws
     while len(_WORKSPACES) > MAX_WORKSPACES:
@@ -283,7 +282,12 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     ws = _workspace(B, N, V, A, target_logits.dtype, device, config, splits, phases, block_t, Vd)
 
     def given(t, name):
-        return ws[name] if t is None else t.contiguous()
+        """The argument, or its default (made on first use and kept: never written)."""
+        if t is not None:
+            return t.contiguous()
+        if name not in ws:
+            ws[name] = torch.full((B,), _DEFAULTS[name][0], dtype=_DEFAULTS[name][1], device=device)
+        return ws[name]
 
     probs, sampled, inverse, d2t_ok, Vd = _draft_inputs(draft_probs, draft_sampled, d2t, V, status)
     events = status if draft_probs is None else ws["events"]

@@ -559,7 +559,8 @@ def _verify_kernel(
                 if (phase == 0) & (claim == 0):
                     tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
                     tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
-                row_max = tl.load(rowf + ROW_MAX, volatile=True).to(CT)
+                # The row max (a later phase's: the max phase's merge writes it).
+                row_max = tl.load(rowf + ROW_MAX, mask=kind != KIND_MAX, other=0.0, volatile=True).to(CT)
                 if kind == KIND_MAX:
                     chunk_max, chunk_arg, chunk_flags = _range_max(row, start, end, CT, BLOCK_MAX)
                     tl.store(part_max_ptr + parts + claim, chunk_max)
@@ -669,19 +670,18 @@ def _verify_kernel(
                                 level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_splits[:, None], other=0.0,
                                                             volatile=True), axis=0)
                                 pivot = _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND)
+                                # Where no list fits: the first search starts at the digits its level band fixes.
+                                seed_prefix, seed_digit = _seed_prefix(level_counts, level_sums, total, top_k, top_p,
+                                                                       use_k, row_max, t, CT, IS_FP64, SIG_BITS,
+                                                                       RADIX_BITS)
                         if pivot < NUM_PIVOTS:
                             tl.store(ctl + CTL_PIVOT, pivot)
                             tl.store(rowf + ROW_LEVEL, _pivot_level(pivot, CT).to(tl.float64))
                             next_kind = KIND_LIST
                         else:
                             # No list holds the kept tokens (or temperature alone): the searches,
-                            # then the mass; the first search starts at the digits its level band fixes.
+                            # then the mass.
                             search = 1
-                            if NUM_CAND > 0:
-                                if use_k | use_p:
-                                    seed_prefix, seed_digit = _seed_prefix(level_counts, level_sums, total, top_k,
-                                                                           top_p, use_k, row_max, t, CT, IS_FP64,
-                                                                           SIG_BITS, RADIX_BITS)
                     elif kind == KIND_LIST:
                         if NUM_CAND > 0:
                             stored = tl.sum(_list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits,
