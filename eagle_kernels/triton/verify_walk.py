@@ -715,9 +715,9 @@ def _verify_kernel(
                         else:
                             # The normaliser of the threshold found: its lane of the chunks' sums.
                             lane = ((prefix >> shift.to(prefix.dtype)) & (RADIX - 1)).to(tl.int32)
-                            kept = tl.sum(tl.sum(tl.load(part_search_ptr + at + RADIX,
-                                                         mask=in_splits[:, None] & (tl.arange(0, RADIX) == lane)[None, :],
-                                                         other=0.0, volatile=True), axis=1), axis=0).to(CT)
+                            in_lane = in_splits[:, None] & (tl.arange(0, RADIX) == lane)[None, :]
+                            kept = tl.sum(tl.sum(tl.load(part_search_ptr + at + RADIX, mask=in_lane, other=0.0,
+                                                         volatile=True), axis=1), axis=0).to(CT)
                             value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
                             next_kind = KIND_MASS
                             if kind == KIND_SEARCH_K:
