@@ -222,7 +222,7 @@ SEED_SLACK = tl.constexpr(1e-3)
 
 
 @triton.jit
-def _seed_prefix(level_counts, level_sums, total, top_k, top_p, use_k, row_max, t, CT: tl.constexpr,
+def _seed_prefix(level_counts, level_sums, total, top_k, top_p, use_k, row_max, t, floor, CT: tl.constexpr,
                  IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, RADIX_BITS: tl.constexpr):
     """(prefix, first digit) of the first threshold search of a row no list holds, from its
     levels: the band [-PIVOT_STEP * (j + 1), -PIVOT_STEP * j) of s that holds the threshold
@@ -231,7 +231,8 @@ def _seed_prefix(level_counts, level_sums, total, top_k, top_p, use_k, row_max, 
     much, else no seed) bounds the threshold's logit, with slack, between two values; the digits
     their order keys share are the search's first digits. The search then starts below them: the
     threshold's key lies in that range, so it finds the same key (F is monotone). (0, 0) when no
-    band is certain."""
+    band is certain. For top-p after a top-k search, ``total`` is the top-k normaliser and the
+    band must lie at or above ``floor`` (kth: the levels' sums there are the top-k set's)."""
     if IS_FP64:
         KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
@@ -245,8 +246,8 @@ def _seed_prefix(level_counts, level_sums, total, top_k, top_p, use_k, row_max, 
     reach = tl.where(use_k, level_counts >= top_k, sums >= target * (1.0 + SEED_MARGIN))
     j = tl.min(tl.where(reach, pivots, NUM_PIVOTS), axis=0)
     above = tl.sum(tl.where(pivots == j - 1, sums, 0.0), axis=0)
-    certain = (j < NUM_PIVOTS) & (use_k | (j == 0) | (above <= target * (1.0 - SEED_MARGIN)))
     low = (j + 1).to(CT) * (-PIVOT_STEP)
+    certain = (j < NUM_PIVOTS) & (use_k | (((j == 0) | (above <= target * (1.0 - SEED_MARGIN))) & (low >= floor)))
     high = j.to(CT) * (-PIVOT_STEP)
     x_lo = (row_max + t * low - SEED_SLACK * (tl.abs(row_max) + t * tl.abs(low))).to(CT)
     x_hi = (row_max + t * high + SEED_SLACK * (tl.abs(row_max) + t * tl.abs(high))).to(CT)

@@ -672,8 +672,8 @@ def _verify_kernel(
                                 pivot = _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND)
                                 # Where no list fits: the first search starts at the digits its level band fixes.
                                 seed_prefix, seed_digit = _seed_prefix(level_counts, level_sums, total, top_k, top_p,
-                                                                       use_k, row_max, t, CT, IS_FP64, SIG_BITS,
-                                                                       RADIX_BITS)
+                                                                       use_k, row_max, t, float("-inf"), CT, IS_FP64,
+                                                                       SIG_BITS, RADIX_BITS)
                         if pivot < NUM_PIVOTS:
                             tl.store(ctl + CTL_PIVOT, pivot)
                             tl.store(rowf + ROW_LEVEL, _pivot_level(pivot, CT).to(tl.float64))
@@ -733,8 +733,21 @@ def _verify_kernel(
                                         tl.store(rowf + ROW_LEVEL, kth.to(tl.float64))
                                         next_kind = KIND_LIST
                                     else:
-                                        _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
-                                        tl.store(ctl + CTL_DIGIT, 0)
+                                        # The top-p search, seeded by the levels at or above kth.
+                                        seed_prefix = tl.zeros([], KT)
+                                        seed_digit = tl.zeros([], tl.int32)
+                                        if NUM_CAND > 0:
+                                            lv = (parts + splits)[:, None] * NUM_PIVOTS \
+                                                + tl.arange(0, NUM_PIVOTS)[None, :]
+                                            level_counts = tl.sum(tl.load(part_counts_ptr + lv, mask=in_splits[:, None],
+                                                                          other=0, volatile=True), axis=0)
+                                            level_sums = tl.sum(tl.load(part_sums_ptr + lv, mask=in_splits[:, None],
+                                                                        other=0.0, volatile=True), axis=0)
+                                            seed_prefix, seed_digit = _seed_prefix(
+                                                level_counts, level_sums, kept.to(tl.float64), top_k, top_p,
+                                                use_k == 0, row_max, t, kth, CT, IS_FP64, SIG_BITS, RADIX_BITS)
+                                        _store_prefix(prefix_ptr + b, seed_prefix, IS_FP64)
+                                        tl.store(ctl + CTL_DIGIT, seed_digit)
                                         next_kind = KIND_SEARCH_P
                             else:
                                 kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
