@@ -30,8 +30,13 @@ Per visited row:
   per-tile sums for the bonus draw).
 - rows no list can hold exactly (a flat distribution with top-k in the thousands or a nucleus
   of thousands of tokens) search their thresholds in more phases: radix-16 digits over the
-  order keys of the logits (16/19 key bits for bf16/fp16 rows: 4/5 digits per threshold),
-  then the normaliser, each digit and normaliser one pass over the chunks.
+  order keys of the logits (16/19 key bits for bf16/fp16 rows: 4/5 digits per threshold), each
+  one pass over the chunks; the last digit also sums each candidate's normaliser, the first
+  digits come from the level band holding the threshold when it is certain, and top-k + top-p
+  lists the top-k set after the top-k search when it fits.
+
+One launch per call: the scratch of a launch shape is kept (``_workspace``), and the kernel's
+last program of each request leaves the request's control words zero for the next call.
 
 Every weight is a pure function of its logit and the row's scalars::
 
