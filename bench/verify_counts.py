@@ -11,9 +11,10 @@ planted token per row with p about 0.97 at T = 0.8) and counts, per mode:
   (``read / visited row bytes``: the passes over the rows the walk needs);
 - ``max passes``: the most bytes read from one row over the row's size.
 
-Modes: those of bench_verify (tiny nuclei: the planted token holds p about 0.97), and with a
-``-flat`` suffix the same inputs with logits / 10 (huge nuclei: top-p 0.9 keeps most of the
-vocabulary, beyond any candidate list).
+Modes: those of bench_verify (tiny nuclei: the planted token holds p about 0.97), ``topkp-wide``
+(top-k 20000 with top-p 0.9: a top-k set beyond any candidate list), and with a ``-flat`` suffix
+the same inputs with logits / 10 (huge nuclei: top-p 0.9 keeps most of the vocabulary, beyond
+any candidate list).
 
 Every masked-in element of a ``tl.load`` whose address lies in the logits tensor counts its
 element size (what the kernel requests; a GPU reads whole 32-byte sectors, the same here for
@@ -82,11 +83,18 @@ class Counter:
         interp.InterpreterBuilder.create_masked_load, interp.GridExecutor.__call__ = self._load, self._call
 
 
+# Modes beyond bench_verify's: (its mode, sampling arguments replaced).
+EXTRA_MODES = {"topkp-wide": ("topkp", dict(top_k=20000))}
+
+
 def count(B, N, V, mode, rows=None):
     from eagle_kernels.triton import verify as triton_verify
 
     flat = mode.endswith("-flat")
-    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, mode.removesuffix("-flat"), torch.bfloat16)
+    base, replaced = EXTRA_MODES.get(mode.removesuffix("-flat"), (mode.removesuffix("-flat"), {}))
+    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, torch.bfloat16)
+    for name, value in replaced.items():
+        sampling[name] = torch.full_like(sampling[name], value)
     if flat:  # logits / 10: a nucleus of most of the vocabulary, no candidate list holds it
         logits = logits / 10
     if rows is not None:  # the first `rows` nodes of each tree (for launches that read every row)
@@ -114,7 +122,7 @@ def main():
     parser.add_argument("--V", type=int, default=128256)
     parser.add_argument("--rows", type=int, default=None, help="nodes per request kept (default: all N)")
     parser.add_argument("--modes", nargs="+", default=list(bench_verify.MODES),
-                        help="bench_verify modes; a -flat suffix divides the logits by 10 (huge nuclei)")
+                        help="bench_verify modes or topkp-wide; a -flat suffix divides the logits by 10 (huge nuclei)")
     args = parser.parse_args()
     print("| mode | B | N | V | launches | programs | rows read | rows visited | MB read | "
           "read / visited rows | max passes over a row | same as reference | interpreter s |")

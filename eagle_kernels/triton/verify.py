@@ -30,8 +30,13 @@ Per visited row:
   per-tile sums for the bonus draw).
 - rows no list can hold exactly (a flat distribution with top-k in the thousands or a nucleus
   of thousands of tokens) search their thresholds in more phases: radix-16 digits over the
-  order keys of the logits (16/19 key bits for bf16/fp16 rows: 4/5 digits per threshold),
-  then the normaliser, each digit and normaliser one pass over the chunks.
+  order keys of the logits (16/19 key bits for bf16/fp16 rows: 4/5 digits per threshold), each
+  one pass over the chunks; the last digit also sums each candidate's normaliser, the first
+  digits come from the level band holding the threshold when it is certain, and top-k + top-p
+  lists the top-k set after the top-k search when it fits.
+
+One launch per call: the scratch of a launch shape is kept (``_workspace``), and the kernel's
+last program of each request leaves the request's control words zero for the next call.
 
 Every weight is a pure function of its logit and the row's scalars::
 
@@ -61,6 +66,7 @@ the launch configurations and the launcher.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import NamedTuple
 
@@ -141,8 +147,8 @@ def _splits(B: int, V: int, unit: int, device: torch.device) -> tuple[int, int]:
 
 class Launch(NamedTuple):
     output: VerifyOutput
-    cand_count: torch.Tensor  # [B, N] int32: -2 row not visited / greedy, -1 no list, else list length
-    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (visited sampling rows only; NaN elsewhere)
+    cand_count: torch.Tensor  # [B, N] int32: -2 row not visited / greedy, -1 no list, else list length (record)
+    stats: torch.Tensor  # [B, N, NUM_STATS] float64 (visited sampling rows only; NaN elsewhere) (record)
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
@@ -164,7 +170,8 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t)
     return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-                   _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t).output
+                   _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
+                   record=False).output
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
@@ -189,36 +196,82 @@ def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
     return probs, sampled, inverse, d2t_ok, Vd
 
 
+# Workspaces of recent launch shapes (the newest last): scratch the kernel leaves ready for the next
+# call, so a call launches the kernel alone.
+_WORKSPACES: collections.OrderedDict = collections.OrderedDict()
+MAX_WORKSPACES = 8
+
+
+# Defaults of the sampling arguments left out: greedy, no top-k, no top-p, seed and offset 0.
+_DEFAULTS = {"temperature": (0.0, torch.float32), "top_k": (0, torch.int32), "top_p": (1.0, torch.float32),
+             "seed": (0, torch.int64), "offset": (0, torch.int64)}
+
+
+def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, block_t, Vd):
+    """The per-shape scratch of a launch, made (and its control words zeroed) on the first call and
+    reused after: the kernel's last program of each request resets its control words, the other
+    scratch is written before it is read (the sampling defaults, kept there too, are constants). Calls of one
+    shape share it, so they must not overlap (calls on one stream never do); a CUDA graph replays
+    the kernel on the buffers of the call it captured (a first call before capturing keeps the
+    fill out of the graph)."""
+    key = (device, B, N, V, A, dtype, config, splits, phases, block_t, Vd)
+    ws = _WORKSPACES.get(key)
+    if ws is not None:
+        _WORKSPACES.move_to_end(key)
+        return ws
+    compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    candidates = max(config.candidates, 1)
+
+    def empty(*shape, dtype):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    ws = dict(
+        control=torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device),
+        row_scalars=empty(B, ROW_WORDS.value, dtype=torch.float64),
+        part_max=empty(B, splits, dtype=compute_dtype),
+        part_arg=empty(B, splits, dtype=torch.int32),
+        part_flags=empty(B, splits, dtype=torch.int32),
+        part_total=empty(B, splits, dtype=torch.float64),
+        part_counts=empty(B, splits, NUM_PIVOTS.value, dtype=torch.int32),
+        part_sums=empty(B, splits, NUM_PIVOTS.value, dtype=torch.float32),
+        part_mass=empty(B, splits, dtype=torch.float64),
+        part_search=empty(B, splits, 2, 1 << config.radix_bits, dtype=torch.float64),
+        prefix=empty(B, dtype=torch.int64),
+        cand_index=empty(B, candidates, dtype=torch.int32),
+        cand_scaled=empty(B, candidates, dtype=compute_dtype),
+        tile_sums=empty(B, block_t, dtype=torch.float64),
+        # The rejections at the current node of the draft-aware rule (EVENT_WORDS float64 each).
+        events=empty(B, EVENT_WORDS.value * triton.next_power_of_2(N), dtype=torch.float64) if Vd else None,
+    )
+    _WORKSPACES[key] = ws
+    while len(_WORKSPACES) > MAX_WORKSPACES:
+        _WORKSPACES.popitem(last=False)
+    return ws
+
+
 def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-            config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None) -> Launch:
+            config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None, record: bool = True) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
-    lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput with the
-    visited rows' internals: candidate counts and the sampling rows' scalars."""
+    lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput and, with
+    ``record``, the visited rows' internals: candidate counts and the sampling rows' scalars
+    (without it, two empty tensors: the launch is then the kernel alone)."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
     logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
-
-    def given(t, fill, dtype):
-        return torch.full((B,), fill, dtype=dtype, device=device) if t is None else t.contiguous()
-
-    temperature = given(temperature, 0.0, torch.float32)
-    top_k = given(top_k, 0, torch.int32)
-    top_p = given(top_p, 1.0, torch.float32)
-    seed = given(seed, 0, torch.int64)
-    offset = given(offset, 0, torch.int64)
     is_fp64 = target_logits.dtype == torch.float64
-    compute_dtype = torch.float64 if is_fp64 else torch.float32
     candidates = config.candidates
-    stats = torch.full((B, N, NUM_STATS.value), float("nan"), dtype=torch.float64, device=device)
-    cand_count = torch.full((B, N), -2, dtype=torch.int32, device=device)
-    cand_index = torch.empty((B, max(candidates, 1)), dtype=torch.int32, device=device)
-    cand_scaled = torch.empty((B, max(candidates, 1)), dtype=compute_dtype, device=device)
     A = max_depth + 1
     accept_len = torch.empty(B, dtype=torch.int32, device=device)
     accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
     out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
     status = torch.empty(B, dtype=torch.int32, device=device)
+    if record:
+        stats = torch.full((B, N, NUM_STATS.value), float("nan"), dtype=torch.float64, device=device)
+        cand_count = torch.full((B, N), -2, dtype=torch.int32, device=device)
+    else:
+        stats = torch.empty((0, N, NUM_STATS.value), dtype=torch.float64, device=device)
+        cand_count = torch.empty((0, N), dtype=torch.int32, device=device)
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(config.block_v, triton.next_power_of_2(V))
@@ -230,32 +283,32 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     # normalisers and the mass.
     digits = triton.cdiv(SIGNIFICANT_KEY_BITS[target_logits.dtype], config.radix_bits)
     phases = A * (6 + 2 * digits)
-    control = torch.zeros((B, CTL_WORDS.value + 2 * phases), dtype=torch.int32, device=device)
-    row_scalars = torch.empty((B, ROW_WORDS.value), dtype=torch.float64, device=device)
-    part_max = torch.empty((B, splits), dtype=compute_dtype, device=device)
-    part_arg = torch.empty((B, splits), dtype=torch.int32, device=device)
-    part_flags = torch.empty((B, splits), dtype=torch.int32, device=device)
-    part_total = torch.empty((B, splits), dtype=torch.float64, device=device)
-    part_counts = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.int32, device=device)
-    part_sums = torch.empty((B, splits, NUM_PIVOTS.value), dtype=torch.float32, device=device)
-    part_mass = torch.empty((B, splits), dtype=torch.float64, device=device)
-    part_search = torch.empty((B, splits, 1 << config.radix_bits), dtype=torch.float64, device=device)
-    prefix = torch.empty(B, dtype=torch.int64, device=device)
-    tile_sums = torch.empty((B, block_t), dtype=torch.float64, device=device)
+    Vd = 0 if draft_probs is None else draft_probs.shape[2]
+    ws = _workspace(B, N, V, A, target_logits.dtype, device, config, splits, phases, block_t, Vd)
+
+    def given(t, name):
+        """The argument, or its default (made on first use and kept: never written)."""
+        if t is not None:
+            return t.contiguous()
+        if name not in ws:
+            ws[name] = torch.full((B,), _DEFAULTS[name][0], dtype=_DEFAULTS[name][1], device=device)
+        return ws[name]
+
     probs, sampled, inverse, d2t_ok, Vd = _draft_inputs(draft_probs, draft_sampled, d2t, V, status)
-    # The rejections at the current node of the draft-aware rule (EVENT_WORDS float64 each).
-    events = status if draft_probs is None else torch.empty(
-        (B, EVENT_WORDS.value * triton.next_power_of_2(N)), dtype=torch.float64, device=device)
+    events = status if draft_probs is None else ws["events"]
     _verify_kernel[(B, splits)](
-        tokens.contiguous(), parents.contiguous(), logits, temperature, top_k, top_p, seed, offset, stats, cand_count,
-        control, row_scalars, part_max, part_arg, part_flags, part_total, part_counts, part_sums, part_mass,
-        part_search, prefix, cand_index, cand_scaled, tile_sums, accept_len, accept_nodes, out_tokens, status,
-        probs, sampled, inverse, d2t_ok, events, N, V, Vd, max_depth, chunk, logits.stride(0), logits.stride(1),
-        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
-        BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_MAX=block_max,
-        BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
+        tokens.contiguous(), parents.contiguous(), logits, given(temperature, "temperature"), given(top_k, "top_k"),
+        given(top_p, "top_p"), given(seed, "seed"), given(offset, "offset"), stats if record else status,
+        cand_count if record else status, ws["control"], ws["row_scalars"], ws["part_max"], ws["part_arg"],
+        ws["part_flags"], ws["part_total"], ws["part_counts"], ws["part_sums"], ws["part_mass"], ws["part_search"],
+        ws["prefix"], ws["cand_index"], ws["cand_scaled"], ws["tile_sums"], accept_len, accept_nodes, out_tokens,
+        status, probs, sampled, inverse, d2t_ok, events, N, V, Vd, max_depth, chunk, logits.stride(0),
+        logits.stride(1), IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits,
+        PHASES=phases, BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s,
+        BLOCK_MAX=block_max, BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
         HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,
+        RECORD=record, BLOCK_CTL=triton.next_power_of_2(CTL_WORDS.value + 2 * phases),
         num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

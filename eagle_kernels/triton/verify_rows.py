@@ -152,21 +152,45 @@ def _search_value(prefix, CT: tl.constexpr, IS_FP64: tl.constexpr, SIG_BITS: tl.
 
 
 @triton.jit
-def _range_kept(row, start, end, row_max, t, kth, denom, cut, IS_NORM: tl.constexpr, CT: tl.constexpr,
-                BLOCK_V: tl.constexpr):
-    """Over [start, end): the float64 sum of exp(s) over s >= kth (the top-k softmax
-    normaliser) or, with IS_NORM, of p over p >= cut (the top-p normaliser)."""
-    lane_total = tl.zeros([BLOCK_V], dtype=tl.float64)
-    for tile in range(start, end, BLOCK_V):
-        offs = tile + tl.arange(0, BLOCK_V)
+def _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth, denom, IS_TOP_P: tl.constexpr,
+                       CT: tl.constexpr, IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                       RADIX_BITS: tl.constexpr):
+    """The last digit of a threshold search over [start, end), fused with the normaliser: each
+    candidate P_j is the key of one logit value v_j, and the threshold it would give is
+    t_j = s(v_j) (top-k) or p(v_j) (top-p). Returns, per candidate, (F_j, N_j): top-k: the
+    entries with s >= t_j and the float64 sum of their exp(s) (the softmax normaliser if t_j is
+    the threshold); top-p: twice the float64 sum of the p >= t_j (the search's mass and the
+    normaliser). Keys are compared through s or p, not the order key: a tie of a lower key with
+    t_j counts with it, which changes F only inside a tie group of s or p and so picks the same
+    threshold, and makes each N_j the kept set's own sum (``keep iff s >= kth`` / ``p >= cut``)."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+    else:
+        KT: tl.constexpr = tl.uint32
+    lanes = tl.arange(0, 1 << RADIX_BITS)
+    candidates = prefix + (lanes.to(KT) << shift.to(KT))
+    level = _scaled(_search_value(candidates, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT), row_max, t)
+    if IS_TOP_P:
+        # A candidate above the row max (s > 0) keeps nothing: p = +inf, without exp overflowing.
+        level = tl.where(level > 0, float("inf"), _probs(tl.minimum(level, 0.0), kth, denom, CT)).to(CT)
+    sums = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.float64)
+    counts = tl.zeros([BLOCK_S, 1 << RADIX_BITS], dtype=tl.int32)
+    for tile in range(start, end, BLOCK_S):
+        offs = tile + tl.arange(0, BLOCK_S)[:, None]
         valid = offs < end
         s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        if IS_NORM:
+        if IS_TOP_P:
             p = _probs(s, kth, denom, CT)
-            lane_total += tl.where(valid & (p >= cut), p.to(tl.float64), 0.0)
+            sums += tl.where(valid & (p >= level[None, :]), p.to(tl.float64), 0.0)
         else:
-            lane_total += tl.where(valid & (s >= kth), tl.exp(s), 0.0).to(CT).to(tl.float64)
-    return tl.sum(lane_total, axis=0)
+            above = valid & (s >= level[None, :])
+            counts += above.to(tl.int32)
+            sums += tl.where(above, tl.exp(s).to(CT).to(tl.float64), 0.0)
+    kept = tl.sum(sums, axis=0)
+    if IS_TOP_P:
+        return kept, kept
+    else:
+        return tl.sum(counts, axis=0).to(tl.float64), kept
 
 
 @triton.jit
@@ -189,6 +213,53 @@ def _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND: 
     # above a level used to fail the check and search the whole row.
     lower = tl.min(tl.where(pivots == first + 1, level_counts, NUM_CAND + 1), axis=0)
     return tl.where((use_k == 0) & (first + 1 < NUM_PIVOTS) & (lower <= NUM_CAND), first + 1, first)
+
+
+# Seeded searches (_seed_prefix): the relative margin by which the levels' float32 sums must clear
+# the top-p target, and the relative slack on the logit bounds of a level band.
+SEED_MARGIN = tl.constexpr(1e-3)
+SEED_SLACK = tl.constexpr(1e-3)
+
+
+@triton.jit
+def _seed_prefix(level_counts, level_sums, total, top_k, top_p, use_k, row_max, t, floor, CT: tl.constexpr,
+                 IS_FP64: tl.constexpr, SIG_BITS: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """(prefix, first digit) of the first threshold search of a row no list holds, from its
+    levels: the band [-PIVOT_STEP * (j + 1), -PIVOT_STEP * j) of s that holds the threshold
+    (top-k: the first level with k entries at or above it, exact; top-p alone: the first level
+    whose exp(s) sum clears top_p * total by SEED_MARGIN, the level above it falling short by as
+    much, else no seed) bounds the threshold's logit, with slack, between two values; the digits
+    their order keys share are the search's first digits. The search then starts below them: the
+    threshold's key lies in that range, so it finds the same key (F is monotone). (0, 0) when no
+    band is certain. For top-p after a top-k search, ``total`` is the top-k normaliser and the
+    band must lie at or above ``floor`` (kth: the levels' sums there are the top-k set's)."""
+    if IS_FP64:
+        KT: tl.constexpr = tl.uint64
+        KEY_BITS: tl.constexpr = 64
+    else:
+        KT: tl.constexpr = tl.uint32
+        KEY_BITS: tl.constexpr = 32
+    DIGITS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
+    pivots = tl.arange(0, NUM_PIVOTS)
+    target = top_p.to(tl.float64) * total
+    sums = level_sums.to(tl.float64)
+    reach = tl.where(use_k, level_counts >= top_k, sums >= target * (1.0 + SEED_MARGIN))
+    j = tl.min(tl.where(reach, pivots, NUM_PIVOTS), axis=0)
+    above = tl.sum(tl.where(pivots == j - 1, sums, 0.0), axis=0)
+    low = (j + 1).to(CT) * (-PIVOT_STEP)
+    certain = (j < NUM_PIVOTS) & (use_k | (((j == 0) | (above <= target * (1.0 - SEED_MARGIN))) & (low >= floor)))
+    high = j.to(CT) * (-PIVOT_STEP)
+    x_lo = (row_max + t * low - SEED_SLACK * (tl.abs(row_max) + t * tl.abs(low))).to(CT)
+    x_hi = (row_max + t * high + SEED_SLACK * (tl.abs(row_max) + t * tl.abs(high))).to(CT)
+    differ = _order_key(x_lo, IS_FP64) ^ _order_key(x_hi, IS_FP64)
+    digit = tl.zeros([], tl.int32)
+    for d in tl.static_range(DIGITS - 1):  # the last digit always runs (it sums the normaliser)
+        digit += ((differ >> (KEY_BITS - RADIX_BITS * (d + 1))) == 0).to(tl.int32)
+    digit = tl.where(certain, digit, 0)
+    keep = KEY_BITS - RADIX_BITS * digit  # low bits cleared
+    low_mask = tl.where(digit > 0, (tl.full([], 1, KT) << tl.minimum(keep, KEY_BITS - 1).to(KT)) - 1, 0)
+    prefix = tl.where(digit > 0, _order_key(x_lo, IS_FP64) & ~low_mask.to(KT), 0).to(KT)
+    return prefix, digit
 
 
 @triton.jit

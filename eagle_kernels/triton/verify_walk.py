@@ -24,14 +24,15 @@ from .verify_rows import (
     _list_stats,
     _pivot_level,
     _probs,
-    _range_kept,
     _range_levels,
     _range_mass,
     _range_max,
     _scaled,
     _search_chunk,
+    _search_chunk_last,
     _search_digit,
     _search_value,
+    _seed_prefix,
     _store_list,
     _weights,
 )
@@ -43,19 +44,21 @@ KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
 KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
 KIND_LIST = tl.constexpr(2)  # the candidate list: entries at or above the chosen level
 KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no list)
-KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list)
-KIND_DENOM = tl.constexpr(5)  # the top-k softmax normaliser
-KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search
-KIND_NORM = tl.constexpr(7)  # the top-p normaliser
-# Per-request control words (int32, zeroed by the launcher): the phase now open (FINISHED
-# once the request is done), the open phase's kind and row, the walk's depth, the pivot of
-# the list level; then the claim and done counters of every phase.
+KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list); the last
+# digit also sums each candidate's softmax normaliser
+KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search; the last also its normaliser
+# Per-request control words (int32, zero before a launch and left zero after it: the last program
+# of a request to exit resets them, so a cached workspace needs no fill between calls): the phase
+# now open (FINISHED once the request is done), the open phase's kind and row, the walk's depth,
+# the pivot of the list level, the programs that have exited; then the claim and done counters
+# of every phase.
 CTL_PHASE = tl.constexpr(0)
 CTL_KIND = tl.constexpr(1)
 CTL_NODE = tl.constexpr(2)
 CTL_DEPTH = tl.constexpr(3)
-CTL_PIVOT = tl.constexpr(4)
+CTL_PIVOT = tl.constexpr(4)  # -1 - lane: a list of the top-k set, counted by the last top-k digit in that lane
 CTL_DIGIT = tl.constexpr(5)  # the digit of the open search phase
+CTL_EXITED = tl.constexpr(6)  # programs of the request that have left the walk
 CTL_WORDS = tl.constexpr(8)
 FINISHED = tl.constexpr(1 << 30)
 # Per-request float64 scalars of the current row, written by a phase's merge for the next.
@@ -163,6 +166,20 @@ def _store_prefix(ptr, prefix, IS_FP64: tl.constexpr):
         tl.store(ptr, prefix.to(tl.uint64).to(tl.int64, bitcast=True))
     else:
         tl.store(ptr, prefix.to(tl.uint32).to(tl.int64))
+
+
+@triton.jit
+def _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, mask, RADIX: tl.constexpr,
+                 NUM_PIVOTS: tl.constexpr):
+    """Each chunk's entries at or above the list level: the levels' counts at pivot CTL_PIVOT, or
+    for a list of the top-k set (CTL_PIVOT = -1 - lane) the last top-k digit's count in that lane."""
+    pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
+    if pivot >= 0:
+        counts = tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot, mask=mask, other=0, volatile=True)
+    else:
+        counts = tl.load(part_search_ptr + (parts + splits) * 2 * RADIX + (-1 - pivot), mask=mask, other=0.0,
+                         volatile=True).to(tl.int32)
+    return counts
 
 
 @triton.jit
@@ -433,9 +450,9 @@ def _verify_kernel(
     top_p_ptr,  # [B] float32 (1 = off)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
-    stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (for tests)
-    cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list
-    ctl_ptr,  # [B, CTL_WORDS + 2 * PHASES] int32, zeroed: control words, claim and done counters
+    stats_ptr,  # [B, N, NUM_STATS] float64: the scalars of each visited sampling row (RECORD only)
+    cand_count_ptr,  # [B, N] int32: list length of each visited sampling row, -1 without a list (RECORD only)
+    ctl_ptr,  # [B, CTL_WORDS + 2 * PHASES] int32, zero: control words, claim and done counters (left zero)
     rowf_ptr,  # [B, ROW_WORDS] float64 scratch: the current row's scalars
     part_max_ptr,  # [B, SPLITS] compute dtype: chunk max
     part_arg_ptr,  # [B, SPLITS] int32: chunk first argmax
@@ -444,7 +461,8 @@ def _verify_kernel(
     part_counts_ptr,  # [B, SPLITS, NUM_PIVOTS] int32: chunk entries at or above each level
     part_sums_ptr,  # [B, SPLITS, NUM_PIVOTS] float32: their exp(s) sum
     part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights
-    part_search_ptr,  # [B, SPLITS, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit
+    part_search_ptr,  # [B, SPLITS, 2, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit; last digit:
+    # each candidate's normaliser
     prefix_ptr,  # [B] int64 scratch: the order-key prefix of the open search (bits of a uint32 / uint64)
     cand_index_ptr,  # [B, NUM_CAND] int32 scratch: the current row's candidate ids, ascending
     cand_scaled_ptr,  # [B, NUM_CAND] compute dtype scratch: their s
@@ -476,6 +494,8 @@ def _verify_kernel(
     HAS_DRAFT: tl.constexpr,  # draft_probs given: the draft-aware rule at nodes with sampled children
     HAS_MASK: tl.constexpr,  # draft_sampled given (else every non-root node is sampled)
     HAS_D2T: tl.constexpr,
+    RECORD: tl.constexpr,  # store each visited row's scalars and list length (tests)
+    BLOCK_CTL: tl.constexpr,  # next power of two of CTL_WORDS + 2 * PHASES
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
     verify.py): each phase is one pass over the chunks of the current row; a program claims
@@ -485,9 +505,11 @@ def _verify_kernel(
     programs, so the launch never depends on how many programs are resident."""
     if IS_FP64:
         CT: tl.constexpr = tl.float64
+        KT: tl.constexpr = tl.uint64
         KEY_BITS: tl.constexpr = 64
     else:
         CT: tl.constexpr = tl.float32
+        KT: tl.constexpr = tl.uint32
         KEY_BITS: tl.constexpr = 32
     RADIX: tl.constexpr = 1 << RADIX_BITS
     DIGITS: tl.constexpr = (SIG_BITS + RADIX_BITS - 1) // RADIX_BITS
@@ -537,7 +559,8 @@ def _verify_kernel(
                 if (phase == 0) & (claim == 0):
                     tl.store(accept_nodes_ptr + b * A + offs_a, tl.where(offs_a == 0, 0, -1), mask=offs_a < A)
                     tl.store(out_tokens_ptr + b * A + offs_a, tl.full([BLOCK_A], -1, tl.int64), mask=offs_a < A)
-                row_max = tl.load(rowf + ROW_MAX, volatile=True).to(CT)
+                # The row max (a later phase's: the max phase's merge writes it).
+                row_max = tl.load(rowf + ROW_MAX, mask=kind != KIND_MAX, other=0.0, volatile=True).to(CT)
                 if kind == KIND_MAX:
                     chunk_max, chunk_arg, chunk_flags = _range_max(row, start, end, CT, BLOCK_MAX)
                     tl.store(part_max_ptr + parts + claim, chunk_max)
@@ -550,9 +573,8 @@ def _verify_kernel(
                     tl.store(part_sums_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_sums)
                 elif kind == KIND_LIST:
                     if NUM_CAND > 0:
-                        pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
-                        before = tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
-                                         mask=splits < claim, other=0, volatile=True)
+                        before = _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, splits < claim,
+                                              RADIX, NUM_PIVOTS)
                         level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
                         _store_list(row, start, end, row_max, t, level, tl.sum(before, axis=0), index_b, scaled_b,
                                     CT, BLOCK_V, NUM_CAND)
@@ -564,22 +586,29 @@ def _verify_kernel(
                     if kind == KIND_MASS:
                         tl.store(part_mass_ptr + parts + claim,
                                  _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
-                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
-                        if kind == KIND_DENOM:
-                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, False, CT, BLOCK_V)
-                        else:
-                            kept = _range_kept(row, start, end, row_max, t, kth, denom, cut, True, CT, BLOCK_V)
-                        tl.store(part_total_ptr + parts + claim, kept)
                     else:
                         prefix = _load_prefix(prefix_ptr + b, IS_FP64)
-                        shift = KEY_BITS - RADIX_BITS * (tl.load(ctl + CTL_DIGIT, volatile=True) + 1)
-                        if kind == KIND_SEARCH_K:
-                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, False, CT,
-                                                   IS_FP64, BLOCK_S, RADIX_BITS)
+                        digit = tl.load(ctl + CTL_DIGIT, volatile=True)
+                        shift = KEY_BITS - RADIX_BITS * (digit + 1)
+                        at = part_search_ptr + (parts + claim) * 2 * RADIX + tl.arange(0, RADIX)
+                        if digit + 1 < DIGITS:
+                            if kind == KIND_SEARCH_K:
+                                totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, False,
+                                                       CT, IS_FP64, BLOCK_S, RADIX_BITS)
+                            else:
+                                totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, True,
+                                                       CT, IS_FP64, BLOCK_S, RADIX_BITS)
                         else:
-                            totals = _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, True, CT,
-                                                   IS_FP64, BLOCK_S, RADIX_BITS)
-                        tl.store(part_search_ptr + (parts + claim) * RADIX + tl.arange(0, RADIX), totals)
+                            if kind == KIND_SEARCH_K:
+                                totals, kept = _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth,
+                                                                  denom, False, CT, IS_FP64, SIG_BITS, BLOCK_S,
+                                                                  RADIX_BITS)
+                            else:
+                                totals, kept = _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth,
+                                                                  denom, True, CT, IS_FP64, SIG_BITS, BLOCK_S,
+                                                                  RADIX_BITS)
+                            tl.store(at + RADIX, kept)
+                        tl.store(at, totals)
                 # Release this chunk's results; the last chunk of the phase merges them.
                 tl.debug_barrier()
                 if tl.atomic_add(dones + phase, 1) == SPLITS - 1:
@@ -595,6 +624,8 @@ def _verify_kernel(
                     ready = 0  # 1: the row's weights are known, walk on
                     search = 0  # 1: start the whole-row threshold searches
                     listed = -1
+                    seed_prefix = tl.zeros([], KT)  # the first search's prefix and digit (_seed_prefix)
+                    seed_digit = tl.zeros([], tl.int32)
                     kth = tl.full([], float("-inf"), CT)
                     denom = tl.full([], 1.0, CT)
                     cut = tl.full([], float("-inf"), CT)
@@ -639,6 +670,10 @@ def _verify_kernel(
                                 level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_splits[:, None], other=0.0,
                                                             volatile=True), axis=0)
                                 pivot = _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND)
+                                # Where no list fits: the first search starts at the digits its level band fixes.
+                                seed_prefix, seed_digit = _seed_prefix(level_counts, level_sums, total, top_k, top_p,
+                                                                       use_k, row_max, t, float("-inf"), CT, IS_FP64,
+                                                                       SIG_BITS, RADIX_BITS)
                         if pivot < NUM_PIVOTS:
                             tl.store(ctl + CTL_PIVOT, pivot)
                             tl.store(rowf + ROW_LEVEL, _pivot_level(pivot, CT).to(tl.float64))
@@ -649,9 +684,8 @@ def _verify_kernel(
                             search = 1
                     elif kind == KIND_LIST:
                         if NUM_CAND > 0:
-                            pivot = tl.load(ctl + CTL_PIVOT, volatile=True)
-                            stored = tl.sum(tl.load(part_counts_ptr + (parts + splits) * NUM_PIVOTS + pivot,
-                                                    mask=in_splits, other=0, volatile=True), axis=0)
+                            stored = tl.sum(_list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits,
+                                                         in_splits, RADIX, NUM_PIVOTS), axis=0)
                             level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
                             tl.debug_barrier()
                             # Lists are mostly short: sort SHORT_CAND slots when they hold it.
@@ -668,7 +702,7 @@ def _verify_kernel(
                     elif (kind == KIND_SEARCH_K) | (kind == KIND_SEARCH_P):
                         digit = tl.load(ctl + CTL_DIGIT, volatile=True)
                         shift = KEY_BITS - RADIX_BITS * (digit + 1)
-                        at = (parts + splits)[:, None] * RADIX + tl.arange(0, RADIX)[None, :]
+                        at = (parts + splits)[:, None] * 2 * RADIX + tl.arange(0, RADIX)[None, :]
                         totals = tl.sum(tl.load(part_search_ptr + at, mask=in_splits[:, None], other=0.0,
                                                 volatile=True), axis=0)
                         target = tl.where(kind == KIND_SEARCH_K, top_k.to(tl.float64), top_p.to(tl.float64))
@@ -679,28 +713,48 @@ def _verify_kernel(
                             _store_prefix(prefix_ptr + b, prefix, IS_FP64)
                             tl.store(ctl + CTL_DIGIT, digit + 1)
                         else:
+                            # The normaliser of the threshold found: its lane of the chunks' sums.
+                            lane = ((prefix >> shift.to(prefix.dtype)) & (RADIX - 1)).to(tl.int32)
+                            in_lane = in_splits[:, None] & (tl.arange(0, RADIX) == lane)[None, :]
+                            kept = tl.sum(tl.sum(tl.load(part_search_ptr + at + RADIX, mask=in_lane, other=0.0,
+                                                         volatile=True), axis=1), axis=0).to(CT)
                             value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
+                            next_kind = KIND_MASS
                             if kind == KIND_SEARCH_K:
-                                tl.store(rowf + ROW_KTH, _scaled(value, row_max, t).to(tl.float64))
-                                next_kind = KIND_DENOM
+                                kth = _scaled(value, row_max, t)
+                                tl.store(rowf + ROW_KTH, kth.to(tl.float64))
+                                tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
+                                if use_p:
+                                    # The entries with s >= kth (their count is the threshold's lane of the
+                                    # totals) hold the nucleus: a list of them when it fits, else the search.
+                                    at_kth = tl.sum(tl.where(tl.arange(0, RADIX) == lane, totals, 0.0), axis=0)
+                                    if (NUM_CAND > 0) & (at_kth <= NUM_CAND):
+                                        tl.store(ctl + CTL_PIVOT, -1 - lane)
+                                        tl.store(rowf + ROW_LEVEL, kth.to(tl.float64))
+                                        next_kind = KIND_LIST
+                                    else:
+                                        # The top-p search, seeded by the levels at or above kth.
+                                        seed_prefix = tl.zeros([], KT)
+                                        seed_digit = tl.zeros([], tl.int32)
+                                        if NUM_CAND > 0:
+                                            lv = (parts + splits)[:, None] * NUM_PIVOTS \
+                                                + tl.arange(0, NUM_PIVOTS)[None, :]
+                                            level_counts = tl.sum(tl.load(part_counts_ptr + lv, mask=in_splits[:, None],
+                                                                          other=0, volatile=True), axis=0)
+                                            level_sums = tl.sum(tl.load(part_sums_ptr + lv, mask=in_splits[:, None],
+                                                                        other=0.0, volatile=True), axis=0)
+                                            seed_prefix, seed_digit = _seed_prefix(
+                                                level_counts, level_sums, kept.to(tl.float64), top_k, top_p,
+                                                use_k == 0, row_max, t, kth, CT, IS_FP64, SIG_BITS, RADIX_BITS)
+                                        _store_prefix(prefix_ptr + b, seed_prefix, IS_FP64)
+                                        tl.store(ctl + CTL_DIGIT, seed_digit)
+                                        next_kind = KIND_SEARCH_P
                             else:
                                 kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                                 denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
                                 cut = _probs(_scaled(value, row_max, t), kth, denom, CT)
                                 tl.store(rowf + ROW_CUT, cut.to(tl.float64))
-                                next_kind = KIND_NORM
-                    elif (kind == KIND_DENOM) | (kind == KIND_NORM):
-                        kept = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
-                                              volatile=True), axis=0).to(CT)
-                        next_kind = KIND_MASS
-                        if kind == KIND_DENOM:
-                            tl.store(rowf + ROW_DENOM, kept.to(tl.float64))
-                            if use_p:
-                                _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
-                                tl.store(ctl + CTL_DIGIT, 0)
-                                next_kind = KIND_SEARCH_P
-                        else:
-                            tl.store(rowf + ROW_NORM, kept.to(tl.float64))
+                                tl.store(rowf + ROW_NORM, kept.to(tl.float64))
                     else:
                         kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                         denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
@@ -717,18 +771,19 @@ def _verify_kernel(
                         tl.store(rowf + ROW_DENOM, total.to(CT).to(tl.float64))
                         tl.store(rowf + ROW_CUT, float("-inf"))
                         tl.store(rowf + ROW_NORM, 1.0)
-                        _store_prefix(prefix_ptr + b, tl.zeros([], tl.uint32), IS_FP64)
-                        tl.store(ctl + CTL_DIGIT, 0)
+                        _store_prefix(prefix_ptr + b, seed_prefix, IS_FP64)
+                        tl.store(ctl + CTL_DIGIT, seed_digit)
                         next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, KIND_MASS))
                     if ready != 0:
-                        st = stats_ptr + (b * N + node) * NUM_STATS
-                        tl.store(st + STAT_MAX, row_max.to(tl.float64))
-                        tl.store(st + STAT_KTH, kth.to(tl.float64))
-                        tl.store(st + STAT_DENOM, denom.to(tl.float64))
-                        tl.store(st + STAT_CUT, cut.to(tl.float64))
-                        tl.store(st + STAT_NORM, norm.to(tl.float64))
-                        tl.store(st + STAT_MASS, mass)
-                        tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
+                        if RECORD:
+                            st = stats_ptr + (b * N + node) * NUM_STATS
+                            tl.store(st + STAT_MAX, row_max.to(tl.float64))
+                            tl.store(st + STAT_KTH, kth.to(tl.float64))
+                            tl.store(st + STAT_DENOM, denom.to(tl.float64))
+                            tl.store(st + STAT_CUT, cut.to(tl.float64))
+                            tl.store(st + STAT_NORM, norm.to(tl.float64))
+                            tl.store(st + STAT_MASS, mass)
+                            tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
                         offs_n = tl.arange(0, BLOCK_N)
                         tokens = tl.load(tokens_row + offs_n, mask=offs_n < N, other=-1)
                         seed = tl.load(seed_ptr + b)
@@ -779,3 +834,9 @@ def _verify_kernel(
                         tl.store(ctl + CTL_DEPTH, depth)
                     tl.debug_barrier()
                     tl.atomic_xchg(ctl + CTL_PHASE, tl.where(finish != 0, FINISHED, phase + 1))
+    # Every program of the request passes here once, after its last read of the control words:
+    # the last one resets them for the next launch on the same workspace.
+    tl.debug_barrier()
+    if tl.atomic_add(ctl + CTL_EXITED, 1) == SPLITS - 1:
+        words = tl.arange(0, BLOCK_CTL)
+        tl.store(ctl + words, tl.zeros([BLOCK_CTL], tl.int32), mask=words < CTL_WORDS + 2 * PHASES)

@@ -12,12 +12,14 @@ within 1e-6 of its threshold.
 """
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
+from eagle_kernels.reference.verify import sampling_probs
 from helpers import top_p_margin
 
 
@@ -284,6 +286,86 @@ def test_triton_top_p_nucleus_just_above_a_level_takes_the_list():
         assert int(launch.cand_count[0, 0]) == 2, launch.cand_count  # the two tokens at or above s = -3
         assert_same(launch.output, reference.verify(tokens, parents, logits, max_depth=1, **sampling), seed)
         assert int(launch.output.out_tokens[0, 0]) in (5, 40)
+
+
+# Huge nuclei: (temperature, top_k, top_p) per request; "topkp-list": a top-k set no level list
+# holds but a list of the entries at or above the searched kth does; the last request repeats
+# top-p with a NaN in its root row (status 1).
+HUGE_NUCLEUS_MODES = [("temp", 1.0, 0, 1.0), ("topk", 0.9, 400, 1.0), ("topp", 1.0, 0, 0.9),
+                      ("topkp", 0.8, 500, 0.95), ("topkp-list", 1.0, 20, 0.9), ("topp-nan", 1.0, 0, 0.9)]
+
+
+def huge_nucleus_batch(seed, V, dtype):
+    """Flat rows (logits 0.3 * randn: top-k and top-p keep hundreds of tokens, beyond any
+    interpreter list) with one planted child per node (p about 0.5, so the walk goes several rows
+    deep); in bf16 the flat logits hold many ties."""
+    gen = torch.Generator().manual_seed(seed)
+    B, N = len(HUGE_NUCLEUS_MODES), 7
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 5]] * B, dtype=torch.int32)
+    logits = torch.randn(B, N, V, generator=gen) * 0.3
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    for b in range(B):
+        for c in (1, 3, 5, 6):  # the first child of each node: about half the mass
+            logits[b, int(parents[b, c]), int(tokens[b, c])] = math.log(V)
+    logits[-1, 0, 3] = float("nan")
+    sampling = dict(temperature=torch.tensor([m[1] for m in HUGE_NUCLEUS_MODES]),
+                    top_k=torch.tensor([m[2] for m in HUGE_NUCLEUS_MODES], dtype=torch.int32),
+                    top_p=torch.tensor([m[3] for m in HUGE_NUCLEUS_MODES]), seed=torch.arange(B) + 10 * seed,
+                    offset=torch.arange(B, dtype=torch.int64))
+    return tokens, parents, logits.to(dtype), sampling
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_triton_huge_nuclei_match_reference(dtype):
+    """Every sampling mode on rows whose kept set spans most of the vocabulary (V 700, lists of
+    32 under the interpreter: the threshold searches, seeded by the levels where a band is
+    certain, with their normalisers, and the mass pass over several chunks), and top-k + top-p
+    with a top-k set that only a list at the searched kth holds: the reference's tokens, and
+    status 1 for the request with a NaN."""
+    backend_impl("triton")
+    from eagle_kernels.triton import verify as triton_verify
+
+    for seed in (0, 2):  # seeds whose top-p masses keep clear of the targets (top_p_margin)
+        tokens, parents, logits, sampling = huge_nucleus_batch(seed, 700, dtype)
+        assert top_p_margin(logits[:-1], {k: v[:-1] for k, v in sampling.items()}) > 1e-6
+        want = reference.verify(tokens, parents, logits, max_depth=4, **sampling)
+        launch = triton_verify._launch(tokens, parents, logits, 4, *sampling.values(),
+                                       triton_verify.INTERPRETER_CONFIG)
+        assert_same(launch.output, want, seed)
+        assert want.status.tolist() == [0, 0, 0, 0, 0, 1]
+        visited = launch.cand_count > -2
+        listed = launch.cand_count[4][visited[4]]
+        assert (listed >= 20).all() and (listed <= 32).all(), launch.cand_count  # the top-k set, listed
+        assert (launch.cand_count[:4][visited[:4]] == -1).all(), launch.cand_count  # no list holds them
+        assert int(want.accept_len[:-1].sum()) >= 3, want.accept_len  # the walk goes past the root
+        for b in range(4):  # the kept sets are huge
+            t, k, p = (float(sampling[n][b]) for n in ("temperature", "top_k", "top_p"))
+            kept = int((sampling_probs(logits[b, 0], t, int(k), p) > 0).sum())
+            assert kept > 200, (b, kept)
+
+
+def test_triton_verify_is_one_launch_and_leaves_its_workspace_ready():
+    """A call launches the kernel alone (no fills: the per-shape workspace is cached, its
+    control words left zero by the kernel's last program of each request), and calls reusing the
+    workspace give the reference's tokens."""
+    backend_impl("triton")
+    from eagle_kernels.launch_count import counting
+    from eagle_kernels.triton import verify as triton_verify
+
+    tokens, parents, logits, sampling = huge_nucleus_batch(3, 200, torch.bfloat16)
+    want = reference.verify(tokens, parents, logits, max_depth=4, **sampling)
+    for _ in range(2):
+        assert_same(triton_verify.verify(tokens, parents, logits, max_depth=4, **sampling), want)
+    with counting() as count:
+        got = triton_verify.verify(tokens, parents, logits, max_depth=4, **sampling)
+    assert count.total == 1 and count.by_kernel["_verify_kernel"] == 1, count.by_kernel
+    assert_same(got, want)
+    controls = [ws["control"] for key, ws in triton_verify._WORKSPACES.items() if key[1:4] == tuple(logits.shape)]
+    assert controls and all(int(c.abs().sum()) == 0 for c in controls)
+    triton_verify.verify(tokens, parents, logits, max_depth=4)  # greedy, sampling arguments left out
+    with counting() as count:  # their defaults are kept too
+        triton_verify.verify(tokens, parents, logits, max_depth=4)
+    assert count.total == 1, count.by_kernel
 
 
 # ------------------------------------------------------------ sampled drafts (draft-aware rule)
