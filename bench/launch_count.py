@@ -70,8 +70,8 @@ def count(name: str, tree: TreeConfig, gpu_layer_path: bool) -> dict:
     rows = {}
     for mode in ("plain", "speculative"):
         start = time.perf_counter()
-        step = count_steps(decoder, prompt, steps=1, speculative=mode == "speculative",
-                           gpu_layer_path=gpu_layer_path)[0]
+        step = count_steps(decoder, prompt, steps=2, speculative=mode == "speculative",
+                           gpu_layer_path=gpu_layer_path)[-1]  # the steady state
         rows[mode] = {"total": step.total, "target_layers": step.per_layer("target"),
                       "head_layers": step.per_layer("head"), "outside_layers": step.outside_layers,
                       "by_kernel": dict(step.by_kernel.most_common()), "by_line": dict(sorted(step.by_line.items())),

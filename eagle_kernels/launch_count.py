@@ -247,7 +247,10 @@ def _subclasses(cls):
 def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True,
                 gpu_layer_path: bool = True) -> list[LaunchCount]:
     """Launch counts of the first ``steps`` decoding steps of ``decoder.generate(prompts, ...)``
-    (greedy), one :class:`LaunchCount` per step; the prefill is not counted. The decoder's
+    (greedy), one :class:`LaunchCount` per step; the prefill is not counted. The first step also
+    pays the one-time fills of the ops' cached workspaces (verify's control words, draft_expand's
+    request counters), which the kernels leave ready for the next call: the second step is the
+    steady state that a replayed CUDA graph repeats. The decoder's
     target and head take the GPU layer path (``gpu_layer_path`` False: the op-by-op
     TorchLayerPath, for comparison), and the decoder should have a static policy (as on a GPU:
     ``SpeculativeDecoder(..., policy=StaticPolicy())``)."""
@@ -269,7 +272,7 @@ def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True,
         for paths_of_model, _ in flags:
             paths_of_model._gpu_path_on_cpu = True  # the prefill too: the same caches and tables
         with _backend_for_prefill():
-            decoder.generate(prompts, max_new_tokens=steps + 1, speculative=speculative)
+            decoder.generate(prompts, max_new_tokens=8 * steps + 1, speculative=speculative)
     finally:
         for paths_of_model, flag in flags:
             paths_of_model._gpu_path_on_cpu = flag
