@@ -20,6 +20,11 @@ Every eagle_kernels op takes the implementation it takes on CUDA (``backend_of(o
 Triton, or the native kernel), and value checks are off, as on a GPU. Use :func:`counting`
 around any code, or :func:`count_steps` for decoding steps. docs/decoding.md ("Launches per
 step") has the figures; ``bench/launch_count.py`` prints them.
+
+Each launch is also recorded (:class:`Launch`, ``LaunchCount.launches``, in order): its kernel,
+the layer call it belongs to, the shapes and element sizes of the tensors it is given (and, for
+aten ops, returns), and for the GEMMs their FLOPs. ``bench/gpu_step_model.py`` turns these into
+bytes, FLOPs and a modeled device time per launch.
 """
 
 from __future__ import annotations
@@ -60,6 +65,62 @@ def _launches_of(func, out) -> int:
     return 1
 
 
+# aten GEMMs: FLOPs = 2 M N K from the operands (``mm(a, b)``, ``addmm(self, a, b)``, ``linear(x, w)``).
+_GEMMS = {"mm": (0, 1, False), "addmm": (1, 2, False), "addmm_": (1, 2, False), "linear": (0, 1, True)}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor a launch is given (``out`` False) or returns (aten ops, ``out`` True)."""
+
+    shape: tuple
+    itemsize: int
+    out: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Launch:
+    """One launch: ``name`` (as in ``LaunchCount.by_kernel``), ``kind`` ("aten", "triton" or
+    "native"), ``owner`` ("target", "head" or None outside the layers) and ``layer`` (index of
+    the layer call in ``LaunchCount.layers``, or -1), its ``tensors`` (:class:`Tensor`, in
+    argument order, aten outputs last) and ``flops`` (the GEMMs' 2 M N K, 0 otherwise)."""
+
+    name: str
+    kind: str
+    owner: str | None
+    layer: int
+    tensors: tuple
+    flops: int = 0
+
+
+def _tensors_of(values, out: bool = False) -> list:
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(Tensor(tuple(v.shape), v.element_size(), out))
+        elif isinstance(v, (tuple, list)):
+            found.extend(_tensors_of(v, out))
+    return found
+
+
+def _gemm_flops(name: str, args) -> int:
+    if name not in _GEMMS:
+        return 0
+    a_at, b_at, transposed = _GEMMS[name]
+    a, b = args[a_at], args[b_at]
+    k = a.shape[-1]
+    m = a.numel() // k if k else 0  # rows of the (flattened) left operand
+    n = b.shape[0] if transposed else b.shape[-1]
+    return 2 * m * n * k
+
+
 @dataclass
 class LaunchCount:
     """What :func:`counting` saw: ``total`` launches, ``by_kernel`` (name -> launches: aten op
@@ -74,14 +135,20 @@ class LaunchCount:
     layers: list = field(default_factory=list)
     by_line: Counter = field(default_factory=Counter)  # "file:line" of the calling code -> launches
     host_reads: Counter = field(default_factory=Counter)  # "file:line" -> ops that wait for the device
+    launches: list = field(default_factory=list)  # one Launch per launch, in order
     _layer_depth: int = 0
+    _layer_owner: str | None = None
 
-    def add(self, name: str, n: int = 1) -> None:
+    def add(self, name: str, n: int = 1, kind: str = "aten", tensors=(), flops: int = 0) -> None:
         if n:
             self.total += n
             self.by_kernel[name] += n
             if not self._layer_depth:
                 self.by_line[_caller()] += n
+            layer = len(self.layers) if self._layer_depth else -1  # the layer call in progress
+            owner = self._layer_owner if self._layer_depth else None
+            for _ in range(n):
+                self.launches.append(Launch(name, kind, owner, layer, tuple(tensors), flops))
 
     @property
     def in_layers(self) -> int:
@@ -141,15 +208,20 @@ class _Counter(TorchDispatchMode):
             op = name
             if op not in NATIVE_CUDA_LAUNCHES:
                 raise RuntimeError(f"eagle_kernels::{op} ran its native CPU kernel: on a GPU it has none")
-            self.count.add(f"eagle_kernels::{op}", NATIVE_CUDA_LAUNCHES[op])
             self.silent += 1
             try:
-                return func(*args, **(kwargs or {}))
+                out = func(*args, **(kwargs or {}))
             finally:
                 self.silent -= 1
+            inputs = _tensors_of(list(args) + list((kwargs or {}).values()))
+            self.count.add(f"eagle_kernels::{op}", NATIVE_CUDA_LAUNCHES[op], "native",
+                           inputs + _tensors_of([out], out=True))
+            return out
         out = func(*args, **(kwargs or {}))
         if not self.silent:
-            self.count.add(name, _launches_of(func, out))
+            inputs = _tensors_of(list(args) + list((kwargs or {}).values()))
+            self.count.add(name, _launches_of(func, out), "aten", inputs + _tensors_of([out], out=True),
+                           _gemm_flops(name, args))
             if _reads_on_host(func, args):
                 self.count.host_reads[_caller()] += 1
         return out
@@ -193,7 +265,7 @@ def counting(*models):
 
     def launch(self, *args, grid, warmup, **kwargs):
         if not warmup and not mode.silent:
-            count.add(self.fn.__name__)
+            count.add(self.fn.__name__, 1, "triton", _tensors_of(list(args) + list(kwargs.values())))
         mode.silent += 1
         try:
             return saved_interpreted(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -203,12 +275,13 @@ def counting(*models):
     def layer_call(original):
         def call(self, *args, **kwargs):
             before = count.total
+            owner = "target" if type(self.config).__name__ == "LlamaConfig" else "head"
             count._layer_depth += 1
+            count._layer_owner = owner
             try:
                 return original(self, *args, **kwargs)
             finally:
                 count._layer_depth -= 1
-                owner = "target" if type(self.config).__name__ == "LlamaConfig" else "head"
                 count.layers.append((owner, count.total - before))
         return call
 

@@ -1,0 +1,371 @@
+"""A decoding step on the H200, modeled launch by launch from the CPU launch count.
+
+    TRITON_INTERPRET=1 PYTHONPATH=. python bench/gpu_step_model.py [--out DIR] [--quick]
+
+The launch list of one steady-state step (the second, eagle_kernels/launch_count.py) is counted
+on the CPU, with every launch's tensor shapes. Each launch gets the bytes it must move and the
+FLOPs it does at the real model's sizes, and a device time
+
+    t = max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s, t_min)
+
+with t_min the floor of one graph node (a kernel's ramp-up and drain between dependent nodes of
+a replayed CUDA graph: no host launch cost). t_min is not calibrated on this project, so every
+step time is given over a sweep of t_min. The step is the sum of its launches (one stream,
+dependent kernels).
+
+Bytes per launch:
+- aten ops: every tensor given and returned once (a GEMM: both operands and the result; an
+  in-place ``addmm_`` reads and writes its accumulator); GEMM FLOPs 2 M N K from the operands;
+- Triton kernels and the native ops: every tensor argument once (an upper bound), except
+  the KV caches: tree_attention reads the prefix it attends (``prefix`` + the pass's tokens, K
+  and V), rope_write_kv writes the pass's rows, compact_kv moves the accepted rows of every
+  layer (read and write); an embedding table given to a kernel counts for the rows it gathers.
+
+Sizes. The launch list does not depend on the widths or the prefix, so it is counted on cut
+models (fast) and the shapes are mapped to the real ones: the Llama-3-8B shape is counted with
+hidden / MLP widths 600 / 1100 (values no other dimension takes) and each dimension equal to a
+multiple of them is mapped to the same multiple of 4096 / 14336; SmolLM2-135M is counted at its
+own widths. The tree is counted as (6, 2, 13) (the same kernels as (6, 8, 60), bench/launch_count.py
+--tree-check, at a fraction of the interpreter's time) and every dimension equal to its 13 verified
+nodes is mapped to 60 (the verify pass's rows: its GEMMs, logits and tree mask); the head passes'
+rows stay at top_k 2 instead of 8 (kernels at the t_min floor either way). The prompt is 16 tokens; the KV prefix of the model is ``--prefix`` (tree_attention's
+reads). On a GPU tree_attention adds a merge launch when it splits the prefix (flash-decoding,
+not seen on CPU tensors): added here where the GPU launcher's split rule (``num_splits``, 132 SMs)
+splits. tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: device
+independent), plain tau is 1. ``--quick``: the 3-layer model only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import sys
+import time
+from collections import defaultdict
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import torch  # noqa: E402
+
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig  # noqa: E402
+from eagle_kernels.launch_count import Launch, count_steps  # noqa: E402
+from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
+from eagle_kernels.policy import StaticPolicy  # noqa: E402
+from launch_count import DRAFT_VOCAB, SHAPES, random_model  # noqa: E402
+
+HBM_BYTES_PER_S = 4.3e12  # H200 copy bandwidth (HBM peak ~4.8 TB/s)
+BF16_FLOPS_PER_S = 790e12  # bf16 dense, measured on a GEMM
+T_MIN_SWEEP_US = (1.0, 1.5, 2.0, 3.0)
+TREE = TreeConfig(6, 8, 60)
+COUNT_TREE = TreeConfig(6, 2, 13)  # the same launches; 13 occurs as no other dimension
+SMS = 132
+# The calibrated kernel model's device time of tree_attention at the Llama-3-8B goal shape (docs/gpu_model.md,
+# "Goal shapes after tree_attention's address, mask and split rework": bf16 B1 N64 Hq32/Hkv8 D128
+# prefix 4096): attention 12.9 us, merge 3.1 us. Applied to the verify pass's launches as a cross-check.
+CALIBRATED_VERIFY_ATTENTION = {("llama3-8b-shape", 4096): {"_tree_attention_kernel": 12.9e-6,
+                                                          "_tree_attention_merge_kernel": 3.1e-6}}
+PREFIXES = (512, 4096)
+TAU_FILE = os.path.join(ROOT, "bench", "results", "cpu_tau", "smollm2_eagle3_d6k8n60.json")
+
+# Counted widths -> real widths. The Llama-3-8B shape is counted cut (its 8 B weights do not fit
+# here); the cut values are chosen so that no other dimension of the step equals a multiple of them.
+CUT = {"llama3-8b-shape": dataclasses.replace(SHAPES["llama3-8b-shape"], hidden_size=600, intermediate_size=1100)}
+REAL_WIDTHS = {"llama3-8b-shape": (4096, 14336)}
+
+# Triton / native launches whose tensor arguments include KV caches, by argument position.
+CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5), "eagle_kernels::compact_kv": (0, 1)}
+
+
+def dim_map(name: str) -> dict:
+    """Counted dimension -> real dimension (the tree's nodes; multiples 1..4 of the hidden and MLP widths)."""
+    mapping = {COUNT_TREE.num_nodes: TREE.num_nodes}
+    if name not in CUT:
+        return mapping
+    cut, (hidden, mlp) = CUT[name], REAL_WIDTHS[name]
+    for k in range(1, 5):
+        mapping[k * cut.hidden_size] = k * hidden
+        mapping[k * cut.intermediate_size] = k * mlp
+    return mapping
+
+
+def real_shape(shape: tuple, mapping: dict) -> tuple:
+    return tuple(mapping.get(d, d) for d in shape)
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclasses.dataclass
+class Cost:
+    name: str
+    owner: str | None
+    layer: int
+    bytes: int
+    flops: int
+    floor: float = 0.0  # a device time from elsewhere (the calibrated kernel model), s
+
+    def seconds(self, t_min: float) -> float:
+        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, t_min, self.floor)
+
+
+def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
+    """Bytes and FLOPs of one launch at the real sizes (see the module docstring)."""
+    shapes = [(real_shape(t.shape, mapping), t.itemsize) for t in launch.tensors]
+    flops = launch.flops
+    if flops and launch.kind == "aten":
+        a, b = shapes[1 if launch.name.startswith("addmm") else 0], shapes[2 if launch.name.startswith("addmm") else 1]
+        k = a[0][-1]
+        n = b[0][0] if launch.name == "linear" else b[0][-1]
+        flops = 2 * (numel(a[0]) // k) * n * k
+    caches = CACHE_ARGS.get(launch.name, ())
+    total = 0
+    for i, (shape, itemsize) in enumerate(shapes):
+        if i in caches:
+            continue
+        if launch.kind != "aten" and len(shape) == 2 and shape[0] == vocab:
+            width = shape[1]  # an embedding table: the rows gathered, as many as the widest other argument holds
+            rows = max((numel(s) // width for j, (s, _) in enumerate(shapes) if j != i and s and s[-1] == width),
+                       default=1)
+            total += rows * width * itemsize
+            continue
+        total += numel(shape) * itemsize
+    if caches:
+        cache_shape, itemsize = shapes[caches[0]]
+        heads, dim = cache_shape[-2], cache_shape[-1]
+        if launch.name == "_tree_attention_kernel":
+            q = shapes[0][0]  # (B, N, Hq, D)
+            total += 2 * q[0] * (prefix + q[1]) * heads * dim * itemsize
+        elif launch.name == "_rope_write_kv_kernel":
+            qkv = shapes[0][0]  # (B, N, q + 2 kv): N rows written, K and V
+            total += 2 * qkv[0] * qkv[1] * heads * dim * itemsize
+        else:  # compact_kv: (layers, B, capacity, Hkv, D) caches, the accepted rows moved (read + write)
+            layers, batch = cache_shape[0], cache_shape[1]
+            accepted = shapes[3][0][-1]
+            total += 2 * 2 * layers * batch * accepted * heads * dim * itemsize
+    return Cost(launch.name, launch.owner, launch.layer, total, flops)
+
+
+def merge_cost(launch: Launch, mapping: dict, prefix: int) -> Cost | None:
+    """The merge launch a GPU adds after a tree_attention launch that splits the prefix (the GPU
+    launcher's rule; capacity taken as the prefix and the pass's rows), or None."""
+    from eagle_kernels.triton.tree_attention_config import gpu_config, num_splits
+
+    q = real_shape(launch.tensors[0].shape, mapping)  # (B, N, Hq, D)
+    cache = launch.tensors[1].shape
+    B, N, Hq, D = q
+    group = Hq // cache[-2]
+    causal = launch.tensors[4].shape == launch.tensors[3].shape  # the seqlens stand in for a mask
+    config = gpu_config(N, group, D, torch.bfloat16, causal, False)
+    block_m = max(config.block_m, 1 << (group - 1).bit_length())
+    programs = B * cache[-2] * -(-N // (block_m // group))
+    splits = num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
+    if splits <= 1:
+        return None
+    partials = splits * B * N * Hq * (D + 1) * 4  # fp32 partial outputs and log-sum-exps
+    return Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)
+
+
+def count(name: str, tree: TreeConfig = COUNT_TREE) -> dict:
+    """The steady-state launch lists (plain, speculative) of ``name``, counted at the cut widths."""
+    config = CUT.get(name, SHAPES[name])
+    target = random_model(config)
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=DRAFT_VOCAB[name])
+    decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
+    prompt = [list(range(1, 17))]
+    return {mode: count_steps(decoder, prompt, steps=2, speculative=mode == "speculative")[-1]
+            for mode in ("plain", "speculative")}
+
+
+def weight_bytes(name: str) -> int:
+    """Bytes of the real model's weights a plain step reads (every matrix once, the embedding
+    table for one row; SmolLM2's LM head is the tied embedding)."""
+    c = SHAPES[name]
+    hidden, mlp = REAL_WIDTHS.get(name, (c.hidden_size, c.intermediate_size))
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * mlp + 2 * hidden
+    return 2 * (c.num_layers * layer + c.vocab_size * hidden + hidden)
+
+
+def step_seconds(costs: list, t_min: float) -> float:
+    return sum(c.seconds(t_min) for c in costs)
+
+
+def breakdown(costs: list, t_min: float) -> dict:
+    """Per kernel name: launches, bytes, FLOPs, seconds; for one target layer, the layers and the rest."""
+    parts = defaultdict(lambda: {"launches": 0, "bytes": 0, "flops": 0, "seconds": 0.0})
+    for c in costs:
+        where = "target layers" if c.owner == "target" else "head layers" if c.owner == "head" else "outside"
+        p = parts[f"{where}: {c.name}"]
+        p["launches"] += 1
+        p["bytes"] += c.bytes
+        p["flops"] += c.flops
+        p["seconds"] += c.seconds(t_min)
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]["seconds"]))
+
+
+def t_min_range(meets, top_us: float = 10.0, step_us: float = 0.01) -> str:
+    """The t_min values (us, on a grid from 0 to ``top_us``) for which ``meets(t_min in s)`` holds, as
+    intervals ("none" when it holds for none)."""
+    grid = [i * step_us for i in range(int(round(top_us / step_us)) + 1)]
+    ok = [meets(t * 1e-6) for t in grid]
+    spans, begin = [], None
+    for i, good in enumerate(ok + [False]):
+        if good and begin is None:
+            begin = i
+        elif not good and begin is not None:
+            spans.append(f"{grid[begin]:.2f}-{grid[i - 1]:.2f}")
+            begin = None
+    return ", ".join(spans) if spans else "none"
+
+
+def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
+    mapping, vocab = dim_map(name), SHAPES[name].vocab_size
+    costs = {}
+    for mode, c in counts.items():
+        costs[mode] = []
+        for launch in c.launches:
+            cost = launch_cost(launch, mapping, prefix, vocab)
+            costs[mode].append(cost)
+            if launch.name == "_tree_attention_kernel":
+                merge = merge_cost(launch, mapping, prefix)
+                if merge is not None:
+                    out = numel(real_shape(launch.tensors[0].shape, mapping)) * 2
+                    cost.bytes += merge.bytes - 2 * out  # the fp32 partials written instead of the output
+                    costs[mode].append(merge)
+    result = {"prefix": prefix, "tau": tau, "weight_bytes": weight_bytes(name),
+              "weight_read_us": weight_bytes(name) / HBM_BYTES_PER_S * 1e6, "modes": {}}
+    for mode, cs in costs.items():
+        tokens = tau if mode == "speculative" else 1.0
+        rows = {}
+        for t_us in T_MIN_SWEEP_US:
+            s = step_seconds(cs, t_us * 1e-6)
+            rows[str(t_us)] = {"step_us": round(s * 1e6, 1), "tok_per_s": round(tokens / s)}
+        floor_free = step_seconds(cs, 0.0)
+        result["modes"][mode] = {
+            "launches": len(cs), "bytes": sum(c.bytes for c in cs), "flops": sum(c.flops for c in cs),
+            "step_us_without_floor": round(floor_free * 1e6, 1), "by_t_min_us": rows,
+            "breakdown_t_min_2us": {k: {**v, "seconds": round(v["seconds"] * 1e6, 1)}
+                                    for k, v in list(breakdown(cs, 2e-6).items())[:12]}}
+        result["modes"][mode]["costs"] = cs
+    calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
+    if calibrated:
+        verify_layers = {c.layer for c in costs["speculative"] if c.owner == "target"}
+        cs = [dataclasses.replace(c, floor=calibrated.get(c.name, 0.0) if c.layer in verify_layers else 0.0)
+              for c in costs["speculative"]]
+        result["speculative_calibrated_attention"] = {
+            str(t): round(step_seconds(cs, t * 1e-6) * 1e6, 1) for t in T_MIN_SWEEP_US}
+        result["speculative_calibrated_attention_goal"] = t_min_range(
+            lambda t: step_seconds(cs, t) <= 1.3 * step_seconds(costs["plain"], t))
+    return result
+
+
+def goals(name: str, result: dict) -> dict:
+    """Each goal of issue #29: the t_min values (us, 0 to 10) that meet it."""
+    plain, spec = result["modes"]["plain"]["costs"], result["modes"]["speculative"]["costs"]
+    tau = result["tau"]
+    if name == "smollm2-135m":
+        return {"plain >= 2000 tok/s": t_min_range(lambda t: step_seconds(plain, t) <= 1 / 2000),
+                "speculative >= 2x plain tok/s": t_min_range(
+                    lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t))}
+    budget = 1.15 * result["weight_bytes"] / HBM_BYTES_PER_S
+    return {"plain step <= 1.15x one weight read": t_min_range(lambda t: step_seconds(plain, t) <= budget),
+            "speculative step <= 1.3x plain step": t_min_range(
+                lambda t: step_seconds(spec, t) <= 1.3 * step_seconds(plain, t))}
+
+
+def render(results: dict) -> str:
+    lines = [f"Modeled H200 step (bf16, B 1, tree (6, 8, 60)): t = max(bytes / {HBM_BYTES_PER_S / 1e12:.1f} TB/s, "
+             f"FLOPs / {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s, t_min) per launch, summed.", "",
+             "| model | prefix | step | launches | MB moved | GFLOP | no floor (us) | "
+             + " | ".join(f"t_min {t} us: step us (tok/s)" for t in T_MIN_SWEEP_US) + " |",
+             "|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(T_MIN_SWEEP_US)]
+    for name, by_prefix in results.items():
+        for prefix, r in by_prefix["prefixes"].items():
+            for mode, m in r["modes"].items():
+                cells = " | ".join(f"{m['by_t_min_us'][str(t)]['step_us']} ({m['by_t_min_us'][str(t)]['tok_per_s']})"
+                                   for t in T_MIN_SWEEP_US)
+                lines.append(f"| {name} | {prefix} | {mode} (tau {r['tau'] if mode == 'speculative' else 1}) | "
+                             f"{m['launches']} | {m['bytes'] / 1e6:.1f} | {m['flops'] / 1e9:.2f} | "
+                             f"{m['step_us_without_floor']} | {cells} |")
+    lines += ["", "Goals: the t_min values (us, searched 0 to 10 in steps of 0.01) that meet each.", "",
+              "| model | prefix | goal | t_min meeting it (us) |", "|---|---:|---|---:|"]
+    for name, by_prefix in results.items():
+        for prefix, r in by_prefix["prefixes"].items():
+            for goal, value in r["goals"].items():
+                lines.append(f"| {name} | {prefix} | {goal} | {value} |")
+    for name, by_prefix in results.items():
+        for prefix, r in by_prefix["prefixes"].items():
+            if "speculative_calibrated_attention" in r:
+                lines += ["", f"{name}, prefix {prefix}, speculative with the verify pass's tree_attention at the "
+                          "calibrated model's device time (12.9 us + 3.1 us merge a layer): step us by t_min "
+                          + ", ".join(f"{t}: {v}" for t, v in r["speculative_calibrated_attention"].items())
+                          + f"; <= 1.3x plain for t_min (us) {r['speculative_calibrated_attention_goal']}"]
+    for name, by_prefix in results.items():
+        prefix = max(by_prefix["prefixes"])
+        r = by_prefix["prefixes"][prefix]
+        for mode, m in r["modes"].items():
+            lines += ["", f"{name}, {mode}, prefix {prefix}, t_min 2 us: where the time goes (largest 12)", "",
+                      "| part: kernel | launches | MB | GFLOP | us |", "|---|---:|---:|---:|---:|"]
+            for part, v in m["breakdown_t_min_2us"].items():
+                lines.append(f"| {part} | {v['launches']} | {v['bytes'] / 1e6:.2f} | {v['flops'] / 1e9:.3f} | "
+                             f"{v['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "launch-count"))
+    parser.add_argument("--quick", action="store_true", help="the 3-layer model only")
+    parser.add_argument("--counts", help="a pickle of the launch lists: read if it exists, else written")
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    tau = json.load(open(TAU_FILE))["tau"] if os.path.exists(TAU_FILE) else None
+    names = ["tiny-3-layers"] if args.quick else ["smollm2-135m", "llama3-8b-shape"]
+    results = {}
+    cached = {}
+    if args.counts and os.path.exists(args.counts):
+        with open(args.counts, "rb") as f:
+            cached = pickle.load(f)
+    for name in names:
+        start = time.perf_counter()
+        counts = cached.get(name) or count(name)
+        cached[name] = counts
+        if args.counts:
+            with open(args.counts, "wb") as f:
+                pickle.dump(cached, f)
+        print(f"{name}: counted in {time.perf_counter() - start:.0f} s "
+              f"(plain {counts['plain'].total}, speculative {counts['speculative'].total} launches)", flush=True)
+        results[name] = {"prefixes": {}}
+        for prefix in PREFIXES:
+            r = model(name, counts, prefix, tau if tau is not None else float("nan"))
+            r["goals"] = goals(name, r)
+            results[name]["prefixes"][prefix] = r
+    table = render(results)
+    for by_prefix in results.values():
+        for r in by_prefix["prefixes"].values():
+            for m in r["modes"].values():
+                del m["costs"]
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"tree": [TREE.depth, TREE.top_k, TREE.num_nodes], "batch": 1, "dtype": "bfloat16",
+            "hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops_per_s": BF16_FLOPS_PER_S,
+            "t_min_sweep_us": T_MIN_SWEEP_US, "tau_source": os.path.relpath(TAU_FILE, ROOT)}
+    stem = "gpu_step_model_quick" if args.quick else "gpu_step_model"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
+        json.dump({**meta, "models": results}, f, indent=1)
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
+        f.write(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The modeled H200 decoding step (bench/gpu_step_model.py): the per-launch records of the launch
+counter (eagle_kernels/launch_count.py) add up, and the model's bytes / FLOPs of a known GEMM and
+of the KV-cache kernels are the ones its docstring states. One plain step of a 3-layer model."""
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+from eagle_kernels import _dispatch
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.launch_count import Tensor, count_steps
+from eagle_kernels.models import LlamaModel
+from eagle_kernels.models.eagle_head import EagleHead
+from eagle_kernels.policy import StaticPolicy
+from helpers import tiny_hf_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
+        pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
+    if not _dispatch.HAS_CPP:
+        pytest.skip("the native ops run their CPU kernels while counted")
+    torch.manual_seed(0)
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    decoder = SpeculativeDecoder(target, head, TreeConfig(6, 2, 8), policy=StaticPolicy(), cuda_graph=False)
+    return target.config, count_steps(decoder, [[1, 2, 3]], steps=2, speculative=False)[-1]
+
+
+def test_records_add_up(plain):
+    _, count = plain
+    assert len(count.launches) == count.total
+    assert sum(1 for launch in count.launches if launch.layer < 0) == count.outside_layers
+    for i, (owner, n) in enumerate(count.layers):
+        mine = [launch for launch in count.launches if launch.layer == i]
+        assert len(mine) == n and {launch.owner for launch in mine} == {owner}
+    names = {}
+    for launch in count.launches:
+        names[launch.name] = names.get(launch.name, 0) + 1
+    assert names == dict(count.by_kernel)
+
+
+def test_lm_head_gemm(plain):
+    """The target's LM head: one row (B 1) times the (H, V) weight: 2 H V FLOPs, H + H V + V
+    elements moved; with a width map, the mapped sizes."""
+    import gpu_step_model
+
+    config, count = plain
+    H, V = config.hidden_size, config.vocab_size
+    gemm = [launch for launch in count.launches if launch.layer < 0 and launch.name == "mm"][-1]
+    assert [t.shape for t in gemm.tensors] == [(1, H), (H, V), (1, V)]
+    assert gemm.flops == 2 * H * V
+    cost = gpu_step_model.launch_cost(gemm, {}, prefix=100, vocab=V)
+    assert (cost.bytes, cost.flops) == (2 * (H + H * V + V), 2 * H * V)
+    wide = gpu_step_model.launch_cost(gemm, {H: 4 * H}, prefix=100, vocab=V)
+    assert (wide.bytes, wide.flops) == (2 * (4 * H + 4 * H * V + V), 8 * H * V)
+
+
+def test_kv_cache_kernels(plain):
+    """tree_attention reads the attended prefix (not the cache's capacity), grows with it; the
+    KV write moves the pass's rows; the step's time has one t_min floor per launch."""
+    import gpu_step_model
+
+    config, count = plain
+    kv_row = config.num_kv_heads * config.head_dim * 2  # bf16
+    attention = next(launch for launch in count.launches if launch.name == "_tree_attention_kernel")
+    short, long = (gpu_step_model.launch_cost(attention, {}, prefix=p, vocab=config.vocab_size) for p in (10, 1010))
+    assert long.bytes - short.bytes == 2 * 1000 * kv_row  # K and V, B 1
+    write = next(launch for launch in count.launches if launch.name == "_rope_write_kv_kernel")
+    cost = gpu_step_model.launch_cost(write, {}, prefix=10, vocab=config.vocab_size)
+    rows = write.tensors[0].shape[1]  # the pass's tokens, written to K and V
+    others = sum(t.nbytes for i, t in enumerate(write.tensors) if i not in (4, 5))
+    assert cost.bytes == others + 2 * rows * kv_row
+    # The cache's capacity does not count.
+    bigger = [Tensor((1, 10 * t.shape[1]) + t.shape[2:], t.itemsize) if i in (4, 5) else t
+              for i, t in enumerate(write.tensors)]
+    assert gpu_step_model.launch_cost(dataclasses.replace(write, tensors=tuple(bigger)), {}, 10,
+                                      config.vocab_size).bytes == cost.bytes
+    costs = [gpu_step_model.launch_cost(launch, {}, 10, config.vocab_size) for launch in count.launches]
+    assert gpu_step_model.step_seconds(costs, 1e-3) == pytest.approx(count.total * 1e-3)
