@@ -28,11 +28,13 @@ multiple of them is mapped to the same multiple of 4096 / 14336; SmolLM2-135M is
 own widths. The tree is counted as (6, 2, 13) (the same kernels as (6, 8, 60), bench/launch_count.py
 --tree-check, at a fraction of the interpreter's time) and every dimension equal to its 13 verified
 nodes is mapped to 60 (the verify pass's rows: its GEMMs, logits and tree mask); the head passes'
-rows stay at top_k 2 instead of 8 (kernels at the t_min floor either way). The prompt is 16 tokens; the KV prefix of the model is ``--prefix`` (tree_attention's
-reads). On a GPU tree_attention adds a merge launch when it splits the prefix (flash-decoding,
-not seen on CPU tensors): added here where the GPU launcher's split rule (``num_splits``, 132 SMs)
-splits. tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: device
-independent), plain tau is 1. ``--quick``: the 3-layer model only.
+rows stay at top_k 2 instead of 8 (kernels at the t_min floor either way). The prompt is 16
+tokens; the modeled KV prefix is 512 and 4096 tokens (tree_attention's reads). On a GPU
+tree_attention adds a merge launch when it splits the prefix (flash-decoding, not seen on CPU
+tensors): added here where the GPU launcher's split rule (``num_splits``, 132 SMs) splits.
+tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: device independent),
+plain tau is 1. ``--quick``: the 3-layer model only. ``--counts FILE``: the counted
+launch lists, read from FILE if it exists, else written to it (a re-run of the model alone).
 """
 
 from __future__ import annotations
@@ -52,12 +54,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
+from launch_count import DRAFT_VOCAB, SHAPES, random_model  # noqa: E402
 
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig  # noqa: E402
 from eagle_kernels.launch_count import Launch, count_steps  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.policy import StaticPolicy  # noqa: E402
-from launch_count import DRAFT_VOCAB, SHAPES, random_model  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12  # H200 copy bandwidth (HBM peak ~4.8 TB/s)
 BF16_FLOPS_PER_S = 790e12  # bf16 dense, measured on a GEMM
