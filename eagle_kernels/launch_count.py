@@ -128,7 +128,8 @@ class LaunchCount:
     decoder-layer call in order, ``layers`` (list of (owner, launches), owner "target" or
     "head"), the launches outside the layers by the source line that made them, ``by_line``,
     and the ops that would wait for the device on a GPU (a value read on the host, an output
-    whose shape depends on values), ``host_reads``, by source line."""
+    whose shape depends on values), ``host_reads``, by source line; ``launches``: one
+    :class:`Launch` per launch, in order."""
 
     total: int = 0
     by_kernel: Counter = field(default_factory=Counter)
