@@ -36,6 +36,24 @@ def tiny_hf_model(dtype, rope_scaling=None, tie=False, seed=0):
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [20, 21, 22, 23, 24, 25, 26]]
 
 
+def launch_counted_decoder(tree: TreeConfig):
+    """A decoder of a 3-layer bf16 target and a random EAGLE-3 head whose steps the launch counter
+    (eagle_kernels/launch_count.py) can run on the GPU code path; skips where it cannot (Triton
+    needs TRITON_INTERPRET=1 on CPU tensors, the native ops their CPU kernels)."""
+    from eagle_kernels.decoder import SpeculativeDecoder
+    from eagle_kernels.models import LlamaModel
+    from eagle_kernels.policy import StaticPolicy
+
+    if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
+        pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
+    if not _dispatch.HAS_CPP:
+        pytest.skip("the native ops run their CPU kernels while counted")
+    torch.manual_seed(0)
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    return SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
+
+
 def repeat_head(target):
     """An EAGLE-1 head whose output is its input feature: it drafts "the token the target
     predicted for the parent", i.e. a repetition — often right on a tiny random model that

@@ -32,6 +32,40 @@ from .rmsnorm import _normalise_row
 BLOCK_H_MAX = 1024
 
 
+@triton.jit
+def _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr, embed_ptr,
+                          b, m, parent, token, step, F, H, S, WORDS, stride_hb, stride_hm, stride_v,
+                          BLOCK_H: tl.constexpr, BLOCK_WORDS: tl.constexpr, HAS_PARENT_SLOTS: tl.constexpr,
+                          HAS_EMBED: tl.constexpr):
+    """What the head's pass over a frontier needs of frontier node m of request b: its parent's
+    hidden row, its token's embedding row (HAS_EMBED), its draft-mask row (its parent's row and
+    its own bit) and, once per request, the pass's position. Shared by the expansion step (which
+    makes the frontier) and draft_inputs (a frontier made elsewhere)."""
+    source = hidden_ptr + b * stride_hb + parent * stride_hm
+    target = feature_ptr + (b * F + m) * H
+    if HAS_EMBED:
+        row = table_ptr + token * stride_v
+    for start in range(0, H, BLOCK_H):
+        h = start + tl.arange(0, BLOCK_H)
+        tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+        if HAS_EMBED:
+            tl.store(embed_ptr + (b * F + m) * H + h,
+                     tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
+    own = (step - 1) * F + m
+    words = tl.arange(0, BLOCK_WORDS)
+    in_words = words < WORDS
+    if HAS_PARENT_SLOTS:
+        mask_row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words,
+                           other=0)
+    else:
+        mask_row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
+    bit = tl.full([BLOCK_WORDS], 1, tl.int64) << (own % 64).to(tl.int64)
+    mask_row = mask_row | tl.where(words == own // 64, bit, 0)
+    tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
+    if m == 0:
+        tl.store(positions_ptr + b, tl.load(seqlens_ptr + b) + step - 1)
+
+
 @triton.jit(do_not_specialize=["offset", "step"])
 def _expansion_step_kernel(
     out_tokens_ptr,  # [B, W] int64, W = M * K: this depth's candidates (draft_expand's tokens)
@@ -82,29 +116,9 @@ def _expansion_step_kernel(
     tl.store(next_scores_ptr + b * F + m, tl.load(out_scores_ptr + b * W + pick))
     if HAS_DRAFT:
         # The inputs of the head's pass over the frontier (draft_inputs of step `step`).
-        source = hidden_ptr + b * stride_hb + parent * stride_hm
-        target = feature_ptr + (b * F + m) * H
-        if HAS_EMBED:
-            row = table_ptr + token * stride_v
-        for start in range(0, H, BLOCK_H):
-            h = start + tl.arange(0, BLOCK_H)
-            tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
-            if HAS_EMBED:
-                tl.store(embed_ptr + (b * F + m) * H + h,
-                         tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
-        own = (step - 1) * F + m
-        words = tl.arange(0, BLOCK_WORDS)
-        in_words = words < WORDS
-        if HAS_PARENT_SLOTS:
-            mask_row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words,
-                               other=0)
-        else:
-            mask_row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
-        bit = tl.full([BLOCK_WORDS], 1, tl.int64) << (own % 64).to(tl.int64)
-        mask_row = mask_row | tl.where(words == own // 64, bit, 0)
-        tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
-        if m == 0:
-            tl.store(positions_ptr + b, tl.load(seqlens_ptr + b) + step - 1)
+        _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr,
+                              embed_ptr, b, m, parent, token, step, F, H, S, WORDS, stride_hb, stride_hm, stride_v,
+                              BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED)
 
 
 def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
@@ -168,29 +182,13 @@ def _draft_inputs_kernel(
     b = tl.program_id(0).to(tl.int64)
     m = tl.program_id(1)
     parent = tl.load(parent_row_ptr + b * F + m)
-    source = hidden_ptr + b * stride_hb + parent * stride_hm
-    target = feature_ptr + (b * F + m) * H
     if HAS_EMBED:
-        row = table_ptr + tl.load(tokens_ptr + b * F + m) * stride_v
-    for start in range(0, H, BLOCK_H):
-        h = start + tl.arange(0, BLOCK_H)
-        tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
-        if HAS_EMBED:
-            tl.store(embed_ptr + (b * F + m) * H + h,
-                     tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
-    own = (step - 1) * F + m
-    words = tl.arange(0, BLOCK_WORDS)
-    in_words = words < WORDS
-    if HAS_PARENT_SLOTS:
-        mask_row = tl.load(slot_masks_ptr + (b * S + (step - 2) * F + parent) * WORDS + words, mask=in_words,
-                           other=0)
+        token = tl.load(tokens_ptr + b * F + m)
     else:
-        mask_row = tl.zeros([BLOCK_WORDS], dtype=tl.int64)
-    bit = tl.full([BLOCK_WORDS], 1, tl.int64) << (own % 64).to(tl.int64)
-    mask_row = mask_row | tl.where(words == own // 64, bit, 0)
-    tl.store(slot_masks_ptr + (b * S + own) * WORDS + words, mask_row, mask=in_words)
-    if m == 0:
-        tl.store(positions_ptr + b, tl.load(seqlens_ptr + b) + step - 1)
+        token = 0
+    _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr, embed_ptr,
+                          b, m, parent, token, step, F, H, S, WORDS, stride_hb, stride_hm, stride_v,
+                          BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED)
 
 
 def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):

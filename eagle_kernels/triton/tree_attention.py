@@ -128,6 +128,24 @@ def _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
 
 
 @triton.jit
+def _load_kv_tile(k_ptr, v_ptr, b, kvh, t, t_valid, kd_mask, offs_d, block_table_ptr, page_size, max_pages,
+                  stride_k0, stride_k1, stride_k2, stride_v0, stride_v1, stride_v2, PAGE_SIZE: tl.constexpr,
+                  IS_PAGED: tl.constexpr, INT32_OFFSETS: tl.constexpr, SHARED_KV_OFFSETS: tl.constexpr):
+    """K and V [BLOCK_K, BLOCK_D] of a masked tile (a prefix's partial last tile, the tree's
+    slots), offsets computed per key; the whole prefix tiles take hoisted offsets instead."""
+    k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
+                        stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+    if SHARED_KV_OFFSETS:
+        v_off = k_off
+    else:
+        v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
+                            stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
+    k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
+    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def _tree_attention_kernel(
     q_ptr,  # [B, N, Hq, D] q.dtype (strided)
     k_ptr,  # [B, S, Hkv, D] or paged [P, page_size, Hkv, D], last dim dense
@@ -263,15 +281,9 @@ def _tree_attention_kernel(
         t = full_stop + offs_k
         t_valid = t < stop
         kd_mask = t_valid[:, None] & d_valid[None, :]
-        k_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                            stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
-        if SHARED_KV_OFFSETS:
-            v_off = k_off
-        else:
-            v_off = _kv_offsets(b, kvh, t, t_valid, block_table_ptr, page_size, max_pages,
-                                stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
-        k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
-        v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
+        k, v = _load_kv_tile(k_ptr, v_ptr, b, kvh, t, t_valid, kd_mask, offs_d, block_table_ptr, page_size,
+                             max_pages, stride_k0, stride_k1, stride_k2, stride_v0, stride_v1, stride_v2,
+                             PAGE_SIZE, IS_PAGED, INT32_OFFSETS, SHARED_KV_OFFSETS)
         m_i, l_i, acc = _attend_tile(q, k, v, t_valid[None, :], m_i, l_i, acc, scale_log2,
                                      True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
@@ -285,15 +297,9 @@ def _tree_attention_kernel(
             j_valid = j <= last
             kd_mask = j_valid[:, None] & d_valid[None, :]
             t = prefix + j
-            k_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                stride_k0, stride_k1, stride_k2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
-            if SHARED_KV_OFFSETS:
-                v_off = k_off
-            else:
-                v_off = _kv_offsets(b, kvh, t, j_valid, block_table_ptr, page_size, max_pages,
-                                    stride_v0, stride_v1, stride_v2, PAGE_SIZE, IS_PAGED, INT32_OFFSETS)
-            k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
-            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kd_mask, other=0.0)
+            k, v = _load_kv_tile(k_ptr, v_ptr, b, kvh, t, j_valid, kd_mask, offs_d, block_table_ptr, page_size,
+                                 max_pages, stride_k0, stride_k1, stride_k2, stride_v0, stride_v1, stride_v2,
+                                 PAGE_SIZE, IS_PAGED, INT32_OFFSETS, SHARED_KV_OFFSETS)
             if IS_CAUSAL:
                 visible = row_valid[:, None] & j_valid[None, :] & (j[None, :] <= node[:, None])
             else:

@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from eagle_kernels import _dispatch
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import TreeConfig
 from eagle_kernels.launch_count import LaunchCount, count_steps, counting
 from eagle_kernels.models import LlamaModel
 from eagle_kernels.models.eagle_head import EagleHead
-from eagle_kernels.policy import StaticPolicy
-from helpers import tiny_hf_model
+from helpers import launch_counted_decoder, tiny_hf_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -26,14 +25,7 @@ TREE = TreeConfig(6, 2, 8)
 
 @pytest.fixture(scope="module")
 def counted():
-    if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
-        pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
-    if not _dispatch.HAS_CPP:
-        pytest.skip("the native ops run their CPU kernels while counted")
-    torch.manual_seed(0)
-    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
-    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
-    decoder = SpeculativeDecoder(target, head, TREE, policy=StaticPolicy(), cuda_graph=False)
+    decoder = launch_counted_decoder(TREE)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

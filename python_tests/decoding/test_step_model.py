@@ -7,15 +7,10 @@ import os
 import sys
 
 import pytest
-import torch
 
-from eagle_kernels import _dispatch
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import TreeConfig
 from eagle_kernels.launch_count import Tensor, count_steps
-from eagle_kernels.models import LlamaModel
-from eagle_kernels.models.eagle_head import EagleHead
-from eagle_kernels.policy import StaticPolicy
-from helpers import tiny_hf_model
+from helpers import launch_counted_decoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -25,15 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
 @pytest.fixture(scope="module")
 def plain():
-    if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
-        pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
-    if not _dispatch.HAS_CPP:
-        pytest.skip("the native ops run their CPU kernels while counted")
-    torch.manual_seed(0)
-    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
-    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
-    decoder = SpeculativeDecoder(target, head, TreeConfig(6, 2, 8), policy=StaticPolicy(), cuda_graph=False)
-    return target.config, count_steps(decoder, [[1, 2, 3]], steps=2, speculative=False)[-1]
+    decoder = launch_counted_decoder(TreeConfig(6, 2, 8))
+    return decoder.target.config, count_steps(decoder, [[1, 2, 3]], steps=2, speculative=False)[-1]
 
 
 def test_records_add_up(plain):
