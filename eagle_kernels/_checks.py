@@ -8,6 +8,7 @@ failure is a ``ValueError`` whose message starts with the name of the offending 
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -118,6 +119,8 @@ def check_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, 
         check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, N, mask_words(N)), device=device)
     if sm_scale is not None and not isinstance(sm_scale, (float, int)):
         _fail("sm_scale", "a float or None", type(sm_scale).__name__)
+    if sm_scale is not None and not math.isfinite(sm_scale):
+        _fail("sm_scale", "a finite number", sm_scale)
     if values and values_checked(device):
         _check_kv_values(k_cache, cache_seqlens, block_table, cache_seqlens.long() + N,
                          "cache_seqlens + N")

@@ -400,6 +400,8 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
     check_device(*tree_mask, op, "tree_mask", dev);
     mask = tree_mask->contiguous();
   }
+  TORCH_CHECK_VALUE(!sm_scale.has_value() || std::isfinite(*sm_scale), op, ": sm_scale: expected a finite number, got ",
+                    sm_scale.has_value() ? *sm_scale : 0.0);
   check_dense_head_dim(op, k_cache, v_cache);
 
   const at::Tensor q = q_in.contiguous();

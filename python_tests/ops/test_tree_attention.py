@@ -276,6 +276,8 @@ def test_build_tree_masks_match_ancestor_sets(backend, op_impl):
     ("q_rank", "q"),
     ("seqlens_dtype", "cache_seqlens"),
     ("block_table_dtype", "block_table"),
+    ("scale_nan", "sm_scale"),
+    ("scale_inf", "sm_scale"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_input(backend, op_impl, case, name):
     fn = op_impl("tree_attention")
@@ -307,5 +309,7 @@ def test_bad_input(backend, op_impl, case, name):
         seqlens = seqlens.long()
     elif case == "block_table_dtype":
         table = table.long()
+    # A non-finite scale would give NaN rows (or, in the CPU kernel, zeros): rejected instead.
+    scale = {"scale_nan": float("nan"), "scale_inf": float("inf")}.get(case)
     with pytest.raises(ValueError, match=name):
-        fn(q, k, v, seqlens, mask, block_table=table)
+        fn(q, k, v, seqlens, mask, block_table=table, sm_scale=scale)
