@@ -1,11 +1,9 @@
-"""Row statistics of Triton ``verify`` (the overview is in ``verify.py``): the max, levels and
-rows kernels, and the threshold searches and candidate lists they use.
-
-``_verify_max_kernel`` and ``_verify_levels_kernel`` read each logit row in chunks;
-``_verify_rows_kernel`` merges them into the row's max, first argmax and bad flag and, for
-sampling rows, the top-k / top-p thresholds and normalisers in the ``STAT_*`` slots that the
-walk (``verify_walk.py``) reads. Every helper here is a pure function of a row's logits and
-scalars, so the walk recomputes weights from the same code.
+"""Row statistics of Triton ``verify`` (the overview is in ``verify.py``): the helpers with which
+the kernel of ``verify_walk.py`` computes a visited row's scalars when its walk gets there -- the
+row's max, first argmax and bad flag and, for sampling rows, the level counts, the top-k / top-p
+threshold searches, the candidate lists and the normalisers, kept in the ``STAT_*`` slots. Every
+helper here is a pure function of a row's logits and scalars, so the walk recomputes weights
+from the same code.
 """
 
 from __future__ import annotations
@@ -20,11 +18,11 @@ SIGNIFICANT_KEY_BITS = {torch.bfloat16: 16, torch.float16: 19, torch.float32: 32
 # Rows per tile of the threshold searches: their [SEARCH_BLOCK, 2^RADIX_BITS] accumulator
 # (float64 for top-p) stays in registers at 4 warps.
 SEARCH_BLOCK = 256
-# Candidate lists (see _candidate_stats): the levels of s = (logit - max) / T tried for the
+# Candidate lists (see _list_stats): the levels of s = (logit - max) / T tried for the
 # list's lower bound, -PIVOT_STEP * (1 .. NUM_PIVOTS).
 NUM_PIVOTS = tl.constexpr(16)
 PIVOT_STEP = tl.constexpr(1.5)
-# Slots of the per-row float64 statistics written by _verify_rows_kernel.
+# Slots of the per-row float64 statistics of a visited row.
 STAT_MAX = tl.constexpr(0)  # row max (NaN ignored)
 STAT_KTH = tl.constexpr(1)  # top-k threshold on s (-inf when off)
 STAT_DENOM = tl.constexpr(2)  # softmax normaliser, rounded to the compute dtype
