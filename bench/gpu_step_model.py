@@ -251,7 +251,9 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         rows = {}
         for t_us in T_MIN_SWEEP_US:
             s = step_seconds(cs, t_us * 1e-6)
-            rows[str(t_us)] = {"step_us": round(s * 1e6, 1), "tok_per_s": round(tokens / s)}
+            # tok/s needs tau, measured for the depth-6 tree only (NaN otherwise: None).
+            rows[str(t_us)] = {"step_us": round(s * 1e6, 1),
+                               "tok_per_s": round(tokens / s) if tokens == tokens else None}
         floor_free = step_seconds(cs, 0.0)
         result["modes"][mode] = {
             "launches": len(cs), "bytes": sum(c.bytes for c in cs), "flops": sum(c.flops for c in cs),
@@ -276,9 +278,11 @@ def goals(name: str, result: dict) -> dict:
     plain, spec = result["modes"]["plain"]["costs"], result["modes"]["speculative"]["costs"]
     tau = result["tau"]
     if name == "smollm2-135m":
-        return {"plain >= 2000 tok/s": t_min_range(lambda t: step_seconds(plain, t) <= 1 / 2000),
-                "speculative >= 2x plain tok/s": t_min_range(
-                    lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t))}
+        met = {"plain >= 2000 tok/s": t_min_range(lambda t: step_seconds(plain, t) <= 1 / 2000)}
+        if tau == tau:  # a measured tau (not NaN)
+            met["speculative >= 2x plain tok/s"] = t_min_range(
+                lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t))
+        return met
     budget = 1.15 * result["weight_bytes"] / HBM_BYTES_PER_S
     return {"plain step <= 1.15x one weight read": t_min_range(lambda t: step_seconds(plain, t) <= budget),
             "speculative step <= 1.3x plain step": t_min_range(
@@ -286,7 +290,8 @@ def goals(name: str, result: dict) -> dict:
 
 
 def render(results: dict) -> str:
-    lines = [f"Modeled H200 step (bf16, B 1, tree (6, 8, 60)): t = max(bytes / {HBM_BYTES_PER_S / 1e12:.1f} TB/s, "
+    tree = f"({TREE.depth}, {TREE.top_k}, {TREE.num_nodes})"
+    lines = [f"Modeled H200 step (bf16, B 1, tree {tree}): t = max(bytes / {HBM_BYTES_PER_S / 1e12:.1f} TB/s, "
              f"FLOPs / {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s, t_min) per launch, summed.", "",
              "| model | prefix | step | launches | MB moved | GFLOP | no floor (us) | "
              + " | ".join(f"t_min {t} us: step us (tok/s)" for t in T_MIN_SWEEP_US) + " |",
@@ -325,13 +330,18 @@ def render(results: dict) -> str:
 
 
 def main() -> None:
+    global TREE, COUNT_TREE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "launch-count"))
     parser.add_argument("--quick", action="store_true", help="the 3-layer model only")
     parser.add_argument("--counts", help="a pickle of the launch lists: read if it exists, else written")
+    parser.add_argument("--depth", type=int, default=TREE.depth,
+                        help="the tree's depth (head passes) at top_k 8 and 60 nodes; tau is measured for 6 only")
     args = parser.parse_args()
+    if args.depth != TREE.depth:
+        TREE, COUNT_TREE = TreeConfig(args.depth, 8, 60), TreeConfig(args.depth, 2, 13)
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    tau = json.load(open(TAU_FILE))["tau"] if os.path.exists(TAU_FILE) else None
+    tau = json.load(open(TAU_FILE))["tau"] if os.path.exists(TAU_FILE) and TREE.depth == 6 else None
     names = ["tiny-3-layers"] if args.quick else ["smollm2-135m", "llama3-8b-shape"]
     results = {}
     cached = {}
@@ -340,7 +350,7 @@ def main() -> None:
             cached = pickle.load(f)
     for name in names:
         start = time.perf_counter()
-        counts = cached.get(name) or count(name)
+        counts = cached.get(name) or count(name, COUNT_TREE)
         cached[name] = counts
         if args.counts:
             with open(args.counts, "wb") as f:
@@ -361,7 +371,7 @@ def main() -> None:
     meta = {"tree": [TREE.depth, TREE.top_k, TREE.num_nodes], "batch": 1, "dtype": "bfloat16",
             "hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops_per_s": BF16_FLOPS_PER_S,
             "t_min_sweep_us": T_MIN_SWEEP_US, "tau_source": os.path.relpath(TAU_FILE, ROOT)}
-    stem = "gpu_step_model_quick" if args.quick else "gpu_step_model"
+    stem = ("gpu_step_model_quick" if args.quick else "gpu_step_model") + ("" if TREE.depth == 6 else f"_d{TREE.depth}")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({**meta, "models": results}, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
