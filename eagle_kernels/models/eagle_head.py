@@ -17,11 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from ..bookkeeping import gather_rows
-from .cpu_weights import PackedWeights, linear
+from ..reference.cpu_linear import QUANT_FORMATS, dequantize, quant_format, quant_in_features, quantize
+from .cpu_weights import PackedWeights, is_quantized, linear
 from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rope_inverse_frequencies
 from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight, logits_for_ops
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
+STORED = "stored"  # EagleHead(weight_dtype=): the matrices as _stored keeps them, never quantized
 
 
 @dataclass
@@ -93,10 +95,21 @@ def head_weight_shapes(config: HeadConfig) -> dict[str, tuple]:
 
 class EagleHead(torch.nn.Module):
     """Draft head bound to its target (it shares the target's embeddings, and for EAGLE-1
-    its LM head)."""
+    its LM head).
 
-    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target: LlamaModel):
+    ``weight_dtype``: how the matrices that drafting streams are stored (the projections, and
+    EAGLE-3's fc and LM head; see :meth:`_stored`): ``"q8_0"`` / ``"q4_1"`` GGML block rows
+    (``cpu_linear`` widens them in registers, fp32 activations), ``"stored"`` as :meth:`_stored`
+    keeps them (fp16 / the target's dtype), None (default) Q8_0 where the target's own matrices are
+    quantized (a head pass then streams about half the bytes of its fp16 matrices), else as stored.
+    Block rows given in ``weights`` are kept as they are."""
+
+    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target: LlamaModel,
+                 weight_dtype: str | None = None):
         super().__init__()
+        if weight_dtype is not None and weight_dtype not in QUANT_FORMATS and weight_dtype != STORED:
+            raise ValueError(f"weight_dtype: expected None, {STORED!r} or one of {sorted(QUANT_FORMATS)}, "
+                             f"got {weight_dtype!r}")
         config.check_fits(target.config)
         expected = head_weight_shapes(config)
         missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
@@ -105,13 +118,17 @@ class EagleHead(torch.nn.Module):
                              + (" and" if missing and unexpected else "")
                              + (f" has unexpected {unexpected}" if unexpected else ""))
         for name, shape in expected.items():
-            if tuple(weights[name].shape) != shape:
-                raise ValueError(f"weights: {name!r} expected shape {shape}, got {tuple(weights[name].shape)}")
+            t = weights[name]
+            got = (t.shape[0], quant_in_features(t)) if is_quantized(t) and t.dim() == 2 else tuple(t.shape)
+            if got != shape:
+                raise ValueError(f"weights: {name!r} expected shape {shape}, got {got}"
+                                 + (f" ({tuple(t.shape)} {t.dtype} block rows)" if is_quantized(t) else ""))
         if "d2t" in weights:
             _check_d2t(weights["d2t"], config.vocab_size)
         self.config = config
         self.target = target
         self.weights = {name: self._stored(name, weights[name]) for name in expected}
+        self.weight_format = self._quantize(weight_dtype)
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
         self.fused = FusedProjections()  # q/k/v and gate/up as one matrix each (views in weights)
         self.packed = PackedWeights()  # this head's packed copies (the target's matrices: the target's)
@@ -150,14 +167,41 @@ class EagleHead(torch.nn.Module):
         - otherwise they follow the target's storage dtype (bf16 weights of an fp32 target).
         EAGLE-1's fc has a bias and runs ``F.linear`` in the compute dtype."""
         if not t.is_floating_point():
-            return t.to(self.target.device)
+            return t.to(self.target.device)  # d2t, or block rows (kept as given)
         compute, narrow = self.target.dtype, self.target.weight_dtype
-        through_linear = is_matrix_weight(name) or (name == "fc.weight" and self.config.kind == EAGLE3)
+        through_linear = self._through_linear(name)
         if (through_linear and t.dtype == torch.float16 and compute == torch.float32
                 and self.target.device.type == "cpu"):
             return t.to(self.target.device)
         t = t.to(self.target.device, compute)
         return t.to(narrow) if through_linear and narrow != compute else t
+
+    def _through_linear(self, name: str) -> bool:
+        """Whether ``name`` is a matrix that drafting streams through :func:`linear` (EAGLE-1's fc has a bias
+        and runs ``F.linear``)."""
+        return is_matrix_weight(name) or (name == "fc.weight" and self.config.kind == EAGLE3)
+
+    def _quantize(self, weight_dtype: str | None) -> str | None:
+        """Quantize the matrices :meth:`_through_linear` streams to ``weight_dtype`` blocks (see the class);
+        returns the format they are in (None: floats). CPU fp32 heads only: the blocks run ``cpu_linear``."""
+        target_format = next((quant_format(t) for t in self.target.weights.values() if is_quantized(t)), None)
+        fmt = ("q8_0" if target_format else None) if weight_dtype is None else weight_dtype
+        if fmt == STORED:
+            fmt = None
+        names = [name for name in self.weights if self._through_linear(name)]
+        if fmt is None:
+            return next((quant_format(self.weights[n]) for n in names if is_quantized(self.weights[n])), None)
+        if self.target.device.type != "cpu" or self.target.dtype != torch.float32:
+            raise ValueError(f"weight_dtype: {fmt!r} blocks need an fp32 CPU target, got {self.target.dtype} on "
+                             f"{self.target.device}")
+        for name in names:
+            t = self.weights[name]
+            if not is_quantized(t):
+                try:
+                    self.weights[name] = quantize(t.float(), fmt)
+                except ValueError as e:  # the shape does not fit the blocks: say which matrix
+                    raise ValueError(f"weights: {name!r}: {e}") from None
+        return fmt
 
     @property
     def dtype(self):
@@ -261,7 +305,8 @@ class EagleHead(torch.nn.Module):
         from safetensors.torch import save_file
 
         os.makedirs(folder, exist_ok=True)
-        tensors = {n: (t.half() if t.is_floating_point() else t).contiguous().cpu() for n, t in self.weights.items()}
+        tensors = {n: (dequantize(t) if is_quantized(t) else t) for n, t in self.weights.items()}
+        tensors = {n: (t.half() if t.is_floating_point() else t).contiguous().cpu() for n, t in tensors.items()}
         save_file(tensors, os.path.join(folder, "model.safetensors"))
         c = self.config
         meta = {"architectures": ["LlamaForCausalLMEagle3" if c.kind == EAGLE3 else "LlamaForCausalLM"],
@@ -274,9 +319,10 @@ class EagleHead(torch.nn.Module):
             json.dump(meta, f, indent=2)
 
     @classmethod
-    def load(cls, folder: str, target: LlamaModel) -> EagleHead:
+    def load(cls, folder: str, target: LlamaModel, weight_dtype: str | None = None) -> EagleHead:
         """Load a head saved by :meth:`save` or an EAGLE reference checkpoint folder
-        (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``).
+        (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``); ``weight_dtype`` as in the class
+        (default: Q8_0 blocks for a quantized target).
 
         Raises
         ------
@@ -305,7 +351,7 @@ class EagleHead(torch.nn.Module):
         weights.pop("t2d", None)  # EAGLE-3's target-to-draft mask is implied by d2t
         weights.pop("embed_tokens.weight", None)  # shared with the target
         weights = {n: t if t.is_floating_point() else t.to(torch.int64) for n, t in weights.items()}
-        return cls(config, weights, target)  # floats take their dtype in _stored
+        return cls(config, weights, target, weight_dtype)  # floats take their dtype in _stored
 
     def describe(self) -> dict:
         return asdict(self.config)
