@@ -40,7 +40,7 @@ from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, ex
 from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
-from .policy import ChainPlan, StepPolicy, policy_for
+from .policy import ChainPlan, DraftStats, StepPolicy, policy_for
 
 
 @dataclass(frozen=True)
@@ -263,6 +263,7 @@ class _State:
     prompt_len: torch.Tensor | None = None  # int64 [B]
     expansion_start: ExpansionStart | None = None  # the head's expansion's first inputs (constant)
     root_normed: torch.Tensor | None = None  # [B, H] EAGLE-3: root_hidden through the head's final norm
+    draft: dict[bool, DraftStats] | None = None  # the draft-shape statistics (an adaptive policy's), else None
 
 
 @dataclass
@@ -460,6 +461,7 @@ class SpeculativeDecoder:
         self._batch_sizes: tuple[int, ...] | None = None  # set by warmup
         self._max_len: int | None = None  # set by warmup
         self._capture_warned = False
+        self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree): the policy's, kept across calls
 
     def _check_head(self) -> None:
         """The head on the target's device and in its compute dtype (mixed ones fail in the
@@ -563,6 +565,12 @@ class SpeculativeDecoder:
             state = slot.state
             self._fill(state, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
         prefill_done = time.perf_counter()
+        state.draft = None
+        if speculative and slot is None and not bool((_per_request(temperature, B, torch.float32, "cpu") > 0).any()):
+            key = (B, tree)
+            if key not in self._draft_stats:
+                self._draft_stats[key] = self.policy.draft_stats(tree, self.head is not None)
+            state.draft = self._draft_stats[key]
         step = self._speculative_step if speculative else self._plain_step
         if slot is None:
             self._run_steps(state, step, max_new_tokens, on_sync)
@@ -650,6 +658,7 @@ class SpeculativeDecoder:
         the next call of each shape captures again."""
         self._slots.clear()
         self._caches.clear()
+        self._draft_stats.clear()
         self._batch_sizes = self._max_len = None
 
     def _call_tree(self, batch: int, temperature) -> TreeConfig:
@@ -921,13 +930,23 @@ class SpeculativeDecoder:
 
     def _speculative_step(self, state: _State) -> None:
         """One step: expand → graft → target pass → verify → compact → commit → emit. The policy
-        makes every host read and data-dependent shape decision (docs/decoding.md)."""
+        makes every host read and data-dependent shape decision (docs/decoding.md); with draft
+        statistics (``state.draft``) the step drafts the shape those of its context choose (None:
+        no draft, the root alone) and records its tokens and wall time there."""
         policy, head, cache = self.policy, self.head, state.target_cache
-        lookup = self._lookup(state)
-        alone = lookup is not None and policy.chain_alone(state.tree, lookup.matched)
-        expansion = self._expand(state) if head is not None and not alone else None
+        start = time.perf_counter() if state.draft is not None else 0.0
+        lookup = self._lookup(state, state.tree)
+        draft, shape, index = None, state.tree, -1
+        if state.draft is not None:  # the context: every request's suffix matched in full
+            draft = state.draft[lookup is not None and bool((lookup.matched >= state.tree.lookup_ngram).all())]
+            index = draft.choose()
+            shape = draft.shapes[index]
+            if shape is None or not shape.lookup:
+                lookup = None
+        alone = lookup is not None and policy.chain_alone(shape, lookup.matched)
+        expansion = self._expand(state, shape) if head is not None and shape is not None and not alone else None
         tree = expansion.tree if expansion is not None else _root_tree(state.root)
-        tree, chains = self._graft(state, tree, lookup)
+        tree, chains = self._graft(state, shape, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
         out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
@@ -936,21 +955,24 @@ class SpeculativeDecoder:
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
         hidden = None if head is None else self._commit_head(state, out, result,
                                                              policy.commit_width(result.accept_len))
+        active = ~state.done if draft is not None else None
         # Emit the accepted tokens, advance both caches, the next root (and its head output).
         bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, state.head_cache,
                            head.final_norm() if state.root_normed is not None else None)
+        if draft is not None:
+            tokens = int(((result.accept_len.long() + 1) * active).sum())
+            draft.record(index, tokens, time.perf_counter() - start)
 
-    def _lookup(self, state: _State) -> _Lookup | None:
-        """Where each request's lookup chain starts this step (None without a chain)."""
-        if not state.tree.lookup:
+    def _lookup(self, state: _State, tree: TreeConfig) -> _Lookup | None:
+        """Where each request's lookup chain of this step's ``tree`` starts (None without a chain)."""
+        if not tree.lookup:
             return None
         context = state.prompt_len + state.out_len
-        return _Lookup(context, *lookup_search(state.history, context, state.tree.lookup_ngram))
+        return _Lookup(context, *lookup_search(state.history, context, tree.lookup_ngram))
 
-    def _expand(self, state: _State):
-        """The head's draft tree for this step's roots: EAGLE-2's (an ``Expansion``), or with a
+    def _expand(self, state: _State, tree: TreeConfig):
+        """The head's draft ``tree`` for this step's roots: EAGLE-2's (an ``Expansion``), or with a
         sampled tree every candidate and the draft rows (a ``SampledExpansion``)."""
-        tree = state.tree
         draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree, state.root_normed)
         if tree.sampled:
             # The draws use the step's offset, as verify's: draft_expand's draws are disjoint from
@@ -975,13 +997,13 @@ class SpeculativeDecoder:
         sampled = ((node >= 1) & (node < nodes))[None].expand(B, total).contiguous()
         return {"draft_probs": probs, "draft_sampled": sampled, "d2t": self.head.d2t}
 
-    def _graft(self, state: _State, tree: Tree, lookup: _Lookup | None) -> tuple[Tree, ChainPlan]:
-        """``tree`` with this step's lookup chain below its root, as long as the policy plans
-        (chain nodes past a request's own length padded), and that plan."""
+    def _graft(self, state: _State, shape: TreeConfig, tree: Tree, lookup: _Lookup | None) -> tuple[Tree, ChainPlan]:
+        """``tree`` with this step's lookup chain (of the step's ``shape``) below its root, as long
+        as the policy plans (chain nodes past a request's own length padded), and that plan."""
         if lookup is None:
             return tree, ChainPlan(0)
         nodes = tree.tokens.shape[1]
-        chains = self.policy.chain_plan(state.tree, lookup.matched, nodes)
+        chains = self.policy.chain_plan(shape, lookup.matched, nodes)
         if chains.length:
             tree = graft_chain(tree, chain_tokens(state.history, lookup.context, lookup.start, chains.length))
             if chains.own is not None:

@@ -9,13 +9,17 @@ device; what differs is whether a step may look at values it computed to size it
 - :class:`FittedPolicy` (CPUs): a host read is free there (tensors live in host memory) and each
   verify row costs arithmetic, so the step fits its work to the values: lookup chains trimmed
   by their match length, chain-alone steps after full matches, per-request row counts in a
-  batch, and a head commit only as wide as the longest accepted path.
+  batch, and a head commit only as wide as the longest accepted path. Adaptive (the CPU
+  default, :func:`policy_for`), it also picks each greedy step's draft among smaller shapes of the
+  tree (:func:`draft_ladder`) by what each shape recently emitted per second of step
+  (:class:`DraftStats`), so a step never costs more than the tokens it is likely to bring.
 
 Both give the same tokens (see docs/decoding.md, "Policies").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -36,12 +40,99 @@ class ChainPlan(NamedTuple):
     own: torch.Tensor | None = None
 
 
+def draft_ladder(tree: TreeConfig, full_match: bool = False, head: bool = True) -> tuple[TreeConfig | None, ...]:
+    """The draft shapes an adaptive policy chooses among for a decoder's ``tree``, cheapest
+    first: None (no draft: the target verifies the root alone, one row, and the head commits
+    the token), one head draft without a chain (``depth = top_k = 1``), that draft with
+    ``tree``'s lookup chain (where it has one; not after a ``full_match`` of a ``lookup_alone``
+    tree, where it would verify the same chain alone as ``tree``), and ``tree`` itself;
+    duplicates dropped; without a ``head``, None and ``tree`` (its chain). Each fits every
+    buffer sized for ``tree`` (depth, nodes, chain and draft slots at most ``tree``'s), and a
+    sampled tree's shapes are sampled trees."""
+    if not head:
+        return None, tree
+    one = dataclasses.replace(tree, depth=1, top_k=1, num_nodes=2, lookup=0, lookup_trim=False,
+                              lookup_alone=False, frontier=0)
+    chained = dataclasses.replace(one, lookup=tree.lookup, lookup_ngram=tree.lookup_ngram,
+                                  lookup_trim=tree.lookup_trim, lookup_alone=tree.lookup_alone)
+    shapes = [None, one] + ([] if full_match and tree.lookup_alone else [chained]) + [tree]
+    return tuple(dict.fromkeys(shapes))
+
+
+class DraftStats:
+    """What an adaptive fitted policy learned about one decoder's draft shapes (one per batch
+    size and tree, kept across calls): per shape of ``shapes`` (:func:`draft_ladder`) an
+    exponential moving average (weight ``alpha`` on the newest step) of the tokens a step of it
+    emitted (all requests) and of its wall time. :meth:`choose` takes the shape of the most tokens per second; every
+    ``probe_every``-th step it runs instead the one of its neighbours in ``shapes`` (the next
+    cheaper and the next larger shape) measured least recently, so a shape whose acceptance or
+    cost changed (code after chat, a busier machine) is found again. A shape never run is tried first, the largest first.
+
+    Every choice is made from finished steps only, so verification stays exact: greedy tokens
+    are plain decoding's whatever the shapes, and sampled tokens keep their distribution."""
+
+    def __init__(self, shapes, alpha: float = 0.15, probe_every: int = 8):
+        if not shapes:
+            raise ValueError("shapes: expected at least one draft shape, got none")
+        if not 0.0 < alpha <= 1.0 or probe_every < 2:
+            raise ValueError(f"alpha: expected (0, 1], probe_every >= 2; got {alpha}, {probe_every}")
+        self.shapes = tuple(shapes)
+        self.alpha, self.probe_every = alpha, probe_every
+        n = len(self.shapes)
+        self.tokens: list[float | None] = [None] * n  # EMA of tokens per step
+        self.seconds: list[float | None] = [None] * n  # EMA of seconds per step
+        self.last_run = [-1] * n  # step count at each shape's latest step
+        self.runs = [0] * n
+        self.steps = 0
+
+    def rate(self, index: int) -> float | None:
+        """Tokens per second of shape ``index`` (None: not measured yet)."""
+        tokens, seconds = self.tokens[index], self.seconds[index]
+        return None if tokens is None else tokens / max(seconds, 1e-9)
+
+    def best(self) -> int:
+        """The measured shape of the highest rate (ties: the cheaper shape)."""
+        measured = [i for i in range(len(self.shapes)) if self.tokens[i] is not None]
+        return max(measured, key=lambda i: (self.rate(i), -i)) if measured else len(self.shapes) - 1
+
+    def choose(self) -> int:
+        """The index of the next step's shape."""
+        unmeasured = [i for i in range(len(self.shapes)) if self.tokens[i] is None]
+        if unmeasured:
+            return unmeasured[-1]
+        best = self.best()
+        if len(self.shapes) > 1 and self.steps % self.probe_every == self.probe_every - 1:
+            # The neighbours of the best shape, the one measured least recently: the best rarely
+            # moves further than one, and a probe of a distant (far worse) shape costs the most.
+            neighbours = [i for i in (best - 1, best + 1) if 0 <= i < len(self.shapes)]
+            return min(neighbours, key=lambda i: self.last_run[i])
+        return best
+
+    def record(self, index: int, tokens: float, seconds: float) -> None:
+        """A finished step of shape ``index`` that emitted ``tokens`` in ``seconds``."""
+        a = self.alpha
+        old_tokens, old_seconds = self.tokens[index], self.seconds[index]
+        self.tokens[index] = tokens if old_tokens is None else (1 - a) * old_tokens + a * tokens
+        self.seconds[index] = seconds if old_seconds is None else (1 - a) * old_seconds + a * seconds
+        self.last_run[index] = self.steps
+        self.runs[index] += 1
+        self.steps += 1
+
+
 class StepPolicy:
     """What a device lets a step decide from its own values. The step core asks its policy at
-    each decision; a policy answers from the arguments only (it keeps no state)."""
+    each decision; a policy answers from the arguments only (it keeps no state: what an
+    adaptive policy learns lives in the :class:`DraftStats` it makes, which the decoder keeps)."""
 
     capturable: bool  # a step may be captured as a CUDA graph (no host read, fixed shapes)
     sync_every: int  # default steps between host reads of the done flags
+
+    def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[bool, DraftStats] | None:
+        """The statistics a decoder keeps to choose the draft shape of greedy steps with
+        ``tree`` (and a draft ``head``, or the lookup chain alone), one :class:`DraftStats` per context: whether every request's lookup suffix
+        matched in full this step (True), which makes the chain far likelier to be accepted,
+        or not (False; always, without a chain). None: every step drafts ``tree``."""
+        return None
 
     def chain_alone(self, tree: TreeConfig, matched: torch.Tensor) -> bool:
         """Whether this step verifies the root and the lookup chain without the head's tree,
@@ -83,10 +174,25 @@ class StaticPolicy(StepPolicy):
 
 
 class FittedPolicy(StepPolicy):
-    """Shapes fitted to the step's values, read on the host: the policy of CPU steps."""
+    """Shapes fitted to the step's values, read on the host: the policy of CPU steps.
+
+    ``adaptive``: each step of a call whose requests are all greedy drafts the shape of
+    :func:`draft_ladder` that :class:`DraftStats` rates best (measured tokens per second of
+    step: the choice follows the weights, the thread count and the machine's load). Calls
+    that sample keep the tree's shape at every step, so a seed gives the same tokens on every
+    run (a shape chosen by wall time would make the draws, not their distribution, vary)."""
 
     capturable = False
     sync_every = 1  # the done flags are host memory: a batch stops at the step that finishes it
+
+    def __init__(self, adaptive: bool = False, probe_every: int = 8):
+        self.adaptive, self.probe_every = adaptive, probe_every
+
+    def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[bool, DraftStats] | None:
+        if not self.adaptive:
+            return None
+        return {full: DraftStats(draft_ladder(tree, full, head), probe_every=self.probe_every)
+                for full in ((False, True) if tree.lookup else (False,))}
 
     def chain_alone(self, tree: TreeConfig, matched: torch.Tensor) -> bool:
         # After a full-length match the chain is usually accepted and the tree rarely adds to
@@ -120,5 +226,5 @@ class FittedPolicy(StepPolicy):
 
 
 def policy_for(device: torch.device | str) -> StepPolicy:
-    """The step policy of a device: fitted shapes on a CPU, static shapes elsewhere."""
-    return FittedPolicy() if torch.device(device).type == "cpu" else StaticPolicy()
+    """The step policy of a device: fitted shapes on a CPU (adaptive draft shapes), static shapes elsewhere."""
+    return FittedPolicy(adaptive=True) if torch.device(device).type == "cpu" else StaticPolicy()

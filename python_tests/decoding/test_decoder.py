@@ -64,7 +64,7 @@ def test_greedy_speculative_equals_plain_bf16_weights(make_head):
 
 
 def test_repeat_head_gets_drafts_accepted(target):
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(4, 2, 7))
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(4, 2, 7), policy=FittedPolicy())
     spec = decoder.generate(PROMPTS, 24)
     assert sum(spec.tau) / len(spec.tau) > 1.5, spec.tau
     assert max(spec.steps) < 24
@@ -84,7 +84,7 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
     """With ``lookup_trim`` on CPU each step grafts the chain length the batch's longest match
     asks for (none at all when nothing matched), and greedy output is still plain decoding's."""
     tree = TreeConfig(3, 3, 8, lookup=8, lookup_ngram=3, lookup_trim=True)
-    decoder = SpeculativeDecoder(target, repeat_head(target) if with_head else None, tree)
+    decoder = SpeculativeDecoder(target, repeat_head(target) if with_head else None, tree, policy=FittedPolicy())
     plain = decoder.generate(PROMPTS, 20, speculative=False)
     grafted, searched = [], []
     real_graft, real_search = decoder_module.graft_chain, decoder_module.lookup_search
@@ -136,9 +136,9 @@ def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
         steps.append({"full": bool((matched >= ngram).all()), "expanded": False})
         return start, matched
 
-    def expand(self, state):
+    def expand(self, state, shape):
         steps[-1]["expanded"] = True
-        return real_expand(self, state)
+        return real_expand(self, state, shape)
 
     def forward(tokens, cache, **kwargs):
         if steps:
@@ -148,14 +148,15 @@ def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
     monkeypatch.setattr(decoder_module, "lookup_search", search)
     monkeypatch.setattr(SpeculativeDecoder, "_expand", expand)
     monkeypatch.setattr(target, "forward", forward)
-    assert SpeculativeDecoder(target, head, tree).generate(prompts, 24).sequences == plain.sequences
+    fixed = FittedPolicy()  # every step drafts the tree (no adaptive draft shapes)
+    assert SpeculativeDecoder(target, head, tree, policy=fixed).generate(prompts, 24).sequences == plain.sequences
     assert all(step["expanded"] != step["full"] for step in steps), steps
     assert all(step["rows"] == 1 + tree.lookup for step in steps if step["full"]), steps
     assert 0 < sum(step["full"] for step in steps) < len(steps), steps
 
     steps.clear()
     unflagged = dataclasses.replace(tree, lookup_alone=False)
-    assert SpeculativeDecoder(target, head, unflagged).generate(prompts, 24).sequences == plain.sequences
+    assert SpeculativeDecoder(target, head, unflagged, policy=fixed).generate(prompts, 24).sequences == plain.sequences
     assert any(step["full"] for step in steps) and all(step["expanded"] for step in steps), steps
 
 
@@ -374,7 +375,7 @@ def test_sampling_batches_draft_without_the_chain(target, temperature, want):
 
 
 def test_lookup_without_head_is_prompt_lookup_decoding(target):
-    decoder = SpeculativeDecoder(target, None, TreeConfig(lookup=4))
+    decoder = SpeculativeDecoder(target, None, TreeConfig(lookup=4), policy=FittedPolicy())
     plain = decoder.generate(PROMPTS, 24, speculative=False)
     lookup = decoder.generate(PROMPTS, 24)
     assert lookup.sequences == plain.sequences
@@ -540,7 +541,9 @@ def test_graph_schedule_matches_eager(target, speculative, max_new, sync_every, 
         finally:
             capturing[0] = False
 
-    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8), sync_every=sync_every)
+    # Fixed draft shapes: slots (graphs) never adapt them, so the eager run must not either.
+    decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(3, 3, 8), sync_every=sync_every,
+                                 policy=FittedPolicy())
     want = decoder.generate(PROMPTS, max_new, speculative=speculative)
     for name in ("_plain_step", "_speculative_step"):
         real = getattr(decoder, name)
