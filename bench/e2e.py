@@ -24,6 +24,13 @@ Providers
   file), each a GGUF with exactly the matrices of our provider of that suffix; T = 0, batch 1 only. Its
   "same as plain" compares with our plain decoding at the same weights.
 
+Step policies and head weights (CPU): ``--policies adaptive fixed`` runs every head provider under the adaptive
+fitted policy (the CPU default: each greedy step drafts the shape of the tree's ladder that measures the most
+tokens per second; names as above) and the fixed one (every step drafts the tree; names ``…-fixed``);
+``--head-weights auto stored`` loads each head with Q8_0 matrices where its target is quantized (the default) and
+as stored (fp16; names ``…-hstored``). ``--no-fp32w`` leaves out the fp32-weight decoders (with a weight suffix in
+``--providers``): ratios are then to the first ``ours-plain-…`` provider.
+
 Prompt sets (``--domains``): ``code`` and ``prose`` come from the held-out documents of the training
 corpora; ``offcode`` (numpy's sources), ``offprose`` (license and copyright texts) and ``chat`` (a
 fixed list of held-out instructions in the target's chat template) from sources no training cache
@@ -74,6 +81,7 @@ from eagle_kernels.models import smollm2  # noqa: E402
 from eagle_kernels.models.cpu_weights import quantize_matrices, with_matrices  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
+from eagle_kernels.policy import FittedPolicy  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llamacpp  # noqa: E402
@@ -392,6 +400,14 @@ def main(argv=None) -> int:
     parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
                         help="one more head to run beside the shipped ones, e.g. a candidate from training "
                              "(NAME without '-'; rows are NAME-TREE); repeatable")
+    parser.add_argument("--policies", nargs="+", choices=["adaptive", "fixed"], default=["adaptive"],
+                        help="step policies of the head providers on CPU: adaptive (the default: draft shapes by "
+                             "measured tokens per second) and fixed (every step drafts the tree; rows …-fixed)")
+    parser.add_argument("--head-weights", nargs="+", choices=["auto", "stored"], default=["auto"],
+                        help="head matrices: auto (Q8_0 blocks with a quantized target; the default) and stored "
+                             "(as the checkpoint, fp16; rows …-hstored)")
+    parser.add_argument("--no-fp32w", action="store_true",
+                        help="leave out the fp32-weight decoders (keep those of the weight suffixes in --providers)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
@@ -440,13 +456,17 @@ def main(argv=None) -> int:
         tied = {n: t for n, t in target.weights.items() if n != "lm_head.weight"}  # tied: one quantized matrix
         targets[f"-{fmt}w"] = LlamaModel(target.config, with_matrices(tied, quantize_matrices(tied, fmt),
                                                                       target.dtype, device))
+    if args.no_fp32w and len(targets) > 1:
+        del targets[""]
     heads, head_folders = {}, {}
     for suffix, model in targets.items():
         for kind in args.heads if "eagle" in args.providers else []:
             folder = shipped.path(kind)
-            heads[kind + suffix] = (EagleHead.load(folder, model) if (have_model and folder)
-                                    else EagleHead.random(model, kind))
-            head_folders[kind + suffix] = shown_path(folder)
+            for weights in args.head_weights:
+                label = kind + ("-hstored" if weights == "stored" else "") + suffix
+                heads[label] = (EagleHead.load(folder, model, None if weights == "auto" else weights)
+                                if (have_model and folder) else EagleHead.random(model, kind))
+                head_folders[label] = shown_path(folder)
         for spec in args.head_folder:
             name, sep, folder = spec.partition("=")
             if not sep or not name or "-" in name or not os.path.isdir(folder):
@@ -530,13 +550,20 @@ def main(argv=None) -> int:
                             tokenizer.eos_token_id or 0, seed_base=g * batch)))
                 for label, head in heads.items():
                     kind, _, suffix = label.partition("-")
+                    variant, suffix = ("-hstored", suffix.removeprefix("hstored").lstrip("-")) \
+                        if suffix.startswith("hstored") else ("", suffix)
                     # Default: the device's tree, and at T > 0 also its sampled-draft tree.
                     defaults = dict.fromkeys(default_tree(device, batch, sampling=temperature > 0, sampled_drafts=s)
                                              for s in sorted({False, temperature > 0}))
                     for tree in args.trees or list(defaults):
-                        decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every)
-                        name = f"{kind}-{tree_name(tree)}" + (f"-{suffix}" if suffix else "")
-                        runs.append((name, ours(decoder, True)))
+                        for policy in args.policies:
+                            fixed = policy == "fixed"
+                            decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every,
+                                                         policy=FittedPolicy() if fixed and device.type == "cpu"
+                                                         else None)
+                            name = (f"{kind}-{tree_name(tree)}" + ("-fixed" if fixed else "") + variant
+                                    + (f"-{suffix}" if suffix else ""))
+                            runs.append((name, ours(decoder, True)))
                 rounds = {name: [] for name, _ in runs}
                 groups = (len(prompts[domain]) + batch - 1) // batch
                 for _ in range(args.rounds):
@@ -564,7 +591,8 @@ def main(argv=None) -> int:
                 for name, runs_of_name in rounds.items():
                     seconds = [r["seconds"] for r in runs_of_name]
                     results[name] = runs_of_name[seconds.index(statistics.median_low(seconds))]
-                base = results.get("ours-plain")
+                base = results.get("ours-plain") or next(
+                    (r for name, r in results.items() if name.startswith("ours-plain")), None)
                 hf_base = results.get("hf-generate")
                 count = len(prompts[domain])
                 for name, r in results.items():

@@ -62,8 +62,9 @@ def draft_ladder(tree: TreeConfig, full_match: bool = False, head: bool = True) 
 class DraftStats:
     """What an adaptive fitted policy learned about one decoder's draft shapes (one per batch
     size and tree, kept across calls): per shape of ``shapes`` (:func:`draft_ladder`) an
-    exponential moving average (weight ``alpha`` on the newest step) of the tokens a step of it
-    emitted (all requests) and of its wall time. :meth:`choose` takes the shape of the most tokens per second; every
+    exponential moving average of the tokens a step of it emitted (all requests) and of its wall
+    time: weight ``alpha`` on the newest step, more after a gap (``1 - (1 - alpha) ** (gap / 4)``
+    for a shape last run ``gap`` steps before), so a probe's step counts for what changed since. :meth:`choose` takes the shape of the most tokens per second; every
     ``probe_every``-th step it runs instead the one of its neighbours in ``shapes`` (the next
     cheaper and the next larger shape) measured least recently, so a shape whose acceptance or
     cost changed (code after chat, a busier machine) is found again. A shape never run is tried first, the largest first.
@@ -110,7 +111,9 @@ class DraftStats:
 
     def record(self, index: int, tokens: float, seconds: float) -> None:
         """A finished step of shape ``index`` that emitted ``tokens`` in ``seconds``."""
-        a = self.alpha
+        # A shape not run for a while (a probe) trusts its old averages less: one step's weight grows with the
+        # gap, as if the steps in between had decayed them.
+        a = 1.0 - (1.0 - self.alpha) ** max(1.0, (self.steps - self.last_run[index]) / 4)
         old_tokens, old_seconds = self.tokens[index], self.seconds[index]
         self.tokens[index] = tokens if old_tokens is None else (1 - a) * old_tokens + a * tokens
         self.seconds[index] = seconds if old_seconds is None else (1 - a) * old_seconds + a * seconds

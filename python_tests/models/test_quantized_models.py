@@ -155,3 +155,32 @@ def test_gguf_bad_input(tmp_path):
                                                 "blk.0.ffn_up.weight": (q4_0, gguf.GGMLQuantizationType.Q4_0)})
     with pytest.raises(ValueError, match=r"tensor 'blk\.0\.ffn_up\.weight' has type Q4_0"):
         smollm2.gguf_matrices(str(tmp_path / "b.gguf"), config)
+
+
+# ------------------------------------------------------------------------------ the head's matrices
+def test_head_matrices_follow_a_quantized_target(tmp_path):
+    """A head on a quantized target streams Q8_0 blocks (its fc, projections and LM head; norms and d2t as they
+    were); ``weight_dtype`` picks another format or keeps the matrices as stored; greedy speculative output is
+    still plain decoding's; a saved head holds the blocks' dequantization."""
+    from eagle_kernels.models.eagle_head import EagleHead
+
+    quant, plain_model = quantized_pair("q4_1")
+    head = EagleHead.random(quant, "eagle3", draft_vocab_size=64)
+    assert head.weight_format == "q8_0"
+    assert head.weights["fc.weight"].dtype == head.weights["lm_head.weight"].dtype == torch.int8
+    assert head.weights["midlayer.mlp.down_proj.weight"].dtype == torch.int8
+    assert head.weights["norm.weight"].dtype == torch.float32 and head.weights["d2t"].dtype == torch.int64
+    decoder = SpeculativeDecoder(quant, head, TreeConfig(3, 2, 5, lookup=4))
+    assert decoder.generate(PROMPTS, 12).sequences == decoder.generate(PROMPTS, 12, speculative=False).sequences
+
+    floats = {n: dequantize(t) if t.dtype == torch.int8 else t for n, t in head.weights.items()}
+    assert EagleHead(head.config, floats, quant, "stored").weight_format is None
+    assert EagleHead(head.config, floats, plain_model).weight_format is None  # an fp32 target: as stored
+    assert EagleHead(head.config, floats, plain_model, "q4_1").weights["fc.weight"].dtype == torch.uint8
+    head.save(str(tmp_path))
+    loaded = EagleHead.load(str(tmp_path), plain_model, "stored")
+    torch.testing.assert_close(loaded.weights["fc.weight"].float(), floats["fc.weight"], rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match=r"\bweight_dtype\b"):
+        EagleHead(head.config, floats, quant, "q5_0")
+    with pytest.raises(ValueError, match=r"weights: 'fc\.weight' expected shape"):
+        EagleHead(head.config, dict(floats, **{"fc.weight": head.weights["fc.weight"][:, :34]}), quant)
