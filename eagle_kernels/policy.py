@@ -61,13 +61,15 @@ def draft_ladder(tree: TreeConfig, full_match: bool = False, head: bool = True) 
 
 class DraftStats:
     """What an adaptive fitted policy learned about one decoder's draft shapes (one per batch
-    size and tree, kept across calls): per shape of ``shapes`` (:func:`draft_ladder`) an
-    exponential moving average of the tokens a step of it emitted (all requests) and of its wall
-    time: weight ``alpha`` on the newest step, more after a gap (``1 - (1 - alpha) ** (gap / 4)``
-    for a shape last run ``gap`` steps before), so a probe's step counts for what changed since. :meth:`choose` takes the shape of the most tokens per second; every
-    ``probe_every``-th step it runs instead the one of its neighbours in ``shapes`` (the next
-    cheaper and the next larger shape) measured least recently, so a shape whose acceptance or
-    cost changed (code after chat, a busier machine) is found again. A shape never run is tried first, the largest first.
+    size, tree and lookup-match context, kept across calls): per shape of ``shapes``
+    (:func:`draft_ladder`) an exponential moving average of the tokens a step of it emitted (all
+    requests) and of its wall time, weight ``alpha`` on the newest step, more after a gap
+    (``1 - (1 - alpha) ** (gap / 4)`` for a shape last run ``gap`` steps before), so a probe's
+    step counts for what changed since. :meth:`choose` takes the shape of the most tokens per
+    second; every ``probe_every``-th step it runs instead the one of its neighbours in
+    ``shapes`` (the next cheaper and the next larger shape) measured least recently, so a shape
+    whose acceptance or cost changed (code after chat, a busier machine) is found again. A shape
+    never run is tried first, the largest first.
 
     Every choice is made from finished steps only, so verification stays exact: greedy tokens
     are plain decoding's whatever the shapes, and sampled tokens keep their distribution."""
@@ -132,9 +134,10 @@ class StepPolicy:
 
     def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[bool, DraftStats] | None:
         """The statistics a decoder keeps to choose the draft shape of greedy steps with
-        ``tree`` (and a draft ``head``, or the lookup chain alone), one :class:`DraftStats` per context: whether every request's lookup suffix
-        matched in full this step (True), which makes the chain far likelier to be accepted,
-        or not (False; always, without a chain). None: every step drafts ``tree``."""
+        ``tree`` (and a draft ``head``, or the lookup chain alone), one :class:`DraftStats` per
+        context: whether every request's lookup suffix matched in full this step (True), which
+        makes the chain far likelier to be accepted, or not (False; always, without a chain).
+        None: every step drafts ``tree``."""
         return None
 
     def chain_alone(self, tree: TreeConfig, matched: torch.Tensor) -> bool:
