@@ -40,7 +40,7 @@ from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, ex
 from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
-from .policy import ChainPlan, DraftStats, StepPolicy, policy_for
+from .policy import ChainPlan, DraftStats, StepPolicy, match_context, policy_for
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ class _State:
     prompt_len: torch.Tensor | None = None  # int64 [B]
     expansion_start: ExpansionStart | None = None  # the head's expansion's first inputs (constant)
     root_normed: torch.Tensor | None = None  # [B, H] EAGLE-3: root_hidden through the head's final norm
-    draft: dict[bool, DraftStats] | None = None  # the draft-shape statistics (an adaptive policy's), else None
+    draft: dict[int, DraftStats] | None = None  # the draft-shape statistics (an adaptive policy's), else None
 
 
 @dataclass
@@ -937,8 +937,8 @@ class SpeculativeDecoder:
         start = time.perf_counter() if state.draft is not None else 0.0
         lookup = self._lookup(state, state.tree)
         draft, shape, index = None, state.tree, -1
-        if state.draft is not None:  # the context: every request's suffix matched in full
-            draft = state.draft[lookup is not None and bool((lookup.matched >= state.tree.lookup_ngram).all())]
+        if state.draft is not None:  # the statistics of the step's lookup context
+            draft = state.draft[match_context(state.tree, None if lookup is None else lookup.matched)]
             index = draft.choose()
             shape = draft.shapes[index]
             if shape is None or not shape.lookup:

@@ -40,12 +40,27 @@ class ChainPlan(NamedTuple):
     own: torch.Tensor | None = None
 
 
-def draft_ladder(tree: TreeConfig, full_match: bool = False, head: bool = True) -> tuple[TreeConfig | None, ...]:
+NO_MATCH, PARTIAL_MATCH, FULL_MATCH = 0, 1, 2  # lookup contexts of a step (see StepPolicy.draft_stats)
+
+
+def match_context(tree: TreeConfig, matched: torch.Tensor | None) -> int:
+    """A step's lookup context from each request's suffix match length ``matched`` int64 [B]
+    (None: no chain): ``FULL_MATCH`` where every request matched ``tree.lookup_ngram`` tokens,
+    ``NO_MATCH`` where none matched any (or there is no chain), else ``PARTIAL_MATCH``."""
+    if matched is None:
+        return NO_MATCH
+    if bool((matched >= tree.lookup_ngram).all()):
+        return FULL_MATCH
+    return PARTIAL_MATCH if bool((matched > 0).any()) else NO_MATCH
+
+
+def draft_ladder(tree: TreeConfig, match: int = PARTIAL_MATCH, head: bool = True) -> tuple[TreeConfig | None, ...]:
     """The draft shapes an adaptive policy chooses among for a decoder's ``tree``, cheapest
     first: None (no draft: the target verifies the root alone, one row, and the head commits
     the token), one head draft without a chain (``depth = top_k = 1``), that draft with
-    ``tree``'s lookup chain (where it has one; not after a ``full_match`` of a ``lookup_alone``
-    tree, where it would verify the same chain alone as ``tree``), and ``tree`` itself;
+    ``tree``'s lookup chain (where it has one; not in the ``match`` context ``NO_MATCH`` of a
+    ``lookup_trim`` tree, where the chain is trimmed away, nor ``FULL_MATCH`` of a
+    ``lookup_alone`` tree, where it would verify the same chain alone as ``tree``), and ``tree`` itself;
     duplicates dropped; without a ``head``, None and ``tree`` (its chain). Each fits every
     buffer sized for ``tree`` (depth, nodes, chain and draft slots at most ``tree``'s), and a
     sampled tree's shapes are sampled trees."""
@@ -55,7 +70,8 @@ def draft_ladder(tree: TreeConfig, full_match: bool = False, head: bool = True) 
                               lookup_alone=False, frontier=0)
     chained = dataclasses.replace(one, lookup=tree.lookup, lookup_ngram=tree.lookup_ngram,
                                   lookup_trim=tree.lookup_trim, lookup_alone=tree.lookup_alone)
-    shapes = [None, one] + ([] if full_match and tree.lookup_alone else [chained]) + [tree]
+    same = (match == NO_MATCH and tree.lookup_trim) or (match == FULL_MATCH and tree.lookup_alone)
+    shapes = [None, one] + ([] if same else [chained]) + [tree]
     return tuple(dict.fromkeys(shapes))
 
 
@@ -65,22 +81,26 @@ class DraftStats:
     (:func:`draft_ladder`) an exponential moving average of the tokens a step of it emitted (all
     requests) and of its wall time, weight ``alpha`` on the newest step, more after a gap
     (``1 - (1 - alpha) ** (gap / 4)`` for a shape last run ``gap`` steps before), so a probe's
-    step counts for what changed since. :meth:`choose` takes the shape of the most tokens per
+    step counts for what changed since, and ``1 / n`` on a shape's ``n``-th step while that is
+    more (its first steps count alike). :meth:`choose` takes the shape of the most tokens per
     second; every ``probe_every``-th step it runs instead the one of its neighbours in
-    ``shapes`` (the next cheaper and the next larger shape) measured least recently, so a shape
-    whose acceptance or cost changed (code after chat, a busier machine) is found again. A shape
-    never run is tried first, the largest first.
+    ``shapes`` (the next cheaper and the next larger shape) measured least recently, once it has
+    not run for ``probe_every`` steps times the ratio of the best rate to its own (at most 4), so
+    a shape whose acceptance or cost changed (code after chat, a busier machine) is found again
+    and a far worse one costs few probes. A shape
+    run fewer than ``first_runs`` times runs first, the largest first (one step's tokens vary
+    much: one unlucky step would hide a shape until its next probe).
 
     Every choice is made from finished steps only, so verification stays exact: greedy tokens
     are plain decoding's whatever the shapes, and sampled tokens keep their distribution."""
 
-    def __init__(self, shapes, alpha: float = 0.15, probe_every: int = 8):
+    def __init__(self, shapes, alpha: float = 0.15, probe_every: int = 8, first_runs: int = 2):
         if not shapes:
             raise ValueError("shapes: expected at least one draft shape, got none")
         if not 0.0 < alpha <= 1.0 or probe_every < 2:
             raise ValueError(f"alpha: expected (0, 1], probe_every >= 2; got {alpha}, {probe_every}")
         self.shapes = tuple(shapes)
-        self.alpha, self.probe_every = alpha, probe_every
+        self.alpha, self.probe_every, self.first_runs = alpha, probe_every, first_runs
         n = len(self.shapes)
         self.tokens: list[float | None] = [None] * n  # EMA of tokens per step
         self.seconds: list[float | None] = [None] * n  # EMA of seconds per step
@@ -100,22 +120,30 @@ class DraftStats:
 
     def choose(self) -> int:
         """The index of the next step's shape."""
-        unmeasured = [i for i in range(len(self.shapes)) if self.tokens[i] is None]
+        unmeasured = [i for i in range(len(self.shapes)) if self.runs[i] < self.first_runs]
         if unmeasured:
             return unmeasured[-1]
         best = self.best()
         if len(self.shapes) > 1 and self.steps % self.probe_every == self.probe_every - 1:
             # The neighbours of the best shape, the one measured least recently: the best rarely
             # moves further than one, and a probe of a distant (far worse) shape costs the most.
+            # A neighbour rated far below the best waits longer (its probe costs more): up to 4
+            # intervals, at its rate's ratio to the best's.
             neighbours = [i for i in (best - 1, best + 1) if 0 <= i < len(self.shapes)]
-            return min(neighbours, key=lambda i: self.last_run[i])
+            probe = min(neighbours, key=lambda i: self.last_run[i])
+            behind = min(4.0, self.rate(best) / max(self.rate(probe), 1e-9))
+            if self.steps - self.last_run[probe] >= self.probe_every * behind:
+                return probe
         return best
 
     def record(self, index: int, tokens: float, seconds: float) -> None:
         """A finished step of shape ``index`` that emitted ``tokens`` in ``seconds``."""
         # A shape not run for a while (a probe) trusts its old averages less: one step's weight grows with the
         # gap, as if the steps in between had decayed them.
-        a = 1.0 - (1.0 - self.alpha) ** max(1.0, (self.steps - self.last_run[index]) / 4)
+        # Its first steps are averaged alike (a running mean until 1 / alpha of them), so that one
+        # unlucky first step does not hide a shape for long.
+        a = max(1.0 - (1.0 - self.alpha) ** max(1.0, (self.steps - self.last_run[index]) / 4),
+                1.0 / (self.runs[index] + 1))
         old_tokens, old_seconds = self.tokens[index], self.seconds[index]
         self.tokens[index] = tokens if old_tokens is None else (1 - a) * old_tokens + a * tokens
         self.seconds[index] = seconds if old_seconds is None else (1 - a) * old_seconds + a * seconds
@@ -132,12 +160,12 @@ class StepPolicy:
     capturable: bool  # a step may be captured as a CUDA graph (no host read, fixed shapes)
     sync_every: int  # default steps between host reads of the done flags
 
-    def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[bool, DraftStats] | None:
+    def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[int, DraftStats] | None:
         """The statistics a decoder keeps to choose the draft shape of greedy steps with
         ``tree`` (and a draft ``head``, or the lookup chain alone), one :class:`DraftStats` per
-        context: whether every request's lookup suffix matched in full this step (True), which
-        makes the chain far likelier to be accepted, or not (False; always, without a chain).
-        None: every step drafts ``tree``."""
+        lookup context of a step (:func:`match_context`: how far the requests' suffixes
+        matched, which decides how likely the chain is to be accepted; ``NO_MATCH`` only,
+        without a chain). None: every step drafts ``tree``."""
         return None
 
     def chain_alone(self, tree: TreeConfig, matched: torch.Tensor) -> bool:
@@ -194,11 +222,12 @@ class FittedPolicy(StepPolicy):
     def __init__(self, adaptive: bool = False, probe_every: int = 8):
         self.adaptive, self.probe_every = adaptive, probe_every
 
-    def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[bool, DraftStats] | None:
+    def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[int, DraftStats] | None:
         if not self.adaptive:
             return None
-        return {full: DraftStats(draft_ladder(tree, full, head), probe_every=self.probe_every)
-                for full in ((False, True) if tree.lookup else (False,))}
+        contexts = (NO_MATCH, PARTIAL_MATCH, FULL_MATCH) if tree.lookup else (NO_MATCH,)
+        return {match: DraftStats(draft_ladder(tree, match, head), probe_every=self.probe_every)
+                for match in contexts}
 
     def chain_alone(self, tree: TreeConfig, matched: torch.Tensor) -> bool:
         # After a full-length match the chain is usually accepted and the tree rarely adds to

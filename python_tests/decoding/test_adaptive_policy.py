@@ -8,7 +8,17 @@ import torch
 
 from eagle_kernels.decoder import CPU_BATCH_TREE, CPU_SAMPLED_TREE, CPU_TREE, SpeculativeDecoder, TreeConfig
 from eagle_kernels.models import LlamaModel
-from eagle_kernels.policy import DraftStats, FittedPolicy, StaticPolicy, draft_ladder, policy_for
+from eagle_kernels.policy import (
+    FULL_MATCH,
+    NO_MATCH,
+    PARTIAL_MATCH,
+    DraftStats,
+    FittedPolicy,
+    StaticPolicy,
+    draft_ladder,
+    match_context,
+    policy_for,
+)
 from helpers import HEADS, PROMPTS, repeat_head, tiny_hf_model
 
 pytest.importorskip("transformers")
@@ -24,8 +34,8 @@ def target():
 @pytest.mark.parametrize("tree", [CPU_TREE, CPU_BATCH_TREE, CPU_SAMPLED_TREE, TreeConfig(4, 2, 7)],
                          ids=["cpu", "cpu-batch", "cpu-sampled", "no-chain"])
 def test_ladder_shapes_fit_the_tree(tree):
-    for full in (False, True):
-        shapes = draft_ladder(tree, full)
+    for match in (NO_MATCH, PARTIAL_MATCH, FULL_MATCH):
+        shapes = draft_ladder(tree, match)
         assert shapes[0] is None and shapes[-1] == tree and len(set(shapes)) == len(shapes)
         for shape in shapes[1:]:
             assert shape.depth <= tree.depth and shape.top_k <= tree.top_k and shape.lookup <= tree.lookup
@@ -33,8 +43,11 @@ def test_ladder_shapes_fit_the_tree(tree):
     one = TreeConfig(1, 1, 2, lookup_ngram=4)
     assert draft_ladder(CPU_TREE) == (None, one, TreeConfig(1, 1, 2, lookup=8, lookup_ngram=4, lookup_trim=True,
                                                             lookup_alone=True), CPU_TREE)
-    # After a full match a lookup_alone tree verifies its chain alone: the chained draft would be the same step.
-    assert draft_ladder(CPU_TREE, full_match=True) == (None, one, CPU_TREE)
+    # After a full match a lookup_alone tree verifies its chain alone, and without a match the trimmed chain is
+    # empty: the chained draft would be the same step as another.
+    assert draft_ladder(CPU_TREE, FULL_MATCH) == draft_ladder(CPU_TREE, NO_MATCH) == (None, one, CPU_TREE)
+    untrimmed = TreeConfig(3, 2, 4, lookup=4)
+    assert len(draft_ladder(untrimmed, NO_MATCH)) == len(draft_ladder(untrimmed, FULL_MATCH)) == 4
     assert draft_ladder(CPU_TREE, head=False) == (None, CPU_TREE)
 
 
@@ -42,8 +55,12 @@ def test_policies_and_stats():
     assert policy_for("cpu").adaptive and not FittedPolicy().adaptive
     assert StaticPolicy().draft_stats(CPU_TREE) is None and FittedPolicy().draft_stats(CPU_TREE) is None
     stats = FittedPolicy(adaptive=True).draft_stats(CPU_TREE)
-    assert set(stats) == {False, True} and stats[False].shapes == draft_ladder(CPU_TREE)
-    assert set(FittedPolicy(adaptive=True).draft_stats(TreeConfig(3, 2, 4))) == {False}
+    assert set(stats) == {NO_MATCH, PARTIAL_MATCH, FULL_MATCH} and stats[PARTIAL_MATCH].shapes == draft_ladder(CPU_TREE)
+    assert set(FittedPolicy(adaptive=True).draft_stats(TreeConfig(3, 2, 4))) == {NO_MATCH}
+    matched = torch.tensor([4, 5])
+    assert match_context(CPU_TREE, matched) == FULL_MATCH and match_context(CPU_TREE, None) == NO_MATCH
+    assert match_context(CPU_TREE, torch.tensor([0, 0])) == NO_MATCH
+    assert match_context(CPU_TREE, torch.tensor([0, 4])) == match_context(CPU_TREE, torch.tensor([2])) == PARTIAL_MATCH
     for bad in (dict(shapes=()), dict(shapes=(None,), alpha=0.0), dict(shapes=(None,), probe_every=1)):
         with pytest.raises(ValueError):
             DraftStats(**bad)
@@ -66,9 +83,9 @@ SHAPES = (None, "one", "chained", "tree")
 COST = [1.0, 1.15, 1.4, 1.9]  # a plain step's time, one more row and head pass, a chain, the tree's rows
 
 
-def test_unmeasured_shapes_run_first_largest_first():
+def test_new_shapes_run_first_largest_first():
     stats = DraftStats(SHAPES)
-    assert simulate(stats, lambda step, i: 1.0, COST.__getitem__, 4) == [3, 2, 1, 0]
+    assert simulate(stats, lambda step, i: 1.0, COST.__getitem__, 8) == [3, 3, 2, 2, 1, 1, 0, 0]
 
 
 def test_low_acceptance_settles_on_no_draft_and_high_on_the_tree():
@@ -140,7 +157,7 @@ def test_greedy_equals_plain_whatever_the_shapes(target, make_head, tree):
     assert spec.sequences == plain.sequences
     (made,) = policy.made
     runs = [sum(stats.runs[i] for stats in made.values() if i < len(stats.shapes)) for i in range(4)]
-    assert all(runs[: len(made[False].shapes)]), runs  # every shape ran
+    assert all(runs[: max(len(stats.shapes) for stats in made.values())]), runs  # every shape ran
     # The default (adaptive) policy by measured rates: the same tokens, one batch or one request.
     adaptive = SpeculativeDecoder(target, head, tree)
     assert adaptive.generate(PROMPTS, 16).sequences == plain.sequences
