@@ -73,8 +73,9 @@ def test_repeat_head_gets_drafts_accepted(target):
 def test_lookup_chain_gets_drafts_accepted(target):
     """A random head is rarely right; the lookup chain catches the tiny model's loops."""
     head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
-    alone = SpeculativeDecoder(target, head, TreeConfig(2, 2, 3)).generate(PROMPTS, 24)
-    both = SpeculativeDecoder(target, head, TreeConfig(2, 2, 3, lookup=4)).generate(PROMPTS, 24)
+    fixed = FittedPolicy()  # the tree at every step: tau measures the drafts, not the step costs
+    alone = SpeculativeDecoder(target, head, TreeConfig(2, 2, 3), policy=fixed).generate(PROMPTS, 24)
+    both = SpeculativeDecoder(target, head, TreeConfig(2, 2, 3, lookup=4), policy=fixed).generate(PROMPTS, 24)
     assert both.sequences == alone.sequences
     assert sum(both.tau) > sum(alone.tau) + 0.5 * len(PROMPTS), (alone.tau, both.tau)
 

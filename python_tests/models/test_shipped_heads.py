@@ -11,6 +11,7 @@ from eagle_kernels import heads
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
 from eagle_kernels.models import smollm2
 from eagle_kernels.models.eagle_head import EagleHead, head_weight_shapes
+from eagle_kernels.policy import FittedPolicy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 MAX_BYTES = 20 * 10**6
@@ -48,11 +49,12 @@ def test_shipped_head_drafts_held_out_code(smollm, kind):
     head = EagleHead.load(heads.path(kind), target)
     assert set(head.weights) == set(head_weight_shapes(head.config))
     prompts = corpus.held_out_prompts(tokenizer, corpus.CODE, 2, 96)
-    decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16))
+    # The tree at every step (no adaptive draft shapes): tau measures the head.
+    decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16), policy=FittedPolicy())
     plain = decoder.generate(prompts, 32, speculative=False)
     spec = decoder.generate(prompts, 32)
     assert spec.sequences == plain.sequences
     untrained = SpeculativeDecoder(target, EagleHead.random(target, kind, head.config.draft_vocab_size),
-                                   TreeConfig(4, 4, 16)).generate(prompts, 32)
+                                   TreeConfig(4, 4, 16), policy=FittedPolicy()).generate(prompts, 32)
     tau, tau_untrained = sum(spec.tau) / len(spec.tau), sum(untrained.tau) / len(untrained.tau)
     assert tau > 1.3 and tau > tau_untrained + 0.2, (tau, tau_untrained)
