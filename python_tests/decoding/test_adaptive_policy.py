@@ -144,8 +144,8 @@ class CyclingPolicy(FittedPolicy):
         return made
 
 
-@pytest.mark.parametrize("tree", [CPU_TREE, TreeConfig(3, 3, 8, lookup=4), CPU_BATCH_TREE],
-                         ids=["cpu", "d3k3n8-chain", "cpu-batch"])
+@pytest.mark.parametrize("tree", [CPU_TREE, TreeConfig(3, 3, 8, lookup=4), CPU_BATCH_TREE, CPU_SAMPLED_TREE],
+                         ids=["cpu", "d3k3n8-chain", "cpu-batch", "cpu-sampled"])
 @pytest.mark.parametrize("make_head", [repeat_head, HEADS["eagle3-random"], None],
                          ids=["eagle1-repeat", "eagle3-random", "lookup-only"])
 def test_greedy_equals_plain_whatever_the_shapes(target, make_head, tree):
