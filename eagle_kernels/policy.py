@@ -78,8 +78,9 @@ def draft_ladder(tree: TreeConfig, match: int = PARTIAL_MATCH, head: bool = True
 class DraftStats:
     """What an adaptive fitted policy learned about one decoder's draft shapes (one per batch
     size, tree and lookup-match context, kept across calls): per shape of ``shapes``
-    (:func:`draft_ladder`) an exponential moving average of the tokens a step of it emitted (all
-    requests) and of its wall time, weight ``alpha`` on the newest step, more after a gap
+    (:func:`draft_ladder`) the median wall time of its last ``TIME_WINDOW`` steps (robust to
+    the single slow steps of a busy machine) and an exponential moving average of the tokens a
+    step of it emitted (all requests), weight ``alpha`` on the newest step, more after a gap
     (``1 - (1 - alpha) ** (gap / 4)`` for a shape last run ``gap`` steps before), so a probe's
     step counts for what changed since, and ``1 / n`` on a shape's ``n``-th step while that is
     more (its first steps count alike). :meth:`choose` takes the shape of the most tokens per
@@ -94,6 +95,8 @@ class DraftStats:
     Every choice is made from finished steps only, so verification stays exact: greedy tokens
     are plain decoding's whatever the shapes, and sampled tokens keep their distribution."""
 
+    TIME_WINDOW = 5  # steps of a shape whose median is its time
+
     def __init__(self, shapes, alpha: float = 0.15, probe_every: int = 8, first_runs: int = 2):
         if not shapes:
             raise ValueError("shapes: expected at least one draft shape, got none")
@@ -103,7 +106,8 @@ class DraftStats:
         self.alpha, self.probe_every, self.first_runs = alpha, probe_every, first_runs
         n = len(self.shapes)
         self.tokens: list[float | None] = [None] * n  # EMA of tokens per step
-        self.seconds: list[float | None] = [None] * n  # EMA of seconds per step
+        self.seconds: list[float | None] = [None] * n  # median of the last TIME_WINDOW steps' seconds
+        self._times: list[list[float]] = [[] for _ in range(n)]
         self.last_run = [-1] * n  # step count at each shape's latest step
         self.runs = [0] * n
         self.steps = 0
@@ -144,9 +148,14 @@ class DraftStats:
         # unlucky first step does not hide a shape for long.
         a = max(1.0 - (1.0 - self.alpha) ** max(1.0, (self.steps - self.last_run[index]) / 4),
                 1.0 / (self.runs[index] + 1))
-        old_tokens, old_seconds = self.tokens[index], self.seconds[index]
+        old_tokens = self.tokens[index]
         self.tokens[index] = tokens if old_tokens is None else (1 - a) * old_tokens + a * tokens
-        self.seconds[index] = seconds if old_seconds is None else (1 - a) * old_seconds + a * seconds
+        # Time: the median of the shape's last steps, so that a step slowed by another process (a
+        # busy machine stalls single steps by several times) does not price a shape out.
+        times = self._times[index]
+        times.append(seconds)
+        del times[:-self.TIME_WINDOW]
+        self.seconds[index] = sorted(times)[len(times) // 2]
         self.last_run[index] = self.steps
         self.runs[index] += 1
         self.steps += 1

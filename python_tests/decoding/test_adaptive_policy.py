@@ -109,7 +109,9 @@ def test_probes_find_the_draft_again_when_acceptance_returns():
     chat, code, chat_again = chosen[20:100], chosen[150:200], chosen[250:]
     assert chat.count(0) >= 0.8 * len(chat)
     assert code.count(3) >= 0.8 * len(code), code
-    assert chat_again.count(0) >= 0.8 * len(chat_again), chat_again
+    # The larger shapes' token averages are still the code phase's until their next steps: each
+    # wins a step now and then until they have come down.
+    assert chat_again.count(0) >= 0.7 * len(chat_again), chat_again
 
 
 def test_a_cheaper_shape_wins_when_costs_change():
