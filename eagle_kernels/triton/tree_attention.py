@@ -339,29 +339,38 @@ def _tree_attention_merge_kernel(
     part_lse_ptr,  # [NUM_SPLITS, R] float32
     out_ptr,  # [R, D] q.dtype
     R, D,
-    NUM_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined,
-    BLOCK_R rows a program (every load issued at once: [rows, splits] and [rows, splits, D])."""
+    BLOCK_R rows a program, every load issued at once. The partials are a [splits, rows, D]
+    block with the splits outermost: the layout then keeps a value's splits in one thread (the
+    sum over them is a thread's own adds; warps lie along the rows), where a [rows, splits, D]
+    block put its warps along the splits (a cross-warp reduction: ~15 instructions a value)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    rs_valid = (rows < R)[:, None] & (offs_s < NUM_SPLITS)[None, :]
-    flat = offs_s.to(tl.int64)[None, :] * R + rows[:, None]  # [rows, splits]
-    lse = tl.load(part_lse_ptr + flat, mask=rs_valid, other=float("-inf"))
-    o_mask = rs_valid[:, :, None] & (offs_d < D)[None, None, :]
+    sr_valid = (offs_s < NUM_SPLITS)[:, None] & (rows < R)[None, :]
+    flat = offs_s.to(tl.int64)[:, None] * R + rows[None, :]  # [splits, rows]
+    o_mask = sr_valid[:, :, None] & (offs_d < D)[None, None, :]
     o = tl.load(part_o_ptr + flat[:, :, None] * D + offs_d[None, None, :], mask=o_mask, other=0.0)
-    top = tl.max(lse, 1)
+    lse = tl.load(part_lse_ptr + flat, mask=sr_valid, other=float("-inf"))
+    top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top[:, None])
-    total = tl.sum(weight, 1)
-    merged = tl.sum(o * weight[:, :, None], 1) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
+    weight = tl.exp2(lse - top[None, :])
+    total = tl.sum(weight, 0)
+    merged = tl.sum(o * weight[:, :, None], 0) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
     out_mask = (rows < R)[:, None] & (offs_d < D)[None, :]
     tl.store(out_ptr + rows[:, None] * D + offs_d[None, :], merged.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-# Rows a merge program recombines (4 rows x 8 splits x 128 fp32 values: 32 a thread at 4 warps).
-MERGE_ROWS = 4
+# Partial values a merge program holds: next_pow2(splits) x rows x head dim = 16,384 (128 fp32 a
+# thread at 4 warps: 8 splits x 16 rows at D 128, 32 splits x 4 rows; more spills at D 256).
+MERGE_VALUES = 16_384
+
+
+def merge_rows(splits: int, block_d: int) -> int:
+    """Rows a merge program recombines for ``splits`` partials of ``block_d`` values (at least 2)."""
+    return max(2, MERGE_VALUES // (max(2, triton.next_power_of_2(splits)) * block_d))
 
 
 def _fits_int32(tensor: torch.Tensor) -> bool:
@@ -463,9 +472,11 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:
-        _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, MERGE_ROWS),)](
+        block_s = max(2, triton.next_power_of_2(splits))
+        block_r = merge_rows(splits, block_d)
+        _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, block_r),)](
             part_o, part_lse, out, B * N * Hq, D,
-            NUM_SPLITS=splits, BLOCK_R=MERGE_ROWS, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+            NUM_SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r, BLOCK_D=block_d,
             num_warps=4,
         )
     return out
