@@ -50,6 +50,8 @@ RESCALE_SLACK = tl.constexpr(8.0)
 TREE_TILE_COST = tl.constexpr(2)
 # The lazy path's running maximum before a row's first key: raw scores are far above it.
 NO_KEY = tl.constexpr(-1.0e30)
+# Columns of the lazy path's row sums l_i [rows, LSUM_COLS] (all equal): the narrowest tl.dot.
+LSUM_COLS = tl.constexpr(16)
 
 
 @triton.jit
@@ -83,12 +85,15 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
         # multiplies the block's largest growth once, not each row's.
         if tl.max(m_new - m_i, 0) * scale_log2 > RESCALE_SLACK:  # block-uniform: rare after the first tile
             alpha = tl.exp2((m_i - m_new) * scale_log2)
-            l_i = l_i * alpha
+            l_i = l_i * alpha[:, None]
             acc = acc * alpha[:, None]
             m_i = m_new
-        p = tl.exp2(qk * scale_log2 - (m_i * scale_log2)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        p = tl.exp2(qk * scale_log2 - (m_i * scale_log2)[:, None]).to(v.dtype)
+        # The row sums on the tensor cores: p @ ones accumulates every column of l_i to the
+        # row's sum of the probabilities PV multiplies (the same 16-bit values), with no
+        # per-tile adds and shuffles.
+        l_i = tl.dot(p, tl.full([k.shape[0], LSUM_COLS], 1.0, v.dtype), l_i, input_precision=DOT_PRECISION)
+        acc = acc + tl.dot(p, v, input_precision=DOT_PRECISION)
     else:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -203,9 +208,10 @@ def _tree_attention_kernel(
 
     if LAZY_RESCALE:
         m_i = tl.full([BLOCK_M], NO_KEY, tl.float32)
+        l_i = tl.zeros([BLOCK_M, LSUM_COLS], tl.float32)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     prefix = tl.load(seqlens_ptr + b)
@@ -313,6 +319,8 @@ def _tree_attention_kernel(
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
                                          True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
+    if LAZY_RESCALE:
+        l_i = tl.max(l_i, 1)  # its columns are equal
     # A row with no visible key (a mask without the node's own bit and an empty prefix)
     # outputs zeros.
     has = l_i > 0.0
