@@ -17,7 +17,8 @@ neighbouring programs that read the same K/V tiles at the same time). Prefix til
 the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
 when the (request, KV head) programs are fewer than the SMs is the prefix split over
 ``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
-combines their fp32 partial results by their log-sum-exp. Configurations:
+combines their partial results by their log-sum-exp (fp32 partials; for bf16 inputs fp16 ones
+scaled per row, half the bytes). Configurations:
 :mod:`.tree_attention_config`.
 """
 
