@@ -17,7 +17,8 @@ neighbouring programs that read the same K/V tiles at the same time). Prefix til
 the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
 when the (request, KV head) programs are fewer than the SMs is the prefix split over
 ``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
-combines their fp32 partial results by their log-sum-exp. Configurations:
+combines their partial results by their log-sum-exp (fp32 partials; for bf16 inputs fp16 ones
+scaled per row, half the bytes). Configurations:
 :mod:`.tree_attention_config`.
 """
 
@@ -47,9 +48,11 @@ from .tree_attention_config import num_splits as num_splits_for
 RESCALE_SLACK = tl.constexpr(8.0)
 # Work of a tree tile in prefix tiles (its mask; compiled loop: ~640 instructions a warp against
 # ~415 for a prefix tile, plus the mask words' latency), for balancing flash-decoding splits.
-TREE_TILE_COST = tl.constexpr(2)
+TREE_TILE_COST = tl.constexpr(3)
 # The lazy path's running maximum before a row's first key: raw scores are far above it.
 NO_KEY = tl.constexpr(-1.0e30)
+# Columns of the lazy path's row sums l_i [rows, LSUM_COLS] (all equal): the narrowest tl.dot.
+LSUM_COLS = tl.constexpr(16)
 
 
 @triton.jit
@@ -83,12 +86,15 @@ def _attend_tile(q, k, v, valid, m_i, l_i, acc, scale_log2,
         # multiplies the block's largest growth once, not each row's.
         if tl.max(m_new - m_i, 0) * scale_log2 > RESCALE_SLACK:  # block-uniform: rare after the first tile
             alpha = tl.exp2((m_i - m_new) * scale_log2)
-            l_i = l_i * alpha
+            l_i = l_i * alpha[:, None]
             acc = acc * alpha[:, None]
             m_i = m_new
-        p = tl.exp2(qk * scale_log2 - (m_i * scale_log2)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        p = tl.exp2(qk * scale_log2 - (m_i * scale_log2)[:, None]).to(v.dtype)
+        # The row sums on the tensor cores: p @ ones accumulates every column of l_i to the
+        # row's sum of the probabilities PV multiplies (the same 16-bit values), with no
+        # per-tile adds and shuffles.
+        l_i = tl.dot(p, tl.full([k.shape[0], LSUM_COLS], 1.0, v.dtype), l_i, input_precision=DOT_PRECISION)
+        acc = acc + tl.dot(p, v, input_precision=DOT_PRECISION)
     else:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -154,13 +160,13 @@ def _tree_attention_kernel(
     mask_ptr,  # [B, N, W] int64, contiguous (unused when IS_CAUSAL)
     block_table_ptr,  # [B, max_pages] int32, contiguous (unused unless IS_PAGED)
     out_ptr,  # [B, N, Hq, D] q.dtype, contiguous (written when NUM_SPLITS == 1)
-    part_o_ptr,  # [NUM_SPLITS, B * N * Hq, D] float32 (written when NUM_SPLITS > 1)
-    part_lse_ptr,  # [NUM_SPLITS, B * N * Hq] float32, base-2 log-sum-exp
+    part_o_ptr,  # [NUM_SPLITS, B * N * Hq, D] float32, or float16 with SCALED_PARTIALS (when NUM_SPLITS > 1)
+    part_lse_ptr,  # [NUM_SPLITS, B * N * Hq] float32, base-2 log-sum-exp; SCALED_PARTIALS: then as many scales
     N, Hq, Hkv, D, W, page_size, max_pages, scale_log2,
     stride_qb, stride_qn, stride_qh,
     stride_k0, stride_k1, stride_k2,
     stride_v0, stride_v1, stride_v2,
-    GROUP: tl.constexpr, NODES: tl.constexpr,
+    GROUP: tl.constexpr, NODES: tl.constexpr, NODE_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr, IS_CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D: whole-tile loads need no mask at all
@@ -169,13 +175,17 @@ def _tree_attention_kernel(
     INT32_OFFSETS: tl.constexpr,  # every element offset of q, both caches, out and the partials is below 2^31
     SHARED_KV_OFFSETS: tl.constexpr,  # k_cache and v_cache have the same strides
     TILE_MODE: tl.constexpr,  # whole prefix tiles: 0 general, 1 contiguous, 2 pages in a tile, 3 a tile in a page
+    SCALED_PARTIALS: tl.constexpr,  # bf16 inputs: split partials in fp16 scaled per row
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    node_blocks = tl.cdiv(N, NODES)
-    nblk = pid % node_blocks
-    kvh = ((pid // node_blocks) % Hkv).to(tl.int64)
-    b = (pid // (node_blocks * Hkv)).to(tl.int64)
+    # NODE_BLOCKS = cdiv(N, NODES) a compile-time constant (a tree's node count is fixed): its
+    # division and remainder are shifts and masks at powers of two; one division by Hkv remains.
+    nblk = pid % NODE_BLOCKS
+    head_pid = pid // NODE_BLOCKS  # b * Hkv + kvh
+    b32 = head_pid // Hkv
+    kvh = (head_pid - b32 * Hkv).to(tl.int64)
+    b = b32.to(tl.int64)
 
     offs_m = tl.arange(0, BLOCK_M)
     node_local = offs_m // GROUP
@@ -203,9 +213,10 @@ def _tree_attention_kernel(
 
     if LAZY_RESCALE:
         m_i = tl.full([BLOCK_M], NO_KEY, tl.float32)
+        l_i = tl.zeros([BLOCK_M, LSUM_COLS], tl.float32)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     prefix = tl.load(seqlens_ptr + b)
@@ -313,18 +324,31 @@ def _tree_attention_kernel(
             m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2,
                                          True, UPCAST, DOT_PRECISION, LAZY_RESCALE)
 
+    if LAZY_RESCALE:
+        l_i = tl.max(l_i, 1)  # its columns are equal
     # A row with no visible key (a mask without the node's own bit and an empty prefix)
     # outputs zeros.
     has = l_i > 0.0
-    o = acc * (1.0 / tl.where(has, l_i, 1.0))[:, None]  # one division a row, not a value
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)  # one division a row, not a value
     row = (b_o * N + node.to(b_o.dtype)) * Hq + head  # flat (b, node, head) index
     o_mask = row_valid[:, None] & d_valid[None, :]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
+        tl.store(out_ptr + row[:, None] * D + offs_d[None, :], (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=o_mask)
     else:
-        rows_total = tl.num_programs(0) // node_blocks * N * GROUP  # B * N * Hq
+        rows_total = tl.num_programs(0) // NODE_BLOCKS * N * GROUP  # B * N * Hq
         base = split.to(b_o.dtype) * rows_total + row
-        tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], o, mask=o_mask)
+        if SCALED_PARTIALS:
+            # fp16 partials scaled by the row's largest |value| (o = acc / l, stored acc / max|acc|
+            # in [-1, 1], its scale max|acc| / l beside the log-sum-exps): an absolute error of
+            # at most 2^-12 of the row's largest |o|, below the bf16 output's rounding.
+            amax = tl.max(tl.abs(acc), 1)
+            amax = tl.where(amax > 0.0, amax, 1.0)
+            tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], (acc * (1.0 / amax)[:, None]).to(tl.float16),
+                     mask=o_mask)
+            tl.store(part_lse_ptr + NUM_SPLITS * rows_total + base, amax * inv_l, mask=row_valid)
+        else:
+            tl.store(part_o_ptr + base[:, None] * D + offs_d[None, :], acc * inv_l[:, None], mask=o_mask)
         if LAZY_RESCALE:
             m_log2 = m_i * scale_log2  # m of raw scores on the lazy path
         else:
@@ -335,33 +359,49 @@ def _tree_attention_kernel(
 
 @triton.jit
 def _tree_attention_merge_kernel(
-    part_o_ptr,  # [NUM_SPLITS, R, D] float32, R = B * N * Hq
-    part_lse_ptr,  # [NUM_SPLITS, R] float32
+    part_o_ptr,  # [NUM_SPLITS, R, D] float32 (or float16, SCALED), R = B * N * Hq
+    part_lse_ptr,  # [NUM_SPLITS, R] float32 (SCALED: then the partials' [NUM_SPLITS, R] scales)
     out_ptr,  # [R, D] q.dtype
     R, D,
-    NUM_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined,
-    BLOCK_R rows a program (every load issued at once: [rows, splits] and [rows, splits, D])."""
+    BLOCK_R rows a program, every load issued at once. The partials are a [splits, rows, D]
+    block with the splits outermost: the layout then keeps a value's splits in one thread (the
+    sum over them is a thread's own adds; warps lie along the rows), where a [rows, splits, D]
+    block put its warps along the splits (a cross-warp reduction: ~15 instructions a value)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    rs_valid = (rows < R)[:, None] & (offs_s < NUM_SPLITS)[None, :]
-    flat = offs_s.to(tl.int64)[None, :] * R + rows[:, None]  # [rows, splits]
-    lse = tl.load(part_lse_ptr + flat, mask=rs_valid, other=float("-inf"))
-    o_mask = rs_valid[:, :, None] & (offs_d < D)[None, None, :]
+    sr_valid = (offs_s < NUM_SPLITS)[:, None] & (rows < R)[None, :]
+    flat = offs_s.to(tl.int64)[:, None] * R + rows[None, :]  # [splits, rows]
+    o_mask = sr_valid[:, :, None] & (offs_d < D)[None, None, :]
     o = tl.load(part_o_ptr + flat[:, :, None] * D + offs_d[None, None, :], mask=o_mask, other=0.0)
-    top = tl.max(lse, 1)
+    lse = tl.load(part_lse_ptr + flat, mask=sr_valid, other=float("-inf"))
+    if SCALED:
+        scale = tl.load(part_lse_ptr + NUM_SPLITS * R + flat, mask=sr_valid, other=0.0)
+    top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top[:, None])
-    total = tl.sum(weight, 1)
-    merged = tl.sum(o * weight[:, :, None], 1) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
+    weight = tl.exp2(lse - top[None, :])
+    total = tl.sum(weight, 0)
+    if SCALED:
+        o_weight = weight * scale
+    else:
+        o_weight = weight
+    merged = tl.sum(o.to(tl.float32) * o_weight[:, :, None], 0) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
     out_mask = (rows < R)[:, None] & (offs_d < D)[None, :]
     tl.store(out_ptr + rows[:, None] * D + offs_d[None, :], merged.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-# Rows a merge program recombines (4 rows x 8 splits x 128 fp32 values: 32 a thread at 4 warps).
-MERGE_ROWS = 4
+# Partial values a merge program holds: next_pow2(splits) x rows x head dim = 16,384 (128 fp32 a
+# thread at 4 warps: 8 splits x 16 rows at D 128, 32 splits x 4 rows; more spills at D 256).
+MERGE_VALUES = 16_384
+
+
+def merge_rows(splits: int, block_d: int) -> int:
+    """Rows a merge program recombines for ``splits`` partials of ``block_d`` values (at least 2)."""
+    return max(2, MERGE_VALUES // (max(2, triton.next_power_of_2(splits)) * block_d))
 
 
 def _fits_int32(tensor: torch.Tensor) -> bool:
@@ -426,9 +466,12 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         splits = num_splits_for(programs, capacity, block_k, _sm_count(q.device), config.blocks_per_sm)
     else:
         splits = 1
+    # bf16 inputs: fp16 partials scaled per row (half the bytes; the error they add is below the
+    # output's rounding). fp16 and fp32 keep fp32 partials.
+    scaled = q.dtype == torch.bfloat16
     if splits > 1:
-        part_o = torch.empty(splits, B * N * Hq, D, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(splits, B * N * Hq, dtype=torch.float32, device=q.device)
+        part_o = torch.empty(splits, B * N * Hq, D, dtype=torch.float16 if scaled else torch.float32, device=q.device)
+        part_lse = torch.empty(2 if scaled else 1, splits, B * N * Hq, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused
     upcast = interpret and q.dtype != torch.float32  # the interpreter's bf16 dot is wrong
@@ -455,17 +498,19 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        GROUP=group, NODES=nodes, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
+        GROUP=group, NODES=nodes, NODE_BLOCKS=triton.cdiv(N, nodes), BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_D=block_d,
         NUM_SPLITS=splits, PAGE_SIZE=compile_page, IS_PAGED=paged, IS_CAUSAL=causal,
         EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
         INT32_OFFSETS=all(map(_fits_int32, (q, k_cache, v_cache))) and splits * out.numel() < 2**31,
-        SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode,
+        SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode, SCALED_PARTIALS=scaled,
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1:
-        _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, MERGE_ROWS),)](
+        block_s = max(2, triton.next_power_of_2(splits))
+        block_r = merge_rows(splits, block_d)
+        _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, block_r),)](
             part_o, part_lse, out, B * N * Hq, D,
-            NUM_SPLITS=splits, BLOCK_R=MERGE_ROWS, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+            NUM_SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r, BLOCK_D=block_d, SCALED=scaled,
             num_warps=4,
         )
     return out

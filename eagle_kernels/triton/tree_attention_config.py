@@ -11,7 +11,8 @@ kernel (triton 3.6 and 3.9, sm_90), term by term: the Q tile (an operand of the 
 kept in shared memory), the K and V tiles once per pipeline stage, and with a tree mask one
 int64 word per row per stage but one. The paged gather pipelines its K/V tiles over at most
 two buffers, its mask words over one, and adds the block-table indices (1 KiB bound); 16-bit
-inputs add the conditional rescale's reduction scratch (1 KiB bound). For the 16-bit
+inputs add the conditional rescale's reduction scratch (1 KiB bound) and the ones operand of
+the row sums' MMA (block_k x 16 values). For the 16-bit
 configurations of 64 rows or more this is at most 1 KiB above the compiled figure, never below
 (python_tests/ops/test_tree_attention_compile.py compiles some; ``python
 bench/tree_attention_audit.py audit`` compiles every configuration ``gpu_config`` can return),
@@ -38,6 +39,8 @@ H200_SMS = 132
 STATIC_SHARED = 1024
 MAX_ROWS = 128
 RESCALE_SCRATCH = 1024
+# Columns of the 16-bit path's row-sum MMA (tree_attention.LSUM_COLS).
+ROW_SUM_COLUMNS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +74,9 @@ class TreeAttentionConfig:
         # 16-bit inputs: the conditional rescale's block-wide maximum (4 B a warp, placed at the
         # allocator's alignment: 16 B to 1 KiB more in the compiled kernels, bounded by 1 KiB).
         scratch = RESCALE_SCRATCH if element_size == 2 else 0
+        # 16-bit inputs: the ones operand [block_k, 16] of the row sums' MMA (p @ ones).
+        ones = self.block_k * ROW_SUM_COLUMNS * element_size if element_size == 2 else 0
+        scratch += ones
         if paged:
             return (q_tile + min(stages, 2) * kv_tiles + min(stages - 1, 1) * mask_words
                     + (1024 if stages >= 3 else 0) + scratch)

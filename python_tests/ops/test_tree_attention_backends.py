@@ -117,6 +117,30 @@ def test_triton_split_kv(backend, prefix, splits):
     check(fn, 2, 20, prefix, (8, 2), 64, torch.float32, 16, False, seed=prefix + splits)
 
 
+@pytest.mark.parametrize("magnitude", [1.0, 1e6], ids=lambda m: f"v{m:g}")
+def test_triton_split_kv_bf16(backend, magnitude):
+    """bf16 splits keep their partials in fp16 scaled per row: values far beyond fp16's range
+    (|v| ~ 1e6) merge to the reference like unit ones, and the split output stays within the
+    bf16 tolerance of the unsplit one."""
+    if backend != "triton":
+        pytest.skip("Triton-specific path")
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    from eagle_kernels.triton.tree_attention import _launch
+
+    q, k, v, seqlens, table = attention_inputs(1, 9, 200, (4, 2), 64, torch.bfloat16, 16, 11)
+    v = (v.float() * magnitude).to(torch.bfloat16)
+    mask = random_tree(1, 9, 11).mask
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    split = _launch(q, k, v, seqlens, mask, block_table=table, num_splits=3)
+    whole = _launch(q, k, v, seqlens, mask, block_table=table, num_splits=1)
+    assert torch.isfinite(split).all()
+    torch.testing.assert_close(split.double() / magnitude, want / magnitude, **TOL[torch.bfloat16])
+    torch.testing.assert_close(split.double() / magnitude, whole.double() / magnitude, **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("case,name", [
     ("heads_mismatch", "k_cache"),
     ("head_dim_mismatch", "k_cache"),
