@@ -86,10 +86,14 @@ EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t 
   const int64_t half_stride = K * kHalf;
   for (int64_t k = 0; k < K; ++k) {
     if (prefetch && k % steps_per_line == 0) {
-      // Past a half's end the line is the next half's start (past the last group's end a
-      // prefetch is a hint that never faults).
+      // Past the halves' ends each stream runs on into the same stream of the next tile (the 2 G
+      // halves after these), so that a tile starts with its first lines on the way: reading on
+      // into the next half instead left 2 G - 1 of a tile's streams to start on demand misses.
+      // Past the last group's end a prefetch is a hint that never faults.
+      const int64_t kp = k + ahead;
+      const W* line = kp < K ? w + kp * kHalf : w + (2 * G - 1) * half_stride + (kp - K) * kHalf;
       for (int g = 0; g < 2 * G; ++g)
-        _mm_prefetch(reinterpret_cast<const char*>(w + g * half_stride + (k + ahead) * kHalf), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(line + g * half_stride), _MM_HINT_T1);
     }
     __m512 lo[G], hi[G];
     for (int g = 0; g < G; ++g) {
