@@ -82,9 +82,9 @@ using simd::avx512::load16;
 template <int G, int C, typename W>
 EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
                                  bool prefetch) {
-  constexpr int64_t step_bytes = kHalf * static_cast<int64_t>(sizeof(W));  // per half and k step
+  constexpr int64_t step_bytes = kHalf * static_cast<int64_t>(sizeof(W));                 // per half and k step
   constexpr int64_t ahead = C == 1 ? kPrefetchStepsOneRow : kPrefetchAhead / step_bytes;  // k steps
-  constexpr int64_t steps_per_line = 64 / step_bytes;                      // 1 (fp32) or 2
+  constexpr int64_t steps_per_line = 64 / step_bytes;                                     // 1 (fp32) or 2
   __m512 acc[G][2][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][0][c] = acc[g][1][c] = _mm512_setzero_ps();
@@ -97,8 +97,7 @@ EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t 
       // Past the last group's end a prefetch is a hint that never faults.
       const int64_t kp = k + ahead;
       const W* line = kp < K ? w + kp * kHalf : w + (2 * G - 1) * half_stride + (kp - K) * kHalf;
-      for (int g = 0; g < 2 * G; ++g)
-        _mm_prefetch(reinterpret_cast<const char*>(line + g * half_stride), _MM_HINT_T1);
+      for (int g = 0; g < 2 * G; ++g) _mm_prefetch(reinterpret_cast<const char*>(line + g * half_stride), _MM_HINT_T1);
     }
     __m512 lo[G], hi[G];
     for (int g = 0; g < G; ++g) {
