@@ -148,6 +148,8 @@ def _draft_expand_kernel(
     SUPER: tl.constexpr,  # super-groups of the threshold; 0: no threshold, TOP_K plain rounds
     CAP: tl.constexpr,  # survivor slots ranked in registers (chunk and merge)
     THREADS: tl.constexpr,  # 32 * num_warps
+    VEC: tl.constexpr,  # consecutive entries a thread loads at once (16 bytes)
+    BF16_WORDS: tl.constexpr,  # bf16 logits read as int32 words of two entries
     BLOCK_M: tl.constexpr,  # frontier rows the merge's plain rounds take together
     BLOCK_MA: tl.constexpr,  # next power of two of M: the rows the merge's threshold step takes at once
     BLOCK_C: tl.constexpr,  # next power of two of NC
@@ -181,13 +183,15 @@ def _draft_expand_kernel(
     if SAMPLED:
         if t > 0:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, True)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, VEC, BF16_WORDS, IS_FP64,
+                   True)
         else:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, VEC, BF16_WORDS, IS_FP64,
+                   False)
     else:
         _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
+               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, VEC, BF16_WORDS, IS_FP64, False)
     # Publish: every thread's partials are stored (barrier) before one thread takes the ticket
     # with release semantics; the program drawing the last ticket acquires them all.
     tl.debug_barrier()
@@ -204,16 +208,16 @@ def _draft_expand_kernel(
 def _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk, V, t,
            seed, offset, draw, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
            BLOCK_V: tl.constexpr, SUPER: tl.constexpr, CAP: tl.constexpr, THREADS: tl.constexpr,
-           IS_FP64: tl.constexpr, SAMPLED_ROW: tl.constexpr):
+           VEC: tl.constexpr, BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, SAMPLED_ROW: tl.constexpr):
     """_chunk_partials, with the masked loads in a row's last chunk only."""
     if (chunk + 1) * BLOCK_V <= V:
         _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
                         chunk * BLOCK_V, V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS,
-                        IS_FP64, False, SAMPLED_ROW)
+                        VEC, BF16_WORDS, IS_FP64, False, SAMPLED_ROW)
     else:
         _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
                         chunk * BLOCK_V, V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS,
-                        IS_FP64, True, SAMPLED_ROW)
+                        VEC, BF16_WORDS, IS_FP64, True, SAMPLED_ROW)
 
 
 @triton.jit
@@ -232,23 +236,52 @@ def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
 def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
                     base, V, temp, seed, offset, draw, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_V: tl.constexpr, SUPER: tl.constexpr, CAP: tl.constexpr, THREADS: tl.constexpr,
-                    IS_FP64: tl.constexpr, MASKED: tl.constexpr, SAMPLED: tl.constexpr):
-    # One element per thread and register: the survivors' compaction below then stores from the
-    # load's own layout (a vectorised load would make the compiler convert all BLOCK_V entries
-    # through shared memory for the scattered store).
-    offs = base + tl.arange(0, BLOCK_V)
+                    VEC: tl.constexpr, BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr,
+                    SAMPLED: tl.constexpr):
+    # [GROUPS, THREADS, VEC] view: thread t holds the runs of VEC consecutive entries at
+    # base + (g * THREADS + t) * VEC, one vector load each (16 bytes; the JIT specialises the
+    # row pointer and V when they are multiples of 16). Every step below keeps this layout: the
+    # per-thread maxima and survivor masks reduce axes 0 and 2 in registers. Flattened in
+    # row-major order the view is the chunk in id order, so tl.sum over it (axis=None) adds the
+    # entries in the same order as over the 1-D chunk when interpreted.
+    GROUPS: tl.constexpr = BLOCK_V // (THREADS * VEC)
+    g3 = tl.arange(0, GROUPS)[:, None, None]
+    t3 = tl.arange(0, THREADS)[None, :, None]
+    e3 = tl.arange(0, VEC)[None, None, :]
+    if MASKED or SAMPLED or not BF16_WORDS:
+        # Not computed otherwise: the compiler would keep every entry's id in registers for the
+        # fallback rounds (which compute their own).
+        offs = base + (g3 * THREADS + t3) * VEC + e3
     if MASKED:
         in_row = offs < V
-        x = tl.load(row_ptr + tl.max_contiguous(offs, 1), mask=in_row, other=float("-inf"))
+    if BF16_WORDS:
+        # bf16 read as int32 words of two entries (V even, the row 4-byte aligned): the float32
+        # of the low entry is the word shifted up, of the high one the word's high half.
+        HALF: tl.constexpr = VEC // 2
+        k3 = tl.arange(0, HALF)[None, None, :]
+        words = base // 2 + (g3 * THREADS + t3) * HALF + k3
+        words = tl.max_contiguous(tl.multiple_of(words, [1, 1, HALF]), [1, 1, HALF])
+        word_ptr = row_ptr.to(tl.pointer_type(tl.int32)) + words
+        if MASKED:
+            w = tl.load(word_ptr, mask=2 * words < V, other=-8323200)  # 0xFF80FF80: two bf16 -inf
+        else:
+            w = tl.load(word_ptr)
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)  # & 0xFFFF0000
+        x = tl.reshape(tl.join(lo, hi), [GROUPS, THREADS, VEC])
     else:
-        x = tl.load(row_ptr + tl.max_contiguous(offs, 1))
-    x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+        offs = tl.max_contiguous(tl.multiple_of(offs, [1, 1, VEC]), [1, 1, VEC])
+        if MASKED:
+            x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf"))
+        else:
+            x = tl.load(row_ptr + offs)
+        x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
     if SAMPLED:
         # The max and sum of exp((x - max) / T) as below; then x holds the Gumbel keys, which
         # the threshold, compaction and rank steps take in place of the logits.
-        cmax = tl.max(x, axis=0)
+        cmax = tl.max(x)
         shift = tl.where(cmax == float("-inf"), 0.0, cmax)
-        csum = tl.sum(tl.exp((x - shift) / temp), axis=0)
+        csum = tl.sum(tl.exp((x - shift) / temp))
         tl.store(part_max_ptr + out, cmax)
         tl.store(part_sum_ptr + out, csum)
         tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
@@ -258,17 +291,17 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
     # Maxima ignore NaN (max.f32 on the GPU, fmax in the interpreter); NaN only occurs in bad
     # rows, whose ranking is not used.
     if SUPER > 0:
-        # [registers, threads] view: the per-thread maxima take no shuffles.
-        tmax = tl.max(tl.reshape(x, [BLOCK_V // THREADS, THREADS]), axis=0)
+        # The per-thread maxima take no shuffles.
+        tmax = tl.max(tl.max(x, axis=2), axis=0)  # [THREADS]
         smax = tl.max(tl.reshape(tmax, [SUPER, THREADS // SUPER]), axis=1)  # [SUPER]
         cmax = tl.max(smax, axis=0)
     elif not SAMPLED:
-        cmax = tl.max(x, axis=0)
+        cmax = tl.max(x)
     if not SAMPLED:
         # exp(-inf) = 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf). A NaN entry
         # makes the sum NaN: with +inf as the max, that is the bad flag, with no extra reduction.
         shift = tl.where(cmax == float("-inf"), 0.0, cmax)
-        csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E), axis=0)  # one FFMA per entry
+        csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E))  # one FFMA per entry
         tl.store(part_max_ptr + out, cmax)
         tl.store(part_sum_ptr + out, csum)
         tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
@@ -281,14 +314,13 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         surv = x >= t
         if MASKED:
             surv = surv & in_row
-        # Compaction, per thread of the [registers, threads] view: a bit mask of its survivors
-        # (one select and add per entry), then its first PER_THREAD survivors by lowest set bit,
-        # at slot = survivors of the threads before + j. A thread with more sends the chunk to
-        # the plain rounds (n > CAP). No step wraps around (the interpreter checks overflow).
+        # Compaction, per thread: a bit mask of its survivors (bit g * VEC + e; one select and
+        # add per entry), then its first PER_THREAD survivors by lowest set bit, at slot =
+        # survivors of the threads before + j. A thread with more sends the chunk to the plain
+        # rounds (n > CAP). No step wraps around (the interpreter checks overflow).
         REGS: tl.constexpr = BLOCK_V // THREADS
-        surv = tl.reshape(surv, [REGS, THREADS])
-        reg = tl.arange(0, REGS)[:, None].to(tl.uint32)
-        bits = tl.sum(tl.where(surv, tl.full([REGS, 1], 1, tl.uint32) << reg, 0), axis=0)
+        reg = (g3 * VEC + e3).to(tl.uint32)
+        bits = tl.sum(tl.sum(tl.where(surv, tl.full([1, 1, 1], 1, tl.uint32) << reg, 0), axis=2), axis=0)
         c = bits - ((bits >> 1) & 0x55555555)  # SWAR popcount
         c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
         c = (c + (c >> 4)) & 0x0F0F0F0F
@@ -296,12 +328,13 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         cnt = ((c + (c >> 16)) & 0x3F).to(tl.int32)  # [THREADS]
         n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
         slot = tl.cumsum(cnt, axis=0) - cnt
-        first_id = base + tl.arange(0, THREADS)  # the id of each thread's register 0
+        first_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
         for j in tl.static_range(PER_THREAD if PER_THREAD < REGS else REGS):
             rest = bits & ((bits | (bits == 0).to(tl.uint32)) - 1)  # without the lowest set bit
             # The lowest set bit's index, from the exponent of its float value.
-            at = ((bits ^ rest).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-            tl.store(surv_ptr + out * CAP + slot + j, first_id + at * THREADS, mask=(j < cnt) & (slot < CAP - j))
+            at = ((bits ^ rest).to(tl.float32).to(tl.uint32, bitcast=True) >> 23) - 127  # g * VEC + e
+            sid = first_id + (at + (at // VEC) * (THREADS * VEC - VEC)).to(tl.int32)
+            tl.store(surv_ptr + out * CAP + slot + j, sid, mask=(j < cnt) & (slot < CAP - j))
             bits = rest
         tl.debug_barrier()  # the ids just stored by other threads are read back below
     if n <= CAP:
@@ -329,13 +362,14 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         # TOP_K rounds of argmax (ties: smaller id) over the whole chunk: for more than CAP
         # survivors (long ties at the threshold, many -inf) and for large TOP_K (no threshold).
         # An exhausted round stores the filler described above.
-        alive = in_row if MASKED else offs >= 0
+        entry = base + (g3 * THREADS + t3) * VEC + e3
+        alive = in_row if MASKED else entry >= 0
         for i in range(TOP_K):
-            best = tl.max(tl.where(alive, x, float("-inf")), axis=0)
-            pick = tl.min(tl.where(alive & (x == best), offs, _BIG_ID), axis=0)
+            best = tl.max(tl.where(alive, x, float("-inf")))
+            pick = tl.min(tl.where(alive & (x == best), entry, _BIG_ID))
             tl.store(part_val_ptr + out * TOP_K + i, best)
             tl.store(part_id_ptr + out * TOP_K + i, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + i, pick))
-            alive = alive & (offs != pick)
+            alive = alive & (entry != pick)
 
 
 @triton.jit
@@ -604,6 +638,12 @@ def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
     return ChunkShape(warps, threads, min(2 * block_k, threads), max(32, triton.next_power_of_2(3 * top_k)))
 
 
+def chunk_vector(block_v: int, shape: ChunkShape, element_size: int) -> int:
+    """Consecutive entries a chunk thread holds and loads at once: 16 bytes (8 bf16 / fp16, 4
+    fp32, 2 fp64), at most its share of the chunk."""
+    return min(16 // element_size, block_v // shape.threads)
+
+
 def _register_cap(shape: ChunkShape) -> dict:
     """At most 128 registers per thread for 8-warp chunks, so two blocks share an SM (triton 3.6
     otherwise allocates 135 for bf16 and one block runs per SM); no launch option when
@@ -703,11 +743,15 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     rounds_m = max(1, min(block_m, config.merge_lanes // block_ck))
     filter_merge = merge_filters(shape, M, NC, top_k)
     lanes = 64 * shape.threads
+    vec = chunk_vector(block_v, shape, x.element_size())
+    # bf16 in 4-byte words where every row starts on a word: V even, the tensor 4-byte aligned.
+    words = x.dtype == torch.bfloat16 and vec >= 2 and V % 2 == 0 and x.data_ptr() % 4 == 0
     _draft_expand_kernel[(NC, M, B)](
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c, BLOCK_CK=block_ck,
+        THREADS=shape.threads, VEC=vec, BF16_WORDS=words, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c,
+        BLOCK_CK=block_ck,
         BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
         HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )

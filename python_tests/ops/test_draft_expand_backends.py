@@ -176,16 +176,23 @@ def _threshold_rows(V, block_v, top_k):
     thread's registers (more survivors than a thread compacts: plain rounds); ties at the max
     spread over threads (ranked by id); ties at the max in two threads (plain rounds); a flat row
     (plain rounds); ascending values (the best entries in the last chunk); half -inf."""
-    from eagle_kernels.triton.draft_expand import chunk_shape
+    from eagle_kernels.triton.draft_expand import chunk_shape, chunk_vector
 
-    threads = chunk_shape(block_v, top_k).threads
+    shape = chunk_shape(block_v, top_k)
+    threads, vec = shape.threads, chunk_vector(block_v, shape, 4)
+    regs = block_v // threads
+    k = torch.arange(top_k)
+    # Register k of thread 5 (registers past the chunk's: the next chunks' thread 5).
+    r = k % regs
+    one_thread = k // regs * block_v + (r // vec * threads + 5) * vec + r % vec
     gen = torch.Generator().manual_seed(V + block_v)
     rows = torch.randn(7, V, generator=gen).clamp(-3, 3)
-    rows[1, (5 + threads * torch.arange(top_k)) % V] = 10.0 + torch.arange(top_k, dtype=torch.float32)
+    rows[1, one_thread % V] = 10.0 + torch.arange(top_k, dtype=torch.float32)
     rows[2] = rows[2].clamp(max=2.0)
     rows[2, :: threads + 1] = 2.0
     rows[3] = rows[3].clamp(max=2.0)
-    rows[3, :: threads // 2] = 2.0
+    owner = torch.arange(V) % block_v // vec % threads
+    rows[3, owner % (threads // 2) == 0] = 2.0  # every entry of threads 0 and threads / 2
     rows[4] = 0.5
     rows[5] = torch.linspace(-5, 5, V)
     rows[6, : V // 2] = float("-inf")
@@ -194,20 +201,22 @@ def _threshold_rows(V, block_v, top_k):
 
 def _expected_survivors(row, chunk, block_v, top_k):
     """(ids >= the chunk's threshold, whether the chunk takes the compaction) by the kernel's
-    definition: threads own ids ``base + r * threads + t``; super-groups are runs of threads."""
-    from eagle_kernels.triton.draft_expand import PER_THREAD, chunk_shape
+    definition: thread ``t`` owns ids ``base + (g * threads + t) * vec + e`` (runs of ``vec``);
+    super-groups are runs of threads."""
+    from eagle_kernels.triton.draft_expand import PER_THREAD, chunk_shape, chunk_vector
 
     shape = chunk_shape(block_v, top_k)
+    vec = chunk_vector(block_v, shape, row.element_size())
     V = row.numel()
     ids = chunk * block_v + torch.arange(block_v)
     valid = ids < V
     x = torch.full((block_v,), float("-inf"))
     x[valid] = row[ids[valid]]
-    tmax = x.view(-1, shape.threads).amax(0)
+    tmax = x.view(-1, shape.threads, vec).amax((0, 2))
     smax = tmax.view(shape.n_super, -1).amax(1)
     t = smax[(smax[None, :] >= smax[:, None]).sum(1) >= top_k].max()
     surv = (x >= t) & valid
-    per_thread = surv.view(-1, shape.threads).sum(0)
+    per_thread = surv.view(-1, shape.threads, vec).sum((0, 2))
     return set(ids[surv].tolist()), int(surv.sum()) <= shape.cap and int(per_thread.max()) <= PER_THREAD.value
 
 
