@@ -143,7 +143,8 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
     shapes reported)."""
     instrs = [(int(m[1], 16), m[2] is not None, m[3], m[4]) for m in map(_INSTR.match, sass.splitlines()) if m]
     index = {addr: i for i, (addr, *_rest) in enumerate(instrs)}
-    targets = [(index.get(int(a.split()[0], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]
+    # BRA [Pn,] target: a predicate operand makes the branch conditional like a guard does.
+    targets = [(index.get(int(a.split()[-1], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]
     outermost = min((t for t, i in targets if t < i), default=None) if outer_once else None
     found = []
 
@@ -160,7 +161,8 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
                 if not pred:
                     return
             if op == "BRA":
-                target = index.get(int(args.split()[0], 16))
+                target = index.get(int(args.split()[-1], 16))
+                pred = pred or "," in args
                 if target is None or target == i:
                     return
                 if target < i:

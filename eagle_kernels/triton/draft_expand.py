@@ -91,7 +91,7 @@ class DraftExpandConfig:
 # the interpreter so that V = 1031 in the tests already takes the multi-chunk merge
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
-GPU_CONFIG = DraftExpandConfig(block_v=8192)
+GPU_CONFIG = DraftExpandConfig(block_v=16384)
 INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024, sampled_block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
@@ -221,6 +221,16 @@ def _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part
 
 
 @triton.jit
+def _popcount(bits):
+    """Set bits of each uint32 (SWAR; the compiler emits one POPC), as int32."""
+    c = bits - ((bits >> 1) & 0x55555555)
+    c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
+    c = (c + (c >> 4)) & 0x0F0F0F0F
+    c = c + (c >> 8)
+    return ((c + (c >> 16)) & 0x3F).to(tl.int32)
+
+
+@triton.jit
 def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
     """Exponential-race keys ``(x - shift) / t - log(-log U)`` in float64 (docs/ops.md §2), U the
     stream's uniform at (seed, offset, node = id, draw); ``x`` in the compute dtype. With the
@@ -230,6 +240,36 @@ def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
     s = (x - shift) / t
     u = _uniform(seed, offset, ids, draw.to(tl.uint32))
     return s.to(tl.float64) - tl.log(-tl.log(u))
+
+
+@triton.jit
+def _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS: tl.constexpr, THREADS: tl.constexpr, VEC: tl.constexpr,
+                BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
+    """The chunk as [GROUPS, THREADS, VEC] float32 (float64 for fp64 logits), -inf past V."""
+    if BF16_WORDS:
+        # bf16 read as int32 words of two entries (V even, the row 4-byte aligned): the float32
+        # of the low entry is the word shifted up, of the high one the word's high half.
+        HALF: tl.constexpr = VEC // 2
+        k3 = tl.arange(0, HALF)[None, None, :]
+        words = base // 2 + (g3 * THREADS + t3) * HALF + k3
+        words = tl.max_contiguous(tl.multiple_of(words, [1, 1, HALF]), [1, 1, HALF])
+        word_ptr = row_ptr.to(tl.pointer_type(tl.int32)) + words
+        if MASKED:
+            w = tl.load(word_ptr, mask=2 * words < V, other=-8323200)  # 0xFF80FF80: two bf16 -inf
+        else:
+            w = tl.load(word_ptr)
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)  # & 0xFFFF0000
+        x = tl.reshape(tl.join(lo, hi), [GROUPS, THREADS, VEC])
+    else:
+        offs = base + (g3 * THREADS + t3) * VEC + e3
+        offs = tl.max_contiguous(tl.multiple_of(offs, [1, 1, VEC]), [1, 1, VEC])
+        if MASKED:
+            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        else:
+            x = tl.load(row_ptr + offs)
+        x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -248,34 +288,13 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
     g3 = tl.arange(0, GROUPS)[:, None, None]
     t3 = tl.arange(0, THREADS)[None, :, None]
     e3 = tl.arange(0, VEC)[None, None, :]
-    if MASKED or SAMPLED or not BF16_WORDS:
-        # Not computed otherwise: the compiler would keep every entry's id in registers for the
+    if SAMPLED:
+        # Only here: the compiler would otherwise keep every entry's id in registers for the
         # fallback rounds (which compute their own).
         offs = base + (g3 * THREADS + t3) * VEC + e3
-    if MASKED:
-        in_row = offs < V
-    if BF16_WORDS:
-        # bf16 read as int32 words of two entries (V even, the row 4-byte aligned): the float32
-        # of the low entry is the word shifted up, of the high one the word's high half.
-        HALF: tl.constexpr = VEC // 2
-        k3 = tl.arange(0, HALF)[None, None, :]
-        words = base // 2 + (g3 * THREADS + t3) * HALF + k3
-        words = tl.max_contiguous(tl.multiple_of(words, [1, 1, HALF]), [1, 1, HALF])
-        word_ptr = row_ptr.to(tl.pointer_type(tl.int32)) + words
         if MASKED:
-            w = tl.load(word_ptr, mask=2 * words < V, other=-8323200)  # 0xFF80FF80: two bf16 -inf
-        else:
-            w = tl.load(word_ptr)
-        lo = (w << 16).to(tl.float32, bitcast=True)
-        hi = (w & -65536).to(tl.float32, bitcast=True)  # & 0xFFFF0000
-        x = tl.reshape(tl.join(lo, hi), [GROUPS, THREADS, VEC])
-    else:
-        offs = tl.max_contiguous(tl.multiple_of(offs, [1, 1, VEC]), [1, 1, VEC])
-        if MASKED:
-            x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf"))
-        else:
-            x = tl.load(row_ptr + offs)
-        x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+            in_row = offs < V
+    x = _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS, THREADS, VEC, BF16_WORDS, IS_FP64, MASKED)
     if SAMPLED:
         # The max and sum of exp((x - max) / T) as below; then x holds the Gumbel keys, which
         # the threshold, compaction and rank steps take in place of the logits.
@@ -311,26 +330,30 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         # (or t = -inf), so the chunk's top TOP_K, ties included, are all >= t.
         above = tl.sum((smax[None, :] >= smax[:, None]).to(tl.int32), axis=1)  # [SUPER]
         t = tl.max(tl.where(above >= TOP_K, smax, float("-inf")), axis=0)
+        # With t = -inf (fewer than TOP_K super-groups hold an entry above -inf) the chunk takes
+        # the plain rounds, so entries past V (-inf) never survive.
         surv = x >= t
-        if MASKED:
-            surv = surv & in_row
         # Compaction, per thread: a bit mask of its survivors (bit g * VEC + e; one select and
         # add per entry), then its first PER_THREAD survivors by lowest set bit, at slot =
         # survivors of the threads before + j. A thread with more sends the chunk to the plain
         # rounds (n > CAP). No step wraps around (the interpreter checks overflow).
         REGS: tl.constexpr = BLOCK_V // THREADS
         reg = (g3 * VEC + e3).to(tl.uint32)
-        bits = tl.sum(tl.sum(tl.where(surv, tl.full([1, 1, 1], 1, tl.uint32) << reg, 0), axis=2), axis=0)
-        c = bits - ((bits >> 1) & 0x55555555)  # SWAR popcount
-        c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
-        c = (c + (c >> 4)) & 0x0F0F0F0F
-        c = c + (c >> 8)
-        cnt = ((c + (c >> 16)) & 0x3F).to(tl.int32)  # [THREADS]
+        one = tl.full([1, 1, 1], 1, tl.uint32)
+        if REGS > 32:  # two 32-bit masks (registers 0-31 and 32-63), joined for the extraction
+            lo = tl.sum(tl.sum(tl.where(surv & (reg < 32), one << (reg & 31), 0), axis=2), axis=0)
+            hi = tl.sum(tl.sum(tl.where(surv & (reg >= 32), one << (reg & 31), 0), axis=2), axis=0)
+            cnt = _popcount(lo) + _popcount(hi)
+            bits = lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)
+        else:
+            bits = tl.sum(tl.sum(tl.where(surv, one << reg, 0), axis=2), axis=0)
+            cnt = _popcount(bits)
         n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
+        n = tl.where(t == float("-inf"), CAP + 1, n)
         slot = tl.cumsum(cnt, axis=0) - cnt
         first_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
         for j in tl.static_range(PER_THREAD if PER_THREAD < REGS else REGS):
-            rest = bits & ((bits | (bits == 0).to(tl.uint32)) - 1)  # without the lowest set bit
+            rest = bits & ((bits | (bits == 0).to(bits.dtype)) - 1)  # without the lowest set bit
             # The lowest set bit's index, from the exponent of its float value.
             at = ((bits ^ rest).to(tl.float32).to(tl.uint32, bitcast=True) >> 23) - 127  # g * VEC + e
             sid = first_id + (at + (at // VEC) * (THREADS * VEC - VEC)).to(tl.int32)
@@ -361,15 +384,25 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
     else:
         # TOP_K rounds of argmax (ties: smaller id) over the whole chunk: for more than CAP
         # survivors (long ties at the threshold, many -inf) and for large TOP_K (no threshold).
-        # An exhausted round stores the filler described above.
-        entry = base + (g3 * THREADS + t3) * VEC + e3
-        alive = in_row if MASKED else entry >= 0
+        # An exhausted round stores the filler described above. Taken entries and those past V
+        # become NaN, which maxima ignore and no best equals; the smallest id among a thread's
+        # entries equal to the best is its smallest register index (``loc``, a constant per
+        # register: no per-entry ids in registers), then the smallest over threads.
+        loc = g3 * VEC + e3
+        loc_id = loc + (loc // VEC) * (THREADS * VEC - VEC)  # id - the thread's first id
+        thread_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
+        if MASKED:
+            x = tl.where(loc_id < (V - thread_id)[None, :, None], x, float("nan"))
         for i in range(TOP_K):
-            best = tl.max(tl.where(alive, x, float("-inf")))
-            pick = tl.min(tl.where(alive & (x == best), entry, _BIG_ID))
+            best = tl.max(x)
+            best = tl.where(best != best, float("-inf"), best)  # nothing left: -inf, as the filler
+            tloc = tl.min(tl.min(tl.where(x == best, loc, _BIG_ID), axis=2), axis=0)  # [THREADS]
+            tid = tl.where(tloc == _BIG_ID, _BIG_ID, thread_id + tloc + (tloc // VEC) * (THREADS * VEC - VEC))
+            pick = tl.min(tid, axis=0)
             tl.store(part_val_ptr + out * TOP_K + i, best)
             tl.store(part_id_ptr + out * TOP_K + i, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + i, pick))
-            alive = alive & (entry != pick)
+            taken = (tid == pick)[None, :, None] & (loc == tloc[None, :, None])
+            x = tl.where(taken, float("nan"), x)
 
 
 @triton.jit
@@ -403,10 +436,16 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
     acc = tl.where(acc != acc, float("-inf"), acc)  # NaN ranks as -inf
     if PAIRWISE_FRONTIER:
         # Rank of each candidate (score desc, index asc) by one compare per pair; the padding
-        # (-inf, indices above every candidate) is beaten by all candidates.
-        s_j, s_i = acc[:, None], acc[None, :]
-        j, i = offs_mk[:, None], offs_mk[None, :]
-        rank = tl.sum(((s_j > s_i) | ((s_j == s_i) & (j < i))).to(tl.int32), axis=0)
+        # (-inf, indices above every candidate) is beaten by all candidates. The rows j in
+        # blocks of at most 32 (fewer registers at a time).
+        RB: tl.constexpr = 32 if BLOCK_MK > 32 else BLOCK_MK
+        rank = tl.zeros([BLOCK_MK], tl.int32)
+        s_i, i = acc[None, :], offs_mk[None, :]
+        for j0 in tl.static_range(0, BLOCK_MK, RB):
+            j = j0 + tl.arange(0, RB)
+            s_j = tl.load(scores_ptr + b * MK + j, mask=j < MK, other=float("-inf"))
+            s_j = tl.where(s_j != s_j, float("-inf"), s_j)[:, None]
+            rank += tl.sum(((s_j > s_i) | ((s_j == s_i) & (j[:, None] < i))).to(tl.int32), axis=0)
         tl.store(frontier_ptr + b * TOP_K + rank, offs_mk, mask=(rank < TOP_K) & (offs_mk < MK))
     else:
         # TOP_K rounds of argmax, ties by index.
@@ -631,7 +670,7 @@ def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
     the slots are a power of two >= 32 and >= 3 * top_k. Above top_k 32 the [cap, cap] rank
     would not fit in registers: plain rounds."""
     warps = 4 if block_v <= 2048 else 8
-    threads = min(block_v, max(32 * warps, block_v // 32))
+    threads = min(block_v, max(32 * warps, block_v // 64))
     block_k = triton.next_power_of_2(top_k)
     if block_k > _MAX_FILTER_K:
         return ChunkShape(warps, threads, 0, 0)

@@ -202,7 +202,7 @@ def _threshold_rows(V, block_v, top_k):
 def _expected_survivors(row, chunk, block_v, top_k):
     """(ids >= the chunk's threshold, whether the chunk takes the compaction) by the kernel's
     definition: thread ``t`` owns ids ``base + (g * threads + t) * vec + e`` (runs of ``vec``);
-    super-groups are runs of threads."""
+    super-groups are runs of threads; a threshold of -inf sends the chunk to the plain rounds."""
     from eagle_kernels.triton.draft_expand import PER_THREAD, chunk_shape, chunk_vector
 
     shape = chunk_shape(block_v, top_k)
@@ -217,10 +217,12 @@ def _expected_survivors(row, chunk, block_v, top_k):
     t = smax[(smax[None, :] >= smax[:, None]).sum(1) >= top_k].max()
     surv = (x >= t) & valid
     per_thread = surv.view(-1, shape.threads, vec).sum((0, 2))
-    return set(ids[surv].tolist()), int(surv.sum()) <= shape.cap and int(per_thread.max()) <= PER_THREAD.value
+    compacted = bool(t > float("-inf")) and int(surv.sum()) <= shape.cap and int(per_thread.max()) <= PER_THREAD.value
+    return set(ids[surv].tolist()), compacted
 
 
-@pytest.mark.parametrize("block_v,V,top_k", [(1024, 1100, 8), (256, 700, 10)], ids=["b1024k8", "b256k10"])
+@pytest.mark.parametrize("block_v,V,top_k", [(1024, 1100, 8), (256, 700, 10), (16384, 17500, 8)],
+                         ids=["b1024k8", "b256k10", "b16384k8"])
 def test_triton_chunk_threshold(backend, op_impl, block_v, V, top_k):
     """The chunk kernel's threshold and compaction: each chunk that takes them stores exactly
     the ids at or above its threshold (read back from the scratch), the others take the plain
