@@ -221,17 +221,19 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90, samp
         res = {k: int(v) for k, v in re.findall(r"(REG):(\d+)", usage)}
         _, spill_stores, spill_loads = compile_audit.ptxas_spills(log)
         # One kernel: every program computes its chunk; the last one of a request (its second
-        # ATOMG: the ticket reset) also merges the request. Chunk path: fewest loops (no fallback
-        # rounds), fewest masked loads, longest. Merging path: the same from the paths through the
-        # merge (deterministic: the threshold merge, no rounds; sampled: every loop entered).
+        # ATOMG: the ticket reset) also merges the request. Chunk path: fewest loops and fewest
+        # barriers (no fallback rounds: triton 3.6 unrolls them, so they are no loop there), fewest
+        # masked loads (the rank step's gathers are predicated in both versions; the last chunk's
+        # loads add to them), longest. Merging path: the same from the paths through the merge
+        # (deterministic: the threshold merge, no rounds; sampled: every loop entered).
         paths = _sass_paths(sass, kwargs["TOP_K"], outer_once=False)
         chunk_paths = [p for p in paths if p[0]["ATOMG"] < 2]
         merge_paths = [p for p in paths if p[0]["ATOMG"] >= 2]
-        counts, loops, _ = min(chunk_paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+        counts, loops, _ = min(chunk_paths, key=lambda p: (p[1], p[0]["BAR"], p[2], -sum(p[0].values())))
         if sampled:
             merging, _, _ = max(merge_paths, key=lambda p: (p[1], -p[2], sum(p[0].values())))
         else:
-            merging, _, _ = min(merge_paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+            merging, _, _ = min(merge_paths, key=lambda p: (p[1], p[0]["BAR"], p[2], -sum(p[0].values())))
         warps, programs = kwargs["num_warps"], math.prod(grid)
         per_thread = sum(counts.values())
         merge_extra = sum(merging.values()) - per_thread

@@ -245,14 +245,17 @@ def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
 @triton.jit
 def _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS: tl.constexpr, THREADS: tl.constexpr, VEC: tl.constexpr,
                 BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
-    """The chunk as [GROUPS, THREADS, VEC] float32 (float64 for fp64 logits), -inf past V."""
+    """The chunk as [GROUPS, THREADS, VEC] float32 (float64 for fp64 logits), -inf past V. Loaded
+    as [GROUPS * THREADS, VEC] (row g * THREADS + t): the only order of that view puts the 16-byte
+    runs in registers and the rows on the threads, in triton 3.6 and 3.9 alike (a 3-D load lets
+    the compiler spread threads over the groups)."""
+    r2 = tl.arange(0, GROUPS * THREADS)[:, None]
     if BF16_WORDS:
         # bf16 read as int32 words of two entries (V even, the row 4-byte aligned): the float32
         # of the low entry is the word shifted up, of the high one the word's high half.
         HALF: tl.constexpr = VEC // 2
-        k3 = tl.arange(0, HALF)[None, None, :]
-        words = base // 2 + (g3 * THREADS + t3) * HALF + k3
-        words = tl.max_contiguous(tl.multiple_of(words, [1, 1, HALF]), [1, 1, HALF])
+        words = base // 2 + r2 * HALF + tl.arange(0, HALF)[None, :]
+        words = tl.max_contiguous(tl.multiple_of(words, [1, HALF]), [1, HALF])
         word_ptr = row_ptr.to(tl.pointer_type(tl.int32)) + words
         if MASKED:
             w = tl.load(word_ptr, mask=2 * words < V, other=-8323200)  # 0xFF80FF80: two bf16 -inf
@@ -262,12 +265,13 @@ def _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS: tl.constexpr, THREADS: tl.
         hi = (w & -65536).to(tl.float32, bitcast=True)  # & 0xFFFF0000
         x = tl.reshape(tl.join(lo, hi), [GROUPS, THREADS, VEC])
     else:
-        offs = base + (g3 * THREADS + t3) * VEC + e3
-        offs = tl.max_contiguous(tl.multiple_of(offs, [1, 1, VEC]), [1, 1, VEC])
+        offs = base + r2 * VEC + tl.arange(0, VEC)[None, :]
+        offs = tl.max_contiguous(tl.multiple_of(offs, [1, VEC]), [1, VEC])
         if MASKED:
             x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
         else:
             x = tl.load(row_ptr + offs)
+        x = tl.reshape(x, [GROUPS, THREADS, VEC])
         x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
     return x
 
