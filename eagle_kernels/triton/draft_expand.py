@@ -156,6 +156,7 @@ def _draft_expand_kernel(
     BLOCK_CK: tl.constexpr,  # next power of two of NC * TOP_K
     BLOCK_MK: tl.constexpr,  # next power of two of M * TOP_K
     FILTER_MERGE: tl.constexpr,  # the merge's threshold, compaction and rank fit in registers
+    LEAD: tl.constexpr,  # leading entries of each chunk's list the merge's threshold ranks (merge_lead)
     PAIRWISE_FRONTIER: tl.constexpr,  # the frontier by one rank step instead of TOP_K rounds
     HAS_D2T: tl.constexpr,
     IS_FP64: tl.constexpr,
@@ -200,7 +201,8 @@ def _draft_expand_kernel(
         _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                        merge_id_ptr, frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr,
                        frontier_ptr, b, t, seed, offset, draw_base, M, V, NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA,
-                       BLOCK_C, BLOCK_CK, BLOCK_MK, FILTER_MERGE, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64, SAMPLED)
+                       BLOCK_C, BLOCK_CK, BLOCK_MK, FILTER_MERGE, LEAD, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64,
+                       SAMPLED)
         tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
 
 
@@ -414,7 +416,8 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
                    frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, frontier_ptr, b, t,
                    seed, offset, draw_base, M, V, NC, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
-                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr,
+                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, LEAD: tl.constexpr,
+                   PAIRWISE_FRONTIER: tl.constexpr,
                    HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
     """Request ``b``: every row's top TOP_K from its chunks' partials, then the frontier over
     the stored scores."""
@@ -426,12 +429,13 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
         else:
             _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                               merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M,
-                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T,
-                              IS_FP64)
+                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, LEAD,
+                              HAS_D2T, IS_FP64)
     else:
         _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                           merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
-                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, LEAD, HAS_D2T,
+                          IS_FP64)
     # The scores just stored by other threads of this program are read back below.
     tl.debug_barrier()
     MK = M * TOP_K
@@ -466,6 +470,7 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
                       frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
                       TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, FILTER_MERGE: tl.constexpr,
+                      LEAD: tl.constexpr,
                       HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
     """The most likely TOP_K of every row of request ``b`` from its chunks' lists (sorted by
     value, best first). With FILTER_MERGE (all rows at once, BLOCK_MA): threshold, compaction and
@@ -477,10 +482,19 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
         offs_c = tl.arange(0, BLOCK_C)
         gmax, log_sum, bad, pm = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC,
                                                   1.0, False)
-        # Threshold: the TOP_K-th largest chunk max (-inf with fewer chunks). TOP_K chunks hold an
-        # entry >= it, so a row's top TOP_K, ties included, are all >= it (and in their chunk's list).
-        above = tl.sum((pm[:, None, :] >= pm[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_MA, BLOCK_C]
-        thr = tl.max(tl.where(above >= TOP_K, pm, float("-inf")), axis=1)
+        # Threshold: the TOP_K-th largest of the first LEAD entries of every chunk's list (LEAD = 1:
+        # the chunk maxima; -inf with fewer entries). TOP_K distinct entries are >= it, so a row's
+        # top TOP_K, ties included, are all >= it (and in their chunk's list).
+        if LEAD == 1:
+            lead = pm
+        else:
+            offs_l = tl.arange(0, BLOCK_C * LEAD)
+            lc, lr = offs_l // LEAD, offs_l % LEAD
+            lead_ok = row_ok[:, None] & ((lc < NC) & (lr < TOP_K))[None, :]
+            lead = tl.load(part_val_ptr + (row[:, None] * NC + lc[None, :]) * TOP_K + lr[None, :], mask=lead_ok,
+                           other=float("-inf"), cache_modifier=".cg")
+        above = tl.sum((lead[:, None, :] >= lead[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_MA, C * LEAD]
+        thr = tl.max(tl.where(above >= TOP_K, lead, float("-inf")), axis=1)
         n_cand = NC * TOP_K
         offs_ck = tl.arange(0, BLOCK_CK)
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
@@ -694,12 +708,21 @@ def _register_cap(shape: ChunkShape) -> dict:
     return {} if shape.warps < 8 or interpreted(_draft_expand_kernel) else {"maxnreg": 128}
 
 
+def merge_lead(NC: int, top_k: int) -> int:
+    """Leading entries of each chunk's list whose TOP_K-th largest is the merge's threshold: about
+    2 * top_k values in all (a power of two, at most next_pow2(top_k)), so that few chunks (NC <
+    2 * top_k, 16384-entry chunks of a 128k vocabulary) still give a threshold about as tight as
+    the maxima of many: 1 (the chunk maxima) from NC >= 2 * top_k on."""
+    return min(triton.next_power_of_2(top_k), triton.next_power_of_2(-(-2 * top_k // NC)))
+
+
 def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int) -> bool:
     """Whether the merge takes the threshold, compaction and rank (else the plain rounds): they
-    hold [M, NC, NC], [M, NC * top_k] and [M, cap, cap] tiles (powers of two), at most 64
-    elements a thread each, and need the chunk's slots (top_k <= 32)."""
+    hold [M, NC lead, NC lead] (lead = merge_lead), [M, NC * top_k] and [M, cap, cap] tiles
+    (powers of two), at most 64 elements a thread each, and need the chunk's slots (top_k <= 32)."""
     lanes = 64 * shape.threads
-    block_m, block_c = triton.next_power_of_2(M), triton.next_power_of_2(NC)
+    block_m = triton.next_power_of_2(M)
+    block_c = triton.next_power_of_2(NC) * merge_lead(NC, top_k)
     return (shape.cap > 0 and block_m * block_c * block_c <= lanes
             and block_m * triton.next_power_of_2(NC * top_k) <= lanes and block_m * shape.cap * shape.cap <= lanes)
 
@@ -795,7 +818,8 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
         THREADS=shape.threads, VEC=vec, BF16_WORDS=words, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c,
         BLOCK_CK=block_ck,
-        BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
+        BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, LEAD=merge_lead(NC, top_k),
+        PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
         HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
     return DraftCandidates(tokens, scores, frontier, logprobs)

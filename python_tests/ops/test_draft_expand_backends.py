@@ -268,15 +268,19 @@ def test_triton_merge_row_blocks(backend, op_impl, lanes):
 
 def _merge_threshold_survivors(logits, m, block_v, top_k):
     """Ids of row ``m`` the merge compacts: the entries of its chunks' top-k lists at or above
-    the top_k-th largest chunk max (-inf with fewer chunks), by the kernel's definition."""
+    the top_k-th largest of the lists' first ``merge_lead`` entries (-inf with fewer), by the
+    kernel's definition."""
+    from eagle_kernels.triton.draft_expand import merge_lead
+
     row = logits[0, m].double()
     V = row.numel()
     chunks = [row[c: c + block_v] for c in range(0, V, block_v)]
-    maxima = sorted((float(ch.max()) for ch in chunks), reverse=True)
-    t = maxima[top_k - 1] if len(maxima) >= top_k else float("-inf")
+    lead = min(merge_lead(len(chunks), top_k), top_k)
+    lists = [sorted(range(ch.numel()), key=lambda i: (-float(ch[i]), i))[:top_k] for ch in chunks]
+    leading = sorted((float(ch[i]) for ch, order in zip(chunks, lists) for i in order[:lead]), reverse=True)
+    t = leading[top_k - 1] if len(leading) >= top_k else float("-inf")
     ids = set()
-    for c, ch in enumerate(chunks):
-        order = sorted(range(ch.numel()), key=lambda i: (-float(ch[i]), i))[:top_k]
+    for c, (ch, order) in enumerate(zip(chunks, lists)):
         ids |= {c * block_v + i for i in order if float(ch[i]) >= t}
     return ids
 
