@@ -1,8 +1,10 @@
 """Triton ``draft_expand``: one depth of EAGLE-2 dynamic tree expansion (Li et al. 2024, §4.1)
 in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
 
-1. Every program, chunk ``j`` of row ``(b, m)`` (``BLOCK_V`` entries, one per thread and
-   register: a [registers, threads] view), gives its max, its sum of ``exp(x - max)``, a bad
+1. Every program, chunk ``j`` of row ``(b, m)`` (``BLOCK_V`` entries: a [groups, threads, VEC]
+   view, each thread holding runs of ``VEC`` consecutive entries, 16 bytes, one vector load
+   each; bf16 read as int32 words and widened by bit ops), gives its max, its sum of
+   ``exp(x - max)``, a bad
    flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id), stored best first, in a
    constant number of block-wide steps:
    a. threshold: the chunk's threads form ``SUPER = 2 * next_pow2(TOP_K)`` super-groups; the
@@ -15,8 +17,8 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
       ``TOP_K`` best are stored at their rank.
    More than ``CAP`` survivors, or more than ``PER_THREAD`` in one thread (long ties at ``t``,
    mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
-   instead: exact, slower. About 1.3 * TOP_K entries survive an 8192-entry chunk of random
-   logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
+   instead (as does a threshold of -inf): exact, slower. About 1.3 * TOP_K entries survive a
+   chunk of random logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
 2. The program then takes a ticket of its request (an int32 counter, ``atomic_add`` with
    acquire-release semantics after a barrier, so every thread's partials are published). The
    one drawing ticket ``M * NC - 1`` is the last of its request: it reads the request's partials
@@ -29,7 +31,8 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
    of ``TOP_K`` chunks holds an entry ``>= it``), the list entries ``>= it`` are compacted by a
    scan and ranked by one compare per pair (step c again); rows with more than ``CAP`` of them,
    and tiles too large for registers (``merge_filters``), take ``TOP_K`` argmax rounds over the
-   candidates instead. The frontier is one pairwise rank over the ``M * TOP_K`` scores where
+   candidates instead (with few chunks the threshold ranks each list's first ``LEAD`` entries,
+   ``merge_lead``, not only its first). The frontier is one pairwise rank over the ``M * TOP_K`` scores where
    that fits in registers, else ``TOP_K`` argmax rounds. Blocks are issued chunk axis first:
    requests finish in order and only the last request's merge runs after every chunk.
 
@@ -73,7 +76,7 @@ class DraftExpandConfig:
     """Tuning constants of the draft_expand launch; the outputs do not depend on them.
 
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
-        warps and the [registers, threads] view of a chunk (``chunk_shape``).
+        warps and the [groups, threads, VEC] view of a chunk (``chunk_shape``, ``chunk_vector``).
     merge_lanes: candidate keys of the frontier rows one round of the merge's plain rounds reduces
         together (the merge runs in a chunk program's warps).
     sampled_block_v: entries per chunk program in launches with a temperature (sampled
@@ -85,9 +88,9 @@ class DraftExpandConfig:
     sampled_block_v: int = 2048
 
 
-# Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
-# (reductions, scan, rank): about 23 instructions per logit at 124-135 registers (two blocks
-# per SM; docs/gpu_kernels.md), and fewer partials to merge. Small ones in
+# Large chunks on the GPU: 64 entries per thread of 8 warps amortise the chunk's fixed steps
+# (reductions, scan, rank, ticket): about 15.6 instructions per logit at 120-128 registers (two
+# blocks per SM; docs/gpu_kernels.md), and fewer partials to merge. Small ones in
 # the interpreter so that V = 1031 in the tests already takes the multi-chunk merge
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
@@ -672,8 +675,8 @@ def _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, f
 @dataclasses.dataclass(frozen=True)
 class ChunkShape:
     """How a chunk program of ``block_v`` entries runs: ``warps`` warps; the chunk seen as
-    [block_v // threads, threads] (registers x threads, at most 32 registers: the uint32
-    survivor mask); ``n_super`` super-groups of whole threads for the threshold and ``cap``
+    [block_v // threads, threads] (registers x threads, at most 64 registers: two uint32
+    survivor masks); ``n_super`` super-groups of whole threads for the threshold and ``cap``
     survivor slots, or 0 and 0 for the plain rounds (top_k above ``_MAX_FILTER_K``)."""
 
     warps: int
@@ -683,8 +686,9 @@ class ChunkShape:
 
 
 def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
-    """Twice next_pow2(top_k) super-groups keep about 1.3 * top_k survivors of an 8192-entry
-    chunk of random logits (mean 10.9, at most 24 for top_k 8 over 4096 bf16 chunks of N(0, 1));
+    """Twice next_pow2(top_k) super-groups keep about 1.3 * top_k survivors of an 8192- or
+    16384-entry chunk of random logits (16384: mean 10.8, at most 23 for top_k 8 over 2048 bf16
+    chunks of N(0, 1));
     the slots are a power of two >= 32 and >= 3 * top_k. Above top_k 32 the [cap, cap] rank
     would not fit in registers: plain rounds."""
     warps = 4 if block_v <= 2048 else 8
