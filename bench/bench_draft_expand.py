@@ -143,7 +143,8 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
     shapes reported)."""
     instrs = [(int(m[1], 16), m[2] is not None, m[3], m[4]) for m in map(_INSTR.match, sass.splitlines()) if m]
     index = {addr: i for i, (addr, *_rest) in enumerate(instrs)}
-    targets = [(index.get(int(a.split()[0], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]
+    # BRA [Pn,] target: a predicate operand makes the branch conditional like a guard does.
+    targets = [(index.get(int(a.split()[-1], 16), i), i) for i, (_, _, o, a) in enumerate(instrs) if o == "BRA"]
     outermost = min((t for t, i in targets if t < i), default=None) if outer_once else None
     found = []
 
@@ -160,7 +161,8 @@ def _sass_paths(sass: str, trips: int, outer_once: bool):
                 if not pred:
                     return
             if op == "BRA":
-                target = index.get(int(args.split()[0], 16))
+                target = index.get(int(args.split()[-1], 16))
+                pred = pred or "," in args
                 if target is None or target == i:
                     return
                 if target < i:
@@ -219,17 +221,19 @@ def sass_report(B=8, M=8, V=128256, top_k=8, dtype=torch.bfloat16, arch=90, samp
         res = {k: int(v) for k, v in re.findall(r"(REG):(\d+)", usage)}
         _, spill_stores, spill_loads = compile_audit.ptxas_spills(log)
         # One kernel: every program computes its chunk; the last one of a request (its second
-        # ATOMG: the ticket reset) also merges the request. Chunk path: fewest loops (no fallback
-        # rounds), fewest masked loads, longest. Merging path: the same from the paths through the
-        # merge (deterministic: the threshold merge, no rounds; sampled: every loop entered).
+        # ATOMG: the ticket reset) also merges the request. Chunk path: fewest loops and fewest
+        # barriers (no fallback rounds: triton 3.6 unrolls them, so they are no loop there), fewest
+        # masked loads (the rank step's gathers are predicated in both versions; the last chunk's
+        # loads add to them), longest. Merging path: the same from the paths through the merge
+        # (deterministic: the threshold merge, no rounds; sampled: every loop entered).
         paths = _sass_paths(sass, kwargs["TOP_K"], outer_once=False)
         chunk_paths = [p for p in paths if p[0]["ATOMG"] < 2]
         merge_paths = [p for p in paths if p[0]["ATOMG"] >= 2]
-        counts, loops, _ = min(chunk_paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+        counts, loops, _ = min(chunk_paths, key=lambda p: (p[1], p[0]["BAR"], p[2], -sum(p[0].values())))
         if sampled:
             merging, _, _ = max(merge_paths, key=lambda p: (p[1], -p[2], sum(p[0].values())))
         else:
-            merging, _, _ = min(merge_paths, key=lambda p: (p[1], p[2], -sum(p[0].values())))
+            merging, _, _ = min(merge_paths, key=lambda p: (p[1], p[0]["BAR"], p[2], -sum(p[0].values())))
         warps, programs = kwargs["num_warps"], math.prod(grid)
         per_thread = sum(counts.values())
         merge_extra = sum(merging.values()) - per_thread

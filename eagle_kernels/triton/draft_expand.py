@@ -1,8 +1,10 @@
 """Triton ``draft_expand``: one depth of EAGLE-2 dynamic tree expansion (Li et al. 2024, §4.1)
 in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
 
-1. Every program, chunk ``j`` of row ``(b, m)`` (``BLOCK_V`` entries, one per thread and
-   register: a [registers, threads] view), gives its max, its sum of ``exp(x - max)``, a bad
+1. Every program, chunk ``j`` of row ``(b, m)`` (``BLOCK_V`` entries: a [groups, threads, VEC]
+   view, each thread holding runs of ``VEC`` consecutive entries, 16 bytes, one vector load
+   each; bf16 read as int32 words and widened by bit ops), gives its max, its sum of
+   ``exp(x - max)``, a bad
    flag (NaN or +inf seen) and its top ``TOP_K`` (ties: smaller id), stored best first, in a
    constant number of block-wide steps:
    a. threshold: the chunk's threads form ``SUPER = 2 * next_pow2(TOP_K)`` super-groups; the
@@ -15,8 +17,8 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
       ``TOP_K`` best are stored at their rank.
    More than ``CAP`` survivors, or more than ``PER_THREAD`` in one thread (long ties at ``t``,
    mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
-   instead: exact, slower. About 1.3 * TOP_K entries survive an 8192-entry chunk of random
-   logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
+   instead (as does a threshold of -inf): exact, slower. About 1.3 * TOP_K entries survive a
+   chunk of random logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
 2. The program then takes a ticket of its request (an int32 counter, ``atomic_add`` with
    acquire-release semantics after a barrier, so every thread's partials are published). The
    one drawing ticket ``M * NC - 1`` is the last of its request: it reads the request's partials
@@ -29,7 +31,8 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
    of ``TOP_K`` chunks holds an entry ``>= it``), the list entries ``>= it`` are compacted by a
    scan and ranked by one compare per pair (step c again); rows with more than ``CAP`` of them,
    and tiles too large for registers (``merge_filters``), take ``TOP_K`` argmax rounds over the
-   candidates instead. The frontier is one pairwise rank over the ``M * TOP_K`` scores where
+   candidates instead (with few chunks the threshold ranks each list's first ``LEAD`` entries,
+   ``merge_lead``, not only its first). The frontier is one pairwise rank over the ``M * TOP_K`` scores where
    that fits in registers, else ``TOP_K`` argmax rounds. Blocks are issued chunk axis first:
    requests finish in order and only the last request's merge runs after every chunk.
 
@@ -73,7 +76,7 @@ class DraftExpandConfig:
     """Tuning constants of the draft_expand launch; the outputs do not depend on them.
 
     block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
-        warps and the [registers, threads] view of a chunk (``chunk_shape``).
+        warps and the [groups, threads, VEC] view of a chunk (``chunk_shape``, ``chunk_vector``).
     merge_lanes: candidate keys of the frontier rows one round of the merge's plain rounds reduces
         together (the merge runs in a chunk program's warps).
     sampled_block_v: entries per chunk program in launches with a temperature (sampled
@@ -85,13 +88,13 @@ class DraftExpandConfig:
     sampled_block_v: int = 2048
 
 
-# Large chunks on the GPU: 32 entries per thread of 8 warps amortise the chunk's fixed steps
-# (reductions, scan, rank): about 23 instructions per logit at 124-135 registers (two blocks
-# per SM; docs/gpu_kernels.md), and fewer partials to merge. Small ones in
+# Large chunks on the GPU: 64 entries per thread of 8 warps amortise the chunk's fixed steps
+# (reductions, scan, rank, ticket): about 15.6 instructions per logit at 120-128 registers (two
+# blocks per SM; docs/gpu_kernels.md), and fewer partials to merge. Small ones in
 # the interpreter so that V = 1031 in the tests already takes the multi-chunk merge
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
-GPU_CONFIG = DraftExpandConfig(block_v=8192)
+GPU_CONFIG = DraftExpandConfig(block_v=16384)
 INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024, sampled_block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
@@ -148,12 +151,15 @@ def _draft_expand_kernel(
     SUPER: tl.constexpr,  # super-groups of the threshold; 0: no threshold, TOP_K plain rounds
     CAP: tl.constexpr,  # survivor slots ranked in registers (chunk and merge)
     THREADS: tl.constexpr,  # 32 * num_warps
+    VEC: tl.constexpr,  # consecutive entries a thread loads at once (16 bytes)
+    BF16_WORDS: tl.constexpr,  # bf16 logits read as int32 words of two entries
     BLOCK_M: tl.constexpr,  # frontier rows the merge's plain rounds take together
     BLOCK_MA: tl.constexpr,  # next power of two of M: the rows the merge's threshold step takes at once
     BLOCK_C: tl.constexpr,  # next power of two of NC
     BLOCK_CK: tl.constexpr,  # next power of two of NC * TOP_K
     BLOCK_MK: tl.constexpr,  # next power of two of M * TOP_K
     FILTER_MERGE: tl.constexpr,  # the merge's threshold, compaction and rank fit in registers
+    LEAD: tl.constexpr,  # leading entries of each chunk's list the merge's threshold ranks (merge_lead)
     PAIRWISE_FRONTIER: tl.constexpr,  # the frontier by one rank step instead of TOP_K rounds
     HAS_D2T: tl.constexpr,
     IS_FP64: tl.constexpr,
@@ -181,13 +187,15 @@ def _draft_expand_kernel(
     if SAMPLED:
         if t > 0:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, True)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, VEC, BF16_WORDS, IS_FP64,
+                   True)
         else:
             _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
+                   V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, VEC, BF16_WORDS, IS_FP64,
+                   False)
     else:
         _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk,
-               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, IS_FP64, False)
+               V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS, VEC, BF16_WORDS, IS_FP64, False)
     # Publish: every thread's partials are stored (barrier) before one thread takes the ticket
     # with release semantics; the program drawing the last ticket acquires them all.
     tl.debug_barrier()
@@ -196,7 +204,8 @@ def _draft_expand_kernel(
         _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                        merge_id_ptr, frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr,
                        frontier_ptr, b, t, seed, offset, draw_base, M, V, NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA,
-                       BLOCK_C, BLOCK_CK, BLOCK_MK, FILTER_MERGE, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64, SAMPLED)
+                       BLOCK_C, BLOCK_CK, BLOCK_MK, FILTER_MERGE, LEAD, PAIRWISE_FRONTIER, HAS_D2T, IS_FP64,
+                       SAMPLED)
         tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
 
 
@@ -204,16 +213,26 @@ def _draft_expand_kernel(
 def _chunk(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out, chunk, V, t,
            seed, offset, draw, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
            BLOCK_V: tl.constexpr, SUPER: tl.constexpr, CAP: tl.constexpr, THREADS: tl.constexpr,
-           IS_FP64: tl.constexpr, SAMPLED_ROW: tl.constexpr):
+           VEC: tl.constexpr, BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, SAMPLED_ROW: tl.constexpr):
     """_chunk_partials, with the masked loads in a row's last chunk only."""
     if (chunk + 1) * BLOCK_V <= V:
         _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
                         chunk * BLOCK_V, V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS,
-                        IS_FP64, False, SAMPLED_ROW)
+                        VEC, BF16_WORDS, IS_FP64, False, SAMPLED_ROW)
     else:
         _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
                         chunk * BLOCK_V, V, t, seed, offset, draw, TOP_K, BLOCK_K, BLOCK_V, SUPER, CAP, THREADS,
-                        IS_FP64, True, SAMPLED_ROW)
+                        VEC, BF16_WORDS, IS_FP64, True, SAMPLED_ROW)
+
+
+@triton.jit
+def _popcount(bits):
+    """Set bits of each uint32 (SWAR; the compiler emits one POPC), as int32."""
+    c = bits - ((bits >> 1) & 0x55555555)
+    c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
+    c = (c + (c >> 4)) & 0x0F0F0F0F
+    c = c + (c >> 8)
+    return ((c + (c >> 16)) & 0x3F).to(tl.int32)
 
 
 @triton.jit
@@ -229,26 +248,68 @@ def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
 
 
 @triton.jit
+def _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS: tl.constexpr, THREADS: tl.constexpr, VEC: tl.constexpr,
+                BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
+    """The chunk as [GROUPS, THREADS, VEC] float32 (float64 for fp64 logits), -inf past V. Loaded
+    as [GROUPS * THREADS, VEC] (row g * THREADS + t): the only order of that view puts the 16-byte
+    runs in registers and the rows on the threads, in triton 3.6 and 3.9 alike (a 3-D load lets
+    the compiler spread threads over the groups)."""
+    r2 = tl.arange(0, GROUPS * THREADS)[:, None]
+    if BF16_WORDS:
+        # bf16 read as int32 words of two entries (V even, the row 4-byte aligned): the float32
+        # of the low entry is the word shifted up, of the high one the word's high half.
+        HALF: tl.constexpr = VEC // 2
+        words = base // 2 + r2 * HALF + tl.arange(0, HALF)[None, :]
+        words = tl.max_contiguous(tl.multiple_of(words, [1, HALF]), [1, HALF])
+        word_ptr = row_ptr.to(tl.pointer_type(tl.int32)) + words
+        if MASKED:
+            w = tl.load(word_ptr, mask=2 * words < V, other=-8323200)  # 0xFF80FF80: two bf16 -inf
+        else:
+            w = tl.load(word_ptr)
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)  # & 0xFFFF0000
+        x = tl.reshape(tl.join(lo, hi), [GROUPS, THREADS, VEC])
+    else:
+        offs = base + r2 * VEC + tl.arange(0, VEC)[None, :]
+        offs = tl.max_contiguous(tl.multiple_of(offs, [1, VEC]), [1, VEC])
+        if MASKED:
+            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        else:
+            x = tl.load(row_ptr + offs)
+        x = tl.reshape(x, [GROUPS, THREADS, VEC])
+        x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+    return x
+
+
+@triton.jit
 def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, surv_ptr, out,
                     base, V, temp, seed, offset, draw, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_V: tl.constexpr, SUPER: tl.constexpr, CAP: tl.constexpr, THREADS: tl.constexpr,
-                    IS_FP64: tl.constexpr, MASKED: tl.constexpr, SAMPLED: tl.constexpr):
-    # One element per thread and register: the survivors' compaction below then stores from the
-    # load's own layout (a vectorised load would make the compiler convert all BLOCK_V entries
-    # through shared memory for the scattered store).
-    offs = base + tl.arange(0, BLOCK_V)
-    if MASKED:
-        in_row = offs < V
-        x = tl.load(row_ptr + tl.max_contiguous(offs, 1), mask=in_row, other=float("-inf"))
-    else:
-        x = tl.load(row_ptr + tl.max_contiguous(offs, 1))
-    x = x.to(tl.float64) if IS_FP64 else x.to(tl.float32)
+                    VEC: tl.constexpr, BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr,
+                    SAMPLED: tl.constexpr):
+    # [GROUPS, THREADS, VEC] view: thread t holds the runs of VEC consecutive entries at
+    # base + (g * THREADS + t) * VEC, one vector load each (16 bytes; the JIT specialises the
+    # row pointer and V when they are multiples of 16). Every step below keeps this layout: the
+    # per-thread maxima and survivor masks reduce axes 0 and 2 in registers. Flattened in
+    # row-major order the view is the chunk in id order, so tl.sum over it (axis=None) adds the
+    # entries in the same order as over the 1-D chunk when interpreted.
+    GROUPS: tl.constexpr = BLOCK_V // (THREADS * VEC)
+    g3 = tl.arange(0, GROUPS)[:, None, None]
+    t3 = tl.arange(0, THREADS)[None, :, None]
+    e3 = tl.arange(0, VEC)[None, None, :]
+    if SAMPLED:
+        # Only here: the compiler would otherwise keep every entry's id in registers for the
+        # fallback rounds (which compute their own).
+        offs = base + (g3 * THREADS + t3) * VEC + e3
+        if MASKED:
+            in_row = offs < V
+    x = _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS, THREADS, VEC, BF16_WORDS, IS_FP64, MASKED)
     if SAMPLED:
         # The max and sum of exp((x - max) / T) as below; then x holds the Gumbel keys, which
         # the threshold, compaction and rank steps take in place of the logits.
-        cmax = tl.max(x, axis=0)
+        cmax = tl.max(x)
         shift = tl.where(cmax == float("-inf"), 0.0, cmax)
-        csum = tl.sum(tl.exp((x - shift) / temp), axis=0)
+        csum = tl.sum(tl.exp((x - shift) / temp))
         tl.store(part_max_ptr + out, cmax)
         tl.store(part_sum_ptr + out, csum)
         tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
@@ -258,17 +319,17 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
     # Maxima ignore NaN (max.f32 on the GPU, fmax in the interpreter); NaN only occurs in bad
     # rows, whose ranking is not used.
     if SUPER > 0:
-        # [registers, threads] view: the per-thread maxima take no shuffles.
-        tmax = tl.max(tl.reshape(x, [BLOCK_V // THREADS, THREADS]), axis=0)
+        # The per-thread maxima take no shuffles.
+        tmax = tl.max(tl.max(x, axis=2), axis=0)  # [THREADS]
         smax = tl.max(tl.reshape(tmax, [SUPER, THREADS // SUPER]), axis=1)  # [SUPER]
         cmax = tl.max(smax, axis=0)
     elif not SAMPLED:
-        cmax = tl.max(x, axis=0)
+        cmax = tl.max(x)
     if not SAMPLED:
         # exp(-inf) = 0; shifting by 0 when the chunk is all -inf avoids -inf - (-inf). A NaN entry
         # makes the sum NaN: with +inf as the max, that is the bad flag, with no extra reduction.
         shift = tl.where(cmax == float("-inf"), 0.0, cmax)
-        csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E), axis=0)  # one FFMA per entry
+        csum = tl.sum(tl.exp2(x * _LOG2E - shift * _LOG2E))  # one FFMA per entry
         tl.store(part_max_ptr + out, cmax)
         tl.store(part_sum_ptr + out, csum)
         tl.store(part_bad_ptr + out, ((csum != csum) | (cmax == float("inf"))).to(tl.int32))
@@ -278,30 +339,34 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         # (or t = -inf), so the chunk's top TOP_K, ties included, are all >= t.
         above = tl.sum((smax[None, :] >= smax[:, None]).to(tl.int32), axis=1)  # [SUPER]
         t = tl.max(tl.where(above >= TOP_K, smax, float("-inf")), axis=0)
+        # With t = -inf (fewer than TOP_K super-groups hold an entry above -inf) the chunk takes
+        # the plain rounds, so entries past V (-inf) never survive.
         surv = x >= t
-        if MASKED:
-            surv = surv & in_row
-        # Compaction, per thread of the [registers, threads] view: a bit mask of its survivors
-        # (one select and add per entry), then its first PER_THREAD survivors by lowest set bit,
-        # at slot = survivors of the threads before + j. A thread with more sends the chunk to
-        # the plain rounds (n > CAP). No step wraps around (the interpreter checks overflow).
+        # Compaction, per thread: a bit mask of its survivors (bit g * VEC + e; one select and
+        # add per entry), then its first PER_THREAD survivors by lowest set bit, at slot =
+        # survivors of the threads before + j. A thread with more sends the chunk to the plain
+        # rounds (n > CAP). No step wraps around (the interpreter checks overflow).
         REGS: tl.constexpr = BLOCK_V // THREADS
-        surv = tl.reshape(surv, [REGS, THREADS])
-        reg = tl.arange(0, REGS)[:, None].to(tl.uint32)
-        bits = tl.sum(tl.where(surv, tl.full([REGS, 1], 1, tl.uint32) << reg, 0), axis=0)
-        c = bits - ((bits >> 1) & 0x55555555)  # SWAR popcount
-        c = (c & 0x33333333) + ((c >> 2) & 0x33333333)
-        c = (c + (c >> 4)) & 0x0F0F0F0F
-        c = c + (c >> 8)
-        cnt = ((c + (c >> 16)) & 0x3F).to(tl.int32)  # [THREADS]
+        reg = (g3 * VEC + e3).to(tl.uint32)
+        one = tl.full([1, 1, 1], 1, tl.uint32)
+        if REGS > 32:  # two 32-bit masks (registers 0-31 and 32-63), joined for the extraction
+            lo = tl.sum(tl.sum(tl.where(surv & (reg < 32), one << (reg & 31), 0), axis=2), axis=0)
+            hi = tl.sum(tl.sum(tl.where(surv & (reg >= 32), one << (reg & 31), 0), axis=2), axis=0)
+            cnt = _popcount(lo) + _popcount(hi)
+            bits = lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)
+        else:
+            bits = tl.sum(tl.sum(tl.where(surv, one << reg, 0), axis=2), axis=0)
+            cnt = _popcount(bits)
         n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
+        n = tl.where(t == float("-inf"), CAP + 1, n)
         slot = tl.cumsum(cnt, axis=0) - cnt
-        first_id = base + tl.arange(0, THREADS)  # the id of each thread's register 0
+        first_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
         for j in tl.static_range(PER_THREAD if PER_THREAD < REGS else REGS):
-            rest = bits & ((bits | (bits == 0).to(tl.uint32)) - 1)  # without the lowest set bit
+            rest = bits & ((bits | (bits == 0).to(bits.dtype)) - 1)  # without the lowest set bit
             # The lowest set bit's index, from the exponent of its float value.
-            at = ((bits ^ rest).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-            tl.store(surv_ptr + out * CAP + slot + j, first_id + at * THREADS, mask=(j < cnt) & (slot < CAP - j))
+            at = ((bits ^ rest).to(tl.float32).to(tl.uint32, bitcast=True) >> 23) - 127  # g * VEC + e
+            sid = first_id + (at + (at // VEC) * (THREADS * VEC - VEC)).to(tl.int32)
+            tl.store(surv_ptr + out * CAP + slot + j, sid, mask=(j < cnt) & (slot < CAP - j))
             bits = rest
         tl.debug_barrier()  # the ids just stored by other threads are read back below
     if n <= CAP:
@@ -328,14 +393,25 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
     else:
         # TOP_K rounds of argmax (ties: smaller id) over the whole chunk: for more than CAP
         # survivors (long ties at the threshold, many -inf) and for large TOP_K (no threshold).
-        # An exhausted round stores the filler described above.
-        alive = in_row if MASKED else offs >= 0
+        # An exhausted round stores the filler described above. Taken entries and those past V
+        # become NaN, which maxima ignore and no best equals; the smallest id among a thread's
+        # entries equal to the best is its smallest register index (``loc``, a constant per
+        # register: no per-entry ids in registers), then the smallest over threads.
+        loc = g3 * VEC + e3
+        loc_id = loc + (loc // VEC) * (THREADS * VEC - VEC)  # id - the thread's first id
+        thread_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
+        if MASKED:
+            x = tl.where(loc_id < (V - thread_id)[None, :, None], x, float("nan"))
         for i in range(TOP_K):
-            best = tl.max(tl.where(alive, x, float("-inf")), axis=0)
-            pick = tl.min(tl.where(alive & (x == best), offs, _BIG_ID), axis=0)
+            best = tl.max(x)
+            best = tl.where(best != best, float("-inf"), best)  # nothing left: -inf, as the filler
+            tloc = tl.min(tl.min(tl.where(x == best, loc, _BIG_ID), axis=2), axis=0)  # [THREADS]
+            tid = tl.where(tloc == _BIG_ID, _BIG_ID, thread_id + tloc + (tloc // VEC) * (THREADS * VEC - VEC))
+            pick = tl.min(tid, axis=0)
             tl.store(part_val_ptr + out * TOP_K + i, best)
             tl.store(part_id_ptr + out * TOP_K + i, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + i, pick))
-            alive = alive & (offs != pick)
+            taken = (tid == pick)[None, :, None] & (loc == tloc[None, :, None])
+            x = tl.where(taken, float("nan"), x)
 
 
 @triton.jit
@@ -343,7 +419,8 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
                    frontier_scores_ptr, d2t_ptr, logits_ptr, tokens_ptr, scores_ptr, logprobs_ptr, frontier_ptr, b, t,
                    seed, offset, draw_base, M, V, NC, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
-                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, PAIRWISE_FRONTIER: tl.constexpr,
+                   BLOCK_MK: tl.constexpr, FILTER_MERGE: tl.constexpr, LEAD: tl.constexpr,
+                   PAIRWISE_FRONTIER: tl.constexpr,
                    HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr, SAMPLED: tl.constexpr):
     """Request ``b``: every row's top TOP_K from its chunks' partials, then the frontier over
     the stored scores."""
@@ -355,12 +432,13 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
         else:
             _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                               merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M,
-                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T,
-                              IS_FP64)
+                              NC, TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, LEAD,
+                              HAS_D2T, IS_FP64)
     else:
         _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_id_ptr, merge_val_ptr,
                           merge_id_ptr, frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
-                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, HAS_D2T, IS_FP64)
+                          TOP_K, BLOCK_K, CAP, BLOCK_M, BLOCK_MA, BLOCK_C, BLOCK_CK, FILTER_MERGE, LEAD, HAS_D2T,
+                          IS_FP64)
     # The scores just stored by other threads of this program are read back below.
     tl.debug_barrier()
     MK = M * TOP_K
@@ -369,10 +447,16 @@ def _merge_request(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, part_
     acc = tl.where(acc != acc, float("-inf"), acc)  # NaN ranks as -inf
     if PAIRWISE_FRONTIER:
         # Rank of each candidate (score desc, index asc) by one compare per pair; the padding
-        # (-inf, indices above every candidate) is beaten by all candidates.
-        s_j, s_i = acc[:, None], acc[None, :]
-        j, i = offs_mk[:, None], offs_mk[None, :]
-        rank = tl.sum(((s_j > s_i) | ((s_j == s_i) & (j < i))).to(tl.int32), axis=0)
+        # (-inf, indices above every candidate) is beaten by all candidates. The rows j in
+        # blocks of at most 32 (fewer registers at a time).
+        RB: tl.constexpr = 32 if BLOCK_MK > 32 else BLOCK_MK
+        rank = tl.zeros([BLOCK_MK], tl.int32)
+        s_i, i = acc[None, :], offs_mk[None, :]
+        for j0 in tl.static_range(0, BLOCK_MK, RB):
+            j = j0 + tl.arange(0, RB)
+            s_j = tl.load(scores_ptr + b * MK + j, mask=j < MK, other=float("-inf"))
+            s_j = tl.where(s_j != s_j, float("-inf"), s_j)[:, None]
+            rank += tl.sum(((s_j > s_i) | ((s_j == s_i) & (j[:, None] < i))).to(tl.int32), axis=0)
         tl.store(frontier_ptr + b * TOP_K + rank, offs_mk, mask=(rank < TOP_K) & (offs_mk < MK))
     else:
         # TOP_K rounds of argmax, ties by index.
@@ -389,6 +473,7 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
                       frontier_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, logprobs_ptr, b, M, NC,
                       TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_MA: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, FILTER_MERGE: tl.constexpr,
+                      LEAD: tl.constexpr,
                       HAS_D2T: tl.constexpr, IS_FP64: tl.constexpr):
     """The most likely TOP_K of every row of request ``b`` from its chunks' lists (sorted by
     value, best first). With FILTER_MERGE (all rows at once, BLOCK_MA): threshold, compaction and
@@ -400,10 +485,19 @@ def _merge_value_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_ptr, pa
         offs_c = tl.arange(0, BLOCK_C)
         gmax, log_sum, bad, pm = _row_block_stats(part_max_ptr, part_sum_ptr, part_bad_ptr, row, row_ok, offs_c, NC,
                                                   1.0, False)
-        # Threshold: the TOP_K-th largest chunk max (-inf with fewer chunks). TOP_K chunks hold an
-        # entry >= it, so a row's top TOP_K, ties included, are all >= it (and in their chunk's list).
-        above = tl.sum((pm[:, None, :] >= pm[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_MA, BLOCK_C]
-        thr = tl.max(tl.where(above >= TOP_K, pm, float("-inf")), axis=1)
+        # Threshold: the TOP_K-th largest of the first LEAD entries of every chunk's list (LEAD = 1:
+        # the chunk maxima; -inf with fewer entries). TOP_K distinct entries are >= it, so a row's
+        # top TOP_K, ties included, are all >= it (and in their chunk's list).
+        if LEAD == 1:
+            lead = pm
+        else:
+            offs_l = tl.arange(0, BLOCK_C * LEAD)
+            lc, lr = offs_l // LEAD, offs_l % LEAD
+            lead_ok = row_ok[:, None] & ((lc < NC) & (lr < TOP_K))[None, :]
+            lead = tl.load(part_val_ptr + (row[:, None] * NC + lc[None, :]) * TOP_K + lr[None, :], mask=lead_ok,
+                           other=float("-inf"), cache_modifier=".cg")
+        above = tl.sum((lead[:, None, :] >= lead[:, :, None]).to(tl.int32), axis=2)  # [BLOCK_MA, C * LEAD]
+        thr = tl.max(tl.where(above >= TOP_K, lead, float("-inf")), axis=1)
         n_cand = NC * TOP_K
         offs_ck = tl.arange(0, BLOCK_CK)
         cand = row_ok[:, None] & (offs_ck < n_cand)[None, :]
@@ -581,8 +675,8 @@ def _merge_sampled_rows(part_max_ptr, part_sum_ptr, part_bad_ptr, part_id_ptr, f
 @dataclasses.dataclass(frozen=True)
 class ChunkShape:
     """How a chunk program of ``block_v`` entries runs: ``warps`` warps; the chunk seen as
-    [block_v // threads, threads] (registers x threads, at most 32 registers: the uint32
-    survivor mask); ``n_super`` super-groups of whole threads for the threshold and ``cap``
+    [block_v // threads, threads] (registers x threads, at most 64 registers: two uint32
+    survivor masks); ``n_super`` super-groups of whole threads for the threshold and ``cap``
     survivor slots, or 0 and 0 for the plain rounds (top_k above ``_MAX_FILTER_K``)."""
 
     warps: int
@@ -592,16 +686,23 @@ class ChunkShape:
 
 
 def chunk_shape(block_v: int, top_k: int) -> ChunkShape:
-    """Twice next_pow2(top_k) super-groups keep about 1.3 * top_k survivors of an 8192-entry
-    chunk of random logits (mean 10.9, at most 24 for top_k 8 over 4096 bf16 chunks of N(0, 1));
+    """Twice next_pow2(top_k) super-groups keep about 1.3 * top_k survivors of an 8192- or
+    16384-entry chunk of random logits (16384: mean 10.8, at most 23 for top_k 8 over 2048 bf16
+    chunks of N(0, 1));
     the slots are a power of two >= 32 and >= 3 * top_k. Above top_k 32 the [cap, cap] rank
     would not fit in registers: plain rounds."""
     warps = 4 if block_v <= 2048 else 8
-    threads = min(block_v, max(32 * warps, block_v // 32))
+    threads = min(block_v, max(32 * warps, block_v // 64))
     block_k = triton.next_power_of_2(top_k)
     if block_k > _MAX_FILTER_K:
         return ChunkShape(warps, threads, 0, 0)
     return ChunkShape(warps, threads, min(2 * block_k, threads), max(32, triton.next_power_of_2(3 * top_k)))
+
+
+def chunk_vector(block_v: int, shape: ChunkShape, element_size: int) -> int:
+    """Consecutive entries a chunk thread holds and loads at once: 16 bytes (8 bf16 / fp16, 4
+    fp32, 2 fp64), at most its share of the chunk."""
+    return min(16 // element_size, block_v // shape.threads)
 
 
 def _register_cap(shape: ChunkShape) -> dict:
@@ -611,12 +712,21 @@ def _register_cap(shape: ChunkShape) -> dict:
     return {} if shape.warps < 8 or interpreted(_draft_expand_kernel) else {"maxnreg": 128}
 
 
+def merge_lead(NC: int, top_k: int) -> int:
+    """Leading entries of each chunk's list whose TOP_K-th largest is the merge's threshold: about
+    2 * top_k values in all (a power of two, at most next_pow2(top_k)), so that few chunks (NC <
+    2 * top_k, 16384-entry chunks of a 128k vocabulary) still give a threshold about as tight as
+    the maxima of many: 1 (the chunk maxima) from NC >= 2 * top_k on."""
+    return min(triton.next_power_of_2(top_k), triton.next_power_of_2(-(-2 * top_k // NC)))
+
+
 def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int) -> bool:
     """Whether the merge takes the threshold, compaction and rank (else the plain rounds): they
-    hold [M, NC, NC], [M, NC * top_k] and [M, cap, cap] tiles (powers of two), at most 64
-    elements a thread each, and need the chunk's slots (top_k <= 32)."""
+    hold [M, NC lead, NC lead] (lead = merge_lead), [M, NC * top_k] and [M, cap, cap] tiles
+    (powers of two), at most 64 elements a thread each, and need the chunk's slots (top_k <= 32)."""
     lanes = 64 * shape.threads
-    block_m, block_c = triton.next_power_of_2(M), triton.next_power_of_2(NC)
+    block_m = triton.next_power_of_2(M)
+    block_c = triton.next_power_of_2(NC) * merge_lead(NC, top_k)
     return (shape.cap > 0 and block_m * block_c * block_c <= lanes
             and block_m * triton.next_power_of_2(NC * top_k) <= lanes and block_m * shape.cap * shape.cap <= lanes)
 
@@ -703,12 +813,17 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     rounds_m = max(1, min(block_m, config.merge_lanes // block_ck))
     filter_merge = merge_filters(shape, M, NC, top_k)
     lanes = 64 * shape.threads
+    vec = chunk_vector(block_v, shape, x.element_size())
+    # bf16 in 4-byte words where every row starts on a word: V even, the tensor 4-byte aligned.
+    words = x.dtype == torch.bfloat16 and vec >= 2 and V % 2 == 0 and x.data_ptr() % 4 == 0
     _draft_expand_kernel[(NC, M, B)](
         x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
-        THREADS=shape.threads, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c, BLOCK_CK=block_ck,
-        BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
+        THREADS=shape.threads, VEC=vec, BF16_WORDS=words, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c,
+        BLOCK_CK=block_ck,
+        BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, LEAD=merge_lead(NC, top_k),
+        PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
         HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
     )
     return DraftCandidates(tokens, scores, frontier, logprobs)

@@ -176,16 +176,23 @@ def _threshold_rows(V, block_v, top_k):
     thread's registers (more survivors than a thread compacts: plain rounds); ties at the max
     spread over threads (ranked by id); ties at the max in two threads (plain rounds); a flat row
     (plain rounds); ascending values (the best entries in the last chunk); half -inf."""
-    from eagle_kernels.triton.draft_expand import chunk_shape
+    from eagle_kernels.triton.draft_expand import chunk_shape, chunk_vector
 
-    threads = chunk_shape(block_v, top_k).threads
+    shape = chunk_shape(block_v, top_k)
+    threads, vec = shape.threads, chunk_vector(block_v, shape, 4)
+    regs = block_v // threads
+    k = torch.arange(top_k)
+    # Register k of thread 5 (registers past the chunk's: the next chunks' thread 5).
+    r = k % regs
+    one_thread = k // regs * block_v + (r // vec * threads + 5) * vec + r % vec
     gen = torch.Generator().manual_seed(V + block_v)
     rows = torch.randn(7, V, generator=gen).clamp(-3, 3)
-    rows[1, (5 + threads * torch.arange(top_k)) % V] = 10.0 + torch.arange(top_k, dtype=torch.float32)
+    rows[1, one_thread % V] = 10.0 + torch.arange(top_k, dtype=torch.float32)
     rows[2] = rows[2].clamp(max=2.0)
     rows[2, :: threads + 1] = 2.0
     rows[3] = rows[3].clamp(max=2.0)
-    rows[3, :: threads // 2] = 2.0
+    owner = torch.arange(V) % block_v // vec % threads
+    rows[3, owner % (threads // 2) == 0] = 2.0  # every entry of threads 0 and threads / 2
     rows[4] = 0.5
     rows[5] = torch.linspace(-5, 5, V)
     rows[6, : V // 2] = float("-inf")
@@ -194,24 +201,28 @@ def _threshold_rows(V, block_v, top_k):
 
 def _expected_survivors(row, chunk, block_v, top_k):
     """(ids >= the chunk's threshold, whether the chunk takes the compaction) by the kernel's
-    definition: threads own ids ``base + r * threads + t``; super-groups are runs of threads."""
-    from eagle_kernels.triton.draft_expand import PER_THREAD, chunk_shape
+    definition: thread ``t`` owns ids ``base + (g * threads + t) * vec + e`` (runs of ``vec``);
+    super-groups are runs of threads; a threshold of -inf sends the chunk to the plain rounds."""
+    from eagle_kernels.triton.draft_expand import PER_THREAD, chunk_shape, chunk_vector
 
     shape = chunk_shape(block_v, top_k)
+    vec = chunk_vector(block_v, shape, row.element_size())
     V = row.numel()
     ids = chunk * block_v + torch.arange(block_v)
     valid = ids < V
     x = torch.full((block_v,), float("-inf"))
     x[valid] = row[ids[valid]]
-    tmax = x.view(-1, shape.threads).amax(0)
+    tmax = x.view(-1, shape.threads, vec).amax((0, 2))
     smax = tmax.view(shape.n_super, -1).amax(1)
     t = smax[(smax[None, :] >= smax[:, None]).sum(1) >= top_k].max()
     surv = (x >= t) & valid
-    per_thread = surv.view(-1, shape.threads).sum(0)
-    return set(ids[surv].tolist()), int(surv.sum()) <= shape.cap and int(per_thread.max()) <= PER_THREAD.value
+    per_thread = surv.view(-1, shape.threads, vec).sum((0, 2))
+    compacted = bool(t > float("-inf")) and int(surv.sum()) <= shape.cap and int(per_thread.max()) <= PER_THREAD.value
+    return set(ids[surv].tolist()), compacted
 
 
-@pytest.mark.parametrize("block_v,V,top_k", [(1024, 1100, 8), (256, 700, 10)], ids=["b1024k8", "b256k10"])
+@pytest.mark.parametrize("block_v,V,top_k", [(1024, 1100, 8), (256, 700, 10), (16384, 17500, 8)],
+                         ids=["b1024k8", "b256k10", "b16384k8"])
 def test_triton_chunk_threshold(backend, op_impl, block_v, V, top_k):
     """The chunk kernel's threshold and compaction: each chunk that takes them stores exactly
     the ids at or above its threshold (read back from the scratch), the others take the plain
@@ -257,15 +268,19 @@ def test_triton_merge_row_blocks(backend, op_impl, lanes):
 
 def _merge_threshold_survivors(logits, m, block_v, top_k):
     """Ids of row ``m`` the merge compacts: the entries of its chunks' top-k lists at or above
-    the top_k-th largest chunk max (-inf with fewer chunks), by the kernel's definition."""
+    the top_k-th largest of the lists' first ``merge_lead`` entries (-inf with fewer), by the
+    kernel's definition."""
+    from eagle_kernels.triton.draft_expand import merge_lead
+
     row = logits[0, m].double()
     V = row.numel()
     chunks = [row[c: c + block_v] for c in range(0, V, block_v)]
-    maxima = sorted((float(ch.max()) for ch in chunks), reverse=True)
-    t = maxima[top_k - 1] if len(maxima) >= top_k else float("-inf")
+    lead = min(merge_lead(len(chunks), top_k), top_k)
+    lists = [sorted(range(ch.numel()), key=lambda i: (-float(ch[i]), i))[:top_k] for ch in chunks]
+    leading = sorted((float(ch[i]) for ch, order in zip(chunks, lists) for i in order[:lead]), reverse=True)
+    t = leading[top_k - 1] if len(leading) >= top_k else float("-inf")
     ids = set()
-    for c, ch in enumerate(chunks):
-        order = sorted(range(ch.numel()), key=lambda i: (-float(ch[i]), i))[:top_k]
+    for c, (ch, order) in enumerate(zip(chunks, lists)):
         ids |= {c * block_v + i for i in order if float(ch[i]) >= t}
     return ids
 

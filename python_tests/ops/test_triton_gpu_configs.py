@@ -115,13 +115,14 @@ def draft_logits(B, M, V, top_k, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
 def test_draft_expand_gpu_config(dtype):
-    """V = 9000 spans two of the GPU's 8192-entry chunks (the last partial, masked loads), each
-    seen as 32 registers x 256 threads with 16 super-groups and 32 survivor slots; the merge
-    takes all frontier rows in one block. Row (0, 1) is flat (plain rounds over the chunk)."""
+    """V = 25000 spans two of the GPU's 16384-entry chunks (the last partial, masked loads), each
+    seen as 64 registers x 256 threads (runs of 16 bytes) with 16 super-groups and 32 survivor
+    slots; the merge takes all frontier rows in one block. Row (0, 1) is flat (plain rounds over
+    the chunk)."""
     from eagle_kernels.triton import draft_expand as triton_draft_expand
 
     config = triton_draft_expand.GPU_CONFIG
-    B, M, V, top_k = 2, 3, 9000, 8
+    B, M, V, top_k = 2, 3, 25000, 8
     assert math.ceil(V / config.block_v) >= 2
     assert triton_draft_expand.chunk_shape(config.block_v, top_k) == triton_draft_expand.ChunkShape(8, 256, 16, 32)
     logits = draft_logits(B, M, V, top_k, dtype, seed=V)
