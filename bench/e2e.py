@@ -463,15 +463,16 @@ def main(argv=None) -> int:
         for kind in args.heads if "eagle" in args.providers else []:
             folder = shipped.path(kind)
             for weights in args.head_weights:
-                label = kind + ("-hstored" if weights == "stored" else "") + suffix
-                heads[label] = (EagleHead.load(folder, model, None if weights == "auto" else weights)
-                                if (have_model and folder) else EagleHead.random(model, kind))
-                head_folders[label] = shown_path(folder)
+                variant = "-hstored" if weights == "stored" else ""
+                head = (EagleHead.load(folder, model, None if weights == "auto" else weights)
+                        if (have_model and folder) else EagleHead.random(model, kind))
+                heads[kind + variant + suffix] = (head, kind, variant, suffix)
+                head_folders[kind + variant + suffix] = shown_path(folder)
         for spec in args.head_folder:
             name, sep, folder = spec.partition("=")
             if not sep or not name or "-" in name or not os.path.isdir(folder):
                 parser.error(f"--head-folder: expected NAME=FOLDER (NAME without '-', FOLDER a head), got {spec!r}")
-            heads[name + suffix] = EagleHead.load(folder, model)
+            heads[name + suffix] = (EagleHead.load(folder, model), name, "", suffix)
             head_folders[name + suffix] = shown_path(folder)
 
     prompts = {}
@@ -548,10 +549,7 @@ def main(argv=None) -> int:
                         runs.append((name, lambda g=0, warmup=False, lookup=lookup: run_hf(
                             hf, group(g), batch, 4 if warmup else args.max_new_tokens, temperature, lookup,
                             tokenizer.eos_token_id or 0, seed_base=g * batch)))
-                for label, head in heads.items():
-                    kind, _, suffix = label.partition("-")
-                    variant, suffix = ("-hstored", suffix.removeprefix("hstored").lstrip("-")) \
-                        if suffix.startswith("hstored") else ("", suffix)
+                for head, kind, variant, suffix in heads.values():
                     # Default: the device's tree, and at T > 0 also its sampled-draft tree.
                     defaults = dict.fromkeys(default_tree(device, batch, sampling=temperature > 0, sampled_drafts=s)
                                              for s in sorted({False, temperature > 0}))
@@ -562,7 +560,7 @@ def main(argv=None) -> int:
                                                          policy=FittedPolicy() if fixed and device.type == "cpu"
                                                          else None)
                             name = (f"{kind}-{tree_name(tree)}" + ("-fixed" if fixed else "") + variant
-                                    + (f"-{suffix}" if suffix else ""))
+                                    + suffix)
                             runs.append((name, ours(decoder, True)))
                 rounds = {name: [] for name, _ in runs}
                 groups = (len(prompts[domain]) + batch - 1) // batch
