@@ -399,9 +399,10 @@ def _tree_attention_merge_kernel(
 MERGE_VALUES = 16_384
 
 
-def merge_rows(splits: int, block_d: int) -> int:
-    """Rows a merge program recombines for ``splits`` partials of ``block_d`` values (at least 2)."""
-    return max(2, MERGE_VALUES // (max(2, triton.next_power_of_2(splits)) * block_d))
+def merge_rows(block_s: int, block_d: int) -> int:
+    """Rows a merge program recombines for a [``block_s`` splits, rows, ``block_d``] block of
+    partials (at least 2)."""
+    return max(2, MERGE_VALUES // (block_s * block_d))
 
 
 def _fits_int32(tensor: torch.Tensor) -> bool:
@@ -507,7 +508,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     )
     if splits > 1:
         block_s = max(2, triton.next_power_of_2(splits))
-        block_r = merge_rows(splits, block_d)
+        block_r = merge_rows(block_s, block_d)
         _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, block_r),)](
             part_o, part_lse, out, B * N * Hq, D,
             NUM_SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r, BLOCK_D=block_d, SCALED=scaled,
