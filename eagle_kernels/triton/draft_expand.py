@@ -248,6 +248,14 @@ def _gumbel_keys(x, ids, shift, t, seed, offset, draw):
 
 
 @triton.jit
+def _register_offset(reg, THREADS: tl.constexpr, VEC: tl.constexpr):
+    """The id of a chunk thread's entry in register ``reg`` (``g * VEC + e``: run ``g``, entry
+    ``e``) less the id of the thread's first entry: runs of the same thread lie ``THREADS * VEC``
+    ids apart."""
+    return reg + (reg // VEC) * (THREADS * VEC - VEC)
+
+
+@triton.jit
 def _load_chunk(row_ptr, base, V, g3, t3, e3, GROUPS: tl.constexpr, THREADS: tl.constexpr, VEC: tl.constexpr,
                 BF16_WORDS: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
     """The chunk as [GROUPS, THREADS, VEC] float32 (float64 for fp64 logits), -inf past V. Loaded
@@ -365,7 +373,7 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
             rest = bits & ((bits | (bits == 0).to(bits.dtype)) - 1)  # without the lowest set bit
             # The lowest set bit's index, from the exponent of its float value.
             at = ((bits ^ rest).to(tl.float32).to(tl.uint32, bitcast=True) >> 23) - 127  # g * VEC + e
-            sid = first_id + (at + (at // VEC) * (THREADS * VEC - VEC)).to(tl.int32)
+            sid = first_id + _register_offset(at, THREADS, VEC).to(tl.int32)
             tl.store(surv_ptr + out * CAP + slot + j, sid, mask=(j < cnt) & (slot < CAP - j))
             bits = rest
         tl.debug_barrier()  # the ids just stored by other threads are read back below
@@ -398,15 +406,14 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         # entries equal to the best is its smallest register index (``loc``, a constant per
         # register: no per-entry ids in registers), then the smallest over threads.
         loc = g3 * VEC + e3
-        loc_id = loc + (loc // VEC) * (THREADS * VEC - VEC)  # id - the thread's first id
-        thread_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
+        first_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
         if MASKED:
-            x = tl.where(loc_id < (V - thread_id)[None, :, None], x, float("nan"))
+            x = tl.where(_register_offset(loc, THREADS, VEC) < (V - first_id)[None, :, None], x, float("nan"))
         for i in range(TOP_K):
             best = tl.max(x)
             best = tl.where(best != best, float("-inf"), best)  # nothing left: -inf, as the filler
             tloc = tl.min(tl.min(tl.where(x == best, loc, _BIG_ID), axis=2), axis=0)  # [THREADS]
-            tid = tl.where(tloc == _BIG_ID, _BIG_ID, thread_id + tloc + (tloc // VEC) * (THREADS * VEC - VEC))
+            tid = tl.where(tloc == _BIG_ID, _BIG_ID, first_id + _register_offset(tloc, THREADS, VEC))
             pick = tl.min(tid, axis=0)
             tl.store(part_val_ptr + out * TOP_K + i, best)
             tl.store(part_id_ptr + out * TOP_K + i, tl.where(pick == _BIG_ID, _BIG_ID - TOP_K + i, pick))
