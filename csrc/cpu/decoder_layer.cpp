@@ -15,8 +15,9 @@
 // Every step works row by row in a fixed order, so a row's result does not depend on the other
 // rows (as cpu_linear's and tree_attention's): a verify pass gives a tree node what decoding it
 // alone would. RoPE is computed as x * cos + rotate_half(x) * sin with separately rounded
-// products and SiLU * up by ATen, as on the PyTorch path; RMSNorm agrees with it to fp32
-// rounding.
+// products, SiLU by ATen and its product with up rounded once, as on the PyTorch path; RMSNorm
+// agrees with it to fp32 rounding. The intermediate rows live in one workspace per call, and
+// q/k/v are read in place from the fused projection's output (no copies, no per-step tensors).
 //
 // With `row_counts`, the rows of a request past its count are padding: the norms and linear
 // layers run over the other rows only, packed together (a batch whose requests verify trees of
@@ -29,11 +30,11 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/index_copy.h>
 #include <ATen/ops/index_select.h>
-#include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -83,14 +84,29 @@ void rope_rows(float* qkv, int64_t rows, int64_t total_heads, int64_t heads, int
   }
 }
 
-// x + y, elementwise, into a new tensor like x.
-at::Tensor residual_add(const at::Tensor& x, const at::Tensor& y) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  const float* a = x.data_ptr<float>();
-  const float* b = y.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) o[i] = a[i] + b[i];
-  return out;
+// out[r * ldo + n] = x[r * ldx + :] . W[n, :] for the R rows of x: the kernels cpu_linear runs, called on the
+// layer's workspace (a cpu_linear call adds its checks, a reshape and an output tensor, a few microseconds each
+// time, four times a layer). Row-major weights go through cpu_linear itself.
+void linear_rows(const at::Tensor& w, const float* x, int64_t ldx, int64_t R, int64_t K, float* out, int64_t ldo) {
+  const isa::Level level = isa::current();
+  if (linear_impl::is_quantized(w)) {
+    const linear_impl::QuantFormat format =
+        w.scalar_type() == at::kChar ? linear_impl::QuantFormat::kQ8_0 : linear_impl::QuantFormat::kQ4_1;
+    linear_impl::quant_linear(static_cast<const uint8_t*>(w.data_ptr()), format, w.size(0), x, ldx, R, K, out, ldo,
+                              level);
+  } else if (w.dim() == 4) {
+    linear_impl::packed_linear(w.data_ptr(), w.scalar_type(), w.size(0), x, ldx, R, K, out, ldo, level);
+  } else {
+    const at::Tensor rows = at::from_blob(const_cast<float*>(x), {R, K}, {ldx, 1}, at::kFloat);
+    const at::Tensor y = cpu_linear_cpu(rows, w);
+    const int64_t N = y.size(1);
+    for (int64_t r = 0; r < R; ++r) std::memcpy(out + r * ldo, y.data_ptr<float>() + r * N, N * sizeof(float));
+  }
+}
+
+// x[i] + y[i] into out[i], n elements (out may be y).
+void add_rows(const float* x, const float* y, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
 void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t cols, const char* layout,
@@ -227,48 +243,64 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const int64_t R = xr.size(0);
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
 
-  at::Tensor h = at::empty({R, attn_in}, x.options());
+  const int64_t I2 = 2 * I;
+  // The layer's intermediate rows in one allocation: h [R, attn_in] (the attention input; the MLP's norm reuses
+  // it), qkv [R, qkv_width], x1 [R, H] (the residual after attention), gate_up [R, 2 I].
+  at::Tensor workspace = at::empty({R * (attn_in + qkv_width + H + I2)}, x.options());
+  float* h = workspace.data_ptr<float>();
+  float* qkv_rows = h + R * attn_in;
+  float* x1 = qkv_rows + R * qkv_width;
+  float* gate_up = x1 + R * H;
+  const auto rows_of = [&](float* data, int64_t width) { return at::from_blob(data, {R, width}, x.options()); };
   // Padding rows get zero q/k/v.
-  at::Tensor qkv = kept.has_value() || R == 0 ? at::zeros({rows, qkv_width}, x.options()) : at::Tensor();
+  at::Tensor qkv =
+      kept.has_value() || R == 0 ? at::zeros({rows, qkv_width}, x.options()) : rows_of(qkv_rows, qkv_width);
   if (R > 0) {
     if (embed.has_value()) {  // EAGLE-3: [norm(embed), norm(x)] feeds attention, x is the residual
       const at::Tensor e = pick(embed->contiguous());
       const at::Tensor enorm = embed_norm->contiguous();
-      rms_norm_rows(e.data_ptr<float>(), enorm.data_ptr<float>(), R, H, eps, h.data_ptr<float>(), attn_in);
+      rms_norm_rows(e.data_ptr<float>(), enorm.data_ptr<float>(), R, H, eps, h, attn_in);
     }
-    rms_norm_rows(xr.data_ptr<float>(), norm1.data_ptr<float>(), R, H, eps, h.data_ptr<float>() + (attn_in - H),
-                  attn_in);
-    const at::Tensor qkv_rows = cpu_linear_cpu(h, qkv_weight);  // [R, (Hq + 2 Hkv) D]
-    rope_rows(qkv_rows.data_ptr<float>(), R, Hq + 2 * Hkv, Hq + Hkv, D, pick(cos).data_ptr<float>(),
-              pick(sin).data_ptr<float>());
-    if (kept.has_value())
-      qkv.index_copy_(0, *kept, qkv_rows);
-    else
-      qkv = qkv_rows;
+    rms_norm_rows(xr.data_ptr<float>(), norm1.data_ptr<float>(), R, H, eps, h + (attn_in - H), attn_in);
+    linear_rows(qkv_weight, h, attn_in, R, attn_in, qkv_rows, qkv_width);
+    rope_rows(qkv_rows, R, Hq + 2 * Hkv, Hq + Hkv, D, pick(cos).data_ptr<float>(), pick(sin).data_ptr<float>());
+    if (kept.has_value()) qkv.index_copy_(0, *kept, rows_of(qkv_rows, qkv_width));
   }
-  qkv = qkv.view({B, N, Hq + 2 * Hkv, D});
+  // [B, N, Hq + 2 Hkv, D] views of q, k and v, read in place by write_kv and tree_attention.
+  const auto heads = [&](int64_t first, int64_t count) {
+    return at::from_blob(qkv.data_ptr<float>() + first * D, {B, N, count, D}, {N * qkv_width, qkv_width, D, 1},
+                         x.options());
+  };
   const at::Tensor starts = slot_offset ? at::add(cache_seqlens, slot_offset) : cache_seqlens;
-  write_kv_cpu(k_cache, v_cache, qkv.narrow(2, Hq, Hkv), qkv.narrow(2, Hq + Hkv, Hkv), starts, std::nullopt);
+  write_kv_cpu(k_cache, v_cache, heads(Hq, Hkv), heads(Hq + Hkv, Hkv), starts, std::nullopt);
   if (R == 0) return x.clone();
-  at::Tensor q = qkv.narrow(2, 0, Hq);
+  at::Tensor q = heads(0, Hq);
   if (slot_offset) {  // the earlier slots' queries are zero rows whose outputs are dropped
     at::Tensor padded = at::zeros({B, slots, Hq, D}, x.options());
     padded.narrow(1, slot_offset, N).copy_(q);
     q = padded;
   }
   at::Tensor attn = tree_attention_cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, std::nullopt, std::nullopt);
-  if (slot_offset) attn = attn.narrow(1, slot_offset, N);
-  const at::Tensor x1 = residual_add(xr, cpu_linear_cpu(pick(attn.contiguous().view({B, N, Hq * D})), o_weight));
+  if (slot_offset) attn = attn.narrow(1, slot_offset, N).contiguous();
+  const at::Tensor attn_rows = pick(attn.view({B, N, Hq * D}));  // [R, Hq D]
+  linear_rows(o_weight, attn_rows.data_ptr<float>(), Hq * D, R, Hq * D, x1, H);
+  add_rows(xr.data_ptr<float>(), x1, R * H, x1);
 
-  at::Tensor h2 = attn_in == H ? h : at::empty({R, H}, x.options());
-  rms_norm_rows(x1.data_ptr<float>(), norm2.data_ptr<float>(), R, H, eps, h2.data_ptr<float>(), H);
-  at::Tensor gate_up = cpu_linear_cpu(h2, gate_up_weight);  // [R, 2 I]: gate, then up
-  // ATen's vectorised SiLU, in place on the gate half, then * up: two calls per layer, and the
-  // same values as the op-by-op path's F.silu(gate) * up.
-  at::Tensor gate = gate_up.narrow(1, 0, I);
+  rms_norm_rows(x1, norm2.data_ptr<float>(), R, H, eps, h, H);  // h's first R x H floats: the MLP's input
+  linear_rows(gate_up_weight, h, H, R, H, gate_up, I2);         // [R, 2 I]: gate, then up
+  // ATen's vectorised SiLU, in place on the gate half (the op-by-op path's F.silu values), then * up into the
+  // gate half (the op-by-op path's product: one rounding each).
+  at::Tensor gate = at::from_blob(gate_up, {R, I}, {I2, 1}, x.options());
   at::silu_(gate);
-  const at::Tensor act = at::mul(gate, gate_up.narrow(1, I, I));
-  const at::Tensor out_rows = residual_add(x1, cpu_linear_cpu(act, down_weight));  // [R, H]
+  for (int64_t r = 0; r < R; ++r) {
+    float* gate = gate_up + r * I2;
+    const float* up = gate + I;
+    for (int64_t i = 0; i < I; ++i) gate[i] *= up[i];
+  }
+  at::Tensor out_rows = at::empty({R, H}, x.options());
+  float* out_data = out_rows.data_ptr<float>();
+  linear_rows(down_weight, gate_up, I2, R, I, out_data, H);
+  add_rows(x1, out_data, R * H, out_data);
   if (!kept.has_value()) return out_rows.view({B, N, H});
   at::Tensor out = x.clone();  // padding rows keep x
   out.view({rows, H}).index_copy_(0, *kept, out_rows);

@@ -123,8 +123,9 @@ struct Problem {
   int64_t page_size;  // paged only
   int64_t max_pages;
   bool paged, causal;
-  double scale_log2;  // sm_scale * log2(e)
-  const char* q;      // [B, N, Hq, D] contiguous
+  double scale_log2;         // sm_scale * log2(e)
+  const char* q;             // [B, N, Hq, D], dense head dim
+  int64_t q_sb, q_sn, q_sh;  // its strides (elements)
   Cache k, v;
   const int32_t* seqlens;
   const int32_t* block_table;  // [B, max_pages] or null
@@ -230,7 +231,7 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   for (int r = 0; r < R; ++r) {
     const int64_t i = n0 + r / p.G;
     const int64_t head = h * p.G + r % p.G;
-    const T* qr = q + ((b * p.N + i) * p.Hq + head) * p.D;
+    const T* qr = q + b * p.q_sb + i * p.q_sn + head * p.q_sh;
     if (ops.bf16_pairs) {
       uint16_t* dst = s.Qp.data() + static_cast<int64_t>(r) * 2;
       for (int d = 0; d < D; ++d)
@@ -404,7 +405,8 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
                     sm_scale.has_value() ? *sm_scale : 0.0);
   check_dense_head_dim(op, k_cache, v_cache);
 
-  const at::Tensor q = q_in.contiguous();
+  // q is read in place when its head dim is dense (e.g. the query columns of a fused q/k/v projection).
+  const at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
   const at::Tensor seqlens = cache_seqlens.contiguous();
   at::Tensor out = at::empty(q.sizes(), q.options());
 
@@ -422,6 +424,9 @@ at::Tensor tree_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_cache,
   p.causal = !tree_mask.has_value();
   p.scale_log2 = (sm_scale.has_value() ? *sm_scale : 1.0 / std::sqrt(static_cast<double>(D))) * LOG2E;
   p.q = static_cast<const char*>(q.data_ptr());
+  p.q_sb = q.stride(0);
+  p.q_sn = q.stride(1);
+  p.q_sh = q.stride(2);
   const int64_t es = static_cast<int64_t>(k_cache.element_size());
   p.k = {static_cast<const char*>(k_cache.data_ptr()), k_cache.stride(0) * es, k_cache.stride(1) * es,
          k_cache.stride(2) * es};

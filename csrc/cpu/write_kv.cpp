@@ -58,12 +58,16 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
   }
   if (k_new.numel() == 0) return;
 
-  const at::Tensor kn = k_new.contiguous();
-  const at::Tensor vn = v_new.contiguous();
+  // Rows of k_new / v_new are read where they are (e.g. the K and V columns of a fused q/k/v
+  // projection, as cpu_decoder_layer passes them): only a head dim that is not dense is copied.
+  const at::Tensor kn = k_new.stride(3) == 1 ? k_new : k_new.contiguous();
+  const at::Tensor vn = v_new.stride(3) == 1 ? v_new : v_new.contiguous();
   const int64_t es = static_cast<int64_t>(k_cache.element_size());
   const int64_t row_bytes = D * es;
   const char* ksrc = static_cast<const char*>(kn.data_ptr());
   const char* vsrc = static_cast<const char*>(vn.data_ptr());
+  const int64_t kns[3] = {kn.stride(0) * es, kn.stride(1) * es, kn.stride(2) * es};
+  const int64_t vns[3] = {vn.stride(0) * es, vn.stride(1) * es, vn.stride(2) * es};
   char* kdst = static_cast<char*>(k_cache.data_ptr());
   char* vdst = static_cast<char*>(v_cache.data_ptr());
   const int64_t ks[3] = {k_cache.stride(0) * es, k_cache.stride(1) * es, k_cache.stride(2) * es};
@@ -79,9 +83,10 @@ void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at
         pos = t % page_size;
       }
       for (int64_t h = 0; h < Hkv; ++h) {
-        const int64_t src = (row * Hkv + h) * row_bytes;
-        std::memcpy(kdst + outer * ks[0] + pos * ks[1] + h * ks[2], ksrc + src, row_bytes);
-        std::memcpy(vdst + outer * vs[0] + pos * vs[1] + h * vs[2], vsrc + src, row_bytes);
+        std::memcpy(kdst + outer * ks[0] + pos * ks[1] + h * ks[2], ksrc + b * kns[0] + i * kns[1] + h * kns[2],
+                    row_bytes);
+        std::memcpy(vdst + outer * vs[0] + pos * vs[1] + h * vs[2], vsrc + b * vns[0] + i * vns[1] + h * vns[2],
+                    row_bytes);
       }
     }
   });

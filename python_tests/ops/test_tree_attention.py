@@ -220,6 +220,22 @@ def test_chain_tree_equals_causal(backend, op_impl, N):
     torch.testing.assert_close(tree_out.double(), dense_attention(q, k, v, seqlens, None, table), **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("paged", LAYOUTS, ids=LAYOUT_IDS)
+def test_strided_queries_equal_contiguous(backend, op_impl, paged):
+    """q as the query columns of a fused q/k/v projection ([B, N, Hq + 2 Hkv, D] narrowed to its first Hq
+    heads, as cpu_decoder_layer passes it): the same output as its contiguous copy, bit for bit."""
+    fn = op_impl("tree_attention")
+    heads = interpreted_heads(backend, (9, 3), (3, 1))
+    q, k, v, seqlens, table = make_inputs(7, 37, heads, torch.float32, paged, seed=5)
+    fused = torch.randn(q.shape[0], q.shape[1], heads[0] + 2 * heads[1], D)
+    fused[:, :, :heads[0]] = q
+    q_view = fused[:, :, :heads[0]]
+    assert not q_view.is_contiguous()
+    mask = mask_from_parents(chain_parents(q.shape[0], q.shape[1]))
+    torch.testing.assert_close(fn(q_view, k, v, seqlens, mask, block_table=table),
+                               fn(q, k, v, seqlens, mask, block_table=table), rtol=0, atol=0)
+
+
 def golden_parents_65():
     """Trees of 65 nodes whose masks use bit 63 of word 0 (the int64 sign bit) and word 1."""
     star = [-1] + [0] * 64
