@@ -120,16 +120,17 @@ def audit() -> int:
 
 
 def check(cases) -> None:
-    """Compile each (D, dtype name, causal, paged) case with the configuration the launcher picks
-    for the goal shape (N 64, 32 / 8 heads) and print one JSON line per case (the tests' few)."""
+    """Compile each (D, dtype name, causal, paged[, heads]) case with the configuration the
+    launcher picks for the goal shape (N 64, 32 / 8 heads; ``heads`` (request, KV head) pairs, 132
+    for the wide blocks of B 8 and up) and print one JSON line per case (the tests' few)."""
     from eagle_kernels.triton import tree_attention as tta
 
-    for D, dtype_name, causal, paged in cases:
+    for D, dtype_name, causal, paged, *heads in cases:
         dtype = getattr(torch, dtype_name)
-        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged)
+        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged, heads=heads[0] if heads else None)
         result = compile_config(config, D, dtype, causal, paged)
         element_size = torch.empty((), dtype=dtype).element_size()
-        result.update(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),
+        result.update(case=[D, dtype_name, causal, paged, *heads], config=dataclasses.asdict(config),
                       estimate=config.shared_bytes(D, element_size, causal, paged))
         print(json.dumps(result), flush=True)
 
