@@ -165,7 +165,7 @@ def _after_plan(B, N, prefix, Hq, Hkv, D, compiled):
     from eagle_kernels.triton import tree_attention_config as tac
 
     group = Hq // Hkv
-    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True)
+    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True, heads=B * Hkv, sms=SMS)
     programs = B * Hkv * triton.cdiv(N, config.block_m // group)
     splits = tac.num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
     if compiled:
