@@ -23,6 +23,7 @@ operands in registers).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import triton
@@ -41,6 +42,10 @@ MAX_ROWS = 128
 # 16-bit inputs, head dims up to 128: all 256 rows of a (request, KV head) in one block (Llama-3-8B
 # heads at N 64) when there are enough (request, KV head) pairs (``wide_blocks``).
 WIDE_ROWS = 256
+# Triton 3.6 (the GPU machine's version) keeps fewer values in registers across the 256-row
+# prefix loop at head dim 128: 1-3 local-memory reloads an iteration (3.9: spills outside the
+# loops only). Wide blocks need 3.9 or later.
+WIDE_BLOCKS_SUPPORTED = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 9)
 RESCALE_SCRATCH = 1024
 # Columns of the 16-bit path's row-sum MMA (tree_attention.LSUM_COLS).
 ROW_SUM_COLUMNS = 16
@@ -149,15 +154,20 @@ def wide_blocks(heads: int | None, sms: int = H200_SMS) -> bool:
     128 rows a pair): when those programs need at most 2 prefix splits to fill ``sms`` SMs
     (``num_splits``: sms // heads <= 2), e.g. B 8 and B 32 at Llama-3-8B heads (64 and 256 pairs),
     not B 1 (8 pairs: 16 splits of 256 rows would re-read Q and write partials 16 times, and
-    each program's fixed work would be a third of its time)."""
-    return heads is not None and 3 * heads > sms
+    each program's fixed work would be a third of its time). Never with triton before 3.9
+    (``WIDE_BLOCKS_SUPPORTED``)."""
+    return WIDE_BLOCKS_SUPPORTED and heads is not None and 3 * heads > sms
 
 
 def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms: int = H200_SMS) -> TreeAttentionConfig:
     """The GPU launch configuration for a call's shapes, dtype and layout; ``heads`` = B x Hkv
     (request, KV head) pairs of the call (None: at most 128 rows a block), ``sms`` the device's."""
+    return _config(N, group, D, dtype, causal, paged, wide_blocks(heads, sms))
+
+
+def _config(N, group, D, dtype, causal, paged, wide: bool) -> TreeAttentionConfig:
     element_size = torch.empty((), dtype=dtype).element_size()
-    rows = rows_for(N, group, WIDE_ROWS if element_size == 2 and D <= 128 and wide_blocks(heads, sms) else MAX_ROWS)
+    rows = rows_for(N, group, WIDE_ROWS if element_size == 2 and D <= 128 and wide else MAX_ROWS)
     if D > 128:
         block_m, block_k, num_warps, max_registers, most = D256_ENTRY
         block_m = max(block_m, triton.next_power_of_2(group))
@@ -183,7 +193,7 @@ def every_gpu_config() -> dict:
                 for paged in (False, True):
                     for group in (1, 2, 4, 8):
                         for N in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-                            for heads in (None, H200_SMS):
+                            for heads in (None, H200_SMS):  # H200_SMS pairs: wide blocks where supported
                                 config = gpu_config(N, group, D, dtype, causal, paged, heads)
                                 configs.setdefault(config, []).append((D, dtype, causal, paged))
     return configs
@@ -204,8 +214,9 @@ def num_splits(programs: int, capacity: int, block_k: int, sms: int, occupancy: 
 GPU_CONFIG = gpu_config(64, 4, 128, torch.bfloat16, False, False)
 GPU_CONFIG_SMALL = gpu_config(32, 4, 128, torch.bfloat16, False, False)
 GPU_CONFIG_D256 = gpu_config(64, 4, 256, torch.bfloat16, False, False)
-# The goal layout at B 8 / B 32 (64 / 256 (request, KV head) pairs): one 256-row block a pair.
-GPU_CONFIG_WIDE = gpu_config(64, 4, 128, torch.bfloat16, False, False, heads=H200_SMS)
+# The goal layout at B 8 / B 32 (64 / 256 (request, KV head) pairs): one 256-row block a pair
+# (with triton 3.9 or later: WIDE_BLOCKS_SUPPORTED).
+GPU_CONFIG_WIDE = _config(64, 4, 128, torch.bfloat16, False, False, wide=True)
 
 # Under the interpreter the cost is per program and per operation: small row blocks keep the
 # tests' node counts spread over several programs; warps and stages mean nothing there.
