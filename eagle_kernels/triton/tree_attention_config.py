@@ -2,9 +2,10 @@
 
 ``gpu_config`` picks a configuration from the call's shapes, dtype and layout: the row block
 ``block_m`` holds the (node, query head) pairs of a (request, KV head) up to 128 rows (GQA
-packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, two blocks of 128); warps scale with
-the rows; pipeline stages are the most that keep the target blocks per SM (2 up to 64 rows, 1
-at 128 rows, whose registers fill the SM's file).
+packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, two blocks of 128), or up to 256 when
+the call has enough (request, KV head) pairs (``wide_blocks``: one block, one K/V read a pair);
+warps scale with the rows; pipeline stages are the most that keep the target blocks per SM (2 up
+to 64 rows, 1 at 128 and 256 rows, whose registers fill the SM's file).
 
 ``TreeAttentionConfig.shared_bytes`` is the dynamic shared memory Triton allocates for the
 kernel (triton 3.6 and 3.9, sm_90), term by term: the Q tile (an operand of the Hopper MMA,
