@@ -21,7 +21,7 @@
   instructions, the cost of a prefix tile and of the per-program work (Q load, pipeline
   prologue, the partials' epilogue) fitted over the programs without tree tiles, the tree
   tiles' cost from the last split, and the issue floors of the launch beside its bytes and the
-  60% goal (docs/gpu_kernels.md, "B 1 at a 4k prefix: the floor").
+  60% goal (docs/gpu_kernels.md, "B 1 at a 4k prefix").
 
 Run without ``TRITON_INTERPRET`` for ``audit`` and ``programs`` (they compile); ``counts`` needs
 nothing.
