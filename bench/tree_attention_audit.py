@@ -15,7 +15,16 @@
   time estimate: waves x max(per-program FLOPs at the SM's share of 790 TFLOP/s, per-program
   bytes at its share of 4.8 TB/s) + the partials at 4.8 TB/s + 3 us per launch.
 
-Run without ``TRITON_INTERPRET`` for ``audit`` (it compiles); ``counts`` needs nothing.
+- ``programs B PREFIX``: the flash-decoding split programs of one goal shape (the cost model's
+  goal case, bench/gpu_model.py: compiled SASS counted per statement run in the interpreter, 2
+  sampled (KV head, node block) groups): each sampled program's prefix tiles and warp
+  instructions, the cost of a prefix tile and of the per-program work (Q load, pipeline
+  prologue, the partials' epilogue) fitted over the programs without tree tiles, the tree
+  tiles' cost from the last split, and the issue floors of the launch beside its bytes and the
+  60% goal (docs/gpu_kernels.md, "B 1 at a 4k prefix").
+
+Run without ``TRITON_INTERPRET`` for ``audit`` and ``programs`` (they compile); ``counts`` needs
+nothing.
 """
 
 from __future__ import annotations
@@ -111,16 +120,17 @@ def audit() -> int:
 
 
 def check(cases) -> None:
-    """Compile each (D, dtype name, causal, paged) case with the configuration the launcher picks
-    for the goal shape (N 64, 32 / 8 heads) and print one JSON line per case (the tests' few)."""
+    """Compile each (D, dtype name, causal, paged[, heads]) case with the configuration the
+    launcher picks for the goal shape (N 64, 32 / 8 heads; ``heads`` (request, KV head) pairs, 132
+    for the wide blocks of B 8 and up) and print one JSON line per case (the tests' few)."""
     from eagle_kernels.triton import tree_attention as tta
 
-    for D, dtype_name, causal, paged in cases:
+    for D, dtype_name, causal, paged, *heads in cases:
         dtype = getattr(torch, dtype_name)
-        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged)
+        config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged, heads=heads[0] if heads else None)
         result = compile_config(config, D, dtype, causal, paged)
         element_size = torch.empty((), dtype=dtype).element_size()
-        result.update(case=[D, dtype_name, causal, paged], config=dataclasses.asdict(config),
+        result.update(case=[D, dtype_name, causal, paged, *heads], config=dataclasses.asdict(config),
                       estimate=config.shared_bytes(D, element_size, causal, paged))
         print(json.dumps(result), flush=True)
 
@@ -155,7 +165,7 @@ def _after_plan(B, N, prefix, Hq, Hkv, D, compiled):
     from eagle_kernels.triton import tree_attention_config as tac
 
     group = Hq // Hkv
-    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True)
+    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True, heads=B * Hkv, sms=SMS)
     programs = B * Hkv * triton.cdiv(N, config.block_m // group)
     splits = tac.num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
     if compiled:
@@ -275,9 +285,57 @@ def mix(cases) -> None:
                               registers=audit.registers, loops=loops)), flush=True)
 
 
+def programs(B: int, prefix: int) -> None:
+    """The split programs of the goal shape (B, N 64, ``prefix``): see the module docstring."""
+    import inspect
+
+    import gpu_model as gm
+    import numpy as np
+
+    launches: list[compile_audit.Launch] = []
+    with compile_audit.modeled_gpu(launches, ["programs"]):
+        gm._tree_attention(B, 64, prefix)()
+    launch = launches[0]
+    counts = gm.interpret(launches[:1], 2)[0]
+    audit = compile_audit.compile_launch(launch, compile_audit.GPUTarget("cuda", 90, 32))
+    in_loop, out_loop, outside = gm.sass_by_line(audit.sass, launch.kernel.fn)
+    # The prefix loop's tile statement: the first _attend_tile call of the kernel.
+    src, first = inspect.getsourcelines(launch.kernel.fn)
+    tile_line = next(first + i for i, text in enumerate(src) if "_attend_tile(" in text)
+    tree_line = max(first + i for i, text in enumerate(src) if "_attend_tile(" in text)
+    splits = launch.grid[1] if len(launch.grid) > 1 else 1
+    rows = []
+    for c in counts:
+        rows.append(dict(instructions=gm.dynamic_instructions(c, in_loop, out_loop, outside),
+                         prefix_tiles=c.lines.get(tile_line, 0), tree_tiles=c.lines.get(tree_line, 0)))
+    for i, row in enumerate(rows):
+        print(json.dumps(dict(split=i % splits, **row)))
+    plain = [r for r in rows if not r["tree_tiles"]]
+    warps = audit.num_warps
+    rate = gm.ISSUE_RATE * compile_audit.H200.clock_hz
+    us = lambda warp_instructions: warp_instructions * warps / rate * 1e6  # noqa: E731
+    programs_total = launch.grid[0] * splits
+    mean = sum(r["instructions"] for r in rows) / len(rows)
+    summary = dict(case=f"B{B} N64 prefix{prefix}", programs=programs_total, splits=splits, warps=warps,
+                   registers=audit.registers, slowest_us=us(max(r["instructions"] for r in rows)),
+                   mean_us=us(mean), balanced_132_us=us(mean) * programs_total / compile_audit.H200.sms)
+    if len({r["prefix_tiles"] for r in plain}) > 1:
+        slope, intercept = np.polyfit([r["prefix_tiles"] for r in plain], [r["instructions"] for r in plain], 1)
+        tree = [r for r in rows if r["tree_tiles"]]
+        tree_cost = (sum(r["instructions"] - intercept - slope * r["prefix_tiles"] for r in tree) / len(tree)
+                     if tree else 0.0)
+        work = mean - intercept  # the tiles' share of a mean program
+        summary.update(per_tile=round(float(slope), 1), per_program=round(float(intercept), 1),
+                       tree_tiles_cost=round(float(tree_cost), 1),
+                       tiles_only_balanced_132_us=us(work) * programs_total / compile_audit.H200.sms)
+    flops = 4 * B * 64 * 32 * (prefix + 32) * 128
+    summary["goal_60pct_us"] = flops / (0.6 * compile_audit.H200.dense_bf16_flops) * 1e6
+    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in summary.items()}))
+
+
 def main(argv) -> int:
     what = argv[0] if argv else "audit"
-    if what in ("audit", "check", "mix") and os.environ.get("TRITON_INTERPRET") == "1":
+    if what in ("audit", "check", "mix", "programs") and os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled")
     if what == "audit":
         return audit()
@@ -290,7 +348,11 @@ def main(argv) -> int:
     if what == "counts":
         counts(compiled="--compile" in argv)
         return 0
-    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, mix [CASES_JSON], counts [--compile]")
+    if what == "programs":
+        programs(int(argv[1]), int(argv[2]))
+        return 0
+    raise SystemExit(f"unknown command {what!r}: audit, check CASES_JSON, mix [CASES_JSON], counts [--compile], "
+                     "programs B PREFIX")
 
 
 if __name__ == "__main__":

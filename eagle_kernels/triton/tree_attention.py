@@ -13,7 +13,8 @@ exponent; FlashAttention-4's lazy rescaling, see ``_attend_tile``.)
 Layout of one program: its rows are the (node, query head) pairs of ``NODES`` consecutive nodes
 and the ``G`` query heads sharing one KV head (GQA packing). On a GPU a block holds up to 128
 rows of a (request, KV head) (Llama-3-8B's 4 query heads per KV head at N 64: two node blocks,
-neighbouring programs that read the same K/V tiles at the same time). Prefix tiles need no mask beyond
+neighbouring programs that read the same K/V tiles at the same time), or all 256 where there are
+enough (request, KV head) pairs (B 8 and up at those heads: one K/V read). Prefix tiles need no mask beyond
 the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
 when the (request, KV head) programs are fewer than the SMs is the prefix split over
 ``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
@@ -34,12 +35,16 @@ from .tree_attention_config import (  # noqa: F401  (the configurations' names, 
     GPU_CONFIG,
     GPU_CONFIG_D256,
     GPU_CONFIG_SMALL,
+    GPU_CONFIG_WIDE,
+    H200_SMS,
     INTERPRETER_CONFIG,
     SHARED_MEMORY_BUDGET,
+    WIDE_BLOCKS_SUPPORTED,
     TreeAttentionConfig,
     blocks_per_sm,
     every_gpu_config,
     gpu_config,
+    wide_blocks,
 )
 from .tree_attention_config import num_splits as num_splits_for
 
@@ -451,8 +456,11 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         q, scale = -q, -scale
 
     interpret = interpreted(_tree_attention_kernel)
+    on_gpu = q.device.type == "cuda"
     if config is None:
-        config = INTERPRETER_CONFIG if interpret else gpu_config(N, group, D, q.dtype, causal, paged)
+        # B x Hkv (request, KV head) pairs: enough of them take one 256-row block each (wide_blocks).
+        config = INTERPRETER_CONFIG if interpret else gpu_config(
+            N, group, D, q.dtype, causal, paged, heads=B * Hkv, sms=_sm_count(q.device) if on_gpu else H200_SMS)
     block_d = max(16, triton.next_power_of_2(D))
     block_m = max(config.block_m, triton.next_power_of_2(group))
     block_k = config.block_k
@@ -463,7 +471,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     capacity = _checks.kv_capacity(k_cache, block_table)
     if num_splits is not None:
         splits = int(num_splits)
-    elif q.device.type == "cuda":
+    elif on_gpu:
         splits = num_splits_for(programs, capacity, block_k, _sm_count(q.device), config.blocks_per_sm)
     else:
         splits = 1

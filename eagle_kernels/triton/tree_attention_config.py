@@ -2,9 +2,10 @@
 
 ``gpu_config`` picks a configuration from the call's shapes, dtype and layout: the row block
 ``block_m`` holds the (node, query head) pairs of a (request, KV head) up to 128 rows (GQA
-packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, two blocks of 128); warps scale with
-the rows; pipeline stages are the most that keep the target blocks per SM (2 up to 64 rows, 1
-at 128 rows, whose registers fill the SM's file).
+packing: Llama-3-8B's 32 / 8 heads at N 64 are 256 rows, two blocks of 128), or up to 256 when
+the call has enough (request, KV head) pairs (``wide_blocks``: one block, one K/V read a pair);
+warps scale with the rows; pipeline stages are the most that keep the target blocks per SM (2 up
+to 64 rows, 1 at 128 and 256 rows, whose registers fill the SM's file).
 
 ``TreeAttentionConfig.shared_bytes`` is the dynamic shared memory Triton allocates for the
 kernel (triton 3.6 and 3.9, sm_90), term by term: the Q tile (an operand of the Hopper MMA,
@@ -23,6 +24,7 @@ operands in registers).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import triton
@@ -38,6 +40,13 @@ H200_SMS = 132
 # Static shared memory of the compiled kernel (Triton's, reported beside the dynamic bytes).
 STATIC_SHARED = 1024
 MAX_ROWS = 128
+# 16-bit inputs, head dims up to 128: all 256 rows of a (request, KV head) in one block (Llama-3-8B
+# heads at N 64) when there are enough (request, KV head) pairs (``wide_blocks``).
+WIDE_ROWS = 256
+# Triton 3.6 (the GPU machine's version) keeps fewer values in registers across the 256-row
+# prefix loop at head dim 128: 1-3 local-memory reloads an iteration (3.9: spills outside the
+# loops only). Wide blocks need 3.9 or later.
+WIDE_BLOCKS_SUPPORTED = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 9)
 RESCALE_SCRATCH = 1024
 # Columns of the 16-bit path's row-sum MMA (tree_attention.LSUM_COLS).
 ROW_SUM_COLUMNS = 16
@@ -101,8 +110,13 @@ def blocks_per_sm(shared_bytes: int, registers: int, num_warps: int) -> int:
 # (request, KV head) at N 64 are two node blocks whose K/V reads repeat (from L2, as the
 # neighbouring program of the same head reads them at the same time; docs/gpu_kernels.md).
 # Smaller blocks come from short trees (N x group rows) and leave ptxas its choice (<= 255
-# registers, two blocks of 4 warps an SM).
+# registers, two blocks of 4 warps an SM). 256 rows (``wide_blocks``) take the same 8 warps and
+# 64-key tiles (each warpgroup two 64-row wgmma halves: 128 accumulator registers a thread, 255
+# registers with a few spills outside the loops, none inside): one K/V read per (request, KV
+# head) and fewer instructions per key and row than 128 rows (docs/gpu_kernels.md, "Wide
+# blocks"); but twice the per-program work, so only where they need at most 2 prefix splits.
 ROW_TABLE = {
+    WIDE_ROWS: (64, 8, None, 3),
     128: (64, 8, None, 3),
     64: (64, 4, None, 3),
     32: (64, 4, None, 3),
@@ -130,16 +144,31 @@ def _stages_for(block_m, block_k, num_warps, max_registers, most, target, head_d
     return 1
 
 
-def rows_for(N: int, group: int) -> int:
+def rows_for(N: int, group: int, most: int = MAX_ROWS) -> int:
     """block_m for N nodes of ``group`` query heads: every row of a (request, KV head) up to
-    MAX_ROWS, at least 16 (the smallest dot) and next_pow2(group)."""
-    return max(16, triton.next_power_of_2(group), min(MAX_ROWS, triton.next_power_of_2(N * group)))
+    ``most`` (MAX_ROWS, or WIDE_ROWS), at least 16 (the smallest dot) and next_pow2(group)."""
+    return max(16, triton.next_power_of_2(group), min(most, triton.next_power_of_2(N * group)))
 
 
-def gpu_config(N, group, D, dtype, causal, paged) -> TreeAttentionConfig:
-    """The GPU launch configuration for a call's shapes, dtype and layout."""
+def wide_blocks(heads: int | None, sms: int = H200_SMS) -> bool:
+    """Whether ``heads`` (request, KV head) pairs take 256-row blocks (16-bit, D <= 128, more than
+    128 rows a pair): when those programs need at most 2 prefix splits to fill ``sms`` SMs
+    (``num_splits``: sms // heads <= 2), e.g. B 8 and B 32 at Llama-3-8B heads (64 and 256 pairs),
+    not B 1 (8 pairs: 16 splits of 256 rows would re-read Q and write partials 16 times, and
+    each program's fixed work would be a third of its time). Never with triton before 3.9
+    (``WIDE_BLOCKS_SUPPORTED``)."""
+    return WIDE_BLOCKS_SUPPORTED and heads is not None and 3 * heads > sms
+
+
+def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms: int = H200_SMS) -> TreeAttentionConfig:
+    """The GPU launch configuration for a call's shapes, dtype and layout; ``heads`` = B x Hkv
+    (request, KV head) pairs of the call (None: at most 128 rows a block), ``sms`` the device's."""
+    return _config(N, group, D, dtype, causal, paged, wide_blocks(heads, sms))
+
+
+def _config(N, group, D, dtype, causal, paged, wide: bool) -> TreeAttentionConfig:
     element_size = torch.empty((), dtype=dtype).element_size()
-    rows = rows_for(N, group)
+    rows = rows_for(N, group, WIDE_ROWS if element_size == 2 and D <= 128 and wide else MAX_ROWS)
     if D > 128:
         block_m, block_k, num_warps, max_registers, most = D256_ENTRY
         block_m = max(block_m, triton.next_power_of_2(group))
@@ -148,7 +177,7 @@ def gpu_config(N, group, D, dtype, causal, paged) -> TreeAttentionConfig:
         block_m = max(block_m, triton.next_power_of_2(group))
     else:
         block_m = rows
-        block_k, num_warps, max_registers, most = ROW_TABLE[min(block_m, MAX_ROWS)]
+        block_k, num_warps, max_registers, most = ROW_TABLE[min(block_m, WIDE_ROWS)]
     target = 1 if block_m >= 128 or D > 128 or element_size == 4 else 2
     stages = _stages_for(block_m, block_k, num_warps, max_registers, most, target, D, element_size, causal, paged)
     return TreeAttentionConfig(block_m, block_k, num_warps, stages, max_registers, target)
@@ -156,8 +185,8 @@ def gpu_config(N, group, D, dtype, causal, paged) -> TreeAttentionConfig:
 
 def every_gpu_config() -> dict:
     """{config: [(D, dtype, causal, paged), ...]}: every configuration gpu_config can return for
-    head dims 64 / 128 / 256, fp16 / bf16 / fp32, both mask kinds and both cache layouts, N 1-256
-    and GQA groups 1-8."""
+    head dims 64 / 128 / 256, fp16 / bf16 / fp32, both mask kinds and both cache layouts, N 1-256,
+    GQA groups 1-8, with and without wide blocks."""
     configs: dict = {}
     for D in (64, 128, 256):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -165,8 +194,9 @@ def every_gpu_config() -> dict:
                 for paged in (False, True):
                     for group in (1, 2, 4, 8):
                         for N in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-                            config = gpu_config(N, group, D, dtype, causal, paged)
-                            configs.setdefault(config, []).append((D, dtype, causal, paged))
+                            for heads in (None, H200_SMS):  # H200_SMS pairs: wide blocks where supported
+                                config = gpu_config(N, group, D, dtype, causal, paged, heads)
+                                configs.setdefault(config, []).append((D, dtype, causal, paged))
     return configs
 
 
@@ -185,6 +215,9 @@ def num_splits(programs: int, capacity: int, block_k: int, sms: int, occupancy: 
 GPU_CONFIG = gpu_config(64, 4, 128, torch.bfloat16, False, False)
 GPU_CONFIG_SMALL = gpu_config(32, 4, 128, torch.bfloat16, False, False)
 GPU_CONFIG_D256 = gpu_config(64, 4, 256, torch.bfloat16, False, False)
+# The goal layout at B 8 / B 32 (64 / 256 (request, KV head) pairs): one 256-row block a pair
+# (with triton 3.9 or later: WIDE_BLOCKS_SUPPORTED).
+GPU_CONFIG_WIDE = _config(64, 4, 128, torch.bfloat16, False, False, wide=True)
 
 # Under the interpreter the cost is per program and per operation: small row blocks keep the
 # tests' node counts spread over several programs; warps and stages mean nothing there.

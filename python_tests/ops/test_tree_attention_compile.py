@@ -22,10 +22,12 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 AUDIT = os.path.join(ROOT, "bench", "tree_attention_audit.py")
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 BUDGET = 232_448
-# Three compiles (~10-30 s): out of the fast lane.
+# Four compiles (~10-40 s): out of the fast lane.
 pytestmark = pytest.mark.slow
-# (D, dtype, causal, paged): the goal layout, a D 64 causal one, the paged goal layout.
-CASES = [[128, "bfloat16", False, False], [64, "float16", True, False], [128, "bfloat16", False, True]]
+# (D, dtype, causal, paged[, (request, KV head) pairs]): the goal layout, a D 64 causal one, the
+# paged goal layout, and its 256-row block (B 8 and up).
+CASES = [[128, "bfloat16", False, False], [64, "float16", True, False], [128, "bfloat16", False, True],
+         [128, "bfloat16", False, True, 132]]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def compiled():
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"D{c[0]}-{c[1]}-{'causal' if c[2] else 'tree'}-"
-                         f"{'paged' if c[3] else 'contiguous'}")
+                         f"{'paged' if c[3] else 'contiguous'}{'-wide' if len(c) > 4 else ''}")
 def test_estimate_matches_compiled_shared_memory(compiled, case):
     r = compiled[json.dumps(case)]
     assert r["shared"] + r["static_shared"] <= BUDGET, r

@@ -198,6 +198,39 @@ def test_tree_attention_gpu_config(dtype, D, page, causal):
     check_attention(config, B, N, prefix, heads, D, dtype, page, causal, seed=D + N)
 
 
+@pytest.mark.parametrize("page,causal,splits", [(None, False, 1), (16, True, 2)],
+                         ids=["contiguous-tree", "page16-causal-2splits"])
+def test_tree_attention_wide_config(page, causal, splits):
+    """The 256-row block the launcher picks with enough (request, KV head) pairs (B 8 and up at
+    Llama-3-8B heads): 64 nodes of 4 query heads fill it (one node block a pair), against the
+    reference with whole and partial prefix tiles; paged and split 2 ways as at B 8."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    config = tta.GPU_CONFIG_WIDE
+    assert config.block_m == 256
+    if tta.WIDE_BLOCKS_SUPPORTED:
+        assert config == tta.gpu_config(64, 4, 64, torch.bfloat16, causal, page is not None, heads=tta.H200_SMS)
+    check_attention(config, 2, 64, 150, (8, 2), 64, torch.bfloat16, page, causal, seed=256 + splits,
+                    num_splits=splits)
+
+
+def test_tree_attention_wide_blocks_rule():
+    """256-row blocks only where their programs need at most 2 prefix splits on the device: B 8 /
+    B 32 at Llama-3-8B heads (64 / 256 pairs) but not B 1 (8 pairs), 16-bit and D <= 128 only;
+    without ``heads`` (the tests' and the audit's default) at most 128 rows; none with triton
+    before 3.9 (3.6 spills in their loop)."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    wide = 256 if tta.WIDE_BLOCKS_SUPPORTED else 128
+    rows = lambda heads, dtype=torch.bfloat16, D=128: tta.gpu_config(  # noqa: E731
+        64, 4, D, dtype, False, True, heads=heads).block_m
+    assert [rows(h) for h in (None, 8, 32, 44, 45, 64, 256)] == [128, 128, 128, 128, wide, wide, wide]
+    assert rows(64, torch.float16) == wide and rows(64, torch.float32) == 64 and rows(64, D=256) == 64
+    assert tta.gpu_config(16, 4, 128, torch.bfloat16, False, True, heads=256).block_m == 64  # N x group rows
+    assert not tta.wide_blocks(8)
+    assert tta.wide_blocks(64) == tta.wide_blocks(8, sms=16) == tta.WIDE_BLOCKS_SUPPORTED
+
+
 def every_tile_shape():
     """One configuration per distinct (block_m, block_k, head dim class) that gpu_config can
     return: warps, stages and register caps mean nothing to the interpreter."""
