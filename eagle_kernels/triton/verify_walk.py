@@ -485,7 +485,7 @@ def _verify_kernel(
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     SPLITS: tl.constexpr,  # chunks per row (programs per request)
     PHASES: tl.constexpr,  # claim / done counters per request: 6 + 2 * DIGITS per row the walk can visit
-    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,  # next power of two of SPLITS, at least 32 (whole-view merge sums: _sum0)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_MAX: tl.constexpr,
