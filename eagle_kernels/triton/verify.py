@@ -304,7 +304,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         ws["prefix"], ws["cand_index"], ws["cand_scaled"], ws["tile_sums"], accept_len, accept_nodes, out_tokens,
         status, probs, sampled, inverse, d2t_ok, events, N, V, Vd, max_depth, chunk, logits.stride(0),
         logits.stride(1), IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits,
-        PHASES=phases, BLOCK_SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v, BLOCK_S=block_s,
+        PHASES=phases, BLOCK_SPLITS=max(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, BLOCK_S=block_s,
         BLOCK_MAX=block_max, BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
         HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,

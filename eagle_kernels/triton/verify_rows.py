@@ -46,6 +46,63 @@ def _order_key(x, IS_FP64: tl.constexpr):
         return tl.where(sign == 1, ~u, u | 0x80000000)
 
 
+# Reductions to a scalar in two steps over a [S / 32, 32] view (docs/gpu_kernels.md, "Triton 3.6:
+# one register per reduction"). Triton 3.6's inter-warp step loads the warps' partials from shared
+# memory with a predicate (the threads that hold one) and leaves the destination undefined in the
+# others; ptxas then keeps that register live from the kernel's entry: one register per reduction
+# in the whole kernel (255 registers and spills in the walk's loop with plain reductions). Reducing
+# the view over the axis that spans the warps first (S >= 256: 32 partials per warp, every thread
+# loads one) or over the lanes first (S of 64 or 128) leaves no such load; 32 entries or fewer sit
+# in one warp. Max, min and integer sums are the same in any order; a float sum is added in another
+# order than tl.sum's. Inside hot loops tl.sum stays (under 3.9 the view costs a shuffle per tile).
+@triton.jit
+def _max1(x):
+    """tl.max(x, axis=0) of a 1-D x (the note above _max1)."""
+    S: tl.constexpr = x.shape[0]
+    if S >= 256:
+        return tl.max(tl.max(tl.reshape(x, [S // 32, 32]), axis=0), axis=0)
+    elif S > 32:
+        return tl.max(tl.max(tl.reshape(x, [S // 32, 32]), axis=1), axis=0)
+    else:
+        return tl.max(x, axis=0)
+
+
+@triton.jit
+def _min1(x):
+    """tl.min(x, axis=0) of a 1-D x (the note above _max1)."""
+    S: tl.constexpr = x.shape[0]
+    if S >= 256:
+        return tl.min(tl.min(tl.reshape(x, [S // 32, 32]), axis=0), axis=0)
+    elif S > 32:
+        return tl.min(tl.min(tl.reshape(x, [S // 32, 32]), axis=1), axis=0)
+    else:
+        return tl.min(x, axis=0)
+
+
+@triton.jit
+def _sum1(x):
+    """tl.sum(x, axis=0) of a 1-D x (the note above _max1)."""
+    S: tl.constexpr = x.shape[0]
+    if S >= 256:
+        return tl.sum(tl.sum(tl.reshape(x, [S // 32, 32]), axis=0), axis=0)
+    elif S > 32:
+        return tl.sum(tl.sum(tl.reshape(x, [S // 32, 32]), axis=1), axis=0)
+    else:
+        return tl.sum(x, axis=0)
+
+
+@triton.jit
+def _sum0(x):
+    """tl.sum(x, axis=0) of a 2-D x [R, C] (the note above _max1): for C < 32, over the
+    [R * C / 32, 32] view first (32 partials per warp), then over its 32 / C column groups."""
+    R: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    if (C < 32) & (R * C >= 256):
+        return tl.sum(tl.reshape(tl.sum(tl.reshape(x, [R * C // 32, 32]), axis=0), [32 // C, C]), axis=0)
+    else:
+        return tl.sum(x, axis=0)
+
+
 @triton.jit
 def _scaled(logits, row_max, t):
     """s = (logits - max) / T in the compute dtype. Shift before dividing: a tiny T sends the
@@ -96,9 +153,9 @@ def _search_chunk(row, start, end, prefix, shift, row_max, t, kth, denom, IS_TOP
         else:
             acc += above.to(tl.int32)
     if IS_TOP_P:
-        return tl.sum(acc, axis=0)
+        return _sum0(acc)
     else:
-        return tl.sum(acc, axis=0).to(tl.float64)
+        return _sum0(acc).to(tl.float64)
 
 
 @triton.jit
@@ -184,11 +241,11 @@ def _search_chunk_last(row, start, end, prefix, shift, row_max, t, kth, denom, I
             above = valid & (s >= level[None, :])
             counts += above.to(tl.int32)
             sums += tl.where(above, tl.exp(s).to(CT).to(tl.float64), 0.0)
-    kept = tl.sum(sums, axis=0)
+    kept = _sum0(sums)
     if IS_TOP_P:
         return kept, kept
     else:
-        return tl.sum(counts, axis=0).to(tl.float64), kept
+        return _sum0(counts).to(tl.float64), kept
 
 
 @triton.jit
@@ -300,18 +357,18 @@ def _list_stats(scaled_ptr, stored, level, top_k, top_p, use_k, use_p, total, CT
     listed = tl.load(scaled_ptr + slots, mask=slots < stored, other=float("-inf"), volatile=True)
     ranked = tl.sort(listed, descending=True)
     if use_k:
-        kth = tl.max(tl.where(slots == top_k - 1, ranked, float("-inf")), axis=0)
+        kth = _max1(tl.where(slots == top_k - 1, ranked, float("-inf")))
         e = tl.where(ranked >= kth, tl.exp(ranked), 0.0).to(CT)
-        denom = tl.sum(e.to(tl.float64), axis=0).to(CT)
+        denom = _sum1(e.to(tl.float64)).to(CT)
     p = _probs(ranked, kth, denom, CT)
     count = stored
     if use_p:
         # Most probable first: the first rank whose running mass reaches top_p sets the cut
         # (ties at the cut are kept by p >= cut).
         running = tl.cumsum(p.to(tl.float64), axis=0)
-        first_rank = tl.min(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND), axis=0)
+        first_rank = _min1(tl.where(running >= top_p.to(tl.float64), slots, NUM_CAND))
         if first_rank < NUM_CAND:
-            cut = tl.max(tl.where(slots == first_rank, p, float("-inf")), axis=0)
+            cut = _max1(tl.where(slots == first_rank, p, float("-inf")))
         elif use_k == 0:
             count = -1  # the nucleus reaches below the listed level
         if use_k == 0:
@@ -319,8 +376,8 @@ def _list_stats(scaled_ptr, stored, level, top_k, top_p, use_k, use_p, total, CT
             # no unlisted token can tie with it.
             if cut < (tl.exp(level + 1.0) / denom).to(CT):
                 count = -1
-        norm = tl.sum(tl.where(p >= cut, p.to(tl.float64), 0.0), axis=0).to(CT)
-    mass = tl.sum(_weights(p, cut, norm, CT).to(tl.float64), axis=0)
+        norm = _sum1(tl.where(p >= cut, p.to(tl.float64), 0.0)).to(CT)
+    mass = _sum1(_weights(p, cut, norm, CT).to(tl.float64))
     return count, kth, denom, cut, norm, mass
 
 
@@ -342,9 +399,9 @@ def _range_max(row, start, end, CT: tl.constexpr, BLOCK: tl.constexpr):
         better = valid & (x > lane_max)
         lane_arg = tl.where(better, offs, lane_arg)
         lane_max = tl.where(better, x, lane_max)
-    chunk_max = tl.max(lane_max, axis=0)
-    arg = tl.min(tl.where(lane_max == chunk_max, lane_arg, end), axis=0)
-    return chunk_max, arg, tl.max(lane_flags & 1, axis=0) | tl.max(lane_flags & 2, axis=0)
+    chunk_max = _max1(lane_max)
+    arg = _min1(tl.where(lane_max == chunk_max, lane_arg, end))
+    return chunk_max, arg, _max1(lane_flags & 1) | _max1(lane_flags & 2)
 
 
 @triton.jit
@@ -361,8 +418,8 @@ def _finite_argmax(row, V, CT: tl.constexpr, BLOCK_V: tl.constexpr):
         better = finite & ((lane_arg == V) | (x > lane_best))
         lane_arg = tl.where(better, offs, lane_arg)
         lane_best = tl.where(better, x, lane_best)
-    best = tl.max(tl.where(lane_arg < V, lane_best, float("-inf")), axis=0)
-    arg = tl.min(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V), axis=0)
+    best = _max1(tl.where(lane_arg < V, lane_best, float("-inf")))
+    arg = _min1(tl.where((lane_arg < V) & (lane_best == best), lane_arg, V))
     return tl.where(arg < V, arg, 0)
 
 
@@ -386,7 +443,7 @@ def _range_levels(row, start, end, row_max, t, CT: tl.constexpr, BLOCK_S: tl.con
         at_or_above = valid & (s >= levels[None, :])
         counts += at_or_above.to(tl.int32)
         sums += tl.where(at_or_above, e.to(tl.float32), 0.0)
-    return tl.sum(tl.sum(lane_total, axis=1), axis=0), tl.sum(counts, axis=0), tl.sum(sums, axis=0)
+    return _sum1(tl.sum(lane_total, axis=1)), _sum0(counts), _sum0(sums)
 
 
 @triton.jit
@@ -402,4 +459,4 @@ def _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_row, CT
         w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
         lane_mass += w
         tl.store(sums_row + tile // BLOCK_V, tl.sum(w, axis=0))
-    return tl.sum(lane_mass, axis=0)
+    return _sum1(lane_mass)

@@ -22,6 +22,8 @@ from .verify_rows import (
     _finite_argmax,
     _list_level,
     _list_stats,
+    _max1,
+    _min1,
     _pivot_level,
     _probs,
     _range_levels,
@@ -34,6 +36,8 @@ from .verify_rows import (
     _search_value,
     _seed_prefix,
     _store_list,
+    _sum0,
+    _sum1,
     _weights,
 )
 
@@ -76,7 +80,7 @@ ROW_WORDS = tl.constexpr(8)
 def _zero_rejected(w, ids, tokens_row, node, N, rejected, offs_n):
     """w with the tokens of the node's rejected children (``rejected`` flags over nodes) at 0."""
     for c in range(node + 1, N):
-        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+        if _sum1(tl.where(offs_n == c, rejected, 0)) != 0:
             w = tl.where(ids == tl.load(tokens_row + c), 0.0, w)
     return w
 
@@ -105,32 +109,32 @@ def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
     n_tiles = tl.cdiv(V, BLOCK_V)
     tl.debug_barrier()
     for c in range(node + 1, N):
-        if tl.sum(tl.where(offs_n == c, rejected, 0), axis=0) != 0:
+        if _sum1(tl.where(offs_n == c, rejected, 0)) != 0:
             hit = (tl.load(tokens_row + c) // BLOCK_V).to(tl.int32)
             offs, valid, w = _residual_tile(row, hit * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
                                             node, N, rejected, offs_n, True, CT, BLOCK_V)
-            tl.store(sums_row + hit, tl.sum(w, axis=0))
+            tl.store(sums_row + hit, _sum1(w))
     tl.debug_barrier()
     tiles = tl.arange(0, BLOCK_T)
     sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0, volatile=True)
-    target = u * tl.sum(sums, axis=0)
+    target = u * _sum1(sums)
     running = tl.cumsum(sums, axis=0)
-    tile = tl.min(tl.where(running > target, tiles, n_tiles), axis=0).to(tl.int32)
+    tile = _min1(tl.where(running > target, tiles, n_tiles)).to(tl.int32)
     found = V
     # Rounding inside a tile can disagree with its sum by the last bit: then the next tile.
     while (found == V) & (tile < n_tiles):
-        carry = tl.sum(tl.where(tiles == tile, running - sums, 0.0), axis=0)
+        carry = _sum1(tl.where(tiles == tile, running - sums, 0.0))
         offs, valid, w = _residual_tile(row, tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
                                         node, N, rejected, offs_n, True, CT, BLOCK_V)
-        found = tl.min(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V), axis=0)
+        found = _min1(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V))
         tile += 1
     if found == V:
-        last_tile = tl.max(tl.where(sums > 0, tiles, -1), axis=0)
+        last_tile = _max1(tl.where(sums > 0, tiles, -1))
         found = 0
         if last_tile >= 0:
             offs, valid, w = _residual_tile(row, last_tile * BLOCK_V, V, row_max, t, kth, denom, cut, norm,
                                             tokens_row, node, N, rejected, offs_n, True, CT, BLOCK_V)
-            found = tl.maximum(tl.max(tl.where(w > 0, offs, -1), axis=0), 0)
+            found = tl.maximum(_max1(tl.where(w > 0, offs, -1)), 0)
     return found
 
 
@@ -144,9 +148,9 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
     scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"), volatile=True)
     w = tl.where(slots < listed, _weights(_probs(scaled, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
     w = _zero_rejected(w, index, tokens_row, node, N, rejected, offs_n)
-    target = u * tl.sum(w, axis=0)
-    found = tl.min(tl.where(tl.cumsum(w, axis=0) > target, index, V), axis=0)
-    last_positive = tl.max(tl.where(w > 0, index, -1), axis=0)
+    target = u * _sum1(w)
+    found = _min1(tl.where(tl.cumsum(w, axis=0) > target, index, V))
+    last_positive = _max1(tl.where(w > 0, index, -1))
     return tl.where(found < V, found, tl.maximum(last_positive, 0))
 
 
@@ -198,9 +202,9 @@ def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, 
                 in_range = (x >= 0) & (x < V)
                 logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
                 wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
-                seen = tl.max(((rejected != 0) & (tokens == x)).to(tl.int32), axis=0)
+                seen = _max1(((rejected != 0) & (tokens == x)).to(tl.int32))
                 wx = tl.where(seen != 0, 0.0, wx).to(CT)
-                u = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
+                u = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
                 # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
                 if (wx > 0) & (u < wx.to(tl.float64) / mass):
                     child = c
@@ -222,7 +226,7 @@ def _accept_and_bonus(row, V, row_max, t, kth, denom, cut, norm, mass, node, may
     bonus = tl.full([], -1, tl.int32)
     finish = 0
     if child < 0:
-        u = tl.sum(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0), axis=0)
+        u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
         if listed >= 0:
             if NUM_CAND > 0:
                 bonus = _bonus_from_list(index_b, scaled_b, listed, tokens_row, node, N, rejected, offs_n, kth, denom,
@@ -315,7 +319,7 @@ def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
                                             events, n_events, CT, BLOCK_V, HAS_D2T)
         lane += w
-    return tl.sum(lane, axis=0)
+    return _sum1(lane)
 
 
 @triton.jit
@@ -327,7 +331,7 @@ def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
                                             events, n_events, CT, BLOCK_V, HAS_D2T)
-        total += tl.sum(w, axis=0)
+        total += _sum1(w)
     target = u * total
     carry = tl.zeros([], tl.float64)
     found = V
@@ -335,10 +339,10 @@ def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S
     for start in range(0, V, BLOCK_V):
         offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
                                             events, n_events, CT, BLOCK_V, HAS_D2T)
-        hit = tl.min(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V), axis=0)
+        hit = _min1(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V))
         found = tl.minimum(found, hit)
-        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), axis=0))
-        carry += tl.sum(w, axis=0)
+        last_positive = tl.maximum(last_positive, _max1(tl.where(w > 0, offs, -1)))
+        carry += _sum1(w)
     return tl.where(found < V, found, tl.maximum(last_positive, 0))
 
 
@@ -350,7 +354,7 @@ def _sampled_child_count(node, may_descend, parents_row, sampled_row, N, BLOCK_N
     child = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node) & may_descend
     if HAS_MASK:
         child = child & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
-    return tl.sum(child.to(tl.int32), axis=0)
+    return _sum1(child.to(tl.int32))
 
 
 @triton.jit
@@ -372,8 +376,8 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
         q = tl.load(q_row + offs, mask=offs < Vd, other=0.0)
         lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
         lane_sum += q.to(tl.float64)
-    S = tl.sum(lane_sum, axis=0)
-    draft_bad = (tl.max(lane_bad, axis=0) != 0) | (tl.abs(S - 1.0) > DRAFT_SUM_TOLERANCE) | (S != S)
+    S = _sum1(lane_sum)
+    draft_bad = (_max1(lane_bad) != 0) | (tl.abs(S - 1.0) > DRAFT_SUM_TOLERANCE) | (S != S)
     if HAS_D2T:
         draft_bad = draft_bad | (tl.load(d2t_ok_ptr) == 0)
     S = tl.where(draft_bad, 1.0, S)
@@ -390,8 +394,8 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
         if is_child:
             x = tl.load(tokens_row + c)
             xs = x + offs_n * 0
-            rx = tl.sum(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T), axis=0)
-            seen = tl.max((siblings & (offs_n < c) & (tokens == x)).to(tl.int32), axis=0) != 0
+            rx = _sum1(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T))
+            seen = _max1((siblings & (offs_n < c) & (tokens == x)).to(tl.int32)) != 0
             draft_bad = draft_bad | (rx <= 0) | seen | (removed >= 1.0)
             removed += rx
     child = -1
@@ -410,10 +414,10 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
                 w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT),
                               0.0).to(CT)
                 r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
-                wx = tl.sum(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64), axis=0)
-                rx = tl.sum(r, axis=0)
+                wx = _sum1(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64))
+                rx = _sum1(r)
                 d = tl.where(is_sampled, rx / (1.0 - removed), 1.0)
-                coin = tl.sum(tl.where(offs_n == c, accept_coins, 0.0), axis=0)
+                coin = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
                 if (wx > 0) & (coin < (wx / mass) / d):
                     child = c
                 elif is_sampled:
@@ -481,7 +485,7 @@ def _verify_kernel(
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     SPLITS: tl.constexpr,  # chunks per row (programs per request)
     PHASES: tl.constexpr,  # claim / done counters per request: 6 + 2 * DIGITS per row the walk can visit
-    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,  # next power of two of SPLITS, at least 32 (whole-view merge sums: _sum0)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_MAX: tl.constexpr,
@@ -576,7 +580,7 @@ def _verify_kernel(
                         before = _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, splits < claim,
                                               RADIX, NUM_PIVOTS)
                         level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
-                        _store_list(row, start, end, row_max, t, level, tl.sum(before, axis=0), index_b, scaled_b,
+                        _store_list(row, start, end, row_max, t, level, _sum1(before), index_b, scaled_b,
                                     CT, BLOCK_V, NUM_CAND)
                 else:
                     kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
@@ -636,9 +640,9 @@ def _verify_kernel(
                         cm = tl.load(part_max_ptr + parts + splits, mask=in_splits, other=float("-inf"), volatile=True)
                         ca = tl.load(part_arg_ptr + parts + splits, mask=in_splits, other=V, volatile=True)
                         cf = tl.load(part_flags_ptr + parts + splits, mask=in_splits, other=0, volatile=True)
-                        row_max = tl.max(cm, axis=0)
-                        arg = tl.min(tl.where(cm == row_max, ca, V), axis=0)
-                        flags = tl.max(cf & 1, axis=0) | tl.max(cf & 2, axis=0)
+                        row_max = _max1(cm)
+                        arg = _min1(tl.where(cm == row_max, ca, V))
+                        flags = _max1(cf & 1) | _max1(cf & 2)
                         if ((flags & 1) != 0) | ((flags & 2) == 0):
                             bad = 1
                             finish = 1
@@ -648,7 +652,7 @@ def _verify_kernel(
                                 & (tl.load(tokens_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
                                            other=-1) == arg) \
                                 & (tl.arange(0, BLOCK_N) > node) & may_descend
-                            first = tl.min(tl.where(hit, tl.arange(0, BLOCK_N), BLOCK_N), axis=0)
+                            first = _min1(tl.where(hit, tl.arange(0, BLOCK_N), BLOCK_N))
                             if first < BLOCK_N:
                                 child = first
                             else:
@@ -658,17 +662,17 @@ def _verify_kernel(
                             tl.store(rowf + ROW_MAX, row_max.to(tl.float64))
                             next_kind = KIND_LEVELS
                     elif kind == KIND_LEVELS:
-                        total = tl.sum(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
-                                               volatile=True), axis=0)
+                        total = _sum1(tl.load(part_total_ptr + parts + splits, mask=in_splits, other=0.0,
+                                              volatile=True))
                         tl.store(rowf + ROW_TOTAL, total)
                         pivot = tl.full([], NUM_PIVOTS, tl.int32)
                         if NUM_CAND > 0:
                             if use_k | use_p:
                                 at = (parts + splits)[:, None] * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS)[None, :]
-                                level_counts = tl.sum(tl.load(part_counts_ptr + at, mask=in_splits[:, None], other=0,
-                                                              volatile=True), axis=0)
-                                level_sums = tl.sum(tl.load(part_sums_ptr + at, mask=in_splits[:, None], other=0.0,
-                                                            volatile=True), axis=0)
+                                level_counts = _sum0(tl.load(part_counts_ptr + at, mask=in_splits[:, None], other=0,
+                                                             volatile=True))
+                                level_sums = _sum0(tl.load(part_sums_ptr + at, mask=in_splits[:, None], other=0.0,
+                                                           volatile=True))
                                 pivot = _list_level(level_counts, level_sums, total, top_k, top_p, use_k, NUM_CAND)
                                 # Where no list fits: the first search starts at the digits its level band fixes.
                                 seed_prefix, seed_digit = _seed_prefix(level_counts, level_sums, total, top_k, top_p,
@@ -684,8 +688,8 @@ def _verify_kernel(
                             search = 1
                     elif kind == KIND_LIST:
                         if NUM_CAND > 0:
-                            stored = tl.sum(_list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits,
-                                                         in_splits, RADIX, NUM_PIVOTS), axis=0)
+                            stored = _sum1(_list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits,
+                                                        in_splits, RADIX, NUM_PIVOTS))
                             level = tl.load(rowf + ROW_LEVEL, volatile=True).to(CT)
                             tl.debug_barrier()
                             # Lists are mostly short: sort SHORT_CAND slots when they hold it.
@@ -703,8 +707,8 @@ def _verify_kernel(
                         digit = tl.load(ctl + CTL_DIGIT, volatile=True)
                         shift = KEY_BITS - RADIX_BITS * (digit + 1)
                         at = (parts + splits)[:, None] * 2 * RADIX + tl.arange(0, RADIX)[None, :]
-                        totals = tl.sum(tl.load(part_search_ptr + at, mask=in_splits[:, None], other=0.0,
-                                                volatile=True), axis=0)
+                        totals = _sum0(tl.load(part_search_ptr + at, mask=in_splits[:, None], other=0.0,
+                                               volatile=True))
                         target = tl.where(kind == KIND_SEARCH_K, top_k.to(tl.float64), top_p.to(tl.float64))
                         prefix = _search_digit(_load_prefix(prefix_ptr + b, IS_FP64), shift, totals, target, IS_FP64,
                                                RADIX_BITS)
@@ -716,8 +720,8 @@ def _verify_kernel(
                             # The normaliser of the threshold found: its lane of the chunks' sums.
                             lane = ((prefix >> shift.to(prefix.dtype)) & (RADIX - 1)).to(tl.int32)
                             in_lane = in_splits[:, None] & (tl.arange(0, RADIX) == lane)[None, :]
-                            kept = tl.sum(tl.sum(tl.load(part_search_ptr + at + RADIX, mask=in_lane, other=0.0,
-                                                         volatile=True), axis=1), axis=0).to(CT)
+                            kept = tl.sum(_sum0(tl.load(part_search_ptr + at + RADIX, mask=in_lane, other=0.0,
+                                                        volatile=True)), axis=0).to(CT)
                             value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
                             next_kind = KIND_MASS
                             if kind == KIND_SEARCH_K:
@@ -739,10 +743,10 @@ def _verify_kernel(
                                         if NUM_CAND > 0:
                                             lv = (parts + splits)[:, None] * NUM_PIVOTS \
                                                 + tl.arange(0, NUM_PIVOTS)[None, :]
-                                            level_counts = tl.sum(tl.load(part_counts_ptr + lv, mask=in_splits[:, None],
-                                                                          other=0, volatile=True), axis=0)
-                                            level_sums = tl.sum(tl.load(part_sums_ptr + lv, mask=in_splits[:, None],
-                                                                        other=0.0, volatile=True), axis=0)
+                                            level_counts = _sum0(tl.load(part_counts_ptr + lv, mask=in_splits[:, None],
+                                                                         other=0, volatile=True))
+                                            level_sums = _sum0(tl.load(part_sums_ptr + lv, mask=in_splits[:, None],
+                                                                       other=0.0, volatile=True))
                                             seed_prefix, seed_digit = _seed_prefix(
                                                 level_counts, level_sums, kept.to(tl.float64), top_k, top_p,
                                                 use_k == 0, row_max, t, kth, CT, IS_FP64, SIG_BITS, RADIX_BITS)
@@ -760,8 +764,8 @@ def _verify_kernel(
                         denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
                         cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
                         norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
-                        mass = tl.sum(tl.load(part_mass_ptr + parts + splits, mask=in_splits, other=0.0,
-                                              volatile=True), axis=0)
+                        mass = _sum1(tl.load(part_mass_ptr + parts + splits, mask=in_splits, other=0.0,
+                                             volatile=True))
                         listed = -2  # the mass phase ran: the tile sums are in place
                         ready = 1
                     if search != 0:
@@ -794,8 +798,7 @@ def _verify_kernel(
                             drafted = _sampled_child_count(node, may_descend, parents_row, draft_sampled_ptr + b * N,
                                                            N, BLOCK_N, HAS_MASK)
                         if drafted > 0:
-                            u = tl.sum(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0),
-                                       axis=0)
+                            u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
                             child, bonus, draft_bad = _accept_sampled(
                                 row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row,
                                 tokens, draft_sampled_ptr + b * N, draft_probs_ptr + (b * N + node) * Vd,
