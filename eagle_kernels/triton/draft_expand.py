@@ -17,8 +17,10 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
       ``TOP_K`` best are stored at their rank.
    More than ``CAP`` survivors, or more than ``PER_THREAD`` in one thread (long ties at ``t``,
    mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
-   instead (as does a threshold of -inf): exact, slower. About 1.3 * TOP_K entries survive a
-   chunk of random logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
+   instead (as does a threshold of -inf): exact, slower; with ``TOP_K <= 32`` the rounds of
+   deterministic rows read the chunk again rather than hold it through the compaction. About
+   1.3 * TOP_K entries survive a chunk of random logits (docs/gpu_kernels.md). Only a row's last
+   chunk takes the masked loads.
 2. The program then takes a ticket of its request (an int32 counter, ``atomic_add`` with
    acquire-release semantics after a barrier, so every thread's partials are published). The
    one drawing ticket ``M * NC - 1`` is the last of its request: it reads the request's partials
@@ -741,8 +743,8 @@ def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int, sampled: bool 
     (powers of two), at most 64 elements a thread each (32 in a sampled launch), and need the
     chunk's slots (top_k <= 32). In a sampled launch only its temperature-0 rows take this merge,
     in programs of 4 warps whose Philox draws and float64 keys already hold 120-140 registers: with
-    64 elements a thread (V 32000, M 8: the [8, 32, 32] rank tile) the kernel took 168-189 and
-    spilled (docs/gpu_kernels.md, "Spills")."""
+    64 elements a thread (V 32000, M 8: the [8, 32, 32] rank tile) the kernel took 168-189 registers
+    and spilled at 168 (docs/gpu_kernels.md, "Spills")."""
     lanes = (32 if sampled else 64) * shape.threads
     block_m = triton.next_power_of_2(M)
     block_c = triton.next_power_of_2(NC) * merge_lead(NC, top_k)
