@@ -273,6 +273,8 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in [m for m in MODES if m != "greedy"] if full else ["temperature", "top-p"]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode} sampled-drafts",
                            lambda a=(DTYPES[dt], B, N, V, mode, True): _verify_case(*a))
+    # draft_expand, ci: bf16 B 8 top_k 8 at both vocabularies, sampled or not, and the sampled launch whose
+    # temperature-0 merge once took it to 168 registers and spills (V 32000, B 32, top_k 10).
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for V in (32000, 128256):
             for B, M, k in [(1, 1, 8), (8, 8, 8), (32, 8, 10)] if full else [(8, 8, 8)]:
@@ -281,6 +283,9 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                         yield (f"draft_expand {dt} B{B} M{M} V{V} top_k{k}{' d2t' if d2t else ''}"
                                f"{' sampled' if sampled else ''}",
                                lambda a=(DTYPES[dt], B, M, V, k, d2t, sampled): _draft_expand_case(*a))
+    if not full:
+        yield ("draft_expand bf16 B32 M8 V32000 top_k10 sampled",
+               lambda: _draft_expand_case(torch.bfloat16, 32, 8, 32000, 10, False, True))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for D in (64, 128) if full else (128,):
             for paged in (False, True) if full else (True,):

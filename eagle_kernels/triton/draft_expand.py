@@ -17,8 +17,10 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
       ``TOP_K`` best are stored at their rank.
    More than ``CAP`` survivors, or more than ``PER_THREAD`` in one thread (long ties at ``t``,
    mostly -inf chunks), and ``TOP_K > 32``, take ``TOP_K`` rounds of block-wide argmax
-   instead (as does a threshold of -inf): exact, slower. About 1.3 * TOP_K entries survive a
-   chunk of random logits (docs/gpu_kernels.md). Only a row's last chunk takes the masked loads.
+   instead (as does a threshold of -inf): exact, slower; with ``TOP_K <= 32`` the rounds of
+   deterministic rows read the chunk again rather than hold it through the compaction. About
+   1.3 * TOP_K entries survive a chunk of random logits (docs/gpu_kernels.md). Only a row's last
+   chunk takes the masked loads.
 2. The program then takes a ticket of its request (an int32 counter, ``atomic_add`` with
    acquire-release semantics after a barrier, so every thread's partials are published). The
    one drawing ticket ``M * NC - 1`` is the last of its request: it reads the request's partials
@@ -365,8 +367,8 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         else:
             bits = tl.sum(tl.sum(tl.where(surv, one << reg, 0), axis=2), axis=0)
             cnt = _popcount(bits)
-        n = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
-        n = tl.where(t == float("-inf"), CAP + 1, n)
+        counted = tl.sum(tl.where(cnt > PER_THREAD, CAP + 1, cnt), axis=0)
+        n = tl.where(t == float("-inf"), CAP + 1, counted)
         slot = tl.cumsum(cnt, axis=0) - cnt
         first_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
         for j in tl.static_range(PER_THREAD if PER_THREAD < REGS else REGS):
@@ -407,6 +409,14 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
         # register: no per-entry ids in registers), then the smallest over threads.
         loc = g3 * VEC + e3
         first_id = base + tl.arange(0, THREADS) * VEC  # the id of each thread's first entry
+        if not SAMPLED and SUPER > 0:
+            # The chunk again (L1 / L2): holding it through the compaction for these rounds cost
+            # spills while the survivor masks were built (all 64 entries a thread of 16-bit and
+            # fp32 chunks live). The offset is 0 (a sum of counts), but the compiler cannot see
+            # it: it recomputes the addresses here instead of keeping those of the first load
+            # live (triton 3.6's masked loads: one 64-bit address per word, spilled otherwise).
+            zero = tl.minimum(counted, 0)
+            x = _load_chunk(row_ptr, base + zero, V, g3, t3, e3, GROUPS, THREADS, VEC, BF16_WORDS, IS_FP64, MASKED)
         if MASKED:
             x = tl.where(_register_offset(loc, THREADS, VEC) < (V - first_id)[None, :, None], x, float("nan"))
         for i in range(TOP_K):
@@ -727,11 +737,15 @@ def merge_lead(NC: int, top_k: int) -> int:
     return min(triton.next_power_of_2(top_k), triton.next_power_of_2(-(-2 * top_k // NC)))
 
 
-def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int) -> bool:
+def merge_filters(shape: ChunkShape, M: int, NC: int, top_k: int, sampled: bool = False) -> bool:
     """Whether the merge takes the threshold, compaction and rank (else the plain rounds): they
     hold [M, NC lead, NC lead] (lead = merge_lead), [M, NC * top_k] and [M, cap, cap] tiles
-    (powers of two), at most 64 elements a thread each, and need the chunk's slots (top_k <= 32)."""
-    lanes = 64 * shape.threads
+    (powers of two), at most 64 elements a thread each (32 in a sampled launch), and need the
+    chunk's slots (top_k <= 32). In a sampled launch only its temperature-0 rows take this merge,
+    in programs of 4 warps whose Philox draws and float64 keys already hold 120-140 registers: with
+    64 elements a thread (V 32000, M 8: the [8, 32, 32] rank tile) the kernel took 168-189 registers
+    and spilled at 168 (docs/gpu_kernels.md, "Spills")."""
+    lanes = (32 if sampled else 64) * shape.threads
     block_m = triton.next_power_of_2(M)
     block_c = triton.next_power_of_2(NC) * merge_lead(NC, top_k)
     return (shape.cap > 0 and block_m * block_c * block_c <= lanes
@@ -818,7 +832,7 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     block_mk = triton.next_power_of_2(M * top_k)
     # Rows the merge's plain rounds take together: their candidate keys stay in registers.
     rounds_m = max(1, min(block_m, config.merge_lanes // block_ck))
-    filter_merge = merge_filters(shape, M, NC, top_k)
+    filter_merge = merge_filters(shape, M, NC, top_k, sampled)
     lanes = 64 * shape.threads
     vec = chunk_vector(block_v, shape, x.element_size())
     # bf16 in 4-byte words where every row starts on a word: V even, the tensor 4-byte aligned.

@@ -380,11 +380,12 @@ def assert_sampled_same_as_reference(out, ref):
 
 
 # (launch configuration, B, M, V, top_k, dtype): the GPU's sampled chunks (2048 entries, 128 threads) with a
-# tail, the interpreter's chunks with a tail, chunks smaller than top_k, and top_k above the chunk threshold's
-# limit (plain rounds).
+# tail, the interpreter's chunks with a tail (with M 8, the temperature-0 rows take the merge's plain rounds:
+# test_sampled_merge_tiles), chunks smaller than top_k, and top_k above the chunk threshold's limit (plain rounds).
 SAMPLED_CASES = [
     ("gpu-block", 3, 2, 3000, 6, torch.float32),
     ("interp-block", 4, 2, 1100, 8, torch.bfloat16),
+    ("interp-block-m8", 2, 8, 2000, 10, torch.float16),
     ("block16", 3, 1, 150, 20, torch.float64),
     ("plain-rounds", 3, 1, 300, 40, torch.float16),
 ]
@@ -401,6 +402,7 @@ def test_triton_sampled_matches_reference(backend, op_impl, case):
 
     name, B, M, V, top_k, dtype = case
     config = {"gpu-block": triton_draft_expand.GPU_CONFIG, "interp-block": triton_draft_expand.INTERPRETER_CONFIG,
+              "interp-block-m8": triton_draft_expand.INTERPRETER_CONFIG,
               "block16": triton_draft_expand.DraftExpandConfig(block_v=16),
               "plain-rounds": triton_draft_expand.DraftExpandConfig(block_v=128)}[name]
     logits, fs, kwargs = _sampled_inputs(B, M, V, dtype, V + top_k)
@@ -414,6 +416,18 @@ def test_triton_sampled_matches_reference(backend, op_impl, case):
     other = triton_draft_expand._launch(logits, fs, top_k, kwargs["d2t"], config, temperature=kwargs["temperature"],
                                         seed=kwargs["seed"], offset=kwargs["offset"], depth=8)
     assert other.tokens[0].tolist() != out.tokens[0].tolist()
+
+
+def test_sampled_merge_tiles():
+    """A sampled launch's temperature-0 rows take the merge's threshold step only where its tiles
+    fit 32 elements a thread (64 in a deterministic launch): at the GPU's V 32000, M 8, top_k 10
+    (16 chunks of 2048) and at the interpreted M 8 case above they take the plain rounds."""
+    from eagle_kernels.triton.draft_expand import chunk_shape, merge_filters
+
+    for block_v, M, NC, top_k in [(2048, 8, 16, 10), (2048, 8, 16, 8), (1024, 8, 2, 10)]:
+        shape = chunk_shape(block_v, top_k)
+        assert merge_filters(shape, M, NC, top_k) and not merge_filters(shape, M, NC, top_k, sampled=True)
+    assert merge_filters(chunk_shape(1024, 8), 2, 2, 8, sampled=True)  # "interp-block": the threshold step
 
 
 def test_triton_sampled_bad_rows(backend, op_impl):

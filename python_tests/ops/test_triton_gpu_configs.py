@@ -113,12 +113,14 @@ def draft_logits(B, M, V, top_k, dtype, seed):
     return logits.to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=["fp32", "bf16", "fp16", "fp64"])
 def test_draft_expand_gpu_config(dtype):
     """V = 25000 spans two of the GPU's 16384-entry chunks (the last partial, masked loads), each
     seen as 64 registers x 256 threads (runs of 16 bytes) with 16 super-groups and 32 survivor
     slots; the merge takes all frontier rows in one block. Row (0, 1) is flat (plain rounds over
-    the chunk)."""
+    the chunk, which read it again: unmasked in the first chunk, masked in the last; bf16 as
+    int32 words, fp16 as 16-bit runs)."""
     from eagle_kernels.triton import draft_expand as triton_draft_expand
 
     config = triton_draft_expand.GPU_CONFIG
