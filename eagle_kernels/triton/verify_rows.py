@@ -56,44 +56,49 @@ def _order_key(x, IS_FP64: tl.constexpr):
 # in one warp. Max, min and integer sums are the same in any order; a float sum is added in another
 # order than tl.sum's. Inside hot loops tl.sum stays (under 3.9 the view costs a shuffle per tile).
 @triton.jit
-def _max1(x):
-    """tl.max(x, axis=0) of a 1-D x (the note above _max1)."""
+def _fold(x, axis: tl.constexpr, OP: tl.constexpr):
+    """tl.max (OP 0), tl.min (OP 1) or tl.sum (OP 2) of x over ``axis``."""
+    if OP == 0:
+        return tl.max(x, axis=axis)
+    elif OP == 1:
+        return tl.min(x, axis=axis)
+    else:
+        return tl.sum(x, axis=axis)
+
+
+@triton.jit
+def _fold1(x, OP: tl.constexpr):
+    """_fold(x, 0, OP) of a 1-D x in two steps over its [S / 32, 32] view (the note above)."""
     S: tl.constexpr = x.shape[0]
     if S >= 256:
-        return tl.max(tl.max(tl.reshape(x, [S // 32, 32]), axis=0), axis=0)
+        return _fold(_fold(tl.reshape(x, [S // 32, 32]), 0, OP), 0, OP)
     elif S > 32:
-        return tl.max(tl.max(tl.reshape(x, [S // 32, 32]), axis=1), axis=0)
+        return _fold(_fold(tl.reshape(x, [S // 32, 32]), 1, OP), 0, OP)
     else:
-        return tl.max(x, axis=0)
+        return _fold(x, 0, OP)
+
+
+@triton.jit
+def _max1(x):
+    """tl.max(x, axis=0) of a 1-D x (the note above _fold)."""
+    return _fold1(x, 0)
 
 
 @triton.jit
 def _min1(x):
-    """tl.min(x, axis=0) of a 1-D x (the note above _max1)."""
-    S: tl.constexpr = x.shape[0]
-    if S >= 256:
-        return tl.min(tl.min(tl.reshape(x, [S // 32, 32]), axis=0), axis=0)
-    elif S > 32:
-        return tl.min(tl.min(tl.reshape(x, [S // 32, 32]), axis=1), axis=0)
-    else:
-        return tl.min(x, axis=0)
+    """tl.min(x, axis=0) of a 1-D x (the note above _fold)."""
+    return _fold1(x, 1)
 
 
 @triton.jit
 def _sum1(x):
-    """tl.sum(x, axis=0) of a 1-D x (the note above _max1)."""
-    S: tl.constexpr = x.shape[0]
-    if S >= 256:
-        return tl.sum(tl.sum(tl.reshape(x, [S // 32, 32]), axis=0), axis=0)
-    elif S > 32:
-        return tl.sum(tl.sum(tl.reshape(x, [S // 32, 32]), axis=1), axis=0)
-    else:
-        return tl.sum(x, axis=0)
+    """tl.sum(x, axis=0) of a 1-D x (the note above _fold)."""
+    return _fold1(x, 2)
 
 
 @triton.jit
 def _sum0(x):
-    """tl.sum(x, axis=0) of a 2-D x [R, C] (the note above _max1): for C < 32, over the
+    """tl.sum(x, axis=0) of a 2-D x [R, C] (the note above _fold): for C < 32, over the
     [R * C / 32, 32] view first (32 partials per warp), then over its 32 / C column groups."""
     R: tl.constexpr = x.shape[0]
     C: tl.constexpr = x.shape[1]
