@@ -21,7 +21,8 @@ apply. The compiled cubin is then read for
   block reserves),
 - occupancy on an H200: blocks per SM from registers, shared memory, threads and the 32-block
   cap,
-- the loops of the SASS (backward branches), their instruction counts, and local-memory
+- the loops of the SASS (natural loops of its control-flow graph: back edges to a dominating
+  block), their instruction counts, and local-memory
   instructions (LDL/STL) inside a loop: a spill in a hot loop.
 
 The ``ci`` grid is a representative subset (python_tests/ops/test_triton_compile.py runs it);
@@ -59,7 +60,12 @@ H200 = types.SimpleNamespace(
     hbm_bytes_per_s=4.3e12, dense_bf16_flops=790e12, clock_hz=1.98e9,
 )
 NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-BRANCH = re.compile(r"/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?BRA(\.\w+)*\s+`?\(?(\.L_x_\d+)")
+GUARD = re.compile(r"@(!?U?P\w+)\s+")
+TARGET = re.compile(r"`?\(?(\.L_x_\d+)")
+PREDICATE_OPERAND = re.compile(r"(^|[\s,])!?U?P\d+\b")
+LOCAL_MEMORY = re.compile(r"(@!?U?P\w+\s+)?(LDL|STL)\b")
+# Opcodes after which a basic block ends (the next instruction starts one).
+ENDS_BLOCK = {"BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BPT", "KILL"}
 INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?);")
 LABEL = re.compile(r"^(\.L_x_\d+):")
 
@@ -419,34 +425,140 @@ def _tool(name: str) -> str:
     return path if os.path.exists(path) else name
 
 
-def sass_loops(sass: str) -> tuple[int, list[Loop]]:
-    """(instruction count, loops) of a disassembly: a loop is a backward branch to a label."""
-    labels, offsets, text = {}, [], {}
-    pending = []
+def _control(text: str) -> tuple[str, bool, str | None]:
+    """(opcode, conditional, target label) of one SASS instruction (its text without the ';').
+    conditional: the instruction may fall through to the next one as well as take its effect:
+    a guard predicate other than PT (``@P0``, ``@!UP1``), a predicate operand (``BRA.U !UP0, ...``)
+    or a divergence branch (``BRA.DIV``: taken only when the warp is not converged)."""
+    guard = GUARD.match(text)
+    rest = text[guard.end():] if guard else text
+    opcode = rest.split(None, 1)[0] if rest.strip() else ""
+    if guard and guard.group(1) == "!PT":
+        return opcode, True, None  # never taken
+    conditional = bool(guard) and guard.group(1) != "PT"
+    operands = rest[len(opcode):]
+    target = TARGET.search(operands)
+    if opcode.startswith("BRA") and (".DIV" in opcode or PREDICATE_OPERAND.search(operands.split("`")[0])):
+        conditional = True
+    return opcode, conditional, target.group(1) if target else None
+
+
+def sass_cfg(sass: str) -> tuple[list[tuple[int, str]], list[list[int]], list[set[int]], set[tuple[int, int]]]:
+    """Control-flow graph of a disassembly: (instructions as (offset, text), basic blocks as lists
+    of instruction indices, successors of each block (block indices), the ``BRA.DIV`` edges as
+    (block, successor)).
+
+    Blocks start at a label (nvdisasm labels only branch targets) and after any control
+    instruction. Edges: ``BRA`` (any form) to its target, and to the next instruction when it
+    is conditional (see ``_control``); ``EXIT``, ``RET`` and ``BPT.TRAP`` end a path unless
+    predicated; ``CALL`` goes to its target (when it names one) and returns to the next
+    instruction; ``BRX``/``JMX`` (indirect) have unknown targets and are taken as ending the
+    path (no loop is invented through them); ``BSSY``/``BSYNC``/``WARPSYNC``/``BREAK`` fall
+    through (``BSSY``'s label is a reconvergence point, not a jump). A ``BRA.DIV`` edge leads to
+    out-of-line code for a non-converged warp."""
+    labels, instructions, pending = {}, [], []
     for line in sass.splitlines():
         if m := LABEL.match(line):
             pending.append(m.group(1))
         elif m := INSTRUCTION.match(line):
-            offset = int(m.group(1), 16)
             for label in pending:
-                labels[label] = offset
+                labels[label] = len(instructions)
             pending = []
-            offsets.append(offset)
-            text[offset] = m.group(2)
-    spans = []
-    for offset in offsets:
-        m = BRANCH.search(f"/*{offset:04x}*/ {text[offset]}")
-        if m and labels.get(m.group(4), offset + 1) <= offset:
-            spans.append((labels[m.group(4)], offset))
+            instructions.append((int(m.group(1), 16), m.group(2).strip()))
+    controls = [_control(text) for _, text in instructions]
+    leaders = {0} | set(labels.values())
+    for i, (opcode, _, _) in enumerate(controls):
+        if opcode.split(".")[0] in ENDS_BLOCK:
+            leaders.add(i + 1)
+    leaders = sorted(leader for leader in leaders if leader < len(instructions))
+    blocks = [list(range(a, b)) for a, b in zip(leaders, leaders[1:] + [len(instructions)])]
+    block_of = {leader: b for b, leader in enumerate(leaders)}
+    successors, divergent_edges = [set() for _ in blocks], set()
+    for b, block in enumerate(blocks):
+        opcode, conditional, target = controls[block[-1]]
+        base = opcode.split(".")[0]
+        fall = b + 1 if b + 1 < len(blocks) else None
+        if base in ("BRA", "CALL") and target in labels:
+            successors[b].add(block_of[labels[target]])
+            if ".DIV" in opcode:
+                divergent_edges.add((b, block_of[labels[target]]))
+        falls = base not in ENDS_BLOCK or conditional or base == "CALL"
+        if base == "BRA" and target not in labels:
+            falls = True  # a branch we cannot resolve: keep the straight path
+        if falls and fall is not None:
+            successors[b].add(fall)
+    return instructions, blocks, successors, divergent_edges
+
+
+def _reachable(successors: list[set[int]], skip: set[tuple[int, int]] = frozenset()) -> set[int]:
+    seen, stack = {0}, [0]
+    while stack:
+        b = stack.pop()
+        for s in successors[b]:
+            if s not in seen and (b, s) not in skip:
+                seen.add(s)
+                stack.append(s)
+    return seen
+
+
+def dominators(successors: list[set[int]]) -> dict[int, set[int]]:
+    """Dominator sets of the blocks reachable from the entry (block 0)."""
+    reachable = _reachable(successors)
+    order = sorted(reachable)
+    predecessors = {b: [p for p in reachable if b in successors[p]] for b in reachable}
+    dom = {b: set(reachable) for b in reachable}
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for b in order[1:]:
+            new = set.intersection(*(dom[p] for p in predecessors[b])) | {b}
+            if new != dom[b]:
+                dom[b], changed = new, True
+    return dom
+
+
+def sass_loops(sass: str) -> tuple[int, list[Loop]]:
+    """(instruction count, loops) of a disassembly. A loop is a natural loop of the control-flow
+    graph (``sass_cfg``): a back edge is an edge whose target (the header) dominates its source;
+    its loop is the header and every block that reaches the edge's source without passing the
+    header. Back edges to one header with different bodies are different loops (a spin-wait at
+    the head of an outer loop is its own, inner loop: the same control flow as a ``continue``).
+    A backward jump whose target does not dominate it is no loop: ptxas places the code a
+    ``BRA.DIV`` (non-converged warp) jumps to after ``EXIT`` and branches back into the body from
+    there. A loop's ``instructions`` count its blocks other than such out-of-line divergence code
+    (blocks only a ``BRA.DIV`` edge reaches) and ``start``/``end`` are the first and last of those
+    (a loop with a ``continue`` path need not be contiguous in between); ``local_memory`` counts
+    LDL/STL in all its blocks. Unreachable code (the ``BRA``-to-self trailer after the last
+    ``EXIT``) is no loop; innermost: no other loop's blocks are a proper subset of its blocks."""
+    instructions, blocks, successors, div_edges = sass_cfg(sass)
+    if not instructions:
+        return 0, []
+    dom = dominators(successors)
+    converged = _reachable(successors, div_edges)
+    predecessors = {b: [p for p in dom if b in successors[p]] for b in dom}
+    bodies: list[tuple[int, frozenset[int]]] = []  # (header, body) of each back edge, distinct
+    for source in sorted(dom):
+        for header in sorted(successors[source]):
+            if header in dom and header in dom[source]:
+                body, stack = {header, source}, [source] if source != header else []
+                while stack:
+                    for p in predecessors[stack.pop()]:
+                        if p not in body:
+                            body.add(p)
+                            stack.append(p)
+                if (header, frozenset(body)) not in bodies:
+                    bodies.append((header, frozenset(body)))
     loops = []
-    for start, end in spans:
-        inside = [o for o in offsets if start <= o <= end]
-        inner = not any((s, e) != (start, end) and start <= s and e <= end for s, e in spans)
-        local = sum(1 for o in inside if re.match(r"(@!?P\w+\s+)?(LDL|STL)\b", text[o]))
-        loops.append(Loop(start, end, len(inside), inner, local))
-    # EXIT-only trailers ("BRA to self") are not loops.
-    loops = [loop for loop in loops if loop.instructions > 1]
-    return len(offsets), loops
+    for header, body in bodies:
+        # A loop wholly inside divergence code keeps all its blocks.
+        inline = [i for b in sorted(body) if b in converged or header not in converged for i in blocks[b]]
+        offsets = [instructions[i][0] for i in inline]
+        inner = not any(other < body for _, other in bodies)
+        local = sum(1 for b in body for i in blocks[b] if LOCAL_MEMORY.match(instructions[i][1]))
+        loops.append(Loop(min(offsets), max(offsets), len(inline), inner, local))
+    loops.sort(key=lambda loop: (loop.end, loop.start))
+    return len(instructions), loops
 
 
 def compile_specialised(launch: Launch, target: GPUTarget):
