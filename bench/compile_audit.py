@@ -22,8 +22,8 @@ apply. The compiled cubin is then read for
 - occupancy on an H200: blocks per SM from registers, shared memory, threads and the 32-block
   cap,
 - the loops of the SASS (natural loops of its control-flow graph: back edges to a dominating
-  block), their instruction counts, and local-memory
-  instructions (LDL/STL) inside a loop: a spill in a hot loop.
+  block), their instruction counts, and local-memory instructions (LDL/STL) inside a loop: a
+  spill in a hot loop.
 
 The ``ci`` grid is a representative subset (python_tests/ops/test_triton_compile.py runs it);
 ``full`` enumerates the layouts the package supports (contiguous and paged caches, with and
