@@ -429,7 +429,8 @@ def _control(text: str) -> tuple[str, bool, str | None]:
     """(opcode, conditional, target label) of one SASS instruction (its text without the ';').
     conditional: the instruction may fall through to the next one as well as take its effect:
     a guard predicate other than PT (``@P0``, ``@!UP1``), a predicate operand (``BRA.U !UP0, ...``)
-    or a divergence branch (``BRA.DIV``: taken only when the warp is not converged)."""
+    or a convergence-dependent branch (``BRA.DIV``: taken only when the warp is not converged;
+    ``BRA.CONV``)."""
     guard = GUARD.match(text)
     rest = text[guard.end():] if guard else text
     opcode = rest.split(None, 1)[0] if rest.strip() else ""
@@ -438,7 +439,8 @@ def _control(text: str) -> tuple[str, bool, str | None]:
     conditional = bool(guard) and guard.group(1) != "PT"
     operands = rest[len(opcode):]
     target = TARGET.search(operands)
-    if opcode.startswith("BRA") and (".DIV" in opcode or PREDICATE_OPERAND.search(operands.split("`")[0])):
+    if opcode.startswith("BRA") and (".DIV" in opcode or ".CONV" in opcode
+                                     or PREDICATE_OPERAND.search(operands.split("`")[0])):
         conditional = True
     return opcode, conditional, target.group(1) if target else None
 
