@@ -221,7 +221,7 @@ EAGLE_TARGET_POP
 #endif  // EAGLE_X86_SIMD
 
 template <typename W>
-void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K, float* out,
+void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo,
          Level level) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t grain = std::max<int64_t>(1, parallel_chunk() / (kPanel * K * std::max<int64_t>(M, 8)));
@@ -238,16 +238,16 @@ void run(const W* w, int64_t ldw, int64_t N, const float* x, int64_t ldx, int64_
         const W* rowp[kPanel];
         for (int64_t r = 0; r < kPanel; ++r) rowp[r] = w + (n + std::min(r, rows - 1)) * ldw;
         if (level >= Level::kAvx512) {
-          avx512::panel<avx512::PairTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+          avx512::panel<avx512::PairTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, ldo);
         } else if (level == Level::kAvx512Ymm) {
-          avx512::panel<avx512::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+          avx512::panel<avx512::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, ldo);
         } else {
-          avx2::panel<avx2::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, N);
+          avx2::panel<avx2::QuadTiles, W>(rowp, rows, &ahead, x, ldx, M, K, out + n, ldo);
         }
         continue;
       }
 #endif
-      panel_scalar<W>(w + n * ldw, ldw, rows, x, ldx, M, K, out + n, N);
+      panel_scalar<W>(w + n * ldw, ldw, rows, x, ldx, M, K, out + n, ldo);
     }
   });
 }
@@ -268,9 +268,13 @@ constexpr int64_t kDefaultParallelChunk = int64_t{1} << 20;
 
 bool is_quantized(const at::Tensor& w) { return w.scalar_type() == at::kChar || w.scalar_type() == at::kByte; }
 
+QuantFormat quant_format(const at::Tensor& w) {
+  return w.scalar_type() == at::kChar ? QuantFormat::kQ8_0 : QuantFormat::kQ4_1;
+}
+
 QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K) {
-  const bool q8 = w.scalar_type() == at::kChar;
-  const QuantFormat format = q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_1;
+  const QuantFormat format = quant_format(w);
+  const bool q8 = format == QuantFormat::kQ8_0;
   const char* fmt = q8 ? "Q8_0" : "Q4_1";
   const int64_t bytes = q8 ? kQ8BlockBytes : kQ41BlockBytes;
   TORCH_CHECK_VALUE(w.dim() == 4, op, ": ", name, ": a ", fmt, " weight (dtype ", w.scalar_type(),
@@ -298,6 +302,29 @@ int64_t parallel_chunk() {
   return static_cast<int64_t>(value);
 }
 
+void linear_rows(const at::Tensor& weight, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo,
+                 Level level) {
+  if (is_quantized(weight)) {
+    quant_linear(static_cast<const uint8_t*>(weight.data_ptr()), quant_format(weight), weight.size(0), x, ldx, M, K,
+                 out, ldo, level);
+  } else if (weight.dim() == 4) {
+    packed_linear(weight.data_ptr(), weight.scalar_type(), weight.size(0), x, ldx, M, K, out, ldo, level);
+  } else {
+    const int64_t N = weight.size(0);
+    const int64_t ldw = N > 1 ? weight.stride(0) : K;
+    const at::ScalarType wtype = weight.scalar_type();
+    if (wtype == at::kFloat) {
+      run<float>(weight.data_ptr<float>(), ldw, N, x, ldx, M, K, out, ldo, level);
+    } else if (wtype == at::kBFloat16) {
+      run<Bf16Bits>(reinterpret_cast<const Bf16Bits*>(weight.data_ptr<at::BFloat16>()), ldw, N, x, ldx, M, K, out, ldo,
+                    level);
+    } else {
+      run<Fp16Bits>(reinterpret_cast<const Fp16Bits*>(weight.data_ptr<at::Half>()), ldw, N, x, ldx, M, K, out, ldo,
+                    level);
+    }
+  }
+}
+
 }  // namespace linear_impl
 
 at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
@@ -308,45 +335,35 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   const at::Device dev = x.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
   const at::ScalarType wtype = weight.scalar_type();
+  const int64_t K = x.size(-1);
+  int64_t N;
   if (linear_impl::is_quantized(weight)) {
     check_device(weight, op, "weight", dev);
-    const int64_t K = x.size(-1);
-    const linear_impl::QuantFormat format = linear_impl::check_quantized(weight, op, "weight", -1, K);
-    const int64_t N = weight.size(0) * linear_impl::kPackWidth;
-    std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-    out_shape.back() = N;
-    at::Tensor out = at::empty(out_shape, x.options());
-    const int64_t M = x.numel() / std::max<int64_t>(K, 1);
-    if (out.numel() == 0) return out;
-    if (K == 0) return out.zero_();
-    at::Tensor x2 = x.reshape({M, K});
-    if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();
-    linear_impl::quant_linear(static_cast<const uint8_t*>(weight.data_ptr()), format, weight.size(0),
-                              x2.data_ptr<float>(), x2.stride(0), M, K, out.data_ptr<float>(), N, isa::current());
-    return out;
-  }
-  TORCH_CHECK_VALUE(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kHalf, op,
-                    ": weight: expected dtype float32, bfloat16, float16, int8 (packed Q8_0) or uint8 (packed Q4_1), "
-                    "got ",
-                    wtype);
-  TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 4, op,
-                    ": weight: expected 2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack), got ",
-                    weight.dim(), "-D shape ", shape_str(weight.sizes()));
-  check_device(weight, op, "weight", dev);
-  const int64_t K = x.size(-1);
-  const bool packed = weight.dim() == 4;
-  const int64_t N = packed ? weight.size(0) * linear_impl::kPackWidth : weight.size(0);
-  if (packed) {
-    TORCH_CHECK_VALUE(weight.size(1) == 2 && weight.size(2) == K && weight.size(3) == linear_impl::kPackWidth / 2, op,
-                      ": weight: expected packed shape [N / 32, 2, K = ", K, ", 16] (K from x), got ",
-                      shape_str(weight.sizes()));
-    TORCH_CHECK_VALUE(weight.is_contiguous(), op, ": weight: expected a contiguous packed weight, got strides ",
-                      shape_str(weight.strides()));
+    linear_impl::check_quantized(weight, op, "weight", -1, K);
+    N = weight.size(0) * linear_impl::kPackWidth;
   } else {
-    TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K, "] (K from x), got ",
-                      shape_str(weight.sizes()));
-    TORCH_CHECK_VALUE(weight.stride(1) == 1 || K <= 1 || N == 0, op,
-                      ": weight: expected a dense last dim (stride 1), got strides ", shape_str(weight.strides()));
+    TORCH_CHECK_VALUE(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kHalf, op,
+                      ": weight: expected dtype float32, bfloat16, float16, int8 (packed Q8_0) or uint8 (packed "
+                      "Q4_1), got ",
+                      wtype);
+    TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 4, op,
+                      ": weight: expected 2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack), got ",
+                      weight.dim(), "-D shape ", shape_str(weight.sizes()));
+    check_device(weight, op, "weight", dev);
+    const bool packed = weight.dim() == 4;
+    N = packed ? weight.size(0) * linear_impl::kPackWidth : weight.size(0);
+    if (packed) {
+      TORCH_CHECK_VALUE(weight.size(1) == 2 && weight.size(2) == K && weight.size(3) == linear_impl::kPackWidth / 2, op,
+                        ": weight: expected packed shape [N / 32, 2, K = ", K, ", 16] (K from x), got ",
+                        shape_str(weight.sizes()));
+      TORCH_CHECK_VALUE(weight.is_contiguous(), op, ": weight: expected a contiguous packed weight, got strides ",
+                        shape_str(weight.strides()));
+    } else {
+      TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K, "] (K from x), got ",
+                        shape_str(weight.sizes()));
+      TORCH_CHECK_VALUE(weight.stride(1) == 1 || K <= 1 || N == 0, op,
+                        ": weight: expected a dense last dim (stride 1), got strides ", shape_str(weight.strides()));
+    }
   }
 
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
@@ -358,23 +375,7 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
 
   at::Tensor x2 = x.reshape({M, K});
   if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();  // x is small: copy is cheap
-  const float* xp = x2.data_ptr<float>();
-  const int64_t ldx = x2.stride(0);
-  float* op_out = out.data_ptr<float>();
-  const Level level = isa::current();
-  if (packed) {
-    linear_impl::packed_linear(weight.data_ptr(), wtype, weight.size(0), xp, ldx, M, K, op_out, N, level);
-    return out;
-  }
-  const int64_t ldw = N > 1 ? weight.stride(0) : K;
-  if (wtype == at::kFloat) {
-    run<float>(weight.data_ptr<float>(), ldw, N, xp, ldx, M, K, op_out, level);
-  } else if (wtype == at::kBFloat16) {
-    run<Bf16Bits>(reinterpret_cast<const Bf16Bits*>(weight.data_ptr<at::BFloat16>()), ldw, N, xp, ldx, M, K, op_out,
-                  level);
-  } else {
-    run<Fp16Bits>(reinterpret_cast<const Fp16Bits*>(weight.data_ptr<at::Half>()), ldw, N, xp, ldx, M, K, op_out, level);
-  }
+  linear_impl::linear_rows(weight, x2.data_ptr<float>(), x2.stride(0), M, K, out.data_ptr<float>(), N, isa::current());
   return out;
 }
 

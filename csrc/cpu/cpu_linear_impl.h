@@ -33,6 +33,9 @@ enum class QuantFormat { kQ8_0, kQ4_1 };
 // Whether `w` has a quantized dtype (int8: Q8_0, uint8: Q4_1).
 bool is_quantized(const at::Tensor& w);
 
+// The format of a quantized weight (is_quantized): int8 Q8_0, uint8 Q4_1.
+QuantFormat quant_format(const at::Tensor& w);
+
 // Checks a quantized packed weight for `rows` output features (-1: any multiple of 32) and K input features
 // (ValueError naming `name`); returns its format.
 QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K);
@@ -41,6 +44,12 @@ QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* nam
 // columns, K a multiple of 32).
 void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
                   int64_t K, float* out, int64_t ldo, isa::Level level);
+
+// out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for any weight cpu_linear takes (row-major fp32 / bf16 / fp16,
+// packed, or quantized packed), already checked: the kernel of its layout. cpu_linear and cpu_decoder_layer (on its
+// workspace) both call it.
+void linear_rows(const at::Tensor& weight, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo,
+                 isa::Level level);
 
 }  // namespace linear_impl
 }  // namespace eagle

@@ -34,7 +34,6 @@
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -81,26 +80,6 @@ void rope_rows(float* qkv, int64_t rows, int64_t total_heads, int64_t heads, int
         v[d + half] = second + second_rot;
       }
     }
-  }
-}
-
-// out[r * ldo + n] = x[r * ldx + :] . W[n, :] for the R rows of x: the kernels cpu_linear runs, called on the
-// layer's workspace (a cpu_linear call adds its checks, a reshape and an output tensor, a few microseconds each
-// time, four times a layer). Row-major weights go through cpu_linear itself.
-void linear_rows(const at::Tensor& w, const float* x, int64_t ldx, int64_t R, int64_t K, float* out, int64_t ldo) {
-  const isa::Level level = isa::current();
-  if (linear_impl::is_quantized(w)) {
-    const linear_impl::QuantFormat format =
-        w.scalar_type() == at::kChar ? linear_impl::QuantFormat::kQ8_0 : linear_impl::QuantFormat::kQ4_1;
-    linear_impl::quant_linear(static_cast<const uint8_t*>(w.data_ptr()), format, w.size(0), x, ldx, R, K, out, ldo,
-                              level);
-  } else if (w.dim() == 4) {
-    linear_impl::packed_linear(w.data_ptr(), w.scalar_type(), w.size(0), x, ldx, R, K, out, ldo, level);
-  } else {
-    const at::Tensor rows = at::from_blob(const_cast<float*>(x), {R, K}, {ldx, 1}, at::kFloat);
-    const at::Tensor y = cpu_linear_cpu(rows, w);
-    const int64_t N = y.size(1);
-    for (int64_t r = 0; r < R; ++r) std::memcpy(out + r * ldo, y.data_ptr<float>() + r * N, N * sizeof(float));
   }
 }
 
@@ -244,6 +223,9 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
 
   const int64_t I2 = 2 * I;
+  // The linear layers call cpu_linear's kernels on the workspace directly (a cpu_linear call adds its checks, a
+  // reshape and an output tensor, a few microseconds each time, four times a layer).
+  const isa::Level level = isa::current();
   // The layer's intermediate rows in one allocation: h [R, attn_in] (the attention input; the MLP's norm reuses
   // it), qkv [R, qkv_width], x1 [R, H] (the residual after attention), gate_up [R, 2 I].
   at::Tensor workspace = at::empty({R * (attn_in + qkv_width + H + I2)}, x.options());
@@ -262,7 +244,7 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
       rms_norm_rows(e.data_ptr<float>(), enorm.data_ptr<float>(), R, H, eps, h, attn_in);
     }
     rms_norm_rows(xr.data_ptr<float>(), norm1.data_ptr<float>(), R, H, eps, h + (attn_in - H), attn_in);
-    linear_rows(qkv_weight, h, attn_in, R, attn_in, qkv_rows, qkv_width);
+    linear_impl::linear_rows(qkv_weight, h, attn_in, R, attn_in, qkv_rows, qkv_width, level);
     rope_rows(qkv_rows, R, Hq + 2 * Hkv, Hq + Hkv, D, pick(cos).data_ptr<float>(), pick(sin).data_ptr<float>());
     if (kept.has_value()) qkv.index_copy_(0, *kept, rows_of(qkv_rows, qkv_width));
   }
@@ -283,23 +265,23 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   at::Tensor attn = tree_attention_cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, std::nullopt, std::nullopt);
   if (slot_offset) attn = attn.narrow(1, slot_offset, N).contiguous();
   const at::Tensor attn_rows = pick(attn.view({B, N, Hq * D}));  // [R, Hq D]
-  linear_rows(o_weight, attn_rows.data_ptr<float>(), Hq * D, R, Hq * D, x1, H);
+  linear_impl::linear_rows(o_weight, attn_rows.data_ptr<float>(), Hq * D, R, Hq * D, x1, H, level);
   add_rows(xr.data_ptr<float>(), x1, R * H, x1);
 
-  rms_norm_rows(x1, norm2.data_ptr<float>(), R, H, eps, h, H);  // h's first R x H floats: the MLP's input
-  linear_rows(gate_up_weight, h, H, R, H, gate_up, I2);         // [R, 2 I]: gate, then up
+  rms_norm_rows(x1, norm2.data_ptr<float>(), R, H, eps, h, H);               // h's first R x H floats: the MLP's input
+  linear_impl::linear_rows(gate_up_weight, h, H, R, H, gate_up, I2, level);  // [R, 2 I]: gate, then up
   // ATen's vectorised SiLU, in place on the gate half (the op-by-op path's F.silu values), then * up into the
   // gate half (the op-by-op path's product: one rounding each).
   at::Tensor gate = at::from_blob(gate_up, {R, I}, {I2, 1}, x.options());
   at::silu_(gate);
   for (int64_t r = 0; r < R; ++r) {
-    float* gate = gate_up + r * I2;
-    const float* up = gate + I;
-    for (int64_t i = 0; i < I; ++i) gate[i] *= up[i];
+    float* gate_row = gate_up + r * I2;
+    const float* up_row = gate_row + I;
+    for (int64_t i = 0; i < I; ++i) gate_row[i] *= up_row[i];
   }
   at::Tensor out_rows = at::empty({R, H}, x.options());
   float* out_data = out_rows.data_ptr<float>();
-  linear_rows(down_weight, gate_up, I2, R, I, out_data, H);
+  linear_impl::linear_rows(down_weight, gate_up, I2, R, I, out_data, H, level);
   add_rows(x1, out_data, R * H, out_data);
   if (!kept.has_value()) return out_rows.view({B, N, H});
   at::Tensor out = x.clone();  // padding rows keep x
