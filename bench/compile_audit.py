@@ -503,11 +503,16 @@ def _reachable(successors: list[set[int]], skip: set[tuple[int, int]] = frozense
     return seen
 
 
-def dominators(successors: list[set[int]]) -> dict[int, set[int]]:
-    """Dominator sets of the blocks reachable from the entry (block 0)."""
+def predecessors_of(successors: list[set[int]]) -> dict[int, list[int]]:
+    """Predecessors of each block reachable from the entry (block 0), among those blocks."""
     reachable = _reachable(successors)
+    return {b: [p for p in reachable if b in successors[p]] for b in reachable}
+
+
+def dominators(predecessors: dict[int, list[int]]) -> dict[int, set[int]]:
+    """Dominator sets of the reachable blocks (``predecessors_of``: its keys)."""
+    reachable = set(predecessors)
     order = sorted(reachable)
-    predecessors = {b: [p for p in reachable if b in successors[p]] for b in reachable}
     dom = {b: set(reachable) for b in reachable}
     dom[0] = {0}
     changed = True
@@ -536,9 +541,9 @@ def sass_loops(sass: str) -> tuple[int, list[Loop]]:
     instructions, blocks, successors, div_edges = sass_cfg(sass)
     if not instructions:
         return 0, []
-    dom = dominators(successors)
+    predecessors = predecessors_of(successors)
+    dom = dominators(predecessors)
     converged = _reachable(successors, div_edges)
-    predecessors = {b: [p for p in dom if b in successors[p]] for b in dom}
     bodies: list[tuple[int, frozenset[int]]] = []  # (header, body) of each back edge, distinct
     for source in sorted(dom):
         for header in sorted(successors[source]):
