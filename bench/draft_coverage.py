@@ -39,28 +39,11 @@ from eagle_kernels.models.cpu_weights import linear  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.train import corpus  # noqa: E402
 from eagle_kernels.train.features import FeatureCache  # noqa: E402
+from eagle_kernels.train.trainer import first_choice_counts, grown_ids  # noqa: E402
 
 
 def vocab_ids(d2t: torch.Tensor) -> np.ndarray:
     return (d2t.long().cpu() + torch.arange(d2t.numel())).numpy()
-
-
-def first_choice_counts(folders, vocab_size: int) -> np.ndarray:
-    """How often the target ranks each token first over the caches (the generated tokens as a
-    tie-break, as the trainer's ``draft_vocabulary``)."""
-    counts = np.zeros(vocab_size)
-    for folder in folders:
-        c = FeatureCache(folder)
-        counts += np.bincount(np.asarray(c.top_ids[: c.done, :, 0]).reshape(-1), minlength=vocab_size)
-        counts += np.bincount(np.asarray(c.tokens[: c.done]).reshape(-1), minlength=vocab_size) * 1e-3
-    return counts
-
-
-def grown(base: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
-    inside = np.zeros(counts.size, dtype=bool)
-    inside[base] = True
-    extra = [int(i) for i in np.argsort(-counts, kind="stable") if not inside[i]][: max(size - base.size, 0)]
-    return np.sort(np.concatenate([base, np.array(extra, dtype=base.dtype)]))
 
 
 @torch.no_grad()
@@ -135,11 +118,11 @@ def main(argv=None) -> int:
     base = vocab_ids(head.d2t)
     vocabs = {f"shipped-{base.size}": base}
     if args.vocab_caches:
-        counts = first_choice_counts(args.vocab_caches.split(","), V)
+        counts = first_choice_counts([FeatureCache(f) for f in args.vocab_caches.split(",")], V)
         for size in args.sizes:
             vocabs[f"fresh-{size}"] = np.sort(np.argsort(-counts, kind="stable")[:size])
             if size > base.size:
-                vocabs[f"grown-{size}"] = grown(base, counts, size)
+                vocabs[f"grown-{size}"] = grown_ids(base, counts, size)
     masks = {}
     for name, ids in vocabs.items():
         m = torch.zeros(V, dtype=torch.bool)

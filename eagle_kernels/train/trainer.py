@@ -52,7 +52,8 @@ class TrainConfig:
     step_decay: float = 0.8
     cls_weight: float = 0.1  # EAGLE-1 cross-entropy weight (regression weight 1)
     noise: float = 0.2  # EAGLE-1 input-feature noise: uniform in [-noise/2, noise/2]
-    draft_vocab_size: int = 6144  # EAGLE-3
+    draft_vocab_size: int | None = None  # EAGLE-3: 6144 for a new head; with ``init``, a larger size grows its
+    # vocabulary (grow_draft_vocabulary)
     eval_every: int = 50
     seed: int = 0
     init: str | None = None  # a head folder to start from (its weights and d2t; fresh optimizer)
@@ -65,12 +66,59 @@ def draft_vocabulary(cache: FeatureCache, size: int, vocab_size: int) -> torch.T
     """EAGLE-3's reduced vocabulary: the ``size`` target tokens most often ranked first by the
     target over the cache, sorted by id. Returns d2t int64 [size] (draft id d maps to target
     id ``d + d2t[d]``)."""
-    top1 = np.asarray(cache.top_ids[: cache.done, :, 0]).reshape(-1)
-    counts = np.bincount(top1, minlength=vocab_size).astype(np.float64)
-    counts += np.bincount(np.asarray(cache.tokens[: cache.done]).reshape(-1), minlength=vocab_size) * 1e-3
-    order = np.argsort(-counts, kind="stable")[:size]
+    order = np.argsort(-first_choice_counts([cache], vocab_size), kind="stable")[:size]
     ids = torch.from_numpy(np.sort(order)).long()
     return ids - torch.arange(size)
+
+
+DEFAULT_DRAFT_VOCAB_SIZE = 6144
+
+
+def first_choice_counts(caches, vocab_size: int) -> np.ndarray:
+    """How often the target ranks each token first over ``caches`` (float64 [vocab_size]), the
+    generated tokens counted a thousandth as a tie-break, as :func:`draft_vocabulary` ranks them."""
+    counts = np.zeros(vocab_size)
+    for cache in caches:
+        counts += np.bincount(np.asarray(cache.top_ids[: cache.done, :, 0]).reshape(-1), minlength=vocab_size)
+        counts += np.bincount(np.asarray(cache.tokens[: cache.done]).reshape(-1), minlength=vocab_size) * 1e-3
+    return counts
+
+
+def grown_ids(base: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
+    """The target ids ``base`` (sorted) plus the ``size - len(base)`` ids outside it that ``counts``
+    ranks highest, sorted."""
+    inside = np.zeros(counts.size, dtype=bool)
+    inside[base] = True
+    extra = [int(i) for i in np.argsort(-counts, kind="stable") if not inside[i]][: max(size - base.size, 0)]
+    return np.sort(np.concatenate([base, np.array(extra, dtype=base.dtype)]))
+
+
+def grow_draft_vocabulary(weights: dict, target_lm_head: torch.Tensor, caches, size: int) -> dict:
+    """A trained EAGLE-3 head's weights with its draft vocabulary grown to ``size`` tokens: the
+    ones the target ranks first most often over ``caches`` join it. Kept tokens keep their
+    trained LM-head rows. A new token's row starts as its target LM-head row mapped by the
+    least-squares linear map that takes the target's rows of the kept tokens to the head's rows
+    (on the shipped SmolLM2 head that map leaves 33% of the rows' norm unexplained, against a
+    cosine of 0.66 for the target rows as they are), so the new tokens start near where
+    training would put them instead of at the target's scale. Returns new weights (d2t and
+    lm_head.weight replaced)."""
+    d2t = weights["d2t"].long().cpu()
+    old_ids = (d2t + torch.arange(d2t.numel())).numpy()
+    if size < old_ids.size:
+        raise ValueError(f"draft_vocab_size: {size} is below the starting head's {old_ids.size} (a vocabulary only grows)")
+    ids = grown_ids(old_ids, first_choice_counts(caches, target_lm_head.shape[0]), size)
+    if ids.size < size:
+        raise ValueError(f"draft_vocab_size: {size} exceeds the target's vocabulary of {target_lm_head.shape[0]}")
+    head_rows = weights["lm_head.weight"].float()
+    target_rows = target_lm_head.float()
+    mapping = torch.linalg.lstsq(target_rows[torch.from_numpy(old_ids)], head_rows).solution  # [H, H]
+    rows = target_rows[torch.from_numpy(ids)] @ mapping
+    kept = np.searchsorted(ids, old_ids)
+    rows[torch.from_numpy(kept)] = head_rows
+    grown = dict(weights)
+    grown["lm_head.weight"] = rows.contiguous()
+    grown["d2t"] = torch.from_numpy(ids).long() - torch.arange(size)
+    return grown
 
 
 def coverage(cache: FeatureCache, d2t: torch.Tensor) -> float:
@@ -395,15 +443,19 @@ def train(target: LlamaModel, cache, cfg: TrainConfig, out_dir: str, eval_cache=
             raise ValueError(f"init: {cfg.init} holds an {start_head.config.kind} head, not {cfg.method}")
         config = start_head.config
         weights = {n: t.float() if t.is_floating_point() else t for n, t in start_head.weights.items()}
-        d2t = start_head.weights.get("d2t")
         log(f"starting from the head in {cfg.init}")
+        if cfg.method == EAGLE3 and cfg.draft_vocab_size not in (None, config.draft_vocab_size):
+            weights = grow_draft_vocabulary(weights, target.weights["lm_head.weight"], caches, cfg.draft_vocab_size)
+            log(f"draft vocabulary grown from {config.draft_vocab_size} to {cfg.draft_vocab_size} tokens")
+            config = dataclasses.replace(config, draft_vocab_size=cfg.draft_vocab_size)
+        d2t = weights.get("d2t")
     else:
-        config = HeadConfig.for_target(target.config, cfg.method,
-                                       cfg.draft_vocab_size if cfg.method == EAGLE3 else None)
+        vocab = cfg.draft_vocab_size or DEFAULT_DRAFT_VOCAB_SIZE
+        config = HeadConfig.for_target(target.config, cfg.method, vocab if cfg.method == EAGLE3 else None)
         d2t = None
         if cfg.method == EAGLE3:
             config.feature_layers = tuple(first.manifest["feature_layers"])
-            d2t = draft_vocabulary(first, cfg.draft_vocab_size, target.config.vocab_size)
+            d2t = draft_vocabulary(first, vocab, target.config.vocab_size)
         fusion = fit_fusion(first, seed=cfg.seed) if cfg.method == EAGLE3 else None
         weights = initial_weights(target, config, d2t, cfg.seed, fusion)
     if cfg.method == EAGLE3:

@@ -1,6 +1,7 @@
 """Draft-head training: the training-time-test forward equals the decoder's draft path, the
 losses and the draft vocabulary are right, and a short run on a tiny target learns."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -372,3 +373,42 @@ def test_card_measured_section_is_replaced_from_e2e_rows(tmp_path):
     assert "| code | 0 | 1 | d4k4n16 | 1.50 | 20.0 | 0.6 |" in new and "old" not in new and "2.50" not in new
     with pytest.raises(ValueError, match="card"):
         card.replace_measured("# no table\n", "eagle1", [str(result)])
+
+
+def test_growing_the_draft_vocabulary_keeps_trained_rows_and_adds_frequent_tokens(toy_cache, tmp_path):
+    target32, folder = toy_cache
+    cache = features.FeatureCache(folder)
+    small = trainer.TrainConfig(method="eagle3", steps=4, batch_size=3, lr=3e-3, warmup=1, ttt_steps=2,
+                                draft_vocab_size=12)
+    trainer.train(target32, cache, small, str(tmp_path / "small"), log=lambda *_: None)
+    start = EagleHead.load(str(tmp_path / "small"), target32)
+    logs = []
+    # Zero learning rate: the grown head is exactly what the growth made.
+    grow = trainer.TrainConfig(method="eagle3", steps=1, batch_size=3, lr=0.0, warmup=1, ttt_steps=2,
+                               draft_vocab_size=20, init=str(tmp_path / "small"))
+    trainer.train(target32, cache, grow, str(tmp_path / "grown"), log=logs.append)
+    grown = EagleHead.load(str(tmp_path / "grown"), target32)
+    assert grown.config.draft_vocab_size == 20 and grown.d2t.shape == (20,)
+    old_ids = start.d2t.long() + torch.arange(12)
+    new_ids = grown.d2t.long() + torch.arange(20)
+    assert torch.all(new_ids[1:] > new_ids[:-1]) and set(old_ids.tolist()) <= set(new_ids.tolist())
+    # The added tokens are the most frequent first choices outside the old vocabulary.
+    counts = trainer.first_choice_counts([cache], target32.config.vocab_size)
+    outside = [i for i in np.argsort(-counts, kind="stable") if i not in set(old_ids.tolist())][:8]
+    assert set(new_ids.tolist()) - set(old_ids.tolist()) == set(int(i) for i in outside)
+    # Kept tokens keep their rows; new rows are the target's rows through the fitted linear map.
+    position = {int(t): i for i, t in enumerate(new_ids)}
+    rows = grown.weights["lm_head.weight"].float()
+    for i, t in enumerate(old_ids.tolist()):
+        assert torch.equal(rows[position[t]], start.weights["lm_head.weight"].float()[i])
+    target_rows = target32.weights["lm_head.weight"].float()
+    mapping = torch.linalg.lstsq(target_rows[old_ids], start.weights["lm_head.weight"].float()).solution
+    for t in outside:
+        torch.testing.assert_close(rows[position[int(t)]], target_rows[int(t)] @ mapping, rtol=1e-3, atol=1e-3)
+    for name, weight in start.weights.items():
+        if name not in ("lm_head.weight", "d2t"):
+            assert torch.equal(grown.weights[name], weight), name
+    assert any("grown from 12 to 20" in line for line in logs)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        trainer.train(target32, cache, dataclasses.replace(grow, draft_vocab_size=8), str(tmp_path / "shrunk"),
+                      log=lambda *_: None)
