@@ -105,7 +105,7 @@ def grow_draft_vocabulary(weights: dict, target_lm_head: torch.Tensor, caches, s
     d2t = weights["d2t"].long().cpu()
     old_ids = (d2t + torch.arange(d2t.numel())).numpy()
     if size < old_ids.size:
-        raise ValueError(f"draft_vocab_size: {size} is below the starting head's {old_ids.size} (a vocabulary only grows)")
+        raise ValueError(f"draft_vocab_size: {size} is below the starting head's {old_ids.size} (it only grows)")
     ids = grown_ids(old_ids, first_choice_counts(caches, target_lm_head.shape[0]), size)
     if ids.size < size:
         raise ValueError(f"draft_vocab_size: {size} exceeds the target's vocabulary of {target_lm_head.shape[0]}")
