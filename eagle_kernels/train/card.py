@@ -15,7 +15,7 @@ import sys
 import torch
 
 from .features import FeatureCache
-from .trainer import cpu_name, data_summary
+from .trainer import DEFAULT_DRAFT_VOCAB_SIZE, cpu_name, data_summary
 
 SOURCE_NAMES = ("code = CPython standard library; austen = Jane Austen's novels; kjv = King James Bible; "
                 "pydoc = Python 3.11 documentation sources; pkg = sources of installed Python packages (not numpy); "
@@ -44,11 +44,23 @@ def _data_lines(data: list) -> list:
     return lines
 
 
-def _phase_line(state: dict, config: dict, kind: str) -> str:
+def _draft_vocab_sizes(phases: list, final_size: int) -> list:
+    """Each phase's draft vocabulary size: its own setting where it made one (a new head, or a
+    continued head grown to it), else the previous phase's; the final phase has the head's."""
+    sizes, previous = [], None
+    for p in phases:
+        asked = p["config"].get("draft_vocab_size")
+        previous = asked or (previous if p["config"].get("init") and previous else DEFAULT_DRAFT_VOCAB_SIZE)
+        sizes.append(previous)
+    return sizes[:-1] + [final_size] if sizes else sizes
+
+
+def _phase_line(state: dict, vocab: int, grown_from: int | None, kind: str) -> str:
     cfg = state["config"]
+    grown = f" (grown from {grown_from} tokens)" if grown_from else ""
     objective = (f"SmoothL1 feature loss + {cfg['cls_weight']} x cross-entropy, feature noise "
                  f"U(-{cfg['noise'] / 2:g}, {cfg['noise'] / 2:g})" if kind == "eagle1" else
-                 f"cross-entropy over a {config['draft_vocab_size']}-token draft vocabulary")
+                 f"cross-entropy over a {vocab}-token draft vocabulary{grown}")
     start = "continuing from the previous phase's head" if cfg.get("init") else (
         "fc initialised by ridge regression onto the final hidden state" if kind == "eagle3" else "from scratch")
     data = " + ".join(d["folder"] for d in state.get("data") or []) or "the real-text cache"
@@ -90,7 +102,9 @@ def render(head_dir: str, feature_dir: str, e2e_files=()) -> str:
              "## Training", "",
              f"{total_steps} optimizer steps in {len(phases)} phase(s), "
              f"{total_minutes:.0f} min of optimizer steps in all:", ""]
-    lines += [_phase_line(p, config, kind) for p in phases] + [""]
+    vocabs = _draft_vocab_sizes(phases, config["draft_vocab_size"])
+    lines += [_phase_line(p, v, vocabs[i - 1] if i and vocabs[i - 1] != v else None, kind)
+              for i, (p, v) in enumerate(zip(phases, vocabs))] + [""]
     if state["history"]:
         also = sorted({name for h in state["history"] for name in h.get("also", {})})
         first_eval = state["history"][-1].get("folder")  # older runs: the real-text held-out cache

@@ -409,6 +409,10 @@ def test_growing_the_draft_vocabulary_keeps_trained_rows_and_adds_frequent_token
         if name not in ("lm_head.weight", "d2t"):
             assert torch.equal(grown.weights[name], weight), name
     assert any("grown from 12 to 20" in line for line in logs)
+    from eagle_kernels.train import card
+    text = card.render(str(tmp_path / "grown"), folder)
+    assert "over a 12-token draft vocabulary; fc initialised" in text
+    assert "over a 20-token draft vocabulary (grown from 12 tokens); continuing" in text
     with pytest.raises(ValueError, match="draft_vocab_size"):
         trainer.train(target32, cache, dataclasses.replace(grow, draft_vocab_size=8), str(tmp_path / "shrunk"),
                       log=lambda *_: None)
