@@ -27,8 +27,9 @@ Providers
 Step policies and head weights (CPU): ``--policies adaptive fixed`` runs every head provider under the adaptive
 fitted policy (the CPU default: each greedy step drafts the shape of the tree's ladder that measures the most
 tokens per second; names as above) and the fixed one (every step drafts the tree; names ``…-fixed``);
-``--head-weights auto stored`` loads each head with Q8_0 matrices where its target is quantized (the default) and
-as stored (fp16; names ``…-hstored``). ``--no-fp32w`` leaves out the fp32-weight decoders (with a weight suffix in
+``--head-weights auto stored q8_0 q4_1`` loads each head with Q8_0 matrices where its target is quantized (the
+default), as stored (fp16; names ``…-hstored``) and with Q8_0 / Q4_1 matrices whatever the target (``…-hq8_0``,
+``…-hq4_1``). ``--no-fp32w`` leaves out the fp32-weight decoders (with a weight suffix in
 ``--providers``): ratios are then to the first ``ours-plain-…`` provider.
 
 Prompt sets (``--domains``): ``code`` and ``prose`` come from the held-out documents of the training
@@ -403,9 +404,10 @@ def main(argv=None) -> int:
     parser.add_argument("--policies", nargs="+", choices=["adaptive", "fixed"], default=["adaptive"],
                         help="step policies of the head providers on CPU: adaptive (the default: draft shapes by "
                              "measured tokens per second) and fixed (every step drafts the tree; rows …-fixed)")
-    parser.add_argument("--head-weights", nargs="+", choices=["auto", "stored"], default=["auto"],
-                        help="head matrices: auto (Q8_0 blocks with a quantized target; the default) and stored "
-                             "(as the checkpoint, fp16; rows …-hstored)")
+    parser.add_argument("--head-weights", nargs="+", choices=["auto", "stored", "q8_0", "q4_1"], default=["auto"],
+                        help="head matrices: auto (Q8_0 blocks with a quantized target; the default), stored "
+                             "(as the checkpoint, fp16; rows …-hstored), q8_0 / q4_1 (those blocks whatever the "
+                             "target; rows …-hq8_0, …-hq4_1)")
     parser.add_argument("--no-fp32w", action="store_true",
                         help="leave out the fp32-weight decoders (keep those of the weight suffixes in --providers)")
     parser.add_argument("--threads", type=int, default=0)
@@ -463,7 +465,7 @@ def main(argv=None) -> int:
         for kind in args.heads if "eagle" in args.providers else []:
             folder = shipped.path(kind)
             for weights in args.head_weights:
-                variant = "-hstored" if weights == "stored" else ""
+                variant = "" if weights == "auto" else "-h" + weights
                 head = (EagleHead.load(folder, model, None if weights == "auto" else weights)
                         if (have_model and folder) else EagleHead.random(model, kind))
                 heads[kind + variant + suffix] = (head, kind, variant, suffix)
