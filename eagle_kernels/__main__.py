@@ -198,7 +198,9 @@ def cmd_distill(args) -> None:
     temperatures = tuple(float(t) for t in args.temperatures.split(","))
     cache = distill.build(args.out, target, tokenizer, args.sequences, args.seq_len, args.prompt_len, temperatures,
                           layers, batch_size=args.batch_size, seed=args.seed, held_out=args.held_out,
-                          progress=bar.update if bar else None, domains=tuple(args.domains.split(",")))
+                          progress=bar.update if bar else None, domains=tuple(args.domains.split(",")),
+                          exclude_documents=distill.cache_documents(args.exclude_caches.split(","))
+                          if args.exclude_caches else ())
     if bar:
         bar.close()
     print(f"{cache.done} sequences in {args.out} ({cache.manifest['extract_seconds']:.0f} s of generation)")
@@ -260,6 +262,8 @@ def main(argv=None) -> None:
     distill.add_argument("--seed", type=int, default=0)
     distill.add_argument("--domains", default="code,prose", help="prompt domains, comma-separated (code, prose)")
     distill.add_argument("--held-out", action="store_true", help="prompts from the held-out split (evaluation)")
+    distill.add_argument("--exclude-caches", default="",
+                         help="chat: comma-separated earlier caches whose instructions this one skips")
     distill.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
     command = {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train, "distill": cmd_distill}[args.command]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train the shipped SmolLM2-135M draft heads from scratch, on a CPU, as they were made:
-# EAGLE-1 in one phase, EAGLE-3 in ten (phase 9 a candidate that was not shipped; docs/training.md tells
+# EAGLE-1 in one phase, EAGLE-3 in ten (phases 9 and 11: candidates not shipped; docs/training.md tells
 # what each phase added and what it measured). Every step resumes: a feature cache continues where it
 # stopped and `train` resumes from its train_state.pt, so an interrupted run picks up when the script
 # is run again.
@@ -135,5 +135,13 @@ train --method eagle3 --init "$R/eagle3-distilled7" --out "$R/eagle3-chat" \
     --eval-features "$R/heldout_chat,$R/heldout_code,$R/heldout_offcode,$R/heldout_offprose" \
     --draft-vocab-size 8192 --steps 2400 --batch-size 8 --lr 5e-4 --warmup 50 --ttt-steps 5 --eval-every 400 \
     --threads 2 --autocast bf16
+
+echo "== phase 11 (candidate, not shipped): 3,072 more chat answers, 1600 steps from phase 10"
+distill --out "$R/dchat3" --sequences 3072 --batch-size 64 --seq-len 256 --seed 83 --temperatures 0,0.7,0,1 \
+    --domains chat --prompt-len 96 --threads 2
+train --method eagle3 --init "$R/eagle3-chat" --out "$R/eagle3-chat2" \
+    --features "$R/dchat3,$R/dchat2,$R/dchat1x,$R/dcode8,$R/dwide3" \
+    --eval-features "$R/heldout_chat,$R/heldout_code,$R/heldout_offcode,$R/heldout_offprose" \
+    --steps 1600 --batch-size 8 --lr 3e-4 --warmup 30 --ttt-steps 5 --eval-every 400 --threads 2 --autocast bf16
 
 echo "== done: heads in $R/eagle1 and $R/eagle3-chat (model cards: python -m eagle_kernels.train.card)"

@@ -22,6 +22,7 @@ mixes it with real-text caches (``train --features A,B``).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -44,14 +45,17 @@ def choose_prompts(tokenizer, count: int, prompt_len: int, held_out: bool = Fals
 
 
 def choose_chat_prompts(tokenizer, count: int, max_len: int, held_out: bool = False,
-                        seed: int = 0) -> tuple[np.ndarray, list, list]:
+                        seed: int = 0, exclude=()) -> tuple[np.ndarray, list, list]:
     """``count`` chat prompts (int32 [count, max_len], zero-padded), their lengths and their
     instructions' document names: generated training instructions, or the held-out list
-    (cycled when ``count`` exceeds it). Prompts longer than ``max_len`` are skipped."""
+    (cycled when ``count`` exceeds it). Prompts longer than ``max_len`` are skipped, and so are
+    the training instructions whose document names are in ``exclude`` (those of earlier caches:
+    every seed shuffles the same instructions, so two seeds' first ones overlap)."""
     from . import chat
 
-    texts = list(chat.HELD_OUT) if held_out else chat.training_instructions(seed=seed)
-    prefix = "chateval:" if held_out else "chat:"
+    prefix, exclude = ("chateval:" if held_out else "chat:"), frozenset(exclude)
+    texts = list(chat.HELD_OUT) if held_out else [
+        text for text in chat.training_instructions(seed=seed) if prefix + text not in exclude]
     rows, lens, names = [], [], []
     for i in range(len(texts) * (-(-count // len(texts)) if held_out else 1)):
         ids = chat.prompt_ids(tokenizer, texts[i % len(texts)])
@@ -115,19 +119,32 @@ def generate_batch(target, prompts: torch.Tensor, seq_len: int, feature_layers, 
             "top_ids": top_ids.numpy(), "top_logp": top_logp.half().numpy()}
 
 
+def cache_documents(folders) -> frozenset:
+    """The document names of the feature caches in ``folders`` (their manifests), to exclude."""
+    names = set()
+    for folder in folders:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            names.update(json.load(f)["documents"])
+    return frozenset(names)
+
+
 def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512, prompt_len: int = 64,
           temperatures=(0.0,), feature_layers=(1, 14, 26), top_k: int = 16, batch_size: int = 16, seed: int = 0,
           held_out: bool = False, progress=None, model_name: str = "SmolLM2-135M-Instruct",
-          domains=(corpus.CODE, corpus.PROSE)) -> FeatureCache:
+          domains=(corpus.CODE, corpus.PROSE), exclude_documents=()) -> FeatureCache:
     """Create (or resume) a self-distilled cache of ``num_sequences`` sequences whose prompts
     come from ``domains``. Batch ``j`` generates at ``temperatures[j % len(temperatures)]`` with
     a generator seeded ``seed + j``, so a resumed run produces the same data. ``domains=("chat",)``
-    takes chat prompts of at most ``prompt_len`` tokens (a chat cache holds chat only)."""
+    takes chat prompts of at most ``prompt_len`` tokens (a chat cache holds chat only), none of
+    whose instructions is in ``exclude_documents`` (document names, e.g. :func:`cache_documents`
+    of earlier chat caches)."""
     if not 0 < prompt_len < seq_len:
         raise ValueError(f"prompt_len: must be in (0, seq_len={seq_len}), got {prompt_len}")
     allowed = corpus.DOMAINS if held_out else corpus.TRAIN_DOMAINS  # offcode / offprose: evaluation only
     if not domains or any(d not in allowed for d in domains) or (corpus.CHAT in domains and len(domains) > 1):
         raise ValueError(f"domains: expected a non-empty subset of {allowed!r} (chat alone), got {domains!r}")
+    if exclude_documents and (corpus.CHAT not in domains or held_out):
+        raise ValueError("exclude_documents: only a training chat cache skips earlier caches' instructions")
     if os.path.exists(os.path.join(folder, MANIFEST)):
         cache = FeatureCache(folder, "w")
         meta = cache.manifest.get("generated", {})
@@ -137,7 +154,8 @@ def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512
     else:
         prompt_lens = None
         if corpus.CHAT in domains:
-            prompts, prompt_lens, names = choose_chat_prompts(tokenizer, num_sequences, prompt_len, held_out, seed)
+            prompts, prompt_lens, names = choose_chat_prompts(tokenizer, num_sequences, prompt_len, held_out, seed,
+                                                              exclude=frozenset(exclude_documents))
         else:
             prompts, names = choose_prompts(tokenizer, num_sequences, prompt_len, held_out, seed,
                                             domains=tuple(domains))

@@ -262,7 +262,7 @@ def test_variable_length_prompts_continue_after_their_own_prompt(toy_cache):
 def test_chat_cache_records_prompt_lengths_and_resumes(toy_cache, tmp_path, monkeypatch):
     target32, folder = toy_cache
     rows = np.array(features.FeatureCache(folder).tokens[:3, :9])
-    monkeypatch.setattr(distill, "choose_chat_prompts", lambda tokenizer, count, max_len, held_out, seed: (
+    monkeypatch.setattr(distill, "choose_chat_prompts", lambda tokenizer, count, max_len, held_out, seed, exclude: (
         rows[:count, :max_len], [5, 9, 7][:count], [f"chat:q{i}" for i in range(count)]))
 
     def build(path, progress=None):
@@ -279,6 +279,29 @@ def test_chat_cache_records_prompt_lengths_and_resumes(toy_cache, tmp_path, monk
     alone = distill.generate_batch(target32, torch.from_numpy(rows[2:3, :7]).long(), 16, (0, 1, 2), 4, 0.0,
                                    torch.Generator().manual_seed(0))
     assert np.array_equal(np.array(cache.tokens[2]), alone["tokens"][0])
+
+
+def test_a_chat_cache_can_skip_the_instructions_of_earlier_caches(tmp_path):
+    from eagle_kernels.train import chat
+
+    class Template:  # one token per character: every instruction fits
+        def apply_chat_template(self, turns, add_generation_prompt):
+            return [ord(c) % 97 for c in turns[0]["content"]]
+
+    first = distill.choose_chat_prompts(Template(), 40, 400, seed=1)[2]
+    overlapping = distill.choose_chat_prompts(Template(), 40, 400, seed=1)[2]
+    assert first == overlapping  # the same seed takes the same instructions
+    folder = tmp_path / "earlier"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"documents": first}))
+    fresh = distill.choose_chat_prompts(Template(), 40, 400, seed=1,
+                                        exclude=distill.cache_documents([str(folder)]))[2]
+    assert len(fresh) == 40 and set(fresh).isdisjoint(first)
+    assert fresh == [n for n in distill.choose_chat_prompts(Template(), 80, 400, seed=1)[2] if n not in first][:40]
+    assert all(n.removeprefix("chat:") in chat.training_instructions(seed=1) for n in fresh)
+    with pytest.raises(ValueError, match="exclude_documents"):
+        distill.build("unused", None, None, 2, seq_len=16, prompt_len=6, domains=(corpus.CODE,),
+                      exclude_documents=first)
 
 
 def test_evaluation_domains_never_reach_a_training_split(target):
