@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Train the shipped SmolLM2-135M draft heads from scratch, on a CPU, as they were made:
-# EAGLE-1 in one phase, EAGLE-3 in ten (phases 9 and 11: candidates not shipped; docs/training.md tells
-# what each phase added and what it measured). Every step resumes: a feature cache continues where it
+# EAGLE-1 in one phase, EAGLE-3 in eleven (phases 9 and 11: candidates that were not shipped;
+# docs/training.md tells what each phase added and what it measured). Every step resumes: a feature cache continues where it
 # stopped and `train` resumes from its train_state.pt, so an interrupted run picks up when the script
 # is run again.
 #
 #   bash scripts/train_heads.sh             # everything, into runs/
 #   RUNS=DIR bash scripts/train_heads.sh     # elsewhere; PYTHON=... picks the interpreter
 #
-# The recorded runs took about 7.5 hours of optimizer steps and 4.5 of feature extraction and
+# The recorded runs took about 8 hours of optimizer steps and 5 of feature extraction and
 # self-distillation on 2-core CPUs (minutes per phase: the model cards).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -155,7 +155,7 @@ def build(folder: str, target, tokenizer, num_sequences: int, seq_len: int = 512
         prompt_lens = None
         if corpus.CHAT in domains:
             prompts, prompt_lens, names = choose_chat_prompts(tokenizer, num_sequences, prompt_len, held_out, seed,
-                                                              exclude=frozenset(exclude_documents))
+                                                              exclude=exclude_documents)
         else:
             prompts, names = choose_prompts(tokenizer, num_sequences, prompt_len, held_out, seed,
                                             domains=tuple(domains))
