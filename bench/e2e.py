@@ -18,6 +18,8 @@ Providers
 - ``q8_0w`` / ``q4_1w`` / ``ggufw`` (opt-in, in ``--providers``): the same for weight-only quantized
   matrices (GGML Q8_0 / Q4_1 blocks quantized from the fp32 weights, or the GGUF file's own blocks; fp32
   activations, cpu_linear widens the blocks in registers); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
+  ``q8_0a8w`` / ``q4_1a8w`` / ``ggufa8w``: the same weights with int8 activations (GGML's arithmetic), compared
+  with the same llama.cpp rows.
 - ``llamacpp`` (opt-in): llama.cpp through llama-cpp-python (``bench/llamacpp.py``; skipped with a message
   where it is not installed), fed the same token ids, greedy, at the same thread count, one row per weight
   type of the run: ``llamacpp`` (F32), ``llamacpp-bf16w``, ``-q8_0w``, ``-q4_1w``, ``-ggufw`` (the shipped
@@ -87,8 +89,8 @@ from eagle_kernels.policy import FittedPolicy  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llamacpp  # noqa: E402
 
-QUANT_PROVIDERS = ("q8_0", "q4_1", "gguf")  # opt-in providers q8_0w, q4_1w, ggufw
-WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw")
+QUANT_PROVIDERS = ("q8_0", "q4_1", "gguf")  # opt-in providers q8_0w, q4_1w, ggufw (and q8_0a8w ...: int8 activations)
+WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw", "q8_0a8w", "q4_1a8w", "ggufa8w")
 
 # The chatlong domain: user turns (the chat template adds the system turn and the generation prompt).
 CHAT_PROMPTS = (
@@ -299,7 +301,13 @@ def summary_lines(meta: dict, rows: list) -> list:
 
 
 WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1",
-                "-ggufw": "the GGUF (Q4_1, Q8_0 head)"}
+                "-ggufw": "the GGUF (Q4_1, Q8_0 head)", "-q8_0a8w": "Q8_0, int8 activations",
+                "-q4_1a8w": "Q4_1, int8 activations", "-ggufa8w": "the GGUF, int8 activations"}
+
+
+def llama_suffix(suffix: str) -> str:
+    """The llama.cpp provider our weights compare with: the same blocks (ours with int8 activations: the same)."""
+    return suffix.replace("a8w", "w")
 
 
 def llamacpp_lines(meta: dict, rows: list) -> list:
@@ -324,7 +332,7 @@ def llamacpp_lines(meta: dict, rows: list) -> list:
         fastest = min(r["decode_ms_per_token"] for r in ours_llama)
         best_tps = max(r["tok_per_s"] for r in ours_llama)
         for suffix, weights in WEIGHT_NAMES.items():
-            llama = cells.get(("llamacpp" + suffix, d))
+            llama = cells.get(("llamacpp" + llama_suffix(suffix), d))
             plain = cells.get(("ours-plain" + suffix, d))
             if llama is None or plain is None:
                 continue
@@ -388,8 +396,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lookup-chain", type=int, default=4, help="draft tokens per step of ours-lookup")
     parser.add_argument("--providers", nargs="+", default=["ours-plain", "hf-generate", "hf-lookup", "eagle"],
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup, llamacpp; q8_0w, q4_1w, "
-                             "ggufw add the quantized-weight providers as bf16w; bf16w adds the bf16-weight "
-                             "twins of ours-plain, ours-lookup, eagle and llamacpp")
+                             "ggufw add the quantized-weight providers as bf16w (q8_0a8w, q4_1a8w, ggufa8w: the "
+                             "same weights with int8 activations, beside the same llama.cpp rows); bf16w adds the "
+                             "bf16-weight twins of ours-plain, ours-lookup, eagle and llamacpp")
     parser.add_argument("--llamacpp-python",
                         help="a Python that imports llama_cpp, for the llamacpp providers (default: this one, if it "
                              "can; e.g. a separate venv's bin/python)")
@@ -446,18 +455,19 @@ def main(argv=None) -> int:
     targets = {"": target}
     if "bf16w" in args.providers:
         targets["-bf16w"] = LlamaModel(target.config, dict(target.weights), weight_dtype=torch.bfloat16)
-    for fmt in QUANT_PROVIDERS:
-        if fmt + "w" not in args.providers:
+    for fmt, a8 in [(f, a8) for f in QUANT_PROVIDERS for a8 in ("", "a8")]:
+        if fmt + a8 + "w" not in args.providers:
             continue
+        activations = "int8" if a8 else "fp32"
         if fmt == "gguf":
             if have_model:
-                targets["-ggufw"] = smollm2.load(device=device, weight_dtype="gguf")[0]
+                targets[f"-gguf{a8}w"] = smollm2.load(device=device, weight_dtype="gguf", activations=activations)[0]
             else:
-                print("ggufw: SmolLM2-135M is not installed: skipped")
+                print(f"gguf{a8}w: SmolLM2-135M is not installed: skipped")
             continue
         tied = {n: t for n, t in target.weights.items() if n != "lm_head.weight"}  # tied: one quantized matrix
-        targets[f"-{fmt}w"] = LlamaModel(target.config, with_matrices(tied, quantize_matrices(tied, fmt),
-                                                                      target.dtype, device))
+        matrices = with_matrices(tied, quantize_matrices(tied, fmt), target.dtype, device)
+        targets[f"-{fmt}{a8}w"] = LlamaModel(target.config, matrices, activations=activations)
     if args.no_fp32w and len(targets) > 1:
         del targets[""]
     heads, head_folders = {}, {}
@@ -511,7 +521,7 @@ def main(argv=None) -> int:
             print("llamacpp: CPU runs only: skipped")
         else:
             os.makedirs(args.gguf_dir, exist_ok=True)
-            for suffix in targets:
+            for suffix in dict.fromkeys(map(llama_suffix, targets)):
                 kind = llamacpp.KINDS[suffix]
                 llama_files[suffix] = smollm2.gguf_path() if kind == "gguf" else llamacpp.write_gguf(
                     smollm2.gguf_path(), os.path.join(args.gguf_dir, f"smollm2-135m-instruct-{kind}.gguf"), kind)

@@ -32,7 +32,9 @@ def _load(args):
             raise ValueError(f"--weights {args.weights}: needs --dtype float32 (weight-only quantization)")
     elif weight_dtype.itemsize > dtype.itemsize:
         raise SystemExit(f"--weights {args.weights}: wider than the compute dtype --dtype {args.dtype}")
-    target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype)
+    if args.activations == "int8" and not isinstance(weight_dtype, str):
+        raise SystemExit(f"--activations int8: needs quantized --weights (q8_0, q4_1 or gguf), got {args.weights}")
+    target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype, activations=args.activations)
     if args.head == "none":
         head, label = None, "no head (prompt-lookup drafts only)"
     elif args.head in ("untrained-eagle1", "untrained-eagle3"):
@@ -90,6 +92,10 @@ def _common(parser):
                         help="storage of the weight matrices (default: --dtype); bf16 with float32 compute halves "
                              "the bytes read per token (CPU: the cpu_linear kernel widens them in registers); q8_0 / "
                              "q4_1: GGML's 8- / 4-bit blocks (fp32 compute); gguf: the model file's own blocks")
+    parser.add_argument("--activations", default="fp32", choices=["fp32", "int8"],
+                        help="with quantized --weights: int8 quantizes each row of activations per block of 32 and "
+                             "runs integer dot products, as llama.cpp does (faster; greedy output equal to plain "
+                             "decoding at the same setting); fp32 (default) widens the weights instead")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")

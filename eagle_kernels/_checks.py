@@ -320,17 +320,23 @@ def check_quant_rows(name, blocks):
 
 
 def _check_quant_packed(name, weight, rows, K):
-    """A quantized packed weight [rows / 32, 2, K / 32, bytes] (rows None: any N)."""
+    """A quantized packed weight [rows / 32, 2, K / 32, bytes], or for 8-bit activations [rows / 32, 2, K / 32,
+    bytes / 32, 32] (rows None: any N)."""
     fmt, per = QUANT_NAMES[weight.dtype], QUANT_PACKED_BYTES[weight.dtype]
-    if weight.dim() != 4:
-        _fail(name, f"a {fmt} weight packed by cpu_linear_pack, 4-D [N / 32, 2, K / 32, {per}]",
+    int8 = weight.dim() == 5
+    tail = (per // 32, 32) if int8 else (per,)
+    if weight.dim() not in (4, 5):
+        _fail(name, f"a {fmt} weight packed by cpu_linear_pack, 4-D [N / 32, 2, K / 32, {per}] (or, for 8-bit "
+              f"activations, 5-D [N / 32, 2, K / 32, {per // 32}, 32])",
               f"{weight.dim()}-D shape {tuple(weight.shape)}")
     if K % 32:
         _fail(name, f"a {fmt} weight for K (from x) a multiple of 32", f"K = {K}")
     n = "N" if rows is None else rows
-    if (tuple(weight.shape[1:]) != (2, K // 32, per)
+    if (tuple(weight.shape[1:]) != (2, K // 32, *tail)
             or (rows is not None and (rows % PACK_WIDTH or weight.shape[0] != rows // PACK_WIDTH))):
-        _fail(name, f"packed {fmt} shape [{n} / 32, 2, K / 32 = {K // 32}, {per}]", f"shape {tuple(weight.shape)}")
+        what = " (8-bit activations)" if int8 else ""
+        _fail(name, f"packed {fmt}{what} shape [{n} / 32, 2, K / 32 = {K // 32}, {', '.join(map(str, tail))}]",
+              f"shape {tuple(weight.shape)}")
     if not weight.is_contiguous():
         _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
 
@@ -361,7 +367,7 @@ def check_linear_weight_layout(name, weight, K, device):
 
 def linear_out_features(weight) -> int:
     """N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16]."""
-    return weight.shape[0] * PACK_WIDTH if weight.dim() == 4 else weight.shape[0]
+    return weight.shape[0] * PACK_WIDTH if weight.dim() in (4, 5) else weight.shape[0]
 
 
 def check_cpu_linear(x, weight, *, values=True):
@@ -371,10 +377,18 @@ def check_cpu_linear(x, weight, *, values=True):
     check_linear_weight_layout("weight", weight, x.shape[-1], x.device)
 
 
-def check_cpu_linear_pack(weight):
+PACK_ACTIVATIONS = ("fp32", "int8")  # cpu_linear_pack(activations=): the arithmetic the packed layout is for
+
+
+def check_cpu_linear_pack(weight, activations="fp32"):
+    if activations not in PACK_ACTIVATIONS:
+        raise ValueError(f"activations: expected one of {PACK_ACTIVATIONS}, got {activations!r}")
     check_tensor("weight", weight, dtype=LINEAR_DTYPES, ndim=2)
     if weight.dtype in QUANT_NAMES:
         check_quant_rows("weight", weight)
+    elif activations == "int8":
+        _fail("weight", "Q8_0 / Q4_1 block rows (int8 / uint8) for activations='int8' (8-bit activations need "
+              "quantized weights)", f"dtype {weight.dtype}")
     if weight.shape[0] % PACK_WIDTH:
         _fail("weight", f"[N, K] with N a multiple of {PACK_WIDTH}", f"shape {tuple(weight.shape)}")
 
@@ -426,7 +440,7 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, attn_in,
                          "[(num_heads + 2 Hkv) D, H]" if embed is None else "[(num_heads + 2 Hkv) D, 2 H]", device)
     _check_linear_weight("o_weight", o_weight, H, num_heads * D, "[H, num_heads D]", device)
-    if gate_up_weight.dim() not in (2, 4) or linear_out_features(gate_up_weight) % 2:
+    if gate_up_weight.dim() not in (2, 4, 5) or linear_out_features(gate_up_weight) % 2:
         _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows) or its packed form",
               f"shape {tuple(gate_up_weight.shape)}")
     I = linear_out_features(gate_up_weight) // 2

@@ -61,14 +61,15 @@ def cpu_linear(x, weight):
     return _dispatch.run("cpu_linear", x.device, x, weight)
 
 
-def cpu_linear_pack(weight):
+def cpu_linear_pack(weight, activations="fp32"):
     """``weight`` [N, K] (N a multiple of 32) as the packed [N / 32, 2, K, 16] that ``cpu_linear``
     and ``cpu_decoder_layer`` also take: groups of 32 output columns in two K-major halves, for which the CPU
     kernel is a GEMM micro-kernel (verify passes of 8-12 rows cost little more than one row).
     Pure layout (any device, same dtype and values); GGML Q8_0 / Q4_1 block rows (int8 / uint8, see
-    :func:`eagle_kernels.reference.cpu_linear.quantize`) are packed into the quantized kernel's layout. See
+    :func:`eagle_kernels.reference.cpu_linear.quantize`) are packed into the quantized kernel's layout, or with
+    ``activations="int8"`` into the layout of its 8-bit-activation arithmetic (GGML's). See
     :func:`eagle_kernels.reference.cpu_linear_pack`."""
-    return _reference_pack(weight)
+    return _reference_pack(weight, activations)
 
 
 def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,

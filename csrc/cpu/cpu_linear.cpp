@@ -269,24 +269,31 @@ constexpr int64_t kDefaultParallelChunk = int64_t{1} << 20;
 bool is_quantized(const at::Tensor& w) { return w.scalar_type() == at::kChar || w.scalar_type() == at::kByte; }
 
 QuantFormat quant_format(const at::Tensor& w) {
-  return w.scalar_type() == at::kChar ? QuantFormat::kQ8_0 : QuantFormat::kQ4_1;
+  const bool q8 = w.scalar_type() == at::kChar;
+  if (w.dim() == 5) return q8 ? QuantFormat::kQ8_0Int8 : QuantFormat::kQ4_1Int8;
+  return q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_1;
 }
 
 QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K) {
   const QuantFormat format = quant_format(w);
-  const bool q8 = format == QuantFormat::kQ8_0;
+  const bool q8 = w.scalar_type() == at::kChar;
+  const bool int8 = w.dim() == 5;
   const char* fmt = q8 ? "Q8_0" : "Q4_1";
   const int64_t bytes = q8 ? kQ8BlockBytes : kQ41BlockBytes;
-  TORCH_CHECK_VALUE(w.dim() == 4, op, ": ", name, ": a ", fmt, " weight (dtype ", w.scalar_type(),
-                    ") must be packed by cpu_linear_pack as 4-D [N / 32, 2, K / 32, ", bytes, "], got ", w.dim(),
+  const int64_t lines = bytes / kDotLineBytes;
+  TORCH_CHECK_VALUE(w.dim() == 4 || w.dim() == 5, op, ": ", name, ": a ", fmt, " weight (dtype ", w.scalar_type(),
+                    ") must be packed by cpu_linear_pack as 4-D [N / 32, 2, K / 32, ", bytes,
+                    "] (or, for 8-bit activations, 5-D [N / 32, 2, K / 32, ", lines, ", 32]), got ", w.dim(),
                     "-D shape ", shape_str(w.sizes()));
   TORCH_CHECK_VALUE(K % kQuantBlock == 0, op, ": ", name, ": a ", fmt, " weight needs K (", K, ") to be a multiple of ",
                     kQuantBlock);
-  TORCH_CHECK_VALUE(w.size(1) == 2 && w.size(2) == K / kQuantBlock && w.size(3) == bytes &&
+  const bool tail = int8 ? w.size(3) == lines && w.size(4) == kDotLineBytes : w.size(3) == bytes;
+  const std::string want_tail = int8 ? std::to_string(lines) + ", 32" : std::to_string(bytes);
+  TORCH_CHECK_VALUE(w.size(1) == 2 && w.size(2) == K / kQuantBlock && tail &&
                         (rows < 0 || (rows % kPackWidth == 0 && w.size(0) == rows / kPackWidth)),
-                    op, ": ", name, ": expected packed ", fmt, " shape [",
+                    op, ": ", name, ": expected packed ", fmt, int8 ? " (8-bit activations)" : "", " shape [",
                     rows < 0 ? std::string("N") : std::to_string(rows), " / 32, 2, K / 32 = ", K / kQuantBlock, ", ",
-                    bytes, "], got ", shape_str(w.sizes()));
+                    want_tail, "], got ", shape_str(w.sizes()));
   TORCH_CHECK_VALUE(w.is_contiguous(), op, ": ", name, ": expected a contiguous packed weight, got strides ",
                     shape_str(w.strides()));
   return format;
@@ -305,8 +312,12 @@ int64_t parallel_chunk() {
 void linear_rows(const at::Tensor& weight, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo,
                  Level level) {
   if (is_quantized(weight)) {
-    quant_linear(static_cast<const uint8_t*>(weight.data_ptr()), quant_format(weight), weight.size(0), x, ldx, M, K,
-                 out, ldo, level);
+    const QuantFormat format = quant_format(weight);
+    const auto* packed = static_cast<const uint8_t*>(weight.data_ptr());
+    if (format == QuantFormat::kQ8_0Int8 || format == QuantFormat::kQ4_1Int8)
+      dot_linear(packed, format, weight.size(0), x, ldx, M, K, out, ldo, level);
+    else
+      quant_linear(packed, format, weight.size(0), x, ldx, M, K, out, ldo, level);
   } else if (weight.dim() == 4) {
     packed_linear(weight.data_ptr(), weight.scalar_type(), weight.size(0), x, ldx, M, K, out, ldo, level);
   } else {

@@ -6,14 +6,15 @@
 //
 // A tile set `T` provides:
 //   using Elem;                                 the packed weight's element type (a pointer to it walks a group)
+//   using X;                                    a row of x's element type (float; a block of 8-bit activations)
 //   static int64_t group_elems(int64_t depth);  Elems per group (depth: K, or the blocks per half)
 //   static constexpr int kMaxRows;              rows of x per AVX-512 tile (1 .. kMaxRows)
 //   static constexpr int groups_for(int C);     groups side by side in an AVX-512 tile of C rows
-//   template <int G, int C> static void tile512(const Elem* w, int64_t depth, const float* x, int64_t ldx,
+//   template <int G, int C> static void tile512(const Elem* w, int64_t depth, const X* x, int64_t ldx,
 //                                               float* out, int64_t ldo, bool prefetch);
 //   static constexpr int kMaxRows256;           rows of x per AVX2 tile
 //   template <int C> static void tile256(...);  the same arguments, one half of a group (16 columns)
-//   static void group_scalar(const Elem* w, int64_t depth, const float* x, int64_t ldx, int64_t M, float* out,
+//   static void group_scalar(const Elem* w, int64_t depth, const X* x, int64_t ldx, int64_t M, float* out,
 //                            int64_t ldo);      one group, all M rows, portable
 // The tile functions exist where EAGLE_X86_SIMD is set.
 #pragma once
@@ -32,8 +33,8 @@ namespace linear_impl {
 #if EAGLE_X86_SIMD
 // T::tile512<G, C> for a C (1 .. C_max) known at run time; G = T::groups_for(C) if `wide`, else 1.
 template <typename T, int C>
-void tile512_rows(int64_t C_run, bool wide, const typename T::Elem* w, int64_t depth, const float* x, int64_t ldx,
-                  float* out, int64_t ldo, bool prefetch) {
+void tile512_rows(int64_t C_run, bool wide, const typename T::Elem* w, int64_t depth, const typename T::X* x,
+                  int64_t ldx, float* out, int64_t ldo, bool prefetch) {
   if constexpr (C > 1) {
     if (C_run < C) return tile512_rows<T, C - 1>(C_run, wide, w, depth, x, ldx, out, ldo, prefetch);
   }
@@ -45,8 +46,8 @@ void tile512_rows(int64_t C_run, bool wide, const typename T::Elem* w, int64_t d
 
 // T::tile256<C> for a C (1 .. C_max) known at run time.
 template <typename T, int C>
-void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const float* x, int64_t ldx, float* out,
-                  int64_t ldo, bool prefetch) {
+void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const typename T::X* x, int64_t ldx,
+                  float* out, int64_t ldo, bool prefetch) {
   if constexpr (C > 1) {
     if (C_run < C) return tile256_rows<T, C - 1>(C_run, w, depth, x, ldx, out, ldo, prefetch);
   }
@@ -56,8 +57,8 @@ void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const
 
 // Groups [begin, end) of the packed weight against all M rows of x: out[m * ldo + 32 g + j].
 template <typename T>
-void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int64_t depth, const float* x, int64_t ldx,
-                int64_t M, float* out, int64_t ldo, isa::Level level) {
+void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int64_t depth, const typename T::X* x,
+                int64_t ldx, int64_t M, float* out, int64_t ldo, isa::Level level) {
   constexpr int64_t kW = kPackWidth;
   const int64_t group_elems = T::group_elems(depth);
 #if EAGLE_X86_SIMD

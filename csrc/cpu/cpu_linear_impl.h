@@ -28,12 +28,15 @@ void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, con
 constexpr int64_t kQuantBlock = 32;
 constexpr int64_t kQ8BlockBytes = 32 + 32 * 16;   // 16 fp16 scales, 32 x 16 int8 quants
 constexpr int64_t kQ41BlockBytes = 64 + 16 * 16;  // 16 fp16 scales, 16 fp16 minimums, 16 x 16 bytes of nibble pairs
-enum class QuantFormat { kQ8_0, kQ4_1 };
+// The same blocks packed for 8-bit activations (cpu_linear_dot.cpp): 5-D [N / 32, 2, K / 32, lines, 32], lines of 32
+// bytes per block of a half (kQ8BlockBytes / 32 = 17, kQ41BlockBytes / 32 = 10).
+enum class QuantFormat { kQ8_0, kQ4_1, kQ8_0Int8, kQ4_1Int8 };
+constexpr int64_t kDotLineBytes = 32;
 
 // Whether `w` has a quantized dtype (int8: Q8_0, uint8: Q4_1).
 bool is_quantized(const at::Tensor& w);
 
-// The format of a quantized weight (is_quantized): int8 Q8_0, uint8 Q4_1.
+// The format of a quantized weight (is_quantized): int8 Q8_0, uint8 Q4_1; 5-D: packed for 8-bit activations.
 QuantFormat quant_format(const at::Tensor& w);
 
 // Checks a quantized packed weight for `rows` output features (-1: any multiple of 32) and K input features
@@ -44,6 +47,11 @@ QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* nam
 // columns, K a multiple of 32).
 void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
                   int64_t K, float* out, int64_t ldo, isa::Level level);
+
+// The same for a weight packed for 8-bit activations (format kQ8_0Int8 / kQ4_1Int8): x quantized per row and block
+// of 32 (GGML's Q8 activations), exact integer dot products per block.
+void dot_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
+                int64_t K, float* out, int64_t ldo, isa::Level level);
 
 // out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for any weight cpu_linear takes (row-major fp32 / bf16 / fp16,
 // packed, or quantized packed), already checked: the kernel of its layout. cpu_linear and cpu_decoder_layer (on its

@@ -159,6 +159,7 @@ EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ld
 template <typename W>
 struct Tiles {
   using Elem = W;
+  using X = float;
   static int64_t group_elems(int64_t K) { return K * kW; }
   static void group_scalar(const W* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
     linear_impl::group_scalar<W>(w, x, ldx, M, K, out, ldo);

@@ -275,6 +275,7 @@ EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const float* x
 template <typename F>
 struct Tiles {
   using Elem = uint8_t;
+  using X = float;
   static int64_t group_elems(int64_t nb) { return 2 * nb * F::kBytes; }
   static void group_scalar(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int64_t M, float* out,
                            int64_t ldo) {

@@ -114,7 +114,7 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
 }
 
 // N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16].
-int64_t out_features(const at::Tensor& w) { return w.dim() == 4 ? w.size(0) * linear_impl::kPackWidth : w.size(0); }
+int64_t out_features(const at::Tensor& w) { return w.dim() >= 4 ? w.size(0) * linear_impl::kPackWidth : w.size(0); }
 
 }  // namespace
 
@@ -163,7 +163,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   check_weight(qkv_weight, op, "qkv_weight", (Hq + 2 * Hkv) * D, attn_in,
                embed.has_value() ? "[(num_heads + 2 Hkv) D, 2 H]" : "[(num_heads + 2 Hkv) D, H]", dev);
   check_weight(o_weight, op, "o_weight", H, Hq * D, "[H, num_heads D]", dev);
-  TORCH_CHECK_VALUE((gate_up_weight.dim() == 2 || gate_up_weight.dim() == 4) && out_features(gate_up_weight) % 2 == 0,
+  TORCH_CHECK_VALUE((gate_up_weight.dim() == 2 || gate_up_weight.dim() == 4 || gate_up_weight.dim() == 5) &&
+                        out_features(gate_up_weight) % 2 == 0,
                     op,
                     ": gate_up_weight: expected 2-D [2 I, H] (gate rows, then up rows) or its packed form, "
                     "got shape ",

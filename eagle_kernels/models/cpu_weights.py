@@ -49,6 +49,10 @@ CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layer) o
 CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 KERNEL_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what cpu_linear reads as stored
 QUANT_DTYPES = tuple(ROW_BLOCK_BYTES)  # int8: Q8_0 block rows, uint8: Q4_1 block rows (packed for cpu_linear)
+# How quantized matrices multiply: "fp32" activations (the weights widened in registers; the fp32 kernels' results
+# on the dequantized matrix) or "int8" (GGML's arithmetic: each row of x quantized per block of 32, integer dot
+# products; 2.1-2.7x faster linear layers at 1-4 rows for Q4_1, 1.3-1.9x for Q8_0, with the activations' rounding).
+ACTIVATIONS = ("fp32", "int8")
 
 
 def is_quantized(weight: torch.Tensor) -> bool:
@@ -109,7 +113,10 @@ class PackedWeights:
     copy with its matrix. (``torch.utils.weak.WeakIdKeyDictionary`` does the same at about ten
     times the lookup cost; a pass looks up four matrices per layer.)"""
 
-    def __init__(self):
+    def __init__(self, activations: str = "fp32"):
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
+        self.activations = activations  # quantized matrices: packed for fp32 or 8-bit activations
         self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
     def __call__(self, weight: torch.Tensor, policy: CpuPolicy | None = None) -> torch.Tensor:
@@ -124,7 +131,7 @@ class PackedWeights:
             return hit[2]  # on every linear call: the shape checks below ran when it was packed
         if weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu":
             return weight
-        packed = ops.cpu_linear_pack(weight)
+        packed = ops.cpu_linear_pack(weight, self.activations) if is_quantized(weight) else ops.cpu_linear_pack(weight)
         key, copies = id(weight), self._copies
 
         def forget(ref, key=key):  # the copy goes with the matrix (unless a new one took its id)
@@ -177,7 +184,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None =
             if not quantized:
                 return torch.ops.eagle_kernels.cpu_linear(x, weight if packed is None else packed(weight, policy))
             blocks = (packed if packed is not None else PackedWeights())(weight, policy)
-            if blocks.dim() == 4:  # else N is not a multiple of 32: torch below
+            if blocks.dim() in (4, 5):  # else N is not a multiple of 32: torch below
                 return torch.ops.eagle_kernels.cpu_linear(x, blocks)
     if quantized:
         return F.linear(x, dequantize(weight).to(device=x.device, dtype=x.dtype))

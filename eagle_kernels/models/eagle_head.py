@@ -131,7 +131,8 @@ class EagleHead(torch.nn.Module):
         self.weight_format = self._quantize(weight_dtype)
         self.prefix = "layers.0." if config.kind == EAGLE1 else "midlayer."
         self.fused = FusedProjections()  # q/k/v and gate/up as one matrix each (views in weights)
-        self.packed = PackedWeights()  # this head's packed copies (the target's matrices: the target's)
+        # This head's packed copies (the target's matrices: the target's), for the target's activations.
+        self.packed = PackedWeights(getattr(target, "activations", "fp32"))
         self.layer_paths = LayerPaths(config, self.packed)
         own_linear = ["fc.weight", "lm_head.weight"] if config.kind == EAGLE3 else []  # EAGLE-1: F.linear fc
         self.packed.pack_all(list(self.layer_weights().matrices) + [self.weights[name] for name in own_linear],

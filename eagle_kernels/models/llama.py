@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .._inputs import check_device, check_dtype
 from ..bookkeeping import gpu_path, tree_positions
-from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, linear
+from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, is_quantized, linear
 from .layers import (
     GATE_UP,
     QKV,
@@ -151,7 +151,8 @@ class LlamaModel(torch.nn.Module):
     as it was; tensors the caller keeps in it stay alive beside the fused ones.
     """
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], weight_dtype: torch.dtype | None = None):
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], weight_dtype: torch.dtype | None = None,
+                 *, activations: str = "fp32"):
         super().__init__()
         self.config = config
         weights = dict(weights)  # the model's own (see above)
@@ -170,7 +171,10 @@ class LlamaModel(torch.nn.Module):
                        for name, t in weights.items()}
         self.weights = weights  # names as in transformers' LlamaForCausalLM state dict
         self.fused = FusedProjections()
-        self.packed = PackedWeights()  # this model's packed copies (see cpu_weights)
+        if activations != "fp32" and not any(is_quantized(t) for t in weights.values()):
+            raise ValueError(f"activations: {activations!r} needs quantized (Q8_0 / Q4_1) matrices; this model's "
+                             f"are {weights['lm_head.weight'].dtype}")
+        self.packed = PackedWeights(activations)  # this model's packed copies (see cpu_weights)
         self.layer_paths = LayerPaths(config, self.packed)
         self._prefixes = [f"model.layers.{layer}." for layer in range(config.num_layers)]
         # Per layer: the names LayerWeights.from_weights reads, and the last (entries read, LayerWeights).
@@ -204,6 +208,11 @@ class LlamaModel(torch.nn.Module):
     def dtype(self) -> torch.dtype:
         """Compute dtype (activations, norms, KV cache)."""
         return self._dtype
+
+    @property
+    def activations(self) -> str:
+        """How the quantized matrices multiply: ``"fp32"`` or ``"int8"`` activations (see ``cpu_weights``)."""
+        return self.packed.activations
 
     @property
     def weight_dtype(self) -> torch.dtype:

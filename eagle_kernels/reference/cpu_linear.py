@@ -10,7 +10,7 @@ from .. import _checks
 PACK_WIDTH = 32  # output columns per group of a packed weight
 
 
-def cpu_linear_pack(weight: torch.Tensor) -> torch.Tensor:
+def cpu_linear_pack(weight: torch.Tensor, activations: str = "fp32") -> torch.Tensor:
     """A weight [N, K] (N a multiple of 32) in the packed layout of ``cpu_linear``: groups of 32
     output columns, each as two halves of 16 columns stored one after the other, K-major inside a
     half, ``packed[g, h, k, j] = weight[32 g + 16 h + j, k]``. Same dtype, same values; a new
@@ -21,8 +21,14 @@ def cpu_linear_pack(weight: torch.Tensor) -> torch.Tensor:
     weight streams: at 8-12 rows of x a pass costs little more than at one row. Its results agree
     with the row-major layout's to fp32 rounding (another summation order), and are bit for bit
     the same on every ISA.
+
+    ``activations="int8"`` (quantized block rows only) packs them for 8-bit activations instead: the same
+    bytes reordered so that 4 consecutive k of a column are adjacent, a 5-D [N / 32, 2, K / 32, lines, 32]
+    (:func:`pack_int8_activations`), with which ``cpu_linear`` runs GGML's arithmetic.
     """
-    _checks.check_cpu_linear_pack(weight)
+    _checks.check_cpu_linear_pack(weight, activations)
+    if activations == "int8":
+        return pack_int8_activations(weight)
     if weight.dtype in ROW_BLOCK_BYTES:
         return _pack_quant(weight)
     N, K = weight.shape
@@ -34,7 +40,7 @@ def cpu_linear_unpack(packed: torch.Tensor) -> torch.Tensor:
     """The weight [N, K] of a packed weight [N / 32, 2, K, 16], or the block rows of a quantized packed weight
     (the inverse of :func:`cpu_linear_pack`)."""
     if packed.dtype in ROW_BLOCK_BYTES:
-        return _unpack_quant(packed)
+        return _unpack_int8_activations(packed) if packed.dim() == 5 else _unpack_quant(packed)
     groups, halves, K, half = packed.shape
     return packed.transpose(2, 3).reshape(groups * halves * half, K)
 
@@ -49,9 +55,22 @@ def cpu_linear(x, weight):
     ------
     x: float32 [..., K]; weight: float32, bfloat16 or float16, [N, K] with a dense last dim or
     packed [N / 32, 2, K, 16] (:func:`cpu_linear_pack`); or int8 / uint8 packed Q8_0 / Q4_1 blocks
-    [N / 32, 2, K / 32, 544 / 320]; returns float32 [..., N].
+    [N / 32, 2, K / 32, 544 / 320] (or [N / 32, 2, K / 32, 17 / 10, 32] packed for 8-bit activations);
+    returns float32 [..., N].
+
+    A weight packed for 8-bit activations (``cpu_linear_pack(blocks, activations="int8")``, 5-D) multiplies
+    x's 8-bit form instead (:func:`quantize_activations`, dequantized exactly): GGML's arithmetic, whose
+    integer block sums the kernel computes exactly; it then rounds per block (the two scales' product, the
+    fp32 sum over blocks), so it agrees with this to fp32 rounding, not bit for bit.
     """
     _checks.check_cpu_linear(x, weight)
+    if weight.dtype in ROW_BLOCK_BYTES and weight.dim() == 5:
+        q, d = quantize_activations(x)
+        x_q = (q.double() * d.double()[..., None]).reshape(x.shape)
+        d, m, qw = _split_rows(_unpack_int8_activations(weight))
+        w = d.double()[..., None] * qw.double() + (0.0 if m is None else m.double()[..., None])  # exact
+        w = w.reshape(w.shape[0], -1)
+        return torch.nn.functional.linear(x_q, w).to(torch.float32)
     if weight.dtype in ROW_BLOCK_BYTES:
         weight = dequantize(_unpack_quant(weight))
     elif weight.dim() == 4:
@@ -199,3 +218,75 @@ def _unpack_quant(packed: torch.Tensor) -> torch.Tensor:
     q = torch.stack([pairs & 0xF, pairs >> 4], dim=-1).reshape(N, nb, 32)
     qs = q[..., :16] | (q[..., 16:] << 4)
     return torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), qs], dim=-1).reshape(N, -1)
+
+
+# ------------------------------------------------------------------------- 8-bit activations
+# GGML's arithmetic for quantized weights: each block of 32 elements of a row of x is quantized to int8 with
+# one fp32 scale, and the kernel computes exact integer dot products per block (csrc/cpu/cpu_linear_dot.cpp).
+# Each row is quantized alone, so a row's output does not depend on the other rows (batch-invariant).
+DOT_LINE_BYTES = 32  # the packed layout for 8-bit activations: per block of a half, lines of 32 bytes
+
+
+def quantize_activations(x: torch.Tensor):
+    """x [..., K] fp32 (K a multiple of 32) as GGML's Q8 blocks, computed in fp32 as the kernel does: per block
+    ``dx = amax / 127``, ``qx = round-half-to-even(x * (1 / dx))`` (0 where ``dx`` is 0). Returns (``qx`` int8
+    [..., K / 32, 32], ``dx`` float32 [..., K / 32]); a block holding inf or nan gets ``dx`` nan (its outputs
+    are nan, as the fp32 kernels' are not finite)."""
+    if x.shape[-1] % QUANT_BLOCK:
+        raise ValueError(f"x: 8-bit activations need K (the last dim) to be a multiple of {QUANT_BLOCK}, "
+                         f"got shape {tuple(x.shape)}")
+    xb = x.float().reshape(*x.shape[:-1], -1, QUANT_BLOCK)
+    finite = torch.isfinite(xb).all(-1)
+    xb = torch.where(finite[..., None], xb, torch.zeros_like(xb))
+    d = xb.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(xb * inv[..., None]).to(torch.int8)  # torch.round: halves to even, as the kernel's
+    return q, torch.where(finite, d, torch.full_like(d, float("nan")))
+
+
+def pack_int8_activations(blocks: torch.Tensor) -> torch.Tensor:
+    """Block rows [N, K / 32 * bytes] (N a multiple of 32) packed for 8-bit activations: per group of 32 columns,
+    half (16 columns) and block of 32 k, the fp32-activation layout's parameters (fp16 scales, and Q4_1's fp16
+    minimums) then the quants in chunks of 64 bytes, byte ``4 j + r`` of chunk ``t`` holding column j's quant of
+    k = 4 t + r (Q8_0: 8 chunks of int8; Q4_1: 4 chunks, the low nibble for k = 4 t + r and the high nibble for
+    k = 16 + 4 t + r, GGML's own pairing). Returns int8 [N / 32, 2, K / 32, 17, 32] (Q8_0) or uint8
+    [N / 32, 2, K / 32, 10, 32] (Q4_1)."""
+    _checks.check_cpu_linear_pack(blocks, "int8")
+    N = blocks.shape[0]
+    G, half = N // PACK_WIDTH, PACK_WIDTH // 2
+    r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
+    nb = r.shape[1]
+
+    def by_column(part):  # [N, nb, P] -> [G, 2, nb, 16 * P]: column j's P bytes at j * P
+        P = part.shape[-1]
+        return part.reshape(G, 2, half, nb, P).permute(0, 1, 3, 2, 4).reshape(G, 2, nb, half * P)
+
+    def chunks(part):  # [N, nb, 4 T] -> [G, 2, nb, T * 64]: byte 4 j + r of chunk t = column j's byte 4 t + r
+        T = part.shape[-1] // 4
+        return part.reshape(G, 2, half, nb, T, 4).permute(0, 1, 3, 4, 2, 5).reshape(G, 2, nb, T * 4 * half)
+
+    if blocks.dtype == torch.int8:
+        packed = torch.cat([by_column(r[..., 0:2]), chunks(r[..., 2:])], dim=-1)
+    else:  # GGML's byte i holds element i (low nibble) and i + 16 (high): byte 4 t + r is the chunk's byte
+        packed = torch.cat([by_column(r[..., 0:2]), by_column(r[..., 2:4]), chunks(r[..., 4:])], dim=-1)
+    return packed.reshape(G, 2, nb, -1, DOT_LINE_BYTES).contiguous().view(blocks.dtype)
+
+
+def _unpack_int8_activations(packed: torch.Tensor) -> torch.Tensor:
+    G, _, nb = packed.shape[:3]
+    half, N = PACK_WIDTH // 2, G * PACK_WIDTH
+    p = packed.contiguous().view(torch.uint8).reshape(G, 2, nb, -1)
+
+    def from_column(part, P):
+        return part.reshape(G, 2, nb, half, P).permute(0, 1, 3, 2, 4).reshape(N, nb, P)
+
+    def from_chunks(part):
+        T = part.shape[-1] // (4 * half)
+        return part.reshape(G, 2, nb, T, half, 4).permute(0, 1, 4, 2, 3, 5).reshape(N, nb, T * 4)
+
+    if packed.dtype == torch.int8:
+        rows = torch.cat([from_column(p[..., :32], 2), from_chunks(p[..., 32:])], dim=-1)
+    else:
+        rows = torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), from_chunks(p[..., 64:])],
+                         dim=-1)
+    return rows.reshape(N, -1).view(packed.dtype)

@@ -22,12 +22,13 @@ def tiny_weights():
     return LlamaConfig.from_hf(hf.config), weights
 
 
-def quantized_pair(fmt):
-    """The tiny model on ``fmt`` blocks, and on their exact fp32 dequantization."""
+def quantized_pair(fmt, activations="fp32"):
+    """The tiny model on ``fmt`` blocks (with ``activations``), and on their exact fp32 dequantization."""
     config, weights = tiny_weights()
     blocks = quantize_matrices(weights, fmt)
     plain = with_matrices(weights, {n: dequantize(t) for n, t in blocks.items()}, torch.float32, "cpu")
-    return LlamaModel(config, with_matrices(weights, blocks, torch.float32, "cpu")), LlamaModel(config, plain)
+    quant = LlamaModel(config, with_matrices(weights, blocks, torch.float32, "cpu"), activations=activations)
+    return quant, LlamaModel(config, plain)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -48,14 +49,30 @@ def test_logits_match_the_dequantized_model(fmt):
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_greedy_speculative_equals_plain(fmt, isa, monkeypatch):
-    """Batch-invariant rows: a verify pass gives each token what plain decoding gives, so greedy outputs agree."""
+def test_int8_activations_stay_near_fp32_activations(fmt):
+    """8-bit activations (GGML's arithmetic) move the logits by the activations' rounding, not more: close to the
+    fp32-activation model's, and not equal to them (the int8 kernels ran)."""
+    int8, _ = quantized_pair(fmt, "int8")
+    fp32, _ = quantized_pair(fmt)
+    assert int8.activations == "int8" and fp32.activations == "fp32"
+    tokens = torch.tensor([PROMPTS[2]])
+    got = int8(tokens, int8.new_cache(1, 16)).logits
+    want = fp32(tokens, fp32.new_cache(1, 16)).logits
+    scale = want.abs().max()
+    assert (got - want).abs().max() <= 0.05 * scale and not torch.equal(got, want)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_greedy_speculative_equals_plain(fmt, activations, isa, monkeypatch):
+    """Batch-invariant rows: a verify pass gives each token what plain decoding gives, so greedy outputs agree
+    (with 8-bit activations too: each row is quantized alone)."""
     if isa != "native":
         skip_unavailable_isa(isa)
         monkeypatch.setenv(ISA_ENV, isa)
-    quant, _ = quantized_pair(fmt)
+    quant, _ = quantized_pair(fmt, activations)
     decoder = SpeculativeDecoder(quant, repeat_head(quant), TreeConfig(3, 3, 8))
     plain = decoder.generate(PROMPTS, 12, speculative=False)
     spec = decoder.generate(PROMPTS, 12)
@@ -70,6 +87,15 @@ def test_bad_input():
         with_matrices(weights, blocks, torch.float32, "cpu")
     with pytest.raises(ValueError, match=r"\bweight_dtype\b"):
         smollm2.load(weight_dtype="q5_0")
+    with pytest.raises(ValueError, match=r"\bactivations\b.*quantized"):
+        smollm2.load(activations="int8")  # fp32 weights: no silent fallback to fp32 activations
+    with pytest.raises(ValueError, match=r"\bactivations\b"):
+        smollm2.load(weight_dtype="q4_1", activations="int4")
+    with pytest.raises(ValueError, match=r"\bactivations\b.*quantized"):
+        LlamaModel(config, weights, activations="int8")
+    with pytest.raises(ValueError, match=r"\bactivations\b"):
+        LlamaModel(config, with_matrices(weights, quantize_matrices(weights, "q8_0"), torch.float32, "cpu"),
+                   activations="fp16")
     odd = {"model.embed_tokens.weight": torch.randn(64, 64), "model.layers.0.mlp.down_proj.weight": torch.randn(64, 40)}
     with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.down_proj\.weight'.*multiple of 32"):
         quantize_matrices(odd, "q4_1")
@@ -82,6 +108,8 @@ def test_cli_quantized_weights_need_fp32_compute(capsys):
         cli.main(["generate", "--prompt", "hi", "--weights", "q4_1", "--dtype", "bfloat16"])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_info.value.code == 2 and "--weights q4_1: needs --dtype float32" in line, line
+    with pytest.raises(SystemExit, match="--activations int8: needs quantized --weights"):
+        cli.main(["generate", "--prompt", "hi", "--activations", "int8"])
 
 
 # ------------------------------------------------------------------------------ SmolLM2-135M
@@ -118,6 +146,23 @@ def test_smollm2_greedy_speculative_equals_plain(gguf_model):
 
     target, tokenizer = gguf_model
     head = EagleHead.load(heads.path("eagle3"), target)
+    prompts = [tokenizer.encode("def fibonacci(n):\n    "), tokenizer.encode("The capital of France is")]
+    decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16, lookup=4))
+    plain = decoder.generate(prompts, 16, speculative=False)
+    assert decoder.generate(prompts, 16).sequences == plain.sequences
+
+
+@pytest.mark.slow
+def test_smollm2_int8_activations_greedy_speculative_equals_plain(gguf_model):
+    """The GGUF's blocks with 8-bit activations (llama.cpp's arithmetic): the head follows the target's
+    activations, and greedy speculative output is plain decoding's at that setting."""
+    from eagle_kernels import heads
+    from eagle_kernels.models.eagle_head import EagleHead
+
+    _, tokenizer = gguf_model
+    target, _ = smollm2.load(weight_dtype="gguf", activations="int8")
+    head = EagleHead.load(heads.path("eagle3"), target)
+    assert head.packed.activations == "int8"
     prompts = [tokenizer.encode("def fibonacci(n):\n    "), tokenizer.encode("The capital of France is")]
     decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16, lookup=4))
     plain = decoder.generate(prompts, 16, speculative=False)

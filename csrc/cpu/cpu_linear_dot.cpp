@@ -1,0 +1,447 @@
+// cpu_linear over Q8_0 / Q4_1 weights with 8-bit activations: GGML's arithmetic (each block of 32 elements of a
+// row of x quantized to int8 with one fp32 scale, exact integer dot products per block, scaled in fp32), packed
+// by eagle_kernels.cpu_linear_pack(blocks, activations="int8") as uint8 / int8 [N / 32, 2, K / 32, lines, 32]:
+// groups of 32 output columns, two halves of 16, and per block of 32 k steps of a half, in 32-byte lines:
+//
+//   Q8_0 (17 lines, 544 bytes): 16 fp16 scales d[j]; then 8 chunks of 64 bytes, byte 4 j + r of chunk t holding
+//        column j's int8 quant of k = 4 t + r.                                     w[k, j] = d[j] * q[k, j]
+//   Q4_1 (10 lines, 320 bytes): 16 fp16 scales d[j], 16 fp16 minimums m[j]; then 4 chunks of 64 bytes, byte
+//        4 j + r of chunk t holding column j's 4-bit quant of k = 4 t + r in its low nibble and of
+//        k = 16 + 4 t + r in its high nibble.                                      w[k, j] = d[j] * q[k, j] + m[j]
+//
+// The same bytes as the fp32-activation layout of cpu_linear_quant.cpp, ordered so that a 32-bit lane holds 4
+// consecutive k of one column: one VPDPBUSD multiplies 16 columns by 4 steps of x and adds the four products.
+//
+// Arithmetic, on every ISA: x's block b of a row: amax = max |x|, dx = amax / 127, qx = round-to-even(x * (1 / dx))
+// (qx = 0 where dx = 0), s = sum qx, dxs = dx * float(s). Per output, from acc = 0, block by block:
+//   Q8_0: acc = fma(float(sum q * qx), d * dx, acc)
+//   Q4_1: acc = fma(float(sum q * qx), d * dx, acc); acc = fma(m, dxs, acc)
+// The integer sums are exact (|sum| < 2^20) and so is their conversion; every fp32 operation is the same IEEE
+// operation in the scalar, AVX2 and AVX-512 paths: the results agree bit for bit across ISAs. A row of the output
+// depends only on its own row of x (each row is quantized alone): batch-invariant, so a verify pass gives a token's
+// row what decoding it alone gives, and greedy speculative decoding stays equal to plain decoding with these
+// weights. Against the fp32-activation kernel the outputs differ by the activations' rounding (|x| / 254 per
+// element at most, per block), as GGML's do.
+#include "simd.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cpu_linear_groups.h"
+#include "cpu_linear_impl.h"
+
+#if EAGLE_X86_SIMD
+#define EAGLE_ISA_AVX512_VNNI    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
+#define EAGLE_TARGET_AVX512_VNNI __attribute__((target(EAGLE_ISA_AVX512_VNNI)))
+#endif
+
+namespace eagle {
+namespace linear_impl {
+namespace {
+
+using isa::Level;
+
+constexpr int64_t kHalf = kPackWidth / 2;
+constexpr int64_t kBlock = kQuantBlock;
+
+// One block of 32 elements of a row of x, quantized (see the top of the file).
+struct XBlock {
+  int8_t q[kBlock];
+  float d;      // dx
+  int32_t sum;  // s
+  float dsum;   // dx * float(s)
+  int32_t pad;
+};
+static_assert(sizeof(XBlock) == 48, "XBlock: 48 bytes");
+
+// As cpu_linear_quant.cpp: the AVX-512 tiles prefetch kAhead bytes ahead in the same stream, or (0) the same place
+// in the next tile's streams.
+struct Q8 {
+  static constexpr int64_t kBytes = kQ8BlockBytes;
+  static constexpr int64_t kParams = 32;
+  static constexpr int64_t kAhead = 512;
+};
+struct Q41 {
+  static constexpr int64_t kBytes = kQ41BlockBytes;
+  static constexpr int64_t kParams = 64;
+  static constexpr int64_t kAhead = 0;
+};
+constexpr int64_t kPrefetchAhead = 4096;  // the AVX2 tiles (one stream)
+
+inline float half_at(const uint8_t* p, int64_t j) {
+  uint16_t bits;
+  std::memcpy(&bits, p + 2 * j, 2);
+  return widen(static_cast<Fp16Bits>(bits));
+}
+
+// ------------------------------------------------------------------------------- activations
+void quantize_block_scalar(const float* x, XBlock* out) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite) {  // the block's outputs are NaN, as the fp32 kernels' would be non-finite
+    std::memset(out->q, 0, sizeof(out->q));
+    out->d = out->dsum = std::numeric_limits<float>::quiet_NaN();
+    out->sum = 0;
+    return;
+  }
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    const int32_t q = static_cast<int32_t>(std::nearbyint(x[i] * id));  // the default mode: to nearest even
+    out->q[i] = static_cast<int8_t>(q);
+    sum += q;
+  }
+  out->d = d;
+  out->sum = sum;
+  out->dsum = d * static_cast<float>(sum);
+}
+
+#if EAGLE_X86_SIMD
+EAGLE_TARGET_AVX512 void quantize_block512(const float* x, XBlock* out) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
+  // Non-finite: |x| compares unordered or equal to inf.
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  if (_mm512_cmp_ps_mask(abs_a, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(abs_b, inf, _CMP_NLT_UQ))
+    return quantize_block_scalar(x, out);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(abs_a, abs_b));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m512 idv = _mm512_set1_ps(id);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, idv));  // MXCSR's default: to nearest even
+  const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, idv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out->q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out->q + 16), _mm512_cvtepi32_epi8(qb));
+  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  out->d = d;
+  out->sum = sum;
+  out->dsum = d * static_cast<float>(sum);
+}
+#endif
+
+// x [M, K] (row stride ldx) -> out [M, K / 32] blocks.
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, XBlock* out, Level level) {
+  const int64_t nb = K / kBlock;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+#if EAGLE_X86_SIMD
+      if (level >= Level::kAvx512Ymm) {
+        quantize_block512(x + m * ldx + b * kBlock, out + m * nb + b);
+        continue;
+      }
+#endif
+      (void)level;
+      quantize_block_scalar(x + m * ldx + b * kBlock, out + m * nb + b);
+    }
+}
+
+// ------------------------------------------------------------------------------- scalar path
+// Column j's quant of step i of a block (base: the block's first byte, in a half).
+inline int32_t quant_at(Q8, const uint8_t* base, int64_t i, int64_t j) {
+  return static_cast<int8_t>(base[Q8::kParams + (i / 4) * 64 + 4 * j + i % 4]);
+}
+inline int32_t quant_at(Q41, const uint8_t* base, int64_t i, int64_t j) {
+  const int64_t r = i % 16;
+  const uint8_t byte = base[Q41::kParams + (r / 4) * 64 + 4 * j + r % 4];
+  return i < 16 ? (byte & 0xF) : (byte >> 4);
+}
+
+template <typename F>
+void group_scalar(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t col = 0; col < kPackWidth; ++col) {
+      const uint8_t* half = w + (col / kHalf) * nb * F::kBytes;
+      const int64_t j = col % kHalf;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* base = half + b * F::kBytes;
+        const XBlock& xb = x[m * ldx + b];
+        int32_t isum = 0;
+        for (int64_t i = 0; i < kBlock; ++i) isum += quant_at(F{}, base, i, j) * xb.q[i];
+        acc = std::fma(static_cast<float>(isum), half_at(base, j) * xb.d, acc);
+        if constexpr (std::is_same_v<F, Q41>) acc = std::fma(half_at(base, kHalf + j), xb.dsum, acc);
+      }
+      out[m * ldo + col] = acc;
+    }
+}
+
+#if EAGLE_X86_SIMD
+// ---------------------------------------------------------------------------- AVX-512 VNNI
+// G groups (S = 2 G streams of 16 columns) times C rows: S C fp32 accumulators, S C integer block sums, S weights.
+constexpr int kMaxRows = 6;
+constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
+
+EAGLE_TARGET_AVX512_VNNI inline __m512 params16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+EAGLE_TARGET_AVX512_VNNI inline __m512i x4(const XBlock& xb, int64_t i) {  // qx[i .. i + 3] in every lane
+  int32_t v;
+  std::memcpy(&v, xb.q + i, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int G, int C>
+EAGLE_TARGET_AVX512_VNNI void tile512(Q8, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
+                                      int64_t ldo, bool prefetch) {
+  constexpr int S = 2 * G;
+  const int64_t stride = nb * Q8::kBytes;
+  const int64_t ahead = Q8::kAhead > 0 ? Q8::kAhead : S * stride;
+  // VPDPBUSD multiplies unsigned by signed bytes: q + 128 (q ^ 0x80) by qx, less 128 * s afterwards.
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[S][C];
+  for (int s = 0; s < S; ++s)
+    for (int c = 0; c < C; ++c) acc[s][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base[S];
+    for (int s = 0; s < S; ++s) {
+      base[s] = w + s * stride + b * Q8::kBytes;
+      if (prefetch)
+        for (int64_t off = 0; off < Q8::kBytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
+    }
+    __m512i isum[S][C];
+    for (int s = 0; s < S; ++s)
+      for (int c = 0; c < C; ++c) isum[s][c] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < kBlock / 4; ++t) {
+      __m512i wv[S];
+      for (int s = 0; s < S; ++s) wv[s] = _mm512_xor_si512(_mm512_loadu_si512(base[s] + Q8::kParams + t * 64), flip);
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = x4(x[c * ldx + b], 4 * t);
+        for (int s = 0; s < S; ++s) isum[s][c] = _mm512_dpbusd_epi32(isum[s][c], wv[s], xv);
+      }
+    }
+    __m512 d[S];
+    for (int s = 0; s < S; ++s) d[s] = params16(base[s]);
+    for (int c = 0; c < C; ++c) {
+      const XBlock& xb = x[c * ldx + b];
+      const __m512i offset = _mm512_set1_epi32(128 * xb.sum);
+      const __m512 dx = _mm512_set1_ps(xb.d);
+      for (int s = 0; s < S; ++s)
+        acc[s][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[s][c], offset)), _mm512_mul_ps(d[s], dx),
+                                    acc[s][c]);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + c * ldo + s * kHalf, acc[s][c]);
+}
+
+template <int G, int C>
+EAGLE_TARGET_AVX512_VNNI void tile512(Q41, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
+                                      int64_t ldo, bool prefetch) {
+  constexpr int S = 2 * G;
+  const int64_t stride = nb * Q41::kBytes;
+  const int64_t ahead = Q41::kAhead > 0 ? Q41::kAhead : S * stride;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[S][C];
+  for (int s = 0; s < S; ++s)
+    for (int c = 0; c < C; ++c) acc[s][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base[S];
+    for (int s = 0; s < S; ++s) {
+      base[s] = w + s * stride + b * Q41::kBytes;
+      if (prefetch)
+        for (int64_t off = 0; off < Q41::kBytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
+    }
+    __m512i isum[S][C];
+    for (int s = 0; s < S; ++s)
+      for (int c = 0; c < C; ++c) isum[s][c] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < kBlock / 8; ++t) {
+      for (int h = 0; h < 2; ++h) {  // the low nibbles (k = 4 t + r), then the high (k = 16 + 4 t + r)
+        __m512i wv[S];
+        for (int s = 0; s < S; ++s) {
+          const __m512i raw = _mm512_loadu_si512(base[s] + Q41::kParams + t * 64);
+          wv[s] = _mm512_and_si512(h == 0 ? raw : _mm512_srli_epi16(raw, 4), low4);
+        }
+        for (int c = 0; c < C; ++c) {
+          const __m512i xv = x4(x[c * ldx + b], 16 * h + 4 * t);
+          for (int s = 0; s < S; ++s) isum[s][c] = _mm512_dpbusd_epi32(isum[s][c], wv[s], xv);
+        }
+      }
+    }
+    __m512 d[S], m[S];
+    for (int s = 0; s < S; ++s) {
+      d[s] = params16(base[s]);
+      m[s] = params16(base[s] + 2 * kHalf);
+    }
+    for (int c = 0; c < C; ++c) {
+      const XBlock& xb = x[c * ldx + b];
+      const __m512 dx = _mm512_set1_ps(xb.d), dxs = _mm512_set1_ps(xb.dsum);
+      for (int s = 0; s < S; ++s) {
+        acc[s][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[s][c]), _mm512_mul_ps(d[s], dx), acc[s][c]);
+        acc[s][c] = _mm512_fmadd_ps(m[s], dxs, acc[s][c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + c * ldo + s * kHalf, acc[s][c]);
+}
+
+// ------------------------------------------------------------------------------------- AVX2
+// One half (16 columns: two vectors of 8 lanes) times C rows: 2 C accumulators, 2 C block sums, 2 weights.
+// VPMADDUBSW adds pairs of unsigned x signed byte products into int16 with saturation, so the operands stay
+// small enough never to saturate: Q8_0 as |q| by qx with q's sign (|q| <= 128, |qx| <= 127: 2 x 128 x 127 =
+// 32512), Q4_1 as q by qx (2 x 15 x 127); VPMADDWD by ones then adds the pairs of pairs exactly in int32.
+constexpr int kMaxRows256 = 2;
+
+EAGLE_TARGET_AVX2 inline __m256 params8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+EAGLE_TARGET_AVX2 inline __m256i x4_256(const XBlock& xb, int64_t i) {
+  int32_t v;
+  std::memcpy(&v, xb.q + i, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int C>
+EAGLE_TARGET_AVX2 void tile256(Q8, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
+                               bool prefetch) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2][C];
+  for (int v = 0; v < 2; ++v)
+    for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base = w + b * Q8::kBytes;
+    if (prefetch)
+      for (int64_t off = 0; off < Q8::kBytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
+    __m256i isum[2][C];
+    for (int v = 0; v < 2; ++v)
+      for (int c = 0; c < C; ++c) isum[v][c] = _mm256_setzero_si256();
+    for (int64_t t = 0; t < kBlock / 4; ++t) {
+      __m256i wq[2], wabs[2];
+      for (int v = 0; v < 2; ++v) {
+        wq[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q8::kParams + t * 64 + 32 * v));
+        wabs[v] = _mm256_abs_epi8(wq[v]);
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m256i xv = x4_256(x[c * ldx + b], 4 * t);
+        for (int v = 0; v < 2; ++v) {
+          const __m256i pairs = _mm256_maddubs_epi16(wabs[v], _mm256_sign_epi8(xv, wq[v]));
+          isum[v][c] = _mm256_add_epi32(isum[v][c], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    const __m256 d[2] = {params8(base), params8(base + 16)};
+    for (int c = 0; c < C; ++c) {
+      const __m256 dx = _mm256_set1_ps(x[c * ldx + b].d);
+      for (int v = 0; v < 2; ++v)
+        acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[v][c]), _mm256_mul_ps(d[v], dx), acc[v][c]);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
+}
+
+template <int C>
+EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
+                               bool prefetch) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[2][C];
+  for (int v = 0; v < 2; ++v)
+    for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base = w + b * Q41::kBytes;
+    if (prefetch)
+      for (int64_t off = 0; off < Q41::kBytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
+    __m256i isum[2][C];
+    for (int v = 0; v < 2; ++v)
+      for (int c = 0; c < C; ++c) isum[v][c] = _mm256_setzero_si256();
+    for (int64_t t = 0; t < kBlock / 8; ++t)
+      for (int h = 0; h < 2; ++h) {
+        __m256i wq[2];
+        for (int v = 0; v < 2; ++v) {
+          const __m256i raw =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q41::kParams + t * 64 + 32 * v));
+          wq[v] = _mm256_and_si256(h == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
+        }
+        for (int c = 0; c < C; ++c) {
+          const __m256i xv = x4_256(x[c * ldx + b], 16 * h + 4 * t);
+          for (int v = 0; v < 2; ++v)
+            isum[v][c] = _mm256_add_epi32(isum[v][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wq[v], xv), ones));
+        }
+      }
+    const __m256 d[2] = {params8(base), params8(base + 16)};
+    const __m256 m[2] = {params8(base + 32), params8(base + 48)};
+    for (int c = 0; c < C; ++c) {
+      const __m256 dx = _mm256_set1_ps(x[c * ldx + b].d), dxs = _mm256_set1_ps(x[c * ldx + b].dsum);
+      for (int v = 0; v < 2; ++v) {
+        acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[v][c]), _mm256_mul_ps(d[v], dx), acc[v][c]);
+        acc[v][c] = _mm256_fmadd_ps(m[v], dxs, acc[v][c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
+}
+#endif  // EAGLE_X86_SIMD
+
+template <typename F>
+struct Tiles {
+  using Elem = uint8_t;
+  using X = XBlock;
+  static int64_t group_elems(int64_t nb) { return 2 * nb * F::kBytes; }
+  static void group_scalar(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, int64_t M, float* out,
+                           int64_t ldo) {
+    linear_impl::group_scalar<F>(w, nb, x, ldx, M, out, ldo);
+  }
+#if EAGLE_X86_SIMD
+  static constexpr int kMaxRows = linear_impl::kMaxRows;
+  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
+  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
+  template <int G, int C>
+  static void tile512(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+    linear_impl::tile512<G, C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
+  }
+  template <int C>
+  static void tile256(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+    linear_impl::tile256<C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
+  }
+#endif
+};
+
+// The AVX-512 tiles need VNNI (Ice Lake, Sapphire Rapids, Zen 4); an AVX-512 CPU without it runs the AVX2 tiles.
+bool has_vnni() {
+#if EAGLE_X86_SIMD && (defined(__GNUC__) || defined(__clang__))
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void dot_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
+                int64_t K, float* out, int64_t ldo, Level level) {
+  const int64_t nb = K / kBlock;
+  // Each call quantizes its rows once (M x K / 32 blocks), before the weights stream.
+  std::vector<XBlock> xq(static_cast<size_t>(M * nb));
+  quantize_rows(x, ldx, M, K, xq.data(), level);
+  const Level tiles = level >= Level::kAvx512Ymm && !has_vnni() ? Level::kAvx2 : level;
+  parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
+    if (format == QuantFormat::kQ8_0Int8)
+      run_groups<Tiles<Q8>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
+    else
+      run_groups<Tiles<Q41>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
+  });
+}
+
+}  // namespace linear_impl
+}  // namespace eagle
