@@ -279,6 +279,44 @@ def activations(M, K):
     return torch.randn(M, K, generator=g)
 
 
+# ------------------------------------------------------------------ quantized cpu_linear weights
+QUANT_FORMATS = ["q8_0", "q4_1"]
+LINEAR_ISAS = ["avx512", "avx512-ymm", "avx2", "scalar"]  # every path of the packed kernels
+
+
+@functools.cache
+def quant_blocks(N, K, fmt):
+    """GGML block rows of the test weight [N, K] (cached: the quantizer is slow next to the kernels)."""
+    from eagle_kernels.reference.cpu_linear import quantize
+
+    return quantize(weight(N, K, "fp32"), fmt)
+
+
+def native_cpu_linear():
+    """The C++ cpu_linear (skips where the extension is not built)."""
+    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    return fn
+
+
+def assert_every_isa_gives(want, fn, x, w, isas, monkeypatch):
+    """``fn(x, w)`` is ``want`` bit for bit with each of ``isas`` forced (skips where one is unavailable)."""
+    for isa in isas:
+        skip_unavailable_isa(isa)
+        monkeypatch.setenv(ISA_ENV, isa)
+        assert torch.equal(fn(x, w), want), isa
+
+
+def assert_rows_batch_invariant(fn, x, w):
+    """A row of ``fn(x, w)`` does not depend on the other rows: each row alone, and a slice, give the batch's
+    bits (a verify pass gives each token what decoding it alone gives)."""
+    batch = fn(x, w)
+    for m in range(x.shape[0]):
+        assert torch.equal(fn(x[m:m + 1], w)[0], batch[m]), m
+    assert torch.equal(fn(x[2:7], w), batch[2:7])
+
+
 def assert_within_fp32_bound(got, x, w):
     """|got - exact| <= (K + 2) u sum_k |x_k w_k| + tiny: the first-order worst case of fp32
     dot products in any order (u = 2^-24), so the check cannot be flaky. bf16 and fp16 weights

@@ -63,12 +63,20 @@ static_assert(sizeof(XBlock) == 48, "XBlock: 48 bytes");
 
 // As cpu_linear_quant.cpp: the AVX-512 tiles prefetch kAhead bytes ahead in the same stream, or (0) the same place
 // in the next tile's streams.
-struct Q8 {
+// Rows of x per tile (BlockTiles): AVX-512 tiles of G groups (S = 2 G streams of 16 columns) x C rows hold S C fp32
+// accumulators, S C integer block sums and S weights; AVX2 tiles of one half 2 C accumulators, 2 C block sums and
+// 2 weights.
+struct Rows {
+  static constexpr int kMaxRows = 6;
+  static constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
+  static constexpr int kMaxRows256 = 2;
+};
+struct Q8 : Rows {
   static constexpr int64_t kBytes = kQ8BlockBytes;
   static constexpr int64_t kParams = 32;
   static constexpr int64_t kAhead = 512;
 };
-struct Q41 {
+struct Q41 : Rows {
   static constexpr int64_t kBytes = kQ41BlockBytes;
   static constexpr int64_t kParams = 64;
   static constexpr int64_t kAhead = 0;
@@ -159,7 +167,8 @@ inline int32_t quant_at(Q41, const uint8_t* base, int64_t i, int64_t j) {
 }
 
 template <typename F>
-void group_scalar(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
+void block_group_scalar(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, int64_t M, float* out,
+                        int64_t ldo) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t col = 0; col < kPackWidth; ++col) {
       const uint8_t* half = w + (col / kHalf) * nb * F::kBytes;
@@ -179,9 +188,7 @@ void group_scalar(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, in
 
 #if EAGLE_X86_SIMD
 // ---------------------------------------------------------------------------- AVX-512 VNNI
-// G groups (S = 2 G streams of 16 columns) times C rows: S C fp32 accumulators, S C integer block sums, S weights.
-constexpr int kMaxRows = 6;
-constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
+// G groups (S = 2 G streams of 16 columns) times C rows of x: out[c * ldo + 32 g + j].
 
 EAGLE_TARGET_AVX512_VNNI inline __m512 params16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -192,96 +199,65 @@ EAGLE_TARGET_AVX512_VNNI inline __m512i x4(const XBlock& xb, int64_t i) {  // qx
   return _mm512_set1_epi32(v);
 }
 
-template <int G, int C>
-EAGLE_TARGET_AVX512_VNNI void tile512(Q8, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
-                                      int64_t ldo, bool prefetch) {
-  constexpr int S = 2 * G;
-  const int64_t stride = nb * Q8::kBytes;
-  const int64_t ahead = Q8::kAhead > 0 ? Q8::kAhead : S * stride;
-  // VPDPBUSD multiplies unsigned by signed bytes: q + 128 (q ^ 0x80) by qx, less 128 * s afterwards.
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[S][C];
-  for (int s = 0; s < S; ++s)
-    for (int c = 0; c < C; ++c) acc[s][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base[S];
-    for (int s = 0; s < S; ++s) {
-      base[s] = w + s * stride + b * Q8::kBytes;
-      if (prefetch)
-        for (int64_t off = 0; off < Q8::kBytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
-    }
-    __m512i isum[S][C];
-    for (int s = 0; s < S; ++s)
-      for (int c = 0; c < C; ++c) isum[s][c] = _mm512_setzero_si512();
-    for (int64_t t = 0; t < kBlock / 4; ++t) {
-      __m512i wv[S];
-      for (int s = 0; s < S; ++s) wv[s] = _mm512_xor_si512(_mm512_loadu_si512(base[s] + Q8::kParams + t * 64), flip);
-      for (int c = 0; c < C; ++c) {
-        const __m512i xv = x4(x[c * ldx + b], 4 * t);
-        for (int s = 0; s < S; ++s) isum[s][c] = _mm512_dpbusd_epi32(isum[s][c], wv[s], xv);
-      }
-    }
-    __m512 d[S];
-    for (int s = 0; s < S; ++s) d[s] = params16(base[s]);
-    for (int c = 0; c < C; ++c) {
-      const XBlock& xb = x[c * ldx + b];
-      const __m512i offset = _mm512_set1_epi32(128 * xb.sum);
-      const __m512 dx = _mm512_set1_ps(xb.d);
-      for (int s = 0; s < S; ++s)
-        acc[s][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[s][c], offset)), _mm512_mul_ps(d[s], dx),
-                                    acc[s][c]);
-    }
-  }
-  for (int c = 0; c < C; ++c)
-    for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + c * ldo + s * kHalf, acc[s][c]);
+// A chunk's weights as the unsigned operand of VPDPBUSD (part: 0, or Q4_1's high nibbles 1), and the step of x
+// that multiplies them. Q8_0: q + 128 (q ^ 0x80) by qx, 128 s subtracted per block (block_scale); Q4_1: q by qx.
+// Q8_0 has 8 chunks (part 0); Q4_1 4 chunks, each read twice (low, then high nibbles).
+template <typename F>
+constexpr int kChunks = std::is_same_v<F, Q8> ? kBlock / 4 : kBlock / 8;
+template <typename F>
+constexpr int kParts = std::is_same_v<F, Q8> ? 1 : 2;
+constexpr int64_t x_step(int64_t t, int part) { return 16 * part + 4 * t; }
+
+template <typename F>
+EAGLE_TARGET_AVX512_VNNI inline __m512i chunk512(const uint8_t* base, int64_t t, int part) {
+  const __m512i raw = _mm512_loadu_si512(base + F::kParams + t * 64);
+  if constexpr (std::is_same_v<F, Q8>) return _mm512_xor_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80)));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  return _mm512_and_si512(part == 0 ? raw : _mm512_srli_epi16(raw, 4), low4);
 }
 
-template <int G, int C>
-EAGLE_TARGET_AVX512_VNNI void tile512(Q41, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
-                                      int64_t ldo, bool prefetch) {
+template <int G, int C, typename F>
+EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
+                                            int64_t ldo, bool prefetch) {
   constexpr int S = 2 * G;
-  const int64_t stride = nb * Q41::kBytes;
-  const int64_t ahead = Q41::kAhead > 0 ? Q41::kAhead : S * stride;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t stride = nb * F::kBytes;
+  const int64_t ahead = F::kAhead > 0 ? F::kAhead : S * stride;
   __m512 acc[S][C];
   for (int s = 0; s < S; ++s)
     for (int c = 0; c < C; ++c) acc[s][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base[S];
     for (int s = 0; s < S; ++s) {
-      base[s] = w + s * stride + b * Q41::kBytes;
+      base[s] = w + s * stride + b * F::kBytes;
       if (prefetch)
-        for (int64_t off = 0; off < Q41::kBytes; off += 64)
+        for (int64_t off = 0; off < F::kBytes; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
     }
     __m512i isum[S][C];
     for (int s = 0; s < S; ++s)
       for (int c = 0; c < C; ++c) isum[s][c] = _mm512_setzero_si512();
-    for (int64_t t = 0; t < kBlock / 8; ++t) {
-      for (int h = 0; h < 2; ++h) {  // the low nibbles (k = 4 t + r), then the high (k = 16 + 4 t + r)
+    for (int64_t t = 0; t < kChunks<F>; ++t)
+      for (int part = 0; part < kParts<F>; ++part) {
         __m512i wv[S];
-        for (int s = 0; s < S; ++s) {
-          const __m512i raw = _mm512_loadu_si512(base[s] + Q41::kParams + t * 64);
-          wv[s] = _mm512_and_si512(h == 0 ? raw : _mm512_srli_epi16(raw, 4), low4);
-        }
+        for (int s = 0; s < S; ++s) wv[s] = chunk512<F>(base[s], t, part);
         for (int c = 0; c < C; ++c) {
-          const __m512i xv = x4(x[c * ldx + b], 16 * h + 4 * t);
+          const __m512i xv = x4(x[c * ldx + b], x_step(t, part));
           for (int s = 0; s < S; ++s) isum[s][c] = _mm512_dpbusd_epi32(isum[s][c], wv[s], xv);
         }
       }
-    }
     __m512 d[S], m[S];
     for (int s = 0; s < S; ++s) {
       d[s] = params16(base[s]);
-      m[s] = params16(base[s] + 2 * kHalf);
+      if constexpr (std::is_same_v<F, Q41>) m[s] = params16(base[s] + 2 * kHalf);
     }
     for (int c = 0; c < C; ++c) {
       const XBlock& xb = x[c * ldx + b];
-      const __m512 dx = _mm512_set1_ps(xb.d), dxs = _mm512_set1_ps(xb.dsum);
+      const __m512 dx = _mm512_set1_ps(xb.d);
       for (int s = 0; s < S; ++s) {
-        acc[s][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[s][c]), _mm512_mul_ps(d[s], dx), acc[s][c]);
-        acc[s][c] = _mm512_fmadd_ps(m[s], dxs, acc[s][c]);
+        __m512i sum = isum[s][c];
+        if constexpr (std::is_same_v<F, Q8>) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xb.sum));
+        acc[s][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d[s], dx), acc[s][c]);
+        if constexpr (std::is_same_v<F, Q41>) acc[s][c] = _mm512_fmadd_ps(m[s], _mm512_set1_ps(xb.dsum), acc[s][c]);
       }
     }
   }
@@ -290,11 +266,10 @@ EAGLE_TARGET_AVX512_VNNI void tile512(Q41, const uint8_t* w, int64_t nb, const X
 }
 
 // ------------------------------------------------------------------------------------- AVX2
-// One half (16 columns: two vectors of 8 lanes) times C rows: 2 C accumulators, 2 C block sums, 2 weights.
-// VPMADDUBSW adds pairs of unsigned x signed byte products into int16 with saturation, so the operands stay
-// small enough never to saturate: Q8_0 as |q| by qx with q's sign (|q| <= 128, |qx| <= 127: 2 x 128 x 127 =
-// 32512), Q4_1 as q by qx (2 x 15 x 127); VPMADDWD by ones then adds the pairs of pairs exactly in int32.
-constexpr int kMaxRows256 = 2;
+// One half (16 columns: two vectors of 8 lanes) times C rows. VPMADDUBSW adds pairs of unsigned x signed byte products
+// into int16 with saturation, so the operands stay small enough never to saturate: Q8_0 as |q| by qx with q's sign (|q|
+// <= 128, |qx| <= 127: 2 x 128 x 127 = 32512), Q4_1 as q by qx (2 x 15 x 127); VPMADDWD by ones then adds the pairs of
+// pairs exactly in int32.
 
 EAGLE_TARGET_AVX2 inline __m256 params8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -305,83 +280,49 @@ EAGLE_TARGET_AVX2 inline __m256i x4_256(const XBlock& xb, int64_t i) {
   return _mm256_set1_epi32(v);
 }
 
-template <int C>
-EAGLE_TARGET_AVX2 void tile256(Q8, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
-                               bool prefetch) {
+// A vector's products with a step of x, in int32 lanes of 4: Q8_0 as |q| by qx with q's sign, Q4_1 as q by qx.
+template <typename F>
+EAGLE_TARGET_AVX2 inline __m256i dot4_256(__m256i raw, int part, __m256i xv) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2][C];
-  for (int v = 0; v < 2; ++v)
-    for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base = w + b * Q8::kBytes;
-    if (prefetch)
-      for (int64_t off = 0; off < Q8::kBytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
-    __m256i isum[2][C];
-    for (int v = 0; v < 2; ++v)
-      for (int c = 0; c < C; ++c) isum[v][c] = _mm256_setzero_si256();
-    for (int64_t t = 0; t < kBlock / 4; ++t) {
-      __m256i wq[2], wabs[2];
-      for (int v = 0; v < 2; ++v) {
-        wq[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q8::kParams + t * 64 + 32 * v));
-        wabs[v] = _mm256_abs_epi8(wq[v]);
-      }
-      for (int c = 0; c < C; ++c) {
-        const __m256i xv = x4_256(x[c * ldx + b], 4 * t);
-        for (int v = 0; v < 2; ++v) {
-          const __m256i pairs = _mm256_maddubs_epi16(wabs[v], _mm256_sign_epi8(xv, wq[v]));
-          isum[v][c] = _mm256_add_epi32(isum[v][c], _mm256_madd_epi16(pairs, ones));
-        }
-      }
-    }
-    const __m256 d[2] = {params8(base), params8(base + 16)};
-    for (int c = 0; c < C; ++c) {
-      const __m256 dx = _mm256_set1_ps(x[c * ldx + b].d);
-      for (int v = 0; v < 2; ++v)
-        acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[v][c]), _mm256_mul_ps(d[v], dx), acc[v][c]);
-    }
-  }
-  for (int c = 0; c < C; ++c)
-    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
+  if constexpr (std::is_same_v<F, Q8>)
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(raw), _mm256_sign_epi8(xv, raw)), ones);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i q = _mm256_and_si256(part == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
 }
 
-template <int C>
-EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
-                               bool prefetch) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+template <int C, typename F>
+EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
+                                     int64_t ldo, bool prefetch) {
   __m256 acc[2][C];
   for (int v = 0; v < 2; ++v)
     for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base = w + b * Q41::kBytes;
+    const uint8_t* base = w + b * F::kBytes;
     if (prefetch)
-      for (int64_t off = 0; off < Q41::kBytes; off += 64)
+      for (int64_t off = 0; off < F::kBytes; off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
     __m256i isum[2][C];
     for (int v = 0; v < 2; ++v)
       for (int c = 0; c < C; ++c) isum[v][c] = _mm256_setzero_si256();
-    for (int64_t t = 0; t < kBlock / 8; ++t)
-      for (int h = 0; h < 2; ++h) {
-        __m256i wq[2];
-        for (int v = 0; v < 2; ++v) {
-          const __m256i raw =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q41::kParams + t * 64 + 32 * v));
-          wq[v] = _mm256_and_si256(h == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
-        }
+    for (int64_t t = 0; t < kChunks<F>; ++t)
+      for (int part = 0; part < kParts<F>; ++part) {
+        __m256i raw[2];
+        for (int v = 0; v < 2; ++v)
+          raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + F::kParams + t * 64 + 32 * v));
         for (int c = 0; c < C; ++c) {
-          const __m256i xv = x4_256(x[c * ldx + b], 16 * h + 4 * t);
-          for (int v = 0; v < 2; ++v)
-            isum[v][c] = _mm256_add_epi32(isum[v][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wq[v], xv), ones));
+          const __m256i xv = x4_256(x[c * ldx + b], x_step(t, part));
+          for (int v = 0; v < 2; ++v) isum[v][c] = _mm256_add_epi32(isum[v][c], dot4_256<F>(raw[v], part, xv));
         }
       }
     const __m256 d[2] = {params8(base), params8(base + 16)};
-    const __m256 m[2] = {params8(base + 32), params8(base + 48)};
     for (int c = 0; c < C; ++c) {
-      const __m256 dx = _mm256_set1_ps(x[c * ldx + b].d), dxs = _mm256_set1_ps(x[c * ldx + b].dsum);
+      const XBlock& xb = x[c * ldx + b];
+      const __m256 dx = _mm256_set1_ps(xb.d);
       for (int v = 0; v < 2; ++v) {
         acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[v][c]), _mm256_mul_ps(d[v], dx), acc[v][c]);
-        acc[v][c] = _mm256_fmadd_ps(m[v], dxs, acc[v][c]);
+        if constexpr (std::is_same_v<F, Q41>)
+          acc[v][c] = _mm256_fmadd_ps(params8(base + 32 + 16 * v), _mm256_set1_ps(xb.dsum), acc[v][c]);
       }
     }
   }
@@ -389,32 +330,6 @@ EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const XBlock* 
     for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
 }
 #endif  // EAGLE_X86_SIMD
-
-template <typename F>
-struct Tiles {
-  using Elem = uint8_t;
-  using X = XBlock;
-  static int64_t group_elems(int64_t nb) { return 2 * nb * F::kBytes; }
-  static void group_scalar(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, int64_t M, float* out,
-                           int64_t ldo) {
-    linear_impl::group_scalar<F>(w, nb, x, ldx, M, out, ldo);
-  }
-#if EAGLE_X86_SIMD
-  static constexpr int kMaxRows = linear_impl::kMaxRows;
-  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
-  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
-  template <int G, int C>
-  static void tile512(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-    linear_impl::tile512<G, C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-  }
-  template <int C>
-  static void tile256(const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-    linear_impl::tile256<C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-  }
-#endif
-};
 
 // The AVX-512 tiles need VNNI (Ice Lake, Sapphire Rapids, Zen 4); an AVX-512 CPU without it runs the AVX2 tiles.
 bool has_vnni() {
@@ -437,9 +352,9 @@ void dot_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const
   const Level tiles = level >= Level::kAvx512Ymm && !has_vnni() ? Level::kAvx2 : level;
   parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
     if (format == QuantFormat::kQ8_0Int8)
-      run_groups<Tiles<Q8>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
+      run_groups<BlockTiles<Q8, XBlock>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
     else
-      run_groups<Tiles<Q41>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
+      run_groups<BlockTiles<Q41, XBlock>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
   });
 }
 

@@ -55,6 +55,34 @@ void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const
 }
 #endif  // EAGLE_X86_SIMD
 
+// The tile set of a block-quantized layout (cpu_linear_quant.cpp, cpu_linear_dot.cpp): Elem uint8_t, a group of two
+// halves of `depth` blocks of F::kBytes, rows of x of type X. F, the format's tag type, carries the row counts
+// (F::kMaxRows, F::groups_for(C), F::kMaxRows256); the kernel's functions taking F as their first argument are found
+// by argument-dependent lookup in F's namespace: block_group_scalar(F, ...), block_tile512<G, C>(F, ...),
+// block_tile256<C>(F, ...).
+template <typename F, typename XType>
+struct BlockTiles {
+  using Elem = uint8_t;
+  using X = XType;
+  static int64_t group_elems(int64_t nb) { return 2 * nb * F::kBytes; }
+  static void group_scalar(const uint8_t* w, int64_t nb, const X* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
+    block_group_scalar(F{}, w, nb, x, ldx, M, out, ldo);
+  }
+#if EAGLE_X86_SIMD
+  static constexpr int kMaxRows = F::kMaxRows;
+  static constexpr int groups_for(int C) { return F::groups_for(C); }
+  static constexpr int kMaxRows256 = F::kMaxRows256;
+  template <int G, int C>
+  static void tile512(const uint8_t* w, int64_t nb, const X* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
+    block_tile512<G, C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
+  }
+  template <int C>
+  static void tile256(const uint8_t* w, int64_t nb, const X* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
+    block_tile256<C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
+  }
+#endif
+};
+
 // Groups [begin, end) of the packed weight against all M rows of x: out[m * ldo + 32 g + j].
 template <typename T>
 void run_groups(const typename T::Elem* packed, int64_t begin, int64_t end, int64_t depth, const typename T::X* x,

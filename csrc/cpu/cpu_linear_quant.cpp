@@ -47,12 +47,20 @@ constexpr int64_t kBlock = kQuantBlock;  // k steps per block
 // Q8_0 15.0 ms at 4096 bytes ahead, 13.4-14.0 at 512, 14.1-14.3 in the next tile; Q4_1 10.8 ms at 4096, 9.3-9.8
 // at 512, 8.5-9.2 in the next tile (distances of 2-8 KiB, which land in the tile's own other streams, were the
 // slowest for both).
-struct Q8 {
+// Rows of x per tile (BlockTiles): AVX-512 tiles of G groups x C rows hold 2 G C accumulators, 2 G scales (and
+// 2 G minimums), 2 G widened weights and one x; AVX2 tiles of one half 2 C accumulators, 2 scales (and 2
+// minimums), 2 widened weights and one x of 16 registers.
+struct Rows {
+  static constexpr int kMaxRows = 12;
+  static constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
+  static constexpr int kMaxRows256 = 4;
+};
+struct Q8 : Rows {
   static constexpr int64_t kBytes = kQ8BlockBytes;  // per block of a half
   static constexpr int64_t kParams = 32;            // bytes of block parameters before the quants
   static constexpr int64_t kAhead = 512;
 };
-struct Q41 {
+struct Q41 : Rows {
   static constexpr int64_t kBytes = kQ41BlockBytes;
   static constexpr int64_t kParams = 64;
   static constexpr int64_t kAhead = 0;
@@ -79,7 +87,8 @@ inline float weight_scalar(Q41, const uint8_t* base, int64_t i, int64_t j) {
 }
 
 template <typename F>
-void group_scalar(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
+void block_group_scalar(F, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int64_t M, float* out,
+                        int64_t ldo) {
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * ldx;
     for (int64_t col = 0; col < kW; ++col) {
@@ -96,17 +105,14 @@ void group_scalar(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int
 #if EAGLE_X86_SIMD
 // ---------------------------------------------------------------------------------- AVX-512
 // G consecutive groups (2 G weight streams, one per half) times C rows of x: out[c * ldo + 32 g + j].
-// Registers: 2 G C accumulators, 2 G scales (and 2 G minimums), 2 G widened weights, one x.
-constexpr int kMaxRows = 12;
-constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
 
 EAGLE_TARGET_AVX512 inline __m512 params16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 template <int G, int C>
-EAGLE_TARGET_AVX512 void tile512(Q8, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
-                                 bool prefetch) {
+EAGLE_TARGET_AVX512 void block_tile512(Q8, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
+                                       int64_t ldo, bool prefetch) {
   constexpr int S = 2 * G;  // weight streams
   const int64_t stride = nb * Q8::kBytes;
   const int64_t ahead = Q8::kAhead > 0 ? Q8::kAhead : S * stride;
@@ -141,8 +147,8 @@ EAGLE_TARGET_AVX512 void tile512(Q8, const uint8_t* w, int64_t nb, const float* 
 }
 
 template <int G, int C>
-EAGLE_TARGET_AVX512 void tile512(Q41, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
-                                 int64_t ldo, bool prefetch) {
+EAGLE_TARGET_AVX512 void block_tile512(Q41, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
+                                       int64_t ldo, bool prefetch) {
   constexpr int S = 2 * G;
   const int64_t stride = nb * Q41::kBytes;
   const int64_t ahead = Q41::kAhead > 0 ? Q41::kAhead : S * stride;
@@ -194,16 +200,14 @@ EAGLE_TARGET_AVX512 void tile512(Q41, const uint8_t* w, int64_t nb, const float*
 }
 
 // ------------------------------------------------------------------------------------- AVX2
-// One half (16 columns: two 8-lane vectors) times C rows of x; 2 C accumulators, 2 scales (and 2 minimums),
-// 2 widened weights and one x of 16 registers.
-constexpr int kMaxRows256 = 4;
+// One half (16 columns: two 8-lane vectors) times C rows of x.
 
 EAGLE_TARGET_AVX2 inline __m256 params8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 template <int C>
-EAGLE_TARGET_AVX2 void tile256(Q8, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
-                               bool prefetch) {
+EAGLE_TARGET_AVX2 void block_tile256(Q8, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
+                                     int64_t ldo, bool prefetch) {
   __m256 acc_a[C], acc_b[C];
   for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -233,8 +237,8 @@ EAGLE_TARGET_AVX2 void tile256(Q8, const uint8_t* w, int64_t nb, const float* x,
 }
 
 template <int C>
-EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
-                               bool prefetch) {
+EAGLE_TARGET_AVX2 void block_tile256(Q41, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
+                                     int64_t ldo, bool prefetch) {
   const __m256i low4 = _mm256_set1_epi32(0xF);
   __m256 acc_a[C], acc_b[C];
   for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
@@ -271,33 +275,6 @@ EAGLE_TARGET_AVX2 void tile256(Q41, const uint8_t* w, int64_t nb, const float* x
 
 #endif  // EAGLE_X86_SIMD
 
-// The tiles above as cpu_linear_groups.h takes them (depth: blocks per half, K / 32).
-template <typename F>
-struct Tiles {
-  using Elem = uint8_t;
-  using X = float;
-  static int64_t group_elems(int64_t nb) { return 2 * nb * F::kBytes; }
-  static void group_scalar(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int64_t M, float* out,
-                           int64_t ldo) {
-    linear_impl::group_scalar<F>(w, nb, x, ldx, M, out, ldo);
-  }
-#if EAGLE_X86_SIMD
-  static constexpr int kMaxRows = linear_impl::kMaxRows;
-  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
-  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
-  template <int G, int C>
-  static void tile512(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-    linear_impl::tile512<G, C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-  }
-  template <int C>
-  static void tile256(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-    linear_impl::tile256<C>(F{}, w, nb, x, ldx, out, ldo, prefetch);
-  }
-#endif
-};
-
 }  // namespace
 
 void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
@@ -305,9 +282,9 @@ void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, con
   const int64_t nb = K / kBlock;
   parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
     if (format == QuantFormat::kQ8_0)
-      run_groups<Tiles<Q8>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
+      run_groups<BlockTiles<Q8, float>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
     else
-      run_groups<Tiles<Q41>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
+      run_groups<BlockTiles<Q41, float>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
   });
 }
 

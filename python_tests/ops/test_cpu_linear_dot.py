@@ -2,39 +2,40 @@
 GGML's arithmetic): the layout, the activations' quantizer, every C++ path and the reference against float64 with
 a bound that cannot be flaky, identical bits across ISAs, batch invariance, non-finite rows, bad input."""
 
-import functools
 
 import pytest
 import torch
 
 import eagle_kernels
 from eagle_kernels import _dispatch
-from eagle_kernels.reference.cpu_linear import (_split_rows, cpu_linear_unpack, pack_int8_activations, quantize,
-                                                quantize_activations)
-from helpers import ISA_ENV, activations, skip_unavailable_isa, weight
+from eagle_kernels.reference.cpu_linear import (
+    _split_rows,
+    cpu_linear_unpack,
+    pack_int8_activations,
+    quantize,
+    quantize_activations,
+)
+from helpers import (
+    ISA_ENV,
+    LINEAR_ISAS,
+    QUANT_FORMATS,
+    activations,
+    assert_every_isa_gives,
+    assert_rows_batch_invariant,
+    native_cpu_linear,
+    quant_blocks,
+    skip_unavailable_isa,
+    weight,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-FORMATS = ["q8_0", "q4_1"]
-ISAS = ["avx512", "avx512-ymm", "avx2", "scalar"]
 MS = [1, 2, 3, 5, 7, 13]  # AVX-512: 3, 2 and 1 groups side by side, tiles of 6 rows (7, 13: several); AVX2: 2 rows
 NS = [32, 160]
 KS = [32, 576]
 
 
-@functools.cache
-def blocks(N, K, fmt):
-    return quantize(weight(N, K, "fp32"), fmt)
-
-
 def pack8(rows):
     return eagle_kernels.cpu_linear_pack(rows, activations="int8")
-
-
-def native():
-    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
-    if fn is None:
-        pytest.skip(reason)
-    return fn
 
 
 def assert_within_block_bound(got, x, rows):
@@ -61,11 +62,11 @@ def assert_within_block_bound(got, x, rows):
     assert worst <= 1.0, f"error {worst:.3g} x the bound"
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_layout(fmt):
     """The same bytes as the block rows: column j's parameters, then chunks of 64 bytes with byte 4 j + r of chunk
     t holding k = 4 t + r (Q4_1: low nibble k = 4 t + r, high nibble 16 + 4 t + r); unpack inverts."""
-    rows = blocks(64, 64, fmt)
+    rows = quant_blocks(64, 64, fmt)
     p = pack8(rows)
     lines = 17 if fmt == "q8_0" else 10
     assert p.shape == (2, 2, 2, lines, 32) and p.dtype == rows.dtype and p.is_contiguous()
@@ -110,51 +111,42 @@ def test_quantize_activations():
     assert d_bad[0, 1].isnan() and d_bad[1, 0].isnan() and not d_bad[0, 0].isnan()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
 @pytest.mark.parametrize("K", KS, ids=[f"K{k}" for k in KS])
 @pytest.mark.parametrize("M", MS, ids=[f"M{m}" for m in MS])
 def test_matches_float64(linear, M, K, N, fmt):
-    rows = blocks(N, K, fmt)
+    rows = quant_blocks(N, K, fmt)
     x = activations(M, K)
     assert_within_block_bound(linear(x, pack8(rows)), x, rows)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_bits_of_every_isa(fmt, monkeypatch):
     """Exact integer block sums and the same fp32 operations in the same order: the same bits at every ISA."""
-    fn = native()
-    w = pack8(blocks(160, 96, fmt))
+    fn = native_cpu_linear()
+    w = pack8(quant_blocks(160, 96, fmt))
     for M in (1, 3, 13):
         x = activations(M, 96) * 3
         monkeypatch.setenv(ISA_ENV, "scalar")
-        want = fn(x, w)
-        for isa in ISAS:
-            skip_unavailable_isa(isa)
-            monkeypatch.setenv(ISA_ENV, isa)
-            assert torch.equal(fn(x, w), want), (M, isa)
+        assert_every_isa_gives(fn(x, w), fn, x, w, LINEAR_ISAS, monkeypatch)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_rows_are_batch_invariant(fmt, isa, monkeypatch):
     """Each row is quantized alone: a verify pass of 13 rows gives each row what a one-row call gives."""
-    fn = native()
+    fn = native_cpu_linear()
     skip_unavailable_isa(isa)
     monkeypatch.setenv(ISA_ENV, isa)
-    w = pack8(blocks(96, 576, fmt))
-    x = activations(13, 576)
-    batch = fn(x, w)
-    for m in range(13):
-        assert torch.equal(fn(x[m:m + 1], w)[0], batch[m])
-    assert torch.equal(fn(x[2:7], w), batch[2:7])
+    assert_rows_batch_invariant(fn, activations(13, 576), pack8(quant_blocks(96, 576, fmt)))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_non_finite_rows(linear, fmt):
     """A row holding inf or nan gives nan outputs (as the fp32 kernels give non-finite ones); the other rows are
     untouched."""
-    w = pack8(blocks(64, 96, fmt))
+    w = pack8(quant_blocks(64, 96, fmt))
     x = activations(3, 96)
     want = linear(x, w)
     x[1, 50] = float("inf")
@@ -163,10 +155,10 @@ def test_non_finite_rows(linear, fmt):
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_error_against_fp32_activations(fmt):
     """What the 8-bit activations cost: within a few of x's quantization steps of the fp32-activation result."""
-    rows = blocks(96, 576, fmt)
+    rows = quant_blocks(96, 576, fmt)
     x = activations(4, 576)
     exact = torch.nn.functional.linear(x.double(), eagle_kernels.reference.cpu_linear(
         torch.eye(576), eagle_kernels.cpu_linear_pack(rows)).double().T)
@@ -179,7 +171,7 @@ def test_error_against_fp32_activations(fmt):
 
 
 def test_bad_pack_input():
-    rows = blocks(64, 64, "q4_1")
+    rows = quant_blocks(64, 64, "q4_1")
     with pytest.raises(ValueError, match=r"\bactivations\b"):
         eagle_kernels.cpu_linear_pack(rows, activations="int4")
     with pytest.raises(ValueError, match=r"\bweight\b.*quantized"):
@@ -190,12 +182,12 @@ def test_bad_pack_input():
         quantize_activations(torch.randn(2, 40))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_bad_packed_weight(linear, fmt):
-    p = pack8(blocks(64, 64, fmt))
+    p = pack8(quant_blocks(64, 64, fmt))
     lines = p.shape[3]
     cases = [p.reshape(2, 2, 2, -1, 16), torch.zeros(2, 2, 2, lines + 1, 32, dtype=p.dtype), p.transpose(0, 1),
-             pack8(blocks(64, 96, fmt)), p.reshape(2, 2, 2, lines, 32, 1)]
+             pack8(quant_blocks(64, 96, fmt)), p.reshape(2, 2, 2, lines, 32, 1)]
     for case in cases:
         with pytest.raises(ValueError, match=r"\bweight\b"):
             linear(activations(2, 64), case)

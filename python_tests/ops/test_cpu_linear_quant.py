@@ -2,7 +2,6 @@
 format against the gguf package, the packed layout, every C++ path and the reference against float64, bit equality
 with the fp32 packed kernel on the dequantized matrix, identical bits across ISAs, batch invariance, bad input."""
 
-import functools
 
 import pytest
 import torch
@@ -10,32 +9,30 @@ import torch
 import eagle_kernels
 from eagle_kernels import _dispatch
 from eagle_kernels.reference.cpu_linear import cpu_linear_unpack, dequantize, quantize
-from helpers import ISA_ENV, activations, assert_within_fp32_bound, skip_unavailable_isa, weight
+from helpers import (
+    ISA_ENV,
+    LINEAR_ISAS,
+    QUANT_FORMATS,
+    activations,
+    assert_every_isa_gives,
+    assert_rows_batch_invariant,
+    assert_within_fp32_bound,
+    native_cpu_linear,
+    quant_blocks,
+    skip_unavailable_isa,
+    weight,
+)
 
 # Small torch ops (the quantizer, the reference) cost milliseconds each in OpenMP wake-ups when the other core is
 # busy; the kernels' own parallel split is not what these tests check.
 pytestmark = pytest.mark.usefixtures("single_thread")
-FORMATS = ["q8_0", "q4_1"]
-ISAS = ["avx512", "avx512-ymm", "avx2", "scalar"]
 MS = [1, 2, 3, 5, 13]  # AVX-512: 3, 2 and 1 groups side by side, two row tiles; AVX2: tiles of 4 rows
 NS = [32, 160]  # 1 and 5 groups (wide tiles of 3 or 2 groups and a tail)
 KS = [32, 576]
 
 
-@functools.cache
-def blocks(N, K, fmt):
-    return quantize(weight(N, K, "fp32"), fmt)
-
-
-def native():
-    fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")
-    if fn is None:
-        pytest.skip(reason)
-    return fn
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_blocks_are_ggml_blocks(fmt):
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+def test_blocks_are_ggml_quant_blocks(fmt):
     """quantize writes GGML's bytes (its reference quantizer's), dequantize reads them as GGML does."""
     gguf = pytest.importorskip("gguf")
     kind = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[fmt]
@@ -49,11 +46,11 @@ def test_blocks_are_ggml_blocks(fmt):
     assert (dequantize(rows) - w).abs().max() <= step / (254 if fmt == "q8_0" else 15) * 1.01
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_layout(fmt):
     """The packed blocks hold the same bytes: column j's parameters, then k-major quants (Q4_1: k = 2p in the
     low nibble of pair p, 2p + 1 in the high one); unpack inverts."""
-    rows = blocks(64, 64, fmt)
+    rows = quant_blocks(64, 64, fmt)
     p = eagle_kernels.cpu_linear_pack(rows)
     per = 544 if fmt == "q8_0" else 320
     assert p.shape == (2, 2, 2, per) and p.dtype == rows.dtype and p.is_contiguous()
@@ -71,63 +68,54 @@ def test_layout(fmt):
             assert torch.equal(pairs & 0xF, q[0::2]) and torch.equal(pairs >> 4, q[1::2])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
 @pytest.mark.parametrize("K", KS, ids=[f"K{k}" for k in KS])
 @pytest.mark.parametrize("M", MS, ids=[f"M{m}" for m in MS])
 def test_matches_float64(linear, M, K, N, fmt):
     """Within the fp32 bound of the float64 product with the exactly dequantized weight."""
-    rows = blocks(N, K, fmt)
+    rows = quant_blocks(N, K, fmt)
     x = activations(M, K)
     assert_within_fp32_bound(linear(x, eagle_kernels.cpu_linear_pack(rows)), x, dequantize(rows))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_bits_of_every_isa_and_of_the_fp32_packed_kernel(fmt, monkeypatch):
     """Each output is the fp32 packed kernel's FMA chain on the dequantized matrix: the same bits at every ISA,
     and as cpu_linear on cpu_linear_pack(dequantize(blocks))."""
-    fn = native()
-    rows = blocks(160, 96, fmt)
+    fn = native_cpu_linear()
+    rows = quant_blocks(160, 96, fmt)
     q, fp32 = eagle_kernels.cpu_linear_pack(rows), eagle_kernels.cpu_linear_pack(dequantize(rows))
     for M in (1, 3, 13):
         x = activations(M, 96)
         monkeypatch.setenv(ISA_ENV, "avx512")
-        want = fn(x, fp32)
-        for isa in ISAS:
-            skip_unavailable_isa(isa)
-            monkeypatch.setenv(ISA_ENV, isa)
-            assert torch.equal(fn(x, q), want), (M, isa)
+        assert_every_isa_gives(fn(x, fp32), fn, x, q, LINEAR_ISAS, monkeypatch)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_rows_are_batch_invariant(fmt, isa, monkeypatch):
     """A row's output does not depend on the other rows: a verify pass of 13 rows gives each row what a
     one-row call gives."""
-    fn = native()
+    fn = native_cpu_linear()
     skip_unavailable_isa(isa)
     monkeypatch.setenv(ISA_ENV, isa)
-    w = eagle_kernels.cpu_linear_pack(blocks(96, 576, fmt))
-    x = activations(13, 576)
-    batch = fn(x, w)
-    for m in range(13):
-        assert torch.equal(fn(x[m:m + 1], w)[0], batch[m])
-    assert torch.equal(fn(x[2:7], w), batch[2:7])
+    assert_rows_batch_invariant(fn, activations(13, 576), eagle_kernels.cpu_linear_pack(quant_blocks(96, 576, fmt)))
 
 
 def _bad_cases(fmt):
-    rows = blocks(64, 64, fmt)
+    rows = quant_blocks(64, 64, fmt)
     p = eagle_kernels.cpu_linear_pack(rows)
     return {
         "block rows, not packed": rows,
-        "K of another x": eagle_kernels.cpu_linear_pack(blocks(64, 96, fmt)),
+        "K of another x": eagle_kernels.cpu_linear_pack(quant_blocks(64, 96, fmt)),
         "bytes per block": torch.zeros(2, 2, 2, 100, dtype=rows.dtype),
         "not contiguous": p.transpose(0, 1),
         "3-D": p.reshape(4, 2, -1),
     }
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("case", list(_bad_cases("q8_0")))
 def test_bad_packed_weight(linear, fmt, case):
     with pytest.raises(ValueError, match=r"\bweight\b"):
@@ -135,13 +123,13 @@ def test_bad_packed_weight(linear, fmt, case):
 
 
 @pytest.mark.parametrize("linear", ["reference", "avx512"], indirect=True)
-def test_bad_k_for_blocks(linear):
+def test_bad_k_for_quant_blocks(linear):
     """x with K not a multiple of 32 against a quantized weight: an error naming the weight."""
     with pytest.raises(ValueError, match=r"\bweight\b"):
         linear(activations(1, 40), torch.zeros(1, 2, 1, 544, dtype=torch.int8))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_bad_quantize_input(fmt):
     with pytest.raises(ValueError, match=r"\bweight\b.*multiple of 32"):
         quantize(torch.randn(32, 48), fmt)  # K does not fit the blocks: no silent fallback
@@ -155,9 +143,9 @@ def test_bad_quantize_input(fmt):
         quantize(torch.randn(32, 32), "q4_0")
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_bad_pack_input(fmt):
-    rows = blocks(64, 64, fmt)
+    rows = quant_blocks(64, 64, fmt)
     with pytest.raises(ValueError, match=r"\bweight\b"):
         eagle_kernels.cpu_linear_pack(rows[:40])  # N not a multiple of 32
     with pytest.raises(ValueError, match=r"\bweight\b"):
