@@ -8,10 +8,18 @@
 // 2022, Alg. 1) in float32 over key tiles of TK positions; scores use base 2 (q is pre-scaled
 // by sm_scale * log2 e) so that one exp2 per score suffices.
 //
+// Key tiles follow logical positions: a prefix key's is its cache position, a tree slot's is the prefix length plus
+// its node's depth (popcount of its mask row - 1). A tile holds the keys of 64 consecutive logical positions (siblings
+// share one, so a tile straddling the prefix's end can hold up to TK + N keys), tree slots in depth order. A node's
+// visible keys (the prefix, then its ancestors by depth) then fall in the same tiles, in the same order, as in the
+// pass that decodes its token alone once the tree is committed; masked keys in between add exact zeros. So the
+// online softmax rescales at the same keys and a verify pass gives each node that decode's bits (greedy speculative
+// decoding equals plain decoding bit for bit, also where one flipped bit would flip an 8-bit activation's rounding).
+//
 // Data layout inside a work item, chosen so that every hot loop is vertical SIMD:
 //   Qt [D][Rp]   the rows' queries, transposed once per item (Rp = rows rounded up to the
 //                vector width: 16 floats with AVX-512, 8 otherwise)
-//   St [TK][Rp]  scores, then probabilities, of one key tile
+//   St [TK + N][Rp]  scores, then probabilities, of one key tile
 //   acc [R][D]   un-normalised outputs
 // so QK^T broadcasts one key element against a vector of rows, the softmax statistics are per-lane,
 // and PV broadcasts one probability against a V row; QK and PV are register-blocked like a GEMM
@@ -150,23 +158,28 @@ struct Scratch {
   std::vector<const Acc*> krows, vrows;
   std::vector<uint16_t> Qp, Pp, Vp;         // bf16 operand pairs (Ops::bf16_pairs)
   std::vector<const uint16_t*> kraw, vraw;  // bf16 rows as stored (Ops::bf16_pairs)
-  Scratch(int64_t Rp, int64_t D, bool bf16_pairs) {
+  std::vector<int64_t> tree_slots;          // the item's tree slots by (depth, slot)
+  std::vector<int64_t> slot_depth;          // depth of each tree slot
+  std::vector<int64_t> key_slot;            // a tile's keys: tree slot, or -1 for a prefix key
+  // keys: the most keys a tile holds (TK + N).
+  Scratch(int64_t Rp, int64_t D, int64_t keys, bool bf16_pairs) {
     if (bf16_pairs) {
       Qp.resize(Rp * D);
-      Pp.resize(TK * Rp);
-      Vp.resize(TK * D);
-      kraw.resize(TK);
-      vraw.resize(TK);
+      Pp.resize((keys + 1) * Rp);
+      Vp.resize((keys + 1) * D);
+      kraw.resize(keys);
+      vraw.resize(keys);
     } else {
       Qt.resize(Rp * D);
       if (!std::is_same_v<T, Acc>) {
-        kbuf.resize(TK * D);
-        vbuf.resize(TK * D);
+        kbuf.resize(keys * D);
+        vbuf.resize(keys * D);
       }
-      krows.resize(TK);
-      vrows.resize(TK);
+      krows.resize(keys);
+      vrows.resize(keys);
     }
-    St.resize(TK * Rp);
+    key_slot.resize(keys);
+    St.resize(keys * Rp);
     acc.resize(Rp * D);
     m.resize(Rp);
     l.resize(Rp);
@@ -246,13 +259,45 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
   std::fill(s.l.begin(), s.l.begin() + Rp, Acc(0));
 
   // Tree slots j <= i only (ancestors precede their descendants), so no row of this block
-  // sees a slot past n1 - 1.
-  const int64_t end = prefix + n1;
+  // sees a slot past n1 - 1. Those slots by (depth, slot): a counting sort by depth.
+  s.slot_depth.assign(n1, 0);
+  int64_t max_depth = 0;
+  for (int64_t j = 0; j < n1; ++j) {
+    int64_t bits = 0;
+    if (p.causal) {
+      bits = j + 1;
+    } else {
+      const int64_t* words = p.mask + (b * p.N + j) * p.W;
+      for (int64_t w = 0; w < p.W; ++w) bits += __builtin_popcountll(static_cast<uint64_t>(words[w]));
+    }
+    s.slot_depth[j] = std::max<int64_t>(0, bits - 1);
+    max_depth = std::max(max_depth, s.slot_depth[j]);
+  }
+  s.tree_slots.clear();
+  if (p.causal) {
+    for (int64_t j = 0; j < n1; ++j) s.tree_slots.push_back(j);
+  } else {
+    std::vector<int64_t>& order = s.tree_slots;
+    order.resize(n1);
+    std::vector<int64_t> start(max_depth + 2, 0);
+    for (int64_t j = 0; j < n1; ++j) ++start[s.slot_depth[j] + 1];
+    for (int64_t d = 0; d <= max_depth; ++d) start[d + 1] += start[d];
+    for (int64_t j = 0; j < n1; ++j) order[start[s.slot_depth[j]]++] = j;
+  }
+  const int64_t end = prefix + (n1 > 0 ? max_depth + 1 : 0);  // logical positions
+  size_t next_slot = 0;
   for (int64_t t0 = 0; t0 < end; t0 += TK) {
-    const int nk = static_cast<int>(std::min<int64_t>(TK, end - t0));
+    // The tile's keys: prefix positions [t0, t0 + TK), then the tree slots of those logical positions.
+    int nk = 0;
+    for (int64_t t = t0; t < std::min(t0 + TK, prefix); ++t) s.key_slot[nk++] = -1;
+    const int prefix_keys = nk;
+    while (next_slot < s.tree_slots.size() && prefix + s.slot_depth[s.tree_slots[next_slot]] < t0 + TK)
+      s.key_slot[nk++] = s.tree_slots[next_slot++];
+    if (nk == 0) continue;  // a mask that is not a tree can leave depths unused
     for (int k = 0; k < nk; ++k) {
-      const T* kr = cache_row<T>(p.k, p, b, h, t0 + k);
-      const T* vr = cache_row<T>(p.v, p, b, h, t0 + k);
+      const int64_t position = k < prefix_keys ? t0 + k : prefix + s.key_slot[k];
+      const T* kr = cache_row<T>(p.k, p, b, h, position);
+      const T* vr = cache_row<T>(p.v, p, b, h, position);
       if constexpr (std::is_same_v<T, Acc>) {
         s.krows[k] = kr;
         s.vrows[k] = vr;
@@ -272,7 +317,7 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
     // prefetcher does not follow 2 x TK strided rows, and with few rows per item the loads
     // stall the FMAs (B 4, N 16, prefix 2048, 1 thread: 115 -> 149 GFLOP/s).
     const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
-    for (int64_t t = t0 + TK; t < std::min(end, t0 + 2 * TK); ++t) {
+    for (int64_t t = t0 + TK; t < std::min(prefix, t0 + 2 * TK); ++t) {
       const char* kr = reinterpret_cast<const char*>(cache_row<T>(p.k, p, b, h, t));
       const char* vr = reinterpret_cast<const char*>(cache_row<T>(p.v, p, b, h, t));
       for (int64_t off = 0; off < row_bytes; off += 64) {
@@ -287,14 +332,13 @@ void run_item(const Problem& p, const Ops<T, Acc>& ops, Scratch<T, Acc>& s, int6
     } else {
       ops.qk(s.krows.data(), nk, s.Qt.data(), D, Rp, s.St.data());
     }
-    if (t0 + nk > prefix) {  // the tile reaches tree slots: apply the mask
-      const int k_first = static_cast<int>(std::max<int64_t>(0, prefix - t0));
+    if (nk > prefix_keys) {  // the tile holds tree slots: apply the mask
       // Node by node (the G rows of a node share its mask row), slot by slot.
       for (int64_t i = n0; i < n1; ++i) {
         const int64_t* words = p.causal ? nullptr : p.mask + (b * p.N + i) * p.W;
         Acc* scores = s.St.data() + (i - n0) * p.G;
-        for (int k = k_first; k < nk; ++k) {
-          const int64_t j = t0 + k - prefix;
+        for (int k = prefix_keys; k < nk; ++k) {
+          const int64_t j = s.key_slot[k];
           const bool visible = p.causal ? j <= i : ((static_cast<uint64_t>(words[j >> 6]) >> (j & 63)) & 1u) != 0;
           if (visible) continue;
           for (int64_t g = 0; g < p.G; ++g) scores[static_cast<int64_t>(k) * Rp + g] = ninf;
@@ -338,7 +382,7 @@ void run(const Problem& p) {
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / item_work);
   const int64_t Rp = ops.padded_rows(p.node_block * p.G);
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    Scratch<T, Acc> scratch(Rp, p.D, ops.bf16_pairs);
+    Scratch<T, Acc> scratch(Rp, p.D, TK + p.N, ops.bf16_pairs);
     for (int64_t item = begin; item < end; ++item) run_item<T, Acc>(p, ops, scratch, item);
   });
 }

@@ -242,3 +242,32 @@ def test_cpp_rows_independent_of_node_count(backend, op_impl, monkeypatch, isa, 
         for n in (1, 2, 3):
             got = fn(q[:, :n].contiguous(), k, v, seqlens)
             assert torch.equal(got, want[:, :n]), (heads, D, n)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("prefix", [37, 100, 1000])
+def test_cpp_node_equals_its_decode(backend, op_impl, monkeypatch, isa, prefix):
+    """Each node of a tree gives, bit for bit, what the pass decoding its token alone gives once its ancestors are
+    committed (the prefix, then its ancestors at consecutive positions): the key tiles follow logical positions,
+    so tree slots that cross a 64-position tile boundary at other places than their depths change no rounding.
+    Greedy speculative decoding equals plain decoding through this, also where one flipped bit would flip the
+    rounding of an 8-bit activation (cpu_linear's int8 arithmetic)."""
+    if backend != "cpp":
+        pytest.skip("C++-specific switch")
+    monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+    fn = op_impl("tree_attention")
+    N = 60
+    tree = random_tree(1, N, seed=prefix)
+    q, k, v, seqlens, _ = attention_inputs(1, N, prefix, (9, 3), 64, torch.float32, None, seed=prefix)
+    out = fn(q, k, v, seqlens, tree.mask)
+    deep = 0
+    for i in range(N):
+        row = int(tree.mask[0, i, 0]) & ((1 << 64) - 1)
+        path = [j for j in range(N) if row >> j & 1]  # ancestors and itself, in slot (= depth) order
+        deep += path[-1] >= 64 - prefix % 64 > len(path) - 1  # its slot, not its depth, crosses a tile boundary
+        kc, vc = k.clone(), v.clone()
+        kc[0, prefix:prefix + len(path)] = k[0, [prefix + j for j in path]]
+        vc[0, prefix:prefix + len(path)] = v[0, [prefix + j for j in path]]
+        decode = fn(q[:, i:i + 1].contiguous(), kc, vc, seqlens + len(path) - 1)
+        assert torch.equal(decode[0, 0], out[0, i]), (i, path)
+    assert prefix % 64 + N <= 64 or deep > 0  # the tree does cross a tile boundary away from the depths
