@@ -160,13 +160,19 @@ def test_smollm2_int8_activations_greedy_speculative_equals_plain(gguf_model):
     from eagle_kernels.models.eagle_head import EagleHead
 
     _, tokenizer = gguf_model
-    target, _ = smollm2.load(weight_dtype="gguf", activations="int8")
-    head = EagleHead.load(heads.path("eagle3"), target)
-    assert head.packed.activations == "int8"
-    prompts = [tokenizer.encode("def fibonacci(n):\n    "), tokenizer.encode("The capital of France is")]
-    decoder = SpeculativeDecoder(target, head, TreeConfig(4, 4, 16, lookup=4))
-    plain = decoder.generate(prompts, 16, speculative=False)
-    assert decoder.generate(prompts, 16).sequences == plain.sequences
+    from eagle_kernels.train import corpus
+
+    # A held-out code window of 96 tokens: with 60 nodes the tree's slots cross a 64-position key tile of
+    # tree_attention (before its tiles followed logical positions, Q8_0 weights diverged here at token 16).
+    prompts = corpus.held_out_prompts(tokenizer, "code", 1, 96) + [tokenizer.encode("The capital of France is")]
+    for weights in ("gguf", "q8_0"):
+        target, _ = smollm2.load(weight_dtype=weights, activations="int8")
+        head = EagleHead.load(heads.path("eagle3"), target)
+        assert head.packed.activations == "int8"
+        for tree in (TreeConfig(4, 4, 16, lookup=4), TreeConfig(6, 8, 60)):
+            decoder = SpeculativeDecoder(target, head, tree)
+            plain = decoder.generate(prompts, 24, speculative=False)
+            assert decoder.generate(prompts, 24).sequences == plain.sequences, (weights, tree)
 
 
 def _write_gguf(path, arch, tensors):
