@@ -306,7 +306,7 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     from eagle_kernels import __main__ as cli
     from eagle_kernels.models import smollm2
 
-    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None):
+    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32"):
         return LlamaModel.from_transformers(tiny_hf_model(torch.float32)), None
 
     monkeypatch.setattr(smollm2, "load", tiny_load)
