@@ -292,6 +292,17 @@ def quant_blocks(N, K, fmt):
     return quantize(weight(N, K, "fp32"), fmt)
 
 
+def quant_grid(ms, ns, ks):
+    """Parametrises a test over the quantized formats and the shapes M (rows of x), N, K, with readable ids."""
+
+    def mark(test):
+        for name, values in (("M", ms), ("K", ks), ("N", ns)):
+            test = pytest.mark.parametrize(name, values, ids=[f"{name}{v}" for v in values])(test)
+        return pytest.mark.parametrize("fmt", QUANT_FORMATS)(test)
+
+    return mark
+
+
 def native_cpu_linear():
     """The C++ cpu_linear (skips where the extension is not built)."""
     fn, reason = _dispatch.implementation("cpu_linear", "cpp", "cpu")

@@ -24,6 +24,7 @@ from helpers import (
     assert_rows_batch_invariant,
     native_cpu_linear,
     quant_blocks,
+    quant_grid,
     skip_unavailable_isa,
     weight,
 )
@@ -111,10 +112,7 @@ def test_quantize_activations():
     assert d_bad[0, 1].isnan() and d_bad[1, 0].isnan() and not d_bad[0, 0].isnan()
 
 
-@pytest.mark.parametrize("fmt", QUANT_FORMATS)
-@pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
-@pytest.mark.parametrize("K", KS, ids=[f"K{k}" for k in KS])
-@pytest.mark.parametrize("M", MS, ids=[f"M{m}" for m in MS])
+@quant_grid(MS, NS, KS)
 def test_matches_float64(linear, M, K, N, fmt):
     rows = quant_blocks(N, K, fmt)
     x = activations(M, K)

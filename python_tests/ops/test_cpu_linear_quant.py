@@ -19,6 +19,7 @@ from helpers import (
     assert_within_fp32_bound,
     native_cpu_linear,
     quant_blocks,
+    quant_grid,
     skip_unavailable_isa,
     weight,
 )
@@ -68,10 +69,7 @@ def test_layout(fmt):
             assert torch.equal(pairs & 0xF, q[0::2]) and torch.equal(pairs >> 4, q[1::2])
 
 
-@pytest.mark.parametrize("fmt", QUANT_FORMATS)
-@pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
-@pytest.mark.parametrize("K", KS, ids=[f"K{k}" for k in KS])
-@pytest.mark.parametrize("M", MS, ids=[f"M{m}" for m in MS])
+@quant_grid(MS, NS, KS)
 def test_matches_float64(linear, M, K, N, fmt):
     """Within the fp32 bound of the float64 product with the exactly dequantized weight."""
     rows = quant_blocks(N, K, fmt)
