@@ -171,9 +171,12 @@ def serve() -> None:  # runs under the Python of llama_cpp: numpy and llama_cpp 
                 reply = {"version": llama_cpp.__version__}
             else:
                 path, threads = request["path"], request["threads"]
+                # The context holds the longest prompt and its new tokens, in whole 1,024-token steps.
+                need = max(len(p) for p in request["prompts"]) + request["max_new"]
+                n_ctx = 1024 * -(-need // 1024)
                 llm = models.get(path)
-                if llm is None:
-                    llm = models[path] = llama_cpp.Llama(path, n_ctx=1024, n_batch=512, n_threads=threads,
+                if llm is None or llm.n_ctx() < n_ctx:
+                    llm = models[path] = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                                                          n_threads_batch=threads, verbose=False)
                 llm._ctx.set_n_threads(threads, threads)
                 reply = {"tokens": 0, "seconds": 0.0, "first_token_seconds": 0.0, "sequences": [], "tau": None}

@@ -97,15 +97,20 @@ def test_worker_decodes_greedily_from_the_token_ids(tmp_path):
             def set_n_threads(self, n, n_batch):
                 self.llm.threads = n
         class Llama:
-            def __init__(self, path, **kwargs):
+            def __init__(self, path, n_ctx=512, **kwargs):
                 self.logits = np.zeros(50, dtype=np.float32)
                 self._ctx = _Ctx(self)
+                self.context = n_ctx
+            def n_ctx(self):
+                return self.context
             def n_vocab(self):
                 return 50
             def reset(self):
                 self.seen = []
             def eval(self, tokens):
                 self.seen += list(tokens)
+                if len(self.seen) > self.context:  # llama_decode fails past the context
+                    raise RuntimeError("llama_decode returned 1")
                 self.logits[:] = 0.0
                 self.logits[[(self.seen[-1] * 3 + len(self.seen)) % 50, 49]] = 1.0  # a tie: the lower id wins
     """))
@@ -116,6 +121,8 @@ def test_worker_decodes_greedily_from_the_token_ids(tmp_path):
     try:
         assert worker.version == "stand-in"
         run = worker.run("model.gguf", 2, [[5, 7], [11]], 4)
+        # A prompt past the first context (1,024 tokens) gets a model with a larger one.
+        long_run = worker.run("model.gguf", 2, [[3] * 1500], 4)
     finally:
         worker.close()
 
@@ -127,4 +134,5 @@ def test_worker_decodes_greedily_from_the_token_ids(tmp_path):
         return out
 
     assert run["sequences"] == [expected([5, 7]), expected([11])]
+    assert long_run["sequences"] == [expected([3] * 1500)]
     assert run["tokens"] == 8 and run["seconds"] >= run["first_token_seconds"] > 0 and run["peak_mb"] > 0
