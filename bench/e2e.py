@@ -20,6 +20,9 @@ Providers
   activations, cpu_linear widens the blocks in registers); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
   ``q8_0a8w`` / ``q4_1a8w`` / ``ggufa8w``: the same weights with int8 activations (GGML's arithmetic), compared
   with the same llama.cpp rows.
+- ``bf16kv`` (opt-in, in ``--providers``): a twin of every target of the run with bf16 K/V caches
+  (``kv_cache_dtype``; suffix ``-bf16kv``, e.g. ``ours-plain-ggufa8w-bf16kv``), compared with the same llama.cpp
+  rows (whose cache is F16 by default); "same as plain" compares with the twin's own plain decoding.
 - ``llamacpp`` (opt-in): llama.cpp through llama-cpp-python (``bench/llamacpp.py``; skipped with a message
   where it is not installed), fed the same token ids, greedy, at the same thread count, one row per weight
   type of the run: ``llamacpp`` (F32), ``llamacpp-bf16w``, ``-q8_0w``, ``-q4_1w``, ``-ggufw`` (the shipped
@@ -90,7 +93,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llamacpp  # noqa: E402
 
 QUANT_PROVIDERS = ("q8_0", "q4_1", "gguf")  # opt-in providers q8_0w, q4_1w, ggufw (and q8_0a8w ...: int8 activations)
-WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw", "q8_0a8w", "q4_1a8w", "ggufa8w")
+BASE_WEIGHT_SUFFIXES = ("bf16w", "q8_0w", "q4_1w", "ggufw", "q8_0a8w", "q4_1a8w", "ggufa8w")
+KV16 = "bf16kv"  # twins of each target with bf16 K/V caches (kv_cache_dtype)
+# Longest first: a provider's suffix is the first that its name ends with.
+WEIGHT_SUFFIXES = tuple(f"{w}-{KV16}" for w in BASE_WEIGHT_SUFFIXES) + (KV16,) + BASE_WEIGHT_SUFFIXES
 
 # The chatlong domain: user turns (the chat template adds the system turn and the generation prompt).
 CHAT_PROMPTS = (
@@ -300,14 +306,22 @@ def summary_lines(meta: dict, rows: list) -> list:
     return lines
 
 
-WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1",
-                "-ggufw": "the GGUF (Q4_1, Q8_0 head)", "-q8_0a8w": "Q8_0, int8 activations",
-                "-q4_1a8w": "Q4_1, int8 activations", "-ggufa8w": "the GGUF, int8 activations"}
+BASE_WEIGHT_NAMES = {"": "fp32", "-bf16w": "bf16", "-q8_0w": "Q8_0", "-q4_1w": "Q4_1",
+                     "-ggufw": "the GGUF (Q4_1, Q8_0 head)", "-q8_0a8w": "Q8_0, int8 activations",
+                     "-q4_1a8w": "Q4_1, int8 activations", "-ggufa8w": "the GGUF, int8 activations"}
+WEIGHT_NAMES = {key: value for suffix, name in BASE_WEIGHT_NAMES.items()
+                for key, value in ((suffix, name), (f"{suffix}-{KV16}", f"{name}, bf16 K/V"))}
+
+
+def weight_suffix(provider: str) -> str:
+    """The weight suffix of a provider's name ("" for the fp32 target's providers)."""
+    return next((f"-{w}" for w in WEIGHT_SUFFIXES if provider.endswith(f"-{w}")), "")
 
 
 def llama_suffix(suffix: str) -> str:
-    """The llama.cpp provider our weights compare with: the same blocks (ours with int8 activations: the same)."""
-    return suffix.replace("a8w", "w")
+    """The llama.cpp provider our weights compare with: the same blocks (ours with int8 activations or a bf16
+    K/V cache: the same; llama.cpp keeps its default F16 cache)."""
+    return suffix.replace(f"-{KV16}", "").replace("a8w", "w")
 
 
 def llamacpp_lines(meta: dict, rows: list) -> list:
@@ -337,8 +351,7 @@ def llamacpp_lines(meta: dict, rows: list) -> list:
             if llama is None or plain is None:
                 continue
             spec = next((r for (p, dd), r in cells.items() if dd == d and p.split("-")[0] not in
-                         ("hf", "ours", "llamacpp") and p.endswith(suffix) and
-                         not any(p.endswith(f"-{w}") for w in WEIGHT_SUFFIXES if f"-{w}" != suffix)), None)
+                         ("hf", "ours", "llamacpp") and weight_suffix(p) == suffix), None)
             same = {True: "yes", False: "NO", None: ""}
             row = [d, weights, f"{llama['decode_ms_per_token']:.1f}", f"{plain['decode_ms_per_token']:.1f}",
                    f"{llama['decode_ms_per_token'] / plain['decode_ms_per_token']:.2f}"]
@@ -398,7 +411,8 @@ def main(argv=None) -> int:
                         help="ours-plain, hf-generate, hf-lookup, eagle, ours-lookup, llamacpp; q8_0w, q4_1w, "
                              "ggufw add the quantized-weight providers as bf16w (q8_0a8w, q4_1a8w, ggufa8w: the "
                              "same weights with int8 activations, beside the same llama.cpp rows); bf16w adds the "
-                             "bf16-weight twins of ours-plain, ours-lookup, eagle and llamacpp")
+                             "bf16-weight twins of ours-plain, ours-lookup, eagle and llamacpp; bf16kv a twin of every "
+                             "target with bf16 K/V caches")
     parser.add_argument("--llamacpp-python",
                         help="a Python that imports llama_cpp, for the llamacpp providers (default: this one, if it "
                              "can; e.g. a separate venv's bin/python)")
@@ -470,6 +484,11 @@ def main(argv=None) -> int:
         targets[f"-{fmt}{a8}w"] = LlamaModel(target.config, matrices, activations=activations)
     if args.no_fp32w and len(targets) > 1:
         del targets[""]
+    if KV16 in args.providers:  # the same weights (packed once more), bf16 K/V caches
+        for suffix, model in list(targets.items()):
+            weights, narrow = (target.weights, torch.bfloat16) if suffix == "-bf16w" else (model.weights, None)
+            targets[f"{suffix}-{KV16}"] = LlamaModel(model.config, dict(weights), weight_dtype=narrow,
+                                                     activations=model.activations, kv_cache_dtype=torch.bfloat16)
     heads, head_folders = {}, {}
     for suffix, model in targets.items():
         for kind in args.heads if "eagle" in args.providers else []:
@@ -616,7 +635,7 @@ def main(argv=None) -> int:
                     if base:
                         row["vs_ours_plain"] = round(tps / (base["tokens"] / base["seconds"]), 3)
                         row["decode_vs_ours_plain"] = round(decode_ms_per_token(base, count) / tpot, 3)
-                        suffix = next((f"-{w}" for w in WEIGHT_SUFFIXES if name.endswith(f"-{w}")), "")
+                        suffix = weight_suffix(name)
                         same_base = results.get("ours-plain" + suffix) if suffix else base
                         if temperature == 0 and not name.startswith(("ours-plain", "hf-")) and same_base:
                             row["same_as_plain"] = r["sequences"] == same_base["sequences"]

@@ -34,7 +34,9 @@ def _load(args):
         raise SystemExit(f"--weights {args.weights}: wider than the compute dtype --dtype {args.dtype}")
     if args.activations == "int8" and not isinstance(weight_dtype, str):
         raise SystemExit(f"--activations int8: needs quantized --weights (q8_0, q4_1 or gguf), got {args.weights}")
-    target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype, activations=args.activations)
+    kv_cache_dtype = None if args.kv_cache_dtype is None else getattr(torch, args.kv_cache_dtype)
+    target, tokenizer = smollm2.load(dtype=dtype, weight_dtype=weight_dtype, activations=args.activations,
+                                     kv_cache_dtype=kv_cache_dtype)
     if args.head == "none":
         head, label = None, "no head (prompt-lookup drafts only)"
     elif args.head in ("untrained-eagle1", "untrained-eagle3"):
@@ -96,6 +98,9 @@ def _common(parser):
                         help="with quantized --weights: int8 quantizes each row of activations per block of 32 and "
                              "runs integer dot products, as llama.cpp does (faster; greedy output equal to plain "
                              "decoding at the same setting); fp32 (default) widens the weights instead")
+    parser.add_argument("--kv-cache-dtype", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the K/V caches (default: --dtype); bfloat16 / float16 with float32 compute "
+                             "halve the bytes attention reads per token (llama.cpp's default cache is F16)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")

@@ -422,7 +422,7 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     check_tensor("x", x, dtype=torch.float32, ndim=3)
     device = x.device
     B, N, H = x.shape
-    check_tensor("k_cache", k_cache, dtype=torch.float32, ndim=4, device=device)
+    check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=4, device=device)
     _check_kv_layout(k_cache, v_cache, cache_seqlens, None, B, False, device)
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
     if not isinstance(num_heads, int) or num_heads < 1 or Hkv < 1 or num_heads % Hkv:

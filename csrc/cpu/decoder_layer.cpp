@@ -133,7 +133,9 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const at::Device dev = x_in.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
   const int64_t B = x_in.size(0), N = x_in.size(1), H = x_in.size(2);
-  check_dtype(k_cache, op, "k_cache", at::kFloat);
+  TORCH_CHECK_VALUE(k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16 ||
+                        k_cache.scalar_type() == at::kHalf,
+                    op, ": k_cache: expected dtype float32, bfloat16 or float16, got ", k_cache.scalar_type());
   check_dim(k_cache, op, "k_cache", 4, "[B, S, Hkv, D]");
   check_device(k_cache, op, "k_cache", dev);
   check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, std::nullopt, B, 0, "[B, S, Hkv, D]", dev);
@@ -255,7 +257,12 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
                          x.options());
   };
   const at::Tensor starts = slot_offset ? at::add(cache_seqlens, slot_offset) : cache_seqlens;
-  write_kv_cpu(k_cache, v_cache, heads(Hq, Hkv), heads(Hq + Hkv, Hkv), starts, std::nullopt);
+  // A 16-bit cache stores k and v rounded to its dtype, and attention runs in it (q rounded, the output widened
+  // back), as LlamaModel's op-by-op path does with such a cache (cached_attention).
+  const at::ScalarType cache_dtype = k_cache.scalar_type();
+  const auto in_cache_dtype = [&](const at::Tensor& t) { return cache_dtype == at::kFloat ? t : t.to(cache_dtype); };
+  write_kv_cpu(k_cache, v_cache, in_cache_dtype(heads(Hq, Hkv)), in_cache_dtype(heads(Hq + Hkv, Hkv)), starts,
+               std::nullopt);
   if (R == 0) return x.clone();
   at::Tensor q = heads(0, Hq);
   if (slot_offset) {  // the earlier slots' queries are zero rows whose outputs are dropped
@@ -263,7 +270,9 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
     padded.narrow(1, slot_offset, N).copy_(q);
     q = padded;
   }
-  at::Tensor attn = tree_attention_cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, std::nullopt, std::nullopt);
+  at::Tensor attn =
+      tree_attention_cpu(in_cache_dtype(q), k_cache, v_cache, cache_seqlens, tree_mask, std::nullopt, std::nullopt);
+  if (cache_dtype != at::kFloat) attn = attn.to(at::kFloat);
   if (slot_offset) attn = attn.narrow(1, slot_offset, N).contiguous();
   const at::Tensor attn_rows = pick(attn.view({B, N, Hq * D}));  // [R, Hq D]
   linear_impl::linear_rows(o_weight, attn_rows.data_ptr<float>(), Hq * D, R, Hq * D, x1, H, level);

@@ -34,6 +34,8 @@ from .cpu_weights import CPU_LINEAR_MAX_ROWS, CpuPolicy, PackedWeights, cpu_poli
 
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+# Cache dtypes an fp32 model attends with on the CPU: its own, or 16-bit K/V (half the bytes attention reads).
+KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # ------------------------------------------------------------------ RoPE, norm, attention
@@ -252,9 +254,9 @@ class CpuFusedLayerPath(LayerPath):
 
     @staticmethod
     def accepts(x: torch.Tensor, cache, weights: dict, policy: CpuPolicy) -> bool:
-        """fp32 on CPU with an fp32 cache, at most ``CPU_LINEAR_MAX_ROWS`` rows (the cpu_linear
-        regime), the policy on, and nothing for autograd to record in ``weights``."""
-        return (x.device.type == "cpu" and x.dtype == torch.float32 and cache.k.dtype == torch.float32
+        """fp32 on CPU with an fp32, bf16 or fp16 cache, at most ``CPU_LINEAR_MAX_ROWS`` rows (the
+        cpu_linear regime), the policy on, and nothing for autograd to record in ``weights``."""
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and cache.k.dtype in KV_CACHE_DTYPES
                 and x.shape[0] * x.shape[1] <= CPU_LINEAR_MAX_ROWS and policy.layer_kernel
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
 

@@ -25,6 +25,7 @@ from ..bookkeeping import gpu_path, tree_positions
 from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, is_quantized, linear
 from .layers import (
     GATE_UP,
+    KV_CACHE_DTYPES,
     QKV,
     FusedProjections,
     LayerPaths,
@@ -149,15 +150,25 @@ class LlamaModel(torch.nn.Module):
     The model works on its own copy of the ``weights`` dict (it adds a tied LM head and
     re-points q/k/v and gate/up at views of their fused matrices), so the caller's dict is left
     as it was; tensors the caller keeps in it stay alive beside the fused ones.
+    ``kv_cache_dtype`` (default: the compute dtype) is the dtype of the caches :meth:`new_cache`
+    makes: ``torch.bfloat16`` or ``torch.float16`` for an fp32 model stores K/V in 16 bits (as
+    llama.cpp's default F16 cache), which halves the bytes attention reads per token; k, v and q
+    are rounded to it and attention runs in it (on the CPU, bf16 dot products where the CPU has
+    them), so outputs differ from an fp32 cache by that rounding. Greedy speculative decoding still
+    equals plain decoding with the same cache dtype.
     """
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], weight_dtype: torch.dtype | None = None,
-                 *, activations: str = "fp32"):
+                 *, activations: str = "fp32", kv_cache_dtype: torch.dtype | None = None):
         super().__init__()
         self.config = config
         weights = dict(weights)  # the model's own (see above)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
         self._dtype = weights["model.embed_tokens.weight"].dtype
+        if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: expected one of {', '.join(map(str, KV_CACHE_DTYPES))} or None, "
+                             f"got {kv_cache_dtype}")
+        self._kv_cache_dtype = kv_cache_dtype
         if weight_dtype is not None and weight_dtype != self._dtype:
             if not weight_dtype.is_floating_point:
                 raise ValueError(f"weight_dtype: expected a floating dtype, got {weight_dtype}")
@@ -210,6 +221,11 @@ class LlamaModel(torch.nn.Module):
         return self._dtype
 
     @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The dtype of the caches :meth:`new_cache` makes (the compute dtype unless given)."""
+        return self._kv_cache_dtype or self._dtype
+
+    @property
     def activations(self) -> str:
         """How the quantized matrices multiply: ``"fp32"`` or ``"int8"`` activations (see ``cpu_weights``)."""
         return self.packed.activations
@@ -256,7 +272,8 @@ class LlamaModel(torch.nn.Module):
         return cls.from_transformers(hf, dtype=dtype, device=device, weight_dtype=weight_dtype)
 
     def new_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
-        return KVCache.allocate(self.config, batch, capacity, dtype or self.dtype, self.device)
+        """A zeroed cache of ``capacity`` positions per request, in ``dtype`` (default :attr:`kv_cache_dtype`)."""
+        return KVCache.allocate(self.config, batch, capacity, dtype or self.kv_cache_dtype, self.device)
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens, cache: KVCache, positions=None, tree_mask=None, feature_layers=(), logit_rows=None,

@@ -67,7 +67,7 @@ QUANTIZED = ("q8_0", "q4_1")  # weight_dtype strings: the matrices quantized her
 GGUF = "gguf"  # weight_dtype string: the GGUF file's own matrices (blocks as stored)
 
 
-def load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32"):
+def load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32", kv_cache_dtype=None):
     """(LlamaModel, tokenizer) for SmolLM2-135M-Instruct, converting the GGUF on first use.
     ``weight_dtype=torch.bfloat16`` keeps the weight matrices in bf16 (fp32 compute; see
     :class:`LlamaModel`). ``"q8_0"`` / ``"q4_1"`` quantize the projections and the LM head to GGML's Q8_0 /
@@ -75,7 +75,9 @@ def load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32
     (this file: Q4_1 projections, a Q8_0 tied embedding / LM head). With quantized matrices the embedding is
     the exact fp32 dequantization of the (tied) LM head's blocks. ``activations="int8"`` (quantized matrices
     only) multiplies them as GGML does, each row of activations quantized to 8 bits per block of 32 (faster;
-    greedy output then equals plain decoding at the same setting, not the fp32-activation one)."""
+    greedy output then equals plain decoding at the same setting, not the fp32-activation one).
+    ``kv_cache_dtype`` (``torch.bfloat16`` / ``torch.float16``) stores the K/V caches in 16 bits (see
+    :class:`LlamaModel`)."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -103,7 +105,8 @@ def load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32
         matrices = gguf_matrices(gguf_path(), config) if quant == GGUF else quantize_matrices(weights, quant)
         weights = with_matrices(weights, matrices, dtype, device)
         weight_dtype = None
-    model = LlamaModel(config, weights, weight_dtype=weight_dtype, activations=activations)
+    model = LlamaModel(config, weights, weight_dtype=weight_dtype, activations=activations,
+                       kv_cache_dtype=kv_cache_dtype)
     return model, AutoTokenizer.from_pretrained(folder)
 
 

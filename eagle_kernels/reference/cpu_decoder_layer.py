@@ -38,7 +38,9 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
         return x + (silu(gate) * up) @ down_weight.T
 
     Each step is computed in float64 and rounded to float32 (the K/V stored are float32 too);
-    the linear layers are :func:`cpu_linear`. ``tree_mask=None`` is causal attention over the
+    the linear layers are :func:`cpu_linear`. A bfloat16 or float16 cache stores k and v rounded to its
+    dtype, and attention runs in that dtype (q rounded to it, its output widened to float32), as
+    LlamaModel's op-by-op path attends with such a cache. ``tree_mask=None`` is causal attention over the
     new tokens, as for tree_attention.
 
     EAGLE-3's draft layer: with ``embed`` (and ``embed_norm``), attention reads
@@ -59,7 +61,7 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     x float32 [B, N, H]; input_norm, post_norm float32 [H]; qkv_weight [(num_heads + 2 Hkv) D, H],
     o_weight [H, num_heads D], gate_up_weight [2 I, H] (gate rows, then up rows), down_weight
     [H, I], each float32, bfloat16 or float16; cos, sin float32 [B, N, D]; k_cache, v_cache
-    float32 [B, S, Hkv, D] (contiguous layout); cache_seqlens int32 [B]; tree_mask int64
+    float32, bfloat16 or float16 [B, S, Hkv, D] (contiguous layout, one dtype); cache_seqlens int32 [B]; tree_mask int64
     [B, N, ceil(N / 64)] or None; returns float32 [B, N, H]. With ``embed``: embed float32
     [B, N, H], embed_norm float32 [H], qkv_weight [(num_heads + 2 Hkv) D, 2H]; with
     ``slot_offset`` S: tree_mask [B, S + N, ceil((S + N) / 64)]; row_counts int64 [B] in [0, N].
@@ -80,9 +82,10 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     qkv = cpu_linear(attn_in, qkv_weight).view(B, N, num_heads + 2 * Hkv, D)
     q, k, v = qkv.split([num_heads, Hkv, Hkv], dim=2)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    write_kv(k_cache, v_cache, k, v.contiguous(), cache_seqlens + slot_offset)
-    q = torch.cat([q.new_zeros(B, slot_offset, num_heads, D), q], dim=1)
-    attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)[:, slot_offset:]
+    cache_dtype = k_cache.dtype  # a 16-bit cache: k, v and q rounded to it, attention in it, widened back
+    write_kv(k_cache, v_cache, k.to(cache_dtype), v.to(cache_dtype).contiguous(), cache_seqlens + slot_offset)
+    q = torch.cat([q.new_zeros(B, slot_offset, num_heads, D), q], dim=1).to(cache_dtype)
+    attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)[:, slot_offset:].float()
     x1 = (x.double() + cpu_linear(attn.reshape(B, N, -1), o_weight).double()).float()
     gate, up = cpu_linear(_rms_norm(x1, post_norm, eps), gate_up_weight).double().chunk(2, dim=-1)
     act = (F.silu(gate) * up).float()

@@ -285,7 +285,7 @@ def run_cli(argv, capsys):
 
 @pytest.fixture
 def tiny_cli(monkeypatch):
-    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32"):
+    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32", kv_cache_dtype=None):
         model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
         return LlamaModel(dataclasses.replace(model.config, max_position_embeddings=CONTEXT), model.weights), \
             TinyTokenizer()

@@ -63,6 +63,19 @@ def test_greedy_speculative_equals_plain_bf16_weights(make_head):
     assert w["fc.weight"].dtype == (torch.bfloat16 if decoder.head.config.kind == "eagle3" else torch.float32)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_greedy_speculative_equals_plain_16bit_cache(kv_cache_dtype):
+    """An fp32 target with 16-bit K/V caches (kv_cache_dtype): every tree node attends as its decode alone does,
+    so speculative output is still token for token the plain output with the same cache dtype."""
+    base = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    target = LlamaModel(base.config, base.weights, kv_cache_dtype=kv_cache_dtype)
+    decoder = SpeculativeDecoder(target, HEADS["eagle3-random"](target), TreeConfig(3, 3, 8))
+    plain = decoder.generate(PROMPTS, 14, speculative=False)
+    spec = decoder.generate(PROMPTS, 14)
+    assert spec.sequences == plain.sequences
+    assert target.new_cache(1, 4).k.dtype == kv_cache_dtype
+
+
 def test_repeat_head_gets_drafts_accepted(target):
     decoder = SpeculativeDecoder(target, repeat_head(target), TreeConfig(4, 2, 7), policy=FittedPolicy())
     spec = decoder.generate(PROMPTS, 24)
@@ -306,14 +319,17 @@ def test_cli_tree_defaults_per_flag(monkeypatch):
     from eagle_kernels import __main__ as cli
     from eagle_kernels.models import smollm2
 
-    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32"):
-        return LlamaModel.from_transformers(tiny_hf_model(torch.float32)), None
+    def tiny_load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32", kv_cache_dtype=None):
+        base = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+        return LlamaModel(base.config, base.weights, kv_cache_dtype=kv_cache_dtype), None
 
     monkeypatch.setattr(smollm2, "load", tiny_load)
     parser = argparse.ArgumentParser()
     cli._common(parser)
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3"]))
-    assert decoder.tree == CPU_TREE
+    assert decoder.tree == CPU_TREE and decoder.target.kv_cache_dtype == torch.float32
+    decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--kv-cache-dtype", "bfloat16"]))
+    assert decoder.target.kv_cache_dtype == torch.bfloat16
     decoder, _, _ = cli._load(parser.parse_args(["--head", "untrained-eagle3", "--depth", "5"]))
     assert decoder.tree == dataclasses.replace(CPU_TREE, depth=5)
     decoder, _, _ = cli._load(parser.parse_args(["--head", "none", "--lookup", "6"]))

@@ -322,10 +322,11 @@ def test_head_leaves_the_callers_weights_unchanged(kind):
 
 @pytest.mark.parametrize("case,path", [
     ("decode", layers.CpuFusedLayerPath), ("max-rows", layers.CpuFusedLayerPath), ("long", layers.TorchLayerPath),
-    ("fp64", layers.TorchLayerPath), ("bf16-cache", layers.TorchLayerPath), ("grad", layers.TorchLayerPath),
+    ("fp64", layers.TorchLayerPath), ("bf16-cache", layers.CpuFusedLayerPath), ("fp16-cache", layers.CpuFusedLayerPath),
+    ("fp64-cache", layers.TorchLayerPath), ("grad", layers.TorchLayerPath),
     ("no-input-norm", layers.TorchLayerPath), ("env-ops", layers.TorchLayerPath)])
 def test_layer_path_is_picked_per_pass(case, path, monkeypatch):
-    """One path per pass: the fused CPU layer in cpu_linear's regime (fp32, fp32 cache, at most
+    """One path per pass: the fused CPU layer in cpu_linear's regime (fp32, an fp32 / bf16 / fp16 cache, at most
     CPU_LINEAR_MAX_ROWS rows, no autograd, a layer with an input norm, the policy on), op by op
     otherwise."""
     if ("cpu_decoder_layer", "cpu") not in eagle_kernels._dispatch.NATIVE_KERNELS:
@@ -333,7 +334,8 @@ def test_layer_path_is_picked_per_pass(case, path, monkeypatch):
     model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     rows = {"max-rows": CPU_LINEAR_MAX_ROWS, "long": CPU_LINEAR_MAX_ROWS + 1}.get(case, 1)
     x = torch.zeros(1, rows, 64, dtype=torch.float64 if case == "fp64" else torch.float32)
-    cache = model.new_cache(1, 4, dtype=torch.bfloat16 if case == "bf16-cache" else None)
+    cache = model.new_cache(1, 4, dtype={"bf16-cache": torch.bfloat16, "fp16-cache": torch.float16,
+                                         "fp64-cache": torch.float64}.get(case))
     weights = {"w": torch.zeros(2, requires_grad=True)} if case == "grad" else model.weights
     if case == "env-ops":
         monkeypatch.setenv(cpu_weights.CPU_LAYER_ENV, "ops")

@@ -5,7 +5,7 @@ errors."""
 import pytest
 import torch
 
-from eagle_kernels import _dispatch
+from eagle_kernels import _dispatch, reference
 from helpers import (
     DECODER_LAYERS,
     WEIGHT_DTYPES,
@@ -84,6 +84,72 @@ def test_rows_are_batch_invariant():
         for i in (0, 7, 8, 9, 10, 11, 12):  # per-request tensors: x, cos, sin, caches, lengths, mask
             alone[i] = alone[i][b:b + 1].contiguous()
         assert torch.equal(fn(*alone, **kwargs), together[b:b + 1])
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("eagle3", [False, True], ids=["target", "eagle3"])
+@pytest.mark.parametrize("B,N,prefix", [(1, 1, 37), (2, 8, 100), (3, 13, 70)])
+def test_16bit_cache_matches_reference(B, N, prefix, eagle3, cache_dtype):
+    """A bf16 / fp16 cache: k and v stored rounded to it, attention in it, as the reference (to the cache dtype's
+    rounding: an fp32 k a rounding away from the reference's can round to the neighbouring 16-bit value)."""
+    args, kwargs = decoder_layer_case("smollm2", B, N, prefix, "fp32", tree=True, embed=eagle3,
+                                      slot_offset=2 if eagle3 else 0)
+    args = args[:9] + (args[9].to(cache_dtype), args[10].to(cache_dtype)) + args[11:]
+    want_args, original = clone_args(args), clone_args(args)
+    got = native_decoder_layer()(*args, **kwargs)
+    want = reference.cpu_decoder_layer(*want_args, **kwargs)
+    tol = 2e-2 if cache_dtype == torch.bfloat16 else 2e-3
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    for cache, ref_cache, before in ((args[9], want_args[9], original[9]), (args[10], want_args[10], original[10])):
+        assert cache.dtype == cache_dtype
+        torch.testing.assert_close(cache.float(), ref_cache.float(), rtol=tol, atol=tol)
+        assert not torch.equal(cache, before)  # the new slots were written
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_model_16bit_cache_layer_kernel_matches_op_by_op_path(monkeypatch, cache_dtype):
+    """LlamaModel with a 16-bit cache (kv_cache_dtype): the fused layer (one call per layer) gives the op-by-op
+    path's logits and cache entries (both round k, v and q to the cache dtype and attend in it)."""
+    from eagle_kernels.models import llama
+
+    native_decoder_layer()
+    model = llama.LlamaModel(*_tiny_config_and_weights(), kv_cache_dtype=cache_dtype)
+    assert model.kv_cache_dtype == cache_dtype
+    prompt = torch.randint(0, 97, (2, 70))
+    tree = random_tree(2, 6, seed=3)
+    results = {}
+    for mode in ("auto", "ops"):
+        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
+        cache = model.new_cache(2, 96)
+        assert cache.k.dtype == cache_dtype
+        model(prompt, cache)
+        cache.seqlens += 70
+        with torch.profiler.profile() as prof:
+            step = model(prompt[:, :1], cache)
+        calls = sum(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
+        assert calls == (model.config.num_layers if mode == "auto" else 0)
+        cache.seqlens += 1
+        positions = cache.seqlens[:, None].long() + tree.depths.long()
+        verify = model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask)
+        results[mode] = (step.logits, verify.logits, cache.k.float(), cache.v.float())
+    tol = 2e-2 if cache_dtype == torch.bfloat16 else 2e-3
+    for got, want in zip(results["auto"], results["ops"]):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_kv_cache_dtype_must_be_16_or_32_bit_float():
+    from eagle_kernels.models import llama
+
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        llama.LlamaModel(*_tiny_config_and_weights(), kv_cache_dtype=torch.int8)
+
+
+def _tiny_config_and_weights():
+    from eagle_kernels.models import llama
+
+    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    return model.config, model.weights
 
 
 def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):

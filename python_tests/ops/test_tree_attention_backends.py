@@ -244,9 +244,10 @@ def test_cpp_rows_independent_of_node_count(backend, op_impl, monkeypatch, isa, 
             assert torch.equal(got, want[:, :n]), (heads, D, n)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512-bf16"])
 @pytest.mark.parametrize("prefix", [37, 100, 1000])
-def test_cpp_node_equals_its_decode(backend, op_impl, monkeypatch, isa, prefix):
+def test_cpp_node_equals_its_decode(backend, op_impl, monkeypatch, isa, prefix, dtype):
     """Each node of a tree gives, bit for bit, what the pass decoding its token alone gives once its ancestors are
     committed (the prefix, then its ancestors at consecutive positions): the key tiles follow logical positions,
     so tree slots that cross a 64-position tile boundary at other places than their depths change no rounding.
@@ -258,7 +259,7 @@ def test_cpp_node_equals_its_decode(backend, op_impl, monkeypatch, isa, prefix):
     fn = op_impl("tree_attention")
     N = 60
     tree = random_tree(1, N, seed=prefix)
-    q, k, v, seqlens, _ = attention_inputs(1, N, prefix, (9, 3), 64, torch.float32, None, seed=prefix)
+    q, k, v, seqlens, _ = attention_inputs(1, N, prefix, (9, 3), 64, DTYPES[dtype], None, seed=prefix)
     out = fn(q, k, v, seqlens, tree.mask)
     deep = 0
     for i in range(N):
