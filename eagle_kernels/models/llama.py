@@ -155,7 +155,8 @@ class LlamaModel(torch.nn.Module):
     llama.cpp's default F16 cache), which halves the bytes attention reads per token; k, v and q
     are rounded to it and attention runs in it (on the CPU, bf16 dot products where the CPU has
     them), so outputs differ from an fp32 cache by that rounding. Greedy speculative decoding still
-    equals plain decoding with the same cache dtype.
+    equals plain decoding with the same cache dtype (fp16: by construction; bf16 on CPUs with
+    AVX512_BF16: measured, see docs/cpu_kernels.md).
     """
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], weight_dtype: torch.dtype | None = None,
