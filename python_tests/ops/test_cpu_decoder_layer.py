@@ -113,29 +113,12 @@ def test_model_16bit_cache_layer_kernel_matches_op_by_op_path(monkeypatch, cache
     path's logits and cache entries (both round k, v and q to the cache dtype and attend in it)."""
     from eagle_kernels.models import llama
 
-    native_decoder_layer()
     model = llama.LlamaModel(*_tiny_config_and_weights(), kv_cache_dtype=cache_dtype)
-    assert model.kv_cache_dtype == cache_dtype
-    prompt = torch.randint(0, 97, (2, 70))
-    tree = random_tree(2, 6, seed=3)
-    results = {}
-    for mode in ("auto", "ops"):
-        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
-        cache = model.new_cache(2, 96)
-        assert cache.k.dtype == cache_dtype
-        model(prompt, cache)
-        cache.seqlens += 70
-        with torch.profiler.profile() as prof:
-            step = model(prompt[:, :1], cache)
-        calls = sum(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
-        assert calls == (model.config.num_layers if mode == "auto" else 0)
-        cache.seqlens += 1
-        positions = cache.seqlens[:, None].long() + tree.depths.long()
-        verify = model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask)
-        results[mode] = (step.logits, verify.logits, cache.k.float(), cache.v.float())
+    assert model.kv_cache_dtype == cache_dtype and model.new_cache(1, 4).k.dtype == cache_dtype
     tol = 2e-2 if cache_dtype == torch.bfloat16 else 2e-3
-    for got, want in zip(results["auto"], results["ops"]):
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    fused, op_by_op = fused_and_op_by_op(model, monkeypatch)
+    for got, want in zip(fused, op_by_op):
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
 def test_kv_cache_dtype_must_be_16_or_32_bit_float():
@@ -157,15 +140,25 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
     to fp32 rounding (logits and every cache entry), and run one kernel call per layer."""
     from eagle_kernels.models import llama
 
+    fused, op_by_op = fused_and_op_by_op(llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32)), monkeypatch)
+    for got, want in zip(fused, op_by_op):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def fused_and_op_by_op(model, monkeypatch):
+    """(step logits, tree-pass logits, k cache, v cache) of a 70-token prefill (op by op either way: 140 rows),
+    one decoded token and a 6-node tree pass, through cpu_decoder_layer and through the op-by-op path; checks
+    that the fused path makes one kernel call per layer and the other none."""
+    from eagle_kernels.models import llama
+
     native_decoder_layer()
-    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     prompt = torch.randint(0, 97, (2, 70))
     tree = random_tree(2, 6, seed=3)
     results = {}
     for mode in ("auto", "ops"):
         monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
         cache = model.new_cache(2, 96)
-        model(prompt, cache)  # 140 rows: op by op either way
+        model(prompt, cache)
         cache.seqlens += 70
         with torch.profiler.profile() as prof:
             step = model(prompt[:, :1], cache)
@@ -175,8 +168,7 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
         positions = cache.seqlens[:, None].long() + tree.depths.long()
         verify = model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask)
         results[mode] = (step.logits, verify.logits, cache.k, cache.v)
-    for got, want in zip(results["auto"], results["ops"]):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    return results["auto"], results["ops"]
 
 
 def test_model_row_counts_skip_padding_rows(monkeypatch):
