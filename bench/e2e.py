@@ -487,7 +487,7 @@ def main(argv=None) -> int:
     if KV16 in args.providers:  # the same weights (packed once more), bf16 K/V caches
         for suffix, model in list(targets.items()):
             weights, narrow = (target.weights, torch.bfloat16) if suffix == "-bf16w" else (model.weights, None)
-            targets[f"{suffix}-{KV16}"] = LlamaModel(model.config, dict(weights), weight_dtype=narrow,
+            targets[f"{suffix}-{KV16}"] = LlamaModel(model.config, weights, weight_dtype=narrow,
                                                      activations=model.activations, kv_cache_dtype=torch.bfloat16)
     heads, head_folders = {}, {}
     for suffix, model in targets.items():

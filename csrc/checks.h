@@ -55,6 +55,13 @@ inline void check_float_dtype(const at::Tensor& t, const char* op, const char* n
                     ": expected dtype float32, float16, bfloat16 or float64, got ", dt);
 }
 
+// The dtypes of a weight matrix or a K/V cache that the fp32-compute CPU kernels widen as they read.
+inline void check_32_or_16_bit_float(const at::Tensor& t, const char* op, const char* name) {
+  const at::ScalarType dt = t.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op, ": ", name,
+                    ": expected dtype float32, bfloat16 or float16, got ", dt);
+}
+
 // Checks shared by every op that takes a K/V cache, in the order eagle_kernels/_checks.py runs
 // them: v_cache like k_cache, cache_seqlens int32 [B], then the block table (paged) or the
 // batch dim of k_cache at `batch_dim` (contiguous). Returns max_pages (0 when contiguous).

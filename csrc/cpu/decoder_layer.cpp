@@ -95,9 +95,7 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
     linear_impl::check_quantized(w, op, name, rows, cols);
     return;
   }
-  const at::ScalarType t = w.scalar_type();
-  TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": ", name,
-                    ": expected dtype float32, bfloat16 or float16, got ", t);
+  check_32_or_16_bit_float(w, op, name);
   check_device(w, op, name, dev);
   if (w.dim() == 4) {  // packed (cpu_linear_pack): [rows / 32, 2, cols, 16]
     constexpr int64_t width = linear_impl::kPackWidth;
@@ -133,9 +131,7 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   const at::Device dev = x_in.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
   const int64_t B = x_in.size(0), N = x_in.size(1), H = x_in.size(2);
-  TORCH_CHECK_VALUE(k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16 ||
-                        k_cache.scalar_type() == at::kHalf,
-                    op, ": k_cache: expected dtype float32, bfloat16 or float16, got ", k_cache.scalar_type());
+  check_32_or_16_bit_float(k_cache, op, "k_cache");
   check_dim(k_cache, op, "k_cache", 4, "[B, S, Hkv, D]");
   check_device(k_cache, op, "k_cache", dev);
   check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, std::nullopt, B, 0, "[B, S, Hkv, D]", dev);
