@@ -341,6 +341,26 @@ def _check_quant_packed(name, weight, rows, K):
         _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
 
 
+def is_pair_packed(weight) -> bool:
+    """A bf16 weight packed in pairs of k steps, [N / 32, 2, K / 2, 16, 2] (cpu_linear_pack, K even)."""
+    return weight.dim() == 5 and weight.dtype == torch.bfloat16
+
+
+def _check_packed_float(name, weight, rows, K):
+    """A packed fp32 / bf16 / fp16 weight [rows / 32, 2, K, 16], or bf16 pairs [rows / 32, 2, K / 2, 16, 2] (rows
+    None: any N)."""
+    n = "N" if rows is None else rows
+    rows_fit = rows is None or (rows % PACK_WIDTH == 0 and weight.shape[0] == rows // PACK_WIDTH)
+    if is_pair_packed(weight):
+        if K % 2 or not rows_fit or tuple(weight.shape[1:]) != (2, K // 2, PACK_WIDTH // 2, 2):
+            _fail(name, f"bf16 pair-packed shape [{n} / 32, 2, K / 2, 16, 2] for K = {K} (K even)",
+                  f"shape {tuple(weight.shape)}")
+    elif weight.dim() != 4 or not rows_fit or tuple(weight.shape[1:]) != (2, K, PACK_WIDTH // 2):
+        _fail(name, f"packed shape [{n} / 32, 2, K = {K}, 16]", f"shape {tuple(weight.shape)}")
+    if not weight.is_contiguous():
+        _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
+
+
 def check_linear_weight_layout(name, weight, K, device):
     """A cpu_linear weight: [N, K] with a dense last dim, or packed [N / 32, 2, K, 16] contiguous, or quantized
     packed blocks."""
@@ -348,15 +368,12 @@ def check_linear_weight_layout(name, weight, K, device):
     if weight.dtype in QUANT_NAMES:
         _check_quant_packed(name, weight, None, K)
         return
-    if weight.dim() == 4:
-        if tuple(weight.shape[1:]) != (2, K, PACK_WIDTH // 2):
-            _fail(name, f"packed shape [N / 32, 2, K = {K}, 16] (K from x)", f"shape {tuple(weight.shape)}")
-        if not weight.is_contiguous():
-            _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
+    if weight.dim() == 4 or is_pair_packed(weight):
+        _check_packed_float(name, weight, None, K)
         return
     if weight.dim() != 2:
-        _fail(name, "2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack)",
-              f"{weight.dim()}-D shape {tuple(weight.shape)}")
+        _fail(name, "2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (bf16 with K even: 5-D [N / 32, 2, K / 2, 16, 2]; "
+              "cpu_linear_pack)", f"{weight.dim()}-D shape {tuple(weight.shape)}")
     N = weight.shape[0]
     if weight.shape[1] != K:
         _fail(name, f"shape [N, K = {K}] (K from x)", f"shape {tuple(weight.shape)}")
@@ -366,7 +383,7 @@ def check_linear_weight_layout(name, weight, K, device):
 
 
 def linear_out_features(weight) -> int:
-    """N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16]."""
+    """N of a cpu_linear weight, row-major [N, K] or packed [N / 32, ...]."""
     return weight.shape[0] * PACK_WIDTH if weight.dim() in (4, 5) else weight.shape[0]
 
 
@@ -403,12 +420,10 @@ def _check_linear_weight(name, weight, rows, cols, layout, device):
     if weight.dtype in QUANT_NAMES:
         _check_quant_packed(name, weight, rows, cols)
         return
-    if weight.dim() == 4:  # packed (cpu_linear_pack)
-        if rows % PACK_WIDTH or tuple(weight.shape) != (rows // PACK_WIDTH, 2, cols, PACK_WIDTH // 2):
-            _fail(name, f"packed shape {layout} = [{rows}, {cols}] as [{rows} / 32, 2, {cols}, 16]",
-                  f"shape {tuple(weight.shape)}")
-        if not weight.is_contiguous():
-            _fail(name, "a contiguous packed weight", f"strides {tuple(weight.stride())}")
+    if weight.dim() == 4 or is_pair_packed(weight):  # packed (cpu_linear_pack)
+        if rows % PACK_WIDTH:
+            _fail(name, f"a packed {layout} weight with {rows} rows a multiple of 32", f"shape {tuple(weight.shape)}")
+        _check_packed_float(name, weight, rows, cols)
         return
     if tuple(weight.shape) != (rows, cols):
         _fail(name, f"shape {layout} = [{rows}, {cols}]", f"shape {tuple(weight.shape)}")

@@ -64,7 +64,8 @@ def cpu_linear(x, weight):
 def cpu_linear_pack(weight, activations="fp32"):
     """``weight`` [N, K] (N a multiple of 32) as the packed [N / 32, 2, K, 16] that ``cpu_linear``
     and ``cpu_decoder_layer`` also take: groups of 32 output columns in two K-major halves, for which the CPU
-    kernel is a GEMM micro-kernel (verify passes of 8-12 rows cost little more than one row).
+    kernel is a GEMM micro-kernel (verify passes of 8-12 rows cost little more than one row); bf16 with K even
+    as [N / 32, 2, K / 2, 16, 2], pairs of k per 32-bit lane (cheaper to widen, the same results).
     Pure layout (any device, same dtype and values); GGML Q8_0 / Q4_1 block rows (int8 / uint8, see
     :func:`eagle_kernels.reference.cpu_linear.quantize`) are packed into the quantized kernel's layout, or with
     ``activations="int8"`` into the layout of its 8-bit-activation arithmetic (GGML's). See

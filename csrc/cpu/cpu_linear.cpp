@@ -299,6 +299,24 @@ QuantFormat check_quantized(const at::Tensor& w, const char* op, const char* nam
   return format;
 }
 
+void check_packed_float(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K) {
+  constexpr int64_t half = kPackWidth / 2;
+  const bool pairs = is_pair_packed(w);
+  const std::string n = rows < 0 ? std::string("N") : std::to_string(rows);
+  const bool rows_fit = rows < 0 || (rows % kPackWidth == 0 && w.size(0) == rows / kPackWidth);
+  if (pairs) {
+    TORCH_CHECK_VALUE(
+        K % 2 == 0 && rows_fit && w.size(1) == 2 && w.size(2) == K / 2 && w.size(3) == half && w.size(4) == 2, op, ": ",
+        name, ": expected bf16 pair-packed shape [", n, " / 32, 2, K / 2, 16, 2] for K = ", K, " (K even), got ",
+        shape_str(w.sizes()));
+  } else {
+    TORCH_CHECK_VALUE(w.dim() == 4 && rows_fit && w.size(1) == 2 && w.size(2) == K && w.size(3) == half, op, ": ", name,
+                      ": expected packed shape [", n, " / 32, 2, K = ", K, ", 16], got ", shape_str(w.sizes()));
+  }
+  TORCH_CHECK_VALUE(w.is_contiguous(), op, ": ", name, ": expected a contiguous packed weight, got strides ",
+                    shape_str(w.strides()));
+}
+
 int64_t parallel_chunk() {
   const char* env = std::getenv("EAGLE_KERNELS_CPU_LINEAR_CHUNK");
   if (env == nullptr || *env == '\0') return kDefaultParallelChunk;
@@ -318,8 +336,9 @@ void linear_rows(const at::Tensor& weight, const float* x, int64_t ldx, int64_t 
       dot_linear(packed, format, weight.size(0), x, ldx, M, K, out, ldo, level);
     else
       quant_linear(packed, format, weight.size(0), x, ldx, M, K, out, ldo, level);
-  } else if (weight.dim() == 4) {
-    packed_linear(weight.data_ptr(), weight.scalar_type(), weight.size(0), x, ldx, M, K, out, ldo, level);
+  } else if (weight.dim() >= 4) {
+    packed_linear(weight.data_ptr(), weight.scalar_type(), is_pair_packed(weight), weight.size(0), x, ldx, M, K, out,
+                  ldo, level);
   } else {
     const int64_t N = weight.size(0);
     const int64_t ldw = N > 1 ? weight.stride(0) : K;
@@ -357,18 +376,15 @@ at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
                       ": weight: expected dtype float32, bfloat16, float16, int8 (packed Q8_0) or uint8 (packed "
                       "Q4_1), got ",
                       wtype);
-    TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 4, op,
-                      ": weight: expected 2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (cpu_linear_pack), got ",
+    TORCH_CHECK_VALUE(weight.dim() == 2 || weight.dim() == 4 || linear_impl::is_pair_packed(weight), op,
+                      ": weight: expected 2-D [N, K] or packed 4-D [N / 32, 2, K, 16] (bf16 with K even: 5-D [N / 32, "
+                      "2, K / 2, 16, 2]; cpu_linear_pack), got ",
                       weight.dim(), "-D shape ", shape_str(weight.sizes()));
     check_device(weight, op, "weight", dev);
-    const bool packed = weight.dim() == 4;
+    const bool packed = weight.dim() >= 4;
     N = packed ? weight.size(0) * linear_impl::kPackWidth : weight.size(0);
     if (packed) {
-      TORCH_CHECK_VALUE(weight.size(1) == 2 && weight.size(2) == K && weight.size(3) == linear_impl::kPackWidth / 2, op,
-                        ": weight: expected packed shape [N / 32, 2, K = ", K, ", 16] (K from x), got ",
-                        shape_str(weight.sizes()));
-      TORCH_CHECK_VALUE(weight.is_contiguous(), op, ": weight: expected a contiguous packed weight, got strides ",
-                        shape_str(weight.strides()));
+      linear_impl::check_packed_float(weight, op, "weight", -1, K);
     } else {
       TORCH_CHECK_VALUE(weight.size(1) == K, op, ": weight: expected shape [N, K = ", K, "] (K from x), got ",
                         shape_str(weight.sizes()));

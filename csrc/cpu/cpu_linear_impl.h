@@ -19,9 +19,13 @@ constexpr int64_t kPackWidth = 32;
 
 // out[m * ldo + n] = sum_k x[m * ldx + k] * W[n, k] for the packed weight `packed` (groups of
 // kPackWidth columns, dtype `wtype`: float, or the raw bits of bf16 / fp16), N = groups * 32,
-// with the vector path of `level` (isa::current()).
-void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
-                   int64_t K, float* out, int64_t ldo, isa::Level level);
+// with the vector path of `level` (isa::current()). `pairs`: bf16 in the pair layout
+// [N / 32, 2, K / 2, 16, 2] (K even), else [N / 32, 2, K, 16].
+void packed_linear(const void* packed, at::ScalarType wtype, bool pairs, int64_t groups, const float* x, int64_t ldx,
+                   int64_t M, int64_t K, float* out, int64_t ldo, isa::Level level);
+
+// Whether a packed fp32 / bf16 / fp16 weight is in the bf16 pair layout (5-D).
+inline bool is_pair_packed(const at::Tensor& w) { return w.dim() == 5 && w.scalar_type() == at::kBFloat16; }
 
 // Weight-only quantized weights (cpu_linear_quant.cpp): packed blocks of kQuantBlock k steps per half of a group,
 // int8 [N / 32, 2, K / 32, kQ8BlockBytes] for Q8_0, uint8 [N / 32, 2, K / 32, kQ41BlockBytes] for Q4_1.
@@ -32,6 +36,10 @@ constexpr int64_t kQ41BlockBytes = 64 + 16 * 16;  // 16 fp16 scales, 16 fp16 min
 // bytes per block of a half (kQ8BlockBytes / 32 = 17, kQ41BlockBytes / 32 = 10).
 enum class QuantFormat { kQ8_0, kQ4_1, kQ8_0Int8, kQ4_1Int8 };
 constexpr int64_t kDotLineBytes = 32;
+
+// Checks a packed fp32 / bf16 / fp16 weight (4-D, or bf16 pairs 5-D) for `rows` output features (-1: any multiple
+// of 32) and K input features (ValueError naming `name`).
+void check_packed_float(const at::Tensor& w, const char* op, const char* name, int64_t rows, int64_t K);
 
 // Whether `w` has a quantized dtype (int8: Q8_0, uint8: Q4_1).
 bool is_quantized(const at::Tensor& w);

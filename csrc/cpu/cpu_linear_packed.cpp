@@ -1,6 +1,7 @@
 // cpu_linear over a packed weight (eagle_kernels.cpu_linear_pack): W [N, K] stored as groups of
 // 32 output columns, each group as two halves of 16 columns one after the other, K-major inside a
-// half: packed [N / 32, 2, K, 16], packed[g, h, k, j] = W[32 g + 16 h + j, k] (every dtype).
+// half: packed [N / 32, 2, K, 16], packed[g, h, k, j] = W[32 g + 16 h + j, k] (every dtype; bf16 with K
+// even in pairs of k, see "bf16 pair layout" below).
 //
 // Why a second layout: with row-major weights every FMA pairs a weight vector with a vector of
 // x along K, so a tile of 4 weight rows reloads x for every 4 outputs and one output is
@@ -179,12 +180,153 @@ struct Tiles {
 #endif
 };
 
+// ------------------------------------------------------------------------- bf16 pair layout
+// bf16 weights with an even K are packed in pairs of k steps, [N / 32, 2, K / 2, 16, 2]:
+// packed[g, h, p, j, i] = W[32 g + 16 h + j, 2 p + i]. A 32-bit lane holds one column's weights at
+// k = 2p (low half) and 2p + 1 (high half), so a 64-byte line is two k steps of a half, widened
+// to fp32 by a shift left by 16 (even k) and a mask of the high half (odd k): two plain integer
+// operations with the load folded in, where the K-major layout needs a zero-extending lane shuffle
+// and a shift per k step. The FMA chain of every output is the same (k = 0 .. K-1 in order), so
+// the two layouts give the same bits. Measured (Zen 4, 1 thread, SmolLM2-135M's bf16 matrices at
+// one row of x, interleaved): see docs/cpu_kernels.md.
+constexpr int64_t kPairLine = 2 * kHalf;  // bf16 elements per pair step of a half (64 bytes)
+
+inline float pair_weight(const Bf16Bits* half, int64_t k, int64_t j) {
+  return widen(half[(k / 2) * kPairLine + 2 * j + k % 2]);
+}
+
+void pair_group_scalar(const Bf16Bits* w, const float* x, int64_t ldx, int64_t M, int64_t K, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * ldx;
+    for (int64_t j = 0; j < kW; ++j) {
+      const Bf16Bits* half = w + (j / kHalf) * K * kHalf;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(pair_weight(half, k, j % kHalf), xm[k], acc);
+      out[m * ldo + j] = acc;
+    }
+  }
+}
+
+#if EAGLE_X86_SIMD
+// Pair steps ahead of the current one that a tile prefetches per weight stream (64 bytes per step).
+constexpr int64_t kPairPrefetchStepsOneRow = 32;
+constexpr int64_t kPairPrefetchSteps = kPrefetchAhead / 64;
+
+// The fp32 weights of k = 2p (kOdd false: the low halves of the lanes, shifted up) or k = 2p + 1 (the high halves).
+template <bool kOdd>
+EAGLE_TARGET_AVX512 inline __m512 pair_widen512(const Bf16Bits* line) {
+  const __m512i v = _mm512_loadu_si512(line);
+  return _mm512_castsi512_ps(kOdd ? _mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))
+                                  : _mm512_slli_epi32(v, 16));
+}
+
+// One k step (k = 2p + kOdd) of pair_tile512's G groups and C rows.
+template <bool kOdd, int G, int C>
+EAGLE_TARGET_AVX512 inline void pair_step512(const Bf16Bits* w, int64_t half_stride, int64_t p, const float* x,
+                                             int64_t ldx, __m512 (&acc)[G][2][C]) {
+  __m512 lo[G], hi[G];
+  for (int g = 0; g < G; ++g) {
+    lo[g] = pair_widen512<kOdd>(w + (2 * g) * half_stride + p * kPairLine);
+    hi[g] = pair_widen512<kOdd>(w + (2 * g + 1) * half_stride + p * kPairLine);
+  }
+  for (int c = 0; c < C; ++c) {
+    const __m512 xv = _mm512_set1_ps(x[c * ldx + 2 * p + kOdd]);
+    for (int g = 0; g < G; ++g) {
+      acc[g][0][c] = _mm512_fmadd_ps(lo[g], xv, acc[g][0][c]);
+      acc[g][1][c] = _mm512_fmadd_ps(hi[g], xv, acc[g][1][c]);
+    }
+  }
+}
+
+// G consecutive groups (w: the first, [G][2][K / 2][16][2]) times C rows of x: out[c * ldo + 32 g + j].
+template <int G, int C>
+EAGLE_TARGET_AVX512 void pair_tile512(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, float* out,
+                                      int64_t ldo, bool prefetch) {
+  constexpr int64_t ahead = C == 1 ? kPairPrefetchStepsOneRow : kPairPrefetchSteps;
+  __m512 acc[G][2][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][0][c] = acc[g][1][c] = _mm512_setzero_ps();
+  const int64_t half_stride = K * kHalf;
+  const int64_t steps = K / 2;
+  for (int64_t p = 0; p < steps; ++p) {
+    if (prefetch) {
+      // As tile512: past the halves' ends each stream runs on into the same stream of the next tile.
+      const int64_t pp = p + ahead;
+      const Bf16Bits* line = pp < steps ? w + pp * kPairLine : w + (2 * G - 1) * half_stride + (pp - steps) * kPairLine;
+      for (int g = 0; g < 2 * G; ++g) _mm_prefetch(reinterpret_cast<const char*>(line + g * half_stride), _MM_HINT_T1);
+    }
+    pair_step512<false, G, C>(w, half_stride, p, x, ldx, acc);
+    pair_step512<true, G, C>(w, half_stride, p, x, ldx, acc);
+  }
+  for (int c = 0; c < C; ++c)
+    for (int g = 0; g < G; ++g) {
+      _mm512_storeu_ps(out + c * ldo + g * kW, acc[g][0][c]);
+      _mm512_storeu_ps(out + c * ldo + g * kW + kHalf, acc[g][1][c]);
+    }
+}
+
+// One half ([K / 2][16][2], a contiguous stream) times C rows of x: out[c * ldo + j], j < 16.
+template <int C>
+EAGLE_TARGET_AVX2 void pair_tile256(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                                    bool prefetch) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m256 acc_a[C], acc_b[C];
+  for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < K / 2; ++p) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + (p + kPairPrefetchSteps) * kPairLine), _MM_HINT_T1);
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kPairLine));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kPairLine + kHalf));
+    for (int odd = 0; odd < 2; ++odd) {
+      const __m256 va = _mm256_castsi256_ps(odd ? _mm256_and_si256(a, high) : _mm256_slli_epi32(a, 16));
+      const __m256 vb = _mm256_castsi256_ps(odd ? _mm256_and_si256(b, high) : _mm256_slli_epi32(b, 16));
+      for (int c = 0; c < C; ++c) {
+        const __m256 xv = _mm256_broadcast_ss(x + c * ldx + 2 * p + odd);
+        acc_a[c] = _mm256_fmadd_ps(va, xv, acc_a[c]);
+        acc_b[c] = _mm256_fmadd_ps(vb, xv, acc_b[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
+    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
+  }
+}
+#endif  // EAGLE_X86_SIMD
+
+// The pair tiles as cpu_linear_groups.h takes them (depth: K, even).
+struct PairTiles {
+  using Elem = Bf16Bits;
+  using X = float;
+  static int64_t group_elems(int64_t K) { return K * kW; }
+  static void group_scalar(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out,
+                           int64_t ldo) {
+    pair_group_scalar(w, x, ldx, M, K, out, ldo);
+  }
+#if EAGLE_X86_SIMD
+  static constexpr int kMaxRows = linear_impl::kMaxRows;
+  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
+  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
+  template <int G, int C>
+  static void tile512(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+    pair_tile512<G, C>(w, K, x, ldx, out, ldo, prefetch);
+  }
+  template <int C>
+  static void tile256(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                      bool prefetch) {
+    pair_tile256<C>(w, K, x, ldx, out, ldo, prefetch);
+  }
+#endif
+};
+
 }  // namespace
 
-void packed_linear(const void* packed, at::ScalarType wtype, int64_t groups, const float* x, int64_t ldx, int64_t M,
-                   int64_t K, float* out, int64_t ldo, Level level) {
+void packed_linear(const void* packed, at::ScalarType wtype, bool pairs, int64_t groups, const float* x, int64_t ldx,
+                   int64_t M, int64_t K, float* out, int64_t ldo, Level level) {
   parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
-    if (wtype == at::kFloat)
+    if (pairs)
+      run_groups<PairTiles>(static_cast<const Bf16Bits*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
+    else if (wtype == at::kFloat)
       run_groups<Tiles<float>>(static_cast<const float*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
     else if (wtype == at::kBFloat16)
       run_groups<Tiles<Bf16Bits>>(static_cast<const Bf16Bits*>(packed), begin, end, K, x, ldx, M, out, ldo, level);

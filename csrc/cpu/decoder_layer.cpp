@@ -97,13 +97,10 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
   }
   check_32_or_16_bit_float(w, op, name);
   check_device(w, op, name, dev);
-  if (w.dim() == 4) {  // packed (cpu_linear_pack): [rows / 32, 2, cols, 16]
-    constexpr int64_t width = linear_impl::kPackWidth;
-    TORCH_CHECK_VALUE(rows % width == 0 && w.sizes() == c10::IntArrayRef({rows / width, 2, cols, width / 2}), op, ": ",
-                      name, ": expected packed shape ", layout, " = [", rows, ", ", cols, "] as [", rows, " / 32, 2, ",
-                      cols, ", 16], got ", shape_str(w.sizes()));
-    TORCH_CHECK_VALUE(w.is_contiguous(), op, ": ", name, ": expected a contiguous packed weight, got strides ",
-                      shape_str(w.strides()));
+  if (w.dim() == 4 || linear_impl::is_pair_packed(w)) {  // packed (cpu_linear_pack)
+    TORCH_CHECK_VALUE(rows % linear_impl::kPackWidth == 0, op, ": ", name, ": expected a packed ", layout,
+                      " weight with ", rows, " rows a multiple of 32, got shape ", shape_str(w.sizes()));
+    linear_impl::check_packed_float(w, op, name, rows, cols);
     return;
   }
   check_shape(w, op, name, {rows, cols}, layout);

@@ -40,7 +40,7 @@ def packed(N, K, wdtype):
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
 def test_layout(wdtype):
-    """packed[g, h, k, j] = weight[32 g + 16 h + j, k] for every dtype; unpack inverts."""
+    """packed[g, h, k, j] = weight[32 g + 16 h + j, k] for every dtype (bf16: with K odd); unpack inverts."""
     w = weight(64, 5, wdtype)
     p = eagle_kernels.cpu_linear_pack(w)
     assert p.shape == (2, 2, 5, 16) and p.dtype == w.dtype and p.is_contiguous()
@@ -49,6 +49,40 @@ def test_layout(wdtype):
             for j in range(16):
                 assert torch.equal(p[g, h, :, j], w[32 * g + 16 * h + j])
     assert torch.equal(cpu_linear_unpack(p), w)
+
+
+def test_bf16_pair_layout():
+    """bf16 with K even: packed[g, h, p, j, i] = weight[32 g + 16 h + j, 2 p + i]; unpack inverts."""
+    w = weight(64, 6, "bf16")
+    p = eagle_kernels.cpu_linear_pack(w)
+    assert p.shape == (2, 2, 3, 16, 2) and p.dtype == torch.bfloat16 and p.is_contiguous()
+    for g in range(2):
+        for h in range(2):
+            for j in range(16):
+                for i in range(2):
+                    assert torch.equal(p[g, h, :, j, i], w[32 * g + 16 * h + j, i::2])
+    assert torch.equal(cpu_linear_unpack(p), w)
+
+
+def k_major(w):
+    """The [N / 32, 2, K, 16] layout for any dtype (cpu_linear_pack gives bf16 with K even in pairs)."""
+    N, K = w.shape
+    return w.reshape(N // 32, 2, 16, K).transpose(2, 3).contiguous()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bf16_pairs_give_the_bits_of_the_k_major_layout(isa, monkeypatch):
+    """The pair layout runs the same FMA chain per output as the K-major one: equal bits on every tile shape."""
+    skip_unavailable_isa(isa)
+    monkeypatch.setenv(ISA_ENV, isa)
+    fn = torch.ops.eagle_kernels.cpu_linear
+    for N, K in ((1056, 100), (96, 576), (32, 2)):
+        w = weight(N, K, "bf16")
+        pairs, kmajor = eagle_kernels.cpu_linear_pack(w), k_major(w)
+        assert pairs.dim() == 5 and kmajor.dim() == 4
+        for M in MS:
+            x = activations(M, K)
+            assert torch.equal(fn(x, pairs), fn(x, kmajor)), (N, K, M)
 
 
 @pytest.mark.parametrize("wdtype", list(WEIGHT_DTYPES), ids=list(WEIGHT_DTYPES))
@@ -149,6 +183,26 @@ def test_bad_packed_weight(linear, case):
         linear(activations(3, 16), w)
 
 
+BAD_PAIRS = {  # on a bf16 pair-packed [2, 2, 8, 16, 2] (K 16)
+    "k_odd": (lambda w: w, 15),
+    "pairs_short": (lambda w: w[:, :, :-1].contiguous(), 16),
+    "last_not_2": (lambda w: torch.cat([w, w[..., :1]], -1), 16),
+    "half_not_16": (lambda w: w[:, :, :, :8].contiguous(), 16),
+    "one_half": (lambda w: w[:, :1].contiguous(), 16),
+    "not_contiguous": (lambda w: w.transpose(0, 1).contiguous().transpose(0, 1), 16),
+    "fp32_pairs": (lambda w: w.float(), 16),
+    "fp16_pairs": (lambda w: w.half(), 16),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PAIRS), ids=list(BAD_PAIRS))
+def test_bad_pair_packed_weight(linear, case):
+    make, K = BAD_PAIRS[case]
+    w = make(packed(64, 16, "bf16"))
+    with pytest.raises(ValueError, match=r"\bweight\b"):
+        linear(activations(3, K), w)
+
+
 @pytest.mark.parametrize("shape", [(48, 16), (7, 16), (64,), (2, 64, 16)], ids=["N48", "N7", "rank1", "rank3"])
 def test_bad_pack_input(shape):
     with pytest.raises(ValueError, match=r"\bweight\b"):
@@ -243,12 +297,13 @@ def test_decoder_layer_takes_packed_weights():
                                rtol=2e-5, atol=2e-5)
 
 
-def test_decoder_layer_rejects_a_bad_packed_weight():
+@pytest.mark.parametrize("wdtype", ["fp32", "bf16"])  # bf16: the pair layout
+def test_decoder_layer_rejects_a_bad_packed_weight(wdtype):
 
     fn = native_decoder_layer()
-    args, kwargs = decoder_layer_case("smollm2", 1, 2, 5, "fp32", tree=False)
+    args, kwargs = decoder_layer_case("smollm2", 1, 2, 5, wdtype, tree=False)
     bad = list(args)
-    bad[3] = eagle_kernels.cpu_linear_pack(args[3])[:, :, :-1].contiguous()  # o_weight with K short by one
+    bad[3] = eagle_kernels.cpu_linear_pack(args[3])[:, :, :-1].contiguous()  # o_weight with K short (by one / a pair)
     for impl in (fn, reference.cpu_decoder_layer):
         with pytest.raises(ValueError, match=r"\bo_weight\b"):
             impl(*bad, **kwargs)
