@@ -31,7 +31,8 @@ machine noise hits all of them alike; median per provider). ``python bench/bench
 every weight from DRAM) at 1, 4, 8 and 12 rows, 1 and 2 threads, for torch, cpu_linear with
 row-major fp32 weights (the best ISA path, the AVX-512 path without paired tiles, capped at AVX2,
 and ``EAGLE_KERNELS_CPU_LINEAR_CHUNK=8388608``: only the LM head splits over threads), row-major bf16
-weights, packed fp32 (best path, AVX2) and bf16 weights, and packed Q8_0 / Q4_1 (best path, AVX2).
+weights, packed fp32 (best path, AVX2) and bf16 weights (pairs of k, and ``bf16-kmajor``: the K-major
+layout the pairs replaced), and packed Q8_0 / Q4_1 (best path, AVX2).
 ``python bench/bench_cpu_linear.py --step [fp32,bf16,q8_0,q4_1,gguf] [ROUNDS]`` splits one plain decoding
 step of the real SmolLM2-135M (one token after a 96-token prompt, 1 thread) into the decoder layers' linear
 layers, the LM head and the rest (norms, attention, RoPE, K/V writes, Python), per weight storage,
@@ -163,10 +164,19 @@ def main(argv):
 
 
 def in_features(w):
-    """K of a cpu_linear weight: row-major [N, K], packed [N / 32, 2, K, 16] or quantized [N / 32, 2, K / 32, B]."""
+    """K of a cpu_linear weight: row-major [N, K], packed [N / 32, 2, K, 16], bf16 pairs [N / 32, 2, K / 2, 16, 2]
+    or quantized [N / 32, 2, K / 32, ...]."""
     if w.dim() == 2:
         return w.shape[1]
-    return w.shape[2] * 32 if w.dtype in (torch.int8, torch.uint8) else w.shape[2]
+    if w.dtype in (torch.int8, torch.uint8):
+        return w.shape[2] * 32
+    return w.shape[2] * 2 if w.dim() == 5 else w.shape[2]
+
+
+def pack_k_major(w):
+    """[N / 32, 2, K, 16] for any dtype: the layout cpu_linear_pack gives bf16 only with K odd (else pairs)."""
+    N, K = w.shape
+    return w.reshape(N // 32, 2, 16, K).transpose(2, 3).contiguous()
 
 
 def forward_table(threads_list, rounds=7):
@@ -176,6 +186,7 @@ def forward_table(threads_list, rounds=7):
     bf16 = [w.bfloat16() for w in fp32]
     packed = [eagle_kernels.cpu_linear_pack(w) for w in fp32]
     packed16 = [eagle_kernels.cpu_linear_pack(w) for w in bf16]
+    packed16_k = [pack_k_major(w) for w in bf16]
     q8 = [eagle_kernels.cpu_linear_pack(quantize(w, "q8_0")) for w in fp32]
     q41 = [eagle_kernels.cpu_linear_pack(quantize(w, "q4_1")) for w in fp32]
     chunk_env, isa_env = "EAGLE_KERNELS_CPU_LINEAR_CHUNK", "EAGLE_KERNELS_CPU_ISA"
@@ -199,6 +210,7 @@ def forward_table(threads_list, rounds=7):
                  "packed": one_pass(eagle_kernels.cpu_linear, packed),
                  "packed-avx2": one_pass(eagle_kernels.cpu_linear, packed, **{isa_env: "avx2"}),
                  "packed-bf16": one_pass(eagle_kernels.cpu_linear, packed16),
+                 "bf16-kmajor": one_pass(eagle_kernels.cpu_linear, packed16_k),
                  "packed-q8_0": one_pass(eagle_kernels.cpu_linear, q8),
                  "q8_0-avx2": one_pass(eagle_kernels.cpu_linear, q8, **{isa_env: "avx2"}),
                  "packed-q4_1": one_pass(eagle_kernels.cpu_linear, q41),
