@@ -31,6 +31,28 @@ namespace eagle {
 namespace linear_impl {
 
 #if EAGLE_X86_SIMD
+// One k step of an AVX2 tile over one half of a group (16 columns: a, b hold 8 each, widened to fp32) and C rows
+// of x (x: column k of the first row): acc_a[c] += a * x[c * ldx], acc_b[c] += b * x[c * ldx].
+template <int C>
+EAGLE_TARGET_AVX2 inline void half_step256(__m256 a, __m256 b, const float* x, int64_t ldx, __m256 (&acc_a)[C],
+                                           __m256 (&acc_b)[C]) {
+  for (int c = 0; c < C; ++c) {
+    const __m256 xv = _mm256_broadcast_ss(x + c * ldx);
+    acc_a[c] = _mm256_fmadd_ps(a, xv, acc_a[c]);
+    acc_b[c] = _mm256_fmadd_ps(b, xv, acc_b[c]);
+  }
+}
+
+// An AVX2 half tile's results: out[c * ldo + j], j < 16.
+template <int C>
+EAGLE_TARGET_AVX2 inline void store_half256(const __m256 (&acc_a)[C], const __m256 (&acc_b)[C], float* out,
+                                            int64_t ldo) {
+  for (int c = 0; c < C; ++c) {
+    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
+    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
+  }
+}
+
 // T::tile512<G, C> for a C (1 .. C_max) known at run time; G = T::groups_for(C) if `wide`, else 1.
 template <typename T, int C>
 void tile512_rows(int64_t C_run, bool wide, const typename T::Elem* w, int64_t depth, const typename T::X* x,

@@ -141,17 +141,9 @@ EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ld
   for (int64_t k = 0; k < K; ++k) {
     if (prefetch && k % steps_per_line == 0)
       _mm_prefetch(reinterpret_cast<const char*>(w + (k + ahead) * kHalf), _MM_HINT_T1);
-    const __m256 a = load8(w + k * kHalf), b = load8(w + k * kHalf + 8);
-    for (int c = 0; c < C; ++c) {
-      const __m256 xv = _mm256_broadcast_ss(x + c * ldx + k);
-      acc_a[c] = _mm256_fmadd_ps(a, xv, acc_a[c]);
-      acc_b[c] = _mm256_fmadd_ps(b, xv, acc_b[c]);
-    }
+    half_step256<C>(load8(w + k * kHalf), load8(w + k * kHalf + 8), x + k, ldx, acc_a, acc_b);
   }
-  for (int c = 0; c < C; ++c) {
-    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
-    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
-  }
+  store_half256<C>(acc_a, acc_b, out, ldo);
 }
 
 #endif  // EAGLE_X86_SIMD
@@ -276,20 +268,13 @@ EAGLE_TARGET_AVX2 void pair_tile256(const Bf16Bits* w, int64_t K, const float* x
     if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + (p + kPairPrefetchSteps) * kPairLine), _MM_HINT_T1);
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kPairLine));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kPairLine + kHalf));
-    for (int odd = 0; odd < 2; ++odd) {
-      const __m256 va = _mm256_castsi256_ps(odd ? _mm256_and_si256(a, high) : _mm256_slli_epi32(a, 16));
-      const __m256 vb = _mm256_castsi256_ps(odd ? _mm256_and_si256(b, high) : _mm256_slli_epi32(b, 16));
-      for (int c = 0; c < C; ++c) {
-        const __m256 xv = _mm256_broadcast_ss(x + c * ldx + 2 * p + odd);
-        acc_a[c] = _mm256_fmadd_ps(va, xv, acc_a[c]);
-        acc_b[c] = _mm256_fmadd_ps(vb, xv, acc_b[c]);
-      }
-    }
+    // k = 2p, then 2p + 1, written out: a run-time parity would leave both widenings and a blend in the loop.
+    half_step256<C>(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)),
+                    x + 2 * p, ldx, acc_a, acc_b);
+    half_step256<C>(_mm256_castsi256_ps(_mm256_and_si256(a, high)), _mm256_castsi256_ps(_mm256_and_si256(b, high)),
+                    x + 2 * p + 1, ldx, acc_a, acc_b);
   }
-  for (int c = 0; c < C; ++c) {
-    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
-    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
-  }
+  store_half256<C>(acc_a, acc_b, out, ldo);
 }
 #endif  // EAGLE_X86_SIMD
 

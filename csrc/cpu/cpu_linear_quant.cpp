@@ -223,17 +223,10 @@ EAGLE_TARGET_AVX2 void block_tile256(Q8, const uint8_t* w, int64_t nb, const flo
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)))), da);
       const __m256 wb = _mm256_mul_ps(
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8)))), db);
-      for (int c = 0; c < C; ++c) {
-        const __m256 xv = _mm256_broadcast_ss(xb + c * ldx + i);
-        acc_a[c] = _mm256_fmadd_ps(wa, xv, acc_a[c]);
-        acc_b[c] = _mm256_fmadd_ps(wb, xv, acc_b[c]);
-      }
+      half_step256<C>(wa, wb, xb + i, ldx, acc_a, acc_b);
     }
   }
-  for (int c = 0; c < C; ++c) {
-    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
-    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
-  }
+  store_half256<C>(acc_a, acc_b, out, ldo);
 }
 
 template <int C>
@@ -259,18 +252,11 @@ EAGLE_TARGET_AVX2 void block_tile256(Q41, const uint8_t* w, int64_t nb, const fl
         const __m256i nb2 = h == 0 ? _mm256_and_si256(qb, low4) : _mm256_srli_epi32(qb, 4);
         const __m256 wa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(na), da, ma);
         const __m256 wb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nb2), db, mb);
-        for (int c = 0; c < C; ++c) {
-          const __m256 xv = _mm256_broadcast_ss(xb + c * ldx + 2 * p + h);
-          acc_a[c] = _mm256_fmadd_ps(wa, xv, acc_a[c]);
-          acc_b[c] = _mm256_fmadd_ps(wb, xv, acc_b[c]);
-        }
+        half_step256<C>(wa, wb, xb + 2 * p + h, ldx, acc_a, acc_b);
       }
     }
   }
-  for (int c = 0; c < C; ++c) {
-    _mm256_storeu_ps(out + c * ldo, acc_a[c]);
-    _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);
-  }
+  store_half256<C>(acc_a, acc_b, out, ldo);
 }
 
 #endif  // EAGLE_X86_SIMD
