@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_linear_groups.h"
 #include "cpu_linear_impl.h"
@@ -148,30 +149,6 @@ EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ld
 
 #endif  // EAGLE_X86_SIMD
 
-// The tiles above as cpu_linear_groups.h takes them (depth: K).
-template <typename W>
-struct Tiles {
-  using Elem = W;
-  using X = float;
-  static int64_t group_elems(int64_t K) { return K * kW; }
-  static void group_scalar(const W* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
-    linear_impl::group_scalar<W>(w, x, ldx, M, K, out, ldo);
-  }
-#if EAGLE_X86_SIMD
-  static constexpr int kMaxRows = linear_impl::kMaxRows;
-  static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
-  static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
-  template <int G, int C>
-  static void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
-    linear_impl::tile512<G, C, W>(w, K, x, ldx, out, ldo, prefetch);
-  }
-  template <int C>
-  static void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
-    linear_impl::tile256<C, W>(w, K, x, ldx, out, ldo, prefetch);
-  }
-#endif
-};
-
 // ------------------------------------------------------------------------- bf16 pair layout
 // bf16 weights with an even K are packed in pairs of k steps, [N / 32, 2, K / 2, 16, 2]:
 // packed[g, h, p, j, i] = W[32 g + 16 h + j, 2 p + i]. A 32-bit lane holds one column's weights at
@@ -278,28 +255,37 @@ EAGLE_TARGET_AVX2 void pair_tile256(const Bf16Bits* w, int64_t K, const float* x
 }
 #endif  // EAGLE_X86_SIMD
 
-// The pair tiles as cpu_linear_groups.h takes them (depth: K, even).
-struct PairTiles {
-  using Elem = Bf16Bits;
+// The tiles above as cpu_linear_groups.h takes them (depth: K): the K-major layout's for weights of type W, or
+// with kPairs the bf16 pair layout's (K even).
+template <typename W, bool kPairs = false>
+struct Tiles {
+  static_assert(!kPairs || std::is_same_v<W, Bf16Bits>, "the pair layout is bf16's");
+  using Elem = W;
   using X = float;
   static int64_t group_elems(int64_t K) { return K * kW; }
-  static void group_scalar(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out,
-                           int64_t ldo) {
-    pair_group_scalar(w, x, ldx, M, K, out, ldo);
+  static void group_scalar(const W* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo) {
+    if constexpr (kPairs)
+      pair_group_scalar(w, x, ldx, M, K, out, ldo);
+    else
+      linear_impl::group_scalar<W>(w, x, ldx, M, K, out, ldo);
   }
 #if EAGLE_X86_SIMD
   static constexpr int kMaxRows = linear_impl::kMaxRows;
   static constexpr int groups_for(int C) { return linear_impl::groups_for(C); }
   static constexpr int kMaxRows256 = linear_impl::kMaxRows256;
   template <int G, int C>
-  static void tile512(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-    pair_tile512<G, C>(w, K, x, ldx, out, ldo, prefetch);
+  static void tile512(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
+    if constexpr (kPairs)
+      pair_tile512<G, C>(w, K, x, ldx, out, ldo, prefetch);
+    else
+      linear_impl::tile512<G, C, W>(w, K, x, ldx, out, ldo, prefetch);
   }
   template <int C>
-  static void tile256(const Bf16Bits* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
-                      bool prefetch) {
-    pair_tile256<C>(w, K, x, ldx, out, ldo, prefetch);
+  static void tile256(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, bool prefetch) {
+    if constexpr (kPairs)
+      pair_tile256<C>(w, K, x, ldx, out, ldo, prefetch);
+    else
+      linear_impl::tile256<C, W>(w, K, x, ldx, out, ldo, prefetch);
   }
 #endif
 };
@@ -310,7 +296,8 @@ void packed_linear(const void* packed, at::ScalarType wtype, bool pairs, int64_t
                    int64_t M, int64_t K, float* out, int64_t ldo, Level level) {
   parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
     if (pairs)
-      run_groups<PairTiles>(static_cast<const Bf16Bits*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
+      run_groups<Tiles<Bf16Bits, true>>(static_cast<const Bf16Bits*>(packed), begin, end, K, x, ldx, M, out, ldo,
+                                        level);
     else if (wtype == at::kFloat)
       run_groups<Tiles<float>>(static_cast<const float*>(packed), begin, end, K, x, ldx, M, out, ldo, level);
     else if (wtype == at::kBFloat16)

@@ -99,9 +99,7 @@ void check_weight(const at::Tensor& w, const char* op, const char* name, int64_t
   }
   check_32_or_16_bit_float(w, op, name);
   check_device(w, op, name, dev);
-  if (w.dim() == 4 || linear_impl::is_pair_packed(w)) {  // packed (cpu_linear_pack)
-    TORCH_CHECK_VALUE(rows % linear_impl::kPackWidth == 0, op, ": ", name, ": expected a packed ", layout,
-                      " weight with ", rows, " rows a multiple of 32, got shape ", shape_str(w.sizes()));
+  if (w.dim() == 4 || linear_impl::is_pair_packed(w)) {  // packed (cpu_linear_pack); rows not a multiple of 32 fail
     linear_impl::check_packed_float(w, op, name, rows, cols);
     return;
   }
@@ -267,8 +265,8 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   // Padding rows get zero q/k/v.
   at::Tensor qkv =
       kept.has_value() || R == 0 ? at::zeros({rows, qkv_width}, x.options()) : rows_of(qkv_rows, qkv_width);
-  prefetch_kv_prefix(k_cache, v_cache, cache_seqlens);
   if (R > 0) {
+    prefetch_kv_prefix(k_cache, v_cache, cache_seqlens);  // attention follows (R == 0 returns before it)
     if (embed.has_value()) {  // EAGLE-3: [norm(embed), norm(x)] feeds attention, x is the residual
       const at::Tensor e = pick(embed->contiguous());
       const at::Tensor enorm = embed_norm->contiguous();
