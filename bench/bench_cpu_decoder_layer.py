@@ -1,9 +1,10 @@
-"""cpu_decoder_layer: a SmolLM2-135M forward pass on CPU with each decoder layer as one call,
-against the same pass run op by op.
+"""cpu_decoder_layer and cpu_decoder_layers: a SmolLM2-135M forward pass on CPU with the whole stack of
+decoder layers as one call, each layer as one call, and the same pass run op by op.
 
 Paths (all on the same model, random weights of SmolLM2-135M's shapes, a 128-token prefix in
 the cache):
-- ``layer``: each decoder layer is one ``cpu_decoder_layer`` call (the default);
+- ``stack``: the 30 layers are one ``cpu_decoder_layers`` call (the default);
+- ``layer``: each decoder layer is one ``cpu_decoder_layer`` call (``EAGLE_KERNELS_CPU_LAYER=layer``);
 - ``ops``: the layer op by op from Python (RMSNorm, fused q/k/v through ``cpu_linear``, RoPE,
   ``write_kv``, ``tree_attention``, ...; ``EAGLE_KERNELS_CPU_LAYER=ops``), the path before it;
 - ``torch``: op by op with torch's ``F.linear`` for every linear layer
@@ -13,11 +14,11 @@ Rows: 1 (a decoding step) and 8 (a verify chain, with its ancestor mask). A forw
 not advance ``cache_seqlens``, so every pass writes the same slots after the same 128-token
 context.
 
-``extra_info``: ``ms_per_forward``; the layer entries also get ``ratio_<path>_over_layer`` once
+``extra_info``: ``ms_per_forward``; the stack entries also get ``ratio_<path>_over_stack`` once
 the other path ran for the same shape.
 
 Batch rows: 4 requests of a 12-node verify chain whose own rows are 12, 6, 4 and 1
-(``BATCH_COUNTS``, as per-request chains and a finished request leave them), on the layer
+(``BATCH_COUNTS``, as per-request chains and a finished request leave them), on the stack
 path: ``padded`` computes all 48 rows, ``row_counts`` passes the counts and computes 23;
 ``ratio_padded_over_row_counts``.
 
@@ -44,7 +45,8 @@ from e2e import random_smollm2  # noqa: E402
 
 from eagle_kernels.models import llama  # noqa: E402
 
-PATHS = {"layer": {}, "ops": {llama.CPU_LAYER_ENV: "ops"}, "torch": {llama.CPU_LINEAR_ENV: "torch"}}
+PATHS = {"stack": {}, "layer": {llama.CPU_LAYER_ENV: "layer"}, "ops": {llama.CPU_LAYER_ENV: "ops"},
+         "torch": {llama.CPU_LINEAR_ENV: "torch"}}
 ROWS = (1, 8)
 BATCH_COUNTS = (12, 6, 4, 1)
 PREFIX = 128
@@ -136,10 +138,10 @@ def test_cpu_decoder_layer(benchmark, path, rows):
     benchmark.extra_info.update(path=path, threads=torch.get_num_threads(), ms_per_forward=mean * 1e3)
     results = _MEANS.setdefault((rows, torch.get_num_threads()), {})
     results[path] = mean
-    if "layer" in results:
+    if "stack" in results:
         for other, t in results.items():
-            if other != "layer" and (other == path or path == "layer"):
-                benchmark.extra_info[f"ratio_{other}_over_layer"] = t / results["layer"]
+            if other != "stack" and (other == path or path == "stack"):
+                benchmark.extra_info[f"ratio_{other}_over_stack"] = t / results["stack"]
 
 
 def interleaved_medians(calls, rounds):
@@ -156,13 +158,15 @@ def interleaved_medians(calls, rounds):
 def main(argv, rounds=15):
     threads_list = [int(a) for a in argv if a.isdigit()] or [1, 2]
     print(f"SmolLM2-135M forward over a {PREFIX}-token prefix, ms, median of {rounds} interleaved passes")
-    print(f"{'thr':>3} {'rows':>4} | " + " ".join(f"{p:>8}" for p in PATHS) + " | ops / layer | torch / layer")
+    others = [p for p in PATHS if p != "stack"]
+    print(f"{'thr':>3} {'rows':>4} | " + " ".join(f"{p:>8}" for p in PATHS) + " | "
+          + " | ".join(f"{p} / stack" for p in others))
     for threads in threads_list:
         torch.set_num_threads(threads)
         for rows in ROWS:
             med = interleaved_medians({p: forward_call(p, rows) for p in PATHS}, rounds)
-            print(f"{threads:>3} {rows:>4} | " + " ".join(f"{med[p] * 1e3:8.1f}" for p in PATHS)
-                  + f" | {med['ops'] / med['layer']:11.2f} | {med['torch'] / med['layer']:13.2f}", flush=True)
+            print(f"{threads:>3} {rows:>4} | " + " ".join(f"{med[p] * 1e3:8.2f}" for p in PATHS) + " | "
+                  + " | ".join(f"{med[p] / med['stack']:{len(p) + 8}.3f}" for p in others), flush=True)
         med = interleaved_medians({"padded": batch_call(False), "row_counts": batch_call(True)}, rounds)
         print(f"{threads:>3} batch 4 x 12 rows, own rows {BATCH_COUNTS}: all rows {med['padded'] * 1e3:.1f} ms, "
               f"row_counts {med['row_counts'] * 1e3:.1f} ms, ratio {med['padded'] / med['row_counts']:.2f}",

@@ -48,6 +48,14 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_no
                                  int64_t num_heads, double eps, const std::optional<at::Tensor>& embed,
                                  const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
                                  const std::optional<at::Tensor>& row_counts);
+// cpu_decoder_layer over the L layers of a [L, B, S, Hkv, D] cache in one call; returns the last layer's output and
+// the outputs of the layers in state_layers, stacked [len(state_layers), B, N, H].
+std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
+    const at::Tensor& x, at::TensorList input_norm, at::TensorList qkv_weight, at::TensorList o_weight,
+    at::TensorList post_norm, at::TensorList gate_up_weight, at::TensorList down_weight, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps, at::IntArrayRef state_layers,
+    const std::optional<at::Tensor>& row_counts);
 
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

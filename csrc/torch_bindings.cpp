@@ -42,6 +42,11 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
       "int num_heads, float eps, Tensor? embed=None, Tensor? embed_norm=None, int slot_offset=0, "
       "Tensor? row_counts=None) -> Tensor");
+  m.def(
+      "cpu_decoder_layers(Tensor x, Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] o_weight, "
+      "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor cos, Tensor sin, "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
+      "int num_heads, float eps, int[] state_layers=[], Tensor? row_counts=None) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
@@ -53,6 +58,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("verify", &eagle::verify_cpu);
   m.impl("cpu_linear", &eagle::cpu_linear_cpu);
   m.impl("cpu_decoder_layer", &eagle::cpu_decoder_layer_cpu);
+  m.impl("cpu_decoder_layers", &eagle::cpu_decoder_layers_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA

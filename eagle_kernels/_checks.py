@@ -429,9 +429,10 @@ def _check_linear_weight(name, weight, rows, cols, layout, device):
         _fail(name, "a dense last dim (stride 1)", f"strides {tuple(weight.stride())}")
 
 
-def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
-                            k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
-                            embed_norm=None, slot_offset=0, row_counts=None, values=True):
+def _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
+                 v_cache, cache_seqlens, tree_mask, num_heads, eps, embed, embed_norm, slot_offset, suffix=""):
+    """One layer's arguments (k_cache [B, S, Hkv, D]); ``suffix`` follows the names of the per-layer tensors
+    (``"[3]"``: layer 3 of a cpu_decoder_layers call)."""
     check_tensor("x", x, dtype=torch.float32, ndim=3)
     device = x.device
     B, N, H = x.shape
@@ -442,23 +443,25 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
         _fail("num_heads", f"a positive multiple of the KV head count {Hkv}", num_heads)
     if D % 2:
         _fail("k_cache", "an even head dim (RoPE)", D)
-    check_tensor("input_norm", input_norm, dtype=torch.float32, shape=(H,), device=device)
-    check_tensor("post_norm", post_norm, dtype=torch.float32, shape=(H,), device=device)
+    check_tensor("input_norm" + suffix, input_norm, dtype=torch.float32, shape=(H,), device=device)
+    check_tensor("post_norm" + suffix, post_norm, dtype=torch.float32, shape=(H,), device=device)
     if (embed is None) != (embed_norm is None):
         _fail("embed_norm", "embed and embed_norm together", "embed only" if embed is not None else "embed_norm only")
     if embed is not None:
         check_tensor("embed", embed, dtype=torch.float32, shape=(B, N, H), device=device)
         check_tensor("embed_norm", embed_norm, dtype=torch.float32, shape=(H,), device=device)
     attn_in = H if embed is None else 2 * H
-    _check_linear_weight("qkv_weight", qkv_weight, (num_heads + 2 * Hkv) * D, attn_in,
+    _check_linear_weight("qkv_weight" + suffix, qkv_weight, (num_heads + 2 * Hkv) * D, attn_in,
                          "[(num_heads + 2 Hkv) D, H]" if embed is None else "[(num_heads + 2 Hkv) D, 2 H]", device)
-    _check_linear_weight("o_weight", o_weight, H, num_heads * D, "[H, num_heads D]", device)
+    _check_linear_weight("o_weight" + suffix, o_weight, H, num_heads * D, "[H, num_heads D]", device)
+    if not isinstance(gate_up_weight, torch.Tensor):
+        _fail("gate_up_weight" + suffix, "a torch.Tensor", type(gate_up_weight).__name__)
     if gate_up_weight.dim() not in (2, 4, 5) or linear_out_features(gate_up_weight) % 2:
-        _fail("gate_up_weight", "2-D [2 I, H] (gate rows, then up rows) or its packed form",
+        _fail("gate_up_weight" + suffix, "2-D [2 I, H] (gate rows, then up rows) or its packed form",
               f"shape {tuple(gate_up_weight.shape)}")
     I = linear_out_features(gate_up_weight) // 2
-    _check_linear_weight("gate_up_weight", gate_up_weight, 2 * I, H, "[2 I, H]", device)
-    _check_linear_weight("down_weight", down_weight, H, I, "[H, I]", device)
+    _check_linear_weight("gate_up_weight" + suffix, gate_up_weight, 2 * I, H, "[2 I, H]", device)
+    _check_linear_weight("down_weight" + suffix, down_weight, H, I, "[H, I]", device)
     check_tensor("cos", cos, dtype=torch.float32, shape=(B, N, D), device=device)
     check_tensor("sin", sin, dtype=torch.float32, shape=(B, N, D), device=device)
     if not isinstance(slot_offset, int) or slot_offset < 0:
@@ -468,9 +471,46 @@ def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
         check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, slots, mask_words(slots)), device=device)
     if not isinstance(eps, (float, int)):
         _fail("eps", "a float", type(eps).__name__)
+
+
+def _check_row_counts(row_counts, x, k_cache, cache_seqlens, slots, values):
+    B, N = x.shape[:2]
     if row_counts is not None:
-        check_tensor("row_counts", row_counts, dtype=torch.int64, shape=(B,), device=device)
-    if values and values_checked(device):
+        check_tensor("row_counts", row_counts, dtype=torch.int64, shape=(B,), device=x.device)
+    if values and values_checked(x.device):
         _check_kv_values(k_cache, cache_seqlens, None, cache_seqlens.long() + slots, "cache_seqlens + slot_offset + N")
         if row_counts is not None and bool(((row_counts < 0) | (row_counts > N)).any()):
             _fail("row_counts", f"values in [0, N = {N}]", row_counts.tolist())
+
+
+def check_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                            k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, embed=None,
+                            embed_norm=None, slot_offset=0, row_counts=None, values=True):
+    _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
+                 v_cache, cache_seqlens, tree_mask, num_heads, eps, embed, embed_norm, slot_offset)
+    _check_row_counts(row_counts, x, k_cache, cache_seqlens, slot_offset + x.shape[1], values)
+
+
+DECODER_LAYER_LISTS = ("input_norm", "qkv_weight", "o_weight", "post_norm", "gate_up_weight", "down_weight")
+
+
+def check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                             k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(),
+                             row_counts=None, values=True):
+    check_tensor("x", x, dtype=torch.float32, ndim=3)
+    device = x.device
+    check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=5, device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, None, x.shape[0], True, device)
+    L = k_cache.shape[0]
+    lists = (input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight)
+    for name, tensors in zip(DECODER_LAYER_LISTS, lists):
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != L:
+            got = f"{len(tensors)} tensors" if isinstance(tensors, (list, tuple)) else type(tensors).__name__
+            _fail(name, f"one tensor per layer of k_cache (L = {L})", got)
+    for layer in state_layers:
+        if not isinstance(layer, int) or not 0 <= layer < L:
+            _fail("state_layers", f"layer indices in [0, L = {L})", layer)
+    for layer in range(L):
+        _check_layer(x, *(tensors[layer] for tensors in lists), cos, sin, k_cache[layer], v_cache[layer],
+                     cache_seqlens, tree_mask, num_heads, eps, None, None, 0, suffix=f"[{layer}]")
+    _check_row_counts(row_counts, x, k_cache, cache_seqlens, x.shape[1], values)

@@ -84,6 +84,15 @@ def _fake_cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _fake_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                             k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(),
+                             row_counts=None):
+    _checks.check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
+                                     cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
+                                     eps=eps, state_layers=state_layers, row_counts=row_counts, values=False)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(len(state_layers), *x.shape)
+
+
 def _fake_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
     _layer_checks.check_rmsnorm(x, weight, eps, embed=embed, embed_weight=embed_weight, values=False)
     out, residual = _layer_checks.rmsnorm_shapes(x, weight, eps, embed=embed, embed_weight=embed_weight)
@@ -112,6 +121,7 @@ FAKES = {
     "write_kv": _fake_write_kv,
     "cpu_linear": _fake_cpu_linear,
     "cpu_decoder_layer": _fake_cpu_decoder_layer,
+    "cpu_decoder_layers": _fake_cpu_decoder_layers,
     "rmsnorm": _fake_rmsnorm,
     "rope_write_kv": _fake_rope_write_kv,
     "silu_mul": _fake_silu_mul,

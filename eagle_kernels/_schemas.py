@@ -41,6 +41,12 @@ SCHEMAS = {
         "int num_heads, float eps, Tensor? embed=None, Tensor? embed_norm=None, int slot_offset=0, "
         "Tensor? row_counts=None) -> Tensor"
     ),
+    "cpu_decoder_layers": (
+        "cpu_decoder_layers(Tensor x, Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] o_weight, "
+        "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor cos, Tensor sin, "
+        "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
+        "int num_heads, float eps, int[] state_layers=[], Tensor? row_counts=None) -> (Tensor, Tensor)"
+    ),
 }
 
 OPS = tuple(SCHEMAS)

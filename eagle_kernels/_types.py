@@ -25,6 +25,14 @@ class DraftCandidates(NamedTuple):
     logprobs: torch.Tensor
 
 
+class DecoderLayersOutput(NamedTuple):
+    """``cpu_decoder_layers``' result: ``out`` float32 [B, N, H], the last layer's output, and ``states`` float32
+    [len(state_layers), B, N, H], the outputs of the layers asked for in ``state_layers`` (in that order)."""
+
+    out: torch.Tensor
+    states: torch.Tensor
+
+
 class VerifyOutput(NamedTuple):
     """Verification result. Shapes: accept_len int32 [B], accept_nodes int32
     [B, max_depth + 1], out_tokens int64 [B, max_depth + 1], status int32 [B]."""

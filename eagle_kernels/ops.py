@@ -85,6 +85,19 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
                          row_counts=row_counts)
 
 
+def cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                       k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(),
+                       row_counts=None):
+    """A model's stack of L decoder layers in one call (``cpu_decoder_layer`` L times, lists of per-layer weights,
+    a [L, B, S, Hkv, D] cache): no Python between the layers of a pass. Returns ``(out, states)``, ``states``
+    the outputs of the layers in ``state_layers``. Other devices run the reference. See
+    :func:`eagle_kernels.reference.cpu_decoder_layers`."""
+    return _dispatch.run("cpu_decoder_layers", x.device, x, list(input_norm), list(qkv_weight), list(o_weight),
+                         list(post_norm), list(gate_up_weight), list(down_weight), cos, sin, k_cache, v_cache,
+                         cache_seqlens, tree_mask, num_heads=num_heads, eps=eps, state_layers=list(state_layers),
+                         row_counts=row_counts)
+
+
 def rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
     """RMSNorm of rows and a copy of x (the residual stream a decoder layer then adds to in
     place), in one pass; with ``embed``, EAGLE-3's ``[norm(embed) * embed_weight, norm(x) *

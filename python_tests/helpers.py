@@ -134,6 +134,19 @@ def decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity, generator,
     return args, kwargs
 
 
+def decoder_stack_inputs(L, B, N, H, num_heads, Hkv, D, inter, capacity, generator, weight_dtype=torch.float32,
+                         tree_mask=None, prefix=(2, 5), state_layers=()):
+    """Arguments of cpu_decoder_layers: L layers of :func:`decoder_layer_inputs` (each its own random weights and
+    cache), the first one's x, RoPE angles and lengths, the caches stacked into [L, B, S, Hkv, D]."""
+    layers = [decoder_layer_inputs(B, N, H, num_heads, Hkv, D, inter, capacity, generator, weight_dtype, tree_mask,
+                                   prefix)[0] for _ in range(L)]
+    first = layers[0]
+    lists = [[layer[i] for layer in layers] for i in range(1, 7)]
+    caches = [torch.stack([layer[i] for layer in layers]) for i in (9, 10)]
+    args = (first[0], *lists, first[7], first[8], *caches, first[11], tree_mask)
+    return args, {"num_heads": num_heads, "eps": 1e-5, "state_layers": list(state_layers)}
+
+
 # -------------------------------------------------------------------------------- draft_expand
 # Scores are float32 outputs computed in float32 (float64 for float64 logits); the input dtype
 # only quantises the logits, which the naive computation sees identically.

@@ -36,6 +36,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -143,18 +146,22 @@ void prefetch_kv_prefix(const at::Tensor& k_cache, const at::Tensor& v_cache, co
 // N of a cpu_linear weight, row-major [N, K] or packed [N / 32, 2, K, 16].
 int64_t out_features(const at::Tensor& w) { return w.dim() >= 4 ? w.size(0) * linear_impl::kPackWidth : w.size(0); }
 
-}  // namespace
+// The sizes of one layer's call, from its checked arguments.
+struct LayerDims {
+  int64_t B, N, H, Hq, Hkv, D, I, attn_in;
+};
 
-at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input_norm, const at::Tensor& qkv_weight,
-                                 const at::Tensor& o_weight, const at::Tensor& post_norm,
-                                 const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
-                                 const at::Tensor& cos_in, const at::Tensor& sin_in, const at::Tensor& k_cache,
-                                 const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                 const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
-                                 const std::optional<at::Tensor>& embed, const std::optional<at::Tensor>& embed_norm,
-                                 int64_t slot_offset, const std::optional<at::Tensor>& row_counts) {
-  // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer.
-  const char* op = "cpu_decoder_layer";
+// Every check of one layer's arguments (same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer).
+// `suffix` follows the names of the per-layer tensors (cpu_decoder_layers: "[3]" for layer 3). The cache capacity
+// (cache_seqlens + slot_offset + N) is checked by write_kv in run_layer, before anything is written.
+LayerDims check_layer(const char* op, const std::string& suffix, const at::Tensor& x_in, const at::Tensor& input_norm,
+                      const at::Tensor& qkv_weight, const at::Tensor& o_weight, const at::Tensor& post_norm,
+                      const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& cos_in,
+                      const at::Tensor& sin_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
+                      const std::optional<at::Tensor>& embed, const std::optional<at::Tensor>& embed_norm,
+                      int64_t slot_offset) {
+  const auto named = [&](const char* name) { return std::string(name) + suffix; };
   check_dtype(x_in, op, "x", at::kFloat);
   check_dim(x_in, op, "x", 3, "[B, N, H]");
   const at::Device dev = x_in.device();
@@ -168,12 +175,12 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   TORCH_CHECK_VALUE(num_heads >= 1 && Hkv >= 1 && num_heads % Hkv == 0, op,
                     ": num_heads: expected a positive multiple of the KV head count ", Hkv, ", got ", num_heads);
   TORCH_CHECK_VALUE(D % 2 == 0, op, ": k_cache: expected an even head dim (RoPE), got ", D);
-  check_dtype(input_norm, op, "input_norm", at::kFloat);
-  check_shape(input_norm, op, "input_norm", {H}, "[H]");
-  check_device(input_norm, op, "input_norm", dev);
-  check_dtype(post_norm, op, "post_norm", at::kFloat);
-  check_shape(post_norm, op, "post_norm", {H}, "[H]");
-  check_device(post_norm, op, "post_norm", dev);
+  for (const auto& [norm, name] : {std::pair{&input_norm, "input_norm"}, std::pair{&post_norm, "post_norm"}}) {
+    const std::string full = named(name);
+    check_dtype(*norm, op, full.c_str(), at::kFloat);
+    check_shape(*norm, op, full.c_str(), {H}, "[H]");
+    check_device(*norm, op, full.c_str(), dev);
+  }
   TORCH_CHECK_VALUE(embed.has_value() == embed_norm.has_value(), op,
                     ": embed_norm: expected embed and embed_norm together, got ",
                     embed.has_value() ? "embed only" : "embed_norm only");
@@ -187,26 +194,23 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   }
   const int64_t Hq = num_heads;
   const int64_t attn_in = embed.has_value() ? 2 * H : H;
-  check_weight(qkv_weight, op, "qkv_weight", (Hq + 2 * Hkv) * D, attn_in,
+  check_weight(qkv_weight, op, named("qkv_weight").c_str(), (Hq + 2 * Hkv) * D, attn_in,
                embed.has_value() ? "[(num_heads + 2 Hkv) D, 2 H]" : "[(num_heads + 2 Hkv) D, H]", dev);
-  check_weight(o_weight, op, "o_weight", H, Hq * D, "[H, num_heads D]", dev);
+  check_weight(o_weight, op, named("o_weight").c_str(), H, Hq * D, "[H, num_heads D]", dev);
   TORCH_CHECK_VALUE((gate_up_weight.dim() == 2 || gate_up_weight.dim() == 4 || gate_up_weight.dim() == 5) &&
                         out_features(gate_up_weight) % 2 == 0,
-                    op,
-                    ": gate_up_weight: expected 2-D [2 I, H] (gate rows, then up rows) or its packed form, "
-                    "got shape ",
+                    op, ": ", named("gate_up_weight"),
+                    ": expected 2-D [2 I, H] (gate rows, then up rows) or its packed form, got shape ",
                     shape_str(gate_up_weight.sizes()));
   const int64_t I = out_features(gate_up_weight) / 2;
-  check_weight(gate_up_weight, op, "gate_up_weight", 2 * I, H, "[2 I, H]", dev);
-  check_weight(down_weight, op, "down_weight", H, I, "[H, I]", dev);
+  check_weight(gate_up_weight, op, named("gate_up_weight").c_str(), 2 * I, H, "[2 I, H]", dev);
+  check_weight(down_weight, op, named("down_weight").c_str(), H, I, "[H, I]", dev);
   check_dtype(cos_in, op, "cos", at::kFloat);
   check_shape(cos_in, op, "cos", {B, N, D}, "[B, N, D]");
   check_device(cos_in, op, "cos", dev);
   check_dtype(sin_in, op, "sin", at::kFloat);
   check_shape(sin_in, op, "sin", {B, N, D}, "[B, N, D]");
   check_device(sin_in, op, "sin", dev);
-  // The cache capacity (cache_seqlens + slot_offset + N) is checked by write_kv below, before
-  // anything is written.
   TORCH_CHECK_VALUE(slot_offset >= 0, op, ": slot_offset: expected a non-negative int, got ", slot_offset);
   const int64_t slots = slot_offset + N;  // tree slots attention sees: earlier calls' and these
   if (tree_mask.has_value()) {
@@ -215,25 +219,39 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
                 "[B, slot_offset + N, ceil((slot_offset + N) / 64)]");
     check_device(*tree_mask, op, "tree_mask", dev);
   }
+  return {B, N, H, Hq, Hkv, D, I, attn_in};
+}
 
-  // Flat indices (b * N + i) of the rows to compute, when some are padding.
-  std::optional<at::Tensor> kept;
-  if (row_counts.has_value()) {
-    check_dtype(*row_counts, op, "row_counts", at::kLong);
-    check_shape(*row_counts, op, "row_counts", {B}, "[B]");
-    check_device(*row_counts, op, "row_counts", dev);
-    const at::Tensor counts = row_counts->contiguous();
-    const int64_t* count = counts.data_ptr<int64_t>();
-    std::vector<int64_t> index;
-    for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK_VALUE(count[b] >= 0 && count[b] <= N, op, ": row_counts: expected values in [0, N = ", N, "], got ",
-                        count[b], " for request ", b);
-      for (int64_t i = 0; i < count[b]; ++i) index.push_back(b * N + i);
-    }
-    if (static_cast<int64_t>(index.size()) < B * N)
-      kept = at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong).clone();
+// Flat indices (b * N + i) of the rows to compute when `row_counts` makes some padding, else none.
+std::optional<at::Tensor> kept_rows(const char* op, const std::optional<at::Tensor>& row_counts, int64_t B, int64_t N,
+                                    at::Device dev) {
+  if (!row_counts.has_value()) return std::nullopt;
+  check_dtype(*row_counts, op, "row_counts", at::kLong);
+  check_shape(*row_counts, op, "row_counts", {B}, "[B]");
+  check_device(*row_counts, op, "row_counts", dev);
+  const at::Tensor counts = row_counts->contiguous();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  std::vector<int64_t> index;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(count[b] >= 0 && count[b] <= N, op, ": row_counts: expected values in [0, N = ", N, "], got ",
+                      count[b], " for request ", b);
+    for (int64_t i = 0; i < count[b]; ++i) index.push_back(b * N + i);
   }
+  if (static_cast<int64_t>(index.size()) == B * N) return std::nullopt;
+  return at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong).clone();
+}
 
+// One layer over checked arguments (see the comment at the top of the file); `kept` from kept_rows.
+at::Tensor run_layer(const LayerDims& dims, const at::Tensor& x_in, const at::Tensor& input_norm,
+                     const at::Tensor& qkv_weight, const at::Tensor& o_weight, const at::Tensor& post_norm,
+                     const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& cos_in,
+                     const at::Tensor& sin_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, double eps,
+                     const std::optional<at::Tensor>& embed, const std::optional<at::Tensor>& embed_norm,
+                     int64_t slot_offset, const std::optional<at::Tensor>& kept) {
+  const int64_t B = dims.B, N = dims.N, H = dims.H, Hq = dims.Hq, Hkv = dims.Hkv, D = dims.D, I = dims.I;
+  const int64_t attn_in = dims.attn_in;
+  const int64_t slots = slot_offset + N;
   const at::Tensor x = x_in.contiguous();
   const at::Tensor cos = cos_in.contiguous();
   const at::Tensor sin = sin_in.contiguous();
@@ -323,6 +341,75 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x_in, const at::Tensor& input
   at::Tensor out = x.clone();  // padding rows keep x
   out.view({rows, H}).index_copy_(0, *kept, out_rows);
   return out;
+}
+
+}  // namespace
+
+at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& qkv_weight,
+                                 const at::Tensor& o_weight, const at::Tensor& post_norm,
+                                 const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& cos,
+                                 const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask,
+                                 int64_t num_heads, double eps, const std::optional<at::Tensor>& embed,
+                                 const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
+                                 const std::optional<at::Tensor>& row_counts) {
+  const char* op = "cpu_decoder_layer";
+  const LayerDims dims =
+      check_layer(op, "", x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                  k_cache, v_cache, cache_seqlens, tree_mask, num_heads, embed, embed_norm, slot_offset);
+  const std::optional<at::Tensor> kept = kept_rows(op, row_counts, dims.B, dims.N, x.device());
+  return run_layer(dims, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
+                   v_cache, cache_seqlens, tree_mask, eps, embed, embed_norm, slot_offset, kept);
+}
+
+std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
+    const at::Tensor& x, at::TensorList input_norm, at::TensorList qkv_weight, at::TensorList o_weight,
+    at::TensorList post_norm, at::TensorList gate_up_weight, at::TensorList down_weight, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps, at::IntArrayRef state_layers,
+    const std::optional<at::Tensor>& row_counts) {
+  // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layers.
+  const char* op = "cpu_decoder_layers";
+  check_dtype(x, op, "x", at::kFloat);
+  check_dim(x, op, "x", 3, "[B, N, H]");
+  const at::Device dev = x.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
+  check_32_or_16_bit_float(k_cache, op, "k_cache");
+  check_dim(k_cache, op, "k_cache", 5, "[L, B, S, Hkv, D]");
+  check_device(k_cache, op, "k_cache", dev);
+  check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, std::nullopt, x.size(0), 1, "[L, B, S, Hkv, D]", dev);
+  const int64_t L = k_cache.size(0);
+  for (const auto& [list, name] :
+       {std::pair{&input_norm, "input_norm"}, std::pair{&qkv_weight, "qkv_weight"}, std::pair{&o_weight, "o_weight"},
+        std::pair{&post_norm, "post_norm"}, std::pair{&gate_up_weight, "gate_up_weight"},
+        std::pair{&down_weight, "down_weight"}})
+    TORCH_CHECK_VALUE(static_cast<int64_t>(list->size()) == L, op, ": ", name, ": expected one tensor per layer of ",
+                      "k_cache (L = ", L, "), got ", list->size());
+  for (const int64_t layer : state_layers)
+    TORCH_CHECK_VALUE(layer >= 0 && layer < L, op, ": state_layers: expected layer indices in [0, L = ", L, "), got ",
+                      layer);
+  std::vector<at::Tensor> k_layers = k_cache.unbind(0), v_layers = v_cache.unbind(0);
+  std::vector<LayerDims> dims;
+  dims.reserve(L);
+  for (int64_t l = 0; l < L; ++l)
+    dims.push_back(check_layer(op, "[" + std::to_string(l) + "]", x, input_norm[l], qkv_weight[l], o_weight[l],
+                               post_norm[l], gate_up_weight[l], down_weight[l], cos, sin, k_layers[l], v_layers[l],
+                               cache_seqlens, tree_mask, num_heads, std::nullopt, std::nullopt, 0));
+  const std::optional<at::Tensor> kept = kept_rows(op, row_counts, x.size(0), x.size(1), dev);
+  // Layer by layer, as cpu_decoder_layer L times: no Python (and no dispatcher) between the layers, whose interpreter
+  // state the weight stream evicts from the caches between two calls.
+  std::vector<at::Tensor> outputs(L);
+  at::Tensor h = x;
+  for (int64_t l = 0; l < L; ++l) {
+    h = run_layer(dims[l], h, input_norm[l], qkv_weight[l], o_weight[l], post_norm[l], gate_up_weight[l],
+                  down_weight[l], cos, sin, k_layers[l], v_layers[l], cache_seqlens, tree_mask, eps, std::nullopt,
+                  std::nullopt, 0, kept);
+    outputs[l] = h;
+  }
+  at::Tensor states =
+      at::empty({static_cast<int64_t>(state_layers.size()), x.size(0), x.size(1), x.size(2)}, x.options());
+  for (int64_t i = 0; i < states.size(0); ++i) states[i].copy_(outputs[state_layers[i]]);
+  return {L > 0 ? h : x.clone(), states};
 }
 
 }  // namespace eagle

@@ -9,7 +9,8 @@ AVX-512 path runs, it reads ``cpu_linear_pack`` copies of the matrices (see
 - ``EAGLE_KERNELS_CPU_LINEAR``: ``auto`` (default: packed copies where packing pays), ``rows``
   (the kernel on the row-major matrices, no copies) or ``torch`` (``F.linear`` everywhere);
 - ``EAGLE_KERNELS_CPU_LAYER``: ``auto`` (default: a pass in the kernel's regime runs each decoder
-  layer as one ``cpu_decoder_layer`` call) or ``ops`` (op by op);
+  layer as one ``cpu_decoder_layer`` call, and a model's whole stack as one ``cpu_decoder_layers``
+  call), ``layer`` (one ``cpu_decoder_layer`` call per layer) or ``ops`` (op by op);
 - ``EAGLE_KERNELS_CPU_ISA`` below ``avx512`` keeps the row-major layout, and
   ``EAGLE_KERNELS_BACKEND`` other than ``auto``/``cpp`` sends every linear layer to torch.
 
@@ -45,7 +46,7 @@ from ..reference.cpu_linear import ROW_BLOCK_BYTES, dequantize, quant_in_feature
 # at 250 (2 threads, AMD EPYC Zen 4); at 512 rows they were even.
 CPU_LINEAR_MAX_ROWS = 256
 CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default: packed weights), rows or torch
-CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layer) or ops
+CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layers), layer (cpu_decoder_layer) or ops
 CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 KERNEL_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what cpu_linear reads as stored
 QUANT_DTYPES = tuple(ROW_BLOCK_BYTES)  # int8: Q8_0 block rows, uint8: Q4_1 block rows (packed for cpu_linear)
@@ -64,11 +65,13 @@ def is_quantized(weight: torch.Tensor) -> bool:
 class CpuPolicy:
     """What the environment allows CPU passes: ``linear_kernel``, small fp32 linear calls run
     ``cpu_linear``; ``packed``, it reads packed copies; ``layer_kernel``, a pass in that regime
-    runs each decoder layer as one ``cpu_decoder_layer`` call."""
+    runs each decoder layer as one ``cpu_decoder_layer`` call; ``stack_kernel``, a model's whole
+    stack of layers as one ``cpu_decoder_layers`` call."""
 
     linear_kernel: bool
     packed: bool
     layer_kernel: bool
+    stack_kernel: bool = False
 
 
 def cpu_policy() -> CpuPolicy:
@@ -83,8 +86,8 @@ def cpu_policy() -> CpuPolicy:
 def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> CpuPolicy:
     if linear_mode not in ("auto", "rows", "torch"):
         raise ValueError(f"{CPU_LINEAR_ENV}: expected auto, rows or torch, got {linear_mode!r}")
-    if layer_mode not in ("auto", "ops"):
-        raise ValueError(f"{CPU_LAYER_ENV}: expected auto or ops, got {layer_mode!r}")
+    if layer_mode not in ("auto", "layer", "ops"):
+        raise ValueError(f"{CPU_LAYER_ENV}: expected auto, layer or ops, got {layer_mode!r}")
     linear_kernel = (linear_mode != "torch" and ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
                      and backend in ("auto", "cpp"))
     # The packed layout pays on cpu_linear's AVX-512 path only: the AVX2 path of the packed kernel
@@ -93,8 +96,10 @@ def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> 
     # ``isa`` (the variable's value) keys the cache; the level itself is the kernels' own.
     packed = (linear_kernel and linear_mode == "auto"
               and _dispatch.cpu_isa() in ("avx512-ymm", "avx512", "avx512-bf16"))
-    layer_kernel = linear_kernel and layer_mode == "auto" and ("cpu_decoder_layer", "cpu") in _dispatch.NATIVE_KERNELS
-    return CpuPolicy(linear_kernel, packed, layer_kernel)
+    layer_kernel = (linear_kernel and layer_mode in ("auto", "layer")
+                    and ("cpu_decoder_layer", "cpu") in _dispatch.NATIVE_KERNELS)
+    stack_kernel = layer_kernel and layer_mode == "auto" and ("cpu_decoder_layers", "cpu") in _dispatch.NATIVE_KERNELS
+    return CpuPolicy(linear_kernel, packed, layer_kernel, stack_kernel)
 
 
 class PackedWeights:

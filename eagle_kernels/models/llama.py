@@ -319,11 +319,9 @@ class LlamaModel(torch.nn.Module):
             x = F.embedding(tokens, table).to(self.dtype)
             path = self.layer_paths.pick(x, cache, w, layer=lambda: self.layer_weights(0))
         rope = path.rope(self.inv_freq, positions, B, N, self.dtype)
-        states = {}
-        for layer in range(c.num_layers):
-            x = path(x, self.layer_weights(layer), rope, cache, layer, tree_mask, row_counts=row_counts)
-            if layer in feature_layers:
-                states[layer] = x
+        layers = [self.layer_weights(layer) for layer in range(c.num_layers)]
+        x, states = path.run_layers(x, layers, rope, cache, tree_mask, row_counts=row_counts,
+                                    state_layers=feature_layers)
         hidden = self.layer_paths.norm(x, w["model.norm.weight"])
         if not path.computes_padding_rows and row_counts is not None and logit_rows is None:
             # The LM head over the computed rows only; padding rows get zero logits.

@@ -1,5 +1,6 @@
 """Reference ``cpu_decoder_layer``: one Llama decoder layer (pre-norm attention and SwiGLU MLP,
-each with a residual) over N new tokens per request, its K/V written into the layer's cache."""
+each with a residual) over N new tokens per request, its K/V written into the layer's cache; and
+``cpu_decoder_layers``, a stack of them in one call."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _checks
+from .._types import DecoderLayersOutput
 from .cpu_linear import cpu_linear
 from .tree_attention import tree_attention
 from .write_kv import write_kv
@@ -91,3 +93,37 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     act = (F.silu(gate) * up).float()
     out = (x1.double() + cpu_linear(act, down_weight).double()).float()
     return torch.where(computed, out, x)
+
+
+def cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                       k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(),
+                       row_counts=None):
+    """:func:`cpu_decoder_layer` over the L layers of a model in one call: layer ``l`` takes entry ``l`` of each
+    weight list and the cache ``k_cache[l]``, ``v_cache[l]``, and feeds its output to layer ``l + 1``::
+
+        for l in range(L):
+            x = cpu_decoder_layer(x, input_norm[l], qkv_weight[l], ..., k_cache[l], v_cache[l], cache_seqlens,
+                                  tree_mask, num_heads=num_heads, eps=eps, row_counts=row_counts)
+
+    Returns ``(out, states)``: the last layer's output and the outputs of the layers listed in ``state_layers``
+    (EAGLE-3 reads a few of them), in that order, stacked. Every layer has an input norm, no ``embed`` and no
+    ``slot_offset`` (a target model's stack; drafting layers take :func:`cpu_decoder_layer`).
+
+    Shapes
+    ------
+    x float32 [B, N, H]; input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight: lists of L
+    tensors, each as in :func:`cpu_decoder_layer`; k_cache, v_cache [L, B, S, Hkv, D]; cos, sin, cache_seqlens,
+    tree_mask, row_counts as in :func:`cpu_decoder_layer`; state_layers: ints in [0, L). Returns float32
+    [B, N, H] and float32 [len(state_layers), B, N, H].
+    """
+    _checks.check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight,
+                                     cos, sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads,
+                                     eps=eps, state_layers=state_layers, row_counts=row_counts)
+    outputs = []
+    for layer in range(k_cache.shape[0]):
+        x = cpu_decoder_layer(x, input_norm[layer], qkv_weight[layer], o_weight[layer], post_norm[layer],
+                              gate_up_weight[layer], down_weight[layer], cos, sin, k_cache[layer], v_cache[layer],
+                              cache_seqlens, tree_mask, num_heads=num_heads, eps=eps, row_counts=row_counts)
+        outputs.append(x)
+    states = torch.stack([outputs[layer] for layer in state_layers]) if state_layers else x.new_empty(0, *x.shape)
+    return DecoderLayersOutput(x if outputs else x.clone(), states)

@@ -141,27 +141,33 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
 
 def fused_and_op_by_op(model, monkeypatch):
     """(step logits, tree-pass logits, k cache, v cache) of a 70-token prefill (op by op either way: 140 rows),
-    one decoded token and a 6-node tree pass, through cpu_decoder_layer and through the op-by-op path; checks
-    that the fused path makes one kernel call per layer and the other none."""
+    one decoded token and a 6-node tree pass, through cpu_decoder_layers (the default), through cpu_decoder_layer
+    (EAGLE_KERNELS_CPU_LAYER=layer) and through the op-by-op path. Checks that the default makes one stack call
+    and no layer call, the layer mode one layer call per layer, the op-by-op path neither, and that the stack
+    gives the layer mode's results bit for bit; returns (the stack's, the op-by-op path's)."""
     from eagle_kernels.models import llama
 
     native_decoder_layer()
     prompt = torch.randint(0, 97, (2, 70))
     tree = random_tree(2, 6, seed=3)
     results = {}
-    for mode in ("auto", "ops"):
+    expected_calls = {"auto": (0, 1), "layer": (model.config.num_layers, 0), "ops": (0, 0)}
+    for mode, (layer_calls, stack_calls) in expected_calls.items():
         monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
         cache = model.new_cache(2, 96)
         model(prompt, cache)
         cache.seqlens += 70
         with torch.profiler.profile() as prof:
             step = model(prompt[:, :1], cache)
-        calls = sum(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
-        assert calls == (model.config.num_layers if mode == "auto" else 0)
+        names = [e.name for e in prof.events()]
+        assert (names.count("eagle_kernels::cpu_decoder_layer"), names.count("eagle_kernels::cpu_decoder_layers")) \
+            == (layer_calls, stack_calls)
         cache.seqlens += 1
         positions = cache.seqlens[:, None].long() + tree.depths.long()
         verify = model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask)
         results[mode] = (step.logits, verify.logits, cache.k, cache.v)
+    for got, want in zip(results["auto"], results["layer"]):
+        assert torch.equal(got, want)
     return results["auto"], results["ops"]
 
 
@@ -192,6 +198,11 @@ def test_model_row_counts_skip_padding_rows(monkeypatch):
         for layer in (0, 1):
             assert torch.equal(padded.layer_states[layer][b, :count], full.layer_states[layer][b, :count])
         assert not padded.logits[b, count:].any()
+    monkeypatch.setenv(llama.CPU_LAYER_ENV, "layer")  # a call per layer: the stack's bits
+    per_layer = tree_pass(counts)
+    for got, want in ((per_layer.logits, padded.logits), (per_layer.hidden, padded.hidden),
+                      *((per_layer.layer_states[layer], padded.layer_states[layer]) for layer in (0, 1))):
+        assert torch.equal(got, want)
     monkeypatch.setenv(llama.CPU_LAYER_ENV, "ops")
     ops_path = tree_pass(counts)
     for b, count in enumerate(counts.tolist()):

@@ -10,7 +10,7 @@ import torch
 import eagle_kernels
 from eagle_kernels import _dispatch
 from eagle_kernels._schemas import OPS, SCHEMAS
-from helpers import decoder_layer_inputs
+from helpers import decoder_layer_inputs, decoder_stack_inputs
 
 
 def small_inputs(op):
@@ -72,6 +72,9 @@ def small_inputs(op):
         return (torch.randn(2, 3, 20, generator=g), torch.randn(7, 20, generator=g).bfloat16()), {}
     if op == "cpu_decoder_layer":
         return decoder_layer_inputs(B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g)
+    if op == "cpu_decoder_layers":
+        return decoder_stack_inputs(L=3, B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g,
+                                    state_layers=(0, 2))
     raise AssertionError(op)
 
 
@@ -95,12 +98,25 @@ def test_fake_shapes_match_real(op):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        def to_fake(a):
+            if isinstance(a, list):
+                return [to_fake(t) for t in a]
+            return mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+
+        fake_args = [to_fake(a) for a in args]
         fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         fake = getattr(torch.ops.eagle_kernels, op)(*fake_args, **fake_kwargs)
-    real = real if isinstance(real, (tuple, list)) else [real] if real is not None else []
-    fake = fake if isinstance(fake, (tuple, list)) else [fake] if fake is not None else []
+    real, fake = flat_tensors(real), flat_tensors(fake)
     assert [(tuple(t.shape), t.dtype) for t in real] == [(tuple(t.shape), t.dtype) for t in fake]
+
+
+def flat_tensors(result):
+    """An op's outputs as a flat list of tensors (a list of tensors among them is opened)."""
+    if result is None:
+        return []
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [t for part in result for t in flat_tensors(part)]
 
 
 @pytest.mark.parametrize("op", OPS, ids=OPS)
@@ -114,10 +130,11 @@ def test_public_op_equals_reference(op):
         torch.testing.assert_close(args[0], clone[0], rtol=0, atol=0)
         torch.testing.assert_close(args[1], clone[1], rtol=0, atol=0)
         return
-    if op == "cpu_decoder_layer":  # writes the new K/V into the caches (args 9, 10)
+    if op in ("cpu_decoder_layer", "cpu_decoder_layers"):  # writes the new K/V into the caches (args 9, 10)
         clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        got = eagle_kernels.cpu_decoder_layer(*args, **kwargs)
-        want = eagle_kernels.reference.cpu_decoder_layer(*clone, **kwargs)
+        got = getattr(eagle_kernels, op)(*args, **kwargs)
+        want = getattr(eagle_kernels.reference, op)(*clone, **kwargs)
+        assert type(got) is type(want)
         for pair in ((got, want), (args[9], clone[9]), (args[10], clone[10])):
             torch.testing.assert_close(*pair, rtol=1e-5, atol=1e-5)
         return
@@ -131,6 +148,7 @@ def test_result_types_are_named_tuples():
     assert eagle_kernels.Tree._fields == ("tokens", "parents", "depths", "mask")
     assert eagle_kernels.DraftCandidates._fields == ("tokens", "scores", "frontier", "logprobs")
     assert eagle_kernels.VerifyOutput._fields == ("accept_len", "accept_nodes", "out_tokens", "status")
+    assert eagle_kernels.DecoderLayersOutput._fields == ("out", "states")
 
 
 @pytest.mark.parametrize("op", OPS, ids=OPS)
