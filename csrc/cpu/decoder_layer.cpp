@@ -398,17 +398,16 @@ std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
   const std::optional<at::Tensor> kept = kept_rows(op, row_counts, x.size(0), x.size(1), dev);
   // Layer by layer, as cpu_decoder_layer L times: no Python (and no dispatcher) between the layers, whose interpreter
   // state the weight stream evicts from the caches between two calls.
-  std::vector<at::Tensor> outputs(L);
+  const int64_t num_states = static_cast<int64_t>(state_layers.size());
+  at::Tensor states = at::empty({num_states, x.size(0), x.size(1), x.size(2)}, x.options());
   at::Tensor h = x;
   for (int64_t l = 0; l < L; ++l) {
     h = run_layer(dims[l], h, input_norm[l], qkv_weight[l], o_weight[l], post_norm[l], gate_up_weight[l],
                   down_weight[l], cos, sin, k_layers[l], v_layers[l], cache_seqlens, tree_mask, eps, std::nullopt,
                   std::nullopt, 0, kept);
-    outputs[l] = h;
+    for (int64_t i = 0; i < num_states; ++i)
+      if (state_layers[i] == l) states[i].copy_(h);
   }
-  at::Tensor states =
-      at::empty({static_cast<int64_t>(state_layers.size()), x.size(0), x.size(1), x.size(2)}, x.options());
-  for (int64_t i = 0; i < states.size(0); ++i) states[i].copy_(outputs[state_layers[i]]);
   return {L > 0 ? h : x.clone(), states};
 }
 

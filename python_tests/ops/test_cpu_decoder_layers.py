@@ -7,21 +7,26 @@ import torch
 
 from eagle_kernels import _dispatch, ops, reference
 from eagle_kernels.reference.cpu_linear import quantize as quantize_blocks
-from helpers import WEIGHT_DTYPES, clone_args, decoder_stack_inputs, native_decoder_layer, random_tree
+from helpers import (
+    DECODER_LAYERS,
+    WEIGHT_DTYPES,
+    clone_args,
+    decoder_stack_inputs,
+    native_decoder_layer,
+    random_tree,
+)
 
-# SmolLM2-135M's layer shape (num_heads, Hkv, D, H, I) and a small one.
-STACK_SHAPES = {"smollm2": (9, 3, 64, 576, 1536), "small": (4, 2, 16, 40, 24)}
 
-
-def native_stack():
-    fn, reason = _dispatch.implementation("cpu_decoder_layers", "cpp", "cpu")
+def stack_implementation(backend="cpp"):
+    """The backend's cpu_decoder_layers, or skip."""
+    fn, reason = _dispatch.implementation("cpu_decoder_layers", backend, "cpu")
     if fn is None:
         pytest.skip(reason)
     return fn
 
 
 def stack_case(shape, L, B, N, prefix, weight_dtype="fp32", tree=False, state_layers=(), seed=0):
-    num_heads, Hkv, D, H, inter = STACK_SHAPES[shape]
+    num_heads, Hkv, D, H, inter = DECODER_LAYERS[shape]
     g = torch.Generator().manual_seed(seed)
     mask = random_tree(B, N, seed).mask if tree else None
     return decoder_stack_inputs(L, B, N, H, num_heads, Hkv, D, inter, capacity=prefix + N + 3, generator=g,
@@ -62,7 +67,7 @@ def quantize(args, fmt):
 def test_equals_one_call_per_layer(B, N, prefix, tree, weights):
     """The stack gives what cpu_decoder_layer gives called once per layer, bit for bit: the output, each layer
     state asked for (repeats and the last layer included), and every entry of the [L, ...] caches."""
-    fn = native_stack()
+    fn = stack_implementation()
     shape = "small" if weights in ("fp32", "bf16") else "smollm2"  # packing: N, K multiples of 32
     args, kwargs = stack_case(shape, 4, B, N, prefix, "bf16" if "bf16" in weights else "fp32", tree,
                               state_layers=(2, 0, 3, 2))
@@ -86,7 +91,7 @@ def test_equals_one_call_per_layer(B, N, prefix, tree, weights):
 def test_padding_rows_and_16bit_cache_equal_one_call_per_layer(cache_dtype):
     """row_counts (a finished request, a short tree) and a 16-bit cache go through the stack as through each
     layer's call."""
-    fn = native_stack()
+    fn = stack_implementation()
     args, kwargs = stack_case("small", 3, 3, 6, 12, tree=True, state_layers=(1,))
     args = args[:9] + (args[9].to(cache_dtype), args[10].to(cache_dtype)) + args[11:]
     counts = torch.tensor([6, 2, 0])
@@ -101,9 +106,7 @@ def test_padding_rows_and_16bit_cache_equal_one_call_per_layer(cache_dtype):
 @pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
 def test_matches_reference(tree, backend):
     """Every backend against the reference stack (float64-composed layers) to fp32 rounding over 3 layers."""
-    fn, reason = _dispatch.implementation("cpu_decoder_layers", backend, "cpu")
-    if fn is None:
-        pytest.skip(reason)
+    fn = stack_implementation(backend)
     args, kwargs = stack_case("smollm2", 3, 2, 4, 30, tree=tree, state_layers=(0, 1))
     want_args = clone_args(args)
     out, states = fn(*args, **kwargs)
@@ -115,9 +118,7 @@ def test_matches_reference(tree, backend):
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
 def test_no_layers_returns_a_copy_of_x(backend):
-    fn, reason = _dispatch.implementation("cpu_decoder_layers", backend, "cpu")
-    if fn is None:
-        pytest.skip(reason)
+    fn = stack_implementation(backend)
     args, kwargs = stack_case("small", 1, 2, 3, 4)
     args = (args[0], [], [], [], [], [], [], args[7], args[8], args[9][:0], args[10][:0], *args[11:])
     out, states = fn(*args, **kwargs)
@@ -146,9 +147,7 @@ BAD_INPUTS = {  # the name the error must carry -> how the arguments are spoiled
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_bad_input_names_the_tensor(name, backend):
-    fn, reason = _dispatch.implementation("cpu_decoder_layers", backend, "cpu")
-    if fn is None:
-        pytest.skip(reason)
+    fn = stack_implementation(backend)
     args, kwargs = stack_case("small", 3, 2, 3, 4, tree=True)
     args = [list(a) if isinstance(a, list) else a for a in args]
     BAD_INPUTS[name](args)
@@ -160,9 +159,7 @@ def test_bad_input_names_the_tensor(name, backend):
 @pytest.mark.parametrize("state_layers,row_counts", [([3], None), ([-1], None), ([0], torch.tensor([4, 1]))],
                          ids=["past-L", "negative", "row-counts-over-N"])
 def test_bad_state_layers_and_row_counts_are_named(state_layers, row_counts, backend):
-    fn, reason = _dispatch.implementation("cpu_decoder_layers", backend, "cpu")
-    if fn is None:
-        pytest.skip(reason)
+    fn = stack_implementation(backend)
     args, kwargs = stack_case("small", 3, 2, 3, 4)
     with pytest.raises(ValueError, match="row_counts" if row_counts is not None else "state_layers"):
         fn(*args, **{**kwargs, "state_layers": state_layers}, row_counts=row_counts)
