@@ -6,8 +6,8 @@ Its tensors travel as one :class:`LayerWeights`; a :class:`LayerPath` runs it:
 - :class:`TorchLayerPath`: op by op (``rms_norm``, one fused q/k/v linear call, RoPE,
   ``write_kv`` + ``tree_attention``, o, SwiGLU); any device, dtype and autograd;
 - :class:`CpuFusedLayerPath`: the whole layer as one ``cpu_decoder_layer`` call (the same
-  kernels without a Python round trip per operator), for fp32 CPU passes in ``cpu_linear``'s
-  regime;
+  kernels without a Python round trip per operator), and a target's whole stack as one
+  ``cpu_decoder_layers`` call, for fp32 CPU passes in ``cpu_linear``'s regime;
 - :class:`GpuLayerPath`: nine kernel launches per layer on a GPU (fused RMSNorm, one q/k/v
   GEMM, RoPE + KV write, tree attention, o GEMM with the residual added in place, fused
   RMSNorm, one gate/up GEMM, SiLU*up, down GEMM with the residual added in place).
@@ -258,8 +258,9 @@ class TorchLayerPath(LayerPath):
 
 
 class CpuFusedLayerPath(LayerPath):
-    """The layer as one ``cpu_decoder_layer`` call, with the matrices' packed copies where the
-    policy packs. Rows past ``row_counts`` are not computed."""
+    """The layer as one ``cpu_decoder_layer`` call (:meth:`run_layers`: the stack as one
+    ``cpu_decoder_layers`` call), with the matrices' packed copies where the policy packs. Rows
+    past ``row_counts`` are not computed."""
 
     computes_padding_rows = False
 
