@@ -15,6 +15,7 @@ reads tensor values on the host, so a step stays capturable in a CUDA graph.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import NamedTuple
 
 import torch
@@ -291,18 +292,44 @@ def commit(state, tokens, accept_len, hidden, head_cache, norm=None) -> None:
                          hidden, state.root_hidden if hidden is not None else None,
                          norm if has_norm else None, state.root_normed if has_norm else None)
         return
+    if accept_len is not None and hidden is not None:
+        last = accept_len.long()
+        state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
+        if has_norm:
+            from .models.layers import rms_norm
+
+            state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
+    native = _native_commit()
+    if (native is not None and tokens.device.type == "cpu" and isinstance(state.limit, int)
+            and (state.eos is None or isinstance(state.eos, int))):
+        head_seqlens = None if head_cache is None or accept_len is None else head_cache.seqlens
+        native(tokens, accept_len, state.done, state.out, state.out_len, state.steps, state.root, state.offset,
+               state.limit, -1 if state.eos is None else state.eos, state.history,
+               state.prompt_len if state.history is not None else None, state.target_cache.seqlens, head_seqlens)
+        return
+    commit_tokens(state, tokens, accept_len, head_cache)
+
+
+@functools.cache
+def _native_commit():
+    """``torch.ops.eagle_kernels.decoder_commit`` (csrc/cpu/decoder_commit.cpp: :func:`commit_tokens` in one call)
+    where the C++ extension has it, else None."""
+    from . import _dispatch
+
+    if not _dispatch.HAS_CPP or not torch._C._dispatch_has_kernel_for_dispatch_key("eagle_kernels::decoder_commit",
+                                                                                  "CPU"):
+        return None
+    return torch.ops.eagle_kernels.decoder_commit
+
+
+def commit_tokens(state, tokens, accept_len, head_cache) -> None:
+    """The token part of :func:`commit` in torch ops (the CPU kernel ``decoder_commit`` computes the same)."""
     active = ~state.done
     if accept_len is None:  # one token each
         state.target_cache.seqlens += active.to(torch.int32)
         _emit(state, tokens, torch.zeros_like(state.out_len), active)
         return
     last = accept_len.long()
-    if hidden is not None:
-        state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
-        if has_norm:
-            from .models.layers import rms_norm
-
-            state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
     advance = (accept_len + 1) * active.to(torch.int32)
     state.target_cache.seqlens += advance
     if head_cache is not None:
