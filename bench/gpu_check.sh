@@ -278,7 +278,9 @@ parts_logic() {  # split a small file, plan, join, verify; a corrupt and a missi
   "$PY" bench/model_parts.py join "$OUT/parts_check_joined.bin" --dir "$dir" || return 1
   "$PY" -c 'import sys; sys.exit(open(sys.argv[1], "rb").read() != open(sys.argv[2], "rb").read())' \
     "$src" "$OUT/parts_check_joined.bin" || return 1
-  printf 'x' | dd of="$dir/part-001" bs=1 seek=10 conv=notrunc status=none
+  # Flip every bit of byte 10 (writing a fixed byte left the part intact whenever it already held that byte).
+  "$PY" -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[10] ^= 0xFF; open(sys.argv[1], "wb").write(b)' \
+    "$dir/part-001" || return 1
   if "$PY" bench/model_parts.py join "$OUT/parts_check_bad.bin" --dir "$dir"; then
     echo "ERROR: a corrupt part was accepted"
     return 1
