@@ -163,3 +163,20 @@ def test_bad_state_layers_and_row_counts_are_named(state_layers, row_counts, bac
     args, kwargs = stack_case("small", 3, 2, 3, 4)
     with pytest.raises(ValueError, match="row_counts" if row_counts is not None else "state_layers"):
         fn(*args, **{**kwargs, "state_layers": state_layers}, row_counts=row_counts)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_nan_row_stays_in_its_request(backend):
+    """A NaN in one request's input reaches that request's output (never silently finite everywhere) and leaves
+    the other request's output, layer states and cache entries as a clean call gives them, bit for bit."""
+    fn = stack_implementation(backend)
+    args, kwargs = stack_case("small", 3, 2, 4, 10, tree=True, state_layers=(1,))
+    clean_args, nan_args = clone_args(args), list(clone_args(args))
+    nan_args[0] = nan_args[0].clone()
+    nan_args[0][1, 2, 5] = float("nan")
+    clean_out, clean_states = fn(*clean_args, **kwargs)
+    out, states = fn(*nan_args, **kwargs)
+    assert torch.equal(out[0], clean_out[0]) and torch.equal(states[:, 0], clean_states[:, 0])
+    for cache, clean_cache in ((nan_args[9], clean_args[9]), (nan_args[10], clean_args[10])):
+        assert torch.equal(cache[:, 0], clean_cache[:, 0])
+    assert not torch.isfinite(out[1]).all()
