@@ -211,6 +211,7 @@ def smollm2_steps(threads_list, blocks=12, steps=64, prefix=96):
                         env, copies = modes[mode]
                         target.packed._copies.clear()
                         target.packed._copies.update(copies)
+                        target.packed.generation += 1
                         cache.seqlens.fill_(prefix)
                         token, out = torch.tensor([[5]]), []
                         with mock.patch.dict(os.environ, env):

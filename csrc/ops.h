@@ -56,6 +56,16 @@ std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
     const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
     const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps, at::IntArrayRef state_layers,
     const std::optional<at::Tensor>& row_counts);
+// A Llama target's forward pass in one call (docs/ops.md §13): embedding, RoPE rows from [P, D / 2] tables,
+// cpu_decoder_layers, the final RMSNorm and the LM head; returns (logits, hidden, states).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
+    const at::Tensor& tokens, const at::Tensor& embed_table, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+    const std::optional<at::Tensor>& positions, at::TensorList input_norm, at::TensorList qkv_weight,
+    at::TensorList o_weight, at::TensorList post_norm, at::TensorList gate_up_weight, at::TensorList down_weight,
+    const at::Tensor& final_norm, const at::Tensor& lm_head, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
+    at::IntArrayRef state_layers, const std::optional<at::Tensor>& row_counts,
+    const std::optional<at::Tensor>& logit_rows);
 
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

@@ -47,6 +47,12 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor cos, Tensor sin, "
       "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
       "int num_heads, float eps, int[] state_layers=[], Tensor? row_counts=None) -> (Tensor, Tensor)");
+  m.def(
+      "cpu_decoder_forward(Tensor tokens, Tensor embed_table, Tensor rope_cos, Tensor rope_sin, Tensor? positions, "
+      "Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] o_weight, Tensor[] post_norm, Tensor[] gate_up_weight, "
+      "Tensor[] down_weight, Tensor final_norm, Tensor lm_head, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor cache_seqlens, Tensor? tree_mask=None, *, int num_heads, float eps, int[] state_layers=[], "
+      "Tensor? row_counts=None, Tensor? logit_rows=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
@@ -59,6 +65,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("cpu_linear", &eagle::cpu_linear_cpu);
   m.impl("cpu_decoder_layer", &eagle::cpu_decoder_layer_cpu);
   m.impl("cpu_decoder_layers", &eagle::cpu_decoder_layers_cpu);
+  m.impl("cpu_decoder_forward", &eagle::cpu_decoder_forward_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA

@@ -514,3 +514,51 @@ def check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gat
         _check_layer(x, *(tensors[layer] for tensors in lists), cos, sin, k_cache[layer], v_cache[layer],
                      cache_seqlens, tree_mask, num_heads, eps, None, None, 0, suffix=f"[{layer}]")
     _check_row_counts(row_counts, x, k_cache, cache_seqlens, x.shape[1], values)
+
+
+def check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight, o_weight,
+                              post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache, v_cache,
+                              cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(), row_counts=None,
+                              logit_rows=None, values=True):
+    check_tensor("tokens", tokens, dtype=torch.int64, ndim=2)
+    device = tokens.device
+    check_tensor("embed_table", embed_table, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2,
+                 device=device)
+    if embed_table.stride(1) != 1 and embed_table.shape[1] > 1:
+        _fail("embed_table", "a dense last dim (stride 1)", f"strides {tuple(embed_table.stride())}")
+    (B, N), (V, H) = tokens.shape, embed_table.shape
+    check_values = values and values_checked(device)
+    if check_values and tokens.numel() and bool(((tokens < 0) | (tokens >= V)).any()):
+        _fail("tokens", f"ids in [0, V = {V}) (embed_table rows)", tokens.tolist())
+    x = embed_table.new_empty((B, N, H), dtype=torch.float32)  # the stack's input, for its checks
+    check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=5, device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, None, B, True, device)
+    D = k_cache.shape[-1]
+    for name, table in (("rope_cos", rope_cos), ("rope_sin", rope_sin)):
+        check_tensor(name, table, dtype=torch.float32, ndim=2, device=device)
+        if table.shape[1] * 2 != D or not table.is_contiguous():
+            _fail(name, f"a contiguous [P, D / 2 = {D // 2}] table",
+                  f"shape {tuple(table.shape)} and strides {tuple(table.stride())}")
+    P = rope_cos.shape[0]
+    if rope_sin.shape[0] != P:
+        _fail("rope_sin", f"P = {P} rows (as rope_cos)", rope_sin.shape[0])
+    if positions is not None:
+        check_tensor("positions", positions, dtype=torch.int64, shape=(B, N), device=device)
+        if check_values and positions.numel() and bool(((positions < 0) | (positions >= P)).any()):
+            _fail("positions", f"values in [0, P = {P}) (rope_cos rows)", positions.tolist())
+    elif check_values and B and bool((cache_seqlens.long() + N > P).any()):
+        _fail("rope_cos", "a row per position up to cache_seqlens + N - 1 (positions None)", f"P = {P} rows")
+    rows = x.new_empty((B, N, D))
+    check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, rows, rows,
+                             k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
+                             state_layers=state_layers, row_counts=row_counts, values=values)
+    check_tensor("final_norm", final_norm, dtype=torch.float32, shape=(H,), device=device)
+    if not isinstance(lm_head, torch.Tensor) or lm_head.dim() < 2:
+        _fail("lm_head", "[V, H] or its packed form", getattr(lm_head, "shape", type(lm_head).__name__))
+    _check_linear_weight("lm_head", lm_head, linear_out_features(lm_head), H, "[V, H]", device)
+    if logit_rows is not None:
+        check_tensor("logit_rows", logit_rows, dtype=torch.int64, ndim=2, device=device)
+        if logit_rows.shape[0] != B:
+            _fail("logit_rows", f"shape [B = {B}, R]", f"shape {tuple(logit_rows.shape)}")
+        if check_values and logit_rows.numel() and bool(((logit_rows < 0) | (logit_rows >= N)).any()):
+            _fail("logit_rows", f"values in [0, N = {N})", logit_rows.tolist())

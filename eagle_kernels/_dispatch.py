@@ -25,6 +25,7 @@ RESULT_TYPES = {
     "build_tree": _types.Tree,
     "verify": _types.VerifyOutput,
     "cpu_decoder_layers": _types.DecoderLayersOutput,
+    "cpu_decoder_forward": _types.DecoderForwardOutput,
 }
 
 CHECKS = {op: getattr(_checks, f"check_{op}") for op in OPS}
@@ -75,7 +76,8 @@ def _triton_function(op: str):
 # ValueError naming the same tensor), so the Python pass is skipped for CPU tensors: it costs
 # tens of microseconds, a large share of a small tree_attention call.
 NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tree", "compact_kv",
-                               "draft_expand", "cpu_linear", "cpu_decoder_layer", "cpu_decoder_layers"})
+                               "draft_expand", "cpu_linear", "cpu_decoder_layer", "cpu_decoder_layers",
+                               "cpu_decoder_forward"})
 
 
 @functools.cache

@@ -93,6 +93,22 @@ def _fake_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gat
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(len(state_layers), *x.shape)
 
 
+def _fake_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight, o_weight,
+                              post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache, v_cache,
+                              cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(), row_counts=None,
+                              logit_rows=None):
+    _checks.check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight,
+                                      o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache,
+                                      v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
+                                      state_layers=state_layers, row_counts=row_counts, logit_rows=logit_rows,
+                                      values=False)
+    (B, N), H = tokens.shape, embed_table.shape[1]
+    rows = N if logit_rows is None else logit_rows.shape[1]
+    hidden = embed_table.new_empty((B, N, H), dtype=torch.float32)
+    return (hidden.new_empty(B, rows, _checks.linear_out_features(lm_head)), hidden,
+            hidden.new_empty(len(state_layers), B, N, H))
+
+
 def _fake_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
     _layer_checks.check_rmsnorm(x, weight, eps, embed=embed, embed_weight=embed_weight, values=False)
     out, residual = _layer_checks.rmsnorm_shapes(x, weight, eps, embed=embed, embed_weight=embed_weight)
@@ -122,6 +138,7 @@ FAKES = {
     "cpu_linear": _fake_cpu_linear,
     "cpu_decoder_layer": _fake_cpu_decoder_layer,
     "cpu_decoder_layers": _fake_cpu_decoder_layers,
+    "cpu_decoder_forward": _fake_cpu_decoder_forward,
     "rmsnorm": _fake_rmsnorm,
     "rope_write_kv": _fake_rope_write_kv,
     "silu_mul": _fake_silu_mul,

@@ -47,6 +47,13 @@ SCHEMAS = {
         "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, "
         "int num_heads, float eps, int[] state_layers=[], Tensor? row_counts=None) -> (Tensor, Tensor)"
     ),
+    "cpu_decoder_forward": (
+        "cpu_decoder_forward(Tensor tokens, Tensor embed_table, Tensor rope_cos, Tensor rope_sin, Tensor? positions, "
+        "Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] o_weight, Tensor[] post_norm, Tensor[] gate_up_weight, "
+        "Tensor[] down_weight, Tensor final_norm, Tensor lm_head, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor cache_seqlens, Tensor? tree_mask=None, *, int num_heads, float eps, int[] state_layers=[], "
+        "Tensor? row_counts=None, Tensor? logit_rows=None) -> (Tensor, Tensor, Tensor)"
+    ),
 }
 
 OPS = tuple(SCHEMAS)

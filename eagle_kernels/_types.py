@@ -33,6 +33,15 @@ class DecoderLayersOutput(NamedTuple):
     states: torch.Tensor
 
 
+class DecoderForwardOutput(NamedTuple):
+    """``cpu_decoder_forward``'s result: ``logits`` float32 [B, R, V] (R = N without ``logit_rows``), ``hidden``
+    float32 [B, N, H] (the last layer's output, normed) and ``states`` float32 [len(state_layers), B, N, H]."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    states: torch.Tensor
+
+
 class VerifyOutput(NamedTuple):
     """Verification result. Shapes: accept_len int32 [B], accept_nodes int32
     [B, max_depth + 1], out_tokens int64 [B, max_depth + 1], status int32 [B]."""

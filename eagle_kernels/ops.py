@@ -98,6 +98,20 @@ def cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_w
                          row_counts=row_counts)
 
 
+def cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight, o_weight,
+                        post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache, v_cache, cache_seqlens,
+                        tree_mask=None, *, num_heads, eps, state_layers=(), row_counts=None, logit_rows=None):
+    """A Llama target's forward pass, token ids to logits, in one call (embedding, RoPE rows from [P, D / 2] tables,
+    ``cpu_decoder_layers``, the final norm, the LM head): a CPU decoding step without a dozen small torch ops
+    around the stack. Returns ``(logits, hidden, states)``. Other devices run the reference. See
+    :func:`eagle_kernels.reference.cpu_decoder_forward`."""
+    return _dispatch.run("cpu_decoder_forward", tokens.device, tokens, embed_table, rope_cos, rope_sin, positions,
+                         list(input_norm), list(qkv_weight), list(o_weight), list(post_norm), list(gate_up_weight),
+                         list(down_weight), final_norm, lm_head, k_cache, v_cache, cache_seqlens, tree_mask,
+                         num_heads=num_heads, eps=eps, state_layers=list(state_layers), row_counts=row_counts,
+                         logit_rows=logit_rows)
+
+
 def rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
     """RMSNorm of rows and a copy of x (the residual stream a decoder layer then adds to in
     place), in one pass; with ``embed``, EAGLE-3's ``[norm(embed) * embed_weight, norm(x) *

@@ -28,6 +28,8 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/gather.h>
 #include <ATen/ops/index_copy.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/silu.h>
@@ -362,22 +364,33 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_no
                    v_cache, cache_seqlens, tree_mask, eps, embed, embed_norm, slot_offset, kept);
 }
 
-std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
-    const at::Tensor& x, at::TensorList input_norm, at::TensorList qkv_weight, at::TensorList o_weight,
-    at::TensorList post_norm, at::TensorList gate_up_weight, at::TensorList down_weight, const at::Tensor& cos,
-    const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-    const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps, at::IntArrayRef state_layers,
-    const std::optional<at::Tensor>& row_counts) {
-  // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layers.
-  const char* op = "cpu_decoder_layers";
-  check_dtype(x, op, "x", at::kFloat);
-  check_dim(x, op, "x", 3, "[B, N, H]");
-  const at::Device dev = x.device();
-  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": x: expected device cpu, got ", dev);
+namespace {
+
+// The [L, B, S, Hkv, D] cache of a stack (the first checks of cpu_decoder_layers, which cpu_decoder_forward makes
+// before it reads D for its RoPE tables).
+void check_stack_cache(const char* op, const at::Tensor& x, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& cache_seqlens) {
   check_32_or_16_bit_float(k_cache, op, "k_cache");
   check_dim(k_cache, op, "k_cache", 5, "[L, B, S, Hkv, D]");
-  check_device(k_cache, op, "k_cache", dev);
-  check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, std::nullopt, x.size(0), 1, "[L, B, S, Hkv, D]", dev);
+  check_device(k_cache, op, "k_cache", x.device());
+  check_kv_cache_args(op, k_cache, v_cache, cache_seqlens, std::nullopt, x.size(0), 1, "[L, B, S, Hkv, D]", x.device());
+}
+
+// A stack's checked arguments: the per-layer cache views, each layer's sizes and the rows to compute.
+struct StackPlan {
+  std::vector<at::Tensor> k_layers, v_layers;
+  std::vector<LayerDims> dims;
+  std::optional<at::Tensor> kept;
+};
+
+// Every check of a stack's arguments after check_stack_cache (same order and wording as
+// eagle_kernels/_checks.py::check_cpu_decoder_layers).
+StackPlan check_stack(const char* op, const at::Tensor& x, at::TensorList input_norm, at::TensorList qkv_weight,
+                      at::TensorList o_weight, at::TensorList post_norm, at::TensorList gate_up_weight,
+                      at::TensorList down_weight, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                      const std::optional<at::Tensor>& tree_mask, int64_t num_heads, at::IntArrayRef state_layers,
+                      const std::optional<at::Tensor>& row_counts) {
   const int64_t L = k_cache.size(0);
   for (const auto& [list, name] :
        {std::pair{&input_norm, "input_norm"}, std::pair{&qkv_weight, "qkv_weight"}, std::pair{&o_weight, "o_weight"},
@@ -388,27 +401,190 @@ std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
   for (const int64_t layer : state_layers)
     TORCH_CHECK_VALUE(layer >= 0 && layer < L, op, ": state_layers: expected layer indices in [0, L = ", L, "), got ",
                       layer);
-  std::vector<at::Tensor> k_layers = k_cache.unbind(0), v_layers = v_cache.unbind(0);
-  std::vector<LayerDims> dims;
-  dims.reserve(L);
+  StackPlan plan{k_cache.unbind(0), v_cache.unbind(0), {}, std::nullopt};
+  plan.dims.reserve(L);
   for (int64_t l = 0; l < L; ++l)
-    dims.push_back(check_layer(op, "[" + std::to_string(l) + "]", x, input_norm[l], qkv_weight[l], o_weight[l],
-                               post_norm[l], gate_up_weight[l], down_weight[l], cos, sin, k_layers[l], v_layers[l],
-                               cache_seqlens, tree_mask, num_heads, std::nullopt, std::nullopt, 0));
-  const std::optional<at::Tensor> kept = kept_rows(op, row_counts, x.size(0), x.size(1), dev);
-  // Layer by layer, as cpu_decoder_layer L times: no Python (and no dispatcher) between the layers, whose interpreter
-  // state the weight stream evicts from the caches between two calls.
+    plan.dims.push_back(check_layer(op, "[" + std::to_string(l) + "]", x, input_norm[l], qkv_weight[l], o_weight[l],
+                                    post_norm[l], gate_up_weight[l], down_weight[l], cos, sin, plan.k_layers[l],
+                                    plan.v_layers[l], cache_seqlens, tree_mask, num_heads, std::nullopt, std::nullopt,
+                                    0));
+  plan.kept = kept_rows(op, row_counts, x.size(0), x.size(1), x.device());
+  return plan;
+}
+
+// The stack over checked arguments: layer by layer, as cpu_decoder_layer L times, with no Python (and no dispatcher)
+// between the layers, whose interpreter state the weight stream evicts from the caches between two calls.
+std::tuple<at::Tensor, at::Tensor> run_stack(const StackPlan& plan, const at::Tensor& x, at::TensorList input_norm,
+                                             at::TensorList qkv_weight, at::TensorList o_weight,
+                                             at::TensorList post_norm, at::TensorList gate_up_weight,
+                                             at::TensorList down_weight, const at::Tensor& cos, const at::Tensor& sin,
+                                             const at::Tensor& cache_seqlens,
+                                             const std::optional<at::Tensor>& tree_mask, double eps,
+                                             at::IntArrayRef state_layers) {
+  const int64_t L = static_cast<int64_t>(plan.dims.size());
   const int64_t num_states = static_cast<int64_t>(state_layers.size());
   at::Tensor states = at::empty({num_states, x.size(0), x.size(1), x.size(2)}, x.options());
   at::Tensor h = x;
   for (int64_t l = 0; l < L; ++l) {
-    h = run_layer(dims[l], h, input_norm[l], qkv_weight[l], o_weight[l], post_norm[l], gate_up_weight[l],
-                  down_weight[l], cos, sin, k_layers[l], v_layers[l], cache_seqlens, tree_mask, eps, std::nullopt,
-                  std::nullopt, 0, kept);
+    h = run_layer(plan.dims[l], h, input_norm[l], qkv_weight[l], o_weight[l], post_norm[l], gate_up_weight[l],
+                  down_weight[l], cos, sin, plan.k_layers[l], plan.v_layers[l], cache_seqlens, tree_mask, eps,
+                  std::nullopt, std::nullopt, 0, plan.kept);
     for (int64_t i = 0; i < num_states; ++i)
       if (state_layers[i] == l) states[i].copy_(h);
   }
   return {L > 0 ? h : x.clone(), states};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
+    const at::Tensor& x, at::TensorList input_norm, at::TensorList qkv_weight, at::TensorList o_weight,
+    at::TensorList post_norm, at::TensorList gate_up_weight, at::TensorList down_weight, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps, at::IntArrayRef state_layers,
+    const std::optional<at::Tensor>& row_counts) {
+  // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layers.
+  const char* op = "cpu_decoder_layers";
+  check_dtype(x, op, "x", at::kFloat);
+  check_dim(x, op, "x", 3, "[B, N, H]");
+  TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": x: expected device cpu, got ", x.device());
+  check_stack_cache(op, x, k_cache, v_cache, cache_seqlens);
+  const StackPlan plan =
+      check_stack(op, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
+                  v_cache, cache_seqlens, tree_mask, num_heads, state_layers, row_counts);
+  return run_stack(plan, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                   cache_seqlens, tree_mask, eps, state_layers);
+}
+
+namespace {
+
+// cos or sin rows [B, N, D] of cpu_decoder_layer from a [P, D / 2] table: row positions[b, i] written twice.
+at::Tensor rope_rows(const at::Tensor& table, const std::vector<int64_t>& positions, int64_t B, int64_t N) {
+  const int64_t half = table.size(1);
+  at::Tensor rows = at::empty({B, N, 2 * half}, table.options());
+  const float* src = table.data_ptr<float>();
+  float* dst = rows.data_ptr<float>();
+  for (size_t r = 0; r < positions.size(); ++r) {
+    const float* row = src + positions[r] * half;
+    std::copy(row, row + half, dst + r * 2 * half);
+    std::copy(row, row + half, dst + r * 2 * half + half);
+  }
+  return rows;
+}
+
+// Every token position of a pass (positions, or cache_seqlens[b] + i), checked against the tables' P rows.
+std::vector<int64_t> pass_positions(const char* op, const std::optional<at::Tensor>& positions,
+                                    const at::Tensor& cache_seqlens, int64_t B, int64_t N, int64_t P, at::Device dev) {
+  std::vector<int64_t> out(B * N);
+  if (positions.has_value()) {
+    check_dtype(*positions, op, "positions", at::kLong);
+    check_shape(*positions, op, "positions", {B, N}, "[B, N]");
+    check_device(*positions, op, "positions", dev);
+    const at::Tensor p = positions->contiguous();
+    const int64_t* data = p.data_ptr<int64_t>();
+    for (int64_t r = 0; r < B * N; ++r) {
+      TORCH_CHECK_VALUE(data[r] >= 0 && data[r] < P, op, ": positions: expected values in [0, P = ", P,
+                        ") (rope_cos rows), got ", data[r], " at (", r / N, ", ", r % N, ")");
+      out[r] = data[r];
+    }
+    return out;
+  }
+  const at::Tensor lens = cache_seqlens.to(at::kLong).contiguous();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(len[b] + N <= P, op,
+                      ": rope_cos: expected a row per position up to cache_seqlens + N - 1 = ", len[b] + N - 1,
+                      " (positions None), got P = ", P, " rows");
+    for (int64_t i = 0; i < N; ++i) out[b * N + i] = len[b] + i;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
+    const at::Tensor& tokens, const at::Tensor& embed_table, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+    const std::optional<at::Tensor>& positions, at::TensorList input_norm, at::TensorList qkv_weight,
+    at::TensorList o_weight, at::TensorList post_norm, at::TensorList gate_up_weight, at::TensorList down_weight,
+    const at::Tensor& final_norm, const at::Tensor& lm_head, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
+    at::IntArrayRef state_layers, const std::optional<at::Tensor>& row_counts,
+    const std::optional<at::Tensor>& logit_rows) {
+  // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_forward. Everything is checked before
+  // the stack writes the cache.
+  const char* op = "cpu_decoder_forward";
+  check_dtype(tokens, op, "tokens", at::kLong);
+  check_dim(tokens, op, "tokens", 2, "[B, N]");
+  const at::Device dev = tokens.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": tokens: expected device cpu, got ", dev);
+  check_32_or_16_bit_float(embed_table, op, "embed_table");
+  check_dim(embed_table, op, "embed_table", 2, "[V, H]");
+  check_device(embed_table, op, "embed_table", dev);
+  TORCH_CHECK_VALUE(embed_table.stride(1) == 1 || embed_table.size(1) <= 1, op,
+                    ": embed_table: expected a dense last dim (stride 1), got strides ",
+                    shape_str(embed_table.strides()));
+  const int64_t B = tokens.size(0), N = tokens.size(1), V_e = embed_table.size(0), H = embed_table.size(1);
+  {
+    const at::Tensor t = tokens.contiguous();
+    const int64_t* id = t.data_ptr<int64_t>();
+    for (int64_t r = 0; r < B * N; ++r)
+      TORCH_CHECK_VALUE(id[r] >= 0 && id[r] < V_e, op, ": tokens: expected ids in [0, V = ", V_e,
+                        ") (embed_table rows), got ", id[r], " at (", r / N, ", ", r % N, ")");
+  }
+  // The stack's input, as torch.nn.functional.embedding(tokens, embed_table).float().
+  const at::Tensor x = embed_table.index_select(0, tokens.reshape({-1})).to(at::kFloat).view({B, N, H});
+  check_stack_cache(op, x, k_cache, v_cache, cache_seqlens);
+  const int64_t D = k_cache.size(4);
+  for (const auto& [table, name] : {std::pair{&rope_cos, "rope_cos"}, std::pair{&rope_sin, "rope_sin"}}) {
+    check_dtype(*table, op, name, at::kFloat);
+    check_dim(*table, op, name, 2, "[P, D / 2]");
+    check_device(*table, op, name, dev);
+    TORCH_CHECK_VALUE(table->size(1) * 2 == D && table->is_contiguous(), op, ": ", name,
+                      ": expected a contiguous [P, D / 2 = ", D / 2, "] table, got shape ", shape_str(table->sizes()),
+                      " and strides ", shape_str(table->strides()));
+  }
+  TORCH_CHECK_VALUE(rope_sin.size(0) == rope_cos.size(0), op, ": rope_sin: expected P = ", rope_cos.size(0),
+                    " rows (as rope_cos), got ", rope_sin.size(0));
+  const std::vector<int64_t> pos = pass_positions(op, positions, cache_seqlens, B, N, rope_cos.size(0), dev);
+  const at::Tensor cos = rope_rows(rope_cos, pos, B, N), sin = rope_rows(rope_sin, pos, B, N);
+  const StackPlan plan =
+      check_stack(op, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
+                  v_cache, cache_seqlens, tree_mask, num_heads, state_layers, row_counts);
+  check_dtype(final_norm, op, "final_norm", at::kFloat);
+  check_shape(final_norm, op, "final_norm", {H}, "[H]");
+  check_device(final_norm, op, "final_norm", dev);
+  TORCH_CHECK_VALUE(lm_head.dim() >= 2, op, ": lm_head: expected [V, H] or its packed form, got shape ",
+                    shape_str(lm_head.sizes()));
+  check_weight(lm_head, op, "lm_head", out_features(lm_head), H, "[V, H]", dev);
+  if (logit_rows.has_value()) {
+    check_dtype(*logit_rows, op, "logit_rows", at::kLong);
+    check_dim(*logit_rows, op, "logit_rows", 2, "[B, R]");
+    TORCH_CHECK_VALUE(logit_rows->size(0) == B, op, ": logit_rows: expected shape [B = ", B, ", R], got ",
+                      shape_str(logit_rows->sizes()));
+    check_device(*logit_rows, op, "logit_rows", dev);
+    const at::Tensor rows = logit_rows->contiguous();
+    const int64_t* row = rows.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows.numel(); ++r)
+      TORCH_CHECK_VALUE(row[r] >= 0 && row[r] < N, op, ": logit_rows: expected values in [0, N = ", N, "), got ",
+                        row[r]);
+  }
+
+  auto [out, states] = run_stack(plan, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos,
+                                 sin, cache_seqlens, tree_mask, eps, state_layers);
+  const at::Tensor hidden = at::rms_norm(out, {H}, final_norm, eps);
+  at::Tensor logits;
+  if (logit_rows.has_value()) {
+    logits =
+        cpu_linear_cpu(at::gather(hidden, 1, logit_rows->unsqueeze(-1).expand({B, logit_rows->size(1), H})), lm_head);
+  } else if (plan.kept.has_value()) {  // padding rows: not computed, zero logits
+    const at::Tensor computed = cpu_linear_cpu(hidden.view({B * N, H}).index_select(0, *plan.kept), lm_head);
+    logits = at::zeros({B * N, computed.size(1)}, hidden.options())
+                 .index_copy_(0, *plan.kept, computed)
+                 .view({B, N, computed.size(1)});
+  } else {
+    logits = cpu_linear_cpu(hidden, lm_head);
+  }
+  return {logits, hidden, states};
 }
 
 }  // namespace eagle

@@ -49,7 +49,9 @@ from ..reference.cpu_linear import ROW_BLOCK_BYTES, dequantize, quant_in_feature
 # at 250 (2 threads, AMD EPYC Zen 4); at 512 rows they were even.
 CPU_LINEAR_MAX_ROWS = 256
 CPU_LINEAR_ENV = "EAGLE_KERNELS_CPU_LINEAR"  # auto (default: packed weights), rows or torch
-CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"  # auto (default: cpu_decoder_layers), layer (cpu_decoder_layer) or ops
+# auto (default: a target pass as one cpu_decoder_forward call), stack (cpu_decoder_layers, the embedding, norm and
+# LM head as torch ops), layer (cpu_decoder_layer) or ops
+CPU_LAYER_ENV = "EAGLE_KERNELS_CPU_LAYER"
 CPU_ISA_ENV = "EAGLE_KERNELS_CPU_ISA"
 CPU_HUGE_PAGES_ENV = "EAGLE_KERNELS_CPU_HUGE_PAGES"  # auto (default: packed copies on 2 MiB pages) or off
 HUGE_PAGE_BYTES = 2 << 20
@@ -71,12 +73,14 @@ class CpuPolicy:
     """What the environment allows CPU passes: ``linear_kernel``, small fp32 linear calls run
     ``cpu_linear``; ``packed``, it reads packed copies; ``layer_kernel``, a pass in that regime
     runs each decoder layer as one ``cpu_decoder_layer`` call; ``stack_kernel``, a model's whole
-    stack of layers as one ``cpu_decoder_layers`` call."""
+    stack of layers as one ``cpu_decoder_layers`` call; ``forward_kernel``, a target's whole pass (embedding to
+    logits) as one ``cpu_decoder_forward`` call."""
 
     linear_kernel: bool
     packed: bool
     layer_kernel: bool
     stack_kernel: bool = False
+    forward_kernel: bool = False
 
 
 def cpu_policy() -> CpuPolicy:
@@ -91,8 +95,8 @@ def cpu_policy() -> CpuPolicy:
 def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> CpuPolicy:
     if linear_mode not in ("auto", "rows", "torch"):
         raise ValueError(f"{CPU_LINEAR_ENV}: expected auto, rows or torch, got {linear_mode!r}")
-    if layer_mode not in ("auto", "layer", "ops"):
-        raise ValueError(f"{CPU_LAYER_ENV}: expected auto, layer or ops, got {layer_mode!r}")
+    if layer_mode not in ("auto", "stack", "layer", "ops"):
+        raise ValueError(f"{CPU_LAYER_ENV}: expected auto, stack, layer or ops, got {layer_mode!r}")
     linear_kernel = (linear_mode != "torch" and ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
                      and backend in ("auto", "cpp"))
     # The packed layout pays on cpu_linear's AVX-512 path only: the AVX2 path of the packed kernel
@@ -101,10 +105,13 @@ def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> 
     # ``isa`` (the variable's value) keys the cache; the level itself is the kernels' own.
     packed = (linear_kernel and linear_mode == "auto"
               and _dispatch.cpu_isa() in ("avx512-ymm", "avx512", "avx512-bf16"))
-    layer_kernel = (linear_kernel and layer_mode in ("auto", "layer")
+    layer_kernel = (linear_kernel and layer_mode in ("auto", "stack", "layer")
                     and ("cpu_decoder_layer", "cpu") in _dispatch.NATIVE_KERNELS)
-    stack_kernel = layer_kernel and layer_mode == "auto" and ("cpu_decoder_layers", "cpu") in _dispatch.NATIVE_KERNELS
-    return CpuPolicy(linear_kernel, packed, layer_kernel, stack_kernel)
+    stack_kernel = (layer_kernel and layer_mode in ("auto", "stack")
+                    and ("cpu_decoder_layers", "cpu") in _dispatch.NATIVE_KERNELS)
+    forward_kernel = (stack_kernel and layer_mode == "auto"
+                      and ("cpu_decoder_forward", "cpu") in _dispatch.NATIVE_KERNELS)
+    return CpuPolicy(linear_kernel, packed, layer_kernel, stack_kernel, forward_kernel)
 
 
 class PackedWeights:
@@ -128,6 +135,7 @@ class PackedWeights:
             raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
         self.activations = activations  # quantized matrices: packed for fp32 or 8-bit activations
         self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self.generation = 0  # changes whenever a copy is made, dropped or moved (a cache of lookups checks it)
 
     def __call__(self, weight: torch.Tensor, policy: CpuPolicy | None = None) -> torch.Tensor:
         """The packed copy of ``weight`` [N, K], or ``weight`` itself where packing does not
@@ -147,8 +155,10 @@ class PackedWeights:
         def forget(ref, key=key):  # the copy goes with the matrix (unless a new one took its id)
             if copies.get(key, (None,))[0] is ref:
                 del copies[key]
+                self.generation += 1
 
         copies[key] = (weakref.ref(weight, forget), weight._version, packed)
+        self.generation += 1
         return packed
 
     def __contains__(self, weight: torch.Tensor) -> bool:
@@ -186,6 +196,7 @@ class PackedWeights:
             moved = moved.view(packed.shape).copy_(packed)
             self._copies[key] = (ref, version, moved)
             offset += size
+        self.generation += 1
 
 
 def huge_page_arena(nbytes: int) -> torch.Tensor | None:

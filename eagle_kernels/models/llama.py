@@ -23,7 +23,15 @@ import torch.nn.functional as F
 
 from .._inputs import check_device, check_dtype
 from ..bookkeeping import gpu_path, tree_positions
-from .cpu_weights import CPU_LAYER_ENV, CPU_LINEAR_ENV, CPU_LINEAR_MAX_ROWS, PackedWeights, is_quantized, linear
+from .cpu_weights import (
+    CPU_LAYER_ENV,
+    CPU_LINEAR_ENV,
+    CPU_LINEAR_MAX_ROWS,
+    PackedWeights,
+    cpu_policy,
+    is_quantized,
+    linear,
+)
 from .layers import (
     GATE_UP,
     KV_CACHE_DTYPES,
@@ -195,6 +203,7 @@ class LlamaModel(torch.nn.Module):
             + GATE_UP + ("mlp.down_proj.weight",)
         self._layer_entries = [operator.itemgetter(*(prefix + n for n in names)) for prefix in self._prefixes]
         self._layer_cache: list = [None] * config.num_layers
+        self._stack_lists_cache = None  # (key, layers, lists) of _stack_lists
         # Fuse and pack now, so that loading settles the memory.
         matrices = [weights["lm_head.weight"]] + [m for layer in range(config.num_layers)
                                                   for m in self.layer_weights(layer).matrices]
@@ -302,6 +311,9 @@ class LlamaModel(torch.nn.Module):
         B, N = tokens.shape
         if positions is not None and depths is not None:
             raise ValueError("positions, depths: give one of them")
+        whole = self._cpu_forward(tokens, cache, positions, depths, tree_mask, feature_layers, logit_rows, row_counts)
+        if whole is not None:
+            return whole
         table = w["model.embed_tokens.weight"]
         path = None
         if (gpu_path(tokens) and table.dtype == self.dtype and table.stride(1) == 1 and table.device == tokens.device
@@ -336,6 +348,63 @@ class LlamaModel(torch.nn.Module):
             hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = logits_for_ops(self.linear(rows, w["lm_head.weight"]))
         return ForwardOutput(logits, hidden, states)
+
+    def _cpu_forward(self, tokens, cache: KVCache, positions, depths, tree_mask, feature_layers, logit_rows,
+                     row_counts) -> ForwardOutput | None:
+        """The pass as one ``cpu_decoder_forward`` call (embedding, RoPE rows, the layer stack, the final norm and
+        the LM head), where the CPU kernels' regime holds (as the fused layer path and ``cpu_linear`` take it);
+        else None. The results are those of the stack path's torch ops around ``cpu_decoder_layers`` bit for bit;
+        what it saves is a dozen small torch ops per pass, each of which finds its code and data evicted by the
+        pass's weight stream (about 1 ms of a 14 ms bf16 SmolLM2-135M decoding step on one core)."""
+        if tokens.device.type != "cpu" or self.dtype != torch.float32 or gpu_path(tokens):
+            return None
+        c, w = self.config, self.weights
+        B, N = tokens.shape
+        policy = cpu_policy()
+        table, lm_head, final_norm = w["model.embed_tokens.weight"], w["lm_head.weight"], w["model.norm.weight"]
+        if not (policy.forward_kernel and B * N <= CPU_LINEAR_MAX_ROWS and cache.k.dtype in KV_CACHE_DTYPES
+                and cache.k.dim() == 5 and cache.k.shape[0] == c.num_layers and table.dtype in KV_CACHE_DTYPES
+                and table.stride(1) == 1 and final_norm.dtype == torch.float32
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in w.values()))):
+            return None
+        head = self.packed(lm_head, policy)
+        if head.dim() not in (4, 5) if is_quantized(head) else head.dtype not in KV_CACHE_DTYPES:
+            return None  # the LM head runs torch (quantized rows with N not a multiple of 32)
+        lists = self._stack_lists(policy)
+        if lists is None:
+            return None
+        if depths is not None:
+            positions = tree_positions(cache.seqlens, depths)
+        if positions is not None:
+            positions = positions.expand(B, N).long()
+        cos, sin = self.layer_paths.rope_tables(self.inv_freq, cache.k.shape[2])
+        wanted = [index for index in dict.fromkeys(feature_layers) if 0 <= index < c.num_layers]
+        input_norm, qkv, o, post_norm, gate_up, down = lists
+        logits, hidden, states = torch.ops.eagle_kernels.cpu_decoder_forward(
+            tokens, table, cos, sin, positions, input_norm, qkv, o, post_norm, gate_up, down, final_norm, head,
+            cache.k, cache.v, cache.seqlens, tree_mask, num_heads=c.num_heads, eps=c.rms_norm_eps,
+            state_layers=wanted, row_counts=row_counts, logit_rows=logit_rows)
+        return ForwardOutput(logits, hidden, dict(zip(wanted, states.unbind(0))))
+
+    def _stack_lists(self, policy) -> tuple[list, ...] | None:
+        """The six per-layer lists of ``cpu_decoder_forward`` (input norms, then q/k/v, o, post norms, gate/up and
+        down as the kernels read them: packed copies where ``policy`` packs), or None when a layer is not a target
+        layer. Kept while the layers are the same objects, their matrices at the same versions and the packed
+        copies unchanged: the 121 packed-copy lookups of SmolLM2-135M cost about 0.2 ms a pass."""
+        layers = [self.layer_weights(layer) for layer in range(self.config.num_layers)]
+        matrices = [m for layer in layers for m in layer.matrices]
+        key = (policy, self.packed.generation, tuple(m._version for m in matrices))
+        hit = self._stack_lists_cache
+        if hit is not None and hit[0] == key and all(map(operator.is_, hit[1], layers)):
+            return hit[2]
+        if any(layer.input_norm is None or layer.embed_norm is not None for layer in layers):
+            return None
+        columns = [[self.packed(m, policy) for m in layer.matrices] for layer in layers]  # qkv, o, gate_up, down
+        qkv, o, gate_up, down = (list(column) for column in zip(*columns)) if layers else ([], [], [], [])
+        lists = ([layer.input_norm for layer in layers], qkv, o, [layer.post_norm for layer in layers], gate_up, down)
+        # Read after packing: a copy made just now moved the generation on.
+        self._stack_lists_cache = ((policy, self.packed.generation, key[2]), layers, lists)
+        return lists
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """:func:`linear` with this model's packed copies (``weight`` one of its matrices)."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _checks
-from .._types import DecoderLayersOutput
+from .._types import DecoderForwardOutput, DecoderLayersOutput
 from .cpu_linear import cpu_linear
 from .tree_attention import tree_attention
 from .write_kv import write_kv
@@ -127,3 +127,48 @@ def cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_w
         outputs.append(x)
     states = torch.stack([outputs[layer] for layer in state_layers]) if state_layers else x.new_empty(0, *x.shape)
     return DecoderLayersOutput(x if outputs else x.clone(), states)
+
+
+def cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight, o_weight,
+                        post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache, v_cache, cache_seqlens,
+                        tree_mask=None, *, num_heads, eps, state_layers=(), row_counts=None, logit_rows=None):
+    """A Llama target's forward pass in one call, token ids to logits::
+
+        x = embed_table[tokens]                       # widened to float32
+        cos = [rope_cos[p], rope_cos[p]] for p in positions (default cache_seqlens[b] + i), sin likewise
+        out, states = cpu_decoder_layers(x, ..., cos, sin, ...)
+        hidden = rms_norm(out, final_norm)
+        logits = cpu_linear(hidden rows, lm_head)     # the rows in logit_rows, else every row
+
+    With ``row_counts`` (and no ``logit_rows``) the padding rows' logits are 0.
+
+    Shapes
+    ------
+    tokens int64 [B, N]; embed_table float32/bfloat16/float16 [V_e, H]; rope_cos, rope_sin float32 [P, D / 2]
+    (row p: cos / sin of p * inv_freq); positions int64 [B, N] or None; the six weight lists, k_cache, v_cache,
+    cache_seqlens, tree_mask, state_layers and row_counts as in :func:`cpu_decoder_layers`; final_norm float32 [H];
+    lm_head as :func:`eagle_kernels.reference.cpu_linear` takes it; logit_rows int64 [B, R] or None. Returns logits
+    float32 [B, R or N, V], hidden float32 [B, N, H], states float32 [len(state_layers), B, N, H].
+    """
+    _checks.check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight,
+                                      o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache,
+                                      v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
+                                      state_layers=state_layers, row_counts=row_counts, logit_rows=logit_rows)
+    B, N = tokens.shape
+    x = embed_table[tokens].float()
+    if positions is None:
+        positions = cache_seqlens.long()[:, None] + torch.arange(N, device=tokens.device)
+    cos = torch.cat([rope_cos[positions], rope_cos[positions]], dim=-1)
+    sin = torch.cat([rope_sin[positions], rope_sin[positions]], dim=-1)
+    out, states = cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos,
+                                     sin, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
+                                     state_layers=state_layers, row_counts=row_counts)
+    hidden = _rms_norm(out, final_norm, eps)
+    if logit_rows is not None:
+        rows = torch.stack([hidden[b, logit_rows[b]] for b in range(B)]) if B else hidden[:, :0]
+        return DecoderForwardOutput(cpu_linear(rows, lm_head), hidden, states)
+    logits = cpu_linear(hidden, lm_head)
+    if row_counts is not None:
+        padding = torch.arange(N, device=tokens.device)[None] >= row_counts[:, None]
+        logits = logits.masked_fill(padding[..., None], 0.0)
+    return DecoderForwardOutput(logits, hidden, states)

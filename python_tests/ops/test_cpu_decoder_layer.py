@@ -141,18 +141,20 @@ def test_model_layer_kernel_matches_op_by_op_path(monkeypatch):
 
 def fused_and_op_by_op(model, monkeypatch):
     """(step logits, tree-pass logits, k cache, v cache) of a 70-token prefill (op by op either way: 140 rows),
-    one decoded token and a 6-node tree pass, through cpu_decoder_layers (the default), through cpu_decoder_layer
-    (EAGLE_KERNELS_CPU_LAYER=layer) and through the op-by-op path. Checks that the default makes one stack call
-    and no layer call, the layer mode one layer call per layer, the op-by-op path neither, and that the stack
-    gives the layer mode's results bit for bit; returns (the stack's, the op-by-op path's)."""
+    one decoded token and a 6-node tree pass, through cpu_decoder_forward (the default), through
+    cpu_decoder_layers (EAGLE_KERNELS_CPU_LAYER=stack), through cpu_decoder_layer (layer) and through the op-by-op
+    path. Checks that the default makes one forward call, the stack mode one stack call, the layer mode one layer
+    call per layer, the op-by-op path none of them, and that the default and the stack mode give the layer mode's
+    results bit for bit; returns (the default's, the op-by-op path's)."""
     from eagle_kernels.models import llama
 
     native_decoder_layer()
     prompt = torch.randint(0, 97, (2, 70))
     tree = random_tree(2, 6, seed=3)
     results = {}
-    expected_calls = {"auto": (0, 1), "layer": (model.config.num_layers, 0), "ops": (0, 0)}
-    for mode, (layer_calls, stack_calls) in expected_calls.items():
+    expected_calls = {"auto": (0, 0, 1), "stack": (0, 1, 0), "layer": (model.config.num_layers, 0, 0),
+                      "ops": (0, 0, 0)}
+    for mode, calls in expected_calls.items():
         monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
         cache = model.new_cache(2, 96)
         model(prompt, cache)
@@ -160,15 +162,44 @@ def fused_and_op_by_op(model, monkeypatch):
         with torch.profiler.profile() as prof:
             step = model(prompt[:, :1], cache)
         names = [e.name for e in prof.events()]
-        assert (names.count("eagle_kernels::cpu_decoder_layer"), names.count("eagle_kernels::cpu_decoder_layers")) \
-            == (layer_calls, stack_calls)
+        assert tuple(names.count(f"eagle_kernels::{op}") for op in
+                     ("cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward")) == calls
         cache.seqlens += 1
         positions = cache.seqlens[:, None].long() + tree.depths.long()
         verify = model(tree.tokens % 97, cache, positions=positions, tree_mask=tree.mask)
         results[mode] = (step.logits, verify.logits, cache.k, cache.v)
-    for got, want in zip(results["auto"], results["layer"]):
-        assert torch.equal(got, want)
+    for mode in ("auto", "stack"):
+        for got, want in zip(results[mode], results["layer"]):
+            assert torch.equal(got, want)
     return results["auto"], results["ops"]
+
+
+def test_model_forward_call_follows_weight_updates(monkeypatch):
+    """The default path keeps the per-layer weight lists of its cpu_decoder_forward call between passes: a matrix
+    updated in place, a weight replaced under its name and a packed copy repacked are all used by the next pass
+    (its logits equal a fresh op-by-op pass over the updated weights)."""
+    from eagle_kernels.models import llama
+
+    native_decoder_layer()
+    model = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    prompt = torch.randint(0, 97, (1, 9))
+
+    def step(mode):
+        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
+        cache = model.new_cache(1, 16)
+        return model(prompt, cache).logits
+
+    before = step("auto")
+    with torch.no_grad():
+        model.layer_weights(1).gate_up.mul_(1.5)  # in place: a new version of the fused matrix
+    after_update = step("auto")
+    assert not torch.equal(after_update, before)
+    torch.testing.assert_close(after_update, step("ops"), rtol=1e-5, atol=1e-5)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    model.weights[name] = model.weights[name] * 0.5  # replaced under its name
+    after_replace = step("auto")
+    assert not torch.equal(after_replace, after_update)
+    torch.testing.assert_close(after_replace, step("ops"), rtol=1e-5, atol=1e-5)
 
 
 def test_model_row_counts_skip_padding_rows(monkeypatch):
@@ -198,11 +229,12 @@ def test_model_row_counts_skip_padding_rows(monkeypatch):
         for layer in (0, 1):
             assert torch.equal(padded.layer_states[layer][b, :count], full.layer_states[layer][b, :count])
         assert not padded.logits[b, count:].any()
-    monkeypatch.setenv(llama.CPU_LAYER_ENV, "layer")  # a call per layer: the stack's bits
-    per_layer = tree_pass(counts)
-    for got, want in ((per_layer.logits, padded.logits), (per_layer.hidden, padded.hidden),
-                      *((per_layer.layer_states[layer], padded.layer_states[layer]) for layer in (0, 1))):
-        assert torch.equal(got, want)
+    for mode in ("stack", "layer"):  # the torch ops around one stack call, a call per layer: the same bits
+        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
+        other = tree_pass(counts)
+        for got, want in ((other.logits, padded.logits), (other.hidden, padded.hidden),
+                          *((other.layer_states[layer], padded.layer_states[layer]) for layer in (0, 1))):
+            assert torch.equal(got, want)
     monkeypatch.setenv(llama.CPU_LAYER_ENV, "ops")
     ops_path = tree_pass(counts)
     for b, count in enumerate(counts.tolist()):

@@ -75,6 +75,14 @@ def small_inputs(op):
     if op == "cpu_decoder_layers":
         return decoder_stack_inputs(L=3, B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g,
                                     state_layers=(0, 2))
+    if op == "cpu_decoder_forward":
+        (x, *lists, cos, sin, k, v, seqlens, mask), kwargs = decoder_stack_inputs(
+            L=3, B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g, state_layers=(0, 2))
+        angles = torch.arange(9, dtype=torch.float64)[:, None] * (1e-2 ** torch.arange(2, dtype=torch.float64))
+        tokens = torch.randint(0, 11, (2, 3), generator=g)
+        args = (tokens, torch.randn(11, 12, generator=g).bfloat16(), angles.cos().float(), angles.sin().float(), None,
+                *lists, 1 + 0.1 * torch.randn(12, generator=g), torch.randn(32, 12, generator=g), k, v, seqlens, mask)
+        return args, {**kwargs, "logit_rows": torch.tensor([[2], [0]])}
     raise AssertionError(op)
 
 
@@ -130,12 +138,13 @@ def test_public_op_equals_reference(op):
         torch.testing.assert_close(args[0], clone[0], rtol=0, atol=0)
         torch.testing.assert_close(args[1], clone[1], rtol=0, atol=0)
         return
-    if op in ("cpu_decoder_layer", "cpu_decoder_layers"):  # writes the new K/V into the caches (args 9, 10)
+    if op in ("cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward"):  # write K/V into the caches
+        caches = (13, 14) if op == "cpu_decoder_forward" else (9, 10)
         clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         got = getattr(eagle_kernels, op)(*args, **kwargs)
         want = getattr(eagle_kernels.reference, op)(*clone, **kwargs)
         assert type(got) is type(want)
-        for pair in ((got, want), (args[9], clone[9]), (args[10], clone[10])):
+        for pair in ((got, want), *((args[i], clone[i]) for i in caches)):
             torch.testing.assert_close(*pair, rtol=1e-5, atol=1e-5)
         return
     got = getattr(eagle_kernels, op)(*args, **kwargs)
@@ -149,6 +158,7 @@ def test_result_types_are_named_tuples():
     assert eagle_kernels.DraftCandidates._fields == ("tokens", "scores", "frontier", "logprobs")
     assert eagle_kernels.VerifyOutput._fields == ("accept_len", "accept_nodes", "out_tokens", "status")
     assert eagle_kernels.DecoderLayersOutput._fields == ("out", "states")
+    assert eagle_kernels.DecoderForwardOutput._fields == ("logits", "hidden", "states")
 
 
 @pytest.mark.parametrize("op", OPS, ids=OPS)
