@@ -269,7 +269,8 @@ class EagleHead(torch.nn.Module):
             x, embed = F.linear(torch.cat([embed, x], dim=-1), w["fc.weight"], w["fc.bias"]), None
         layer = self.layer_weights()
         path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3, layer=lambda: layer)
-        return path(x, layer, path.rope(self.inv_freq, positions, B, N, self.dtype), cache, 0, tree_mask,
+        rope = path.rope(self.inv_freq, positions, B, N, self.dtype, capacity=cache.k.shape[-3])
+        return path(x, layer, rope, cache, 0, tree_mask,
                     embed=embed, slot_offset=slot_offset)
 
     @property

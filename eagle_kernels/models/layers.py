@@ -199,8 +199,9 @@ class LayerPath:
     def __init__(self, config, packed: PackedWeights, policy: CpuPolicy | None = None):
         self.config, self.packed, self.policy = config, packed, policy
 
-    def rope(self, inv_freq: torch.Tensor, positions: torch.Tensor, B: int, N: int, dtype):
-        """The RoPE tables of a pass, in the layout this path's ``__call__`` takes."""
+    def rope(self, inv_freq: torch.Tensor, positions: torch.Tensor, B: int, N: int, dtype, capacity=None):
+        """The RoPE tables of a pass, in the layout this path's ``__call__`` takes; ``capacity``: the pass's
+        cache capacity (every position is below it), or None."""
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor, layer: LayerWeights, rope, cache, index: int, tree_mask=None, *,
@@ -227,7 +228,7 @@ class TorchLayerPath(LayerPath):
     """Op by op; the linear layers through :func:`linear` (``cpu_linear`` for small fp32 CPU
     calls, torch otherwise). Every row is computed, padding included."""
 
-    def rope(self, inv_freq, positions, B, N, dtype):
+    def rope(self, inv_freq, positions, B, N, dtype, capacity=None):
         return rope_cos_sin(inv_freq, positions, dtype)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -272,7 +273,17 @@ class CpuFusedLayerPath(LayerPath):
                 and x.shape[0] * x.shape[1] <= CPU_LINEAR_MAX_ROWS and policy.layer_kernel
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
 
-    def rope(self, inv_freq, positions, B, N, dtype):
+    def __init__(self, config, packed: PackedWeights, policy: CpuPolicy | None = None,
+                 rope_tables: RopeTables | None = None):
+        super().__init__(config, packed, policy)
+        self.rope_tables = rope_tables
+
+    def rope(self, inv_freq, positions, B, N, dtype, capacity=None):
+        # Gathered from the model's tables where the cache capacity bounds the positions: two index ops instead of
+        # the float64 formula's nine (a draft pass of the head runs three or four times a step). The same bits:
+        # the tables are the formula's angles through the same vectorised cos and sin.
+        if capacity is not None and self.rope_tables is not None and dtype == torch.float32:
+            return self.rope_tables.rows(inv_freq, capacity, positions.expand(B, N))
         return rope_cos_sin_rows(inv_freq, positions, B, N, dtype)
 
     def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
@@ -314,6 +325,7 @@ class RopeTables:
     def __init__(self):
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._outgrown: list = []
+        self._full: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # rows' full-width tables
 
     def __call__(self, inv_freq: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         key = (inv_freq.device, id(inv_freq))
@@ -327,6 +339,18 @@ class RopeTables:
         tables = (angles.cos().float().contiguous(), angles.sin().float().contiguous())
         self._tables[key] = tables
         return tables
+
+    def rows(self, inv_freq: torch.Tensor, capacity: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin fp32 [B, N, D] of integer positions [B, N] below ``capacity``, one row per token as
+        ``cpu_decoder_layer`` takes them (:func:`rope_cos_sin_rows`' values): rows of the tables with each half
+        written twice, kept beside the tables they were made from."""
+        half = self(inv_freq, capacity)
+        key = (inv_freq.device, id(inv_freq))
+        full = self._full.get(key)
+        if full is None or full[0] is not half[0]:
+            full = (half[0], torch.cat([half[0], half[0]], dim=-1), torch.cat([half[1], half[1]], dim=-1))
+            self._full[key] = full
+        return full[1][positions], full[2][positions]
 
 
 class TokenRows(NamedTuple):
@@ -378,7 +402,7 @@ class GpuLayerPath(LayerPath):
                 and all(m.dtype == dtype for m in layer.matrices)
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
 
-    def rope(self, inv_freq, positions, B, N, dtype):
+    def rope(self, inv_freq, positions, B, N, dtype, capacity=None):
         return positions.expand(B, N), inv_freq
 
     def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
@@ -449,5 +473,5 @@ class LayerPaths:
             return TorchLayerPath(self.config, self.packed)
         policy = cpu_policy()
         if normed_input and CpuFusedLayerPath.accepts(x, cache, weights, policy):
-            return CpuFusedLayerPath(self.config, self.packed, policy)
+            return CpuFusedLayerPath(self.config, self.packed, policy, self.rope_tables)
         return TorchLayerPath(self.config, self.packed, policy)

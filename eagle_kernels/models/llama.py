@@ -331,7 +331,7 @@ class LlamaModel(torch.nn.Module):
                 positions = default_positions(cache, N) if depths is None else tree_positions(cache.seqlens, depths)
             x = F.embedding(tokens, table).to(self.dtype)
             path = self.layer_paths.pick(x, cache, w, layer=lambda: self.layer_weights(0))
-        rope = path.rope(self.inv_freq, positions, B, N, self.dtype)
+        rope = path.rope(self.inv_freq, positions, B, N, self.dtype, capacity=cache.k.shape[-3])
         layers = [self.layer_weights(layer) for layer in range(c.num_layers)]
         x, states = path.run_layers(x, layers, rope, cache, tree_mask, row_counts=row_counts,
                                     state_layers=feature_layers)

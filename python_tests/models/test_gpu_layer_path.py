@@ -131,6 +131,26 @@ def test_rope_tables_grow_and_keep_outgrown():
     torch.testing.assert_close(tables(inv_freq, 100)[1], angles.sin().float(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 6])
+def test_rope_table_rows_equal_the_formula(head_dim):
+    """RopeTables.rows (the CPU fused path's RoPE rows where the cache capacity bounds the positions) gives
+    rope_cos_sin_rows' values bit for bit: positions of a pass, of a tree, broadcast per request (a draft depth),
+    int32, and past a regrowth of the tables."""
+    from eagle_kernels.models.layers import rope_cos_sin_rows
+
+    inv_freq = 1.0 / 500000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    tables = RopeTables()
+    g = torch.Generator().manual_seed(head_dim)
+    cases = [(torch.randint(0, 200, (3, 7), generator=g), 200), (torch.arange(5)[None] + 4090, 4100),
+             (torch.tensor([[17], [3]], dtype=torch.int32), 40), (torch.randint(0, 9000, (2, 12), generator=g), 9000)]
+    for positions, capacity in cases:
+        B, N = positions.shape[0], 4 if positions.shape[1] == 1 else positions.shape[1]
+        got = tables.rows(inv_freq, capacity, positions.expand(B, N))
+        want = rope_cos_sin_rows(inv_freq, positions, B, N, torch.float32)
+        for g_, w_ in zip(got, want):
+            assert g_.shape == (B, N, head_dim) and torch.equal(g_, w_)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
