@@ -187,6 +187,17 @@ class LayerWeights:
         return self.qkv, self.o, self.gate_up, self.down
 
 
+def stack_lists(layers: list[LayerWeights], packed: PackedWeights, policy: CpuPolicy) -> tuple[list, ...] | None:
+    """The six per-layer lists ``cpu_decoder_layers`` and ``cpu_decoder_forward`` take (input norms, q/k/v, o, post
+    norms, gate/up, down), the matrices as the kernels read them (packed copies where ``policy`` packs); None when a
+    layer is not a target's (no input norm, or an embedding input)."""
+    if any(layer.input_norm is None or layer.embed_norm is not None for layer in layers):
+        return None
+    columns = [[packed(m, policy) for m in layer.matrices] for layer in layers]  # qkv, o, gate_up, down
+    qkv, o, gate_up, down = (list(column) for column in zip(*columns)) if layers else ([], [], [], [])
+    return [layer.input_norm for layer in layers], qkv, o, [layer.post_norm for layer in layers], gate_up, down
+
+
 # ------------------------------------------------------------------ layer paths
 class LayerPath:
     """Runs one decoder layer of a forward pass. ``config`` gives ``num_heads``,
@@ -299,17 +310,15 @@ class CpuFusedLayerPath(LayerPath):
         """One ``cpu_decoder_layers`` call where the policy allows and every layer is a target's (an input
         norm, no embedding input): no Python between the layers, whose interpreter state the weight stream
         evicts from the caches between two calls (3-5% of a SmolLM2-135M decoding step); else a call per layer."""
-        if not (self.policy.stack_kernel and layers and cache.k.dim() == 5 and len(layers) == cache.k.shape[0]
-                and all(layer.input_norm is not None and layer.embed_norm is None for layer in layers)):
+        lists = (stack_lists(layers, self.packed, self.policy)
+                 if self.policy.stack_kernel and layers and cache.k.dim() == 5 and len(layers) == cache.k.shape[0]
+                 else None)
+        if lists is None:
             return super().run_layers(x, layers, rope, cache, tree_mask, row_counts=row_counts,
                                       state_layers=state_layers)
         wanted = [index for index in dict.fromkeys(state_layers) if 0 <= index < len(layers)]
-        packed, policy = self.packed, self.policy
-        matrices = [[packed(m, policy) for m in layer.matrices] for layer in layers]  # qkv, o, gate_up, down
-        qkv, o, gate_up, down = (list(column) for column in zip(*matrices))
         out, states = torch.ops.eagle_kernels.cpu_decoder_layers(
-            x, [layer.input_norm for layer in layers], qkv, o, [layer.post_norm for layer in layers], gate_up, down,
-            *rope, cache.k, cache.v, cache.seqlens, tree_mask, num_heads=self.config.num_heads,
+            x, *lists, *rope, cache.k, cache.v, cache.seqlens, tree_mask, num_heads=self.config.num_heads,
             eps=self.config.rms_norm_eps, state_layers=wanted, row_counts=row_counts)
         return out, dict(zip(wanted, states.unbind(0)))
 

@@ -45,6 +45,7 @@ from .layers import (
     rope_cos_sin,
     rope_inverse_frequencies,
     rotate,
+    stack_lists,
     swiglu,
 )
 
@@ -377,7 +378,7 @@ class LlamaModel(torch.nn.Module):
             positions = tree_positions(cache.seqlens, depths)
         if positions is not None:
             positions = positions.expand(B, N).long()
-        cos, sin = self.layer_paths.rope_tables(self.inv_freq, cache.k.shape[2])
+        cos, sin = self.layer_paths.rope_tables(self.inv_freq, cache.k.shape[-3])
         wanted = [index for index in dict.fromkeys(feature_layers) if 0 <= index < c.num_layers]
         input_norm, qkv, o, post_norm, gate_up, down = lists
         logits, hidden, states = torch.ops.eagle_kernels.cpu_decoder_forward(
@@ -397,11 +398,9 @@ class LlamaModel(torch.nn.Module):
         hit = self._stack_lists_cache
         if hit is not None and hit[0] == key and all(map(operator.is_, hit[1], layers)):
             return hit[2]
-        if any(layer.input_norm is None or layer.embed_norm is not None for layer in layers):
+        lists = stack_lists(layers, self.packed, policy)
+        if lists is None:
             return None
-        columns = [[self.packed(m, policy) for m in layer.matrices] for layer in layers]  # qkv, o, gate_up, down
-        qkv, o, gate_up, down = (list(column) for column in zip(*columns)) if layers else ([], [], [], [])
-        lists = ([layer.input_norm for layer in layers], qkv, o, [layer.post_norm for layer in layers], gate_up, down)
         # Read after packing: a copy made just now moved the generation on.
         self._stack_lists_cache = ((policy, self.packed.generation, key[2]), layers, lists)
         return lists

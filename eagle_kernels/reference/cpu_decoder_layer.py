@@ -154,7 +154,7 @@ def cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, inpu
                                       o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache,
                                       v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
                                       state_layers=state_layers, row_counts=row_counts, logit_rows=logit_rows)
-    B, N = tokens.shape
+    N = tokens.shape[1]
     x = embed_table[tokens].float()
     if positions is None:
         positions = cache_seqlens.long()[:, None] + torch.arange(N, device=tokens.device)
@@ -165,7 +165,7 @@ def cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, inpu
                                      state_layers=state_layers, row_counts=row_counts)
     hidden = _rms_norm(out, final_norm, eps)
     if logit_rows is not None:
-        rows = torch.stack([hidden[b, logit_rows[b]] for b in range(B)]) if B else hidden[:, :0]
+        rows = torch.gather(hidden, 1, logit_rows[..., None].expand(-1, -1, hidden.shape[-1]))
         return DecoderForwardOutput(cpu_linear(rows, lm_head), hidden, states)
     logits = cpu_linear(hidden, lm_head)
     if row_counts is not None:
