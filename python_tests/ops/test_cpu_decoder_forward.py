@@ -255,3 +255,25 @@ def test_bad_input_names_the_argument(case, backend):
     with pytest.raises(ValueError, match=name):
         fn(*args, **kwargs)
     assert torch.equal(args[13], caches[0]) and torch.equal(args[14], caches[1])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_nan_row_stays_in_its_request(backend):
+    """A NaN embedding row read by one request reaches that request's logits (never silently finite) and leaves
+    the other request's logits, hidden rows, layer states and cache entries as a clean call gives them, bit for bit."""
+    fn = forward_implementation(backend)
+    args, kwargs = forward_case(2, 4, 10, tree=True)
+    tokens = args[0].clone()
+    tokens[1, 2] = V_EMBED - 1
+    tokens[0] = torch.where(tokens[0] == V_EMBED - 1, 0, tokens[0])  # request 0 never reads the NaN row
+    table = args[1].clone()
+    table[V_EMBED - 1, 5] = float("nan")
+    clean_args, nan_args = clone_args((tokens, *args[1:])), list(clone_args((tokens, *args[1:])))
+    nan_args[1] = table
+    clean, got = fn(*clean_args, **kwargs), fn(*nan_args, **kwargs)
+    for part, clean_part in zip(got[:2], clean[:2]):
+        assert torch.equal(part[0], clean_part[0])
+    assert torch.equal(got.states[:, 0], clean.states[:, 0])
+    for cache, clean_cache in ((nan_args[13], clean_args[13]), (nan_args[14], clean_args[14])):
+        assert torch.equal(cache[:, 0], clean_cache[:, 0])
+    assert not torch.isfinite(got.logits[1]).all()
