@@ -37,7 +37,7 @@ from ._checks import mask_words, values_checked
 from ._inputs import check_capacity, check_context, check_count, check_prompts, check_same_device, check_token
 from ._types import Tree
 from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, expand_tree, expansion_start
-from .lookup import chain_tokens, graft_chain, lookup_search, pad_chains
+from .lookup import chain_tokens, graft_chain, graft_chain_host, lookup_search, lookup_search_host, pad_chains
 from .models.eagle_head import EagleHead
 from .models.llama import KVCache, LlamaModel
 from .policy import ChainPlan, DraftStats, StepPolicy, match_context, policy_for
@@ -968,7 +968,9 @@ class SpeculativeDecoder:
         if not tree.lookup:
             return None
         context = state.prompt_len + state.out_len
-        return _Lookup(context, *lookup_search(state.history, context, tree.lookup_ngram))
+        # A policy that may read values searches on the host: the same results, without a CUDA graph's static shapes.
+        search = lookup_search if self.policy.capturable else lookup_search_host
+        return _Lookup(context, *search(state.history, context, tree.lookup_ngram))
 
     def _expand(self, state: _State, tree: TreeConfig):
         """The head's draft ``tree`` for this step's roots: EAGLE-2's (an ``Expansion``), or with a
@@ -1005,7 +1007,8 @@ class SpeculativeDecoder:
         nodes = tree.tokens.shape[1]
         chains = self.policy.chain_plan(shape, lookup.matched, nodes)
         if chains.length:
-            tree = graft_chain(tree, chain_tokens(state.history, lookup.context, lookup.start, chains.length))
+            graft = graft_chain if self.policy.capturable else graft_chain_host  # as in _lookup
+            tree = graft(tree, chain_tokens(state.history, lookup.context, lookup.start, chains.length))
             if chains.own is not None:
                 tree = pad_chains(tree, nodes, chains.own)
         return tree, chains

@@ -5,7 +5,8 @@ the head is wrong. Each step searches the context for its longest recent suffix
 (:func:`lookup_search`), takes the tokens that followed it (:func:`chain_tokens`) and hangs them
 below the root of the step's verify tree (:func:`graft_chain`). A CPU step may give requests
 chains of different lengths (:func:`trimmed_chain_lengths`, :func:`pad_chains`). Every function
-here has static shapes and reads no tensor value on the host. See docs/decoding.md.
+here but :func:`lookup_search_host` (the CPU steps' search) has static shapes and reads no tensor
+value on the host. See docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -51,6 +52,43 @@ def lookup_search(history: torch.Tensor, length: torch.Tensor, ngram: int) -> tu
     best = (matched * C + ends[None]).argmax(1, keepdim=True)  # longest, then most recent
     found = torch.gather(matched, 1, best)[:, 0]
     return torch.where(found > 0, best[:, 0] + 1, -1), found
+
+
+def lookup_search_host(history: torch.Tensor, length: torch.Tensor, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lookup_search` for tensors in host memory, by reading them: the same results, for
+    steps whose policy may read values (CPU steps; a CUDA graph could not capture this).
+
+    The static-shape search runs a dozen tensor ops over ``[B, ngram, C]`` whatever the context
+    holds: 130-340 us a step at C = 256-4,096 on one core of a 2-core VM, a few percent of a
+    decoding step of SmolLM2-135M. Here each request's suffix is searched for as bytes
+    (``bytes.rfind``, newest occurrence first), longest suffix first, which stops at the first hit.
+
+    Shapes: as :func:`lookup_search`.
+    """
+    B, C = history.shape
+    longest = max(1, min(ngram, C - 1))
+    rows = history.detach().cpu().numpy()
+    lengths = length.tolist()
+    starts, matches = [-1] * B, [0] * B
+    width = rows.itemsize
+    for b in range(B):
+        last = min(lengths[b], C) - 1  # index of the context's last token
+        if last < 1:  # an occurrence must end before the last token
+            continue
+        row = rows[b]
+        earlier = row[:last].tobytes()  # tokens [0, last): every occurrence ends before the last token
+        for n in range(min(longest, last + 1), 0, -1):
+            suffix = row[last - n + 1:last + 1].tobytes()
+            end = len(earlier)
+            pos = earlier.rfind(suffix, 0, end)
+            while pos >= 0 and pos % width:  # a match across token boundaries: look further back
+                end = pos + len(suffix) - 1
+                pos = earlier.rfind(suffix, 0, end)
+            if pos >= 0:
+                starts[b], matches[b] = pos // width + n, n
+                break
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=history.device)  # noqa: E731
+    return as_tensor(starts), as_tensor(matches)
 
 
 def chain_tokens(history: torch.Tensor, length: torch.Tensor, start: torch.Tensor, chain: int) -> torch.Tensor:
@@ -168,6 +206,59 @@ def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
     chain_depths = (chain_ids + 1).to(torch.int32).expand(B, L)
     return Tree(torch.cat([tree.tokens, chain], 1), torch.cat([tree.parents, chain_parents.to(torch.int32)], 1),
                 torch.cat([tree.depths, chain_depths], 1), mask)
+
+
+def graft_chain_host(tree: Tree, chain: torch.Tensor) -> Tree:
+    """:func:`graft_chain` for tensors in host memory, by reading them: the same tree, for steps
+    whose policy may read values (CPU steps). The static-shape graft compares every pair of
+    nodes in some thirty tensor ops (about 0.4 ms a step on one core of a 2-core VM, for a tree of
+    a few nodes); here each request walks its chain down the tree (the first child, in node order,
+    that carries the chain's next token) and builds the chain's mask rows from its anchor's.
+
+    Shapes: as :func:`graft_chain`.
+    """
+    B, N = tree.tokens.shape
+    L = chain.shape[1]
+    total, words = N + L, mask_words(N + L)
+    tokens, parents, chains, masks = tree.tokens.tolist(), tree.parents.tolist(), chain.tolist(), tree.mask.tolist()
+    old_words = tree.mask.shape[2]
+    chain_parents, chain_rows = [], []
+    for b in range(B):
+        first_child: dict[tuple[int, int], int] = {}
+        for node in range(1, N):
+            first_child.setdefault((parents[b][node], tokens[b][node]), node)
+        node, own_parents, anchors = 0, [], []  # node: the tree node spelling chain[:i], or -1
+        for i, token in enumerate(chains[b]):
+            own_parents.append(node if node >= 0 else N + i - 1)
+            anchors.append(node)
+            node = first_child.get((node, token), -1) if node >= 0 else -1
+        chain_parents.append(own_parents)
+        rows, above = [], 0
+        for i, anchor in enumerate(anchors):  # a chain node's ancestors: its tree anchor's, then the chain's own
+            if anchor >= 0:
+                above = _row_bits(masks[b][anchor])
+            above |= 1 << (N + i)
+            rows.append(_bits_row(above, words))
+        chain_rows.append(rows)
+    mask = torch.zeros(B, total, words, dtype=torch.int64, device=chain.device)
+    mask[:, :N, :old_words] = tree.mask
+    if B and L:
+        mask[:, N:] = torch.tensor(chain_rows, dtype=torch.int64, device=chain.device)
+    chain_depths = torch.arange(1, L + 1, dtype=torch.int32, device=chain.device).expand(B, L)
+    return Tree(torch.cat([tree.tokens, chain], 1),
+                torch.cat([tree.parents, torch.tensor(chain_parents, dtype=torch.int32, device=chain.device)], 1),
+                torch.cat([tree.depths, chain_depths], 1), mask)
+
+
+def _row_bits(row: list[int]) -> int:
+    """A mask row's int64 words as one non-negative int (bit j % 64 of word j // 64 is bit j)."""
+    return sum((word & 0xFFFF_FFFF_FFFF_FFFF) << (64 * w) for w, word in enumerate(row))
+
+
+def _bits_row(bits: int, words: int) -> list[int]:
+    """:func:`_row_bits` back into ``words`` int64 words (bit 63 as the sign bit)."""
+    row = [(bits >> (64 * w)) & 0xFFFF_FFFF_FFFF_FFFF for w in range(words)]
+    return [word - (1 << 64) if word >> 63 else word for word in row]
 
 
 def _pack_bits(flags: torch.Tensor) -> torch.Tensor:

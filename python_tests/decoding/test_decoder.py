@@ -101,7 +101,7 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
     decoder = SpeculativeDecoder(target, repeat_head(target) if with_head else None, tree, policy=FittedPolicy())
     plain = decoder.generate(PROMPTS, 20, speculative=False)
     grafted, searched = [], []
-    real_graft, real_search = decoder_module.graft_chain, decoder_module.lookup_search
+    real_graft, real_search = decoder_module.graft_chain_host, decoder_module.lookup_search_host
 
     def search(history, length, ngram):
         start, matched = real_search(history, length, ngram)
@@ -119,8 +119,8 @@ def test_trimmed_chains_follow_the_match_and_keep_exactness(target, with_head, m
             padded.append(kwargs["row_counts"].tolist())
         return real_forward(tokens, cache, **kwargs)
 
-    monkeypatch.setattr(decoder_module, "lookup_search", search)
-    monkeypatch.setattr(decoder_module, "graft_chain", graft)
+    monkeypatch.setattr(decoder_module, "lookup_search_host", search)  # a CPU step's search
+    monkeypatch.setattr(decoder_module, "graft_chain_host", graft)
     monkeypatch.setattr(target, "forward", forward)
     spec = decoder.generate(PROMPTS, 20)
     assert spec.sequences == plain.sequences
@@ -143,7 +143,8 @@ def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
     head = repeat_head(target)
     plain = SpeculativeDecoder(target, head, tree).generate(prompts, 24, speculative=False)
     steps = []  # per step: {"full": every request matched in full, "expanded", "rows" verified}
-    real_search, real_expand, real_forward = decoder_module.lookup_search, SpeculativeDecoder._expand, target.forward
+    real_search, real_expand = decoder_module.lookup_search_host, SpeculativeDecoder._expand
+    real_forward = target.forward
 
     def search(history, length, ngram):
         start, matched = real_search(history, length, ngram)
@@ -159,7 +160,7 @@ def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
             steps[-1].setdefault("rows", tokens.shape[1])
         return real_forward(tokens, cache, **kwargs)
 
-    monkeypatch.setattr(decoder_module, "lookup_search", search)
+    monkeypatch.setattr(decoder_module, "lookup_search_host", search)  # a CPU step's search
     monkeypatch.setattr(SpeculativeDecoder, "_expand", expand)
     monkeypatch.setattr(target, "forward", forward)
     fixed = FittedPolicy()  # every step drafts the tree (no adaptive draft shapes)

@@ -8,7 +8,15 @@ import torch
 from eagle_kernels import reference
 from eagle_kernels._types import Tree
 from eagle_kernels.decoder import TreeConfig
-from eagle_kernels.lookup import graft_chain, lookup_chain, lookup_search, pad_chains, trimmed_chain_lengths
+from eagle_kernels.lookup import (
+    graft_chain,
+    graft_chain_host,
+    lookup_chain,
+    lookup_search,
+    lookup_search_host,
+    pad_chains,
+    trimmed_chain_lengths,
+)
 from helpers import mask_of, simulate_history
 
 
@@ -52,8 +60,9 @@ def search_naive(context, ngram):
     return -1, 0
 
 
+@pytest.mark.parametrize("search", [lookup_search, lookup_search_host], ids=["static", "host"])
 @pytest.mark.parametrize("ngram", [1, 2, 4, 9])
-def test_lookup_search_matches_naive_search(ngram):
+def test_lookup_search_matches_naive_search(ngram, search):
     g = torch.Generator().manual_seed(ngram)
     B, C = 96, 30
     history = torch.randint(0, 3, (B, C), generator=g)  # 3 symbols: matches of every length
@@ -61,12 +70,30 @@ def test_lookup_search_matches_naive_search(ngram):
     length[:3] = torch.tensor([1, 2, C])
     history[3, :8] = torch.tensor([2, 0, 1, 2, 0, 1, 2, 0])  # a period-3 context: the longest match
     length[3] = 8
-    start, matched = lookup_search(history, length, ngram)
+    start, matched = search(history, length, ngram)
     assert start.dtype == matched.dtype == torch.int64 and start.shape == matched.shape == (B,)
     for b in range(B):
         context = history[b, : length[b]].tolist()
         assert (int(start[b]), int(matched[b])) == search_naive(context, ngram), (b, context)
     assert int(matched[3]) == min(ngram, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_host_search_equals_the_static_search(dtype):
+    """The host search gives the static search's results, where token ids have equal bytes across a
+    token boundary (ids 0 and 256: a byte match at a misaligned offset must not count), at every
+    context length up to the full width, and for a history wider than ngram + 1 only."""
+    g = torch.Generator().manual_seed(7)
+    for B, C, symbols, ngram in ((64, 40, (0, 256, 1), 4), (32, 7, (0, 1), 8), (16, 300, (5, 9, 5 << 32), 3)):
+        table = torch.tensor(symbols, dtype=torch.int64)
+        history = table[torch.randint(0, len(symbols), (B, C), generator=g)]
+        if dtype == torch.int32:
+            history = history.clamp(max=2**31 - 1)
+        history = history.to(dtype)
+        length = torch.randint(0, C + 1, (B,), generator=g)
+        want = lookup_search(history.long(), length, ngram)
+        got = lookup_search_host(history, length, ngram)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (B, C, ngram)
 
 
 def test_trimmed_chain_length_follows_the_match():
@@ -128,8 +155,12 @@ def graft_naive(tokens, parents, chain):
     return chain_parents
 
 
+GRAFTS = pytest.mark.parametrize("graft", [graft_chain, graft_chain_host], ids=["static", "host"])
+
+
+@GRAFTS
 @pytest.mark.parametrize("num_nodes,chain_len", [(4, 3), (8, 5), (62, 4)])
-def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
+def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len, graft):
 
     B = 16
     tree = reference.build_tree(*simulate_history(B, 5, 4, seed=num_nodes), num_nodes)
@@ -142,7 +173,7 @@ def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
             node = int(tree.parents[b, node])
         for i, token in enumerate(reversed(path[-(b % 4):] if b % 4 else [])):
             chain[b, i] = token
-    grafted = graft_chain(tree, chain)
+    grafted = graft(tree, chain)
     total = num_nodes + chain_len
     assert grafted.tokens.shape == (B, total) and grafted.mask.shape == (B, total, (total + 63) // 64)
     for b in range(B):
@@ -157,8 +188,9 @@ def test_graft_chain_follows_the_tree_then_branches(num_nodes, chain_len):
     assert (grafted.parents[1:4, num_nodes + 1] < num_nodes).all()  # continued the copied branch
 
 
+@GRAFTS
 @pytest.mark.parametrize("num_nodes,chain_len", [(1, 1), (5, 8), (30, 6), (66, 9)])
-def test_graft_chain_on_random_trees_with_repeated_tokens(num_nodes, chain_len):
+def test_graft_chain_on_random_trees_with_repeated_tokens(num_nodes, chain_len, graft):
     """Random tree shapes over 3 token values: sibling repeats (the chain follows the first of
     them), deep matches, and masks that cross a 64-bit word."""
 
@@ -173,7 +205,9 @@ def test_graft_chain_on_random_trees_with_repeated_tokens(num_nodes, chain_len):
     tree = Tree(torch.randint(0, 3, (B, num_nodes), generator=g), torch.tensor(parents, dtype=torch.int32), depths,
                 torch.tensor([mask_of(p) for p in parents], dtype=torch.int64).view(B, num_nodes, words))
     chain = torch.randint(0, 3, (B, chain_len), generator=g)
-    grafted = graft_chain(tree, chain)
+    grafted = graft(tree, chain)
+    want_tree = graft_chain(tree, chain)  # the host graft builds the static graft's tensors
+    assert all(torch.equal(a, w) and a.dtype == w.dtype for a, w in zip(grafted, want_tree))
     for b in range(B):
         want = parents[b] + graft_naive(tree.tokens[b].tolist(), parents[b], chain[b].tolist())
         assert grafted.parents[b].tolist() == want
