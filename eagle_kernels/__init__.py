@@ -5,8 +5,8 @@ Nine ops (contract in docs/ops.md, readable truth in eagle_kernels/reference): `
 tokens' K/V before a verify pass), ``cpu_linear`` (the few-row linear layers of a CPU
 model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and
 ``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call), with
-``cpu_decoder_layers`` (a model's whole stack of them) and ``cpu_decoder_forward`` (a whole
-forward pass, token ids to logits); and the
+``cpu_decoder_layers`` (a model's whole stack of them), ``cpu_decoder_forward`` (a whole
+forward pass, token ids to logits) and ``cpu_head_forward`` (an EAGLE-3 head's pass); and the
 three ops of the GPU decoder layer, ``rmsnorm``, ``rope_write_kv`` and ``silu_mul``. Each
 dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
@@ -20,7 +20,7 @@ import warnings
 
 from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
-from ._types import DecoderForwardOutput, DecoderLayersOutput, DraftCandidates, Tree, VerifyOutput
+from ._types import DecoderForwardOutput, DecoderLayersOutput, DraftCandidates, HeadForwardOutput, Tree, VerifyOutput
 from .decoder import SpeculativeDecoder, TreeConfig, default_tree
 from .expansion import Expansion, expand_tree
 from .ops import (
@@ -29,6 +29,7 @@ from .ops import (
     cpu_decoder_forward,
     cpu_decoder_layer,
     cpu_decoder_layers,
+    cpu_head_forward,
     cpu_linear,
     cpu_linear_pack,
     draft_expand,
@@ -55,8 +56,9 @@ _registration.register()
 
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
-    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward", "rmsnorm",
-    "rope_write_kv", "silu_mul", "Tree",
-    "DraftCandidates", "VerifyOutput", "DecoderLayersOutput", "DecoderForwardOutput", "backend_of",
+    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
+    "cpu_head_forward", "rmsnorm", "rope_write_kv", "silu_mul", "Tree",
+    "DraftCandidates", "VerifyOutput", "DecoderLayersOutput", "DecoderForwardOutput", "HeadForwardOutput",
+    "backend_of",
     "reference", "expand_tree", "Expansion", "SpeculativeDecoder", "TreeConfig", "default_tree",
 ]

@@ -516,24 +516,23 @@ def check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gat
     _check_row_counts(row_counts, x, k_cache, cache_seqlens, x.shape[1], values)
 
 
-def check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight, o_weight,
-                              post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache, v_cache,
-                              cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(), row_counts=None,
-                              logit_rows=None, values=True):
+def _check_tokens_and_table(tokens, embed_table, values):
+    """Token ids int64 [B, N] in [0, V) and an embedding table [V, H] (float32/bfloat16/float16, dense rows);
+    returns an empty float32 [B, N, H] standing for the embedded rows, and whether values are checked."""
     check_tensor("tokens", tokens, dtype=torch.int64, ndim=2)
-    device = tokens.device
+    check_values = values and values_checked(tokens.device)
     check_tensor("embed_table", embed_table, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2,
-                 device=device)
+                 device=tokens.device)
     if embed_table.stride(1) != 1 and embed_table.shape[1] > 1:
         _fail("embed_table", "a dense last dim (stride 1)", f"strides {tuple(embed_table.stride())}")
     (B, N), (V, H) = tokens.shape, embed_table.shape
-    check_values = values and values_checked(device)
     if check_values and tokens.numel() and bool(((tokens < 0) | (tokens >= V)).any()):
         _fail("tokens", f"ids in [0, V = {V}) (embed_table rows)", tokens.tolist())
-    x = embed_table.new_empty((B, N, H), dtype=torch.float32)  # the stack's input, for its checks
-    check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=5, device=device)
-    _check_kv_layout(k_cache, v_cache, cache_seqlens, None, B, True, device)
-    D = k_cache.shape[-1]
+    return embed_table.new_empty((B, N, H), dtype=torch.float32), check_values
+
+
+def _check_rope_tables(rope_cos, rope_sin, D, device) -> int:
+    """Contiguous float32 [P, D / 2] cos and sin tables with the same P; returns P."""
     for name, table in (("rope_cos", rope_cos), ("rope_sin", rope_sin)):
         check_tensor(name, table, dtype=torch.float32, ndim=2, device=device)
         if table.shape[1] * 2 != D or not table.is_contiguous():
@@ -542,6 +541,26 @@ def check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions
     P = rope_cos.shape[0]
     if rope_sin.shape[0] != P:
         _fail("rope_sin", f"P = {P} rows (as rope_cos)", rope_sin.shape[0])
+    return P
+
+
+def _check_final_norm_and_lm_head(final_norm, lm_head, H, device):
+    check_tensor("final_norm", final_norm, dtype=torch.float32, shape=(H,), device=device)
+    if not isinstance(lm_head, torch.Tensor) or lm_head.dim() < 2:
+        _fail("lm_head", "[V, H] or its packed form", getattr(lm_head, "shape", type(lm_head).__name__))
+    _check_linear_weight("lm_head", lm_head, linear_out_features(lm_head), H, "[V, H]", device)
+
+
+def check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, input_norm, qkv_weight, o_weight,
+                              post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache, v_cache,
+                              cache_seqlens, tree_mask=None, *, num_heads, eps, state_layers=(), row_counts=None,
+                              logit_rows=None, values=True):
+    x, check_values = _check_tokens_and_table(tokens, embed_table, values)  # x: the stack's input, for its checks
+    device, (B, N), H = tokens.device, tokens.shape, embed_table.shape[1]
+    check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=5, device=device)
+    _check_kv_layout(k_cache, v_cache, cache_seqlens, None, B, True, device)
+    D = k_cache.shape[-1]
+    P = _check_rope_tables(rope_cos, rope_sin, D, device)
     if positions is not None:
         check_tensor("positions", positions, dtype=torch.int64, shape=(B, N), device=device)
         if check_values and positions.numel() and bool(((positions < 0) | (positions >= P)).any()):
@@ -552,13 +571,43 @@ def check_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions
     check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, rows, rows,
                              k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
                              state_layers=state_layers, row_counts=row_counts, values=values)
-    check_tensor("final_norm", final_norm, dtype=torch.float32, shape=(H,), device=device)
-    if not isinstance(lm_head, torch.Tensor) or lm_head.dim() < 2:
-        _fail("lm_head", "[V, H] or its packed form", getattr(lm_head, "shape", type(lm_head).__name__))
-    _check_linear_weight("lm_head", lm_head, linear_out_features(lm_head), H, "[V, H]", device)
+    _check_final_norm_and_lm_head(final_norm, lm_head, H, device)
     if logit_rows is not None:
         check_tensor("logit_rows", logit_rows, dtype=torch.int64, ndim=2, device=device)
         if logit_rows.shape[0] != B:
             _fail("logit_rows", f"shape [B = {B}, R]", f"shape {tuple(logit_rows.shape)}")
         if check_values and logit_rows.numel() and bool(((logit_rows < 0) | (logit_rows >= N)).any()):
             _fail("logit_rows", f"values in [0, N = {N})", logit_rows.tolist())
+
+
+def check_cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, rope_sin, positions, input_norm,
+                           embed_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
+                           lm_head, k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, slot_offset=0,
+                           values=True):
+    embed, check_values = _check_tokens_and_table(tokens, embed_table, values)  # the layer's embedding input
+    device, (B, N), H = tokens.device, tokens.shape, embed_table.shape[1]
+    check_tensor("features", features, dtype=torch.float32, ndim=3, device=device)
+    if tuple(features.shape[:2]) != (B, N):
+        _fail("features", f"shape [B = {B}, N = {N}, F]", f"shape {tuple(features.shape)}")
+    if fc_weight is not None:
+        if not isinstance(fc_weight, torch.Tensor) or fc_weight.dim() < 2:
+            _fail("fc_weight", "[H, F] or its packed form", getattr(fc_weight, "shape", type(fc_weight).__name__))
+        _check_linear_weight("fc_weight", fc_weight, H, features.shape[2], "[H, F]", device)
+    elif features.shape[2] != H:
+        _fail("features", f"F = H = {H} (no fc_weight: the features are the layer's input)",
+              f"shape {tuple(features.shape)}")
+    check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=4, device=device)
+    D = k_cache.shape[-1]
+    P = _check_rope_tables(rope_cos, rope_sin, D, device)
+    check_tensor("positions", positions, dtype=torch.int64, shape=(B, N), device=device)
+    if check_values and positions.numel() and bool(((positions < 0) | (positions >= P)).any()):
+        _fail("positions", f"values in [0, P = {P}) (rope_cos rows)", positions.tolist())
+    rows = embed.new_empty((B, N, D))
+    check_cpu_decoder_layer(embed, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, rows,
+                            rows, k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps,
+                            embed=embed, embed_norm=embed_norm, slot_offset=slot_offset, values=values)
+    if (final_norm is None) != (lm_head is None):
+        _fail("lm_head", "final_norm and lm_head together",
+              "lm_head only" if lm_head is not None else "final_norm only")
+    if lm_head is not None:
+        _check_final_norm_and_lm_head(final_norm, lm_head, H, device)

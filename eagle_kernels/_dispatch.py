@@ -26,6 +26,7 @@ RESULT_TYPES = {
     "verify": _types.VerifyOutput,
     "cpu_decoder_layers": _types.DecoderLayersOutput,
     "cpu_decoder_forward": _types.DecoderForwardOutput,
+    "cpu_head_forward": _types.HeadForwardOutput,
 }
 
 CHECKS = {op: getattr(_checks, f"check_{op}") for op in OPS}
@@ -77,7 +78,7 @@ def _triton_function(op: str):
 # tens of microseconds, a large share of a small tree_attention call.
 NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tree", "compact_kv",
                                "draft_expand", "cpu_linear", "cpu_decoder_layer", "cpu_decoder_layers",
-                               "cpu_decoder_forward"})
+                               "cpu_decoder_forward", "cpu_head_forward"})
 
 
 @functools.cache

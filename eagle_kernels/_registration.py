@@ -109,6 +109,18 @@ def _fake_cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions
             hidden.new_empty(len(state_layers), B, N, H))
 
 
+def _fake_cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, rope_sin, positions, input_norm,
+                           embed_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
+                           lm_head, k_cache, v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, slot_offset=0):
+    _checks.check_cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, rope_sin, positions,
+                                   input_norm, embed_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
+                                   down_weight, final_norm, lm_head, k_cache, v_cache, cache_seqlens, tree_mask,
+                                   num_heads=num_heads, eps=eps, slot_offset=slot_offset, values=False)
+    (B, N), H = tokens.shape, embed_table.shape[1]
+    hidden = features.new_empty((B, N, H))
+    return hidden.new_empty(B, N, 0 if lm_head is None else _checks.linear_out_features(lm_head)), hidden
+
+
 def _fake_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
     _layer_checks.check_rmsnorm(x, weight, eps, embed=embed, embed_weight=embed_weight, values=False)
     out, residual = _layer_checks.rmsnorm_shapes(x, weight, eps, embed=embed, embed_weight=embed_weight)
@@ -139,6 +151,7 @@ FAKES = {
     "cpu_decoder_layer": _fake_cpu_decoder_layer,
     "cpu_decoder_layers": _fake_cpu_decoder_layers,
     "cpu_decoder_forward": _fake_cpu_decoder_forward,
+    "cpu_head_forward": _fake_cpu_head_forward,
     "rmsnorm": _fake_rmsnorm,
     "rope_write_kv": _fake_rope_write_kv,
     "silu_mul": _fake_silu_mul,

@@ -54,6 +54,13 @@ SCHEMAS = {
         "Tensor cache_seqlens, Tensor? tree_mask=None, *, int num_heads, float eps, int[] state_layers=[], "
         "Tensor? row_counts=None, Tensor? logit_rows=None) -> (Tensor, Tensor, Tensor)"
     ),
+    "cpu_head_forward": (
+        "cpu_head_forward(Tensor tokens, Tensor embed_table, Tensor features, Tensor? fc_weight, Tensor rope_cos, "
+        "Tensor rope_sin, Tensor positions, Tensor input_norm, Tensor embed_norm, Tensor qkv_weight, Tensor o_weight, "
+        "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor? final_norm, Tensor? lm_head, "
+        "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? tree_mask=None, *, int num_heads, "
+        "float eps, int slot_offset=0) -> (Tensor, Tensor)"
+    ),
 }
 
 OPS = tuple(SCHEMAS)

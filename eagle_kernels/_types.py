@@ -42,6 +42,14 @@ class DecoderForwardOutput(NamedTuple):
     states: torch.Tensor
 
 
+class HeadForwardOutput(NamedTuple):
+    """``cpu_head_forward``'s result: ``logits`` float32 [B, N, Vd] (the draft logits; [B, N, 0] without an LM head)
+    and ``hidden`` float32 [B, N, H] (the head layer's output: the next feature, not normed)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
 class VerifyOutput(NamedTuple):
     """Verification result. Shapes: accept_len int32 [B], accept_nodes int32
     [B, max_depth + 1], out_tokens int64 [B, max_depth + 1], status int32 [B]."""

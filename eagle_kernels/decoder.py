@@ -364,9 +364,11 @@ class _HeadDraft:
             # position training-time test trains the head on). ``inputs``: gathered already.
             feature, positions, embed = inputs if inputs is not None else bookkeeping.draft_inputs(
                 self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
-            self.hidden = self.head(tokens, feature, self.cache, positions=positions, embed=embed,
-                                    tree_mask=self.slot_masks[:, : step * self.k], slot_offset=(step - 1) * self.k)
-        return self.head.logits(self.hidden, normed=self.root_normed if step == 0 else None)
+            self.hidden, logits = self.head.run(tokens, feature, self.cache, positions=positions, embed=embed,
+                                                tree_mask=self.slot_masks[:, : step * self.k],
+                                                slot_offset=(step - 1) * self.k, logits=True)
+            return logits
+        return self.head.logits(self.hidden, normed=self.root_normed)
 
 
 def _root_tree(root: torch.Tensor) -> Tree:
@@ -1022,5 +1024,5 @@ class SpeculativeDecoder:
         path, emitted, positions, embed, rows = bookkeeping.commit_inputs(
             result.accept_nodes, result.out_tokens, state.head_cache.seqlens, width, head.token_embedding, head.dtype,
             head.feature_states(out))
-        return head(emitted, head.target_features(out, rows=path, gathered=rows), state.head_cache,
-                    positions=positions, embed=embed)
+        return head.run(emitted, head.feature_rows(out, rows=path, gathered=rows), state.head_cache,
+                        positions=positions, embed=embed, fc=True)[0]

@@ -112,6 +112,19 @@ def cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, inpu
                          logit_rows=logit_rows)
 
 
+def cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, rope_sin, positions, input_norm, embed_norm,
+                     qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache,
+                     v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, slot_offset=0):
+    """An EAGLE-3 draft head's pass in one call (the embedding, fc over the features, RoPE rows from [P, D / 2]
+    tables, the head's decoder layer and, with ``final_norm`` and ``lm_head``, its draft logits): a draft or commit
+    pass of a CPU decoding step without the small torch ops around ``cpu_decoder_layer``. Returns
+    ``(logits, hidden)``. Other devices run the reference. See :func:`eagle_kernels.reference.cpu_head_forward`."""
+    return _dispatch.run("cpu_head_forward", tokens.device, tokens, embed_table, features, fc_weight, rope_cos,
+                         rope_sin, positions, input_norm, embed_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
+                         down_weight, final_norm, lm_head, k_cache, v_cache, cache_seqlens, tree_mask,
+                         num_heads=num_heads, eps=eps, slot_offset=slot_offset)
+
+
 def rmsnorm(x, weight, eps, *, embed=None, embed_weight=None):
     """RMSNorm of rows and a copy of x (the residual stream a decoder layer then adds to in
     place), in one pass; with ``embed``, EAGLE-3's ``[norm(embed) * embed_weight, norm(x) *

@@ -500,6 +500,54 @@ std::vector<int64_t> pass_positions(const char* op, const std::optional<at::Tens
   return out;
 }
 
+// The rows of embed_table for token ids [B, N], widened to float32 [B, N, H] (as
+// torch.nn.functional.embedding(tokens, embed_table).float()), after the checks of both.
+at::Tensor embedded_tokens(const char* op, const at::Tensor& tokens, const at::Tensor& embed_table) {
+  check_dtype(tokens, op, "tokens", at::kLong);
+  check_dim(tokens, op, "tokens", 2, "[B, N]");
+  const at::Device dev = tokens.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": tokens: expected device cpu, got ", dev);
+  check_32_or_16_bit_float(embed_table, op, "embed_table");
+  check_dim(embed_table, op, "embed_table", 2, "[V, H]");
+  check_device(embed_table, op, "embed_table", dev);
+  TORCH_CHECK_VALUE(embed_table.stride(1) == 1 || embed_table.size(1) <= 1, op,
+                    ": embed_table: expected a dense last dim (stride 1), got strides ",
+                    shape_str(embed_table.strides()));
+  const int64_t B = tokens.size(0), N = tokens.size(1), V_e = embed_table.size(0), H = embed_table.size(1);
+  const at::Tensor t = tokens.contiguous();
+  const int64_t* id = t.data_ptr<int64_t>();
+  for (int64_t r = 0; r < B * N; ++r)
+    TORCH_CHECK_VALUE(id[r] >= 0 && id[r] < V_e, op, ": tokens: expected ids in [0, V = ", V_e,
+                      ") (embed_table rows), got ", id[r], " at (", r / N, ", ", r % N, ")");
+  return embed_table.index_select(0, t.reshape({-1})).to(at::kFloat).view({B, N, H});
+}
+
+// rope_cos and rope_sin: contiguous float32 [P, D / 2] tables with the same P.
+void check_rope_tables(const char* op, const at::Tensor& rope_cos, const at::Tensor& rope_sin, int64_t D,
+                       at::Device dev) {
+  for (const auto& [table, name] : {std::pair{&rope_cos, "rope_cos"}, std::pair{&rope_sin, "rope_sin"}}) {
+    check_dtype(*table, op, name, at::kFloat);
+    check_dim(*table, op, name, 2, "[P, D / 2]");
+    check_device(*table, op, name, dev);
+    TORCH_CHECK_VALUE(table->size(1) * 2 == D && table->is_contiguous(), op, ": ", name,
+                      ": expected a contiguous [P, D / 2 = ", D / 2, "] table, got shape ", shape_str(table->sizes()),
+                      " and strides ", shape_str(table->strides()));
+  }
+  TORCH_CHECK_VALUE(rope_sin.size(0) == rope_cos.size(0), op, ": rope_sin: expected P = ", rope_cos.size(0),
+                    " rows (as rope_cos), got ", rope_sin.size(0));
+}
+
+// The final RMSNorm's weight float32 [H] and an LM head [V, H] in any form cpu_linear takes.
+void check_final_norm_and_lm_head(const char* op, const at::Tensor& final_norm, const at::Tensor& lm_head, int64_t H,
+                                  at::Device dev) {
+  check_dtype(final_norm, op, "final_norm", at::kFloat);
+  check_shape(final_norm, op, "final_norm", {H}, "[H]");
+  check_device(final_norm, op, "final_norm", dev);
+  TORCH_CHECK_VALUE(lm_head.dim() >= 2, op, ": lm_head: expected [V, H] or its packed form, got shape ",
+                    shape_str(lm_head.sizes()));
+  check_weight(lm_head, op, "lm_head", out_features(lm_head), H, "[V, H]", dev);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
@@ -513,49 +561,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_forward. Everything is checked before
   // the stack writes the cache.
   const char* op = "cpu_decoder_forward";
-  check_dtype(tokens, op, "tokens", at::kLong);
-  check_dim(tokens, op, "tokens", 2, "[B, N]");
+  const at::Tensor x = embedded_tokens(op, tokens, embed_table);  // the stack's input
   const at::Device dev = tokens.device();
-  TORCH_CHECK_VALUE(dev.is_cpu(), op, ": tokens: expected device cpu, got ", dev);
-  check_32_or_16_bit_float(embed_table, op, "embed_table");
-  check_dim(embed_table, op, "embed_table", 2, "[V, H]");
-  check_device(embed_table, op, "embed_table", dev);
-  TORCH_CHECK_VALUE(embed_table.stride(1) == 1 || embed_table.size(1) <= 1, op,
-                    ": embed_table: expected a dense last dim (stride 1), got strides ",
-                    shape_str(embed_table.strides()));
-  const int64_t B = tokens.size(0), N = tokens.size(1), V_e = embed_table.size(0), H = embed_table.size(1);
-  {
-    const at::Tensor t = tokens.contiguous();
-    const int64_t* id = t.data_ptr<int64_t>();
-    for (int64_t r = 0; r < B * N; ++r)
-      TORCH_CHECK_VALUE(id[r] >= 0 && id[r] < V_e, op, ": tokens: expected ids in [0, V = ", V_e,
-                        ") (embed_table rows), got ", id[r], " at (", r / N, ", ", r % N, ")");
-  }
-  // The stack's input, as torch.nn.functional.embedding(tokens, embed_table).float().
-  const at::Tensor x = embed_table.index_select(0, tokens.reshape({-1})).to(at::kFloat).view({B, N, H});
+  const int64_t B = tokens.size(0), N = tokens.size(1), H = embed_table.size(1);
   check_stack_cache(op, x, k_cache, v_cache, cache_seqlens);
   const int64_t D = k_cache.size(4);
-  for (const auto& [table, name] : {std::pair{&rope_cos, "rope_cos"}, std::pair{&rope_sin, "rope_sin"}}) {
-    check_dtype(*table, op, name, at::kFloat);
-    check_dim(*table, op, name, 2, "[P, D / 2]");
-    check_device(*table, op, name, dev);
-    TORCH_CHECK_VALUE(table->size(1) * 2 == D && table->is_contiguous(), op, ": ", name,
-                      ": expected a contiguous [P, D / 2 = ", D / 2, "] table, got shape ", shape_str(table->sizes()),
-                      " and strides ", shape_str(table->strides()));
-  }
-  TORCH_CHECK_VALUE(rope_sin.size(0) == rope_cos.size(0), op, ": rope_sin: expected P = ", rope_cos.size(0),
-                    " rows (as rope_cos), got ", rope_sin.size(0));
+  check_rope_tables(op, rope_cos, rope_sin, D, dev);
   const std::vector<int64_t> pos = pass_positions(op, positions, cache_seqlens, B, N, rope_cos.size(0), dev);
   const at::Tensor cos = rope_rows(rope_cos, pos, B, N), sin = rope_rows(rope_sin, pos, B, N);
   const StackPlan plan =
       check_stack(op, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
                   v_cache, cache_seqlens, tree_mask, num_heads, state_layers, row_counts);
-  check_dtype(final_norm, op, "final_norm", at::kFloat);
-  check_shape(final_norm, op, "final_norm", {H}, "[H]");
-  check_device(final_norm, op, "final_norm", dev);
-  TORCH_CHECK_VALUE(lm_head.dim() >= 2, op, ": lm_head: expected [V, H] or its packed form, got shape ",
-                    shape_str(lm_head.sizes()));
-  check_weight(lm_head, op, "lm_head", out_features(lm_head), H, "[V, H]", dev);
+  check_final_norm_and_lm_head(op, final_norm, lm_head, H, dev);
   if (logit_rows.has_value()) {
     check_dtype(*logit_rows, op, "logit_rows", at::kLong);
     check_dim(*logit_rows, op, "logit_rows", 2, "[B, R]");
@@ -585,6 +602,59 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
     logits = cpu_linear_cpu(hidden, lm_head);
   }
   return {logits, hidden, states};
+}
+
+std::tuple<at::Tensor, at::Tensor> cpu_head_forward_cpu(
+    const at::Tensor& tokens, const at::Tensor& embed_table, const at::Tensor& features,
+    const std::optional<at::Tensor>& fc_weight, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+    const at::Tensor& positions, const at::Tensor& input_norm, const at::Tensor& embed_norm,
+    const at::Tensor& qkv_weight, const at::Tensor& o_weight, const at::Tensor& post_norm,
+    const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const std::optional<at::Tensor>& final_norm,
+    const std::optional<at::Tensor>& lm_head, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& tree_mask, int64_t num_heads, double eps,
+    int64_t slot_offset) {
+  // Same order and wording as eagle_kernels/_checks.py::check_cpu_head_forward. Everything is checked before the
+  // layer writes the cache.
+  const char* op = "cpu_head_forward";
+  const at::Tensor embed = embedded_tokens(op, tokens, embed_table);  // the layer's embedding input
+  const at::Device dev = tokens.device();
+  const int64_t B = tokens.size(0), N = tokens.size(1), H = embed_table.size(1);
+  check_dtype(features, op, "features", at::kFloat);
+  check_dim(features, op, "features", 3, "[B, N, F]");
+  check_device(features, op, "features", dev);
+  TORCH_CHECK_VALUE(features.size(0) == B && features.size(1) == N, op, ": features: expected shape [B = ", B,
+                    ", N = ", N, ", F], got ", shape_str(features.sizes()));
+  if (fc_weight.has_value()) {
+    TORCH_CHECK_VALUE(fc_weight->dim() >= 2, op, ": fc_weight: expected [H, F] or its packed form, got shape ",
+                      shape_str(fc_weight->sizes()));
+    check_weight(*fc_weight, op, "fc_weight", H, features.size(2), "[H, F]", dev);
+  } else {
+    TORCH_CHECK_VALUE(features.size(2) == H, op, ": features: expected F = H = ", H,
+                      " (no fc_weight: the features are the layer's input), got shape ", shape_str(features.sizes()));
+  }
+  check_32_or_16_bit_float(k_cache, op, "k_cache");
+  check_dim(k_cache, op, "k_cache", 4, "[B, S, Hkv, D]");
+  check_device(k_cache, op, "k_cache", dev);
+  const int64_t D = k_cache.size(3);
+  check_rope_tables(op, rope_cos, rope_sin, D, dev);
+  const std::vector<int64_t> pos = pass_positions(op, positions, cache_seqlens, B, N, rope_cos.size(0), dev);
+  const at::Tensor cos = rope_rows(rope_cos, pos, B, N), sin = rope_rows(rope_sin, pos, B, N);
+  // check_layer reads x for its dtype and shape only: the fc output's (features' rows at width H).
+  const at::Tensor x_shape = fc_weight.has_value() ? at::empty({B, N, H}, features.options()) : features;
+  const LayerDims dims =
+      check_layer(op, "", x_shape, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                  k_cache, v_cache, cache_seqlens, tree_mask, num_heads, embed, embed_norm, slot_offset);
+  TORCH_CHECK_VALUE(final_norm.has_value() == lm_head.has_value(), op,
+                    ": lm_head: expected final_norm and lm_head together, got ",
+                    lm_head.has_value() ? "lm_head only" : "final_norm only");
+  if (lm_head.has_value()) check_final_norm_and_lm_head(op, *final_norm, *lm_head, H, dev);
+
+  const at::Tensor x = fc_weight.has_value() ? cpu_linear_cpu(features, *fc_weight) : features;
+  const at::Tensor hidden =
+      run_layer(dims, x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
+                v_cache, cache_seqlens, tree_mask, eps, embed, embed_norm, slot_offset, std::nullopt);
+  if (!lm_head.has_value()) return {at::empty({B, N, 0}, hidden.options()), hidden};
+  return {cpu_linear_cpu(at::rms_norm(hidden, {H}, *final_norm, eps), *lm_head), hidden};
 }
 
 }  // namespace eagle

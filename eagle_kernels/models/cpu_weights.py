@@ -74,7 +74,7 @@ class CpuPolicy:
     ``cpu_linear``; ``packed``, it reads packed copies; ``layer_kernel``, a pass in that regime
     runs each decoder layer as one ``cpu_decoder_layer`` call; ``stack_kernel``, a model's whole
     stack of layers as one ``cpu_decoder_layers`` call; ``forward_kernel``, a target's whole pass (embedding to
-    logits) as one ``cpu_decoder_forward`` call."""
+    logits) as one ``cpu_decoder_forward`` call, and an EAGLE-3 head's pass as one ``cpu_head_forward`` call."""
 
     linear_kernel: bool
     packed: bool

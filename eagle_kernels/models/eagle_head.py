@@ -10,6 +10,7 @@ parent's output hidden state.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -18,8 +19,15 @@ import torch.nn.functional as F
 
 from ..bookkeeping import gather_rows
 from ..reference.cpu_linear import QUANT_FORMATS, dequantize, quant_format, quant_in_features, quantize
-from .cpu_weights import PackedWeights, is_quantized, linear
-from .layers import FusedProjections, LayerPaths, LayerWeights, default_positions, rope_inverse_frequencies
+from .cpu_weights import CPU_LINEAR_MAX_ROWS, PackedWeights, cpu_policy, is_quantized, linear
+from .layers import (
+    KV_CACHE_DTYPES,
+    FusedProjections,
+    LayerPaths,
+    LayerWeights,
+    default_positions,
+    rope_inverse_frequencies,
+)
 from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight, logits_for_ops
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
@@ -139,6 +147,7 @@ class EagleHead(torch.nn.Module):
                              self.dtype)
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.as_llama()).to(target.device),
                              persistent=False)
+        self._cpu_pass_cache = None  # (key, layer, the cpu_head_forward tensors): see _cpu_pass_tensors
 
     @classmethod
     def random(cls, target: LlamaModel, kind: str, draft_vocab_size: int | None = None, seed: int = 0,
@@ -233,6 +242,19 @@ class EagleHead(torch.nn.Module):
             return [out.hidden]
         return [out.layer_states[layer] for layer in self.config.feature_layers]
 
+    def feature_rows(self, out, rows: torch.Tensor | None = None, gathered: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """The rows of :meth:`feature_states` side by side, [B, N or P, len(states) * H], that
+        :meth:`target_features` feeds to fc (EAGLE-3) or passes on (EAGLE-1): ``rows`` int64 [B, P]
+        picks token rows; ``gathered``: those rows picked already (the GPU path's
+        ``bookkeeping.commit_inputs``), returned as they are."""
+        if gathered is not None:
+            return gathered
+        states = self.feature_states(out)
+        if rows is None:
+            return states[0] if len(states) == 1 else torch.cat(states, dim=-1)
+        return gather_rows(states, rows)
+
     def target_features(self, out, rows: torch.Tensor | None = None, gathered: torch.Tensor | None = None
                         ) -> torch.Tensor:
         """The head's input feature [B, N, H] from a target ForwardOutput: EAGLE-1 the final
@@ -241,15 +263,11 @@ class EagleHead(torch.nn.Module):
         rows only (a row's feature does not depend on the other rows); ``gathered``: those
         rows of :meth:`feature_states` side by side, picked already (the GPU path's
         ``bookkeeping.commit_inputs``)."""
-        if gathered is None:
-            states = self.feature_states(out)
-            if rows is None:
-                gathered = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
-            else:
-                gathered = gather_rows(states, rows)
-        if self.config.kind == EAGLE1:
-            return gathered
-        return linear(gathered, self.weights["fc.weight"], self.packed)
+        return self._through_fc(self.feature_rows(out, rows, gathered))
+
+    def _through_fc(self, rows: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3's fc over :meth:`feature_rows` (EAGLE-1: the rows are the feature)."""
+        return rows if self.config.kind == EAGLE1 else linear(rows, self.weights["fc.weight"], self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
                 slot_offset: int = 0, embed=None) -> torch.Tensor:
@@ -258,6 +276,26 @@ class EagleHead(torch.nn.Module):
         tokens [B, N]; features [B, N, H]; ``embed`` [B, N, H] the tokens' rows of
         :attr:`token_embedding` in the head's dtype when the caller gathered them already (the
         GPU path's bookkeeping), else None; returns hidden [B, N, H]."""
+        return self.run(tokens, features, cache, positions, tree_mask, slot_offset, embed)[0]
+
+    def run(self, tokens, features, cache: KVCache, positions=None, tree_mask=None, slot_offset: int = 0,
+            embed=None, *, fc: bool = False, logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` (``fc``: over :meth:`feature_rows`, taken through :meth:`target_features`'
+        fc first), and with ``logits`` the draft logits of every row (:meth:`logits`): ``(hidden, logits
+        or None)``. On the CPU, in the kernels' regime, an EAGLE-3 pass is one ``cpu_head_forward``
+        call (docs/ops.md §14) with the same results bit for bit; a draft pass around the layer
+        call otherwise ran about a dozen small torch ops (~0.1 ms warm, several times that after the
+        target pass has streamed its weights through the caches)."""
+        fused = self._cpu_pass(tokens, features, cache, positions, tree_mask, slot_offset, fc, logits)
+        if fused is not None:
+            return fused
+        if fc:
+            features = self._through_fc(features)
+        hidden = self._layer_pass(tokens, features, cache, positions, tree_mask, slot_offset, embed)
+        return hidden, self.logits(hidden) if logits else None
+
+    def _layer_pass(self, tokens, features, cache: KVCache, positions, tree_mask, slot_offset: int, embed
+                    ) -> torch.Tensor:
         c, w = self.config, self.weights
         B, N = tokens.shape
         if positions is None:
@@ -272,6 +310,57 @@ class EagleHead(torch.nn.Module):
         rope = path.rope(self.inv_freq, positions, B, N, self.dtype, capacity=cache.k.shape[-3])
         return path(x, layer, rope, cache, 0, tree_mask,
                     embed=embed, slot_offset=slot_offset)
+
+    def _cpu_pass(self, tokens, features, cache: KVCache, positions, tree_mask, slot_offset: int, fc: bool,
+                  logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """:meth:`run` as one ``cpu_head_forward`` call where it applies (an EAGLE-3 fp32 head on the CPU, the
+        policy's whole-pass kernels on, the cpu_linear regime, nothing for autograd to record); else None."""
+        if (self.config.kind != EAGLE3 or tokens.device.type != "cpu" or self.dtype != torch.float32
+                or features.dtype != torch.float32 or features.device.type != "cpu"):
+            return None
+        B, N = tokens.shape
+        policy = cpu_policy()
+        table = self.token_embedding
+        if not (policy.forward_kernel and B * N <= CPU_LINEAR_MAX_ROWS and cache.k.dtype in KV_CACHE_DTYPES
+                and cache.k.dim() == 5 and table.dtype in KV_CACHE_DTYPES and table.stride(1) == 1
+                and not (torch.is_grad_enabled() and (features.requires_grad
+                                                      or any(t.requires_grad for t in self.weights.values())))):
+            return None
+        tensors = self._cpu_pass_tensors(policy)
+        if tensors is None:
+            return None
+        layer, fc_weight, final_norm, lm_head = tensors
+        if positions is None:
+            positions = default_positions(cache, N)
+        cos, sin = self.layer_paths.rope_tables(self.inv_freq, cache.k.shape[-3])
+        k, v = cache.layer(0)
+        out_logits, hidden = torch.ops.eagle_kernels.cpu_head_forward(
+            tokens, table, features, fc_weight if fc else None, cos, sin, positions.expand(B, N).long(), *layer,
+            final_norm if logits else None, lm_head if logits else None, k, v, cache.seqlens, tree_mask,
+            num_heads=self.config.num_heads, eps=self.config.rms_norm_eps, slot_offset=slot_offset)
+        return hidden, out_logits if logits else None
+
+    def _cpu_pass_tensors(self, policy) -> tuple | None:
+        """What ``cpu_head_forward`` takes of this head, the matrices as the kernels read them (packed copies where
+        ``policy`` packs): (the layer's seven tensors in the op's order, fc, the final norm, the LM head), or None
+        where a matrix is one the kernels do not read (quantized rows not packed). Kept while the layer's tensors
+        are the same objects, at the same versions, and the packed copies unchanged."""
+        layer = self.layer_weights()
+        fc, lm_head, final_norm = self.weights["fc.weight"], self.weights["lm_head.weight"], self.weights["norm.weight"]
+        tensors = (layer.input_norm, layer.embed_norm, *layer.matrices, layer.post_norm, fc, lm_head, final_norm)
+        key = (policy, self.packed.generation, tuple(t._version for t in tensors))
+        hit = self._cpu_pass_cache
+        if hit is not None and hit[0] == key and all(map(operator.is_, hit[1], tensors)):
+            return hit[2]
+        qkv, o, gate_up, down, fc, lm_head = (self.packed(m, policy) for m in (*layer.matrices, fc, lm_head))
+        if any(is_quantized(m) and m.dim() not in (4, 5) for m in (qkv, o, gate_up, down, fc, lm_head)):
+            return None
+        if final_norm.dtype != torch.float32:
+            return None
+        result = ((layer.input_norm, layer.embed_norm, qkv, o, layer.post_norm, gate_up, down), fc, final_norm, lm_head)
+        # Read after packing: a copy made just now moved the generation on.
+        self._cpu_pass_cache = ((policy, self.packed.generation, key[2]), tensors, result)
+        return result
 
     @property
     def token_embedding(self) -> torch.Tensor:

@@ -7,7 +7,7 @@ read like the spec.
 
 from .build_tree import build_tree
 from .compact_kv import compact_kv
-from .cpu_decoder_layer import cpu_decoder_forward, cpu_decoder_layer, cpu_decoder_layers
+from .cpu_decoder_layer import cpu_decoder_forward, cpu_decoder_layer, cpu_decoder_layers, cpu_head_forward
 from .cpu_linear import cpu_linear
 from .draft_expand import draft_expand
 from .random import philox4x32, uniform
@@ -20,4 +20,4 @@ from .write_kv import write_kv
 
 __all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv", "cpu_linear",
            "cpu_decoder_layer", "cpu_decoder_layers",
-           "cpu_decoder_forward", "rmsnorm", "rope_write_kv", "silu_mul", "philox4x32", "uniform"]
+           "cpu_decoder_forward", "cpu_head_forward", "rmsnorm", "rope_write_kv", "silu_mul", "philox4x32", "uniform"]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _checks
-from .._types import DecoderForwardOutput, DecoderLayersOutput
+from .._types import DecoderForwardOutput, DecoderLayersOutput, HeadForwardOutput
 from .cpu_linear import cpu_linear
 from .tree_attention import tree_attention
 from .write_kv import write_kv
@@ -172,3 +172,40 @@ def cpu_decoder_forward(tokens, embed_table, rope_cos, rope_sin, positions, inpu
         padding = torch.arange(N, device=tokens.device)[None] >= row_counts[:, None]
         logits = logits.masked_fill(padding[..., None], 0.0)
     return DecoderForwardOutput(logits, hidden, states)
+
+
+def cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, rope_sin, positions, input_norm, embed_norm,
+                     qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, k_cache,
+                     v_cache, cache_seqlens, tree_mask=None, *, num_heads, eps, slot_offset=0):
+    """An EAGLE-3 draft head's pass in one call (a commit pass over the accepted path, or a draft pass over a
+    frontier)::
+
+        embed = embed_table[tokens]                   # widened to float32
+        x = cpu_linear(features, fc_weight)           # features as they are without fc_weight
+        cos = [rope_cos[p], rope_cos[p]] for p in positions, sin likewise
+        hidden = cpu_decoder_layer(x, input_norm, ..., embed=embed, embed_norm=embed_norm, slot_offset=...)
+        logits = cpu_linear(rms_norm(hidden, final_norm), lm_head)   # with final_norm and lm_head
+
+    Shapes
+    ------
+    tokens int64 [B, N]; embed_table float32/bfloat16/float16 [V_e, H]; features float32 [B, N, F] (F = H without
+    fc_weight); fc_weight [H, F] as :func:`eagle_kernels.reference.cpu_linear` takes it, or None; rope_cos,
+    rope_sin float32 [P, D / 2]; positions int64 [B, N]; the layer's tensors, k_cache, v_cache [B, S, Hkv, D],
+    cache_seqlens, tree_mask and slot_offset as in :func:`cpu_decoder_layer` (qkv_weight over 2 H inputs);
+    final_norm float32 [H] and lm_head [Vd, H], both or neither. Returns logits float32 [B, N, Vd] ([B, N, 0]
+    without them) and hidden float32 [B, N, H].
+    """
+    _checks.check_cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, rope_sin, positions,
+                                   input_norm, embed_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
+                                   down_weight, final_norm, lm_head, k_cache, v_cache, cache_seqlens, tree_mask,
+                                   num_heads=num_heads, eps=eps, slot_offset=slot_offset)
+    embed = embed_table[tokens].float()
+    x = features if fc_weight is None else cpu_linear(features, fc_weight)
+    cos = torch.cat([rope_cos[positions], rope_cos[positions]], dim=-1)
+    sin = torch.cat([rope_sin[positions], rope_sin[positions]], dim=-1)
+    hidden = cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
+                               k_cache, v_cache, cache_seqlens, tree_mask, num_heads=num_heads, eps=eps, embed=embed,
+                               embed_norm=embed_norm, slot_offset=slot_offset)
+    if lm_head is None:
+        return HeadForwardOutput(hidden.new_zeros(*hidden.shape[:2], 0), hidden)
+    return HeadForwardOutput(cpu_linear(_rms_norm(hidden, final_norm, eps), lm_head), hidden)

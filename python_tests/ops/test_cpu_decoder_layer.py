@@ -244,8 +244,9 @@ def test_model_row_counts_skip_padding_rows(monkeypatch):
 def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
     """EagleHead (EAGLE-3): a pass over committed pairs and a drafting pass after earlier tree
     slots (slot_offset, tree mask, positions broadcast per request as the decoder passes them)
-    run as one cpu_decoder_layer call each and agree with the op-by-op path to fp32 rounding,
-    hidden states and head cache alike."""
+    run as one cpu_head_forward call each (auto), one cpu_decoder_layer call each (layer), and
+    agree with the op-by-op path to fp32 rounding, hidden states and head cache alike; auto and
+    layer bit for bit."""
     from eagle_kernels.models import llama
     from eagle_kernels.models.eagle_head import EagleHead
 
@@ -258,7 +259,7 @@ def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
     draft_tokens, draft_features = torch.randint(0, 97, (2, 3), generator=g), torch.randn(2, 3, H, generator=g)
     tree = random_tree(2, 5, seed=1)
     results = {}
-    for mode in ("auto", "ops"):
+    for mode in ("auto", "layer", "ops"):
         monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
         cache = head.new_cache(2, 24)
         with torch.profiler.profile() as prof:
@@ -267,11 +268,60 @@ def test_eagle3_head_layer_kernel_matches_op_by_op_path(monkeypatch):
             positions = cache.seqlens[:, None].long() + 1  # [B, 1]: one position per depth, broadcast
             drafted = head(draft_tokens, draft_features, cache, positions=positions, tree_mask=tree.mask,
                            slot_offset=2)
-        calls = sum(e.name == "eagle_kernels::cpu_decoder_layer" for e in prof.events())
-        assert calls == (2 if mode == "auto" else 0)
+        calls = {op: sum(e.name == f"eagle_kernels::{op}" for e in prof.events())
+                 for op in ("cpu_head_forward", "cpu_decoder_layer")}
+        assert calls == {"auto": {"cpu_head_forward": 2, "cpu_decoder_layer": 0},
+                         "layer": {"cpu_head_forward": 0, "cpu_decoder_layer": 2},
+                         "ops": {"cpu_head_forward": 0, "cpu_decoder_layer": 0}}[mode]
         results[mode] = (committed, drafted, cache.k, cache.v)
-    for got, want in zip(results["auto"], results["ops"]):
+    for got, want, exact in zip(results["auto"], results["ops"], results["layer"]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, exact)
+
+
+def test_eagle3_head_run_fuses_fc_and_logits(monkeypatch):
+    """EagleHead.run(fc=True) and run(logits=True), the decoder's commit and draft passes: one
+    cpu_head_forward call each whose hidden states, draft logits and cache equal the layer path's
+    (target_features, the layer call, logits) bit for bit; an in-place update of the head's LM head
+    and of its layer's o matrix is used by the next fused call."""
+    from eagle_kernels.models import llama
+    from eagle_kernels.models.eagle_head import EagleHead
+
+    native_decoder_layer()
+    target = llama.LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=50, std=0.2)
+    H = target.config.hidden_size
+    g = torch.Generator().manual_seed(7)
+    tokens, rows = torch.randint(0, 97, (2, 4), generator=g), torch.randn(2, 4, 3 * H, generator=g)
+    draft_tokens, draft_features = torch.randint(0, 97, (2, 3), generator=g), torch.randn(2, 3, H, generator=g)
+    tree = random_tree(2, 5, seed=2)
+
+    def passes(mode):
+        monkeypatch.setenv(llama.CPU_LAYER_ENV, mode)
+        cache = head.new_cache(2, 24)
+        cache.seqlens += 5
+        with torch.profiler.profile() as prof:
+            committed, none = head.run(tokens, rows, cache, fc=True)
+            cache.seqlens += 4
+            drafted, logits = head.run(draft_tokens, draft_features, cache, positions=cache.seqlens[:, None].long(),
+                                       tree_mask=tree.mask, slot_offset=2, logits=True)
+        assert none is None and logits.shape == (2, 3, 50)
+        fused = sum(e.name == "eagle_kernels::cpu_head_forward" for e in prof.events())
+        assert fused == (2 if mode == "auto" else 0)
+        return committed, drafted, logits, cache.k, cache.v
+
+    def assert_equal(got, want):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+    before = passes("auto")
+    assert_equal(before, passes("layer"))
+    with torch.no_grad():
+        head.weights["lm_head.weight"].mul_(1.5)
+        head.layer_weights().o.mul_(0.5)
+    after = passes("auto")
+    assert not torch.equal(after[2], before[2]) and not torch.equal(after[1], before[1])
+    assert_equal(after, passes("layer"))
 
 
 def test_layer_env_rejects_unknown_mode(monkeypatch):

@@ -83,6 +83,20 @@ def small_inputs(op):
         args = (tokens, torch.randn(11, 12, generator=g).bfloat16(), angles.cos().float(), angles.sin().float(), None,
                 *lists, 1 + 0.1 * torch.randn(12, generator=g), torch.randn(32, 12, generator=g), k, v, seqlens, mask)
         return args, {**kwargs, "logit_rows": torch.tensor([[2], [0]])}
+    if op == "cpu_head_forward":  # a draft pass over 3H features (fc): slot_offset 1, a tree mask over 1 + N slots
+        mask = torch.tensor([[[1], [3], [5], [11]]] * 2, dtype=torch.int64)
+        (_, input_norm, qkv, o, post_norm, gate_up, down, _, _, k, v, seqlens, _), kwargs = decoder_layer_inputs(
+            B=2, N=3, H=12, num_heads=4, Hkv=2, D=4, inter=10, capacity=9, generator=g, tree_mask=mask, embed=True,
+            slot_offset=1)
+        angles = torch.arange(9, dtype=torch.float64)[:, None] * (1e-2 ** torch.arange(2, dtype=torch.float64))
+        embed_norm = kwargs.pop("embed_norm")
+        kwargs.pop("embed")
+        args = (torch.randint(0, 11, (2, 3), generator=g), torch.randn(11, 12, generator=g).bfloat16(),
+                torch.randn(2, 3, 36, generator=g), torch.randn(12, 36, generator=g), angles.cos().float(),
+                angles.sin().float(), seqlens.long()[:, None] + torch.tensor([0, 1, 1]), input_norm, embed_norm, qkv,
+                o, post_norm, gate_up, down, 1 + 0.1 * torch.randn(12, generator=g), torch.randn(32, 12, generator=g),
+                k, v, seqlens, mask)
+        return args, kwargs
     raise AssertionError(op)
 
 
@@ -138,8 +152,8 @@ def test_public_op_equals_reference(op):
         torch.testing.assert_close(args[0], clone[0], rtol=0, atol=0)
         torch.testing.assert_close(args[1], clone[1], rtol=0, atol=0)
         return
-    if op in ("cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward"):  # write K/V into the caches
-        caches = (13, 14) if op == "cpu_decoder_forward" else (9, 10)
+    if op in ("cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward", "cpu_head_forward"):  # write K/V
+        caches = {"cpu_decoder_forward": (13, 14), "cpu_head_forward": (16, 17)}.get(op, (9, 10))
         clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         got = getattr(eagle_kernels, op)(*args, **kwargs)
         want = getattr(eagle_kernels.reference, op)(*clone, **kwargs)
@@ -159,6 +173,7 @@ def test_result_types_are_named_tuples():
     assert eagle_kernels.VerifyOutput._fields == ("accept_len", "accept_nodes", "out_tokens", "status")
     assert eagle_kernels.DecoderLayersOutput._fields == ("out", "states")
     assert eagle_kernels.DecoderForwardOutput._fields == ("logits", "hidden", "states")
+    assert eagle_kernels.HeadForwardOutput._fields == ("logits", "hidden")
 
 
 @pytest.mark.parametrize("op", OPS, ids=OPS)
