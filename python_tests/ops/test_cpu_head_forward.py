@@ -64,10 +64,10 @@ def head_case(B, N, prefix, commit=True, embed="fp32", weights="fp32", logits=Tr
     fc = matrix(H, F_FEATURES, weights if weights != "bf16" else "fp32", g) if commit else None
     final_norm = 1 + 0.1 * torch.randn(H, generator=g) if logits else None
     lm_head = matrix(V_DRAFT, H, weights if weights != "bf16" else "packed-bf16", g) if logits else None
-    args = (torch.randint(0, V_EMBED, (B, N), generator=g), torch.randn(V_EMBED, H, generator=g).to(WEIGHT_DTYPES[embed]),
-            features, fc, angles.cos().float(), angles.sin().float(), positions, input_norm,
-            1 + 0.1 * torch.randn(H, generator=g), qkv, o, post_norm, gate_up, down, final_norm, lm_head, k, v, seqlens,
-            mask)
+    table = torch.randn(V_EMBED, H, generator=g).to(WEIGHT_DTYPES[embed])
+    args = (torch.randint(0, V_EMBED, (B, N), generator=g), table, features, fc, angles.cos().float(),
+            angles.sin().float(), positions, input_norm, 1 + 0.1 * torch.randn(H, generator=g), qkv, o, post_norm,
+            gate_up, down, final_norm, lm_head, k, v, seqlens, mask)
     return args, {"num_heads": NUM_HEADS, "eps": 1e-5, "slot_offset": slot_offset}
 
 
