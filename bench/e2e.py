@@ -32,6 +32,8 @@ Providers
 Step policies and head weights (CPU): ``--policies adaptive fixed`` runs every head provider under the adaptive
 fitted policy (the CPU default: each greedy step drafts the shape of the tree's ladder that measures the most
 tokens per second; names as above) and the fixed one (every step drafts the tree; names ``…-fixed``);
+``adaptive-sampling`` lets calls that sample adapt their shapes too (``FittedPolicy(adaptive_sampling=True)``;
+names ``…-as``);
 ``--head-weights auto stored q8_0 q4_1`` loads each head with Q8_0 matrices where its target is quantized (the
 default), as stored (fp16; names ``…-hstored``) and with Q8_0 / Q4_1 matrices whatever the target (``…-hq8_0``,
 ``…-hq4_1``). ``--no-fp32w`` leaves out the fp32-weight decoders (with a weight suffix in
@@ -424,9 +426,11 @@ def main(argv=None) -> int:
     parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
                         help="one more head to run beside the shipped ones, e.g. a candidate from training "
                              "(NAME without '-'; rows are NAME-TREE); repeatable")
-    parser.add_argument("--policies", nargs="+", choices=["adaptive", "fixed"], default=["adaptive"],
+    parser.add_argument("--policies", nargs="+", choices=["adaptive", "fixed", "adaptive-sampling"],
+                        default=["adaptive"],
                         help="step policies of the head providers on CPU: adaptive (the default: draft shapes by "
-                             "measured tokens per second) and fixed (every step drafts the tree; rows …-fixed)")
+                             "measured tokens per second, greedy calls only), fixed (every step drafts the tree; "
+                             "rows …-fixed) and adaptive-sampling (calls that sample adapt too; rows …-as)")
     parser.add_argument("--head-weights", nargs="+", choices=["auto", "stored", "q8_0", "q4_1"], default=["auto"],
                         help="head matrices: auto (Q8_0 blocks with a quantized target; the default), stored "
                              "(as the checkpoint, fp16; rows …-hstored), q8_0 / q4_1 (those blocks whatever the "
@@ -586,12 +590,12 @@ def main(argv=None) -> int:
                                              for s in sorted({False, temperature > 0}))
                     for tree in args.trees or list(defaults):
                         for policy in args.policies:
-                            fixed = policy == "fixed"
+                            chosen = {"fixed": FittedPolicy(),
+                                      "adaptive-sampling": FittedPolicy(adaptive=True, adaptive_sampling=True)}
                             decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every,
-                                                         policy=FittedPolicy() if fixed and device.type == "cpu"
-                                                         else None)
-                            name = (f"{kind}-{tree_name(tree)}" + ("-fixed" if fixed else "") + variant
-                                    + suffix)
+                                                         policy=chosen.get(policy) if device.type == "cpu" else None)
+                            tag = {"fixed": "-fixed", "adaptive-sampling": "-as"}.get(policy, "")
+                            name = f"{kind}-{tree_name(tree)}" + tag + variant + suffix
                             runs.append((name, ours(decoder, True)))
                 rounds = {name: [] for name, _ in runs}
                 groups = (len(prompts[domain]) + batch - 1) // batch

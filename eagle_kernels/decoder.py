@@ -39,6 +39,7 @@ from ._types import Tree
 from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, expand_tree, expansion_start
 from .lookup import chain_tokens, graft_chain, graft_chain_host, lookup_search, lookup_search_host, pad_chains
 from .models.eagle_head import EagleHead
+from .models.layers import rms_norm
 from .models.llama import KVCache, LlamaModel
 from .policy import ChainPlan, DraftStats, StepPolicy, match_context, policy_for
 
@@ -264,6 +265,11 @@ class _State:
     expansion_start: ExpansionStart | None = None  # the head's expansion's first inputs (constant)
     root_normed: torch.Tensor | None = None  # [B, H] EAGLE-3: root_hidden through the head's final norm
     draft: dict[int, DraftStats] | None = None  # the draft-shape statistics (an adaptive policy's), else None
+    # The head's commit of no-draft steps, deferred (see _speculative_step): their (emitted token, target feature
+    # rows) pairs int64 [B, k] and [B, k, F], and how many of the k each request emitted, int32 [B]; None: none.
+    pending_tokens: torch.Tensor | None = None
+    pending_rows: torch.Tensor | None = None
+    pending_count: torch.Tensor | None = None
 
 
 @dataclass
@@ -463,7 +469,7 @@ class SpeculativeDecoder:
         self._batch_sizes: tuple[int, ...] | None = None  # set by warmup
         self._max_len: int | None = None  # set by warmup
         self._capture_warned = False
-        self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree): the policy's, kept across calls
+        self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree, greedy): the policy's, kept across calls
 
     def _check_head(self) -> None:
         """The head on the target's device and in its compute dtype (mixed ones fail in the
@@ -568,8 +574,9 @@ class SpeculativeDecoder:
             self._fill(state, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
         prefill_done = time.perf_counter()
         state.draft = None
-        if speculative and slot is None and not bool((_per_request(temperature, B, torch.float32, "cpu") > 0).any()):
-            key = (B, tree)
+        greedy = not bool((_per_request(temperature, B, torch.float32, "cpu") > 0).any())
+        if speculative and slot is None and (greedy or self.policy.adaptive_sampling):
+            key = (B, tree, greedy)  # a sampled call's acceptance is not a greedy call's
             if key not in self._draft_stats:
                 self._draft_stats[key] = self.policy.draft_stats(tree, self.head is not None)
             state.draft = self._draft_stats[key]
@@ -946,6 +953,11 @@ class SpeculativeDecoder:
             if shape is None or not shape.lookup:
                 lookup = None
         alone = lookup is not None and policy.chain_alone(shape, lookup.matched)
+        # A step without a draft defers the head's commit, so that it costs what a plain step costs; the next
+        # step that drafts (or a full queue) commits the deferred pairs in one head pass first.
+        defer = policy.defer_head and draft is not None and shape is None and head is not None
+        if head is not None and state.pending_tokens is not None and not defer:
+            self._flush_head(state)
         expansion = self._expand(state, shape) if head is not None and shape is not None and not alone else None
         tree = expansion.tree if expansion is not None else _root_tree(state.root)
         tree, chains = self._graft(state, shape, tree, lookup)
@@ -955,12 +967,18 @@ class SpeculativeDecoder:
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
                             **state.sampling, **self._draft_rows(expansion, tree))
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
-        hidden = None if head is None else self._commit_head(state, out, result,
-                                                             policy.commit_width(result.accept_len))
+        hidden = None
+        if defer:
+            self._defer_head(state, out, result)
+        elif head is not None:
+            hidden = self._commit_head(state, out, result, policy.commit_width(result.accept_len))
         active = ~state.done if draft is not None else None
-        # Emit the accepted tokens, advance both caches, the next root (and its head output).
-        bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, state.head_cache,
-                           head.final_norm() if state.root_normed is not None else None)
+        # Emit the accepted tokens, advance both caches (the head's unless deferred), the next root (and its head
+        # output).
+        bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, None if defer else state.head_cache,
+                           head.final_norm() if state.root_normed is not None and not defer else None)
+        if defer and state.pending_tokens.shape[1] > state.max_depth:
+            self._flush_head(state)  # at most max_depth + 1 deferred rows, as a commit's width
         if draft is not None:
             tokens = int(((result.accept_len.long() + 1) * active).sum())
             draft.record(index, tokens, time.perf_counter() - start)
@@ -1014,6 +1032,35 @@ class SpeculativeDecoder:
             if chains.own is not None:
                 tree = pad_chains(tree, nodes, chains.own)
         return tree, chains
+
+    def _defer_head(self, state: _State, out, result) -> None:
+        """Queue a no-draft step's head commit: the pair (emitted token, target feature at the root) of each request,
+        counted for the requests still active (before this step's commit marks any done)."""
+        head = self.head
+        root = torch.zeros_like(result.accept_len, dtype=torch.int64)[:, None]  # the step verified the root alone
+        rows = head.feature_rows(out, rows=root)
+        tokens = result.out_tokens[:, :1].clamp(min=0)
+        active = (~state.done).to(torch.int32)
+        if state.pending_tokens is None:
+            state.pending_tokens, state.pending_rows, state.pending_count = tokens, rows, active
+        else:
+            state.pending_tokens = torch.cat([state.pending_tokens, tokens], 1)
+            state.pending_rows = torch.cat([state.pending_rows, rows], 1)
+            state.pending_count = state.pending_count + active
+
+    def _flush_head(self, state: _State) -> None:
+        """Commit the deferred pairs in one head pass: the head cache advances by each request's count, and the
+        output at the last pair becomes ``root_hidden`` (and ``root_normed``), as the steps' own commits would
+        have left them."""
+        head, cache = self.head, state.head_cache
+        tokens, rows, count = state.pending_tokens, state.pending_rows, state.pending_count
+        state.pending_tokens = state.pending_rows = state.pending_count = None
+        hidden, _ = head.run(tokens, rows, cache, fc=True)
+        state.root_hidden.copy_(hidden[:, -1])
+        norm = head.final_norm()
+        if state.root_normed is not None and norm is not None:
+            state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
+        cache.seqlens += count
 
     def _commit_head(self, state: _State, out, result, width: int | None) -> torch.Tensor:
         """Feed the accepted path to the head: pair j = (emitted token j, target feature at path

@@ -168,6 +168,8 @@ class StepPolicy:
 
     capturable: bool  # a step may be captured as a CUDA graph (no host read, fixed shapes)
     sync_every: int  # default steps between host reads of the done flags
+    adaptive_sampling: bool = False  # calls that sample may adapt their draft shape too (see FittedPolicy)
+    defer_head: bool = False  # a no-draft step leaves the head's commit to the next drafting step (see FittedPolicy)
 
     def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[int, DraftStats] | None:
         """The statistics a decoder keeps to choose the draft shape of greedy steps with
@@ -223,13 +225,25 @@ class FittedPolicy(StepPolicy):
     :func:`draft_ladder` that :class:`DraftStats` rates best (measured tokens per second of
     step: the choice follows the weights, the thread count and the machine's load). Calls
     that sample keep the tree's shape at every step, so a seed gives the same tokens on every
-    run (a shape chosen by wall time would make the draws, not their distribution, vary)."""
+    run (a shape chosen by wall time would make the draws, not their distribution, vary);
+    ``adaptive_sampling`` (with ``adaptive``) lets them adapt too, for speed over repeatable
+    draws: the output distribution stays exact (every shape is verified by the same rule and
+    chosen from finished steps), and where no draft pays (fast weights at T = 1) the ladder's
+    cheapest shape is a plain step.
+
+    ``defer_head`` (default on): a step that drafts nothing (the ladder's cheapest shape) does not run
+    the head's commit pass; its (token, feature) pair waits, and the next step that drafts commits all
+    waiting pairs in one head pass first (at most ``max_depth + 1`` wait), so a no-draft step costs a
+    plain step. The head's outputs are those of the per-step commits (the same rows through the same
+    layer)."""
 
     capturable = False
     sync_every = 1  # the done flags are host memory: a batch stops at the step that finishes it
 
-    def __init__(self, adaptive: bool = False, probe_every: int = 8):
-        self.adaptive, self.probe_every = adaptive, probe_every
+    def __init__(self, adaptive: bool = False, probe_every: int = 8, adaptive_sampling: bool = False,
+                 defer_head: bool = True):
+        self.adaptive, self.probe_every, self.adaptive_sampling = adaptive, probe_every, adaptive_sampling
+        self.defer_head = defer_head
 
     def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[int, DraftStats] | None:
         if not self.adaptive:

@@ -136,14 +136,48 @@ class CyclingStats(DraftStats):
 
 
 class CyclingPolicy(FittedPolicy):
-    def __init__(self):
-        super().__init__(adaptive=True)
-        self.made = []
+    def __init__(self, adaptive_sampling=False, defer_head=True, stats=None):
+        super().__init__(adaptive=True, adaptive_sampling=adaptive_sampling, defer_head=defer_head)
+        self.made, self.stats = [], stats or CyclingStats
 
     def draft_stats(self, tree, head=True):
-        made = {full: CyclingStats(stats.shapes) for full, stats in super().draft_stats(tree, head).items()}
+        made = {full: self.stats(stats.shapes) for full, stats in super().draft_stats(tree, head).items()}
         self.made.append(made)
         return made
+
+
+class NoDraftRunsStats(DraftStats):
+    """No draft for three steps in every four, then the tree: waiting head commits of up to three pairs."""
+
+    def choose(self) -> int:
+        return len(self.shapes) - 1 if self.steps % 4 == 3 else 0
+
+
+@pytest.mark.parametrize("make_head", [repeat_head, HEADS["eagle3-random"]], ids=["eagle1-repeat", "eagle3-random"])
+def test_deferred_head_commits_draft_as_per_step_commits(target, make_head):
+    """``defer_head``: after no-draft steps the head drafts from the outputs the per-step commits give (the root
+    hidden state of every unfinished request at every drafting step, to float64 rounding), and greedy tokens are
+    plain decoding's."""
+    head = make_head(target)
+    roots, plain = {}, None
+    for defer in (True, False):
+        decoder = SpeculativeDecoder(target, head, CPU_TREE, policy=CyclingPolicy(defer_head=defer,
+                                                                                  stats=NoDraftRunsStats))
+        plain = plain or decoder.generate(PROMPTS, 20, speculative=False)
+        seen = roots[defer] = []
+        real_expand = decoder._expand
+
+        def expand(state, shape, real_expand=real_expand, seen=seen):
+            assert state.pending_tokens is None  # committed before drafting
+            seen.append((state.root_hidden.clone(), ~state.done))
+            return real_expand(state, shape)
+
+        decoder._expand = expand
+        assert decoder.generate(PROMPTS, 20).sequences == plain.sequences
+    assert len(roots[True]) == len(roots[False]) >= 3
+    for (deferred, active), (committed, _) in zip(roots[True], roots[False]):
+        assert active.any()
+        torch.testing.assert_close(deferred[active], committed[active], rtol=1e-9, atol=1e-9)  # finished: unused
 
 
 @pytest.mark.parametrize("tree", [CPU_TREE, TreeConfig(3, 3, 8, lookup=4), CPU_BATCH_TREE, CPU_SAMPLED_TREE],
@@ -178,3 +212,20 @@ def test_sampling_calls_keep_the_tree(target):
     assert decoder._draft_stats
     decoder.release()
     assert not decoder._draft_stats
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(3, 3, 8, lookup=4), CPU_SAMPLED_TREE], ids=["d3k3n8-chain", "cpu-sampled"])
+def test_adaptive_sampling_adapts_sampled_calls(target, tree):
+    """``FittedPolicy(adaptive_sampling=True)``: a call that samples keeps statistics of its own (not the greedy
+    calls'), every shape of the ladder runs, and greedy requests of the same batch still get plain decoding's
+    tokens."""
+    policy = CyclingPolicy(adaptive_sampling=True)
+    decoder = SpeculativeDecoder(target, repeat_head(target), tree, policy=policy)
+    plain = decoder.generate(PROMPTS, 12, speculative=False)
+    sampled = decoder.generate(PROMPTS, 12, temperature=[0.0, 1.0, 0.7], seed=[1, 2, 3])
+    assert sampled.sequences[0] == plain.sequences[0]
+    assert [key[2] for key in decoder._draft_stats] == [False]  # a sampled call's own statistics
+    (made,) = policy.made
+    assert all(all(stats.runs) for stats in made.values() if stats.steps >= len(stats.shapes)), made
+    decoder.generate(PROMPTS, 12)
+    assert sorted(key[2] for key in decoder._draft_stats) == [False, True]

@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy import stats
 
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import CPU_SAMPLED_TREE, SpeculativeDecoder, TreeConfig
+from eagle_kernels.policy import DraftStats, FittedPolicy
 from eagle_kernels.reference.verify import sampling_probs
 from helpers import (
     HEADS,
@@ -99,6 +100,44 @@ def test_speculative_sampling_follows_the_target(target, case, head_name, lookup
         assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
     # The test has power: the steps must have accepted drafts, not only emitted bonus tokens.
     assert sum(result.tau) / REQUESTS > 1.2 or head_name != "eagle1-repeat", result.tau[:10]
+
+
+class OutcomeStats(DraftStats):
+    """The next step's shape chosen by the tokens the last step emitted (its draws): a choice that depends on
+    what was sampled, as a wall-time choice may."""
+
+    def choose(self) -> int:
+        return self.last_tokens % len(self.shapes) if self.steps else len(self.shapes) - 1
+
+    def record(self, index, tokens, seconds):
+        super().record(index, tokens, seconds)
+        self.last_tokens = int(tokens)
+
+
+class OutcomePolicy(FittedPolicy):
+    def __init__(self):
+        super().__init__(adaptive=True, adaptive_sampling=True)
+
+    def draft_stats(self, tree, head=True):
+        return {match: OutcomeStats(stats.shapes) for match, stats in super().draft_stats(tree, head).items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [TreeConfig(3, 3, 8, lookup=4), CPU_SAMPLED_TREE], ids=["d3k3n8-chain", "cpu-sampled"])
+def test_adaptive_sampling_follows_the_target(target, tree):
+    """FittedPolicy(adaptive_sampling=True) with a shape chosen from the last step's draws (every shape of the
+    ladder, the plain step included): generated tokens 1-3 still follow the target's filtered distribution."""
+    temperature, top_k, top_p = CASES["t0.7-k8-p0.9"]
+    p1, p2, p3 = exact_marginals(target, temperature, top_k, top_p)
+    decoder = SpeculativeDecoder(target, HEADS["eagle1-repeat"](target), tree, policy=OutcomePolicy())
+    result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=list(range(REQUESTS)))
+    tokens = torch.tensor(result.sequences)
+    for position, probs in ((0, p1), (1, p2), (2, p3)):
+        p = chi_square_p(torch.bincount(tokens[:, position], minlength=target.config.vocab_size), probs)
+        assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
+    runs = [sum(s.runs) for stats in decoder._draft_stats.values() for s in stats.values()]
+    assert sum(runs) >= 2, runs  # the steps went through the policy
 
 
 @pytest.mark.slow
