@@ -22,6 +22,7 @@ def _load(args):
     from .decoder import SpeculativeDecoder, default_tree
     from .models import smollm2
     from .models.eagle_head import EagleHead
+    from .policy import FittedPolicy
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -59,7 +60,10 @@ def _load(args):
     if args.lookup == 0 or args.lookup_trim is False:  # the default's chain flags need a (trimmed) chain
         base = dataclasses.replace(base, lookup_alone=False, lookup_trim=base.lookup_trim and args.lookup != 0)
     tree = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
-    decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every)
+    # --adaptive-sampling: a CPU call at T > 0 adapts its draft shapes too (faster, not repeatable by seed).
+    policy = (FittedPolicy(adaptive=True, adaptive_sampling=True)
+              if getattr(args, "adaptive_sampling", False) and target.device.type == "cpu" else None)
+    decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every, policy=policy)
     return decoder, tokenizer, label
 
 
@@ -235,6 +239,10 @@ def main(argv=None) -> None:
     generate.add_argument("--top-p", type=float, default=1.0)
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--plain", action="store_true", help="plain decoding (no speculation)")
+    generate.add_argument("--adaptive-sampling", action="store_true",
+                          help="at --temperature > 0 on a CPU, let the steps' draft shapes adapt (no draft where "
+                               "none pays): faster, and the output distribution stays exact, but --seed no longer "
+                               "gives the same tokens from run to run")
     generate.add_argument("--allow-beyond-context", action="store_true",
                           help="let the prompt plus --max-new-tokens run past the model's context (a warning)")
     _common(generate)

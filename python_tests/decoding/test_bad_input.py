@@ -314,6 +314,25 @@ def test_cli_generate_past_the_context_when_allowed(tiny_cli, capsys):
     assert "tokens" in capsys.readouterr().err
 
 
+def test_cli_generate_adaptive_sampling(tiny_cli, capsys, monkeypatch):
+    """--adaptive-sampling: a sampling call on the CPU runs under FittedPolicy(adaptive_sampling=True)."""
+    from eagle_kernels import __main__ as cli
+    from eagle_kernels.decoder import SpeculativeDecoder
+
+    policies = []
+    real_init = SpeculativeDecoder.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        policies.append(self.policy)
+
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", init)
+    cli.main(["generate", "--prompt", "hi", "--head", "untrained-eagle3", "--max-new-tokens", "6", "--temperature",
+              "0.8", "--adaptive-sampling"])
+    assert "tokens" in capsys.readouterr().err
+    assert len(policies) == 1 and policies[0].adaptive and policies[0].adaptive_sampling
+
+
 @pytest.mark.parametrize("command", [["demo"], ["train", "--out", "o", "--features", "f"], ["distill", "--out", "o"]],
                          ids=["demo", "train", "distill"])
 def test_cli_missing_model_is_one_line(monkeypatch, capsys, command):
