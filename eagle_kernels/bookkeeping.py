@@ -294,11 +294,8 @@ def commit(state, tokens, accept_len, hidden, head_cache, norm=None) -> None:
         return
     if accept_len is not None and hidden is not None:
         last = accept_len.long()
-        state.root_hidden.copy_(torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
-        if has_norm:
-            from .models.layers import rms_norm
-
-            state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
+        set_root_hidden(state, torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0],
+                        norm)
     native = _native_commit()
     if (native is not None and tokens.device.type == "cpu" and isinstance(state.limit, int)
             and (state.eos is None or isinstance(state.eos, int))):
@@ -308,6 +305,16 @@ def commit(state, tokens, accept_len, hidden, head_cache, norm=None) -> None:
                state.prompt_len if state.history is not None else None, state.target_cache.seqlens, head_seqlens)
         return
     commit_tokens(state, tokens, accept_len, head_cache)
+
+
+def set_root_hidden(state, root_hidden, norm=None) -> None:
+    """The head's output at each request's last committed pair ([B, H]) as the next ``state.root_hidden``, and
+    with ``norm`` ``(weight, eps)`` (EAGLE-3's final norm) its normed rows as ``state.root_normed`` (CPU path)."""
+    state.root_hidden.copy_(root_hidden)
+    if norm is not None and state.root_normed is not None:
+        from .models.layers import rms_norm
+
+        state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
 
 
 @functools.cache

@@ -39,7 +39,6 @@ from ._types import Tree
 from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, expand_tree, expansion_start
 from .lookup import chain_tokens, graft_chain, graft_chain_host, lookup_search, lookup_search_host, pad_chains
 from .models.eagle_head import EagleHead
-from .models.layers import rms_norm
 from .models.llama import KVCache, LlamaModel
 from .policy import ChainPlan, DraftStats, StepPolicy, match_context, policy_for
 
@@ -1056,10 +1055,7 @@ class SpeculativeDecoder:
         tokens, rows, count = state.pending_tokens, state.pending_rows, state.pending_count
         state.pending_tokens = state.pending_rows = state.pending_count = None
         hidden, _ = head.run(tokens, rows, cache, fc=True)
-        state.root_hidden.copy_(hidden[:, -1])
-        norm = head.final_norm()
-        if state.root_normed is not None and norm is not None:
-            state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
+        bookkeeping.set_root_hidden(state, hidden[:, -1], head.final_norm())
         cache.seqlens += count
 
     def _commit_head(self, state: _State, out, result, width: int | None) -> torch.Tensor:
