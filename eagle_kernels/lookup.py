@@ -5,8 +5,8 @@ the head is wrong. Each step searches the context for its longest recent suffix
 (:func:`lookup_search`), takes the tokens that followed it (:func:`chain_tokens`) and hangs them
 below the root of the step's verify tree (:func:`graft_chain`). A CPU step may give requests
 chains of different lengths (:func:`trimmed_chain_lengths`, :func:`pad_chains`). Every function
-here but :func:`lookup_search_host` (the CPU steps' search) has static shapes and reads no tensor
-value on the host. See docs/decoding.md.
+here but :func:`lookup_search_host` and :func:`graft_chain_host` (the CPU steps' search and graft)
+has static shapes and reads no tensor value on the host. See docs/decoding.md.
 """
 
 from __future__ import annotations

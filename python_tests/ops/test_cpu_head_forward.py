@@ -183,3 +183,22 @@ def test_bad_input_names_the_argument(case, backend):
     with pytest.raises(ValueError, match=name):
         fn(*args, **kwargs)
     assert torch.equal(args[16], caches[0]) and torch.equal(args[17], caches[1])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "draft"])
+def test_nan_row_stays_in_its_request(commit, backend):
+    """A NaN feature row of one request reaches that request's logits (never silently finite) and leaves the other
+    request's logits, hidden rows and cache entries as a clean call gives them, bit for bit."""
+    fn = head_implementation(backend)
+    args, kwargs = head_case(2, 3, 10, commit)
+    features = args[2].clone()
+    features[1, 1, 5] = float("nan")
+    clean_args, nan_args = clone_args(args), list(clone_args(args))
+    nan_args[2] = features
+    clean, got = fn(*clean_args, **kwargs), fn(*nan_args, **kwargs)
+    for part, clean_part in zip(got, clean):
+        assert torch.equal(part[0], clean_part[0])
+    for cache, clean_cache in ((nan_args[16], clean_args[16]), (nan_args[17], clean_args[17])):
+        assert torch.equal(cache[0], clean_cache[0])
+    assert not torch.isfinite(got.logits[1]).all()
