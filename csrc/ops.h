@@ -82,12 +82,15 @@ std::tuple<at::Tensor, at::Tensor> cpu_head_forward_cpu(
 // (accept_len, accept_nodes, out_tokens, status)
 using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions, int64_t num_tokens,
+                             const std::optional<at::Tensor>& d2t);
+
 VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
                          int64_t max_depth, const std::optional<at::Tensor>& temperature,
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                          const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
                          const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_sampled,
-                         const std::optional<at::Tensor>& d2t);
+                         const std::optional<at::Tensor>& d2t, const std::optional<at::Tensor>& positions);
 
 #ifdef EAGLE_WITH_CUDA
 TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,

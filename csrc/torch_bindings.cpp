@@ -27,8 +27,10 @@ TORCH_LIBRARY(eagle_kernels, m) {
   m.def(
       "verify(Tensor tokens, Tensor parents, Tensor target_logits, *, int max_depth, "
       "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, "
-      "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None) "
+      "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None, "
+      "Tensor? positions=None) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("coupled_noise(Tensor seed, Tensor positions, int num_tokens, *, Tensor? d2t=None) -> Tensor");
   m.def(
       "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
       "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()");
@@ -68,6 +70,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("compact_kv", &eagle::compact_kv_cpu);
   m.impl("write_kv", &eagle::write_kv_cpu);
   m.impl("verify", &eagle::verify_cpu);
+  m.impl("coupled_noise", &eagle::coupled_noise_cpu);
   m.impl("cpu_linear", &eagle::cpu_linear_cpu);
   m.impl("cpu_decoder_layer", &eagle::cpu_decoder_layer_cpu);
   m.impl("cpu_decoder_layers", &eagle::cpu_decoder_layers_cpu);

@@ -26,6 +26,7 @@ from .expansion import Expansion, expand_tree
 from .ops import (
     build_tree,
     compact_kv,
+    coupled_noise,
     cpu_decoder_forward,
     cpu_decoder_layer,
     cpu_decoder_layers,
@@ -55,7 +56,7 @@ if not _dispatch.HAS_CPP:
 _registration.register()
 
 __all__ = [
-    "tree_attention", "draft_expand", "build_tree", "verify", "compact_kv", "write_kv",
+    "tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "compact_kv", "write_kv",
     "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
     "cpu_head_forward", "rmsnorm", "rope_write_kv", "silu_mul", "Tree",
     "DraftCandidates", "VerifyOutput", "DecoderLayersOutput", "DecoderForwardOutput", "HeadForwardOutput",

@@ -201,7 +201,8 @@ def build_tree_shapes(root_tokens, cand_tokens, cand_scores, cand_parents, num_n
 
 # ----------------------------------------------------------------------------------- verify
 def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
-                 top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, values=True):
+                 top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, positions=None,
+                 values=True):
     check_tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, ndim=3)
     B, N, V = target_logits.shape
     device = target_logits.device
@@ -213,7 +214,7 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
         _fail("target_logits", "at least one node and one vocabulary entry", f"shape {tuple(target_logits.shape)}")
     optional = (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
                 ("top_p", top_p, torch.float32), ("seed", seed, torch.int64),
-                ("offset", offset, torch.int64))
+                ("offset", offset, torch.int64), ("positions", positions, torch.int64))
     for name, t, dtype in optional:
         if t is not None:
             check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
@@ -251,6 +252,26 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
         _fail("top_k", "values >= 0", top_k.tolist())
     if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
         _fail("top_p", "values in (0, 1]", top_p.tolist())
+
+
+def check_coupled_noise(seed, positions, num_tokens, *, d2t=None, values=True):
+    check_tensor("seed", seed, dtype=torch.int64, ndim=1)
+    B, device = seed.shape[0], seed.device
+    check_tensor("positions", positions, dtype=torch.int64, ndim=2, device=device)
+    if positions.shape[0] != B:
+        _fail("positions", f"shape [B = {B}, W]", f"shape {tuple(positions.shape)}")
+    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or not 1 <= num_tokens <= 1 << 32:
+        _fail("num_tokens", "an int in [1, 2^32]", num_tokens)
+    if d2t is not None:
+        check_tensor("d2t", d2t, dtype=torch.int64, shape=(num_tokens,), device=device)
+        if values and values_checked(device):
+            ids = torch.arange(num_tokens, device=device) + d2t
+            if bool(((ids < 0) | (ids >= 1 << 32)).any()):
+                _fail("d2t", "token ids x + d2t[x] in [0, 2^32)", ids.tolist())
+
+
+def coupled_noise_shape(seed, positions, num_tokens, **_):
+    return (seed.shape[0], positions.shape[1], num_tokens)
 
 
 def verify_shapes(tokens, parents, target_logits, *, max_depth, **_):

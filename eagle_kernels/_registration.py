@@ -50,13 +50,19 @@ def _fake_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_no
 
 
 def _fake_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
-                 top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None):
+                 top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None,
+                 positions=None):
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
-                         draft_sampled=draft_sampled, d2t=d2t, values=False)
+                         draft_sampled=draft_sampled, d2t=d2t, positions=positions, values=False)
     shapes = _checks.verify_shapes(tokens, parents, target_logits, max_depth=max_depth)
     dtypes = (torch.int32, torch.int32, torch.int64, torch.int32)
     return tuple(target_logits.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
+
+
+def _fake_coupled_noise(seed, positions, num_tokens, *, d2t=None):
+    _checks.check_coupled_noise(seed, positions, num_tokens, d2t=d2t, values=False)
+    return seed.new_empty(_checks.coupled_noise_shape(seed, positions, num_tokens), dtype=torch.float32)
 
 
 def _fake_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None):
@@ -145,6 +151,7 @@ FAKES = {
     "draft_expand": _fake_draft_expand,
     "build_tree": _fake_build_tree,
     "verify": _fake_verify,
+    "coupled_noise": _fake_coupled_noise,
     "compact_kv": _fake_compact_kv,
     "write_kv": _fake_write_kv,
     "cpu_linear": _fake_cpu_linear,

@@ -22,9 +22,11 @@ SCHEMAS = {
     "verify": (
         "verify(Tensor tokens, Tensor parents, Tensor target_logits, *, int max_depth, "
         "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, "
-        "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None) "
+        "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None, "
+        "Tensor? positions=None) "
         "-> (Tensor, Tensor, Tensor, Tensor)"
     ),
+    "coupled_noise": "coupled_noise(Tensor seed, Tensor positions, int num_tokens, *, Tensor? d2t=None) -> Tensor",
     "compact_kv": (
         "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
         "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()"

@@ -346,9 +346,12 @@ class _HeadDraft:
     """
 
     def __init__(self, head: EagleHead, root_hidden: torch.Tensor, cache: KVCache, tree: TreeConfig,
-                 root_normed: torch.Tensor | None = None):
+                 root_normed: torch.Tensor | None = None, coupled: tuple | None = None):
         B, k, device = root_hidden.shape[0], tree.frontier_width, root_hidden.device
         self.head, self.cache, self.k = head, cache, k
+        # Coupled sampling: (temperature float32 [B], noise float32 [B, depth, Vd]), step s's children
+        # racing with noise row s; None: the head's logits as they are.
+        self.coupled = coupled
         self.hidden = root_hidden[:, None]  # [B, M, H]: the head's outputs of the previous step
         # EAGLE-3: the root's final norm, made by the previous commit (None: normed here).
         self.root_normed = None if root_normed is None else root_normed[:, None]
@@ -372,8 +375,19 @@ class _HeadDraft:
             self.hidden, logits = self.head.run(tokens, feature, self.cache, positions=positions, embed=embed,
                                                 tree_mask=self.slot_masks[:, : step * self.k],
                                                 slot_offset=(step - 1) * self.k, logits=True)
-            return logits
-        return self.head.logits(self.hidden, normed=self.root_normed)
+        else:
+            logits = self.head.logits(self.hidden, normed=self.root_normed)
+        return logits if self.coupled is None else coupled_draft_logits(logits, *self.coupled, step)
+
+
+def coupled_draft_logits(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, step: int):
+    """Draft logits [B, M, Vd] for coupled sampling: a sampling request's rows become its
+    log-probabilities at its temperature plus the target's noise at their children's position
+    (``noise[:, step]``), so that the most likely perturbed tokens are the drafts the target's race
+    most likely picks; greedy requests' rows are kept."""
+    t = temperature.clamp(min=1e-6)[:, None, None]
+    perturbed = torch.log_softmax(logits.float() / t, dim=-1) + noise[:, step, None, :]
+    return torch.where((temperature > 0)[:, None, None], perturbed, logits.float())
 
 
 def _root_tree(root: torch.Tensor) -> Tree:
@@ -574,8 +588,10 @@ class SpeculativeDecoder:
         prefill_done = time.perf_counter()
         state.draft = None
         greedy = not bool((_per_request(temperature, B, torch.float32, "cpu") > 0).any())
-        if speculative and slot is None and (greedy or self.policy.adaptive_sampling):
-            key = (B, tree, greedy)  # a sampled call's acceptance is not a greedy call's
+        coupled = self.policy.coupled_sampling and not greedy
+        if speculative and slot is None and (greedy or coupled or self.policy.adaptive_sampling):
+            # A sampled call's acceptance is not a greedy call's, nor a coupled call's.
+            key = (B, tree, "greedy" if greedy else "coupled" if coupled else "sampled")
             if key not in self._draft_stats:
                 self._draft_stats[key] = self.policy.draft_stats(tree, self.head is not None)
             state.draft = self._draft_stats[key]
@@ -673,6 +689,8 @@ class SpeculativeDecoder:
         """The tree of a call: the decoder's, else the device's default for this call."""
         if self.tree is not None:
             return self.tree
+        if self.policy.coupled_sampling:  # drafts as greedy calls draft them, at every temperature
+            return default_tree(self.target.device, batch)
         samples = _per_request(temperature, batch, torch.float32, "cpu") > 0
         all_sample = self.head is not None and bool(samples.all())
         sampled = self.head is not None and self.sampled_drafts and bool(samples.any())
@@ -878,7 +896,7 @@ class SpeculativeDecoder:
                 sampling[name][B:] = fill
         offset = state.offset
         offset.zero_()
-        first = self._sample_root(out.logits, sampling, offset)
+        first = self._sample_root(out.logits, sampling, offset, lengths.to(torch.int64))
         target_cache.seqlens.copy_(lengths.to(torch.int32))
 
         if state.head_cache is not None:
@@ -921,19 +939,26 @@ class SpeculativeDecoder:
         state.steps.zero_()
         offset.fill_(1)
 
-    def _sample_root(self, logits, sampling, offset) -> torch.Tensor:
-        """Next token from one row of logits [B, 1, V], through verify on a one-node tree."""
+    def _sample_root(self, logits, sampling, offset, positions) -> torch.Tensor:
+        """Next token from one row of logits [B, 1, V], through verify on a one-node tree; the token
+        sits at sequence position ``positions`` int64 [B] (read by coupled sampling)."""
         B = logits.shape[0]
         tokens = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
         parents = torch.full((B, 1), -1, dtype=torch.int32, device=logits.device)
-        result = ops.verify(tokens, parents, logits, max_depth=0, offset=offset, **sampling)
+        result = ops.verify(tokens, parents, logits, max_depth=0, offset=offset, **sampling,
+                            **self._coupled(positions))
         return result.out_tokens[:, 0]
+
+    def _coupled(self, positions: torch.Tensor) -> dict:
+        """verify's ``positions`` argument under coupled sampling, else none."""
+        return {"positions": positions} if self.policy.coupled_sampling else {}
 
     # ------------------------------------------------------------------ steps
     def _plain_step(self, state: _State) -> None:
         cache = state.target_cache
+        positions = cache.seqlens.to(torch.int64) + 1  # the root sits at seqlens: its row predicts the next
         logits = self.target(state.root[:, None], cache, positions=bookkeeping.tree_positions(cache.seqlens)).logits
-        token = self._sample_root(logits, state.sampling, state.offset)
+        token = self._sample_root(logits, state.sampling, state.offset, positions)
         bookkeeping.commit(state, token[:, None], None, None, None)
 
     def _speculative_step(self, state: _State) -> None:
@@ -943,6 +968,7 @@ class SpeculativeDecoder:
         no draft, the root alone) and records its tokens and wall time there."""
         policy, head, cache = self.policy, self.head, state.target_cache
         start = time.perf_counter() if state.draft is not None else 0.0
+        positions = cache.seqlens.to(torch.int64) + 1  # what the root's row predicts (coupled sampling)
         lookup = self._lookup(state, state.tree)
         draft, shape, index = None, state.tree, -1
         if state.draft is not None:  # the statistics of the step's lookup context
@@ -964,7 +990,7 @@ class SpeculativeDecoder:
         out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
-                            **state.sampling, **self._draft_rows(expansion, tree))
+                            **state.sampling, **self._draft_rows(expansion, tree), **self._coupled(positions))
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
         hidden = None
         if defer:
@@ -993,8 +1019,19 @@ class SpeculativeDecoder:
 
     def _expand(self, state: _State, tree: TreeConfig):
         """The head's draft ``tree`` for this step's roots: EAGLE-2's (an ``Expansion``), or with a
-        sampled tree every candidate and the draft rows (a ``SampledExpansion``)."""
-        draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree, state.root_normed)
+        sampled tree every candidate and the draft rows (a ``SampledExpansion``). Under coupled
+        sampling the sampling requests' draft logits race with the target's noise at their
+        children's positions (the root's children: the position after the root's, ``seqlens + 1``)."""
+        coupled = None
+        if self.policy.coupled_sampling:
+            temperature = state.sampling["temperature"]
+            if bool((temperature > 0).any()):
+                positions = state.target_cache.seqlens.to(torch.int64) + 1
+                steps = positions[:, None] + torch.arange(tree.depth, device=positions.device)
+                noise = ops.coupled_noise(state.sampling["seed"], steps, self.head.config.draft_vocab_size,
+                                          d2t=self.head.d2t)
+                coupled = (temperature, noise)
+        draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree, state.root_normed, coupled)
         if tree.sampled:
             # The draws use the step's offset, as verify's: draft_expand's draws are disjoint from
             # verify's by their draw index (docs/design.md).

@@ -30,13 +30,22 @@ def build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes) -
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
-           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None) -> VerifyOutput:
+           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, positions=None) -> VerifyOutput:
     """Greedy and lossless sampling verification of a tree, with the draft distributions of
-    sampled children when given (docs/ops.md §4); see :func:`eagle_kernels.reference.verify`."""
+    sampled children when given, or coupled sampling with ``positions`` (docs/ops.md §4); see
+    :func:`eagle_kernels.reference.verify`."""
     drafts = {} if draft_probs is None and draft_sampled is None and d2t is None else dict(
         draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t)
+    if positions is not None:
+        drafts["positions"] = positions
     return _dispatch.run("verify", target_logits.device, tokens, parents, target_logits, max_depth=max_depth,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
+
+
+def coupled_noise(seed, positions, num_tokens, *, d2t=None):
+    """The Gumbel noise of coupled sampling at each (request, position, token) (docs/ops.md §15),
+    for drafts that share the target's race; see :func:`eagle_kernels.reference.coupled_noise`."""
+    return _dispatch.run("coupled_noise", seed.device, seed, positions, num_tokens, d2t=d2t)
 
 
 def compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None) -> None:

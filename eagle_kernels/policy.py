@@ -170,6 +170,7 @@ class StepPolicy:
     sync_every: int  # default steps between host reads of the done flags
     adaptive_sampling: bool = False  # calls that sample may adapt their draft shape too (see FittedPolicy)
     defer_head: bool = False  # a no-draft step leaves the head's commit to the next drafting step (see FittedPolicy)
+    coupled_sampling: bool = False  # sampled tokens by coupled sampling, drafts sharing its noise (see FittedPolicy)
 
     def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[int, DraftStats] | None:
         """The statistics a decoder keeps to choose the draft shape of greedy steps with
@@ -235,15 +236,23 @@ class FittedPolicy(StepPolicy):
     the head's commit pass; its (token, feature) pair waits, and the next step that drafts commits all
     waiting pairs in one head pass first (at most ``max_depth + 1`` wait), so a no-draft step costs a
     plain step. The head's outputs are those of the per-step commits (the same rows through the same
-    layer)."""
+    layer).
+
+    ``coupled_sampling``: requests at a temperature > 0 sample by coupled sampling (docs/decoding.md):
+    each token is the exponential race of the target's filtered distribution under noise drawn per
+    (seed, position, token) (``verify``'s ``positions``), so a seed's tokens are a function of the
+    prompt alone, whatever the drafts, shapes or batch; the head drafts the most likely tokens of its
+    distribution perturbed by the same noise (``coupled_noise``), as a greedy call drafts, and such calls
+    adapt their shape as greedy ones do (``adaptive``). Exact: each token has the target's filtered
+    distribution; not the draws of the default rule for the same seed."""
 
     capturable = False
     sync_every = 1  # the done flags are host memory: a batch stops at the step that finishes it
 
     def __init__(self, adaptive: bool = False, probe_every: int = 8, adaptive_sampling: bool = False,
-                 defer_head: bool = True):
+                 defer_head: bool = True, coupled_sampling: bool = False):
         self.adaptive, self.probe_every, self.adaptive_sampling = adaptive, probe_every, adaptive_sampling
-        self.defer_head = defer_head
+        self.defer_head, self.coupled_sampling = defer_head, coupled_sampling
 
     def draft_stats(self, tree: TreeConfig, head: bool = True) -> dict[int, DraftStats] | None:
         if not self.adaptive:

@@ -21,6 +21,9 @@ constexpr int kRounds = 10;
 // Draw indices of the (node, draw) counter words.
 constexpr uint32_t kAcceptDraw = 0;  // coin deciding whether child `node` is accepted
 constexpr uint32_t kBonusDraw = 1;   // coin sampling the bonus token at `node`
+// Coupled sampling: U at (seed, offset = the token's sequence position, node = token id, this draw), the
+// same for every tree node and step that predicts that position (docs/design.md).
+constexpr uint32_t kCoupledDraw = 0xFFFFFFFFu;
 
 struct Words {
   uint32_t w[4];

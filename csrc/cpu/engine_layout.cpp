@@ -54,7 +54,7 @@ VerifyTensors run_verify(const at::Tensor& tokens, const at::Tensor& parents, co
                          const std::optional<at::Tensor>& offset = std::nullopt) {
   // The engines' drafts are deterministic: no draft distributions.
   return verify_cpu(tokens, parents, logits, max_depth, temperature, top_k, top_p, seed, offset, std::nullopt,
-                    std::nullopt, std::nullopt);
+                    std::nullopt, std::nullopt, std::nullopt);
 }
 
 // Writes int values into an int32 / int64 tensor at a flat element offset (strided tensors).

@@ -53,6 +53,7 @@ struct Args {
   const float* top_p;        // [B] or null
   const int64_t* seed;       // [B] or null
   const int64_t* offset;     // [B] or null
+  const int64_t* positions;  // [B] or null: coupled sampling, the position the root row predicts
   const float* draft_probs;  // [B, N, Vd] or null
   int64_t Vd;
   const bool* draft_sampled;  // [B, N] or null (every non-root node sampled)
@@ -338,6 +339,101 @@ inline bool sampled_children_valid(const float* q, double S, const int64_t* inv,
   return true;
 }
 
+// Coupled sampling (docs/ops.md §4): the token of the exponential race argmax_x w(x) / E(x) over the
+// filtered weights' support, E(x) = -log U(seed, position, x, kCoupledDraw), ties to the smaller id.
+// Every support entry needs its U (one Philox call each): the AVX-512 variant draws 16 consecutive
+// tokens' U per block (integer arithmetic: the scalar function's bits). -log U >= 1 - U, so a token
+// whose w(x) / (1 - U) cannot beat the best ratio skips its log (with a margin far above rounding:
+// only clearly dominated tokens skip).
+constexpr int kCoupledBlock = 16;
+
+EAGLE_INLINE void coupled_uniforms_scalar(int64_t seed, int64_t position, const uint32_t* ids, double* u) {
+  for (int j = 0; j < kCoupledBlock; ++j) u[j] = philox::uniform(seed, position, ids[j], philox::kCoupledDraw);
+}
+
+#if EAGLE_X86_SIMD
+// (hi, lo) words of the 16 lane products m * c (even and odd lanes through two 32x32->64 multiplies).
+EAGLE_TARGET_AVX512 EAGLE_INLINE void mulhilo16(__m512i c, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(c, m);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);
+  lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+
+__attribute__((noinline)) EAGLE_TARGET_AVX512 void coupled_uniforms_avx512(int64_t seed, int64_t position,
+                                                                           const uint32_t* ids, double* u) {
+  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
+  uint32_t k0 = static_cast<uint32_t>(s), k1 = static_cast<uint32_t>(s >> 32);
+  __m512i c0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(o)));
+  __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(o >> 32)));
+  __m512i c2 = _mm512_loadu_si512(ids);
+  __m512i c3 = _mm512_set1_epi32(static_cast<int>(philox::kCoupledDraw));
+  const __m512i m0 = _mm512_set1_epi64(philox::kM0), m1 = _mm512_set1_epi64(philox::kM1);
+  for (int round = 0; round < philox::kRounds; ++round) {
+    if (round > 0) {
+      k0 += philox::kW0;
+      k1 += philox::kW1;
+    }
+    __m512i hi0, lo0, hi1, lo1;
+    mulhilo16(c0, m0, hi0, lo0);
+    mulhilo16(c2, m1, hi1, lo1);
+    const __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
+    const __m512i n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  // bits53 = (w0 >> 5) << 26 | (w1 >> 6) per lane, in two halves of eight 64-bit lanes.
+  const __m512i a = _mm512_srli_epi32(c0, 5), b = _mm512_srli_epi32(c1, 6);
+  const __m512d scale = _mm512_set1_pd(0x1p-53);
+  for (int half = 0; half < 2; ++half) {
+    const __m512i ah = _mm512_cvtepu32_epi64(half ? _mm512_extracti64x4_epi64(a, 1) : _mm512_castsi512_si256(a));
+    const __m512i bh = _mm512_cvtepu32_epi64(half ? _mm512_extracti64x4_epi64(b, 1) : _mm512_castsi512_si256(b));
+    const __m512i bits = _mm512_or_si512(_mm512_slli_epi64(ah, 26), bh);
+    _mm512_storeu_pd(u + 8 * half, _mm512_mul_pd(_mm512_cvtepi64_pd(bits), scale));
+  }
+}
+#endif
+
+// U of the 16 ids at ids (the AVX-512 blocks from the avx512-ymm level up, as verify's variants).
+template <int kIsa>
+EAGLE_INLINE void coupled_uniforms(int64_t seed, int64_t position, const uint32_t* ids, double* u) {
+#if EAGLE_X86_SIMD
+  if (kIsa == kAvx512) {
+    coupled_uniforms_avx512(seed, position, ids, u);
+    return;
+  }
+#endif
+  coupled_uniforms_scalar(seed, position, ids, u);
+}
+
+template <int kIsa, typename C>
+EAGLE_INLINE int64_t coupled_token(const C* w, int64_t V, int64_t seed, int64_t position) {
+  double best = -1.0;
+  int64_t best_x = -1;
+  alignas(64) double u[kCoupledBlock];
+  alignas(64) uint32_t ids[kCoupledBlock];
+  for (int64_t x0 = 0; x0 < V; x0 += kCoupledBlock) {
+    const int64_t n = std::min<int64_t>(kCoupledBlock, V - x0);
+    bool any = false;
+    for (int64_t j = 0; j < n; ++j) any |= w[x0 + j] > C(0);
+    if (!any) continue;
+    for (int j = 0; j < kCoupledBlock; ++j) ids[j] = static_cast<uint32_t>(x0 + j);
+    coupled_uniforms<kIsa>(seed, position, ids, u);
+    for (int64_t j = 0; j < n; ++j) {
+      const double wx = static_cast<double>(w[x0 + j]);
+      if (!(wx > 0.0) || (1.0 - u[j]) * best > wx * (1.0 + 1e-9)) continue;
+      const double ratio = wx / -std::log(u[j]);  // U = 0: E = inf, ratio 0
+      if (ratio > best) {
+        best = ratio;
+        best_x = x0 + j;
+      }
+    }
+  }
+  return best_x;
+}
+
 // --------------------------------------------------------------------------------- the walk
 template <int kIsa, typename In, typename C>
 EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) {
@@ -351,6 +447,7 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
   const int64_t seed = a.seed ? a.seed[b] : 0;
   const int64_t offset = a.offset ? a.offset[b] : 0;
   const bool greedy = temperature == 0.0f;
+  const bool coupled = !greedy && a.positions != nullptr;
   int32_t* nodes_out = a.accept_nodes + b * A;
   int64_t* tokens_out = a.out_tokens + b * A;
   std::fill(nodes_out, nodes_out + A, -1);
@@ -370,6 +467,20 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
     int64_t child = -1;
     if (greedy) {
       const int64_t g = first_index_of<In, C>(row, V, st.max);
+      for (int64_t c = node + 1; may_descend && c < N; ++c) {
+        if (par[c] == node && tok[c] == g) {
+          child = c;
+          break;
+        }
+      }
+      if (child < 0) {
+        tokens_out[depth] = g;
+        break;
+      }
+    } else if (coupled) {
+      Scratch<C>& s = *scratch;
+      build_weights<kIsa, In, C>(row, V, st.max, temperature, top_k, top_p, s);
+      const int64_t g = coupled_token<kIsa, C>(s.w.data(), V, seed, a.positions[b] + depth);
       for (int64_t c = node + 1; may_descend && c < N; ++c) {
         if (par[c] == node && tok[c] == g) {
           child = c;
@@ -581,7 +692,7 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                          const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
                          const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_sampled,
-                         const std::optional<at::Tensor>& d2t) {
+                         const std::optional<at::Tensor>& d2t, const std::optional<at::Tensor>& positions) {
   const char* op = "verify";
   check_float_dtype(target_logits, op, "target_logits");
   check_dim(target_logits, op, "target_logits", 3, "[B, N, V]");
@@ -603,6 +714,7 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   check_optional(top_p, "top_p", at::kFloat, B, dev);
   check_optional(seed, "seed", at::kLong, B, dev);
   check_optional(offset, "offset", at::kLong, B, dev);
+  check_optional(positions, "positions", at::kLong, B, dev);
   int64_t Vd = 0;
   if (!draft_probs) {
     TORCH_CHECK_VALUE(!draft_sampled, "verify: draft_sampled: expected None when draft_probs is None ",
@@ -635,7 +747,7 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   const at::Tensor tok = tokens.contiguous();
   const at::Tensor par = parents.contiguous();
   const at::Tensor temp_c = dense(temperature), topk_c = dense(top_k), topp_c = dense(top_p);
-  const at::Tensor seed_c = dense(seed), offset_c = dense(offset);
+  const at::Tensor seed_c = dense(seed), offset_c = dense(offset), positions_c = dense(positions);
   const at::Tensor draft_c = dense(draft_probs), sampled_c = dense(draft_sampled), d2t_c = dense(d2t);
   check_values(tok, par, B, N, V, temp_c, topk_c, topp_c);
   // Rows are read in place when their entries are contiguous; otherwise one dense copy.
@@ -663,6 +775,7 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   a.top_p = top_p ? topp_c.data_ptr<float>() : nullptr;
   a.seed = seed ? seed_c.data_ptr<int64_t>() : nullptr;
   a.offset = offset ? offset_c.data_ptr<int64_t>() : nullptr;
+  a.positions = positions ? positions_c.data_ptr<int64_t>() : nullptr;
   a.draft_probs = draft_probs ? draft_c.data_ptr<float>() : nullptr;
   a.Vd = Vd;
   a.draft_sampled = draft_sampled ? sampled_c.data_ptr<bool>() : nullptr;
@@ -688,6 +801,70 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / cost);
   at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) { fn(a, begin, end); });
   return {accept_len, accept_nodes, out_tokens, status};
+}
+
+}  // namespace eagle
+
+namespace eagle {
+
+// coupled_noise (docs/ops.md §15): the Gumbel noise -log(-log U) of coupled sampling at each
+// (request, position, token id): the uniforms in the AVX-512 blocks of verify's race, then two
+// vectorised logs over the whole [B, W, n] tensor.
+at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions, int64_t num_tokens,
+                             const std::optional<at::Tensor>& d2t) {
+  const char* op = "coupled_noise";
+  check_dtype(seed, op, "seed", at::kLong);
+  check_dim(seed, op, "seed", 1, "[B]");
+  const at::Device dev = seed.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), "coupled_noise: seed: expected a CPU tensor, got one on ", dev);
+  const int64_t B = seed.size(0);
+  check_dtype(positions, op, "positions", at::kLong);
+  check_dim(positions, op, "positions", 2, "[B, W]");
+  check_device(positions, op, "positions", dev);
+  TORCH_CHECK_VALUE(positions.size(0) == B, "coupled_noise: positions: expected shape [B = ", B, ", W], got shape ",
+                    shape_str(positions.sizes()));
+  TORCH_CHECK_VALUE(num_tokens >= 1, "coupled_noise: num_tokens: expected an int >= 1, got ", num_tokens);
+  const int64_t W = positions.size(1), n = num_tokens;
+  std::vector<uint32_t> ids(static_cast<size_t>(n + kCoupledBlock), 0u);
+  if (d2t) {
+    check_dtype(*d2t, op, "d2t", at::kLong);
+    check_shape(*d2t, op, "d2t", {n}, "[num_tokens]");
+    check_device(*d2t, op, "d2t", dev);
+    const at::Tensor d = d2t->contiguous();
+    const int64_t* off = d.data_ptr<int64_t>();
+    for (int64_t x = 0; x < n; ++x) {
+      const int64_t id = x + off[x];
+      TORCH_CHECK_VALUE(id >= 0 && id < (int64_t{1} << 32), "coupled_noise: d2t: expected token ids x + d2t[x] in ",
+                        "[0, 2^32), got ", id, " at ", x);
+      ids[x] = static_cast<uint32_t>(id);
+    }
+  } else {
+    TORCH_CHECK_VALUE(n <= (int64_t{1} << 32), "coupled_noise: num_tokens: expected at most 2^32, got ", n);
+    for (int64_t x = 0; x < n; ++x) ids[x] = static_cast<uint32_t>(x);
+  }
+  const at::Tensor seed_c = seed.contiguous(), pos_c = positions.contiguous();
+  const int64_t* s = seed_c.data_ptr<int64_t>();
+  const int64_t* p = pos_c.data_ptr<int64_t>();
+  at::Tensor u = at::empty({B, W, n}, seed.options().dtype(at::kDouble));
+  double* out = u.data_ptr<double>();
+  const bool avx512 = isa::current() >= isa::Level::kAvx512Ymm;
+  at::parallel_for(0, B * W, std::max<int64_t>(1, 8192 / n), [&](int64_t begin, int64_t end) {
+    alignas(64) double block[kCoupledBlock];
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t seed_r = s[r / W], position = p[r];
+      double* row = out + r * n;
+      for (int64_t x0 = 0; x0 < n; x0 += kCoupledBlock) {
+        if (avx512) {
+          coupled_uniforms<kAvx512>(seed_r, position, ids.data() + x0, block);
+        } else {
+          coupled_uniforms<kBase>(seed_r, position, ids.data() + x0, block);
+        }
+        std::memcpy(row + x0, block, sizeof(double) * std::min<int64_t>(kCoupledBlock, n - x0));
+      }
+    }
+  });
+  // U = 0 gives -log U = inf and a noise of -inf: never first in a race.
+  return u.log_().neg_().log_().neg_().to(at::kFloat);
 }
 
 }  // namespace eagle

@@ -10,8 +10,9 @@ Stream layout:
     key     = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
     counter = (offset & 0xFFFFFFFF, (offset >> 32) & 0xFFFFFFFF, node, draw)
     U       = ((w0 >> 5) * 2**26 + (w1 >> 6)) * 2**-53        (float64, in [0, 1))
-with ``draw`` = ACCEPT_DRAW for the coin deciding whether node ``node`` is accepted and
-BONUS_DRAW for the coin sampling the bonus token at node ``node``.
+with ``draw`` = ACCEPT_DRAW for the coin deciding whether node ``node`` is accepted,
+BONUS_DRAW for the coin sampling the bonus token at node ``node``, and COUPLED_DRAW for coupled
+sampling's exponential race (``offset`` = a sequence position, ``node`` = a token id).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ PHILOX_ROUNDS = 10
 
 ACCEPT_DRAW = 0
 BONUS_DRAW = 1
+# Coupled sampling: U at (seed, offset = a token's sequence position, node = token id, this draw). Every tree
+# node and step that predicts one position reads the same numbers (docs/design.md).
+COUPLED_DRAW = 0xFFFFFFFF
 
 _MASK32 = 0xFFFFFFFF
 _MASK16 = 0xFFFF

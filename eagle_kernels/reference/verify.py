@@ -12,6 +12,12 @@ temperature) are verified with ``q``: recursive rejection sampling (Jeon et al. 
 speculative decoding"; Yang et al. 2024, "Multi-candidate speculative decoding"): child ``x`` is
 accepted with probability ``min(1, p(x) / q'(x))``, ``q'`` the draft with the earlier sampled
 siblings taken out and renormalised, and a rejection leaves ``norm(max(p - q', 0))``.
+
+Coupled sampling (``positions`` given) makes the target's token at every sequence position a
+function of the prefix, the seed and the position: the exponential race (the Gumbel-max trick)
+``argmax_x w(x) / E(x)`` over the filtered weights, with ``E(x) = -log U(x)`` drawn per (seed,
+position, token). Verification is then greedy verification against that token, exact for any
+drafts, and the output does not depend on the drafts, the tree or the batch.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 
 from .. import _checks
 from .._types import VerifyOutput
-from .random import ACCEPT_DRAW, BONUS_DRAW, uniform
+from .random import ACCEPT_DRAW, BONUS_DRAW, COUPLED_DRAW, uniform
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -92,6 +98,17 @@ def sample_inverse_cdf(weights: torch.Tensor, coin: float) -> int:
     return int(torch.nonzero(weights > 0)[-1, 0])
 
 
+def coupled_token(weights: torch.Tensor, seed: int, position: int) -> int:
+    """The exponential race over ``weights``' support: ``argmax_x w(x) / E(x)`` in float64, ``E(x) =
+    -log U(seed, position, x, COUPLED_DRAW)``, ties to the smaller id (``U = 0``: ratio 0). Distributed as
+    ``weights / sum(weights)`` for independent ``U`` (Gumbel-max)."""
+    ids = torch.arange(weights.shape[0], dtype=torch.int64)
+    w = weights.to(torch.float64).cpu()
+    ratios = w / -torch.log(uniform(seed, position, ids, COUPLED_DRAW))
+    ratios = torch.where(w > 0, ratios, torch.full_like(ratios, -1.0))
+    return int(torch.argmax(ratios))
+
+
 def children_of(parents_row: torch.Tensor, node: int) -> list[int]:
     return [int(c) for c in torch.nonzero(parents_row == node).flatten()]
 
@@ -131,7 +148,7 @@ def sampled_children_valid(r: torch.Tensor | None, child_tokens: list[int]) -> b
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
-           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None) -> VerifyOutput:
+           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, positions=None) -> VerifyOutput:
     """Verify a batch of draft trees against the target's logits.
 
     Shapes
@@ -140,7 +157,10 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     optional per-request temperature float32 [B] (0 = greedy row), top_k int32 [B] (0 = off),
     top_p float32 [B] (1 = off), seed int64 [B], offset int64 [B]; for sampled drafts
     draft_probs float32 [B, N, Vd] (node u's row: the distribution its sampled children were drawn
-    from), draft_sampled bool [B, N] (None: every node but the root), d2t int64 [Vd].
+    from), draft_sampled bool [B, N] (None: every node but the root), d2t int64 [Vd]; for coupled
+    sampling positions int64 [B]: the sequence position of the token the root row predicts (a
+    depth-d row predicts position ``positions[b] + d``). With it every sampling request is verified
+    by coupled sampling and ``draft_probs`` plays no part for it.
 
     Returns
     -------
@@ -149,7 +169,7 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
-                         draft_sampled=draft_sampled, d2t=d2t)
+                         draft_sampled=draft_sampled, d2t=d2t, positions=positions)
     B, N, V = target_logits.shape
     device = target_logits.device
     accept_len = torch.zeros(B, dtype=torch.int32, device=device)
@@ -173,8 +193,12 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                 bad = True
                 break
             children = children_of(parents[b], node) if len(path) <= max_depth else []
-            if row_temperature == 0.0:
-                target_token = greedy_token(row)
+            if row_temperature == 0.0 or positions is not None:
+                if row_temperature == 0.0:
+                    target_token = greedy_token(row)
+                else:
+                    weights = sampling_probs(row, row_temperature, row_top_k, row_top_p)
+                    target_token = coupled_token(weights, row_seed, int(positions[b]) + len(path) - 1)
                 child = next((c for c in children if int(tokens[b, c]) == target_token), None)
                 if child is None:
                     emitted.append(target_token)

@@ -152,7 +152,7 @@ class Launch(NamedTuple):
 
 
 def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None, top_p=None,
-           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None,
+           seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, positions=None,
            _config: VerifyConfig | None = None) -> VerifyOutput:
     """Triton launcher with the contract signature (shapes as ``eagle_kernels.reference.verify``).
     ``_config`` overrides :func:`launch_config` (tests run the GPU configuration interpreted).
@@ -164,11 +164,15 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset; for sampled
     drafts draft_probs float32 [B, N, Vd], draft_sampled bool [B, N], d2t int64 [Vd].
     Returns VerifyOutput(accept_len [B], accept_nodes [B, max_depth + 1],
-    out_tokens [B, max_depth + 1], status [B]).
+    out_tokens [B, max_depth + 1], status [B]). Coupled sampling (``positions``) is not in this kernel
+    yet: the C++ kernel and the reference implement it (a ValueError here).
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
-                         draft_sampled=draft_sampled, d2t=d2t)
+                         draft_sampled=draft_sampled, d2t=d2t, positions=positions)
+    if positions is not None:
+        raise ValueError("positions: coupled sampling runs in the C++ (CPU) verify and the reference; the "
+                         "Triton verify does not implement it yet (pass positions=None)")
     return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
                    _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
                    record=False).output

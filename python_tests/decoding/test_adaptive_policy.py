@@ -224,8 +224,8 @@ def test_adaptive_sampling_adapts_sampled_calls(target, tree):
     plain = decoder.generate(PROMPTS, 12, speculative=False)
     sampled = decoder.generate(PROMPTS, 12, temperature=[0.0, 1.0, 0.7], seed=[1, 2, 3])
     assert sampled.sequences[0] == plain.sequences[0]
-    assert [key[2] for key in decoder._draft_stats] == [False]  # a sampled call's own statistics
+    assert [key[2] for key in decoder._draft_stats] == ["sampled"]  # a sampled call's own statistics
     (made,) = policy.made
     assert all(all(stats.runs) for stats in made.values() if stats.steps >= len(stats.shapes)), made
     decoder.generate(PROMPTS, 12)
-    assert sorted(key[2] for key in decoder._draft_stats) == [False, True]
+    assert sorted(key[2] for key in decoder._draft_stats) == ["greedy", "sampled"]

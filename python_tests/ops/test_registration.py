@@ -53,6 +53,9 @@ def small_inputs(op):
             "draft_probs": torch.softmax(torch.randn(2, 4, 4, generator=g), -1),
             "draft_sampled": torch.tensor([[False, True, True, False]] * 2),
             "d2t": torch.ones(4, dtype=torch.int64)}
+    if op == "coupled_noise":  # a draft vocabulary of 19 ids mapped by d2t, positions past 2^32
+        return (torch.tensor([5, -2]), torch.tensor([[3, 4, 5], [1 << 33, 7, 0]]), 19), {
+            "d2t": torch.arange(19, dtype=torch.int64) * 3}
     if op == "compact_kv":
         k = torch.randn(3, 2, 12, 2, 8, generator=g)
         v = torch.randn(3, 2, 12, 2, 8, generator=g)

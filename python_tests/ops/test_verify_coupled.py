@@ -1,0 +1,195 @@
+"""verify with coupled sampling (docs/ops.md §4, "Coupled sampling"): ``positions`` makes the
+token at every sequence position the exponential race ``argmax_x w(x) / E(x)`` over the filtered
+target weights, ``E(x) = -log U(seed, position, x)``. Tested here:
+
+- the C++ kernel gives the reference's outputs on the tricky batches of test_verify_backends
+  (greedy and sampling rows mixed, ties, masks, top-k / top-p), under every instruction-set cap;
+- the emitted tokens do not depend on the draft: a tree and plain one-token steps give the same
+  sequences for the same seeds (the property the decoder's equality tests rely on);
+- exactness: sequences of the toy model of test_verify_chi2 have the joint law of plain sampling
+  (χ² against the exact joint), and two planted bugs (a noise reused across positions; a race on
+  ``w * U`` instead of ``w / E``) fail the same check;
+- bad input: ``positions`` of the wrong dtype or shape is a ValueError naming it; the Triton
+  kernel refuses ``positions`` with a ValueError until it implements the rule.
+"""
+
+import numpy as np
+import pytest
+import torch
+from test_verify_backends import CASES, ISA_LEVELS, backend_impl, tricky_batch
+from test_verify_chi2 import PROMPT, V_TOY, chi2_pvalue, exact_joint, toy_step_inputs
+
+from eagle_kernels import _dispatch, reference
+from eagle_kernels._types import VerifyOutput
+from eagle_kernels.reference.random import COUPLED_DRAW
+from eagle_kernels.reference.verify import sampling_probs
+from helpers import assert_same, top_p_margin
+
+EMIT = 3
+
+
+def positions_for(B, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 1 << 40, (B,), generator=gen, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cpp_matches_reference(case, dtype, monkeypatch):
+    name, B, N, V = case
+    verify = backend_impl("cpp")
+    tokens, parents, logits, sampling = tricky_batch(5000 + V, B, N, V, dtype=dtype)
+    if top_p_margin(logits.double(), sampling) < 1e-6:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    positions = positions_for(B, V)
+    # Plant the coupled tokens as children so that walks go deep: each request's first child of
+    # the root gets the root's coupled token.
+    first = reference.verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling)
+    for b in range(B):
+        children = (parents[b] == 0).nonzero().flatten()
+        if len(children):
+            tokens[b, children[-1]] = first.out_tokens[b, 0]
+    want = reference.verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling)
+    assert int(want.accept_len.sum()) > 0
+    for isa in ISA_LEVELS:
+        monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+        assert_same(verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling), want)
+    # Greedy rows are the greedy rule's, with or without positions.
+    plain = reference.verify(tokens, parents, logits, max_depth=5, **sampling)
+    greedy = sampling["temperature"] == 0
+    for field, x, y in zip(VerifyOutput._fields, want, plain):
+        assert torch.equal(x[greedy], y[greedy]), field
+
+
+def test_cpp_long_rows_match_reference():
+    """A vocabulary of 49,163 (not a multiple of the 16-token blocks) at temperature 1 and 0.6, no
+    filter: every entry is in the support, the case the AVX-512 blocks and the skipped logs serve."""
+    verify = backend_impl("cpp")
+    gen = torch.Generator().manual_seed(7)
+    B, N, V = 2, 3, 49163
+    logits = torch.randn(B, N, V, generator=gen) * 4
+    parents = torch.tensor([[-1, 0, 1]] * B, dtype=torch.int32)
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    sampling = dict(temperature=torch.tensor([1.0, 0.6]), seed=torch.tensor([3, -5]),
+                    offset=torch.zeros(B, dtype=torch.int64))
+    positions = torch.tensor([17, 1 << 33])
+    for _ in range(2):  # plant the coupled tokens one depth at a time
+        out = reference.verify(tokens, parents, logits, max_depth=2, positions=positions, **sampling)
+        for b in range(B):
+            tokens[b, 1 + int(out.accept_len[b])] = out.out_tokens[b, int(out.accept_len[b])]
+    want = reference.verify(tokens, parents, logits, max_depth=2, positions=positions, **sampling)
+    assert want.accept_len.tolist() == [2, 2]
+    assert_same(verify(tokens, parents, logits, max_depth=2, positions=positions, **sampling), want)
+
+
+def coupled_sequences(verify, trials, temperature, top_k, top_p, tree=True, race=None):
+    """The first EMIT tokens of ``trials`` requests (seed = trial) decoded by coupled steps on
+    the toy model: the depth-2 tree of test_verify_chi2, or one-node plain steps (``tree=False``).
+    ``race`` replaces verify by a toy coupled verifier with a planted bug."""
+    histories = [list(PROMPT) for _ in range(trials)]
+    emitted = [[] for _ in range(trials)]
+    while True:
+        active = [i for i in range(trials) if len(emitted[i]) < EMIT]
+        if not active:
+            break
+        tokens, parents, logits = toy_step_inputs([histories[i] for i in active])
+        if not tree:
+            tokens, parents, logits = tokens[:, :1], parents[:, :1], logits[:, :1]
+        B = len(active)
+        kwargs = dict(max_depth=2 if tree else 0, temperature=torch.full((B,), temperature),
+                      top_k=torch.full((B,), top_k, dtype=torch.int32), top_p=torch.full((B,), top_p),
+                      seed=torch.tensor(active, dtype=torch.int64), offset=torch.zeros(B, dtype=torch.int64),
+                      positions=torch.tensor([len(histories[i]) for i in active], dtype=torch.int64))
+        out = (verify if race is None else buggy_coupled(race))(tokens, parents, logits, **kwargs)
+        for row, i in enumerate(active):
+            new = out.out_tokens[row, : int(out.accept_len[row]) + 1].tolist()
+            histories[i] += new
+            emitted[i] += new
+    return np.array([e[:EMIT] for e in emitted])
+
+
+def buggy_coupled(race):
+    """A toy coupled verifier with a planted bug: ``reused`` draws every position's race from
+    position 0's numbers; ``product`` races on ``w * U`` (not exponential clocks)."""
+
+    def verify(tokens, parents, logits, *, max_depth, temperature, top_k, top_p, seed, offset, positions):
+        B, N, V = logits.shape
+        accept_len = torch.zeros(B, dtype=torch.int32)
+        nodes = torch.full((B, max_depth + 1), -1, dtype=torch.int32)
+        out = torch.full((B, max_depth + 1), -1, dtype=torch.int64)
+        ids = torch.arange(V)
+        for b in range(B):
+            node, depth = 0, 0
+            nodes[b, 0] = 0
+            while True:
+                w = sampling_probs(logits[b, node], float(temperature[b]), int(top_k[b]), float(top_p[b])).double()
+                position = 0 if race == "reused" else int(positions[b]) + depth
+                u = reference.uniform(int(seed[b]), position, ids, COUPLED_DRAW)
+                score = w * u if race == "product" else w / -torch.log(u)
+                token = int(torch.argmax(torch.where(w > 0, score, torch.full_like(score, -1.0))))
+                children = [c for c in range(1, N) if int(parents[b, c]) == node and int(tokens[b, c]) == token]
+                if depth == max_depth or not children:
+                    out[b, depth] = token
+                    break
+                node, depth = children[0], depth + 1
+                nodes[b, depth] = node
+                out[b, depth - 1] = token
+            accept_len[b] = depth
+        return VerifyOutput(accept_len, nodes, out, torch.zeros(B, dtype=torch.int32))
+
+    return verify
+
+
+CHI2_VARIANTS = [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.8)]
+CHI2_IDS = ["t1", "t0.7-k3", "p0.8"]
+
+
+@pytest.mark.parametrize("variant", CHI2_VARIANTS, ids=CHI2_IDS)
+def test_tree_and_plain_steps_emit_the_same_tokens(variant):
+    """The output is a function of the seed and the positions only: the tree's drafts change the
+    number of steps, never the tokens."""
+    verify = backend_impl("cpp")
+    tree = coupled_sequences(verify, 300, *variant)
+    plain = coupled_sequences(verify, 300, *variant, tree=False)
+    assert np.array_equal(tree, plain)
+    assert np.array_equal(tree[:40], coupled_sequences(backend_impl("reference"), 40, *variant))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", CHI2_VARIANTS, ids=CHI2_IDS)
+def test_coupled_sampling_is_exact_chi2(variant):
+    samples = coupled_sequences(backend_impl("cpp"), 2000, *variant)
+    assert chi2_pvalue(samples, exact_joint(*variant)) > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("race", ["reused", "product"])
+def test_chi2_detects_planted_bugs(race):
+    variant = (1.0, 0, 1.0)
+    samples = coupled_sequences(None, 2000, *variant, race=race)
+    assert chi2_pvalue(samples, exact_joint(*variant)) < 1e-6
+    # The toy verifier without a bug passes, so the failures are the bugs'.
+    assert np.array_equal(coupled_sequences(None, 200, *variant, race="none"),
+                          coupled_sequences(backend_impl("cpp"), 200, *variant))
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "cpp"])
+@pytest.mark.parametrize("bad", [torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int64),
+                                 torch.zeros(2, 1, dtype=torch.int64)], ids=["int32", "B3", "2d"])
+def test_bad_positions(backend_name, bad):
+    verify = backend_impl(backend_name)
+    logits = torch.randn(2, 1, V_TOY)
+    tokens = torch.zeros(2, 1, dtype=torch.int64)
+    parents = torch.full((2, 1), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="positions"):
+        verify(tokens, parents, logits, max_depth=0, temperature=torch.ones(2), positions=bad)
+
+
+def test_triton_refuses_positions():
+    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    logits = torch.randn(1, 1, V_TOY)
+    with pytest.raises(ValueError, match="positions"):
+        fn(torch.zeros(1, 1, dtype=torch.int64), torch.full((1, 1), -1, dtype=torch.int32), logits, max_depth=0,
+           temperature=torch.ones(1), positions=torch.zeros(1, dtype=torch.int64))
