@@ -33,7 +33,8 @@ Step policies and head weights (CPU): ``--policies adaptive fixed`` runs every h
 fitted policy (the CPU default: each greedy step drafts the shape of the tree's ladder that measures the most
 tokens per second; names as above) and the fixed one (every step drafts the tree; names ``…-fixed``);
 ``adaptive-sampling`` lets calls that sample adapt their shapes too (``FittedPolicy(adaptive_sampling=True)``;
-names ``…-as``);
+names ``…-as``); ``coupled`` and ``adaptive-coupled`` sample by coupled sampling (``FittedPolicy(coupled_sampling=
+True)``, with ``adaptive=True``), drafting the greedy calls' tree at every temperature (names ``…-cs``, ``…-acs``);
 ``--head-weights auto stored q8_0 q4_1`` loads each head with Q8_0 matrices where its target is quantized (the
 default), as stored (fp16; names ``…-hstored``) and with Q8_0 / Q4_1 matrices whatever the target (``…-hq8_0``,
 ``…-hq4_1``). ``--no-fp32w`` leaves out the fp32-weight decoders (with a weight suffix in
@@ -426,11 +427,13 @@ def main(argv=None) -> int:
     parser.add_argument("--head-folder", action="append", default=[], metavar="NAME=FOLDER",
                         help="one more head to run beside the shipped ones, e.g. a candidate from training "
                              "(NAME without '-'; rows are NAME-TREE); repeatable")
-    parser.add_argument("--policies", nargs="+", choices=["adaptive", "fixed", "adaptive-sampling"],
+    parser.add_argument("--policies", nargs="+",
+                        choices=["adaptive", "fixed", "adaptive-sampling", "coupled", "adaptive-coupled"],
                         default=["adaptive"],
                         help="step policies of the head providers on CPU: adaptive (the default: draft shapes by "
                              "measured tokens per second, greedy calls only), fixed (every step drafts the tree; "
-                             "rows …-fixed) and adaptive-sampling (calls that sample adapt too; rows …-as)")
+                             "rows …-fixed), adaptive-sampling (calls that sample adapt too; rows …-as), coupled "
+                             "and adaptive-coupled (coupled sampling, fixed or adaptive shapes; rows …-cs, …-acs)")
     parser.add_argument("--head-weights", nargs="+", choices=["auto", "stored", "q8_0", "q4_1"], default=["auto"],
                         help="head matrices: auto (Q8_0 blocks with a quantized target; the default), stored "
                              "(as the checkpoint, fp16; rows …-hstored), q8_0 / q4_1 (those blocks whatever the "
@@ -588,13 +591,18 @@ def main(argv=None) -> int:
                     # Default: the device's tree, and at T > 0 also its sampled-draft tree.
                     defaults = dict.fromkeys(default_tree(device, batch, sampling=temperature > 0, sampled_drafts=s)
                                              for s in sorted({False, temperature > 0}))
-                    for tree in args.trees or list(defaults):
-                        for policy in args.policies:
-                            chosen = {"fixed": FittedPolicy(),
-                                      "adaptive-sampling": FittedPolicy(adaptive=True, adaptive_sampling=True)}
+                    chosen = {"fixed": FittedPolicy(),
+                              "adaptive-sampling": FittedPolicy(adaptive=True, adaptive_sampling=True),
+                              "coupled": FittedPolicy(coupled_sampling=True),
+                              "adaptive-coupled": FittedPolicy(adaptive=True, coupled_sampling=True)}
+                    tags = {"fixed": "-fixed", "adaptive-sampling": "-as", "coupled": "-cs", "adaptive-coupled": "-acs"}
+                    for policy in args.policies:
+                        # Coupled calls draft the greedy calls' tree at every temperature.
+                        coupled_trees = [default_tree(device, batch)] if "coupled" in policy else None
+                        for tree in args.trees or coupled_trees or list(defaults):
                             decoder = SpeculativeDecoder(head.target, head, tree, sync_every=args.sync_every,
                                                          policy=chosen.get(policy) if device.type == "cpu" else None)
-                            tag = {"fixed": "-fixed", "adaptive-sampling": "-as"}.get(policy, "")
+                            tag = tags.get(policy, "")
                             name = f"{kind}-{tree_name(tree)}" + tag + variant + suffix
                             runs.append((name, ours(decoder, True)))
                 rounds = {name: [] for name, _ in runs}

@@ -54,15 +54,20 @@ def _load(args):
     given = {"depth": args.depth, "top_k": args.tree_top_k, "num_nodes": args.num_nodes, "lookup": args.lookup,
              "lookup_ngram": args.lookup_ngram, "lookup_trim": args.lookup_trim, "lookup_alone": args.lookup_alone}
     # At T > 0 without a tree shape given: the device's sampled-draft tree (docs/decoding.md).
-    sampled = head is not None and getattr(args, "temperature", 0) > 0 and (
+    coupled = getattr(args, "coupled_sampling", False) and target.device.type == "cpu"
+    sampled = head is not None and getattr(args, "temperature", 0) > 0 and not coupled and (
         args.depth, args.tree_top_k, args.num_nodes) == (None, None, None)
     base = default_tree(target.device, sampled_drafts=sampled)
     if args.lookup == 0 or args.lookup_trim is False:  # the default's chain flags need a (trimmed) chain
         base = dataclasses.replace(base, lookup_alone=False, lookup_trim=base.lookup_trim and args.lookup != 0)
     tree = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
-    # --adaptive-sampling: a CPU call at T > 0 adapts its draft shapes too (faster, not repeatable by seed).
-    policy = (FittedPolicy(adaptive=True, adaptive_sampling=True)
-              if getattr(args, "adaptive_sampling", False) and target.device.type == "cpu" else None)
+    # --adaptive-sampling: a CPU call at T > 0 adapts its draft shapes too (faster, not repeatable by seed);
+    # --coupled-sampling: coupled sampling, drafting the greedy tree and adapting (repeatable by seed).
+    policy = None
+    if coupled:
+        policy = FittedPolicy(adaptive=True, coupled_sampling=True)
+    elif getattr(args, "adaptive_sampling", False) and target.device.type == "cpu":
+        policy = FittedPolicy(adaptive=True, adaptive_sampling=True)
     decoder = SpeculativeDecoder(target, head, tree, sync_every=args.sync_every, policy=policy)
     return decoder, tokenizer, label
 
@@ -239,10 +244,15 @@ def main(argv=None) -> None:
     generate.add_argument("--top-p", type=float, default=1.0)
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--plain", action="store_true", help="plain decoding (no speculation)")
-    generate.add_argument("--adaptive-sampling", action="store_true",
-                          help="at --temperature > 0 on a CPU, let the steps' draft shapes adapt (no draft where "
-                               "none pays): faster, and the output distribution stays exact, but --seed no longer "
-                               "gives the same tokens from run to run")
+    sampling_mode = generate.add_mutually_exclusive_group()
+    sampling_mode.add_argument("--adaptive-sampling", action="store_true",
+                               help="at --temperature > 0 on a CPU, let the steps' draft shapes adapt (no draft where "
+                                    "none pays): faster, and the output distribution stays exact, but --seed no longer "
+                                    "gives the same tokens from run to run")
+    sampling_mode.add_argument("--coupled-sampling", action="store_true",
+                               help="at --temperature > 0 on a CPU, sample by coupled sampling (docs/decoding.md): "
+                                    "each token a function of the prompt and --seed, so the drafts, shapes and --plain "
+                                    "give the same tokens; exact; drafts the greedy tree and adapts its shapes")
     generate.add_argument("--allow-beyond-context", action="store_true",
                           help="let the prompt plus --max-new-tokens run past the model's context (a warning)")
     _common(generate)

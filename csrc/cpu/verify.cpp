@@ -848,7 +848,9 @@ at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions
   at::Tensor u = at::empty({B, W, n}, seed.options().dtype(at::kDouble));
   double* out = u.data_ptr<double>();
   const bool avx512 = isa::current() >= isa::Level::kAvx512Ymm;
-  at::parallel_for(0, B * W, std::max<int64_t>(1, 8192 / n), [&](int64_t begin, int64_t end) {
+  // Rows of fewer than ~64k entries run inline: waking the second thread costs more on a loaded host
+  // (as in verify below), and ATen's logs stay on one thread below 32k entries too.
+  at::parallel_for(0, B * W, std::max<int64_t>(1, (int64_t{1} << 16) / n), [&](int64_t begin, int64_t end) {
     alignas(64) double block[kCoupledBlock];
     for (int64_t r = begin; r < end; ++r) {
       const int64_t seed_r = s[r / W], position = p[r];

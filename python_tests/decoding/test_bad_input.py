@@ -333,6 +333,38 @@ def test_cli_generate_adaptive_sampling(tiny_cli, capsys, monkeypatch):
     assert len(policies) == 1 and policies[0].adaptive and policies[0].adaptive_sampling
 
 
+def test_cli_generate_coupled_sampling(tiny_cli, capsys, monkeypatch):
+    """--coupled-sampling: coupled sampling under the adaptive CPU policy, the greedy calls' tree, and the tokens
+    of --plain with the same seed."""
+    from eagle_kernels import __main__ as cli
+    from eagle_kernels.decoder import SpeculativeDecoder
+
+    decoders, outputs = [], []
+    real_init, real_generate = SpeculativeDecoder.__init__, SpeculativeDecoder.generate
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        decoders.append(self)
+
+    def generate(self, *args, **kwargs):
+        result = real_generate(self, *args, **kwargs)
+        outputs.append(result)
+        return result
+
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", init)
+    monkeypatch.setattr(SpeculativeDecoder, "generate", generate)
+    command = ["generate", "--prompt", "hi", "--head", "untrained-eagle3", "--max-new-tokens", "8", "--temperature",
+               "0.8", "--seed", "3", "--coupled-sampling"]
+    cli.main(command)
+    cli.main(command + ["--plain"])
+    assert "tokens" in capsys.readouterr().err
+    policy = decoders[0].policy
+    assert policy.adaptive and policy.coupled_sampling and not decoders[0].tree.sampled
+    assert outputs[0].sequences == outputs[-1].sequences
+    with pytest.raises(SystemExit):
+        cli.main(command + ["--adaptive-sampling"])
+
+
 @pytest.mark.parametrize("command", [["demo"], ["train", "--out", "o", "--features", "f"], ["distill", "--out", "o"]],
                          ids=["demo", "train", "distill"])
 def test_cli_missing_model_is_one_line(monkeypatch, capsys, command):
