@@ -121,9 +121,10 @@ MODES = {  # verify's sampling modes: temperature, top_k, top_p per request
 DRAFT_VOCAB = 32000
 
 
-def _verify_case(dtype, B, N, V, mode, drafts=False):
+def _verify_case(dtype, B, N, V, mode, drafts=False, coupled=False):
     """``drafts``: sampled children with their draft rows (draft_probs over DRAFT_VOCAB ids mapped by d2t
-    when V is larger, a draft_sampled mask): the draft-aware specialisation."""
+    when V is larger, a draft_sampled mask): the draft-aware specialisation. ``coupled``: with
+    ``positions`` (coupled sampling: the coupled walk's race kernel too)."""
     from eagle_kernels.triton import verify as triton_verify
 
     temperature, top_k, top_p = MODES[mode]
@@ -137,7 +138,16 @@ def _verify_case(dtype, B, N, V, mode, drafts=False):
         Vd = min(V, DRAFT_VOCAB)
         sampling.update(draft_probs=torch.full((B, N, Vd), 1.0 / Vd), draft_sampled=torch.ones(B, N, dtype=torch.bool),
                         d2t=torch.zeros(Vd, dtype=torch.int64) if Vd < V else None)
+    if coupled:
+        sampling["positions"] = torch.zeros(B, dtype=torch.int64)
     triton_verify.verify(tokens, parents, logits, max_depth=min(N - 1, 8), **sampling)
+
+
+def _coupled_noise_case(B, W, n, d2t):
+    from eagle_kernels.triton import coupled_noise as triton_coupled_noise
+
+    triton_coupled_noise.coupled_noise(torch.zeros(B, dtype=torch.int64), torch.zeros(B, W, dtype=torch.int64), n,
+                                       d2t=torch.zeros(n, dtype=torch.int64) if d2t else None)
 
 
 def _tree_attention_case(dtype, B, N, Hq, Hkv, D, prefix, paged, tree_mask, page=64):
@@ -275,6 +285,10 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in MODES:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode}",
                            lambda a=(DTYPES[dt], B, N, V, mode): _verify_case(*a))
+                # Coupled sampling: the main kernel and the coupled walk's race.
+                for mode in [m for m in MODES if m != "greedy"] if full else ["top-p"]:
+                    yield (f"verify {dt} B{B} N{N} V{V} {mode} coupled",
+                           lambda a=(DTYPES[dt], B, N, V, mode, False, True): _verify_case(*a))
                 # Sampled drafts (the draft-aware rule): greedy rows never read the drafts.
                 for mode in [m for m in MODES if m != "greedy"] if full else ["temperature", "top-p"]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode} sampled-drafts",
@@ -292,6 +306,9 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
     if not full:
         yield ("draft_expand bf16 B32 M8 V32000 top_k10 sampled",
                lambda: _draft_expand_case(torch.bfloat16, 32, 8, 32000, 10, False, True))
+    for B, W, n, d2t in [(1, 6, 32000, True), (8, 6, 128256, False)] if full else [(8, 6, 32000, True)]:
+        yield (f"coupled_noise B{B} W{W} n{n}{' d2t' if d2t else ''}",
+               lambda a=(B, W, n, d2t): _coupled_noise_case(*a))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for D in (64, 128) if full else (128,):
             for paged in (False, True) if full else (True,):

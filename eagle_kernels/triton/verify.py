@@ -76,6 +76,7 @@ import triton
 from .. import _checks
 from .._types import VerifyOutput
 from ._launch_config import interpreted
+from .verify_coupled import coupled_walk
 from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests)
     NUM_PIVOTS,
     NUM_STATS,
@@ -164,18 +165,20 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset; for sampled
     drafts draft_probs float32 [B, N, Vd], draft_sampled bool [B, N], d2t int64 [Vd].
     Returns VerifyOutput(accept_len [B], accept_nodes [B, max_depth + 1],
-    out_tokens [B, max_depth + 1], status [B]). Coupled sampling (``positions``) is not in this kernel
-    yet: the C++ kernel and the reference implement it (a ValueError here).
+    out_tokens [B, max_depth + 1], status [B]). With ``positions`` (coupled sampling) the sampling
+    requests take the walk of verify_coupled.py, the greedy ones this kernel's.
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
-    if positions is not None:
-        raise ValueError("positions: coupled sampling runs in the C++ (CPU) verify and the reference; the "
-                         "Triton verify does not implement it yet (pass positions=None)")
-    return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-                   _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
-                   record=False).output
+    out = _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
+                  _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
+                  record=False).output
+    if positions is None or temperature is None:
+        return out
+    coupled = coupled_walk(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, positions)
+    sampling = temperature > 0
+    return VerifyOutput(*(torch.where(sampling.view(-1, *[1] * (x.dim() - 1)), c, x) for c, x in zip(coupled, out)))
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):

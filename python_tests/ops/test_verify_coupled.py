@@ -9,8 +9,8 @@ target weights, ``E(x) = -log U(seed, position, x)``. Tested here:
 - exactness: sequences of the toy model of test_verify_chi2 have the joint law of plain sampling
   (χ² against the exact joint), and two planted bugs (a noise reused across positions; a race on
   ``w * U`` instead of ``w / E``) fail the same check;
-- bad input: ``positions`` of the wrong dtype or shape is a ValueError naming it; the Triton
-  kernel refuses ``positions`` with a ValueError until it implements the rule.
+- the Triton launcher (its coupled walk, interpreted) gives the reference's outputs too;
+- bad input: ``positions`` of the wrong dtype or shape is a ValueError naming it.
 """
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from test_verify_backends import CASES, ISA_LEVELS, backend_impl, tricky_batch
 from test_verify_chi2 import PROMPT, V_TOY, chi2_pvalue, exact_joint, toy_step_inputs
 
-from eagle_kernels import _dispatch, reference
+from eagle_kernels import reference
 from eagle_kernels._types import VerifyOutput
 from eagle_kernels.reference.random import COUPLED_DRAW
 from eagle_kernels.reference.verify import sampling_probs
@@ -33,17 +33,14 @@ def positions_for(B, seed):
     return torch.randint(0, 1 << 40, (B,), generator=gen, dtype=torch.int64)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_cpp_matches_reference(case, dtype, monkeypatch):
-    name, B, N, V = case
-    verify = backend_impl("cpp")
+def planted_batch(V, B, N, dtype):
+    """A tricky batch (test_verify_backends) with positions, its coupled tokens planted as children so
+    that walks go deep, and the reference's result; None when a top-p mass is within rounding."""
     tokens, parents, logits, sampling = tricky_batch(5000 + V, B, N, V, dtype=dtype)
     if top_p_margin(logits.double(), sampling) < 1e-6:
-        pytest.skip("a top-p mass within rounding of its threshold")
+        return None
     positions = positions_for(B, V)
-    # Plant the coupled tokens as children so that walks go deep: each request's first child of
-    # the root gets the root's coupled token.
+    # Each request's last child of the root gets the root's coupled token.
     first = reference.verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling)
     for b in range(B):
         children = (parents[b] == 0).nonzero().flatten()
@@ -51,6 +48,18 @@ def test_cpp_matches_reference(case, dtype, monkeypatch):
             tokens[b, children[-1]] = first.out_tokens[b, 0]
     want = reference.verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling)
     assert int(want.accept_len.sum()) > 0
+    return tokens, parents, logits, sampling, positions, want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cpp_matches_reference(case, dtype, monkeypatch):
+    name, B, N, V = case
+    verify = backend_impl("cpp")
+    batch = planted_batch(V, B, N, dtype)
+    if batch is None:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    tokens, parents, logits, sampling, positions, want = batch
     for isa in ISA_LEVELS:
         monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
         assert_same(verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling), want)
@@ -59,6 +68,32 @@ def test_cpp_matches_reference(case, dtype, monkeypatch):
     greedy = sampling["temperature"] == 0
     for field, x, y in zip(VerifyOutput._fields, want, plain):
         assert torch.equal(x[greedy], y[greedy]), field
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("case", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_triton_matches_reference(case, dtype):
+    """The Triton launcher: the main kernel for the greedy requests, verify_coupled.py's walk (the
+    race kernel, interpreted) for the sampling ones; draft rows given too, which coupled requests ignore."""
+    name, B, N, V = case
+    verify = backend_impl("triton")
+    batch = planted_batch(V, B, N, dtype)
+    if batch is None:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    tokens, parents, logits, sampling, positions, want = batch
+    drafts = dict(draft_probs=torch.softmax(torch.randn(B, N, V), -1), draft_sampled=torch.ones(B, N, dtype=torch.bool))
+    assert_same(verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling, **drafts), want)
+
+
+def test_triton_bad_rows_match_reference():
+    """A NaN row on a coupled walk: status 1, nothing accepted, the root's finite argmax."""
+    verify = backend_impl("triton")
+    tokens, parents, logits, sampling, positions, want = planted_batch(37, 8, 12, torch.float32)
+    logits[:, 1] = float("nan")
+    logits[2, 0, 5] = float("inf")
+    want = reference.verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling)
+    assert int((want.status == 1).sum()) >= 2
+    assert_same(verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling), want)
 
 
 def test_cpp_long_rows_match_reference():
@@ -173,7 +208,7 @@ def test_chi2_detects_planted_bugs(race):
                           coupled_sequences(backend_impl("cpp"), 200, *variant))
 
 
-@pytest.mark.parametrize("backend_name", ["reference", "cpp"])
+@pytest.mark.parametrize("backend_name", ["reference", "cpp", "triton"])
 @pytest.mark.parametrize("bad", [torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int64),
                                  torch.zeros(2, 1, dtype=torch.int64)], ids=["int32", "B3", "2d"])
 def test_bad_positions(backend_name, bad):
@@ -185,11 +220,3 @@ def test_bad_positions(backend_name, bad):
         verify(tokens, parents, logits, max_depth=0, temperature=torch.ones(2), positions=bad)
 
 
-def test_triton_refuses_positions():
-    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
-    if fn is None:
-        pytest.skip(reason)
-    logits = torch.randn(1, 1, V_TOY)
-    with pytest.raises(ValueError, match="positions"):
-        fn(torch.zeros(1, 1, dtype=torch.int64), torch.full((1, 1), -1, dtype=torch.int32), logits, max_depth=0,
-           temperature=torch.ones(1), positions=torch.zeros(1, dtype=torch.int64))
