@@ -896,7 +896,7 @@ class SpeculativeDecoder:
                 sampling[name][B:] = fill
         offset = state.offset
         offset.zero_()
-        first = self._sample_root(out.logits, sampling, offset, lengths.to(torch.int64))
+        first = self._sample_root(out.logits, sampling, offset, lengths)
         target_cache.seqlens.copy_(lengths.to(torch.int32))
 
         if state.head_cache is not None:
@@ -941,7 +941,7 @@ class SpeculativeDecoder:
 
     def _sample_root(self, logits, sampling, offset, positions) -> torch.Tensor:
         """Next token from one row of logits [B, 1, V], through verify on a one-node tree; the token
-        sits at sequence position ``positions`` int64 [B] (read by coupled sampling)."""
+        sits at sequence position ``positions`` int64 [B] (read by coupled sampling only; None without)."""
         B = logits.shape[0]
         tokens = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
         parents = torch.full((B, 1), -1, dtype=torch.int32, device=logits.device)
@@ -949,14 +949,19 @@ class SpeculativeDecoder:
                             **self._coupled(positions))
         return result.out_tokens[:, 0]
 
-    def _coupled(self, positions: torch.Tensor) -> dict:
+    def _coupled(self, positions: torch.Tensor | None) -> dict:
         """verify's ``positions`` argument under coupled sampling, else none."""
         return {"positions": positions} if self.policy.coupled_sampling else {}
+
+    def _next_positions(self, cache: KVCache) -> torch.Tensor | None:
+        """The position the root's row predicts (the root sits at ``seqlens``) under coupled sampling; None
+        without it (no launches on the static policy's path)."""
+        return cache.seqlens.to(torch.int64) + 1 if self.policy.coupled_sampling else None
 
     # ------------------------------------------------------------------ steps
     def _plain_step(self, state: _State) -> None:
         cache = state.target_cache
-        positions = cache.seqlens.to(torch.int64) + 1  # the root sits at seqlens: its row predicts the next
+        positions = self._next_positions(cache)
         logits = self.target(state.root[:, None], cache, positions=bookkeeping.tree_positions(cache.seqlens)).logits
         token = self._sample_root(logits, state.sampling, state.offset, positions)
         bookkeeping.commit(state, token[:, None], None, None, None)
@@ -968,7 +973,7 @@ class SpeculativeDecoder:
         no draft, the root alone) and records its tokens and wall time there."""
         policy, head, cache = self.policy, self.head, state.target_cache
         start = time.perf_counter() if state.draft is not None else 0.0
-        positions = cache.seqlens.to(torch.int64) + 1  # what the root's row predicts (coupled sampling)
+        positions = self._next_positions(cache)
         lookup = self._lookup(state, state.tree)
         draft, shape, index = None, state.tree, -1
         if state.draft is not None:  # the statistics of the step's lookup context
@@ -1026,7 +1031,7 @@ class SpeculativeDecoder:
         if self.policy.coupled_sampling:
             temperature = state.sampling["temperature"]
             if bool((temperature > 0).any()):
-                positions = state.target_cache.seqlens.to(torch.int64) + 1
+                positions = self._next_positions(state.target_cache)
                 steps = positions[:, None] + torch.arange(tree.depth, device=positions.device)
                 noise = ops.coupled_noise(state.sampling["seed"], steps, self.head.config.draft_vocab_size,
                                           d2t=self.head.d2t)

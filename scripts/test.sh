@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 VENV=${EAGLE_VENV:-.venv}
-exec "$VENV/bin/python" -m pytest python_tests -q "$@"
+# One worker per core (at most 4), a test file per worker at a time: its module fixtures load once.
+WORKERS=$(nproc 2>/dev/null || echo 1)
+WORKERS=$(( WORKERS > 4 ? 4 : WORKERS ))
+exec "$VENV/bin/python" -m pytest python_tests -q -n "$WORKERS" --dist loadfile "$@"
