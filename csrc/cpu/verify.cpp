@@ -465,22 +465,16 @@ EAGLE_INLINE void verify_request(const Args& a, int64_t b, Scratch<C>* scratch) 
     }
     const bool may_descend = depth < a.max_depth;  // a node at max_depth is a leaf
     int64_t child = -1;
-    if (greedy) {
-      const int64_t g = first_index_of<In, C>(row, V, st.max);
-      for (int64_t c = node + 1; may_descend && c < N; ++c) {
-        if (par[c] == node && tok[c] == g) {
-          child = c;
-          break;
-        }
+    if (greedy || coupled) {
+      // The target's token at this node, fixed before the children: the argmax, or the coupled race.
+      int64_t g;
+      if (greedy) {
+        g = first_index_of<In, C>(row, V, st.max);
+      } else {
+        Scratch<C>& s = *scratch;
+        build_weights<kIsa, In, C>(row, V, st.max, temperature, top_k, top_p, s);
+        g = coupled_token<kIsa, C>(s.w.data(), V, seed, a.positions[b] + depth);
       }
-      if (child < 0) {
-        tokens_out[depth] = g;
-        break;
-      }
-    } else if (coupled) {
-      Scratch<C>& s = *scratch;
-      build_weights<kIsa, In, C>(row, V, st.max, temperature, top_k, top_p, s);
-      const int64_t g = coupled_token<kIsa, C>(s.w.data(), V, seed, a.positions[b] + depth);
       for (int64_t c = node + 1; may_descend && c < N; ++c) {
         if (par[c] == node && tok[c] == g) {
           child = c;

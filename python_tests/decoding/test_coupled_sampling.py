@@ -11,7 +11,7 @@ noise keyed by (seed, position, token), so
 
 import pytest
 import torch
-from test_decoder_sampling import CASES, P_MIN, PROMPT, REQUESTS, chi_square_p, exact_marginals, target  # noqa: F401
+from test_decoder_sampling import PROMPT, REQUESTS, generate_and_check, target  # noqa: F401
 
 from eagle_kernels import ops
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, coupled_draft_logits, default_tree
@@ -70,14 +70,7 @@ def test_draft_logits_race_with_the_target_noise():
 @pytest.mark.slow
 @pytest.mark.parametrize("case,head_name,lookup", [("t1", "eagle1-repeat", 0), ("t0.7-k8-p0.9", "eagle3-random", 3)])
 def test_coupled_sampling_follows_the_target(target, case, head_name, lookup):  # noqa: F811
-    temperature, top_k, top_p = CASES[case]
-    p1, p2, p3 = exact_marginals(target, temperature, top_k, top_p)
     decoder = SpeculativeDecoder(target, HEADS[head_name](target), TreeConfig(3, 3, 8, lookup=lookup),
                                  policy=FittedPolicy(coupled_sampling=True))
-    result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
-                              seed=list(range(REQUESTS)))
-    tokens = torch.tensor(result.sequences)
-    for position, probs in ((0, p1), (1, p2), (2, p3)):
-        p = chi_square_p(torch.bincount(tokens[:, position], minlength=target.config.vocab_size), probs)
-        assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
+    result = generate_and_check(target, decoder, case)
     assert sum(result.tau) / REQUESTS > 1.2 or head_name != "eagle1-repeat", result.tau[:10]

@@ -75,6 +75,20 @@ def chi_square_p(counts, probs):
 CASES = {"t1": (1.0, 0, 1.0), "t0.7-k8-p0.9": (0.7, 8, 0.9)}
 
 
+def generate_and_check(target, decoder, case):
+    """REQUESTS requests of PROMPT (seeds 0, 1, ...) through ``decoder`` at ``CASES[case]``: generated tokens
+    1-3 each pass the chi-square test against the exact marginals. Returns the GenerationResult."""
+    temperature, top_k, top_p = CASES[case]
+    marginals = exact_marginals(target, temperature, top_k, top_p)
+    result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=list(range(REQUESTS)))
+    tokens = torch.tensor(result.sequences)  # [REQUESTS, 3]
+    for position, probs in enumerate(marginals):
+        p = chi_square_p(torch.bincount(tokens[:, position], minlength=target.config.vocab_size), probs)
+        assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
+    return result
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case,head_name,lookup", [
     ("t1", "eagle1-repeat", 0), ("t0.7-k8-p0.9", "eagle3-random", 0), ("t0.7-k8-p0.9", "eagle1-repeat", 0),
@@ -85,19 +99,9 @@ def test_speculative_sampling_follows_the_target(target, case, head_name, lookup
     reject without bias (often a repeat of a sibling's token, rejected after the sibling).
     "trim": an 8-token chain trimmed each step by the batch's longest match (the CPU default's
     rule), so the verify tree changes size from step to step."""
-    temperature, top_k, top_p = CASES[case]
-    p1, p2, p3 = exact_marginals(target, temperature, top_k, top_p)
     head = HEADS[head_name](target) if head_name else None
     tree = TreeConfig(3, 3, 8, lookup=8, lookup_trim=True) if lookup == "trim" else TreeConfig(3, 3, 8, lookup=lookup)
-    decoder = SpeculativeDecoder(target, head, tree)
-    result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
-                              seed=list(range(REQUESTS)))
-    tokens = torch.tensor(result.sequences)  # [REQUESTS, 3]
-    V = target.config.vocab_size
-    for position, probs in ((0, p1), (1, p2), (2, p3)):
-        counts = torch.bincount(tokens[:, position], minlength=V)
-        p = chi_square_p(counts, probs)
-        assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
+    result = generate_and_check(target, SpeculativeDecoder(target, head, tree), case)
     # The test has power: the steps must have accepted drafts, not only emitted bonus tokens.
     assert sum(result.tau) / REQUESTS > 1.2 or head_name != "eagle1-repeat", result.tau[:10]
 
@@ -127,15 +131,8 @@ class OutcomePolicy(FittedPolicy):
 def test_adaptive_sampling_follows_the_target(target, tree):
     """FittedPolicy(adaptive_sampling=True) with a shape chosen from the last step's draws (every shape of the
     ladder, the plain step included): generated tokens 1-3 still follow the target's filtered distribution."""
-    temperature, top_k, top_p = CASES["t0.7-k8-p0.9"]
-    p1, p2, p3 = exact_marginals(target, temperature, top_k, top_p)
     decoder = SpeculativeDecoder(target, HEADS["eagle1-repeat"](target), tree, policy=OutcomePolicy())
-    result = decoder.generate([PROMPT] * REQUESTS, 3, temperature=temperature, top_k=top_k, top_p=top_p,
-                              seed=list(range(REQUESTS)))
-    tokens = torch.tensor(result.sequences)
-    for position, probs in ((0, p1), (1, p2), (2, p3)):
-        p = chi_square_p(torch.bincount(tokens[:, position], minlength=target.config.vocab_size), probs)
-        assert p > P_MIN, f"token {position + 1}: chi-square p = {p:.2e}"
+    generate_and_check(target, decoder, "t0.7-k8-p0.9")
     runs = [sum(s.runs) for stats in decoder._draft_stats.values() for s in stats.values()]
     assert sum(runs) >= 2, runs  # the steps went through the policy
 
