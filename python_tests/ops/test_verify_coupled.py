@@ -220,3 +220,33 @@ def test_bad_positions(backend_name, bad):
         verify(tokens, parents, logits, max_depth=0, temperature=torch.ones(2), positions=bad)
 
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("V", [49152, 128256])
+def test_gpu_matches_cpp(gpu_op_impl, V, dtype):
+    """The CUDA path (the main kernel and the coupled walk) against the C++ kernel on the same inputs:
+    temperature-only, top-k and top-p requests with a greedy one, coupled tokens planted as children."""
+    fn, cpp = gpu_op_impl("verify"), backend_impl("cpp")
+    B, N = 4, 16
+    gen = torch.Generator().manual_seed(V)
+    logits = (torch.randn(B, N, V, generator=gen) * 3).to(dtype)
+    parents = torch.tensor([[-1] + [i // 2 for i in range(N - 1)]] * B, dtype=torch.int32)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    sampling = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.0]),
+                    top_k=torch.tensor([0, 50, 0, 0], dtype=torch.int32), top_p=torch.tensor([1.0, 1.0, 1.0, 0.9]),
+                    seed=torch.tensor([1, 2, 3, 4]), offset=torch.zeros(B, dtype=torch.int64),
+                    positions=torch.tensor([10, 200, 3000, 1 << 35]))
+    for _ in range(3):  # plant each request's coupled path one depth at a time
+        out = cpp(tokens, parents, logits, max_depth=4, **sampling)
+        for b in range(B):
+            n = int(out.accept_len[b])
+            children = (parents[b] == int(out.accept_nodes[b, n])).nonzero().flatten()
+            if len(children):
+                tokens[b, children[-1]] = out.out_tokens[b, n]
+    want = cpp(tokens, parents, logits, max_depth=4, **sampling)
+    assert int(want.accept_len.sum()) >= 4
+    got = fn(tokens.cuda(), parents.cuda(), logits.cuda(), max_depth=4, **{k: v.cuda() for k, v in sampling.items()})
+    torch.cuda.synchronize()
+    assert_same(VerifyOutput(*(t.cpu() for t in got)), want)
