@@ -1030,7 +1030,8 @@ class SpeculativeDecoder:
         coupled = None
         if self.policy.coupled_sampling:
             temperature = state.sampling["temperature"]
-            if bool((temperature > 0).any()):
+            # A capturable step reads no value: it draws the noise whether or not a request samples.
+            if self.policy.capturable or bool((temperature > 0).any()):
                 positions = self._next_positions(state.target_cache)
                 steps = positions[:, None] + torch.arange(tree.depth, device=positions.device)
                 noise = ops.coupled_noise(state.sampling["seed"], steps, self.head.config.draft_vocab_size,

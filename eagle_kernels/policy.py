@@ -201,10 +201,15 @@ class StepPolicy:
 
 
 class StaticPolicy(StepPolicy):
-    """Fixed shapes, no host reads: the policy of GPU steps (one CUDA graph per shape, replayed across calls)."""
+    """Fixed shapes, no host reads: the policy of GPU steps (one CUDA graph per shape, replayed across calls).
+    ``coupled_sampling`` as in :class:`FittedPolicy` (without adaptive shapes): every drafting step then
+    draws the drafts' noise, whatever the requests' temperatures (no host read decides)."""
 
     capturable = True
     sync_every = 4  # each read waits for the device: up to 3 steps past the end are dropped
+
+    def __init__(self, coupled_sampling: bool = False):
+        self.coupled_sampling = coupled_sampling
 
     def chain_alone(self, tree: TreeConfig, matched: torch.Tensor) -> bool:
         return False

@@ -15,7 +15,7 @@ from test_decoder_sampling import PROMPT, REQUESTS, generate_and_check, target  
 
 from eagle_kernels import ops
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, coupled_draft_logits, default_tree
-from eagle_kernels.policy import FittedPolicy
+from eagle_kernels.policy import FittedPolicy, StaticPolicy
 from helpers import HEADS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -74,3 +74,15 @@ def test_coupled_sampling_follows_the_target(target, case, head_name, lookup):  
                                  policy=FittedPolicy(coupled_sampling=True))
     result = generate_and_check(target, decoder, case)
     assert sum(result.tau) / REQUESTS > 1.2 or head_name != "eagle1-repeat", result.tau[:10]
+
+
+def test_static_policy_gives_the_fitted_policys_tokens(target):  # noqa: F811
+    """StaticPolicy(coupled_sampling=True), the GPU steps' policy (no host read in a step), run here on
+    the CPU: the tokens of the fitted policy and of plain decoding, greedy request included."""
+    head = HEADS["eagle3-random"](target)
+    tree = TreeConfig(3, 3, 8, lookup=4)
+    static = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(coupled_sampling=True))
+    fitted = SpeculativeDecoder(target, head, tree, policy=FittedPolicy(coupled_sampling=True))
+    want = fitted.generate(PROMPTS, 10, speculative=False, **SAMPLING).sequences
+    assert static.generate(PROMPTS, 10, **SAMPLING).sequences == want
+    assert fitted.generate(PROMPTS, 10, **SAMPLING).sequences == want
