@@ -171,11 +171,14 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
-    out = _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-                  _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
-                  record=False).output
     if positions is None or temperature is None:
-        return out
+        return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
+                       _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
+                       record=False).output
+    # Coupled sampling: the kernel walks every request greedily (the greedy requests' results; the
+    # sampling requests' rows are walked again by the coupled rule, so the kernel skips their sampling work).
+    out = _launch(tokens, parents, target_logits, max_depth, None, None, None, None, None, _config or launch_config(),
+                  record=False).output
     coupled = coupled_walk(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, positions)
     sampling = temperature > 0
     return VerifyOutput(*(torch.where(sampling.view(-1, *[1] * (x.dim() - 1)), c, x) for c, x in zip(coupled, out)))
