@@ -79,9 +79,10 @@ def test_triton_matches_reference(case, dtype):
     assert_same(verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling, **drafts), want)
 
 
-def test_triton_bad_rows_match_reference():
-    """A NaN row on a coupled walk: status 1, nothing accepted, the root's finite argmax."""
-    verify = backend_impl("triton")
+@pytest.mark.parametrize("backend_name", ["cpp", "triton"])
+def test_bad_rows_match_reference(backend_name):
+    """A NaN row (or a +inf entry) on a coupled walk: status 1, nothing accepted, the root's finite argmax."""
+    verify = backend_impl(backend_name)
     tokens, parents, logits, sampling, positions, want = planted_batch(37, 8, 12, torch.float32)
     logits[:, 1] = float("nan")
     logits[2, 0, 5] = float("inf")
