@@ -124,7 +124,7 @@ DRAFT_VOCAB = 32000
 def _verify_case(dtype, B, N, V, mode, drafts=False, coupled=False):
     """``drafts``: sampled children with their draft rows (draft_probs over DRAFT_VOCAB ids mapped by d2t
     when V is larger, a draft_sampled mask): the draft-aware specialisation. ``coupled``: with
-    ``positions`` (coupled sampling: the coupled walk's race kernel too)."""
+    ``positions`` (coupled sampling: the race's specialisation of the kernel)."""
     from eagle_kernels.triton import verify as triton_verify
 
     temperature, top_k, top_p = MODES[mode]
@@ -148,6 +148,15 @@ def _coupled_noise_case(B, W, n, d2t):
 
     triton_coupled_noise.coupled_noise(torch.zeros(B, dtype=torch.int64), torch.zeros(B, W, dtype=torch.int64), n,
                                        d2t=torch.zeros(n, dtype=torch.int64) if d2t else None)
+
+
+def _coupled_draft_logits_case(dtype, B, M, n, d2t):
+    from eagle_kernels.triton import coupled_draft_logits as triton_coupled_draft_logits
+
+    positions = torch.zeros(B, 6, dtype=torch.int64)  # one depth's column, as the decoder passes it
+    triton_coupled_draft_logits.coupled_draft_logits(torch.empty(B, M, n, dtype=dtype), torch.ones(B),
+                                                     torch.zeros(B, dtype=torch.int64), positions[:, 1],
+                                                     d2t=torch.zeros(n, dtype=torch.int64) if d2t else None)
 
 
 def _tree_attention_case(dtype, B, N, Hq, Hkv, D, prefix, paged, tree_mask, page=64):
@@ -285,7 +294,7 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in MODES:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode}",
                            lambda a=(DTYPES[dt], B, N, V, mode): _verify_case(*a))
-                # Coupled sampling: the main kernel and the coupled walk's race.
+                # Coupled sampling: the kernel with the race (HAS_POSITIONS).
                 for mode in [m for m in MODES if m != "greedy"] if full else ["top-p"]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode} coupled",
                            lambda a=(DTYPES[dt], B, N, V, mode, False, True): _verify_case(*a))
@@ -309,6 +318,11 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
     for B, W, n, d2t in [(1, 6, 32000, True), (8, 6, 128256, False)] if full else [(8, 6, 32000, True)]:
         yield (f"coupled_noise B{B} W{W} n{n}{' d2t' if d2t else ''}",
                lambda a=(B, W, n, d2t): _coupled_noise_case(*a))
+    for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
+        for B, M, n, d2t in [(1, 1, 8192, True), (8, 8, 32000, True), (8, 8, 128256, False)] if full \
+                else [(8, 8, 8192, True)]:
+            yield (f"coupled_draft_logits {dt} B{B} M{M} n{n}{' d2t' if d2t else ''}",
+                   lambda a=(DTYPES[dt], B, M, n, d2t): _coupled_draft_logits_case(*a))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for D in (64, 128) if full else (128,):
             for paged in (False, True) if full else (True,):

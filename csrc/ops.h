@@ -84,6 +84,8 @@ using VerifyTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 
 at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions, int64_t num_tokens,
                              const std::optional<at::Tensor>& d2t);
+at::Tensor coupled_draft_logits_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
+                                    const at::Tensor& positions, const std::optional<at::Tensor>& d2t);
 
 VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
                          int64_t max_depth, const std::optional<at::Tensor>& temperature,

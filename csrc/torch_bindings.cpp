@@ -32,6 +32,9 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("coupled_noise(Tensor seed, Tensor positions, int num_tokens, *, Tensor? d2t=None) -> Tensor");
   m.def(
+      "coupled_draft_logits(Tensor logits, Tensor temperature, Tensor seed, Tensor positions, *, "
+      "Tensor? d2t=None) -> Tensor");
+  m.def(
       "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
       "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()");
   m.def(
@@ -71,6 +74,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("write_kv", &eagle::write_kv_cpu);
   m.impl("verify", &eagle::verify_cpu);
   m.impl("coupled_noise", &eagle::coupled_noise_cpu);
+  m.impl("coupled_draft_logits", &eagle::coupled_draft_logits_cpu);
   m.impl("cpu_linear", &eagle::cpu_linear_cpu);
   m.impl("cpu_decoder_layer", &eagle::cpu_decoder_layer_cpu);
   m.impl("cpu_decoder_layers", &eagle::cpu_decoder_layers_cpu);

@@ -26,6 +26,7 @@ from .expansion import Expansion, expand_tree
 from .ops import (
     build_tree,
     compact_kv,
+    coupled_draft_logits,
     coupled_noise,
     cpu_decoder_forward,
     cpu_decoder_layer,
@@ -56,8 +57,8 @@ if not _dispatch.HAS_CPP:
 _registration.register()
 
 __all__ = [
-    "tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "compact_kv", "write_kv",
-    "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
+    "tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "coupled_draft_logits", "compact_kv",
+    "write_kv", "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
     "cpu_head_forward", "rmsnorm", "rope_write_kv", "silu_mul", "Tree",
     "DraftCandidates", "VerifyOutput", "DecoderLayersOutput", "DecoderForwardOutput", "HeadForwardOutput",
     "backend_of",

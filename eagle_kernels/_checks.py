@@ -274,6 +274,29 @@ def coupled_noise_shape(seed, positions, num_tokens, **_):
     return (seed.shape[0], positions.shape[1], num_tokens)
 
 
+DRAFT_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None, values=True):
+    check_tensor("logits", logits, dtype=DRAFT_LOGIT_DTYPES, ndim=3)
+    B, n, device = logits.shape[0], logits.shape[2], logits.device
+    if n == 0:
+        _fail("logits", "a vocabulary of at least one entry [B, M, n >= 1]", f"shape {tuple(logits.shape)}")
+    check_tensor("temperature", temperature, dtype=torch.float32, shape=(B,), device=device)
+    check_tensor("seed", seed, dtype=torch.int64, shape=(B,), device=device)
+    check_tensor("positions", positions, dtype=torch.int64, shape=(B,), device=device)
+    if d2t is not None:
+        check_tensor("d2t", d2t, dtype=torch.int64, shape=(n,), device=device)
+    if not (values and values_checked(device)):
+        return
+    if bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
+        _fail("temperature", "finite values >= 0", temperature.tolist())
+    if d2t is not None:
+        ids = torch.arange(n, device=device) + d2t
+        if bool(((ids < 0) | (ids >= 1 << 32)).any()):
+            _fail("d2t", "token ids x + d2t[x] in [0, 2^32)", ids.tolist())
+
+
 def verify_shapes(tokens, parents, target_logits, *, max_depth, **_):
     B = target_logits.shape[0]
     return (B,), (B, max_depth + 1), (B, max_depth + 1), (B,)

@@ -65,6 +65,11 @@ def _fake_coupled_noise(seed, positions, num_tokens, *, d2t=None):
     return seed.new_empty(_checks.coupled_noise_shape(seed, positions, num_tokens), dtype=torch.float32)
 
 
+def _fake_coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None):
+    _checks.check_coupled_draft_logits(logits, temperature, seed, positions, d2t=d2t, values=False)
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
 def _fake_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None):
     _checks.check_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len,
                              block_table=block_table, values=False)
@@ -152,6 +157,7 @@ FAKES = {
     "build_tree": _fake_build_tree,
     "verify": _fake_verify,
     "coupled_noise": _fake_coupled_noise,
+    "coupled_draft_logits": _fake_coupled_draft_logits,
     "compact_kv": _fake_compact_kv,
     "write_kv": _fake_write_kv,
     "cpu_linear": _fake_cpu_linear,

@@ -27,6 +27,10 @@ SCHEMAS = {
         "-> (Tensor, Tensor, Tensor, Tensor)"
     ),
     "coupled_noise": "coupled_noise(Tensor seed, Tensor positions, int num_tokens, *, Tensor? d2t=None) -> Tensor",
+    "coupled_draft_logits": (
+        "coupled_draft_logits(Tensor logits, Tensor temperature, Tensor seed, Tensor positions, *, "
+        "Tensor? d2t=None) -> Tensor"
+    ),
     "compact_kv": (
         "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
         "Tensor accept_nodes, Tensor accept_len, *, Tensor? block_table=None) -> ()"

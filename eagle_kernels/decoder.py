@@ -349,8 +349,8 @@ class _HeadDraft:
                  root_normed: torch.Tensor | None = None, coupled: tuple | None = None):
         B, k, device = root_hidden.shape[0], tree.frontier_width, root_hidden.device
         self.head, self.cache, self.k = head, cache, k
-        # Coupled sampling: (temperature float32 [B], noise float32 [B, depth, Vd]), step s's children
-        # racing with noise row s; None: the head's logits as they are.
+        # Coupled sampling: (temperature float32 [B], seed int64 [B], positions int64 [B, >= depth]), step s's
+        # children taking position positions[:, s]; None: the head's logits as they are.
         self.coupled = coupled
         self.hidden = root_hidden[:, None]  # [B, M, H]: the head's outputs of the previous step
         # EAGLE-3: the root's final norm, made by the previous commit (None: normed here).
@@ -377,17 +377,14 @@ class _HeadDraft:
                                                 slot_offset=(step - 1) * self.k, logits=True)
         else:
             logits = self.head.logits(self.hidden, normed=self.root_normed)
-        return logits if self.coupled is None else coupled_draft_logits(logits, *self.coupled, step)
-
-
-def coupled_draft_logits(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, step: int):
-    """Draft logits [B, M, Vd] for coupled sampling: a sampling request's rows become its
-    log-probabilities at its temperature plus the target's noise at their children's position
-    (``noise[:, step]``), so that the most likely perturbed tokens are the drafts the target's race
-    most likely picks; greedy requests' rows are kept."""
-    t = temperature.clamp(min=1e-6)[:, None, None]
-    perturbed = torch.log_softmax(logits.float() / t, dim=-1) + noise[:, step, None, :]
-    return torch.where((temperature > 0)[:, None, None], perturbed, logits.float())
+        if self.coupled is None:
+            return logits
+        # A sampling request's rows: log-probabilities at its temperature plus the target's race noise at
+        # the children's position (one launch; greedy requests' rows kept).
+        temperature, seed, positions = self.coupled
+        if logits.dtype == torch.float64:  # the op takes 16- and 32-bit rows
+            logits = logits.float()
+        return ops.coupled_draft_logits(logits, temperature, seed, positions[:, step], d2t=self.head.d2t)
 
 
 def _root_tree(root: torch.Tensor) -> Tree:
@@ -482,6 +479,7 @@ class SpeculativeDecoder:
         self._batch_sizes: tuple[int, ...] | None = None  # set by warmup
         self._max_len: int | None = None  # set by warmup
         self._capture_warned = False
+        self._position_offsets: dict = {}  # (device, depth) -> int64 [depth], 1 .. depth (coupled sampling)
         self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree, greedy): the policy's, kept across calls
 
     def _check_head(self) -> None:
@@ -953,17 +951,24 @@ class SpeculativeDecoder:
         """verify's ``positions`` argument under coupled sampling, else none."""
         return {"positions": positions} if self.policy.coupled_sampling else {}
 
-    def _next_positions(self, cache: KVCache) -> torch.Tensor | None:
-        """The position the root's row predicts (the root sits at ``seqlens``) under coupled sampling; None
-        without it (no launches on the static policy's path)."""
-        return cache.seqlens.to(torch.int64) + 1 if self.policy.coupled_sampling else None
+    def _next_positions(self, cache: KVCache, depth: int = 1) -> torch.Tensor | None:
+        """Under coupled sampling, int64 [B, depth]: column d is the position a depth-d node's row predicts
+        (the root sits at ``seqlens``, so column 0 is verify's ``positions``, column s the position of the
+        draft step s's children); one launch. None without coupled sampling (no launches)."""
+        if not self.policy.coupled_sampling:
+            return None
+        key = (cache.seqlens.device, depth)
+        offsets = self._position_offsets.get(key)
+        if offsets is None:  # made by a graph's eager warm-up step, before any capture
+            offsets = self._position_offsets[key] = torch.arange(1, depth + 1, device=cache.seqlens.device)
+        return cache.seqlens[:, None] + offsets
 
     # ------------------------------------------------------------------ steps
     def _plain_step(self, state: _State) -> None:
         cache = state.target_cache
         positions = self._next_positions(cache)
         logits = self.target(state.root[:, None], cache, positions=bookkeeping.tree_positions(cache.seqlens)).logits
-        token = self._sample_root(logits, state.sampling, state.offset, positions)
+        token = self._sample_root(logits, state.sampling, state.offset, None if positions is None else positions[:, 0])
         bookkeeping.commit(state, token[:, None], None, None, None)
 
     def _speculative_step(self, state: _State) -> None:
@@ -973,7 +978,6 @@ class SpeculativeDecoder:
         no draft, the root alone) and records its tokens and wall time there."""
         policy, head, cache = self.policy, self.head, state.target_cache
         start = time.perf_counter() if state.draft is not None else 0.0
-        positions = self._next_positions(cache)
         lookup = self._lookup(state, state.tree)
         draft, shape, index = None, state.tree, -1
         if state.draft is not None:  # the statistics of the step's lookup context
@@ -988,14 +992,17 @@ class SpeculativeDecoder:
         defer = policy.defer_head and draft is not None and shape is None and head is not None
         if head is not None and state.pending_tokens is not None and not defer:
             self._flush_head(state)
-        expansion = self._expand(state, shape) if head is not None and shape is not None and not alone else None
+        drafting = head is not None and shape is not None and not alone
+        positions = self._next_positions(cache, shape.depth if drafting else 1)
+        expansion = self._expand(state, shape, positions) if drafting else None
         tree = expansion.tree if expansion is not None else _root_tree(state.root)
         tree, chains = self._graft(state, shape, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
         out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
         result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
-                            **state.sampling, **self._draft_rows(expansion, tree), **self._coupled(positions))
+                            **state.sampling, **self._draft_rows(expansion, tree),
+                            **self._coupled(None if positions is None else positions[:, 0]))
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
         hidden = None
         if defer:
@@ -1022,21 +1029,18 @@ class SpeculativeDecoder:
         search = lookup_search if self.policy.capturable else lookup_search_host
         return _Lookup(context, *search(state.history, context, tree.lookup_ngram))
 
-    def _expand(self, state: _State, tree: TreeConfig):
+    def _expand(self, state: _State, tree: TreeConfig, positions: torch.Tensor | None):
         """The head's draft ``tree`` for this step's roots: EAGLE-2's (an ``Expansion``), or with a
         sampled tree every candidate and the draft rows (a ``SampledExpansion``). Under coupled
-        sampling the sampling requests' draft logits race with the target's noise at their
-        children's positions (the root's children: the position after the root's, ``seqlens + 1``)."""
+        sampling (``positions`` int64 [B, tree.depth], ``_next_positions``) the sampling requests'
+        draft logits race with the target's noise at their children's positions (the root's children:
+        the position after the root's, ``seqlens + 1``)."""
         coupled = None
         if self.policy.coupled_sampling:
             temperature = state.sampling["temperature"]
-            # A capturable step reads no value: it draws the noise whether or not a request samples.
+            # A capturable step reads no value: it perturbs the rows whether or not a request samples.
             if self.policy.capturable or bool((temperature > 0).any()):
-                positions = self._next_positions(state.target_cache)
-                steps = positions[:, None] + torch.arange(tree.depth, device=positions.device)
-                noise = ops.coupled_noise(state.sampling["seed"], steps, self.head.config.draft_vocab_size,
-                                          d2t=self.head.d2t)
-                coupled = (temperature, noise)
+                coupled = (temperature, state.sampling["seed"], positions)
         draft = _HeadDraft(self.head, state.root_hidden, state.head_cache, tree, state.root_normed, coupled)
         if tree.sampled:
             # The draws use the step's offset, as verify's: draft_expand's draws are disjoint from

@@ -319,9 +319,10 @@ def _subclasses(cls):
 
 
 def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True,
-                gpu_layer_path: bool = True) -> list[LaunchCount]:
-    """Launch counts of the first ``steps`` decoding steps of ``decoder.generate(prompts, ...)``
-    (greedy), one :class:`LaunchCount` per step; the prefill is not counted. The first step also
+                gpu_layer_path: bool = True, **sampling) -> list[LaunchCount]:
+    """Launch counts of the first ``steps`` decoding steps of ``decoder.generate(prompts, ...,
+    **sampling)`` (greedy unless ``sampling`` says otherwise: temperature, top_k, top_p, seed), one
+    :class:`LaunchCount` per step; the prefill is not counted. The first step also
     pays the one-time fills of the ops' cached workspaces (verify's control words, draft_expand's
     request counters), which the kernels leave ready for the next call: the second step is the
     steady state that a replayed CUDA graph repeats. The decoder's
@@ -346,7 +347,7 @@ def count_steps(decoder, prompts, steps: int = 2, speculative: bool = True,
         for paths_of_model, _ in flags:
             paths_of_model._gpu_path_on_cpu = True  # the prefill too: the same caches and tables
         with _backend_for_prefill():
-            decoder.generate(prompts, max_new_tokens=8 * steps + 1, speculative=speculative)
+            decoder.generate(prompts, max_new_tokens=8 * steps + 1, speculative=speculative, **sampling)
     finally:
         for paths_of_model, flag in flags:
             paths_of_model._gpu_path_on_cpu = flag

@@ -48,6 +48,13 @@ def coupled_noise(seed, positions, num_tokens, *, d2t=None):
     return _dispatch.run("coupled_noise", seed.device, seed, positions, num_tokens, d2t=d2t)
 
 
+def coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None):
+    """A drafting step's rows under coupled sampling (docs/ops.md §16): log-probabilities at each
+    request's temperature plus the race noise at ``positions``, greedy requests' rows unchanged;
+    see :func:`eagle_kernels.reference.coupled_draft_logits`."""
+    return _dispatch.run("coupled_draft_logits", logits.device, logits, temperature, seed, positions, d2t=d2t)
+
+
 def compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, *, block_table=None) -> None:
     """Commit the accepted path's K/V in place, all layers at once (docs/ops.md §5); see
     :func:`eagle_kernels.reference.compact_kv`."""

@@ -36,10 +36,11 @@ def tiny_hf_model(dtype, rope_scaling=None, tie=False, seed=0):
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [20, 21, 22, 23, 24, 25, 26]]
 
 
-def launch_counted_decoder(tree: TreeConfig):
+def launch_counted_decoder(tree: TreeConfig, coupled_sampling: bool = False):
     """A decoder of a 3-layer bf16 target and a random EAGLE-3 head whose steps the launch counter
-    (eagle_kernels/launch_count.py) can run on the GPU code path; skips where it cannot (Triton
-    needs TRITON_INTERPRET=1 on CPU tensors, the native ops their CPU kernels)."""
+    (eagle_kernels/launch_count.py) can run on the GPU code path (``StaticPolicy``, with coupled
+    sampling if asked); skips where it cannot (Triton needs TRITON_INTERPRET=1 on CPU tensors, the
+    native ops their CPU kernels)."""
     from eagle_kernels.decoder import SpeculativeDecoder
     from eagle_kernels.models import LlamaModel
     from eagle_kernels.policy import StaticPolicy
@@ -51,7 +52,8 @@ def launch_counted_decoder(tree: TreeConfig):
     torch.manual_seed(0)
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
     head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
-    return SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
+    return SpeculativeDecoder(target, head, tree, policy=StaticPolicy(coupled_sampling=coupled_sampling),
+                              cuda_graph=False)
 
 
 def repeat_head(target):

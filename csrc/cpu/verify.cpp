@@ -22,7 +22,13 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gt.h>
+#include <ATen/ops/log_softmax.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/where.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -801,9 +807,61 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
 
 namespace eagle {
 
-// coupled_noise (docs/ops.md §15): the Gumbel noise -log(-log U) of coupled sampling at each
-// (request, position, token id): the uniforms in the AVX-512 blocks of verify's race, then two
-// vectorised logs over the whole [B, W, n] tensor.
+// The target ids the race draws for a vocabulary of n entries: x, or x + d2t[x] (checked in [0, 2^32)),
+// padded with zeros to whole AVX-512 blocks.
+static std::vector<uint32_t> coupled_ids(const char* op, const std::optional<at::Tensor>& d2t, int64_t n,
+                                         const at::Device dev, const char* d2t_shape) {
+  std::vector<uint32_t> ids(static_cast<size_t>(n + kCoupledBlock), 0u);
+  if (d2t) {
+    check_dtype(*d2t, op, "d2t", at::kLong);
+    check_shape(*d2t, op, "d2t", {n}, d2t_shape);
+    check_device(*d2t, op, "d2t", dev);
+    const at::Tensor d = d2t->contiguous();
+    const int64_t* off = d.data_ptr<int64_t>();
+    for (int64_t x = 0; x < n; ++x) {
+      const int64_t id = x + off[x];
+      TORCH_CHECK_VALUE(id >= 0 && id < (int64_t{1} << 32), op, ": d2t: expected token ids x + d2t[x] in ",
+                        "[0, 2^32), got ", id, " at ", x);
+      ids[x] = static_cast<uint32_t>(id);
+    }
+  } else {
+    TORCH_CHECK_VALUE(n <= (int64_t{1} << 32), op, ": expected a vocabulary of at most 2^32, got ", n);
+    for (int64_t x = 0; x < n; ++x) ids[x] = static_cast<uint32_t>(x);
+  }
+  return ids;
+}
+
+// The Gumbel noise -log(-log U) [R, n] of rows r = (seed[r / W], positions[r]) (positions: R = B * W
+// entries, dense): the uniforms in the AVX-512 blocks of verify's race, then two vectorised logs over
+// the whole tensor, rounded once to float32.
+static at::Tensor coupled_gumbel_rows(const int64_t* seeds, const int64_t* positions, int64_t R, int64_t W,
+                                      const std::vector<uint32_t>& ids, int64_t n, const at::TensorOptions& opts) {
+  at::Tensor u = at::empty({R, n}, opts.dtype(at::kDouble));
+  double* out = u.data_ptr<double>();
+  const bool avx512 = isa::current() >= isa::Level::kAvx512Ymm;
+  // Rows of fewer than ~64k entries run inline: waking the second thread costs more on a loaded host
+  // (as in verify above), and ATen's logs stay on one thread below 32k entries too.
+  at::parallel_for(0, R, std::max<int64_t>(1, (int64_t{1} << 16) / n), [&](int64_t begin, int64_t end) {
+    alignas(64) double block[kCoupledBlock];
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t seed_r = seeds[r / W], position = positions[r];
+      double* row = out + r * n;
+      for (int64_t x0 = 0; x0 < n; x0 += kCoupledBlock) {
+        if (avx512) {
+          coupled_uniforms<kAvx512>(seed_r, position, ids.data() + x0, block);
+        } else {
+          coupled_uniforms<kBase>(seed_r, position, ids.data() + x0, block);
+        }
+        std::memcpy(row + x0, block, sizeof(double) * std::min<int64_t>(kCoupledBlock, n - x0));
+      }
+    }
+  });
+  // U = 0 gives -log U = inf and a noise of -inf: never first in a race.
+  return u.log_().neg_().log_().neg_().to(at::kFloat);
+}
+
+// coupled_noise (docs/ops.md §15): the Gumbel noise of coupled sampling at each (request, position,
+// token id).
 at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions, int64_t num_tokens,
                              const std::optional<at::Tensor>& d2t) {
   const char* op = "coupled_noise";
@@ -819,48 +877,53 @@ at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions
                     shape_str(positions.sizes()));
   TORCH_CHECK_VALUE(num_tokens >= 1, "coupled_noise: num_tokens: expected an int >= 1, got ", num_tokens);
   const int64_t W = positions.size(1), n = num_tokens;
-  std::vector<uint32_t> ids(static_cast<size_t>(n + kCoupledBlock), 0u);
-  if (d2t) {
-    check_dtype(*d2t, op, "d2t", at::kLong);
-    check_shape(*d2t, op, "d2t", {n}, "[num_tokens]");
-    check_device(*d2t, op, "d2t", dev);
-    const at::Tensor d = d2t->contiguous();
-    const int64_t* off = d.data_ptr<int64_t>();
-    for (int64_t x = 0; x < n; ++x) {
-      const int64_t id = x + off[x];
-      TORCH_CHECK_VALUE(id >= 0 && id < (int64_t{1} << 32), "coupled_noise: d2t: expected token ids x + d2t[x] in ",
-                        "[0, 2^32), got ", id, " at ", x);
-      ids[x] = static_cast<uint32_t>(id);
-    }
-  } else {
-    TORCH_CHECK_VALUE(n <= (int64_t{1} << 32), "coupled_noise: num_tokens: expected at most 2^32, got ", n);
-    for (int64_t x = 0; x < n; ++x) ids[x] = static_cast<uint32_t>(x);
-  }
+  const std::vector<uint32_t> ids = coupled_ids(op, d2t, n, dev, "[num_tokens]");
   const at::Tensor seed_c = seed.contiguous(), pos_c = positions.contiguous();
-  const int64_t* s = seed_c.data_ptr<int64_t>();
-  const int64_t* p = pos_c.data_ptr<int64_t>();
-  at::Tensor u = at::empty({B, W, n}, seed.options().dtype(at::kDouble));
-  double* out = u.data_ptr<double>();
-  const bool avx512 = isa::current() >= isa::Level::kAvx512Ymm;
-  // Rows of fewer than ~64k entries run inline: waking the second thread costs more on a loaded host
-  // (as in verify below), and ATen's logs stay on one thread below 32k entries too.
-  at::parallel_for(0, B * W, std::max<int64_t>(1, (int64_t{1} << 16) / n), [&](int64_t begin, int64_t end) {
-    alignas(64) double block[kCoupledBlock];
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t seed_r = s[r / W], position = p[r];
-      double* row = out + r * n;
-      for (int64_t x0 = 0; x0 < n; x0 += kCoupledBlock) {
-        if (avx512) {
-          coupled_uniforms<kAvx512>(seed_r, position, ids.data() + x0, block);
-        } else {
-          coupled_uniforms<kBase>(seed_r, position, ids.data() + x0, block);
-        }
-        std::memcpy(row + x0, block, sizeof(double) * std::min<int64_t>(kCoupledBlock, n - x0));
-      }
-    }
-  });
-  // U = 0 gives -log U = inf and a noise of -inf: never first in a race.
-  return u.log_().neg_().log_().neg_().to(at::kFloat);
+  return coupled_gumbel_rows(seed_c.data_ptr<int64_t>(), pos_c.data_ptr<int64_t>(), B * W, W, ids, n, seed.options())
+      .view({B, W, n});
+}
+
+// coupled_draft_logits (docs/ops.md §16): a drafting step's rows under coupled sampling, the
+// log-probabilities at each sampling request's temperature plus its race noise (one noise row per
+// request, shared by its M rows), the reference's ATen arithmetic; greedy requests' rows as float32.
+at::Tensor coupled_draft_logits_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
+                                    const at::Tensor& positions, const std::optional<at::Tensor>& d2t) {
+  const char* op = "coupled_draft_logits";
+  const at::ScalarType dt = logits.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+                    "coupled_draft_logits: logits: expected dtype torch.float32 or torch.bfloat16 or torch.float16, ",
+                    "got ", dt);
+  check_dim(logits, op, "logits", 3, "[B, M, n]");
+  const at::Device dev = logits.device();
+  TORCH_CHECK_VALUE(dev.is_cpu(), "coupled_draft_logits: logits: expected a CPU tensor, got one on ", dev);
+  const int64_t B = logits.size(0), n = logits.size(2);
+  TORCH_CHECK_VALUE(n >= 1, "coupled_draft_logits: logits: expected a vocabulary of at least one entry ",
+                    "[B, M, n >= 1], got shape ", shape_str(logits.sizes()));
+  check_dtype(temperature, op, "temperature", at::kFloat);
+  check_shape(temperature, op, "temperature", {B}, "[B]");
+  check_device(temperature, op, "temperature", dev);
+  check_dtype(seed, op, "seed", at::kLong);
+  check_shape(seed, op, "seed", {B}, "[B]");
+  check_device(seed, op, "seed", dev);
+  check_dtype(positions, op, "positions", at::kLong);
+  check_shape(positions, op, "positions", {B}, "[B]");
+  check_device(positions, op, "positions", dev);
+  const at::Tensor t_c = temperature.contiguous();
+  const float* t = t_c.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(std::isfinite(t[b]) && t[b] >= 0.0f, "coupled_draft_logits: temperature: expected finite ",
+                      "values >= 0, got ", t[b], " at ", b);
+  }
+  const std::vector<uint32_t> ids = coupled_ids(op, d2t, n, dev, "[n]");
+  const at::Tensor seed_c = seed.contiguous(), pos_c = positions.contiguous();
+  const at::Tensor noise =
+      coupled_gumbel_rows(seed_c.data_ptr<int64_t>(), pos_c.data_ptr<int64_t>(), B, 1, ids, n, seed.options())
+          .view({B, 1, n});
+  const at::Tensor rows = logits.to(at::kFloat);
+  const at::Tensor sampling = at::gt(temperature, 0);
+  const at::Tensor scale = at::where(sampling, temperature, at::ones_like(temperature)).view({B, 1, 1});
+  const at::Tensor perturbed = at::add(at::log_softmax(at::div(rows, scale), -1), noise);
+  return at::where(sampling.view({B, 1, 1}), perturbed, rows);
 }
 
 }  // namespace eagle

@@ -7,6 +7,7 @@ read like the spec.
 
 from .build_tree import build_tree
 from .compact_kv import compact_kv
+from .coupled_draft_logits import coupled_draft_logits
 from .coupled_noise import coupled_noise
 from .cpu_decoder_layer import cpu_decoder_forward, cpu_decoder_layer, cpu_decoder_layers, cpu_head_forward
 from .cpu_linear import cpu_linear
@@ -19,7 +20,8 @@ from .tree_attention import tree_attention
 from .verify import verify
 from .write_kv import write_kv
 
-__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "compact_kv",
+__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "coupled_draft_logits",
+           "compact_kv",
            "write_kv", "cpu_linear",
            "cpu_decoder_layer", "cpu_decoder_layers",
            "cpu_decoder_forward", "cpu_head_forward", "rmsnorm", "rope_write_kv", "silu_mul", "philox4x32", "uniform"]

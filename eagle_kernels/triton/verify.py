@@ -76,7 +76,6 @@ import triton
 from .. import _checks
 from .._types import VerifyOutput
 from ._launch_config import interpreted
-from .verify_coupled import coupled_walk
 from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests)
     NUM_PIVOTS,
     NUM_STATS,
@@ -165,23 +164,15 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     int32 / float32 / int64 / int64 [B] temperature, top_k, top_p, seed, offset; for sampled
     drafts draft_probs float32 [B, N, Vd], draft_sampled bool [B, N], d2t int64 [Vd].
     Returns VerifyOutput(accept_len [B], accept_nodes [B, max_depth + 1],
-    out_tokens [B, max_depth + 1], status [B]). With ``positions`` (coupled sampling) the sampling
-    requests take the walk of verify_coupled.py, the greedy ones this kernel's.
+    out_tokens [B, max_depth + 1], status [B]). ``positions`` int64 [B] (coupled sampling): the
+    sampling requests' tokens are the exponential race's, in the same launch.
     """
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
-    if positions is None or temperature is None:
-        return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-                       _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
-                       record=False).output
-    # Coupled sampling: the kernel walks every request greedily (the greedy requests' results; the
-    # sampling requests' rows are walked again by the coupled rule, so the kernel skips their sampling work).
-    out = _launch(tokens, parents, target_logits, max_depth, None, None, None, None, None, _config or launch_config(),
-                  record=False).output
-    coupled = coupled_walk(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, positions)
-    sampling = temperature > 0
-    return VerifyOutput(*(torch.where(sampling.view(-1, *[1] * (x.dim() - 1)), c, x) for c, x in zip(coupled, out)))
+    return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
+                   _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
+                   positions=positions, record=False).output
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
@@ -260,7 +251,8 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
 
 
 def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-            config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None, record: bool = True) -> Launch:
+            config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None, positions=None,
+            record: bool = True) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
     lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput and, with
     ``record``, the visited rows' internals: candidate counts and the sampling rows' scalars
@@ -312,13 +304,15 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         cand_count if record else status, ws["control"], ws["row_scalars"], ws["part_max"], ws["part_arg"],
         ws["part_flags"], ws["part_total"], ws["part_counts"], ws["part_sums"], ws["part_mass"], ws["part_search"],
         ws["prefix"], ws["cand_index"], ws["cand_scaled"], ws["tile_sums"], accept_len, accept_nodes, out_tokens,
-        status, probs, sampled, inverse, d2t_ok, events, N, V, Vd, max_depth, chunk, logits.stride(0),
-        logits.stride(1), IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits,
-        PHASES=phases, BLOCK_SPLITS=max(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, BLOCK_S=block_s,
+        status, probs, sampled, inverse, d2t_ok, events, status if positions is None else positions,
+        N, V, Vd, max_depth, chunk, logits.stride(0), logits.stride(1),
+        0 if positions is None else positions.stride(0), IS_FP64=is_fp64,
+        SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
+        BLOCK_SPLITS=max(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, BLOCK_S=block_s,
         BLOCK_MAX=block_max, BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
         HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,
-        RECORD=record, BLOCK_CTL=triton.next_power_of_2(CTL_WORDS.value + 2 * phases),
-        num_warps=config.num_warps,
+        HAS_POSITIONS=positions is not None, RECORD=record,
+        BLOCK_CTL=triton.next_power_of_2(CTL_WORDS.value + 2 * phases), num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

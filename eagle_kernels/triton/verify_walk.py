@@ -1,7 +1,10 @@
 """The kernel of Triton ``verify`` (the overview is in ``verify.py``): one program per request
 descends its tree, computing each visited row's scalars with ``verify_rows.py`` when it gets
 there, accepting or rejecting each drafted child and drawing the bonus token by inverse CDF,
-with Philox4x32-10 coins in-kernel.
+with Philox4x32-10 coins in-kernel. With ``positions`` (coupled sampling), a sampling request's
+token at each visited row is the exponential race over the row's weights instead, run once the
+thresholds are known: over the candidate list in the merge, or as one more pass over the chunks
+(``KIND_RACE``, in place of the mass pass).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..reference.random import COUPLED_DRAW
 from .philox import _uniform
 from .verify_rows import (
     NUM_PIVOTS,
@@ -43,6 +47,7 @@ from .verify_rows import (
 
 ACCEPT_DRAW = tl.constexpr(0)
 BONUS_DRAW = tl.constexpr(1)
+RACE_DRAW = tl.constexpr(COUPLED_DRAW)
 # The passes a phase runs over one chunk of the current row.
 KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
 KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
@@ -51,6 +56,7 @@ KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no li
 KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list); the last
 # digit also sums each candidate's softmax normaliser
 KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search; the last also its normaliser
+KIND_RACE = tl.constexpr(7)  # coupled requests, rows without a list: each chunk's best race ratio (no mass pass)
 # Per-request control words (int32, zero before a launch and left zero after it: the last program
 # of a request to exit resets them, so a cached workspace needs no fill between calls): the phase
 # now open (FINISHED once the request is done), the open phase's kind and row, the walk's depth,
@@ -152,6 +158,59 @@ def _bonus_from_list(index_ptr, scaled_ptr, listed, tokens_row, node, N, rejecte
     found = _min1(tl.where(tl.cumsum(w, axis=0) > target, index, V))
     last_positive = _max1(tl.where(w > 0, index, -1))
     return tl.where(found < V, found, tl.maximum(last_positive, 0))
+
+
+@triton.jit
+def _race_ratios(ids, w, seed, position):
+    """The exponential race's ratios ``w / E``, ``E = -log U(seed, position, id, COUPLED_DRAW)``, in
+    float64 (``w`` float64); -1 off the support, 0 where U = 0 (E = inf)."""
+    # The draw index as a uint32 scalar: a global constant above 2^31 would pass as an int32.
+    u = _uniform(seed, position, ids, tl.full([], RACE_DRAW, tl.uint32))
+    return tl.where(w > 0.0, w / -tl.log(u), -1.0)
+
+
+@triton.jit
+def _range_race(row, start, end, row_max, t, kth, denom, cut, norm, seed, position, CT: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """Race pass over [start, end) of a coupled row: the best ratio (float64) and the first id holding
+    it. Each lane keeps its first maximum (ids ascend within a lane), so the smallest id among the
+    lanes at the best is the first one: ties go to the smaller id, as in the reference."""
+    lane_best = tl.full([BLOCK_V], -2.0, tl.float64)
+    lane_id = tl.full([BLOCK_V], end, tl.int32)
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+        ratio = _race_ratios(offs, w, seed, position)
+        better = valid & (ratio > lane_best)
+        lane_id = tl.where(better, offs, lane_id)
+        lane_best = tl.where(better, ratio, lane_best)
+    best = _max1(lane_best)
+    return best, _min1(tl.where(lane_best == best, lane_id, end))
+
+
+@triton.jit
+def _race_from_list(index_ptr, scaled_ptr, listed, kth, denom, cut, norm, seed, position, V, CT: tl.constexpr,
+                    NUM_CAND: tl.constexpr):
+    """The race's winner over a row's candidate list (it holds every token of positive weight)."""
+    slots = tl.arange(0, NUM_CAND)
+    index = tl.load(index_ptr + slots, mask=slots < listed, other=V, volatile=True)
+    scaled = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"), volatile=True)
+    w = tl.where(slots < listed, _weights(_probs(scaled, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+    ratio = _race_ratios(index, w, seed, position)
+    best = _max1(ratio)
+    return _min1(tl.where(ratio == best, index, V))
+
+
+@triton.jit
+def _first_child_with(token, node, may_descend, parents_row, tokens_row, N, BLOCK_N: tl.constexpr):
+    """The first child of ``node`` holding ``token`` (-1 if none, or when the node is a leaf)."""
+    offs = tl.arange(0, BLOCK_N)
+    hit = (tl.load(parents_row + offs, mask=offs < N, other=-2) == node) \
+        & (tl.load(tokens_row + offs, mask=offs < N, other=-1) == token) & (offs > node) & may_descend
+    first = _min1(tl.where(hit, offs, BLOCK_N))
+    return tl.where(first < BLOCK_N, first, -1)
 
 
 @triton.jit
@@ -480,7 +539,8 @@ def _verify_kernel(
     inv_d2t_ptr,  # [V] int32: the draft id of each target id, -1 for none (read only when HAS_D2T)
     d2t_ok_ptr,  # [1] int32: 1 when every draft id maps into [0, V)
     events_ptr,  # [B, EVENT_WORDS * BLOCK_N] float64 scratch: the rejections at the current node
-    N, V, Vd, max_depth, chunk, stride_lb, stride_ln,
+    positions_ptr,  # [B] int64, stride stride_pos: the position the root's row predicts (read only when HAS_POSITIONS)
+    N, V, Vd, max_depth, chunk, stride_lb, stride_ln, stride_pos,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     SPLITS: tl.constexpr,  # chunks per row (programs per request)
@@ -498,6 +558,7 @@ def _verify_kernel(
     HAS_DRAFT: tl.constexpr,  # draft_probs given: the draft-aware rule at nodes with sampled children
     HAS_MASK: tl.constexpr,  # draft_sampled given (else every non-root node is sampled)
     HAS_D2T: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,  # coupled sampling for the sampling requests
     RECORD: tl.constexpr,  # store each visited row's scalars and list length (tests)
     BLOCK_CTL: tl.constexpr,  # next power of two of CTL_WORDS + 2 * PHASES
 ):
@@ -523,6 +584,17 @@ def _verify_kernel(
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
     greedy = temperature == 0.0
+    # Coupled sampling: each visited row's token is the race's winner (draft rows play no part); the
+    # race replaces the mass pass on rows without a list. Without positions these are constants, so
+    # that launch compiles to the kernel without the race.
+    if HAS_POSITIONS:
+        coupled = temperature != 0.0
+        position0 = tl.load(positions_ptr + b * stride_pos)
+        mass_kind = tl.where(coupled, KIND_RACE, KIND_MASS)
+    else:
+        coupled = tl.zeros([], tl.int1)  # a constant: the race code folds away
+        position0 = tl.zeros([], tl.int64)
+        mass_kind = KIND_MASS
     use_k = (top_k > 0) & (top_k < V)
     use_p = top_p < 1.0
     t = temperature.to(CT)
@@ -590,6 +662,13 @@ def _verify_kernel(
                     if kind == KIND_MASS:
                         tl.store(part_mass_ptr + parts + claim,
                                  _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
+                    elif kind == KIND_RACE:
+                        if HAS_POSITIONS:
+                            position = position0 + tl.load(ctl + CTL_DEPTH, volatile=True)
+                            race_best, race_id = _range_race(row, start, end, row_max, t, kth, denom, cut, norm,
+                                                             tl.load(seed_ptr + b), position, CT, BLOCK_V)
+                            tl.store(part_total_ptr + parts + claim, race_best)
+                            tl.store(part_arg_ptr + parts + claim, race_id)
                     else:
                         prefix = _load_prefix(prefix_ptr + b, IS_FP64)
                         digit = tl.load(ctl + CTL_DIGIT, volatile=True)
@@ -723,7 +802,7 @@ def _verify_kernel(
                             kept = tl.sum(_sum0(tl.load(part_search_ptr + at + RADIX, mask=in_lane, other=0.0,
                                                         volatile=True)), axis=0).to(CT)
                             value = _search_value(prefix, CT, IS_FP64, SIG_BITS, RADIX_BITS).to(CT)
-                            next_kind = KIND_MASS
+                            next_kind = mass_kind
                             if kind == KIND_SEARCH_K:
                                 kth = _scaled(value, row_max, t)
                                 tl.store(rowf + ROW_KTH, kth.to(tl.float64))
@@ -759,6 +838,15 @@ def _verify_kernel(
                                 cut = _probs(_scaled(value, row_max, t), kth, denom, CT)
                                 tl.store(rowf + ROW_CUT, cut.to(tl.float64))
                                 tl.store(rowf + ROW_NORM, kept.to(tl.float64))
+                    elif kind == KIND_RACE:
+                        if HAS_POSITIONS:
+                            ratios = tl.load(part_total_ptr + parts + splits, mask=in_splits, other=-3.0, volatile=True)
+                            ids = tl.load(part_arg_ptr + parts + splits, mask=in_splits, other=V, volatile=True)
+                            winner = _min1(tl.where(ratios == _max1(ratios), ids, V))
+                            child = _first_child_with(winner, node, may_descend, parents_row, tokens_row, N, BLOCK_N)
+                            if child < 0:
+                                bonus = winner
+                                finish = 1
                     else:
                         kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                         denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
@@ -777,7 +865,7 @@ def _verify_kernel(
                         tl.store(rowf + ROW_NORM, 1.0)
                         _store_prefix(prefix_ptr + b, seed_prefix, IS_FP64)
                         tl.store(ctl + CTL_DIGIT, seed_digit)
-                        next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, KIND_MASS))
+                        next_kind = tl.where(use_k, KIND_SEARCH_K, tl.where(use_p, KIND_SEARCH_P, mass_kind))
                     if ready != 0:
                         if RECORD:
                             st = stats_ptr + (b * N + node) * NUM_STATS
@@ -788,30 +876,42 @@ def _verify_kernel(
                             tl.store(st + STAT_NORM, norm.to(tl.float64))
                             tl.store(st + STAT_MASS, mass)
                             tl.store(cand_count_ptr + b * N + node, tl.maximum(listed, -1))
-                        offs_n = tl.arange(0, BLOCK_N)
-                        tokens = tl.load(tokens_row + offs_n, mask=offs_n < N, other=-1)
-                        seed = tl.load(seed_ptr + b)
-                        offset = tl.load(offset_ptr + b)
-                        accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
-                        drafted = 0
-                        if HAS_DRAFT:
-                            drafted = _sampled_child_count(node, may_descend, parents_row, draft_sampled_ptr + b * N,
-                                                           N, BLOCK_N, HAS_MASK)
-                        if drafted > 0:
-                            u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
-                            child, bonus, draft_bad = _accept_sampled(
-                                row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row,
-                                tokens, draft_sampled_ptr + b * N, draft_probs_ptr + (b * N + node) * Vd,
-                                inv_d2t_ptr, d2t_ok_ptr, events_ptr + b * EVENT_WORDS * BLOCK_N, accept_coins, u,
-                                offs_n, N, CT, BLOCK_N, BLOCK_S, HAS_MASK, HAS_D2T)
-                            bonus = bonus.to(tl.int32)
-                            if child < 0:
-                                finish = 1
+                        if coupled:
+                            # Only the list path gets here (rows without a list take the race pass).
+                            if NUM_CAND > 0:
+                                winner = _race_from_list(index_b, scaled_b, listed, kth, denom, cut, norm,
+                                                         tl.load(seed_ptr + b), position0 + depth, V, CT, NUM_CAND)
+                                child = _first_child_with(winner, node, may_descend, parents_row, tokens_row, N,
+                                                          BLOCK_N)
+                                if child < 0:
+                                    bonus = winner
+                                    finish = 1
                         else:
-                            child, bonus, finish = _accept_and_bonus(
-                                row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row,
-                                tokens_row, tokens, accept_coins, offs_n, N, seed, offset, listed, index_b, scaled_b,
-                                sums_b, CT, BLOCK_N, BLOCK_V, BLOCK_T, NUM_CAND)
+                            offs_n = tl.arange(0, BLOCK_N)
+                            tokens = tl.load(tokens_row + offs_n, mask=offs_n < N, other=-1)
+                            seed = tl.load(seed_ptr + b)
+                            offset = tl.load(offset_ptr + b)
+                            accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
+                            drafted = 0
+                            if HAS_DRAFT:
+                                drafted = _sampled_child_count(node, may_descend, parents_row,
+                                                               draft_sampled_ptr + b * N, N, BLOCK_N, HAS_MASK)
+                            if drafted > 0:
+                                u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
+                                child, bonus, draft_bad = _accept_sampled(
+                                    row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row,
+                                    tokens_row, tokens, draft_sampled_ptr + b * N,
+                                    draft_probs_ptr + (b * N + node) * Vd, inv_d2t_ptr, d2t_ok_ptr,
+                                    events_ptr + b * EVENT_WORDS * BLOCK_N, accept_coins, u, offs_n, N, CT, BLOCK_N,
+                                    BLOCK_S, HAS_MASK, HAS_D2T)
+                                bonus = bonus.to(tl.int32)
+                                if child < 0:
+                                    finish = 1
+                            else:
+                                child, bonus, finish = _accept_and_bonus(
+                                    row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row,
+                                    tokens_row, tokens, accept_coins, offs_n, N, seed, offset, listed, index_b,
+                                    scaled_b, sums_b, CT, BLOCK_N, BLOCK_V, BLOCK_T, NUM_CAND)
                     # Walk on: record an accepted child or the bonus, then open the next phase.
                     if child >= 0:
                         depth += 1

@@ -167,10 +167,10 @@ def test_deferred_head_commits_draft_as_per_step_commits(target, make_head):
         seen = roots[defer] = []
         real_expand = decoder._expand
 
-        def expand(state, shape, real_expand=real_expand, seen=seen):
+        def expand(state, shape, positions, real_expand=real_expand, seen=seen):
             assert state.pending_tokens is None  # committed before drafting
             seen.append((state.root_hidden.clone(), ~state.done))
-            return real_expand(state, shape)
+            return real_expand(state, shape, positions)
 
         decoder._expand = expand
         assert decoder.generate(PROMPTS, 20).sequences == plain.sequences

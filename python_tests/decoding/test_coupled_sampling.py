@@ -14,7 +14,7 @@ import torch
 from test_decoder_sampling import PROMPT, REQUESTS, generate_and_check, target  # noqa: F401
 
 from eagle_kernels import ops
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, coupled_draft_logits, default_tree
+from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig, default_tree
 from eagle_kernels.policy import FittedPolicy, StaticPolicy
 from helpers import HEADS
 
@@ -62,7 +62,7 @@ def test_draft_logits_race_with_the_target_noise():
     logits = torch.randn(2, 3, 11, generator=gen)
     temperature = torch.tensor([0.5, 0.0])
     noise = ops.coupled_noise(torch.tensor([4, 5]), torch.tensor([[10, 11], [20, 21]]), 11)
-    got = coupled_draft_logits(logits, temperature, noise, 1)
+    got = ops.coupled_draft_logits(logits, temperature, torch.tensor([4, 5]), torch.tensor([11, 21]))
     torch.testing.assert_close(got[0], torch.log_softmax(logits[0] / 0.5, -1) + noise[0, 1])
     assert torch.equal(got[1], logits[1])
 

@@ -151,9 +151,9 @@ def test_full_matches_verify_the_chain_alone(target, prompts, monkeypatch):
         steps.append({"full": bool((matched >= ngram).all()), "expanded": False})
         return start, matched
 
-    def expand(self, state, shape):
+    def expand(self, state, shape, positions):
         steps[-1]["expanded"] = True
-        return real_expand(self, state, shape)
+        return real_expand(self, state, shape, positions)
 
     def forward(tokens, cache, **kwargs):
         if steps:

@@ -29,13 +29,16 @@ def counted():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        coupled = launch_counted_decoder(TREE, coupled_sampling=True)
         return {"plain": count_steps(decoder, [[1, 2, 3]], steps=2, speculative=False)[-1],
-                "speculative": count_steps(decoder, [[1, 2, 3]], steps=2, speculative=True)[-1]}
+                "speculative": count_steps(decoder, [[1, 2, 3]], steps=2, speculative=True)[-1],
+                "coupled": count_steps(coupled, [[1, 2, 3]], steps=2, speculative=True, temperature=1.0, top_p=0.9,
+                                       seed=3)[-1]}
     finally:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("mode", ["plain", "speculative"])
+@pytest.mark.parametrize("mode", ["plain", "speculative", "coupled"])
 def test_layers_within_budget(counted, mode):
     count: LaunchCount = counted[mode]
     target_layers = count.per_layer("target")
@@ -43,7 +46,7 @@ def test_layers_within_budget(counted, mode):
     assert max(target_layers) <= LAYER_BUDGET, target_layers
     assert min(target_layers) == max(target_layers)  # the same kernels in every layer
     head_layers = count.per_layer("head")
-    if mode == "speculative":
+    if mode != "plain":
         assert len(head_layers) == TREE.depth  # depth - 1 drafting passes and the commit
         assert max(head_layers) <= LAYER_BUDGET, head_layers
     else:
@@ -53,7 +56,7 @@ def test_layers_within_budget(counted, mode):
     assert "_write_kv_kernel" not in count.by_kernel
 
 
-@pytest.mark.parametrize("mode", ["plain", "speculative"])
+@pytest.mark.parametrize("mode", ["plain", "speculative", "coupled"])
 def test_no_host_reads(counted, mode):
     """Nothing in a step on the GPU path waits for the device (no value read on the host, no
     output shaped by values)."""
@@ -68,7 +71,9 @@ def test_no_host_reads(counted, mode):
 # (eagle_kernels/bookkeeping.py: one per depth, which also gathers the next head pass's inputs,
 # commit_inputs with the feature rows, commit) 8. The target's embedding and tree positions are
 # made in its first layer's first launch.
-MEASURED_OUTSIDE_LAYERS = {"plain": 6, "speculative": 31}
+# Coupled sampling (StaticPolicy(coupled_sampling=True), T 1, top-p 0.9): the speculative step's 31, the
+# positions (one add) and one coupled_draft_logits per depth; verify is still one launch.
+MEASURED_OUTSIDE_LAYERS = {"plain": 6, "speculative": 31, "coupled": 31 + 1 + TREE.depth}
 
 
 def test_plain_step_outside_layers_within_budget(counted):
@@ -76,7 +81,7 @@ def test_plain_step_outside_layers_within_budget(counted):
     assert count.outside_layers <= OUTSIDE_LAYERS_BUDGET, sorted(count.by_line.items())
 
 
-@pytest.mark.parametrize("mode", ["plain", "speculative"])
+@pytest.mark.parametrize("mode", ["plain", "speculative", "coupled"])
 def test_outside_layers_do_not_grow(counted, mode):
     count = counted[mode]
     assert count.outside_layers <= MEASURED_OUTSIDE_LAYERS[mode], sorted(count.by_line.items())
@@ -99,8 +104,19 @@ def test_speculative_bookkeeping_kernels(counted):
         assert counted["speculative"].by_kernel[op] == 0, (op, dict(by_kernel))
 
 
-def test_speculative_step_outside_layers_within_budget(counted):
-    count = counted["speculative"]
+def test_coupled_sampling_kernels(counted):
+    """Coupled sampling's race runs inside verify's one launch (no per-depth walk outside it), and each
+    drafting depth perturbs its rows in one launch (no noise tensor, no torch ops)."""
+    by_kernel = counted["coupled"].by_kernel
+    assert by_kernel["_verify_kernel"] == 1, dict(by_kernel)
+    assert by_kernel["_coupled_draft_logits_kernel"] == TREE.depth, dict(by_kernel)
+    for op in ("sort", "searchsorted", "_log_softmax", "where", "_coupled_noise_kernel", "arange"):
+        assert by_kernel[op] == 0, (op, dict(by_kernel))
+
+
+@pytest.mark.parametrize("mode", ["speculative", "coupled"])
+def test_speculative_step_outside_layers_within_budget(counted, mode):
+    count = counted[mode]
     assert count.outside_layers <= OUTSIDE_LAYERS_BUDGET, sorted(count.by_line.items())
 
 

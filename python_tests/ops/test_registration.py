@@ -56,6 +56,9 @@ def small_inputs(op):
     if op == "coupled_noise":  # a draft vocabulary of 19 ids mapped by d2t, positions past 2^32
         return (torch.tensor([5, -2]), torch.tensor([[3, 4, 5], [1 << 33, 7, 0]]), 19), {
             "d2t": torch.arange(19, dtype=torch.int64) * 3}
+    if op == "coupled_draft_logits":  # one greedy request; a draft vocabulary of 19 ids mapped by d2t
+        return (torch.randn(2, 3, 19, generator=g), torch.tensor([0.0, 0.7]), torch.tensor([5, -2]),
+                torch.tensor([1 << 33, 7])), {"d2t": torch.arange(19, dtype=torch.int64) * 3}
     if op == "compact_kv":
         k = torch.randn(3, 2, 12, 2, 8, generator=g)
         v = torch.randn(3, 2, 12, 2, 8, generator=g)

@@ -9,7 +9,8 @@ target weights, ``E(x) = -log U(seed, position, x)``. Tested here:
 - exactness: sequences of the toy model of test_verify_chi2 have the joint law of plain sampling
   (χ² against the exact joint), and two planted bugs (a noise reused across positions; a race on
   ``w * U`` instead of ``w / E``) fail the same check;
-- the Triton launcher (its coupled walk, interpreted) gives the reference's outputs too;
+- the Triton launcher (one launch: the race over a row's candidate list, or a race pass over its
+  chunks; interpreted, in every launch configuration) gives the reference's outputs too;
 - bad input: ``positions`` of the wrong dtype or shape is a ValueError naming it.
 """
 
@@ -70,13 +71,40 @@ def test_cpp_matches_reference(case, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
 @pytest.mark.parametrize("case", CASES[:2], ids=[c[0] for c in CASES[:2]])
 def test_triton_matches_reference(case, dtype):
-    """The Triton launcher: the main kernel for the greedy requests, verify_coupled.py's walk (the
-    race kernel, interpreted) for the sampling ones; draft rows given too, which coupled requests ignore."""
+    """The Triton launcher (one launch, interpreted): draft rows given too, which coupled requests ignore."""
     name, B, N, V = case
     verify = backend_impl("triton")
     tokens, parents, logits, sampling, positions, want = planted_batch(V, B, N, dtype)
     drafts = dict(draft_probs=torch.softmax(torch.randn(B, N, V), -1), draft_sampled=torch.ones(B, N, dtype=torch.bool))
     assert_same(verify(tokens, parents, logits, max_depth=5, positions=positions, **sampling, **drafts), want)
+
+
+# (Not "gpu": that id would mark the test as needing a CUDA device.)
+@pytest.mark.parametrize("config", ["interpreter", "gpu-config", "search"])
+def test_triton_launch_configs_match_reference(config):
+    """Every launch configuration of the one-launch kernel, interpreted: the GPU's (lists of 1,024,
+    4,096-entry tiles), the interpreter's (lists of 32: top-k rows race over the list, the rest take
+    the race pass over 2-4 chunks) and the full-row search (candidates 0: every coupled row takes the
+    race pass); temperature-only rows, top-k, top-p and greedy rows mixed, V 300."""
+    import dataclasses
+
+    backend_impl("triton")
+    from eagle_kernels.triton import verify as triton_verify
+
+    config = {"interpreter": triton_verify.INTERPRETER_CONFIG, "gpu-config": triton_verify.GPU_CONFIG,
+              "search": dataclasses.replace(triton_verify.INTERPRETER_CONFIG, candidates=0)}[config]
+    tokens, parents, logits, sampling, positions, want = planted_batch(300, 8, 12, torch.float32)
+    strided = torch.stack([positions, positions + 7], dim=1)[:, 0]  # read in place, as the decoder passes them
+    got = triton_verify.verify(tokens, parents, logits, max_depth=5, positions=strided, **sampling, _config=config)
+    assert_same(got, want)
+
+
+def test_triton_steps_emit_the_cpp_tokens():
+    """Triton coupled steps on the toy model (trees and plain steps) give the C++ kernel's sequences."""
+    variant = CHI2_VARIANTS[2]
+    want = coupled_sequences(backend_impl("cpp"), 24, *variant)
+    assert np.array_equal(coupled_sequences(backend_impl("triton"), 24, *variant), want)
+    assert np.array_equal(coupled_sequences(backend_impl("triton"), 24, *variant, tree=False), want)
 
 
 @pytest.mark.parametrize("backend_name", ["cpp", "triton"])
@@ -221,7 +249,7 @@ def test_bad_positions(backend_name, bad):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("V", [49152, 128256])
 def test_gpu_matches_cpp(gpu_op_impl, V, dtype):
-    """The CUDA path (the main kernel and the coupled walk) against the C++ kernel on the same inputs:
+    """The CUDA kernel against the C++ kernel on the same inputs:
     temperature-only, top-k and top-p requests with a greedy one, coupled tokens planted as children."""
     fn, cpp = gpu_op_impl("verify"), backend_impl("cpp")
     B, N = 4, 16
