@@ -15,7 +15,8 @@
 #   7. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
 #   8. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
 #   9. modeled vs measured (bench/gpu_model.py calibrate on bench.json)        -> model.log, gpu_model.json
-#  10. summary.md: result and wall time per stage, the tables from the logs
+#  10. coupled sampling end to end, SmolLM2-135M shape, T = 1 (what time is left) -> e2e_coupled.log
+#  11. summary.md: result and wall time per stage, the tables from the logs
 # Every stage has its own timeout, clipped to what is left of the overall budget; a failing
 # stage does not stop the later ones. Exit status: 1 if any stage failed, else 0 (skips are
 # not failures). Nothing is downloaded.
@@ -268,6 +269,12 @@ else
   skip_stage model "no bench.json from the per-op benchmarks" "$OUT/model.log"
 fi
 
+# ------------------------------------------------------------------ 10. coupled sampling, last
+# StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
+# per drafting depth): what is left of the budget, after every other stage.
+run_stage e2e_coupled 60 "$OUT/e2e_coupled.log" "$PY" bench/gpu_e2e.py --model smollm2 --modes plain coupled \
+  --temperatures 1 --out "$OUT/coupled"
+
 
 # ------------------------------------------------------------------ dry run: the parts logic
 parts_logic() {  # split a small file, plan, join, verify; a corrupt and a missing part must fail
@@ -333,7 +340,7 @@ SUMMARY="$OUT/summary.md"
   echo '```'
   echo
   echo "## Steady-state end to end (bench/gpu_e2e.py; CUDA events around replayed steps)"
-  for f in "$OUT"/gpu_e2e_smollm2.md "$OUT"/gpu_e2e_llama3-8b.md; do
+  for f in "$OUT"/gpu_e2e_smollm2.md "$OUT"/gpu_e2e_llama3-8b.md "$OUT"/coupled/gpu_e2e_smollm2.md; do
     if [ -s "$f" ]; then cat "$f"; else echo "$(basename "$f"): not produced (see the e2e logs)"; fi
     echo
   done

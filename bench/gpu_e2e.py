@@ -221,7 +221,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", type=parse_tree, default=parse_tree(DEFAULT_TREE))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--modes", nargs="+", choices=["plain", "speculative"], default=["plain", "speculative"])
+    parser.add_argument("--modes", nargs="+", choices=["plain", "speculative", "coupled"],
+                        default=["plain", "speculative"],
+                        help="coupled: speculative with StaticPolicy(coupled_sampling=True), T > 0 cases only")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
@@ -267,10 +269,16 @@ def main(argv=None) -> int:
     for mode in args.modes:
         for B in args.batches:
             for T in args.temperatures:
+                if mode == "coupled" and T == 0:
+                    continue  # greedy requests decode as under the default policy
+                kwargs = dict(decoder_kwargs)
+                if mode == "coupled":
+                    kwargs["policy"] = StaticPolicy(coupled_sampling=True)
                 # A fresh decoder per case: the warm-up time includes this shape's capture.
-                decoder = SpeculativeDecoder(target, head, args.tree, **decoder_kwargs)
+                decoder = SpeculativeDecoder(target, head, args.tree, **kwargs)
                 batch = [prompts[i % len(prompts)] for i in range(B)]
-                row = measure(decoder, batch, args.max_new_tokens, mode == "speculative", T, args.rounds)
+                row = measure(decoder, batch, args.max_new_tokens, mode != "plain", T, args.rounds)
+                row["mode"] = mode
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if row["captures"]:
@@ -281,9 +289,9 @@ def main(argv=None) -> int:
              f"({args.tree.depth}, {args.tree.top_k}, {args.tree.num_nodes})", ""] + table(rows) + [""]
     for r in rows:
         p = plain.get((r["B"], r["T"]))
-        if r["mode"] == "speculative" and p:
-            lines.append(f"- B {r['B']}, T {r['T']:g}: speculative step / plain step = "
-                         f"{r['step_ms'] / p['step_ms']:.2f}; speculative tok/s / plain = "
+        if r["mode"] != "plain" and p:
+            lines.append(f"- B {r['B']}, T {r['T']:g}: {r['mode']} step / plain step = "
+                         f"{r['step_ms'] / p['step_ms']:.2f}; {r['mode']} tok/s / plain = "
                          f"{r['tok_s'] / p['tok_s']:.2f}")
     summary = {"model": args.model, "source": source, "dtype": str(dtype), "tree": list(args.tree.__dict__.values()),
                "rows": rows}

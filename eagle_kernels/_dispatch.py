@@ -77,7 +77,8 @@ def _triton_function(op: str):
 # ValueError naming the same tensor), so the Python pass is skipped for CPU tensors: it costs
 # tens of microseconds, a large share of a small tree_attention call.
 NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tree", "compact_kv",
-                               "draft_expand", "cpu_linear", "cpu_decoder_layer", "cpu_decoder_layers",
+                               "draft_expand", "coupled_draft_logits", "cpu_linear", "cpu_decoder_layer",
+                               "cpu_decoder_layers",
                                "cpu_decoder_forward", "cpu_head_forward"})
 
 

@@ -79,3 +79,16 @@ def test_gpu_e2e_smoke(tmp_path):
     for row in summary["rows"]:
         assert row["captures"] == 0 and row["graph"] == ["replayed"] and row["replay_steps"] >= 1
         assert row["step_ms"] > 0 and row["tau"] >= 1.0
+
+
+def test_gpu_e2e_smoke_coupled(tmp_path):
+    """The coupled mode: StaticPolicy(coupled_sampling=True) cases at T > 0 only, replayed like the others."""
+    import gpu_e2e
+
+    assert gpu_e2e.main(["--smoke", "--modes", "plain", "coupled", "--batches", "1", "--temperatures", "0", "1",
+                         "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "gpu_e2e_tiny.json").read_text())
+    assert [(r["mode"], r["T"]) for r in summary["rows"]] == [("plain", 0.0), ("plain", 1.0), ("coupled", 1.0)]
+    for row in summary["rows"]:
+        assert row["captures"] == 0 and row["graph"] == ["replayed"] and row["replay_steps"] >= 1
+    assert "coupled step / plain step" in (tmp_path / "gpu_e2e_tiny.md").read_text()
