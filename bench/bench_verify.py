@@ -19,8 +19,11 @@ token set to the row max + ``SPIKE`` (p about 0.97 at T = 0.8). Modes: ``greedy`
 top-p 0.9), ``topp`` (T = 0.8, top-p 0.9 alone, the common serving default), ``draft`` (T = 0.8
 with every draft node sampled from its parent's draft row, ``draft_probs = softmax(target row +
 randn)``: the draft-aware rule of docs/ops.md §4) and ``draftd2t`` (the same over a draft
-vocabulary of V / 4 ids mapped by ``d2t``). The draft modes have no torch baseline here; their
-eagle entry records ``ratio_over_temp``, its time over the ``temp`` mode's. ``extra_info``:
+vocabulary of V / 4 ids mapped by ``d2t``), ``coupled`` (T = 0.8 with ``positions``: coupled sampling,
+the exponential race over each visited row's whole vocabulary) and ``coupledtopp`` (the same with
+top-p 0.9: the race over the nucleus's candidate list). The draft and coupled modes have no torch
+baseline here; their eagle entry records ``ratio_over_temp``, its time over the ``temp`` mode's
+(``topp``'s for ``coupledtopp``). ``extra_info``:
 ``logits_bytes`` (B * N * V * element size, the input the op is given) and
 ``logits_bytes_per_s``; the eagle entry also gets ``speedup_over_torch``.
 
@@ -48,7 +51,11 @@ MODES = {
     "topp": dict(temperature=0.8, top_k=0, top_p=0.9),
     "draft": dict(temperature=0.8, top_k=0, top_p=1.0),
     "draftd2t": dict(temperature=0.8, top_k=0, top_p=1.0),
+    "coupled": dict(temperature=0.8, top_k=0, top_p=1.0),
+    "coupledtopp": dict(temperature=0.8, top_k=0, top_p=0.9),
 }
+# The mode each one without a torch baseline is timed against.
+BASELINE_MODE = {"draft": "temp", "draftd2t": "temp", "coupled": "temp", "coupledtopp": "topp"}
 SPIKE = 4.0  # the planted token's logit is the row max + SPIKE: p about 0.97 at T = 0.8
 _MEANS: dict = {}
 
@@ -81,6 +88,8 @@ def make_inputs(B, N, V, mode, dtype=torch.float32, device="cpu", seed=0):
                     top_k=torch.full((B,), p["top_k"], dtype=torch.int32),
                     top_p=torch.full((B,), p["top_p"]), seed=torch.arange(B, dtype=torch.int64),
                     offset=torch.full((B,), 7, dtype=torch.int64))
+    if mode.startswith("coupled"):
+        sampling["positions"] = torch.arange(B, dtype=torch.int64) * 1000 + 50
     if mode.startswith("draft"):
         # Draft rows near the target's; the tree's tokens stay the planted ones (distinct siblings,
         # each with r(x) > 0), so the walks go as deep as in the other modes.
@@ -187,7 +196,8 @@ def _run(benchmark, request, provider, fn, args, kwargs, logits, device):
                                 logits_bytes=nbytes, logits_bytes_per_s=nbytes / mean)
     means = _MEANS.setdefault(shape, {})
     means[provider] = mean
-    temp_shape = shape.replace("draftd2t", "temp").replace("draft", "temp")
+    mode = next(p for p in request.node.callspec.id.split("-") if p in MODES)
+    temp_shape = shape.replace(mode, BASELINE_MODE.get(mode, mode))
     if provider == "eagle" and temp_shape != shape and "eagle" in _MEANS.get(temp_shape, {}):
         ratio = mean / _MEANS[temp_shape]["eagle"]
         benchmark.extra_info["ratio_over_temp"] = ratio
@@ -195,7 +205,7 @@ def _run(benchmark, request, provider, fn, args, kwargs, logits, device):
         if reporter is not None:
             temp_ms = _MEANS[temp_shape]["eagle"] * 1e3
             reporter.write_line(f"verify[{shape}] threads={torch.get_num_threads()} eagle ({backend}) "
-                                f"{mean * 1e3:.3f} ms, {ratio:.2f}x the temp mode's {temp_ms:.3f} ms")
+                                f"{mean * 1e3:.3f} ms, {ratio:.2f}x the {BASELINE_MODE[mode]} mode's {temp_ms:.3f} ms")
     if provider == "eagle" and "torch" in means:
         benchmark.extra_info["speedup_over_torch"] = means["torch"] / mean
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -210,8 +220,8 @@ def _run(benchmark, request, provider, fn, args, kwargs, logits, device):
 @pytest.mark.parametrize("N", [16, 60], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("B", [1, 4], ids=lambda b: f"B{b}")
 def test_verify_cpu(benchmark, request, provider, B, N, mode):
-    if provider == "torch" and mode.startswith("draft"):
-        pytest.skip("no torch baseline of the draft-aware rule")
+    if provider == "torch" and mode in BASELINE_MODE:
+        pytest.skip("no torch baseline of the draft-aware rule or coupled sampling")
     tokens, parents, logits, sampling = make_inputs(B, N, 49152, mode)
     fn = eagle_kernels.verify if provider == "eagle" else torch_path_verify
     _run(benchmark, request, provider, fn, (tokens, parents, logits), dict(max_depth=MAX_DEPTH, **sampling),
@@ -223,8 +233,8 @@ def test_verify_cpu(benchmark, request, provider, B, N, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("B", [1, 8, 32], ids=lambda b: f"B{b}")
 def test_verify_gpu(benchmark, request, provider, B, mode):
-    if provider == "torch" and mode.startswith("draft"):
-        pytest.skip("no torch baseline of the draft-aware rule")
+    if provider == "torch" and mode in BASELINE_MODE:
+        pytest.skip("no torch baseline of the draft-aware rule or coupled sampling")
     tokens, parents, logits, sampling = make_inputs(B, 64, 128256, mode, torch.bfloat16, "cuda")
     fn = eagle_kernels.verify if provider == "eagle" else torch_path_verify
     _run(benchmark, request, provider, fn, (tokens, parents, logits), dict(max_depth=MAX_DEPTH, **sampling),
