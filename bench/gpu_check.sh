@@ -70,7 +70,7 @@ record() {  # record NAME RESULT WALL_S LOG
 }
 
 # dry_check LOG CMD...: the command's program and every argument naming a repository script or
-# test file exist (nothing runs).
+# test file exist, and every pytest node id's test function is defined in its file (nothing runs).
 dry_check() {
   local log=$1
   shift
@@ -81,9 +81,14 @@ dry_check() {
   fi
   local prog=${args[$i]}
   command -v "$prog" >/dev/null 2>&1 || [ -e "$prog" ] || missing+=("$prog")
-  local arg
+  local arg test
   for arg in "${args[@]:$i}"; do
-    arg=${arg%%::*}  # a pytest node id names its file
+    if [[ $arg == *::* ]]; then  # a pytest node id: its file must define the test function
+      test=${arg##*::}
+      test=${test%%[*}
+      grep -q "^def ${test}(" "${arg%%::*}" 2>/dev/null || missing+=("$arg")
+    fi
+    arg=${arg%%::*}
     case "$arg" in
       *.py | *.sh | python_tests/* | bench/) [ -e "$arg" ] || missing+=("$arg") ;;
     esac
@@ -233,16 +238,20 @@ SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ]; then
   SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
 fi
+MEMCHECK_TESTS=(-m pytest -q -p no:cacheprovider -m gpu
+  python_tests/ops/test_tree_attention_backends.py::test_gpu_against_reference
+  python_tests/ops/test_verify_chi2.py::test_verify_gpu_chi2
+  python_tests/ops/test_verify_coupled.py::test_gpu_matches_cpp
+  python_tests/ops/test_coupled_draft_logits.py::test_gpu_matches_cpp
+  -k "B3-N130 or B4-N7 or t0.7-k3 or (49152 and bf16) or test_coupled_draft_logits")
 if [ -n "$SANITIZER" ]; then
   # Without torch's caching allocator every tensor is its own allocation, so an access past
   # a tensor's end is reported instead of landing in a neighbour inside a cached block.
   run_stage memcheck 45 "$OUT/memcheck.log" \
     env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-    "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 \
-    "$PY" -m pytest -q -p no:cacheprovider -m gpu \
-    python_tests/ops/test_tree_attention_backends.py::test_gpu_against_reference \
-    python_tests/ops/test_verify.py::test_verify_gpu_chi2 \
-    -k "B3-N130 or B4-N7 or t0.7-k3"
+    "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$PY" "${MEMCHECK_TESTS[@]}"
+elif ((DRY)); then
+  run_stage memcheck 45 "$OUT/memcheck.log" "$PY" "${MEMCHECK_TESTS[@]}"  # checks the test ids only
 else
   skip_stage memcheck "compute-sanitizer not found" "$OUT/memcheck.log"
 fi

@@ -33,8 +33,10 @@ tokens; the modeled KV prefix is 512 and 4096 tokens (tree_attention's reads). O
 tree_attention adds a merge launch when it splits the prefix (flash-decoding, not seen on CPU
 tensors): added here where the GPU launcher's split rule (``num_splits``, 132 SMs) splits.
 tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: device independent),
-plain tau is 1. ``--quick``: the 3-layer model only. ``--counts FILE``: the counted
-launch lists, read from FILE if it exists, else written to it (a re-run of the model alone).
+plain tau is 1. ``--coupled``: also the speculative step of ``StaticPolicy(coupled_sampling=True)``
+at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``). ``--quick``: the
+3-layer model only. ``--counts FILE``: the counted launch lists, read from FILE if it exists, else
+written to it (a re-run of the model alone).
 """
 
 from __future__ import annotations
@@ -177,15 +179,21 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> Cost | None:
     return Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)
 
 
-def count(name: str, tree: TreeConfig = COUNT_TREE) -> dict:
-    """The steady-state launch lists (plain, speculative) of ``name``, counted at the cut widths."""
+def count(name: str, tree: TreeConfig = COUNT_TREE, coupled: bool = False) -> dict:
+    """The steady-state launch lists (plain, speculative; with ``coupled`` also the speculative step of
+    ``StaticPolicy(coupled_sampling=True)`` at T 1, top-p 0.9) of ``name``, counted at the cut widths."""
     config = CUT.get(name, SHAPES[name])
     target = random_model(config)
     head = EagleHead.random(target, "eagle3", draft_vocab_size=DRAFT_VOCAB[name])
     decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
     prompt = [list(range(1, 17))]
-    return {mode: count_steps(decoder, prompt, steps=2, speculative=mode == "speculative")[-1]
-            for mode in ("plain", "speculative")}
+    counts = {mode: count_steps(decoder, prompt, steps=2, speculative=mode == "speculative")[-1]
+              for mode in ("plain", "speculative")}
+    if coupled:
+        decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(coupled_sampling=True), cuda_graph=False)
+        counts["coupled"] = count_steps(decoder, prompt, steps=2, speculative=True, temperature=1.0, top_p=0.9,
+                                        seed=1)[-1]
+    return counts
 
 
 def weight_bytes(name: str) -> int:
@@ -247,7 +255,8 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     result = {"prefix": prefix, "tau": tau, "weight_bytes": weight_bytes(name),
               "weight_read_us": weight_bytes(name) / HBM_BYTES_PER_S * 1e6, "modes": {}}
     for mode, cs in costs.items():
-        tokens = tau if mode == "speculative" else 1.0
+        # Coupled sampling at T 1: no tau measured on the GPU tree (tok/s left out).
+        tokens = tau if mode == "speculative" else float("nan") if mode == "coupled" else 1.0
         rows = {}
         for t_us in T_MIN_SWEEP_US:
             s = step_seconds(cs, t_us * 1e-6)
@@ -324,7 +333,8 @@ def render(results: dict) -> str:
             for mode, m in r["modes"].items():
                 cells = " | ".join(f"{m['by_t_min_us'][str(t)]['step_us']} ({m['by_t_min_us'][str(t)]['tok_per_s']})"
                                    for t in T_MIN_SWEEP_US)
-                lines.append(f"| {name} | {prefix} | {mode} (tau {r['tau'] if mode == 'speculative' else 1}) | "
+                tau = r["tau"] if mode == "speculative" else "-" if mode == "coupled" else 1
+                lines.append(f"| {name} | {prefix} | {mode} (tau {tau}) | "
                              f"{m['launches']} | {m['bytes'] / 1e6:.1f} | {m['flops'] / 1e9:.2f} | "
                              f"{m['step_us_without_floor']} | {cells} |")
     lines += ["", "Goals: the t_min values (us, searched 0 to 10 in steps of 0.01) that meet each.", "",
@@ -362,6 +372,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "launch-count"))
     parser.add_argument("--quick", action="store_true", help="the 3-layer model only")
     parser.add_argument("--counts", help="a pickle of the launch lists: read if it exists, else written")
+    parser.add_argument("--coupled", action="store_true",
+                        help="also the coupled-sampling speculative step (StaticPolicy(coupled_sampling=True), T 1)")
     parser.add_argument("--depth", type=int, default=TREE.depth,
                         help="the tree's depth (head passes) at top_k 8 and 60 nodes; tau is measured for 6 only")
     args = parser.parse_args()
@@ -377,7 +389,8 @@ def main() -> None:
             cached = pickle.load(f)
     for name in names:
         start = time.perf_counter()
-        counts = cached.get(name) or count(name, COUNT_TREE)
+        counts = cached.get(name) if name in cached and ("coupled" in cached[name]) >= args.coupled else None
+        counts = counts or count(name, COUNT_TREE, args.coupled)
         cached[name] = counts
         if args.counts:
             with open(args.counts, "wb") as f:
@@ -398,7 +411,8 @@ def main() -> None:
     meta = {"tree": [TREE.depth, TREE.top_k, TREE.num_nodes], "batch": 1, "dtype": "bfloat16",
             "hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops_per_s": BF16_FLOPS_PER_S,
             "t_min_sweep_us": T_MIN_SWEEP_US, "tau_source": os.path.relpath(TAU_FILE, ROOT)}
-    stem = ("gpu_step_model_quick" if args.quick else "gpu_step_model") + ("" if TREE.depth == 6 else f"_d{TREE.depth}")
+    stem = ("gpu_step_model_quick" if args.quick else "gpu_step_model") \
+        + ("" if TREE.depth == 6 else f"_d{TREE.depth}") + ("_coupled" if args.coupled else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({**meta, "models": results}, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
