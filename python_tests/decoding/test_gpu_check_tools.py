@@ -92,3 +92,24 @@ def test_gpu_e2e_smoke_coupled(tmp_path):
     for row in summary["rows"]:
         assert row["captures"] == 0 and row["graph"] == ["replayed"] and row["replay_steps"] >= 1
     assert "coupled step / plain step" in (tmp_path / "gpu_e2e_tiny.md").read_text()
+
+
+def test_gpu_e2e_cpu_tau_coupled(tmp_path):
+    """A CPU tau measured under coupled sampling at T 1 gives the coupled case's real-weights estimate (tau
+    over that case's step); a tau of another tree is refused."""
+    import gpu_e2e
+
+    tau_file = tmp_path / "tau.json"
+    tau_file.write_text(json.dumps({"tree": "2,2,4", "temperature": 1.0, "policy": "coupled", "tau": 2.5,
+                                    "prompts": 3, "max_new_tokens": 64}))
+    args = ["--smoke", "--modes", "plain", "coupled", "--batches", "1", "--temperatures", "1", "--out", str(tmp_path)]
+    assert gpu_e2e.main(args + ["--cpu-tau", str(tau_file)]) == 0
+    summary = json.loads((tmp_path / "gpu_e2e_tiny.json").read_text())
+    estimate = summary["real_weights_estimate"]
+    coupled = next(r for r in summary["rows"] if r["mode"] == "coupled")
+    assert estimate["mode"] == "coupled" and estimate["temperature"] == 1.0
+    assert estimate["spec_tok_s"] == pytest.approx(2.5 / (coupled["step_ms"] * 1e-3))
+    tau_file.write_text(json.dumps({"tree": "6,8,60", "temperature": 1.0, "policy": "coupled", "tau": 2.5,
+                                    "prompts": 3, "max_new_tokens": 64}))
+    with pytest.raises(SystemExit, match="tree"):
+        gpu_e2e.main(args + ["--cpu-tau", str(tau_file)])
