@@ -29,7 +29,7 @@
 # time in all, under 10 minutes with the machine report), MAX_JOBS (compile jobs, default: all
 # cores), MODEL_PARTS (default bench/.model_parts), CPU_TAU (default
 # bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json), CPU_TAU_COUPLED (default
-# bench/results/cpu_tau/smollm2_eagle3_d6k8n60_t1_coupled.json).
+# bench/results/cpu_tau/smollm2_eagle3_d6k8n60_t1_coupled_code.json).
 set -uo pipefail
 
 DRY=0
@@ -58,7 +58,7 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export EAGLE_KERNELS_REQUIRE_EXT=1  # a failed extension build fails the stage, no silent fallback
 MODEL_PARTS=${MODEL_PARTS:-bench/.model_parts}
 CPU_TAU=${CPU_TAU:-bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json}
-CPU_TAU_COUPLED=${CPU_TAU_COUPLED:-bench/results/cpu_tau/smollm2_eagle3_d6k8n60_t1_coupled.json}
+CPU_TAU_COUPLED=${CPU_TAU_COUPLED:-bench/results/cpu_tau/smollm2_eagle3_d6k8n60_t1_coupled_code.json}
 
 TOTAL_S=${GPU_CHECK_TOTAL_S:-540}
 START=$(date +%s)
