@@ -372,8 +372,11 @@ class _HeadDraft:
             # position training-time test trains the head on). ``inputs``: gathered already.
             feature, positions, embed = inputs if inputs is not None else bookkeeping.draft_inputs(
                 self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
+            # The pass attends over step * k slots: their rows, in as many 64-bit words as those slots need
+            # (the layers take [B, slots, ceil(slots / 64)]; a tree of more than 64 draft slots has more).
+            slots = step * self.k
             self.hidden, logits = self.head.run(tokens, feature, self.cache, positions=positions, embed=embed,
-                                                tree_mask=self.slot_masks[:, : step * self.k],
+                                                tree_mask=self.slot_masks[:, :slots, : mask_words(slots)],
                                                 slot_offset=(step - 1) * self.k, logits=True)
         else:
             logits = self.head.logits(self.hidden, normed=self.root_normed)

@@ -48,6 +48,18 @@ def test_greedy_speculative_equals_plain(target, make_head, tree):
     assert plain.tau == [1.0] * len(PROMPTS)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("make_head", [HEADS["eagle3-random"], repeat_head], ids=["eagle3-random", "eagle1-repeat"])
+def test_trees_of_more_than_64_draft_slots(make_head, dtype):
+    """depth x top_k above 64 (here 5 x 16 = 80 draft slots): the head's passes attend over their slots'
+    mask rows in as many 64-bit words as those slots need, as every layer path takes them; the fp32
+    EAGLE-3 head runs the one-call CPU pass (cpu_head_forward), which refused the wider rows before."""
+    target = LlamaModel.from_transformers(tiny_hf_model(dtype))
+    decoder = SpeculativeDecoder(target, make_head(target), TreeConfig(5, 16, 40), policy=FittedPolicy())
+    plain = decoder.generate(PROMPTS, 12, speculative=False)
+    assert decoder.generate(PROMPTS, 12).sequences == plain.sequences
+
+
 @pytest.mark.parametrize("make_head", [HEADS["eagle3-random"], repeat_head], ids=["eagle3-random", "eagle1-repeat"])
 def test_greedy_speculative_equals_plain_bf16_weights(make_head):
     """fp32 compute over bf16 weight matrices (the cpu_linear path on CPU), the heads' matrices
