@@ -389,8 +389,9 @@ def main() -> None:
             cached = pickle.load(f)
     for name in names:
         start = time.perf_counter()
-        counts = cached.get(name) if name in cached and ("coupled" in cached[name]) >= args.coupled else None
-        counts = counts or count(name, COUNT_TREE, args.coupled)
+        counts = cached.get(name)
+        if counts is None or (args.coupled and "coupled" not in counts):
+            counts = count(name, COUNT_TREE, args.coupled)
         cached[name] = counts
         if args.counts:
             with open(args.counts, "wb") as f:

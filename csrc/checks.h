@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <optional>
 
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -53,6 +54,14 @@ inline void check_float_dtype(const at::Tensor& t, const char* op, const char* n
   const at::ScalarType dt = t.scalar_type();
   TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble, op, ": ", name,
                     ": expected dtype float32, float16, bfloat16 or float64, got ", dt);
+}
+
+// Sampling temperatures t[0..B): finite and >= 0 (0 is a greedy request).
+inline void check_temperature_values(const float* t, int64_t B, const char* op) {
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(std::isfinite(t[b]) && t[b] >= 0.0f, op, ": temperature: expected finite values >= 0, got ", t[b],
+                      " at ", b);
+  }
 }
 
 // The dtypes of a weight matrix or a K/V cache that the fp32-compute CPU kernels widen as they read.

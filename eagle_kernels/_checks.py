@@ -49,6 +49,19 @@ def values_checked(device: torch.device) -> bool:
     return mode == "1"
 
 
+def _check_temperature_values(temperature) -> None:
+    """Sampling temperatures: finite and >= 0 (0 is a greedy request)."""
+    if bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
+        _fail("temperature", "finite values >= 0", temperature.tolist())
+
+
+def _check_coupled_ids(d2t, n: int, device) -> None:
+    """The target ids ``x + d2t[x]`` coupled sampling's stream is keyed by: in [0, 2^32)."""
+    ids = torch.arange(n, device=device) + d2t
+    if bool(((ids < 0) | (ids >= 1 << 32)).any()):
+        _fail("d2t", "token ids x + d2t[x] in [0, 2^32)", ids.tolist())
+
+
 def mask_words(num_nodes: int) -> int:
     """Number of int64 words per tree-mask row."""
     return (num_nodes + 63) // 64
@@ -153,8 +166,7 @@ def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=
     if M > DRAFT_ROW_LIMIT:
         _fail("logits", f"at most {DRAFT_ROW_LIMIT} frontier nodes (M)", f"shape {tuple(logits.shape)}")
     if temperature is not None and values and values_checked(device):
-        if bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
-            _fail("temperature", "finite values >= 0", temperature.tolist())
+        _check_temperature_values(temperature)
 
 
 DRAFT_DEPTH_LIMIT = 65535
@@ -246,8 +258,8 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
         _fail("parents", "0 <= parents[b, i] < i for i >= 1", parents.tolist())
     if N > 1 and bool(((tokens[:, 1:] < 0) | (tokens[:, 1:] >= V)).any()):
         _fail("tokens", f"draft tokens in [0, V = {V})", tokens.tolist())
-    if temperature is not None and bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
-        _fail("temperature", "finite values >= 0", temperature.tolist())
+    if temperature is not None:
+        _check_temperature_values(temperature)
     if top_k is not None and bool((top_k < 0).any()):
         _fail("top_k", "values >= 0", top_k.tolist())
     if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
@@ -265,9 +277,7 @@ def check_coupled_noise(seed, positions, num_tokens, *, d2t=None, values=True):
     if d2t is not None:
         check_tensor("d2t", d2t, dtype=torch.int64, shape=(num_tokens,), device=device)
         if values and values_checked(device):
-            ids = torch.arange(num_tokens, device=device) + d2t
-            if bool(((ids < 0) | (ids >= 1 << 32)).any()):
-                _fail("d2t", "token ids x + d2t[x] in [0, 2^32)", ids.tolist())
+            _check_coupled_ids(d2t, num_tokens, device)
 
 
 def coupled_noise_shape(seed, positions, num_tokens, **_):
@@ -289,12 +299,9 @@ def check_coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None
         check_tensor("d2t", d2t, dtype=torch.int64, shape=(n,), device=device)
     if not (values and values_checked(device)):
         return
-    if bool((~torch.isfinite(temperature) | (temperature < 0)).any()):
-        _fail("temperature", "finite values >= 0", temperature.tolist())
+    _check_temperature_values(temperature)
     if d2t is not None:
-        ids = torch.arange(n, device=device) + d2t
-        if bool(((ids < 0) | (ids >= 1 << 32)).any()):
-            _fail("d2t", "token ids x + d2t[x] in [0, 2^32)", ids.tolist())
+        _check_coupled_ids(d2t, n, device)
 
 
 def verify_shapes(tokens, parents, target_logits, *, max_depth, **_):

@@ -392,10 +392,7 @@ DraftCandidateTensors draft_expand_cpu(const at::Tensor& logits, const at::Tenso
   Sampling sp{nullptr, nullptr, nullptr, depth};
   if (temperature.has_value()) {
     sp.temperature = sampling_c[0].data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK_VALUE(std::isfinite(sp.temperature[b]) && sp.temperature[b] >= 0.0f, op,
-                        ": temperature: expected finite values >= 0, got ", sp.temperature[b], " at ", b);
-    }
+    check_temperature_values(sp.temperature, B, op);
   }
   if (seed.has_value()) sp.seed = sampling_c[1].data_ptr<int64_t>();
   if (offset.has_value()) sp.offset = sampling_c[2].data_ptr<int64_t>();

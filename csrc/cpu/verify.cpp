@@ -665,12 +665,7 @@ void check_values(const at::Tensor& tokens, const at::Tensor& parents, int64_t B
                         ", ", i, "] = ", x);
     }
   }
-  if (temperature.defined()) {
-    const float* t = temperature.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b)
-      TORCH_CHECK_VALUE(std::isfinite(t[b]) && t[b] >= 0.0f, "verify: temperature: expected finite values >= 0, got ",
-                        t[b], " at ", b);
-  }
+  if (temperature.defined()) check_temperature_values(temperature.data_ptr<float>(), B, "verify");
   if (top_k.defined()) {
     const int32_t* k = top_k.data_ptr<int32_t>();
     for (int64_t b = 0; b < B; ++b)
@@ -889,10 +884,7 @@ at::Tensor coupled_noise_cpu(const at::Tensor& seed, const at::Tensor& positions
 at::Tensor coupled_draft_logits_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                                     const at::Tensor& positions, const std::optional<at::Tensor>& d2t) {
   const char* op = "coupled_draft_logits";
-  const at::ScalarType dt = logits.scalar_type();
-  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
-                    "coupled_draft_logits: logits: expected dtype torch.float32 or torch.bfloat16 or torch.float16, ",
-                    "got ", dt);
+  check_32_or_16_bit_float(logits, op, "logits");
   check_dim(logits, op, "logits", 3, "[B, M, n]");
   const at::Device dev = logits.device();
   TORCH_CHECK_VALUE(dev.is_cpu(), "coupled_draft_logits: logits: expected a CPU tensor, got one on ", dev);
@@ -908,12 +900,7 @@ at::Tensor coupled_draft_logits_cpu(const at::Tensor& logits, const at::Tensor& 
   check_dtype(positions, op, "positions", at::kLong);
   check_shape(positions, op, "positions", {B}, "[B]");
   check_device(positions, op, "positions", dev);
-  const at::Tensor t_c = temperature.contiguous();
-  const float* t = t_c.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK_VALUE(std::isfinite(t[b]) && t[b] >= 0.0f, "coupled_draft_logits: temperature: expected finite ",
-                      "values >= 0, got ", t[b], " at ", b);
-  }
+  check_temperature_values(temperature.contiguous().data_ptr<float>(), B, op);
   const std::vector<uint32_t> ids = coupled_ids(op, d2t, n, dev, "[n]");
   const at::Tensor seed_c = seed.contiguous(), pos_c = positions.contiguous();
   const at::Tensor noise =

@@ -15,7 +15,7 @@ import triton.language as tl
 from .. import _checks
 from ..reference.random import COUPLED_DRAW
 from ._launch_config import interpreted
-from .philox import _uniform
+from .coupled_noise import _gumbel_noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +71,7 @@ def _coupled_draft_logits_kernel(
             offs = start + tl.arange(0, BLOCK)
             valid = offs < n
             x = tl.load(src + offs, mask=valid, other=0.0).to(tl.float32) / temperature
-            ids = offs.to(tl.int64)
-            if HAS_D2T:
-                ids = ids + tl.load(d2t_ptr + offs, mask=valid, other=0)
-            noise = (-tl.log(-tl.log(_uniform(seed, position, ids, DRAW)))).to(tl.float32)
+            noise = _gumbel_noise(seed, position, offs, valid, d2t_ptr, HAS_D2T, DRAW)
             tl.store(dst + offs, ((x - row_max) - log_total) + noise, mask=valid)
     else:
         for start in range(0, n, BLOCK):

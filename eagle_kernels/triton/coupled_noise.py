@@ -27,6 +27,16 @@ INTERPRETER_CONFIG = CoupledNoiseConfig(block=4096, num_warps=1)
 
 
 @triton.jit
+def _gumbel_noise(seed, position, offs, valid, d2t_ptr, HAS_D2T: tl.constexpr, DRAW: tl.constexpr):
+    """float32 ``-log(-log U)`` (float64 logs, one rounding) of the stream at (seed, position, id(x), DRAW)
+    for the vocabulary entries ``offs``: ``id(x) = x + d2t[x]`` with HAS_D2T, else ``x``."""
+    ids = offs.to(tl.int64)
+    if HAS_D2T:
+        ids = ids + tl.load(d2t_ptr + offs, mask=valid, other=0)
+    return (-tl.log(-tl.log(_uniform(seed, position, ids, DRAW)))).to(tl.float32)
+
+
+@triton.jit
 def _coupled_noise_kernel(
     seed_ptr,  # [B] int64
     positions_ptr,  # [B * W] int64, dense
@@ -43,12 +53,7 @@ def _coupled_noise_kernel(
     valid = offs < n
     seed = tl.load(seed_ptr + row // W)
     position = tl.load(positions_ptr + row)
-    ids = offs
-    if HAS_D2T:
-        ids = ids + tl.load(d2t_ptr + offs, mask=valid, other=0)
-    u = _uniform(seed, position, ids, DRAW)
-    noise = -tl.log(-tl.log(u))
-    tl.store(out_ptr + row * n + offs, noise.to(tl.float32), mask=valid)
+    tl.store(out_ptr + row * n + offs, _gumbel_noise(seed, position, offs, valid, d2t_ptr, HAS_D2T, DRAW), mask=valid)
 
 
 def coupled_noise(seed, positions, num_tokens, *, d2t=None, _config: CoupledNoiseConfig | None = None):

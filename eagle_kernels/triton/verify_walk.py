@@ -726,15 +726,8 @@ def _verify_kernel(
                             bad = 1
                             finish = 1
                         elif greedy:
-                            hit = (tl.load(parents_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
-                                           other=-2) == node) \
-                                & (tl.load(tokens_row + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N,
-                                           other=-1) == arg) \
-                                & (tl.arange(0, BLOCK_N) > node) & may_descend
-                            first = _min1(tl.where(hit, tl.arange(0, BLOCK_N), BLOCK_N))
-                            if first < BLOCK_N:
-                                child = first
-                            else:
+                            child = _first_child_with(arg, node, may_descend, parents_row, tokens_row, N, BLOCK_N)
+                            if child < 0:
                                 bonus = arg
                                 finish = 1
                         else:
