@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # GPU check for a CUDA machine (an H200), one command, all stages within 10 minutes:
 #   1. build the native extension in place against the installed torch (sm_90)  -> build.log
-#   2. compile audit: every Triton kernel compiled for sm_90, registers, spills -> compile_audit.log
-#   3. the GPU test subset (pytest -m gpu)                                     -> gpu_tests.log
-#   4. steady-state end to end, random bf16 weights (bench/gpu_e2e.py): SmolLM2-135M and a
+#   2. the GPU test subset (pytest -m gpu, 4 workers when pytest-xdist is there) -> gpu_tests.log
+#   3. steady-state end to end, random bf16 weights (bench/gpu_e2e.py): SmolLM2-135M and a
 #      Llama-3-8B shape; plain and speculative (6, 8, 60); B 1, 8; T 0, 1   -> e2e_*.log, gpu_e2e_*.md
-#   5. real-weights SmolLM2 speed, one of (the summary says which; never random weights):
+#   4. real-weights SmolLM2 speed, one of (the summary says which; never random weights):
 #      - the GGUF carried in parts (bench/model_parts.py, git-ignored bench/.model_parts/,
 #        one part per transfer): reassembled, SHA-256 verified, measured          -> real_weights.log
 #      - no parts carried: T = 0 estimate, tau measured on a CPU with the same tree and
 #        head (bench/results/cpu_tau/) x this GPU's steady-state step rate
 #      parts present but incomplete or corrupt: the stage fails, naming them
-#   6. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
-#   7. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
-#   8. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
-#   9. modeled vs measured (bench/gpu_model.py calibrate on bench.json)        -> model.log, gpu_model.json
-#  10. coupled sampling end to end, SmolLM2-135M shape, T = 1 (what time is left) -> e2e_coupled.log
+#   5. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
+#   6. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
+#   7. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
+#   8. modeled vs measured (bench/gpu_model.py calibrate on bench.json)        -> model.log, gpu_model.json
+#   9. coupled sampling end to end, SmolLM2-135M shape, T = 1                 -> e2e_coupled.log
+#  10. compile audit: every Triton kernel compiled for sm_90, registers, spills -> compile_audit.log
+#      (last: the CPU's audit already records it; here it only confirms that audit's numbers)
 #  11. summary.md: result and wall time per stage, the tables from the logs
 # Every stage has its own timeout, clipped to what is left of the overall budget; a failing
 # stage does not stop the later ones. Exit status: 1 if any stage failed, else 0 (skips are
@@ -25,7 +26,8 @@
 #   --dry-run (any machine, CI): run nothing on a GPU; check that every stage's command and
 #   script exists and that the parts logic of bench/model_parts.py round-trips a small file
 #   (and rejects a corrupt or missing part); writes OUTDIR/summary.md all the same.
-# Environment: PYTHON (default: python, else python3), GPU_CHECK_TOTAL_S (default 540: stage
+# Environment: GPU_CHECK_SKIP (stage names to skip, space-separated; e.g. "model", which needs
+# no GPU and can run on a CPU from bench.json), PYTHON (default: python, else python3), GPU_CHECK_TOTAL_S (default 540: stage
 # time in all, under 10 minutes with the machine report), MAX_JOBS (compile jobs, default: all
 # cores), MODEL_PARTS (default bench/.model_parts), CPU_TAU (default
 # bench/results/cpu_tau/smollm2_eagle3_d6k8n60.json), CPU_TAU_COUPLED (default
@@ -114,6 +116,10 @@ run_stage() {
     fi
     return
   fi
+  if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+    skip_stage "$name" "GPU_CHECK_SKIP" "$log"
+    return
+  fi
   local left=$((DEADLINE - $(date +%s)))
   local limit=$((budget < left ? budget : left))
   if ((limit < 15)); then
@@ -189,19 +195,19 @@ EOF
 export -f build
 run_stage build 140 "$OUT/build.log" bash -c build
 
-# ------------------------------------------------------------------ 2. compile audit
-run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci
-
-# ------------------------------------------------------------------ 3. GPU tests
+# ------------------------------------------------------------------ 2. GPU tests
+# Workers compile Triton kernels in parallel (the compile, not the GPU, is what takes the time).
+XDIST=()
+timeout 60 "$PY" -c "import xdist" >/dev/null 2>&1 && XDIST=(-n 4)
 run_stage gpu_tests 150 "$OUT/gpu_tests.log" \
-  "$PY" -m pytest python_tests -m gpu -q -rs -p no:cacheprovider
+  "$PY" -m pytest python_tests -m gpu -q -rs -p no:cacheprovider "${XDIST[@]}"
 
-# ------------------------------------------------------------------ 4. steady-state end to end
+# ------------------------------------------------------------------ 3. steady-state end to end
 run_stage e2e_smollm2 70 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --out "$OUT"
 run_stage e2e_llama3_8b 110 "$OUT/e2e_llama3_8b.log" \
   "$PY" bench/gpu_e2e.py --model llama3-8b --max-new-tokens 64 --out "$OUT"
 
-# ------------------------------------------------------------------ 5. real-weights SmolLM2
+# ------------------------------------------------------------------ 4. real-weights SmolLM2
 real_weights() {
   if [ -f "$MODEL_PARTS/manifest.json" ]; then
     echo "method: carried GGUF, parts in $MODEL_PARTS" | tee "$OUT/real_weights_method.txt"
@@ -232,10 +238,10 @@ export -f real_weights
 export OUT MODEL_PARTS CPU_TAU
 run_stage real_weights 90 "$OUT/real_weights.log" bash -c real_weights
 
-# ------------------------------------------------------------------ 6. goals
+# ------------------------------------------------------------------ 5. goals
 run_stage goals 80 "$OUT/goals.log" "$PY" bench/gpu_goals.py --out "$OUT"
 
-# ------------------------------------------------------------------ 7. memcheck
+# ------------------------------------------------------------------ 6. memcheck
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ]; then
   SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
@@ -258,7 +264,7 @@ else
   skip_stage memcheck "compute-sanitizer not found" "$OUT/memcheck.log"
 fi
 
-# ------------------------------------------------------------------ 8. per-op benchmarks
+# ------------------------------------------------------------------ 7. per-op benchmarks
 if timeout 60 "$PY" -c "import pytest_benchmark" >/dev/null 2>&1; then
   # GPU shapes live in their own test functions (test_*_gpu, test_draft_expand_cuda).
   run_stage bench 50 "$OUT/bench.log" \
@@ -269,7 +275,7 @@ else
   skip_stage bench "pytest-benchmark not installed" "$OUT/bench.log"
 fi
 
-# ------------------------------------------------------------------ 9. modeled vs measured
+# ------------------------------------------------------------------ 8. modeled vs measured
 # The cost model (bench/gpu_model.py, calibrated on the first H200 run) beside this run's
 # per-op benchmark times: it interprets sampled programs of each benchmarked launch on the CPU
 # and prints modeled / measured per case.
@@ -280,14 +286,17 @@ else
   skip_stage model "no bench.json from the per-op benchmarks" "$OUT/model.log"
 fi
 
-# ------------------------------------------------------------------ 10. coupled sampling, last
+# ------------------------------------------------------------------ 9. coupled sampling
 # StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
-# per drafting depth): what is left of the budget, after every other stage.
+# per drafting depth).
 # With the CPU's tau of the same tree under coupled sampling at T = 1 (CPU_TAU_COUPLED), its real-weights estimate.
 coupled_tau=()
 [ -f "$CPU_TAU_COUPLED" ] && coupled_tau=(--cpu-tau "$CPU_TAU_COUPLED")
 run_stage e2e_coupled 60 "$OUT/e2e_coupled.log" "$PY" bench/gpu_e2e.py --model smollm2 --modes plain coupled \
   --temperatures 1 "${coupled_tau[@]}" --out "$OUT/coupled"
+
+# ------------------------------------------------------------------ 10. compile audit
+run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci
 
 
 # ------------------------------------------------------------------ dry run: the parts logic
@@ -325,7 +334,7 @@ if ((DRY)); then
   done
 fi
 
-# ------------------------------------------------------------------ 10. summary
+# ------------------------------------------------------------------ 11. summary
 TOTAL_WALL=$(($(date +%s) - START))
 SUMMARY="$OUT/summary.md"
 {
