@@ -302,11 +302,12 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in [m for m in MODES if m != "greedy"] if full else ["temperature", "top-p"]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode} sampled-drafts",
                            lambda a=(DTYPES[dt], B, N, V, mode, True): _verify_case(*a))
-    # draft_expand, ci: bf16 B 8 top_k 8 at both vocabularies, sampled or not, and the sampled launch whose
-    # temperature-0 merge once took it to 168 registers and spills (V 32000, B 32, top_k 10).
+    # draft_expand, ci: bf16 B 8 top_k 8 at both vocabularies, sampled or not; the sampled launch whose
+    # temperature-0 merge once took it to 168 registers and spills (V 32000, B 32, top_k 10); and top_k 40, past
+    # the filter (the plain rounds alone), which once did not compile at all.
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         for V in (32000, 128256):
-            for B, M, k in [(1, 1, 8), (8, 8, 8), (32, 8, 10)] if full else [(8, 8, 8)]:
+            for B, M, k in [(1, 1, 8), (8, 8, 8), (32, 8, 10), (1, 4, 40)] if full else [(8, 8, 8)]:
                 for d2t in (False, True) if full else (False,):
                     for sampled in (False, True):
                         yield (f"draft_expand {dt} B{B} M{M} V{V} top_k{k}{' d2t' if d2t else ''}"
@@ -315,6 +316,9 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
     if not full:
         yield ("draft_expand bf16 B32 M8 V32000 top_k10 sampled",
                lambda: _draft_expand_case(torch.bfloat16, 32, 8, 32000, 10, False, True))
+        for sampled in (False, True):
+            yield (f"draft_expand bf16 B1 M4 V32000 top_k40{' sampled' if sampled else ''}",
+                   lambda a=(torch.bfloat16, 1, 4, 32000, 40, False, sampled): _draft_expand_case(*a))
     for B, W, n, d2t in [(1, 6, 32000, True), (8, 6, 128256, False)] if full else [(8, 6, 32000, True)]:
         yield (f"coupled_noise B{B} W{W} n{n}{' d2t' if d2t else ''}",
                lambda a=(B, W, n, d2t): _coupled_noise_case(*a))

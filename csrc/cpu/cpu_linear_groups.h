@@ -82,6 +82,15 @@ void tile256_rows(int64_t C_run, const typename T::Elem* w, int64_t depth, const
 // (F::kMaxRows, F::groups_for(C), F::kMaxRows256); the kernel's functions taking F as their first argument are found
 // by argument-dependent lookup in F's namespace: block_group_scalar(F, ...), block_tile512<G, C>(F, ...),
 // block_tile256<C>(F, ...).
+// Before C++20 (torch 2.11 builds extensions with -std=c++17) block_tile512<G, C>(F{}, ...) parses as a call only if
+// a function template of that name is visible here: these two, never defined and taking no format, make it one, and
+// argument-dependent lookup still finds the format's own overloads.
+struct NoBlockFormat;
+template <int G, int C>
+void block_tile512(NoBlockFormat*);
+template <int C>
+void block_tile256(NoBlockFormat*);
+
 template <typename F, typename XType>
 struct BlockTiles {
   using Elem = uint8_t;

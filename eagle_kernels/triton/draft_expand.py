@@ -379,7 +379,9 @@ def _chunk_partials(row_ptr, part_max_ptr, part_sum_ptr, part_bad_ptr, part_val_
             tl.store(surv_ptr + out * CAP + slot + j, sid, mask=(j < cnt) & (slot < CAP - j))
             bits = rest
         tl.debug_barrier()  # the ids just stored by other threads are read back below
-    if n <= CAP:
+    # Without a threshold (SUPER 0, CAP 0) the rank step cannot run, and must not be compiled either
+    # (tl.arange(0, 0)): ``n`` above is a tensor once assigned, so the condition is made a constexpr here.
+    if (n <= CAP) if SUPER > 0 else False:
         # Rank each survivor among the others (value desc, id asc): one compare per pair.
         cand = tl.arange(0, CAP)
         ids = tl.load(surv_ptr + out * CAP + cand, mask=cand < n, other=0)
