@@ -186,7 +186,7 @@ def test_gpu_path_on_cuda_bf16():
     def launched(name):
         return sum(name in k for k in kernels)
 
-    # The first layer's input norm is token_rows' (embedding, norm, positions in one launch); the final norm is one more.
+    # The first layer's input norm is token_rows' (embedding, norm, positions in one launch); the final norm one more.
     assert launched("_token_rows_kernel") == 1, kernels
     assert launched("_rmsnorm_kernel") == 2 * layers, kernels
     assert launched("_rope_write_kv_kernel") == launched("_silu_mul_kernel") == layers, kernels
