@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# GPU check for a CUDA machine (an H200), one command, all stages within 10 minutes:
+# GPU check for a CUDA machine (an H200), one command, all stages within 10 minutes, the least
+# measured first:
 #   1. build the native extension in place against the installed torch (sm_90)  -> build.log
-#   2. the GPU test subset (pytest -m gpu, 4 workers when pytest-xdist is there) -> gpu_tests.log
-#   3. steady-state end to end, random bf16 weights (bench/gpu_e2e.py): SmolLM2-135M and a
-#      Llama-3-8B shape; plain and speculative (6, 8, 60); B 1, 8; T 0, 1   -> e2e_*.log, gpu_e2e_*.md
-#   4. real-weights SmolLM2 speed, one of (the summary says which; never random weights):
+#   2. steady-state end to end, random bf16 weights (bench/gpu_e2e.py --profile): SmolLM2-135M;
+#      plain and speculative (6, 8, 60); B 1, 8; T 0, 1; each case's kernels a step  -> e2e_smollm2.log,
+#      gpu_e2e_smollm2.md
+#   3. coupled sampling end to end, SmolLM2-135M shape, T = 1                 -> e2e_coupled.log
+#   4. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
+#   5. the same end to end at the Llama-3-8B shape                              -> e2e_llama3_8b.log
+#   6. the GPU test subset (pytest -m gpu, 8 workers when pytest-xdist is there) -> gpu_tests.log
+#   7. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
+#   8. real-weights SmolLM2 speed, one of (the summary says which; never random weights):
 #      - the GGUF carried in parts (bench/model_parts.py, git-ignored bench/.model_parts/,
 #        one part per transfer): reassembled, SHA-256 verified, measured          -> real_weights.log
 #      - no parts carried: T = 0 estimate, tau measured on a CPU with the same tree and
 #        head (bench/results/cpu_tau/) x this GPU's steady-state step rate
 #      parts present but incomplete or corrupt: the stage fails, naming them
-#   5. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
-#   6. compute-sanitizer memcheck over a few verify / tree-attention GPU tests -> memcheck.log
-#   7. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
-#   8. modeled vs measured (bench/gpu_model.py calibrate on bench.json)        -> model.log, gpu_model.json
-#   9. coupled sampling end to end, SmolLM2-135M shape, T = 1                 -> e2e_coupled.log
-#  10. compile audit: every Triton kernel compiled for sm_90, registers, spills -> compile_audit.log
-#      (last: the CPU's audit already records it; here it only confirms that audit's numbers)
-#  11. summary.md: result and wall time per stage, the tables from the logs
+#   9. compile audit: every Triton kernel compiled for sm_90, registers, spills -> compile_audit.log
+#      (the CPU's audit already records it; here it confirms that audit's numbers)
+#  10. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
+#  11. modeled vs measured (bench/gpu_model.py calibrate on bench.json; needs no GPU, so
+#      GPU_CHECK_SKIP=model and a CPU run on the fetched bench.json save device time) -> model.log
+#  12. summary.md: result and wall time per stage, the tables from the logs
+# Results of one H200 run (2026-12-04, torch 2.11, triton 3.6) set the stage budgets:
+# bench/results/nvidia-h200/gpu_check_2026-12-04.md. Collect OUTDIR as one archive: a device
+# session brings back a few files only.
 # Every stage has its own timeout, clipped to what is left of the overall budget; a failing
 # stage does not stop the later ones. Exit status: 1 if any stage failed, else 0 (skips are
 # not failures). Nothing is downloaded.
@@ -193,21 +200,60 @@ if missing:
 EOF
 }
 export -f build
-run_stage build 140 "$OUT/build.log" bash -c build
+run_stage build 90 "$OUT/build.log" bash -c build  # 37 s on the H200 (16 jobs)
 
-# ------------------------------------------------------------------ 2. GPU tests
-# Workers compile Triton kernels in parallel (the compile, not the GPU, is what takes the time).
-XDIST=()
-timeout 60 "$PY" -c "import xdist" >/dev/null 2>&1 && XDIST=(-n 4)
-run_stage gpu_tests 150 "$OUT/gpu_tests.log" \
-  "$PY" -m pytest python_tests -m gpu -q -rs -p no:cacheprovider "${XDIST[@]}"
+# ------------------------------------------------------------------ 2. steady-state end to end
+# 70 s on the H200 without the profile, 55 s of it compiling (the Triton cache serves the later stages).
+run_stage e2e_smollm2 110 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --profile --out "$OUT"
 
-# ------------------------------------------------------------------ 3. steady-state end to end
-run_stage e2e_smollm2 70 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --out "$OUT"
+# ------------------------------------------------------------------ 3. coupled sampling
+# StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
+# per drafting depth).
+# With the CPU's tau of the same tree under coupled sampling at T = 1 (CPU_TAU_COUPLED), its real-weights estimate.
+coupled_tau=()
+[ -f "$CPU_TAU_COUPLED" ] && coupled_tau=(--cpu-tau "$CPU_TAU_COUPLED")
+run_stage e2e_coupled 60 "$OUT/e2e_coupled.log" "$PY" bench/gpu_e2e.py --model smollm2 --modes plain coupled \
+  --temperatures 1 "${coupled_tau[@]}" --out "$OUT/coupled"
+
+# ------------------------------------------------------------------ 4. goals
+# Each row is printed and saved as measured; no case starts after --budget-s.
+run_stage goals 90 "$OUT/goals.log" "$PY" bench/gpu_goals.py --budget-s 70 --out "$OUT"
+
+# ------------------------------------------------------------------ 5. Llama-3-8B shape
 run_stage e2e_llama3_8b 110 "$OUT/e2e_llama3_8b.log" \
   "$PY" bench/gpu_e2e.py --model llama3-8b --max-new-tokens 64 --out "$OUT"
 
-# ------------------------------------------------------------------ 4. real-weights SmolLM2
+# ------------------------------------------------------------------ 6. GPU tests
+# Workers compile Triton kernels in parallel (the compile, not the GPU, is what takes the time).
+XDIST=()
+timeout 60 "$PY" -c "import xdist" >/dev/null 2>&1 && XDIST=(-n 8)  # 4 workers: 135 s
+run_stage gpu_tests 150 "$OUT/gpu_tests.log" \
+  "$PY" -m pytest python_tests -m gpu -q -rs -p no:cacheprovider "${XDIST[@]}"
+
+# ------------------------------------------------------------------ 7. memcheck
+SANITIZER=$(command -v compute-sanitizer || true)
+if [ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ]; then
+  SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+fi
+MEMCHECK_TESTS=(-m pytest -q -p no:cacheprovider -m gpu
+  python_tests/ops/test_tree_attention_backends.py::test_gpu_against_reference
+  python_tests/ops/test_verify_chi2.py::test_verify_gpu_chi2
+  python_tests/ops/test_verify_coupled.py::test_gpu_matches_cpp
+  python_tests/ops/test_coupled_draft_logits.py::test_gpu_matches_cpp
+  -k "B3-N130 or B4-N7 or t0.7-k3 or (49152 and bf16) or test_coupled_draft_logits")
+if [ -n "$SANITIZER" ]; then
+  # Without torch's caching allocator every tensor is its own allocation, so an access past
+  # a tensor's end is reported instead of landing in a neighbour inside a cached block.
+  run_stage memcheck 45 "$OUT/memcheck.log" \
+    env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$PY" "${MEMCHECK_TESTS[@]}"
+elif ((DRY)); then
+  run_stage memcheck 45 "$OUT/memcheck.log" "$PY" "${MEMCHECK_TESTS[@]}"  # checks the test ids only
+else
+  skip_stage memcheck "compute-sanitizer not found" "$OUT/memcheck.log"
+fi
+
+# ------------------------------------------------------------------ 8. real-weights SmolLM2
 real_weights() {
   if [ -f "$MODEL_PARTS/manifest.json" ]; then
     echo "method: carried GGUF, parts in $MODEL_PARTS" | tee "$OUT/real_weights_method.txt"
@@ -238,33 +284,10 @@ export -f real_weights
 export OUT MODEL_PARTS CPU_TAU
 run_stage real_weights 90 "$OUT/real_weights.log" bash -c real_weights
 
-# ------------------------------------------------------------------ 5. goals
-run_stage goals 80 "$OUT/goals.log" "$PY" bench/gpu_goals.py --out "$OUT"
+# ------------------------------------------------------------------ 9. compile audit
+run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci
 
-# ------------------------------------------------------------------ 6. memcheck
-SANITIZER=$(command -v compute-sanitizer || true)
-if [ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ]; then
-  SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
-fi
-MEMCHECK_TESTS=(-m pytest -q -p no:cacheprovider -m gpu
-  python_tests/ops/test_tree_attention_backends.py::test_gpu_against_reference
-  python_tests/ops/test_verify_chi2.py::test_verify_gpu_chi2
-  python_tests/ops/test_verify_coupled.py::test_gpu_matches_cpp
-  python_tests/ops/test_coupled_draft_logits.py::test_gpu_matches_cpp
-  -k "B3-N130 or B4-N7 or t0.7-k3 or (49152 and bf16) or test_coupled_draft_logits")
-if [ -n "$SANITIZER" ]; then
-  # Without torch's caching allocator every tensor is its own allocation, so an access past
-  # a tensor's end is reported instead of landing in a neighbour inside a cached block.
-  run_stage memcheck 45 "$OUT/memcheck.log" \
-    env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-    "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$PY" "${MEMCHECK_TESTS[@]}"
-elif ((DRY)); then
-  run_stage memcheck 45 "$OUT/memcheck.log" "$PY" "${MEMCHECK_TESTS[@]}"  # checks the test ids only
-else
-  skip_stage memcheck "compute-sanitizer not found" "$OUT/memcheck.log"
-fi
-
-# ------------------------------------------------------------------ 7. per-op benchmarks
+# ------------------------------------------------------------------ 10. per-op benchmarks
 if timeout 60 "$PY" -c "import pytest_benchmark" >/dev/null 2>&1; then
   # GPU shapes live in their own test functions (test_*_gpu, test_draft_expand_cuda).
   run_stage bench 50 "$OUT/bench.log" \
@@ -275,7 +298,7 @@ else
   skip_stage bench "pytest-benchmark not installed" "$OUT/bench.log"
 fi
 
-# ------------------------------------------------------------------ 8. modeled vs measured
+# ------------------------------------------------------------------ 11. modeled vs measured
 # The cost model (bench/gpu_model.py, calibrated on the first H200 run) beside this run's
 # per-op benchmark times: it interprets sampled programs of each benchmarked launch on the CPU
 # and prints modeled / measured per case.
@@ -285,19 +308,6 @@ if [ -s "$OUT/bench.json" ]; then
 else
   skip_stage model "no bench.json from the per-op benchmarks" "$OUT/model.log"
 fi
-
-# ------------------------------------------------------------------ 9. coupled sampling
-# StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
-# per drafting depth).
-# With the CPU's tau of the same tree under coupled sampling at T = 1 (CPU_TAU_COUPLED), its real-weights estimate.
-coupled_tau=()
-[ -f "$CPU_TAU_COUPLED" ] && coupled_tau=(--cpu-tau "$CPU_TAU_COUPLED")
-run_stage e2e_coupled 60 "$OUT/e2e_coupled.log" "$PY" bench/gpu_e2e.py --model smollm2 --modes plain coupled \
-  --temperatures 1 "${coupled_tau[@]}" --out "$OUT/coupled"
-
-# ------------------------------------------------------------------ 10. compile audit
-run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci
-
 
 # ------------------------------------------------------------------ dry run: the parts logic
 parts_logic() {  # split a small file, plan, join, verify; a corrupt and a missing part must fail
@@ -334,7 +344,7 @@ if ((DRY)); then
   done
 fi
 
-# ------------------------------------------------------------------ 11. summary
+# ------------------------------------------------------------------ 12. summary
 TOTAL_WALL=$(($(date +%s) - START))
 SUMMARY="$OUT/summary.md"
 {

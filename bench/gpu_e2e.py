@@ -158,6 +158,62 @@ def measure(decoder: SpeculativeDecoder, prompts, max_new: int, speculative: boo
             "captures": decoder.captures - before, "replay_steps": replay_steps, "graph": sorted(graphs)}
 
 
+def kernel_profile(decoder: SpeculativeDecoder, prompts, speculative: bool, temperature: float, long: int) -> dict:
+    """Where a replayed step's device time goes: the kernels of two ``generate`` calls of the same
+    prompts under the profiler, ``long // 4`` and ``long`` new tokens, the first subtracted from the
+    second, per replayed step (the prefill and the calls' ends cancel). Per kernel name: launches
+    and device microseconds a step; ``kernel_us`` their sum, to set beside the step's time (the
+    rest is the gaps between kernels). On a CPU (``--smoke``) the same over the profiler's CPU
+    events, a check of this function only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = decoder.target.device.type == "cuda"
+    kind = "CUDA" if on_cuda else "CPU"
+    totals, steps = [], []
+    short = max(1, long // 4)
+    for new in (short, long):
+        with profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU]) as prof:
+            result = decoder.generate(prompts, new, temperature=temperature, seed=list(range(len(prompts))),
+                                      speculative=speculative)
+            sync(decoder.target.device)
+        per: dict[str, list] = {}
+        for event in prof.events():
+            if event.device_type.name == kind:
+                entry = per.setdefault(event.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += event.time_range.elapsed_us()
+        totals.append(per)
+        steps.append(result.timings.get("replay_steps", 0))
+    diff = steps[1] - steps[0]
+    if diff <= 0:
+        raise RuntimeError(f"kernel_profile: {long} new tokens replayed no more steps than {short} ({steps})")
+    kernels = {}
+    for name in sorted(set(totals[0]) | set(totals[1])):
+        (n0, us0), (n1, us1) = totals[0].get(name, (0, 0.0)), totals[1].get(name, (0, 0.0))
+        if n1 > n0:
+            kernels[name] = {"launches": (n1 - n0) / diff, "us": (us1 - us0) / diff}
+    return {"steps": diff, "launches": sum(k["launches"] for k in kernels.values()),
+            "kernel_us": sum(k["us"] for k in kernels.values()), "kernels": kernels}
+
+
+def profile_lines(row: dict, top: int = 15) -> list[str]:
+    prof = row["profile"]
+    busy = prof["kernel_us"] / (row["step_ms"] * 1e3)
+    lines = [f"#### {row['mode']}, B {row['B']}, T {row['T']:g}: {prof['launches']:.1f} kernels a step, "
+             f"{prof['kernel_us']:.1f} us of kernels in a {row['step_ms'] * 1e3:.1f} us step ({busy:.0%} busy; "
+             f"{prof['steps']} steps profiled)", "",
+             "| kernel | launches / step | us / step | us / launch |", "|---|---:|---:|---:|"]
+    ranked = sorted(prof["kernels"].items(), key=lambda item: -item[1]["us"])
+    for name, k in ranked[:top]:
+        short_name = name if len(name) <= 70 else name[:67] + "..."
+        lines.append(f"| `{short_name}` | {k['launches']:.2f} | {k['us']:.1f} | {k['us'] / k['launches']:.2f} |")
+    rest = ranked[top:]
+    if rest:
+        lines.append(f"| {len(rest)} others | {sum(k['launches'] for _, k in rest):.2f} | "
+                     f"{sum(k['us'] for _, k in rest):.1f} | |")
+    return lines + [""]
+
+
 def load_prompts(path: str) -> list[list[int]]:
     with open(path) as f:
         prompts = json.load(f)["prompts"]
@@ -230,6 +286,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", action="store_true",
+                        help="after each case, the kernels of a replayed step (kernel_profile): launches and device "
+                             "time per kernel, beside the step's time")
     parser.add_argument("--cpu-prompts", type=int, default=3, help="prompts per domain of --measure-cpu-tau")
     parser.add_argument("--cpu-temperature", type=float, default=0.0, help="temperature of --measure-cpu-tau")
     parser.add_argument("--cpu-coupled", action="store_true", help="--measure-cpu-tau under coupled sampling")
@@ -286,8 +345,12 @@ def main(argv=None) -> int:
                 batch = [prompts[i % len(prompts)] for i in range(B)]
                 row = measure(decoder, batch, args.max_new_tokens, mode != "plain", T, args.rounds)
                 row["mode"] = mode
+                if args.profile:
+                    row["profile"] = kernel_profile(decoder, batch, mode != "plain", T, args.max_new_tokens)
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+                if args.profile:
+                    print("\n".join(profile_lines(row)), flush=True)
                 if row["captures"]:
                     print(f"ERROR: {row['captures']} captures during the timed calls of a warmed shape", flush=True)
                     return 1
@@ -300,6 +363,10 @@ def main(argv=None) -> int:
             lines.append(f"- B {r['B']}, T {r['T']:g}: {r['mode']} step / plain step = "
                          f"{r['step_ms'] / p['step_ms']:.2f}; {r['mode']} tok/s / plain = "
                          f"{r['tok_s'] / p['tok_s']:.2f}")
+    if args.profile:
+        lines += ["", "### Where a replayed step's device time goes (kernel_profile)", ""]
+        for r in rows:
+            lines += profile_lines(r)
     summary = {"model": args.model, "source": source, "dtype": str(dtype), "tree": list(args.tree.__dict__.values()),
                "rows": rows}
     if device.type == "cuda" and not args.gguf:

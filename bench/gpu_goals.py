@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -90,8 +91,7 @@ def device_limits(timer: Timer, nbytes: int, gemm_size: int) -> dict:
             "gemm_TFLOPs": 2 * gemm_size ** 3 / gemm_s / 1e12}
 
 
-def tree_attention_rows(timer: Timer, limits: dict, shapes, heads) -> list[dict]:
-    rows = []
+def tree_attention_rows(timer: Timer, limits: dict, shapes, heads) -> Iterator[dict]:
     for B, N, prefix in shapes:
         q, k, v, seqlens, mask, table = bench_tree_attention.make_case(B, N, prefix, heads, torch.bfloat16, 16,
                                                                        timer.device)
@@ -105,14 +105,13 @@ def tree_attention_rows(timer: Timer, limits: dict, shapes, heads) -> list[dict]
         # tensor throughput to memory bandwidth, so the GEMM rate bounds the share of copy.
         flops = 4 * B * heads[0] * N * (prefix + N) * heads[2]
         bound_s = max(nbytes / (limits["copy_GBps"] * 1e9), flops / (limits["gemm_TFLOPs"] * 1e12))
-        rows.append(dict(op="tree_attention", shape=f"B{B}-N{N}-prefix{prefix}", graph_us=t_graph * 1e6,
-                         eager_us=t_eager * 1e6, baseline_us=t_sdpa * 1e6, speedup_over_baseline=t_sdpa / t_graph,
-                         kv_GBps=gbps, share_of_copy=gbps / limits["copy_GBps"], TFLOPs=flops / t_graph / 1e12,
-                         share_bound=nbytes / bound_s / 1e9 / limits["copy_GBps"],
-                         goal=("share >= 0.80, " if prefix >= 4096 else "") + "speedup >= 3"))
         q = k = v = None
         bench_tree_attention.make_case.cache_clear()
-    return rows
+        yield dict(op="tree_attention", shape=f"B{B}-N{N}-prefix{prefix}", graph_us=t_graph * 1e6,
+                   eager_us=t_eager * 1e6, baseline_us=t_sdpa * 1e6, speedup_over_baseline=t_sdpa / t_graph,
+                   kv_GBps=gbps, share_of_copy=gbps / limits["copy_GBps"], TFLOPs=flops / t_graph / 1e12,
+                   share_bound=nbytes / bound_s / 1e9 / limits["copy_GBps"],
+                   goal=("share >= 0.80, " if prefix >= 4096 else "") + "speedup >= 3")
 
 
 # Tree-attention launch configurations the sweep times against the launcher's own choice:
@@ -161,30 +160,35 @@ def draft_expand_modeled_us(B, M, V, top_k) -> float | None:
     return sum(r["modeled_issue_us"] + r.get("modeled_merge_issue_us", 0.0) for r in rows if "modeled_issue_us" in r)
 
 
-def draft_expand_rows(timer: Timer, limits: dict, shapes) -> list[dict]:
-    rows = []
+def draft_expand_rows(timer: Timer, limits: dict, shapes) -> Iterator[dict]:
     for B, M, V, top_k in shapes:
         logits, fs = bench_draft_expand.make_inputs(B, M, V, torch.bfloat16, timer.device)
         ours = lambda: eagle_kernels.draft_expand(logits, fs, top_k)  # noqa: E731
         plain = lambda: bench_draft_expand.torch_sequence(logits, fs, top_k)  # noqa: E731
         t_graph, t_eager, t_torch = timer.graph(ours), timer.eager(ours), timer.eager(plain)
         read_s = logits.numel() * logits.element_size() / (limits["read_GBps"] * 1e9)
-        rows.append(dict(op="draft_expand", shape=f"B{B}-M{M}-V{V}-k{top_k}", graph_us=t_graph * 1e6,
-                         eager_us=t_eager * 1e6, baseline_us=t_torch * 1e6, speedup_over_baseline=t_torch / t_graph,
-                         one_read_us=read_s * 1e6, x_one_read=t_graph / read_s, goal="x_one_read <= 1.5"))
-        modeled = draft_expand_modeled_us(B, M, V, top_k) if timer.device == "cuda" else None
-        if modeled is not None:
-            rows[-1].update(modeled_issue_us=modeled, goal=f"x_one_read <= 1.5 (issue modeled {modeled:.1f} us)")
-    return rows
+        yield dict(op="draft_expand", shape=f"B{B}-M{M}-V{V}-k{top_k}", graph_us=t_graph * 1e6,
+                   eager_us=t_eager * 1e6, baseline_us=t_torch * 1e6, speedup_over_baseline=t_torch / t_graph,
+                   one_read_us=read_s * 1e6, x_one_read=t_graph / read_s, goal="x_one_read <= 1.5")
 
 
-def verify_rows(timer: Timer, limits: dict, shapes, modes) -> list[dict]:
+def add_draft_expand_models(rows: list[dict]) -> None:
+    """The SASS issue model beside each measured draft_expand row (compiles each shape's kernels:
+    seconds a shape, so it runs after every measurement, in what is left of the budget)."""
+    for row in rows:
+        if row["op"] == "draft_expand":
+            B, M, V, k = (int(part[1:]) for part in row["shape"].split("-"))
+            modeled = draft_expand_modeled_us(B, M, V, k)
+            if modeled is not None:
+                row.update(modeled_issue_us=modeled, goal=f"x_one_read <= 1.5 (issue modeled {modeled:.1f} us)")
+
+
+def verify_rows(timer: Timer, limits: dict, shapes, modes) -> Iterator[dict]:
     """verify against one read of the rows its walk visits (accepted nodes + the last row of
     each request: all the op needs to read) at the read bandwidth, plus one launch (the graph
     time of a one-element add): greedy <= 1.5x that read + a launch, sampling <= 3x."""
     one = torch.zeros(1, device=timer.device)
     launch_s = timer.graph(lambda: one.add_(1))
-    rows = []
     for B, N, V in shapes:
         for mode in modes:
             tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, mode, torch.bfloat16, timer.device)
@@ -195,12 +199,11 @@ def verify_rows(timer: Timer, limits: dict, shapes, modes) -> list[dict]:
             read_s = visited * V * logits.element_size() / (limits["read_GBps"] * 1e9)
             factor = 1.5 if mode == "greedy" else 3.0
             after_launch = max(t_graph - launch_s, 1e-9) / read_s
-            rows.append(dict(op="verify", shape=f"B{B}-N{N}-V{V}-{mode}", graph_us=t_graph * 1e6,
-                             eager_us=t_eager * 1e6, one_read_us=read_s * 1e6, x_one_read=t_graph / read_s,
-                             launch_us=launch_s * 1e6, visited_rows=visited, x_one_read_after_launch=after_launch,
-                             goal=f"one read = the {visited} visited rows; (graph - launch {launch_s * 1e6:.1f} us) "
-                                  f"/ one read = {after_launch:.1f} <= {factor}"))
-    return rows
+            yield dict(op="verify", shape=f"B{B}-N{N}-V{V}-{mode}", graph_us=t_graph * 1e6,
+                       eager_us=t_eager * 1e6, one_read_us=read_s * 1e6, x_one_read=t_graph / read_s,
+                       launch_us=launch_s * 1e6, visited_rows=visited, x_one_read_after_launch=after_launch,
+                       goal=f"one read = the {visited} visited rows; (graph - launch {launch_s * 1e6:.1f} us) "
+                            f"/ one read = {after_launch:.1f} <= {factor}")
 
 
 def render(rows: list[dict], limits: dict, header: str) -> str:
@@ -212,26 +215,34 @@ def render(rows: list[dict], limits: dict, header: str) -> str:
              "| share bound | TFLOP/s | one read us | x one read | goal |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 
-    def cell(row, key, fmt):
-        return format(row[key], fmt) if key in row else ""
-
-    for r in rows:
-        lines.append(f"| {r['op']} | {r['shape']} | {r['graph_us']:.1f} | {r['eager_us']:.1f} | "
-                     f"{cell(r, 'baseline_us', '.1f')} | {cell(r, 'speedup_over_baseline', '.2f')} | "
-                     f"{cell(r, 'kv_GBps', '.0f')} | {cell(r, 'share_of_copy', '.2f')} | "
-                     f"{cell(r, 'share_bound', '.2f')} | {cell(r, 'TFLOPs', '.1f')} | "
-                     f"{cell(r, 'one_read_us', '.1f')} | {cell(r, 'x_one_read', '.1f')} | {r['goal']} |")
+    lines += [table_row(r) for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def table_row(r: dict) -> str:
+    def cell(key, fmt):
+        return format(r[key], fmt) if key in r else ""
+
+    return (f"| {r['op']} | {r['shape']} | {r['graph_us']:.1f} | {r['eager_us']:.1f} | "
+            f"{cell('baseline_us', '.1f')} | {cell('speedup_over_baseline', '.2f')} | "
+            f"{cell('kv_GBps', '.0f')} | {cell('share_of_copy', '.2f')} | "
+            f"{cell('share_bound', '.2f')} | {cell('TFLOPs', '.1f')} | "
+            f"{cell('one_read_us', '.1f')} | {cell('x_one_read', '.1f')} | {r['goal']} |")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder for gpu_goals.md and gpu_goals.json")
-    parser.add_argument("--ops", nargs="+", default=["tree_attention", "draft_expand", "verify"])
+    parser.add_argument("--ops", nargs="+", default=["verify", "tree_attention", "draft_expand"],
+                        choices=["verify", "tree_attention", "draft_expand"], help="in this order")
     parser.add_argument("--smoke", action="store_true", help="toy shapes on the CPU, wall-clock timing")
     parser.add_argument("--sweep", action="store_true",
                         help="also time the tree-attention launch configurations of SWEEP_CONFIGS (GPU)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new case after this many seconds (the case in flight finishes); every "
+                             "row is printed and saved as it is measured, so a stage killed later keeps them")
     args = parser.parse_args(argv)
+    start = time.monotonic()
     if args.smoke:
         device, nbytes, gemm_size = "cpu", 1 << 20, 256
         attention_shapes, heads = [(1, 7, 64)], (4, 2, 64)
@@ -246,29 +257,55 @@ def main(argv=None) -> int:
         verify_shapes, modes = [(B, 64, 128256) for B in (1, 8, 32)], list(bench_verify.MODES)
     timer = Timer(device)
     limits = device_limits(timer, nbytes, gemm_size)
-    rows = []
-    if "tree_attention" in args.ops:
-        rows += tree_attention_rows(timer, limits, attention_shapes, heads)
-    if "draft_expand" in args.ops:
-        rows += draft_expand_rows(timer, limits, draft_shapes)
-    if "verify" in args.ops:
-        rows += verify_rows(timer, limits, verify_shapes, modes)
-    sweep = tree_attention_sweep(timer, attention_shapes, heads, SWEEP_CONFIGS) if args.sweep else []
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke run, not a measurement)"
     header = (f"# GPU goals: {name}, torch {torch.__version__}"
               + (f", triton {__import__('triton').__version__}" if device == "cuda" else ""))
-    text = render(rows, limits, header)
-    for row in sweep:
-        text += "\n" + " ".join(f"{key}={value:.1f}" if isinstance(value, float) else f"{key}={value}"
-                                for key, value in row.items())
-    text += "\n" if sweep else ""
-    print(text, end="", flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_goals.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "gpu_goals.json"), "w") as f:
-            json.dump({"device": name, "limits": limits, "rows": rows, "sweep": sweep}, f, indent=1)
+    cases = {"verify": lambda: verify_rows(timer, limits, verify_shapes, modes),
+             "tree_attention": lambda: tree_attention_rows(timer, limits, attention_shapes, heads),
+             "draft_expand": lambda: draft_expand_rows(timer, limits, draft_shapes)}
+    rows, sweep, unmeasured = [], [], []
+
+    def over_budget() -> bool:
+        return args.budget_s is not None and time.monotonic() - start > args.budget_s
+
+    def save() -> str:
+        text = render(rows, limits, header)
+        for row in sweep:
+            text += "\n" + " ".join(f"{key}={value:.1f}" if isinstance(value, float) else f"{key}={value}"
+                                    for key, value in row.items())
+        text += "\n" if sweep else ""
+        if unmeasured:
+            text += f"\nNot measured (the --budget-s of {args.budget_s:g} s was spent): {', '.join(unmeasured)}\n"
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "gpu_goals.md"), "w") as f:
+                f.write(text)
+            with open(os.path.join(args.out, "gpu_goals.json"), "w") as f:
+                json.dump({"device": name, "limits": limits, "rows": rows, "sweep": sweep, "unmeasured": unmeasured},
+                          f, indent=1)
+        return text
+
+    print(render([], limits, header), end="", flush=True)
+    for op in args.ops:
+        if over_budget():
+            unmeasured.append(f"{op} (all)")
+            continue
+        for row in cases[op]():
+            rows.append(row)
+            print(table_row(row), flush=True)
+            save()
+            if over_budget():
+                unmeasured.append(f"{op} after {row['shape']}")
+                break
+    if args.sweep:
+        if over_budget():
+            unmeasured.append("tree_attention sweep")
+        else:
+            sweep = tree_attention_sweep(timer, attention_shapes, heads, SWEEP_CONFIGS)
+    if device == "cuda" and not over_budget():
+        add_draft_expand_models(rows)
+    text = save()
+    print("", text, sep="\n", end="", flush=True)
     return 0
 
 

@@ -113,3 +113,18 @@ def test_gpu_e2e_cpu_tau_coupled(tmp_path):
                                     "prompts": 3, "max_new_tokens": 64}))
     with pytest.raises(SystemExit, match="tree"):
         gpu_e2e.main(args + ["--cpu-tau", str(tau_file)])
+
+
+def test_gpu_e2e_smoke_profile(tmp_path):
+    """--profile: per case, the launches and time per kernel of a replayed step (two calls' difference), in both
+    outputs (on the CPU the profiler's CPU events: a check of the code path, not a measurement)."""
+    import gpu_e2e
+
+    assert gpu_e2e.main(["--smoke", "--batches", "1", "--temperatures", "0", "--profile", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "gpu_e2e_tiny.json").read_text())
+    for row in summary["rows"]:
+        profile = row["profile"]
+        assert profile["steps"] >= 1 and profile["launches"] > 0 and profile["kernel_us"] > 0
+        assert all(k["launches"] > 0 for k in profile["kernels"].values())
+    text = (tmp_path / "gpu_e2e_tiny.md").read_text()
+    assert "Where a replayed step's device time goes" in text and "#### speculative, B 1, T 0" in text

@@ -48,3 +48,15 @@ def test_refuses_without_a_device_unless_smoke():
     run = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert run.returncode == 2 and "--smoke" in run.stderr
+
+
+def test_a_spent_budget_measures_nothing_more_and_says_so(tmp_path):
+    """--budget-s: no case starts once it is spent; what was not measured is listed in both outputs."""
+    run = subprocess.run([sys.executable, SCRIPT, "--smoke", "--budget-s", "0", "--ops", "verify", "draft_expand",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_goals.json").read_text())
+    assert result["rows"] == [] and result["unmeasured"] == ["verify (all)", "draft_expand (all)"]
+    assert "Not measured (the --budget-s of 0 s was spent): verify (all), draft_expand (all)" in \
+        (tmp_path / "gpu_goals.md").read_text()
