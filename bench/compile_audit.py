@@ -202,8 +202,10 @@ def _write_kv_case(dtype, B, N, Hkv, D, paged, page=64, cap=4096):
 
 def _layer_cases(dtype, H, I, Hq, Hkv, D):
     """The GPU decoder layer's own kernels (rmsnorm, its EAGLE-3 two-input form, silu_mul,
-    rope_write_kv) at one model's widths."""
+    rope_write_kv, rmsnorm_linear for q/k/v and gate/up at a decoding pass's rows and a verify
+    tree's) at one model's widths."""
     from eagle_kernels.triton import rmsnorm as triton_rmsnorm
+    from eagle_kernels.triton import rmsnorm_linear as triton_rmsnorm_linear
     from eagle_kernels.triton import rope_write_kv as triton_rope_write_kv
     from eagle_kernels.triton import silu_mul as triton_silu_mul
 
@@ -212,6 +214,9 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
     triton_rmsnorm.rmsnorm(x, weight, 1e-5)
     triton_rmsnorm.rmsnorm(x, weight, 1e-5, embed=x, embed_weight=weight)
     triton_silu_mul.silu_mul(torch.empty(2, 3, 2 * I, dtype=dtype))
+    for rows in (x, torch.empty(1, 61, H, dtype=dtype)):
+        triton_rmsnorm_linear.rmsnorm_linear(rows, torch.empty((Hq + 2 * Hkv) * D, H, dtype=dtype), weight, 1e-5)
+        triton_rmsnorm_linear.rmsnorm_linear(rows, torch.empty(2 * I, H, dtype=dtype), weight, 1e-5, gated=True)
     cos = torch.zeros(64, D // 2)
     cache = torch.zeros(2, 16, Hkv, D, dtype=dtype)
     triton_rope_write_kv.rope_write_kv(torch.empty(2, 3, (Hq + 2 * Hkv) * D, dtype=dtype),

@@ -1,5 +1,5 @@
 """Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
-silu_mul), in the style of :mod:`._checks`: every failure is a ``ValueError`` whose message
+silu_mul, rmsnorm_linear), in the style of :mod:`._checks`: every failure is a ``ValueError`` whose message
 starts with the name of the offending argument; ``values`` runs the checks that read tensor
 data (CPU tensors by default, see ``_checks.values_checked``)."""
 
@@ -83,3 +83,26 @@ def check_silu_mul(gate_up, values=True):
 
 def silu_mul_shape(gate_up):
     return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, values=True):
+    check_tensor("x", x, dtype=HALF_AND_SINGLE)
+    if x.dim() < 1:
+        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
+    K = x.shape[-1]
+    check_tensor("weight", weight, dtype=x.dtype, ndim=2, device=x.device)
+    if weight.shape[1] != K:
+        _fail("weight", f"shape [N, {K}] (x's last dim K)", f"shape {tuple(weight.shape)}")
+    if not isinstance(gated, bool):
+        _fail("gated", "a bool", gated)
+    if gated and weight.shape[0] % 2:
+        _fail("weight", "an even row count [2I, K] (gated: gate rows, then up rows)", f"shape {tuple(weight.shape)}")
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, dtype=x.dtype, shape=(K,), device=x.device)
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        _fail("eps", "a number >= 0", eps)
+
+
+def rmsnorm_linear_shapes(x, weight, norm_weight, eps, *, gated=False):
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    return (*x.shape[:-1], N), tuple(x.shape)

@@ -151,6 +151,12 @@ def _fake_silu_mul(gate_up):
     return gate_up.new_empty(_layer_checks.silu_mul_shape(gate_up))
 
 
+def _fake_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False):
+    _layer_checks.check_rmsnorm_linear(x, weight, norm_weight, eps, gated=gated, values=False)
+    out, residual = _layer_checks.rmsnorm_linear_shapes(x, weight, norm_weight, eps, gated=gated)
+    return x.new_empty(out), x.new_empty(residual)
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -168,6 +174,7 @@ FAKES = {
     "rmsnorm": _fake_rmsnorm,
     "rope_write_kv": _fake_rope_write_kv,
     "silu_mul": _fake_silu_mul,
+    "rmsnorm_linear": _fake_rmsnorm_linear,
 }
 
 

@@ -71,7 +71,7 @@ SCHEMAS = {
 
 OPS = tuple(SCHEMAS)
 
-# The ops of the GPU decoder layer (docs/ops.md §9-11): a Triton kernel for CUDA tensors and the
+# The ops of the GPU decoder layer (docs/ops.md §9-11, §17): a Triton kernel for CUDA tensors and the
 # reference elsewhere; no C++ kernel, so these schemas are defined from Python only (a fragment
 # of the same library), with or without the extension.
 LAYER_SCHEMAS = {
@@ -84,6 +84,10 @@ LAYER_SCHEMAS = {
         "Tensor(b!) v_cache, Tensor cache_seqlens, *, int num_heads, int slot_offset=0) -> Tensor"
     ),
     "silu_mul": "silu_mul(Tensor gate_up) -> Tensor",
+    "rmsnorm_linear": (
+        "rmsnorm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, *, bool gated=False) "
+        "-> (Tensor, Tensor)"
+    ),
 }
 
 LAYER_OPS = tuple(LAYER_SCHEMAS)

@@ -156,6 +156,14 @@ def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, 
                          num_heads=num_heads, slot_offset=slot_offset)
 
 
+def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False):
+    """RMSNorm of rows (``norm_weight`` None: none) and the projection ``h @ weight.T`` in one
+    launch, with SwiGLU over a fused gate/up ``weight`` when ``gated``; returns ``(out,
+    residual)``, residual a copy of x (docs/ops.md §17). See
+    :func:`eagle_kernels.reference.rmsnorm_linear`."""
+    return _dispatch.run("rmsnorm_linear", x.device, x, weight, norm_weight, eps, gated=gated)
+
+
 def silu_mul(gate_up):
     """``silu(gate) * up`` of a fused gate/up projection [..., 2I] -> [..., I] (docs/ops.md §11).
     See :func:`eagle_kernels.reference.silu_mul`."""

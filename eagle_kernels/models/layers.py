@@ -37,6 +37,12 @@ GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 # Cache dtypes an fp32 model attends with on the CPU: its own, or 16-bit K/V (half the bytes attention reads).
 KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# The GPU layer path folds a norm into the GEMM after it (``rmsnorm_linear``) for matrices up to this size and passes
+# up to this many rows: there a step is bound by launches (a replayed graph node cost about 3.1 us on an H200, more
+# than reading a 0.5-3.5 MB SmolLM2 matrix); larger matrices (Llama-3-8B's: 50-235 MB) and long prefills keep cuBLAS.
+FUSED_NORM_MAX_MATRIX_BYTES = 32 << 20
+FUSED_NORM_MAX_ROWS = 1024
+
 
 # ------------------------------------------------------------------ RoPE, norm, attention
 def rope_inverse_frequencies(config) -> torch.Tensor:
@@ -376,7 +382,7 @@ class TokenRows(NamedTuple):
 
 
 class GpuLayerPath(LayerPath):
-    """The layer in nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
+    """The layer in six to nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
     step"):
 
     1. ``rmsnorm`` (EAGLE-3: both input norms and the concatenation), also writing the copy of
@@ -388,6 +394,10 @@ class GpuLayerPath(LayerPath):
     5. o GEMM added into the residual in place (``addmm_``: the cuBLAS epilogue, no copy);
     6. ``rmsnorm``; 7. one GEMM for gate and up; 8. ``silu_mul``;
     9. down GEMM added into the residual in place.
+
+    Where a matrix is small (``FUSED_NORM_MAX_MATRIX_BYTES``, ``FUSED_NORM_MAX_ROWS``),
+    ``rmsnorm_linear`` does 1-2 (with the copy; not for EAGLE-3's two-input norm, nor the first
+    layer, whose norm ``token_rows`` does) and 6-8 (SwiGLU in its epilogue) in one launch each.
 
     Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache. Every row is
     computed. ``rope`` returns the pass's positions with the model's RoPE tables; the Triton
@@ -417,9 +427,12 @@ class GpuLayerPath(LayerPath):
     def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
         c = self.config
         positions, inv_freq = rope
+        qkv = None
         if isinstance(x, TokenRows):  # the first layer: embedding, input norm and positions in one launch
             h, residual, _ = bookkeeping.token_rows(x.tokens, x.table, layer.input_norm, c.rms_norm_eps,
                                                     cache.seqlens, x.depths, x.positions)
+        elif embed is None and self.fuses(layer.qkv, x):  # the norm (if any), the copy and the q/k/v GEMM
+            qkv, residual = ops.rmsnorm_linear(x, layer.qkv, layer.input_norm, c.rms_norm_eps)
         elif layer.input_norm is None:
             h, residual = x, x.clone(memory_format=torch.contiguous_format)
         else:
@@ -427,7 +440,8 @@ class GpuLayerPath(LayerPath):
         B, N, H = residual.shape
         k_layer, v_layer = cache.layer(index)
         cos, sin = self.tables(inv_freq, k_layer.shape[1])
-        qkv = torch.mm(h.reshape(B * N, -1), layer.qkv.t()).view(B, N, -1)
+        if qkv is None:
+            qkv = torch.mm(h.reshape(B * N, -1), layer.qkv.t()).view(B, N, -1)
         q = ops.rope_write_kv(qkv, positions, cos, sin, k_layer, v_layer, cache.seqlens, num_heads=c.num_heads,
                               slot_offset=slot_offset)
         attention = ops.tree_attention(q, k_layer, v_layer, cache.seqlens, tree_mask)
@@ -435,10 +449,19 @@ class GpuLayerPath(LayerPath):
             attention = attention[:, slot_offset:]
         rows = residual.view(B * N, H)
         rows.addmm_(attention.reshape(B * N, -1), layer.o.t())
-        h, _ = ops.rmsnorm(residual, layer.post_norm, c.rms_norm_eps)
-        gate_up = torch.mm(h.view(B * N, H), layer.gate_up.t())
-        rows.addmm_(ops.silu_mul(gate_up), layer.down.t())
+        if self.fuses(layer.gate_up, rows):
+            activation, _ = ops.rmsnorm_linear(rows, layer.gate_up, layer.post_norm, c.rms_norm_eps, gated=True)
+        else:
+            h, _ = ops.rmsnorm(residual, layer.post_norm, c.rms_norm_eps)
+            activation = ops.silu_mul(torch.mm(h.view(B * N, H), layer.gate_up.t()))
+        rows.addmm_(activation, layer.down.t())
         return residual
+
+    @staticmethod
+    def fuses(matrix: torch.Tensor, x: torch.Tensor) -> bool:
+        """Whether a norm and the GEMM by ``matrix`` over the rows of ``x`` run as one ``rmsnorm_linear``."""
+        return (matrix.numel() * matrix.element_size() <= FUSED_NORM_MAX_MATRIX_BYTES
+                and x.numel() // max(x.shape[-1], 1) <= FUSED_NORM_MAX_ROWS)
 
 
 class LayerPaths:

@@ -44,7 +44,10 @@ def test_layers_within_budget(counted, mode):
     target_layers = count.per_layer("target")
     assert len(target_layers) == 3  # one target pass, every layer on the GPU path
     assert max(target_layers) <= LAYER_BUDGET, target_layers
-    assert min(target_layers) == max(target_layers)  # the same kernels in every layer
+    # The same kernels in every layer but the first, whose input norm is token_rows' (so its q/k/v GEMM is
+    # cuBLAS's): rmsnorm_linear (norm, copy, q/k/v), rope_write_kv, tree_attention, o addmm_, rmsnorm_linear
+    # (norm, gate/up, SwiGLU), down addmm_.
+    assert target_layers[1:] == [6] * (len(target_layers) - 1) and target_layers[0] == 7, target_layers
     head_layers = count.per_layer("head")
     if mode != "plain":
         assert len(head_layers) == TREE.depth  # depth - 1 drafting passes and the commit
@@ -98,8 +101,12 @@ def test_speculative_bookkeeping_kernels(counted):
     assert by_kernel["_draft_expand_kernel"] == TREE.depth  # one launch per depth, the merge in its last program
     # The target's embedding, first input norm and tree positions: its first layer's first launch.
     assert by_kernel["_token_rows_kernel"] == 1
-    # The first draft logits read the root's norm made by the commit: one norm per head pass but the first.
-    assert by_kernel["_rmsnorm_kernel"] == 2 * (3 + TREE.depth) - 1 + (TREE.depth - 1) + 1
+    # rmsnorm: the target's final norm, each head layer's two-input norm (EAGLE-3: not fused), and one final norm
+    # per head pass but the first (whose draft logits read the root's norm made by the commit). rmsnorm_linear: the
+    # target layers' norms (but the first's input norm) and each head layer's post-attention norm.
+    assert by_kernel["_rmsnorm_kernel"] == 1 + TREE.depth + (TREE.depth - 1)
+    assert by_kernel["_rmsnorm_linear_kernel"] == 2 * 3 - 1 + TREE.depth
+    assert by_kernel["_silu_mul_kernel"] == 0
     for op in ("gather", "scatter_", "index_put_", "index", "embedding", "cat", "_to_copy", "add"):
         assert counted["speculative"].by_kernel[op] == 0, (op, dict(by_kernel))
 
@@ -122,8 +129,9 @@ def test_speculative_step_outside_layers_within_budget(counted, mode):
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["B1", "B2"])
 def test_eagle1_head_draft_pass(batch):
-    """EAGLE-1's head (no input norm: a copy makes the residual) drafting at a slot offset. With
-    B > 1 the attention rows past the offset are not one view: one more launch (a copy)."""
+    """EAGLE-1's head (no input norm: rmsnorm_linear without a norm makes the residual's copy and q/k/v)
+    drafting at a slot offset: six launches. With B > 1 the attention rows past the offset are not one view: one
+    more launch (a copy)."""
     if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
         pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
@@ -141,7 +149,8 @@ def test_eagle1_head_draft_pass(batch):
     draft()  # the first pass makes the RoPE tables (once per model)
     with counting(head) as count:
         draft()
-    assert count.per_layer("head") == [LAYER_BUDGET + (batch > 1)], count.by_kernel
+    assert count.per_layer("head") == [6 + (batch > 1)], count.by_kernel
+    assert count.by_kernel["_rmsnorm_linear_kernel"] == 2, count.by_kernel
 
 
 def test_counter_counts_what_launches():

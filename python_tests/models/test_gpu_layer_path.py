@@ -1,4 +1,4 @@
-"""GpuLayerPath (nine launches per decoder layer) against TorchLayerPath, layer by layer, on CPU
+"""GpuLayerPath (six to nine launches per decoder layer) against TorchLayerPath, layer by layer, on CPU
 tensors with the Triton kernels interpreted; the path's selection. Tests running the path carry
 "triton" in their names (slow lane)."""
 
@@ -38,6 +38,26 @@ def triton_ops(monkeypatch):
     return context
 
 
+@contextlib.contextmanager
+def counting_kernels():
+    """Counts the Triton kernels launched inside the block by name (a Counter, filled as they run)."""
+    from collections import Counter
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launched, run = Counter(), InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        launched[self.fn.__name__] += 1
+        return run(self, *args, **kwargs)
+
+    InterpretedFunction.run = counted
+    try:
+        yield launched
+    finally:
+        InterpretedFunction.run = run
+
+
 def assert_close(got, want, dtype, what):
     """Within the dtype's tolerance, absolute errors relative to the tensor's largest entry."""
     tol = TOLERANCE[dtype]
@@ -56,13 +76,21 @@ def run_target(model):
     return first, tree, cache
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["rmsnorm_linear", "unfused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])  # fp16: the op tests
-def test_gpu_path_triton_matches_torch_path_target(dtype, triton_ops):
+def test_gpu_path_triton_matches_torch_path_target(dtype, fused, triton_ops, monkeypatch):
+    """Both forms of the path: norms folded into the GEMMs after them (small matrices), and the norm, cuBLAS and
+    silu_mul apart (matrices above FUSED_NORM_MAX_MATRIX_BYTES)."""
+    from eagle_kernels.models import layers
+
+    if not fused:
+        monkeypatch.setattr(layers, "FUSED_NORM_MAX_MATRIX_BYTES", 0)
     model = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=dtype)
     with triton_ops(model, False):
         want, want_tree, want_cache = run_target(model)
-    with triton_ops(model, True):
+    with triton_ops(model, True), counting_kernels() as launched:
         got, got_tree, got_cache = run_target(model)
+    assert (launched["_rmsnorm_linear_kernel"] > 0) == fused and (launched["_silu_mul_kernel"] > 0) != fused
     for layer in range(3):
         assert_close(got.layer_states[layer], want.layer_states[layer], dtype, f"layer {layer}")
     assert_close(got.hidden, want.hidden, dtype, "final norm")
@@ -155,12 +183,37 @@ def test_rope_table_rows_equal_the_formula(head_dim):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                     reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,gated", [(1, False), (61, True), (488, True)], ids=["rows1", "rows61-gated",
+                                                                                  "rows488-gated"])
+def test_rmsnorm_linear_on_cuda(dtype, rows, gated):
+    """The compiled kernel at SmolLM2's widths (K 576; q/k/v 960, gate/up 2 x 1536) against the reference on the
+    same inputs: a GPU rounds to nearest, so bf16 within one or two steps."""
+    from eagle_kernels import reference
+    from eagle_kernels.triton.rmsnorm_linear import rmsnorm_linear
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 576, generator=g).to(dtype)
+    weight = (torch.randn(3072 if gated else 960, 576, generator=g) / 24).to(dtype)
+    norm_weight = (1 + 0.2 * torch.randn(576, generator=g)).to(dtype)
+    want, _ = reference.rmsnorm_linear(x, weight, norm_weight, 1e-5, gated=gated)
+    got, residual = rmsnorm_linear(x.cuda(), weight.cuda(), norm_weight.cuda(), 1e-5, gated=gated)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+    assert torch.equal(residual.cpu(), x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0")
 def test_gpu_path_on_cuda_bf16():
     """On CUDA a bf16 model takes the GPU layer path; its logits follow an fp32 CPU copy within
     bf16's tolerance; a decoding pass launches the path's Triton kernels once or twice per layer
-    (rmsnorm twice, the first layer's input norm inside token_rows; rope_write_kv, silu_mul,
-    tree_attention once; its flash-decoding merge at most once) and no more than 12 kernels per
-    layer in all (the op-by-op path launched ~33)."""
+    (rmsnorm_linear twice, the first layer's input norm inside token_rows and its q/k/v GEMM on
+    cuBLAS; rope_write_kv, tree_attention once; its flash-decoding merge at most once; rmsnorm for
+    the final norm alone, no silu_mul) and no more than 8 kernels per layer in all (the op-by-op
+    path launched ~33)."""
     from torch.profiler import ProfilerActivity, profile
 
     hf = tiny_hf_model(torch.float32)
@@ -187,8 +240,8 @@ def test_gpu_path_on_cuda_bf16():
         return sum(name in k for k in kernels)
 
     # The first layer's input norm is token_rows' (embedding, norm, positions in one launch); the final norm one more.
-    assert launched("_token_rows_kernel") == 1, kernels
-    assert launched("_rmsnorm_kernel") == 2 * layers, kernels
-    assert launched("_rope_write_kv_kernel") == launched("_silu_mul_kernel") == layers, kernels
+    assert launched("_token_rows_kernel") == 1 and launched("_rmsnorm_kernel") == 1, kernels
+    assert launched("_rmsnorm_linear_kernel") == 2 * layers - 1 and launched("_silu_mul_kernel") == 0, kernels
+    assert launched("_rope_write_kv_kernel") == layers, kernels
     assert launched("_tree_attention_kernel") == layers and launched("_tree_attention_merge_kernel") <= layers
-    assert len(kernels) <= 12 * layers + 10, kernels
+    assert len(kernels) <= 8 * layers + 10, kernels

@@ -1,4 +1,4 @@
-"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul): the Triton launchers
+"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul, rmsnorm_linear): the Triton launchers
 against the reference under TRITON_INTERPRET=1, with their interpreter and GPU launch
 configurations; registration, fakes and opcheck; bad input. Tests running Triton carry
 "triton" in their names (slow lane)."""
@@ -61,6 +61,9 @@ def small_inputs(op, dtype=torch.float32):
         return rope_inputs(dtype, slot_offset=2)
     if op == "silu_mul":
         return (torch.randn(2, 3, 14, generator=g).to(dtype),), {}
+    if op == "rmsnorm_linear":
+        x, weight = torch.randn(2, 3, 20, generator=g).to(dtype), torch.randn(12, 20, generator=g).to(dtype)
+        return (x, weight, torch.randn(20, generator=g).to(dtype), 1e-5), {"gated": True}
     raise AssertionError(op)
 
 
@@ -183,6 +186,71 @@ def test_silu_mul_triton_matches_reference(dtype, I):
         assert_close(got, want, dtype)
 
 
+# (rows, K, N, gated, norm, strided rows): SmolLM2-135M's widths (q/k/v 960, gate/up 2 x 1536 over K 576) for a
+# decoding row and a verify tree, and odd sizes that leave every block partial.
+RMSNORM_LINEAR_CASES = [(1, 576, 960, False, True, False), (61, 576, 1536, True, True, False),
+                        (5, 100, 40, False, False, True), (70, 96, 66, True, True, True),
+                        (17, 33, 7, True, False, False)]
+
+
+def rmsnorm_linear_inputs(dtype, rows, K, N, gated, norm, strided, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 2 * K if strided else K, generator=g).to(dtype)[:, :K]  # strided: every other half row
+    weight = (torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5).to(dtype)
+    norm_weight = (1 + 0.2 * torch.randn(K, generator=g)).to(dtype) if norm else None
+    return x, weight, norm_weight
+
+
+def test_rmsnorm_linear_reference_is_the_unfused_layer():
+    """§17 in float64 is §9 then the GEMM then §11 (one rounding at float64 precision); in bf16 the reference
+    keeps SwiGLU's inputs unrounded: within one rounding of the unfused sequence in fp32."""
+    x, weight, norm_weight = rmsnorm_linear_inputs(torch.float64, 7, 24, 10, True, True, False)
+    out, residual = reference.rmsnorm_linear(x, weight, norm_weight, 1e-5, gated=True)
+    h, _ = reference.rmsnorm(x, norm_weight, 1e-5)
+    torch.testing.assert_close(out, reference.silu_mul(h @ weight.t()), rtol=1e-12, atol=1e-12)
+    assert torch.equal(residual, x) and residual.data_ptr() != x.data_ptr()
+    x16, w16, n16 = (t.to(torch.bfloat16) for t in (x, weight, norm_weight))
+    out16, _ = reference.rmsnorm_linear(x16, w16, n16, 1e-5, gated=True)
+    h16, _ = reference.rmsnorm(x16, n16, 1e-5)
+    want = torch.nn.functional.silu((h16.float() @ w16.float().t())[:, :10]) * (h16.float() @ w16.float().t())[:, 10:]
+    torch.testing.assert_close(out16.float(), want, rtol=4e-3, atol=4e-3)  # one bf16 rounding
+    plain, _ = reference.rmsnorm_linear(x, weight, None, 1e-5)
+    torch.testing.assert_close(plain, x @ weight.t(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,K,N,gated,norm,strided", RMSNORM_LINEAR_CASES,
+                         ids=["rows1-qkv", "rows61-gateup", "K100-plain-strided", "rows70-gated-strided",
+                              "K33-gated-nonorm"])
+def test_rmsnorm_linear_triton_matches_reference(dtype, rows, K, N, gated, norm, strided):
+    """The interpreter's and the GPU's configurations against the reference. The interpreter rounds fp32 to bf16
+    toward zero, not to nearest as a GPU does, at each of §9's two roundings and the output's: up to about three
+    bf16 steps off; so bf16 within 5e-2, fp16 and fp32 at the usual tolerance."""
+    module = triton_module("rmsnorm_linear")
+    x, weight, norm_weight = rmsnorm_linear_inputs(dtype, rows, K, N, gated, norm, strided, seed=rows)
+    want, want_residual = reference.rmsnorm_linear(x, weight, norm_weight, 1e-5, gated=gated)
+    for name, config in configs(module):
+        got, residual = module.rmsnorm_linear(x, weight, norm_weight, 1e-5, gated=gated, _config=config)
+        assert got.shape == (rows, N) and got.dtype == dtype and got.is_contiguous(), name
+        tol = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        assert torch.equal(residual, want_residual) and residual.is_contiguous(), name
+
+
+def test_rmsnorm_linear_triton_batched_rows_and_empty():
+    """[B, N, K] rows keep their leading dims; zero rows or zero outputs launch nothing and still copy x."""
+    module = triton_module("rmsnorm_linear")
+    x, weight, norm_weight = rmsnorm_linear_inputs(torch.float32, 6, 20, 12, True, True, False)
+    got, residual = module.rmsnorm_linear(x.view(2, 3, 20), weight, norm_weight, 1e-5, gated=True)
+    want, _ = reference.rmsnorm_linear(x, weight, norm_weight, 1e-5, gated=True)
+    assert got.shape == (2, 3, 12) and residual.shape == (2, 3, 20)
+    assert_close(got.view(6, 12), want, torch.float32)
+    empty, copy = module.rmsnorm_linear(x, weight[:0], norm_weight, 1e-5)
+    assert empty.shape == (6, 0) and torch.equal(copy, x)
+    none, _ = module.rmsnorm_linear(x[:0], weight, norm_weight, 1e-5)
+    assert none.shape == (0, 24)
+
+
 # ------------------------------------------------------------------ registration
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
 def test_registered_with_schema(op):
@@ -261,6 +329,15 @@ def bad_cases():
         "rope-slot-offset": ("slot_offset", rope(slot_offset=-1)),
         "silu-odd": ("gate_up", ("silu_mul", (torch.randn(2, 7),), {})),
         "silu-int": ("gate_up", ("silu_mul", (torch.ones(2, 8, dtype=torch.int32),), {})),
+        "norm-linear-x-int": ("x", ("rmsnorm_linear", (x.long(), torch.randn(4, 8).long(), None, 1e-5), {})),
+        "norm-linear-weight-k": ("weight", ("rmsnorm_linear", (x, torch.randn(4, 7), w, 1e-5), {})),
+        "norm-linear-weight-1d": ("weight", ("rmsnorm_linear", (x, w, w, 1e-5), {})),
+        "norm-linear-weight-dtype": ("weight", ("rmsnorm_linear", (x, torch.randn(4, 8).double(), w, 1e-5), {})),
+        "norm-linear-gated-odd": ("weight", ("rmsnorm_linear", (x, torch.randn(5, 8), w, 1e-5), {"gated": True})),
+        "norm-linear-gated-type": ("gated", ("rmsnorm_linear", (x, torch.randn(4, 8), w, 1e-5), {"gated": 1})),
+        "norm-linear-norm-shape": ("norm_weight", ("rmsnorm_linear", (x, torch.randn(4, 8), w[:7], 1e-5), {})),
+        "norm-linear-norm-dtype": ("norm_weight", ("rmsnorm_linear", (x, torch.randn(4, 8), w.half(), 1e-5), {})),
+        "norm-linear-eps": ("eps", ("rmsnorm_linear", (x, torch.randn(4, 8), w, float("nan")), {})),
     }
 
 

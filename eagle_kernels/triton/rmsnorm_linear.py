@@ -1,0 +1,145 @@
+"""Triton rmsnorm_linear (docs/ops.md §17): a decoder layer's RMSNorm, the projection after it
+and, for a fused gate/up matrix, SwiGLU, in one launch.
+
+Where a layer's matrices are small (SmolLM2-135M: 0.5-3.5 MB), a decoding step on a GPU is
+bound by launches, not bytes: a replayed graph node cost about 3.1 us on an H200, more than
+reading these matrices. Folding the norm into the GEMM that consumes it (and SwiGLU into the
+gate/up GEMM's epilogue) takes two or three launches off each layer.
+
+Programs tile (BLOCK_M rows, BLOCK_N output columns). With a norm, each program first sums the
+squares of its rows over K (the rows are a few KB: every program re-reads them from L2), then
+runs the K loop: ``h = round(round(x * rstd) * norm_weight)`` as §9 rounds it, one MMA per K
+step against the weight tile (two with GATED: the gate rows n and the up rows I + n), fp32
+accumulation; GATED's epilogue is ``silu(gate) * up`` before the single rounding. The programs of
+the first column block also store the rows they read: the copy of x the layer adds to in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _layer_checks
+from ._launch_config import interpreted
+
+
+@dataclasses.dataclass(frozen=True)
+class RmsnormLinearConfig:
+    block_m: int  # the largest row block; fewer rows take the next power of two >= 16
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+GPU_CONFIG = RmsnormLinearConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3)
+INTERPRETER_CONFIG = RmsnormLinearConfig(block_m=64, block_n=128, block_k=128, num_warps=1, num_stages=1)
+
+
+@triton.jit
+def _rmsnorm_linear_kernel(
+    x_ptr,  # [M, K] rows, row stride stride_xm, unit column stride
+    norm_ptr,  # [K] (unused unless HAS_NORM)
+    w_ptr,  # [N, K] dense, or [2N, K] with GATED (gate rows, then up rows)
+    out_ptr,  # [M, N] dense
+    residual_ptr,  # [M, K] dense: the copy of x
+    M, N, K, stride_xm, eps,
+    HAS_NORM: tl.constexpr, GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    col_ok = cols < N
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + offs_k) < K
+            xk = tl.load(x_rows + k0 + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            xk = xk.to(tl.float32)
+            squares += tl.sum(xk * xk, axis=1)
+        rstd = 1.0 / tl.sqrt(squares / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if GATED:
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    copied = rows < tl.where(pid_n == 0, M, 0)  # the first column block's rows
+    w_cols = w_ptr + cols.to(tl.int64)[:, None] * K
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + offs_k) < K
+        x_mask = row_ok[:, None] & k_ok[None, :]
+        xk = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0)
+        tl.store(residual_ptr + rows.to(tl.int64)[:, None] * K + k0 + offs_k[None, :], xk, mask=x_mask & copied[:, None])
+        if HAS_NORM:
+            # §9's two roundings: normalised in fp32, rounded, scaled, rounded.
+            nk = tl.load(norm_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            normed = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype)
+            h = (normed.to(tl.float32) * nk[None, :]).to(xk.dtype)
+        else:
+            h = xk
+        w_mask = col_ok[:, None] & k_ok[None, :]
+        wk = tl.load(w_cols + k0 + offs_k[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
+        if UPCAST:
+            h = h.to(tl.float32)
+            wk = wk.to(tl.float32)
+        acc = tl.dot(h, tl.trans(wk), acc, input_precision=DOT_PRECISION)
+        if GATED:
+            wu = tl.load(w_cols + N * K + k0 + offs_k[None, :], mask=w_mask, other=0.0)
+            if UPCAST:
+                wu = wu.to(tl.float32)
+            acc_up = tl.dot(h, tl.trans(wu), acc_up, input_precision=DOT_PRECISION)
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    out_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: RmsnormLinearConfig | None = None):
+    """Triton rmsnorm_linear with the contract signature; see
+    :func:`eagle_kernels.reference.rmsnorm_linear`.
+
+    Shapes
+    ------
+    x [..., K] fp32/fp16/bf16 (rows may be strided; the last dim dense); weight [N, K] ([2I, K]
+    with ``gated``); norm_weight [K] or None. Returns (out [..., N] or [..., I], residual
+    [..., K]), both contiguous in x's dtype. ``_config`` overrides the launch configuration
+    (tests).
+    """
+    _layer_checks.check_rmsnorm_linear(x, weight, norm_weight, eps, gated=gated)
+    K = x.shape[-1]
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    M = x.numel() // K if K else 0
+    if M == 0 or N == 0:
+        if M and K:
+            residual.copy_(x)
+        return out, residual
+    rows = x.reshape(M, K)  # a view where the rows are evenly strided
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    weight = weight.contiguous()
+    norm = norm_weight.contiguous() if norm_weight is not None else weight
+    config = _config or (INTERPRETER_CONFIG if interpreted(_rmsnorm_linear_kernel) else GPU_CONFIG)
+    block_m = min(config.block_m, max(16, triton.next_power_of_2(M)))
+    # fp32's FMA dots with two accumulators (gated) spill at 64 x 64 on sm_90: half the columns.
+    wide_n = config.block_n // 2 if (gated and x.dtype == torch.float32) else config.block_n
+    block_n = min(wide_n, max(16, triton.next_power_of_2(N)))
+    block_k = min(config.block_k, max(16, triton.next_power_of_2(K)))
+    upcast = interpreted(_rmsnorm_linear_kernel) and x.dtype != torch.float32  # the interpreter's 16-bit dot
+    precision = "ieee" if (x.dtype == torch.float32 or upcast) else "tf32"
+    _rmsnorm_linear_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        rows, norm, weight, out, residual,
+        M, N, K, rows.stride(0), float(eps),
+        HAS_NORM=norm_weight is not None, GATED=gated,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, DOT_PRECISION=precision,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out, residual
