@@ -202,10 +202,11 @@ def _write_kv_case(dtype, B, N, Hkv, D, paged, page=64, cap=4096):
 
 def _layer_cases(dtype, H, I, Hq, Hkv, D):
     """The GPU decoder layer's own kernels (rmsnorm, its EAGLE-3 two-input form, silu_mul,
-    rope_write_kv, rmsnorm_linear for q/k/v and gate/up at a decoding pass's rows and a verify
-    tree's) at one model's widths."""
+    rope_write_kv, rmsnorm_linear for q/k/v and gate/up and rmsnorm_qkv_rope, at a decoding
+    pass's rows and a verify tree's) at one model's widths."""
     from eagle_kernels.triton import rmsnorm as triton_rmsnorm
     from eagle_kernels.triton import rmsnorm_linear as triton_rmsnorm_linear
+    from eagle_kernels.triton import rmsnorm_qkv_rope as triton_rmsnorm_qkv_rope
     from eagle_kernels.triton import rope_write_kv as triton_rope_write_kv
     from eagle_kernels.triton import silu_mul as triton_silu_mul
 
@@ -222,6 +223,12 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
     triton_rope_write_kv.rope_write_kv(torch.empty(2, 3, (Hq + 2 * Hkv) * D, dtype=dtype),
                                        torch.zeros(2, 3, dtype=torch.int64), cos, cos, cache, cache.clone(),
                                        torch.tensor([1, 2], dtype=torch.int32), num_heads=Hq, slot_offset=2)
+    for rows in (x, torch.empty(1, 61, H, dtype=dtype)):
+        B, N = rows.shape[:2]
+        kv = torch.zeros(B, 80, Hkv, D, dtype=dtype)
+        triton_rmsnorm_qkv_rope.rmsnorm_qkv_rope(rows, torch.empty((Hq + 2 * Hkv) * D, H, dtype=dtype), weight, 1e-5,
+                                                 torch.zeros(B, N, dtype=torch.int64), cos, cos, kv, kv.clone(),
+                                                 torch.ones(B, dtype=torch.int32), num_heads=Hq, slot_offset=2)
 
 
 def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):

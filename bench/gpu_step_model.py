@@ -56,7 +56,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
-from launch_count import DRAFT_VOCAB, SHAPES, random_model  # noqa: E402
+from launch_count import DRAFT_VOCAB, SHAPES, random_model, real_fusion  # noqa: E402
 
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig  # noqa: E402
 from eagle_kernels.launch_count import Launch, count_steps  # noqa: E402
@@ -187,12 +187,14 @@ def count(name: str, tree: TreeConfig = COUNT_TREE, coupled: bool = False) -> di
     head = EagleHead.random(target, "eagle3", draft_vocab_size=DRAFT_VOCAB[name])
     decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
     prompt = [list(range(1, 17))]
-    counts = {mode: count_steps(decoder, prompt, steps=2, speculative=mode == "speculative")[-1]
-              for mode in ("plain", "speculative")}
-    if coupled:
-        decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(coupled_sampling=True), cuda_graph=False)
-        counts["coupled"] = count_steps(decoder, prompt, steps=2, speculative=True, temperature=1.0, top_p=0.9,
-                                        seed=1)[-1]
+    with real_fusion(name):
+        counts = {mode: count_steps(decoder, prompt, steps=2, speculative=mode == "speculative")[-1]
+                  for mode in ("plain", "speculative")}
+        if coupled:
+            decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(coupled_sampling=True),
+                                         cuda_graph=False)
+            counts["coupled"] = count_steps(decoder, prompt, steps=2, speculative=True, temperature=1.0, top_p=0.9,
+                                            seed=1)[-1]
     return counts
 
 

@@ -24,6 +24,7 @@ on widths, so:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import linecache
 import os
@@ -37,6 +38,7 @@ import torch  # noqa: E402
 
 from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig  # noqa: E402
 from eagle_kernels.launch_count import count_steps  # noqa: E402
+from eagle_kernels.models import layers  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 from eagle_kernels.policy import StaticPolicy  # noqa: E402
@@ -60,6 +62,27 @@ TREE, DEFAULT_TREE = TreeConfig(6, 2, 8), TreeConfig(6, 8, 60)
 DTYPE = torch.bfloat16
 
 
+# The real matrices of shapes counted at cut widths (bf16 bytes): the GPU layer path's choice between
+# rmsnorm_linear / rmsnorm_qkv_rope and cuBLAS (GpuLayerPath.fuses) follows the real model's sizes, not the cut ones.
+REAL_MATRIX_BYTES = {"llama3-8b-shape": {"qkv": (32 + 2 * 8) * 128 * 4096 * 2, "gate_up": 2 * 14336 * 4096 * 2}}
+
+
+@contextlib.contextmanager
+def real_fusion(name: str):
+    """Within the block, the layer path fuses the norms of ``name``'s layers as it would at the real widths."""
+    limit = layers.FUSED_NORM_MAX_MATRIX_BYTES
+    real = REAL_MATRIX_BYTES.get(name, {})
+    fused = {matrix: size <= limit for matrix, size in real.items()}
+    if len(set(fused.values())) > 1:
+        raise NotImplementedError(f"{name}: some real matrices fuse and some do not ({fused}); one limit cannot say so")
+    if real and not any(fused.values()):
+        layers.FUSED_NORM_MAX_MATRIX_BYTES = 0
+    try:
+        yield
+    finally:
+        layers.FUSED_NORM_MAX_MATRIX_BYTES = limit
+
+
 def random_model(config: LlamaConfig) -> LlamaModel:
     """Random bf16 weights of ``config``'s shapes (launch counts do not depend on the values)."""
     return random_llama(config, DTYPE, "cpu")
@@ -73,8 +96,9 @@ def count(name: str, tree: TreeConfig, gpu_layer_path: bool) -> dict:
     rows = {}
     for mode in ("plain", "speculative"):
         start = time.perf_counter()
-        step = count_steps(decoder, prompt, steps=2, speculative=mode == "speculative",
-                           gpu_layer_path=gpu_layer_path)[-1]  # the steady state
+        with real_fusion(name):
+            step = count_steps(decoder, prompt, steps=2, speculative=mode == "speculative",
+                               gpu_layer_path=gpu_layer_path)[-1]  # the steady state
         rows[mode] = {"total": step.total, "target_layers": step.per_layer("target"),
                       "head_layers": step.per_layer("head"), "outside_layers": step.outside_layers,
                       "by_kernel": dict(step.by_kernel.most_common()), "by_line": dict(sorted(step.by_line.items())),

@@ -7,8 +7,9 @@ model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) a
 ``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call), with
 ``cpu_decoder_layers`` (a model's whole stack of them), ``cpu_decoder_forward`` (a whole
 forward pass, token ids to logits) and ``cpu_head_forward`` (an EAGLE-3 head's pass); and the
-four ops of the GPU decoder layer, ``rmsnorm``, ``rope_write_kv``, ``silu_mul`` and
-``rmsnorm_linear`` (a norm and the GEMM after it in one launch). Each
+five ops of the GPU decoder layer, ``rmsnorm``, ``rope_write_kv``, ``silu_mul``,
+``rmsnorm_linear`` (a norm and the GEMM after it in one launch) and ``rmsnorm_qkv_rope`` (with
+RoPE and the KV write in its epilogue). Each
 dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
 says which.
@@ -38,6 +39,7 @@ from .ops import (
     draft_expand,
     rmsnorm,
     rmsnorm_linear,
+    rmsnorm_qkv_rope,
     rope_write_kv,
     silu_mul,
     tree_attention,
@@ -61,7 +63,8 @@ _registration.register()
 __all__ = [
     "tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "coupled_draft_logits", "compact_kv",
     "write_kv", "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
-    "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rope_write_kv", "silu_mul", "Tree",
+    "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rmsnorm_qkv_rope", "rope_write_kv",
+    "silu_mul", "Tree",
     "DraftCandidates", "VerifyOutput", "DecoderLayersOutput", "DecoderForwardOutput", "HeadForwardOutput",
     "backend_of",
     "reference", "expand_tree", "Expansion", "SpeculativeDecoder", "TreeConfig", "default_tree",

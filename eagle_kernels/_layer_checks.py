@@ -1,7 +1,7 @@
 """Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
-silu_mul, rmsnorm_linear), in the style of :mod:`._checks`: every failure is a ``ValueError`` whose message
-starts with the name of the offending argument; ``values`` runs the checks that read tensor
-data (CPU tensors by default, see ``_checks.values_checked``)."""
+silu_mul, rmsnorm_linear, rmsnorm_qkv_rope), in the style of :mod:`._checks`: every failure is
+a ``ValueError`` whose message starts with the name of the offending argument; ``values`` runs
+the checks that read tensor data (CPU tensors by default, see ``_checks.values_checked``)."""
 
 from __future__ import annotations
 
@@ -106,3 +106,26 @@ def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, values=Tru
 def rmsnorm_linear_shapes(x, weight, norm_weight, eps, *, gated=False):
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     return (*x.shape[:-1], N), tuple(x.shape)
+
+
+def check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,
+                           num_heads, slot_offset=0, values=True):
+    check_rmsnorm_linear(x, weight, norm_weight, eps)
+    if x.dim() != 3:
+        _fail("x", "3 dimensions [B, N, K]", f"shape {tuple(x.shape)}")
+    check_tensor("k_cache", k_cache, dtype=HALF_AND_SINGLE, ndim=4, device=x.device)
+    Hkv, D = k_cache.shape[2:]
+    if not isinstance(num_heads, int) or num_heads < 1 or (Hkv and num_heads % Hkv):
+        _fail("num_heads", f"a positive multiple of the caches' {Hkv} KV heads", num_heads)
+    if weight.shape[0] != (num_heads + 2 * Hkv) * D:
+        _fail("weight", f"(num_heads + 2 Hkv) * D = {(num_heads + 2 * Hkv) * D} rows (q, k, v heads)",
+              f"shape {tuple(weight.shape)}")
+    # The projection's shape, with no storage: rope_write_kv's checks read only its shape, dtype and device.
+    qkv = x.new_empty(()).expand(x.shape[0], x.shape[1], weight.shape[0])
+    check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, num_heads=num_heads,
+                        slot_offset=slot_offset, values=values)
+
+
+def rmsnorm_qkv_rope_shapes(x, k_cache, *, num_heads, slot_offset=0):
+    B, N = x.shape[:2]
+    return (B, slot_offset + N, num_heads, k_cache.shape[-1]), tuple(x.shape)

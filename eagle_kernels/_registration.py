@@ -157,6 +157,14 @@ def _fake_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False):
     return x.new_empty(out), x.new_empty(residual)
 
 
+def _fake_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,
+                           num_heads, slot_offset=0):
+    _layer_checks.check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache,
+                                         cache_seqlens, num_heads=num_heads, slot_offset=slot_offset, values=False)
+    q, residual = _layer_checks.rmsnorm_qkv_rope_shapes(x, k_cache, num_heads=num_heads, slot_offset=slot_offset)
+    return k_cache.new_empty(q), x.new_empty(residual)
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -175,6 +183,7 @@ FAKES = {
     "rope_write_kv": _fake_rope_write_kv,
     "silu_mul": _fake_silu_mul,
     "rmsnorm_linear": _fake_rmsnorm_linear,
+    "rmsnorm_qkv_rope": _fake_rmsnorm_qkv_rope,
 }
 
 

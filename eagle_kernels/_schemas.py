@@ -71,7 +71,7 @@ SCHEMAS = {
 
 OPS = tuple(SCHEMAS)
 
-# The ops of the GPU decoder layer (docs/ops.md §9-11, §17): a Triton kernel for CUDA tensors and the
+# The ops of the GPU decoder layer (docs/ops.md §9-11, §17-18): a Triton kernel for CUDA tensors and the
 # reference elsewhere; no C++ kernel, so these schemas are defined from Python only (a fragment
 # of the same library), with or without the extension.
 LAYER_SCHEMAS = {
@@ -87,6 +87,11 @@ LAYER_SCHEMAS = {
     "rmsnorm_linear": (
         "rmsnorm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, *, bool gated=False) "
         "-> (Tensor, Tensor)"
+    ),
+    "rmsnorm_qkv_rope": (
+        "rmsnorm_qkv_rope(Tensor x, Tensor weight, Tensor? norm_weight, float eps, Tensor positions, Tensor cos, "
+        "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, *, int num_heads, "
+        "int slot_offset=0) -> (Tensor, Tensor)"
     ),
 }
 

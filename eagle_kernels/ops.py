@@ -164,6 +164,16 @@ def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False):
     return _dispatch.run("rmsnorm_linear", x.device, x, weight, norm_weight, eps, gated=gated)
 
 
+def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,
+                     num_heads, slot_offset=0):
+    """A layer's input norm (``norm_weight`` None: none), q/k/v GEMM, RoPE and KV cache write in one
+    launch: ``rmsnorm_linear`` then ``rope_write_kv`` without rounding the projection between
+    them; returns ``(q, residual)``, residual a copy of x (docs/ops.md §18). See
+    :func:`eagle_kernels.reference.rmsnorm_qkv_rope`."""
+    return _dispatch.run("rmsnorm_qkv_rope", x.device, x, weight, norm_weight, eps, positions, cos, sin, k_cache,
+                         v_cache, cache_seqlens, num_heads=num_heads, slot_offset=slot_offset)
+
+
 def silu_mul(gate_up):
     """``silu(gate) * up`` of a fused gate/up projection [..., 2I] -> [..., I] (docs/ops.md §11).
     See :func:`eagle_kernels.reference.silu_mul`."""

@@ -382,7 +382,7 @@ class TokenRows(NamedTuple):
 
 
 class GpuLayerPath(LayerPath):
-    """The layer in six to nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
+    """The layer in five to nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
     step"):
 
     1. ``rmsnorm`` (EAGLE-3: both input norms and the concatenation), also writing the copy of
@@ -395,9 +395,10 @@ class GpuLayerPath(LayerPath):
     6. ``rmsnorm``; 7. one GEMM for gate and up; 8. ``silu_mul``;
     9. down GEMM added into the residual in place.
 
-    Where a matrix is small (``FUSED_NORM_MAX_MATRIX_BYTES``, ``FUSED_NORM_MAX_ROWS``),
-    ``rmsnorm_linear`` does 1-2 (with the copy; not for EAGLE-3's two-input norm, nor the first
-    layer, whose norm ``token_rows`` does) and 6-8 (SwiGLU in its epilogue) in one launch each.
+    Where a matrix is small (``FUSED_NORM_MAX_MATRIX_BYTES``, ``FUSED_NORM_MAX_ROWS``), the
+    layer takes five: ``rmsnorm_qkv_rope`` does 1-3 (the copy; RoPE and the KV write in its
+    epilogue) and ``rmsnorm_linear`` 6-8 (SwiGLU in its epilogue). EAGLE-3's two-input norm and
+    the first layer's (``token_rows``) stay apart: six.
 
     Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache. Every row is
     computed. ``rope`` returns the pass's positions with the model's RoPE tables; the Triton
@@ -427,23 +428,27 @@ class GpuLayerPath(LayerPath):
     def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
         c = self.config
         positions, inv_freq = rope
-        qkv = None
+        k_layer, v_layer = cache.layer(index)
+        cos, sin = self.tables(inv_freq, k_layer.shape[1])
+        rope_args = (positions, cos, sin, k_layer, v_layer, cache.seqlens)
+        rope_kwargs = dict(num_heads=c.num_heads, slot_offset=slot_offset)
+        q = None
         if isinstance(x, TokenRows):  # the first layer: embedding, input norm and positions in one launch
             h, residual, _ = bookkeeping.token_rows(x.tokens, x.table, layer.input_norm, c.rms_norm_eps,
                                                     cache.seqlens, x.depths, x.positions)
-        elif embed is None and self.fuses(layer.qkv, x):  # the norm (if any), the copy and the q/k/v GEMM
-            qkv, residual = ops.rmsnorm_linear(x, layer.qkv, layer.input_norm, c.rms_norm_eps)
+        elif embed is None and self.fuses(layer.qkv, x):  # norm (if any), copy, q/k/v GEMM, RoPE, KV write
+            q, residual = ops.rmsnorm_qkv_rope(x, layer.qkv, layer.input_norm, c.rms_norm_eps, *rope_args,
+                                               **rope_kwargs)
         elif layer.input_norm is None:
             h, residual = x, x.clone(memory_format=torch.contiguous_format)
         else:
             h, residual = ops.rmsnorm(x, layer.input_norm, c.rms_norm_eps, embed=embed, embed_weight=layer.embed_norm)
         B, N, H = residual.shape
-        k_layer, v_layer = cache.layer(index)
-        cos, sin = self.tables(inv_freq, k_layer.shape[1])
-        if qkv is None:
+        if q is None and self.fuses(layer.qkv, h):  # a normed input: the GEMM, RoPE and KV write (h's copy unused)
+            q, _ = ops.rmsnorm_qkv_rope(h, layer.qkv, None, c.rms_norm_eps, *rope_args, **rope_kwargs)
+        elif q is None:
             qkv = torch.mm(h.reshape(B * N, -1), layer.qkv.t()).view(B, N, -1)
-        q = ops.rope_write_kv(qkv, positions, cos, sin, k_layer, v_layer, cache.seqlens, num_heads=c.num_heads,
-                              slot_offset=slot_offset)
+            q = ops.rope_write_kv(qkv, *rope_args, **rope_kwargs)
         attention = ops.tree_attention(q, k_layer, v_layer, cache.seqlens, tree_mask)
         if slot_offset:
             attention = attention[:, slot_offset:]

@@ -15,6 +15,7 @@ from .draft_expand import draft_expand
 from .random import philox4x32, uniform
 from .rmsnorm import rmsnorm
 from .rmsnorm_linear import rmsnorm_linear
+from .rmsnorm_qkv_rope import rmsnorm_qkv_rope
 from .rope_write_kv import rope_write_kv
 from .silu_mul import silu_mul
 from .tree_attention import tree_attention
@@ -25,5 +26,5 @@ __all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "coupled_no
            "compact_kv",
            "write_kv", "cpu_linear",
            "cpu_decoder_layer", "cpu_decoder_layers",
-           "cpu_decoder_forward", "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rope_write_kv", "silu_mul",
-           "philox4x32", "uniform"]
+           "cpu_decoder_forward", "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rmsnorm_qkv_rope", "rope_write_kv",
+           "silu_mul", "philox4x32", "uniform"]

@@ -76,7 +76,8 @@ def _rmsnorm_linear_kernel(
         k_ok = (k0 + offs_k) < K
         x_mask = row_ok[:, None] & k_ok[None, :]
         xk = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0)
-        tl.store(residual_ptr + rows.to(tl.int64)[:, None] * K + k0 + offs_k[None, :], xk, mask=x_mask & copied[:, None])
+        tl.store(residual_ptr + rows.to(tl.int64)[:, None] * K + k0 + offs_k[None, :], xk,
+                 mask=x_mask & copied[:, None])
         if HAS_NORM:
             # §9's two roundings: normalised in fp32, rounded, scaled, rounded.
             nk = tl.load(norm_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)

@@ -44,18 +44,18 @@ def test_layers_within_budget(counted, mode):
     target_layers = count.per_layer("target")
     assert len(target_layers) == 3  # one target pass, every layer on the GPU path
     assert max(target_layers) <= LAYER_BUDGET, target_layers
-    # The same kernels in every layer but the first, whose input norm is token_rows' (so its q/k/v GEMM is
-    # cuBLAS's): rmsnorm_linear (norm, copy, q/k/v), rope_write_kv, tree_attention, o addmm_, rmsnorm_linear
-    # (norm, gate/up, SwiGLU), down addmm_.
-    assert target_layers[1:] == [6] * (len(target_layers) - 1) and target_layers[0] == 7, target_layers
+    # The same kernels in every layer but the first, whose input norm is token_rows': rmsnorm_qkv_rope (norm,
+    # copy, q/k/v, RoPE, KV write), tree_attention, o addmm_, rmsnorm_linear (norm, gate/up, SwiGLU), down addmm_.
+    assert target_layers[1:] == [5] * (len(target_layers) - 1) and target_layers[0] == 6, target_layers
     head_layers = count.per_layer("head")
     if mode != "plain":
         assert len(head_layers) == TREE.depth  # depth - 1 drafting passes and the commit
         assert max(head_layers) <= LAYER_BUDGET, head_layers
     else:
         assert head_layers == []
-    # The layers' kernels are the GPU path's: Triton norms, RoPE + KV write, attention, SiLU*up.
-    assert count.by_kernel["_rope_write_kv_kernel"] == len(target_layers) + len(head_layers)
+    # The layers' kernels are the GPU path's: Triton norms, RoPE + KV write (in the q/k/v GEMM's epilogue), attention.
+    assert count.by_kernel["_rmsnorm_qkv_rope_kernel"] == len(target_layers) + len(head_layers)
+    assert count.by_kernel["_rope_write_kv_kernel"] == 0
     assert "_write_kv_kernel" not in count.by_kernel
 
 
@@ -103,9 +103,9 @@ def test_speculative_bookkeeping_kernels(counted):
     assert by_kernel["_token_rows_kernel"] == 1
     # rmsnorm: the target's final norm, each head layer's two-input norm (EAGLE-3: not fused), and one final norm
     # per head pass but the first (whose draft logits read the root's norm made by the commit). rmsnorm_linear: the
-    # target layers' norms (but the first's input norm) and each head layer's post-attention norm.
+    # post-attention norms of the target's and the head's layers.
     assert by_kernel["_rmsnorm_kernel"] == 1 + TREE.depth + (TREE.depth - 1)
-    assert by_kernel["_rmsnorm_linear_kernel"] == 2 * 3 - 1 + TREE.depth
+    assert by_kernel["_rmsnorm_linear_kernel"] == 3 + TREE.depth
     assert by_kernel["_silu_mul_kernel"] == 0
     for op in ("gather", "scatter_", "index_put_", "index", "embedding", "cat", "_to_copy", "add"):
         assert counted["speculative"].by_kernel[op] == 0, (op, dict(by_kernel))
@@ -129,9 +129,9 @@ def test_speculative_step_outside_layers_within_budget(counted, mode):
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["B1", "B2"])
 def test_eagle1_head_draft_pass(batch):
-    """EAGLE-1's head (no input norm: rmsnorm_linear without a norm makes the residual's copy and q/k/v)
-    drafting at a slot offset: six launches. With B > 1 the attention rows past the offset are not one view: one
-    more launch (a copy)."""
+    """EAGLE-1's head (no input norm: rmsnorm_qkv_rope without a norm makes the residual's copy, q/k/v, RoPE and
+    the KV write) drafting at a slot offset: five launches. With B > 1 the attention rows past the offset are not
+    one view: one more launch (a copy)."""
     if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
         pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
@@ -149,8 +149,8 @@ def test_eagle1_head_draft_pass(batch):
     draft()  # the first pass makes the RoPE tables (once per model)
     with counting(head) as count:
         draft()
-    assert count.per_layer("head") == [6 + (batch > 1)], count.by_kernel
-    assert count.by_kernel["_rmsnorm_linear_kernel"] == 2, count.by_kernel
+    assert count.per_layer("head") == [5 + (batch > 1)], count.by_kernel
+    assert count.by_kernel["_rmsnorm_linear_kernel"] == count.by_kernel["_rmsnorm_qkv_rope_kernel"] == 1
 
 
 def test_counter_counts_what_launches():

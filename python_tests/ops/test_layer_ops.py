@@ -1,4 +1,5 @@
-"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul, rmsnorm_linear): the Triton launchers
+"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul, rmsnorm_linear, rmsnorm_qkv_rope): the
+Triton launchers
 against the reference under TRITON_INTERPRET=1, with their interpreter and GPU launch
 configurations; registration, fakes and opcheck; bad input. Tests running Triton carry
 "triton" in their names (slow lane)."""
@@ -64,7 +65,19 @@ def small_inputs(op, dtype=torch.float32):
     if op == "rmsnorm_linear":
         x, weight = torch.randn(2, 3, 20, generator=g).to(dtype), torch.randn(12, 20, generator=g).to(dtype)
         return (x, weight, torch.randn(20, generator=g).to(dtype), 1e-5), {"gated": True}
+    if op == "rmsnorm_qkv_rope":
+        return qkv_rope_inputs(dtype, slot_offset=2)
     raise AssertionError(op)
+
+
+def qkv_rope_inputs(dtype, B=2, N=3, K=20, Hq=4, Hkv=2, D=16, S=12, slot_offset=0, norm=True, seed=0):
+    (qkv, positions, cos, sin, k_cache, v_cache, seqlens), kwargs = rope_inputs(dtype, B, N, Hq, Hkv, D, S,
+                                                                                 slot_offset, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(B, N, K, generator=g).to(dtype)
+    weight = (torch.randn((Hq + 2 * Hkv) * D, K, generator=g) / K ** 0.5).to(dtype)
+    norm_weight = (1 + 0.2 * torch.randn(K, generator=g)).to(dtype) if norm else None
+    return (x, weight, norm_weight, 1e-5, positions, cos, sin, k_cache, v_cache, seqlens), kwargs
 
 
 # ------------------------------------------------------------------ Triton against the reference
@@ -251,6 +264,53 @@ def test_rmsnorm_linear_triton_batched_rows_and_empty():
     assert none.shape == (0, 24)
 
 
+def test_rmsnorm_qkv_rope_reference_is_rmsnorm_linear_then_rope_write_kv():
+    """§18 in float64: §17's projection, then §10 (float64 leaves nothing to round between them)."""
+    args, kwargs = qkv_rope_inputs(torch.float64, slot_offset=2)
+    x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, seqlens = args
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    qkv, _ = reference.rmsnorm_linear(x, weight, norm_weight, eps)
+    q_want = reference.rope_write_kv(qkv, positions, cos, sin, k_want, v_want, seqlens, **kwargs)
+    q, residual = reference.rmsnorm_qkv_rope(*args, **kwargs)
+    torch.testing.assert_close(q, q_want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k_cache, k_want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(v_cache, v_want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(residual, x) and not q[:, :2].any()
+
+
+# (B, N, K, Hq, Hkv, D, S, slot offset, norm): a SmolLM2-135M decoding row and verify tree (K 576, 9 / 3 heads of
+# 64), a draft pass at a slot offset without a norm (EAGLE-1's head), and an odd head dim.
+QKV_ROPE_CASES = [(1, 1, 576, 9, 3, 64, 8, 0, True), (1, 61, 576, 9, 3, 64, 70, 0, True),
+                  (2, 3, 20, 4, 2, 16, 12, 2, False), (2, 5, 33, 2, 1, 6, 12, 1, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("B,N,K,Hq,Hkv,D,S,slot_offset,norm", QKV_ROPE_CASES,
+                         ids=["smollm2-row", "smollm2-tree61", "slot-offset-nonorm", "D6"])
+def test_rmsnorm_qkv_rope_triton_matches_reference(dtype, B, N, K, Hq, Hkv, D, S, slot_offset, norm):
+    """q, the cache rows written (and no other row), the copy; bf16 within 5e-2 as for rmsnorm_linear (the
+    interpreter rounds toward zero)."""
+    module = triton_module("rmsnorm_qkv_rope")
+    args, kwargs = qkv_rope_inputs(dtype, B, N, K, Hq, Hkv, D, S, slot_offset, norm, seed=N)
+    x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, seqlens = args
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    want, want_residual = reference.rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_want,
+                                                     v_want, seqlens, **kwargs)
+    tol = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+    for name, config in configs(module):
+        k_got, v_got = k_cache.clone(), v_cache.clone()
+        got, residual = module.rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_got, v_got,
+                                                seqlens, _config=config, **kwargs)
+        assert got.shape == want.shape and got.dtype == k_cache.dtype, name
+        for what, g, w in (("q", got, want), ("k", k_got, k_want), ("v", v_got, v_want)):
+            torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol, msg=lambda m: f"{name} {what}: {m}")
+        written = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+        for b in range(B):
+            written[b, int(seqlens[b]) + slot_offset:int(seqlens[b]) + slot_offset + N] = True
+        assert torch.equal(k_got[~written], k_cache[~written]) and torch.equal(v_got[~written], v_cache[~written])
+        assert not got[:, :slot_offset].any() and torch.equal(residual, want_residual), name
+
+
 # ------------------------------------------------------------------ registration
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
 def test_registered_with_schema(op):
@@ -305,6 +365,16 @@ def bad_cases():
             (kwargs if name in kwargs else named)[name] = value
         return "rope_write_kv", tuple(named.values()), kwargs
 
+    qkv_args, qkv_kwargs = qkv_rope_inputs(torch.float32)
+    qkv_names = ["x", "weight", "norm_weight", "eps", "positions", "cos", "sin", "k_cache", "v_cache",
+                 "cache_seqlens"]
+
+    def qkv_rope(**changes):
+        named, kwargs = dict(zip(qkv_names, qkv_args)), dict(qkv_kwargs)
+        for name, value in changes.items():
+            (kwargs if name in kwargs else named)[name] = value
+        return "rmsnorm_qkv_rope", tuple(named.values()), kwargs
+
     return {
         "rmsnorm-x-int": ("x", ("rmsnorm", (x.long(), w.long(), 1e-5), {})),
         "rmsnorm-weight-shape": ("weight", ("rmsnorm", (x, torch.randn(7), 1e-5), {})),
@@ -338,6 +408,13 @@ def bad_cases():
         "norm-linear-norm-shape": ("norm_weight", ("rmsnorm_linear", (x, torch.randn(4, 8), w[:7], 1e-5), {})),
         "norm-linear-norm-dtype": ("norm_weight", ("rmsnorm_linear", (x, torch.randn(4, 8), w.half(), 1e-5), {})),
         "norm-linear-eps": ("eps", ("rmsnorm_linear", (x, torch.randn(4, 8), w, float("nan")), {})),
+        "qkv-rope-x-2d": ("x", qkv_rope(x=qkv_args[0][0])),
+        "qkv-rope-weight-rows": ("weight", qkv_rope(weight=qkv_args[1][:-16])),
+        "qkv-rope-norm-shape": ("norm_weight", qkv_rope(norm_weight=qkv_args[2][:-1])),
+        "qkv-rope-positions-range": ("positions", qkv_rope(positions=qkv_args[4] + 100)),
+        "qkv-rope-k-dtype": ("k_cache", qkv_rope(k_cache=qkv_args[7].long())),
+        "qkv-rope-capacity": ("cache_seqlens", qkv_rope(cache_seqlens=qkv_args[9] + 8)),
+        "qkv-rope-num-heads": ("num_heads", qkv_rope(num_heads=3)),
     }
 
 
