@@ -1,5 +1,7 @@
 """rmsnorm_linear: a norm, the GEMM after it and (gated) SwiGLU in one launch, bf16, at SmolLM2-135M's
-widths (K 576; q/k/v 960, gate/up 2 x 1536) for a decoding row and a verify tree (61 rows).
+widths (K 576; q/k/v 960, gate/up 2 x 1536) for a decoding row and a verify tree (61 rows); and
+rmsnorm_qkv_rope (the q/k/v GEMM with RoPE and the KV write in its epilogue) at the same rows, on
+CUDA only, beside ``rmsnorm``, cuBLAS and ``rope_write_kv``.
 
 On CPU both providers run the reference (the op has no C++ kernel). On CUDA
 (``test_rmsnorm_linear_gpu``) the Triton kernel runs beside what the GPU layer path launches
@@ -65,3 +67,38 @@ def test_rmsnorm_linear_gpu(benchmark, provider, rows, N, gated):
     benchmark.extra_info.update(backend=eagle_kernels.backend_of("rmsnorm_linear", "cuda"),
                                 graph_us_eagle=graph["eagle"] * 1e3, graph_us_unfused=graph["unfused"] * 1e3,
                                 ratio_eagle_over_unfused=graph["eagle"] / graph["unfused"])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("provider", ["unfused", "eagle"])
+@pytest.mark.parametrize("rows", [1, 61], ids=["rows1", "rows61"])
+def test_rmsnorm_qkv_rope_gpu(benchmark, provider, rows):
+    import triton.testing
+
+    benchmark.group = f"rmsnorm_qkv_rope_gpu[{rows}]"
+    x, weight, norm_weight = make_case(rows, 960, False, "cuda")
+    x = x.view(1, rows, 576)
+    angles = torch.arange(256, dtype=torch.float64)[:, None] / 1e5 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    cos, sin = angles.cos().float().cuda(), angles.sin().float().cuda()
+    positions = torch.arange(100, 100 + rows, device="cuda")[None]
+    k_cache, v_cache = (torch.zeros(1, 256, 3, 64, dtype=DTYPE, device="cuda") for _ in range(2))
+    seqlens = torch.full((1,), 100, dtype=torch.int32, device="cuda")
+
+    def fused():
+        return eagle_kernels.rmsnorm_qkv_rope(x, weight, norm_weight, 1e-5, positions, cos, sin, k_cache, v_cache,
+                                              seqlens, num_heads=9)
+
+    def apart():
+        h, residual = eagle_kernels.rmsnorm(x, norm_weight, 1e-5)
+        qkv = torch.mm(h.view(rows, 576), weight.t()).view(1, rows, -1)
+        return eagle_kernels.rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, seqlens, num_heads=9), residual
+
+    benchmark(fused if provider == "eagle" else apart)
+    if benchmark.stats is None:
+        return
+    graph = {name: triton.testing.do_bench_cudagraph(f, rep=20, return_mode="median")
+             for name, f in (("eagle", fused), ("unfused", apart))}
+    benchmark.extra_info.update(backend=eagle_kernels.backend_of("rmsnorm_qkv_rope", "cuda"),
+                                graph_us_eagle=graph["eagle"] * 1e3, graph_us_unfused=graph["unfused"] * 1e3,
+                                ratio_eagle_over_unfused=graph["eagle"] / graph["unfused"])
+

@@ -173,7 +173,8 @@ def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, 
         positions.stride(0), positions.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         HAS_NORM=norm_weight is not None, BLOCK_M=block_m,
-        BLOCK_K=min(config.block_k, max(16, triton.next_power_of_2(K))), BLOCK_J=block_j, UPCAST=upcast, DOT_PRECISION=precision,
+        BLOCK_K=min(config.block_k, max(16, triton.next_power_of_2(K))), BLOCK_J=block_j, UPCAST=upcast,
+        DOT_PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return q, residual
