@@ -83,7 +83,10 @@ CUT = {"llama3-8b-shape": dataclasses.replace(SHAPES["llama3-8b-shape"], hidden_
 REAL_WIDTHS = {"llama3-8b-shape": (4096, 14336)}
 
 # Triton / native launches whose tensor arguments include KV caches, by argument position.
-CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5), "eagle_kernels::compact_kv": (0, 1)}
+CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5), "_rmsnorm_qkv_rope_kernel": (7, 8),
+              "eagle_kernels::compact_kv": (0, 1)}
+# Triton kernels with a GEMM inside: (rows argument [M, K], weight argument [N, K]); FLOPs 2 M N K.
+TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2)}
 
 
 def dim_map(name: str) -> dict:
@@ -131,6 +134,9 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
         k = a[0][-1]
         n = b[0][0] if launch.name == "linear" else b[0][-1]
         flops = 2 * (numel(a[0]) // k) * n * k
+    if launch.name in TRITON_GEMMS:
+        (x, _), (w, _) = (shapes[i] for i in TRITON_GEMMS[launch.name])
+        flops = 2 * (numel(x) // x[-1]) * w[0] * w[1]
     caches = CACHE_ARGS.get(launch.name, ())
     total = 0
     for i, (shape, itemsize) in enumerate(shapes):
@@ -152,6 +158,9 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
         elif launch.name == "_rope_write_kv_kernel":
             qkv = shapes[0][0]  # (B, N, q + 2 kv): N rows written, K and V
             total += 2 * qkv[0] * qkv[1] * heads * dim * itemsize
+        elif launch.name == "_rmsnorm_qkv_rope_kernel":
+            x = shapes[0][0]  # (B N, K): a row written per token, K and V
+            total += 2 * (numel(x) // x[-1]) * heads * dim * itemsize
         else:  # compact_kv: (layers, B, capacity, Hkv, D) caches, the accepted rows moved (read + write)
             layers, batch = cache_shape[0], cache_shape[1]
             accepted = shapes[3][0][-1]

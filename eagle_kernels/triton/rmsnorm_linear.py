@@ -127,7 +127,8 @@ def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: Rmsnorm
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     weight = weight.contiguous()
-    norm = norm_weight.contiguous() if norm_weight is not None else weight
+    # Without a norm the kernel reads no norm weight: an empty tensor stands in (no bytes to count for it).
+    norm = norm_weight.contiguous() if norm_weight is not None else x.new_empty(0)
     config = _config or (INTERPRETER_CONFIG if interpreted(_rmsnorm_linear_kernel) else GPU_CONFIG)
     block_m = min(config.block_m, max(16, triton.next_power_of_2(M)))
     # fp32's FMA dots with two accumulators (gated) spill at 64 x 64 on sm_90: half the columns.

@@ -159,7 +159,8 @@ def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, 
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     weight, cos, sin, seqlens = weight.contiguous(), cos.contiguous(), sin.contiguous(), cache_seqlens.contiguous()
-    norm = norm_weight.contiguous() if norm_weight is not None else weight
+    # Without a norm the kernel reads no norm weight: an empty tensor stands in (no bytes to count for it).
+    norm = norm_weight.contiguous() if norm_weight is not None else x.new_empty(0)
     config = _config or (INTERPRETER_CONFIG if interpreted(_rmsnorm_qkv_rope_kernel) else GPU_CONFIG)
     block_j = max(16, triton.next_power_of_2(D // 2))
     # fp32's FMA dots with two [BLOCK_M, 64] accumulators (head_dim 128) spill at 64 rows on sm_90: half the rows.

@@ -63,13 +63,16 @@ def test_kv_cache_kernels(plain):
     attention = next(launch for launch in count.launches if launch.name == "_tree_attention_kernel")
     short, long = (gpu_step_model.launch_cost(attention, {}, prefix=p, vocab=config.vocab_size) for p in (10, 1010))
     assert long.bytes - short.bytes == 2 * 1000 * kv_row  # K and V, B 1
-    write = next(launch for launch in count.launches if launch.name == "_rope_write_kv_kernel")
+    # The KV write: in rmsnorm_qkv_rope's epilogue (the caches are its arguments 7 and 8, x [B N, K] its first).
+    write = next(launch for launch in count.launches if launch.name == "_rmsnorm_qkv_rope_kernel")
     cost = gpu_step_model.launch_cost(write, {}, prefix=10, vocab=config.vocab_size)
-    rows = write.tensors[0].shape[1]  # the pass's tokens, written to K and V
-    others = sum(t.nbytes for i, t in enumerate(write.tensors) if i not in (4, 5))
+    rows = write.tensors[0].shape[0]  # the pass's tokens, written to K and V
+    others = sum(t.nbytes for i, t in enumerate(write.tensors) if i not in (7, 8))
     assert cost.bytes == others + 2 * rows * kv_row
+    weight = write.tensors[2].shape
+    assert cost.flops == 2 * rows * weight[0] * weight[1]  # its q/k/v GEMM
     # The cache's capacity does not count.
-    bigger = [Tensor((1, 10 * t.shape[1]) + t.shape[2:], t.itemsize) if i in (4, 5) else t
+    bigger = [Tensor((1, 10 * t.shape[1]) + t.shape[2:], t.itemsize) if i in (7, 8) else t
               for i, t in enumerate(write.tensors)]
     assert gpu_step_model.launch_cost(dataclasses.replace(write, tensors=tuple(bigger)), {}, 10,
                                       config.vocab_size).bytes == cost.bytes
