@@ -38,7 +38,7 @@ GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # The GPU layer path folds a norm into the GEMM after it (``rmsnorm_linear``) for matrices up to this size and passes
-# up to this many rows: there a step is bound by launches (a replayed graph node cost about 3.1 us on an H200, more
+# up to this many rows: there a step is bound by launches (a replayed graph node cost about 3.4 us on an H200, more
 # than reading a 0.5-3.5 MB SmolLM2 matrix); larger matrices (Llama-3-8B's: 50-235 MB) and long prefills keep cuBLAS.
 FUSED_NORM_MAX_MATRIX_BYTES = 32 << 20
 FUSED_NORM_MAX_ROWS = 1024

@@ -2,7 +2,7 @@
 and, for a fused gate/up matrix, SwiGLU, in one launch.
 
 Where a layer's matrices are small (SmolLM2-135M: 0.5-3.5 MB), a decoding step on a GPU is
-bound by launches, not bytes: a replayed graph node cost about 3.1 us on an H200, more than
+bound by launches, not bytes: a replayed graph node cost about 3.4 us on an H200, more than
 reading these matrices. Folding the norm into the GEMM that consumes it (and SwiGLU into the
 gate/up GEMM's epilogue) takes two or three launches off each layer.
 
