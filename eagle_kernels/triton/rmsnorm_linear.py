@@ -40,6 +40,38 @@ INTERPRETER_CONFIG = RmsnormLinearConfig(block_m=64, block_n=128, block_k=128, n
 
 
 @triton.jit
+def _inverse_rms(x_rows, row_ok, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``1 / sqrt(mean(x^2) + eps)`` of each row at ``x_rows`` [BLOCK_M] (K entries), fp32, over
+    K in BLOCK_K steps: the rows are a few KB, read again from L2 by every program."""
+    offs_k = tl.arange(0, BLOCK_K)
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + offs_k) < K
+        xk = tl.load(x_rows + k0 + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        xk = xk.to(tl.float32)
+        squares += tl.sum(xk * xk, axis=1)
+    return 1.0 / tl.sqrt(squares / K + eps)
+
+
+@triton.jit
+def _input_tile(x_rows, norm_ptr, residual_rows, row_ok, copied, k0, K, rstd, HAS_NORM: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """The GEMM input's K step at ``k0``: x's [BLOCK_M, BLOCK_K] tile, stored to the copy at
+    ``residual_rows`` for the ``copied`` rows, and with HAS_NORM normed as §9 rounds it
+    (normalised in fp32 by ``rstd``, rounded, scaled, rounded). Returns (tile, k_ok)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    k_ok = (k0 + offs_k) < K
+    x_mask = row_ok[:, None] & k_ok[None, :]
+    xk = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0)
+    tl.store(residual_rows + k0 + offs_k[None, :], xk, mask=x_mask & copied[:, None])
+    if HAS_NORM:
+        nk = tl.load(norm_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        normed = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype)
+        xk = (normed.to(tl.float32) * nk[None, :]).to(xk.dtype)
+    return xk, k_ok
+
+
+@triton.jit
 def _rmsnorm_linear_kernel(
     x_ptr,  # [M, K] rows, row stride stride_xm, unit column stride
     norm_ptr,  # [K] (unused unless HAS_NORM)
@@ -60,31 +92,17 @@ def _rmsnorm_linear_kernel(
     col_ok = cols < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     if HAS_NORM:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_ok = (k0 + offs_k) < K
-            xk = tl.load(x_rows + k0 + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            xk = xk.to(tl.float32)
-            squares += tl.sum(xk * xk, axis=1)
-        rstd = 1.0 / tl.sqrt(squares / K + eps)
+        rstd = _inverse_rms(x_rows, row_ok, K, eps, BLOCK_M, BLOCK_K)
+    else:
+        rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     copied = rows < tl.where(pid_n == 0, M, 0)  # the first column block's rows
+    residual_rows = residual_ptr + rows.to(tl.int64)[:, None] * K
     w_cols = w_ptr + cols.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + offs_k) < K
-        x_mask = row_ok[:, None] & k_ok[None, :]
-        xk = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0)
-        tl.store(residual_ptr + rows.to(tl.int64)[:, None] * K + k0 + offs_k[None, :], xk,
-                 mask=x_mask & copied[:, None])
-        if HAS_NORM:
-            # §9's two roundings: normalised in fp32, rounded, scaled, rounded.
-            nk = tl.load(norm_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            normed = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype)
-            h = (normed.to(tl.float32) * nk[None, :]).to(xk.dtype)
-        else:
-            h = xk
+        h, k_ok = _input_tile(x_rows, norm_ptr, residual_rows, row_ok, copied, k0, K, rstd, HAS_NORM, BLOCK_K)
         w_mask = col_ok[:, None] & k_ok[None, :]
         wk = tl.load(w_cols + k0 + offs_k[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
         if UPCAST:

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import interpreted
+from .rmsnorm_linear import _input_tile, _inverse_rms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,30 +64,16 @@ def _rmsnorm_qkv_rope_kernel(
     j_ok = offs_j < HALF
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     if HAS_NORM:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_ok = (k0 + offs_k) < K
-            xk = tl.load(x_rows + k0 + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            xk = xk.to(tl.float32)
-            squares += tl.sum(xk * xk, axis=1)
-        rstd = 1.0 / tl.sqrt(squares / K + eps)
+        rstd = _inverse_rms(x_rows, row_ok, K, eps, BLOCK_M, BLOCK_K)
+    else:
+        rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     acc1 = tl.zeros([BLOCK_M, BLOCK_J], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_J], dtype=tl.float32)
     copied = rows < tl.where(head == 0, M, 0)  # the first head's rows
+    residual_rows = residual_ptr + rows.to(tl.int64)[:, None] * K
     w_first = w_ptr + (head * D + offs_j).to(tl.int64)[:, None] * K  # [BLOCK_J] rows of the head's first half
     for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + offs_k) < K
-        x_mask = row_ok[:, None] & k_ok[None, :]
-        xk = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0)
-        tl.store(residual_ptr + rows.to(tl.int64)[:, None] * K + k0 + offs_k[None, :], xk,
-                 mask=x_mask & copied[:, None])
-        if HAS_NORM:
-            # §9's two roundings: normalised in fp32, rounded, scaled, rounded.
-            nk = tl.load(norm_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            normed = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype)
-            h = (normed.to(tl.float32) * nk[None, :]).to(xk.dtype)
-        else:
-            h = xk
+        h, k_ok = _input_tile(x_rows, norm_ptr, residual_rows, row_ok, copied, k0, K, rstd, HAS_NORM, BLOCK_K)
         w_mask = j_ok[:, None] & k_ok[None, :]
         w1 = tl.load(w_first + k0 + offs_k[None, :], mask=w_mask, other=0.0)  # [BLOCK_J, BLOCK_K]
         w2 = tl.load(w_first + HALF * K + k0 + offs_k[None, :], mask=w_mask, other=0.0)

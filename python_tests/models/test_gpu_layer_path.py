@@ -58,6 +58,16 @@ def counting_kernels():
         InterpretedFunction.run = run
 
 
+def on_cuda(test):
+    """A test of the compiled GPU kernels: marked gpu, run on a CUDA device with Triton compiling."""
+    for mark in (pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                    reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0"),
+                 pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
+                 pytest.mark.gpu):
+        test = mark(test)
+    return test
+
+
 def assert_close(got, want, dtype, what):
     """Within the dtype's tolerance, absolute errors relative to the tensor's largest entry."""
     tol = TOLERANCE[dtype]
@@ -180,10 +190,7 @@ def test_rope_table_rows_equal_the_formula(head_dim):
             assert g_.shape == (B, N, head_dim) and torch.equal(g_, w_)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0")
+@on_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("B,N,slot_offset", [(1, 1, 0), (1, 61, 0), (8, 8, 3)], ids=["B1-N1", "B1-N61", "B8-N8-slot3"])
 def test_rmsnorm_qkv_rope_on_cuda(dtype, B, N, slot_offset):
@@ -213,10 +220,7 @@ def test_rmsnorm_qkv_rope_on_cuda(dtype, B, N, slot_offset):
     assert torch.equal(residual.cpu(), x)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0")
+@on_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("rows,gated", [(1, False), (61, True), (488, True)], ids=["rows1", "rows61-gated",
                                                                                   "rows488-gated"])
@@ -237,10 +241,7 @@ def test_rmsnorm_linear_on_cuda(dtype, rows, gated):
     assert torch.equal(residual.cpu(), x)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="Triton interpreter active: run the GPU tests with TRITON_INTERPRET=0")
+@on_cuda
 def test_gpu_path_on_cuda_bf16():
     """On CUDA a bf16 model takes the GPU layer path; its logits follow an fp32 CPU copy within
     bf16's tolerance; a decoding pass launches the path's Triton kernels once or twice per layer
