@@ -40,16 +40,18 @@ INTERPRETER_CONFIG = RmsnormLinearConfig(block_m=64, block_n=128, block_k=128, n
 
 
 @triton.jit
-def _inverse_rms(x_rows, row_ok, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _inverse_rms(x_rows, row_ok, K, eps, HAS_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """``1 / sqrt(mean(x^2) + eps)`` of each row at ``x_rows`` [BLOCK_M] (K entries), fp32, over
-    K in BLOCK_K steps: the rows are a few KB, read again from L2 by every program."""
+    K in BLOCK_K steps: the rows are a few KB, read again from L2 by every program. Without
+    HAS_NORM nothing is read (the result, unused, is 1 / sqrt(eps))."""
     offs_k = tl.arange(0, BLOCK_K)
     squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + offs_k) < K
-        xk = tl.load(x_rows + k0 + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        xk = xk.to(tl.float32)
-        squares += tl.sum(xk * xk, axis=1)
+    if HAS_NORM:
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + offs_k) < K
+            xk = tl.load(x_rows + k0 + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            xk = xk.to(tl.float32)
+            squares += tl.sum(xk * xk, axis=1)
     return 1.0 / tl.sqrt(squares / K + eps)
 
 
@@ -91,10 +93,7 @@ def _rmsnorm_linear_kernel(
     row_ok = rows < M
     col_ok = cols < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
-    if HAS_NORM:
-        rstd = _inverse_rms(x_rows, row_ok, K, eps, BLOCK_M, BLOCK_K)
-    else:
-        rstd = tl.full([BLOCK_M], 1.0, tl.float32)
+    rstd = _inverse_rms(x_rows, row_ok, K, eps, HAS_NORM, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

@@ -63,10 +63,7 @@ def _rmsnorm_qkv_rope_kernel(
     row_ok = rows < M
     j_ok = offs_j < HALF
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
-    if HAS_NORM:
-        rstd = _inverse_rms(x_rows, row_ok, K, eps, BLOCK_M, BLOCK_K)
-    else:
-        rstd = tl.full([BLOCK_M], 1.0, tl.float32)
+    rstd = _inverse_rms(x_rows, row_ok, K, eps, HAS_NORM, BLOCK_M, BLOCK_K)
     acc1 = tl.zeros([BLOCK_M, BLOCK_J], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_J], dtype=tl.float32)
     copied = rows < tl.where(head == 0, M, 0)  # the first head's rows
