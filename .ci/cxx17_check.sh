@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Syntax-check every C++ source against the installed torch's headers as C++17: torch 2.11 (the
+# GPU machine's) builds extensions with -std=c++17, newer ones with C++20, which accepts more
+# (a call like f<A, B>(x) found only by argument-dependent lookup compiles under C++20 alone).
+# The torch-free .cu files are nvcc_check.sh's.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+CXX="${CXX:-c++}"
+includes=$(python -c "import sysconfig, torch.utils.cpp_extension as e; \
+print(' '.join('-I' + p for p in e.include_paths() + [sysconfig.get_paths()['include']]))")
+shopt -s nullglob
+sources=(csrc/*.cpp csrc/cpu/*.cpp)
+status=0
+# Two at a time (the CI machine's cores); each file prints its errors and fails the check.
+printf '%s\n' "${sources[@]}" | xargs -P 2 -I{} sh -c \
+  "$CXX -std=c++17 -fsyntax-only -fopenmp -DEAGLE_PYTHON_MODULE -Icsrc $includes {} || { echo 'cxx17_check: FAILED: {}'; exit 255; }" \
+  || status=1
+echo "cxx17_check: ${#sources[@]} files as C++17: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+exit $status
