@@ -346,10 +346,13 @@ def main(argv=None) -> int:
                 row = measure(decoder, batch, args.max_new_tokens, mode != "plain", T, args.rounds)
                 row["mode"] = mode
                 if args.profile:
-                    row["profile"] = kernel_profile(decoder, batch, mode != "plain", T, args.max_new_tokens)
+                    try:  # a profiler that fails here must not cost the case its timing
+                        row["profile"] = kernel_profile(decoder, batch, mode != "plain", T, args.max_new_tokens)
+                    except Exception as error:
+                        row["profile_error"] = f"{type(error).__name__}: {error}"
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
-                if args.profile:
+                if "profile" in row:
                     print("\n".join(profile_lines(row)), flush=True)
                 if row["captures"]:
                     print(f"ERROR: {row['captures']} captures during the timed calls of a warmed shape", flush=True)
@@ -366,7 +369,8 @@ def main(argv=None) -> int:
     if args.profile:
         lines += ["", "### Where a replayed step's device time goes (kernel_profile)", ""]
         for r in rows:
-            lines += profile_lines(r)
+            lines += profile_lines(r) if "profile" in r else [f"#### {r['mode']}, B {r['B']}, T {r['T']:g}: "
+                                                               f"not profiled ({r.get('profile_error')})", ""]
     summary = {"model": args.model, "source": source, "dtype": str(dtype), "tree": list(args.tree.__dict__.values()),
                "rows": rows}
     if device.type == "cuda" and not args.gguf:
