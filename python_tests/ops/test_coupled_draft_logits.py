@@ -80,6 +80,47 @@ def test_triton_matches_reference(dtype, config):
                                rtol=0, atol=2e-5)
 
 
+def nonfinite_inputs():
+    """Rows with a NaN, a +inf, some -inf and all -inf entries, for a sampling and a greedy request."""
+    logits, temperature, seeds, positions, offsets = inputs(B=4, M=4, n=150)
+    logits[0, 0, 7] = float("nan")
+    logits[0, 1, 3] = float("inf")
+    logits[0, 2, ::2] = float("-inf")
+    logits[0, 3] = float("-inf")
+    logits[1] = logits[0]  # the greedy request: unchanged, non-finite entries too
+    return logits, temperature, seeds, positions, offsets
+
+
+def test_nonfinite_rows_reference_and_cpp():
+    """§16: a row with a non-finite entry gives what the log-softmax gives for it, no error; the C++ kernel the
+    reference's bits there too (NaN where the reference has NaN)."""
+    logits, temperature, seeds, positions, offsets = nonfinite_inputs()
+    want = reference.coupled_draft_logits(logits, temperature, seeds, positions, d2t=offsets)
+    log_probs = torch.log_softmax(logits[0].float(), -1)  # temperature 1
+    assert torch.equal(want[0].isnan(), (log_probs + 0).isnan())
+    assert want[0, 0].isnan().all() and want[0, 3].isnan().all()  # a NaN, or nothing finite: the whole row
+    assert want[0, 2, ::2].eq(float("-inf")).all() and want[0, 2, 1::2].isfinite().all()  # -inf stays -inf
+    assert torch.equal(want[1].nan_to_num(), logits[1].nan_to_num()) and torch.equal(want[1].isnan(), logits[1].isnan())
+    got = implementation("cpp")(logits, temperature, seeds, positions, d2t=offsets)
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
+
+
+def test_nonfinite_rows_triton():
+    """The Triton kernel (both launch configurations) puts NaN and +-inf where the reference does, and its finite
+    entries within float32 rounding."""
+    implementation("triton")
+    from eagle_kernels.triton import coupled_draft_logits as module
+
+    logits, temperature, seeds, positions, offsets = nonfinite_inputs()
+    want = reference.coupled_draft_logits(logits, temperature, seeds, positions, d2t=offsets)
+    for launch in (module.INTERPRETER_CONFIG, module.GPU_CONFIG):
+        got = module.coupled_draft_logits(logits, temperature, seeds, positions, d2t=offsets, _config=launch)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), launch
+        assert torch.equal(got[got.isinf()], want[want.isinf()]), launch
+        finite = want.isfinite()
+        torch.testing.assert_close(got[finite], want[finite], rtol=0, atol=2e-5)
+
+
 def test_drafts_race_like_the_target():
     """With the target's own logits as draft logits, the perturbed argmax is verify's coupled token:
     a head that agrees with the target drafts exactly the target's winners."""
