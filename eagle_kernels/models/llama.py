@@ -6,7 +6,7 @@ tree's ancestor bit-mask). New K/V are written at slots ``cache_seqlens + i`` (s
 node order, as the ops' contract requires); the caller advances ``cache_seqlens`` (and, after a
 verify, compacts the accepted path with ``compact_kv``).
 
-The layers run through :mod:`.layers` (one path per pass: op by op, nine launches a layer on a GPU,
+The layers run through :mod:`.layers` (one path per pass: op by op, five to nine launches a layer on a GPU,
 or on CPU one ``cpu_decoder_layers`` call for the whole stack); the CPU weight policy (the
 ``cpu_linear`` kernel, bf16 weight storage, packed copies, the environment switches) lives in
 :mod:`.cpu_weights`.
