@@ -7,6 +7,7 @@ keyword overrides the choice, so the tests run the GPU configuration under the i
 
 from __future__ import annotations
 
+import torch
 from triton.runtime.interpreter import InterpretedFunction
 
 
@@ -15,3 +16,12 @@ def interpreted(kernel) -> bool:
     interpreted function when TRITON_INTERPRET=1 is set as the kernel's module is imported,
     and that choice holds for the kernel's lifetime."""
     return isinstance(kernel, InterpretedFunction)
+
+
+def dot_mode(kernel, dtype: torch.dtype) -> tuple[bool, str]:
+    """``(UPCAST, DOT_PRECISION)`` for ``kernel``'s ``tl.dot`` over ``dtype`` inputs: the
+    interpreter's 16-bit dot is wrong, so interpreted 16-bit inputs are upcast to fp32; fp32
+    (and upcast) dots are exact fp32 ("ieee"), 16-bit ones run on the tensor cores (the
+    precision then means nothing)."""
+    upcast = interpreted(kernel) and dtype != torch.float32
+    return upcast, "ieee" if (dtype == torch.float32 or upcast) else "tf32"

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .. import _layer_checks
-from ._launch_config import interpreted
+from ._launch_config import dot_mode, interpreted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +119,22 @@ def _rmsnorm_linear_kernel(
     tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+def gemm_inputs(x: torch.Tensor, M: int, norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's M rows [M, K] (a view where they are evenly strided with a dense last dim, else a copy)
+    and the norm weight, or an empty tensor standing in for an absent one (the kernel then reads
+    none; no bytes for the launch count's model to charge)."""
+    rows = x.reshape(M, x.shape[-1])
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    return rows, (norm_weight.contiguous() if norm_weight is not None else x.new_empty(0))
+
+
+def tile(largest: int, size: int) -> int:
+    """A block dimension over ``size`` entries: the next power of two, at least 16 (tl.dot's
+    smallest), at most ``largest``."""
+    return min(largest, max(16, triton.next_power_of_2(size)))
+
+
 def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: RmsnormLinearConfig | None = None):
     """Triton rmsnorm_linear with the contract signature; see
     :func:`eagle_kernels.reference.rmsnorm_linear`.
@@ -140,20 +156,13 @@ def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: Rmsnorm
         if M and K:
             residual.copy_(x)
         return out, residual
-    rows = x.reshape(M, K)  # a view where the rows are evenly strided
-    if rows.stride(1) != 1:
-        rows = rows.contiguous()
+    rows, norm = gemm_inputs(x, M, norm_weight)
     weight = weight.contiguous()
-    # Without a norm the kernel reads no norm weight: an empty tensor stands in (no bytes to count for it).
-    norm = norm_weight.contiguous() if norm_weight is not None else x.new_empty(0)
     config = _config or (INTERPRETER_CONFIG if interpreted(_rmsnorm_linear_kernel) else GPU_CONFIG)
-    block_m = min(config.block_m, max(16, triton.next_power_of_2(M)))
     # fp32's FMA dots with two accumulators (gated) spill at 64 x 64 on sm_90: half the columns.
     wide_n = config.block_n // 2 if (gated and x.dtype == torch.float32) else config.block_n
-    block_n = min(wide_n, max(16, triton.next_power_of_2(N)))
-    block_k = min(config.block_k, max(16, triton.next_power_of_2(K)))
-    upcast = interpreted(_rmsnorm_linear_kernel) and x.dtype != torch.float32  # the interpreter's 16-bit dot
-    precision = "ieee" if (x.dtype == torch.float32 or upcast) else "tf32"
+    block_m, block_n, block_k = tile(config.block_m, M), tile(wide_n, N), tile(config.block_k, K)
+    upcast, precision = dot_mode(_rmsnorm_linear_kernel, x.dtype)
     _rmsnorm_linear_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
         rows, norm, weight, out, residual,
         M, N, K, rows.stride(0), float(eps),

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from .. import _layer_checks
-from ._launch_config import interpreted
-from .rmsnorm_linear import _input_tile, _inverse_rms
+from ._launch_config import dot_mode, interpreted
+from .rmsnorm_linear import _input_tile, _inverse_rms, gemm_inputs, tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,27 +139,21 @@ def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, 
     if M == 0:
         q.zero_()
         return q, residual
-    rows = x.reshape(M, K)
-    if rows.stride(1) != 1:
-        rows = rows.contiguous()
+    rows, norm = gemm_inputs(x, M, norm_weight)
     weight, cos, sin, seqlens = weight.contiguous(), cos.contiguous(), sin.contiguous(), cache_seqlens.contiguous()
-    # Without a norm the kernel reads no norm weight: an empty tensor stands in (no bytes to count for it).
-    norm = norm_weight.contiguous() if norm_weight is not None else x.new_empty(0)
     config = _config or (INTERPRETER_CONFIG if interpreted(_rmsnorm_qkv_rope_kernel) else GPU_CONFIG)
     block_j = max(16, triton.next_power_of_2(D // 2))
     # fp32's FMA dots with two [BLOCK_M, 64] accumulators (head_dim 128) spill at 64 rows on sm_90: half the rows.
     widest_m = config.block_m // 2 if (x.dtype == torch.float32 and block_j > 32) else config.block_m
-    block_m = min(widest_m, max(16, triton.next_power_of_2(M)))
-    upcast = interpreted(_rmsnorm_qkv_rope_kernel) and x.dtype != torch.float32  # the interpreter's 16-bit dot
-    precision = "ieee" if (x.dtype == torch.float32 or upcast) else "tf32"
+    block_m = tile(widest_m, M)
+    upcast, precision = dot_mode(_rmsnorm_qkv_rope_kernel, x.dtype)
     _rmsnorm_qkv_rope_kernel[(triton.cdiv(M, block_m), num_heads + 2 * Hkv)](
         rows, norm, weight, residual, positions, cos, sin, k_cache, v_cache, seqlens, q,
         M, N, K, B, rows.stride(0), float(eps), slot_offset, num_heads, Hkv, D // 2, cos.shape[0],
         positions.stride(0), positions.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         HAS_NORM=norm_weight is not None, BLOCK_M=block_m,
-        BLOCK_K=min(config.block_k, max(16, triton.next_power_of_2(K))), BLOCK_J=block_j, UPCAST=upcast,
-        DOT_PRECISION=precision,
+        BLOCK_K=tile(config.block_k, K), BLOCK_J=block_j, UPCAST=upcast, DOT_PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return q, residual

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from ._launch_config import interpreted
+from ._launch_config import dot_mode, interpreted
 from .tree_attention_config import (  # noqa: F401  (the configurations' names, re-exported)
     GPU_CONFIG,
     GPU_CONFIG_D256,
@@ -483,8 +483,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         part_lse = torch.empty(2 if scaled else 1, splits, B * N * Hq, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused
-    upcast = interpret and q.dtype != torch.float32  # the interpreter's bf16 dot is wrong
-    precision = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
+    upcast, precision = dot_mode(_tree_attention_kernel, q.dtype)
     options = {} if config.max_registers is None else {"maxnreg": config.max_registers}
     page_size = k_cache.shape[1] if paged else 1
     # 16-bit inputs: lazy rescaling and a compile-time page size; fp32 (FMA dots, registers
