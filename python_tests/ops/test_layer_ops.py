@@ -250,6 +250,22 @@ def test_rmsnorm_linear_triton_matches_reference(dtype, rows, K, N, gated, norm,
         assert torch.equal(residual, want_residual) and residual.is_contiguous(), name
 
 
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+def test_rmsnorm_linear_nan_row_stays_in_its_row(backend_name):
+    """A NaN in one input row (no error: values are not checked) makes that row's outputs NaN and leaves every
+    other row as without it; the copy keeps the NaN."""
+    fn, reason = _dispatch.implementation("rmsnorm_linear", backend_name, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    x, weight, norm_weight = rmsnorm_linear_inputs(torch.float32, 6, 20, 12, True, True, False)
+    clean, _ = fn(x, weight, norm_weight, 1e-5, gated=True)
+    x[2, 5] = float("nan")
+    got, residual = fn(x, weight, norm_weight, 1e-5, gated=True)
+    assert got[2].isnan().all() and residual[2, 5].isnan()
+    others = [0, 1, 3, 4, 5]
+    assert torch.equal(got[others], clean[others])
+
+
 def test_rmsnorm_linear_triton_batched_rows_and_empty():
     """[B, N, K] rows keep their leading dims; zero rows or zero outputs launch nothing and still copy x."""
     module = triton_module("rmsnorm_linear")
