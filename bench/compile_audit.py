@@ -281,7 +281,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
 # in every mode, draft_expand at both vocabularies, write_kv paged.
 CI_TREE = [("bf16", B, 64, 32, 8, 128, 4096, paged, mask) for B in (1, 8) for paged in (False, True)
            for mask in (True, False)] + [("fp32", 8, 64, 32, 8, 64, 4096, False, False),
-                                         ("bf16", 8, 64, 32, 8, 64, 4096, True, True)]
+                                         ("bf16", 8, 64, 32, 8, 64, 4096, True, True)] + [
+    # SmolLM2-135M heads: a decoded token and a 61-node tree over a split prefix, whose splits
+    # merge in their last programs (folds_merge).
+    ("bf16", 1, 1, 9, 3, 64, 4096, False, False), ("bf16", 1, 61, 9, 3, 64, 2048, False, True)]
 
 
 def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:

@@ -30,8 +30,11 @@ own widths. The tree is counted as (6, 2, 13) (the same kernels as (6, 8, 60), b
 nodes is mapped to 60 (the verify pass's rows: its GEMMs, logits and tree mask); the head passes'
 rows stay at top_k 2 instead of 8 (kernels at the t_min floor either way). The prompt is 16
 tokens; the modeled KV prefix is 512 and 4096 tokens (tree_attention's reads). On a GPU
-tree_attention adds a merge launch when it splits the prefix (flash-decoding, not seen on CPU
-tensors): added here where the GPU launcher's split rule (``num_splits``, 132 SMs) splits.
+tree_attention splits the prefix (flash-decoding, not seen on CPU tensors) where the GPU
+launcher's split rule (``num_splits``, 132 SMs) splits, and merges the splits in each block's
+last program (``folds_merge``: their partials' bytes charged to the attention launch, written
+and read back, plus a tail after its waves: one program's read of its block's partials from L2,
+``SM_L2_BYTES_PER_S`` and ``L2_ROUND_S`` a round) or in a merge launch (added here).
 tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: device independent),
 plain tau is 1. ``--coupled``: also the speculative step of ``StaticPolicy(coupled_sampling=True)``
 at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``). ``--quick``: the
@@ -65,6 +68,12 @@ from eagle_kernels.policy import StaticPolicy  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12  # H200 copy bandwidth (HBM peak ~4.8 TB/s)
 BF16_FLOPS_PER_S = 790e12  # bf16 dense, measured on a GEMM
+# A folded tree_attention merge (tree_attention_config.folds_merge): one program a block reads its
+# splits' partials from L2 alone, at about 64 B a cycle of one SM (1.98 GHz), in rounds of
+# dependent loads of about 400 cycles each. Assumed, not measured: bench_tree_attention.py's
+# test_tree_attention_merge_gpu times it on a device.
+SM_L2_BYTES_PER_S = 64 * 1.98e9
+L2_ROUND_S = 0.2e-6
 T_MIN_SWEEP_US = (1.0, 1.5, 2.0, 3.0)
 TREE = TreeConfig(6, 8, 60)
 COUNT_TREE = TreeConfig(6, 2, 13)  # the same launches; 13 occurs as no other dimension
@@ -120,9 +129,10 @@ class Cost:
     bytes: int
     flops: int
     floor: float = 0.0  # a device time from elsewhere (the calibrated kernel model), s
+    tail: float = 0.0  # work after the launch's waves (a folded merge's last programs), s
 
     def seconds(self, t_min: float) -> float:
-        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, t_min, self.floor)
+        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, t_min, self.floor) + self.tail
 
 
 def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
@@ -168,10 +178,11 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
     return Cost(launch.name, launch.owner, launch.layer, total, flops)
 
 
-def merge_cost(launch: Launch, mapping: dict, prefix: int) -> Cost | None:
-    """The merge launch a GPU adds after a tree_attention launch that splits the prefix (the GPU
-    launcher's rule; capacity taken as the prefix and the pass's rows), or None."""
-    from eagle_kernels.triton.tree_attention_config import gpu_config, num_splits
+def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] | None:
+    """The merge of a tree_attention launch that splits the prefix on a GPU (the GPU launcher's
+    rules; capacity taken as the prefix and the pass's rows): its cost as a launch (partials
+    read, output written) and whether the launcher folds it into the attention launch; or None."""
+    from eagle_kernels.triton.tree_attention_config import fold_chunk, folds_merge, gpu_config, num_splits
 
     q = real_shape(launch.tensors[0].shape, mapping)  # (B, N, Hq, D)
     cache = launch.tensors[1].shape
@@ -185,7 +196,13 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> Cost | None:
     if splits <= 1:
         return None
     partials = splits * B * N * Hq * (D * 2 + 8)  # bf16 inputs: fp16 partial outputs, fp32 log-sum-exps and scales
-    return Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)
+    rows = min(block_m // group, N) * group
+    folded = folds_merge(splits, rows, D, 2)
+    cost = Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)
+    if folded:  # one program a block reads its splits' partials after the waves, in dependent rounds
+        rounds = -(-splits // fold_chunk(splits, block_m, max(16, 1 << (D - 1).bit_length()), config.num_warps))
+        cost.tail = splits * rows * (D * 2 + 8) / SM_L2_BYTES_PER_S + rounds * L2_ROUND_S
+    return cost, folded
 
 
 def count(name: str, tree: TreeConfig = COUNT_TREE, coupled: bool = False) -> dict:
@@ -258,11 +275,16 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             cost = launch_cost(launch, mapping, prefix, vocab)
             costs[mode].append(cost)
             if launch.name == "_tree_attention_kernel":
-                merge = merge_cost(launch, mapping, prefix)
-                if merge is not None:
+                merged = merge_cost(launch, mapping, prefix)
+                if merged is not None:
+                    merge, folded = merged
                     out = numel(real_shape(launch.tensors[0].shape, mapping)) * 2
                     cost.bytes += merge.bytes - 2 * out  # the partials written instead of the output
-                    costs[mode].append(merge)
+                    if folded:  # the last programs read the partials and write the output
+                        cost.bytes += merge.bytes
+                        cost.tail = merge.tail
+                    else:
+                        costs[mode].append(merge)
     result = {"prefix": prefix, "tau": tau, "weight_bytes": weight_bytes(name),
               "weight_read_us": weight_bytes(name) / HBM_BYTES_PER_S * 1e6, "modes": {}}
     for mode, cs in costs.items():

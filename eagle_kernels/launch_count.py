@@ -11,8 +11,9 @@ kernels under ``TRITON_INTERPRET=1``) and counts what a GPU would launch:
   with a split-K reduction, or sorts; those are counted as one.)
 - Triton kernels through their launchers: one launch per ``kernel[grid](...)`` call. (The
   tree_attention launcher adds a merge kernel on a GPU when it splits a long prefix over
-  programs, flash-decoding style; on CPU tensors it never splits, so that kernel is not seen
-  here.)
+  programs, flash-decoding style, and the split blocks' partials are too many to merge in
+  their last programs (``folds_merge``); on CPU tensors it never splits, so that kernel is not
+  seen here.)
 - The C++/CUDA ops by their known launches (``NATIVE_CUDA_LAUNCHES``: the ops a CUDA build
   registers natively, csrc/torch_bindings.cpp).
 

@@ -3,11 +3,14 @@
 Each launcher holds its tuning constants in a frozen configuration object (``GPU_CONFIG``,
 ``INTERPRETER_CONFIG``) and picks one per launch with ``interpreted``; a private ``_config``
 keyword overrides the choice, so the tests run the GPU configuration under the interpreter.
+Kernels whose last program of a group finishes the group's work (draft_expand's merge,
+tree_attention's folded split merge) take their tickets from ``tickets``.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 from triton.runtime.interpreter import InterpretedFunction
 
 
@@ -25,3 +28,24 @@ def dot_mode(kernel, dtype: torch.dtype) -> tuple[bool, str]:
     precision then means nothing)."""
     upcast = interpreted(kernel) and dtype != torch.float32
     return upcast, "ieee" if (dtype == torch.float32 or upcast) else "tf32"
+
+
+# Per device: one int32 ticket counter per program group, zero between launches. A kernel that
+# hands out tickets has the program drawing a group's last ticket reset that counter, so no
+# launch zeroes them and CUDA-graph replays find them zero. Every such kernel uses counters
+# [0, groups) of the one buffer: launches on one device must not run concurrently (the decoder
+# issues them on one stream). Buffers are never freed: a captured graph keeps the address it
+# was captured with.
+_TICKETS: dict = {}
+_OLD_TICKETS: list = []
+
+
+def tickets(device: torch.device, n: int) -> torch.Tensor:
+    """The device's ticket counters, at least ``n`` of them, all zero between launches."""
+    buf = _TICKETS.get(device)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OLD_TICKETS.append(buf)
+        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _TICKETS[device] = buf
+    return buf

@@ -27,8 +27,8 @@ in one launch, with no sort: ``_draft_expand_kernel``, grid ``(NC, M, B)``.
    (``.cg`` loads) and merges them into ``lse = max + log(sum)`` and each row's top ``TOP_K``,
    writes tokens and scores (``frontier_score + (x - max) - log(sum)``), selects the frontier
    among the ``M * TOP_K`` scores (NaN as -inf, ties by smaller index), and sets the counter
-   back to zero: no launch zeroes the counters (``_tickets``: one buffer per device, zero
-   between launches, so CUDA-graph replays find it zero). A row's top ``TOP_K`` from its
+   back to zero: no launch zeroes the counters (``_launch_config.tickets``: one buffer per
+   device, zero between launches, so CUDA-graph replays find it zero). A row's top ``TOP_K`` from its
    chunks' lists, all rows at once: the threshold is the ``TOP_K``-th largest chunk max (each
    of ``TOP_K`` chunks holds an entry ``>= it``), the list entries ``>= it`` are compacted by a
    scan and ranked by one compare per pair (step c again); rows with more than ``CAP`` of them,
@@ -69,7 +69,7 @@ import triton.language as tl
 
 from .. import _checks
 from .._types import DraftCandidates
-from ._launch_config import interpreted
+from ._launch_config import interpreted, tickets
 from .philox import _uniform
 
 
@@ -760,24 +760,6 @@ def launch_config() -> DraftExpandConfig:
     return INTERPRETER_CONFIG if interpreted(_draft_expand_kernel) else GPU_CONFIG
 
 
-# Per device: one ticket counter per request, zero between launches (the program that merges a
-# request resets its counter), so no launch zeroes them and CUDA-graph replays find them zero.
-# Buffers are never freed: a captured graph keeps the address it was captured with. Launches
-# on one device must not run concurrently (the decoder issues them on one stream).
-_TICKETS: dict = {}
-_OLD_TICKETS: list = []
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    buf = _TICKETS.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OLD_TICKETS.append(buf)
-        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
-        _TICKETS[device] = buf
-    return buf
-
-
 DRAFT_DRAW = 2  # first draw index of the Gumbel draws (docs/design.md)
 DEPTH_STRIDE = 65536  # draw = DRAFT_DRAW + depth * DEPTH_STRIDE + frontier row
 
@@ -840,7 +822,7 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     # bf16 in 4-byte words where every row starts on a word: V even, the tensor 4-byte aligned.
     words = x.dtype == torch.bfloat16 and vec >= 2 and V % 2 == 0 and x.data_ptr() % 4 == 0
     _draft_expand_kernel[(NC, M, B)](
-        x, part_max, part_sum, part_bad, part_val, part_id, survivors, _tickets(device, B), merge_val, merge_id, fs,
+        x, part_max, part_sum, part_bad, part_val, part_id, survivors, tickets(device, B), merge_val, merge_id, fs,
         d2t_arg, temperature, seed, offset, tokens, scores, logprobs, frontier, draw_base, M, V, NC,
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_V=block_v, SUPER=shape.n_super, CAP=shape.cap,
         THREADS=shape.threads, VEC=vec, BF16_WORDS=words, BLOCK_M=rounds_m, BLOCK_MA=block_m, BLOCK_C=block_c,

@@ -17,10 +17,11 @@ neighbouring programs that read the same K/V tiles at the same time), or all 256
 enough (request, KV head) pairs (B 8 and up at those heads: one K/V read). Prefix tiles need no mask beyond
 the length bound; tree tiles read one int64 mask word per row (a tile's keys share it). Only
 when the (request, KV head) programs are fewer than the SMs is the prefix split over
-``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once); a small merge kernel then
-combines their partial results by their log-sum-exp (fp32 partials; for bf16 inputs fp16 ones
-scaled per row, half the bytes). Configurations:
-:mod:`.tree_attention_config`.
+``NUM_SPLITS`` programs (flash-decoding, sized to fill the SMs once), and their partial results
+(fp32; for bf16 inputs fp16 scaled per row, half the bytes) are combined by their log-sum-exp:
+by the program of each block's last split (an atomic ticket), where the block's partials are few
+(``folds_merge``: a decoded token, a short or lightly split tree; no launch of its own), else by
+a small merge kernel. Configurations: :mod:`.tree_attention_config`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from ._launch_config import dot_mode, interpreted
+from ._launch_config import dot_mode, interpreted, tickets
 from .tree_attention_config import (  # noqa: F401  (the configurations' names, re-exported)
     GPU_CONFIG,
     GPU_CONFIG_D256,
@@ -43,6 +44,8 @@ from .tree_attention_config import (  # noqa: F401  (the configurations' names, 
     TreeAttentionConfig,
     blocks_per_sm,
     every_gpu_config,
+    fold_chunk,
+    folds_merge,
     gpu_config,
     wide_blocks,
 )
@@ -167,6 +170,7 @@ def _tree_attention_kernel(
     out_ptr,  # [B, N, Hq, D] q.dtype, contiguous (written when NUM_SPLITS == 1)
     part_o_ptr,  # [NUM_SPLITS, B * N * Hq, D] float32, or float16 with SCALED_PARTIALS (when NUM_SPLITS > 1)
     part_lse_ptr,  # [NUM_SPLITS, B * N * Hq] float32, base-2 log-sum-exp; SCALED_PARTIALS: then as many scales
+    tickets_ptr,  # [>= B * Hkv * NODE_BLOCKS] int32, zero between launches (used when FOLD_MERGE)
     N, Hq, Hkv, D, W, page_size, max_pages, scale_log2,
     stride_qb, stride_qn, stride_qh,
     stride_k0, stride_k1, stride_k2,
@@ -181,6 +185,8 @@ def _tree_attention_kernel(
     SHARED_KV_OFFSETS: tl.constexpr,  # k_cache and v_cache have the same strides
     TILE_MODE: tl.constexpr,  # whole prefix tiles: 0 general, 1 contiguous, 2 pages in a tile, 3 a tile in a page
     SCALED_PARTIALS: tl.constexpr,  # bf16 inputs: split partials in fp16 scaled per row
+    FOLD_MERGE: tl.constexpr,  # NUM_SPLITS > 1: the program of a block's last split merges its splits
+    BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,  # next_pow2(NUM_SPLITS); splits a merge round reads
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -360,6 +366,63 @@ def _tree_attention_kernel(
             m_log2 = m_i
         lse = tl.where(has, m_log2 + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + base, lse, mask=row_valid)
+        if FOLD_MERGE:
+            # Publish: every thread's partials are stored (barrier) before one thread takes the
+            # block's ticket with release semantics; the program drawing the last ticket acquires
+            # every split's partials and merges the block's rows, then resets the ticket (stream
+            # order makes the reset visible to the next launch).
+            tl.debug_barrier()
+            done = tl.atomic_add(tickets_ptr + pid, 1, sem="acq_rel")
+            if done == NUM_SPLITS - 1:
+                merged = _merge_splits(part_o_ptr, part_lse_ptr, row.to(tl.int64), row_valid, offs_d, d_valid,
+                                       rows_total, D, NUM_SPLITS, BLOCK_S, SPLIT_CHUNK, SCALED_PARTIALS)
+                tl.store(out_ptr + row[:, None] * D + offs_d[None, :], merged.to(out_ptr.dtype.element_ty),
+                         mask=o_mask)
+                tl.atomic_xchg(tickets_ptr + pid, 0, sem="relaxed")
+
+
+@triton.jit
+def _merge_splits(part_o_ptr, part_lse_ptr, rows, row_ok, offs_d, d_ok, R, D,
+                  NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, SCALED: tl.constexpr):
+    """sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) for ``rows`` [rows] (flat (b, node, head)
+    indices, int64) of the [NUM_SPLITS, R, D] partials: the log-sum-exps of every split first
+    (the maximum M and the denominator), then the outputs ``CHUNK`` splits a round, in split
+    order (the same sums whichever program merges). ``.cg`` loads: other programs' partials,
+    published by a ticket or a launch boundary, never through this SM's L1. Rows with no key in
+    any split give zeros."""
+    offs_s = tl.arange(0, BLOCK_S)
+    valid = (offs_s < NUM_SPLITS)[:, None] & row_ok[None, :]
+    flat = offs_s.to(tl.int64)[:, None] * R + rows[None, :]  # [splits, rows]
+    lse = tl.load(part_lse_ptr + flat, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.exp2(lse - top[None, :])
+    total = tl.sum(weight, 0)
+    if CHUNK >= BLOCK_S:
+        # One round: every load issued at once (the merge launch's programs).
+        o_mask = valid[:, :, None] & d_ok[None, None, :]
+        o = tl.load(part_o_ptr + flat[:, :, None] * D + offs_d[None, None, :], mask=o_mask, other=0.0,
+                    cache_modifier=".cg")
+        if SCALED:
+            weight = weight * tl.load(part_lse_ptr + NUM_SPLITS * R + flat, mask=valid, other=0.0,
+                                      cache_modifier=".cg")
+        merged = tl.sum(o.to(tl.float32) * weight[:, :, None], 0)
+    else:
+        offs_c = tl.arange(0, CHUNK)
+        merged = tl.zeros([rows.shape[0], offs_d.shape[0]], tl.float32)
+        for s0 in range(0, NUM_SPLITS, CHUNK):
+            split = s0 + offs_c
+            c_valid = (split < NUM_SPLITS)[:, None] & row_ok[None, :]
+            c_flat = split.to(tl.int64)[:, None] * R + rows[None, :]  # [CHUNK, rows]
+            c_lse = tl.load(part_lse_ptr + c_flat, mask=c_valid, other=float("-inf"), cache_modifier=".cg")
+            c_weight = tl.exp2(c_lse - top[None, :])
+            if SCALED:
+                c_weight = c_weight * tl.load(part_lse_ptr + NUM_SPLITS * R + c_flat, mask=c_valid, other=0.0,
+                                              cache_modifier=".cg")
+            o = tl.load(part_o_ptr + c_flat[:, :, None] * D + offs_d[None, None, :],
+                        mask=c_valid[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")
+            merged += tl.sum(o.to(tl.float32) * c_weight[:, :, None], 0)
+    return merged * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
 
 
 @triton.jit
@@ -377,24 +440,9 @@ def _tree_attention_merge_kernel(
     sum over them is a thread's own adds; warps lie along the rows), where a [rows, splits, D]
     block put its warps along the splits (a cross-warp reduction: ~15 instructions a value)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    sr_valid = (offs_s < NUM_SPLITS)[:, None] & (rows < R)[None, :]
-    flat = offs_s.to(tl.int64)[:, None] * R + rows[None, :]  # [splits, rows]
-    o_mask = sr_valid[:, :, None] & (offs_d < D)[None, None, :]
-    o = tl.load(part_o_ptr + flat[:, :, None] * D + offs_d[None, None, :], mask=o_mask, other=0.0)
-    lse = tl.load(part_lse_ptr + flat, mask=sr_valid, other=float("-inf"))
-    if SCALED:
-        scale = tl.load(part_lse_ptr + NUM_SPLITS * R + flat, mask=sr_valid, other=0.0)
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top[None, :])
-    total = tl.sum(weight, 0)
-    if SCALED:
-        o_weight = weight * scale
-    else:
-        o_weight = weight
-    merged = tl.sum(o.to(tl.float32) * o_weight[:, :, None], 0) * (1.0 / tl.where(total > 0.0, total, 1.0))[:, None]
+    merged = _merge_splits(part_o_ptr, part_lse_ptr, rows, rows < R, offs_d, offs_d < D, R, D,
+                           NUM_SPLITS, BLOCK_S, BLOCK_S, SCALED)
     out_mask = (rows < R)[:, None] & (offs_d < D)[None, :]
     tl.store(out_ptr + rows[:, None] * D + offs_d[None, :], merged.to(out_ptr.dtype.element_ty), mask=out_mask)
 
@@ -423,9 +471,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None,
-            num_splits=None, config: TreeAttentionConfig | None = None):
+            num_splits=None, fold_merge=None, config: TreeAttentionConfig | None = None):
     """Launcher: validate → reject unsupported layouts → allocate → grid → launch.
-    ``num_splits`` overrides the flash-decoding split count (tests); ``config`` overrides the
+    ``num_splits`` overrides the flash-decoding split count (tests), ``fold_merge`` the choice
+    between merging the splits in their last programs and a merge launch (``folds_merge``);
+    ``config`` overrides the
     configuration: :func:`gpu_config`, or INTERPRETER_CONFIG when the kernel runs interpreted
     (tests run GPU configurations interpreted; bench/gpu_goals.py sweeps them)."""
     _checks.check_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
@@ -483,6 +533,10 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         part_lse = torch.empty(2 if scaled else 1, splits, B * N * Hq, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused
+    if fold_merge is None:
+        fold_merge = folds_merge(splits, min(nodes, N) * group, D, part_o.element_size())
+    fold_merge = bool(fold_merge) and splits > 1
+    block_s = max(2, triton.next_power_of_2(splits))
     upcast, precision = dot_mode(_tree_attention_kernel, q.dtype)
     options = {} if config.max_registers is None else {"maxnreg": config.max_registers}
     page_size = k_cache.shape[1] if paged else 1
@@ -501,6 +555,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         tile_mode = 0
     _tree_attention_kernel[(programs, splits)](
         q, k_cache, v_cache, seqlens, mask, table, out, part_o, part_lse,
+        tickets(q.device, programs) if fold_merge else seqlens,
         N, Hq, Hkv, D, mask.shape[-1] if not causal else 1, page_size, max_pages,
         scale * 1.4426950408889634,
         q.stride(0), q.stride(1), q.stride(2),
@@ -511,10 +566,11 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         EVEN_D=block_d == D, UPCAST=upcast, DOT_PRECISION=precision, LAZY_RESCALE=sixteen_bit,
         INT32_OFFSETS=all(map(_fits_int32, (q, k_cache, v_cache))) and splits * out.numel() < 2**31,
         SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode, SCALED_PARTIALS=scaled,
+        FOLD_MERGE=fold_merge, BLOCK_S=block_s,
+        SPLIT_CHUNK=fold_chunk(splits, block_m, block_d, config.num_warps),
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
-    if splits > 1:
-        block_s = max(2, triton.next_power_of_2(splits))
+    if splits > 1 and not fold_merge:
         block_r = merge_rows(block_s, block_d)
         _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, block_r),)](
             part_o, part_lse, out, B * N * Hq, D,

@@ -210,6 +210,36 @@ def num_splits(programs: int, capacity: int, block_k: int, sms: int, occupancy: 
     return max(1, min(32, (sms * occupancy) // programs, capacity // (4 * block_k)))
 
 
+# Folded merge: with at most this many bytes of partial outputs a program's split group must
+# combine, the program of the group's last split merges them itself (a ticket counter) instead
+# of a separate merge launch. One SM reads L2 at roughly 64 B a cycle (~120 GB/s at 1.98 GHz),
+# so 128 KiB take ~1.1 us, under the ~3.5 us a launch cost in a replayed H200 step
+# (bench/results/nvidia-h200/gpu_check_2026-12-04.md); larger groups (long trees split many
+# ways) keep the merge kernel, whose programs share the partials' read, as do 256-row blocks
+# (their 255 registers spill more in the merge's epilogue: 40 -> 80 B at D 128 in the sm_90
+# audit). A modeled threshold, to be timed on a device (bench/bench_tree_attention.py).
+FOLD_MERGE_BYTES = 128 * 1024
+# Partial values the folding program holds per round of its merge: 64 a thread (its main loop's
+# registers are free by then). Rounds are dependent L2 reads (~0.2 us each): SmolLM2's decoded
+# token reads 16 splits in 2, its 61-node tree 8 splits in 4. sm_90: no spill with triton 3.9 or
+# 3.6; 3.6 takes 254 registers for the 16-row block (2 blocks an SM, the split count's target;
+# 113 at 32 values a thread, in twice the rounds).
+FOLD_VALUES_PER_THREAD = 64
+
+
+def fold_chunk(splits: int, block_m: int, block_d: int, num_warps: int) -> int:
+    """Splits a folded merge reads per round (a power of two, at most next_pow2(splits)):
+    FOLD_VALUES_PER_THREAD partial values a thread of ``block_m`` rows x ``block_d``."""
+    values = FOLD_VALUES_PER_THREAD * 32 * num_warps
+    return min(max(2, triton.next_power_of_2(splits)), 1 << max(0, (values // (block_m * block_d)).bit_length() - 1))
+
+
+def folds_merge(splits: int, rows: int, head_dim: int, partial_bytes: int) -> bool:
+    """Whether a split launch merges in its last programs (``rows``: valid rows of a block,
+    ``partial_bytes``: bytes of one partial value) rather than in a merge launch."""
+    return splits > 1 and rows <= MAX_ROWS and splits * rows * head_dim * partial_bytes <= FOLD_MERGE_BYTES
+
+
 # The goal layout (Llama-3-8B heads, N 64: 256 rows, two 128-row blocks), a shorter tree's 128
 # rows, head dim 256.
 GPU_CONFIG = gpu_config(64, 4, 128, torch.bfloat16, False, False)

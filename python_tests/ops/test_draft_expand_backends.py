@@ -303,6 +303,7 @@ def test_triton_merge_threshold(backend, op_impl, block_v, V, top_k):
         pytest.skip("triton launcher only")
     op_impl("draft_expand")
     from eagle_kernels.triton import draft_expand as de
+    from eagle_kernels.triton._launch_config import tickets
 
     M = 5
     logits = torch.randn(2, M, V, generator=torch.Generator().manual_seed(V + top_k))
@@ -318,7 +319,7 @@ def test_triton_merge_threshold(backend, op_impl, block_v, V, top_k):
     ref = reference.draft_expand(logits, fs, top_k, d2t=d2t)
     assert_same_as_reference(out, ref)
     torch.testing.assert_close(out.logprobs, ref.logprobs, equal_nan=True, **SCORE_TOL[torch.float32])
-    assert not de._tickets(logits.device, 2)[:2].any()
+    assert not tickets(logits.device, 2)[:2].any()
     NC = -(-V // block_v)
     if not de.merge_filters(de.chunk_shape(block_v, top_k), M, NC, top_k):
         assert (block_v, top_k) in ((64, 8), (64, 40))

@@ -185,6 +185,8 @@ GPU_CASES = [
     (8, 60, 1000, (32, 8), 256, torch.bfloat16, None, True),
     (2, 256, 500, (8, 8), 64, torch.float32, 16, False),
     (4, 7, 0, (32, 8), 128, torch.float16, 64, True),
+    (1, 1, 3000, (9, 3), 64, torch.bfloat16, None, True),  # SmolLM2 decode: the splits' merge folded
+    (1, 61, 1500, (9, 3), 64, torch.bfloat16, 16, False),  # SmolLM2 verify pass: folded too
 ]
 
 
@@ -200,6 +202,28 @@ def test_gpu_against_reference(gpu_op_impl, case):
     out = fn(to(q), to(k), to(v), to(seqlens), to(mask), block_table=to(table))
     want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
     torch.testing.assert_close(out.cpu().double(), want, **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,prefix", [(1, 3000), (61, 1500)], ids=["N1-prefix3000", "N61-prefix1500"])
+def test_gpu_folded_merge(N, prefix):
+    """On the device: the splits merged by each block's last program (memory ordering through
+    the ticket's acquire-release) against the reference and against the merge launch, the
+    tickets zero after every launch, and a repeated launch bit-identical."""
+    from eagle_kernels.triton import tree_attention as tta
+    from eagle_kernels.triton._launch_config import tickets
+
+    q, k, v, seqlens, table = attention_inputs(1, N, prefix, (9, 3), 64, torch.bfloat16, None, seed=N)
+    mask = None if N == 1 else random_tree(1, N, 2).mask
+    cuda = [t if t is None else t.cuda() for t in (q, k, v, seqlens, mask)]
+    folded = tta._launch(*cuda, num_splits=12, fold_merge=True)
+    assert not tickets(folded.device, 64)[:64].any()
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask)
+    torch.testing.assert_close(folded.cpu().double(), want, **TOL[torch.bfloat16])
+    launched = tta._launch(*cuda, num_splits=12, fold_merge=False)
+    torch.testing.assert_close(folded, launched, atol=1e-3, rtol=2**-7)
+    for _ in range(3):
+        assert torch.equal(tta._launch(*cuda, num_splits=12, fold_merge=True), folded)
 
 
 ISA_CASES = [

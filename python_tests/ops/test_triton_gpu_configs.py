@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
@@ -243,6 +244,66 @@ def every_tile_shape():
         D = 256 if all(layout[0] == 256 for layout in layouts) else 64
         shapes.setdefault((config.block_m, config.block_k, D), config)
     return [(config, D) for (_, _, D), config in sorted(shapes.items())]
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["interpreter-config", "gpu-config"])
+@pytest.mark.parametrize("splits", [3, 20], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tree_attention_folded_merge(dtype, splits, gpu):
+    """Splits merged by each block's last program (a ticket counter) against the reference and
+    against the merge launch: the same bits where the folding program reads every split in one
+    round (the merge launch's arithmetic), within a few fp32 ulps (bf16: the output's rounding of
+    them) where it reads them a few splits a round (the 128-row GPU block; 20 splits of 16
+    rows). The tickets are zero again after each launch, so a second launch (as a graph replay)
+    gives the same bits."""
+    from eagle_kernels.triton import tree_attention as tta
+    from eagle_kernels.triton._launch_config import tickets
+
+    config = tta.GPU_CONFIG if gpu else tta.INTERPRETER_CONFIG
+    B, N, prefix, heads, D = 2, 9, 1300, (6, 2), 64
+    q, k, v, seqlens, table = attention_inputs(B, N, prefix, heads, D, dtype, 16, seed=splits)
+    mask = random_mask(B, N, seed=splits)
+    run = lambda fold: tta._launch(q, k, v, seqlens, mask, block_table=table, num_splits=splits,  # noqa: E731
+                                   fold_merge=fold, config=config)
+    folded = run(True)
+    assert not tickets(q.device, 8)[:8].any()
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask, block_table=table)
+    torch.testing.assert_close(folded.double(), want, **TOL[dtype])
+    launched = run(False)
+    if tta.fold_chunk(splits, config.block_m, 64, config.num_warps) >= triton.next_power_of_2(splits):
+        assert torch.equal(folded, launched)
+    else:
+        # fp32: a few ulps; bf16: the output's rounding of those (one bf16 ulp).
+        torch.testing.assert_close(folded, launched, **({"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32
+                                                        else {"atol": 1e-3, "rtol": 2**-7}))
+    assert torch.equal(run(True), folded)
+
+
+def test_tree_attention_merge_choice(monkeypatch):
+    """folds_merge: a decoded token's rows (SmolLM2-135M heads, 32 splits) and a 61-node tree
+    split 8 ways fold; Llama-3-8B's 128-row blocks split 8 ways (256 KiB of partials), 256-row
+    blocks and unsplit launches do not. The launcher follows it: no merge launch when it folds."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    assert tta.folds_merge(32, 3, 64, 2) and tta.folds_merge(8, 126, 64, 2)
+    assert not tta.folds_merge(8, 128, 128, 2) and not tta.folds_merge(2, 256, 128, 2)
+    assert not tta.folds_merge(1, 3, 64, 2) and not tta.folds_merge(16, 126, 64, 2)
+    merges = []
+    real = tta._tree_attention_merge_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(tta, "_tree_attention_merge_kernel", Recorder())
+    q, k, v, seqlens, table = attention_inputs(1, 1, 300, (9, 3), 64, torch.bfloat16, None, seed=4)
+    out = tta._launch(q, k, v, seqlens, None, num_splits=4)
+    assert not merges
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, None)
+    torch.testing.assert_close(out.double(), want, **TOL[torch.bfloat16])
+    tta._launch(q, k, v, seqlens, None, num_splits=4, fold_merge=False)
+    assert len(merges) == 1
 
 
 @pytest.mark.parametrize("config,D", every_tile_shape(),
