@@ -376,6 +376,9 @@ class EagleHead(torch.nn.Module):
             lm_head = self.target.weights["lm_head.weight"]
             return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), lm_head))
         if normed is None:
+            fused = self.layer_paths.norm_linear(hidden, self.weights["norm.weight"], self.weights["lm_head.weight"])
+            if fused is not None:
+                return logits_for_ops(fused)
             normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
         return logits_for_ops(linear(normed, self.weights["lm_head.weight"], self.packed))
 

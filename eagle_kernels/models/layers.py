@@ -479,14 +479,27 @@ class LayerPaths:
         # it there under TRITON_INTERPRET=1 with the triton backend).
         self._gpu_path_on_cpu = False
 
+    def _norm_op(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether a norm of ``x`` by ``weight`` outside the layers runs as an op (the GPU path's
+        dtypes, no autograd)."""
+        return ((x.device.type != "cpu" or self._gpu_path_on_cpu) and weight.dtype == x.dtype
+                and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The model's RMSNorm outside its layers (the final norm): the ``rmsnorm`` op (one
         launch) where the GPU path runs, else :func:`rms_norm`."""
-        if ((x.device.type != "cpu" or self._gpu_path_on_cpu) and weight.dtype == x.dtype
-                and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        if self._norm_op(x, weight):
             return ops.rmsnorm(x, weight, self.config.rms_norm_eps)[0]
         return rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def norm_linear(self, x: torch.Tensor, weight: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor | None:
+        """``norm(x, weight) @ matrix.T`` as one ``rmsnorm_linear`` launch where the GPU path runs
+        and the matrix is small enough (:meth:`GpuLayerPath.fuses`: an EAGLE-3 head's draft LM
+        head, not a target's); None where the caller norms and multiplies apart."""
+        if self._norm_op(x, weight) and matrix.dtype == x.dtype and GpuLayerPath.fuses(matrix, x):
+            return ops.rmsnorm_linear(x, matrix, weight, self.config.rms_norm_eps)[0]
+        return None
 
     def gpu_path(self, device, dtype, cache, weights: dict, layer: Callable[[], LayerWeights]) -> GpuLayerPath | None:
         """The GPU layer path for a pass of ``dtype`` activations on ``device``, where it runs

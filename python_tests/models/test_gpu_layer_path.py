@@ -115,7 +115,8 @@ def test_gpu_path_triton_matches_torch_path_target(dtype, fused, triton_ops, mon
 @pytest.mark.parametrize("kind,dtype", [("eagle1", torch.float32), ("eagle3", torch.bfloat16)],
                          ids=["eagle1-fp32", "eagle3-bf16"])
 def test_gpu_path_triton_matches_torch_path_head(kind, dtype, triton_ops):
-    """A head's prefill, then a drafting pass at slot offset 1 (a depth-2 frontier of 2 nodes)."""
+    """A head's prefill, then a drafting pass at slot offset 1 (a depth-2 frontier of 2 nodes), and its draft
+    logits (EAGLE-3 on the GPU path: its final norm and draft LM head as one rmsnorm_linear launch)."""
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=dtype)
     head = EagleHead.random(target, kind, **({"draft_vocab_size": 60} if kind == "eagle3" else {}))
     out = target(torch.randint(0, 97, (2, 7)), target.new_cache(2, 16), feature_layers=(0, 1, 2))
@@ -129,7 +130,11 @@ def test_gpu_path_triton_matches_torch_path_head(kind, dtype, triton_ops):
             cache.seqlens += 7
             draft = head(tokens[:, :2], features[:, :2], cache, positions=cache.seqlens[:, None].long() + 1,
                          tree_mask=torch.tensor([[[1], [2], [7]]] * 2), slot_offset=1)
-            results.append((first, draft, head.logits(draft), cache.k, cache.v))
+            with counting_kernels() as launched:
+                logits = head.logits(draft)
+            if gpu and kind == "eagle3":
+                assert dict(launched) == {"_rmsnorm_linear_kernel": 1}, dict(launched)
+            results.append((first, draft, logits, cache.k, cache.v))
     for what, want, got in zip(["prefill", "draft", "logits", "k cache", "v cache"], *results):
         assert_close(got, want, dtype, what)
 
