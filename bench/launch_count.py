@@ -64,7 +64,8 @@ DTYPE = torch.bfloat16
 
 # The real matrices of shapes counted at cut widths (bf16 bytes): the GPU layer path's choice between
 # rmsnorm_linear / rmsnorm_qkv_rope and cuBLAS (GpuLayerPath.fuses) follows the real model's sizes, not the cut ones.
-REAL_MATRIX_BYTES = {"llama3-8b-shape": {"qkv": (32 + 2 * 8) * 128 * 4096 * 2, "gate_up": 2 * 14336 * 4096 * 2}}
+REAL_MATRIX_BYTES = {"llama3-8b-shape": {"qkv": (32 + 2 * 8) * 128 * 4096 * 2, "gate_up": 2 * 14336 * 4096 * 2,
+                                         "draft_lm_head": 32000 * 4096 * 2}}
 
 
 @contextlib.contextmanager
