@@ -6,6 +6,10 @@ Modes
 ``calibrate``  the kernels of the one H200 run (``--package`` points at that commit's
                ``eagle_kernels``), the run's benchmark shapes, predicted beside measured.
 ``smoke``      one small shape per op (CI: python_tests/ops/test_gpu_model.py).
+``decode``     tree_attention at the decoding step's shapes with few (request, KV head) pairs
+               (SmolLM2-135M's verify pass and a head tree, a Llama-3-8B-headed tree at a 1k
+               cache): the launcher's configuration and split count beside the 128-row blocks
+               they replace (``gpu_config`` without the capacity).
 ``calibrate --bench-json OUT/bench.json`` models the current package beside the times of a
 pytest-benchmark JSON (bench/gpu_check.sh's), e.g. after a GPU check.
 
@@ -702,6 +706,38 @@ def calibration_cases(measured: dict = H200_RUN_MS):
             yield f"draft_expand B{B} M8 V{V} top_k{k}", lambda B=B, V=V, k=k: _draft_expand(B, 8, V, k), ms
 
 
+def _decode_attention(B, N, prefix, heads, D, fill: bool):
+    """A contiguous bf16 cache of prefix + N entries, bench_tree_attention's random tree; the
+    launcher's configuration (``fill``) or ``gpu_config`` without the capacity, each with the split
+    count the launcher gives it."""
+    import bench_tree_attention
+
+    from eagle_kernels.triton import tree_attention as ta
+
+    Hq, Hkv = heads
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, N, Hq, D, generator=g).to(torch.bfloat16)
+    k = torch.empty(B, prefix + N, Hkv, D, dtype=torch.bfloat16).normal_(generator=g)
+    v = torch.empty_like(k).normal_(generator=g)
+    mask = bench_tree_attention.random_mask(B, N, prefix)
+    seqlens = torch.full((B,), prefix, dtype=torch.int32)
+    group = Hq // Hkv
+    config = ta.gpu_config(N, group, D, torch.bfloat16, False, False, heads=B * Hkv,
+                           capacity=prefix + N if fill else None)
+    return lambda: ta._launch(q, k, v, seqlens, mask, config=config)
+
+
+def decode_cases():
+    for B, N, prefix, heads, D in [(1, 61, 256, (9, 3), 64), (1, 61, 1024, (9, 3), 64), (8, 61, 256, (9, 3), 64),
+                                   (1, 8, 256, (9, 3), 64), (1, 64, 1024, (32, 8), 128)]:
+        for fill in (False, True):
+            yield (f"tree_attention B{B} N{N} Hq{heads[0]}/Hkv{heads[1]} D{D} prefix{prefix} "
+                   f"{'launcher' if fill else '128-row'}",
+                   lambda a=(B, N, prefix, heads, D, fill): _decode_attention(*a),
+                   dict(flops=4 * B * N * heads[0] * (prefix + N // 2) * D,
+                        bytes=2 * B * (prefix + N) * heads[1] * D * 2))
+
+
 def smoke_cases():
     """Small shapes (CI): the useful work each must at least count, in ``extra``."""
     B, N, Hq, Hkv, D, prefix = 1, 8, 4, 2, 64, 256
@@ -762,7 +798,7 @@ def fit(rows) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("goals", "calibrate", "smoke", "fit"),
+    parser.add_argument("mode", choices=("goals", "calibrate", "smoke", "decode", "fit"),
                         help="fit: refit the constants on a calibrate --json output (--rows)")
     parser.add_argument("--rows", help="fit: the rows of an earlier calibrate --json run")
     parser.add_argument("--samples", type=int, default=4, help="program ids interpreted per launch")
@@ -796,7 +832,7 @@ def main() -> None:
     if args.mode == "calibrate":
         cases = list(calibration_cases(benchmark_json_ms(args.bench_json) if args.bench_json else H200_RUN_MS))
     else:
-        cases = list({"goals": goal_cases, "smoke": smoke_cases}[args.mode]())
+        cases = list({"goals": goal_cases, "smoke": smoke_cases, "decode": decode_cases}[args.mode]())
     if args.only:
         cases = [c for c in cases if args.only in c[0]]
     rows = run(cases, args.samples, json_path=args.json)

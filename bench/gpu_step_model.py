@@ -189,7 +189,7 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     B, N, Hq, D = q
     group = Hq // cache[-2]
     causal = launch.tensors[4].shape == launch.tensors[3].shape  # the seqlens stand in for a mask
-    config = gpu_config(N, group, D, torch.bfloat16, causal, False, heads=B * cache[-2], sms=SMS)
+    config = gpu_config(N, group, D, torch.bfloat16, causal, False, heads=B * cache[-2], sms=SMS, capacity=prefix + N)
     block_m = max(config.block_m, 1 << (group - 1).bit_length())
     programs = B * cache[-2] * -(-N // (block_m // group))
     splits = num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)

@@ -508,9 +508,11 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     interpret = interpreted(_tree_attention_kernel)
     on_gpu = q.device.type == "cuda"
     if config is None:
-        # B x Hkv (request, KV head) pairs: enough of them take one 256-row block each (wide_blocks).
+        # B x Hkv (request, KV head) pairs: enough of them take one 256-row block each (wide_blocks),
+        # few over a short cache smaller blocks (gpu_config with the capacity).
         config = INTERPRETER_CONFIG if interpret else gpu_config(
-            N, group, D, q.dtype, causal, paged, heads=B * Hkv, sms=_sm_count(q.device) if on_gpu else H200_SMS)
+            N, group, D, q.dtype, causal, paged, heads=B * Hkv, sms=_sm_count(q.device) if on_gpu else H200_SMS,
+            capacity=_checks.kv_capacity(k_cache, block_table) if on_gpu else None)
     block_d = max(16, triton.next_power_of_2(D))
     block_m = max(config.block_m, triton.next_power_of_2(group))
     block_k = config.block_k

@@ -160,15 +160,43 @@ def wide_blocks(heads: int | None, sms: int = H200_SMS) -> bool:
     return WIDE_BLOCKS_SUPPORTED and heads is not None and 3 * heads > sms
 
 
-def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms: int = H200_SMS) -> TreeAttentionConfig:
+# Few (request, KV head) pairs over a short cache: a call's programs (blocks x prefix splits) should
+# reach at least this share of the SMs before its row blocks stop halving (``gpu_config`` with
+# ``capacity``). SmolLM2-135M's 61-node verify pass at B 1 (3 pairs) took 6 programs of 128 rows
+# and no split at a 384-entry capacity: the kernel model gives 7.1 us, against 2.5 us for 39
+# programs of 16 rows (docs/gpu_kernels.md, "Row blocks that fill the SMs").
+FILL_SHARE = 0.5
+
+
+def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms: int = H200_SMS,
+               capacity: int | None = None) -> TreeAttentionConfig:
     """The GPU launch configuration for a call's shapes, dtype and layout; ``heads`` = B x Hkv
-    (request, KV head) pairs of the call (None: at most 128 rows a block), ``sms`` the device's."""
-    return _config(N, group, D, dtype, causal, paged, wide_blocks(heads, sms))
-
-
-def _config(N, group, D, dtype, causal, paged, wide: bool) -> TreeAttentionConfig:
+    (request, KV head) pairs of the call (None: at most 128 rows a block), ``sms`` the device's.
+    With ``capacity`` (the cache's, as the launcher's split count takes it) and ``heads``, 16-bit
+    row blocks of up to 128 rows halve (down to 16 rows, or the group's) while the call's programs,
+    blocks times ``num_splits``, fill less than FILL_SHARE of the SMs: each block then re-reads
+    the prefix's K/V (from L2, as its neighbours read them at the same time), but the tree's rows
+    are spread over more SMs."""
+    config = _config(N, group, D, dtype, causal, paged, wide_blocks(heads, sms))
     element_size = torch.empty((), dtype=dtype).element_size()
-    rows = rows_for(N, group, WIDE_ROWS if element_size == 2 and D <= 128 and wide else MAX_ROWS)
+    if capacity is None or heads is None or element_size != 2 or D > 128 or config.block_m > MAX_ROWS:
+        return config
+
+    def programs(c: TreeAttentionConfig) -> int:
+        blocks = heads * triton.cdiv(N, c.block_m // group)
+        return blocks * num_splits(blocks, capacity, c.block_k, sms, c.blocks_per_sm)
+
+    smallest = max(16, triton.next_power_of_2(group))
+    while config.block_m > smallest and programs(config) < FILL_SHARE * sms:
+        config = _config(N, group, D, dtype, causal, paged, False, rows=config.block_m // 2)
+    return config
+
+
+def _config(N, group, D, dtype, causal, paged, wide: bool, rows: int | None = None) -> TreeAttentionConfig:
+    """The configuration of ``rows``-row blocks (default: ``rows_for``'s)."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    if rows is None:
+        rows = rows_for(N, group, WIDE_ROWS if element_size == 2 and D <= 128 and wide else MAX_ROWS)
     if D > 128:
         block_m, block_k, num_warps, max_registers, most = D256_ENTRY
         block_m = max(block_m, triton.next_power_of_2(group))

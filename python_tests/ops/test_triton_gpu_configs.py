@@ -279,6 +279,43 @@ def test_tree_attention_folded_merge(dtype, splits, gpu):
     assert torch.equal(run(True), folded)
 
 
+def test_tree_attention_fill_rule():
+    """gpu_config with the cache's capacity: few (request, KV head) pairs over a short cache take
+    smaller row blocks until blocks x splits fill half the SMs (SmolLM2-135M's verify pass: 16
+    rows at a 384-entry cache, 32 at 1,085, 128 at 4,157; B 8: 64; a small head tree: 16); the
+    goal shapes (Llama-3-8B heads, N 64, B 1 / 8 / 32 at 4k) keep theirs; fp32 and head dim 256
+    never change."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    def rows(B, N, heads, D, capacity, dtype=torch.bfloat16):
+        group = heads[0] // heads[1]
+        return tta.gpu_config(N, group, D, dtype, False, True, heads=B * heads[1], capacity=capacity).block_m
+
+    smol, llama = (9, 3), (32, 8)
+    assert [rows(1, 61, smol, 64, c) for c in (384, 1085, 4157)] == [16, 32, 128]
+    assert rows(8, 61, smol, 64, 384) == 64 and rows(1, 8, smol, 64, 300) == 16 and rows(1, 1, smol, 64, 4097) == 16
+    assert rows(1, 64, llama, 128, 1088) == 64
+    wide = 256 if tta.WIDE_BLOCKS_SUPPORTED else 128
+    assert [rows(B, 64, llama, 128, 4160) for B in (1, 8, 32)] == [128, wide, wide]
+    assert [rows(1, 64, llama, 128, 4160, torch.float32), rows(1, 61, smol, 256, 384)] == [64, 64]
+    assert rows(1, 61, smol, 64, None) == 128  # without the capacity: rows_for's block
+
+
+@pytest.mark.parametrize("prefix", [250, 1000], ids=lambda p: f"prefix{p}")
+def test_tree_attention_filled_config_runs(prefix):
+    """The configuration and split count the launcher picks on an H200 for SmolLM2-135M's 61-node
+    verify pass at B 1 (16-row blocks and no split at a 316-entry cache; 32-row blocks, 4 splits
+    merged in their last programs at 1,066), run interpreted against the reference."""
+    from eagle_kernels.triton import tree_attention as tta
+
+    N, heads, D = 61, (9, 3), 64
+    config = tta.gpu_config(N, 3, D, torch.bfloat16, False, False, heads=3, capacity=prefix + N + 5)
+    programs = 3 * -(-N // (config.block_m // 3))
+    splits = tta.num_splits_for(programs, prefix + N + 5, config.block_k, tta.H200_SMS, config.blocks_per_sm)
+    assert (config.block_m, splits) == ((16, 1) if prefix == 250 else (32, 4))
+    check_attention(config, 1, N, prefix, heads, D, torch.bfloat16, None, False, seed=prefix, num_splits=splits)
+
+
 def test_tree_attention_merge_choice(monkeypatch):
     """folds_merge: a decoded token's rows (SmolLM2-135M heads, 32 splits) and a 61-node tree
     split 8 ways fold; Llama-3-8B's 128-row blocks split 8 ways (256 KiB of partials), 256-row
