@@ -186,7 +186,8 @@ GPU_CASES = [
     (2, 256, 500, (8, 8), 64, torch.float32, 16, False),
     (4, 7, 0, (32, 8), 128, torch.float16, 64, True),
     (1, 1, 3000, (9, 3), 64, torch.bfloat16, None, True),  # SmolLM2 decode: the splits' merge folded
-    (1, 61, 1500, (9, 3), 64, torch.bfloat16, 16, False),  # SmolLM2 verify pass: folded too
+    (1, 61, 1500, (9, 3), 64, torch.bfloat16, 16, False),  # SmolLM2 verify pass: 32-row blocks, folded splits
+    (1, 61, 250, (9, 3), 64, torch.bfloat16, None, False),  # the same on a short cache: 16-row blocks, no split
 ]
 
 
