@@ -204,7 +204,11 @@ run_stage build 90 "$OUT/build.log" bash -c build  # 37 s on the H200 (16 jobs)
 
 # ------------------------------------------------------------------ 2. steady-state end to end
 # 70 s on the H200 without the profile, 55 s of it compiling (the Triton cache serves the later stages).
-run_stage e2e_smollm2 110 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --profile --out "$OUT"
+# A 384-token prompt and 128 new tokens: a cache of about 640 entries, where tree_attention splits
+# the prefix and merges the splits in their last programs, and the verify pass takes 16-row blocks
+# (the 2026-12-04 run had 128-token prompts: a 384-entry cache, no split).
+run_stage e2e_smollm2 110 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --profile \
+  --prompt-tokens 384 --out "$OUT"
 
 # ------------------------------------------------------------------ 3. coupled sampling
 # StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
