@@ -5,6 +5,8 @@
 #   2. steady-state end to end, random bf16 weights (bench/gpu_e2e.py --profile): SmolLM2-135M;
 #      plain and speculative (6, 8, 60); B 1, 8; T 0, 1; each case's kernels a step  -> e2e_smollm2.log,
 #      gpu_e2e_smollm2.md
+#      then B 1, T 0 with the layer norms unfused (9 launches a layer): the fused ops' worth
+#      end to end                                                              -> e2e_unfused.log
 #   3. coupled sampling end to end, SmolLM2-135M shape, T = 1                 -> e2e_coupled.log
 #   4. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
 #   5. the same end to end at the Llama-3-8B shape                              -> e2e_llama3_8b.log
@@ -209,6 +211,11 @@ run_stage build 90 "$OUT/build.log" bash -c build  # 37 s on the H200 (16 jobs)
 # (the 2026-12-04 run had 128-token prompts: a 384-entry cache, no split).
 run_stage e2e_smollm2 110 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --profile \
   --prompt-tokens 384 --out "$OUT"
+# The same cases at B 1, T 0 without the fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): whether
+# 5 launches a layer beat the 9 of norms, cuBLAS GEMMs, RoPE and SwiGLU apart (the kernel model
+# charges a fused launch at one row its chain of dependent loads: docs/gpu_kernels.md).
+run_stage e2e_unfused 50 "$OUT/e2e_unfused.log" "$PY" bench/gpu_e2e.py --model smollm2 --unfused \
+  --batches 1 --temperatures 0 --prompt-tokens 384 --out "$OUT"
 
 # ------------------------------------------------------------------ 3. coupled sampling
 # StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
@@ -380,7 +387,8 @@ SUMMARY="$OUT/summary.md"
   echo '```'
   echo
   echo "## Steady-state end to end (bench/gpu_e2e.py; CUDA events around replayed steps)"
-  for f in "$OUT"/gpu_e2e_smollm2.md "$OUT"/gpu_e2e_llama3-8b.md "$OUT"/coupled/gpu_e2e_smollm2.md; do
+  for f in "$OUT"/gpu_e2e_smollm2.md "$OUT"/gpu_e2e_smollm2_unfused.md "$OUT"/gpu_e2e_llama3-8b.md \
+           "$OUT"/coupled/gpu_e2e_smollm2.md; do
     if [ -s "$f" ]; then cat "$f"; else echo "$(basename "$f"): not produced (see the e2e logs)"; fi
     echo
   done

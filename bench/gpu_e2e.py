@@ -31,6 +31,7 @@ mismatched input is an error, never a silent fall back to random weights.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,6 +45,7 @@ sys.path.insert(0, ROOT)
 
 from eagle_kernels import heads as shipped  # noqa: E402
 from eagle_kernels.decoder import SpeculativeDecoder, StepGraphs, TreeConfig  # noqa: E402
+from eagle_kernels.models import layers  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 from eagle_kernels.policy import StaticPolicy  # noqa: E402
@@ -268,6 +270,50 @@ def measure_cpu_tau(out: str, tree: TreeConfig, count: int, prompt_tokens: int, 
     return record
 
 
+@contextlib.contextmanager
+def norms_apart():
+    """Within the block the GPU layer path runs its norms apart from the GEMMs after them (no matrix
+    is small enough for ``rmsnorm_linear`` / ``rmsnorm_qkv_rope``): 9 launches a layer."""
+    limit = layers.FUSED_NORM_MAX_MATRIX_BYTES
+    layers.FUSED_NORM_MAX_MATRIX_BYTES = 0
+    try:
+        yield
+    finally:
+        layers.FUSED_NORM_MAX_MATRIX_BYTES = limit
+
+
+def run_cases(args, target, head, prompts, decoder_kwargs) -> list | None:
+    """Each (mode, B, T) case of ``args`` on a fresh decoder: its row (with ``--profile`` the kernels
+    of a replayed step), printed as measured; None if a warmed shape captured during timed calls."""
+    rows = []
+    for mode in args.modes:
+        for B in args.batches:
+            for T in args.temperatures:
+                if mode == "coupled" and T == 0:
+                    continue  # greedy requests decode as under the default policy
+                kwargs = dict(decoder_kwargs)
+                if mode == "coupled":
+                    kwargs["policy"] = StaticPolicy(coupled_sampling=True)
+                # A fresh decoder per case: the warm-up time includes this shape's capture.
+                decoder = SpeculativeDecoder(target, head, args.tree, **kwargs)
+                batch = [prompts[i % len(prompts)] for i in range(B)]
+                row = measure(decoder, batch, args.max_new_tokens, mode != "plain", T, args.rounds)
+                row["mode"] = mode
+                if args.profile:
+                    try:  # a profiler that fails here must not cost the case its timing
+                        row["profile"] = kernel_profile(decoder, batch, mode != "plain", T, args.max_new_tokens)
+                    except Exception as error:
+                        row["profile_error"] = f"{type(error).__name__}: {error}"
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+                if "profile" in row:
+                    print("\n".join(profile_lines(row)), flush=True)
+                if row["captures"]:
+                    print(f"ERROR: {row['captures']} captures during the timed calls of a warmed shape", flush=True)
+                    return None
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["smollm2", "llama3-8b"], default="smollm2")
@@ -289,6 +335,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="after each case, the kernels of a replayed step (kernel_profile): launches and device "
                              "time per kernel, beside the step's time")
+    parser.add_argument("--unfused", action="store_true",
+                        help="the GPU layer path without its fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): "
+                             "norms, cuBLAS GEMMs, RoPE and SwiGLU apart, 9 launches a layer (files *_unfused.*)")
     parser.add_argument("--cpu-prompts", type=int, default=3, help="prompts per domain of --measure-cpu-tau")
     parser.add_argument("--cpu-temperature", type=float, default=0.0, help="temperature of --measure-cpu-tau")
     parser.add_argument("--cpu-coupled", action="store_true", help="--measure-cpu-tau under coupled sampling")
@@ -329,34 +378,14 @@ def main(argv=None) -> int:
         head = EagleHead.random(target, "eagle3")
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, config.vocab_size, (max(args.batches), args.prompt_tokens), generator=g).tolist()
+    if args.unfused:
+        source += ", layer norms unfused"
     print(f"{args.model}: {source}, {dtype}, tree {args.tree}, device {device}", flush=True)
     decoder_kwargs = dict(policy=StaticPolicy(), graphs=graphs) if args.smoke else {}
-    rows = []
-    for mode in args.modes:
-        for B in args.batches:
-            for T in args.temperatures:
-                if mode == "coupled" and T == 0:
-                    continue  # greedy requests decode as under the default policy
-                kwargs = dict(decoder_kwargs)
-                if mode == "coupled":
-                    kwargs["policy"] = StaticPolicy(coupled_sampling=True)
-                # A fresh decoder per case: the warm-up time includes this shape's capture.
-                decoder = SpeculativeDecoder(target, head, args.tree, **kwargs)
-                batch = [prompts[i % len(prompts)] for i in range(B)]
-                row = measure(decoder, batch, args.max_new_tokens, mode != "plain", T, args.rounds)
-                row["mode"] = mode
-                if args.profile:
-                    try:  # a profiler that fails here must not cost the case its timing
-                        row["profile"] = kernel_profile(decoder, batch, mode != "plain", T, args.max_new_tokens)
-                    except Exception as error:
-                        row["profile_error"] = f"{type(error).__name__}: {error}"
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
-                if "profile" in row:
-                    print("\n".join(profile_lines(row)), flush=True)
-                if row["captures"]:
-                    print(f"ERROR: {row['captures']} captures during the timed calls of a warmed shape", flush=True)
-                    return 1
+    with norms_apart() if args.unfused else contextlib.nullcontext():
+        rows = run_cases(args, target, head, prompts, decoder_kwargs)
+    if rows is None:
+        return 1
     plain = {(r["B"], r["T"]): r for r in rows if r["mode"] == "plain"}
     lines = [f"### {args.model}: {source}, {str(dtype).replace('torch.', '')}, tree "
              f"({args.tree.depth}, {args.tree.top_k}, {args.tree.num_nodes})", ""] + table(rows) + [""]
@@ -404,7 +433,7 @@ def main(argv=None) -> int:
                      f"{cpu['max_new_tokens']} tokens, fp32; x this GPU's steady-state {mode} step rate): "
                      f"{estimate:.0f} tok/s; plain {p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f}{goal}")
     os.makedirs(args.out, exist_ok=True)
-    stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "")
+    stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "") + ("_unfused" if args.unfused else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:

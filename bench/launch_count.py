@@ -44,7 +44,7 @@ from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 from eagle_kernels.policy import StaticPolicy  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_e2e import random_llama  # noqa: E402
+from gpu_e2e import norms_apart, random_llama  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
@@ -71,17 +71,12 @@ REAL_MATRIX_BYTES = {"llama3-8b-shape": {"qkv": (32 + 2 * 8) * 128 * 4096 * 2, "
 @contextlib.contextmanager
 def real_fusion(name: str):
     """Within the block, the layer path fuses the norms of ``name``'s layers as it would at the real widths."""
-    limit = layers.FUSED_NORM_MAX_MATRIX_BYTES
     real = REAL_MATRIX_BYTES.get(name, {})
-    fused = {matrix: size <= limit for matrix, size in real.items()}
+    fused = {matrix: size <= layers.FUSED_NORM_MAX_MATRIX_BYTES for matrix, size in real.items()}
     if len(set(fused.values())) > 1:
         raise NotImplementedError(f"{name}: some real matrices fuse and some do not ({fused}); one limit cannot say so")
-    if real and not any(fused.values()):
-        layers.FUSED_NORM_MAX_MATRIX_BYTES = 0
-    try:
+    with norms_apart() if real and not any(fused.values()) else contextlib.nullcontext():
         yield
-    finally:
-        layers.FUSED_NORM_MAX_MATRIX_BYTES = limit
 
 
 def random_model(config: LlamaConfig) -> LlamaModel:

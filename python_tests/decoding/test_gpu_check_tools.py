@@ -82,6 +82,22 @@ def test_gpu_e2e_smoke(tmp_path):
         assert row["step_ms"] > 0 and row["tau"] >= 1.0
 
 
+def test_gpu_e2e_smoke_unfused(tmp_path):
+    """--unfused runs the cases with the layer norms apart (its own files) and leaves the fusion limit as it was."""
+    import gpu_e2e
+
+    from eagle_kernels.models import layers
+
+    limit = layers.FUSED_NORM_MAX_MATRIX_BYTES
+    assert gpu_e2e.main(["--smoke", "--unfused", "--batches", "1", "--temperatures", "0", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "gpu_e2e_tiny_unfused.json").read_text())
+    assert "layer norms unfused" in summary["source"] and len(summary["rows"]) == 2
+    assert layers.FUSED_NORM_MAX_MATRIX_BYTES == limit
+    with gpu_e2e.norms_apart():
+        assert layers.FUSED_NORM_MAX_MATRIX_BYTES == 0
+    assert layers.FUSED_NORM_MAX_MATRIX_BYTES == limit
+
+
 def test_gpu_e2e_smoke_coupled(tmp_path):
     """The coupled mode: StaticPolicy(coupled_sampling=True) cases at T > 0 only, replayed like the others."""
     import gpu_e2e
