@@ -197,6 +197,34 @@ def test_tree_attention_merge_gpu(benchmark, B, N, prefix):
                                 ratio_fold_over_launch=graph["fold"] / graph["launch"])
 
 
+# SmolLM2-135M's verify pass at B 1 over a short and a longer cache (16- and 32-row blocks by the
+# capacity rule, against 128-row ones).
+ROWS_SHAPES = [(1, 61, prefix) for prefix in (256, 1024)]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("B,N,prefix", ROWS_SHAPES, ids=[f"B{b}-N{n}-prefix{p}" for b, n, p in ROWS_SHAPES])
+def test_tree_attention_rows_gpu(benchmark, B, N, prefix):
+    """The launcher's row blocks for few (request, KV head) pairs (``gpu_config`` with the
+    capacity; timed by the benchmark) and the 128-row blocks it used before (``rows_for``'s), each
+    with its own split count, as replayed CUDA graphs: the measurement behind FILL_SHARE."""
+    import triton.testing
+
+    from eagle_kernels.triton import tree_attention as ta
+
+    benchmark.group = f"tree_attention_rows_gpu[B{B}-N{N}-prefix{prefix}]"
+    q, k, v, seqlens, mask, table = make_case(B, N, prefix, CPU_HEADS, torch.bfloat16, None, "cuda")
+    group = CPU_HEADS[0] // CPU_HEADS[1]
+    configs = {"launcher": None,
+               "rows128": ta.gpu_config(N, group, CPU_HEADS[2], torch.bfloat16, False, False, heads=B * CPU_HEADS[1])}
+    calls = {name: (lambda c=c: ta._launch(q, k, v, seqlens, mask, config=c)) for name, c in configs.items()}
+    benchmark.pedantic(calls["launcher"], rounds=20, warmup_rounds=2)
+    graph = {name: triton.testing.do_bench_cudagraph(f, rep=20, return_mode="median") for name, f in calls.items()}
+    benchmark.extra_info.update(provider="launcher", graph_us_launcher=graph["launcher"] * 1e3,
+                                graph_us_rows128=graph["rows128"] * 1e3,
+                                ratio_launcher_over_rows128=graph["launcher"] / graph["rows128"])
+
+
 # ------------------------------------------------------------------ side-by-side table (main)
 def _time(fn, case, sync=None, budget=0.5):
     q, k, v, seqlens, mask, table = case
