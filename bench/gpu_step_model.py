@@ -182,7 +182,7 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     """The merge of a tree_attention launch that splits the prefix on a GPU (the GPU launcher's
     rules; capacity taken as the prefix and the pass's rows): its cost as a launch (partials
     read, output written) and whether the launcher folds it into the attention launch; or None."""
-    from eagle_kernels.triton.tree_attention_config import fold_chunk, folds_merge, gpu_config, num_splits
+    from eagle_kernels.triton.tree_attention_config import fold_chunk, folds_merge, gpu_config, split_layout
 
     q = real_shape(launch.tensors[0].shape, mapping)  # (B, N, Hq, D)
     cache = launch.tensors[1].shape
@@ -190,13 +190,10 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     group = Hq // cache[-2]
     causal = launch.tensors[4].shape == launch.tensors[3].shape  # the seqlens stand in for a mask
     config = gpu_config(N, group, D, torch.bfloat16, causal, False, heads=B * cache[-2], sms=SMS, capacity=prefix + N)
-    block_m = max(config.block_m, 1 << (group - 1).bit_length())
-    programs = B * cache[-2] * -(-N // (block_m // group))
-    splits = num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
+    block_m, rows, _, splits = split_layout(N, group, B * cache[-2], prefix + N, config, SMS)
     if splits <= 1:
         return None
     partials = splits * B * N * Hq * (D * 2 + 8)  # bf16 inputs: fp16 partial outputs, fp32 log-sum-exps and scales
-    rows = min(block_m // group, N) * group
     folded = folds_merge(splits, rows, D, 2)
     cost = Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)
     if folded:  # one program a block reads its splits' partials after the waves, in dependent rounds

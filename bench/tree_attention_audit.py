@@ -165,9 +165,8 @@ def _after_plan(B, N, prefix, Hq, Hkv, D, compiled):
     from eagle_kernels.triton import tree_attention_config as tac
 
     group = Hq // Hkv
-    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True, heads=B * Hkv, sms=SMS)
-    programs = B * Hkv * triton.cdiv(N, config.block_m // group)
-    splits = tac.num_splits(programs, prefix + N, config.block_k, SMS, config.blocks_per_sm)
+    config = tac.gpu_config(N, group, D, torch.bfloat16, False, True, heads=B * Hkv, sms=SMS, capacity=prefix + N)
+    splits = tac.split_layout(N, group, B * Hkv, prefix + N, config, SMS).splits
     if compiled:
         result = compile_config(config, D, torch.bfloat16, False, True)
         figures = dict(registers=result["registers"], shared=result["shared"])

@@ -47,9 +47,9 @@ from .tree_attention_config import (  # noqa: F401  (the configurations' names, 
     fold_chunk,
     folds_merge,
     gpu_config,
+    split_layout,
     wide_blocks,
 )
-from .tree_attention_config import num_splits as num_splits_for
 
 # Lazy rescaling: the running maxima move only when a row's grew by more than this (log2 units),
 # so the probabilities of a tile stay below 2^8 (fp16 and bf16 hold them; the fp32 sums too).
@@ -507,26 +507,24 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
 
     interpret = interpreted(_tree_attention_kernel)
     on_gpu = q.device.type == "cuda"
+    capacity = _checks.kv_capacity(k_cache, block_table)
+    sms = _sm_count(q.device) if on_gpu else H200_SMS
     if config is None:
         # B x Hkv (request, KV head) pairs: enough of them take one 256-row block each (wide_blocks),
         # few over a short cache smaller blocks (gpu_config with the capacity).
         config = INTERPRETER_CONFIG if interpret else gpu_config(
-            N, group, D, q.dtype, causal, paged, heads=B * Hkv, sms=_sm_count(q.device) if on_gpu else H200_SMS,
-            capacity=_checks.kv_capacity(k_cache, block_table) if on_gpu else None)
+            N, group, D, q.dtype, causal, paged, heads=B * Hkv, sms=sms, capacity=capacity if on_gpu else None)
     block_d = max(16, triton.next_power_of_2(D))
-    block_m = max(config.block_m, triton.next_power_of_2(group))
     block_k = config.block_k
     if 64 % block_k:
         raise ValueError(f"config: block_k must divide 64 (one mask word per row and tile), got {block_k}")
+    layout = split_layout(N, group, B * Hkv, capacity, config, sms)
+    block_m, programs = layout.block_m, layout.blocks
     nodes = block_m // group
-    programs = B * Hkv * triton.cdiv(N, nodes)
-    capacity = _checks.kv_capacity(k_cache, block_table)
     if num_splits is not None:
         splits = int(num_splits)
-    elif on_gpu:
-        splits = num_splits_for(programs, capacity, block_k, _sm_count(q.device), config.blocks_per_sm)
     else:
-        splits = 1
+        splits = layout.splits if on_gpu else 1
     # bf16 inputs: fp16 partials scaled per row (half the bytes; the error they add is below the
     # output's rounding). fp16 and fp32 keep fp32 partials.
     scaled = q.dtype == torch.bfloat16
@@ -536,7 +534,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     else:
         part_o = part_lse = out  # unused
     if fold_merge is None:
-        fold_merge = folds_merge(splits, min(nodes, N) * group, D, part_o.element_size())
+        fold_merge = folds_merge(splits, layout.rows, D, part_o.element_size())
     fold_merge = bool(fold_merge) and splits > 1
     block_s = max(2, triton.next_power_of_2(splits))
     upcast, precision = dot_mode(_tree_attention_kernel, q.dtype)

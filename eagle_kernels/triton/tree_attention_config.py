@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import NamedTuple
 
 import torch
 import triton
@@ -183,13 +184,32 @@ def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms:
         return config
 
     def programs(c: TreeAttentionConfig) -> int:
-        blocks = heads * triton.cdiv(N, c.block_m // group)
-        return blocks * num_splits(blocks, capacity, c.block_k, sms, c.blocks_per_sm)
+        layout = split_layout(N, group, heads, capacity, c, sms)
+        return layout.blocks * layout.splits
 
     smallest = max(16, triton.next_power_of_2(group))
     while config.block_m > smallest and programs(config) < FILL_SHARE * sms:
         config = _config(N, group, D, dtype, causal, paged, False, rows=config.block_m // 2)
     return config
+
+
+class SplitLayout(NamedTuple):
+    block_m: int  # rows a block (the configuration's, at least next_pow2(group))
+    rows: int  # of them valid: the block's nodes (at most N) x group
+    blocks: int  # (request, KV head, node block) programs
+    splits: int  # prefix splits on a GPU (num_splits)
+
+
+def split_layout(N: int, group: int, heads: int, capacity: int, config: TreeAttentionConfig,
+                 sms: int = H200_SMS) -> SplitLayout:
+    """How a launch over ``heads`` (request, KV head) pairs and a cache of ``capacity`` entries
+    lays out with ``config`` on ``sms`` SMs: the one computation the launcher, the capacity rule
+    of ``gpu_config`` and the decoding-step model (bench/gpu_step_model.py) share."""
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    nodes = block_m // group
+    blocks = heads * triton.cdiv(N, nodes)
+    return SplitLayout(block_m, min(nodes, N) * group, blocks,
+                       num_splits(blocks, capacity, config.block_k, sms, config.blocks_per_sm))
 
 
 def _config(N, group, D, dtype, causal, paged, wide: bool, rows: int | None = None) -> TreeAttentionConfig:

@@ -310,8 +310,7 @@ def test_tree_attention_filled_config_runs(prefix):
 
     N, heads, D = 61, (9, 3), 64
     config = tta.gpu_config(N, 3, D, torch.bfloat16, False, False, heads=3, capacity=prefix + N + 5)
-    programs = 3 * -(-N // (config.block_m // 3))
-    splits = tta.num_splits_for(programs, prefix + N + 5, config.block_k, tta.H200_SMS, config.blocks_per_sm)
+    splits = tta.split_layout(N, 3, 3, prefix + N + 5, config).splits
     assert (config.block_m, splits) == ((16, 1) if prefix == 250 else (32, 4))
     check_attention(config, 1, N, prefix, heads, D, torch.bfloat16, None, False, seed=prefix, num_splits=splits)
 
