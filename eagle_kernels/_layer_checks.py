@@ -1,5 +1,5 @@
 """Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
-silu_mul, rmsnorm_linear, rmsnorm_qkv_rope), in the style of :mod:`._checks`: every failure is
+silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, q8_0_linear), in the style of :mod:`._checks`: every failure is
 a ``ValueError`` whose message starts with the name of the offending argument; ``values`` runs
 the checks that read tensor data (CPU tensors by default, see ``_checks.values_checked``)."""
 
@@ -129,3 +129,21 @@ def check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_c
 def rmsnorm_qkv_rope_shapes(x, k_cache, *, num_heads, slot_offset=0):
     B, N = x.shape[:2]
     return (B, slot_offset + N, num_heads, k_cache.shape[-1]), tuple(x.shape)
+
+
+def check_q8_0_linear(x, quants, scales, *, residual=None, values=True):
+    check_tensor("x", x, dtype=HALF_AND_SINGLE)
+    if x.dim() < 1:
+        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
+    K = x.shape[-1]
+    check_tensor("quants", quants, dtype=torch.int8, ndim=2, device=x.device)
+    if quants.shape[1] != K or K % 32:
+        _fail("quants", f"shape [N, {K}] (x's last dim K, a multiple of 32)", f"shape {tuple(quants.shape)}")
+    N = quants.shape[0]
+    check_tensor("scales", scales, dtype=torch.float16, shape=(N, K // 32), device=x.device)
+    if residual is not None:
+        check_tensor("residual", residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
+
+
+def q8_0_linear_shape(x, quants, scales, *, residual=None):
+    return (*x.shape[:-1], quants.shape[0])

@@ -165,6 +165,11 @@ def _fake_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_c
     return k_cache.new_empty(q), x.new_empty(residual)
 
 
+def _fake_q8_0_linear(x, quants, scales, *, residual=None):
+    _layer_checks.check_q8_0_linear(x, quants, scales, residual=residual, values=False)
+    return x.new_empty(_layer_checks.q8_0_linear_shape(x, quants, scales))
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -184,6 +189,7 @@ FAKES = {
     "silu_mul": _fake_silu_mul,
     "rmsnorm_linear": _fake_rmsnorm_linear,
     "rmsnorm_qkv_rope": _fake_rmsnorm_qkv_rope,
+    "q8_0_linear": _fake_q8_0_linear,
 }
 
 

@@ -71,7 +71,7 @@ SCHEMAS = {
 
 OPS = tuple(SCHEMAS)
 
-# The ops of the GPU decoder layer (docs/ops.md §9-11, §17-18): a Triton kernel for CUDA tensors and the
+# The ops of the GPU decoder layer (docs/ops.md §9-11, §17-19): a Triton kernel for CUDA tensors and the
 # reference elsewhere; no C++ kernel, so these schemas are defined from Python only (a fragment
 # of the same library), with or without the extension.
 LAYER_SCHEMAS = {
@@ -93,6 +93,7 @@ LAYER_SCHEMAS = {
         "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, *, int num_heads, "
         "int slot_offset=0) -> (Tensor, Tensor)"
     ),
+    "q8_0_linear": "q8_0_linear(Tensor x, Tensor quants, Tensor scales, *, Tensor? residual=None) -> Tensor",
 }
 
 LAYER_OPS = tuple(LAYER_SCHEMAS)

@@ -174,6 +174,14 @@ def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, 
                          v_cache, cache_seqlens, num_heads=num_heads, slot_offset=slot_offset)
 
 
+def q8_0_linear(x, quants, scales, *, residual=None):
+    """``[residual +] x @ w.T`` over Q8_0 weights held as int8 ``quants`` [N, K] and fp16 ``scales``
+    [N, K / 32] (``reference.q8_0_linear.split_q8_0`` of GGML block rows): half the bytes of a 16-bit
+    matrix, for the GPU passes of a draft head whose weights bound its time (docs/ops.md §19). See
+    :func:`eagle_kernels.reference.q8_0_linear`."""
+    return _dispatch.run("q8_0_linear", x.device, x, quants, scales, residual=residual)
+
+
 def silu_mul(gate_up):
     """``silu(gate) * up`` of a fused gate/up projection [..., 2I] -> [..., I] (docs/ops.md §11).
     See :func:`eagle_kernels.reference.silu_mul`."""

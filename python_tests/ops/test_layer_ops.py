@@ -67,7 +67,20 @@ def small_inputs(op, dtype=torch.float32):
         return (x, weight, torch.randn(20, generator=g).to(dtype), 1e-5), {"gated": True}
     if op == "rmsnorm_qkv_rope":
         return qkv_rope_inputs(dtype, slot_offset=2)
+    if op == "q8_0_linear":
+        x, quants, scales = q8_inputs(dtype, 6, 64, 12)
+        return (x.view(2, 3, 64), quants, scales), {"residual": torch.randn(2, 3, 12, generator=g).to(dtype)}
     raise AssertionError(op)
+
+
+def q8_inputs(dtype, rows, K, N, seed=0):
+    """x [rows, K] and a random [N, K] matrix as Q8_0 (GGML's quantizer, split for the GPU kernel)."""
+    from eagle_kernels.reference.cpu_linear import quantize
+    from eagle_kernels.reference.q8_0_linear import split_q8_0
+
+    g = torch.Generator().manual_seed(seed)
+    blocks = quantize(torch.randn(N, K, generator=g) / K ** 0.5, "q8_0")
+    return (torch.randn(rows, K, generator=g).to(dtype), *split_q8_0(blocks))
 
 
 def qkv_rope_inputs(dtype, B=2, N=3, K=20, Hq=4, Hkv=2, D=16, S=12, slot_offset=0, norm=True, seed=0):
@@ -327,6 +340,84 @@ def test_rmsnorm_qkv_rope_triton_matches_reference(dtype, B, N, K, Hq, Hkv, D, S
         assert not got[:, :slot_offset].any() and torch.equal(residual, want_residual), name
 
 
+def test_split_q8_0_is_the_block_rows():
+    """The split form holds the block rows' values: quants x scales is their exact dequantization."""
+    from eagle_kernels.reference.cpu_linear import dequantize, quantize
+    from eagle_kernels.reference.q8_0_linear import dequantize_q8_0, split_q8_0
+
+    blocks = quantize(torch.randn(40, 96, generator=torch.Generator().manual_seed(3)), "q8_0")
+    quants, scales = split_q8_0(blocks)
+    assert quants.shape == (40, 96) and quants.dtype == torch.int8 and quants.is_contiguous()
+    assert scales.shape == (40, 3) and scales.dtype == torch.float16 and scales.is_contiguous()
+    assert torch.equal(dequantize_q8_0(quants, scales), dequantize(blocks))
+    for bad in (blocks.view(torch.uint8), blocks[:, :-1], blocks[0]):
+        with pytest.raises(ValueError, match="^blocks:"):
+            split_q8_0(bad)
+
+
+def test_q8_0_linear_reference_is_the_dequantized_product():
+    """§19 in float64 is x times the exactly dequantized matrix, plus the residual; in bf16 one rounding of the
+    fp32 product (the weights are never rounded to bf16)."""
+    from eagle_kernels.reference.q8_0_linear import dequantize_q8_0
+
+    x, quants, scales = q8_inputs(torch.float64, 5, 96, 24)
+    residual = torch.randn(5, 24, dtype=torch.float64)
+    w = dequantize_q8_0(quants, scales, torch.float64)
+    torch.testing.assert_close(reference.q8_0_linear(x, quants, scales), x @ w.t(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(reference.q8_0_linear(x, quants, scales, residual=residual), residual + x @ w.t(),
+                               rtol=1e-12, atol=1e-12)
+    x16, r16 = x.to(torch.bfloat16), residual.to(torch.bfloat16)
+    want = (r16.double() + x16.double() @ w.t()).float()
+    torch.testing.assert_close(reference.q8_0_linear(x16, quants, scales, residual=r16).float(), want,
+                               rtol=4e-3, atol=4e-3)
+
+
+# (rows, K, N): a decoding row at SmolLM2-135M's q/k/v (K 576: 64-k steps), a verify tree over its gate/up, a
+# commit's few rows over a 2 x 96 input (K 192: 64-k steps), one group (K 32) and columns past a block's end.
+Q8_CASES = [(1, 576, 960), (61, 576, 3072), (7, 192, 40), (3, 32, 7), (20, 256, 70)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,K,N", Q8_CASES, ids=["rows1-qkv", "rows61-gateup", "rows7-K192", "K32", "rows20-N70"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_q8_0_linear_triton_matches_reference(dtype, rows, K, N, residual):
+    """Every launch configuration (the interpreter's, the GPU's 16-bit and fp32 ones) against the reference. The
+    interpreter rounds fp32 to bf16 toward zero, not to nearest: bf16 within 5e-2."""
+    module = triton_module("q8_0_linear")
+    x, quants, scales = q8_inputs(dtype, rows, K, N, seed=rows)
+    add = torch.randn(rows, N, generator=torch.Generator().manual_seed(9)).to(dtype) if residual else None
+    want = reference.q8_0_linear(x, quants, scales, residual=add)
+    for config in (module.INTERPRETER_CONFIG, module.GPU_CONFIG, module.GPU_CONFIG_FP32):
+        got = module.q8_0_linear(x, quants, scales, residual=add, _config=config)
+        assert got.shape == (rows, N) and got.dtype == dtype and got.is_contiguous(), config
+        tol = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_q8_0_linear_triton_strided_batched_and_empty():
+    """[B, N, K] rows with a strided row dim keep their leading dims; zero rows or columns launch nothing."""
+    module = triton_module("q8_0_linear")
+    x, quants, scales = q8_inputs(torch.float32, 6, 64, 12)
+    wide = torch.cat([x, x], dim=1)[:, :64]  # row stride 128
+    got = module.q8_0_linear(wide.view(2, 3, 64), quants, scales)
+    assert got.shape == (2, 3, 12)
+    assert_close(got.view(6, 12), reference.q8_0_linear(x, quants, scales), torch.float32)
+    assert module.q8_0_linear(x[:0], quants, scales).shape == (0, 12)
+    assert module.q8_0_linear(x, quants[:0], scales[:0]).shape == (6, 0)
+
+
+def test_q8_0_linear_launch_rules():
+    """The K step divides K (no masks in the loop); column blocks narrow to 32 until the programs fill half the
+    SMs, never below."""
+    module = triton_module("q8_0_linear")
+    assert [module.k_block(256, K) for K in (32, 96, 576, 4096, 14336)] == [32, 32, 64, 256, 256]
+    assert module.column_block(64, 4096, 1, 132) == 32  # 64 programs of 64 fill under half of 132 SMs
+    assert module.column_block(64, 6144, 1, 132) == 64  # 96 programs
+    assert module.column_block(64, 28672, 1, 132) == 64
+    assert module.column_block(64, 576, 1, 132) == 32
+    assert module.column_block(64, 40, 1, 132) == 32 and module.column_block(64, 7, 1, 132) == 16
+
+
 # ------------------------------------------------------------------ registration
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
 def test_registered_with_schema(op):
@@ -381,6 +472,7 @@ def bad_cases():
             (kwargs if name in kwargs else named)[name] = value
         return "rope_write_kv", tuple(named.values()), kwargs
 
+    q8 = q8_inputs(torch.float32, 2, 64, 4)
     qkv_args, qkv_kwargs = qkv_rope_inputs(torch.float32)
     qkv_names = ["x", "weight", "norm_weight", "eps", "positions", "cos", "sin", "k_cache", "v_cache",
                  "cache_seqlens"]
@@ -431,6 +523,14 @@ def bad_cases():
         "qkv-rope-k-dtype": ("k_cache", qkv_rope(k_cache=qkv_args[7].long())),
         "qkv-rope-capacity": ("cache_seqlens", qkv_rope(cache_seqlens=qkv_args[9] + 8)),
         "qkv-rope-num-heads": ("num_heads", qkv_rope(num_heads=3)),
+        "q8-x-int": ("x", ("q8_0_linear", (x.long(), *q8[1:]), {})),
+        "q8-quants-dtype": ("quants", ("q8_0_linear", (q8[0], q8[1].to(torch.uint8), q8[2]), {})),
+        "q8-quants-k": ("quants", ("q8_0_linear", (q8[0], q8[1][:, :32], q8[2]), {})),
+        "q8-k-not-blocks": ("quants", ("q8_0_linear", (q8[0][:, :48], q8[1][:, :48], q8[2]), {})),
+        "q8-scales-dtype": ("scales", ("q8_0_linear", (q8[0], q8[1], q8[2].float()), {})),
+        "q8-scales-shape": ("scales", ("q8_0_linear", (q8[0], q8[1], q8[2][:, :1]), {})),
+        "q8-residual-shape": ("residual", ("q8_0_linear", q8, {"residual": torch.zeros(2, 5)})),
+        "q8-residual-dtype": ("residual", ("q8_0_linear", q8, {"residual": torch.zeros(2, 4).double()})),
     }
 
 
