@@ -338,6 +338,9 @@ def main(argv=None) -> int:
     parser.add_argument("--unfused", action="store_true",
                         help="the GPU layer path without its fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): "
                              "norms, cuBLAS GEMMs, RoPE and SwiGLU apart, 9 launches a layer (files *_unfused.*)")
+    parser.add_argument("--head-weights", choices=["q8_0"],
+                        help="the random EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear: half the bytes a head "
+                             "pass streams; files *_q8head.*)")
     parser.add_argument("--cpu-prompts", type=int, default=3, help="prompts per domain of --measure-cpu-tau")
     parser.add_argument("--cpu-temperature", type=float, default=0.0, help="temperature of --measure-cpu-tau")
     parser.add_argument("--cpu-coupled", action="store_true", help="--measure-cpu-tau under coupled sampling")
@@ -375,11 +378,15 @@ def main(argv=None) -> int:
         source = f"real weights ({name}), shipped eagle3 head, {len(prompts)} held-out prompts"
     else:
         target = random_llama(config, dtype, device)
-        head = EagleHead.random(target, "eagle3")
+        head = EagleHead.random(target, "eagle3", weight_dtype=args.head_weights)
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, config.vocab_size, (max(args.batches), args.prompt_tokens), generator=g).tolist()
     if args.unfused:
         source += ", layer norms unfused"
+    if args.head_weights:
+        if args.gguf:
+            parser.error("--head-weights: random heads only")
+        source += f", head matrices {args.head_weights}"
     print(f"{args.model}: {source}, {dtype}, tree {args.tree}, device {device}", flush=True)
     decoder_kwargs = dict(policy=StaticPolicy(), graphs=graphs) if args.smoke else {}
     with norms_apart() if args.unfused else contextlib.nullcontext():
@@ -433,7 +440,8 @@ def main(argv=None) -> int:
                      f"{cpu['max_new_tokens']} tokens, fp32; x this GPU's steady-state {mode} step rate): "
                      f"{estimate:.0f} tok/s; plain {p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f}{goal}")
     os.makedirs(args.out, exist_ok=True)
-    stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "") + ("_unfused" if args.unfused else "")
+    stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "") + ("_unfused" if args.unfused else "") \
+        + ("_q8head" if args.head_weights else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:

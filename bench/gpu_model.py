@@ -55,6 +55,7 @@ import os
 import re
 import sys
 import time
+import typing
 from collections import Counter
 
 import numpy as np
@@ -133,6 +134,41 @@ def statement_lines(kernel_fn) -> dict[int, int]:
     return out
 
 
+class Unrolled(typing.NamedTuple):
+    """A statement in the body of a ``tl.static_range`` loop, as ``sass_by_line`` keys it: the
+    compiler unrolls the loop, so the SASS holds one copy of the statement per iteration, all
+    attributed to its line, while the interpreter runs the statement once per iteration too. Its
+    copies run once per run of the whole loop: ``header``'s count less the iterations (the count of
+    ``first``, the body's first statement: Python reports a ``for`` header once more than its body)."""
+
+    statement: int
+    header: int
+    first: int
+
+
+def static_range_bodies(kernel_fn) -> dict[int, Unrolled]:
+    """File line of each statement inside a ``static_range`` loop of ``kernel_fn`` -> its key."""
+    import ast
+    import inspect
+    import textwrap
+
+    lines, first = inspect.getsourcelines(kernel_fn)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    out = {}
+    for node in ast.walk(tree):
+        call = getattr(node, "iter", None) if isinstance(node, ast.For) else None
+        name = getattr(getattr(call, "func", None), "attr", getattr(getattr(call, "func", None), "id", None))
+        if name != "static_range":
+            continue
+        header, body_first = node.lineno + first - 1, node.body[0].lineno + first - 1
+        for inner in node.body:
+            for stmt in ast.walk(inner):
+                if isinstance(stmt, ast.stmt):
+                    line = stmt.lineno + first - 1
+                    out[line] = Unrolled(line, header, body_first)
+    return out
+
+
 def helper_statements(kernel_fn) -> dict[str, dict[int, int]]:
     """{name: statement map} of the ``@triton.jit`` helpers defined in the kernel's own file (the
     kernel excluded). Their bodies are inlined into the kernel; a branch inside one (e.g. a
@@ -166,8 +202,12 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     # An in-order warp: a load issues when its address and mask are ready and its result is
     # ready one memory latency later; any other operation waits for its inputs. ``clock`` is
     # the program's time in memory latencies: loads in flight together overlap, a load whose
-    # result is used before the next load is issued costs a whole latency.
+    # result is used before the next load is issued costs a whole latency. The operations of a
+    # ``tl.static_range`` body issue as soon as their inputs are ready, from the start of the loop's
+    # run (``issue_base``): the compiler unrolls it and issues its loads ahead of their first use
+    # (q8_0_linear's blocks: 16 LDGSTS an iteration), so its blocks' loads overlap.
     clock = [0]
+    issue_base = [None]
 
     # The interpreter's create_load / create_store call create_masked_load / create_masked_store:
     # a memory operation inside another is the same access and is not counted again (counting
@@ -187,10 +227,15 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
                     return result
             else:
                 result = fn(self, *args, **kwargs)
-            ready = max(clock[0], _ready(*args, *kwargs.values()))
-            clock[0] = ready
+            loads = name in ("create_masked_load", "create_load")
+            if issue_base[0] is not None:  # in an unrolled body: as soon as its inputs are (from the run's start)
+                ready = max(issue_base[0], _ready(*args, *kwargs.values()))
+                clock[0] = max(clock[0], ready)
+            else:
+                ready = max(clock[0], _ready(*args, *kwargs.values()))
+                clock[0] = ready
             c = current[0]
-            if name in ("create_masked_load", "create_load"):
+            if loads:
                 ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
                 size = ptrs.get_element_ty().primitive_bitwidth // 8
@@ -238,6 +283,8 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     code_name, code_file = kernel_fn.__name__, kernel_fn.__code__.co_filename
     statement = statement_lines(kernel_fn)
     last = [None]
+    unrolled = static_range_bodies(kernel_fn)
+    headers = {u.header for u in unrolled.values()}
 
     def local(frame, event, arg):
         if event == "line":
@@ -245,6 +292,11 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
             if s != last[0]:  # a statement spanning lines reports each of them, some repeatedly
                 current[0].lines[s] += 1
                 last[0] = s
+            if s in headers:
+                if issue_base[0] is None:  # a run of an unrolled loop begins
+                    issue_base[0] = clock[0]
+            elif s not in unrolled:
+                issue_base[0] = None
         return local
 
     helpers = helper_statements(kernel_fn)
@@ -290,6 +342,7 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     def next_program_reset(self, x, y, z):
         last[0] = None
         clock[0] = 0
+        issue_base[0] = None
         return next_program(self, x, y, z)
 
     builder.set_grid_idx = next_program_reset
@@ -440,6 +493,7 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
     helper_lines = {}
     for helper in helper_statements(kernel_fn).values():
         helper_lines.update(helper)
+    unrolled = static_range_bodies(kernel_fn)
     _, loops = compile_audit.sass_loops(sass)
     in_loop, out_loop, outside = Counter(), Counter(), 0
     line = None
@@ -464,7 +518,7 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
         if line is None:
             outside += 1
         elif any(loop.start <= offset <= loop.end for loop in loops):
-            in_loop[line] += 1
+            in_loop[unrolled.get(line, line)] += 1
         else:
             out_loop[line] += 1
     return in_loop, out_loop, outside
@@ -472,8 +526,16 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
 
 def dynamic_instructions(counts: Counts, in_loop: Counter, out_loop: Counter, outside: int) -> int:
     """Instructions one warp of a program issues."""
-    return (outside + sum(n * counts.lines.get(s, 0) for s, n in in_loop.items())
+    return (outside + sum(n * runs(counts, s) for s, n in in_loop.items())
             + sum(n * min(counts.lines.get(s, 0), 1) for s, n in out_loop.items()))
+
+
+def runs(counts: Counts, key) -> int:
+    """How often the SASS copy of a statement keyed ``key`` runs in one program: its count, or for
+    an unrolled statement (``Unrolled``) the runs of its whole ``static_range`` loop."""
+    if isinstance(key, Unrolled):
+        return max(0, counts.lines.get(key.header, 0) - counts.lines.get(key.first, 0))
+    return counts.lines.get(key, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -727,7 +789,29 @@ def _decode_attention(B, N, prefix, heads, D, fill: bool):
     return lambda: ta._launch(q, k, v, seqlens, mask, config=config)
 
 
+def _q8_0_linear(M, K, N, residual: bool):
+    """q8_0_linear over bf16 rows at one matrix's shape (random quants and scales)."""
+    from eagle_kernels.triton import q8_0_linear as q8
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    quants = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    scales = (torch.rand(N, K // 32, generator=g) * 1e-3).to(torch.float16)
+    add = torch.randn(M, N, generator=g).to(torch.bfloat16) if residual else None
+    return lambda: q8.q8_0_linear(x, quants, scales, residual=add)
+
+
+# A Llama-3-8B-sized EAGLE-3 head's matrices (K, N, residual) at a draft pass's 8 rows: q/k/v over 2 x 4096,
+# o and down into the residual, gate/up, the 32,000-row draft LM head, fc over the three features.
+Q8_HEAD_MATRICES = [(8192, 6144, False), (4096, 4096, True), (4096, 28672, False), (14336, 4096, True),
+                    (4096, 32000, False), (12288, 4096, False)]
+
+
 def decode_cases():
+    for K, N, residual in Q8_HEAD_MATRICES:
+        yield (f"q8_0_linear M8 K{K} N{N}{' residual' if residual else ''}",
+               lambda a=(8, K, N, residual): _q8_0_linear(*a),
+               dict(bytes=N * K * 17 // 16 + 8 * K * 2 + 8 * N * 2 * (2 if residual else 1)))
     for B, N, prefix, heads, D in [(1, 61, 256, (9, 3), 64), (1, 61, 1024, (9, 3), 64), (8, 61, 256, (9, 3), 64),
                                    (1, 8, 256, (9, 3), 64), (1, 64, 1024, (32, 8), 128)]:
         for fill in (False, True):

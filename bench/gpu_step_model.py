@@ -19,12 +19,14 @@ Bytes per launch:
 - Triton kernels and the native ops: every tensor argument once (an upper bound), except
   the KV caches: tree_attention reads the prefix it attends (``prefix`` + the pass's tokens, K
   and V), rope_write_kv writes the pass's rows, compact_kv moves the accepted rows of every
-  layer (read and write); an embedding table given to a kernel counts for the rows it gathers.
+  layer (read and write); an embedding table given to a kernel counts for the rows it gathers;
+  q8_0_linear's scales count 2 bytes per 32 quants.
 
 Sizes. The launch list does not depend on the widths or the prefix, so it is counted on cut
 models (fast) and the shapes are mapped to the real ones: the Llama-3-8B shape is counted with
-hidden / MLP widths 600 / 1100 (values no other dimension takes) and each dimension equal to a
-multiple of them is mapped to the same multiple of 4096 / 14336; SmolLM2-135M is counted at its
+hidden / MLP widths 608 / 1120 (values no other dimension takes; multiples of 32, for a Q8_0
+head) and each dimension equal to a multiple of them is mapped to the same multiple of 4096 /
+14336; SmolLM2-135M is counted at its
 own widths. The tree is counted as (6, 2, 13) (the same kernels as (6, 8, 60), bench/launch_count.py
 --tree-check, at a fraction of the interpreter's time) and every dimension equal to its 13 verified
 nodes is mapped to 60 (the verify pass's rows: its GEMMs, logits and tree mask); the head passes'
@@ -39,7 +41,8 @@ tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: devi
 plain tau is 1. ``--coupled``: also the speculative step of ``StaticPolicy(coupled_sampling=True)``
 at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``). ``--quick``: the
 3-layer model only. ``--counts FILE``: the counted launch lists, read from FILE if it exists, else
-written to it (a re-run of the model alone).
+written to it (a re-run of the model alone). ``--head-weights q8_0``: the EAGLE-3 head's matrices as
+Q8_0 blocks, run by q8_0_linear (results ``gpu_step_model_q8_0head.*``); ``--models``: some models only.
 """
 
 from __future__ import annotations
@@ -84,18 +87,27 @@ SMS = 132
 CALIBRATED_VERIFY_ATTENTION = {("llama3-8b-shape", 4096): {"_tree_attention_kernel": 11.7e-6,
                                                           "_tree_attention_merge_kernel": 1.1e-6}}
 PREFIXES = (512, 4096)
+# The kernel model's q8_0_linear at a Llama-3-8B-sized head's matrices (bench/gpu_model.py decode --only q8_0_linear,
+# fitted issue rate): applied to the Q8_0 head's launches as a cross-check of their bytes-only time.
+Q8_KERNEL_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "q8_0_linear_model.json")
+FITTED_ISSUE_RATE = 1.25  # bench/gpu_model.py's ISSUE_RATE: warp instructions a cycle per SM
+FITTED_LAUNCH_S = 58e-6  # bench/gpu_model.py's LAUNCH_OVERHEAD_S (host time; a replayed graph does not pay it)
 TAU_FILE = os.path.join(ROOT, "bench", "results", "cpu_tau", "smollm2_eagle3_d6k8n60.json")
 
 # Counted widths -> real widths. The Llama-3-8B shape is counted cut (its 8 B weights do not fit
 # here); the cut values are chosen so that no other dimension of the step equals a multiple of them.
-CUT = {"llama3-8b-shape": dataclasses.replace(SHAPES["llama3-8b-shape"], hidden_size=600, intermediate_size=1100)}
+# Multiples of 32, so that a Q8_0 head (--head-weights q8_0) can be counted at them.
+CUT = {"llama3-8b-shape": dataclasses.replace(SHAPES["llama3-8b-shape"], hidden_size=608, intermediate_size=1120)}
 REAL_WIDTHS = {"llama3-8b-shape": (4096, 14336)}
 
 # Triton / native launches whose tensor arguments include KV caches, by argument position.
 CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5), "_rmsnorm_qkv_rope_kernel": (7, 8),
               "eagle_kernels::compact_kv": (0, 1)}
 # Triton kernels with a GEMM inside: (rows argument [M, K], weight argument [N, K]); FLOPs 2 M N K.
-TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2)}
+TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2), "_q8_0_linear_kernel": (0, 1)}
+# q8_0_linear's scales [N, K / 32] (argument 2): charged from its quants' real shape (K / 32 of a cut width is no
+# multiple of the real one's).
+Q8_SCALES_ARG = {"_q8_0_linear_kernel": (1, 2)}
 
 
 def dim_map(name: str) -> dict:
@@ -149,8 +161,12 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
         flops = 2 * (numel(x) // x[-1]) * w[0] * w[1]
     caches = CACHE_ARGS.get(launch.name, ())
     total = 0
+    quants, scales = Q8_SCALES_ARG.get(launch.name, (None, None))
     for i, (shape, itemsize) in enumerate(shapes):
         if i in caches:
+            continue
+        if i == scales:  # one fp16 scale per 32 quants
+            total += numel(shapes[quants][0]) // 32 * 2
             continue
         if launch.kind != "aten" and len(shape) == 2 and shape[0] == vocab:
             width = shape[1]  # an embedding table: the rows gathered, as many as the widest other argument holds
@@ -202,12 +218,13 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     return cost, folded
 
 
-def count(name: str, tree: TreeConfig = COUNT_TREE, coupled: bool = False) -> dict:
+def count(name: str, tree: TreeConfig = COUNT_TREE, coupled: bool = False, head_weights: str | None = None) -> dict:
     """The steady-state launch lists (plain, speculative; with ``coupled`` also the speculative step of
-    ``StaticPolicy(coupled_sampling=True)`` at T 1, top-p 0.9) of ``name``, counted at the cut widths."""
+    ``StaticPolicy(coupled_sampling=True)`` at T 1, top-p 0.9) of ``name``, counted at the cut widths; the head's
+    matrices as ``head_weights`` (``EagleHead``'s ``weight_dtype``: None as stored, "q8_0")."""
     config = CUT.get(name, SHAPES[name])
     target = random_model(config)
-    head = EagleHead.random(target, "eagle3", draft_vocab_size=DRAFT_VOCAB[name])
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=DRAFT_VOCAB[name], weight_dtype=head_weights)
     decoder = SpeculativeDecoder(target, head, tree, policy=StaticPolicy(), cuda_graph=False)
     prompt = [list(range(1, 17))]
     with real_fusion(name):
@@ -265,12 +282,14 @@ def t_min_range(meets, top_us: float = 10.0, step_us: float = 0.01) -> str:
 
 def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     mapping, vocab = dim_map(name), SHAPES[name].vocab_size
-    costs = {}
+    costs, q8_launches = {}, []
     for mode, c in counts.items():
         costs[mode] = []
         for launch in c.launches:
             cost = launch_cost(launch, mapping, prefix, vocab)
             costs[mode].append(cost)
+            if mode == "speculative" and launch.name == "_q8_0_linear_kernel":
+                q8_launches.append((cost, real_shape(launch.tensors[1].shape, mapping)))  # quants [N, K]
             if launch.name == "_tree_attention_kernel":
                 merged = merge_cost(launch, mapping, prefix)
                 if merged is not None:
@@ -300,6 +319,8 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             "breakdown_t_min_2us": {k: {**v, "seconds": round(v["seconds"] * 1e6, 1)}
                                     for k, v in list(breakdown(cs, 2e-6).items())[:12]}}
         result["modes"][mode]["costs"] = cs
+    if q8_launches and os.path.exists(Q8_KERNEL_MODEL):
+        result["q8_kernel_model"] = q8_cross_check(costs, q8_launches)
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
     if calibrated:
         verify_layers = {c.layer for c in costs["speculative"] if c.owner == "target"}
@@ -313,6 +334,34 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             str(t): attention_budget(costs["speculative"], costs["plain"], verify_layers, calibrated, t * 1e-6)
             for t in T_MIN_SWEEP_US}
     return result
+
+
+def q8_cross_check(costs: dict, q8_launches: list) -> dict:
+    """The speculative step / plain step with each q8_0_linear launch at the kernel model's device time
+    instead of its bytes: at the fitted issue rate, and the issue rate (warp instructions a cycle per SM) from
+    which the step is <= 1.3x plain (a launch then takes max(bytes, fitted time x 1.25 / rate)), by t_min."""
+    with open(Q8_KERNEL_MODEL) as f:
+        rows = json.load(f)
+    device = {}
+    for row in rows:
+        k, n = (int(part[1:]) for part in row["case"].split()[2:4])
+        device[(k, n)] = row["modeled_us"] * 1e-6 - FITTED_LAUNCH_S * len(row["launches"])
+    spec = costs["speculative"]
+    fitted = {id(cost): device[(k, n)] for cost, (n, k) in q8_launches}
+
+    def step(rate: float, t_min: float) -> float:
+        return step_seconds([dataclasses.replace(c, floor=fitted[id(c)] * FITTED_ISSUE_RATE / rate)
+                             if id(c) in fitted else c for c in spec], t_min)
+
+    out = {}
+    for t in T_MIN_SWEEP_US:
+        plain = step_seconds(costs["plain"], t * 1e-6)
+        rates = [r / 100 for r in range(100, 401, 5)]
+        meets = [r for r in rates if step(r, t * 1e-6) <= 1.3 * plain]
+        out[str(t)] = {"ratio_at_fitted_rate": round(step(FITTED_ISSUE_RATE, t * 1e-6) / plain, 3),
+                       "ratio_at_rate_4": round(step(4.0, t * 1e-6) / plain, 3),
+                       "rate_meeting_1_3x": meets[0] if meets else None}
+    return out
 
 
 def attention_budget(spec: list, plain: list, verify_layers: set, calibrated: dict, t_min: float) -> float | None:
@@ -384,6 +433,14 @@ def render(results: dict) -> str:
                           "speculative step <= 1.3x plain, us by t_min: "
                           + ", ".join(f"{t}: {'none' if v is None else v}"
                                       for t, v in r["verify_attention_budget_us"].items())]
+            if "q8_kernel_model" in r:
+                lines += ["", f"{name}, prefix {prefix}, the Q8_0 head's q8_0_linear launches at the kernel model's "
+                          "device time (bench/results/sm90-compile/q8_0_linear_model.json) instead of their bytes: "
+                          "speculative / plain step at the fitted issue rate (1.25 warp instructions a cycle per SM) "
+                          "and at 4; the issue rate from which it is <= 1.3x; by t_min (us): "
+                          + "; ".join(f"{t}: {v['ratio_at_fitted_rate']}x / {v['ratio_at_rate_4']}x, "
+                                      f"{'none' if v['rate_meeting_1_3x'] is None else v['rate_meeting_1_3x']}"
+                                      for t, v in r["q8_kernel_model"].items())]
     for name, by_prefix in results.items():
         prefix = max(by_prefix["prefixes"])
         r = by_prefix["prefixes"][prefix]
@@ -404,6 +461,10 @@ def main() -> None:
     parser.add_argument("--counts", help="a pickle of the launch lists: read if it exists, else written")
     parser.add_argument("--coupled", action="store_true",
                         help="also the coupled-sampling speculative step (StaticPolicy(coupled_sampling=True), T 1)")
+    parser.add_argument("--models", nargs="+", choices=("smollm2-135m", "llama3-8b-shape"),
+                        default=["smollm2-135m", "llama3-8b-shape"])
+    parser.add_argument("--head-weights", choices=("q8_0",),
+                        help="the EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear on the GPU path); default bf16")
     parser.add_argument("--depth", type=int, default=TREE.depth,
                         help="the tree's depth (head passes) at top_k 8 and 60 nodes; tau is measured for 6 only")
     args = parser.parse_args()
@@ -411,7 +472,7 @@ def main() -> None:
         TREE, COUNT_TREE = TreeConfig(args.depth, 8, 60), TreeConfig(args.depth, 2, 13)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     tau = json.load(open(TAU_FILE))["tau"] if os.path.exists(TAU_FILE) and TREE.depth == 6 else None
-    names = ["tiny-3-layers"] if args.quick else ["smollm2-135m", "llama3-8b-shape"]
+    names = ["tiny-3-layers"] if args.quick else args.models
     results = {}
     cached = {}
     if args.counts and os.path.exists(args.counts):
@@ -421,7 +482,7 @@ def main() -> None:
         start = time.perf_counter()
         counts = cached.get(name)
         if counts is None or (args.coupled and "coupled" not in counts):
-            counts = count(name, COUNT_TREE, args.coupled)
+            counts = count(name, COUNT_TREE, args.coupled, args.head_weights)
         cached[name] = counts
         if args.counts:
             with open(args.counts, "wb") as f:
@@ -440,10 +501,12 @@ def main() -> None:
                 del m["costs"]
     os.makedirs(args.out, exist_ok=True)
     meta = {"tree": [TREE.depth, TREE.top_k, TREE.num_nodes], "batch": 1, "dtype": "bfloat16",
+            "head_weights": args.head_weights or "bfloat16",
             "hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops_per_s": BF16_FLOPS_PER_S,
             "t_min_sweep_us": T_MIN_SWEEP_US, "tau_source": os.path.relpath(TAU_FILE, ROOT)}
     stem = ("gpu_step_model_quick" if args.quick else "gpu_step_model") \
-        + ("" if TREE.depth == 6 else f"_d{TREE.depth}") + ("_coupled" if args.coupled else "")
+        + ("" if TREE.depth == 6 else f"_d{TREE.depth}") + ("_coupled" if args.coupled else "") \
+        + (f"_{args.head_weights}head" if args.head_weights else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({**meta, "models": results}, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .. import _dispatch, ops
 from ..reference.cpu_linear import ROW_BLOCK_BYTES, dequantize, quant_in_features, quantize
+from ..reference.q8_0_linear import split_q8_0
 
 # cpu_linear streams each weight row once for all rows of x, which pays while x stays in cache;
 # larger calls (long prefills, batched prefills) go to torch's GEMM. With the AVX-512VL build
@@ -135,6 +136,7 @@ class PackedWeights:
             raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
         self.activations = activations  # quantized matrices: packed for fp32 or 8-bit activations
         self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self._splits: dict[int, tuple[weakref.ref, int, tuple]] = {}  # Q8_0 block rows split for the GPU kernel
         self.generation = 0  # changes whenever a copy is made, dropped or moved (a cache of lookups checks it)
 
     def __call__(self, weight: torch.Tensor, policy: CpuPolicy | None = None) -> torch.Tensor:
@@ -150,16 +152,29 @@ class PackedWeights:
         if weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu":
             return weight
         packed = ops.cpu_linear_pack(weight, self.activations) if is_quantized(weight) else ops.cpu_linear_pack(weight)
-        key, copies = id(weight), self._copies
+        return self._remember(weight, packed)
+
+    def q8_0_split(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q8_0 block rows as the GPU kernel reads them, ``(quants, scales)``
+        (``reference.q8_0_linear.split_q8_0``, on the weight's device), made on first use and kept
+        as a packed copy is. Raises ``ValueError`` naming ``blocks`` for anything but Q8_0 block rows."""
+        hit = self._splits.get(id(weight))
+        if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+            return hit[2]
+        return self._remember(weight, split_q8_0(weight), self._splits)
+
+    def _remember(self, weight: torch.Tensor, copy, copies: dict | None = None):
+        """Keep ``copy`` for ``weight`` in ``copies`` (default: the packed copies) while it lives at this version."""
+        key, copies = id(weight), (self._copies if copies is None else copies)
 
         def forget(ref, key=key):  # the copy goes with the matrix (unless a new one took its id)
             if copies.get(key, (None,))[0] is ref:
                 del copies[key]
                 self.generation += 1
 
-        copies[key] = (weakref.ref(weight, forget), weight._version, packed)
+        copies[key] = (weakref.ref(weight, forget), weight._version, copy)
         self.generation += 1
-        return packed
+        return copy
 
     def __contains__(self, weight: torch.Tensor) -> bool:
         """Whether a current packed copy of this very tensor is held."""

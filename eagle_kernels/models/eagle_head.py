@@ -17,11 +17,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .. import ops
 from ..bookkeeping import gather_rows
 from ..reference.cpu_linear import QUANT_FORMATS, dequantize, quant_format, quant_in_features, quantize
 from .cpu_weights import CPU_LINEAR_MAX_ROWS, PackedWeights, cpu_policy, is_quantized, linear
 from .layers import (
     KV_CACHE_DTYPES,
+    Q8_0_DTYPE,
     FusedProjections,
     LayerPaths,
     LayerWeights,
@@ -151,7 +153,7 @@ class EagleHead(torch.nn.Module):
 
     @classmethod
     def random(cls, target: LlamaModel, kind: str, draft_vocab_size: int | None = None, seed: int = 0,
-               std: float = 0.02) -> EagleHead:
+               std: float = 0.02, weight_dtype: str | None = None) -> EagleHead:
         """An untrained head with small random weights (norms at 1; EAGLE-3 with the identity
         draft vocabulary: the first ``draft_vocab_size`` target ids)."""
         config = HeadConfig.for_target(target.config, kind, draft_vocab_size)
@@ -166,7 +168,7 @@ class EagleHead(torch.nn.Module):
                 weights[name] = torch.randn(shape, generator=g) * std
         weights = {n: t.to(target.device, target.dtype if t.is_floating_point() else t.dtype)
                    for n, t in weights.items()}
-        return cls(config, weights, target)
+        return cls(config, weights, target, weight_dtype)
 
     def _stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Floats in the target's compute dtype, except the weight matrices that go through
@@ -193,7 +195,9 @@ class EagleHead(torch.nn.Module):
 
     def _quantize(self, weight_dtype: str | None) -> str | None:
         """Quantize the matrices :meth:`_through_linear` streams to ``weight_dtype`` blocks (see the class);
-        returns the format they are in (None: floats). CPU fp32 heads only: the blocks run ``cpu_linear``."""
+        returns the format they are in (None: floats). An fp32 CPU head's blocks run ``cpu_linear``; Q8_0
+        blocks of a head on the GPU path run ``q8_0_linear`` (16-bit activations: half the bytes a pass
+        streams; elsewhere the exact dequantization, made per call)."""
         target_format = next((quant_format(t) for t in self.target.weights.values() if is_quantized(t)), None)
         fmt = ("q8_0" if target_format else None) if weight_dtype is None else weight_dtype
         if fmt == STORED:
@@ -201,9 +205,10 @@ class EagleHead(torch.nn.Module):
         names = [name for name in self.weights if self._through_linear(name)]
         if fmt is None:
             return next((quant_format(self.weights[n]) for n in names if is_quantized(self.weights[n])), None)
-        if self.target.device.type != "cpu" or self.target.dtype != torch.float32:
+        cpu_fp32 = self.target.device.type == "cpu" and self.target.dtype == torch.float32
+        if not cpu_fp32 and fmt != "q8_0":
             raise ValueError(f"weight_dtype: {fmt!r} blocks need an fp32 CPU target, got {self.target.dtype} on "
-                             f"{self.target.device}")
+                             f"{self.target.device} (a GPU head takes 'q8_0')")
         for name in names:
             t = self.weights[name]
             if not is_quantized(t):
@@ -267,7 +272,15 @@ class EagleHead(torch.nn.Module):
 
     def _through_fc(self, rows: torch.Tensor) -> torch.Tensor:
         """EAGLE-3's fc over :meth:`feature_rows` (EAGLE-1: the rows are the feature)."""
-        return rows if self.config.kind == EAGLE1 else linear(rows, self.weights["fc.weight"], self.packed)
+        return rows if self.config.kind == EAGLE1 else self._linear(rows, "fc.weight")
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """``x @ weights[name].T``: :func:`linear` (the CPU kernels, torch elsewhere), or for Q8_0 block
+        rows on the GPU path ``q8_0_linear`` over their split copy."""
+        weight = self.weights[name]
+        if weight.dtype == Q8_0_DTYPE and (x.device.type != "cpu" or self.layer_paths._gpu_path_on_cpu):
+            return ops.q8_0_linear(x, *self.packed.q8_0_split(weight))
+        return linear(x, weight, self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
                 slot_offset: int = 0, embed=None) -> torch.Tensor:
@@ -380,7 +393,7 @@ class EagleHead(torch.nn.Module):
             if fused is not None:
                 return logits_for_ops(fused)
             normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])
-        return logits_for_ops(linear(normed, self.weights["lm_head.weight"], self.packed))
+        return logits_for_ops(self._linear(normed, "lm_head.weight"))
 
     def final_norm(self) -> tuple[torch.Tensor, float] | None:
         """EAGLE-3's norm before its LM head, ``(weight [H], eps)``, where its weight is in the

@@ -42,6 +42,7 @@ KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # than reading a 0.5-3.5 MB SmolLM2 matrix); larger matrices (Llama-3-8B's: 50-235 MB) and long prefills keep cuBLAS.
 FUSED_NORM_MAX_MATRIX_BYTES = 32 << 20
 FUSED_NORM_MAX_ROWS = 1024
+Q8_0_DTYPE = torch.int8  # a matrix held as Q8_0 block rows (reference.cpu_linear.quantize): q8_0_linear on the GPU path
 
 
 # ------------------------------------------------------------------ RoPE, norm, attention
@@ -400,7 +401,9 @@ class GpuLayerPath(LayerPath):
     epilogue) and ``rmsnorm_linear`` 6-8 (SwiGLU in its epilogue). EAGLE-3's two-input norm and
     the first layer's (``token_rows``) stay apart: six.
 
-    Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache. Every row is
+    Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache, or Q8_0 block rows
+    (a draft head's ``weight_dtype="q8_0"``): their GEMMs run ``q8_0_linear`` at half the bytes,
+    the residual add in its epilogue, norms apart (the fused ops take 16-bit weights). Every row is
     computed. ``rope`` returns the pass's positions with the model's RoPE tables; the Triton
     ops run on CUDA tensors (and on CPU tensors with the triton backend under
     TRITON_INTERPRET=1, as the tests and the launch count run them)."""
@@ -411,15 +414,15 @@ class GpuLayerPath(LayerPath):
 
     @staticmethod
     def accepts(x: torch.Tensor, cache, layer: LayerWeights, weights: dict) -> bool:
-        """fp32/fp16/bf16 activations, a cache and weight matrices of the same dtype, and
-        nothing for autograd to record."""
+        """fp32/fp16/bf16 activations, a cache of the same dtype, weight matrices of that dtype or
+        Q8_0 block rows (a draft head's, run by ``q8_0_linear``), and nothing for autograd to record."""
         return GpuLayerPath.accepts_dtype(x.dtype, cache, layer, weights)
 
     @staticmethod
     def accepts_dtype(dtype, cache, layer: LayerWeights, weights: dict) -> bool:
         """:meth:`accepts` for activations of ``dtype``."""
         return (dtype in (torch.float32, torch.float16, torch.bfloat16) and cache.k.dtype == dtype
-                and all(m.dtype == dtype for m in layer.matrices)
+                and all(m.dtype == dtype or m.dtype == Q8_0_DTYPE for m in layer.matrices)
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights.values())))
 
     def rope(self, inv_freq, positions, B, N, dtype, capacity=None):
@@ -447,25 +450,33 @@ class GpuLayerPath(LayerPath):
         if q is None and self.fuses(layer.qkv, h):  # a normed input: the GEMM, RoPE and KV write (h's copy unused)
             q, _ = ops.rmsnorm_qkv_rope(h, layer.qkv, None, c.rms_norm_eps, *rope_args, **rope_kwargs)
         elif q is None:
-            qkv = torch.mm(h.reshape(B * N, -1), layer.qkv.t()).view(B, N, -1)
+            qkv = self.project(h.reshape(B * N, -1), layer.qkv).view(B, N, -1)
             q = ops.rope_write_kv(qkv, *rope_args, **rope_kwargs)
         attention = ops.tree_attention(q, k_layer, v_layer, cache.seqlens, tree_mask)
         if slot_offset:
             attention = attention[:, slot_offset:]
-        rows = residual.view(B * N, H)
-        rows.addmm_(attention.reshape(B * N, -1), layer.o.t())
+        rows = self.project(attention.reshape(B * N, -1), layer.o, residual.view(B * N, H))
         if self.fuses(layer.gate_up, rows):
             activation, _ = ops.rmsnorm_linear(rows, layer.gate_up, layer.post_norm, c.rms_norm_eps, gated=True)
         else:
-            h, _ = ops.rmsnorm(residual, layer.post_norm, c.rms_norm_eps)
-            activation = ops.silu_mul(torch.mm(h.view(B * N, H), layer.gate_up.t()))
-        rows.addmm_(activation, layer.down.t())
-        return residual
+            h, _ = ops.rmsnorm(rows, layer.post_norm, c.rms_norm_eps)
+            activation = ops.silu_mul(self.project(h, layer.gate_up))
+        return self.project(activation, layer.down, rows).view(B, N, H)
+
+    def project(self, x: torch.Tensor, matrix: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``[residual +] x @ matrix.T`` for rows ``x`` [R, K]: cuBLAS, added into ``residual`` in place
+        (``addmm_``: its epilogue, no copy) and returned; or for Q8_0 block rows ``q8_0_linear`` (its
+        epilogue adds the residual into a new tensor)."""
+        if matrix.dtype == Q8_0_DTYPE:
+            return ops.q8_0_linear(x, *self.packed.q8_0_split(matrix), residual=residual)
+        if residual is None:
+            return torch.mm(x, matrix.t())
+        return residual.addmm_(x, matrix.t())
 
     @staticmethod
     def fuses(matrix: torch.Tensor, x: torch.Tensor) -> bool:
         """Whether a norm and the GEMM by ``matrix`` over the rows of ``x`` run as one ``rmsnorm_linear``."""
-        return (matrix.numel() * matrix.element_size() <= FUSED_NORM_MAX_MATRIX_BYTES
+        return (matrix.dtype != Q8_0_DTYPE and matrix.numel() * matrix.element_size() <= FUSED_NORM_MAX_MATRIX_BYTES
                 and x.numel() // max(x.shape[-1], 1) <= FUSED_NORM_MAX_ROWS)
 
 

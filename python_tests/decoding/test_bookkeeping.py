@@ -303,17 +303,19 @@ def test_decoding_with_the_gpu_bookkeeping(slots):
 
 
 @pytest.mark.usefixtures("single_thread")
-def test_greedy_decoding_on_the_gpu_path(monkeypatch):
+@pytest.mark.parametrize("head_weights", [None, "q8_0"], ids=["stored-head", "q8_0-head"])
+def test_greedy_decoding_on_the_gpu_path(monkeypatch, head_weights):
     """The whole GPU code path (GPU layer path with the first layer's token rows, the
-    bookkeeping kernels, an EAGLE-3 head's fused expansion steps and the commit's root norm):
-    greedy speculative decoding emits what plain greedy decoding on the CPU path emits."""
+    bookkeeping kernels, an EAGLE-3 head's fused expansion steps and the commit's root norm; or
+    the head's matrices as Q8_0 blocks through q8_0_linear): greedy speculative decoding emits
+    what plain greedy decoding on the CPU path emits."""
     import warnings
 
     from eagle_kernels.models.eagle_head import EagleHead
     from eagle_kernels.policy import StaticPolicy
 
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
-    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60, weight_dtype=head_weights)
     decoder = SpeculativeDecoder(target, head, TreeConfig(3, 2, 4), policy=StaticPolicy(), cuda_graph=False,
                                  sync_every=1)
     want = decoder.generate(PROMPTS[:1], 3, speculative=False)

@@ -98,6 +98,17 @@ def test_gpu_e2e_smoke_unfused(tmp_path):
     assert layers.FUSED_NORM_MAX_MATRIX_BYTES == limit
 
 
+def test_gpu_e2e_smoke_q8_0_head(tmp_path):
+    """--head-weights q8_0: the random head's matrices as Q8_0 blocks, its own files, a speculative case replayed."""
+    import gpu_e2e
+
+    assert gpu_e2e.main(["--smoke", "--head-weights", "q8_0", "--batches", "1", "--temperatures", "0",
+                         "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "gpu_e2e_tiny_q8head.json").read_text())
+    assert "head matrices q8_0" in summary["source"] and len(summary["rows"]) == 2
+    assert all(row["captures"] == 0 and row["replay_steps"] >= 1 for row in summary["rows"])
+
+
 def test_gpu_e2e_smoke_coupled(tmp_path):
     """The coupled mode: StaticPolicy(coupled_sampling=True) cases at T > 0 only, replayed like the others."""
     import gpu_e2e

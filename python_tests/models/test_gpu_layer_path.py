@@ -139,6 +139,49 @@ def test_gpu_path_triton_matches_torch_path_head(kind, dtype, triton_ops):
         assert_close(got, want, dtype, what)
 
 
+def test_gpu_path_triton_q8_0_head(triton_ops):
+    """An EAGLE-3 head with Q8_0 matrices on the bf16 GPU path: every GEMM (fc, q/k/v, o, gate/up, down, the draft
+    LM head) is one q8_0_linear launch, the residual adds in its epilogue, norms apart; results follow the torch
+    path over the same blocks (exactly dequantized per call) within bf16's tolerance, and the head with the 16-bit
+    matrices the blocks came from within the quantization's."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60, weight_dtype="q8_0")
+    plain = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    assert head.weight_format == "q8_0" and head.weights["lm_head.weight"].dtype == torch.int8
+    out = target(torch.randint(0, 97, (2, 7)), target.new_cache(2, 16), feature_layers=(0, 1, 2))
+    tokens = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    results = []
+    for model, gpu in ((head, False), (head, True), (plain, True)):
+        with triton_ops(model, gpu), counting_kernels() as launched:
+            cache = model.new_cache(2, 24)
+            hidden, logits = model.run(tokens, model.feature_rows(out), cache, fc=True, logits=True)
+        if gpu and model is head:
+            assert launched["_q8_0_linear_kernel"] == 6 and launched["_rmsnorm_linear_kernel"] == 0, dict(launched)
+            assert launched["_silu_mul_kernel"] == 1 and launched["_rope_write_kv_kernel"] == 1, dict(launched)
+        results.append((hidden, logits, cache.k))
+    for what, want, got in zip(["hidden", "logits", "k cache"], results[0], results[1]):
+        assert_close(got, want, torch.bfloat16, what)
+    scale = float(results[2][1].float().abs().max())
+    assert (results[1][1].float() - results[2][1].float()).abs().max() < 0.1 * scale  # Q8_0 against bf16 matrices
+
+
+def test_q8_0_split_copies_follow_their_matrix():
+    """A head's split copies are made once per matrix, kept apart from the CPU's packed copies, and remade after
+    an in-place change."""
+    from eagle_kernels.models.cpu_weights import PackedWeights
+    from eagle_kernels.reference.cpu_linear import quantize
+
+    blocks = quantize(torch.randn(32, 64), "q8_0")
+    store = PackedWeights()
+    first = store.q8_0_split(blocks)
+    assert store.q8_0_split(blocks) is first and blocks not in store
+    blocks[0, 2] += 1
+    again = store.q8_0_split(blocks)
+    assert again is not first and again[0][0, 0] == first[0][0, 0] + 1
+    with pytest.raises(ValueError, match="^blocks:"):
+        store.q8_0_split(torch.zeros(32, 64, dtype=torch.uint8))
+
+
 def test_path_selection():
     model = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     x = torch.zeros(1, 2, 64)
