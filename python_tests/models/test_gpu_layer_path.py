@@ -240,6 +240,29 @@ def test_rope_table_rows_equal_the_formula(head_dim):
 
 @on_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,K,N,residual", [(8, 8192, 6144, False), (7, 4096, 4096, True), (1, 576, 960, False),
+                                               (40, 12288, 4096, False)],
+                         ids=["rows8-qkv", "rows7-o-residual", "rows1-smollm2", "rows40-fc"])
+def test_q8_0_linear_on_cuda(dtype, rows, K, N, residual):
+    """The compiled kernel at a Llama-3-8B head's shapes (64- and 32-column blocks, 256-k steps, three row
+    blocks) and SmolLM2's (64-k steps) against the reference on the same inputs."""
+    from eagle_kernels import reference
+    from eagle_kernels.reference.cpu_linear import quantize
+    from eagle_kernels.reference.q8_0_linear import split_q8_0
+    from eagle_kernels.triton.q8_0_linear import q8_0_linear
+
+    g = torch.Generator().manual_seed(rows)
+    quants, scales = split_q8_0(quantize(torch.randn(N, K, generator=g) / K ** 0.5, "q8_0"))
+    x = torch.randn(rows, K, generator=g).to(dtype)
+    add = torch.randn(rows, N, generator=g).to(dtype) if residual else None
+    want = reference.q8_0_linear(x, quants, scales, residual=add)
+    got = q8_0_linear(x.cuda(), quants.cuda(), scales.cuda(), residual=None if add is None else add.cuda())
+    tol = TOLERANCE[dtype] if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("B,N,slot_offset", [(1, 1, 0), (1, 61, 0), (8, 8, 3)], ids=["B1-N1", "B1-N61", "B8-N8-slot3"])
 def test_rmsnorm_qkv_rope_on_cuda(dtype, B, N, slot_offset):
     """The compiled kernel at SmolLM2's attention widths (K 576, 9 q / 3 KV heads of 64) against the reference on
