@@ -240,6 +240,15 @@ def _q8_0_linear_case(dtype, K, N, rows, residual):
                                    residual=torch.empty(rows, N, dtype=dtype) if residual else None)
 
 
+def _fp8_linear_case(dtype, K, N, rows, residual):
+    """fp8_linear at one matrix's shape and a draft pass's rows."""
+    from eagle_kernels.triton import fp8_linear as triton_fp8_linear
+
+    x = torch.empty(rows, K, dtype=dtype)
+    triton_fp8_linear.fp8_linear(x, torch.empty(N, K, dtype=torch.float8_e4m3fn), torch.ones(N),
+                                 residual=torch.empty(rows, N, dtype=dtype) if residual else None)
+
+
 def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):
     """The speculative step's bookkeeping kernels (eagle_kernels/triton/bookkeeping.py) at one
     model's hidden width, tree (6, 8, 60): every depth's expansion step (the root's, a
@@ -359,11 +368,14 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16", "fp32"):
         for model, *widths in LAYER_SHAPES if full or dt == "bf16" else LAYER_SHAPES[:1]:
             yield f"layer kernels {dt} {model}", lambda a=(DTYPES[dt], *widths): _layer_cases(*a)
-    # q8_0_linear: a Llama-3-8B EAGLE-3 head's qkv (K 2 x 4096) and down (into the residual) at a draft pass's rows.
+    # q8_0_linear and fp8_linear: a Llama-3-8B EAGLE-3 head's qkv (K 2 x 4096) and down (into the residual) at a
+    # draft pass's rows.
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16", "fp32"):
         for K, N, residual in ((8192, 6144, False), (14336, 4096, True)):
             yield (f"q8_0_linear {dt} rows8 K{K} N{N}{' residual' if residual else ''}",
                    lambda a=(DTYPES[dt], K, N, 8, residual): _q8_0_linear_case(*a))
+            yield (f"fp8_linear {dt} rows8 K{K} N{N}{' residual' if residual else ''}",
+                   lambda a=(DTYPES[dt], K, N, 8, residual): _fp8_linear_case(*a))
     for model, H, *_ in LAYER_SHAPES if full else LAYER_SHAPES[:1]:  # H is a runtime size: the same code
         yield f"step bookkeeping bf16 {model}", lambda a=(torch.bfloat16, H): _bookkeeping_cases(*a)
 

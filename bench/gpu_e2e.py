@@ -338,9 +338,10 @@ def main(argv=None) -> int:
     parser.add_argument("--unfused", action="store_true",
                         help="the GPU layer path without its fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): "
                              "norms, cuBLAS GEMMs, RoPE and SwiGLU apart, 9 launches a layer (files *_unfused.*)")
-    parser.add_argument("--head-weights", choices=["q8_0"],
-                        help="the random EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear: half the bytes a head "
-                             "pass streams; files *_q8head.*)")
+    parser.add_argument("--head-weights", choices=["q8_0", "fp8"],
+                        help="the random EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear) or multiplied as fp8 "
+                             "copies (fp8_linear): about half the bytes a head pass streams; files *_q8head.* / "
+                             "*_fp8head.*")
     parser.add_argument("--cpu-prompts", type=int, default=3, help="prompts per domain of --measure-cpu-tau")
     parser.add_argument("--cpu-temperature", type=float, default=0.0, help="temperature of --measure-cpu-tau")
     parser.add_argument("--cpu-coupled", action="store_true", help="--measure-cpu-tau under coupled sampling")
@@ -441,7 +442,7 @@ def main(argv=None) -> int:
                      f"{estimate:.0f} tok/s; plain {p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f}{goal}")
     os.makedirs(args.out, exist_ok=True)
     stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "") + ("_unfused" if args.unfused else "") \
-        + ("_q8head" if args.head_weights else "")
+        + ({"q8_0": "_q8head", "fp8": "_fp8head"}[args.head_weights] if args.head_weights else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:

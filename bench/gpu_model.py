@@ -807,8 +807,23 @@ Q8_HEAD_MATRICES = [(8192, 6144, False), (4096, 4096, True), (4096, 28672, False
                     (4096, 32000, False), (12288, 4096, False)]
 
 
+def _fp8_linear(M, K, N, residual: bool):
+    """fp8_linear over bf16 rows at one matrix's shape (random weights and scales)."""
+    from eagle_kernels.triton import fp8_linear as fp8
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    weight = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn)
+    scale = torch.rand(N, generator=g) * 1e-3
+    add = torch.randn(M, N, generator=g).to(torch.bfloat16) if residual else None
+    return lambda: fp8.fp8_linear(x, weight, scale, residual=add)
+
+
 def decode_cases():
     for K, N, residual in Q8_HEAD_MATRICES:
+        yield (f"fp8_linear M8 K{K} N{N}{' residual' if residual else ''}",
+               lambda a=(8, K, N, residual): _fp8_linear(*a),
+               dict(bytes=N * K + N * 4 + 8 * K * 2 + 8 * N * 2 * (2 if residual else 1)))
         yield (f"q8_0_linear M8 K{K} N{N}{' residual' if residual else ''}",
                lambda a=(8, K, N, residual): _q8_0_linear(*a),
                dict(bytes=N * K * 17 // 16 + 8 * K * 2 + 8 * N * 2 * (2 if residual else 1)))

@@ -24,8 +24,8 @@ Bytes per launch:
 
 Sizes. The launch list does not depend on the widths or the prefix, so it is counted on cut
 models (fast) and the shapes are mapped to the real ones: the Llama-3-8B shape is counted with
-hidden / MLP widths 608 / 1120 (values no other dimension takes; multiples of 32, for a Q8_0
-head) and each dimension equal to a multiple of them is mapped to the same multiple of 4096 /
+hidden / MLP widths 640 / 1152 (values no other dimension takes; multiples of 128, for 8-bit
+heads) and each dimension equal to a multiple of them is mapped to the same multiple of 4096 /
 14336; SmolLM2-135M is counted at its
 own widths. The tree is counted as (6, 2, 13) (the same kernels as (6, 8, 60), bench/launch_count.py
 --tree-check, at a fraction of the interpreter's time) and every dimension equal to its 13 verified
@@ -41,8 +41,9 @@ tau (tokens per speculative step) comes from bench/results/cpu_tau (greedy: devi
 plain tau is 1. ``--coupled``: also the speculative step of ``StaticPolicy(coupled_sampling=True)``
 at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``). ``--quick``: the
 3-layer model only. ``--counts FILE``: the counted launch lists, read from FILE if it exists, else
-written to it (a re-run of the model alone). ``--head-weights q8_0``: the EAGLE-3 head's matrices as
-Q8_0 blocks, run by q8_0_linear (results ``gpu_step_model_q8_0head.*``); ``--models``: some models only.
+written to it (a re-run of the model alone). ``--head-weights q8_0`` / ``fp8``: the EAGLE-3 head's
+matrices as Q8_0 blocks run by q8_0_linear, or multiplied as fp8 copies by fp8_linear (results
+``gpu_step_model_q8_0head.*`` / ``..._fp8head.*``); ``--models``: some models only.
 """
 
 from __future__ import annotations
@@ -87,24 +88,26 @@ SMS = 132
 CALIBRATED_VERIFY_ATTENTION = {("llama3-8b-shape", 4096): {"_tree_attention_kernel": 11.7e-6,
                                                           "_tree_attention_merge_kernel": 1.1e-6}}
 PREFIXES = (512, 4096)
-# The kernel model's q8_0_linear at a Llama-3-8B-sized head's matrices (bench/gpu_model.py decode --only q8_0_linear,
-# fitted issue rate): applied to the Q8_0 head's launches as a cross-check of their bytes-only time.
-Q8_KERNEL_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "q8_0_linear_model.json")
+# The kernel model's 8-bit GEMMs at a Llama-3-8B-sized head's matrices (bench/gpu_model.py decode --only ...,
+# fitted issue rate): applied to an 8-bit head's launches as a cross-check of their bytes-only time.
+KERNEL_MODELS = {name: os.path.join(ROOT, "bench", "results", "sm90-compile", f"{op}_model.json")
+                 for name, op in (("_q8_0_linear_kernel", "q8_0_linear"), ("_fp8_linear_kernel", "fp8_linear"))}
 FITTED_ISSUE_RATE = 1.25  # bench/gpu_model.py's ISSUE_RATE: warp instructions a cycle per SM
 FITTED_LAUNCH_S = 58e-6  # bench/gpu_model.py's LAUNCH_OVERHEAD_S (host time; a replayed graph does not pay it)
 TAU_FILE = os.path.join(ROOT, "bench", "results", "cpu_tau", "smollm2_eagle3_d6k8n60.json")
 
 # Counted widths -> real widths. The Llama-3-8B shape is counted cut (its 8 B weights do not fit
 # here); the cut values are chosen so that no other dimension of the step equals a multiple of them.
-# Multiples of 32, so that a Q8_0 head (--head-weights q8_0) can be counted at them.
-CUT = {"llama3-8b-shape": dataclasses.replace(SHAPES["llama3-8b-shape"], hidden_size=608, intermediate_size=1120)}
+# Multiples of 128, so that 8-bit heads (--head-weights q8_0: K / 32 blocks, fp8: K / 128) can be counted at them.
+CUT = {"llama3-8b-shape": dataclasses.replace(SHAPES["llama3-8b-shape"], hidden_size=640, intermediate_size=1152)}
 REAL_WIDTHS = {"llama3-8b-shape": (4096, 14336)}
 
 # Triton / native launches whose tensor arguments include KV caches, by argument position.
 CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5), "_rmsnorm_qkv_rope_kernel": (7, 8),
               "eagle_kernels::compact_kv": (0, 1)}
 # Triton kernels with a GEMM inside: (rows argument [M, K], weight argument [N, K]); FLOPs 2 M N K.
-TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2), "_q8_0_linear_kernel": (0, 1)}
+TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2), "_q8_0_linear_kernel": (0, 1),
+                "_fp8_linear_kernel": (0, 1)}
 # q8_0_linear's scales [N, K / 32] (argument 2): charged from its quants' real shape (K / 32 of a cut width is no
 # multiple of the real one's).
 Q8_SCALES_ARG = {"_q8_0_linear_kernel": (1, 2)}
@@ -288,8 +291,8 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         for launch in c.launches:
             cost = launch_cost(launch, mapping, prefix, vocab)
             costs[mode].append(cost)
-            if mode == "speculative" and launch.name == "_q8_0_linear_kernel":
-                q8_launches.append((cost, real_shape(launch.tensors[1].shape, mapping)))  # quants [N, K]
+            if mode == "speculative" and launch.name in KERNEL_MODELS:
+                q8_launches.append((cost, real_shape(launch.tensors[1].shape, mapping)))  # weight [N, K]
             if launch.name == "_tree_attention_kernel":
                 merged = merge_cost(launch, mapping, prefix)
                 if merged is not None:
@@ -319,7 +322,7 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             "breakdown_t_min_2us": {k: {**v, "seconds": round(v["seconds"] * 1e6, 1)}
                                     for k, v in list(breakdown(cs, 2e-6).items())[:12]}}
         result["modes"][mode]["costs"] = cs
-    if q8_launches and os.path.exists(Q8_KERNEL_MODEL):
+    if q8_launches and os.path.exists(KERNEL_MODELS[q8_launches[0][0].name]):
         result["q8_kernel_model"] = q8_cross_check(costs, q8_launches)
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
     if calibrated:
@@ -337,10 +340,11 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
 
 
 def q8_cross_check(costs: dict, q8_launches: list) -> dict:
-    """The speculative step / plain step with each q8_0_linear launch at the kernel model's device time
-    instead of its bytes: at the fitted issue rate, and the issue rate (warp instructions a cycle per SM) from
-    which the step is <= 1.3x plain (a launch then takes max(bytes, fitted time x 1.25 / rate)), by t_min."""
-    with open(Q8_KERNEL_MODEL) as f:
+    """The speculative step / plain step with each 8-bit GEMM launch (q8_0_linear, fp8_linear) at the kernel
+    model's device time instead of its bytes: at the fitted issue rate, and the issue rate (warp instructions a
+    cycle per SM) from which the step is <= 1.3x plain (a launch then takes max(bytes, fitted time x 1.25 /
+    rate)), by t_min."""
+    with open(KERNEL_MODELS[q8_launches[0][0].name]) as f:
         rows = json.load(f)
     device = {}
     for row in rows:
@@ -434,8 +438,8 @@ def render(results: dict) -> str:
                           + ", ".join(f"{t}: {'none' if v is None else v}"
                                       for t, v in r["verify_attention_budget_us"].items())]
             if "q8_kernel_model" in r:
-                lines += ["", f"{name}, prefix {prefix}, the Q8_0 head's q8_0_linear launches at the kernel model's "
-                          "device time (bench/results/sm90-compile/q8_0_linear_model.json) instead of their bytes: "
+                lines += ["", f"{name}, prefix {prefix}, the 8-bit head's GEMM launches at the kernel model's "
+                          "device time (bench/results/sm90-compile/*_linear_model.json) instead of their bytes: "
                           "speculative / plain step at the fitted issue rate (1.25 warp instructions a cycle per SM) "
                           "and at 4; the issue rate from which it is <= 1.3x; by t_min (us): "
                           + "; ".join(f"{t}: {v['ratio_at_fitted_rate']}x / {v['ratio_at_rate_4']}x, "
@@ -463,8 +467,9 @@ def main() -> None:
                         help="also the coupled-sampling speculative step (StaticPolicy(coupled_sampling=True), T 1)")
     parser.add_argument("--models", nargs="+", choices=("smollm2-135m", "llama3-8b-shape"),
                         default=["smollm2-135m", "llama3-8b-shape"])
-    parser.add_argument("--head-weights", choices=("q8_0",),
-                        help="the EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear on the GPU path); default bf16")
+    parser.add_argument("--head-weights", choices=("q8_0", "fp8"),
+                        help="the EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear on the GPU path) or multiplied "
+                             "as fp8 copies (fp8_linear); default bf16")
     parser.add_argument("--depth", type=int, default=TREE.depth,
                         help="the tree's depth (head passes) at top_k 8 and 60 nodes; tau is measured for 6 only")
     args = parser.parse_args()

@@ -1,5 +1,5 @@
 """Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
-silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, q8_0_linear), in the style of :mod:`._checks`: every failure is
+silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, q8_0_linear, fp8_linear), in the style of :mod:`._checks`: every failure is
 a ``ValueError`` whose message starts with the name of the offending argument; ``values`` runs
 the checks that read tensor data (CPU tensors by default, see ``_checks.values_checked``)."""
 
@@ -147,3 +147,21 @@ def check_q8_0_linear(x, quants, scales, *, residual=None, values=True):
 
 def q8_0_linear_shape(x, quants, scales, *, residual=None):
     return (*x.shape[:-1], quants.shape[0])
+
+
+def check_fp8_linear(x, weight, weight_scale, *, residual=None, values=True):
+    check_tensor("x", x, dtype=(torch.float32, torch.float16, torch.bfloat16))
+    if x.dim() < 1:
+        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
+    K = x.shape[-1]
+    check_tensor("weight", weight, dtype=torch.float8_e4m3fn, ndim=2, device=x.device)
+    if weight.shape[1] != K or K % 128:
+        _fail("weight", f"shape [N, {K}] (x's last dim K, a multiple of 128)", f"shape {tuple(weight.shape)}")
+    N = weight.shape[0]
+    check_tensor("weight_scale", weight_scale, dtype=torch.float32, shape=(N,), device=x.device)
+    if residual is not None:
+        check_tensor("residual", residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
+
+
+def fp8_linear_shape(x, weight, weight_scale, *, residual=None):
+    return (*x.shape[:-1], weight.shape[0])

@@ -170,6 +170,11 @@ def _fake_q8_0_linear(x, quants, scales, *, residual=None):
     return x.new_empty(_layer_checks.q8_0_linear_shape(x, quants, scales))
 
 
+def _fake_fp8_linear(x, weight, weight_scale, *, residual=None):
+    _layer_checks.check_fp8_linear(x, weight, weight_scale, residual=residual, values=False)
+    return x.new_empty(_layer_checks.fp8_linear_shape(x, weight, weight_scale))
+
+
 FAKES = {
     "tree_attention": _fake_tree_attention,
     "draft_expand": _fake_draft_expand,
@@ -190,6 +195,7 @@ FAKES = {
     "rmsnorm_linear": _fake_rmsnorm_linear,
     "rmsnorm_qkv_rope": _fake_rmsnorm_qkv_rope,
     "q8_0_linear": _fake_q8_0_linear,
+    "fp8_linear": _fake_fp8_linear,
 }
 
 

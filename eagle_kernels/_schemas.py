@@ -71,7 +71,7 @@ SCHEMAS = {
 
 OPS = tuple(SCHEMAS)
 
-# The ops of the GPU decoder layer (docs/ops.md §9-11, §17-19): a Triton kernel for CUDA tensors and the
+# The ops of the GPU decoder layer (docs/ops.md §9-11, §17-20): a Triton kernel for CUDA tensors and the
 # reference elsewhere; no C++ kernel, so these schemas are defined from Python only (a fragment
 # of the same library), with or without the extension.
 LAYER_SCHEMAS = {
@@ -94,6 +94,7 @@ LAYER_SCHEMAS = {
         "int slot_offset=0) -> (Tensor, Tensor)"
     ),
     "q8_0_linear": "q8_0_linear(Tensor x, Tensor quants, Tensor scales, *, Tensor? residual=None) -> Tensor",
+    "fp8_linear": "fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, *, Tensor? residual=None) -> Tensor",
 }
 
 LAYER_OPS = tuple(LAYER_SCHEMAS)

@@ -182,6 +182,14 @@ def q8_0_linear(x, quants, scales, *, residual=None):
     return _dispatch.run("q8_0_linear", x.device, x, quants, scales, residual=residual)
 
 
+def fp8_linear(x, weight, weight_scale, *, residual=None):
+    """``[residual +] x @ w.T`` over fp8 (e4m3) weights with one fp32 scale per output channel
+    (``reference.fp8_linear.quantize_fp8``), x rounded to fp8 per row and block of 128 k in the kernel:
+    one byte a weight and no per-weight conversion, for the GPU passes of a draft head whose weight
+    reads bound its time (docs/ops.md §20). See :func:`eagle_kernels.reference.fp8_linear`."""
+    return _dispatch.run("fp8_linear", x.device, x, weight, weight_scale, residual=residual)
+
+
 def silu_mul(gate_up):
     """``silu(gate) * up`` of a fused gate/up projection [..., 2I] -> [..., I] (docs/ops.md §11).
     See :func:`eagle_kernels.reference.silu_mul`."""

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .. import _dispatch, ops
 from ..reference.cpu_linear import ROW_BLOCK_BYTES, dequantize, quant_in_features, quantize
+from ..reference.fp8_linear import quantize_fp8
 from ..reference.q8_0_linear import split_q8_0
 
 # cpu_linear streams each weight row once for all rows of x, which pays while x stays in cache;
@@ -137,6 +138,7 @@ class PackedWeights:
         self.activations = activations  # quantized matrices: packed for fp32 or 8-bit activations
         self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
         self._splits: dict[int, tuple[weakref.ref, int, tuple]] = {}  # Q8_0 block rows split for the GPU kernel
+        self._fp8: dict[int, tuple[weakref.ref, int, tuple]] = {}  # fp8 copies of float matrices (fp8_linear)
         self.generation = 0  # changes whenever a copy is made, dropped or moved (a cache of lookups checks it)
 
     def __call__(self, weight: torch.Tensor, policy: CpuPolicy | None = None) -> torch.Tensor:
@@ -162,6 +164,15 @@ class PackedWeights:
         if hit is not None and hit[0]() is weight and hit[1] == weight._version:
             return hit[2]
         return self._remember(weight, split_q8_0(weight), self._splits)
+
+    def fp8_copy(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A float matrix as ``fp8_linear`` reads it, ``(weight_fp8, weight_scale)``
+        (``reference.fp8_linear.quantize_fp8``, on the weight's device), made on first use and kept
+        as a packed copy is."""
+        hit = self._fp8.get(id(weight))
+        if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+            return hit[2]
+        return self._remember(weight, quantize_fp8(weight), self._fp8)
 
     def _remember(self, weight: torch.Tensor, copy, copies: dict | None = None):
         """Keep ``copy`` for ``weight`` in ``copies`` (default: the packed copies) while it lives at this version."""

@@ -34,6 +34,7 @@ from .llama import KVCache, LlamaConfig, LlamaModel, is_matrix_weight, logits_fo
 
 EAGLE1, EAGLE3 = "eagle1", "eagle3"
 STORED = "stored"  # EagleHead(weight_dtype=): the matrices as _stored keeps them, never quantized
+FP8 = "fp8"  # EagleHead(weight_dtype=): stored as they are, the GPU passes multiply fp8 copies (fp8_linear)
 
 
 @dataclass
@@ -112,13 +113,15 @@ class EagleHead(torch.nn.Module):
     (``cpu_linear`` widens them in registers, fp32 activations), ``"stored"`` as :meth:`_stored`
     keeps them (fp16 / the target's dtype), None (default) Q8_0 where the target's own matrices are
     quantized (a head pass then streams about half the bytes of its fp16 matrices), else as stored.
-    Block rows given in ``weights`` are kept as they are."""
+    Block rows given in ``weights`` are kept as they are. ``"fp8"`` (a 16-bit head, GPU path): the
+    matrices stay as stored and the GPU passes multiply fp8 copies of them (``fp8_linear``: one byte
+    a weight, the activations rounded to fp8 per 128 k); every K must be a multiple of 128."""
 
     def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target: LlamaModel,
                  weight_dtype: str | None = None):
         super().__init__()
-        if weight_dtype is not None and weight_dtype not in QUANT_FORMATS and weight_dtype != STORED:
-            raise ValueError(f"weight_dtype: expected None, {STORED!r} or one of {sorted(QUANT_FORMATS)}, "
+        if weight_dtype is not None and weight_dtype not in QUANT_FORMATS and weight_dtype not in (STORED, FP8):
+            raise ValueError(f"weight_dtype: expected None, {STORED!r}, {FP8!r} or one of {sorted(QUANT_FORMATS)}, "
                              f"got {weight_dtype!r}")
         config.check_fits(target.config)
         expected = head_weight_shapes(config)
@@ -144,6 +147,7 @@ class EagleHead(torch.nn.Module):
         # This head's packed copies (the target's matrices: the target's), for the target's activations.
         self.packed = PackedWeights(getattr(target, "activations", "fp32"))
         self.layer_paths = LayerPaths(config, self.packed)
+        self.layer_paths.fp8_matrices = self.weight_format == FP8
         own_linear = ["fc.weight", "lm_head.weight"] if config.kind == EAGLE3 else []  # EAGLE-1: F.linear fc
         self.packed.pack_all(list(self.layer_weights().matrices) + [self.weights[name] for name in own_linear],
                              self.dtype)
@@ -203,6 +207,16 @@ class EagleHead(torch.nn.Module):
         if fmt == STORED:
             fmt = None
         names = [name for name in self.weights if self._through_linear(name)]
+        if fmt == FP8:
+            if self.target.dtype not in (torch.float16, torch.bfloat16):
+                raise ValueError(f"weight_dtype: 'fp8' copies are for a 16-bit head's GPU passes, got a "
+                                 f"{self.target.dtype} target")
+            for name in names:
+                t = self.weights[name]
+                if is_quantized(t) or t.shape[-1] % 128:
+                    raise ValueError(f"weights: {name!r}: 'fp8' needs a float matrix whose K is a multiple of 128, "
+                                     f"got {tuple(t.shape)} {t.dtype}")
+            return FP8
         if fmt is None:
             return next((quant_format(self.weights[n]) for n in names if is_quantized(self.weights[n])), None)
         cpu_fp32 = self.target.device.type == "cpu" and self.target.dtype == torch.float32
@@ -275,11 +289,15 @@ class EagleHead(torch.nn.Module):
         return rows if self.config.kind == EAGLE1 else self._linear(rows, "fc.weight")
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """``x @ weights[name].T``: :func:`linear` (the CPU kernels, torch elsewhere), or for Q8_0 block
-        rows on the GPU path ``q8_0_linear`` over their split copy."""
+        """``x @ weights[name].T``: :func:`linear` (the CPU kernels, torch elsewhere), or on the GPU path
+        ``q8_0_linear`` over Q8_0 block rows' split copy, or ``fp8_linear`` over the fp8 copy of an
+        ``"fp8"`` head's matrix."""
         weight = self.weights[name]
-        if weight.dtype == Q8_0_DTYPE and (x.device.type != "cpu" or self.layer_paths._gpu_path_on_cpu):
+        gpu_path = x.device.type != "cpu" or self.layer_paths._gpu_path_on_cpu
+        if weight.dtype == Q8_0_DTYPE and gpu_path:
             return ops.q8_0_linear(x, *self.packed.q8_0_split(weight))
+        if self.weight_format == FP8 and gpu_path and x.dtype == weight.dtype:
+            return ops.fp8_linear(x, *self.packed.fp8_copy(weight))
         return linear(x, weight, self.packed)
 
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
@@ -389,7 +407,8 @@ class EagleHead(torch.nn.Module):
             lm_head = self.target.weights["lm_head.weight"]
             return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), lm_head))
         if normed is None:
-            fused = self.layer_paths.norm_linear(hidden, self.weights["norm.weight"], self.weights["lm_head.weight"])
+            fused = None if self.weight_format == FP8 else self.layer_paths.norm_linear(
+                hidden, self.weights["norm.weight"], self.weights["lm_head.weight"])
             if fused is not None:
                 return logits_for_ops(fused)
             normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])

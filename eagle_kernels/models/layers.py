@@ -408,9 +408,10 @@ class GpuLayerPath(LayerPath):
     ops run on CUDA tensors (and on CPU tensors with the triton backend under
     TRITON_INTERPRET=1, as the tests and the launch count run them)."""
 
-    def __init__(self, config, packed: PackedWeights, tables: RopeTables):
+    def __init__(self, config, packed: PackedWeights, tables: RopeTables, fp8: bool = False):
         super().__init__(config, packed)
         self.tables = tables
+        self.fp8 = fp8
 
     @staticmethod
     def accepts(x: torch.Tensor, cache, layer: LayerWeights, weights: dict) -> bool:
@@ -439,7 +440,7 @@ class GpuLayerPath(LayerPath):
         if isinstance(x, TokenRows):  # the first layer: embedding, input norm and positions in one launch
             h, residual, _ = bookkeeping.token_rows(x.tokens, x.table, layer.input_norm, c.rms_norm_eps,
                                                     cache.seqlens, x.depths, x.positions)
-        elif embed is None and self.fuses(layer.qkv, x):  # norm (if any), copy, q/k/v GEMM, RoPE, KV write
+        elif embed is None and self.folds(layer.qkv, x):  # norm (if any), copy, q/k/v GEMM, RoPE, KV write
             q, residual = ops.rmsnorm_qkv_rope(x, layer.qkv, layer.input_norm, c.rms_norm_eps, *rope_args,
                                                **rope_kwargs)
         elif layer.input_norm is None:
@@ -447,7 +448,7 @@ class GpuLayerPath(LayerPath):
         else:
             h, residual = ops.rmsnorm(x, layer.input_norm, c.rms_norm_eps, embed=embed, embed_weight=layer.embed_norm)
         B, N, H = residual.shape
-        if q is None and self.fuses(layer.qkv, h):  # a normed input: the GEMM, RoPE and KV write (h's copy unused)
+        if q is None and self.folds(layer.qkv, h):  # a normed input: the GEMM, RoPE and KV write (h's copy unused)
             q, _ = ops.rmsnorm_qkv_rope(h, layer.qkv, None, c.rms_norm_eps, *rope_args, **rope_kwargs)
         elif q is None:
             qkv = self.project(h.reshape(B * N, -1), layer.qkv).view(B, N, -1)
@@ -456,19 +457,26 @@ class GpuLayerPath(LayerPath):
         if slot_offset:
             attention = attention[:, slot_offset:]
         rows = self.project(attention.reshape(B * N, -1), layer.o, residual.view(B * N, H))
-        if self.fuses(layer.gate_up, rows):
+        if self.folds(layer.gate_up, rows):
             activation, _ = ops.rmsnorm_linear(rows, layer.gate_up, layer.post_norm, c.rms_norm_eps, gated=True)
         else:
             h, _ = ops.rmsnorm(rows, layer.post_norm, c.rms_norm_eps)
             activation = ops.silu_mul(self.project(h, layer.gate_up))
         return self.project(activation, layer.down, rows).view(B, N, H)
 
+    def folds(self, matrix: torch.Tensor, x: torch.Tensor) -> bool:
+        """:meth:`fuses`, and this path multiplies ``matrix`` as stored (not an fp8 copy)."""
+        return not self.fp8 and self.fuses(matrix, x)
+
     def project(self, x: torch.Tensor, matrix: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``[residual +] x @ matrix.T`` for rows ``x`` [R, K]: cuBLAS, added into ``residual`` in place
-        (``addmm_``: its epilogue, no copy) and returned; or for Q8_0 block rows ``q8_0_linear`` (its
-        epilogue adds the residual into a new tensor)."""
+        (``addmm_``: its epilogue, no copy) and returned; or for Q8_0 block rows ``q8_0_linear``, and
+        on an fp8 path ``fp8_linear`` over the matrix's fp8 copy (their epilogues add the residual
+        into a new tensor)."""
         if matrix.dtype == Q8_0_DTYPE:
             return ops.q8_0_linear(x, *self.packed.q8_0_split(matrix), residual=residual)
+        if self.fp8:
+            return ops.fp8_linear(x, *self.packed.fp8_copy(matrix), residual=residual)
         if residual is None:
             return torch.mm(x, matrix.t())
         return residual.addmm_(x, matrix.t())
@@ -486,6 +494,7 @@ class LayerPaths:
     def __init__(self, config, packed: PackedWeights):
         self.config, self.packed = config, packed
         self.rope_tables = RopeTables()
+        self.fp8_matrices = False  # the GPU path multiplies fp8 copies of the matrices (an "fp8" draft head)
         # CPU tensors take the GPU layer path too (private: the launch count and the tests run
         # it there under TRITON_INTERPRET=1 with the triton backend).
         self._gpu_path_on_cpu = False
@@ -517,7 +526,7 @@ class LayerPaths:
         (see :meth:`pick`); else None."""
         if (device.type != "cpu" or self._gpu_path_on_cpu) and GpuLayerPath.accepts_dtype(dtype, cache, layer(),
                                                                                           weights):
-            return GpuLayerPath(self.config, self.packed, self.rope_tables)
+            return GpuLayerPath(self.config, self.packed, self.rope_tables, fp8=self.fp8_matrices)
         return None
 
     def pick(self, x: torch.Tensor, cache, weights: dict, normed_input: bool = True,

@@ -232,13 +232,19 @@ def test_draft_vocabulary_and_d2t_must_fit(target):
 
 def test_head_weight_formats_need_their_targets():
     """Q4_1 blocks need an fp32 CPU target (cpu_linear); a 16-bit target takes Q8_0 (q8_0_linear on the GPU path);
-    an unknown format is refused."""
+    "fp8" copies need a 16-bit target and every K a multiple of 128 (the matrix is named); an unknown format is
+    refused."""
     bf16 = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"^weight_dtype: 'q4_1' blocks need an fp32 CPU target.*takes 'q8_0'"):
         EagleHead.random(bf16, "eagle3", 60, weight_dtype="q4_1")
     assert EagleHead.random(bf16, "eagle3", 60, weight_dtype="q8_0").weight_format == "q8_0"
     with pytest.raises(ValueError, match=r"^weight_dtype: expected None"):
         EagleHead.random(bf16, "eagle3", 60, weight_dtype="int4")
+    with pytest.raises(ValueError, match=r"^weights: 'fc\.weight': 'fp8' needs .* multiple of 128"):
+        EagleHead.random(bf16, "eagle3", 60, weight_dtype="fp8")  # K 192 (and 64)
+    fp32 = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    with pytest.raises(ValueError, match=r"^weight_dtype: 'fp8' copies are for a 16-bit head"):
+        EagleHead.random(fp32, "eagle3", 60, weight_dtype="fp8")
 
 
 def test_checkpoint_folder_problems_are_named(target, tmp_path):

@@ -303,6 +303,36 @@ def test_decoding_with_the_gpu_bookkeeping(slots):
 
 
 @pytest.mark.usefixtures("single_thread")
+def test_greedy_decoding_on_the_gpu_path_fp8_head(monkeypatch):
+    """A bf16 target on the GPU path with an "fp8" EAGLE-3 head (its GEMMs fp8_linear over fp8 copies): greedy
+    speculative decoding emits what plain greedy decoding on the same path emits."""
+    import os
+    import sys
+    import warnings
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    from gpu_e2e import random_llama
+
+    from eagle_kernels.models.eagle_head import EagleHead
+    from eagle_kernels.models.llama import LlamaConfig
+    from eagle_kernels.policy import StaticPolicy
+
+    target = random_llama(LlamaConfig(97, 128, 256, 3, 4, 2, 32), torch.bfloat16, "cpu")
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60, weight_dtype="fp8")
+    decoder = SpeculativeDecoder(target, head, TreeConfig(3, 2, 4), policy=StaticPolicy(), cuda_graph=False,
+                                 sync_every=1)
+    for model in (target, head):
+        monkeypatch.setattr(model.layer_paths, "_gpu_path_on_cpu", True)
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, "triton")
+    with bookkeeping.gpu_path_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ops without a Triton kernel run the reference
+        want = decoder.generate(PROMPTS[:1], 4, speculative=False)
+        got = decoder.generate(PROMPTS[:1], 4, speculative=True)
+    assert got.sequences == want.sequences and got.steps[0] >= 1
+    assert len(head.packed._fp8) == 6
+
+
+@pytest.mark.usefixtures("single_thread")
 @pytest.mark.parametrize("head_weights", [None, "q8_0"], ids=["stored-head", "q8_0-head"])
 def test_greedy_decoding_on_the_gpu_path(monkeypatch, head_weights):
     """The whole GPU code path (GPU layer path with the first layer's token rows, the

@@ -165,6 +165,41 @@ def test_gpu_path_triton_q8_0_head(triton_ops):
     assert (results[1][1].float() - results[2][1].float()).abs().max() < 0.1 * scale  # Q8_0 against bf16 matrices
 
 
+def wide_bf16_target():
+    """A 3-layer random bf16 Llama whose head's matrices all have K a multiple of 128 (hidden 128, MLP 256)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    from gpu_e2e import random_llama
+
+    from eagle_kernels.models.llama import LlamaConfig
+
+    return random_llama(LlamaConfig(97, 128, 256, 3, 4, 2, 32), torch.bfloat16, "cpu")
+
+
+def test_gpu_path_triton_fp8_head(triton_ops):
+    """An EAGLE-3 head with weight_dtype "fp8" on the bf16 GPU path: every GEMM is one fp8_linear launch over fp8
+    copies of its bf16 matrices (the residual adds in its epilogue, norms apart); the results follow the same head
+    on the torch path (bf16 matrices) within fp8's precision; the CPU path is untouched."""
+    target = wide_bf16_target()
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60, weight_dtype="fp8")
+    assert head.weight_format == "fp8" and head.weights["lm_head.weight"].dtype == torch.bfloat16
+    out = target(torch.randint(0, 97, (2, 7)), target.new_cache(2, 16), feature_layers=(0, 1, 2))
+    tokens = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    results = []
+    for gpu in (False, True):
+        with triton_ops(head, gpu), counting_kernels() as launched:
+            cache = head.new_cache(2, 24)
+            hidden, logits = head.run(tokens, head.feature_rows(out), cache, fc=True, logits=True)
+        if gpu:
+            assert launched["_fp8_linear_kernel"] == 6 and launched["_rmsnorm_linear_kernel"] == 0, dict(launched)
+        results.append((hidden, logits))
+    for what, want, got in zip(["hidden", "logits"], *results):
+        scale = float(want.float().abs().max())
+        assert (got.float() - want.float()).abs().max() < 0.1 * scale, what
+    assert len(head.packed._fp8) == 6  # fc, q/k/v, o, gate/up, down, the LM head
+
+
 def test_q8_0_split_copies_follow_their_matrix():
     """A head's split copies are made once per matrix, kept apart from the CPU's packed copies, and remade after
     an in-place change."""
@@ -257,6 +292,26 @@ def test_q8_0_linear_on_cuda(dtype, rows, K, N, residual):
     add = torch.randn(rows, N, generator=g).to(dtype) if residual else None
     want = reference.q8_0_linear(x, quants, scales, residual=add)
     got = q8_0_linear(x.cuda(), quants.cuda(), scales.cuda(), residual=None if add is None else add.cuda())
+    tol = TOLERANCE[dtype] if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,K,N,residual", [(8, 8192, 6144, False), (7, 4096, 4096, True), (40, 640, 960, False)],
+                         ids=["rows8-qkv", "rows7-o-residual", "rows40-K640"])
+def test_fp8_linear_on_cuda(dtype, rows, K, N, residual):
+    """The compiled kernel (the hardware's fp32 -> e4m3 conversion, the fp8 MMA) against the reference."""
+    from eagle_kernels import reference
+    from eagle_kernels.reference.fp8_linear import quantize_fp8
+    from eagle_kernels.triton.fp8_linear import fp8_linear
+
+    g = torch.Generator().manual_seed(rows)
+    weight, scale = quantize_fp8(torch.randn(N, K, generator=g) / K ** 0.5)
+    x = (torch.randn(rows, K, generator=g) * 3).to(dtype)
+    add = torch.randn(rows, N, generator=g).to(dtype) if residual else None
+    want = reference.fp8_linear(x, weight, scale, residual=add)
+    got = fp8_linear(x.cuda(), weight.cuda(), scale.cuda(), residual=None if add is None else add.cuda())
     tol = TOLERANCE[dtype] if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
 

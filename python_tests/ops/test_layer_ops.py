@@ -70,7 +70,19 @@ def small_inputs(op, dtype=torch.float32):
     if op == "q8_0_linear":
         x, quants, scales = q8_inputs(dtype, 6, 64, 12)
         return (x.view(2, 3, 64), quants, scales), {"residual": torch.randn(2, 3, 12, generator=g).to(dtype)}
+    if op == "fp8_linear":
+        x, weight, scale = fp8_inputs(dtype, 6, 128, 12)
+        return (x.view(2, 3, 128), weight, scale), {"residual": torch.randn(2, 3, 12, generator=g).to(dtype)}
     raise AssertionError(op)
+
+
+def fp8_inputs(dtype, rows, K, N, seed=0):
+    """x [rows, K] and a random [N, K] matrix as fp8 with per-row scales."""
+    from eagle_kernels.reference.fp8_linear import quantize_fp8
+
+    g = torch.Generator().manual_seed(seed)
+    weight, scale = quantize_fp8(torch.randn(N, K, generator=g) / K ** 0.5)
+    return (torch.randn(rows, K, generator=g) * 3).to(dtype), weight, scale
 
 
 def q8_inputs(dtype, rows, K, N, seed=0):
@@ -418,6 +430,72 @@ def test_q8_0_linear_launch_rules():
     assert module.column_block(64, 40, 1, 132) == 32 and module.column_block(64, 7, 1, 132) == 16
 
 
+def test_fp8_linear_reference_rounds_as_the_contract():
+    """§20 by hand: the weights' per-row scales and e4m3 rounding; the activations' per-(row, 128-k block)
+    scales, zeros for an all-zero block; the float64 sum of the scaled block products."""
+    from eagle_kernels.reference.fp8_linear import quantize_fp8, round_activations
+
+    w = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
+    w[2] = 0
+    weight, scale = quantize_fp8(w)
+    assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale[2] == 1
+    torch.testing.assert_close(scale[0], w[0].abs().max() / 448)
+    assert (weight.float().abs().amax(dim=1)[[0, 1, 3, 4]] == 448).all()
+    x = torch.randn(3, 256, dtype=torch.float64)
+    x[1, :128] = 0
+    q, sx = round_activations(x)
+    assert sx[1, 0] == 0 and not q[1, 0].any()
+    inv = 1.0 / sx[0, 1]
+    assert torch.equal(q[0, 1], (x[0, 128:].float() * inv).to(torch.float8_e4m3fn).float())
+    want = torch.einsum("rbk,nbk,rb->rn", q.double(), weight.double().view(5, 2, 128), sx.double()) * scale.double()
+    torch.testing.assert_close(reference.fp8_linear(x.float(), weight, scale), want.float(), rtol=1e-6, atol=1e-6)
+    for bad in (torch.ones(4), torch.full((2, 2), float("nan")), torch.ones(2, 2, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="^weight:"):
+            quantize_fp8(bad)
+
+
+# (rows, K, N): a decoding row at K 640 (128-k steps), a verify tree at K 1152 (two K steps of the GPU's 256 and
+# one of 128), one block (K 128), rows and columns past a block's end.
+FP8_CASES = [(1, 640, 960), (61, 1152, 576), (7, 128, 40), (20, 256, 70)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,K,N", FP8_CASES, ids=["rows1-K640", "rows61-K1152", "rows7-K128", "rows20-N70"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_fp8_linear_triton_matches_reference(dtype, rows, K, N, residual):
+    """Both launch configurations against the reference: the interpreter rounds the activations by the kernel's
+    own e4m3 emulation, so fp32 agrees to fp32 rounding (the same fp8 values as torch's cast); bf16 within the
+    interpreter's toward-zero output rounding."""
+    module = triton_module("fp8_linear")
+    x, weight, scale = fp8_inputs(dtype, rows, K, N, seed=rows)
+    add = torch.randn(rows, N, generator=torch.Generator().manual_seed(9)).to(dtype) if residual else None
+    want = reference.fp8_linear(x, weight, scale, residual=add)
+    for config in (module.INTERPRETER_CONFIG, module.GPU_CONFIG):
+        got = module.fp8_linear(x, weight, scale, residual=add, _config=config)
+        assert got.shape == (rows, N) and got.dtype == dtype and got.is_contiguous(), config
+        tol = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_fp8_linear_e4m3_rounding_emulation():
+    """The interpreter's rounding of the activations equals torch's float8_e4m3fn cast (to nearest even) at every
+    e4m3 value, the midpoints between neighbours (ties), values just off them and the subnormals: one row per
+    value set whose largest entry is 448 (scale 1) times the identity, in fp32, gives the rounded row itself."""
+    module = triton_module("fp8_linear")
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    values = torch.cat([grid, mids, mids * (1 + 2 ** -20), mids * (1 - 2 ** -20), -mids,
+                        torch.rand(200, generator=torch.Generator().manual_seed(5)) * 448])
+    values = values[values.abs() <= 448]
+    rows = -(-values.numel() // 127)
+    x = torch.zeros(rows * 127)
+    x[:values.numel()] = values
+    x = torch.cat([torch.full((rows, 1), 448.0), x.view(rows, 127)], dim=1)  # [rows, 128], amax 448
+    got = module.fp8_linear(x, torch.eye(128).to(torch.float8_e4m3fn), torch.ones(128))
+    assert torch.equal(got, x.to(torch.float8_e4m3fn).float())
+
+
 # ------------------------------------------------------------------ registration
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
 def test_registered_with_schema(op):
@@ -427,7 +505,10 @@ def test_registered_with_schema(op):
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
 def test_opcheck(op):
     args, kwargs = small_inputs(op)
-    torch.library.opcheck(getattr(torch.ops.eagle_kernels, op).default, args, kwargs)
+    # opcheck's schema check multiplies the inputs, which torch has no CPU kernel for at float8_e4m3fn.
+    utils = ("test_faketensor", "test_autograd_registration") if op == "fp8_linear" else None
+    torch.library.opcheck(getattr(torch.ops.eagle_kernels, op).default, args, kwargs,
+                          **({"test_utils": utils} if utils else {}))
 
 
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
@@ -473,6 +554,7 @@ def bad_cases():
         return "rope_write_kv", tuple(named.values()), kwargs
 
     q8 = q8_inputs(torch.float32, 2, 64, 4)
+    f8 = fp8_inputs(torch.float32, 2, 128, 4)
     qkv_args, qkv_kwargs = qkv_rope_inputs(torch.float32)
     qkv_names = ["x", "weight", "norm_weight", "eps", "positions", "cos", "sin", "k_cache", "v_cache",
                  "cache_seqlens"]
@@ -531,6 +613,13 @@ def bad_cases():
         "q8-scales-shape": ("scales", ("q8_0_linear", (q8[0], q8[1], q8[2][:, :1]), {})),
         "q8-residual-shape": ("residual", ("q8_0_linear", q8, {"residual": torch.zeros(2, 5)})),
         "q8-residual-dtype": ("residual", ("q8_0_linear", q8, {"residual": torch.zeros(2, 4).double()})),
+        "fp8-x-double": ("x", ("fp8_linear", (f8[0].double(), *f8[1:]), {})),
+        "fp8-weight-dtype": ("weight", ("fp8_linear", (f8[0], f8[1].view(torch.int8), f8[2]), {})),
+        "fp8-k-not-blocks": ("weight", ("fp8_linear", (f8[0][:, :64], f8[1][:, :64], f8[2]), {})),
+        "fp8-weight-k": ("weight", ("fp8_linear", (f8[0], f8[1][:, :-1], f8[2]), {})),
+        "fp8-scale-shape": ("weight_scale", ("fp8_linear", (f8[0], f8[1], f8[2][:1]), {})),
+        "fp8-scale-dtype": ("weight_scale", ("fp8_linear", (f8[0], f8[1], f8[2].half()), {})),
+        "fp8-residual-shape": ("residual", ("fp8_linear", f8, {"residual": torch.zeros(2, 5)})),
     }
 
 

@@ -1,0 +1,137 @@
+"""Triton fp8_linear (docs/ops.md §20): a GEMM over fp8 (e4m3) weights with one scale per output
+channel, the activations rounded to fp8 per row and block of 128 k in the kernel, with the add
+into a residual stream in its epilogue.
+
+The Q8_0 kernel (q8_0_linear.py) converts every weight to bf16 before its MMA: about 150 warp
+instructions per KB of weights in the sm_90 SASS, issue-bound unless an SM issues 2.4 a cycle.
+Here the MMA takes the fp8 weights as they are loaded (the tensor cores multiply e4m3 by e4m3
+into fp32); the work per K step is the activations' few rows: each block's maximum, one division
+and conversion per entry, and one multiply-add of the block's partial sums by its scales.
+
+Programs tile (BLOCK_N output columns, BLOCK_M rows), columns on the first grid axis, narrowed
+by ``q8_0_linear.column_block`` until the programs fill the SMs. The MMA is taken transposed,
+``w [BLOCK_N, 128] @ x8.T [128, BLOCK_M]``, so that the weights, the large operand, are its
+first (a Hopper warpgroup MMA reads it from shared memory). Under the interpreter (no fp8 MMA,
+and its fp32 -> e4m3 conversion does not round to nearest) the activations are rounded by
+``_round_e4m3`` and the product is taken in fp32: the same values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _layer_checks
+from ._launch_config import interpreted
+from .q8_0_linear import column_block, k_block
+from .rmsnorm_linear import gemm_inputs, tile
+from .tree_attention_config import H200_SMS
+
+ACT_BLOCK = 128  # k per activation scale (the contract's)
+FP8_MAX = 448.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8LinearConfig:
+    block_m: int  # the largest row block; fewer rows take the next power of two >= 16
+    block_n: int
+    block_k: int  # a multiple of ACT_BLOCK
+    num_warps: int
+    num_stages: int
+
+
+GPU_CONFIG = Fp8LinearConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4)
+INTERPRETER_CONFIG = Fp8LinearConfig(block_m=64, block_n=64, block_k=128, num_warps=1, num_stages=1)
+
+
+@triton.jit
+def _round_e4m3(v):
+    """``v`` (|v| <= 448, fp32) rounded to the nearest float8_e4m3fn value, ties to even, as fp32:
+    the exponent's step (2^-9 at the subnormals), the quotient rounded to an even integer."""
+    a = tl.abs(v)
+    e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0)
+    step = tl.exp2(e - 3.0)
+    r = a / step
+    f = tl.floor(r)
+    d = r - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    f = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+    return tl.where(v < 0, -f * step, f * step)
+
+
+@triton.jit
+def _fp8_linear_kernel(
+    x_ptr,  # [M, K] rows, row stride stride_xm, unit column stride
+    w_ptr,  # [N, K] float8_e4m3fn bits (int8 view), dense
+    ws_ptr,  # [N] fp32 weight scales
+    residual_ptr,  # [M, N] dense (read only with HAS_RESIDUAL)
+    out_ptr,  # [M, N] dense
+    M, N, K, stride_xm,
+    HAS_RESIDUAL: tl.constexpr, ACT_BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
+):
+    # BLOCK_K divides K and rows / columns past M / N read the last one (not stored): no masks.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, ACT_BLOCK)
+    x_ptrs = x_ptr + tl.minimum(rows, M - 1).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K + offs_k[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # transposed: out.T
+    for _ in range(0, K, BLOCK_K):
+        for b in tl.static_range(BLOCK_K // ACT_BLOCK):
+            xk = tl.load(x_ptrs + b * ACT_BLOCK).to(tl.float32)  # [BLOCK_M, ACT_BLOCK]
+            wk = tl.load(w_ptrs + b * ACT_BLOCK).to(tl.float8e4nv, bitcast=True)  # [BLOCK_N, ACT_BLOCK]
+            scale = tl.max(tl.abs(xk), axis=1) / FP8_MAX  # [BLOCK_M]; 0: a zero block
+            v = xk * (1.0 / tl.where(scale > 0, scale, 1.0))[:, None]  # one division a row
+            if EMULATE:
+                partial = tl.dot(wk.to(tl.float32), tl.trans(_round_e4m3(v)), input_precision="ieee")
+            else:
+                partial = tl.dot(wk, tl.trans(v.to(tl.float8e4nv)))
+            acc += partial * scale[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc = tl.trans(acc * tl.load(ws_ptr + tl.minimum(cols, N - 1))[:, None])  # [BLOCK_M, BLOCK_N]
+    out_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    out_mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if HAS_RESIDUAL:
+        acc += tl.load(residual_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def fp8_linear(x, weight, weight_scale, *, residual=None, _config: Fp8LinearConfig | None = None):
+    """Triton fp8_linear with the contract signature; see :func:`eagle_kernels.reference.fp8_linear`.
+
+    Shapes
+    ------
+    x [..., K] fp32/fp16/bf16 (rows may be strided; the last dim dense), K a multiple of 128;
+    weight float8_e4m3fn [N, K]; weight_scale fp32 [N]; residual [..., N] in x's dtype or None.
+    Returns [..., N] in x's dtype, contiguous. ``_config`` overrides the launch configuration (tests).
+    """
+    _layer_checks.check_fp8_linear(x, weight, weight_scale, residual=residual)
+    K, N = x.shape[-1], weight.shape[0]
+    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    M = x.numel() // K if K else 0
+    if M == 0 or N == 0:
+        return out
+    rows, _ = gemm_inputs(x, M, None)
+    bits = weight.contiguous().view(torch.int8)
+    residual_rows = residual.reshape(M, N).contiguous() if residual is not None else out
+    interpret = interpreted(_fp8_linear_kernel)
+    config = _config or (INTERPRETER_CONFIG if interpret else GPU_CONFIG)
+    block_m = tile(config.block_m, M)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else H200_SMS
+    block_n = column_block(config.block_n, N, triton.cdiv(M, block_m), sms)
+    block_k = max(ACT_BLOCK, k_block(config.block_k, K))
+    _fp8_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
+        rows, bits, weight_scale.contiguous(), residual_rows, out,
+        M, N, K, rows.stride(0),
+        HAS_RESIDUAL=residual is not None, ACT_BLOCK=ACT_BLOCK, FP8_MAX=FP8_MAX,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EMULATE=interpret,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
