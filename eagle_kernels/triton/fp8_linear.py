@@ -26,9 +26,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import interpreted
-from .q8_0_linear import column_block, k_block
-from .rmsnorm_linear import gemm_inputs, tile
-from .tree_attention_config import H200_SMS
+from .q8_0_linear import _store_rows, few_row_launch, k_block
 
 ACT_BLOCK = 128  # k per activation scale (the contract's)
 FP8_MAX = 448.0
@@ -96,11 +94,7 @@ def _fp8_linear_kernel(
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     acc = tl.trans(acc * tl.load(ws_ptr + tl.minimum(cols, N - 1))[:, None])  # [BLOCK_M, BLOCK_N]
-    out_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    out_mask = (rows < M)[:, None] & (cols < N)[None, :]
-    if HAS_RESIDUAL:
-        acc += tl.load(residual_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_rows(acc, rows, cols, M, N, residual_ptr, out_ptr, HAS_RESIDUAL)
 
 
 def fp8_linear(x, weight, weight_scale, *, residual=None, _config: Fp8LinearConfig | None = None):
@@ -114,24 +108,16 @@ def fp8_linear(x, weight, weight_scale, *, residual=None, _config: Fp8LinearConf
     """
     _layer_checks.check_fp8_linear(x, weight, weight_scale, residual=residual)
     K, N = x.shape[-1], weight.shape[0]
-    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-    M = x.numel() // K if K else 0
-    if M == 0 or N == 0:
-        return out
-    rows, _ = gemm_inputs(x, M, None)
-    bits = weight.contiguous().view(torch.int8)
-    residual_rows = residual.reshape(M, N).contiguous() if residual is not None else out
     interpret = interpreted(_fp8_linear_kernel)
     config = _config or (INTERPRETER_CONFIG if interpret else GPU_CONFIG)
-    block_m = tile(config.block_m, M)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else H200_SMS
-    block_n = column_block(config.block_n, N, triton.cdiv(M, block_m), sms)
-    block_k = max(ACT_BLOCK, k_block(config.block_k, K))
-    _fp8_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
-        rows, bits, weight_scale.contiguous(), residual_rows, out,
-        M, N, K, rows.stride(0),
+    launch = few_row_launch(x, N, residual, config.block_m, config.block_n)
+    if launch.M == 0:
+        return launch.out
+    _fp8_linear_kernel[(triton.cdiv(N, launch.block_n), triton.cdiv(launch.M, launch.block_m))](
+        launch.rows, weight.contiguous().view(torch.int8), weight_scale.contiguous(), launch.residual_rows,
+        launch.out, launch.M, N, K, launch.rows.stride(0),
         HAS_RESIDUAL=residual is not None, ACT_BLOCK=ACT_BLOCK, FP8_MAX=FP8_MAX,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EMULATE=interpret,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=max(ACT_BLOCK, k_block(config.block_k, K)),
+        EMULATE=interpret, num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out
+    return launch.out

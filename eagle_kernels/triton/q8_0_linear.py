@@ -21,6 +21,7 @@ dtype.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 import triton
@@ -52,6 +53,17 @@ GPU_CONFIG = Q8LinearConfig(block_m=16, block_n=64, block_k=256, num_warps=4, nu
 GPU_CONFIG_FP32 = Q8LinearConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=3)
 MIN_BLOCK_N = 32
 INTERPRETER_CONFIG = Q8LinearConfig(block_m=64, block_n=64, block_k=128, num_warps=1, num_stages=1)
+
+
+@triton.jit
+def _store_rows(acc, rows, cols, M, N, residual_ptr, out_ptr, HAS_RESIDUAL: tl.constexpr):
+    """The epilogue of the few-row GEMMs: ``acc`` [BLOCK_M, BLOCK_N] (fp32) plus the residual rows
+    where given, rounded once and stored for the rows and columns in range."""
+    out_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    out_mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if HAS_RESIDUAL:
+        acc += tl.load(residual_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -94,11 +106,7 @@ def _q8_0_linear_kernel(
         x_ptrs += BLOCK_K
         q_ptrs += BLOCK_K
         s_ptrs += BLOCK_K // GROUP
-    out_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    out_mask = (rows < M)[:, None] & (cols < N)[None, :]
-    if HAS_RESIDUAL:
-        acc += tl.load(residual_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_rows(acc, rows, cols, M, N, residual_ptr, out_ptr, HAS_RESIDUAL)
 
 
 def column_block(largest: int, N: int, row_blocks: int, sms: int) -> int:
@@ -122,6 +130,34 @@ def k_block(largest: int, K: int) -> int:
     return block
 
 
+class FewRowLaunch(NamedTuple):
+    """What the few-row GEMM launchers (q8_0_linear, fp8_linear) share: the output, x's rows [M, K],
+    the residual rows (the output standing in for an absent one) and the row and column blocks."""
+
+    out: torch.Tensor
+    rows: torch.Tensor
+    residual_rows: torch.Tensor
+    M: int
+    block_m: int
+    block_n: int
+
+
+def few_row_launch(x, N: int, residual, block_m: int, block_n: int) -> FewRowLaunch:
+    """The output [..., N] in x's dtype, x's rows and the launch's row and column blocks
+    (``column_block`` with the device's SM count); ``M`` 0 where there is nothing to launch (no rows
+    or no columns: the caller returns the empty output)."""
+    K = x.shape[-1]
+    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    M = x.numel() // K if K else 0
+    if M == 0 or N == 0:
+        return FewRowLaunch(out, x, out, 0, 0, 0)
+    rows, _ = gemm_inputs(x, M, None)
+    residual_rows = residual.reshape(M, N).contiguous() if residual is not None else out
+    block_m = tile(block_m, M)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else H200_SMS
+    return FewRowLaunch(out, rows, residual_rows, M, block_m, column_block(block_n, N, triton.cdiv(M, block_m), sms))
+
+
 def q8_0_linear(x, quants, scales, *, residual=None, _config: Q8LinearConfig | None = None):
     """Triton q8_0_linear with the contract signature; see
     :func:`eagle_kernels.reference.q8_0_linear`.
@@ -134,25 +170,17 @@ def q8_0_linear(x, quants, scales, *, residual=None, _config: Q8LinearConfig | N
     """
     _layer_checks.check_q8_0_linear(x, quants, scales, residual=residual)
     K, N = x.shape[-1], quants.shape[0]
-    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-    M = x.numel() // K if K else 0
-    if M == 0 or N == 0:
-        return out
-    rows, _ = gemm_inputs(x, M, None)
-    quants, scales = quants.contiguous(), scales.contiguous()
-    residual_rows = residual.reshape(M, N).contiguous() if residual is not None else out
     config = _config or (INTERPRETER_CONFIG if interpreted(_q8_0_linear_kernel)
                          else GPU_CONFIG_FP32 if x.dtype == torch.float32 else GPU_CONFIG)
-    block_m = tile(config.block_m, M)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else H200_SMS
-    block_n = column_block(config.block_n, N, triton.cdiv(M, block_m), sms)
-    block_k = k_block(config.block_k, K)
+    launch = few_row_launch(x, N, residual, config.block_m, config.block_n)
+    if launch.M == 0:
+        return launch.out
     upcast, precision = dot_mode(_q8_0_linear_kernel, x.dtype)
-    _q8_0_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
-        rows, quants, scales, residual_rows, out,
-        M, N, K, rows.stride(0),
+    _q8_0_linear_kernel[(triton.cdiv(N, launch.block_n), triton.cdiv(launch.M, launch.block_m))](
+        launch.rows, quants.contiguous(), scales.contiguous(), launch.residual_rows, launch.out,
+        launch.M, N, K, launch.rows.stride(0),
         HAS_RESIDUAL=residual is not None, GROUP=GROUP,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, DOT_PRECISION=precision,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=k_block(config.block_k, K), UPCAST=upcast,
+        DOT_PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out
+    return launch.out
