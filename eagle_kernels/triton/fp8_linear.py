@@ -18,31 +18,20 @@ and its fp32 -> e4m3 conversion does not round to nearest) the activations are r
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import interpreted
-from .q8_0_linear import _store_rows, few_row_launch, k_block
+from .q8_0_linear import FewRowGemmConfig, _store_rows, few_row_launch, k_block
 
 ACT_BLOCK = 128  # k per activation scale (the contract's)
 FP8_MAX = 448.0
 
-
-@dataclasses.dataclass(frozen=True)
-class Fp8LinearConfig:
-    block_m: int  # the largest row block; fewer rows take the next power of two >= 16
-    block_n: int
-    block_k: int  # a multiple of ACT_BLOCK
-    num_warps: int
-    num_stages: int
-
-
-GPU_CONFIG = Fp8LinearConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4)
-INTERPRETER_CONFIG = Fp8LinearConfig(block_m=64, block_n=64, block_k=128, num_warps=1, num_stages=1)
+# block_k: a multiple of ACT_BLOCK.
+GPU_CONFIG = FewRowGemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4)
+INTERPRETER_CONFIG = FewRowGemmConfig(block_m=64, block_n=64, block_k=128, num_warps=1, num_stages=1)
 
 
 @triton.jit
@@ -97,7 +86,7 @@ def _fp8_linear_kernel(
     _store_rows(acc, rows, cols, M, N, residual_ptr, out_ptr, HAS_RESIDUAL)
 
 
-def fp8_linear(x, weight, weight_scale, *, residual=None, _config: Fp8LinearConfig | None = None):
+def fp8_linear(x, weight, weight_scale, *, residual=None, _config: FewRowGemmConfig | None = None):
     """Triton fp8_linear with the contract signature; see :func:`eagle_kernels.reference.fp8_linear`.
 
     Shapes

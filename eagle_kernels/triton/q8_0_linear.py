@@ -36,10 +36,12 @@ GROUP = 32  # k per Q8_0 scale
 
 
 @dataclasses.dataclass(frozen=True)
-class Q8LinearConfig:
+class FewRowGemmConfig:
+    """Tuning of the few-row GEMMs (q8_0_linear, fp8_linear)."""
+
     block_m: int  # the largest row block; fewer rows take the next power of two >= 16
     block_n: int
-    block_k: int  # a multiple of GROUP
+    block_k: int  # a multiple of the op's block of k (32 / 128)
     num_warps: int
     num_stages: int
 
@@ -48,11 +50,11 @@ class Q8LinearConfig:
 # issues about 150 warp instructions per KB of quants (189 at 32 columns): at 4.3 TB/s an SM must
 # take in about 16.5 B a cycle, so 2.4 (3.1) instructions a cycle of its 4. column_block halves the
 # columns where the programs would not fill the SMs.
-GPU_CONFIG = Q8LinearConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4)
+GPU_CONFIG = FewRowGemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4)
 # fp32 x multiplies on the FMA units ("ieee" dots): 32 x 64 keeps them in registers (64 x 256 spills).
-GPU_CONFIG_FP32 = Q8LinearConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=3)
+GPU_CONFIG_FP32 = FewRowGemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=3)
 MIN_BLOCK_N = 32
-INTERPRETER_CONFIG = Q8LinearConfig(block_m=64, block_n=64, block_k=128, num_warps=1, num_stages=1)
+INTERPRETER_CONFIG = FewRowGemmConfig(block_m=64, block_n=64, block_k=128, num_warps=1, num_stages=1)
 
 
 @triton.jit
@@ -158,7 +160,7 @@ def few_row_launch(x, N: int, residual, block_m: int, block_n: int) -> FewRowLau
     return FewRowLaunch(out, rows, residual_rows, M, block_m, column_block(block_n, N, triton.cdiv(M, block_m), sms))
 
 
-def q8_0_linear(x, quants, scales, *, residual=None, _config: Q8LinearConfig | None = None):
+def q8_0_linear(x, quants, scales, *, residual=None, _config: FewRowGemmConfig | None = None):
     """Triton q8_0_linear with the contract signature; see
     :func:`eagle_kernels.reference.q8_0_linear`.
 
