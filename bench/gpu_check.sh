@@ -22,7 +22,8 @@
 #      parts present but incomplete or corrupt: the stage fails, naming them
 #   9. compile audit: every Triton kernel compiled for sm_90, registers, spills -> compile_audit.log
 #      (the CPU's audit already records it; here it confirms that audit's numbers)
-#  10. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json
+#  10. per-op benchmarks at the GPU shapes (needs pytest-benchmark)            -> bench.log, bench.json;
+#      the 8-bit head GEMMs beside cuBLAS                                     -> bench_8bit.log, bench_8bit.json
 #  11. modeled vs measured (bench/gpu_model.py calibrate on bench.json; needs no GPU, so
 #      GPU_CHECK_SKIP=model and a CPU run on the fetched bench.json save device time) -> model.log
 #  12. summary.md: result and wall time per stage, the tables from the logs
@@ -349,10 +350,17 @@ if timeout 60 "$PY" -c "import pytest_benchmark" >/dev/null 2>&1; then
   # GPU shapes live in their own test functions (test_*_gpu, test_draft_expand_cuda).
   run_stage bench 50 "$OUT/bench.log" \
     env EAGLE_BENCH_TIME_S="${EAGLE_BENCH_TIME_S:-0.1}" \
-    "$PY" -m pytest bench/ --benchmark-only -q -p no:cacheprovider -k "gpu or cuda" \
-    --benchmark-json "$OUT/bench.json"
+    "$PY" -m pytest bench/ --benchmark-only -q -p no:cacheprovider \
+    -k "(gpu or cuda) and not q8_0_linear_gpu and not fp8_linear_gpu" --benchmark-json "$OUT/bench.json"
+  # The 8-bit head GEMMs beside cuBLAS's bf16 GEMM at a Llama-3-8B head's shapes: whether their loops
+  # issue fast enough to stream their bytes (docs/gpu_model.md, "An 8-bit head").
+  run_stage bench_8bit 45 "$OUT/bench_8bit.log" \
+    env EAGLE_BENCH_TIME_S="${EAGLE_BENCH_TIME_S:-0.1}" \
+    "$PY" -m pytest bench/bench_q8_0_linear.py bench/bench_fp8_linear.py --benchmark-only -q -p no:cacheprovider \
+    -k gpu --benchmark-json "$OUT/bench_8bit.json"
 else
   skip_stage bench "pytest-benchmark not installed" "$OUT/bench.log"
+  skip_stage bench_8bit "pytest-benchmark not installed" "$OUT/bench_8bit.log"
 fi
 
 # ------------------------------------------------------------------ 11. modeled vs measured
@@ -458,21 +466,23 @@ SUMMARY="$OUT/summary.md"
   grep -E "speedup [0-9.]+x" "$OUT/bench.log" 2>/dev/null
   grep -E "^(skipped|not run)|[0-9]+ (passed|failed)" "$OUT/bench.log" 2>/dev/null | tail -3
   echo '```'
-  if [ -s "$OUT/bench.json" ]; then
+  if [ -s "$OUT/bench.json" ] || [ -s "$OUT/bench_8bit.json" ]; then
     echo
-    echo "From bench.json extra_info: ratio_* = eagle / baseline (< 1: eagle faster);" \
-      "speedup_* = baseline / eagle (> 1: eagle faster)."
+    echo "From bench.json and bench_8bit.json extra_info: ratio_* = eagle / baseline (< 1: eagle faster);" \
+      "speedup_* = baseline / eagle (> 1: eagle faster); eagle_gb_per_s: the 8-bit GEMMs' bytes per second."
     echo
-    timeout 30 "$PY" - "$OUT/bench.json" <<'EOF'
+    timeout 30 "$PY" - "$OUT/bench.json" "$OUT/bench_8bit.json" <<'EOF'
 import json
+import os
 import sys
 
 rows = []
-for b in json.load(open(sys.argv[1]))["benchmarks"]:
-    info = b.get("extra_info", {})
-    for key, value in info.items():
-        if key.startswith("ratio_") or key.startswith("speedup_"):
-            rows.append((b["name"], info.get("backend", "?"), b["stats"]["mean"] * 1e3, key, value))
+for path in [p for p in sys.argv[1:] if os.path.exists(p) and os.path.getsize(p)]:
+    for b in json.load(open(path))["benchmarks"]:
+        info = b.get("extra_info", {})
+        for key, value in info.items():
+            if key.startswith(("ratio_", "speedup_", "eagle_gb_per_s")):
+                rows.append((b["name"], info.get("backend", "?"), b["stats"]["mean"] * 1e3, key, value))
 print("| benchmark | backend | eagle mean (ms) | measure | value |")
 print("|---|---|---:|---|---:|")
 for name, backend, mean, key, value in rows:

@@ -1,0 +1,45 @@
+"""fp8_linear: a draft head's GEMM over fp8 (e4m3) weights with per-channel scales, the bf16 rows rounded to
+fp8 in the kernel, at a Llama-3-8B-sized EAGLE-3 head's matrices and a draft pass's 8 rows; beside the bf16
+cuBLAS GEMM of the same matrix, as bench_q8_0_linear.py does for q8_0_linear (the same cases and records).
+
+Run: ``PYTHONPATH=. python -m pytest bench/bench_fp8_linear.py --benchmark-only -q``.
+"""
+
+import functools
+
+import pytest
+import torch
+
+import eagle_kernels
+from bench_q8_0_linear import GPU_CASES, GPU_IDS, HAS_CUDA, compare_with_cublas, dense_case
+
+
+@functools.lru_cache(maxsize=4)
+def fp8_case(K, N, residual, device="cpu"):
+    from eagle_kernels.reference.fp8_linear import quantize_fp8
+
+    x, weight, add = dense_case(K, N, residual)
+    weight8, scale = quantize_fp8(weight)
+    return x.to(device), weight8.to(device), scale.to(device), None if add is None else add.to(device)
+
+
+def test_fp8_linear(measure, provider_op):
+    fn, backend = provider_op("fp8_linear")
+    x, weight, scale, _ = fp8_case(256, 96, False)
+    measure(fn, x, weight, scale, work=weight.numel(), unit="bytes", info={"backend": backend})
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("provider", ["cublas", "eagle"])
+@pytest.mark.parametrize("K,N,residual", GPU_CASES, ids=GPU_IDS)
+def test_fp8_linear_gpu(benchmark, provider, K, N, residual):
+    benchmark.group = f"fp8_linear_gpu[{K}-{N}]"
+    x, weight8, scale, add = fp8_case(K, N, residual, "cuda")
+    _, weight, _ = dense_case(K, N, residual, "cuda")
+
+    def eagle():
+        return eagle_kernels.fp8_linear(x, weight8, scale, residual=add)
+
+    benchmark(eagle if provider == "eagle" else lambda: torch.mm(x, weight.t()))
+    if benchmark.stats is not None:
+        compare_with_cublas(benchmark, "fp8_linear", eagle, weight8.numel() + N * 4, K, N, residual)
