@@ -9,9 +9,9 @@ import functools
 
 import pytest
 import torch
+from bench_q8_0_linear import GPU_CASES, GPU_IDS, HAS_CUDA, compare_with_cublas, dense_case
 
 import eagle_kernels
-from bench_q8_0_linear import GPU_CASES, GPU_IDS, HAS_CUDA, compare_with_cublas, dense_case
 
 
 @functools.lru_cache(maxsize=4)
