@@ -8,8 +8,7 @@ Run: ``PYTHONPATH=. python -m pytest bench/bench_fp8_linear.py --benchmark-only 
 import functools
 
 import pytest
-import torch
-from bench_q8_0_linear import GPU_CASES, GPU_IDS, HAS_CUDA, compare_with_cublas, dense_case
+from bench_q8_0_linear import GPU_CASES, GPU_IDS, HAS_CUDA, bench_beside_cublas, dense_case
 
 import eagle_kernels
 
@@ -33,13 +32,9 @@ def test_fp8_linear(measure, provider_op):
 @pytest.mark.parametrize("provider", ["cublas", "eagle"])
 @pytest.mark.parametrize("K,N,residual", GPU_CASES, ids=GPU_IDS)
 def test_fp8_linear_gpu(benchmark, provider, K, N, residual):
-    benchmark.group = f"fp8_linear_gpu[{K}-{N}]"
     x, weight8, scale, add = fp8_case(K, N, residual, "cuda")
-    _, weight, _ = dense_case(K, N, residual, "cuda")
 
     def eagle():
         return eagle_kernels.fp8_linear(x, weight8, scale, residual=add)
 
-    benchmark(eagle if provider == "eagle" else lambda: torch.mm(x, weight.t()))
-    if benchmark.stats is not None:
-        compare_with_cublas(benchmark, "fp8_linear", eagle, weight8.numel() + N * 4, K, N, residual)
+    bench_beside_cublas(benchmark, "fp8_linear", provider, eagle, weight8.numel() + N * 4, K, N, residual)

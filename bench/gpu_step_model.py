@@ -285,14 +285,14 @@ def t_min_range(meets, top_us: float = 10.0, step_us: float = 0.01) -> str:
 
 def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     mapping, vocab = dim_map(name), SHAPES[name].vocab_size
-    costs, q8_launches = {}, []
+    costs, gemm_8bit_launches = {}, []
     for mode, c in counts.items():
         costs[mode] = []
         for launch in c.launches:
             cost = launch_cost(launch, mapping, prefix, vocab)
             costs[mode].append(cost)
             if mode == "speculative" and launch.name in KERNEL_MODELS:
-                q8_launches.append((cost, real_shape(launch.tensors[1].shape, mapping)))  # weight [N, K]
+                gemm_8bit_launches.append((cost, real_shape(launch.tensors[1].shape, mapping)))  # weight [N, K]
             if launch.name == "_tree_attention_kernel":
                 merged = merge_cost(launch, mapping, prefix)
                 if merged is not None:
@@ -322,8 +322,8 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             "breakdown_t_min_2us": {k: {**v, "seconds": round(v["seconds"] * 1e6, 1)}
                                     for k, v in list(breakdown(cs, 2e-6).items())[:12]}}
         result["modes"][mode]["costs"] = cs
-    if q8_launches and os.path.exists(KERNEL_MODELS[q8_launches[0][0].name]):
-        result["q8_kernel_model"] = q8_cross_check(costs, q8_launches)
+    if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
+        result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
     if calibrated:
         verify_layers = {c.layer for c in costs["speculative"] if c.owner == "target"}
@@ -339,19 +339,19 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     return result
 
 
-def q8_cross_check(costs: dict, q8_launches: list) -> dict:
+def kernel_model_cross_check(costs: dict, gemm_8bit_launches: list) -> dict:
     """The speculative step / plain step with each 8-bit GEMM launch (q8_0_linear, fp8_linear) at the kernel
     model's device time instead of its bytes: at the fitted issue rate, and the issue rate (warp instructions a
     cycle per SM) from which the step is <= 1.3x plain (a launch then takes max(bytes, fitted time x 1.25 /
     rate)), by t_min."""
-    with open(KERNEL_MODELS[q8_launches[0][0].name]) as f:
+    with open(KERNEL_MODELS[gemm_8bit_launches[0][0].name]) as f:
         rows = json.load(f)
     device = {}
     for row in rows:
         k, n = (int(part[1:]) for part in row["case"].split()[2:4])
         device[(k, n)] = row["modeled_us"] * 1e-6 - FITTED_LAUNCH_S * len(row["launches"])
     spec = costs["speculative"]
-    fitted = {id(cost): device[(k, n)] for cost, (n, k) in q8_launches}
+    fitted = {id(cost): device[(k, n)] for cost, (n, k) in gemm_8bit_launches}
 
     def step(rate: float, t_min: float) -> float:
         return step_seconds([dataclasses.replace(c, floor=fitted[id(c)] * FITTED_ISSUE_RATE / rate)
@@ -437,14 +437,14 @@ def render(results: dict) -> str:
                           "speculative step <= 1.3x plain, us by t_min: "
                           + ", ".join(f"{t}: {'none' if v is None else v}"
                                       for t, v in r["verify_attention_budget_us"].items())]
-            if "q8_kernel_model" in r:
+            if "kernel_model_8bit" in r:
                 lines += ["", f"{name}, prefix {prefix}, the 8-bit head's GEMM launches at the kernel model's "
                           "device time (bench/results/sm90-compile/*_linear_model.json) instead of their bytes: "
                           "speculative / plain step at the fitted issue rate (1.25 warp instructions a cycle per SM) "
                           "and at 4; the issue rate from which it is <= 1.3x; by t_min (us): "
                           + "; ".join(f"{t}: {v['ratio_at_fitted_rate']}x / {v['ratio_at_rate_4']}x, "
                                       f"{'none' if v['rate_meeting_1_3x'] is None else v['rate_meeting_1_3x']}"
-                                      for t, v in r["q8_kernel_model"].items())]
+                                      for t, v in r["kernel_model_8bit"].items())]
     for name, by_prefix in results.items():
         prefix = max(by_prefix["prefixes"])
         r = by_prefix["prefixes"][prefix]

@@ -1,7 +1,8 @@
 """Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
-silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, q8_0_linear, fp8_linear), in the style of :mod:`._checks`: every failure is
-a ``ValueError`` whose message starts with the name of the offending argument; ``values`` runs
-the checks that read tensor data (CPU tensors by default, see ``_checks.values_checked``)."""
+silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, q8_0_linear, fp8_linear), in the style of
+:mod:`._checks`: every failure is a ``ValueError`` whose message starts with the name of the
+offending argument; ``values`` runs the checks that read tensor data (CPU tensors by default, see
+``_checks.values_checked``)."""
 
 from __future__ import annotations
 
@@ -85,11 +86,22 @@ def silu_mul_shape(gate_up):
     return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 
-def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, values=True):
-    check_tensor("x", x, dtype=HALF_AND_SINGLE)
+def _gemm_rows(x, dtype) -> int:
+    """Check a GEMM's rows ``x`` [..., K] of one of ``dtype``; returns K."""
+    check_tensor("x", x, dtype=dtype)
     if x.dim() < 1:
         _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
-    K = x.shape[-1]
+    return x.shape[-1]
+
+
+def _gemm_residual(residual, x, N: int) -> None:
+    """Check the residual rows [..., N] a GEMM adds its product to (None: none)."""
+    if residual is not None:
+        check_tensor("residual", residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
+
+
+def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, values=True):
+    K = _gemm_rows(x, HALF_AND_SINGLE)
     check_tensor("weight", weight, dtype=x.dtype, ndim=2, device=x.device)
     if weight.shape[1] != K:
         _fail("weight", f"shape [N, {K}] (x's last dim K)", f"shape {tuple(weight.shape)}")
@@ -132,17 +144,13 @@ def rmsnorm_qkv_rope_shapes(x, k_cache, *, num_heads, slot_offset=0):
 
 
 def check_q8_0_linear(x, quants, scales, *, residual=None, values=True):
-    check_tensor("x", x, dtype=HALF_AND_SINGLE)
-    if x.dim() < 1:
-        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
-    K = x.shape[-1]
+    K = _gemm_rows(x, HALF_AND_SINGLE)
     check_tensor("quants", quants, dtype=torch.int8, ndim=2, device=x.device)
     if quants.shape[1] != K or K % 32:
         _fail("quants", f"shape [N, {K}] (x's last dim K, a multiple of 32)", f"shape {tuple(quants.shape)}")
     N = quants.shape[0]
     check_tensor("scales", scales, dtype=torch.float16, shape=(N, K // 32), device=x.device)
-    if residual is not None:
-        check_tensor("residual", residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
+    _gemm_residual(residual, x, N)
 
 
 def q8_0_linear_shape(x, quants, scales, *, residual=None):
@@ -150,17 +158,13 @@ def q8_0_linear_shape(x, quants, scales, *, residual=None):
 
 
 def check_fp8_linear(x, weight, weight_scale, *, residual=None, values=True):
-    check_tensor("x", x, dtype=(torch.float32, torch.float16, torch.bfloat16))
-    if x.dim() < 1:
-        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
-    K = x.shape[-1]
+    K = _gemm_rows(x, (torch.float32, torch.float16, torch.bfloat16))
     check_tensor("weight", weight, dtype=torch.float8_e4m3fn, ndim=2, device=x.device)
     if weight.shape[1] != K or K % 128:
         _fail("weight", f"shape [N, {K}] (x's last dim K, a multiple of 128)", f"shape {tuple(weight.shape)}")
     N = weight.shape[0]
     check_tensor("weight_scale", weight_scale, dtype=torch.float32, shape=(N,), device=x.device)
-    if residual is not None:
-        check_tensor("residual", residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
+    _gemm_residual(residual, x, N)
 
 
 def fp8_linear_shape(x, weight, weight_scale, *, residual=None):

@@ -148,9 +148,9 @@ class PackedWeights:
         layout is the only one the kernel reads them in (every ISA)."""
         if not (policy or cpu_policy()).packed and not is_quantized(weight):
             return weight
-        hit = self._copies.get(id(weight))
-        if hit is not None and hit[0]() is weight and hit[1] == weight._version:
-            return hit[2]  # on every linear call: the shape checks below ran when it was packed
+        hit = self._held(weight, self._copies)
+        if hit is not None:
+            return hit  # on every linear call: the shape checks below ran when it was packed
         if weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu":
             return weight
         packed = ops.cpu_linear_pack(weight, self.activations) if is_quantized(weight) else ops.cpu_linear_pack(weight)
@@ -160,19 +160,21 @@ class PackedWeights:
         """Q8_0 block rows as the GPU kernel reads them, ``(quants, scales)``
         (``reference.q8_0_linear.split_q8_0``, on the weight's device), made on first use and kept
         as a packed copy is. Raises ``ValueError`` naming ``blocks`` for anything but Q8_0 block rows."""
-        hit = self._splits.get(id(weight))
-        if hit is not None and hit[0]() is weight and hit[1] == weight._version:
-            return hit[2]
-        return self._remember(weight, split_q8_0(weight), self._splits)
+        hit = self._held(weight, self._splits)
+        return hit if hit is not None else self._remember(weight, split_q8_0(weight), self._splits)
 
     def fp8_copy(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A float matrix as ``fp8_linear`` reads it, ``(weight_fp8, weight_scale)``
         (``reference.fp8_linear.quantize_fp8``, on the weight's device), made on first use and kept
         as a packed copy is."""
-        hit = self._fp8.get(id(weight))
-        if hit is not None and hit[0]() is weight and hit[1] == weight._version:
-            return hit[2]
-        return self._remember(weight, quantize_fp8(weight), self._fp8)
+        hit = self._held(weight, self._fp8)
+        return hit if hit is not None else self._remember(weight, quantize_fp8(weight), self._fp8)
+
+    @staticmethod
+    def _held(weight: torch.Tensor, copies: dict):
+        """The copy ``copies`` holds for this very tensor at its current version, else None."""
+        hit = copies.get(id(weight))
+        return hit[2] if hit is not None and hit[0]() is weight and hit[1] == weight._version else None
 
     def _remember(self, weight: torch.Tensor, copy, copies: dict | None = None):
         """Keep ``copy`` for ``weight`` in ``copies`` (default: the packed copies) while it lives at this version."""
@@ -189,8 +191,7 @@ class PackedWeights:
 
     def __contains__(self, weight: torch.Tensor) -> bool:
         """Whether a current packed copy of this very tensor is held."""
-        hit = self._copies.get(id(weight))
-        return hit is not None and hit[0]() is weight and hit[1] == weight._version
+        return self._held(weight, self._copies) is not None
 
     def __len__(self) -> int:
         return len(self._copies)

@@ -293,7 +293,7 @@ class EagleHead(torch.nn.Module):
         ``q8_0_linear`` over Q8_0 block rows' split copy, or ``fp8_linear`` over the fp8 copy of an
         ``"fp8"`` head's matrix."""
         weight = self.weights[name]
-        gpu_path = x.device.type != "cpu" or self.layer_paths._gpu_path_on_cpu
+        gpu_path = self.layer_paths.on_gpu_path(x.device)
         if weight.dtype == Q8_0_DTYPE and gpu_path:
             return ops.q8_0_linear(x, *self.packed.q8_0_split(weight))
         if self.weight_format == FP8 and gpu_path and x.dtype == weight.dtype:
@@ -407,8 +407,7 @@ class EagleHead(torch.nn.Module):
             lm_head = self.target.weights["lm_head.weight"]
             return logits_for_ops(self.target.linear(hidden.to(self.target.dtype), lm_head))
         if normed is None:
-            fused = None if self.weight_format == FP8 else self.layer_paths.norm_linear(
-                hidden, self.weights["norm.weight"], self.weights["lm_head.weight"])
+            fused = self.layer_paths.norm_linear(hidden, self.weights["norm.weight"], self.weights["lm_head.weight"])
             if fused is not None:
                 return logits_for_ops(fused)
             normed = self.layer_paths.norm(hidden, self.weights["norm.weight"])

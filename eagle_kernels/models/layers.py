@@ -499,10 +499,14 @@ class LayerPaths:
         # it there under TRITON_INTERPRET=1 with the triton backend).
         self._gpu_path_on_cpu = False
 
+    def on_gpu_path(self, device) -> bool:
+        """Whether passes over tensors on ``device`` may take the GPU path (its dtypes permitting)."""
+        return device.type != "cpu" or self._gpu_path_on_cpu
+
     def _norm_op(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether a norm of ``x`` by ``weight`` outside the layers runs as an op (the GPU path's
         dtypes, no autograd)."""
-        return ((x.device.type != "cpu" or self._gpu_path_on_cpu) and weight.dtype == x.dtype
+        return (self.on_gpu_path(x.device) and weight.dtype == x.dtype
                 and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
@@ -516,16 +520,17 @@ class LayerPaths:
     def norm_linear(self, x: torch.Tensor, weight: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor | None:
         """``norm(x, weight) @ matrix.T`` as one ``rmsnorm_linear`` launch where the GPU path runs
         and the matrix is small enough (:meth:`GpuLayerPath.fuses`: an EAGLE-3 head's draft LM
-        head, not a target's); None where the caller norms and multiplies apart."""
-        if self._norm_op(x, weight) and matrix.dtype == x.dtype and GpuLayerPath.fuses(matrix, x):
+        head, not a target's); None where the caller norms and multiplies apart, and where the GPU
+        path multiplies fp8 copies of the matrices."""
+        if (self._norm_op(x, weight) and not self.fp8_matrices and matrix.dtype == x.dtype
+                and GpuLayerPath.fuses(matrix, x)):
             return ops.rmsnorm_linear(x, matrix, weight, self.config.rms_norm_eps)[0]
         return None
 
     def gpu_path(self, device, dtype, cache, weights: dict, layer: Callable[[], LayerWeights]) -> GpuLayerPath | None:
         """The GPU layer path for a pass of ``dtype`` activations on ``device``, where it runs
         (see :meth:`pick`); else None."""
-        if (device.type != "cpu" or self._gpu_path_on_cpu) and GpuLayerPath.accepts_dtype(dtype, cache, layer(),
-                                                                                          weights):
+        if self.on_gpu_path(device) and GpuLayerPath.accepts_dtype(dtype, cache, layer(), weights):
             return GpuLayerPath(self.config, self.packed, self.rope_tables, fp8=self.fp8_matrices)
         return None
 

@@ -5,8 +5,9 @@ into a residual stream in its epilogue.
 The Q8_0 kernel (q8_0_linear.py) converts every weight to bf16 before its MMA: about 150 warp
 instructions per KB of weights in the sm_90 SASS, issue-bound unless an SM issues 2.4 a cycle.
 Here the MMA takes the fp8 weights as they are loaded (the tensor cores multiply e4m3 by e4m3
-into fp32); the work per K step is the activations' few rows: each block's maximum, one division
-and conversion per entry, and one multiply-add of the block's partial sums by its scales.
+into fp32); the work per K step is the activations' few rows: each block's maximum, one
+reciprocal a row, a multiply and conversion per entry, and one multiply-add of the block's partial
+sums by its scales.
 
 Programs tile (BLOCK_N output columns, BLOCK_M rows), columns on the first grid axis, narrowed
 by ``q8_0_linear.column_block`` until the programs fill the SMs. The MMA is taken transposed,
@@ -23,11 +24,9 @@ import triton
 import triton.language as tl
 
 from .. import _layer_checks
+from ..reference.fp8_linear import ACT_BLOCK, FP8_MAX  # the contract's block of k and largest e4m3
 from ._launch_config import interpreted
 from .q8_0_linear import FewRowGemmConfig, _store_rows, few_row_launch, k_block
-
-ACT_BLOCK = 128  # k per activation scale (the contract's)
-FP8_MAX = 448.0
 
 # block_k: a multiple of ACT_BLOCK.
 GPU_CONFIG = FewRowGemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4)

@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import _layer_checks
 from ._launch_config import dot_mode, interpreted
 from .rmsnorm_linear import gemm_inputs, tile
-from .tree_attention_config import H200_SMS
+from .tree_attention_config import sm_count
 
 GROUP = 32  # k per Q8_0 scale
 
@@ -156,8 +156,8 @@ def few_row_launch(x, N: int, residual, block_m: int, block_n: int) -> FewRowLau
     rows, _ = gemm_inputs(x, M, None)
     residual_rows = residual.reshape(M, N).contiguous() if residual is not None else out
     block_m = tile(block_m, M)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else H200_SMS
-    return FewRowLaunch(out, rows, residual_rows, M, block_m, column_block(block_n, N, triton.cdiv(M, block_m), sms))
+    block_n = column_block(block_n, N, triton.cdiv(M, block_m), sm_count(x.device))
+    return FewRowLaunch(out, rows, residual_rows, M, block_m, block_n)
 
 
 def q8_0_linear(x, quants, scales, *, residual=None, _config: FewRowGemmConfig | None = None):

@@ -47,6 +47,7 @@ from .tree_attention_config import (  # noqa: F401  (the configurations' names, 
     fold_chunk,
     folds_merge,
     gpu_config,
+    sm_count,
     split_layout,
     wide_blocks,
 )
@@ -466,10 +467,6 @@ def _fits_int32(tensor: torch.Tensor) -> bool:
     return sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 < 2**31
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None, sm_scale=None,
             num_splits=None, fold_merge=None, config: TreeAttentionConfig | None = None):
     """Launcher: validate → reject unsupported layouts → allocate → grid → launch.
@@ -508,7 +505,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
     interpret = interpreted(_tree_attention_kernel)
     on_gpu = q.device.type == "cuda"
     capacity = _checks.kv_capacity(k_cache, block_table)
-    sms = _sm_count(q.device) if on_gpu else H200_SMS
+    sms = sm_count(q.device)
     if config is None:
         # B x Hkv (request, KV head) pairs: enough of them take one 256-row block each (wide_blocks),
         # few over a short cache smaller blocks (gpu_config with the capacity).

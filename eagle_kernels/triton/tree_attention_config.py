@@ -151,6 +151,11 @@ def rows_for(N: int, group: int, most: int = MAX_ROWS) -> int:
     return max(16, triton.next_power_of_2(group), min(most, triton.next_power_of_2(N * group)))
 
 
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA ``device``; elsewhere (the interpreter, the launch count's modeled GPU) the H200's."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H200_SMS
+
+
 def wide_blocks(heads: int | None, sms: int = H200_SMS) -> bool:
     """Whether ``heads`` (request, KV head) pairs take 256-row blocks (16-bit, D <= 128, more than
     128 rows a pair): when those programs need at most 2 prefix splits to fill ``sms`` SMs
