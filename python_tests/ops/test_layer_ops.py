@@ -477,6 +477,23 @@ def test_fp8_linear_triton_matches_reference(dtype, rows, K, N, residual):
         torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("op", ["q8_0_linear", "fp8_linear"])
+def test_8bit_linear_nan_row_stays_in_its_row(op, backend_name):
+    """A NaN in one row of x (no error: values are not checked) makes that row's outputs NaN and leaves every other
+    row as without it (the fp8 kernel's block scale of that row is NaN, no other row's)."""
+    fn, reason = _dispatch.implementation(op, backend_name, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    x, weight, scale = (q8_inputs if op == "q8_0_linear" else fp8_inputs)(torch.float32, 6, 256, 12)
+    clean = fn(x, weight, scale)
+    x[2, 5] = float("nan")
+    got = fn(x, weight, scale)
+    assert got[2].isnan().all()
+    others = [0, 1, 3, 4, 5]
+    assert torch.equal(got[others], clean[others])
+
+
 def test_fp8_linear_e4m3_rounding_emulation():
     """The interpreter's rounding of the activations equals torch's float8_e4m3fn cast (to nearest even) at every
     e4m3 value, the midpoints between neighbours (ties), values just off them and the subnormals: one row per
