@@ -34,6 +34,7 @@ vocabularies 32000 and 128256) and takes minutes.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import io
@@ -67,6 +68,13 @@ LOCAL_MEMORY = re.compile(r"(@!?U?P\w+\s+)?(LDL|STL)\b")
 # Opcodes after which a basic block ends (the next instruction starts one).
 ENDS_BLOCK = {"BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BPT", "KILL"}
 INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?);")
+# Opcodes (before the first '.') that read or write global memory, or may (generic addresses).
+GLOBAL_MEMORY = {"LDG", "STG", "ATOMG", "ATOM", "RED", "REDG", "LDGSTS", "LD", "ST", "UTMALDG", "UTMASTG",
+                 "UTMAPF", "UTMAREDG", "UBLKCP", "UBLKRED", "UBLKPF", "SULD", "SUST", "SURED", "SUATOM"}
+# griddepcontrol.wait in SASS: programmatic dependent launch's wait for the kernel before.
+PDL_WAIT = "ACQBULK"
+# L2 prefetches (cp.async.bulk.prefetch.L2, prefetch.global.L2): they return no data, so they may run before the wait.
+PREFETCHES = {"UBLKPF", "CCTL"}
 LABEL = re.compile(r"^(\.L_x_\d+):")
 
 
@@ -202,8 +210,8 @@ def _write_kv_case(dtype, B, N, Hkv, D, paged, page=64, cap=4096):
 
 def _layer_cases(dtype, H, I, Hq, Hkv, D):
     """The GPU decoder layer's own kernels (rmsnorm, its EAGLE-3 two-input form, silu_mul,
-    rope_write_kv, rmsnorm_linear for q/k/v and gate/up and rmsnorm_qkv_rope, at a decoding
-    pass's rows and a verify tree's) at one model's widths."""
+    rope_write_kv, rmsnorm_linear for q/k/v, gate/up, and o and down with the residual added,
+    and rmsnorm_qkv_rope, at a decoding pass's rows and a verify tree's) at one model's widths."""
     from eagle_kernels.triton import rmsnorm as triton_rmsnorm
     from eagle_kernels.triton import rmsnorm_linear as triton_rmsnorm_linear
     from eagle_kernels.triton import rmsnorm_qkv_rope as triton_rmsnorm_qkv_rope
@@ -218,6 +226,9 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
     for rows in (x, torch.empty(1, 61, H, dtype=dtype)):
         triton_rmsnorm_linear.rmsnorm_linear(rows, torch.empty((Hq + 2 * Hkv) * D, H, dtype=dtype), weight, 1e-5)
         triton_rmsnorm_linear.rmsnorm_linear(rows, torch.empty(2 * I, H, dtype=dtype), weight, 1e-5, gated=True)
+        for K in (Hq * D, I):  # the o and down projections, the residual added
+            triton_rmsnorm_linear.rmsnorm_linear(rows.new_empty(*rows.shape[:2], K), torch.empty(H, K, dtype=dtype),
+                                                 None, 1e-5, add=rows)
     cos = torch.zeros(64, D // 2)
     cache = torch.zeros(2, 16, Hkv, D, dtype=dtype)
     triton_rope_write_kv.rope_write_kv(torch.empty(2, 3, (Hq + 2 * Hkv) * D, dtype=dtype),
@@ -369,9 +380,11 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
         for model, *widths in LAYER_SHAPES if full or dt == "bf16" else LAYER_SHAPES[:1]:
             yield f"layer kernels {dt} {model}", lambda a=(DTYPES[dt], *widths): _layer_cases(*a)
     # q8_0_linear and fp8_linear: a Llama-3-8B EAGLE-3 head's qkv (K 2 x 4096) and down (into the residual) at a
-    # draft pass's rows.
+    # draft pass's rows; and a SmolLM2-sized head's gate/up (K 640 for fp8's 128-k blocks), small enough that a PDL
+    # launch prefetches its weights.
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16", "fp32"):
-        for K, N, residual in ((8192, 6144, False), (14336, 4096, True)):
+        for K, N, residual in ((8192, 6144, False), (14336, 4096, True)) + (((640, 3072, False),) if dt == "bf16"
+                                                                            else ()):
             yield (f"q8_0_linear {dt} rows8 K{K} N{N}{' residual' if residual else ''}",
                    lambda a=(DTYPES[dt], K, N, 8, residual): _q8_0_linear_case(*a))
             yield (f"fp8_linear {dt} rows8 K{K} N{N}{' residual' if residual else ''}",
@@ -458,6 +471,7 @@ class Audit:
     sass_instructions: int
     loops: list[Loop]
     hot_loop_instructions: int
+    pdl: str = "off"  # launched with PDL: "waits first" or what comes before the wait (pdl_order)
     sass: str = dataclasses.field(default="", repr=False)
 
     @property
@@ -644,6 +658,34 @@ def sass_loops(sass: str) -> tuple[int, list[Loop]]:
     return len(instructions), loops
 
 
+def pdl_order(sass: str) -> str:
+    """Where a PDL kernel's wait stands: "waits first" when every global memory instruction that
+    moves data (loads, stores, atomics; L2 prefetches, which return nothing, excepted) lies in a
+    block dominated by a block holding an unguarded ``griddepcontrol.wait`` (ACQBULK), after it
+    where it is the same block, so no access can race with the kernel before; else the first
+    offending instruction ("LDG.E before the wait"), or "no wait"."""
+    instructions, blocks, successors, _ = sass_cfg(sass)
+    predecessors = predecessors_of(successors) if instructions else {}
+    dom = dominators(predecessors) if predecessors else {}
+    waits = {}  # block -> index of its first unguarded wait
+    for b, block in enumerate(blocks):
+        for i in block:
+            if instructions[i][1].split(None, 1)[0].split(".")[0] == PDL_WAIT:
+                waits.setdefault(b, i)
+    if not waits:
+        return "no wait"
+    for b, block in enumerate(blocks):
+        if b not in dom:
+            continue  # unreachable (the trailer after the last EXIT)
+        for i in block:
+            opcode = _control(instructions[i][1])[0]
+            if opcode.split(".")[0] not in GLOBAL_MEMORY or opcode.split(".")[0] in PREFETCHES:
+                continue
+            if not any(w in dom[b] and (w != b or waits[w] < i) for w in waits):
+                return f"{opcode} before the wait"
+    return "waits first"
+
+
 def compile_specialised(launch: Launch, target: GPUTarget):
     """(compiled kernel, ptxas -v log, (signature, constexprs, attrs)) of a launch compiled as the
     JIT would compile it."""
@@ -696,7 +738,8 @@ def compile_launch(launch: Launch, target: GPUTarget) -> Audit:
         registers=resources["REG"], stack_bytes=spills[0], spill_stores=spills[1], spill_loads=spills[2],
         shared_dynamic=shared, shared_static=resources["SHARED"], blocks_per_sm=blocks, limiter=limiter,
         sass_instructions=count, loops=loops,
-        hot_loop_instructions=max((loop.instructions for loop in inner), default=0), sass=sass,
+        hot_loop_instructions=max((loop.instructions for loop in inner), default=0),
+        pdl=pdl_order(sass) if launch.kwargs.get("launch_pdl") else "off", sass=sass,
     )
 
 
@@ -777,10 +820,13 @@ def main() -> None:
         print(f"triton {triton.__version__}, torch {torch.__version__}, sm_{args.arch}, {args.grid} grid: "
               f"{len(results)} configurations")
         print(markdown([r.row() for r in results]))
-        bad = [r for r in results if not r.fits or r.spills_in_loop]
+        pdl = collections.Counter(r.pdl for r in results)
+        print(f"\nprogrammatic dependent launch: {', '.join(f'{n} {k}' for k, n in sorted(pdl.items()))}")
+        bad = [r for r in results if not r.fits or r.spills_in_loop or r.pdl not in ("off", "waits first")]
         for r in bad:
             print(f"FAIL {r.kernel}: smem {r.shared_dynamic} B (limit {H200.smem_per_block}), "
-                  f"spill instructions in loops {sum(loop.local_memory for loop in r.loops)}; {r.cases[0]}")
+                  f"spill instructions in loops {sum(loop.local_memory for loop in r.loops)}, PDL {r.pdl}; "
+                  f"{r.cases[0]}")
         sys.exit(1 if bad else 0)
 
 

@@ -49,6 +49,7 @@ from eagle_kernels.models import layers  # noqa: E402
 from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel  # noqa: E402
 from eagle_kernels.policy import StaticPolicy  # noqa: E402
+from eagle_kernels.triton import _pdl  # noqa: E402
 
 CONFIGS = {
     "smollm2": LlamaConfig(49152, 576, 1536, 30, 9, 3, 64, 1e-5, 100000.0, None, tie_word_embeddings=True),
@@ -271,15 +272,31 @@ def measure_cpu_tau(out: str, tree: TreeConfig, count: int, prompt_tokens: int, 
 
 
 @contextlib.contextmanager
-def norms_apart():
-    """Within the block the GPU layer path runs its norms apart from the GEMMs after them (no matrix
-    is small enough for ``rmsnorm_linear`` / ``rmsnorm_qkv_rope``): 9 launches a layer."""
-    limit = layers.FUSED_NORM_MAX_MATRIX_BYTES
-    layers.FUSED_NORM_MAX_MATRIX_BYTES = 0
+def setting(module, name: str, value):
+    """Within the block ``module.name`` is ``value``."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        layers.FUSED_NORM_MAX_MATRIX_BYTES = limit
+        setattr(module, name, saved)
+
+
+def norms_apart():
+    """Within the block the GPU layer path runs its norms apart from the GEMMs after them (no matrix
+    is small enough for ``rmsnorm_linear`` / ``rmsnorm_qkv_rope``): 9 launches a layer."""
+    return setting(layers, "FUSED_NORM_MAX_MATRIX_BYTES", 0)
+
+
+def residual_gemms_in_cublas():
+    """Within the block the o and down GEMMs run as cuBLAS ``addmm_`` even where the layer's other
+    GEMMs are Triton launches (``layers.RESIDUAL_GEMMS_IN_TRITON``)."""
+    return setting(layers, "RESIDUAL_GEMMS_IN_TRITON", False)
+
+
+def no_weight_prefetch():
+    """Within the block PDL launches wait without prefetching their weights first."""
+    return setting(_pdl, "PREFETCH_WEIGHTS", False)
 
 
 def run_cases(args, target, head, prompts, decoder_kwargs) -> list | None:
@@ -338,6 +355,15 @@ def main(argv=None) -> int:
     parser.add_argument("--unfused", action="store_true",
                         help="the GPU layer path without its fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): "
                              "norms, cuBLAS GEMMs, RoPE and SwiGLU apart, 9 launches a layer (files *_unfused.*)")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="every Triton kernel launched without programmatic dependent launch (on by default on "
+                             "sm_90 and later: eagle_kernels/triton/_pdl.py); files *_nopdl.*")
+    parser.add_argument("--no-prefetch", action="store_true",
+                        help="PDL without the GEMM kernels' L2 prefetch of their weight rows before the wait "
+                             "(eagle_kernels/triton/_pdl.py PREFETCH_WEIGHTS); files *_noprefetch.*")
+    parser.add_argument("--cublas-residual", action="store_true",
+                        help="the o and down GEMMs as cuBLAS addmm_ where the layer's other GEMMs are Triton "
+                             "launches (by default rmsnorm_linear with the residual added); files *_cublasres.*")
     parser.add_argument("--head-weights", choices=["q8_0", "fp8"],
                         help="the random EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear) or multiplied as fp8 "
                              "copies (fp8_linear): about half the bytes a head pass streams; files *_q8head.* / "
@@ -384,13 +410,22 @@ def main(argv=None) -> int:
         prompts = torch.randint(0, config.vocab_size, (max(args.batches), args.prompt_tokens), generator=g).tolist()
     if args.unfused:
         source += ", layer norms unfused"
+    if args.cublas_residual:
+        source += ", o / down GEMMs cuBLAS"
+    if args.no_prefetch:
+        source += ", no weight prefetch"
+    if device.type == "cuda":
+        source += ", PDL " + ("off" if args.no_pdl or not _pdl.programmatic_launch(device) else "on")
     if args.head_weights:
         if args.gguf:
             parser.error("--head-weights: random heads only")
         source += f", head matrices {args.head_weights}"
     print(f"{args.model}: {source}, {dtype}, tree {args.tree}, device {device}", flush=True)
     decoder_kwargs = dict(policy=StaticPolicy(), graphs=graphs) if args.smoke else {}
-    with norms_apart() if args.unfused else contextlib.nullcontext():
+    with norms_apart() if args.unfused else contextlib.nullcontext(), \
+            _pdl.forced(False) if args.no_pdl else contextlib.nullcontext(), \
+            residual_gemms_in_cublas() if args.cublas_residual else contextlib.nullcontext(), \
+            no_weight_prefetch() if args.no_prefetch else contextlib.nullcontext():
         rows = run_cases(args, target, head, prompts, decoder_kwargs)
     if rows is None:
         return 1
@@ -442,6 +477,8 @@ def main(argv=None) -> int:
                      f"{estimate:.0f} tok/s; plain {p['tok_s']:.0f} tok/s; ratio {estimate / p['tok_s']:.2f}{goal}")
     os.makedirs(args.out, exist_ok=True)
     stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "") + ("_unfused" if args.unfused else "") \
+        + ("_nopdl" if args.no_pdl else "") + ("_noprefetch" if args.no_prefetch else "") \
+        + ("_cublasres" if args.cublas_residual else "") \
         + ({"q8_0": "_q8head", "fp8": "_fp8head"}[args.head_weights] if args.head_weights else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -66,6 +66,8 @@ sys.path.insert(0, HERE)
 import compile_audit  # noqa: E402
 from compile_audit import H200  # noqa: E402
 
+from eagle_kernels.triton import _pdl  # noqa: E402
+
 # Fitted on the H200 run (docs/gpu_model.md, "Calibration"); --fit refits them.
 LAUNCH_OVERHEAD_S = 58e-6
 ISSUE_RATE = 1.25  # warp instructions per clock per SM (4 schedulers at most)
@@ -417,6 +419,11 @@ def interpret(launches: list[compile_audit.Launch], samples: int) -> list[list[C
 INTERPRETER_OVERRIDES = {"_tree_attention_kernel": {"UPCAST": True, "DOT_PRECISION": "ieee"}}
 
 
+# Helpers whose compiled form is inline PTX the interpreter cannot run, and what runs in their place: PDL's
+# wait (nothing to wait for, one launch at a time) and the L2 prefetch of a GEMM's weights (no data returned).
+STAND_INS = {_pdl._wait_and_release.fn: _pdl._nothing_before.fn, _pdl._bulk_prefetch_l2.fn: _pdl._no_prefetch.fn}
+
+
 def _sixteen_bit(launch: compile_audit.Launch) -> bool:
     return any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in launch.args)
 
@@ -456,7 +463,7 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
 
     def call_interpreted(self, *a, **k):
         if self.fn not in interpreted:
-            interpreted[self.fn] = ti.InterpretedFunction(self.fn)
+            interpreted[self.fn] = ti.InterpretedFunction(STAND_INS.get(self.fn, self.fn))
         return interpreted[self.fn](*a, **k)
 
     saved = compile_audit.triton_jit.JITFunction.__call__

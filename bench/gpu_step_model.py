@@ -92,6 +92,9 @@ PREFIXES = (512, 4096)
 # fitted issue rate): applied to an 8-bit head's launches as a cross-check of their bytes-only time.
 KERNEL_MODELS = {name: os.path.join(ROOT, "bench", "results", "sm90-compile", f"{op}_model.json")
                  for name, op in (("_q8_0_linear_kernel", "q8_0_linear"), ("_fp8_linear_kernel", "fp8_linear"))}
+# The H200 run of 2026-12-04: a replayed plain SmolLM2 step of 276 launches took 954 us (docs/gpu_model.md, "Measured:
+# the step on an H200"), before programmatic dependent launch.
+MEASURED_T_MIN_US = 3.46
 FITTED_ISSUE_RATE = 1.25  # bench/gpu_model.py's ISSUE_RATE: warp instructions a cycle per SM
 FITTED_LAUNCH_S = 58e-6  # bench/gpu_model.py's LAUNCH_OVERHEAD_S (host time; a replayed graph does not pay it)
 TAU_FILE = os.path.join(ROOT, "bench", "results", "cpu_tau", "smollm2_eagle3_d6k8n60.json")
@@ -145,9 +148,12 @@ class Cost:
     flops: int
     floor: float = 0.0  # a device time from elsewhere (the calibrated kernel model), s
     tail: float = 0.0  # work after the launch's waves (a folded merge's last programs), s
+    pdl: bool = False  # a PDL edge: launched with PDL after a Triton launch (LaunchCount.pdl_edges)
 
-    def seconds(self, t_min: float) -> float:
-        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, t_min, self.floor) + self.tail
+    def seconds(self, t_min: float, pdl_saving: float = 0.0) -> float:
+        """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge."""
+        floor = t_min - pdl_saving if self.pdl else t_min
+        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, floor, self.floor) + self.tail
 
 
 def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
@@ -251,8 +257,17 @@ def weight_bytes(name: str) -> int:
     return 2 * (c.num_layers * layer + c.vocab_size * hidden + hidden)
 
 
-def step_seconds(costs: list, t_min: float) -> float:
-    return sum(c.seconds(t_min) for c in costs)
+def step_seconds(costs: list, t_min: float, pdl_saving: float = 0.0) -> float:
+    return sum(c.seconds(t_min, pdl_saving) for c in costs)
+
+
+def pdl_saving_needed(meets, t_min: float, step_us: float = 0.01) -> float | None:
+    """The least saving per PDL edge (us, 0 to ``t_min``) for which ``meets(pdl_saving in s)`` holds at
+    ``t_min``; None when none does."""
+    for i in range(int(round(t_min * 1e6 / step_us)) + 1):
+        if meets(i * step_us * 1e-6):
+            return round(i * step_us, 2)
+    return None
 
 
 def breakdown(costs: list, t_min: float) -> dict:
@@ -288,8 +303,9 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     costs, gemm_8bit_launches = {}, []
     for mode, c in counts.items():
         costs[mode] = []
-        for launch in c.launches:
+        for launch, edge in zip(c.launches, c.pdl_edge_flags):
             cost = launch_cost(launch, mapping, prefix, vocab)
+            cost.pdl = edge
             costs[mode].append(cost)
             if mode == "speculative" and launch.name in KERNEL_MODELS:
                 gemm_8bit_launches.append((cost, real_shape(launch.tensors[1].shape, mapping)))  # weight [N, K]
@@ -317,11 +333,19 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
                                "tok_per_s": round(tokens / s) if tokens == tokens else None}
         floor_free = step_seconds(cs, 0.0)
         result["modes"][mode] = {
-            "launches": len(cs), "bytes": sum(c.bytes for c in cs), "flops": sum(c.flops for c in cs),
+            "launches": len(cs), "pdl_edges": sum(c.pdl for c in cs), "bytes": sum(c.bytes for c in cs),
+            "flops": sum(c.flops for c in cs),
             "step_us_without_floor": round(floor_free * 1e6, 1), "by_t_min_us": rows,
             "breakdown_t_min_2us": {k: {**v, "seconds": round(v["seconds"] * 1e6, 1)}
                                     for k, v in list(breakdown(cs, 2e-6).items())[:12]}}
         result["modes"][mode]["costs"] = cs
+    # At the floor the H200 run measured (before PDL), what each PDL edge must save for the plain goals.
+    t = MEASURED_T_MIN_US * 1e-6
+    if name == "smollm2-135m":
+        result["pdl_saving_for_2000_tok_s_us"] = pdl_saving_needed(
+            lambda saving: step_seconds(costs["plain"], t, saving) <= 1 / 2000, t)
+    result["plain_step_us_at_measured_t_min_by_pdl_saving_us"] = {
+        str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
@@ -408,7 +432,7 @@ def render(results: dict) -> str:
     tree = f"({TREE.depth}, {TREE.top_k}, {TREE.num_nodes})"
     lines = [f"Modeled H200 step (bf16, B 1, tree {tree}): t = max(bytes / {HBM_BYTES_PER_S / 1e12:.1f} TB/s, "
              f"FLOPs / {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s, t_min) per launch, summed.", "",
-             "| model | prefix | step | launches | MB moved | GFLOP | no floor (us) | "
+             "| model | prefix | step | launches (PDL edges) | MB moved | GFLOP | no floor (us) | "
              + " | ".join(f"t_min {t} us: step us (tok/s)" for t in T_MIN_SWEEP_US) + " |",
              "|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(T_MIN_SWEEP_US)]
     for name, by_prefix in results.items():
@@ -418,7 +442,7 @@ def render(results: dict) -> str:
                                    for t in T_MIN_SWEEP_US)
                 tau = r["tau"] if mode == "speculative" else "-" if mode == "coupled" else 1
                 lines.append(f"| {name} | {prefix} | {mode} (tau {tau}) | "
-                             f"{m['launches']} | {m['bytes'] / 1e6:.1f} | {m['flops'] / 1e9:.2f} | "
+                             f"{m['launches']} ({m['pdl_edges']}) | {m['bytes'] / 1e6:.1f} | {m['flops'] / 1e9:.2f} | "
                              f"{m['step_us_without_floor']} | {cells} |")
     lines += ["", "Goals: the t_min values (us, searched 0 to 10 in steps of 0.01) that meet each.", "",
               "| model | prefix | goal | t_min meeting it (us) |", "|---|---:|---|---:|"]
@@ -437,6 +461,15 @@ def render(results: dict) -> str:
                           "speculative step <= 1.3x plain, us by t_min: "
                           + ", ".join(f"{t}: {'none' if v is None else v}"
                                       for t, v in r["verify_attention_budget_us"].items())]
+            by_saving = r["plain_step_us_at_measured_t_min_by_pdl_saving_us"]
+            lines += ["", f"{name}, prefix {prefix}, plain step at the measured t_min {MEASURED_T_MIN_US} us "
+                      f"({r['modes']['plain']['pdl_edges']} of {r['modes']['plain']['launches']} launches PDL edges), "
+                      "us by the time each PDL edge saves (us): "
+                      + ", ".join(f"{k}: {v}" for k, v in by_saving.items())
+                      + ("" if "pdl_saving_for_2000_tok_s_us" not in r else
+                         "; >= 2000 tok/s from a saving of "
+                         + ("none" if r["pdl_saving_for_2000_tok_s_us"] is None
+                            else f"{r['pdl_saving_for_2000_tok_s_us']} us") + " an edge")]
             if "kernel_model_8bit" in r:
                 lines += ["", f"{name}, prefix {prefix}, the 8-bit head's GEMM launches at the kernel model's "
                           "device time (bench/results/sm90-compile/*_linear_model.json) instead of their bytes: "

@@ -97,6 +97,8 @@ def count(name: str, tree: TreeConfig, gpu_layer_path: bool) -> dict:
                                gpu_layer_path=gpu_layer_path)[-1]  # the steady state
         rows[mode] = {"total": step.total, "target_layers": step.per_layer("target"),
                       "head_layers": step.per_layer("head"), "outside_layers": step.outside_layers,
+                      "pdl_edges": step.pdl_edges,
+                      "triton": sum(1 for launch in step.launches if launch.kind == "triton"),
                       "by_kernel": dict(step.by_kernel.most_common()), "by_line": dict(sorted(step.by_line.items())),
                       "host_reads": dict(step.host_reads), "seconds": round(time.perf_counter() - start, 1)}
         print(f"{name:16} {'gpu' if gpu_layer_path else 'ops'} {mode:11} total {step.total:5}  per target layer "
@@ -111,18 +113,20 @@ def per_layer(values: list) -> str:
 
 def render(results: dict) -> str:
     lines = ["| shape | layer path | step | launches | target layers x per layer | head layers x per layer "
-             "| outside the layers |", "|---|---|---|---:|---|---|---:|"]
+             "| outside the layers | Triton launches | PDL edges |", "|---|---|---|---:|---|---|---:|---:|---:|"]
     for (name, path), rows in results["counts"].items():
         for mode, r in rows.items():
             lines.append(f"| {name} | {path} | {mode} | {r['total']} | {len(r['target_layers'])} x "
                          f"{per_layer(r['target_layers'])} | {len(r['head_layers'])} x {per_layer(r['head_layers'])} "
-                         f"| {r['outside_layers']} |")
+                         f"| {r['outside_layers']} | {r['triton']} | {r['pdl_edges']} |")
     lines += ["", "Speculative step on the GPU layer path, launches outside the layers by source line "
               f"({results['by_line_shape']}):", "", "| line | launches | code |", "|---|---:|---|"]
     for where, n in results["by_line"].items():
         path, _, number = where.rpartition(":")
         code = linecache.getline(os.path.join(ROOT, path), int(number)).strip() if number.isdigit() else ""
         lines.append(f"| {where} | {n} | `{code.replace('|', '∣')}` |")
+    lines += ["", "PDL edges: launches that may start while the launch before them runs (programmatic dependent "
+              "launch, on by default on sm_90: a Triton launch after a Triton launch; eagle_kernels/triton/_pdl.py)."]
     if results.get("tree_check"):
         lines += ["", f"Tree structure check (3-layer model): {results['tree_check']}"]
     return "\n".join(lines) + "\n"

@@ -94,13 +94,13 @@ def _gemm_rows(x, dtype) -> int:
     return x.shape[-1]
 
 
-def _gemm_residual(residual, x, N: int) -> None:
-    """Check the residual rows [..., N] a GEMM adds its product to (None: none)."""
+def _gemm_residual(residual, x, N: int, name: str = "residual") -> None:
+    """Check the residual rows [..., N] (argument ``name``) a GEMM adds its product to (None: none)."""
     if residual is not None:
-        check_tensor("residual", residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
+        check_tensor(name, residual, dtype=x.dtype, shape=(*x.shape[:-1], N), device=x.device)
 
 
-def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, values=True):
+def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, values=True):
     K = _gemm_rows(x, HALF_AND_SINGLE)
     check_tensor("weight", weight, dtype=x.dtype, ndim=2, device=x.device)
     if weight.shape[1] != K:
@@ -113,6 +113,9 @@ def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, values=Tru
         check_tensor("norm_weight", norm_weight, dtype=x.dtype, shape=(K,), device=x.device)
     if not isinstance(eps, (int, float)) or not eps >= 0:
         _fail("eps", "a number >= 0", eps)
+    if add is not None and gated:
+        _fail("add", "None with gated (SwiGLU's output is not added to)", "a tensor")
+    _gemm_residual(add, x, weight.shape[0], "add")
 
 
 def rmsnorm_linear_shapes(x, weight, norm_weight, eps, *, gated=False):

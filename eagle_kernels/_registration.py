@@ -151,8 +151,8 @@ def _fake_silu_mul(gate_up):
     return gate_up.new_empty(_layer_checks.silu_mul_shape(gate_up))
 
 
-def _fake_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False):
-    _layer_checks.check_rmsnorm_linear(x, weight, norm_weight, eps, gated=gated, values=False)
+def _fake_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None):
+    _layer_checks.check_rmsnorm_linear(x, weight, norm_weight, eps, gated=gated, add=add, values=False)
     out, residual = _layer_checks.rmsnorm_linear_shapes(x, weight, norm_weight, eps, gated=gated)
     return x.new_empty(out), x.new_empty(residual)
 

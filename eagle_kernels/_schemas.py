@@ -85,7 +85,8 @@ LAYER_SCHEMAS = {
     ),
     "silu_mul": "silu_mul(Tensor gate_up) -> Tensor",
     "rmsnorm_linear": (
-        "rmsnorm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, *, bool gated=False) "
+        "rmsnorm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, *, bool gated=False, "
+        "Tensor? add=None) "
         "-> (Tensor, Tensor)"
     ),
     "rmsnorm_qkv_rope": (

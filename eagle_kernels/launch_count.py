@@ -91,7 +91,8 @@ class Launch:
     """One launch: ``name`` (as in ``LaunchCount.by_kernel``), ``kind`` ("aten", "triton" or
     "native"), ``owner`` ("target", "head" or None outside the layers) and ``layer`` (index of
     the layer call in ``LaunchCount.layers``, or -1), its ``tensors`` (:class:`Tensor`, in
-    argument order, aten outputs last) and ``flops`` (the GEMMs' 2 M N K, 0 otherwise)."""
+    argument order, aten outputs last), ``flops`` (the GEMMs' 2 M N K, 0 otherwise) and ``pdl``
+    (a Triton launch with programmatic dependent launch)."""
 
     name: str
     kind: str
@@ -99,6 +100,7 @@ class Launch:
     layer: int
     tensors: tuple
     flops: int = 0
+    pdl: bool = False  # launched with programmatic dependent launch (eagle_kernels/triton/_pdl.py)
 
 
 def _tensors_of(values, out: bool = False) -> list:
@@ -141,7 +143,7 @@ class LaunchCount:
     _layer_depth: int = 0
     _layer_owner: str | None = None
 
-    def add(self, name: str, n: int = 1, kind: str = "aten", tensors=(), flops: int = 0) -> None:
+    def add(self, name: str, n: int = 1, kind: str = "aten", tensors=(), flops: int = 0, pdl: bool = False) -> None:
         if n:
             self.total += n
             self.by_kernel[name] += n
@@ -150,7 +152,20 @@ class LaunchCount:
             layer = len(self.layers) if self._layer_depth else -1  # the layer call in progress
             owner = self._layer_owner if self._layer_depth else None
             for _ in range(n):
-                self.launches.append(Launch(name, kind, owner, layer, tuple(tensors), flops))
+                self.launches.append(Launch(name, kind, owner, layer, tuple(tensors), flops, pdl))
+
+    @property
+    def pdl_edge_flags(self) -> list[bool]:
+        """Per launch, whether it may start while the launch before it runs: a PDL launch after a
+        Triton launch (every Triton kernel signals its dependents as it starts; a cuBLAS or
+        torch kernel before a PDL launch does not, so that launch waits as without PDL)."""
+        return [launch.pdl and before is not None and before.kind == "triton"
+                for before, launch in zip([None] + self.launches[:-1], self.launches)]
+
+    @property
+    def pdl_edges(self) -> int:
+        """How many launches are PDL edges (:attr:`pdl_edge_flags`)."""
+        return sum(self.pdl_edge_flags)
 
     @property
     def in_layers(self) -> int:
@@ -241,14 +256,17 @@ def _cuda_implementation(op: str):
 
 
 @contextlib.contextmanager
-def counting(*models):
+def counting(*models, pdl: bool | None = None):
     """Count launches inside the block (a :class:`LaunchCount` is yielded). ``models``
-    (targets and heads) take the GPU layer path on CPU tensors meanwhile. Needs
+    (targets and heads) take the GPU layer path on CPU tensors meanwhile. The Triton launches use
+    programmatic dependent launch as on an sm_90 GPU (``pdl`` None: unless EAGLE_KERNELS_PDL=0;
+    True / False: on / off). Needs
     ``TRITON_INTERPRET=1`` set before triton is first imported, and the C++ extension (the
     native ops run its CPU kernels)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from .models.layers import LayerPath
+    from .triton import _pdl
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("launch counting runs the Triton kernels interpreted: set TRITON_INTERPRET=1 "
@@ -267,7 +285,8 @@ def counting(*models):
 
     def launch(self, *args, grid, warmup, **kwargs):
         if not warmup and not mode.silent:
-            count.add(self.fn.__name__, 1, "triton", _tensors_of(list(args) + list(kwargs.values())))
+            count.add(self.fn.__name__, 1, "triton", _tensors_of(list(args) + list(kwargs.values())),
+                      pdl=bool(kwargs.get("launch_pdl")))
         mode.silent += 1
         try:
             return saved_interpreted(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -296,7 +315,7 @@ def counting(*models):
             cls.__call__ = layer_call(original)
         for paths_of_model, _ in flags:
             paths_of_model._gpu_path_on_cpu = True
-        with mode, bookkeeping.gpu_path_on_cpu():
+        with mode, bookkeeping.gpu_path_on_cpu(), _pdl.forced(_pdl.enabled() if pdl is None else pdl):
             yield count
     finally:
         for paths_of_model, flag in flags:

@@ -156,12 +156,12 @@ def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, 
                          num_heads=num_heads, slot_offset=slot_offset)
 
 
-def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False):
+def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None):
     """RMSNorm of rows (``norm_weight`` None: none) and the projection ``h @ weight.T`` in one
-    launch, with SwiGLU over a fused gate/up ``weight`` when ``gated``; returns ``(out,
-    residual)``, residual a copy of x (docs/ops.md §17). See
-    :func:`eagle_kernels.reference.rmsnorm_linear`."""
-    return _dispatch.run("rmsnorm_linear", x.device, x, weight, norm_weight, eps, gated=gated)
+    launch, with SwiGLU over a fused gate/up ``weight`` when ``gated``, or ``add`` (a residual
+    stream) added before the one rounding; returns ``(out, residual)``, residual a copy of x
+    (docs/ops.md §17). See :func:`eagle_kernels.reference.rmsnorm_linear`."""
+    return _dispatch.run("rmsnorm_linear", x.device, x, weight, norm_weight, eps, gated=gated, add=add)
 
 
 def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,

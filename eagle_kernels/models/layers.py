@@ -41,6 +41,10 @@ KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # up to this many rows: there a step is bound by launches (a replayed graph node cost about 3.4 us on an H200, more
 # than reading a 0.5-3.5 MB SmolLM2 matrix); larger matrices (Llama-3-8B's: 50-235 MB) and long prefills keep cuBLAS.
 FUSED_NORM_MAX_MATRIX_BYTES = 32 << 20
+# The o and down GEMMs of such a matrix run as rmsnorm_linear launches (no norm, the residual added in the
+# epilogue) rather than cuBLAS addmm_, so that every launch of the layer is a Triton kernel, which starts while
+# the one before it runs (programmatic dependent launch); False keeps cuBLAS (bench/gpu_e2e.py --cublas-residual).
+RESIDUAL_GEMMS_IN_TRITON = True
 FUSED_NORM_MAX_ROWS = 1024
 Q8_0_DTYPE = torch.int8  # a matrix held as Q8_0 block rows (reference.cpu_linear.quantize): q8_0_linear on the GPU path
 
@@ -398,8 +402,11 @@ class GpuLayerPath(LayerPath):
 
     Where a matrix is small (``FUSED_NORM_MAX_MATRIX_BYTES``, ``FUSED_NORM_MAX_ROWS``), the
     layer takes five: ``rmsnorm_qkv_rope`` does 1-3 (the copy; RoPE and the KV write in its
-    epilogue) and ``rmsnorm_linear`` 6-8 (SwiGLU in its epilogue). EAGLE-3's two-input norm and
-    the first layer's (``token_rows``) stay apart: six.
+    epilogue) and ``rmsnorm_linear`` 6-8 (SwiGLU in its epilogue); the o and down GEMMs are
+    ``rmsnorm_linear`` launches too, without a norm, the residual added in their epilogue, so
+    every launch of the layer is a Triton kernel and each may start while the one before it
+    runs (programmatic dependent launch, eagle_kernels/triton/_pdl.py). EAGLE-3's two-input
+    norm and the first layer's (``token_rows``) stay apart: six.
 
     Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache, or Q8_0 block rows
     (a draft head's ``weight_dtype="q8_0"``): their GEMMs run ``q8_0_linear`` at half the bytes,
@@ -471,14 +478,18 @@ class GpuLayerPath(LayerPath):
     def project(self, x: torch.Tensor, matrix: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``[residual +] x @ matrix.T`` for rows ``x`` [R, K]: cuBLAS, added into ``residual`` in place
         (``addmm_``: its epilogue, no copy) and returned; or for Q8_0 block rows ``q8_0_linear``, and
-        on an fp8 path ``fp8_linear`` over the matrix's fp8 copy (their epilogues add the residual
-        into a new tensor)."""
+        on an fp8 path ``fp8_linear`` over the matrix's fp8 copy; or, with a residual and a matrix
+        that :meth:`folds`, ``rmsnorm_linear`` without a norm (a Triton launch, chained
+        to the layer's others by programmatic dependent launch). These add the residual into a
+        new tensor in their epilogue."""
         if matrix.dtype == Q8_0_DTYPE:
             return ops.q8_0_linear(x, *self.packed.q8_0_split(matrix), residual=residual)
         if self.fp8:
             return ops.fp8_linear(x, *self.packed.fp8_copy(matrix), residual=residual)
         if residual is None:
             return torch.mm(x, matrix.t())
+        if RESIDUAL_GEMMS_IN_TRITON and self.folds(matrix, x):
+            return ops.rmsnorm_linear(x, matrix, None, self.config.rms_norm_eps, add=residual)[0]
         return residual.addmm_(x, matrix.t())
 
     @staticmethod

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._pdl import launch_options, wait_for_prior_grids
 from .rmsnorm import _normalise_row
 
 BLOCK_H_MAX = 1024
@@ -92,7 +93,9 @@ def _expansion_step_kernel(
     HAS_DRAFT: tl.constexpr,  # also gather the inputs of the head's pass over the new frontier
     HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: the frontier's parents sit in draft slots
     HAS_EMBED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     m = tl.program_id(1)
     W = M * K
@@ -156,7 +159,7 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
         BLOCK_CHUNK=triton.next_power_of_2(chunk), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
         BLOCK_WORDS=triton.next_power_of_2(words), HAS_DRAFT=draft is not None,
         HAS_PARENT_SLOTS=draft is not None and step > 1, HAS_EMBED=draft is not None and embed is not feature,
-        num_warps=1 if draft is None else 4,
+        **launch_options(tokens.device), num_warps=1 if draft is None else 4,
     )
     return nxt[0], next_scores, nxt[1], nxt[2], inputs
 
@@ -178,7 +181,9 @@ def _draft_inputs_kernel(
     BLOCK_WORDS: tl.constexpr,
     HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: parents sit in draft slots
     HAS_EMBED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     m = tl.program_id(1)
     parent = tl.load(parent_row_ptr + b * F + m)
@@ -207,7 +212,7 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
         feature if table is None else embed,
         step, F, H, S, words, hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0),
         BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), BLOCK_WORDS=triton.next_power_of_2(words),
-        HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None, num_warps=4,
+        HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None, **launch_options(hidden.device), num_warps=4,
     )
     return feature, positions, embed
 
@@ -228,7 +233,9 @@ def _commit_inputs_kernel(
     BLOCK_FH: tl.constexpr,
     HAS_EMBED: tl.constexpr,
     NUM: tl.constexpr,  # feature tensors to gather (0: none)
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     node = tl.maximum(tl.load(accept_nodes_ptr + b * D + p).to(tl.int64), 0)
@@ -276,7 +283,8 @@ def commit_inputs(accept_nodes, out_tokens, seqlens, width: int, table=None, dty
                                       B, D, width, H, FH, 0 if table is None else table.stride(0), *strides,
                                       BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
                                       BLOCK_FH=min(BLOCK_H_MAX, triton.next_power_of_2(FH)),
-                                      HAS_EMBED=table is not None, NUM=len(features), num_warps=4)
+                                      HAS_EMBED=table is not None, NUM=len(features),
+                                      **launch_options(inputs.device), num_warps=4)
     return inputs[0], inputs[1], inputs[2], embed, rows
 
 
@@ -289,7 +297,9 @@ def _gather_rows_kernel(
     stride_ab, stride_an, stride_bb, stride_bn, stride_cb, stride_cn,
     NUM: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     row = tl.load(rows_ptr + b * P + p)
@@ -316,7 +326,8 @@ def gather_rows(tensors, rows):
     padded = tensors + [tensors[0]] * (3 - len(tensors))
     strides = [s for t in padded for s in (t.stride(0), t.stride(1))]
     _gather_rows_kernel[(B, P)](*padded, rows, out, P, H, *strides,
-                                NUM=len(tensors), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), num_warps=4)
+                                NUM=len(tensors), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+                                **launch_options(out.device), num_warps=4)
     return out
 
 
@@ -352,7 +363,9 @@ def _commit_kernel(
     HAS_HEAD_CACHE: tl.constexpr,
     HAS_HIDDEN: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     # Flags as integers (0 / 1): scalar arithmetic instead of boolean scalars, which the
     # interpreter does not broadcast into masks.
@@ -432,7 +445,7 @@ def commit(tokens, accept_len, done, out, out_len, steps, root, offset, limit, e
         BLOCK_NORM=triton.next_power_of_2(H) if has_norm else 1, HAS_NORM=has_norm,
         HAS_ACCEPT=accept_len is not None, LIMIT_IS_TENSOR=limit_tensor, EOS_MODE=eos_mode,
         HAS_HISTORY=history is not None, HAS_HEAD_CACHE=head_seqlens is not None, HAS_HIDDEN=hidden is not None,
-        num_warps=4,
+        **launch_options(out.device), num_warps=4,
     )
 
 
@@ -449,7 +462,9 @@ def _token_rows_kernel(
     N, H, stride_v, eps,
     BLOCK_H: tl.constexpr,
     HAS_DEPTHS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     token = tl.load(tokens_ptr + row)
@@ -472,5 +487,6 @@ def token_rows(tokens, table, weight, eps: float, seqlens=None, depths=None, pos
         _token_rows_kernel[(B * N,)](tokens, table, weight, out, residual,
                                      seqlens if has_depths else tokens, depths if has_depths else tokens,
                                      positions if has_depths else tokens, N, H, table.stride(0), float(eps),
-                                     BLOCK_H=triton.next_power_of_2(H), HAS_DEPTHS=has_depths, num_warps=4)
+                                     BLOCK_H=triton.next_power_of_2(H), HAS_DEPTHS=has_depths,
+                                     **launch_options(out.device), num_warps=4)
     return out, residual, positions

@@ -15,6 +15,7 @@ import triton.language as tl
 from .. import _checks
 from ..reference.random import COUPLED_DRAW
 from ._launch_config import interpreted
+from ._pdl import launch_options, wait_for_prior_grids
 from .coupled_noise import _gumbel_noise
 
 
@@ -46,7 +47,9 @@ def _coupled_draft_logits_kernel(
     HAS_D2T: tl.constexpr,
     DRAW: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // M
     src = logits_ptr + b * stride_lb + (row % M) * stride_lm
@@ -103,5 +106,5 @@ def coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None,
     _coupled_draft_logits_kernel[(B * M,)](
         rows, temperature.contiguous(), seed.contiguous(), positions, d2t_arg, out, M, n, rows.stride(0),
         rows.stride(1), positions.stride(0), HAS_D2T=d2t is not None, DRAW=COUPLED_DRAW,
-        BLOCK=min(config.block, triton.next_power_of_2(n)), num_warps=config.num_warps)
+        BLOCK=min(config.block, triton.next_power_of_2(n)), **launch_options(out.device), num_warps=config.num_warps)
     return out

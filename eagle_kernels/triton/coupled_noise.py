@@ -13,6 +13,7 @@ import triton.language as tl
 from .. import _checks
 from ..reference.random import COUPLED_DRAW
 from ._launch_config import interpreted
+from ._pdl import launch_options, wait_for_prior_grids
 from .philox import _uniform
 
 
@@ -47,7 +48,9 @@ def _coupled_noise_kernel(
     HAS_D2T: tl.constexpr,
     DRAW: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < n
@@ -75,5 +78,5 @@ def coupled_noise(seed, positions, num_tokens, *, d2t=None, _config: CoupledNois
     d2t_arg = d2t.contiguous() if d2t is not None else seed  # a placeholder pointer without d2t
     _coupled_noise_kernel[grid](seed.contiguous(), positions.contiguous(), d2t_arg, out, W, num_tokens,
                                 HAS_D2T=d2t is not None, DRAW=COUPLED_DRAW, BLOCK=config.block,
-                                num_warps=config.num_warps)
+                                **launch_options(out.device), num_warps=config.num_warps)
     return out

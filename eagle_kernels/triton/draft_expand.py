@@ -70,6 +70,7 @@ import triton.language as tl
 from .. import _checks
 from .._types import DraftCandidates
 from ._launch_config import interpreted, tickets
+from ._pdl import launch_options, wait_for_prior_grids
 from .philox import _uniform
 
 
@@ -166,12 +167,14 @@ def _draft_expand_kernel(
     HAS_D2T: tl.constexpr,
     IS_FP64: tl.constexpr,
     SAMPLED: tl.constexpr,  # temperature given: rows of requests with temperature > 0 rank Gumbel keys
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Program ``(chunk, m, b)``: the chunk's partials (``_chunk``); the last program of a
     request to finish (ticket ``M * NC - 1``) then merges the request's rows, picks its frontier
     (``_merge_request``) and resets the request's ticket for the next launch. Blocks are issued
     chunk-axis first, so requests finish in order and all but the last one's merge overlap chunk
     work."""
+    wait_for_prior_grids(USE_PDL)
     chunk = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
     row = b * M + tl.program_id(1)
@@ -829,7 +832,8 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
         BLOCK_CK=block_ck,
         BLOCK_MK=block_mk, FILTER_MERGE=filter_merge, LEAD=merge_lead(NC, top_k),
         PAIRWISE_FRONTIER=block_mk * block_mk <= lanes,
-        HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, num_warps=shape.warps, **_register_cap(shape),
+        HAS_D2T=d2t is not None, IS_FP64=is_fp64, SAMPLED=sampled, **launch_options(device), num_warps=shape.warps,
+        **_register_cap(shape),
     )
     return DraftCandidates(tokens, scores, frontier, logprobs)
 

@@ -26,6 +26,7 @@ import triton.language as tl
 from .. import _layer_checks
 from ..reference.fp8_linear import ACT_BLOCK, FP8_MAX  # the contract's block of k and largest e4m3
 from ._launch_config import interpreted
+from ._pdl import launch_options, prefetch_l2, wait_for_prior_grids
 from .q8_0_linear import FewRowGemmConfig, _store_rows, few_row_launch, k_block
 
 # block_k: a multiple of ACT_BLOCK.
@@ -58,15 +59,21 @@ def _fp8_linear_kernel(
     M, N, K, stride_xm,
     HAS_RESIDUAL: tl.constexpr, ACT_BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+    PREFETCH: tl.constexpr = False,  # the program's weight rows into L2 before the wait
 ):
     # BLOCK_K divides K and rows / columns past M / N read the last one (not stored): no masks.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    weight_rows = tl.minimum(cols, N - 1).to(tl.int64)
+    if PREFETCH:
+        prefetch_l2(w_ptr + weight_rows * K, K)
+    wait_for_prior_grids(USE_PDL)
     offs_k = tl.arange(0, ACT_BLOCK)
     x_ptrs = x_ptr + tl.minimum(rows, M - 1).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K + offs_k[None, :]
+    w_ptrs = w_ptr + weight_rows[:, None] * K + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # transposed: out.T
     for _ in range(0, K, BLOCK_K):
         for b in tl.static_range(BLOCK_K // ACT_BLOCK):
@@ -81,7 +88,7 @@ def _fp8_linear_kernel(
             acc += partial * scale[None, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    acc = tl.trans(acc * tl.load(ws_ptr + tl.minimum(cols, N - 1))[:, None])  # [BLOCK_M, BLOCK_N]
+    acc = tl.trans(acc * tl.load(ws_ptr + weight_rows)[:, None])  # [BLOCK_M, BLOCK_N]
     _store_rows(acc, rows, cols, M, N, residual_ptr, out_ptr, HAS_RESIDUAL)
 
 
@@ -101,11 +108,13 @@ def fp8_linear(x, weight, weight_scale, *, residual=None, _config: FewRowGemmCon
     launch = few_row_launch(x, N, residual, config.block_m, config.block_n)
     if launch.M == 0:
         return launch.out
+    weight = weight.contiguous().view(torch.int8)
     _fp8_linear_kernel[(triton.cdiv(N, launch.block_n), triton.cdiv(launch.M, launch.block_m))](
-        launch.rows, weight.contiguous().view(torch.int8), weight_scale.contiguous(), launch.residual_rows,
+        launch.rows, weight, weight_scale.contiguous(), launch.residual_rows,
         launch.out, launch.M, N, K, launch.rows.stride(0),
         HAS_RESIDUAL=residual is not None, ACT_BLOCK=ACT_BLOCK, FP8_MAX=FP8_MAX,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=max(ACT_BLOCK, k_block(config.block_k, K)),
-        EMULATE=interpret, num_warps=config.num_warps, num_stages=config.num_stages,
+        EMULATE=interpret, **launch_options(launch.out.device, weight), num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return launch.out

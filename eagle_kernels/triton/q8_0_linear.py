@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import dot_mode, interpreted
+from ._pdl import launch_options, prefetch_l2, wait_for_prior_grids
 from .rmsnorm_linear import gemm_inputs, tile
 from .tree_attention_config import sm_count
 
@@ -79,6 +80,8 @@ def _q8_0_linear_kernel(
     HAS_RESIDUAL: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+    PREFETCH: tl.constexpr = False,  # the program's quant rows into L2 before the wait
 ):
     # BLOCK_K divides K (the launcher's choice) and rows / columns past M / N read the last one
     # (their results are not stored): the loop's loads need no masks, hence no per-element
@@ -87,10 +90,14 @@ def _q8_0_linear_kernel(
     pid_m = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    weight_rows = tl.minimum(cols, N - 1).to(tl.int64)
+    if PREFETCH:
+        prefetch_l2(q_ptr + weight_rows * K, K)
+    wait_for_prior_grids(USE_PDL)
     offs_k = tl.arange(0, GROUP)
     x_ptrs = x_ptr + tl.minimum(rows, M - 1).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
-    q_ptrs = q_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K + offs_k[None, :]
-    s_ptrs = s_ptr + tl.minimum(cols, N - 1).to(tl.int64) * (K // GROUP)
+    q_ptrs = q_ptr + weight_rows[:, None] * K + offs_k[None, :]
+    s_ptrs = s_ptr + weight_rows * (K // GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):
         for g in tl.static_range(BLOCK_K // GROUP):
@@ -178,11 +185,13 @@ def q8_0_linear(x, quants, scales, *, residual=None, _config: FewRowGemmConfig |
     if launch.M == 0:
         return launch.out
     upcast, precision = dot_mode(_q8_0_linear_kernel, x.dtype)
+    quants = quants.contiguous()
     _q8_0_linear_kernel[(triton.cdiv(N, launch.block_n), triton.cdiv(launch.M, launch.block_m))](
-        launch.rows, quants.contiguous(), scales.contiguous(), launch.residual_rows, launch.out,
+        launch.rows, quants, scales.contiguous(), launch.residual_rows, launch.out,
         launch.M, N, K, launch.rows.stride(0),
         HAS_RESIDUAL=residual is not None, GROUP=GROUP,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=k_block(config.block_k, K), UPCAST=upcast,
-        DOT_PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages,
+        DOT_PRECISION=precision, **launch_options(launch.out.device, quants), num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return launch.out

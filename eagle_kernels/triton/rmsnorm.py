@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import interpreted
+from ._pdl import launch_options, wait_for_prior_grids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,9 @@ def _rmsnorm_kernel(
     residual_ptr,  # [R, H]
     H, eps,
     HAS_EMBED: tl.constexpr, BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     valid = offs < H
@@ -94,6 +97,6 @@ def rmsnorm(x, weight, eps, *, embed=None, embed_weight=None, _config: RmsnormCo
         x, weight, x if embed is None else embed, weight if embed is None else embed_weight, out, residual,
         H, float(eps),
         HAS_EMBED=embed is not None, BLOCK_H=triton.next_power_of_2(H),
-        num_warps=config.num_warps,
+        **launch_options(out.device), num_warps=config.num_warps,
     )
     return out, residual

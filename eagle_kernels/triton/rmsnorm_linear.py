@@ -24,6 +24,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import dot_mode, interpreted
+from ._pdl import launch_options, prefetch_l2, wait_for_prior_grids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +81,25 @@ def _rmsnorm_linear_kernel(
     w_ptr,  # [N, K] dense, or [2N, K] with GATED (gate rows, then up rows)
     out_ptr,  # [M, N] dense
     residual_ptr,  # [M, K] dense: the copy of x
+    add_ptr,  # [M, N] dense, added before the rounding (unused unless HAS_ADD)
     M, N, K, stride_xm, eps,
-    HAS_NORM: tl.constexpr, GATED: tl.constexpr,
+    HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+    PREFETCH: tl.constexpr = False,  # the program's weight rows into L2 before the wait
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        row_bytes = K * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        w_rows = w_ptr + tl.minimum(cols, N - 1).to(tl.int64) * K
+        prefetch_l2(w_rows, row_bytes)
+        if GATED:
+            prefetch_l2(w_rows + N * K, row_bytes)
+    wait_for_prior_grids(USE_PDL)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
@@ -116,7 +127,10 @@ def _rmsnorm_linear_kernel(
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if HAS_ADD:
+        acc += tl.load(add_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 def gemm_inputs(x: torch.Tensor, M: int, norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,18 +149,18 @@ def tile(largest: int, size: int) -> int:
     return min(largest, max(16, triton.next_power_of_2(size)))
 
 
-def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: RmsnormLinearConfig | None = None):
+def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, _config: RmsnormLinearConfig | None = None):
     """Triton rmsnorm_linear with the contract signature; see
     :func:`eagle_kernels.reference.rmsnorm_linear`.
 
     Shapes
     ------
     x [..., K] fp32/fp16/bf16 (rows may be strided; the last dim dense); weight [N, K] ([2I, K]
-    with ``gated``); norm_weight [K] or None. Returns (out [..., N] or [..., I], residual
-    [..., K]), both contiguous in x's dtype. ``_config`` overrides the launch configuration
-    (tests).
+    with ``gated``); norm_weight [K] or None; add [..., N] or None. Returns (out [..., N] or
+    [..., I], residual [..., K]), both contiguous in x's dtype. ``_config`` overrides the launch
+    configuration (tests).
     """
-    _layer_checks.check_rmsnorm_linear(x, weight, norm_weight, eps, gated=gated)
+    _layer_checks.check_rmsnorm_linear(x, weight, norm_weight, eps, gated=gated, add=add)
     K = x.shape[-1]
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
@@ -155,6 +169,8 @@ def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: Rmsnorm
     if M == 0 or N == 0:
         if M and K:
             residual.copy_(x)
+        if add is not None and out.numel():
+            out.copy_(add)
         return out, residual
     rows, norm = gemm_inputs(x, M, norm_weight)
     weight = weight.contiguous()
@@ -164,10 +180,11 @@ def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, _config: Rmsnorm
     block_m, block_n, block_k = tile(config.block_m, M), tile(wide_n, N), tile(config.block_k, K)
     upcast, precision = dot_mode(_rmsnorm_linear_kernel, x.dtype)
     _rmsnorm_linear_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
-        rows, norm, weight, out, residual,
+        rows, norm, weight, out, residual, out.new_empty(0) if add is None else add.reshape(M, N).contiguous(),
         M, N, K, rows.stride(0), float(eps),
-        HAS_NORM=norm_weight is not None, GATED=gated,
+        HAS_NORM=norm_weight is not None, GATED=gated, HAS_ADD=add is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, DOT_PRECISION=precision,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(out.device, weight), num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out, residual

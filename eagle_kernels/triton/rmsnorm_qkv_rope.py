@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import dot_mode, interpreted
+from ._pdl import launch_options, prefetch_l2, wait_for_prior_grids
 from .rmsnorm_linear import _input_tile, _inverse_rms, gemm_inputs, tile
 
 
@@ -53,10 +54,18 @@ def _rmsnorm_qkv_rope_kernel(
     stride_pb, stride_pn, stride_k0, stride_k1, stride_v0, stride_v1,
     HAS_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+    PREFETCH: tl.constexpr = False,  # the head's weight rows into L2 before the wait
 ):
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     D = 2 * HALF
+    if PREFETCH:
+        head_rows = w_ptr + (head * D + tl.minimum(tl.arange(0, BLOCK_J), HALF - 1)).to(tl.int64) * K
+        row_bytes = K * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        prefetch_l2(head_rows, row_bytes)
+        prefetch_l2(head_rows + HALF * K, row_bytes)
+    wait_for_prior_grids(USE_PDL)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     offs_j = tl.arange(0, BLOCK_J)
@@ -154,6 +163,7 @@ def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, 
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         HAS_NORM=norm_weight is not None, BLOCK_M=block_m,
         BLOCK_K=tile(config.block_k, K), BLOCK_J=block_j, UPCAST=upcast, DOT_PRECISION=precision,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(q.device, weight), num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return q, residual

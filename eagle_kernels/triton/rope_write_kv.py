@@ -24,6 +24,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import interpreted
+from ._pdl import launch_options, wait_for_prior_grids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,9 @@ def _rope_write_kv_kernel(
     stride_pb, stride_pn,
     stride_k0, stride_k1, stride_v0, stride_v1,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_J: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     pid = tl.program_id(0).to(tl.int64)
     rows = slot_offset + N
     b = pid // rows
@@ -127,6 +130,6 @@ def rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlens, *, 
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(Hkv),
         BLOCK_J=triton.next_power_of_2(D // 2),
-        num_warps=config.num_warps,
+        **launch_options(q.device), num_warps=config.num_warps,
     )
     return q

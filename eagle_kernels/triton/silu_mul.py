@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import interpreted
+from ._pdl import launch_options, wait_for_prior_grids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,9 @@ def _silu_mul_kernel(
     out_ptr,  # [R, I], dense
     I,
     BLOCK_I: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     valid = offs < I
@@ -63,6 +66,6 @@ def silu_mul(gate_up, *, _config: SiluMulConfig | None = None):
     block = min(config.block_i, triton.next_power_of_2(I))
     _silu_mul_kernel[(out.numel() // I, triton.cdiv(I, block))](
         gate_up, out, I,
-        BLOCK_I=block, num_warps=config.num_warps,
+        BLOCK_I=block, **launch_options(out.device), num_warps=config.num_warps,
     )
     return out

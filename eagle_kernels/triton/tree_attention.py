@@ -32,6 +32,7 @@ import triton.language as tl
 
 from .. import _checks
 from ._launch_config import dot_mode, interpreted, tickets
+from ._pdl import launch_options, wait_for_prior_grids
 from .tree_attention_config import (  # noqa: F401  (the configurations' names, re-exported)
     GPU_CONFIG,
     GPU_CONFIG_D256,
@@ -188,7 +189,9 @@ def _tree_attention_kernel(
     SCALED_PARTIALS: tl.constexpr,  # bf16 inputs: split partials in fp16 scaled per row
     FOLD_MERGE: tl.constexpr,  # NUM_SPLITS > 1: the program of a block's last split merges its splits
     BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,  # next_pow2(NUM_SPLITS); splits a merge round reads
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     # NODE_BLOCKS = cdiv(N, NODES) a compile-time constant (a tree's node count is fixed): its
@@ -434,12 +437,14 @@ def _tree_attention_merge_kernel(
     R, D,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     SCALED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): the splits' softmaxes recombined,
     BLOCK_R rows a program, every load issued at once. The partials are a [splits, rows, D]
     block with the splits outermost: the layout then keeps a value's splits in one thread (the
     sum over them is a thread's own adds; warps lie along the rows), where a [rows, splits, D]
     block put its warps along the splits (a cross-warp reduction: ~15 instructions a value)."""
+    wait_for_prior_grids(USE_PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     merged = _merge_splits(part_o_ptr, part_lse_ptr, rows, rows < R, offs_d, offs_d < D, R, D,
@@ -565,14 +570,14 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         SHARED_KV_OFFSETS=k_cache.stride() == v_cache.stride(), TILE_MODE=tile_mode, SCALED_PARTIALS=scaled,
         FOLD_MERGE=fold_merge, BLOCK_S=block_s,
         SPLIT_CHUNK=fold_chunk(splits, block_m, block_d, config.num_warps),
-        num_warps=config.num_warps, num_stages=config.num_stages, **options,
+        **launch_options(q.device), num_warps=config.num_warps, num_stages=config.num_stages, **options,
     )
     if splits > 1 and not fold_merge:
         block_r = merge_rows(block_s, block_d)
         _tree_attention_merge_kernel[(triton.cdiv(B * N * Hq, block_r),)](
             part_o, part_lse, out, B * N * Hq, D,
             NUM_SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r, BLOCK_D=block_d, SCALED=scaled,
-            num_warps=4,
+            **launch_options(out.device), num_warps=4,
         )
     return out
 

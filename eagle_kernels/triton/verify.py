@@ -76,6 +76,7 @@ import triton
 from .. import _checks
 from .._types import VerifyOutput
 from ._launch_config import interpreted
+from ._pdl import launch_options
 from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests)
     NUM_PIVOTS,
     NUM_STATS,
@@ -313,6 +314,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
         HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,
         HAS_POSITIONS=positions is not None, RECORD=record,
-        BLOCK_CTL=triton.next_power_of_2(CTL_WORDS.value + 2 * phases), num_warps=config.num_warps,
+        BLOCK_CTL=triton.next_power_of_2(CTL_WORDS.value + 2 * phases), **launch_options(logits.device),
+        num_warps=config.num_warps,
     )
     return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ..reference.random import COUPLED_DRAW
+from ._pdl import wait_for_prior_grids
 from .philox import _uniform
 from .verify_rows import (
     NUM_PIVOTS,
@@ -561,6 +562,7 @@ def _verify_kernel(
     HAS_POSITIONS: tl.constexpr,  # coupled sampling for the sampling requests
     RECORD: tl.constexpr,  # store each visited row's scalars and list length (tests)
     BLOCK_CTL: tl.constexpr,  # next power of two of CTL_WORDS + 2 * PHASES
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
     verify.py): each phase is one pass over the chunks of the current row; a program claims
@@ -568,6 +570,7 @@ def _verify_kernel(
     chunks, walks on (accepts a child, or draws the bonus token) and opens the next phase.
     A program with nothing left to claim waits only for chunks already claimed by running
     programs, so the launch never depends on how many programs are resident."""
+    wait_for_prior_grids(USE_PDL)
     if IS_FP64:
         CT: tl.constexpr = tl.float64
         KT: tl.constexpr = tl.uint64

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
+from ._pdl import launch_options, wait_for_prior_grids
 
 
 @triton.jit
@@ -24,7 +25,9 @@ def _write_kv_kernel(
     stride_k0, stride_k1, stride_k2,
     stride_v0, stride_v1, stride_v2,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_PAGED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_for_prior_grids(USE_PDL)
     pid = tl.program_id(0).to(tl.int64)
     b = pid // N
     i = pid % N
@@ -72,5 +75,5 @@ def write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None)
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         BLOCK_H=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D), IS_PAGED=paged,
-        num_warps=4,
+        **launch_options(k_cache.device), num_warps=4,
     )

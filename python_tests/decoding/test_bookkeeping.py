@@ -333,16 +333,19 @@ def test_greedy_decoding_on_the_gpu_path_fp8_head(monkeypatch):
 
 
 @pytest.mark.usefixtures("single_thread")
-@pytest.mark.parametrize("head_weights", [None, "q8_0"], ids=["stored-head", "q8_0-head"])
-def test_greedy_decoding_on_the_gpu_path(monkeypatch, head_weights):
+@pytest.mark.parametrize("head_weights, pdl", [(None, False), ("q8_0", False), (None, True)],
+                         ids=["stored-head", "q8_0-head", "stored-head-pdl"])
+def test_greedy_decoding_on_the_gpu_path(monkeypatch, head_weights, pdl):
     """The whole GPU code path (GPU layer path with the first layer's token rows, the
     bookkeeping kernels, an EAGLE-3 head's fused expansion steps and the commit's root norm; or
-    the head's matrices as Q8_0 blocks through q8_0_linear): greedy speculative decoding emits
+    the head's matrices as Q8_0 blocks through q8_0_linear; or every Triton kernel launched with
+    programmatic dependent launch, its PDL branch interpreted): greedy speculative decoding emits
     what plain greedy decoding on the CPU path emits."""
     import warnings
 
     from eagle_kernels.models.eagle_head import EagleHead
     from eagle_kernels.policy import StaticPolicy
+    from eagle_kernels.triton import _pdl
 
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     head = EagleHead.random(target, "eagle3", draft_vocab_size=60, weight_dtype=head_weights)
@@ -352,7 +355,7 @@ def test_greedy_decoding_on_the_gpu_path(monkeypatch, head_weights):
     for model in (target, head):
         monkeypatch.setattr(model.layer_paths, "_gpu_path_on_cpu", True)
     monkeypatch.setenv(_dispatch.BACKEND_ENV, "triton")
-    with bookkeeping.gpu_path_on_cpu(), warnings.catch_warnings():
+    with bookkeeping.gpu_path_on_cpu(), warnings.catch_warnings(), _pdl.forced(pdl):
         warnings.simplefilter("ignore")  # ops without a Triton kernel run the reference
         got = decoder.generate(PROMPTS[:1], 3, speculative=True)
     assert got.sequences == want.sequences and got.steps[0] >= 1

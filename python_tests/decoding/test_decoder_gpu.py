@@ -214,6 +214,28 @@ def test_bf16_graph_equals_eager():
     assert graphed.captures == 2 and eager.captures == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs sm_90 or later")
+def test_bf16_pdl_on_equals_off():
+    """Programmatic dependent launch changes when kernels start, never what they compute: the bf16
+    GPU path's tokens with every Triton kernel launched with PDL (graphs captured, then replayed)
+    equal those with none, plain and speculative."""
+    from eagle_kernels.triton import _pdl
+
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16, device="cuda")
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60)
+    tree = TreeConfig(3, 3, 8)
+    results = {}
+    for on in (False, True):
+        with _pdl.forced(on):
+            decoder = SpeculativeDecoder(target, head, tree)
+            results[on] = [decoder.generate(PROMPTS4, 12, speculative=speculative)
+                           for speculative in (False, True) for _ in range(2)]
+            assert decoder.captures == 2
+    for got, want in zip(results[True], results[False]):
+        assert_same(got, want)
+
+
 @contextlib.contextmanager
 def sync_debug_error():
     previous = torch.cuda.get_sync_debug_mode()

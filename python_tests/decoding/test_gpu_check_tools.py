@@ -98,6 +98,25 @@ def test_gpu_e2e_smoke_unfused(tmp_path):
     assert layers.FUSED_NORM_MAX_MATRIX_BYTES == limit
 
 
+def test_gpu_e2e_smoke_pdl_side_by_side(tmp_path):
+    """--no-pdl, --no-prefetch and --cublas-residual (the GPU check's e2e_pdl stage) write their own files and
+    leave the switches as they were."""
+    import gpu_e2e
+
+    from eagle_kernels.models import layers
+    from eagle_kernels.triton import _pdl
+
+    for flag, stem in (("--no-pdl", "nopdl"), ("--no-prefetch", "noprefetch"), ("--cublas-residual", "cublasres")):
+        assert gpu_e2e.main(["--smoke", flag, "--batches", "1", "--temperatures", "0", "--out", str(tmp_path)]) == 0
+        summary = json.loads((tmp_path / f"gpu_e2e_tiny_{stem}.json").read_text())
+        assert len(summary["rows"]) == 2
+    assert "o / down GEMMs cuBLAS" in summary["source"]
+    assert layers.RESIDUAL_GEMMS_IN_TRITON and not _pdl._forced and _pdl.PREFETCH_WEIGHTS
+    with gpu_e2e.residual_gemms_in_cublas():
+        assert not layers.RESIDUAL_GEMMS_IN_TRITON
+    assert layers.RESIDUAL_GEMMS_IN_TRITON
+
+
 def test_gpu_e2e_smoke_q8_0_head(tmp_path):
     """--head-weights q8_0: the random head's matrices as Q8_0 blocks, its own files, a speculative case replayed."""
     import gpu_e2e

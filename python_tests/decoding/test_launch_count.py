@@ -45,7 +45,8 @@ def test_layers_within_budget(counted, mode):
     assert len(target_layers) == 3  # one target pass, every layer on the GPU path
     assert max(target_layers) <= LAYER_BUDGET, target_layers
     # The same kernels in every layer but the first, whose input norm is token_rows': rmsnorm_qkv_rope (norm,
-    # copy, q/k/v, RoPE, KV write), tree_attention, o addmm_, rmsnorm_linear (norm, gate/up, SwiGLU), down addmm_.
+    # copy, q/k/v, RoPE, KV write), tree_attention, o rmsnorm_linear (the residual added), rmsnorm_linear (norm,
+    # gate/up, SwiGLU), down rmsnorm_linear (the residual added).
     assert target_layers[1:] == [5] * (len(target_layers) - 1) and target_layers[0] == 6, target_layers
     head_layers = count.per_layer("head")
     if mode != "plain":
@@ -103,10 +104,12 @@ def test_speculative_bookkeeping_kernels(counted):
     # The target's embedding, first input norm and tree positions: its first layer's first launch.
     assert by_kernel["_token_rows_kernel"] == 1
     # rmsnorm: the target's final norm and each head layer's two-input norm (EAGLE-3: not fused). rmsnorm_linear:
-    # the post-attention norms of the target's and the head's layers, and each head pass's final norm with its draft
-    # LM head but the first's (whose draft logits read the root's norm made by the commit).
+    # in each layer of the target's and the head's the post-attention norm with gate/up, and the o and down
+    # projections with the residual added; and each head pass's final norm with its draft LM head but the first's
+    # (whose draft logits read the root's norm made by the commit).
     assert by_kernel["_rmsnorm_kernel"] == 1 + TREE.depth
-    assert by_kernel["_rmsnorm_linear_kernel"] == 3 + TREE.depth + (TREE.depth - 1)
+    assert by_kernel["_rmsnorm_linear_kernel"] == 3 * (3 + TREE.depth) + (TREE.depth - 1)
+    assert "addmm_" not in by_kernel
     assert by_kernel["_silu_mul_kernel"] == 0
     for op in ("gather", "scatter_", "index_put_", "index", "embedding", "cat", "_to_copy", "add"):
         assert counted["speculative"].by_kernel[op] == 0, (op, dict(by_kernel))
@@ -151,7 +154,33 @@ def test_eagle1_head_draft_pass(batch):
     with counting(head) as count:
         draft()
     assert count.per_layer("head") == [5 + (batch > 1)], count.by_kernel
-    assert count.by_kernel["_rmsnorm_linear_kernel"] == count.by_kernel["_rmsnorm_qkv_rope_kernel"] == 1
+    assert count.by_kernel["_rmsnorm_qkv_rope_kernel"] == 1
+    assert count.by_kernel["_rmsnorm_linear_kernel"] == 3  # o, gate/up, down
+
+
+@pytest.mark.parametrize("mode", ["plain", "speculative", "coupled"])
+def test_triton_launches_are_programmatic(counted, mode):
+    """As on an sm_90 GPU, every Triton launch of a step uses programmatic dependent launch (and
+    nothing else does); in every target layer the attention launch follows rmsnorm_qkv_rope's, a
+    Triton kernel, so it may start while that one runs."""
+    count: LaunchCount = counted[mode]
+    assert all(launch.pdl == (launch.kind == "triton") for launch in count.launches)
+    for layer in range(len(count.layers)):
+        names = [launch.name for launch in count.launches if launch.layer == layer]
+        at = names.index("_tree_attention_kernel")
+        assert names[at - 1] in ("_rmsnorm_qkv_rope_kernel", "_rope_write_kv_kernel"), names
+    assert count.pdl_edges >= len(count.layers)
+
+
+def test_no_programmatic_launch_when_off():
+    x = torch.randn(2, 16)
+    weight = torch.randn(16)
+    with counting(pdl=False) as off:
+        _dispatch.run("rmsnorm", x.device, x, weight, 1e-5)
+    with counting(pdl=True) as on:
+        _dispatch.run("rmsnorm", x.device, x, weight, 1e-5)
+    assert [launch.pdl for launch in off.launches] == [False] and off.pdl_edges == 0
+    assert [launch.pdl for launch in on.launches] == [True]
 
 
 def test_counter_counts_what_launches():

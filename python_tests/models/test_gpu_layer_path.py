@@ -368,6 +368,24 @@ def test_rmsnorm_linear_on_cuda(dtype, rows, gated):
 
 
 @on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,K", [(1, 576), (61, 1536)], ids=["rows1-o", "rows61-down"])
+def test_rmsnorm_linear_add_on_cuda(dtype, rows, K):
+    """The o / down form (no norm, the residual added before the rounding) compiled, at SmolLM2's widths."""
+    from eagle_kernels import reference
+    from eagle_kernels.triton.rmsnorm_linear import rmsnorm_linear
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, K, generator=g).to(dtype)
+    weight = (torch.randn(576, K, generator=g) / K ** 0.5).to(dtype)
+    add = torch.randn(rows, 576, generator=g).to(dtype)
+    want, _ = reference.rmsnorm_linear(x, weight, None, 1e-5, add=add)
+    got, _ = rmsnorm_linear(x.cuda(), weight.cuda(), None, 1e-5, add=add.cuda())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+
+
+@on_cuda
 def test_gpu_path_on_cuda_bf16():
     """On CUDA a bf16 model takes the GPU layer path; its logits follow an fp32 CPU copy within
     bf16's tolerance; a decoding pass launches the path's Triton kernels once or twice per layer

@@ -275,6 +275,44 @@ def test_rmsnorm_linear_triton_matches_reference(dtype, rows, K, N, gated, norm,
         assert torch.equal(residual, want_residual) and residual.is_contiguous(), name
 
 
+# (rows, K, N, norm): SmolLM2-135M's o (576 -> 576) and down (1536 -> 576) projections for a decoding row and a
+# verify tree, and odd sizes.
+RMSNORM_LINEAR_ADD_CASES = [(1, 576, 576, False), (61, 1536, 576, False), (17, 33, 7, True), (70, 96, 66, False)]
+
+
+def test_rmsnorm_linear_reference_adds_before_its_rounding():
+    """With ``add``: in float64 add + the product; in bf16 one rounding of the fp32 sum (not the bf16 sum of a
+    rounded product), so it can differ from addmm of rounded parts but never by more than one rounding."""
+    x, weight, _ = rmsnorm_linear_inputs(torch.float64, 7, 24, 10, False, False, False)
+    add = torch.randn(7, 10, dtype=torch.float64)
+    out, residual = reference.rmsnorm_linear(x, weight, None, 1e-5, add=add)
+    torch.testing.assert_close(out, add + x @ weight.t(), rtol=1e-12, atol=1e-12)
+    assert torch.equal(residual, x)
+    x16, w16, a16 = (t.to(torch.bfloat16) for t in (x, weight, add))
+    out16, _ = reference.rmsnorm_linear(x16, w16, None, 1e-5, add=a16)
+    assert torch.equal(out16, (a16.float() + x16.float() @ w16.float().t()).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,K,N,norm", RMSNORM_LINEAR_ADD_CASES,
+                         ids=["rows1-o", "rows61-down", "K33-norm", "rows70"])
+def test_rmsnorm_linear_triton_add_matches_reference(dtype, rows, K, N, norm):
+    """The o / down form (no norm, the residual added in the epilogue) in every launch configuration."""
+    module = triton_module("rmsnorm_linear")
+    x, weight, norm_weight = rmsnorm_linear_inputs(dtype, rows, K, N, False, norm, False, seed=rows)
+    add = torch.randn(rows, N, generator=torch.Generator().manual_seed(rows + 1)).to(dtype)
+    want, _ = reference.rmsnorm_linear(x, weight, norm_weight, 1e-5, add=add)
+    for name, config in configs(module):
+        got, residual = module.rmsnorm_linear(x, weight, norm_weight, 1e-5, add=add, _config=config)
+        tol = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol, msg=name)
+        assert torch.equal(residual, x), name
+    batched, _ = module.rmsnorm_linear(x.view(1, rows, K), weight, norm_weight, 1e-5, add=add.view(1, rows, N))
+    assert batched.shape == (1, rows, N)
+    empty, _ = module.rmsnorm_linear(x, weight[:0], norm_weight, 1e-5, add=add[:, :0])
+    assert empty.shape == (rows, 0)
+
+
 @pytest.mark.parametrize("backend_name", ["reference", "triton"])
 def test_rmsnorm_linear_nan_row_stays_in_its_row(backend_name):
     """A NaN in one input row (no error: values are not checked) makes that row's outputs NaN and leaves every
@@ -528,6 +566,13 @@ def test_opcheck(op):
                           **({"test_utils": utils} if utils else {}))
 
 
+def test_opcheck_rmsnorm_linear_add():
+    """The o / down form through the registered op: schema, fake and dispatch with ``add``."""
+    g = torch.Generator().manual_seed(3)
+    x, weight, add = torch.randn(2, 3, 20, generator=g), torch.randn(12, 20, generator=g), torch.randn(2, 3, 12)
+    torch.library.opcheck(torch.ops.eagle_kernels.rmsnorm_linear.default, (x, weight, None, 1e-5), {"add": add})
+
+
 @pytest.mark.parametrize("op", LAYER_OPS, ids=LAYER_OPS)
 def test_fake_shapes_match_real(op):
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -615,6 +660,12 @@ def bad_cases():
         "norm-linear-norm-shape": ("norm_weight", ("rmsnorm_linear", (x, torch.randn(4, 8), w[:7], 1e-5), {})),
         "norm-linear-norm-dtype": ("norm_weight", ("rmsnorm_linear", (x, torch.randn(4, 8), w.half(), 1e-5), {})),
         "norm-linear-eps": ("eps", ("rmsnorm_linear", (x, torch.randn(4, 8), w, float("nan")), {})),
+        "norm-linear-add-shape": ("add", ("rmsnorm_linear", (x, torch.randn(4, 8), None, 1e-5),
+                                          {"add": torch.zeros(2, 5)})),
+        "norm-linear-add-dtype": ("add", ("rmsnorm_linear", (x, torch.randn(4, 8), None, 1e-5),
+                                          {"add": torch.zeros(2, 4).double()})),
+        "norm-linear-add-gated": ("add", ("rmsnorm_linear", (x, torch.randn(4, 8), None, 1e-5),
+                                          {"gated": True, "add": torch.zeros(2, 2)})),
         "qkv-rope-x-2d": ("x", qkv_rope(x=qkv_args[0][0])),
         "qkv-rope-weight-rows": ("weight", qkv_rope(weight=qkv_args[1][:-16])),
         "qkv-rope-norm-shape": ("norm_weight", qkv_rope(norm_weight=qkv_args[2][:-1])),

@@ -75,6 +75,38 @@ def test_no_spills_in_loops(compiled):
     assert not spilling, spilling
 
 
+def test_pdl_waits_before_any_global_memory_access(compiled):
+    """On sm_90 every kernel is launched with programmatic dependent launch (the audit's modeled
+    H200, EAGLE_KERNELS_PDL unset), and its SASS reaches the wait for the kernel before it
+    (ACQBULK) ahead of any branch and any global load, store or atomic."""
+    assert {r["pdl"] for r in compiled} == {"waits first"}, [(_where(r), r["pdl"]) for r in compiled
+                                                            if r["pdl"] != "waits first"]
+
+
+def test_pdl_order_reads_the_sass():
+    """The audit's PDL check on hand-written SASS: the wait dominates every load, store and atomic;
+    an L2 prefetch (and a loop of them) may come before it; a wait on one branch only does not count."""
+    def sass(*lines):
+        out = []
+        for i, line in enumerate(lines):
+            if line.endswith(":"):
+                out.append(line)
+            else:
+                out.append(f"        /*{16 * i:04x}*/                   {line} ;")
+        return "\n".join(out)
+    load, store = "LDG.E R4, desc[UR4][R4.64]", "STG.E desc[UR4][R2.64], R7"
+    assert compile_audit.pdl_order(sass("LDC R1, c[0x0][0x28]", "ACQBULK", load, "EXIT")) == "waits first"
+    assert compile_audit.pdl_order(sass(load, "ACQBULK", "EXIT")) == "LDG.E before the wait"
+    assert compile_audit.pdl_order(sass(".L_x_0:", "UBLKPF.L2 [UR10], UR4", "@P0 BRA.U.ANY `(.L_x_0)", "ACQBULK",
+                                        load, store, "EXIT")) == "waits first"
+    # A wait on one side of a branch does not cover the store after the join.
+    assert compile_audit.pdl_order(sass("@P0 BRA `(.L_x_1)", "ACQBULK", ".L_x_1:", store, "EXIT")) \
+        == "STG.E before the wait"
+    assert compile_audit.pdl_order(sass("ACQBULK", "@P0 BRA `(.L_x_1)", load, ".L_x_1:", store, "EXIT")) \
+        == "waits first"
+    assert compile_audit.pdl_order(sass("S2R R7, SR_TID.X", "EXIT")) == "no wait"
+
+
 def test_compiled_with_the_jits_specialisation(compiled):
     """The audit compiles what the JIT compiles: 16-byte-aligned tensors and integers divisible
     by 16 carry tt.divisibility, integers equal to 1 are constants (write_kv's placeholders
