@@ -1,6 +1,7 @@
 """fp8_linear: a draft head's GEMM over fp8 (e4m3) weights with per-channel scales, the bf16 rows rounded to
-fp8 in the kernel, at a Llama-3-8B-sized EAGLE-3 head's matrices and a draft pass's 8 rows; beside the bf16
-cuBLAS GEMM of the same matrix, as bench_q8_0_linear.py does for q8_0_linear (the same cases and records).
+fp8 once by a launch of their own (or in every program of the GEMM: the ``graph_us_eagle_rounded_in_programs``
+record), at a Llama-3-8B-sized EAGLE-3 head's matrices and a draft pass's 8 rows; beside the bf16 cuBLAS GEMM of
+the same matrix, as bench_q8_0_linear.py does for q8_0_linear (the same cases and records).
 
 Run: ``PYTHONPATH=. python -m pytest bench/bench_fp8_linear.py --benchmark-only -q``.
 """
@@ -38,3 +39,14 @@ def test_fp8_linear_gpu(benchmark, provider, K, N, residual):
         return eagle_kernels.fp8_linear(x, weight8, scale, residual=add)
 
     bench_beside_cublas(benchmark, "fp8_linear", provider, eagle, weight8.numel() + N * 4, K, N, residual)
+    if benchmark.stats is not None and provider == "eagle":
+        import triton.testing
+
+        from eagle_kernels.triton import fp8_linear as triton_fp8_linear
+
+        def rounded_in_programs():
+            return triton_fp8_linear.fp8_linear(x, weight8, scale, residual=add, _round_first=False)
+
+        us = triton.testing.do_bench_cudagraph(rounded_in_programs, rep=20, return_mode="median") * 1e3
+        benchmark.extra_info.update(graph_us_eagle_rounded_in_programs=us,
+                                    ratio_rounded_in_programs_over_eagle=us / benchmark.extra_info["graph_us_eagle"])

@@ -381,7 +381,8 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
             yield f"layer kernels {dt} {model}", lambda a=(DTYPES[dt], *widths): _layer_cases(*a)
     # q8_0_linear and fp8_linear: a Llama-3-8B EAGLE-3 head's qkv (K 2 x 4096) and down (into the residual) at a
     # draft pass's rows; and a SmolLM2-sized head's gate/up (K 640 for fp8's 128-k blocks), small enough that a PDL
-    # launch prefetches its weights.
+    # launch prefetches its weights. fp8_linear rounds the rows in a launch of their own where its GEMM has several
+    # column programs (these), in the GEMM's program where it has one.
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16", "fp32"):
         for K, N, residual in ((8192, 6144, False), (14336, 4096, True)) + (((640, 3072, False),) if dt == "bf16"
                                                                             else ()):
@@ -389,6 +390,8 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                    lambda a=(DTYPES[dt], K, N, 8, residual): _q8_0_linear_case(*a))
             yield (f"fp8_linear {dt} rows8 K{K} N{N}{' residual' if residual else ''}",
                    lambda a=(DTYPES[dt], K, N, 8, residual): _fp8_linear_case(*a))
+        # One column program (N 32): the activations rounded in the GEMM's program, no rounding launch.
+        yield (f"fp8_linear {dt} rows8 K4096 N32", lambda a=(DTYPES[dt], 4096, 32, 8, False): _fp8_linear_case(*a))
     for model, H, *_ in LAYER_SHAPES if full else LAYER_SHAPES[:1]:  # H is a runtime size: the same code
         yield f"step bookkeeping bf16 {model}", lambda a=(torch.bfloat16, H): _bookkeeping_cases(*a)
 

@@ -515,6 +515,42 @@ def test_fp8_linear_triton_matches_reference(dtype, rows, K, N, residual):
         torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,K,N", FP8_CASES, ids=["rows1-K640", "rows61-K1152", "rows7-K128", "rows20-N70"])
+def test_fp8_linear_rounding_launch_gives_the_same_bits(dtype, rows, K, N):
+    """The activations rounded by a launch of their own (where a GEMM has several column programs) and rounded in
+    every program give the same bits, in both launch configurations, for strided rows, with a residual and with a
+    NaN row (its outputs NaN, the other rows untouched); the rounding launch is one more Triton launch."""
+    from eagle_kernels.launch_count import counting
+
+    module = triton_module("fp8_linear")
+    x, weight, scale = fp8_inputs(dtype, rows, K + 128, N, seed=rows)
+    x, weight = x[:, 64:K + 64], weight[:, :K].contiguous()  # rows strided, K + 128 apart
+    x[-1, 3] = float("nan")
+    add = torch.randn(rows, N, generator=torch.Generator().manual_seed(9)).to(dtype)
+    for config in (module.INTERPRETER_CONFIG, module.GPU_CONFIG):
+        in_programs = module.fp8_linear(x, weight, scale, residual=add, _config=config, _round_first=False)
+        with counting() as launches:
+            rounded_first = module.fp8_linear(x, weight, scale, residual=add, _config=config, _round_first=True)
+        assert [launch.name for launch in launches.launches if launch.kind == "triton"] == [
+            "_fp8_round_rows_kernel", "_fp8_linear_kernel"]
+        assert torch.equal(rounded_first[:-1], in_programs[:-1]), config
+        assert rounded_first[-1].isnan().all() and in_programs[-1].isnan().all()
+
+
+def test_fp8_linear_rounds_first_where_several_programs_share_the_rows():
+    """The default: one launch where the matrix's columns are one program's, the rounding launch first where there
+    are more."""
+    from eagle_kernels.launch_count import counting
+
+    module = triton_module("fp8_linear")
+    x, weight, scale = fp8_inputs(torch.float32, 3, 256, 128)
+    for N, want in ((32, ["_fp8_linear_kernel"]), (128, ["_fp8_round_rows_kernel", "_fp8_linear_kernel"])):
+        with counting() as launches:
+            module.fp8_linear(x, weight[:N], scale[:N])
+        assert [launch.name for launch in launches.launches if launch.kind == "triton"] == want, N
+
+
 @pytest.mark.parametrize("backend_name", ["reference", "triton"])
 @pytest.mark.parametrize("op", ["q8_0_linear", "fp8_linear"])
 def test_8bit_linear_nan_row_stays_in_its_row(op, backend_name):
@@ -547,8 +583,9 @@ def test_fp8_linear_e4m3_rounding_emulation():
     x = torch.zeros(rows * 127)
     x[:values.numel()] = values
     x = torch.cat([torch.full((rows, 1), 448.0), x.view(rows, 127)], dim=1)  # [rows, 128], amax 448
-    got = module.fp8_linear(x, torch.eye(128).to(torch.float8_e4m3fn), torch.ones(128))
-    assert torch.equal(got, x.to(torch.float8_e4m3fn).float())
+    for round_first in (False, True):
+        got = module.fp8_linear(x, torch.eye(128).to(torch.float8_e4m3fn), torch.ones(128), _round_first=round_first)
+        assert torch.equal(got, x.to(torch.float8_e4m3fn).float()), round_first
 
 
 # ------------------------------------------------------------------ registration
