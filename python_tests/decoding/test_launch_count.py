@@ -158,6 +158,45 @@ def test_eagle1_head_draft_pass(batch):
     assert count.by_kernel["_rmsnorm_linear_kernel"] == 3  # o, gate/up, down
 
 
+def test_fp8_head_draft_pass():
+    """An "fp8" EAGLE-3 head's draft pass on the GPU path: each of its layer's four GEMMs is fp8_linear, which
+    rounds its rows to fp8 in a launch of its own before the GEMM (docs/gpu_kernels.md, "The activations rounded
+    once"): 13 launches a layer, 4 over the budget, the trade the decoding-step model prices (docs/gpu_model.md,
+    "An 8-bit head"). Its draft logits are one more rounding launch and GEMM outside the layer."""
+    import os
+    import sys
+
+    if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
+        pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    from gpu_e2e import random_llama
+
+    from eagle_kernels.models.llama import LlamaConfig
+
+    target = random_llama(LlamaConfig(97, 128, 256, 3, 4, 2, 32), torch.bfloat16, "cpu")
+    head = EagleHead.random(target, "eagle3", draft_vocab_size=60, weight_dtype="fp8")
+    cache = head.new_cache(1, 16)
+    tokens = torch.zeros(1, 2, dtype=torch.int64)
+    features = torch.zeros(1, 2, 128, dtype=torch.bfloat16)
+    mask = torch.tensor([[[1], [3]]])
+
+    def draft():
+        head.run(tokens, features, cache, positions=cache.seqlens[:, None].long() + torch.arange(2), tree_mask=mask,
+                 logits=True)
+
+    head.layer_paths._gpu_path_on_cpu = True
+    draft()  # the first pass makes the RoPE tables and the fp8 copies
+    with counting(head) as count:
+        draft()
+    layer = [launch.name for launch in count.launches if launch.layer == 0]
+    assert count.per_layer("head") == [LAYER_BUDGET + 4], layer
+    assert layer.count("_fp8_round_rows_kernel") == 4 and layer.count("_fp8_linear_kernel") == 4
+    for at, name in enumerate(layer):
+        if name == "_fp8_linear_kernel":
+            assert layer[at - 1] == "_fp8_round_rows_kernel", layer
+    assert count.by_kernel["_fp8_linear_kernel"] == 5  # and the draft LM head
+
+
 @pytest.mark.parametrize("mode", ["plain", "speculative", "coupled"])
 def test_triton_launches_are_programmatic(counted, mode):
     """As on an sm_90 GPU, every Triton launch of a step uses programmatic dependent launch (and
