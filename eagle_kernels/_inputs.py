@@ -9,6 +9,8 @@ import warnings
 
 import torch
 
+from ._checks import check_verify
+
 
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -145,3 +147,62 @@ def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_len: int) 
         if total > max_len:
             raise ValueError(f"prompts[{index}]: {len(prompt)} prompt tokens + max_new_tokens {max_new_tokens} = "
                              f"{total} exceed the cache capacity of {max_len} tokens set by warmup(max_len=...)")
+
+
+# generate's per-request sampling arguments, in verify's order, with the dtype verify takes for each (docs/ops.md §4).
+_SAMPLING_DTYPES = (("temperature", torch.float32), ("top_k", torch.int32), ("top_p", torch.float32),
+                    ("seed", torch.int64))
+
+
+def _sampling_value(name: str, value, dtype: torch.dtype) -> float | int:
+    """One sampling value (a Python number or a 0-D tensor) as the Python number verify's ``dtype`` holds: a real
+    number for a float dtype, an int within an integer dtype's range (top_k int32, seed int64), where a float
+    would be truncated and a larger int overflow the conversion. Bools are neither, as in the ops' checks."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        value = value.item()
+    if dtype.is_floating_point:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                return float(value)  # past float32's range: inf, which verify's checks name
+            except OverflowError:  # an int past any float
+                raise ValueError(f"{name}: expected a real number within a float's range, got "
+                                 f"{_describe(value)}") from None
+        raise ValueError(f"{name}: expected a real number, got {type(value).__name__} {_describe(value)}")
+    if not _is_int(value):
+        raise ValueError(f"{name}: expected an int, got {type(value).__name__} {_describe(value)}")
+    info = torch.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        bound = f"at most {info.max}" if value > info.max else f"at least {info.min}"
+        raise ValueError(f"{name}: expected an int that fits verify's {str(dtype).removeprefix('torch.')} "
+                         f"({bound}), got {value}")
+    return int(value)
+
+
+def _sampling_argument(name: str, value, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """One of generate's per-request sampling arguments as a CPU tensor [batch] of verify's ``dtype``: a scalar (a
+    number or a 0-D tensor) is every request's value, a sequence or 1-D tensor holds one value per prompt. One of
+    another length is an error, not broadcast (a length-1 list for a batch is more likely a mistake than a wish
+    for one value; a scalar says that)."""
+    per_prompt = isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) and value.dim() > 0)
+    if not per_prompt:
+        return torch.tensor([_sampling_value(name, value, dtype)] * batch, dtype=dtype)
+    expected = f"a scalar or one value per prompt ({batch} value{'s' if batch > 1 else ''})"
+    if isinstance(value, torch.Tensor) and value.dim() != 1:
+        raise ValueError(f"{name}: expected {expected}, got a tensor of shape {tuple(value.shape)}")
+    if len(value) != batch:
+        raise ValueError(f"{name}: expected {expected}, got {len(value)} value{'s' if len(value) != 1 else ''}")
+    values = value.tolist() if isinstance(value, torch.Tensor) else value
+    return torch.tensor([_sampling_value(f"{name}[{b}]", v, dtype) for b, v in enumerate(values)], dtype=dtype)
+
+
+def check_sampling(batch: int, temperature, top_k, top_p, seed) -> tuple[torch.Tensor, ...]:
+    """generate's ``temperature``, ``top_k``, ``top_p`` and ``seed`` as CPU tensors [batch] of verify's dtypes,
+    checked before any kernel: their form and types here, their values by verify's own checks (the rules and
+    messages verify applies to CPU tensors: temperature finite and >= 0, top_k >= 0, top_p in (0, 1]), run on a
+    one-node tree of these values. ``EAGLE_KERNELS_CHECK_VALUES=0`` turns the value checks off, as in the ops.
+    A wrong type is a ``ValueError`` here too, as in the ops' checks whose rules these values meet next."""
+    sampling = {name: _sampling_argument(name, value, batch, dtype)
+                for (name, dtype), value in zip(_SAMPLING_DTYPES, (temperature, top_k, top_p, seed))}
+    check_verify(torch.zeros(batch, 1, dtype=torch.int64), torch.full((batch, 1), -1, dtype=torch.int32),
+                 torch.zeros(batch, 1, 1), max_depth=0, **sampling)
+    return tuple(sampling.values())

@@ -34,7 +34,15 @@ import torch
 
 from . import bookkeeping, ops
 from ._checks import mask_words, values_checked
-from ._inputs import check_capacity, check_context, check_count, check_prompts, check_same_device, check_token
+from ._inputs import (
+    check_capacity,
+    check_context,
+    check_count,
+    check_prompts,
+    check_same_device,
+    check_sampling,
+    check_token,
+)
 from ._types import Tree
 from .expansion import ExpansionStart, SampledExpansion, expand_sampled_tree, expand_tree, expansion_start
 from .lookup import chain_tokens, graft_chain, graft_chain_host, lookup_search, lookup_search_host, pad_chains
@@ -227,6 +235,8 @@ class GenerationResult:
 
 
 def _per_request(value, batch: int, dtype, device) -> torch.Tensor:
+    """A sampling argument as a tensor [batch] on ``device``: generate's, checked by ``_inputs.check_sampling``
+    (tensors [batch]), or a constant of the decoder's own (warm-up, tree choice)."""
     if isinstance(value, torch.Tensor):
         return value.to(device=device, dtype=dtype).expand(batch).contiguous()
     if isinstance(value, (list, tuple)):
@@ -516,15 +526,16 @@ class SpeculativeDecoder:
         max_new_tokens : int
             Tokens to generate per request (>= 0), the prefill's first token included.
         temperature : float, sequence of float or tensor, default 0.0
-            Per request, or one value for all (likewise ``top_k``, ``top_p``, ``seed``): 0 is
+            One value for all requests (a number or a 0-D tensor), or one per prompt (a sequence
+            or 1-D tensor of ``B`` values; likewise ``top_k``, ``top_p``, ``seed``): 0 is
             greedy, > 0 samples from ``softmax(logits / temperature)``.
         top_k : int, sequence of int or tensor, default 0
-            Sample only among the ``top_k`` most likely tokens (0: off).
+            Sample only among the ``top_k`` most likely tokens (0: off); ints that fit int32.
         top_p : float, sequence of float or tensor, default 1.0
             Sample only among the most likely tokens holding ``top_p`` of the mass (1.0: off).
         seed : int, sequence of int or tensor, default 0
             Key of the request's counter-based random stream: the same seed gives the same
-            tokens in any batch.
+            tokens in any batch; ints that fit int64.
         eos_token_id : int or None, default None
             A request stops after emitting this token (which ends its sequence).
         speculative : bool, default True
@@ -553,9 +564,13 @@ class SpeculativeDecoder:
             ``max_new_tokens`` past the context (see ``allow_beyond_context``); after
             :meth:`warmup`, more requests than its largest batch size or a prompt plus
             ``max_new_tokens`` past its ``max_len``; a tensor argument or the head on another
-            device than the target; sampling parameters the ops reject (their message names
-            the tensor). Messages name the argument, the request index and the value. Every
-            check runs before any kernel.
+            device than the target; a sampling argument that is neither a scalar nor one value
+            per prompt (a sequence or 1-D tensor of another length, a tensor of more dimensions),
+            a ``temperature`` or ``top_p`` that is not a real number, a ``top_k`` or ``seed``
+            that is not an int (bools included) or does not fit verify's int32 / int64, and
+            sampling values verify rejects (temperature finite and >= 0, top_k >= 0, top_p in
+            (0, 1]; verify's messages). Messages name the argument, the request index and the
+            value. Every check runs before any kernel.
         TypeError
             ``prompts`` not a sequence of token-id sequences (e.g. one flat list of ints), or a
             non-int ``max_new_tokens`` / ``eos_token_id``.
@@ -567,6 +582,7 @@ class SpeculativeDecoder:
         max_new_tokens = check_count("max_new_tokens", max_new_tokens)
         eos_token_id = check_token("eos_token_id", eos_token_id, vocab)
         check_context(prompts, max_new_tokens, self.target.config.max_position_embeddings, allow_beyond_context)
+        temperature, top_k, top_p, seed = check_sampling(len(prompts), temperature, top_k, top_p, seed)
         self._check_head()
         tree = self._call_tree(len(prompts), temperature)
         if speculative and self.head is None and not tree.lookup:
@@ -588,7 +604,7 @@ class SpeculativeDecoder:
             self._fill(state, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, speculative)
         prefill_done = time.perf_counter()
         state.draft = None
-        greedy = not bool((_per_request(temperature, B, torch.float32, "cpu") > 0).any())
+        greedy = not bool((temperature > 0).any())
         coupled = self.policy.coupled_sampling and not greedy
         if speculative and slot is None and (greedy or coupled or self.policy.adaptive_sampling):
             # A sampled call's acceptance is not a greedy call's, nor a coupled call's.

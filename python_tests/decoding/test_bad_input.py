@@ -5,6 +5,7 @@ in the vocabulary, no -1 padding, at most ``max_new_tokens``, greedy speculative
 
 import dataclasses
 import json
+import math
 import os
 import re
 import warnings
@@ -180,15 +181,178 @@ def test_sampling_parameters_are_still_checked(decoders):
         decoders[0].generate([[1, 2]], 4, temperature=-1.0)
 
 
-def test_validation_runs_before_any_model_pass(decoders, monkeypatch):
+# ------------------------------------------------------------------ sampling arguments
+PER_PROMPT = r"expected a scalar or one value per prompt \(2 values\), got "
+
+
+@pytest.mark.parametrize("name,value,got", [
+    ("temperature", [0.5, 0.7, 0.9], "3 values"), ("top_k", [1], "1 value"), ("top_p", (0.9,), "1 value"),
+    ("seed", torch.tensor([1, 2, 3]), "3 values"), ("temperature", torch.tensor([0.5]), "1 value"),
+    ("temperature", torch.tensor([[0.5, 0.7]]), r"a tensor of shape \(1, 2\)"),
+    ("seed", torch.zeros(2, 1, dtype=torch.int64), r"a tensor of shape \(2, 1\)")],
+    ids=["long-list", "length-1-list", "length-1-tuple", "long-tensor", "length-1-tensor", "row-tensor",
+         "column-tensor"])
+def test_sampling_sequences_need_one_value_per_prompt(decoders, name, value, got):
+    """A sequence or 1-D tensor holds one value per prompt: another length (1 included: one value for every
+    request is a scalar) or more dimensions is a ValueError naming the argument, never broadcast or torch's
+    RuntimeError."""
+    with pytest.raises(ValueError, match=rf"^{name}: {PER_PROMPT}{got}$"):
+        decoders[0].generate([[1, 2, 3], [4, 5]], 4, **{name: value})
+
+
+def test_scalars_are_every_requests_value(decoders):
+    """A number or a 0-D tensor is every request's value; one value per prompt also as a tuple or 1-D tensor."""
+    prompts = [[1, 2, 3], [4, 5]]
+    want = decoders[0].generate(prompts, 5, temperature=[0.8, 0.8], top_k=[5, 5], top_p=[0.9, 0.9],
+                                seed=[7, 7]).sequences
+    assert decoders[0].generate(prompts, 5, temperature=0.8, top_k=5, top_p=0.9, seed=7).sequences == want
+    assert decoders[0].generate(prompts, 5, temperature=torch.tensor(0.8), top_k=torch.tensor(5),
+                                top_p=torch.tensor(0.9, dtype=torch.float64), seed=torch.tensor(7)).sequences == want
+    assert decoders[0].generate(prompts, 5, temperature=(0.8, 0.8), top_k=torch.tensor([5, 5], dtype=torch.int32),
+                                top_p=torch.tensor([0.9, 0.9]), seed=(7, 7)).sequences == want
+    assert decoders[0].generate(prompts[:1], 5, temperature=[0.8], top_k=(5,), top_p=0.9,
+                                seed=torch.tensor([7])).sequences == want[:1]
+
+
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"top_k": 2**31}, rf"top_k: expected an int that fits verify's int32 \(at most {INT32_MAX}\), got {2**31}"),
+    ({"top_k": 2.5}, r"top_k: expected an int, got float 2.5"),
+    ({"top_k": True}, r"top_k: expected an int, got bool True"),
+    ({"top_k": torch.tensor([1.0, 2.0])}, r"top_k\[0\]: expected an int, got float 1.0"),
+    ({"seed": 2**63}, rf"seed: expected an int that fits verify's int64 \(at most {INT64_MAX}\), got {2**63}"),
+    ({"seed": 2**64}, rf"seed: expected an int that fits verify's int64 \(at most {INT64_MAX}\), got {2**64}"),
+    ({"seed": -2**63 - 1}, rf"seed: expected an int that fits verify's int64 \(at least {-2**63}\), "
+                           rf"got {-2**63 - 1}"),
+    ({"seed": [0, "a"]}, r"seed\[1\]: expected an int, got str 'a'"),
+    ({"seed": 1.0}, r"seed: expected an int, got float 1.0"),
+    ({"temperature": "hot"}, r"temperature: expected a real number, got str 'hot'"),
+    ({"temperature": None}, r"temperature: expected a real number, got NoneType None"),
+    ({"temperature": torch.tensor([True, False])}, r"temperature\[0\]: expected a real number, got bool True"),
+    ({"top_p": None}, r"top_p: expected a real number, got NoneType None"),
+    ({"top_p": [1.0, 1j]}, r"top_p\[1\]: expected a real number, got complex 1j"),
+    ({"top_p": 10**400}, r"top_p: expected a real number within a float's range, got 1000")],
+    ids=["top_k-2^31", "top_k-float", "top_k-bool", "top_k-float-tensor", "seed-2^63", "seed-2^64", "seed-below",
+         "seed-str", "seed-float", "temperature-str", "temperature-none", "temperature-bool-tensor", "top_p-none",
+         "top_p-complex", "top_p-huge-int"])
+def test_sampling_types_and_ranges_are_named(decoders, kwargs, match):
+    """top_k and seed are ints (no bool, no float truncated) that fit verify's int32 / int64; temperature and top_p
+    real numbers: anything else is a ValueError naming the argument (and the request), not torch's error."""
+    with pytest.raises(ValueError, match=f"^{match}"):
+        decoders[0].generate([[1, 2, 3], [4, 5]], 4, **kwargs)
+
+
+def test_sampling_extremes_that_fit_decode(decoders):
+    """The ends of verify's ranges decode: seeds anywhere in int64, a top_k as large as int32 holds (above the
+    vocabulary: off, so the tokens of top_k=0)."""
+    prompts = [[1, 2, 3], [4, 5]]
+    for seed in (INT64_MAX, -2**63, [INT64_MAX, -2**63]):
+        assert_clean(decoders[0].generate(prompts, 4, temperature=1.0, seed=seed), prompts, 4)
+    want = decoders[0].generate(prompts, 4, temperature=1.0, seed=3).sequences
+    assert decoders[0].generate(prompts, 4, temperature=1.0, top_k=INT32_MAX, seed=3).sequences == want
+
+
+def sampling_is_bad(name, value, batch):
+    """Whether generate must blame a sampling argument, by its documented rules: a scalar or ``batch`` values;
+    ints (no bool) that fit int32 (top_k) / int64 (seed), real numbers (temperature, top_p); then verify's rules
+    on the float32 / int32 values (temperature finite and >= 0, top_k >= 0, top_p in (0, 1])."""
+    if isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) and value.dim() > 0):
+        if isinstance(value, torch.Tensor) and value.dim() != 1 or len(value) != batch:
+            return True
+        values = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+    else:
+        values = [value.item() if isinstance(value, torch.Tensor) else value]
+    for v in values:
+        if type(v) is bool:
+            return True
+        if name in ("top_k", "seed"):
+            low, high = (0, 2**31 - 1) if name == "top_k" else (-2**63, 2**63 - 1)
+            if type(v) is not int or not low <= v <= high:
+                return True
+            continue
+        if type(v) not in (int, float) or (type(v) is int and abs(v) > 1e308):
+            return True
+        x = torch.tensor([float(v)], dtype=torch.float32).item()  # verify's dtype: 1e39 is inf, 1e-50 is 0
+        if not (math.isfinite(x) and x >= 0 if name == "temperature" else 0 < x <= 1):
+            return True
+    return False
+
+
+real = st.one_of(st.floats(-1, 2), st.floats(), st.sampled_from([0.0, 1.0, -0.0, 1e-50, 1e39, 10**400]),
+                 st.integers(-1, 2))
+SAMPLING_VALUES = {
+    "temperature": real, "top_p": real,
+    "top_k": st.one_of(st.integers(-2, V + 2), st.sampled_from([2**31 - 1, 2**31, -2**31 - 1, 0])),
+    "seed": st.one_of(st.integers(-2**64, 2**64), st.sampled_from([2**63 - 1, -2**63, 2**63, -2**63 - 1]))}
+SAMPLING_ODD = st.sampled_from([None, "1", True, False, 2.5, 1j, torch.tensor([[1]]), torch.tensor(True)])
+
+
+def sampling_argument(name):
+    """A scalar, a 0-D tensor, a list or a 1-D tensor of ``SAMPLING_VALUES[name]`` (any length), or an odd value."""
+    values = SAMPLING_VALUES[name]
+    dtype = torch.float64 if name in ("temperature", "top_p") else torch.int64
+
+    def tensor(items):
+        try:
+            return torch.tensor(items, dtype=dtype)
+        except (OverflowError, RuntimeError, ValueError):  # a value the tensor cannot hold: the list itself
+            return items
+
+    return st.one_of(values, values.map(tensor), st.lists(values, max_size=4),
+                     st.lists(values, max_size=4).map(tensor), SAMPLING_ODD)
+
+
+def refuse_model_pass(*args, **kwargs):
+    raise AssertionError("the model ran before the arguments were checked")
+
+
+@settings(FUZZ, max_examples=300)
+@given(data=st.data(), prompts=st.lists(good_prompt, min_size=1, max_size=3),
+       sampling=st.fixed_dictionaries({}, optional={name: sampling_argument(name) for name in SAMPLING_VALUES}))
+def test_fuzz_sampling_arguments(decoders, data, prompts, sampling):
+    """Any sampling arguments: a clean result, or a ValueError naming a bad one, raised before any model pass."""
+    decoder = data.draw(st.sampled_from(decoders))
+    bad = {name for name, value in sampling.items() if sampling_is_bad(name, value, len(prompts))}
+    try:
+        if bad:
+            decoder.target.forward = refuse_model_pass
+        result = decoder.generate(prompts, 3, **sampling)
+    except ValueError as error:
+        named = re.match(r"(\w+)", str(error)).group(1)
+        assert bad and named in bad, (str(error), bad)
+        return
+    finally:
+        vars(decoder.target).pop("forward", None)  # the module's own forward again
+    assert not bad, bad
+    assert_clean(result, prompts, 3)
+    event("valid")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"eos_token_id": V}, r"eos_token_id"),
+    ({"temperature": -0.5}, r"temperature: expected finite values >= 0, got \[-0.5, -0.5\]"),
+    ({"temperature": float("nan")}, r"temperature: expected finite values >= 0, got \[nan, nan\]"),
+    ({"temperature": [0.5, -1.0]}, r"temperature: expected finite values >= 0, got \[0.5, -1.0\]"),
+    ({"top_p": 0.0}, r"top_p: expected values in \(0, 1\], got \[0.0, 0.0\]"),
+    ({"top_p": 1.5}, r"top_p: expected values in \(0, 1\], got \[1.5, 1.5\]"),
+    ({"top_p": float("nan")}, r"top_p: expected values in \(0, 1\], got \[nan, nan\]"),
+    ({"top_k": -1}, r"top_k: expected values >= 0, got \[-1, -1\]"),
+    ({"top_k": torch.tensor([3, -2])}, r"top_k: expected values >= 0, got \[3, -2\]"),
+    ({"temperature": [0.5, 0.7, 0.9]}, r"temperature: expected a scalar or one value per prompt"),
+    ({"top_k": 2**31}, r"top_k: expected an int that fits verify's int32"),
+    ({"seed": 2**64}, r"seed: expected an int that fits verify's int64")],
+    ids=["eos", "temperature-negative", "temperature-nan", "temperature-one-negative", "top_p-0", "top_p-1.5",
+         "top_p-nan", "top_k-negative", "top_k-tensor-negative", "temperature-length", "top_k-2^31", "seed-2^64"])
+@pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "plain"])
+def test_validation_runs_before_any_model_pass(decoders, monkeypatch, kwargs, match, speculative):
+    """Every check, the sampling values verify rejects included, runs before the target's prefill (whose forward
+    refuses to run here), with verify's message."""
     decoder = decoders[0]
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model ran before the arguments were checked")
-
-    monkeypatch.setattr(decoder.target, "forward", refuse)
-    with pytest.raises(ValueError, match="eos_token_id"):
-        decoder.generate([[1, 2]], 4, eos_token_id=V)
+    monkeypatch.setattr(decoder.target, "forward", refuse_model_pass)
+    with pytest.raises(ValueError, match=f"^{match}"):
+        decoder.generate([[1, 2], [3]], 4, speculative=speculative, **kwargs)
 
 
 def test_public_names_at_the_package_root():
