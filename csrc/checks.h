@@ -154,6 +154,9 @@ inline compact_kv::Params check_compact_kv_args(const at::Tensor& k_cache, const
   const char* op = "compact_kv";
   const bool paged = block_table.has_value();
   const at::Device dev = k_cache.device();
+  // The copy moves raw rows of any element size, but the contract's caches are float (first, as in
+  // _checks.py): an integer or bool cache is a caller's bug, rejected on every path.
+  check_float_dtype(k_cache, op, "k_cache");
   check_dtype(accept_nodes, op, "accept_nodes", at::kInt);
   check_dim(accept_nodes, op, "accept_nodes", 2, "[B, max_depth + 1]");
   check_device(accept_nodes, op, "accept_nodes", dev);

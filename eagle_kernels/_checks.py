@@ -662,3 +662,52 @@ def check_cpu_head_forward(tokens, embed_table, features, fc_weight, rope_cos, r
               "lm_head only" if lm_head is not None else "final_norm only")
     if lm_head is not None:
         _check_final_norm_and_lm_head(final_norm, lm_head, H, device)
+
+
+# ------------------------------------------------------------------- native scalar arguments
+# The C++ CPU kernels of _dispatch.NATIVE_VALIDATION repeat the tensor checks above, but their
+# Python scalars pass the operator schema first, which raises a RuntimeError for a float where
+# it takes an int (and converts a numpy scalar or a one-element tensor that the checks above
+# reject). So before such a native call the dispatcher asks ``NATIVE_SCALAR_TYPES[op]`` whether
+# every scalar has a plain type the checks above accept (a type test per scalar, nothing read
+# from a tensor); when one does not, it runs the op's full check, which raises the ValueError
+# every other backend raises. Each takes the op's contract signature.
+_NUMBER_TYPES = (float, int)
+
+
+def _tree_attention_scalars(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=None,
+                            sm_scale=None):
+    return sm_scale is None or type(sm_scale) in _NUMBER_TYPES
+
+
+def _draft_expand_scalars(logits, frontier_scores, top_k, *, depth=0, **_):
+    return type(top_k) is int and type(depth) is int
+
+
+def _build_tree_scalars(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes):
+    return type(num_nodes) is int
+
+
+def _verify_scalars(tokens, parents, target_logits, *, max_depth, **_):
+    return type(max_depth) is int
+
+
+def _layer_scalars(*_, num_heads, eps, slot_offset=0, **__):
+    return type(num_heads) is int and type(eps) in _NUMBER_TYPES and type(slot_offset) is int
+
+
+def _stack_scalars(*_, num_heads, eps, state_layers=(), **__):
+    return (type(num_heads) is int and type(eps) in _NUMBER_TYPES
+            and all(type(layer) is int for layer in state_layers))
+
+
+NATIVE_SCALAR_TYPES = {
+    "tree_attention": _tree_attention_scalars,
+    "draft_expand": _draft_expand_scalars,
+    "build_tree": _build_tree_scalars,
+    "verify": _verify_scalars,
+    "cpu_decoder_layer": _layer_scalars,
+    "cpu_decoder_layers": _stack_scalars,
+    "cpu_decoder_forward": _stack_scalars,
+    "cpu_head_forward": _layer_scalars,
+}

@@ -75,7 +75,8 @@ def _triton_function(op: str):
 
 # Ops whose native CPU kernels repeat every check of _checks (metadata and values, with the same
 # ValueError naming the same tensor), so the Python pass is skipped for CPU tensors: it costs
-# tens of microseconds, a large share of a small tree_attention call.
+# tens of microseconds, a large share of a small tree_attention call. Their Python scalars' types
+# are still tested before the call (_checks.NATIVE_SCALAR_TYPES, below).
 NATIVE_VALIDATION = frozenset({"tree_attention", "write_kv", "verify", "build_tree", "compact_kv",
                                "draft_expand", "coupled_draft_logits", "cpu_linear", "cpu_decoder_layer",
                                "cpu_decoder_layers",
@@ -87,11 +88,23 @@ def _cpp_callable(op: str):
     native = getattr(torch.ops.eagle_kernels, op)
     result_type = RESULT_TYPES.get(op)
     check = CHECKS[op]
+    # Skipping the Python checks leaves the scalar arguments to the operator schema, which raises a
+    # RuntimeError for a float where it takes an int and accepts numpy scalars and tensors the
+    # checks reject: their types are tested here (no tensor read), and any but a plain int / float
+    # runs the full check, so the native path raises the other backends' ValueError.
+    scalar_types = _checks.NATIVE_SCALAR_TYPES.get(op)
 
     def run(*args, **kwargs):
         first = args[0] if args else next(iter(kwargs.values()), None)
         if op not in NATIVE_VALIDATION or not isinstance(first, torch.Tensor) or first.device.type != "cpu":
             check(*args, **kwargs)
+        elif scalar_types is not None:
+            try:
+                plain = scalar_types(*args, **kwargs)
+            except TypeError:  # an argument missing, state_layers not a list: the check raises as the reference
+                plain = False
+            if not plain:
+                check(*args, **kwargs)
         out = native(*args, **kwargs)
         return result_type(*out) if result_type is not None else out
 

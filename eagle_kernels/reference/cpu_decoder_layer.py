@@ -88,7 +88,7 @@ def cpu_decoder_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_we
     write_kv(k_cache, v_cache, k.to(cache_dtype), v.to(cache_dtype).contiguous(), cache_seqlens + slot_offset)
     q = torch.cat([q.new_zeros(B, slot_offset, num_heads, D), q], dim=1).to(cache_dtype)
     attn = tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)[:, slot_offset:].float()
-    x1 = (x.double() + cpu_linear(attn.reshape(B, N, -1), o_weight).double()).float()
+    x1 = (x.double() + cpu_linear(attn.reshape(B, N, num_heads * D), o_weight).double()).float()  # B, N may be 0
     gate, up = cpu_linear(_rms_norm(x1, post_norm, eps), gate_up_weight).double().chunk(2, dim=-1)
     act = (F.silu(gate) * up).float()
     out = (x1.double() + cpu_linear(act, down_weight).double()).float()

@@ -73,6 +73,8 @@ def draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, 
             logprobs[b] = order.values[..., :top_k]
     scores = (frontier_scores.to(dtype)[..., None] + logprobs).to(torch.float32).reshape(B, M * top_k)
     tokens = ids if d2t is None else ids + d2t[ids]
-    frontier = torch.stack([selection_order(row)[:top_k] for row in scores]).to(torch.int32)
+    frontier = torch.empty(B, top_k, dtype=torch.int32, device=logits.device)  # B = 0: no rows to stack
+    for b, row in enumerate(scores):
+        frontier[b] = selection_order(row)[:top_k]
     return DraftCandidates(tokens.reshape(B, M * top_k), scores, frontier,
                            logprobs.to(torch.float32).reshape(B, M * top_k))

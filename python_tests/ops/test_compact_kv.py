@@ -220,6 +220,13 @@ def _overflow(args, kwargs):
     args[2][0] = args[0].shape[2]  # cache_seqlens at the capacity S
 
 
+def _caches_as(dtype):
+    """Both caches of a non-float dtype: rows the copy could move, but not a K/V cache (the C++ op moved them)."""
+    def fn(args, kwargs):
+        args[0], args[1] = (args[i].mul(8).to(dtype) for i in (0, 1))
+    return fn
+
+
 BAD = [
     pytest.param(_edit(_set(2, lambda t: t.long())), "cache_seqlens", id="seqlens_int64"),
     pytest.param(_edit(_set(3, lambda t: t.long())), "accept_nodes", id="nodes_int64"),
@@ -228,6 +235,9 @@ BAD = [
     pytest.param(_edit(_set(4, lambda t: t[:1])), "accept_len", id="len_batch"),
     pytest.param(_edit(_set(2, lambda t: t[:1])), "cache_seqlens", id="seqlens_batch"),
     pytest.param(_edit(_set(0, lambda t: t[0, 0])), "k_cache", id="k_rank3"),
+    pytest.param(_edit(_caches_as(torch.int32)), "k_cache: expected dtype", id="caches_int32"),
+    pytest.param(_edit(_caches_as(torch.int16), paged=True), "k_cache: expected dtype", id="caches_int16_paged"),
+    pytest.param(_edit(_caches_as(torch.uint8)), "k_cache: expected dtype", id="caches_uint8"),
     pytest.param(_edit(_set(1, lambda t: t[..., :2].contiguous())), "v_cache", id="v_shape"),
     pytest.param(_edit(_set(1, lambda t: t.double())), "v_cache", id="v_dtype"),
     pytest.param(_edit(lambda a, kw: a.__setitem__(slice(0, 2), [a[0][:, :1], a[1][:, :1]])),

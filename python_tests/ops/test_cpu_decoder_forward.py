@@ -211,6 +211,35 @@ def test_no_layers(backend):
     assert states.shape == (0, 2, 3, SHAPE[3])
 
 
+@pytest.mark.parametrize("rows", [None, "row_counts", "logit_rows"])
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+@pytest.mark.parametrize("B,N", [(0, 3), (2, 0), (0, 0)], ids=["B0", "N0", "B0-N0"])
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_empty_batch_or_no_tokens(backend, B, N, tree, rows):
+    """B = 0 or N = 0 (the inputs of a 3-request, 3-token case sliced): what the C++ op returns (empty logits,
+    hidden and states of the right shapes and dtypes) and both caches untouched (the reference's layers used to
+    fail reshaping 0 elements)."""
+    fn, cpp = forward_implementation(backend), forward_implementation("cpp")
+    args, kwargs = forward_case(3, 3, 4, tree, layers=2, state_layers=(1, 0))
+    args = list(args)
+    args[0] = args[0][:B, :N]
+    if args[4] is not None:
+        args[4] = args[4][:B, :N]
+    args[13], args[14], args[15] = args[13][:, :B], args[14][:, :B], args[15][:B]
+    if args[16] is not None:
+        args[16] = args[16][:B, :N, :(N + 63) // 64]
+    if rows == "row_counts":
+        kwargs["row_counts"] = torch.zeros(B, dtype=torch.int64)
+    elif rows == "logit_rows":
+        kwargs["logit_rows"] = torch.zeros(B, min(N, 2), dtype=torch.int64)
+    want_args, got_args = clone_args(args), clone_args(args)
+    want, got = cpp(*want_args, **kwargs), fn(*got_args, **kwargs)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+    assert got.states.shape == (2, B, N, SHAPE[3]) and got.hidden.shape == (B, N, SHAPE[3])
+    for i in (13, 14):
+        assert torch.equal(got_args[i], args[i]) and torch.equal(want_args[i], args[i])
+
+
 def _short_tables(a):
     """positions None and tables one row short of the last default position (cache_seqlens + N - 1)."""
     P = int(a[15].max()) + a[0].shape[1] - 1
@@ -239,6 +268,11 @@ BAD_INPUTS = {  # id -> (the name the error must carry, how the arguments are sp
     "logit-rows-B": ("logit_rows", lambda a, kw: kw.__setitem__("logit_rows", torch.zeros(3, 1, dtype=torch.int64))),
     "logit-rows-past-N": ("logit_rows", lambda a, kw: kw.__setitem__("logit_rows", torch.tensor([[0], [3]]))),
     "layer-count": ("qkv_weight", _set(6, lambda ws: ws[:-1])),
+    # Scalars of the wrong Python type: the C++ op's schema used to raise a RuntimeError (or to convert a tensor).
+    "eps-str": ("eps", lambda a, kw: kw.__setitem__("eps", "x")),
+    "eps-tensor": ("eps", lambda a, kw: kw.__setitem__("eps", torch.tensor(1e-5))),
+    "state-layers-float": ("state_layers", lambda a, kw: kw.__setitem__("state_layers", [0.0])),
+    "num-heads-float": ("num_heads", lambda a, kw: kw.__setitem__("num_heads", float(kw["num_heads"]))),
 }
 
 

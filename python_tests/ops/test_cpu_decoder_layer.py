@@ -376,6 +376,50 @@ def test_bad_input_names_the_tensor(name, backend):
         fn(*args, **kwargs)
 
 
+@pytest.mark.parametrize("eagle3", [False, True], ids=["target", "eagle3"])
+@pytest.mark.parametrize("B,N", [(0, 3), (2, 0), (0, 0)], ids=["B0", "N0", "B0-N0"])
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_empty_batch_or_no_tokens(backend, B, N, eagle3):
+    """B = 0 or N = 0 (a 2-request, 3-token tree pass with padding rows sliced; EAGLE-3: with the embedding input,
+    after 2 earlier slots): the C++ op's empty output, the caches untouched (the reference used to fail reshaping
+    0 elements)."""
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    cpp = native_decoder_layer()
+    slot_offset = 2 if eagle3 else 0
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=True, embed=eagle3, slot_offset=slot_offset)
+    args = list(args)
+    args[0], args[7], args[8] = (args[i][:B, :N] for i in (0, 7, 8))  # x, cos, sin
+    args[9], args[10], args[11] = (args[i][:B] for i in (9, 10, 11))  # the caches, cache_seqlens
+    args[12] = args[12][:B, :slot_offset + N, :(slot_offset + N + 63) // 64]
+    if eagle3:
+        kwargs["embed"] = kwargs["embed"][:B, :N]
+    kwargs["row_counts"] = torch.full((B,), min(N, 1), dtype=torch.int64)
+    want_args, got_args = clone_args(args), clone_args(args)
+    want, got = cpp(*want_args, **kwargs), fn(*got_args, **kwargs)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype) == (args[0].shape, torch.float32)
+    for i in (9, 10):
+        assert torch.equal(got_args[i], args[i]) and torch.equal(want_args[i], args[i])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("name,value", [("num_heads", 4.0), ("eps", "x"), ("eps", torch.tensor(1e-5)),
+                                        ("slot_offset", 2.0)], ids=["num-heads-float", "eps-str", "eps-tensor",
+                                                                    "slot-offset-float"])
+def test_bad_scalar_type_names_the_argument(name, value, backend):
+    """A scalar of the wrong Python type is a ValueError naming it on every backend (the C++ op's schema used to
+    raise a RuntimeError, or to convert a tensor), the caches untouched."""
+    fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=True, embed=True, slot_offset=2)
+    caches = args[9].clone(), args[10].clone()
+    with pytest.raises(ValueError, match=rf"^{name}: expected"):
+        fn(*args, **{**kwargs, name: value})
+    assert torch.equal(args[9], caches[0]) and torch.equal(args[10], caches[1])
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
 @pytest.mark.parametrize("name", ["embed", "embed_norm", "slot_offset", "tree_mask"])
 def test_bad_eagle3_input_names_the_argument(name, backend):

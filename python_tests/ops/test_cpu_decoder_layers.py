@@ -156,13 +156,43 @@ def test_bad_input_names_the_tensor(name, backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
-@pytest.mark.parametrize("state_layers,row_counts", [([3], None), ([-1], None), ([0], torch.tensor([4, 1]))],
-                         ids=["past-L", "negative", "row-counts-over-N"])
+@pytest.mark.parametrize("state_layers,row_counts", [([3], None), ([-1], None), ([0], torch.tensor([4, 1])),
+                                                     ([0.0], None), ([torch.tensor(0)], None)],
+                         ids=["past-L", "negative", "row-counts-over-N", "float", "tensor"])
 def test_bad_state_layers_and_row_counts_are_named(state_layers, row_counts, backend):
     fn = stack_implementation(backend)
     args, kwargs = stack_case("small", 3, 2, 3, 4)
     with pytest.raises(ValueError, match="row_counts" if row_counts is not None else "state_layers"):
         fn(*args, **{**kwargs, "state_layers": state_layers}, row_counts=row_counts)
+
+
+@pytest.mark.parametrize("B,N,weights", [(0, 3, "fp32"), (2, 0, "fp32"), (0, 0, "fp32"), (0, 3, "packed-bf16"),
+                                          (2, 0, "packed-bf16"), (2, 0, "q8_0")],
+                         ids=["B0", "N0", "B0-N0", "B0-packed-bf16", "N0-packed-bf16", "N0-q8_0"])
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_empty_batch_or_no_tokens(backend, B, N, weights):
+    """B = 0 or N = 0 (a 3-request, 3-token tree pass with padding rows and a bf16 cache, sliced): what the C++ op
+    returns (empty output and states of the right shapes and dtypes), both caches untouched (the reference's layers
+    used to fail reshaping 0 elements)."""
+    fn, cpp = stack_implementation(backend), stack_implementation("cpp")
+    shape = "small" if weights == "fp32" else "smollm2"  # packing: N, K multiples of 32
+    args, kwargs = stack_case(shape, 2, 3, 3, 4, "bf16" if "bf16" in weights else "fp32", tree=True,
+                              state_layers=(1, 0, 1))
+    if weights.startswith("packed"):
+        args = pack(args)
+    elif weights == "q8_0":
+        args = pack(quantize(args, "q8_0"))
+    args = list(args)
+    args[0], args[7], args[8] = (args[i][:B, :N] for i in (0, 7, 8))  # x, cos, sin
+    args[9], args[10] = (args[i][:, :B].to(torch.bfloat16) for i in (9, 10))
+    args[11], args[12] = args[11][:B], args[12][:B, :N, :(N + 63) // 64]
+    kwargs["row_counts"] = torch.full((B,), min(N, 1), dtype=torch.int64)
+    want_args, got_args = clone_args(args), clone_args(args)
+    want, got = cpp(*want_args, **kwargs), fn(*got_args, **kwargs)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+    assert got.out.shape == (B, N, args[0].shape[2]) and got.states.shape == (3, B, N, args[0].shape[2])
+    for i in (9, 10):
+        assert torch.equal(got_args[i], args[i]) and torch.equal(want_args[i], args[i])
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])

@@ -5,6 +5,7 @@ embedding tables, packed and quantized matrices, with and without the LM head; e
 ops' composition; the fake kernel's shapes and opcheck; input errors naming the argument, raised before the cache
 is written."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -166,6 +167,11 @@ BAD_INPUTS = {  # id -> (the name the error must carry, how the arguments are sp
     "cache-5d": ("k_cache", _set(16, lambda k: k[None])),
     "cache-full": ("cache", lambda a, kw: a[18].fill_(a[16].shape[1] - 1)),
     "mask-slots": ("tree_mask", lambda a, kw: kw.__setitem__("slot_offset", 0)),
+    # Scalars of the wrong Python type: the C++ op's schema used to raise a RuntimeError (or to convert them).
+    "eps-str": ("eps", lambda a, kw: kw.__setitem__("eps", "x")),
+    "eps-float32": ("eps", lambda a, kw: kw.__setitem__("eps", np.float32(1e-5))),
+    "slot-offset-float": ("slot_offset", lambda a, kw: kw.__setitem__("slot_offset", 0.0)),
+    "num-heads-numpy": ("num_heads", lambda a, kw: kw.__setitem__("num_heads", np.int64(kw["num_heads"]))),
 }
 
 
@@ -183,6 +189,32 @@ def test_bad_input_names_the_argument(case, backend):
     with pytest.raises(ValueError, match=name):
         fn(*args, **kwargs)
     assert torch.equal(args[16], caches[0]) and torch.equal(args[17], caches[1])
+
+
+@pytest.mark.parametrize("logits", [True, False], ids=["logits", "no-head"])
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "draft"])
+@pytest.mark.parametrize("B,N", [(0, 3), (2, 0), (0, 0)], ids=["B0", "N0", "B0-N0"])
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_empty_batch_or_no_tokens(backend, B, N, commit, logits):
+    """B = 0 or N = 0 (the inputs of a 3-request, 3-token pass sliced; a draft pass keeps its 3 earlier slots):
+    what the C++ op returns (empty logits and hidden of the right shapes and dtypes) and both caches untouched (the
+    reference's layer used to fail reshaping 0 elements)."""
+    fn, cpp = head_implementation(backend), head_implementation("cpp")
+    args, kwargs = head_case(3, 3, 4, commit, logits=logits)
+    args = list(args)
+    for i in (0, 2, 6):  # tokens, features, positions
+        args[i] = args[i][:B, :N]
+    for i in (16, 17, 18):  # the caches, cache_seqlens
+        args[i] = args[i][:B]
+    if args[19] is not None:
+        slots = kwargs["slot_offset"] + N
+        args[19] = args[19][:B, :slots, :(slots + 63) // 64]
+    want_args, got_args = clone_args(args), clone_args(args)
+    want, got = cpp(*want_args, **kwargs), fn(*got_args, **kwargs)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+    assert got.logits.shape == (B, N, V_DRAFT if logits else 0) and got.hidden.shape == (B, N, H)
+    for i in (16, 17):
+        assert torch.equal(got_args[i], args[i]) and torch.equal(want_args[i], args[i])
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])

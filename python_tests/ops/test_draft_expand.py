@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import eagle_kernels
-from eagle_kernels import reference
+from eagle_kernels import _dispatch, reference
 from helpers import (
     SCORE_TOL,
     assert_matches,
@@ -249,11 +249,15 @@ def _good():
     ("d2t_shape", "d2t"),
     ("top_k_zero", "top_k"),
     ("top_k_above_V", "top_k"),
+    ("top_k_float", "top_k"),
+    ("top_k_numpy", "top_k"),
+    ("top_k_tensor", "top_k"),
+    ("depth_float", "depth"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_input(backend, op_impl, case, name):
     fn = op_impl("draft_expand")
     logits, fs = _good()
-    top_k, d2t = 4, None
+    top_k, d2t, sampling = 4, None, {}
     if case == "frontier_float64":
         fs = fs.double()
     elif case == "frontier_shape":
@@ -272,8 +276,34 @@ def test_bad_input(backend, op_impl, case, name):
         top_k = 0
     elif case == "top_k_above_V":
         top_k = 51
+    elif case == "top_k_float":  # the C++ op's schema used to raise a RuntimeError for these three
+        top_k = 4.0
+    elif case == "top_k_numpy":  # ... and to convert these two
+        top_k = np.int64(4)
+    elif case == "top_k_tensor":
+        top_k = torch.tensor(4)
+    elif case == "depth_float":
+        sampling = dict(temperature=torch.ones(2), depth=1.5)
     with pytest.raises(ValueError, match=name):
-        fn(logits, fs, top_k, d2t=d2t)
+        fn(logits, fs, top_k, d2t=d2t, **sampling)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_empty_batch(backend, op_impl, sampled):
+    """B = 0: empty outputs of the C++ op's shapes and dtypes, on every backend (the reference used to fail
+    stacking no frontier rows)."""
+    fn = op_impl("draft_expand")
+    cpp, reason = _dispatch.implementation("draft_expand", "cpp", "cpu")
+    if cpp is None:
+        pytest.skip(reason)
+    logits, fs = torch.randn(0, 2, 5), torch.zeros(0, 2)
+    kwargs = dict(d2t=torch.arange(5) * 3)
+    if sampled:
+        kwargs.update(temperature=torch.ones(0), seed=torch.zeros(0, dtype=torch.int64),
+                      offset=torch.zeros(0, dtype=torch.int64), depth=1)
+    got, want = fn(logits, fs, 2, **kwargs), cpp(logits, fs, 2, **kwargs)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+    assert [t.shape for t in want] == [(0, 4), (0, 4), (0, 2), (0, 4)]
 
 
 def test_top_k_equal_V(backend, op_impl):

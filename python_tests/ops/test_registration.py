@@ -4,11 +4,12 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
 import eagle_kernels
-from eagle_kernels import _dispatch
+from eagle_kernels import _checks, _dispatch
 from eagle_kernels._schemas import OPS, SCHEMAS
 from helpers import decoder_layer_inputs, decoder_stack_inputs
 
@@ -171,6 +172,89 @@ def test_public_op_equals_reference(op):
     want = getattr(eagle_kernels.reference, op)(*args, **kwargs)
     assert type(got) is type(want)
     torch.testing.assert_close(got, want)
+
+
+def native_scalar_arguments():
+    """(op, schema argument) for every Python scalar (int, float, int[]) of the ops whose C++ CPU kernel skips the
+    Python checks (_dispatch.NATIVE_VALIDATION): the operator schema sees these before the C++ checks run."""
+    found = []
+    for op in sorted(_dispatch.NATIVE_VALIDATION):
+        for arg in getattr(torch.ops.eagle_kernels, op).default._schema.arguments:
+            if _scalar_kind(arg) is not None:
+                found.append((op, arg))
+    return found
+
+
+def _scalar_kind(arg):
+    """"int", "float" or "int[]" for a scalar schema argument (optional or not), else None."""
+    kind = str(arg.type)
+    if kind.startswith("Optional["):
+        kind = kind[len("Optional["):-1]
+    return {"int": "int", "float": "float", "List[int]": "int[]"}.get(kind)
+
+
+NATIVE_SCALARS = native_scalar_arguments() if _dispatch.HAS_CPP else []
+
+
+def _wrong_types(kind, value):
+    """Values of types the contract rejects (docs/ops.md: a ValueError naming the argument) that the operator schema
+    either rejects with a RuntimeError (a float for an int, a str for a float) or converts (numpy scalars, 0-d
+    tensors)."""
+    if kind == "int[]":
+        first = value[0] if value else 0
+        return {"float-list": [float(first)], "numpy-list": [np.int64(first)], "tensor-list": [torch.tensor(first)]}
+    if kind == "int":
+        return {"float": float(value) if value else 1.5, "numpy": np.int64(value), "tensor": torch.tensor(value)}
+    return {"str": "x", "numpy": np.float32(value), "tensor": torch.tensor(value)}
+
+
+def _spoiled_calls():
+    for op, arg in NATIVE_SCALARS:
+        kind = _scalar_kind(arg)
+        args, kwargs = small_inputs(op)
+        position = [a.name for a in getattr(torch.ops.eagle_kernels, op).default._schema.arguments].index(arg.name)
+        value = kwargs.get(arg.name, arg.default_value) if arg.kwarg_only else args[position]
+        for label, bad in _wrong_types(kind, value).items():
+            yield pytest.param(op, arg.name, None if arg.kwarg_only else position, bad, id=f"{op}-{arg.name}-{label}")
+
+
+def test_every_native_scalar_is_type_checked():
+    """Each op of NATIVE_VALIDATION with a Python scalar argument has its types tested before the native call."""
+    if not _dispatch.HAS_CPP:
+        pytest.skip(f"extension not built: {_dispatch.CPP_IMPORT_ERROR}")
+    ops_with_scalars = {op for op, _ in NATIVE_SCALARS}
+    assert ops_with_scalars == set(_checks.NATIVE_SCALAR_TYPES)
+    assert {"verify", "draft_expand", "build_tree", "tree_attention", "cpu_decoder_forward"} <= ops_with_scalars
+
+
+@pytest.mark.parametrize("op,name,position,bad", list(_spoiled_calls()))
+@pytest.mark.parametrize("backend", _dispatch.BACKENDS)
+def test_wrong_scalar_type_raises_the_reference_value_error(op, name, position, bad, backend, monkeypatch):
+    """A scalar of the wrong Python type (2.0 for max_depth, "x" for eps, np.int64 for top_k, a tensor for sm_scale,
+    [0.0] for state_layers) is the reference's ValueError, word for word, on every backend and through the public
+    op, and nothing is written."""
+    fn, reason = _dispatch.implementation(op, backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = small_inputs(op)
+    args = list(args)
+    if position is None:
+        kwargs[name] = bad
+    else:
+        args[position] = bad
+    with pytest.raises(ValueError, match=rf"^{name}: expected") as want:
+        getattr(eagle_kernels.reference, op)(*args, **kwargs)
+    snapshot = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(ValueError) as got:
+        fn(*args, **kwargs)
+    assert str(got.value) == str(want.value)
+    monkeypatch.setenv(_dispatch.BACKEND_ENV, backend)
+    with pytest.raises(ValueError) as public:
+        getattr(eagle_kernels, op)(*args, **kwargs)
+    assert str(public.value) == str(want.value)
+    for before, after in zip(snapshot, args):
+        if isinstance(before, torch.Tensor):
+            assert torch.equal(before, after)
 
 
 def test_result_types_are_named_tuples():
