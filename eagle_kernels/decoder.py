@@ -655,7 +655,8 @@ class SpeculativeDecoder:
             Capture speculative steps (True), plain steps (False) or both (None: plain, and
             speculative where the decoder has a head or a lookup chain).
         temperature : float
-            Passed to the tree choice when the decoder has no tree (CPU default trees only).
+            Passed to the tree choice when the decoder has no tree (CPU default trees only);
+            checked as :meth:`generate` checks its own (a ``ValueError`` naming it).
 
         Returns
         -------
@@ -666,6 +667,7 @@ class SpeculativeDecoder:
         if not sizes:
             raise ValueError("batch_sizes: expected at least one batch size, got none")
         max_len = check_count("max_len", max_len, minimum=2)
+        temperature = float(check_sampling(1, temperature, 0, 1.0, 0)[0])  # generate's rules for one value
         if max_len > self.target.config.max_position_embeddings:
             raise ValueError(f"max_len: {max_len} exceeds the model's context of "
                              f"{self.target.config.max_position_embeddings} positions")

@@ -570,3 +570,17 @@ def test_cli_head_config_mismatch_is_one_line(tiny_cli, capsys, tmp_path):
         assert json.load(f)["vocab_size"] == 50
     code, line = run_cli(["generate", "--prompt", "hi", "--head", str(tmp_path)], capsys)
     assert code == 2 and "head: vocab_size 50 (config.json) does not fit the target's vocab_size 97" in line
+
+
+@pytest.mark.parametrize("temperature,match", [("hot", r"temperature: expected a real number"),
+                                               (None, r"temperature: expected a real number"),
+                                               (-1.0, r"temperature: expected finite values >= 0"),
+                                               (float("nan"), r"temperature: expected finite values >= 0")],
+                         ids=["str", "none", "negative", "nan"])
+def test_warmup_temperature_is_checked(target, temperature, match):
+    """warmup's temperature (the tree choice's) follows generate's rules, a ValueError naming it, before any
+    capture or model pass."""
+    decoder = SpeculativeDecoder(target, EagleHead.random(target, "eagle3", 60))
+    with pytest.raises(ValueError, match=f"^{match}"):
+        decoder.warmup(batch_sizes=(1,), max_len=8, temperature=temperature)
+    assert decoder.captures == 0
