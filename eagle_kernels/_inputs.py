@@ -1,6 +1,8 @@
 """Argument checks of the public entry points (decoder, loaders), run once per call before any
 work: each error is a ``ValueError`` (a bad value) or ``TypeError`` (a wrong type) whose message
-starts with the argument's name, then the request index where there is one, then the value."""
+starts with the argument's name, then the request index where there is one, then the value. The
+sampling arguments (:func:`check_sampling`) raise ``ValueError`` for a wrong type too, as the ops'
+checks do, whose value rules they meet next."""
 
 from __future__ import annotations
 
