@@ -96,6 +96,14 @@ def _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, batch, layere
     return batch
 
 
+def _check_dense_head_dim(k_cache, v_cache):
+    """The caches of tree_attention, write_kv and compact_kv: the head dim dense (stride 1), as their kernels
+    read and write it (docs/ops.md §0); the native kernels raise the same."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.shape[-1] > 1 and cache.stride(-1) != 1:
+            _fail(name, "a dense last (head) dim", f"strides {tuple(cache.stride())}")
+
+
 def _check_kv_values(k_cache, cache_seqlens, block_table, needed, name_needed):
     """``needed`` [B]: positions each request must be able to address."""
     layered = k_cache.dim() == 5
@@ -123,6 +131,7 @@ def check_tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, 
     B, N, Hq, D = q.shape
     check_tensor("k_cache", k_cache, dtype=q.dtype, ndim=4, device=device)
     _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, B, False, device)
+    _check_dense_head_dim(k_cache, v_cache)
     Hkv = k_cache.shape[2]
     if Hkv == 0 or Hq % Hkv != 0:
         _fail("k_cache", f"a KV head count dividing Hq = {Hq}", Hkv)
@@ -320,6 +329,7 @@ def check_compact_kv(k_cache, v_cache, cache_seqlens, accept_nodes, accept_len, 
         _fail("accept_nodes", "shape [B, max_depth + 1] with max_depth >= 0", f"shape {tuple(accept_nodes.shape)}")
     check_tensor("accept_len", accept_len, dtype=torch.int32, shape=(B,), device=device)
     _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, B, True, device)
+    _check_dense_head_dim(k_cache, v_cache)
     if not (values and values_checked(device)):
         return
     if bool(((accept_len < 0) | (accept_len >= A)).any()):
@@ -345,6 +355,7 @@ def check_write_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table
     check_tensor("v_new", v_new, dtype=k_new.dtype, shape=tuple(k_new.shape), device=device)
     check_tensor("k_cache", k_cache, dtype=k_new.dtype, ndim=4, device=device)
     _check_kv_layout(k_cache, v_cache, cache_seqlens, block_table, B, False, device)
+    _check_dense_head_dim(k_cache, v_cache)
     if tuple(k_cache.shape[2:]) != (Hkv, D):
         _fail("k_cache", f"heads and head dim [*, *, {Hkv}, {D}] as in k_new", f"shape {tuple(k_cache.shape)}")
     if values and values_checked(device):

@@ -369,3 +369,23 @@ def test_value_checks_switch(mode, cpu, cuda, monkeypatch):
             call()
     else:
         call()
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
+@pytest.mark.parametrize("op", ["tree_attention", "write_kv", "compact_kv"])
+def test_caches_with_a_strided_head_dim_are_refused_on_every_backend(op, backend):
+    """A K/V cache whose head dim is not dense (stride 2 here): the kernels read and write it as dense, so every
+    backend refuses it with a ValueError naming k_cache (the reference computed with it, docs/ops.md §0)."""
+    fn, reason = _dispatch.implementation(op, backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    B, N, H, D = 1, 2, 2, 8
+    k, v = (torch.zeros(B, 16, H, 2 * D)[..., ::2] for _ in range(2))
+    seqlens = torch.tensor([3], dtype=torch.int32)
+    args = {"tree_attention": (torch.randn(B, N, H, D), k, v, seqlens),
+            "write_kv": (k, v, torch.randn(B, N, H, D), torch.randn(B, N, H, D), seqlens),
+            "compact_kv": (k, v, seqlens, torch.tensor([[0, 1]], dtype=torch.int32),
+                           torch.tensor([1], dtype=torch.int32))}[op]
+    with pytest.raises(ValueError, match=r"k_cache: expected a dense last \(head\) dim"):
+        fn(*args)
+    assert not k.any()  # nothing written
