@@ -115,7 +115,8 @@ def _check_kv_values(k_cache, cache_seqlens, block_table, needed, name_needed):
     if block_table is not None:
         num_pages = k_cache.shape[1] if layered else k_cache.shape[0]
         page_size = k_cache.shape[2] if layered else k_cache.shape[1]
-        pages_used = (needed + page_size - 1) // page_size
+        # Pages of no positions hold nothing: capacity 0, so nothing may be needed (checked above).
+        pages_used = (needed + page_size - 1) // page_size if page_size else torch.zeros_like(needed)
         cols = torch.arange(block_table.shape[1], device=block_table.device)
         used = cols[None, :] < pages_used[:, None]
         bad = used & ((block_table < 0) | (block_table >= num_pages))

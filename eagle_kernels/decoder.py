@@ -508,7 +508,7 @@ class SpeculativeDecoder:
             raise ValueError(f"head: compute dtype {head.dtype}, the target's {target.dtype}; load both in one dtype")
 
     # ------------------------------------------------------------------ public
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompts, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0, seed=0,
                  eos_token_id=None, speculative: bool = True, on_sync=None,
                  allow_beyond_context: bool = False) -> GenerationResult:
@@ -517,6 +517,8 @@ class SpeculativeDecoder:
         Greedy requests (temperature 0) get token for token the output of plain greedy
         decoding; sampled requests get exactly the distribution of plain sampling from the
         target's filtered distribution (the guarantee of ``eagle_kernels.verify``).
+
+        Runs under ``torch.inference_mode()`` (docs/decoding.md, "One call").
 
         Parameters
         ----------
@@ -634,7 +636,7 @@ class SpeculativeDecoder:
         timings.update(clock.pop("timings", {}))
         return GenerationResult(sequences, tau, steps, timings, tree if speculative else None)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def warmup(self, batch_sizes=(1,), max_len: int = 2048, speculative=None, temperature=0.0) -> int:
         """Capture ahead of time the steps of every batch size in ``batch_sizes`` for prompts
         plus ``max_new_tokens`` up to ``max_len`` tokens, as serving engines do; later

@@ -220,6 +220,13 @@ class _Counter(TorchDispatchMode):
         self.silent = 0  # > 0 inside a Triton launch or a native op (their own tensor traffic)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # Under torch.inference_mode() (generate's) composite ops such as aten::linear reach this mode whole;
+            # their decomposition (what runs, e.g. aten::mm) is counted instead, as it is outside inference mode.
+            with self:  # the decomposition's ops come back here
+                out = func.decompose(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
         name = func.__name__.split(".")[0]
         if func.namespace == "eagle_kernels" and not self.silent:
             op = name

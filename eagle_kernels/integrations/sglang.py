@@ -382,14 +382,17 @@ class _Handoff:
 
     def __init__(self, probs, logits, temperatures, top_ks=None, top_ps=None):
         self.probs = weakref.ref(probs)
-        self.version = probs._version
+        # An inference tensor (SGLang under SGLANG_ENABLE_TORCH_INFERENCE_MODE) keeps no version counter, so a
+        # change in place could not be seen: no handoff for it (None), the probabilities go through as they are.
+        self.version = None if probs.is_inference() else probs._version
         self.logits = weakref.ref(logits)
         self.temperatures, self.top_ks, self.top_ps = temperatures, top_ks, top_ps
 
     def made(self, probs) -> bool:
         """Whether ``probs`` (or a view of the same size) is the recorded tensor, unmodified."""
         recorded = self.probs()
-        return (recorded is not None and isinstance(probs, torch.Tensor) and probs.data_ptr() == recorded.data_ptr()
+        return (recorded is not None and self.version is not None and isinstance(probs, torch.Tensor)
+                and not probs.is_inference() and probs.data_ptr() == recorded.data_ptr()
                 and probs.numel() == recorded.numel() and probs._version == self.version)
 
 

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _dispatch, ops
+from .._inference import kept_tensors
+from .._inference import version as tensor_version
 from ..reference.cpu_linear import ROW_BLOCK_BYTES, dequantize, quant_in_features, quantize
 from ..reference.fp8_linear import quantize_fp8
 from ..reference.q8_0_linear import split_q8_0
@@ -153,7 +155,9 @@ class PackedWeights:
             return hit  # on every linear call: the shape checks below ran when it was packed
         if weight.dim() != 2 or weight.shape[0] % ops.PACK_WIDTH or weight.device.type != "cpu":
             return weight
-        packed = ops.cpu_linear_pack(weight, self.activations) if is_quantized(weight) else ops.cpu_linear_pack(weight)
+        with kept_tensors():
+            packed = (ops.cpu_linear_pack(weight, self.activations) if is_quantized(weight)
+                      else ops.cpu_linear_pack(weight))
         return self._remember(weight, packed)
 
     def q8_0_split(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,20 +165,26 @@ class PackedWeights:
         (``reference.q8_0_linear.split_q8_0``, on the weight's device), made on first use and kept
         as a packed copy is. Raises ``ValueError`` naming ``blocks`` for anything but Q8_0 block rows."""
         hit = self._held(weight, self._splits)
-        return hit if hit is not None else self._remember(weight, split_q8_0(weight), self._splits)
+        if hit is not None:
+            return hit
+        with kept_tensors():
+            return self._remember(weight, split_q8_0(weight), self._splits)
 
     def fp8_copy(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A float matrix as ``fp8_linear`` reads it, ``(weight_fp8, weight_scale)``
         (``reference.fp8_linear.quantize_fp8``, on the weight's device), made on first use and kept
         as a packed copy is."""
         hit = self._held(weight, self._fp8)
-        return hit if hit is not None else self._remember(weight, quantize_fp8(weight), self._fp8)
+        if hit is not None:
+            return hit
+        with kept_tensors():
+            return self._remember(weight, quantize_fp8(weight), self._fp8)
 
     @staticmethod
     def _held(weight: torch.Tensor, copies: dict):
         """The copy ``copies`` holds for this very tensor at its current version, else None."""
         hit = copies.get(id(weight))
-        return hit[2] if hit is not None and hit[0]() is weight and hit[1] == weight._version else None
+        return hit[2] if hit is not None and hit[0]() is weight and hit[1] == tensor_version(weight) else None
 
     def _remember(self, weight: torch.Tensor, copy, copies: dict | None = None):
         """Keep ``copy`` for ``weight`` in ``copies`` (default: the packed copies) while it lives at this version."""
@@ -185,7 +195,7 @@ class PackedWeights:
                 del copies[key]
                 self.generation += 1
 
-        copies[key] = (weakref.ref(weight, forget), weight._version, copy)
+        copies[key] = (weakref.ref(weight, forget), tensor_version(weight), copy)
         self.generation += 1
         return copy
 
@@ -205,7 +215,8 @@ class PackedWeights:
             for matrix in matrices:
                 if policy.packed or is_quantized(matrix):
                     self(matrix, policy)
-            self._move_to_huge_pages()
+            with kept_tensors():
+                self._move_to_huge_pages()
 
     def _move_to_huge_pages(self) -> None:
         mode = os.environ.get(CPU_HUGE_PAGES_ENV, "auto")

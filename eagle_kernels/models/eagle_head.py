@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from .._inference import versions
 from ..bookkeeping import gather_rows
 from ..reference.cpu_linear import QUANT_FORMATS, dequantize, quant_format, quant_in_features, quantize
 from .cpu_weights import CPU_LINEAR_MAX_ROWS, PackedWeights, cpu_policy, is_quantized, linear
@@ -379,7 +380,7 @@ class EagleHead(torch.nn.Module):
         layer = self.layer_weights()
         fc, lm_head, final_norm = self.weights["fc.weight"], self.weights["lm_head.weight"], self.weights["norm.weight"]
         tensors = (layer.input_norm, layer.embed_norm, *layer.matrices, layer.post_norm, fc, lm_head, final_norm)
-        key = (policy, self.packed.generation, tuple(t._version for t in tensors))
+        key = (policy, self.packed.generation, versions(tensors))
         hit = self._cpu_pass_cache
         if hit is not None and hit[0] == key and all(map(operator.is_, hit[1], tensors)):
             return hit[2]

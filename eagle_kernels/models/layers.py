@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import bookkeeping, ops
+from .._inference import kept_tensors
 from .cpu_weights import CPU_LINEAR_MAX_ROWS, CpuPolicy, PackedWeights, cpu_policy, linear
 
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
@@ -153,12 +154,13 @@ class FusedProjections:
         built = self._built.get((prefix, names))
         if built is not None and all(a is b for a, b in zip(built[0], parts)):
             return built[1]
-        fused = torch.cat(parts)
-        views, start = [], 0
-        for name, part in zip(names, parts):
-            views.append(fused[start:start + part.shape[0]])
-            weights[prefix + name] = views[-1]
-            start += part.shape[0]
+        with kept_tensors():  # the entries become views of it: normal tensors even under inference mode
+            fused = torch.cat(parts)
+            views, start = [], 0
+            for name, part in zip(names, parts):
+                views.append(fused[start:start + part.shape[0]])
+                weights[prefix + name] = views[-1]
+                start += part.shape[0]
         self._built[(prefix, names)] = (views, fused)
         return fused
 
@@ -355,8 +357,9 @@ class RopeTables:
         if tables is not None:
             self._outgrown.append(tables)
         rows = max(64, 1 << max(0, capacity - 1).bit_length(), 2 * tables[0].shape[0] if tables else 0)
-        angles = torch.arange(rows, dtype=torch.float64, device=inv_freq.device)[:, None] * inv_freq.double()
-        tables = (angles.cos().float().contiguous(), angles.sin().float().contiguous())
+        with kept_tensors():
+            angles = torch.arange(rows, dtype=torch.float64, device=inv_freq.device)[:, None] * inv_freq.double()
+            tables = (angles.cos().float().contiguous(), angles.sin().float().contiguous())
         self._tables[key] = tables
         return tables
 
@@ -368,7 +371,8 @@ class RopeTables:
         key = (inv_freq.device, id(inv_freq))
         full = self._full.get(key)
         if full is None or full[0] is not half[0]:
-            full = (half[0], torch.cat([half[0], half[0]], dim=-1), torch.cat([half[1], half[1]], dim=-1))
+            with kept_tensors():
+                full = (half[0], torch.cat([half[0], half[0]], dim=-1), torch.cat([half[1], half[1]], dim=-1))
             self._full[key] = full
         return full[1][positions], full[2][positions]
 

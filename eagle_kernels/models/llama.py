@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._inference import versions
 from .._inputs import check_device, check_dtype
 from ..bookkeeping import gpu_path, tree_positions
 from .cpu_weights import (
@@ -394,7 +395,7 @@ class LlamaModel(torch.nn.Module):
         copies unchanged: the 121 packed-copy lookups of SmolLM2-135M cost about 0.2 ms a pass."""
         layers = [self.layer_weights(layer) for layer in range(self.config.num_layers)]
         matrices = [m for layer in layers for m in layer.matrices]
-        key = (policy, self.packed.generation, tuple(m._version for m in matrices))
+        key = (policy, self.packed.generation, versions(matrices))
         hit = self._stack_lists_cache
         if hit is not None and hit[0] == key and all(map(operator.is_, hit[1], layers)):
             return hit[2]

@@ -303,6 +303,19 @@ def test_handoff_only_for_the_recorded_unmodified_probabilities(monkeypatch):
     assert plugin._handed_logits(probs.clone()) is None
 
 
+def test_no_handoff_for_inference_tensors():
+    """SGLang under SGLANG_ENABLE_TORCH_INFERENCE_MODE: its probabilities keep no version counter, so a change in
+    place could not be seen; the hooks record them without a handoff (the probabilities path), and raise nothing."""
+    logits = torch.randn(4, 5)
+    temps = torch.full((4, 1), 0.5)
+    with torch.inference_mode():
+        probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, temps)
+        assert plugin._handed_logits(probs) is None
+        filtered = plugin.top_k_renorm_prob(probs, torch.full((4,), 2))
+        assert plugin._handed_logits(filtered) is None
+    assert torch.allclose(filtered.sum(-1), torch.ones(4))
+
+
 def test_handed_logits_outside_the_contract_verify_from_the_probabilities(caplog):
     """A top_p outside (0, 1] (verify's contract) on the logits path: logged, and the
     probabilities path runs instead (SGLang has no kernel to fall back to on CPU)."""

@@ -149,6 +149,17 @@ def test_bad_input(backend, op_impl, case, name):
         torch.testing.assert_close(k_cache, before, rtol=0, atol=0)
 
 
+def test_pages_of_no_positions(backend, op_impl):
+    """A paged cache whose pages hold no positions (shape [P, 0, Hkv, D]) has capacity 0: writing no tokens is a
+    no-op on every backend (the reference and Triton divided by the page size), one token a ValueError."""
+    fn = op_impl("write_kv")
+    k_cache, v_cache = torch.zeros(2, 0, 3, 16), torch.zeros(2, 0, 3, 16)
+    table, seqlens = torch.zeros(1, 3, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    fn(k_cache, v_cache, torch.zeros(1, 0, 3, 16), torch.zeros(1, 0, 3, 16), seqlens, block_table=table)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fn(k_cache, v_cache, torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 16), seqlens, block_table=table)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_gpu_against_reference(gpu_op_impl, paged):
