@@ -22,16 +22,19 @@ does; SGLang can) meets them too:
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterable, Iterator
 
 import torch
+
+_VERSION = operator.attrgetter("_version")
 
 
 def versions(tensors: Iterable[torch.Tensor]) -> tuple[int, ...]:
     """The version counters of ``tensors``, 0 for an inference tensor (which keeps none)."""
     tensors = tuple(tensors)
     try:
-        return tuple(t._version for t in tensors)  # one attribute read each: the common case
+        return tuple(map(_VERSION, tensors))  # one attribute read each, in a C loop: the common case
     except RuntimeError:  # an inference tensor among them
         return tuple(0 if t.is_inference() else t._version for t in tensors)
 
