@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import bookkeeping, ops
+from . import _dispatch, bookkeeping, ops
 from ._checks import mask_words, values_checked
 from ._inputs import (
     check_capacity,
@@ -722,6 +722,8 @@ class SpeculativeDecoder:
         """Up to ``max_steps`` eager decoding steps; the host reads ``state.done`` (and calls
         ``on_sync``) only every ``sync_every`` steps."""
         sync_every = self.sync_every or self.policy.sync_every
+        if step == self._plain_step and self._plain_steps_native(state, max_steps, sync_every, on_sync):
+            return
         for index in range(max_steps):
             step(state)
             if (index + 1) % sync_every == 0:
@@ -729,6 +731,40 @@ class SpeculativeDecoder:
                     on_sync(state.out, state.out_len.clamp(max=state.max_new))
                 if bool(state.done.all()):
                     break
+
+    def _plain_steps_native(self, state: _State, max_steps: int, sync_every: int, on_sync) -> bool:
+        """:meth:`_run_steps` of plain CPU steps, each as three native calls (the target's pass prepared once by
+        ``LlamaModel.cpu_token_pass``, ``verify`` on the root, ``decoder_commit``): what :meth:`_plain_step`
+        computes, bit for bit, without its per-step Python (about 0.3 ms of a plain step of SmolLM2-135M on one
+        core, where each step's weight stream has evicted the interpreter's data). False, running nothing, where
+        a step needs more than those calls (coupled sampling, tensor limits of a slot, no native kernels) or
+        where the policy is a GPU's (capturable: its steps are the ones a graph captures)."""
+        if (self.policy.capturable or self.policy.coupled_sampling or not isinstance(state.limit, int)
+                or not (state.eos is None or isinstance(state.eos, int))
+                or _dispatch.backend_of("verify", state.root.device) != "cpp"):
+            return False
+        commit = bookkeeping._native_commit()
+        cache = state.target_cache
+        target_pass = self.target.cpu_token_pass(state.root[:, None], cache) if commit is not None else None
+        if target_pass is None:
+            return False
+        verify = torch.ops.eagle_kernels.verify
+        B = state.root.shape[0]
+        tokens = torch.zeros(B, 1, dtype=torch.int64)
+        parents = torch.full((B, 1), -1, dtype=torch.int32)
+        eos = -1 if state.eos is None else state.eos
+        history = (state.history, state.prompt_len if state.history is not None else None)
+        for index in range(max_steps):
+            out_tokens = verify(tokens, parents, target_pass(), max_depth=0, offset=state.offset,
+                                **state.sampling)[2]
+            commit(out_tokens, None, state.done, state.out, state.out_len, state.steps, state.root, state.offset,
+                   state.limit, eos, *history, cache.seqlens, None)
+            if (index + 1) % sync_every == 0:
+                if on_sync is not None:
+                    on_sync(state.out, state.out_len.clamp(max=state.max_new))
+                if bool(state.done.all()):
+                    break
+        return True
 
     def _run_slot(self, slot: _Slot, step, batch: int, max_steps: int, on_sync) -> dict:
         """The steps of a call on a slot: replays of its captured step; on the slot's first use

@@ -359,6 +359,27 @@ class LlamaModel(torch.nn.Module):
         else None. The results are those of the stack path's torch ops around ``cpu_decoder_layers`` bit for bit;
         what it saves is a dozen small torch ops per pass, each of which finds its code and data evicted by the
         pass's weight stream (about 1 ms of a 14 ms bf16 SmolLM2-135M decoding step on one core)."""
+        args = self._cpu_forward_args(tokens, cache)
+        if args is None:
+            return None
+        c = self.config
+        B, N = tokens.shape
+        if depths is not None:
+            positions = tree_positions(cache.seqlens, depths)
+        if positions is not None:
+            positions = positions.expand(B, N).long()
+        wanted = [index for index in dict.fromkeys(feature_layers) if 0 <= index < c.num_layers]
+        table, cos, sin, lists, final_norm, head = args
+        logits, hidden, states = torch.ops.eagle_kernels.cpu_decoder_forward(
+            tokens, table, cos, sin, positions, *lists, final_norm, head,
+            cache.k, cache.v, cache.seqlens, tree_mask, num_heads=c.num_heads, eps=c.rms_norm_eps,
+            state_layers=wanted, row_counts=row_counts, logit_rows=logit_rows)
+        return ForwardOutput(logits, hidden, dict(zip(wanted, states.unbind(0))))
+
+    def _cpu_forward_args(self, tokens, cache: KVCache) -> tuple | None:
+        """What ``cpu_decoder_forward`` takes of this model for a pass of ``tokens`` over ``cache``: (embedding
+        table, RoPE cos and sin tables, the six per-layer lists, final norm, LM head as the kernels read it), or
+        None outside the kernels' regime."""
         if tokens.device.type != "cpu" or self.dtype != torch.float32 or gpu_path(tokens):
             return None
         c, w = self.config, self.weights
@@ -376,18 +397,23 @@ class LlamaModel(torch.nn.Module):
         lists = self._stack_lists(policy)
         if lists is None:
             return None
-        if depths is not None:
-            positions = tree_positions(cache.seqlens, depths)
-        if positions is not None:
-            positions = positions.expand(B, N).long()
         cos, sin = self.layer_paths.rope_tables(self.inv_freq, cache.k.shape[-3])
-        wanted = [index for index in dict.fromkeys(feature_layers) if 0 <= index < c.num_layers]
-        input_norm, qkv, o, post_norm, gate_up, down = lists
-        logits, hidden, states = torch.ops.eagle_kernels.cpu_decoder_forward(
-            tokens, table, cos, sin, positions, input_norm, qkv, o, post_norm, gate_up, down, final_norm, head,
-            cache.k, cache.v, cache.seqlens, tree_mask, num_heads=c.num_heads, eps=c.rms_norm_eps,
-            state_layers=wanted, row_counts=row_counts, logit_rows=logit_rows)
-        return ForwardOutput(logits, hidden, dict(zip(wanted, states.unbind(0))))
+        return table, cos, sin, lists, final_norm, head
+
+    def cpu_token_pass(self, tokens: torch.Tensor, cache: KVCache):
+        """A loop of one-token passes as prepared ``cpu_decoder_forward`` calls: ``call()`` runs ``tokens``
+        int64 [B, 1] (read at each call: a buffer the caller updates in place) at positions ``cache.seqlens``
+        and returns their logits [B, 1, V], bit for bit :meth:`forward`'s. The arguments are gathered once, so
+        the weights must not change while the loop runs (one ``generate`` call's plain steps); None outside the
+        kernels' regime (:meth:`forward` then)."""
+        args = self._cpu_forward_args(tokens, cache)
+        if args is None:
+            return None
+        table, cos, sin, lists, final_norm, head = args
+        c, op = self.config, torch.ops.eagle_kernels.cpu_decoder_forward
+        fixed = (table, cos, sin, None, *lists, final_norm, head, cache.k, cache.v, cache.seqlens, None)
+        options = dict(num_heads=c.num_heads, eps=c.rms_norm_eps, state_layers=[], row_counts=None, logit_rows=None)
+        return lambda: op(tokens, *fixed, **options)[0]
 
     def _stack_lists(self, policy) -> tuple[list, ...] | None:
         """The six per-layer lists of ``cpu_decoder_forward`` (input norms, then q/k/v, o, post norms, gate/up and

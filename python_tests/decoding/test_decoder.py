@@ -639,3 +639,38 @@ def test_smollm2_greedy_speculative_equals_plain():
     spec = decoder.generate(prompts, 64)
     assert spec.sequences == plain.sequences
     assert all(len(s) == 64 for s in spec.sequences)
+
+
+@pytest.mark.parametrize("sync_every", [None, 3])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_k": 7, "seed": [1, 2, 3]},
+                                      {"temperature": [0.0, 1.0, 0.7], "top_p": 0.8, "seed": 5}],
+                         ids=["greedy", "top-k", "mixed-top-p"])
+def test_plain_native_steps_equal_plain_steps(monkeypatch, sampling, sync_every):
+    """Plain CPU steps run as prepared native calls (_plain_steps_native) give _plain_step's tokens, step counts
+    and on_sync calls, EOS included, and they did run (fp32: the CPU kernels' regime)."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    decoder = SpeculativeDecoder(target, None, sync_every=sync_every)
+    ran = []
+    native = SpeculativeDecoder._plain_steps_native
+
+    def spy(self, *args):
+        ran.append(native(self, *args))
+        return ran[-1]
+
+    def call(eos=None):
+        synced = []
+        result = decoder.generate(PROMPTS, 12, speculative=False, eos_token_id=eos, **sampling,
+                                  on_sync=lambda tokens, lengths: synced.append((tokens.clone(), lengths.clone())))
+        return result, synced
+
+    monkeypatch.setattr(SpeculativeDecoder, "_plain_steps_native", spy)
+    want_eos = call()[0].sequences[1][4]  # a token request 1 emits: it stops there
+    got = [call(), call(want_eos)]
+    assert ran and all(ran)
+    monkeypatch.setattr(SpeculativeDecoder, "_plain_steps_native", lambda self, *args: False)
+    want = [call(), call(want_eos)]
+    for (result, synced), (expect, expect_synced) in zip(got, want):
+        assert result.sequences == expect.sequences and result.steps == expect.steps
+        assert len(synced) == len(expect_synced)
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(synced, expect_synced))
+    assert len(got[1][0].sequences[1]) <= 5 and got[1][0].sequences[1][-1] == want_eos

@@ -1,11 +1,15 @@
-"""generate under torch.no_grad() (before) against torch.inference_mode() (now), side by side.
+"""A change to the CPU decoding step, before against after, side by side in one process.
 
-One process, SmolLM2-135M with the shipped EAGLE-3 head, GGUF weights with int8 activations and bf16
-weights, a held-out code prompt and a chat prompt, plain and speculative, 64 new tokens; the two modes
-take turns call by call and each cell is the median of ``--rounds`` calls (decode ms per token).
-``no_grad`` calls the undecorated ``generate`` inside ``torch.no_grad()``, as it ran before.
+``--change inference_mode``: ``generate`` under ``torch.no_grad()`` (before: the undecorated ``generate``
+called inside it) against ``torch.inference_mode()`` (now). ``--change native_plain``: plain steps through
+``_plain_step`` (before) against the prepared native calls of ``_plain_steps_native`` (now); speculative
+steps are the same code on both sides there.
 
-    python bench/ab_inference_mode.py --threads 1
+SmolLM2-135M with the shipped EAGLE-3 head, GGUF weights with int8 activations and bf16 weights, a held-out
+code prompt and a chat prompt, plain and speculative, 64 new tokens; the two sides take turns call by call and
+each cell is the median of ``--rounds`` calls (decode ms per token).
+
+    python bench/ab_cpu_step.py --change inference_mode --threads 1
 """
 
 import argparse
@@ -25,18 +29,25 @@ from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.models.llama import LlamaModel  # noqa: E402
 from eagle_kernels.train import corpus  # noqa: E402
 
-MODES = ("no_grad", "inference_mode")
+MODES = ("before", "now")
+_NATIVE_PLAIN = SpeculativeDecoder._plain_steps_native
 
 
-def call(decoder, prompt, speculative: bool, mode: str):
-    if mode == "no_grad":
+def call(decoder, prompt, speculative: bool, change: str, mode: str):
+    if change == "inference_mode" and mode == "before":
         with torch.no_grad():
             return SpeculativeDecoder.generate.__wrapped__(decoder, prompt, 64, speculative=speculative)
-    return decoder.generate(prompt, 64, speculative=speculative)
+    if change == "native_plain":
+        SpeculativeDecoder._plain_steps_native = _NATIVE_PLAIN if mode == "now" else lambda *args: False
+    try:
+        return decoder.generate(prompt, 64, speculative=speculative)
+    finally:
+        SpeculativeDecoder._plain_steps_native = _NATIVE_PLAIN
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--change", choices=("inference_mode", "native_plain"), required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
@@ -48,18 +59,19 @@ def main() -> None:
               "bf16": LlamaModel(base.config, dict(base.weights), weight_dtype=torch.bfloat16)}
     prompts = {"code": torch.tensor([corpus.held_out_prompts(tokenizer, "code", 1, 96)[0]]),
                "chat": torch.tensor([e2e.chat_prompts(tokenizer, 1)[0]])}
-    print(f"{args.threads} thread(s), median of {args.rounds} interleaved calls, decode ms per token")
-    print("| weights | prompt | decoding | no_grad | inference_mode | ratio |\n|---|---|---|---:|---:|---:|")
+    print(f"--change {args.change}: {args.threads} thread(s), median of {args.rounds} interleaved calls, decode ms "
+          "per token; ratio = before / now")
+    print("| weights | prompt | decoding | before | now | ratio |\n|---|---|---|---:|---:|---:|")
     for weights, model in models.items():
         decoder = SpeculativeDecoder(model, EagleHead.load(shipped.path("eagle3"), model))
         for name, prompt in prompts.items():
-            for speculative in (False, True):
+            for speculative in (False, True) if args.change != "native_plain" else (False,):
                 times = {mode: [] for mode in MODES}
                 for mode in MODES:  # warm: packing, slot shapes
-                    call(decoder, prompt, speculative, mode)
+                    call(decoder, prompt, speculative, args.change, mode)
                 for _ in range(args.rounds):
                     for mode in MODES:
-                        result = call(decoder, prompt, speculative, mode)
+                        result = call(decoder, prompt, speculative, args.change, mode)
                         times[mode].append(result.timings["decode_s"] / (result.timings["tokens"] - 1) * 1e3)
                 before, now = (sorted(times[mode])[args.rounds // 2] for mode in MODES)
                 print(f"| {weights} | {name} | {'speculative' if speculative else 'plain'} | {before:.2f} | "
