@@ -2,7 +2,7 @@
 
 ``--change inference_mode``: ``generate`` under ``torch.no_grad()`` (before: the undecorated ``generate``
 called inside it) against ``torch.inference_mode()`` (now). ``--change native_plain``: plain steps through
-``_plain_step`` (before) against the prepared native calls of ``_plain_steps_native`` (now); speculative
+``_plain_step`` (before) against the prepared native calls of ``_native_plain_step`` (now); speculative
 steps are the same code on both sides there.
 
 SmolLM2-135M with the shipped EAGLE-3 head, GGUF weights with int8 activations and bf16 weights, a held-out
@@ -30,7 +30,7 @@ from eagle_kernels.models.llama import LlamaModel  # noqa: E402
 from eagle_kernels.train import corpus  # noqa: E402
 
 MODES = ("before", "now")
-_NATIVE_PLAIN = SpeculativeDecoder._plain_steps_native
+_NATIVE_PLAIN = SpeculativeDecoder._native_plain_step
 
 
 def call(decoder, prompt, speculative: bool, change: str, mode: str):
@@ -38,11 +38,11 @@ def call(decoder, prompt, speculative: bool, change: str, mode: str):
         with torch.no_grad():
             return SpeculativeDecoder.generate.__wrapped__(decoder, prompt, 64, speculative=speculative)
     if change == "native_plain":
-        SpeculativeDecoder._plain_steps_native = _NATIVE_PLAIN if mode == "now" else lambda *args: False
+        SpeculativeDecoder._native_plain_step = _NATIVE_PLAIN if mode == "now" else lambda *args: None
     try:
         return decoder.generate(prompt, 64, speculative=speculative)
     finally:
-        SpeculativeDecoder._plain_steps_native = _NATIVE_PLAIN
+        SpeculativeDecoder._native_plain_step = _NATIVE_PLAIN
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ def versions(tensors: Iterable[torch.Tensor]) -> tuple[int, ...]:
     try:
         return tuple(map(_VERSION, tensors))  # one attribute read each, in a C loop: the common case
     except RuntimeError:  # an inference tensor among them
-        return tuple(0 if t.is_inference() else t._version for t in tensors)
+        return tuple(map(version, tensors))
 
 
 def version(tensor: torch.Tensor) -> int:

@@ -409,6 +409,13 @@ def _root_tree(root: torch.Tensor) -> Tree:
                 torch.ones(B, 1, 1, dtype=torch.int64, device=device))
 
 
+def _one_node_tree(batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """verify's ``tokens`` int64 [B, 1] and ``parents`` int32 [B, 1] of a tree of the root alone (plain decoding's
+    next token: the root's own token is not read)."""
+    return (torch.zeros(batch, 1, dtype=torch.int64, device=device),
+            torch.full((batch, 1), -1, dtype=torch.int32, device=device))
+
+
 class SpeculativeDecoder:
     """EAGLE-style speculative decoder over a :class:`LlamaModel` target and an
     :class:`EagleHead` draft head. The loop is described in docs/decoding.md.
@@ -722,8 +729,8 @@ class SpeculativeDecoder:
         """Up to ``max_steps`` eager decoding steps; the host reads ``state.done`` (and calls
         ``on_sync``) only every ``sync_every`` steps."""
         sync_every = self.sync_every or self.policy.sync_every
-        if step == self._plain_step and self._plain_steps_native(state, max_steps, sync_every, on_sync):
-            return
+        if step == self._plain_step:
+            step = self._native_plain_step(state) or step
         for index in range(max_steps):
             step(state)
             if (index + 1) % sync_every == 0:
@@ -732,39 +739,28 @@ class SpeculativeDecoder:
                 if bool(state.done.all()):
                     break
 
-    def _plain_steps_native(self, state: _State, max_steps: int, sync_every: int, on_sync) -> bool:
-        """:meth:`_run_steps` of plain CPU steps, each as three native calls (the target's pass prepared once by
-        ``LlamaModel.cpu_token_pass``, ``verify`` on the root, ``decoder_commit``): what :meth:`_plain_step`
-        computes, bit for bit, without its per-step Python (about 0.3 ms of a plain step of SmolLM2-135M on one
-        core, where each step's weight stream has evicted the interpreter's data). False, running nothing, where
-        a step needs more than those calls (coupled sampling, tensor limits of a slot, no native kernels) or
-        where the policy is a GPU's (capturable: its steps are the ones a graph captures)."""
-        if (self.policy.capturable or self.policy.coupled_sampling or not isinstance(state.limit, int)
-                or not (state.eos is None or isinstance(state.eos, int))
+    def _native_plain_step(self, state: _State) -> Callable[[_State], None] | None:
+        """:meth:`_plain_step` for this call's ``state`` as three native calls (the target's pass prepared once by
+        ``LlamaModel.cpu_token_pass``, ``verify`` on the root, ``decoder_commit`` through ``bookkeeping.commit``):
+        the same tokens bit for bit, without its per-step Python (about 0.3 ms of a plain step of SmolLM2-135M on
+        one core, where each step's weight stream has evicted the interpreter's data). None where a step needs
+        more than those calls (coupled sampling, no native kernels) or where the policy is a GPU's (capturable:
+        its steps are the ones a graph captures)."""
+        if (self.policy.capturable or self.policy.coupled_sampling
                 or _dispatch.backend_of("verify", state.root.device) != "cpp"):
-            return False
-        commit = bookkeeping._native_commit()
-        cache = state.target_cache
-        target_pass = self.target.cpu_token_pass(state.root[:, None], cache) if commit is not None else None
+            return None
+        target_pass = self.target.cpu_token_pass(state.root[:, None], state.target_cache)
         if target_pass is None:
-            return False
+            return None
         verify = torch.ops.eagle_kernels.verify
-        B = state.root.shape[0]
-        tokens = torch.zeros(B, 1, dtype=torch.int64)
-        parents = torch.full((B, 1), -1, dtype=torch.int32)
-        eos = -1 if state.eos is None else state.eos
-        history = (state.history, state.prompt_len if state.history is not None else None)
-        for index in range(max_steps):
+        tokens, parents = _one_node_tree(state.root.shape[0], state.root.device)
+
+        def step(state: _State) -> None:
             out_tokens = verify(tokens, parents, target_pass(), max_depth=0, offset=state.offset,
                                 **state.sampling)[2]
-            commit(out_tokens, None, state.done, state.out, state.out_len, state.steps, state.root, state.offset,
-                   state.limit, eos, *history, cache.seqlens, None)
-            if (index + 1) % sync_every == 0:
-                if on_sync is not None:
-                    on_sync(state.out, state.out_len.clamp(max=state.max_new))
-                if bool(state.done.all()):
-                    break
-        return True
+            bookkeeping.commit(state, out_tokens, None, None, None)
+
+        return step
 
     def _run_slot(self, slot: _Slot, step, batch: int, max_steps: int, on_sync) -> dict:
         """The steps of a call on a slot: replays of its captured step; on the slot's first use
@@ -999,9 +995,7 @@ class SpeculativeDecoder:
     def _sample_root(self, logits, sampling, offset, positions) -> torch.Tensor:
         """Next token from one row of logits [B, 1, V], through verify on a one-node tree; the token
         sits at sequence position ``positions`` int64 [B] (read by coupled sampling only; None without)."""
-        B = logits.shape[0]
-        tokens = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
-        parents = torch.full((B, 1), -1, dtype=torch.int32, device=logits.device)
+        tokens, parents = _one_node_tree(logits.shape[0], logits.device)
         result = ops.verify(tokens, parents, logits, max_depth=0, offset=offset, **sampling,
                             **self._coupled(positions))
         return result.out_tokens[:, 0]

@@ -646,15 +646,15 @@ def test_smollm2_greedy_speculative_equals_plain():
                                       {"temperature": [0.0, 1.0, 0.7], "top_p": 0.8, "seed": 5}],
                          ids=["greedy", "top-k", "mixed-top-p"])
 def test_plain_native_steps_equal_plain_steps(monkeypatch, sampling, sync_every):
-    """Plain CPU steps run as prepared native calls (_plain_steps_native) give _plain_step's tokens, step counts
+    """Plain CPU steps run as prepared native calls (_native_plain_step) give _plain_step's tokens, step counts
     and on_sync calls, EOS included, and they did run (fp32: the CPU kernels' regime)."""
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
     decoder = SpeculativeDecoder(target, None, sync_every=sync_every)
     ran = []
-    native = SpeculativeDecoder._plain_steps_native
+    native = SpeculativeDecoder._native_plain_step
 
-    def spy(self, *args):
-        ran.append(native(self, *args))
+    def spy(self, state):
+        ran.append(native(self, state))
         return ran[-1]
 
     def call(eos=None):
@@ -663,11 +663,11 @@ def test_plain_native_steps_equal_plain_steps(monkeypatch, sampling, sync_every)
                                   on_sync=lambda tokens, lengths: synced.append((tokens.clone(), lengths.clone())))
         return result, synced
 
-    monkeypatch.setattr(SpeculativeDecoder, "_plain_steps_native", spy)
+    monkeypatch.setattr(SpeculativeDecoder, "_native_plain_step", spy)
     want_eos = call()[0].sequences[1][4]  # a token request 1 emits: it stops there
     got = [call(), call(want_eos)]
-    assert ran and all(ran)
-    monkeypatch.setattr(SpeculativeDecoder, "_plain_steps_native", lambda self, *args: False)
+    assert ran and all(step is not None for step in ran)
+    monkeypatch.setattr(SpeculativeDecoder, "_native_plain_step", lambda self, state: None)
     want = [call(), call(want_eos)]
     for (result, synced), (expect, expect_synced) in zip(got, want):
         assert result.sequences == expect.sequences and result.steps == expect.steps
