@@ -1,16 +1,7 @@
 // cpu_linear over Q8_0 / Q4_1 weights with 8-bit activations: GGML's arithmetic (each block of 32 elements of a
 // row of x quantized to int8 with one fp32 scale, exact integer dot products per block, scaled in fp32), packed
-// by eagle_kernels.cpu_linear_pack(blocks, activations="int8") as uint8 / int8 [N / 32, 2, K / 32, lines, 32]:
-// groups of 32 output columns, two halves of 16, and per block of 32 k steps of a half, in 32-byte lines:
-//
-//   Q8_0 (17 lines, 544 bytes): 16 fp16 scales d[j]; then 8 chunks of 64 bytes, byte 4 j + r of chunk t holding
-//        column j's int8 quant of k = 4 t + r.                                     w[k, j] = d[j] * q[k, j]
-//   Q4_1 (10 lines, 320 bytes): 16 fp16 scales d[j], 16 fp16 minimums m[j]; then 4 chunks of 64 bytes, byte
-//        4 j + r of chunk t holding column j's 4-bit quant of k = 4 t + r in its low nibble and of
-//        k = 16 + 4 t + r in its high nibble.                                      w[k, j] = d[j] * q[k, j] + m[j]
-//
-// The same bytes as the fp32-activation layout of cpu_linear_quant.cpp, ordered so that a 32-bit lane holds 4
-// consecutive k of one column: one VPDPBUSD multiplies 16 columns by 4 steps of x and adds the four products.
+// by eagle_kernels.cpu_linear_pack(blocks, activations="int8") as uint8 / int8 [N / 32, 2, K / 32, lines, 32]: the
+// block layout of cpu_linear_blocks.h in lines of 32 bytes.
 //
 // Arithmetic, on every ISA: x's block b of a row: amax = max |x|, dx = amax / 127, qx = round-to-even(x * (1 / dx))
 // (qx = 0 where dx = 0), s = sum qx, dxs = dx * float(s). Per output, from acc = 0, block by block:
@@ -34,22 +25,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_linear_blocks.h"
 #include "cpu_linear_groups.h"
 #include "cpu_linear_impl.h"
-
-#if EAGLE_X86_SIMD
-#define EAGLE_ISA_AVX512_VNNI    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
-#define EAGLE_TARGET_AVX512_VNNI __attribute__((target(EAGLE_ISA_AVX512_VNNI)))
-#endif
 
 namespace eagle {
 namespace linear_impl {
 namespace {
 
 using isa::Level;
-
-constexpr int64_t kHalf = kPackWidth / 2;
-constexpr int64_t kBlock = kQuantBlock;
+using namespace blocks;
 
 // One block of 32 elements of a row of x, quantized (see the top of the file).
 struct XBlock {
@@ -61,8 +46,6 @@ struct XBlock {
 };
 static_assert(sizeof(XBlock) == 48, "XBlock: 48 bytes");
 
-// As cpu_linear_quant.cpp: the AVX-512 tiles prefetch kAhead bytes ahead in the same stream, or (0) the same place
-// in the next tile's streams.
 // Rows of x per tile (BlockTiles): AVX-512 tiles of G groups (S = 2 G streams of 16 columns) x C rows hold S C fp32
 // accumulators, S C integer block sums and S weights; AVX2 tiles of one half 2 C accumulators, 2 C block sums and
 // 2 weights.
@@ -71,23 +54,8 @@ struct Rows {
   static constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
   static constexpr int kMaxRows256 = 2;
 };
-struct Q8 : Rows {
-  static constexpr int64_t kBytes = kQ8BlockBytes;
-  static constexpr int64_t kParams = 32;
-  static constexpr int64_t kAhead = 512;
-};
-struct Q41 : Rows {
-  static constexpr int64_t kBytes = kQ41BlockBytes;
-  static constexpr int64_t kParams = 64;
-  static constexpr int64_t kAhead = 0;
-};
-constexpr int64_t kPrefetchAhead = 4096;  // the AVX2 tiles (one stream)
-
-inline float half_at(const uint8_t* p, int64_t j) {
-  uint16_t bits;
-  std::memcpy(&bits, p + 2 * j, 2);
-  return widen(static_cast<Fp16Bits>(bits));
-}
+struct Q8 : Q8Layout, Rows {};
+struct Q41 : Q41Layout, Rows {};
 
 // ------------------------------------------------------------------------------- activations
 void quantize_block_scalar(const float* x, XBlock* out) {
@@ -156,16 +124,6 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, XBlock* ou
 }
 
 // ------------------------------------------------------------------------------- scalar path
-// Column j's quant of step i of a block (base: the block's first byte, in a half).
-inline int32_t quant_at(Q8, const uint8_t* base, int64_t i, int64_t j) {
-  return static_cast<int8_t>(base[Q8::kParams + (i / 4) * 64 + 4 * j + i % 4]);
-}
-inline int32_t quant_at(Q41, const uint8_t* base, int64_t i, int64_t j) {
-  const int64_t r = i % 16;
-  const uint8_t byte = base[Q41::kParams + (r / 4) * 64 + 4 * j + r % 4];
-  return i < 16 ? (byte & 0xF) : (byte >> 4);
-}
-
 template <typename F>
 void block_group_scalar(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, int64_t M, float* out,
                         int64_t ldo) {
@@ -178,9 +136,9 @@ void block_group_scalar(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_
         const uint8_t* base = half + b * F::kBytes;
         const XBlock& xb = x[m * ldx + b];
         int32_t isum = 0;
-        for (int64_t i = 0; i < kBlock; ++i) isum += quant_at(F{}, base, i, j) * xb.q[i];
+        for (int64_t i = 0; i < kBlock; ++i) isum += quant_at<F>(base, i, j) * xb.q[i];
         acc = std::fma(static_cast<float>(isum), half_at(base, j) * xb.d, acc);
-        if constexpr (std::is_same_v<F, Q41>) acc = std::fma(half_at(base, kHalf + j), xb.dsum, acc);
+        if constexpr (!F::kSigned) acc = std::fma(half_at(base, kHalf + j), xb.dsum, acc);
       }
       out[m * ldo + col] = acc;
     }
@@ -188,34 +146,8 @@ void block_group_scalar(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_
 
 #if EAGLE_X86_SIMD
 // ---------------------------------------------------------------------------- AVX-512 VNNI
-// G groups (S = 2 G streams of 16 columns) times C rows of x: out[c * ldo + 32 g + j].
-
-EAGLE_TARGET_AVX512_VNNI inline __m512 params16(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-EAGLE_TARGET_AVX512_VNNI inline __m512i x4(const XBlock& xb, int64_t i) {  // qx[i .. i + 3] in every lane
-  int32_t v;
-  std::memcpy(&v, xb.q + i, 4);
-  return _mm512_set1_epi32(v);
-}
-
-// A chunk's weights as the unsigned operand of VPDPBUSD (part: 0, or Q4_1's high nibbles 1), and the step of x
-// that multiplies them. Q8_0: q + 128 (q ^ 0x80) by qx, 128 s subtracted per block (block_scale); Q4_1: q by qx.
-// Q8_0 has 8 chunks (part 0); Q4_1 4 chunks, each read twice (low, then high nibbles).
-template <typename F>
-constexpr int kChunks = std::is_same_v<F, Q8> ? kBlock / 4 : kBlock / 8;
-template <typename F>
-constexpr int kParts = std::is_same_v<F, Q8> ? 1 : 2;
-constexpr int64_t x_step(int64_t t, int part) { return 16 * part + 4 * t; }
-
-template <typename F>
-EAGLE_TARGET_AVX512_VNNI inline __m512i chunk512(const uint8_t* base, int64_t t, int part) {
-  const __m512i raw = _mm512_loadu_si512(base + F::kParams + t * 64);
-  if constexpr (std::is_same_v<F, Q8>) return _mm512_xor_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80)));
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  return _mm512_and_si512(part == 0 ? raw : _mm512_srli_epi16(raw, 4), low4);
-}
-
+// G groups (S = 2 G streams of 16 columns) times C rows of x: out[c * ldo + 32 g + j]. The weights are VPDPBUSD's
+// unsigned operand (chunk512); Q8_0's are q + 128, so 128 s comes off each block sum.
 template <int G, int C, typename F>
 EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
                                             int64_t ldo, bool prefetch) {
@@ -229,35 +161,33 @@ EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, con
     const uint8_t* base[S];
     for (int s = 0; s < S; ++s) {
       base[s] = w + s * stride + b * F::kBytes;
-      if (prefetch)
-        for (int64_t off = 0; off < F::kBytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
+      if (prefetch) prefetch_block<F>(base[s], ahead);
     }
     __m512i isum[S][C];
     for (int s = 0; s < S; ++s)
       for (int c = 0; c < C; ++c) isum[s][c] = _mm512_setzero_si512();
-    for (int64_t t = 0; t < kChunks<F>; ++t)
-      for (int part = 0; part < kParts<F>; ++part) {
+    for (int64_t t = 0; t < F::kChunks; ++t)
+      for (int part = 0; part < F::kParts; ++part) {
         __m512i wv[S];
         for (int s = 0; s < S; ++s) wv[s] = chunk512<F>(base[s], t, part);
         for (int c = 0; c < C; ++c) {
-          const __m512i xv = x4(x[c * ldx + b], x_step(t, part));
+          const __m512i xv = bytes4_512(x[c * ldx + b].q + x_step(t, part));
           for (int s = 0; s < S; ++s) isum[s][c] = _mm512_dpbusd_epi32(isum[s][c], wv[s], xv);
         }
       }
     __m512 d[S], m[S];
     for (int s = 0; s < S; ++s) {
       d[s] = params16(base[s]);
-      if constexpr (std::is_same_v<F, Q41>) m[s] = params16(base[s] + 2 * kHalf);
+      if constexpr (!F::kSigned) m[s] = params16(base[s] + 2 * kHalf);
     }
     for (int c = 0; c < C; ++c) {
       const XBlock& xb = x[c * ldx + b];
       const __m512 dx = _mm512_set1_ps(xb.d);
       for (int s = 0; s < S; ++s) {
         __m512i sum = isum[s][c];
-        if constexpr (std::is_same_v<F, Q8>) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xb.sum));
+        if constexpr (F::kSigned) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xb.sum));
         acc[s][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d[s], dx), acc[s][c]);
-        if constexpr (std::is_same_v<F, Q41>) acc[s][c] = _mm512_fmadd_ps(m[s], _mm512_set1_ps(xb.dsum), acc[s][c]);
+        if constexpr (!F::kSigned) acc[s][c] = _mm512_fmadd_ps(m[s], _mm512_set1_ps(xb.dsum), acc[s][c]);
       }
     }
   }
@@ -271,9 +201,6 @@ EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, con
 // <= 128, |qx| <= 127: 2 x 128 x 127 = 32512), Q4_1 as q by qx (2 x 15 x 127); VPMADDWD by ones then adds the pairs of
 // pairs exactly in int32.
 
-EAGLE_TARGET_AVX2 inline __m256 params8(const uint8_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 EAGLE_TARGET_AVX2 inline __m256i x4_256(const XBlock& xb, int64_t i) {
   int32_t v;
   std::memcpy(&v, xb.q + i, 4);
@@ -284,7 +211,7 @@ EAGLE_TARGET_AVX2 inline __m256i x4_256(const XBlock& xb, int64_t i) {
 template <typename F>
 EAGLE_TARGET_AVX2 inline __m256i dot4_256(__m256i raw, int part, __m256i xv) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (std::is_same_v<F, Q8>)
+  if constexpr (F::kSigned)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(raw), _mm256_sign_epi8(xv, raw)), ones);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i q = _mm256_and_si256(part == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
@@ -299,14 +226,12 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XBlo
     for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = w + b * F::kBytes;
-    if (prefetch)
-      for (int64_t off = 0; off < F::kBytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
+    if (prefetch) prefetch_block<F>(base, kPrefetchAhead);
     __m256i isum[2][C];
     for (int v = 0; v < 2; ++v)
       for (int c = 0; c < C; ++c) isum[v][c] = _mm256_setzero_si256();
-    for (int64_t t = 0; t < kChunks<F>; ++t)
-      for (int part = 0; part < kParts<F>; ++part) {
+    for (int64_t t = 0; t < F::kChunks; ++t)
+      for (int part = 0; part < F::kParts; ++part) {
         __m256i raw[2];
         for (int v = 0; v < 2; ++v)
           raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + F::kParams + t * 64 + 32 * v));
@@ -321,7 +246,7 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XBlo
       const __m256 dx = _mm256_set1_ps(xb.d);
       for (int v = 0; v < 2; ++v) {
         acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[v][c]), _mm256_mul_ps(d[v], dx), acc[v][c]);
-        if constexpr (std::is_same_v<F, Q41>)
+        if constexpr (!F::kSigned)
           acc[v][c] = _mm256_fmadd_ps(params8(base + 32 + 16 * v), _mm256_set1_ps(xb.dsum), acc[v][c]);
       }
     }
@@ -330,16 +255,6 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XBlo
     for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
 }
 #endif  // EAGLE_X86_SIMD
-
-// The AVX-512 tiles need VNNI (Ice Lake, Sapphire Rapids, Zen 4); an AVX-512 CPU without it runs the AVX2 tiles.
-bool has_vnni() {
-#if EAGLE_X86_SIMD && (defined(__GNUC__) || defined(__clang__))
-  static const bool vnni = __builtin_cpu_supports("avx512vnni");
-  return vnni;
-#else
-  return false;
-#endif
-}
 
 }  // namespace
 

@@ -1,24 +1,27 @@
-// cpu_linear over weight-only quantized weights, packed (eagle_kernels.cpu_linear_pack of GGML block rows): the
-// layout of cpu_linear_packed.cpp (groups of 32 output columns, two halves of 16, K-major inside a half) in blocks
-// of 32 k steps, each block of a half holding its 16 columns' block parameters, then their quants:
+// cpu_linear over weight-only quantized weights (Q8_0 / Q4_1 blocks, packed by eagle_kernels.cpu_linear_pack in the
+// layout of cpu_linear_blocks.h, 4-D) with fp32 activations.
 //
-//   Q8_0 (int8 [N / 32, 2, K / 32, 544]): 16 fp16 scales d[j] (32 bytes), then 32 k steps x 16 int8 quants
-//        (512 bytes, k-major); w[k, j] = d[j] * q[k, j].
-//   Q4_1 (uint8 [N / 32, 2, K / 32, 320]): 16 fp16 scales d[j], 16 fp16 minimums m[j] (64 bytes), then 16 pairs of
-//        k steps x 16 bytes (256 bytes), byte j of pair p holding column j's 4-bit quant of k = 2p in its low
-//        nibble and of k = 2p + 1 in its high nibble; w[k, j] = d[j] * q[k, j] + m[j].
+// Arithmetic, on every ISA. Block b of a row of x (32 elements) is held as integers: with E the exponent of its
+// largest |x| (frexp: amax = f 2^E, f in [0.5, 1)) and s = 2^(E - 22),
+//   X[k] = round-to-even(x[k] / s),  |X[k]| <= 2^22,
+// so x[k] is kept to within s / 2, 2^-23 of amax (the largest elements keep 23 of fp32's 24 significant bits).
+// Per output column j of a block, the integer I = sum_k q[k, j] X[k] is exact (|I| < 2^35), and then, from acc = 0,
+// block by block:
+//   Q8_0: acc = fma(float(I), d[j] * s, acc)                                  (float(I): one rounding to nearest even)
+//   Q4_1: acc = fma(float(I), d[j] * s, acc); acc = fma(m[j], float(sum_k X[k]) * s, acc)
+// One rounding of the block's dot product instead of 32 (an fp32 FMA chain over the dequantized weights), so the
+// results are as close to the exact product as the fp32 kernels' (reference.cpu_linear: float64, rounded once).
+// A block holding inf or nan gives NaN outputs, as the fp32 kernels'.
 //
-// The weights are widened in registers, one k step of 16 columns at a time: the quants to fp32, then w as above
-// in fp32 (Q8_0: d * q, exact, 8 x 11 significant bits; Q4_1: one FMA, d * q exact, so the one rounding of the
-// exact d * q + m). Activations stay fp32, as the accumulation: each output is one fp32 FMA chain over
-// k = 0 .. K-1, fma(w[k], x[k], acc) from zero, the chain of the fp32 packed kernel on the dequantized matrix.
-// So the result is bit for bit cpu_linear on cpu_linear_pack(dequantized weight) in fp32, on every ISA (AVX-512,
-// AVX2 and the scalar std::fma path give the same w and the same chain), and a row of the output does not depend
-// on the other rows (batch-invariant: a verify pass gives a token's row what decoding it alone gives).
-//
-// Why not GGML's own arithmetic (x quantized to 8 bits per block, integer dot products): that changes the
-// activations, and greedy outputs then depend on the batch shape of the quantization; here only the weights are
-// approximate, the arithmetic is that of the fp32 kernels.
+// Why integers: widening 16 int8 weights to fp32 and scaling them takes three vector operations before the FMA,
+// which at one row bound the fp32 chain by the core's vector ports (about 16 G weights/s on the Zen 4 here, below
+// the rate one core streams memory at). With x split into three signed bytes, X = h 2^16 + m 2^8 + l (each in
+// [-128, 127]), one VPDPBUSD per digit multiplies 64 weights (16 columns by 4 k) exactly, and the block's three
+// integer sums give I: three operations per 64 weights. The AVX2 path (no VNNI) widens the weights to 16 bits and
+// splits X in two int16 halves instead, X = H 2^16 + L (L in [-2^15, 2^15)), for VPMADDWD; the scalar path sums
+// q X in int64. I is the same exact integer on every path and every fp32 operation the same IEEE operation, so the
+// results agree bit for bit across ISAs; each row of the output depends only on its own row of x (batch-invariant:
+// a verify pass gives a token's row what decoding it alone gives).
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -27,7 +30,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
 
+#include "cpu_linear_blocks.h"
 #include "cpu_linear_groups.h"
 #include "cpu_linear_impl.h"
 
@@ -36,162 +43,203 @@ namespace linear_impl {
 namespace {
 
 using isa::Level;
+using namespace blocks;
 
-constexpr int64_t kW = kPackWidth;
-constexpr int64_t kHalf = kPackWidth / 2;
-constexpr int64_t kBlock = kQuantBlock;  // k steps per block
+// Digits of X, least significant first: X = digit[0] + 256 digit[1] + 65536 digit[2].
+constexpr int kDigits = 3;
+// X = round(x 2^(kFraction - E)): |X| <= 2^kFraction, so the top digit stays within [-64, 64].
+constexpr int kFraction = 22;
 
-// The AVX-512 tiles prefetch (into L2), per block and weight stream, the lines kAhead bytes ahead in the same stream,
-// or with kAhead = 0 the lines at the same place in the next tile's stream (the next G groups). Measured on the Intel
-// Xeon (the linear layers of one SmolLM2 forward at one row, 1 thread, CPU time, repeated runs on a busy machine):
-// Q8_0 15.0 ms at 4096 bytes ahead, 13.4-14.0 at 512, 14.1-14.3 in the next tile; Q4_1 10.8 ms at 4096, 9.3-9.8
-// at 512, 8.5-9.2 in the next tile (distances of 2-8 KiB, which land in the tile's own other streams, were the
-// slowest for both).
-// Rows of x per tile (BlockTiles): AVX-512 tiles of G groups x C rows hold 2 G C accumulators, 2 G scales (and
-// 2 G minimums), 2 G widened weights and one x; AVX2 tiles of one half 2 C accumulators, 2 scales (and 2
-// minimums), 2 widened weights and one x of 16 registers.
+// One block of 32 elements of a row of x in integer form (see the top of the file).
+struct XDigits {
+  int8_t digit[kDigits][kBlock];  // VNNI: X = digit[0] + 256 digit[1] + 65536 digit[2]
+  int16_t low[kBlock];            // AVX2: X = low + 65536 high
+  int16_t high[kBlock];
+  float s;             // 2^(E - 22); NaN for a non-finite block
+  int32_t x_sum;       // sum_k X[k]
+  float x_sum_scaled;  // float(x_sum) * s (Q4_1's minimums); NaN for a non-finite block
+  // Q8_0's VNNI operand is q + 128: 128 sum(digit[0]) comes off the low digit's block sum, 128 (256 sum(digit[2]) +
+  // sum(digit[1])) off 256 x the top digit's + the middle's (|.| < 2^27).
+  int32_t q8_low_excess;
+  int32_t q8_high_excess;
+  int32_t pad[3];
+};
+static_assert(sizeof(XDigits) == 256, "XDigits: 256 bytes");
+
+// Rows of x per tile (BlockTiles). AVX-512 tiles of G groups (S = 2 G streams) x C rows hold 3 S C integer block
+// sums and S C fp32 accumulators; AVX2 tiles of one half 4 integer sums and 2 accumulators per row.
 struct Rows {
-  static constexpr int kMaxRows = 12;
-  static constexpr int groups_for(int C) { return C <= 1 ? 3 : C <= 3 ? 2 : 1; }
-  static constexpr int kMaxRows256 = 4;
+  static constexpr int kMaxRows = 2;
+  static constexpr int groups_for(int C) { return C <= 1 ? 2 : 1; }
+  static constexpr int kMaxRows256 = 2;
 };
-struct Q8 : Rows {
-  static constexpr int64_t kBytes = kQ8BlockBytes;  // per block of a half
-  static constexpr int64_t kParams = 32;            // bytes of block parameters before the quants
-  static constexpr int64_t kAhead = 512;
-};
-struct Q41 : Rows {
-  static constexpr int64_t kBytes = kQ41BlockBytes;
-  static constexpr int64_t kParams = 64;
+struct Q8 : Q8Layout, Rows {
   static constexpr int64_t kAhead = 0;
 };
+struct Q41 : Q41Layout, Rows {};
 
-// Weight bytes ahead of the current block that an AVX2 tile (one half) prefetches in its stream (into L2).
-constexpr int64_t kPrefetchAhead = 4096;
-
-inline float half_at(const uint8_t* p, int64_t j) {
-  uint16_t bits;
-  std::memcpy(&bits, p + 2 * j, 2);
-  return widen(static_cast<Fp16Bits>(bits));
+// ------------------------------------------------------------------------------- activations
+void set_non_finite(XDigits* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->s = out->x_sum_scaled = std::numeric_limits<float>::quiet_NaN();
 }
 
-// ------------------------------------------------------------------------------- scalar path
-// The weight of column j at step i of a block (base: the block's first byte).
-inline float weight_scalar(Q8, const uint8_t* base, int64_t i, int64_t j) {
-  return half_at(base, j) * static_cast<float>(static_cast<int8_t>(base[Q8::kParams + i * kHalf + j]));
-}
-inline float weight_scalar(Q41, const uint8_t* base, int64_t i, int64_t j) {
-  const uint8_t byte = base[Q41::kParams + (i / 2) * kHalf + j];
-  const int q = i % 2 == 0 ? (byte & 0xF) : (byte >> 4);
-  return std::fma(static_cast<float>(q), half_at(base, j), half_at(base, kHalf + j));
-}
-
-template <typename F>
-void block_group_scalar(F, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, int64_t M, float* out,
-                        int64_t ldo) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xm = x + m * ldx;
-    for (int64_t col = 0; col < kW; ++col) {
-      const uint8_t* half = w + (col / kHalf) * nb * F::kBytes;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b)
-        for (int64_t i = 0; i < kBlock; ++i)
-          acc = std::fma(weight_scalar(F{}, half + b * F::kBytes, i, col % kHalf), xm[b * kBlock + i], acc);
-      out[m * ldo + col] = acc;
+// X[k] -> digits, their sums and x_sum (X[k] for k < 32, |X[k]| <= 2^22).
+void set_digits(const int32_t* X, float s, XDigits* out) {
+  std::memset(out, 0, sizeof(*out));
+  int32_t x_sum = 0, digit_sum[kDigits] = {0, 0, 0};
+  for (int64_t k = 0; k < kBlock; ++k) {
+    int32_t rest = X[k];
+    x_sum += rest;
+    for (int p = 0; p < kDigits; ++p) {
+      const int32_t digit = ((rest + 128) & 255) - 128;
+      out->digit[p][k] = static_cast<int8_t>(digit);
+      digit_sum[p] += digit;
+      rest = (rest - digit) / 256;  // exact
     }
+    const int32_t low = ((X[k] + 32768) & 65535) - 32768;
+    out->low[k] = static_cast<int16_t>(low);
+    out->high[k] = static_cast<int16_t>((X[k] - low) / 65536);
   }
+  out->s = s;
+  out->x_sum = x_sum;
+  out->x_sum_scaled = static_cast<float>(x_sum) * s;
+  out->q8_low_excess = 128 * digit_sum[0];
+  out->q8_high_excess = 128 * (256 * digit_sum[2] + digit_sum[1]);
+}
+
+void digits_block_scalar(const float* x, XDigits* out) {
+  float amax = 0.0f;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    if (!std::isfinite(x[k])) return set_non_finite(out);
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  int E = 0;
+  std::frexp(amax, &E);
+  int32_t X[kBlock];
+  // x 2^(22 - E) is exact in double and below 2^22 in magnitude.
+  for (int64_t k = 0; k < kBlock; ++k)
+    X[k] = static_cast<int32_t>(std::nearbyint(std::ldexp(static_cast<double>(x[k]), kFraction - E)));
+  set_digits(X, std::ldexp(1.0f, E - kFraction), out);
 }
 
 #if EAGLE_X86_SIMD
-// ---------------------------------------------------------------------------------- AVX-512
-// G consecutive groups (2 G weight streams, one per half) times C rows of x: out[c * ldo + 32 g + j].
+// The AVX-512 form of digits_block_scalar for blocks whose scale 2^(22 - E) is a normal float (E >= -104; smaller
+// blocks, and non-finite ones, take the scalar path). x times the scale is exact (or rounds to an integer 0 where it
+// is below fp32's normal range), as in double.
+EAGLE_TARGET_AVX512 void digits_block512(const float* x, XDigits* out) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  if (_mm512_cmp_ps_mask(abs_a, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(abs_b, inf, _CMP_NLT_UQ))
+    return set_non_finite(out);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(abs_a, abs_b));
+  int E = 0;
+  std::frexp(amax, &E);
+  if (E < -104) return digits_block_scalar(x, out);
+  const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, kFraction - E));
+  alignas(64) int32_t X[kBlock];
+  _mm512_store_si512(X, _mm512_cvtps_epi32(_mm512_mul_ps(a, scale)));  // MXCSR's default: to nearest even
+  _mm512_store_si512(X + 16, _mm512_cvtps_epi32(_mm512_mul_ps(b, scale)));
+  set_digits(X, std::ldexp(1.0f, E - kFraction), out);
+}
+#endif
 
-EAGLE_TARGET_AVX512 inline __m512 params16(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// x [M, K] (row stride ldx) -> out [M, K / 32] blocks.
+void digits_rows(const float* x, int64_t ldx, int64_t M, int64_t K, XDigits* out, Level level) {
+  const int64_t nb = K / kBlock;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+#if EAGLE_X86_SIMD
+      if (level >= Level::kAvx512Ymm) {
+        digits_block512(x + m * ldx + b * kBlock, out + m * nb + b);
+        continue;
+      }
+#endif
+      (void)level;
+      digits_block_scalar(x + m * ldx + b * kBlock, out + m * nb + b);
+    }
 }
 
-template <int G, int C>
-EAGLE_TARGET_AVX512 void block_tile512(Q8, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
-                                       int64_t ldo, bool prefetch) {
-  constexpr int S = 2 * G;  // weight streams
-  const int64_t stride = nb * Q8::kBytes;
-  const int64_t ahead = Q8::kAhead > 0 ? Q8::kAhead : S * stride;
-  __m512 acc[S][C];
-  for (int s = 0; s < S; ++s)
-    for (int c = 0; c < C; ++c) acc[s][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base[S];
-    __m512 d[S];
-    for (int s = 0; s < S; ++s) {
-      base[s] = w + s * stride + b * Q8::kBytes;
-      if (prefetch)
-        for (int64_t off = 0; off < Q8::kBytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
-      d[s] = params16(base[s]);
-    }
-    const float* xb = x + b * kBlock;
-    for (int64_t i = 0; i < kBlock; ++i) {
-      __m512 wv[S];
-      for (int s = 0; s < S; ++s) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[s] + Q8::kParams + i * kHalf));
-        wv[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[s]);
+// ------------------------------------------------------------------------------- scalar path
+inline int32_t x_at(const XDigits& xb, int64_t k) { return xb.low[k] + 65536 * xb.high[k]; }
+
+template <typename F>
+void block_group_scalar(F, const uint8_t* w, int64_t nb, const XDigits* x, int64_t ldx, int64_t M, float* out,
+                        int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t col = 0; col < kPackWidth; ++col) {
+      const uint8_t* half = w + (col / kHalf) * nb * F::kBytes;
+      const int64_t j = col % kHalf;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* base = half + b * F::kBytes;
+        const XDigits& xb = x[m * ldx + b];
+        int64_t I = 0;
+        for (int64_t k = 0; k < kBlock; ++k) I += static_cast<int64_t>(quant_at<F>(base, k, j)) * x_at(xb, k);
+        acc = std::fma(static_cast<float>(static_cast<double>(I)), half_at(base, j) * xb.s, acc);
+        if constexpr (!F::kSigned) acc = std::fma(half_at(base, kHalf + j), xb.x_sum_scaled, acc);
       }
-      for (int c = 0; c < C; ++c) {
-        const __m512 xv = _mm512_set1_ps(xb[c * ldx + i]);
-        for (int s = 0; s < S; ++s) acc[s][c] = _mm512_fmadd_ps(wv[s], xv, acc[s][c]);
-      }
+      out[m * ldo + col] = acc;
     }
-  }
-  for (int c = 0; c < C; ++c)
-    for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + c * ldo + s * kHalf, acc[s][c]);
 }
 
-template <int G, int C>
-EAGLE_TARGET_AVX512 void block_tile512(Q41, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
-                                       int64_t ldo, bool prefetch) {
+#if EAGLE_X86_SIMD
+// ---------------------------------------------------------------------------- AVX-512 VNNI
+// float(256 hm + low) per lane, exactly rounded: the 16 sums are exact in double (|256 hm + low| < 2^36).
+EAGLE_TARGET_AVX512_VNNI inline __m512 combine512(__m512i hm, __m512i low) {
+  const __m512d k256 = _mm512_set1_pd(256.0);
+  const __m512d lo = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(hm)), k256,
+                                     _mm512_cvtepi32_pd(_mm512_castsi512_si256(low)));
+  const __m512d hi = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(hm, 1)), k256,
+                                     _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(low, 1)));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+}
+
+// G groups (S = 2 G streams of 16 columns) times C rows of x: out[c * ldo + 32 g + j].
+template <int G, int C, typename F>
+EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, const XDigits* x, int64_t ldx, float* out,
+                                            int64_t ldo, bool prefetch) {
   constexpr int S = 2 * G;
-  const int64_t stride = nb * Q41::kBytes;
-  const int64_t ahead = Q41::kAhead > 0 ? Q41::kAhead : S * stride;
-  // float(q) of a 4-bit q by a table lookup (vpermps reads its index's low 4 bits: no mask for the low nibble) on
-  // the shuffle port, where vcvtdq2ps and the mask take two operations of the FMA ports: at one row the kernel is
-  // bound by these operations, not by the weight stream.
-  const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int64_t stride = nb * F::kBytes;
+  const int64_t ahead = F::kAhead > 0 ? F::kAhead : S * stride;
   __m512 acc[S][C];
   for (int s = 0; s < S; ++s)
     for (int c = 0; c < C; ++c) acc[s][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base[S];
-    __m512 d[S], m[S];
     for (int s = 0; s < S; ++s) {
-      base[s] = w + s * stride + b * Q41::kBytes;
-      if (prefetch)
-        for (int64_t off = 0; off < Q41::kBytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(base[s] + ahead + off), _MM_HINT_T1);
-      d[s] = params16(base[s]);
-      m[s] = params16(base[s] + 2 * kHalf);
+      base[s] = w + s * stride + b * F::kBytes;
+      if (prefetch) prefetch_block<F>(base[s], ahead);
     }
-    const float* xb = x + b * kBlock;
-    for (int64_t p = 0; p < kBlock / 2; ++p) {
-      __m512i q[S];
+    __m512i isum[kDigits][S][C];
+    for (int p = 0; p < kDigits; ++p)
       for (int s = 0; s < S; ++s)
-        q[s] =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base[s] + Q41::kParams + p * kHalf)));
-      {  // k = 2p: the low nibbles
-        __m512 wv[S];
-        for (int s = 0; s < S; ++s) wv[s] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q[s], values), d[s], m[s]);
-        for (int c = 0; c < C; ++c) {
-          const __m512 xv = _mm512_set1_ps(xb[c * ldx + 2 * p]);
-          for (int s = 0; s < S; ++s) acc[s][c] = _mm512_fmadd_ps(wv[s], xv, acc[s][c]);
+        for (int c = 0; c < C; ++c) isum[p][s][c] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < F::kChunks; ++t)
+      for (int part = 0; part < F::kParts; ++part) {
+        const int64_t i = x_step(t, part);
+        for (int s = 0; s < S; ++s) {
+          const __m512i wv = chunk512<F>(base[s], t, part);
+          for (int c = 0; c < C; ++c)
+            for (int p = 0; p < kDigits; ++p)
+              isum[p][s][c] = _mm512_dpbusd_epi32(isum[p][s][c], wv, bytes4_512(x[c * ldx + b].digit[p] + i));
         }
       }
-      {  // k = 2p + 1: the high nibbles
-        __m512 wv[S];
-        for (int s = 0; s < S; ++s)
-          wv[s] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q[s], 4), values), d[s], m[s]);
-        for (int c = 0; c < C; ++c) {
-          const __m512 xv = _mm512_set1_ps(xb[c * ldx + 2 * p + 1]);
-          for (int s = 0; s < S; ++s) acc[s][c] = _mm512_fmadd_ps(wv[s], xv, acc[s][c]);
+    for (int s = 0; s < S; ++s) {
+      const __m512 d = params16(base[s]);
+      for (int c = 0; c < C; ++c) {
+        const XDigits& xb = x[c * ldx + b];
+        // 256 x the top digit's sum + the middle's stays below 2^27 in magnitude.
+        __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(isum[2][s][c], 8), isum[1][s][c]);
+        __m512i low = isum[0][s][c];
+        if constexpr (F::kSigned) {
+          hm = _mm512_sub_epi32(hm, _mm512_set1_epi32(xb.q8_high_excess));
+          low = _mm512_sub_epi32(low, _mm512_set1_epi32(xb.q8_low_excess));
         }
+        acc[s][c] = _mm512_fmadd_ps(combine512(hm, low), _mm512_mul_ps(d, _mm512_set1_ps(xb.s)), acc[s][c]);
+        if constexpr (!F::kSigned)
+          acc[s][c] = _mm512_fmadd_ps(params16(base[s] + 2 * kHalf), _mm512_set1_ps(xb.x_sum_scaled), acc[s][c]);
       }
     }
   }
@@ -200,65 +248,80 @@ EAGLE_TARGET_AVX512 void block_tile512(Q41, const uint8_t* w, int64_t nb, const 
 }
 
 // ------------------------------------------------------------------------------------- AVX2
-// One half (16 columns: two 8-lane vectors) times C rows of x.
+// One half (16 columns) times C rows. The weights widen to int16, four columns by their 4 k steps per 16 bytes
+// (a quarter); VPMADDWD by X's low or high half at those 4 steps (repeated) sums pairs of products exactly in int32
+// (|q L| <= 2^22), and VPHADDD the pairs of pairs, two quarters at a time (lanes: columns 0, 1, 4, 5 | 2, 3, 6, 7
+// of the two, put in order at the block's end).
 
-EAGLE_TARGET_AVX2 inline __m256 params8(const uint8_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-template <int C>
-EAGLE_TARGET_AVX2 void block_tile256(Q8, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
-                                     int64_t ldo, bool prefetch) {
-  __m256 acc_a[C], acc_b[C];
-  for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base = w + b * Q8::kBytes;
-    if (prefetch)
-      for (int64_t off = 0; off < Q8::kBytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
-    const __m256 da = params8(base), db = params8(base + 16);
-    const float* xb = x + b * kBlock;
-    for (int64_t i = 0; i < kBlock; ++i) {
-      const uint8_t* q = base + Q8::kParams + i * kHalf;
-      const __m256 wa = _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)))), da);
-      const __m256 wb = _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8)))), db);
-      half_step256<C>(wa, wb, xb + i, ldx, acc_a, acc_b);
-    }
-  }
-  store_half256<C>(acc_a, acc_b, out, ldo);
+// float(65536 high + low) per lane, exactly rounded (|65536 high + low| < 2^36).
+EAGLE_TARGET_AVX2 inline __m256 combine256(__m256i high, __m256i low) {
+  const __m256d k65536 = _mm256_set1_pd(65536.0);
+  const __m256d lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(high)), k65536,
+                                     _mm256_cvtepi32_pd(_mm256_castsi256_si128(low)));
+  const __m256d hi = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(high, 1)), k65536,
+                                     _mm256_cvtepi32_pd(_mm256_extracti128_si256(low, 1)));
+  return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
 }
 
-template <int C>
-EAGLE_TARGET_AVX2 void block_tile256(Q41, const uint8_t* w, int64_t nb, const float* x, int64_t ldx, float* out,
+// Quarter v (columns 4 v .. 4 v + 3) of a chunk's weights, as int16.
+template <typename F>
+EAGLE_TARGET_AVX2 inline __m256i quarter256(const uint8_t* base, int64_t t, int part, int v) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + F::kParams + t * 64 + 16 * v));
+  if constexpr (F::kSigned) return _mm256_cvtepi8_epi16(raw);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  return _mm256_cvtepu8_epi16(_mm_and_si128(part == 0 ? raw : _mm_srli_epi16(raw, 4), low4));
+}
+
+// Four int16 values from p, repeated over the vector.
+EAGLE_TARGET_AVX2 inline __m256i steps4_256(const int16_t* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm256_set1_epi64x(v);
+}
+
+template <int C, typename F>
+EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDigits* x, int64_t ldx, float* out,
                                      int64_t ldo, bool prefetch) {
-  const __m256i low4 = _mm256_set1_epi32(0xF);
-  __m256 acc_a[C], acc_b[C];
-  for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
+  __m256 acc[2][C];
+  for (int v = 0; v < 2; ++v)
+    for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base = w + b * Q41::kBytes;
-    if (prefetch)
-      for (int64_t off = 0; off < Q41::kBytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchAhead + off), _MM_HINT_T1);
-    const __m256 da = params8(base), db = params8(base + 16);
-    const __m256 ma = params8(base + 32), mb = params8(base + 48);
-    const float* xb = x + b * kBlock;
-    for (int64_t p = 0; p < kBlock / 2; ++p) {
-      const uint8_t* q = base + Q41::kParams + p * kHalf;
-      const __m256i qa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-      const __m256i qb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8)));
-      for (int h = 0; h < 2; ++h) {  // k = 2p (low nibbles), then 2p + 1 (high nibbles)
-        const __m256i na = h == 0 ? _mm256_and_si256(qa, low4) : _mm256_srli_epi32(qa, 4);
-        const __m256i nb2 = h == 0 ? _mm256_and_si256(qb, low4) : _mm256_srli_epi32(qb, 4);
-        const __m256 wa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(na), da, ma);
-        const __m256 wb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nb2), db, mb);
-        half_step256<C>(wa, wb, xb + 2 * p + h, ldx, acc_a, acc_b);
+    const uint8_t* base = w + b * F::kBytes;
+    if (prefetch) prefetch_block<F>(base, kPrefetchAhead);
+    __m256i low[2][C], high[2][C];  // [columns 0-7, 8-15][row]
+    for (int v = 0; v < 2; ++v)
+      for (int c = 0; c < C; ++c) low[v][c] = high[v][c] = _mm256_setzero_si256();
+    for (int64_t t = 0; t < F::kChunks; ++t)
+      for (int part = 0; part < F::kParts; ++part) {
+        const int64_t i = x_step(t, part);
+        for (int v = 0; v < 2; ++v) {
+          const __m256i qa = quarter256<F>(base, t, part, 2 * v), qb = quarter256<F>(base, t, part, 2 * v + 1);
+          for (int c = 0; c < C; ++c) {
+            const XDigits& xb = x[c * ldx + b];
+            const __m256i xl = steps4_256(xb.low + i), xh = steps4_256(xb.high + i);
+            low[v][c] = _mm256_add_epi32(low[v][c],
+                                         _mm256_hadd_epi32(_mm256_madd_epi16(qa, xl), _mm256_madd_epi16(qb, xl)));
+            high[v][c] = _mm256_add_epi32(high[v][c],
+                                          _mm256_hadd_epi32(_mm256_madd_epi16(qa, xh), _mm256_madd_epi16(qb, xh)));
+          }
+        }
+      }
+    for (int v = 0; v < 2; ++v) {
+      const __m256 d = params8(base + 16 * v);
+      for (int c = 0; c < C; ++c) {
+        const XDigits& xb = x[c * ldx + b];
+        const __m256i in_order_low = _mm256_permute4x64_epi64(low[v][c], 0xD8);
+        const __m256i in_order_high = _mm256_permute4x64_epi64(high[v][c], 0xD8);
+        acc[v][c] = _mm256_fmadd_ps(combine256(in_order_high, in_order_low), _mm256_mul_ps(d, _mm256_set1_ps(xb.s)),
+                                    acc[v][c]);
+        if constexpr (!F::kSigned)
+          acc[v][c] = _mm256_fmadd_ps(params8(base + 32 + 16 * v), _mm256_set1_ps(xb.x_sum_scaled), acc[v][c]);
       }
     }
   }
-  store_half256<C>(acc_a, acc_b, out, ldo);
+  for (int c = 0; c < C; ++c)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
 }
-
 #endif  // EAGLE_X86_SIMD
 
 }  // namespace
@@ -266,11 +329,15 @@ EAGLE_TARGET_AVX2 void block_tile256(Q41, const uint8_t* w, int64_t nb, const fl
 void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
                   int64_t K, float* out, int64_t ldo, Level level) {
   const int64_t nb = K / kBlock;
+  // Each call puts its rows in integer form once (M x K / 32 blocks), before the weights stream.
+  std::vector<XDigits> xd(static_cast<size_t>(M * nb));
+  digits_rows(x, ldx, M, K, xd.data(), level);
+  const Level tiles = level >= Level::kAvx512Ymm && !has_vnni() ? Level::kAvx2 : level;
   parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
     if (format == QuantFormat::kQ8_0)
-      run_groups<BlockTiles<Q8, float>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
+      run_groups<BlockTiles<Q8, XDigits>>(packed, begin, end, nb, xd.data(), nb, M, out, ldo, tiles);
     else
-      run_groups<BlockTiles<Q41, float>>(packed, begin, end, nb, x, ldx, M, out, ldo, level);
+      run_groups<BlockTiles<Q41, XDigits>>(packed, begin, end, nb, xd.data(), nb, M, out, ldo, tiles);
   });
 }
 

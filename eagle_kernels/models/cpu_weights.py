@@ -61,9 +61,9 @@ CPU_HUGE_PAGES_ENV = "EAGLE_KERNELS_CPU_HUGE_PAGES"  # auto (default: packed cop
 HUGE_PAGE_BYTES = 2 << 20
 KERNEL_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what cpu_linear reads as stored
 QUANT_DTYPES = tuple(ROW_BLOCK_BYTES)  # int8: Q8_0 block rows, uint8: Q4_1 block rows (packed for cpu_linear)
-# How quantized matrices multiply: "fp32" activations (the weights widened in registers; the fp32 kernels' results
-# on the dequantized matrix) or "int8" (GGML's arithmetic: each row of x quantized per block of 32, integer dot
-# products; 2.1-2.7x faster linear layers at 1-4 rows for Q4_1, 1.3-1.9x for Q8_0, with the activations' rounding).
+# How quantized matrices multiply: "fp32" activations (x held per block of 32 as integers to 2^-22 of the block's
+# largest element, exact integer dot products: the dequantized product to fp32 rounding) or "int8" (GGML's
+# arithmetic: each row of x quantized to 8 bits per block, with that rounding; faster at 4 rows and more).
 ACTIVATIONS = ("fp32", "int8")
 
 

@@ -47,7 +47,7 @@ def cpu_linear_unpack(packed: torch.Tensor) -> torch.Tensor:
     """The weight [N, K] of a packed weight [N / 32, 2, K, 16] (or bf16 pairs [N / 32, 2, K / 2, 16, 2]), or the
     block rows of a quantized packed weight (the inverse of :func:`cpu_linear_pack`)."""
     if packed.dtype in ROW_BLOCK_BYTES:
-        return _unpack_int8_activations(packed) if packed.dim() == 5 else _unpack_quant(packed)
+        return _unpack_quant(packed)
     if packed.dim() == 5:  # bf16 pairs
         groups, halves, pairs, half, two = packed.shape
         return packed.transpose(2, 3).reshape(groups * halves * half, pairs * two)
@@ -58,8 +58,7 @@ def cpu_linear_unpack(packed: torch.Tensor) -> torch.Tensor:
 def cpu_linear(x, weight):
     """``out[..., n] = sum_k x[..., k] * weight[n, k]`` (``F.linear`` without bias), computed in
     float64 and rounded once to float32. A bf16 or fp16 weight is read as the float32 it widens
-    to exactly (the kernel's zero-extend and shift by 16, or its F16C conversion); a quantized packed weight
-    as its exact fp32 dequantization (:func:`dequantize`), which the kernel computes in registers.
+    to exactly (the kernel's zero-extend and shift by 16, or its F16C conversion).
 
     Shapes
     ------
@@ -69,22 +68,24 @@ def cpu_linear(x, weight):
     packed for 8-bit activations);
     returns float32 [..., N].
 
-    A weight packed for 8-bit activations (``cpu_linear_pack(blocks, activations="int8")``, 5-D) multiplies
-    x's 8-bit form instead (:func:`quantize_activations`, dequantized exactly): GGML's arithmetic, whose
-    integer block sums the kernel computes exactly; it then rounds per block (the two scales' product, the
-    fp32 sum over blocks), so it agrees with this to fp32 rounding, not bit for bit.
+    A quantized weight is read as its exact dequantization (:func:`dequantize` before Q4_1's rounding), and x as
+    the form its kernel multiplies, dequantized exactly: 4-D weights (fp32 activations) x's integer form
+    (:func:`fixed_point_activations`, within 2^-23 of each block's largest |x|), 5-D weights (8-bit activations)
+    x's 8-bit form (:func:`quantize_activations`: GGML's arithmetic). The kernels compute those products' integer
+    block sums exactly and round once per block, then sum the blocks in fp32: they agree with this to fp32 rounding,
+    not bit for bit.
     """
     _checks.check_cpu_linear(x, weight)
-    if weight.dtype in ROW_BLOCK_BYTES and weight.dim() == 5:
-        q, d = quantize_activations(x)
-        x_q = (q.double() * d.double()[..., None]).reshape(x.shape)
-        d, m, qw = _split_rows(_unpack_int8_activations(weight))
-        w = d.double()[..., None] * qw.double() + (0.0 if m is None else m.double()[..., None])  # exact
-        w = w.reshape(w.shape[0], -1)
-        return torch.nn.functional.linear(x_q, w).to(torch.float32)
     if weight.dtype in ROW_BLOCK_BYTES:
-        weight = dequantize(_unpack_quant(weight))
-    elif weight.dim() in (4, 5):  # packed (bf16 pairs: 5-D)
+        if weight.dim() == 5:
+            q, d = quantize_activations(x)
+        else:
+            q, d = fixed_point_activations(x)
+        x_q = (q.double() * d.double()[..., None]).reshape(x.shape)
+        d, m, qw = _split_rows(_unpack_quant(weight))
+        w = d.double()[..., None] * qw.double() + (0.0 if m is None else m.double()[..., None])  # exact
+        return torch.nn.functional.linear(x_q, w.reshape(w.shape[0], -1)).to(torch.float32)
+    if weight.dim() in (4, 5):  # packed (bf16 pairs: 5-D)
         weight = cpu_linear_unpack(weight)
     return torch.nn.functional.linear(x.double(), weight.double()).to(torch.float32)
 
@@ -96,8 +97,8 @@ def cpu_linear(x, weight):
 #         nibble and element i + 16 in its high nibble (GGML's order); w = d * q + m   (20 bytes per block)
 # A matrix [N, K] of blocks is stored as GGML stores it, row by row: int8 [N, K / 32 * 34] for Q8_0, uint8
 # [N, K / 32 * 20] for Q4_1 (the dtype names the format). ``cpu_linear_pack`` turns those block rows into the
-# kernel's packed layout, int8 [N / 32, 2, K / 32, 544] / uint8 [N / 32, 2, K / 32, 320] (see
-# csrc/cpu/cpu_linear_quant.cpp); ``cpu_linear`` takes the packed form.
+# kernels' packed layout, int8 [N / 32, 2, K / 32, 544] / uint8 [N / 32, 2, K / 32, 320] (see
+# csrc/cpu/cpu_linear_blocks.h); ``cpu_linear`` takes the packed form.
 QUANT_BLOCK = 32
 QUANT_FORMATS = {"q8_0": torch.int8, "q4_1": torch.uint8}
 ROW_BLOCK_BYTES = {torch.int8: 34, torch.uint8: 20}  # GGML block bytes (row-major block rows)
@@ -189,46 +190,73 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _pack_quant(blocks: torch.Tensor) -> torch.Tensor:
+    """Block rows [N, K / 32 * bytes] -> [N / 32, 2, K / 32, bytes] in the kernels' block layout: per group of 32
+    columns, half (16 columns) and block of 32 k, the 16 columns' fp16 scales (and Q4_1's fp16 minimums), then the
+    quants in chunks of 64 bytes, byte ``4 j + r`` of chunk ``t`` holding column j's quant of k = 4 t + r (Q8_0: 8
+    chunks of int8; Q4_1: 4 chunks, the low nibble for k = 4 t + r and the high nibble for k = 16 + 4 t + r, GGML's
+    own pairing)."""
     N = blocks.shape[0]
     G, half = N // PACK_WIDTH, PACK_WIDTH // 2
     r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
     nb = r.shape[1]
 
-    def by_column(part):  # [N, nb, P] -> [G, 2, nb, P * 16]: column j's P bytes at j * P
+    def by_column(part):  # [N, nb, P] -> [G, 2, nb, 16 * P]: column j's P bytes at j * P
         P = part.shape[-1]
         return part.reshape(G, 2, half, nb, P).permute(0, 1, 3, 2, 4).reshape(G, 2, nb, half * P)
 
-    def k_major(part):  # [N, nb, S] -> [G, 2, nb, S * 16]: step s's 16 columns at s * 16
-        S = part.shape[-1]
-        return part.reshape(G, 2, half, nb, S).permute(0, 1, 3, 4, 2).reshape(G, 2, nb, S * half)
+    def chunks(part):  # [N, nb, 4 T] -> [G, 2, nb, T * 64]: byte 4 j + r of chunk t = column j's byte 4 t + r
+        T = part.shape[-1] // 4
+        return part.reshape(G, 2, half, nb, T, 4).permute(0, 1, 3, 4, 2, 5).reshape(G, 2, nb, T * 4 * half)
 
     if blocks.dtype == torch.int8:
-        packed = torch.cat([by_column(r[..., 0:2]), k_major(r[..., 2:])], dim=-1)
-        return packed.contiguous().view(torch.int8)
-    qs = r[..., 4:]
-    q = torch.cat([qs & 0xF, qs >> 4], dim=-1)  # [N, nb, 32] in element order
-    pairs = q[..., 0::2] | (q[..., 1::2] << 4)  # byte p: k = 2p low, 2p + 1 high
-    return torch.cat([by_column(r[..., 0:2]), by_column(r[..., 2:4]), k_major(pairs)], dim=-1).contiguous()
+        packed = torch.cat([by_column(r[..., 0:2]), chunks(r[..., 2:])], dim=-1)
+    else:  # GGML's byte i holds element i (low nibble) and i + 16 (high): byte 4 t + r is the chunk's byte
+        packed = torch.cat([by_column(r[..., 0:2]), by_column(r[..., 2:4]), chunks(r[..., 4:])], dim=-1)
+    return packed.contiguous().view(blocks.dtype)
 
 
 def _unpack_quant(packed: torch.Tensor) -> torch.Tensor:
-    G, _, nb, _ = packed.shape
-    half, N = PACK_WIDTH // 2, packed.shape[0] * PACK_WIDTH
-    p = packed.contiguous().view(torch.uint8)
+    """The block rows of a packed quantized weight, 4-D or 5-D (the inverse of :func:`_pack_quant`)."""
+    G, _, nb = packed.shape[:3]
+    half, N = PACK_WIDTH // 2, G * PACK_WIDTH
+    p = packed.contiguous().view(torch.uint8).reshape(G, 2, nb, -1)
 
-    def from_column(part, P):  # inverse of by_column
+    def from_column(part, P):
         return part.reshape(G, 2, nb, half, P).permute(0, 1, 3, 2, 4).reshape(N, nb, P)
 
-    def from_k_major(part, S):  # inverse of k_major
-        return part.reshape(G, 2, nb, S, half).permute(0, 1, 4, 2, 3).reshape(N, nb, S)
+    def from_chunks(part):
+        T = part.shape[-1] // (4 * half)
+        return part.reshape(G, 2, nb, T, half, 4).permute(0, 1, 4, 2, 3, 5).reshape(N, nb, T * 4)
 
     if packed.dtype == torch.int8:
-        rows = torch.cat([from_column(p[..., :32], 2), from_k_major(p[..., 32:], 32)], dim=-1)
-        return rows.reshape(N, -1).view(torch.int8)
-    pairs = from_k_major(p[..., 64:], 16)
-    q = torch.stack([pairs & 0xF, pairs >> 4], dim=-1).reshape(N, nb, 32)
-    qs = q[..., :16] | (q[..., 16:] << 4)
-    return torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), qs], dim=-1).reshape(N, -1)
+        rows = torch.cat([from_column(p[..., :32], 2), from_chunks(p[..., 32:])], dim=-1)
+    else:
+        rows = torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), from_chunks(p[..., 64:])],
+                         dim=-1)
+    return rows.reshape(N, -1).view(packed.dtype)
+
+
+# ------------------------------------------------------------------------- fp32 activations
+FIXED_POINT_BITS = 22  # |X| <= 2^22 in fixed_point_activations
+
+
+def fixed_point_activations(x: torch.Tensor):
+    """x [..., K] fp32 (K a multiple of 32) in the integer form the fp32-activation kernel for quantized weights
+    multiplies (csrc/cpu/cpu_linear_quant.cpp): per block of 32, with E the exponent of the largest |x|
+    (``amax = f * 2**E``, f in [0.5, 1); E = 0 for an all-zero block), ``s = 2**(E - 22)`` and
+    ``X = round-half-to-even(x / s)``, so ``|X| <= 2**22`` and ``|x - s X| <= s / 2``. Returns (``X`` int64
+    [..., K / 32, 32], ``s`` float32 [..., K / 32], 0 or subnormal for tiny blocks as fp32 has it); a block holding
+    inf or nan gets ``s`` nan (its outputs are nan, as the fp32 kernels' are not finite)."""
+    if x.shape[-1] % QUANT_BLOCK:
+        raise ValueError(f"x: quantized weights need K (the last dim) to be a multiple of {QUANT_BLOCK}, "
+                         f"got shape {tuple(x.shape)}")
+    xb = x.float().reshape(*x.shape[:-1], -1, QUANT_BLOCK)
+    finite = torch.isfinite(xb).all(-1)
+    xb = torch.where(finite[..., None], xb, torch.zeros_like(xb)).double()
+    _, E = torch.frexp(xb.abs().amax(-1))
+    X = torch.round(torch.ldexp(xb, (FIXED_POINT_BITS - E)[..., None].double())).long()  # exact, then to even
+    s = torch.ldexp(torch.ones_like(xb[..., 0]), (E - FIXED_POINT_BITS).double()).float()
+    return X, torch.where(finite, s, torch.full_like(s, float("nan")))
 
 
 # ------------------------------------------------------------------------- 8-bit activations
@@ -256,48 +284,11 @@ def quantize_activations(x: torch.Tensor):
 
 
 def pack_int8_activations(blocks: torch.Tensor) -> torch.Tensor:
-    """Block rows [N, K / 32 * bytes] (N a multiple of 32) packed for 8-bit activations: per group of 32 columns,
-    half (16 columns) and block of 32 k, the fp32-activation layout's parameters (fp16 scales, and Q4_1's fp16
-    minimums) then the quants in chunks of 64 bytes, byte ``4 j + r`` of chunk ``t`` holding column j's quant of
-    k = 4 t + r (Q8_0: 8 chunks of int8; Q4_1: 4 chunks, the low nibble for k = 4 t + r and the high nibble for
-    k = 16 + 4 t + r, GGML's own pairing). Returns int8 [N / 32, 2, K / 32, 17, 32] (Q8_0) or uint8
-    [N / 32, 2, K / 32, 10, 32] (Q4_1)."""
+    """Block rows [N, K / 32 * bytes] (N a multiple of 32) packed for 8-bit activations: the bytes of the
+    fp32-activation packing (:func:`_pack_quant`) in lines of 32, so that the 5-D shape selects GGML's arithmetic.
+    Returns int8 [N / 32, 2, K / 32, 17, 32] (Q8_0) or uint8 [N / 32, 2, K / 32, 10, 32] (Q4_1)."""
     _checks.check_cpu_linear_pack(blocks, "int8")
-    N = blocks.shape[0]
-    G, half = N // PACK_WIDTH, PACK_WIDTH // 2
-    r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
-    nb = r.shape[1]
-
-    def by_column(part):  # [N, nb, P] -> [G, 2, nb, 16 * P]: column j's P bytes at j * P
-        P = part.shape[-1]
-        return part.reshape(G, 2, half, nb, P).permute(0, 1, 3, 2, 4).reshape(G, 2, nb, half * P)
-
-    def chunks(part):  # [N, nb, 4 T] -> [G, 2, nb, T * 64]: byte 4 j + r of chunk t = column j's byte 4 t + r
-        T = part.shape[-1] // 4
-        return part.reshape(G, 2, half, nb, T, 4).permute(0, 1, 3, 4, 2, 5).reshape(G, 2, nb, T * 4 * half)
-
-    if blocks.dtype == torch.int8:
-        packed = torch.cat([by_column(r[..., 0:2]), chunks(r[..., 2:])], dim=-1)
-    else:  # GGML's byte i holds element i (low nibble) and i + 16 (high): byte 4 t + r is the chunk's byte
-        packed = torch.cat([by_column(r[..., 0:2]), by_column(r[..., 2:4]), chunks(r[..., 4:])], dim=-1)
-    return packed.reshape(G, 2, nb, -1, DOT_LINE_BYTES).contiguous().view(blocks.dtype)
+    packed = _pack_quant(blocks)
+    return packed.reshape(*packed.shape[:3], -1, DOT_LINE_BYTES)
 
 
-def _unpack_int8_activations(packed: torch.Tensor) -> torch.Tensor:
-    G, _, nb = packed.shape[:3]
-    half, N = PACK_WIDTH // 2, G * PACK_WIDTH
-    p = packed.contiguous().view(torch.uint8).reshape(G, 2, nb, -1)
-
-    def from_column(part, P):
-        return part.reshape(G, 2, nb, half, P).permute(0, 1, 3, 2, 4).reshape(N, nb, P)
-
-    def from_chunks(part):
-        T = part.shape[-1] // (4 * half)
-        return part.reshape(G, 2, nb, T, half, 4).permute(0, 1, 4, 2, 3, 5).reshape(N, nb, T * 4)
-
-    if packed.dtype == torch.int8:
-        rows = torch.cat([from_column(p[..., :32], 2), from_chunks(p[..., 32:])], dim=-1)
-    else:
-        rows = torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), from_chunks(p[..., 64:])],
-                         dim=-1)
-    return rows.reshape(N, -1).view(packed.dtype)
