@@ -289,9 +289,14 @@ def weight(N, K, dtype_name):
 
 
 @functools.cache
-def activations(M, K):
+def _activations(M, K):
     g = torch.Generator().manual_seed(M * 131 + K)
     return torch.randn(M, K, generator=g)
+
+
+def activations(M, K):
+    """Test rows of x [M, K] (a fresh copy of a cached tensor: tests may write into it)."""
+    return _activations(M, K).clone()
 
 
 # ------------------------------------------------------------------ quantized cpu_linear weights

@@ -71,11 +71,12 @@ def load(dtype=torch.float32, device="cpu", weight_dtype=None, activations="fp32
     """(LlamaModel, tokenizer) for SmolLM2-135M-Instruct, converting the GGUF on first use.
     ``weight_dtype=torch.bfloat16`` keeps the weight matrices in bf16 (fp32 compute; see
     :class:`LlamaModel`). ``"q8_0"`` / ``"q4_1"`` quantize the projections and the LM head to GGML's Q8_0 /
-    Q4_1 blocks (``cpu_linear`` multiplies them in exact integer block sums); ``"gguf"`` takes the file's own matrices as stored
-    (this file: Q4_1 projections, a Q8_0 tied embedding / LM head). With quantized matrices the embedding is
-    the exact fp32 dequantization of the (tied) LM head's blocks. ``activations="int8"`` (quantized matrices
-    only) multiplies them as GGML does, each row of activations quantized to 8 bits per block of 32 (faster;
-    greedy output then equals plain decoding at the same setting, not the fp32-activation one).
+    Q4_1 blocks (``cpu_linear`` multiplies them in exact integer block sums); ``"gguf"`` takes the file's own
+    matrices as stored (this file: Q4_1 projections, a Q8_0 tied embedding / LM head). With quantized matrices
+    the embedding is the exact fp32 dequantization of the (tied) LM head's blocks. ``activations="int8"``
+    (quantized matrices only) multiplies them as GGML does, each row of activations quantized to 8 bits per
+    block of 32 (faster; greedy output then equals plain decoding at the same setting, not the fp32-activation
+    one).
     ``kv_cache_dtype`` (``torch.bfloat16`` / ``torch.float16``) stores the K/V caches in 16 bits (see
     :class:`LlamaModel`)."""
     from safetensors.torch import load_file

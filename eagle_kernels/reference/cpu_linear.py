@@ -250,7 +250,7 @@ def fixed_point_activations(x: torch.Tensor):
     if x.shape[-1] % QUANT_BLOCK:
         raise ValueError(f"x: quantized weights need K (the last dim) to be a multiple of {QUANT_BLOCK}, "
                          f"got shape {tuple(x.shape)}")
-    xb = x.float().reshape(*x.shape[:-1], -1, QUANT_BLOCK)
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // QUANT_BLOCK, QUANT_BLOCK)
     finite = torch.isfinite(xb).all(-1)
     xb = torch.where(finite[..., None], xb, torch.zeros_like(xb)).double()
     _, E = torch.frexp(xb.abs().amax(-1))
@@ -274,7 +274,7 @@ def quantize_activations(x: torch.Tensor):
     if x.shape[-1] % QUANT_BLOCK:
         raise ValueError(f"x: 8-bit activations need K (the last dim) to be a multiple of {QUANT_BLOCK}, "
                          f"got shape {tuple(x.shape)}")
-    xb = x.float().reshape(*x.shape[:-1], -1, QUANT_BLOCK)
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // QUANT_BLOCK, QUANT_BLOCK)
     finite = torch.isfinite(xb).all(-1)
     xb = torch.where(finite[..., None], xb, torch.zeros_like(xb))
     d = xb.abs().amax(-1) / 127
