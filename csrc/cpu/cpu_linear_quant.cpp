@@ -5,23 +5,25 @@
 // largest |x| (frexp: amax = f 2^E, f in [0.5, 1)) and s = 2^(E - 22),
 //   X[k] = round-to-even(x[k] / s),  |X[k]| <= 2^22,
 // so x[k] is kept to within s / 2, 2^-23 of amax (the largest elements keep 23 of fp32's 24 significant bits).
-// Per output column j of a block, the integer I = sum_k q[k, j] X[k] is exact (|I| < 2^35), and then, from acc = 0,
-// block by block:
-//   Q8_0: acc = fma(float(I), d[j] * s, acc)                                  (float(I): one rounding to nearest even)
-//   Q4_1: acc = fma(float(I), d[j] * s, acc); acc = fma(m[j], float(sum_k X[k]) * s, acc)
-// One rounding of the block's dot product instead of 32 (an fp32 FMA chain over the dequantized weights), so the
-// results are as close to the exact product as the fp32 kernels' (reference.cpu_linear: float64, rounded once).
+// With X = 256 U + l (l in [-128, 127], U = (X - l) / 256 in [-2^14, 2^14]), per output column j of a block the
+// integers A = sum_k q[k, j] U[k] (|A| < 2^26) and B = sum_k q[k, j] l[k] (|B| < 2^20) are exact, the block's dot
+// product is I = 256 A + B, and from acc = 0, block by block:
+//   Q8_0: acc = fma(fma(float(A), 256, float(B)), d[j] * s, acc)
+//   Q4_1: the same, then acc = fma(m[j], float(sum_k X[k]) * s, acc)
+// Two roundings of the block's dot product (float(A), the inner fma) instead of 32 (an fp32 FMA chain over the
+// dequantized weights), so the results are as close to the exact product as the fp32 kernels' (reference.cpu_linear:
+// float64, rounded once).
 // A block holding inf or nan gives NaN outputs, as the fp32 kernels'.
 //
 // Why integers: widening 16 int8 weights to fp32 and scaling them takes three vector operations before the FMA,
 // which at one row bound the fp32 chain by the core's vector ports (about 16 G weights/s on the Zen 4 here, below
-// the rate one core streams memory at). With x split into three signed bytes, X = h 2^16 + m 2^8 + l (each in
-// [-128, 127]), one VPDPBUSD per digit multiplies 64 weights (16 columns by 4 k) exactly, and the block's three
-// integer sums give I: three operations per 64 weights. The AVX2 path (no VNNI) widens the weights to 16 bits and
-// splits X in two int16 halves instead, X = H 2^16 + L (L in [-2^15, 2^15)), for VPMADDWD; the scalar path sums
-// q X in int64. I is the same exact integer on every path and every fp32 operation the same IEEE operation, so the
-// results agree bit for bit across ISAs; each row of the output depends only on its own row of x (batch-invariant:
-// a verify pass gives a token's row what decoding it alone gives).
+// the rate one core streams memory at). With x split into three signed bytes, X = 65536 h + 256 m + l (each in
+// [-128, 127], U = 256 h + m), one VPDPBUSD per byte multiplies 64 weights (16 columns by 4 k) exactly, and the
+// block's three integer sums give A and B: three operations per 64 weights. The AVX2 path (no VNNI) widens the
+// weights to 16 bits and multiplies U and l as int16 (VPMADDWD); the scalar path sums in int32. A and B are the
+// same exact integers on every path and every fp32 operation the same IEEE operation, so the results agree bit for
+// bit across ISAs; each row of the output depends only on its own row of x (batch-invariant: a verify pass gives a
+// token's row what decoding it alone gives).
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -53,15 +55,14 @@ constexpr int kFraction = 22;
 // One block of 32 elements of a row of x in integer form (see the top of the file).
 struct XDigits {
   int8_t digit[kDigits][kBlock];  // VNNI: X = digit[0] + 256 digit[1] + 65536 digit[2]
-  int16_t low[kBlock];            // AVX2: X = low + 65536 high
-  int16_t high[kBlock];
-  float s;             // 2^(E - 22); NaN for a non-finite block
-  int32_t x_sum;       // sum_k X[k]
-  float x_sum_scaled;  // float(x_sum) * s (Q4_1's minimums); NaN for a non-finite block
-  // Q8_0's VNNI operand is q + 128: 128 sum(digit[0]) comes off the low digit's block sum, 128 (256 sum(digit[2]) +
-  // sum(digit[1])) off 256 x the top digit's + the middle's (|.| < 2^27).
+  int16_t low[kBlock];            // AVX2 and scalar: l = digit[0]
+  int16_t upper[kBlock];          // U = digit[1] + 256 digit[2] = (X - l) / 256
+  float s;                        // 2^(E - 22); NaN for a non-finite block
+  int32_t x_sum;                  // sum_k X[k]
+  float x_sum_scaled;             // float(x_sum) * s (Q4_1's minimums); NaN for a non-finite block
+  // Q8_0's VNNI operand is q + 128: 128 sum(digit[0]) comes off B's block sum, 128 sum(U) off A's.
   int32_t q8_low_excess;
-  int32_t q8_high_excess;
+  int32_t q8_upper_excess;
   int32_t pad[3];
 };
 static_assert(sizeof(XDigits) == 256, "XDigits: 256 bytes");
@@ -97,15 +98,14 @@ void set_digits(const int32_t* X, float s, XDigits* out) {
       digit_sum[p] += digit;
       rest = (rest - digit) / 256;  // exact
     }
-    const int32_t low = ((X[k] + 32768) & 65535) - 32768;
-    out->low[k] = static_cast<int16_t>(low);
-    out->high[k] = static_cast<int16_t>((X[k] - low) / 65536);
+    out->low[k] = out->digit[0][k];
+    out->upper[k] = static_cast<int16_t>(out->digit[1][k] + 256 * out->digit[2][k]);
   }
   out->s = s;
   out->x_sum = x_sum;
   out->x_sum_scaled = static_cast<float>(x_sum) * s;
   out->q8_low_excess = 128 * digit_sum[0];
-  out->q8_high_excess = 128 * (256 * digit_sum[2] + digit_sum[1]);
+  out->q8_upper_excess = 128 * (256 * digit_sum[2] + digit_sum[1]);
 }
 
 void digits_block_scalar(const float* x, XDigits* out) {
@@ -162,8 +162,10 @@ void digits_rows(const float* x, int64_t ldx, int64_t M, int64_t K, XDigits* out
 }
 
 // ------------------------------------------------------------------------------- scalar path
-inline int32_t x_at(const XDigits& xb, int64_t k) { return xb.low[k] + 65536 * xb.high[k]; }
-
+// fma(fma(float(A), 256, float(B)), scale, acc): a block's contribution (the top of the file).
+inline float add_block(int32_t A, int32_t B, float scale, float acc) {
+  return std::fma(std::fma(static_cast<float>(A), 256.0f, static_cast<float>(B)), scale, acc);
+}
 template <typename F>
 void block_group_scalar(F, const uint8_t* w, int64_t nb, const XDigits* x, int64_t ldx, int64_t M, float* out,
                         int64_t ldo) {
@@ -175,9 +177,13 @@ void block_group_scalar(F, const uint8_t* w, int64_t nb, const XDigits* x, int64
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* base = half + b * F::kBytes;
         const XDigits& xb = x[m * ldx + b];
-        int64_t I = 0;
-        for (int64_t k = 0; k < kBlock; ++k) I += static_cast<int64_t>(quant_at<F>(base, k, j)) * x_at(xb, k);
-        acc = std::fma(static_cast<float>(static_cast<double>(I)), half_at(base, j) * xb.s, acc);
+        int32_t A = 0, B = 0;
+        for (int64_t k = 0; k < kBlock; ++k) {
+          const int32_t q = quant_at<F>(base, k, j);
+          A += q * xb.upper[k];
+          B += q * xb.low[k];
+        }
+        acc = add_block(A, B, half_at(base, j) * xb.s, acc);
         if constexpr (!F::kSigned) acc = std::fma(half_at(base, kHalf + j), xb.x_sum_scaled, acc);
       }
       out[m * ldo + col] = acc;
@@ -186,14 +192,10 @@ void block_group_scalar(F, const uint8_t* w, int64_t nb, const XDigits* x, int64
 
 #if EAGLE_X86_SIMD
 // ---------------------------------------------------------------------------- AVX-512 VNNI
-// float(256 hm + low) per lane, exactly rounded: the 16 sums are exact in double (|256 hm + low| < 2^36).
-EAGLE_TARGET_AVX512_VNNI inline __m512 combine512(__m512i hm, __m512i low) {
-  const __m512d k256 = _mm512_set1_pd(256.0);
-  const __m512d lo = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(hm)), k256,
-                                     _mm512_cvtepi32_pd(_mm512_castsi512_si256(low)));
-  const __m512d hi = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(hm, 1)), k256,
-                                     _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(low, 1)));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+// fma(fma(float(A), 256, float(B)), scale, acc) per lane (add_block).
+EAGLE_TARGET_AVX512_VNNI inline __m512 add_block512(__m512i A, __m512i B, __m512 scale, __m512 acc) {
+  const __m512 I = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(B));
+  return _mm512_fmadd_ps(I, scale, acc);
 }
 
 // G groups (S = 2 G streams of 16 columns) times C rows of x: out[c * ldo + 32 g + j].
@@ -230,14 +232,13 @@ EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, con
       const __m512 d = params16(base[s]);
       for (int c = 0; c < C; ++c) {
         const XDigits& xb = x[c * ldx + b];
-        // 256 x the top digit's sum + the middle's stays below 2^27 in magnitude.
-        __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(isum[2][s][c], 8), isum[1][s][c]);
-        __m512i low = isum[0][s][c];
+        __m512i A = _mm512_add_epi32(_mm512_slli_epi32(isum[2][s][c], 8), isum[1][s][c]);  // |.| < 2^27
+        __m512i B = isum[0][s][c];
         if constexpr (F::kSigned) {
-          hm = _mm512_sub_epi32(hm, _mm512_set1_epi32(xb.q8_high_excess));
-          low = _mm512_sub_epi32(low, _mm512_set1_epi32(xb.q8_low_excess));
+          A = _mm512_sub_epi32(A, _mm512_set1_epi32(xb.q8_upper_excess));
+          B = _mm512_sub_epi32(B, _mm512_set1_epi32(xb.q8_low_excess));
         }
-        acc[s][c] = _mm512_fmadd_ps(combine512(hm, low), _mm512_mul_ps(d, _mm512_set1_ps(xb.s)), acc[s][c]);
+        acc[s][c] = add_block512(A, B, _mm512_mul_ps(d, _mm512_set1_ps(xb.s)), acc[s][c]);
         if constexpr (!F::kSigned)
           acc[s][c] = _mm512_fmadd_ps(params16(base[s] + 2 * kHalf), _mm512_set1_ps(xb.x_sum_scaled), acc[s][c]);
       }
@@ -249,18 +250,14 @@ EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, con
 
 // ------------------------------------------------------------------------------------- AVX2
 // One half (16 columns) times C rows. The weights widen to int16, four columns by their 4 k steps per 16 bytes
-// (a quarter); VPMADDWD by X's low or high half at those 4 steps (repeated) sums pairs of products exactly in int32
-// (|q L| <= 2^22), and VPHADDD the pairs of pairs, two quarters at a time (lanes: columns 0, 1, 4, 5 | 2, 3, 6, 7
-// of the two, put in order at the block's end).
+// (a quarter); VPMADDWD by U or l at those 4 steps (repeated) sums pairs of products exactly in int32, and VPHADDD
+// the pairs of pairs, two quarters at a time (lanes: columns 0, 1, 4, 5 | 2, 3, 6, 7 of the two, put in order at
+// the block's end).
 
-// float(65536 high + low) per lane, exactly rounded (|65536 high + low| < 2^36).
-EAGLE_TARGET_AVX2 inline __m256 combine256(__m256i high, __m256i low) {
-  const __m256d k65536 = _mm256_set1_pd(65536.0);
-  const __m256d lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(high)), k65536,
-                                     _mm256_cvtepi32_pd(_mm256_castsi256_si128(low)));
-  const __m256d hi = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(high, 1)), k65536,
-                                     _mm256_cvtepi32_pd(_mm256_extracti128_si256(low, 1)));
-  return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+// add_block per lane.
+EAGLE_TARGET_AVX2 inline __m256 add_block256(__m256i A, __m256i B, __m256 scale, __m256 acc) {
+  const __m256 I = _mm256_fmadd_ps(_mm256_cvtepi32_ps(A), _mm256_set1_ps(256.0f), _mm256_cvtepi32_ps(B));
+  return _mm256_fmadd_ps(I, scale, acc);
 }
 
 // Quarter v (columns 4 v .. 4 v + 3) of a chunk's weights, as int16.
@@ -288,9 +285,9 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDig
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = w + b * F::kBytes;
     if (prefetch) prefetch_block<F>(base, kPrefetchAhead);
-    __m256i low[2][C], high[2][C];  // [columns 0-7, 8-15][row]
+    __m256i upper[2][C], low[2][C];  // A, B: [columns 0-7, 8-15][row]
     for (int v = 0; v < 2; ++v)
-      for (int c = 0; c < C; ++c) low[v][c] = high[v][c] = _mm256_setzero_si256();
+      for (int c = 0; c < C; ++c) upper[v][c] = low[v][c] = _mm256_setzero_si256();
     for (int64_t t = 0; t < F::kChunks; ++t)
       for (int part = 0; part < F::kParts; ++part) {
         const int64_t i = x_step(t, part);
@@ -298,11 +295,11 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDig
           const __m256i qa = quarter256<F>(base, t, part, 2 * v), qb = quarter256<F>(base, t, part, 2 * v + 1);
           for (int c = 0; c < C; ++c) {
             const XDigits& xb = x[c * ldx + b];
-            const __m256i xl = steps4_256(xb.low + i), xh = steps4_256(xb.high + i);
-            low[v][c] = _mm256_add_epi32(low[v][c],
-                                         _mm256_hadd_epi32(_mm256_madd_epi16(qa, xl), _mm256_madd_epi16(qb, xl)));
-            high[v][c] = _mm256_add_epi32(high[v][c],
-                                          _mm256_hadd_epi32(_mm256_madd_epi16(qa, xh), _mm256_madd_epi16(qb, xh)));
+            const __m256i xl = steps4_256(xb.low + i), xu = steps4_256(xb.upper + i);
+            low[v][c] =
+                _mm256_add_epi32(low[v][c], _mm256_hadd_epi32(_mm256_madd_epi16(qa, xl), _mm256_madd_epi16(qb, xl)));
+            upper[v][c] =
+                _mm256_add_epi32(upper[v][c], _mm256_hadd_epi32(_mm256_madd_epi16(qa, xu), _mm256_madd_epi16(qb, xu)));
           }
         }
       }
@@ -310,10 +307,9 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDig
       const __m256 d = params8(base + 16 * v);
       for (int c = 0; c < C; ++c) {
         const XDigits& xb = x[c * ldx + b];
-        const __m256i in_order_low = _mm256_permute4x64_epi64(low[v][c], 0xD8);
-        const __m256i in_order_high = _mm256_permute4x64_epi64(high[v][c], 0xD8);
-        acc[v][c] = _mm256_fmadd_ps(combine256(in_order_high, in_order_low), _mm256_mul_ps(d, _mm256_set1_ps(xb.s)),
-                                    acc[v][c]);
+        const __m256i A = _mm256_permute4x64_epi64(upper[v][c], 0xD8);  // columns in order
+        const __m256i B = _mm256_permute4x64_epi64(low[v][c], 0xD8);
+        acc[v][c] = add_block256(A, B, _mm256_mul_ps(d, _mm256_set1_ps(xb.s)), acc[v][c]);
         if constexpr (!F::kSigned)
           acc[v][c] = _mm256_fmadd_ps(params8(base + 32 + 16 * v), _mm256_set1_ps(xb.x_sum_scaled), acc[v][c]);
       }
