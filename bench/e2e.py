@@ -17,7 +17,7 @@ Providers
   ``ours-plain-bf16w``.
 - ``q8_0w`` / ``q4_1w`` / ``ggufw`` (opt-in, in ``--providers``): the same for weight-only quantized
   matrices (GGML Q8_0 / Q4_1 blocks quantized from the fp32 weights, or the GGUF file's own blocks; fp32
-  activations, cpu_linear widens the blocks in registers); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
+  activations, cpu_linear's exact integer block sums); suffixes ``-q8_0w``, ``-q4_1w``, ``-ggufw``.
   ``q8_0a8w`` / ``q4_1a8w`` / ``ggufa8w``: the same weights with int8 activations (GGML's arithmetic), compared
   with the same llama.cpp rows.
 - ``bf16kv`` (opt-in, in ``--providers``): a twin of every target of the run with bf16 K/V caches

@@ -102,11 +102,11 @@ def _common(parser):
     parser.add_argument("--weights", choices=list(WEIGHT_DTYPES),
                         help="storage of the weight matrices (default: --dtype); bf16 with float32 compute halves "
                              "the bytes read per token (CPU: the cpu_linear kernel widens them in registers); q8_0 / "
-                             "q4_1: GGML's 8- / 4-bit blocks (fp32 compute); gguf: the model file's own blocks")
+                             "q4_1: GGML's 8- / 4-bit blocks (fp32 activations); gguf: the model file's own blocks")
     parser.add_argument("--activations", default="fp32", choices=["fp32", "int8"],
                         help="with quantized --weights: int8 quantizes each row of activations per block of 32 and "
                              "runs integer dot products, as llama.cpp does (faster; greedy output equal to plain "
-                             "decoding at the same setting); fp32 (default) widens the weights instead")
+                             "decoding at the same setting); fp32 (default) keeps them to 2^-22 of a block's largest")
     parser.add_argument("--kv-cache-dtype", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the K/V caches (default: --dtype); bfloat16 / float16 with float32 compute "
                              "halve the bytes attention reads per token (llama.cpp's default cache is F16)")

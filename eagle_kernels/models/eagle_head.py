@@ -111,7 +111,7 @@ class EagleHead(torch.nn.Module):
 
     ``weight_dtype``: how the matrices that drafting streams are stored (the projections, and
     EAGLE-3's fc and LM head; see :meth:`_stored`): ``"q8_0"`` / ``"q4_1"`` GGML block rows
-    (``cpu_linear`` widens them in registers, fp32 activations), ``"stored"`` as :meth:`_stored`
+    (``cpu_linear``'s exact integer block sums, fp32 activations), ``"stored"`` as :meth:`_stored`
     keeps them (fp16 / the target's dtype), None (default) Q8_0 where the target's own matrices are
     quantized (a head pass then streams about half the bytes of its fp16 matrices), else as stored.
     Block rows given in ``weights`` are kept as they are. ``"fp8"`` (a 16-bit head, GPU path): the

@@ -58,7 +58,7 @@ def assert_within_fixed_point_bound(got, x, rows):
     """|got - exact| <= sum_b sum_k |w_k| s_b / 2 + (2 nb + 4) u sum_b (|d s_b I_b| + |m s_b X_b|) + tiny, where exact
     is the float64 product of the dequantized weight and x itself: x's integer form X (fixed_point_activations)
     moves each element by at most s_b / 2, the kernel's integer block sums I_b = sum_k q_k X_k are exact, and each
-    block adds a few fp32 roundings (float(I_b), the scales' product, the fused multiply-adds) to a chain of nb
+    block adds a few fp32 roundings (float(A_b), the scales' product, the fused multiply-adds) to a chain of nb
     blocks."""
     X, s = fixed_point_activations(x)  # [M, nb, 32], [M, nb]
     d, m, qw = _split_rows(rows)  # [N, nb], [N, nb] or None, [N, nb, 32]
@@ -134,7 +134,7 @@ def test_matches_float64(linear, M, K, N, fmt):
 
 @pytest.mark.parametrize("fmt", QUANT_FORMATS)
 def test_bits_of_every_isa(fmt, monkeypatch):
-    """Exact integer block sums (VPDPBUSD over three digits, VPMADDWD over two halves, int64) and the same fp32
+    """Exact integer block sums (VPDPBUSD over three bytes, VPMADDWD over two int16 parts, int32) and the same fp32
     operations in the same order: the same bits at every ISA."""
     fn = native_cpu_linear()
     w = eagle_kernels.cpu_linear_pack(quant_blocks(160, 96, fmt))
