@@ -339,6 +339,17 @@ def assert_every_isa_gives(want, fn, x, w, isas, monkeypatch):
         assert torch.equal(fn(x, w), want), isa
 
 
+def assert_non_finite_row_stays_alone(linear, w):
+    """A row of x [3, K] holding inf gives nan outputs (as the fp32 kernels give non-finite ones); the other rows
+    are untouched (the quantized kernels put each row's blocks in their form alone)."""
+    x = activations(3, w.shape[2] * 32)
+    want = linear(x, w)
+    x[1, 50] = float("inf")
+    got = linear(x, w)
+    assert got[1].isnan().all()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+
+
 def assert_rows_batch_invariant(fn, x, w):
     """A row of ``fn(x, w)`` does not depend on the other rows: each row alone, and a slice, give the batch's
     bits (a verify pass gives each token what decoding it alone gives)."""

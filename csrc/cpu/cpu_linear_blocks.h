@@ -17,8 +17,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
+#include <vector>
 
+#include "cpu_linear_groups.h"
 #include "cpu_linear_impl.h"
 
 #if EAGLE_X86_SIMD
@@ -99,6 +102,18 @@ EAGLE_TARGET_AVX512_VNNI inline __m512i chunk512(const uint8_t* base, int64_t t,
   return _mm512_and_si512(part == 0 ? raw : _mm512_srli_epi16(raw, 4), low4);
 }
 
+// A block of 32 elements of x: its two halves in a, b and its largest |x| in amax; false (the rest unset) where it
+// holds inf or nan (|x| compares unordered or equal to inf).
+EAGLE_TARGET_AVX512 inline bool load_block512(const float* x, __m512& a, __m512& b, float& amax) {
+  a = _mm512_loadu_ps(x);
+  b = _mm512_loadu_ps(x + 16);
+  const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  if (_mm512_cmp_ps_mask(abs_a, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(abs_b, inf, _CMP_NLT_UQ)) return false;
+  amax = _mm512_reduce_max_ps(_mm512_max_ps(abs_a, abs_b));
+  return true;
+}
+
 // Prefetches (into L2) the block at `base` + `ahead`.
 template <typename F>
 inline void prefetch_block(const uint8_t* base, int64_t ahead) {
@@ -116,6 +131,28 @@ inline bool has_vnni() {
 #else
   return false;
 #endif
+}
+
+// A quantized kernel's call: x [M, K] (row stride ldx) in the kernel's activation form XB, one block of 32
+// elements at a time (`block512` at AVX-512 levels, null where there are none; `block_scalar` below them), once per
+// call before the weights stream; then the groups of the packed weight over the threads, by the tiles of Q8T (q8) or
+// Q41T: out[m * ldo + n]. Their AVX-512 tiles need VNNI (has_vnni); without it a call runs their AVX2 tiles.
+template <typename Q8T, typename Q41T, typename XB>
+void block_linear(const uint8_t* packed, bool q8, int64_t groups, const float* x, int64_t ldx, int64_t M, int64_t K,
+                  float* out, int64_t ldo, isa::Level level, void (*block512)(const float*, XB*),
+                  void (*block_scalar)(const float*, XB*)) {
+  const int64_t nb = K / kBlock;
+  std::vector<XB> xb(static_cast<size_t>(M * nb));
+  const auto to_block = block512 != nullptr && level >= isa::Level::kAvx512Ymm ? block512 : block_scalar;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) to_block(x + m * ldx + b * kBlock, xb.data() + m * nb + b);
+  const isa::Level tiles = level >= isa::Level::kAvx512Ymm && !has_vnni() ? isa::Level::kAvx2 : level;
+  parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
+    if (q8)
+      run_groups<BlockTiles<Q8T, XB>>(packed, begin, end, nb, xb.data(), nb, M, out, ldo, tiles);
+    else
+      run_groups<BlockTiles<Q41T, XB>>(packed, begin, end, nb, xb.data(), nb, M, out, ldo, tiles);
+  });
 }
 
 }  // namespace blocks

@@ -86,13 +86,9 @@ void quantize_block_scalar(const float* x, XBlock* out) {
 
 #if EAGLE_X86_SIMD
 EAGLE_TARGET_AVX512 void quantize_block512(const float* x, XBlock* out) {
-  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-  const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
-  // Non-finite: |x| compares unordered or equal to inf.
-  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  if (_mm512_cmp_ps_mask(abs_a, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(abs_b, inf, _CMP_NLT_UQ))
-    return quantize_block_scalar(x, out);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(abs_a, abs_b));
+  __m512 a, b;
+  float amax = 0.0f;
+  if (!load_block512(x, a, b, amax)) return quantize_block_scalar(x, out);
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const __m512 idv = _mm512_set1_ps(id);
@@ -106,22 +102,6 @@ EAGLE_TARGET_AVX512 void quantize_block512(const float* x, XBlock* out) {
   out->dsum = d * static_cast<float>(sum);
 }
 #endif
-
-// x [M, K] (row stride ldx) -> out [M, K / 32] blocks.
-void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, XBlock* out, Level level) {
-  const int64_t nb = K / kBlock;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-#if EAGLE_X86_SIMD
-      if (level >= Level::kAvx512Ymm) {
-        quantize_block512(x + m * ldx + b * kBlock, out + m * nb + b);
-        continue;
-      }
-#endif
-      (void)level;
-      quantize_block_scalar(x + m * ldx + b * kBlock, out + m * nb + b);
-    }
-}
 
 // ------------------------------------------------------------------------------- scalar path
 template <typename F>
@@ -260,17 +240,13 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XBlo
 
 void dot_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
                 int64_t K, float* out, int64_t ldo, Level level) {
-  const int64_t nb = K / kBlock;
-  // Each call quantizes its rows once (M x K / 32 blocks), before the weights stream.
-  std::vector<XBlock> xq(static_cast<size_t>(M * nb));
-  quantize_rows(x, ldx, M, K, xq.data(), level);
-  const Level tiles = level >= Level::kAvx512Ymm && !has_vnni() ? Level::kAvx2 : level;
-  parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
-    if (format == QuantFormat::kQ8_0Int8)
-      run_groups<BlockTiles<Q8, XBlock>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
-    else
-      run_groups<BlockTiles<Q41, XBlock>>(packed, begin, end, nb, xq.data(), nb, M, out, ldo, tiles);
-  });
+#if EAGLE_X86_SIMD
+  void (*const block512)(const float*, XBlock*) = quantize_block512;
+#else
+  void (*const block512)(const float*, XBlock*) = nullptr;
+#endif
+  block_linear<Q8, Q41, XBlock>(packed, format == QuantFormat::kQ8_0Int8, groups, x, ldx, M, K, out, ldo, level,
+                                block512, quantize_block_scalar);
 }
 
 }  // namespace linear_impl

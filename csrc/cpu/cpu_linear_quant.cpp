@@ -128,12 +128,9 @@ void digits_block_scalar(const float* x, XDigits* out) {
 // blocks, and non-finite ones, take the scalar path). x times the scale is exact (or rounds to an integer 0 where it
 // is below fp32's normal range), as in double.
 EAGLE_TARGET_AVX512 void digits_block512(const float* x, XDigits* out) {
-  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-  const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
-  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  if (_mm512_cmp_ps_mask(abs_a, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(abs_b, inf, _CMP_NLT_UQ))
-    return set_non_finite(out);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(abs_a, abs_b));
+  __m512 a, b;
+  float amax = 0.0f;
+  if (!load_block512(x, a, b, amax)) return set_non_finite(out);
   int E = 0;
   std::frexp(amax, &E);
   if (E < -104) return digits_block_scalar(x, out);
@@ -144,22 +141,6 @@ EAGLE_TARGET_AVX512 void digits_block512(const float* x, XDigits* out) {
   set_digits(X, std::ldexp(1.0f, E - kFraction), out);
 }
 #endif
-
-// x [M, K] (row stride ldx) -> out [M, K / 32] blocks.
-void digits_rows(const float* x, int64_t ldx, int64_t M, int64_t K, XDigits* out, Level level) {
-  const int64_t nb = K / kBlock;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-#if EAGLE_X86_SIMD
-      if (level >= Level::kAvx512Ymm) {
-        digits_block512(x + m * ldx + b * kBlock, out + m * nb + b);
-        continue;
-      }
-#endif
-      (void)level;
-      digits_block_scalar(x + m * ldx + b * kBlock, out + m * nb + b);
-    }
-}
 
 // ------------------------------------------------------------------------------- scalar path
 // fma(fma(float(A), 256, float(B)), scale, acc): a block's contribution (the top of the file).
@@ -324,17 +305,13 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDig
 
 void quant_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const float* x, int64_t ldx, int64_t M,
                   int64_t K, float* out, int64_t ldo, Level level) {
-  const int64_t nb = K / kBlock;
-  // Each call puts its rows in integer form once (M x K / 32 blocks), before the weights stream.
-  std::vector<XDigits> xd(static_cast<size_t>(M * nb));
-  digits_rows(x, ldx, M, K, xd.data(), level);
-  const Level tiles = level >= Level::kAvx512Ymm && !has_vnni() ? Level::kAvx2 : level;
-  parallel_groups(groups, K, M, [&](int64_t begin, int64_t end) {
-    if (format == QuantFormat::kQ8_0)
-      run_groups<BlockTiles<Q8, XDigits>>(packed, begin, end, nb, xd.data(), nb, M, out, ldo, tiles);
-    else
-      run_groups<BlockTiles<Q41, XDigits>>(packed, begin, end, nb, xd.data(), nb, M, out, ldo, tiles);
-  });
+#if EAGLE_X86_SIMD
+  void (*const block512)(const float*, XDigits*) = digits_block512;
+#else
+  void (*const block512)(const float*, XDigits*) = nullptr;
+#endif
+  block_linear<Q8, Q41, XDigits>(packed, format == QuantFormat::kQ8_0, groups, x, ldx, M, K, out, ldo, level, block512,
+                                 digits_block_scalar);
 }
 
 }  // namespace linear_impl
