@@ -23,11 +23,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/amax.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gt.h>
 #include <ATen/ops/log_softmax.h>
 #include <ATen/ops/ones_like.h>
+#include <ATen/ops/sub.h>
 #include <ATen/ops/where.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -909,7 +911,9 @@ at::Tensor coupled_draft_logits_cpu(const at::Tensor& logits, const at::Tensor& 
   const at::Tensor rows = logits.to(at::kFloat);
   const at::Tensor sampling = at::gt(temperature, 0);
   const at::Tensor scale = at::where(sampling, temperature, at::ones_like(temperature)).view({B, 1, 1});
-  const at::Tensor perturbed = at::add(at::log_softmax(at::div(rows, scale), -1), noise);
+  // The max subtracted before the division, as the reference (a tiny temperature: -inf, never inf - inf).
+  const at::Tensor shifted = at::div(at::sub(rows, at::amax(rows, {-1}, true)), scale);
+  const at::Tensor perturbed = at::add(at::log_softmax(shifted, -1), noise);
   return at::where(sampling.view({B, 1, 1}), perturbed, rows);
 }
 

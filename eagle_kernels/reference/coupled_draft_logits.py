@@ -13,8 +13,8 @@ from .coupled_noise import coupled_noise
 
 def coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None) -> torch.Tensor:
     """``out[b, m] = log_softmax(logits[b, m] / T[b]) + G(seed[b], positions[b])`` for ``T[b] > 0``
-    (float32 arithmetic, the noise ``G`` of ``coupled_noise`` over the ids ``x + d2t[x]``), and the
-    row as it is (in float32) for a greedy request (``T[b] = 0``).
+    (float32 arithmetic, the row's max subtracted before the division; the noise ``G`` of ``coupled_noise``
+    over the ids ``x + d2t[x]``), and the row as it is (in float32) for a greedy request (``T[b] = 0``).
 
     Shapes
     ------
@@ -26,5 +26,8 @@ def coupled_draft_logits(logits, temperature, seed, positions, *, d2t=None) -> t
     sampling = temperature > 0
     t = torch.where(sampling, temperature, torch.ones_like(temperature))
     noise = coupled_noise(seed, positions[:, None], logits.shape[2], d2t=d2t)  # [B, 1, n]
-    perturbed = torch.log_softmax(rows / t[:, None, None], dim=-1) + noise
+    # The max subtracted before the division (as verify's): a tiny temperature sends the other entries to -inf
+    # (the T -> 0 limit), never inf - inf.
+    shifted = (rows - rows.amax(dim=-1, keepdim=True)) / t[:, None, None]
+    perturbed = torch.log_softmax(shifted, dim=-1) + noise
     return torch.where(sampling[:, None, None], perturbed, rows)

@@ -56,26 +56,27 @@ def _coupled_draft_logits_kernel(
     dst = out_ptr + row * n
     temperature = tl.load(temperature_ptr + b)
     if temperature > 0.0:
+        # The row's max subtracted before the division (a tiny temperature: -inf, never inf - inf).
         lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(src + offs, mask=offs < n, other=float("-inf")).to(tl.float32) / temperature
+            x = tl.load(src + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
             lane_max = tl.maximum(lane_max, x)
         row_max = tl.max(lane_max, axis=0)
         lane_sum = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(src + offs, mask=offs < n, other=float("-inf")).to(tl.float32) / temperature
-            lane_sum += tl.where(offs < n, tl.exp(x - row_max), 0.0)
+            x = tl.load(src + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+            lane_sum += tl.where(offs < n, tl.exp((x - row_max) / temperature), 0.0)
         log_total = tl.log(tl.sum(lane_sum, axis=0))
         seed = tl.load(seed_ptr + b)
         position = tl.load(positions_ptr + b * stride_pos)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             valid = offs < n
-            x = tl.load(src + offs, mask=valid, other=0.0).to(tl.float32) / temperature
+            x = tl.load(src + offs, mask=valid, other=0.0).to(tl.float32)
             noise = _gumbel_noise(seed, position, offs, valid, d2t_ptr, HAS_D2T, DRAW)
-            tl.store(dst + offs, ((x - row_max) - log_total) + noise, mask=valid)
+            tl.store(dst + offs, ((x - row_max) / temperature - log_total) + noise, mask=valid)
     else:
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)

@@ -121,6 +121,48 @@ def test_nonfinite_rows_triton():
         torch.testing.assert_close(got[finite], want[finite], rtol=0, atol=2e-5)
 
 
+def tiny_temperature_case(temperature):
+    """One request at ``temperature``, two rows of finite logits that overflow when divided by it (below ~1e-36): a
+    single largest entry, and two tied ones. Returns the call's inputs and a check of a result against the limit
+    T -> 0: no NaN, log(1 / ties) plus the noise on the largest entries, the others below -1e15 (-inf where
+    (logit - max) / T overflows)."""
+    logits = torch.tensor([[[0.0, 1.0, 0.5, 100.0, -3.0], [2.0, 7.0, 7.0, -1.0, 6.5]]])
+    args = (logits, torch.tensor([temperature]), torch.tensor([11]), torch.tensor([5]))
+    noise = reference.coupled_noise(args[2], args[3][:, None], 5)[0, 0]
+    top = logits[0] == logits[0].amax(-1, keepdim=True)
+    limit = noise - torch.log(top.sum(-1, keepdim=True).float())
+
+    def check(out):
+        assert not out.isnan().any()
+        torch.testing.assert_close(out[0][top], limit.expand(-1, 5)[top], rtol=0, atol=1e-6)
+        assert (out[0][~top] < -1e15).all()
+
+    return args, check
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-37, 1e-20], ids=["1e-40", "1e-37", "1e-20"])
+def test_tiny_temperature_is_the_limit(temperature, monkeypatch):
+    """(logits - max) / T, as verify: a temperature so small that a logit over it overflows gives the limit T -> 0
+    (the largest entries share the mass, the others -inf), never NaN; the C++ kernel the reference's bits."""
+    args, check = tiny_temperature_case(temperature)
+    want = reference.coupled_draft_logits(*args)
+    check(want)
+    fn = implementation("cpp")
+    for isa in ISA_LEVELS:
+        monkeypatch.setenv("EAGLE_KERNELS_CPU_ISA", isa)
+        assert torch.equal(fn(*args), want), isa
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-37], ids=["1e-40", "1e-37"])
+def test_tiny_temperature_triton(temperature):
+    implementation("triton")
+    from eagle_kernels.triton import coupled_draft_logits as module
+
+    args, check = tiny_temperature_case(temperature)
+    for launch in (module.INTERPRETER_CONFIG, module.GPU_CONFIG):
+        check(module.coupled_draft_logits(*args, _config=launch))
+
+
 def test_drafts_race_like_the_target():
     """With the target's own logits as draft logits, the perturbed argmax is verify's coupled token:
     a head that agrees with the target drafts exactly the target's winners."""
