@@ -19,11 +19,11 @@
 // which at one row bound the fp32 chain by the core's vector ports (about 16 G weights/s on the Zen 4 here, below
 // the rate one core streams memory at). With x split into three signed bytes, X = 65536 h + 256 m + l (each in
 // [-128, 127], U = 256 h + m), one VPDPBUSD per byte multiplies 64 weights (16 columns by 4 k) exactly, and the
-// block's three integer sums give A and B: three operations per 64 weights. The AVX2 path (no VNNI) widens the
-// weights to 16 bits and multiplies U and l as int16 (VPMADDWD); the scalar path sums in int32. A and B are the
-// same exact integers on every path and every fp32 operation the same IEEE operation, so the results agree bit for
-// bit across ISAs; each row of the output depends only on its own row of x (batch-invariant: a verify pass gives a
-// token's row what decoding it alone gives).
+// block's three integer sums give A and B: three operations per 64 weights. The AVX2 path (no VNNI) widens Q8_0's
+// weights to 16 bits and multiplies U and l as int16 (VPMADDWD), and Q4_1's nibbles by the three bytes (VPMADDUBSW);
+// the scalar path sums in int32. A and B are the same exact integers on every path and every fp32 operation the same
+// IEEE operation, so the results agree bit for bit across ISAs; each row of the output depends only on its own row of
+// x (batch-invariant: a verify pass gives a token's row what decoding it alone gives).
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -68,7 +68,8 @@ struct XDigits {
 static_assert(sizeof(XDigits) == 256, "XDigits: 256 bytes");
 
 // Rows of x per tile (BlockTiles). AVX-512 tiles of G groups (S = 2 G streams) x C rows hold 3 S C integer block
-// sums and S C fp32 accumulators; AVX2 tiles of one half 4 integer sums and 2 accumulators per row.
+// sums and S C fp32 accumulators; AVX2 tiles of one half 4 integer sums (Q4_1: 6 int16 ones) and 2 accumulators per
+// row.
 struct Rows {
   static constexpr int kMaxRows = 2;
   static constexpr int groups_for(int C) { return C <= 1 ? 2 : 1; }
