@@ -58,12 +58,11 @@ struct XDigits {
   int16_t low[kBlock];            // AVX2 and scalar: l = digit[0]
   int16_t upper[kBlock];          // U = digit[1] + 256 digit[2] = (X - l) / 256
   float s;                        // 2^(E - 22); NaN for a non-finite block
-  int32_t x_sum;                  // sum_k X[k]
-  float x_sum_scaled;             // float(x_sum) * s (Q4_1's minimums); NaN for a non-finite block
+  float x_sum_scaled;             // float(sum_k X[k]) * s (Q4_1's minimums); NaN for a non-finite block
   // Q8_0's VNNI operand is q + 128: 128 sum(digit[0]) comes off B's block sum, 128 sum(U) off A's.
   int32_t q8_low_excess;
   int32_t q8_upper_excess;
-  int32_t pad[3];
+  int32_t pad[4];
 };
 static_assert(sizeof(XDigits) == 256, "XDigits: 256 bytes");
 
@@ -88,7 +87,7 @@ void set_non_finite(XDigits* out) {
   out->s = out->x_sum_scaled = std::numeric_limits<float>::quiet_NaN();
 }
 
-// X[k] -> digits, their sums and x_sum (X[k] for k < 32, |X[k]| <= 2^22).
+// X[k] -> digits and the block's sums (X[k] for k < 32, |X[k]| <= 2^22).
 void set_digits(const int32_t* X, float s, XDigits* out) {
   std::memset(out, 0, sizeof(*out));
   int32_t x_sum = 0, digit_sum[kDigits] = {0, 0, 0};
@@ -105,7 +104,6 @@ void set_digits(const int32_t* X, float s, XDigits* out) {
     out->upper[k] = static_cast<int16_t>(out->digit[1][k] + 256 * out->digit[2][k]);
   }
   out->s = s;
-  out->x_sum = x_sum;
   out->x_sum_scaled = static_cast<float>(x_sum) * s;
   out->q8_low_excess = 128 * digit_sum[0];
   out->q8_upper_excess = 128 * (256 * digit_sum[2] + digit_sum[1]);
@@ -233,10 +231,10 @@ EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, con
 }
 
 // ------------------------------------------------------------------------------------- AVX2
-// One half (16 columns) times C rows. The weights widen to int16, four columns by their 4 k steps per 16 bytes
-// (a quarter); VPMADDWD by U or l at those 4 steps (repeated) sums pairs of products exactly in int32, and VPHADDD
-// the pairs of pairs, two quarters at a time (lanes: columns 0, 1, 4, 5 | 2, 3, 6, 7 of the two, put in order at
-// the block's end).
+// Q8_0's tile: one half (16 columns) times C rows. The weights widen to int16, four columns by their 4 k steps per 16
+// bytes (a quarter); VPMADDWD by U or l at those 4 steps (repeated) sums pairs of products exactly in int32, and
+// VPHADDD the pairs of pairs, two quarters at a time (lanes: columns 0, 1, 4, 5 | 2, 3, 6, 7 of the two, put in order
+// at the block's end).
 
 // add_block per lane.
 EAGLE_TARGET_AVX2 inline __m256 add_block256(__m256i A, __m256i B, __m256 scale, __m256 acc) {
@@ -244,13 +242,9 @@ EAGLE_TARGET_AVX2 inline __m256 add_block256(__m256i A, __m256i B, __m256 scale,
   return _mm256_fmadd_ps(I, scale, acc);
 }
 
-// Quarter v (columns 4 v .. 4 v + 3) of a chunk's weights, as int16.
-template <typename F>
-EAGLE_TARGET_AVX2 inline __m256i quarter256(const uint8_t* base, int64_t t, int part, int v) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + F::kParams + t * 64 + 16 * v));
-  if constexpr (F::kSigned) return _mm256_cvtepi8_epi16(raw);
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  return _mm256_cvtepu8_epi16(_mm_and_si128(part == 0 ? raw : _mm_srli_epi16(raw, 4), low4));
+// Quarter v (columns 4 v .. 4 v + 3) of a Q8_0 chunk's weights, as int16.
+EAGLE_TARGET_AVX2 inline __m256i quarter256(const uint8_t* base, int64_t t, int v) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + Q8::kParams + t * 64 + 16 * v)));
 }
 
 // Four int16 values from p, repeated over the vector.
@@ -260,33 +254,32 @@ EAGLE_TARGET_AVX2 inline __m256i steps4_256(const int16_t* p) {
   return _mm256_set1_epi64x(v);
 }
 
-template <int C, typename F>
-EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDigits* x, int64_t ldx, float* out,
+template <int C>
+EAGLE_TARGET_AVX2 void block_tile256(Q8, const uint8_t* w, int64_t nb, const XDigits* x, int64_t ldx, float* out,
                                      int64_t ldo, bool prefetch) {
   __m256 acc[2][C];
   for (int v = 0; v < 2; ++v)
     for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base = w + b * F::kBytes;
-    if (prefetch) prefetch_block<F>(base, kPrefetchAhead);
+    const uint8_t* base = w + b * Q8::kBytes;
+    if (prefetch) prefetch_block<Q8>(base, kPrefetchAhead);
     __m256i upper[2][C], low[2][C];  // A, B: [columns 0-7, 8-15][row]
     for (int v = 0; v < 2; ++v)
       for (int c = 0; c < C; ++c) upper[v][c] = low[v][c] = _mm256_setzero_si256();
-    for (int64_t t = 0; t < F::kChunks; ++t)
-      for (int part = 0; part < F::kParts; ++part) {
-        const int64_t i = x_step(t, part);
-        for (int v = 0; v < 2; ++v) {
-          const __m256i qa = quarter256<F>(base, t, part, 2 * v), qb = quarter256<F>(base, t, part, 2 * v + 1);
-          for (int c = 0; c < C; ++c) {
-            const XDigits& xb = x[c * ldx + b];
-            const __m256i xl = steps4_256(xb.low + i), xu = steps4_256(xb.upper + i);
-            low[v][c] =
-                _mm256_add_epi32(low[v][c], _mm256_hadd_epi32(_mm256_madd_epi16(qa, xl), _mm256_madd_epi16(qb, xl)));
-            upper[v][c] =
-                _mm256_add_epi32(upper[v][c], _mm256_hadd_epi32(_mm256_madd_epi16(qa, xu), _mm256_madd_epi16(qb, xu)));
-          }
+    for (int64_t t = 0; t < Q8::kChunks; ++t) {
+      const int64_t i = x_step(t, 0);
+      for (int v = 0; v < 2; ++v) {
+        const __m256i qa = quarter256(base, t, 2 * v), qb = quarter256(base, t, 2 * v + 1);
+        for (int c = 0; c < C; ++c) {
+          const XDigits& xb = x[c * ldx + b];
+          const __m256i xl = steps4_256(xb.low + i), xu = steps4_256(xb.upper + i);
+          low[v][c] =
+              _mm256_add_epi32(low[v][c], _mm256_hadd_epi32(_mm256_madd_epi16(qa, xl), _mm256_madd_epi16(qb, xl)));
+          upper[v][c] =
+              _mm256_add_epi32(upper[v][c], _mm256_hadd_epi32(_mm256_madd_epi16(qa, xu), _mm256_madd_epi16(qb, xu)));
         }
       }
+    }
     for (int v = 0; v < 2; ++v) {
       const __m256 d = params8(base + 16 * v);
       for (int c = 0; c < C; ++c) {
@@ -294,14 +287,13 @@ EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XDig
         const __m256i A = _mm256_permute4x64_epi64(upper[v][c], 0xD8);  // columns in order
         const __m256i B = _mm256_permute4x64_epi64(low[v][c], 0xD8);
         acc[v][c] = add_block256(A, B, _mm256_mul_ps(d, _mm256_set1_ps(xb.s)), acc[v][c]);
-        if constexpr (!F::kSigned)
-          acc[v][c] = _mm256_fmadd_ps(params8(base + 32 + 16 * v), _mm256_set1_ps(xb.x_sum_scaled), acc[v][c]);
       }
     }
   }
   for (int c = 0; c < C; ++c)
     for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
 }
+
 // Q4_1's AVX2 tile (one half, C rows): its nibbles are VPMADDUBSW's unsigned operand as they are, by the three
 // signed bytes of X (as VNNI's), into int16 pairs that never saturate (2 x 15 x 128) and stay below 2^15 over a
 // block's 8 reads of a chunk (8 x 3840 = 30720); VPMADDWD by ones then sums each column's pairs in int32, in column

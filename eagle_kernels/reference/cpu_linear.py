@@ -70,10 +70,10 @@ def cpu_linear(x, weight):
 
     A quantized weight is read as its exact dequantization (:func:`dequantize` before Q4_1's rounding), and x as
     the form its kernel multiplies, dequantized exactly: 4-D weights (fp32 activations) x's integer form
-    (:func:`fixed_point_activations`, within 2^-23 of each block's largest |x|), 5-D weights (8-bit activations)
-    x's 8-bit form (:func:`quantize_activations`: GGML's arithmetic). The kernels compute those products' integer
-    block sums exactly and round them once or twice per block, then sum the blocks in fp32: they agree with this to
-    fp32 rounding, not bit for bit.
+    (:func:`fixed_point_activations`, each element within 2^(E - 23), E the exponent of its block's largest
+    |x|), 5-D weights (8-bit activations) x's 8-bit form (:func:`quantize_activations`: GGML's arithmetic). The
+    kernels compute those products' integer block sums exactly and round them once or twice per block, then sum the
+    blocks in fp32: they agree with this to fp32 rounding, not bit for bit.
     """
     _checks.check_cpu_linear(x, weight)
     if weight.dtype in ROW_BLOCK_BYTES:
