@@ -66,12 +66,24 @@ sys.path.insert(0, HERE)
 import compile_audit  # noqa: E402
 from compile_audit import H200  # noqa: E402
 
+# ``--package DIR`` (an older commit's eagle_kernels) goes first on the path before this module
+# imports the package: imported from elsewhere first, every later import would get that one.
+if __name__ == "__main__" and "--package" in sys.argv[:-1]:
+    sys.path.insert(0, sys.argv[sys.argv.index("--package") + 1])
 from eagle_kernels.triton import _pdl  # noqa: E402
 
 # Fitted on the H200 run (docs/gpu_model.md, "Calibration"); --fit refits them.
 LAUNCH_OVERHEAD_S = 58e-6
 ISSUE_RATE = 1.25  # warp instructions per clock per SM (4 schedulers at most)
 MEMORY_LATENCY_S = 0.8e-6
+# COOPERATIVE_KERNELS only (their programs wait on each other's results through L2 and re-read
+# small tables): a dependent load of sectors read or written before in the same segment (one
+# program's claimed chunk or merge; not volatile) hits the SM's L1; an atomic, a volatile load or
+# a load of sectors the launch touched before (another segment, maybe another SM) goes to L2; the
+# rest to DRAM (MEMORY_LATENCY_S). Public microbenchmarks put Hopper's L1 hit near 40 cycles and
+# an L2 hit at 260-480; not calibrated here.
+L1_LATENCY_S = 0.02e-6
+L2_LATENCY_S = 0.2e-6
 SECTOR = 32
 ANNOTATION = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
 
@@ -92,6 +104,8 @@ class Counts:
     reductions: int = 0
     chain: int = 0  # memory latencies the program waits for in sequence (in-order warp)
     lines: Counter = dataclasses.field(default_factory=Counter)
+    # COOPERATIVE_KERNELS: the program's work cut at its claim and done atomics, in order.
+    segments: list = dataclasses.field(default_factory=list)
 
     @property
     def dram_bytes(self) -> int:
@@ -191,15 +205,88 @@ def helper_statements(kernel_fn) -> dict[str, dict[int, int]]:
     return out
 
 
+class Cooperative(typing.NamedTuple):
+    """How the programs of a group (one request) share a kernel's work: a sequence of phases,
+    each cut into ``groups_kwarg`` chunks. A program takes a chunk with the atomic at ``claim``
+    (statement source text), reports it done with the atomic at ``done``; the program whose done
+    returns the chunk count less one merges the phase's results and opens the next phase
+    (verify's walk: verify_walk.py)."""
+
+    claim: str
+    done: str
+    groups_kwarg: str
+
+
+# The interpreter runs one program at a time, so the first program of a group claims every
+# chunk of every phase and the others find the work done: counted per program, that is one
+# program holding all the work (the figures of docs/gpu_model.md before this). These kernels'
+# programs are counted in segments cut at the claims and dones, and ``cooperative_time`` puts
+# them back in parallel: a phase's chunks run on the group's resident programs at once.
+COOPERATIVE_KERNELS = {
+    "_verify_kernel": Cooperative(claim="claim = tl.atomic_add(claims + phase, 1)",
+                                  done="if tl.atomic_add(dones + phase, 1) == SPLITS - 1:",
+                                  groups_kwarg="SPLITS"),
+}
+
+
+@dataclasses.dataclass
+class Segment:
+    """A stretch of one program's work between two atomics of its group's protocol: ``role`` is
+    ``chunk`` (a claimed chunk, up to and with its done), ``merge`` (after the phase's last
+    done, up to the next claim: the merge, the walk's next step, the next claim's wait) or
+    ``other`` (before the first claim, and after a done that was not the last one).
+    ``chain`` is counted from the segment's start."""
+
+    role: str
+    counts: Counts
+    start_clock: int = 0
+    done: bool = False  # a chunk that reported done (a claim past the last chunk does not)
+
+
+def cooperative_statements(kernel_fn, protocol: Cooperative) -> tuple[int, int]:
+    """The file lines of the claim and done statements of ``kernel_fn``."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(kernel_fn)
+    found = {}
+    for i, text in enumerate(lines):
+        for role, statement in (("claim", protocol.claim), ("done", protocol.done)):
+            if text.strip() == statement:
+                found.setdefault(role, i + first)
+    if set(found) != {"claim", "done"}:
+        raise RuntimeError(f"{kernel_fn.__name__}: the cooperative protocol's statements were not found "
+                           f"(looked for {protocol.claim!r} and {protocol.done!r})")
+    return found["claim"], found["done"]
+
+
 @contextlib.contextmanager
-def counting(kernel_fn, counts_of_program: list[Counts]):
+def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
     """Counters on the interpreter's builder for the duration of the block; each program
-    appends its Counts. ``kernel_fn`` is the kernel's Python function (its lines are traced)."""
+    appends its Counts. ``kernel_fn`` is the kernel's Python function (its lines are traced).
+    ``groups``: a COOPERATIVE_KERNELS kernel's chunk count a phase; its programs' work is also
+    recorded in segments (``Counts.segments``), and an atomic's result costs a memory latency."""
     from triton.runtime import interpreter as ti
 
     builder = ti.InterpreterBuilder
     saved = {}
     current = [Counts()]
+    protocol = COOPERATIVE_KERNELS.get(kernel_fn.__name__) if groups else None
+    claim_line, done_line = cooperative_statements(kernel_fn, protocol) if protocol else (None, None)
+    segment: list[Segment | None] = [Segment("other", Counts()) if protocol else None]
+
+    def targets():
+        """The Counts an operation adds to: the program's, and its open segment's."""
+        return (current[0],) if segment[0] is None else (current[0], segment[0].counts)
+
+    def cut(role):
+        """Close the open segment (its chain from its start) and open one of ``role``."""
+        closed = segment[0]
+        closed.counts.chain = max(0, closed.counts.chain - closed.start_clock)
+        if closed.counts.lines or closed.counts.load_bytes or closed.role != "other":
+            current[0].segments.append(closed)
+        segment[0] = Segment(role, Counts(), clock[0])
+        segment[0].counts.chain = clock[0]
+        in_segment.clear()
 
     # An in-order warp: a load issues when its address and mask are ready and its result is
     # ready one memory latency later; any other operation waits for its inputs. ``clock`` is
@@ -216,6 +303,30 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     # both doubled every unmasked load's bytes and sectors).
     depth = [0]
     memory_ops = ("create_masked_load", "create_load", "create_masked_store", "create_store")
+    atomics = ("create_atomic_rmw", "create_atomic_cas")
+    # Cooperative kernels: sectors the open segment has read or written, and the launch.
+    in_segment: set = set()
+    in_launch: set = set()
+
+    def load_latency(active, volatile: bool) -> float:
+        """A cooperative kernel's dependent load, in memory latencies (see L1_LATENCY_S)."""
+        sectors = set(np.unique(active // SECTOR).tolist())
+        cost = 1.0
+        if not volatile and sectors <= in_segment:
+            cost = L1_LATENCY_S / MEMORY_LATENCY_S
+        elif volatile or sectors <= in_launch:
+            cost = L2_LATENCY_S / MEMORY_LATENCY_S
+        in_segment.update(sectors)
+        in_launch.update(sectors)
+        return cost
+    code_name, code_file = kernel_fn.__name__, kernel_fn.__code__.co_filename
+
+    def kernel_statement():
+        """The kernel statement running now (the caller's frames up to the kernel's)."""
+        frame = sys._getframe(2)
+        while frame is not None and not (frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file):
+            frame = frame.f_back
+        return None if frame is None else statement.get(frame.f_lineno, frame.f_lineno)
 
     def wrap(name, fn):
         def wrapped(self, *args, **kwargs):
@@ -236,26 +347,47 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
             else:
                 ready = max(clock[0], _ready(*args, *kwargs.values()))
                 clock[0] = ready
-            c = current[0]
+            for c in targets():
+                if loads:
+                    ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
+                    active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+                    size = ptrs.get_element_ty().primitive_bitwidth // 8
+                    c.load_bytes += active.size * size
+                    c.load_sectors += np.unique(active // SECTOR).size
+                elif name in ("create_masked_store", "create_store"):
+                    ptrs, mask = args[0], (args[2] if name == "create_masked_store" else None)
+                    active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+                    size = ptrs.get_element_ty().primitive_bitwidth // 8
+                    c.store_bytes += active.size * size
+                    c.store_sectors += np.unique(active // SECTOR).size
+                elif name == "create_dot":
+                    a, b = args[0].data, args[1].data
+                    c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
             if loads:
                 ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-                size = ptrs.get_element_ty().primitive_bitwidth // 8
-                c.load_bytes += active.size * size
-                c.load_sectors += np.unique(active // SECTOR).size
-                ready += 1 if active.size else 0  # a load with every lane masked off reads nothing
-            elif name in ("create_masked_store", "create_store"):
+                if active.size:  # a load with every lane masked off reads nothing
+                    if protocol is None:
+                        ready += 1
+                    else:
+                        volatile = kwargs.get("is_volatile", args[4] if name == "create_masked_load" else args[2])
+                        ready += load_latency(active, bool(volatile))
+            elif protocol is not None and name in atomics:
+                ready += L2_LATENCY_S / MEMORY_LATENCY_S  # a round trip to L2 the program waits for
+            elif protocol is not None and name in ("create_masked_store", "create_store"):
                 ptrs, mask = args[0], (args[2] if name == "create_masked_store" else None)
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-                size = ptrs.get_element_ty().primitive_bitwidth // 8
-                c.store_bytes += active.size * size
-                c.store_sectors += np.unique(active // SECTOR).size
-            elif name == "create_dot":
-                a, b = args[0].data, args[1].data
-                c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
-            c.chain = max(c.chain, ready)
+                stored = set(np.unique(active // SECTOR).tolist())
+                in_segment.update(stored)
+                in_launch.update(stored)
+            for c in targets():
+                c.chain = max(c.chain, ready)
             if ready and isinstance(result, ti.TensorHandle):
                 result.attr["ready"] = ready
+            if protocol is not None and name in atomics and kernel_statement() == done_line:
+                clock[0] = max(clock[0], ready)
+                segment[0].done = True
+                cut("merge" if int(np.asarray(result.data).flat[0]) == groups - 1 else "other")
             return result
 
         return wrapped
@@ -270,7 +402,8 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
     def apply_counted(self, input):
         result = apply(self, input)
         if isinstance(self, ti.ReduceOps):
-            current[0].reductions += 1
+            for c in targets():
+                c.reductions += 1
         inputs = input if isinstance(input, tuple) else (input,)
         clock[0] = max(clock[0], _ready(*(getattr(t, "handle", None) for t in inputs)))
         if clock[0]:
@@ -282,7 +415,6 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
 
     ti.ReduceScanOpInterface.apply = apply_counted
 
-    code_name, code_file = kernel_fn.__name__, kernel_fn.__code__.co_filename
     statement = statement_lines(kernel_fn)
     last = [None]
     unrolled = static_range_bodies(kernel_fn)
@@ -292,7 +424,10 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
         if event == "line":
             s = statement.get(frame.f_lineno, frame.f_lineno)
             if s != last[0]:  # a statement spanning lines reports each of them, some repeatedly
-                current[0].lines[s] += 1
+                if s == claim_line:  # a claim opens a chunk (its atomic and wait included)
+                    cut("chunk")
+                for c in targets():
+                    c.lines[s] += 1
                 last[0] = s
             if s in headers:
                 if issue_base[0] is None:  # a run of an unrolled loop begins
@@ -321,7 +456,8 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
         if event == "line":
             key = helper_key(frame)
             if key is not None and key != helper_last[0]:
-                current[0].lines[key] += 1
+                for c in targets():
+                    c.lines[key] += 1
                 helper_last[0] = key
         return helper_local
 
@@ -335,10 +471,17 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
 
     set_grid_idx = builder.set_grid_idx
 
-    def next_program(self, x, y, z):
+    def end_program():
+        if segment[0] is not None:
+            cut("other")
         if current[0].lines or current[0].load_bytes:
             counts_of_program.append(current[0])
+
+    def next_program(self, x, y, z):
+        end_program()
         current[0] = Counts()
+        if segment[0] is not None:
+            segment[0] = Segment("other", Counts())
         return set_grid_idx(self, x, y, z)
 
     def next_program_reset(self, x, y, z):
@@ -353,8 +496,7 @@ def counting(kernel_fn, counts_of_program: list[Counts]):
         yield
     finally:
         sys.settrace(None)
-        if current[0].lines or current[0].load_bytes:
-            counts_of_program.append(current[0])
+        end_program()
         builder.set_grid_idx = set_grid_idx
         ti.ReduceScanOpInterface.apply = apply
         for name, fn in saved.items():
@@ -469,7 +611,8 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
     saved = compile_audit.triton_jit.JITFunction.__call__
     compile_audit.triton_jit.JITFunction.__call__ = call_interpreted
     try:
-        with counting(launch.kernel.fn, counts):
+        protocol = COOPERATIVE_KERNELS.get(launch.kernel.fn.__name__)
+        with counting(launch.kernel.fn, counts, int(launch.kwargs[protocol.groups_kwarg]) if protocol else 0):
             fake_call(*launch.args, **kwargs)
     finally:
         compile_audit.triton_jit.JITFunction.__call__ = saved
@@ -575,10 +718,20 @@ class LaunchModel:
     serial_s: float = 0.0
     time_s: float = 0.0
     bound: str = ""
+    # COOPERATIVE_KERNELS: each sampled group's phases (``cooperative_groups``), the programs of a
+    # group resident at once, the idle programs' work; the group's time, and the slowest's phases.
+    groups: list = dataclasses.field(default_factory=list)
+    group_size: int = 0
+    group_programs: int = 0
+    idle: dict = dataclasses.field(default_factory=dict)
+    group_s: float = 0.0
+    phases: int = 0
 
     def finish(self, overhead=None, issue_rate=None) -> LaunchModel:
         overhead = LAUNCH_OVERHEAD_S if overhead is None else overhead
         rate = (ISSUE_RATE if issue_rate is None else issue_rate) * H200.clock_hz
+        if self.groups:
+            return self._finish_cooperative(overhead, rate)
         resident = max(1, min(self.blocks_per_sm, math.ceil(self.programs / H200.sms)))
         self.issue_s = resident * self.warp_instructions / rate
         self.memory_s = self.dram_bytes / self.waves / H200.hbm_bytes_per_s
@@ -610,6 +763,91 @@ class LaunchModel:
         self.time_s = overhead + self.waves * wave + self.tail_s
         return self
 
+    def _finish_cooperative(self, overhead: float, rate: float) -> LaunchModel:
+        """A group's programs in parallel, phase by phase: the group's resident programs take a
+        phase's chunks in rounds (a round: the slowest chunk, with the wait and claim before it),
+        then one program merges; groups run side by side, so the launch takes the slowest
+        sampled group's time, and the programs that were not resident start when a group ends
+        (they find it finished and leave: the idle work, once per further wave)."""
+        groups = max(1, self.programs // self.group_size)
+        resident = max(1, self.blocks_per_sm * H200.sms)
+        per_group = min(self.group_size, max(1, resident // groups))  # a group's programs running at once
+        active = max(1, min(self.blocks_per_sm, math.ceil(groups * per_group / H200.sms)))  # sharing an SM
+
+        def seconds(part, share=1):
+            """A stretch's time: its warp instructions on its SM (``share`` programs issuing
+            there), or its chain of dependent memory latencies."""
+            return max(part["warp_instructions"] * share / rate, part["chain"] * MEMORY_LATENCY_S)
+
+        slowest = None
+        for group in self.groups:
+            total, issue, latency, memory = seconds(group["prologue"]), 0.0, 0.0, 0.0
+            for phase in group["phases"]:
+                rounds = math.ceil(phase["chunks"] / per_group)
+                # the chunks of a round of every group read at once: those bytes over the whole GPU
+                round_bytes = phase["chunk"]["dram_bytes"] * min(phase["chunks"], per_group) * groups
+                round_s = max(seconds(phase["chunk"], active) + seconds(phase["between"], active),
+                              round_bytes / H200.hbm_bytes_per_s)
+                total += rounds * round_s + seconds(phase["merge"])
+                issue += rounds * (phase["chunk"]["warp_instructions"] + phase["between"]["warp_instructions"]) \
+                    * active / rate + phase["merge"]["warp_instructions"] / rate
+                latency += rounds * (phase["chunk"]["chain"] + phase["between"]["chain"]) * MEMORY_LATENCY_S \
+                    + phase["merge"]["chain"] * MEMORY_LATENCY_S
+                memory += rounds * round_bytes / H200.hbm_bytes_per_s
+            if slowest is None or total > slowest[0]:
+                slowest = (total, len(group["phases"]), issue, latency, memory)
+        self.group_s, self.phases, self.issue_s, self.latency_s, self.memory_s = slowest
+        self.group_programs = per_group
+        waves = math.ceil(self.programs / resident)
+        self.tail_s = (waves - 1) * seconds(self.idle) if self.idle else 0.0
+        self.bound = f"{self.phases} phases, {per_group} programs a group"
+        self.time_s = overhead + self.group_s + self.tail_s
+        return self
+
+
+def cooperative_groups(counts: list[Counts], group_size: int, in_loop, out_loop, outside, num_warps):
+    """The sampled groups of a COOPERATIVE_KERNELS launch (``counts`` in program order, a group's
+    ``group_size`` programs consecutive) as phases of warp instructions, latency chains and bytes:
+    per group its prologue (before the first claim) and per phase the slowest chunk, the longest
+    wait before a claim, and the merge; and the idle programs' work (those that did no chunk)."""
+    def part(items):
+        return {"warp_instructions": max((i for i, _, _ in items), default=0) * num_warps,
+                "chain": max((c for _, c, _ in items), default=0),
+                "dram_bytes": max((b for _, _, b in items), default=0)}
+
+    groups, idle = [], []
+    for start in range(0, len(counts), group_size):
+        prologue, phases, chunks, between = [], [], [], []
+        worked = False
+        for program in counts[start:start + group_size]:
+            seen: set = set()
+            if not any(seg.role == "chunk" and seg.done for seg in program.segments):
+                idle.append((dynamic_instructions(program, in_loop, out_loop, outside), program.chain,
+                             program.dram_bytes))
+                continue
+            worked = True
+            for k, seg in enumerate(program.segments):
+                c = seg.counts
+                # out-of-loop instructions run once a program: in the first segment that reaches them
+                firsts = {key for key in out_loop if c.lines.get(key, 0) and key not in seen}
+                seen |= firsts
+                instructions = (sum(n * runs(c, key) for key, n in in_loop.items())
+                                + sum(out_loop[key] for key in firsts) + (outside if k == 0 else 0))
+                item = (instructions, c.chain, c.dram_bytes)
+                if seg.role == "chunk" and seg.done:
+                    chunks.append(item)
+                elif seg.role == "merge":
+                    phases.append({"chunks": len(chunks), "chunk": part(chunks), "between": part(between),
+                                   "merge": part([item])})
+                    chunks, between = [], []
+                elif not phases and not chunks:
+                    prologue.append(item)
+                else:
+                    between.append(item)
+        if worked:
+            groups.append({"prologue": part(prologue), "phases": phases})
+    return groups, (part(idle) if idle else {})
+
 
 def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict) -> LaunchModel:
     target = compile_audit.GPUTarget("cuda", H200.arch, 32)
@@ -634,6 +872,11 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
     blocks = max(audit.blocks_per_sm, 1)
     waves = math.ceil(programs / (blocks * H200.sms))
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+    cooperative = {}
+    if audit.kernel in COOPERATIVE_KERNELS:
+        group_size = int(launch.kwargs[COOPERATIVE_KERNELS[audit.kernel].groups_kwarg])
+        groups, idle = cooperative_groups(counts, group_size, in_loop, out_loop, outside, audit.num_warps)
+        cooperative = dict(groups=groups, idle=idle, group_size=group_size)
     return LaunchModel(
         kernel=audit.kernel, grid=grid, programs=programs, num_warps=audit.num_warps, num_stages=audit.num_stages,
         blocks_per_sm=audit.blocks_per_sm,
@@ -643,7 +886,7 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
         requested_bytes=mean([c.load_bytes + c.store_bytes for c in counts]) * programs,
         flops=mean([c.flops for c in counts]) * programs, reductions=mean([c.reductions for c in counts]),
         chain=max((c.chain for c in counts), default=0),
-        tail_warp_instructions=tail_instructions, tail_chain=tail_chain,
+        tail_warp_instructions=tail_instructions, tail_chain=tail_chain, **cooperative,
     ).finish()
 
 
@@ -827,6 +1070,11 @@ def _fp8_linear(M, K, N, residual: bool):
 
 
 def decode_cases():
+    # verify at a decoding step's shapes: SmolLM2-135M's (6, 8, 60) tree (61 rows) and the
+    # Llama-3-8B shape's vocabulary, batch 1, greedy and temperature
+    for V in (49152, 128256):
+        for mode in ("greedy", "temperature"):
+            yield (f"verify B1 N61 V{V} {mode}", lambda a=(1, 61, V, mode): _verify(*a), dict(bytes=7 * V * 2))
     for K, N, residual in Q8_HEAD_MATRICES:
         yield (f"fp8_linear M8 K{K} N{N}{' residual' if residual else ''}",
                lambda a=(8, K, N, residual): _fp8_linear(*a),
@@ -846,6 +1094,8 @@ def decode_cases():
 
 def smoke_cases():
     """Small shapes (CI): the useful work each must at least count, in ``extra``."""
+    # 8 chunks a row (the launcher's split on an H200 for V 32768): verify's cooperative phases
+    yield "verify B2 N8 V32768 temperature", lambda: _verify(2, 8, 32768, "temperature"), dict(bytes=2 * 32768 * 2)
     B, N, Hq, Hkv, D, prefix = 1, 8, 4, 2, 64, 256
     yield ("tree_attention B1 N8 Hq4/Hkv2 D64 prefix256", lambda: _tree_attention(B, N, prefix, Hq=Hq, Hkv=Hkv, D=D,
                                                                                  page=None),
@@ -929,9 +1179,7 @@ def main() -> None:
             print(f"{row['case']:45s} modeled {total * 1e6:10,.1f} us  measured {row['measured_us']:10,.1f} us  "
                   f"({total * 1e6 / row['measured_us']:.2f}x)")
         return
-    if args.package:
-        sys.path.insert(0, args.package)
-    import eagle_kernels
+    import eagle_kernels  # from --package where given (see the imports above)
 
     print(f"eagle_kernels from {os.path.dirname(eagle_kernels.__file__)}; launch overhead "
           f"{LAUNCH_OVERHEAD_S * 1e6:.0f} us, issue rate {ISSUE_RATE} warp instr/clk/SM", flush=True)

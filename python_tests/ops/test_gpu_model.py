@@ -27,7 +27,7 @@ def test_model_smoke(tmp_path):
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     rows = {row["case"].split()[0]: row for row in json.loads(out.read_text())}
-    assert set(rows) == {"tree_attention", "draft_expand"}
+    assert set(rows) == {"tree_attention", "draft_expand", "verify"}
     for row in rows.values():
         launches = row["launches"]
         assert launches and all(m["time_s"] > 0 and m["warp_instructions"] > 0 for m in launches)
@@ -39,3 +39,20 @@ def test_model_smoke(tmp_path):
     # draft_expand is one launch whose last program of each request merges it: a tail after the waves.
     (expand,) = rows["draft_expand"]["launches"]
     assert expand["tail_warp_instructions"] > 0 and expand["tail_s"] > 0
+    # verify is one cooperative launch: a request's programs share each phase's chunks (claimed
+    # atomically), one merges; under the interpreter one program did all of it, the model puts
+    # the chunks back in parallel.
+    (walk,) = rows["verify"]["launches"]
+    assert walk["group_size"] == 8 and walk["group_programs"] == 8 and len(walk["groups"]) == 2
+    for group in walk["groups"]:
+        phases = group["phases"]
+        # temperature rows: a max, a levels and a mass phase per visited row, at least the root
+        assert phases and len(phases) % 3 == 0
+        assert all(p["chunks"] == 8 and p["chunk"]["warp_instructions"] > 0 and p["merge"]["warp_instructions"] > 0
+                   for p in phases)
+    # in parallel, faster than one program running every chunk
+    rate = 1.25 * 1.98e9  # warp instructions a second on one SM: gpu_model.ISSUE_RATE at the H200's clock
+    serial = max(sum(p["chunks"] * p["chunk"]["warp_instructions"] + p["merge"]["warp_instructions"]
+                     for p in g["phases"]) for g in walk["groups"]) / rate
+    assert walk["group_s"] < serial
+
