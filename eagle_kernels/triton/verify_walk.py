@@ -84,11 +84,20 @@ ROW_WORDS = tl.constexpr(8)
 
 
 @triton.jit
+def _next_flagged(flags, after, offs_n, N):
+    """The first node above ``after`` whose entry of ``flags`` (over nodes) is nonzero; N if none.
+    The walk's loops over a node's children or its rejected ones step with this: one reduction
+    a child instead of a step per later node (a tree of 61 nodes has up to 60 after the root)."""
+    return _min1(tl.where((flags != 0) & (offs_n > after), offs_n, N))
+
+
+@triton.jit
 def _zero_rejected(w, ids, tokens_row, node, N, rejected, offs_n):
     """w with the tokens of the node's rejected children (``rejected`` flags over nodes) at 0."""
-    for c in range(node + 1, N):
-        if _sum1(tl.where(offs_n == c, rejected, 0)) != 0:
-            w = tl.where(ids == tl.load(tokens_row + c), 0.0, w)
+    c = _next_flagged(rejected, node, offs_n, N)
+    while c < N:
+        w = tl.where(ids == tl.load(tokens_row + c), 0.0, w)
+        c = _next_flagged(rejected, c, offs_n, N)
     return w
 
 
@@ -115,12 +124,13 @@ def _inverse_cdf(row, V, row_max, t, kth, denom, cut, norm, u, tokens_row, node,
     with them at 0, then the running tile sums name the one tile to scan."""
     n_tiles = tl.cdiv(V, BLOCK_V)
     tl.debug_barrier()
-    for c in range(node + 1, N):
-        if _sum1(tl.where(offs_n == c, rejected, 0)) != 0:
-            hit = (tl.load(tokens_row + c) // BLOCK_V).to(tl.int32)
-            offs, valid, w = _residual_tile(row, hit * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
-                                            node, N, rejected, offs_n, True, CT, BLOCK_V)
-            tl.store(sums_row + hit, _sum1(w))
+    c = _next_flagged(rejected, node, offs_n, N)
+    while c < N:
+        hit = (tl.load(tokens_row + c) // BLOCK_V).to(tl.int32)
+        offs, valid, w = _residual_tile(row, hit * BLOCK_V, V, row_max, t, kth, denom, cut, norm, tokens_row,
+                                        node, N, rejected, offs_n, True, CT, BLOCK_V)
+        tl.store(sums_row + hit, _sum1(w))
+        c = _next_flagged(rejected, c, offs_n, N)
     tl.debug_barrier()
     tiles = tl.arange(0, BLOCK_T)
     sums = tl.load(sums_row + tiles, mask=tiles < n_tiles, other=0.0, volatile=True)
@@ -255,22 +265,23 @@ def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, 
     child = -1
     rejected = tl.zeros([BLOCK_N], tl.int32)
     if may_descend:
-        for c in range(node + 1, N):
-            parent = tl.load(parents_row + c)
-            if (parent == node) & (child < 0):
-                x = tl.load(tokens_row + c)
-                in_range = (x >= 0) & (x < V)
-                logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
-                wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
-                seen = _max1(((rejected != 0) & (tokens == x)).to(tl.int32))
-                wx = tl.where(seen != 0, 0.0, wx).to(CT)
-                u = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
-                # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
-                if (wx > 0) & (u < wx.to(tl.float64) / mass):
-                    child = c
-                elif wx > 0:  # reject: zero p(x) and renormalise
-                    rejected = tl.where(offs_n == c, 1, rejected)
-                    mass = mass - wx.to(tl.float64)
+        children = tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node
+        c = _next_flagged(children, node, offs_n, N)
+        while c < N:
+            x = tl.load(tokens_row + c)
+            in_range = (x >= 0) & (x < V)
+            logit = tl.load(row + x, mask=in_range, other=float("-inf")).to(CT)
+            wx = _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT)
+            seen = _max1(((rejected != 0) & (tokens == x)).to(tl.int32))
+            wx = tl.where(seen != 0, 0.0, wx).to(CT)
+            u = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
+            # w[x] > 0 first: a coin of 0 never accepts a zero-probability token.
+            if (wx > 0) & (u < wx.to(tl.float64) / mass):
+                child = c
+            elif wx > 0:  # reject: zero p(x) and renormalise
+                rejected = tl.where(offs_n == c, 1, rejected)
+                mass = mass - wx.to(tl.float64)
+            c = tl.where(child >= 0, N, _next_flagged(children, c, offs_n, N))
     return child, rejected
 
 
@@ -443,60 +454,60 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
     S = tl.where(draft_bad, 1.0, S)
     # The sampled children: r(x) > 0, no earlier sampled sibling with the same token, removed
     # below 1 before each.
-    siblings = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node)
+    children = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node)
+    siblings = children
     if HAS_MASK:
         siblings = siblings & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
     removed = tl.zeros([], tl.float64)
-    for c in range(node + 1, N):
-        is_child = tl.load(parents_row + c) == node
-        if HAS_MASK:
-            is_child = is_child & (tl.load(sampled_row + c) != 0)
-        if is_child:
-            x = tl.load(tokens_row + c)
-            xs = x + offs_n * 0
-            rx = _sum1(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T))
-            seen = _max1((siblings & (offs_n < c) & (tokens == x)).to(tl.int32)) != 0
-            draft_bad = draft_bad | (rx <= 0) | seen | (removed >= 1.0)
-            removed += rx
+    c = _next_flagged(siblings, node, offs_n, N)
+    while c < N:
+        x = tl.load(tokens_row + c)
+        xs = x + offs_n * 0
+        rx = _sum1(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T))
+        seen = _max1((siblings & (offs_n < c) & (tokens == x)).to(tl.int32)) != 0
+        draft_bad = draft_bad | (rx <= 0) | seen | (removed >= 1.0)
+        removed += rx
+        c = _next_flagged(siblings, c, offs_n, N)
     child = -1
     n_events = 0
     removed = tl.zeros([], tl.float64)
     if draft_bad == 0:
-        for c in range(node + 1, N):
-            if (tl.load(parents_row + c) == node) & (child < 0):
-                is_sampled = tl.full([], 1, tl.int32) != 0
-                if HAS_MASK:
-                    is_sampled = tl.load(sampled_row + c) != 0
-                x = tl.load(tokens_row + c)
-                xs = x + offs_n * 0
-                one = (offs_n == 0) & (xs >= 0) & (xs < V)
-                logit = tl.load(row + xs, mask=one, other=float("-inf")).to(CT)
-                w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT),
-                              0.0).to(CT)
-                r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
-                wx = _sum1(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64))
-                rx = _sum1(r)
-                d = tl.where(is_sampled, rx / (1.0 - removed), 1.0)
-                coin = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
-                if (wx > 0) & (coin < (wx / mass) / d):
-                    child = c
-                elif is_sampled:
-                    _record_event(events, n_events, tl.full([], EV_RESIDUAL, tl.int32), x, mass, removed)
-                    new_mass = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events,
-                                              n_events + 1, CT, BLOCK_V, HAS_D2T)
-                    if new_mass == 0.0:  # only through rounding: zero w(x) instead, or keep w
-                        new_mass = mass - wx
-                        kind = tl.where(new_mass > 0, EV_ZERO, EV_KEEP).to(tl.int32)
-                        _record_event(events, n_events, kind, x, mass, removed)
-                        new_mass = tl.where(new_mass > 0, new_mass, mass)
-                    n_events += 1
-                    mass = new_mass
-                    removed += rx
-                elif wx > 0:  # a deterministic child: zero w(x), remove it from the mass
-                    _record_event(events, n_events, tl.full([], EV_ZERO, tl.int32), x, mass,
-                                  tl.full([], -1.0, tl.float64))
-                    n_events += 1
-                    mass = mass - wx
+        c = _next_flagged(children, node, offs_n, N)
+        while c < N:
+            is_sampled = tl.full([], 1, tl.int32) != 0
+            if HAS_MASK:
+                is_sampled = tl.load(sampled_row + c) != 0
+            x = tl.load(tokens_row + c)
+            xs = x + offs_n * 0
+            one = (offs_n == 0) & (xs >= 0) & (xs < V)
+            logit = tl.load(row + xs, mask=one, other=float("-inf")).to(CT)
+            w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT),
+                          0.0).to(CT)
+            r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
+            wx = _sum1(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64))
+            rx = _sum1(r)
+            d = tl.where(is_sampled, rx / (1.0 - removed), 1.0)
+            coin = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
+            if (wx > 0) & (coin < (wx / mass) / d):
+                child = c
+            elif is_sampled:
+                _record_event(events, n_events, tl.full([], EV_RESIDUAL, tl.int32), x, mass, removed)
+                new_mass = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events,
+                                          n_events + 1, CT, BLOCK_V, HAS_D2T)
+                if new_mass == 0.0:  # only through rounding: zero w(x) instead, or keep w
+                    new_mass = mass - wx
+                    kind = tl.where(new_mass > 0, EV_ZERO, EV_KEEP).to(tl.int32)
+                    _record_event(events, n_events, kind, x, mass, removed)
+                    new_mass = tl.where(new_mass > 0, new_mass, mass)
+                n_events += 1
+                mass = new_mass
+                removed += rx
+            elif wx > 0:  # a deterministic child: zero w(x), remove it from the mass
+                _record_event(events, n_events, tl.full([], EV_ZERO, tl.int32), x, mass,
+                              tl.full([], -1.0, tl.float64))
+                n_events += 1
+                mass = mass - wx
+            c = tl.where(child >= 0, N, _next_flagged(children, c, offs_n, N))
     bonus = -1
     if child < 0:
         bonus = _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
