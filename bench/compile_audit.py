@@ -330,7 +330,11 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
         name = (f"tree_attention {dt} B{B} N{N} Hq{Hq}/Hkv{Hkv} D{D} prefix{prefix} "
                 f"{'paged' if paged else 'contiguous'} {'tree-mask' if mask else 'causal'}")
         yield name, (lambda a=(DTYPES[dt], B, N, Hq, Hkv, D, prefix, paged, mask): _tree_attention_case(*a))
-    # verify: every mode; the row count sets the chunk count of the max pass.
+    # verify: every mode; the row count sets the chunk count of the max pass, and at batch 1 its tile
+    # (verify._chunking): 1024-entry tiles, one a chunk at 49,152 entries (SmolLM2), two at 128,256.
+    if not full:
+        for V in (49152, 128256):
+            yield f"verify bf16 B1 N61 V{V} greedy", lambda V=V: _verify_case(torch.bfloat16, 1, 61, V, "greedy")
     shapes = [(1, 1), (1, 8), (1, 64), (8, 64), (32, 64), (1, 256), (8, 256)] if full else [(8, 64)]
     for dt in ("bf16", "fp16", "fp32", "fp64") if full else ("bf16", "fp32"):
         for V in (32000, 128256) if full else (128256,):

@@ -37,6 +37,10 @@ recorded, not run):
    across warpgroups (several per block, or several blocks per SM). A launch of one wave or less
    is also bounded below by its slowest sampled program (its own instructions at the SM's issue
    rate, and its chain).
+5. a cooperative kernel (``COOPERATIVE_KERNELS``: verify's walk, whose programs share each phase's
+   chunks through atomic counters) is counted in segments between its protocol's atomics and
+   composed in parallel: per request, its phases in rounds over the request's resident programs,
+   each then merged by one program (``LaunchModel._finish_cooperative``).
 
 Constants: bandwidth, FLOP rate, clock and SM count are the H200's; memory latency 0.8 us
 (a dependent HBM load under load); the launch overhead (host time per Triton launch, as the benchmarks

@@ -104,7 +104,8 @@ class VerifyConfig:
     radix_bits: bits per digit of the threshold searches (2^radix_bits candidates per pass).
     candidates: candidate list capacity (a power of two), or 0 to search every sampling row
         in full.
-    max_block: tile of the max pass (capped at next_pow2(V)).
+    max_block: tile of the max pass (capped at next_pow2(V)); on a GPU a launch with few chunks
+        per row takes a smaller one (``_chunking``).
     block_v: tile of the list, mass and bonus passes (capped at next_pow2(V)).
     num_warps: warps of the one program per request.
     """
@@ -132,18 +133,33 @@ def launch_config() -> VerifyConfig:
     return INTERPRETER_CONFIG if interpreted(_verify_kernel) else GPU_CONFIG
 
 
-def _splits(B: int, V: int, unit: int, device: torch.device) -> tuple[int, int]:
-    """(chunks per row, entries per chunk): on a GPU enough programs for about two per SM
-    whatever the batch, in whole tiles of ``unit`` entries; without one (the interpreter), up to
-    4 chunks so that the merges are exercised."""
+def _splits(B: int, V: int, unit: int, sms: int | None) -> tuple[int, int]:
+    """(chunks per row, entries per chunk): on a GPU of ``sms`` SMs enough programs for about
+    two per SM whatever the batch, in whole tiles of ``unit`` entries; without one (``sms`` None:
+    the interpreter), up to 4 chunks so that the merges are exercised."""
     tiles = triton.cdiv(V, unit)
-    if device.type == "cuda":
-        want = triton.cdiv(2 * torch.cuda.get_device_properties(device).multi_processor_count, B)
-    else:
-        want = 4
+    want = 4 if sms is None else triton.cdiv(2 * sms, B)
     splits = max(1, min(tiles, want, MAX_SPLITS))
     chunk = triton.cdiv(tiles, splits) * unit
     return triton.cdiv(V, chunk), chunk
+
+
+def _chunking(B: int, V: int, config: VerifyConfig, sms: int | None) -> tuple[int, int, int]:
+    """(tile of the max pass, chunks per row, entries per chunk). On a GPU the max pass takes
+    ``config.max_block`` entries a tile unless tiles of ``block_v`` cut a row into more than 1.5
+    times as many chunks: every phase of the walk waits for its slowest chunk, and at batch 1
+    4096-entry tiles cut SmolLM2's 49,152-entry rows into 12 chunks (12 busy SMs) where
+    1024-entry tiles give 48 (docs/gpu_model.md, "verify: a request's programs in parallel").
+    From a batch of 8 at 128,256 entries the 4096-entry tile already gives the chunks wanted.
+    (2048-entry tiles with 64 chunks spill in the sm_90 compile; 1024 do not.) Without a GPU,
+    ``config.max_block`` (capped at next_pow2(V))."""
+    block_v = min(config.block_v, triton.next_power_of_2(V))
+    block = min(config.max_block, triton.next_power_of_2(V))
+    wide = (block, *_splits(B, V, max(block_v, block), sms))
+    if sms is None or block <= block_v:
+        return wide
+    narrow = (block_v, *_splits(B, V, block_v, sms))
+    return narrow if 2 * narrow[1] > 3 * wide[1] else wide
 
 
 class Launch(NamedTuple):
@@ -278,10 +294,10 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(config.block_v, triton.next_power_of_2(V))
-    block_max = min(config.max_block, triton.next_power_of_2(V))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    block_max, splits, chunk = _chunking(B, V, config, sms)
     block_s = min(block_v, SEARCH_BLOCK)
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
-    splits, chunk = _splits(B, V, max(block_v, block_max), device)
     # Per visited row: max, levels, list, the search digits of top-k and top-p, their two
     # normalisers and the mass.
     digits = triton.cdiv(SIGNIFICANT_KEY_BITS[target_logits.dtype], config.radix_bits)

@@ -10,6 +10,7 @@ checks that every tree_attention GPU configuration fits an H200's shared memory 
 (python_tests/ops/test_triton_compile.py checks the compiled kernels).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -93,10 +94,42 @@ def test_verify_gpu_config(dtype):
     assert (counts[5][visited[5]] > triton_verify.SHORT_LIST).all(), counts
     assert (counts[1][visited[1]] == -1).all()  # temperature only: no list
     assert want.accept_len[0] == 2 and int(want.accept_len[1:].max()) >= 1
-    assert triton_verify._splits(len(counts), logits.shape[-1], config.max_block, logits.device) == (2, 4096)
+    assert triton_verify._chunking(len(counts), logits.shape[-1], config, None) == (4096, 2, 4096)
     # The public launcher takes the configuration as a private keyword.
     assert_same(triton_verify.verify(tokens, parents, logits, max_depth=max_depth, _config=config, **sampling),
                 want, "public launcher")
+
+
+def test_verify_chunking_on_an_h200():
+    """The max pass's tile and the chunks per row the launcher picks on a GPU of 132 SMs: smaller
+    tiles where a batch leaves most SMs idle, the 4096-entry tile where it does not."""
+    from eagle_kernels.triton import verify as triton_verify
+
+    config = triton_verify.GPU_CONFIG
+    assert triton_verify._chunking(1, 49152, config, 132) == (1024, 48, 1024)  # SmolLM2's vocabulary, B 1
+    assert triton_verify._chunking(1, 128256, config, 132) == (1024, 63, 2048)  # chunks of two tiles
+    assert triton_verify._chunking(8, 49152, config, 132) == (1024, 24, 2048)
+    assert triton_verify._chunking(8, 128256, config, 132) == (4096, 32, 4096)  # 1024: no more chunks
+    assert triton_verify._chunking(32, 128256, config, 132) == (4096, 8, 16384)  # 1024 gives 9: not enough more
+    assert triton_verify._chunking(1, 4200, config, None) == (4096, 2, 4096)  # no GPU: the configured tile
+
+
+def test_verify_gpu_config_small_tiles():
+    """GPU_CONFIG with the max pass's 1024-entry tiles (``_chunking`` at batch 1 on an H200):
+    chunks of two tiles give the reference's output."""
+    from eagle_kernels.triton import verify as triton_verify
+
+    max_block = triton_verify.GPU_CONFIG.block_v
+    config = dataclasses.replace(triton_verify.GPU_CONFIG, max_block=max_block)
+    tokens, parents, logits, sampling = verify_batch(torch.bfloat16)
+    if top_p_margin(logits, sampling) < 1e-6:
+        pytest.skip("a top-p mass within rounding of its threshold")
+    max_depth = 4
+    launch = triton_verify._launch(tokens, parents, logits, max_depth, sampling["temperature"], sampling["top_k"],
+                                   sampling["top_p"], sampling["seed"], sampling["offset"], config)
+    assert_same(launch.output, reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling),
+                f"max_block {max_block}")
+    assert triton_verify._chunking(6, logits.shape[-1], config, None)[0] == max_block
 
 
 # ---------------------------------------------------------------------------- draft_expand
