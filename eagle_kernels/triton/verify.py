@@ -151,7 +151,9 @@ def _chunking(B: int, V: int, config: VerifyConfig, sms: int | None) -> tuple[in
     4096-entry tiles cut SmolLM2's 49,152-entry rows into 12 chunks (12 busy SMs) where
     1024-entry tiles give 48 (docs/gpu_model.md, "verify: a request's programs in parallel").
     From a batch of 8 at 128,256 entries the 4096-entry tile already gives the chunks wanted.
-    (2048-entry tiles with 64 chunks spill in the sm_90 compile; 1024 do not.) Without a GPU,
+    (2048-entry tiles at 63 chunks spill in loops in the sm_90 compile under Triton 3.9, 1024-entry
+    ones do not; under 3.6 both B 1 launches of the compile audit spill 28-32 B in loops, as 3.6
+    does elsewhere: docs/gpu_kernels.md, "Small tiles at batch 1".) Without a GPU,
     ``config.max_block`` (capped at next_pow2(V))."""
     block_v = min(config.block_v, triton.next_power_of_2(V))
     block = min(config.max_block, triton.next_power_of_2(V))
