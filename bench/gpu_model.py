@@ -1098,7 +1098,7 @@ def decode_cases():
 
 def smoke_cases():
     """Small shapes (CI): the useful work each must at least count, in ``extra``."""
-    # 8 chunks a row (the launcher's split on an H200 for V 32768): verify's cooperative phases
+    # verify's cooperative phases: a row in chunks as the launcher splits it on an H200 (32 of 1024 entries)
     yield "verify B2 N8 V32768 temperature", lambda: _verify(2, 8, 32768, "temperature"), dict(bytes=2 * 32768 * 2)
     B, N, Hq, Hkv, D, prefix = 1, 8, 4, 2, 64, 256
     yield ("tree_attention B1 N8 Hq4/Hkv2 D64 prefix256", lambda: _tree_attention(B, N, prefix, Hq=Hq, Hkv=Hkv, D=D,
