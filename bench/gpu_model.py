@@ -312,9 +312,8 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
     in_segment: set = set()
     in_launch: set = set()
 
-    def load_latency(active, volatile: bool) -> float:
-        """A cooperative kernel's dependent load, in memory latencies (see L1_LATENCY_S)."""
-        sectors = set(np.unique(active // SECTOR).tolist())
+    def load_latency(sectors: set, volatile: bool) -> float:
+        """A cooperative kernel's dependent load of ``sectors``, in memory latencies (see L1_LATENCY_S)."""
         cost = 1.0
         if not volatile and sectors <= in_segment:
             cost = L1_LATENCY_S / MEMORY_LATENCY_S
@@ -345,45 +344,41 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
             else:
                 result = fn(self, *args, **kwargs)
             loads = name in ("create_masked_load", "create_load")
+            stores = name in ("create_masked_store", "create_store")
             if issue_base[0] is not None:  # in an unrolled body: as soon as its inputs are (from the run's start)
                 ready = max(issue_base[0], _ready(*args, *kwargs.values()))
                 clock[0] = max(clock[0], ready)
             else:
                 ready = max(clock[0], _ready(*args, *kwargs.values()))
                 clock[0] = ready
-            for c in targets():
-                if loads:
-                    ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
-                    active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-                    size = ptrs.get_element_ty().primitive_bitwidth // 8
-                    c.load_bytes += active.size * size
-                    c.load_sectors += np.unique(active // SECTOR).size
-                elif name in ("create_masked_store", "create_store"):
-                    ptrs, mask = args[0], (args[2] if name == "create_masked_store" else None)
-                    active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-                    size = ptrs.get_element_ty().primitive_bitwidth // 8
-                    c.store_bytes += active.size * size
-                    c.store_sectors += np.unique(active // SECTOR).size
-                elif name == "create_dot":
-                    a, b = args[0].data, args[1].data
-                    c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
-            if loads:
-                ptrs, mask = args[0], (args[1] if name == "create_masked_load" else None)
+            if loads or stores:
+                ptrs = args[0]
+                mask = args[1] if name == "create_masked_load" else args[2] if name == "create_masked_store" else None
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-                if active.size:  # a load with every lane masked off reads nothing
-                    if protocol is None:
-                        ready += 1
+                sectors = np.unique(active // SECTOR)
+                nbytes = active.size * (ptrs.get_element_ty().primitive_bitwidth // 8)
+                for c in targets():
+                    if loads:
+                        c.load_bytes += nbytes
+                        c.load_sectors += sectors.size
                     else:
-                        volatile = kwargs.get("is_volatile", args[4] if name == "create_masked_load" else args[2])
-                        ready += load_latency(active, bool(volatile))
+                        c.store_bytes += nbytes
+                        c.store_sectors += sectors.size
+            elif name == "create_dot":
+                a, b = args[0].data, args[1].data
+                for c in targets():
+                    c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
+            if loads and active.size:  # a load with every lane masked off reads nothing
+                if protocol is None:
+                    ready += 1
+                else:
+                    volatile = kwargs.get("is_volatile", args[4] if name == "create_masked_load" else args[2])
+                    ready += load_latency(set(sectors.tolist()), bool(volatile))
             elif protocol is not None and name in atomics:
                 ready += L2_LATENCY_S / MEMORY_LATENCY_S  # a round trip to L2 the program waits for
-            elif protocol is not None and name in ("create_masked_store", "create_store"):
-                ptrs, mask = args[0], (args[2] if name == "create_masked_store" else None)
-                active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-                stored = set(np.unique(active // SECTOR).tolist())
-                in_segment.update(stored)
-                in_launch.update(stored)
+            elif protocol is not None and stores:
+                in_segment.update(sectors.tolist())
+                in_launch.update(sectors.tolist())
             for c in targets():
                 c.chain = max(c.chain, ready)
             if ready and isinstance(result, ti.TensorHandle):
