@@ -84,6 +84,12 @@ ROW_WORDS = tl.constexpr(8)
 
 
 @triton.jit
+def _children_of(node, parents_row, offs_n, N):
+    """Flags over nodes (``offs_n``): the children of ``node``, the later nodes whose parent it is."""
+    return (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node)
+
+
+@triton.jit
 def _next_flagged(flags, after, offs_n, N):
     """The first node above ``after`` whose entry of ``flags`` (over nodes) is nonzero; N if none.
     The walk's loops over a node's children or its rejected ones step with this: one reduction
@@ -218,8 +224,8 @@ def _race_from_list(index_ptr, scaled_ptr, listed, kth, denom, cut, norm, seed, 
 def _first_child_with(token, node, may_descend, parents_row, tokens_row, N, BLOCK_N: tl.constexpr):
     """The first child of ``node`` holding ``token`` (-1 if none, or when the node is a leaf)."""
     offs = tl.arange(0, BLOCK_N)
-    hit = (tl.load(parents_row + offs, mask=offs < N, other=-2) == node) \
-        & (tl.load(tokens_row + offs, mask=offs < N, other=-1) == token) & (offs > node) & may_descend
+    hit = _children_of(node, parents_row, offs, N) & (tl.load(tokens_row + offs, mask=offs < N, other=-1) == token) \
+        & may_descend
     first = _min1(tl.where(hit, offs, BLOCK_N))
     return tl.where(first < BLOCK_N, first, -1)
 
@@ -265,7 +271,7 @@ def _accept(row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, 
     child = -1
     rejected = tl.zeros([BLOCK_N], tl.int32)
     if may_descend:
-        children = tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node
+        children = _children_of(node, parents_row, offs_n, N)
         c = _next_flagged(children, node, offs_n, N)
         while c < N:
             x = tl.load(tokens_row + c)
@@ -422,7 +428,7 @@ def _sampled_child_count(node, may_descend, parents_row, sampled_row, N, BLOCK_N
                          HAS_MASK: tl.constexpr):
     """How many children of ``node`` were drawn from its draft row."""
     offs_n = tl.arange(0, BLOCK_N)
-    child = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node) & may_descend
+    child = _children_of(node, parents_row, offs_n, N) & may_descend
     if HAS_MASK:
         child = child & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
     return _sum1(child.to(tl.int32))
@@ -454,7 +460,7 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
     S = tl.where(draft_bad, 1.0, S)
     # The sampled children: r(x) > 0, no earlier sampled sibling with the same token, removed
     # below 1 before each.
-    children = (tl.load(parents_row + offs_n, mask=offs_n < N, other=-2) == node) & (offs_n > node)
+    children = _children_of(node, parents_row, offs_n, N)
     siblings = children
     if HAS_MASK:
         siblings = siblings & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
