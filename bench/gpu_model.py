@@ -108,6 +108,8 @@ class Counts:
     reductions: int = 0
     chain: int = 0  # memory latencies the program waits for in sequence (in-order warp)
     lines: Counter = dataclasses.field(default_factory=Counter)
+    # A helper statement's key (see ``sass_by_line``): the calls of its helper in which it ran (``runs``).
+    entered: Counter = dataclasses.field(default_factory=Counter)
     # COOPERATIVE_KERNELS: the program's work cut at its claim and done atomics, in order.
     segments: list = dataclasses.field(default_factory=list)
 
@@ -189,36 +191,55 @@ def static_range_bodies(kernel_fn) -> dict[int, Unrolled]:
     return out
 
 
-def helper_statements(kernel_fn) -> dict[str, dict[int, int]]:
-    """{name: statement map} of the ``@triton.jit`` helpers defined in the kernel's own file (the
-    kernel excluded). Their bodies are inlined into the kernel; a branch inside one (e.g. a
-    conditional rescale) runs only as often as its condition holds, so its statements are
-    counted per call site (see ``sass_by_line``)."""
+def helper_statements(kernel_fn) -> dict[tuple[str, str], dict]:
+    """{(real file, name): {file line: statement key}} of the ``@triton.jit`` helpers the kernel can
+    call: those in its module's namespace and, transitively, in the namespaces of the modules
+    they come from (verify's kernel calls verify_rows.py's passes, which call its reductions).
+    Their bodies are inlined into the kernel; a loop or branch inside one (a pass over a chunk's
+    tiles, a conditional rescale) runs as often as it is entered or taken, so its statements are
+    counted per call site (see ``sass_by_line``). A statement key is its first line in the kernel's
+    own file, (file name, first line) in another file."""
     import inspect
 
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    module = inspect.getmodule(kernel_fn)
     file = os.path.realpath(kernel_fn.__code__.co_filename)
     out = {}
-    for value in vars(module).values():
-        fn = getattr(value, "fn", None) if isinstance(value, JITFunction) else None
-        if fn is None or fn is kernel_fn or os.path.realpath(fn.__code__.co_filename) != file:
+    modules, seen = [inspect.getmodule(kernel_fn)], set()
+    while modules:
+        module = modules.pop()
+        if module is None or module.__name__ in seen:
             continue
-        out[fn.__name__] = statement_lines(fn)
+        seen.add(module.__name__)
+        for value in vars(module).values():
+            fn = getattr(value, "fn", None) if isinstance(value, (JITFunction, InterpretedFunction)) else None
+            if fn is None or fn is kernel_fn:
+                continue
+            where = os.path.realpath(fn.__code__.co_filename)
+            if (where, fn.__name__) in out:
+                continue
+            lines = statement_lines(fn)
+            if where != file:
+                name = os.path.basename(where)
+                lines = {line: (name, first) for line, first in lines.items()}
+            out[(where, fn.__name__)] = lines
+            modules.append(inspect.getmodule(fn))
     return out
 
 
 class Cooperative(typing.NamedTuple):
     """How the programs of a group (one request) share a kernel's work: a sequence of phases,
-    each cut into ``groups_kwarg`` chunks. A program takes a chunk with the atomic at ``claim``
-    (statement source text), reports it done with the atomic at ``done``; the program whose done
-    returns the chunk count less one merges the phase's results and opens the next phase
-    (verify's walk: verify_walk.py)."""
+    each cut into chunks. A program takes a chunk with the atomic at ``claim`` (statement source
+    text), reports it done with the atomic at ``done``; the program whose done returns the
+    phase's chunk count (the kernel's local or constexpr ``chunks_local``) less one merges the phase's results
+    and opens the next phase (verify's walk: verify_walk.py). ``groups_kwarg`` names the
+    constexpr of the programs a group."""
 
     claim: str
     done: str
     groups_kwarg: str
+    chunks_local: str
 
 
 # The interpreter runs one program at a time, so the first program of a group claims every
@@ -229,7 +250,7 @@ class Cooperative(typing.NamedTuple):
 COOPERATIVE_KERNELS = {
     "_verify_kernel": Cooperative(claim="claim = tl.atomic_add(claims + phase, 1)",
                                   done="if tl.atomic_add(dones + phase, 1) == SPLITS - 1:",
-                                  groups_kwarg="SPLITS"),
+                                  groups_kwarg="SPLITS", chunks_local="SPLITS"),
 }
 
 
@@ -267,7 +288,7 @@ def cooperative_statements(kernel_fn, protocol: Cooperative) -> tuple[int, int]:
 def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
     """Counters on the interpreter's builder for the duration of the block; each program
     appends its Counts. ``kernel_fn`` is the kernel's Python function (its lines are traced).
-    ``groups``: a COOPERATIVE_KERNELS kernel's chunk count a phase; its programs' work is also
+    ``groups``: a COOPERATIVE_KERNELS kernel's programs a group (0: not cooperative); its programs' work is also
     recorded in segments (``Counts.segments``), and an atomic's result costs a memory latency."""
     from triton.runtime import interpreter as ti
 
@@ -324,12 +345,12 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
         return cost
     code_name, code_file = kernel_fn.__name__, kernel_fn.__code__.co_filename
 
-    def kernel_statement():
-        """The kernel statement running now (the caller's frames up to the kernel's)."""
+    def kernel_frame():
+        """The kernel's frame (up the caller's frames), or None."""
         frame = sys._getframe(2)
         while frame is not None and not (frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file):
             frame = frame.f_back
-        return None if frame is None else statement.get(frame.f_lineno, frame.f_lineno)
+        return frame
 
     def wrap(name, fn):
         def wrapped(self, *args, **kwargs):
@@ -383,10 +404,14 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
                 c.chain = max(c.chain, ready)
             if ready and isinstance(result, ti.TensorHandle):
                 result.attr["ready"] = ready
-            if protocol is not None and name in atomics and kernel_statement() == done_line:
+            frame = kernel_frame() if protocol is not None and name in atomics else None
+            if frame is not None and statement.get(frame.f_lineno, frame.f_lineno) == done_line:
                 clock[0] = max(clock[0], ready)
                 segment[0].done = True
-                cut("merge" if int(np.asarray(result.data).flat[0]) == groups - 1 else "other")
+                chunks = frame.f_locals[protocol.chunks_local]  # a constexpr, or a tensor of the interpreter
+                chunks = getattr(getattr(chunks, "handle", None), "data", getattr(chunks, "value", chunks))
+                chunks = int(np.asarray(chunks).flat[0])
+                cut("merge" if int(np.asarray(result.data).flat[0]) == chunks - 1 else "other")
             return result
 
         return wrapped
@@ -437,35 +462,51 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
 
     helpers = helper_statements(kernel_fn)
     helper_last = [None]
+    real_files: dict = {}
+
+    def helper_of(code):
+        """The statement map of the helper running ``code``, or None."""
+        if code.co_filename not in real_files:
+            real_files[code.co_filename] = os.path.realpath(code.co_filename)
+        return helpers.get((real_files[code.co_filename], code.co_name))
 
     def helper_key(frame):
-        """(statement of each helper frame of this file, innermost first, ..., the kernel's
-        statement): the key ``sass_by_line`` gives the instructions inlined along that chain."""
+        """(statement of each helper frame, innermost first, ..., the kernel's statement): the
+        key ``sass_by_line`` gives the instructions inlined along that chain."""
         key = []
         while frame is not None:
-            if frame.f_code.co_filename == code_file:
-                if frame.f_code.co_name == code_name:
-                    return tuple(key) + (statement.get(frame.f_lineno, frame.f_lineno),)
-                if frame.f_code.co_name in helpers:
-                    key.append(helpers[frame.f_code.co_name].get(frame.f_lineno, frame.f_lineno))
+            if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
+                return tuple(key) + (statement.get(frame.f_lineno, frame.f_lineno),)
+            lines = helper_of(frame.f_code)
+            if lines is not None:
+                key.append(lines.get(frame.f_lineno, frame.f_lineno))
             frame = frame.f_back
         return None
 
-    def helper_local(frame, event, arg):
-        if event == "line":
-            key = helper_key(frame)
-            if key is not None and key != helper_last[0]:
-                for c in targets():
-                    c.lines[key] += 1
-                helper_last[0] = key
+    def helper_call():
+        """The tracer of one call of a helper: its statements' runs, and once each the call."""
+        seen = set()
+
+        def helper_local(frame, event, arg):
+            if event == "line":
+                key = helper_key(frame)
+                if key is not None and key != helper_last[0]:
+                    for c in targets():
+                        c.lines[key] += 1
+                        if key not in seen:
+                            c.entered[key] += 1
+                    seen.add(key)
+                    helper_last[0] = key
+            return helper_local
+
         return helper_local
 
     def global_trace(frame, event, arg):
         if frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file:
             return local
-        if frame.f_code.co_name in helpers and frame.f_code.co_filename == code_file:
+        if helper_of(frame.f_code) is not None:
             helper_last[0] = None  # a new call: its first statement counts again
-            return helper_local
+            return helper_call()
         return None
 
     set_grid_idx = builder.set_grid_idx
@@ -629,7 +670,7 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
     epilogue, a fully unrolled copy).
 
     ``nvdisasm -gi`` prints an instruction's inlining chain innermost first, the kernel statement
-    last. An instruction of a helper defined in the kernel's file (``helper_statements``) is keyed
+    last. An instruction of a helper the kernel can call (``helper_statements``) is keyed
     by the statements of its chain of such helpers, innermost first, then the kernel statement of
     the call (helpers nested in helpers included), which the interpreter counts the same way: so a
     branch inside a helper counts as often as it is taken at that call site, not once per call."""
@@ -639,9 +680,9 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
     lines, first = inspect.getsourcelines(kernel_fn)
     span = range(first, first + len(lines))
     statement = statement_lines(kernel_fn)
-    helper_lines = {}
-    for helper in helper_statements(kernel_fn).values():
-        helper_lines.update(helper)
+    helper_lines = {}  # (real file, line) -> statement key
+    for (where, _), helper in helper_statements(kernel_fn).items():
+        helper_lines.update({(where, line): key for line, key in helper.items()})
     unrolled = static_range_bodies(kernel_fn)
     _, loops = compile_audit.sass_loops(sass)
     in_loop, out_loop, outside = Counter(), Counter(), 0
@@ -658,8 +699,8 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
             f, n = chain[-1][:2]
             line = statement.get(n, n) if f == file and n in span else None
             if line is not None:  # (innermost helper statement, ..., the kernel statement) for helpers
-                helpers_in = tuple(helper_lines[n] for f, n, _f_at, _n_at in chain[:-1]
-                                   if f == file and n in helper_lines)
+                helpers_in = tuple(helper_lines[(f, n)] for f, n, _f_at, _n_at in chain[:-1]
+                                   if (f, n) in helper_lines)
                 if helpers_in:
                     line = helpers_in + (line,)
             chain = []
@@ -679,12 +720,29 @@ def dynamic_instructions(counts: Counts, in_loop: Counter, out_loop: Counter, ou
             + sum(n * min(counts.lines.get(s, 0), 1) for s, n in out_loop.items()))
 
 
-def runs(counts: Counts, key) -> int:
-    """How often the SASS copy of a statement keyed ``key`` runs in one program: its count, or for
-    an unrolled statement (``Unrolled``) the runs of its whole ``static_range`` loop."""
+def runs(counts: Counts, key) -> float:
+    """How often the SASS of a statement keyed ``key`` runs in one program, per instruction: its
+    count, or for an unrolled statement (``Unrolled``) the runs of its whole ``static_range`` loop.
+    A helper statement's SASS holds one copy per inlined call along its chain of call statements,
+    and calls on one line share a key (two ``_max1`` calls in one statement): its count is divided
+    by its ``copies``."""
     if isinstance(key, Unrolled):
         return max(0, counts.lines.get(key.header, 0) - counts.lines.get(key.first, 0))
-    return counts.lines.get(key, 0)
+    n = counts.lines.get(key, 0)
+    return n / copies(counts, key) if n and isinstance(key, tuple) else n
+
+
+def copies(counts: Counts, key) -> int:
+    """The inlined copies of helper statement ``key`` (innermost statement first, the kernel's
+    last): the calls of its helper per run of the calling statement, times that statement's
+    copies (one for a kernel statement)."""
+    if not isinstance(key, tuple) or len(key) < 2:
+        return 1
+    parent = key[1:] if len(key) > 2 else key[1]
+    parent_runs = counts.lines.get(parent, 0)
+    if not parent_runs:
+        return 1
+    return max(1, round(counts.entered.get(key, 0) / parent_runs)) * copies(counts, parent)
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,3 +60,46 @@ def test_model_smoke(tmp_path):
                      for p in g["phases"]) for g in walk["groups"]) / rate
     assert walk["group_s"] < serial
 
+
+
+def _gpu_model():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import gpu_model
+    finally:
+        sys.path.pop(0)
+    return gpu_model
+
+
+def test_helpers_from_other_files_are_counted_per_run():
+    """The kernel's helpers include those it imports from other files (verify's passes over a
+    chunk live in verify_rows.py), keyed by (file name, statement line): a loop inside one is
+    charged per iteration, not once per call of the kernel statement."""
+    gm = _gpu_model()
+    from eagle_kernels.triton import verify_rows, verify_walk
+
+    helpers = gm.helper_statements(verify_walk._verify_kernel.fn)
+    rows_file = os.path.realpath(verify_rows.__file__)
+    statements = helpers[(rows_file, "_range_max")]
+    assert statements and all(name == "verify_rows.py" and first in statements
+                              for name, first in statements.values())
+    assert (rows_file, "_fold1") in helpers  # called only by other helpers of that file
+    own = helpers[(os.path.realpath(verify_walk.__file__), "_children_of")]
+    assert all(isinstance(key, int) for key in own.values())
+
+
+def test_runs_divide_by_inlined_copies():
+    """A helper called twice in one statement (two ``_max1`` calls, each folding twice) has one
+    SASS copy per call under one key: each copy runs once per run of the statement. A statement
+    in a helper's loop has one copy that runs once per iteration."""
+    gm = _gpu_model()
+    kernel_statement = 5
+    outer = (("h.py", 20), kernel_statement)  # the helper's statement calling the inner helper twice
+    inner = (("h.py", 10),) + outer  # the inner helper's statement: 2 calls x 2 copies of the outer
+    loop = (("h.py", 30), kernel_statement)  # a loop body of a helper called once
+    counts = gm.Counts()
+    counts.lines.update({kernel_statement: 1, outer: 2, inner: 4, loop: 48})
+    counts.entered.update({outer: 2, inner: 4, loop: 1})
+    assert gm.copies(counts, outer) == 2 and gm.copies(counts, inner) == 4 and gm.copies(counts, loop) == 1
+    assert gm.runs(counts, outer) == 1 and gm.runs(counts, inner) == 1 and gm.runs(counts, loop) == 48
+    assert gm.runs(counts, kernel_statement) == 1
