@@ -452,6 +452,20 @@ def _range_levels(row, start, end, row_max, t, CT: tl.constexpr, BLOCK_S: tl.con
 
 
 @triton.jit
+def _range_total(row, start, end, row_max, t, CT: tl.constexpr, BLOCK: tl.constexpr):
+    """The softmax sum of _range_levels alone (float64 of the compute-dtype exp(s)), for rows
+    with neither top-k nor top-p: no candidate list, so no level counts (the [BLOCK_S, 16] level
+    accumulators cost about three times the rest of the levels pass)."""
+    lane_total = tl.zeros([BLOCK], dtype=tl.float64)
+    for tile in range(start, end, BLOCK):
+        offs = tile + tl.arange(0, BLOCK)
+        valid = offs < end
+        s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
+        lane_total += tl.where(valid, tl.exp(s), 0.0).to(CT).to(tl.float64)
+    return _sum1(lane_total)
+
+
+@triton.jit
 def _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_row, CT: tl.constexpr,
                 BLOCK_V: tl.constexpr):
     """Mass pass over [start, end) (BLOCK_V-aligned): the float64 sum of the weights w, and each

@@ -34,6 +34,7 @@ from .verify_rows import (
     _range_levels,
     _range_mass,
     _range_max,
+    _range_total,
     _scaled,
     _search_chunk,
     _search_chunk_last,
@@ -51,7 +52,7 @@ BONUS_DRAW = tl.constexpr(1)
 RACE_DRAW = tl.constexpr(COUPLED_DRAW)
 # The passes a phase runs over one chunk of the current row.
 KIND_MAX = tl.constexpr(0)  # max, first argmax, NaN / +inf / finite flags
-KIND_LEVELS = tl.constexpr(1)  # softmax sum, counts and exp(s) sums at the NUM_PIVOTS levels
+KIND_LEVELS = tl.constexpr(1)  # softmax sum; with top-k or top-p, counts and exp(s) sums at the NUM_PIVOTS levels
 KIND_LIST = tl.constexpr(2)  # the candidate list: entries at or above the chosen level
 KIND_MASS = tl.constexpr(3)  # the weights' float64 sum and per-tile sums (no list)
 KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows without a list); the last
@@ -663,10 +664,15 @@ def _verify_kernel(
                     tl.store(part_arg_ptr + parts + claim, chunk_arg)
                     tl.store(part_flags_ptr + parts + claim, chunk_flags)
                 elif kind == KIND_LEVELS:
-                    chunk_total, chunk_counts, chunk_sums = _range_levels(row, start, end, row_max, t, CT, BLOCK_S)
+                    if use_k | use_p:
+                        chunk_total, chunk_counts, chunk_sums = _range_levels(row, start, end, row_max, t, CT,
+                                                                              BLOCK_S)
+                        tl.store(part_counts_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS),
+                                 chunk_counts)
+                        tl.store(part_sums_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_sums)
+                    else:  # no candidate list: the level counts are never read
+                        chunk_total = _range_total(row, start, end, row_max, t, CT, BLOCK_V)
                     tl.store(part_total_ptr + parts + claim, chunk_total)
-                    tl.store(part_counts_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_counts)
-                    tl.store(part_sums_ptr + (parts + claim) * NUM_PIVOTS + tl.arange(0, NUM_PIVOTS), chunk_sums)
                 elif kind == KIND_LIST:
                     if NUM_CAND > 0:
                         before = _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, splits < claim,
