@@ -44,6 +44,9 @@ at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``).
 written to it (a re-run of the model alone). ``--head-weights q8_0`` / ``fp8``: the EAGLE-3 head's
 matrices as Q8_0 blocks run by q8_0_linear, or multiplied as fp8 copies by fp8_linear (results
 ``gpu_step_model_q8_0head.*`` / ``..._fp8head.*``); ``--models``: some models only.
+Cross-checks beside the table: the speculative step with its verify launch at the cooperative kernel
+model's device time (``VERIFY_MODEL``), the Llama shape's verify-pass attention at the calibrated model's
+(``CALIBRATED_VERIFY_ATTENTION``) and an 8-bit head's GEMMs at the kernel model's (``KERNEL_MODELS``).
 """
 
 from __future__ import annotations
@@ -88,6 +91,12 @@ SMS = 132
 CALIBRATED_VERIFY_ATTENTION = {("llama3-8b-shape", 4096): {"_tree_attention_kernel": 11.7e-6,
                                                           "_tree_attention_merge_kernel": 1.1e-6}}
 PREFIXES = (512, 4096)
+# The cooperative kernel model's device time of verify at the step's shape (B 1, the (6, 8, 60) tree's 61 rows,
+# greedy as at T 0; bench/gpu_model.py decode --only verify, less its launch constant; docs/gpu_model.md, "verify: a
+# request's programs in parallel"; not calibrated: the one-launch walk has not run on a GPU). Applied to the
+# speculative step's verify launch as a cross-check of its bytes-only time.
+VERIFY_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative", "decode_sum_alone.json")
+VERIFY_CASES = {"smollm2-135m": "verify B1 N61 V49152 greedy", "llama3-8b-shape": "verify B1 N61 V128256 greedy"}
 # The kernel model's 8-bit GEMMs at a Llama-3-8B-sized head's matrices (bench/gpu_model.py decode --only ...,
 # fitted issue rate): applied to an 8-bit head's launches as a cross-check of their bytes-only time.
 KERNEL_MODELS = {name: os.path.join(ROOT, "bench", "results", "sm90-compile", f"{op}_model.json")
@@ -349,6 +358,24 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
+    verify_s = verify_device_time(name)
+    if verify_s is not None and "speculative" in costs:
+        plain = costs["plain"]
+        spec = [dataclasses.replace(c, floor=verify_s) if c.name == "_verify_kernel" else c
+                for c in costs["speculative"]]
+        if name == "smollm2-135m":
+            goal = t_min_range(lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t)) \
+                if tau == tau else None
+        else:
+            goal = t_min_range(lambda t: step_seconds(spec, t) <= 1.3 * step_seconds(plain, t))
+        result["speculative_modeled_verify"] = {
+            "verify_us": round(verify_s * 1e6, 1), "goal_t_min_us": goal,
+            "by_t_min_us": {str(t): {"step_us": round(step_seconds(spec, t * 1e-6) * 1e6, 1),
+                                     "ratio": round((tau / step_seconds(spec, t * 1e-6))
+                                                    / (1 / step_seconds(plain, t * 1e-6)), 3)
+                                     if name == "smollm2-135m" and tau == tau else
+                                     round(step_seconds(spec, t * 1e-6) / step_seconds(plain, t * 1e-6), 3)}
+                            for t in T_MIN_SWEEP_US}}
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
     if calibrated:
         verify_layers = {c.layer for c in costs["speculative"] if c.owner == "target"}
@@ -362,6 +389,18 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             str(t): attention_budget(costs["speculative"], costs["plain"], verify_layers, calibrated, t * 1e-6)
             for t in T_MIN_SWEEP_US}
     return result
+
+
+def verify_device_time(name: str) -> float | None:
+    """The kernel model's device time (s) of the step's verify launch for ``name``, or None."""
+    case = VERIFY_CASES.get(name)
+    if case is None or not os.path.exists(VERIFY_MODEL):
+        return None
+    with open(VERIFY_MODEL) as f:
+        rows = {row["case"]: row for row in json.load(f)}
+    if case not in rows:
+        return None
+    return sum(launch["time_s"] - FITTED_LAUNCH_S for launch in rows[case]["launches"])
 
 
 def kernel_model_cross_check(costs: dict, gemm_8bit_launches: list) -> dict:
@@ -463,6 +502,15 @@ def render(results: dict) -> str:
                           "speculative step <= 1.3x plain, us by t_min: "
                           + ", ".join(f"{t}: {'none' if v is None else v}"
                                       for t, v in r["verify_attention_budget_us"].items())]
+            if "speculative_modeled_verify" in r:
+                mv = r["speculative_modeled_verify"]
+                what = "speculative / plain tok/s" if name == "smollm2-135m" else "speculative / plain step"
+                goal = "speculative >= 2x plain tok/s" if name == "smollm2-135m" else "speculative step <= 1.3x plain"
+                lines += ["", f"{name}, prefix {prefix}, speculative with its verify launch at the kernel model's "
+                          f"device time ({mv['verify_us']} us, greedy; bench/gpu_model.py, not calibrated): step us "
+                          f"({what}) by t_min "
+                          + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)" for t, v in mv["by_t_min_us"].items())
+                          + f"; {goal} for t_min (us) {mv['goal_t_min_us']}"]
             by_saving = r["plain_step_us_at_measured_t_min_by_pdl_saving_us"]
             lines += ["", f"{name}, prefix {prefix}, plain step at the measured t_min {MEASURED_T_MIN_US} us "
                       f"({r['modes']['plain']['pdl_edges']} of {r['modes']['plain']['launches']} launches PDL edges), "

@@ -78,3 +78,21 @@ def test_kv_cache_kernels(plain):
                                       config.vocab_size).bytes == cost.bytes
     costs = [gpu_step_model.launch_cost(launch, {}, 10, config.vocab_size) for launch in count.launches]
     assert gpu_step_model.step_seconds(costs, 1e-3) == pytest.approx(count.total * 1e-3)
+
+
+def test_verify_at_its_kernel_model_time():
+    """The speculative step's cross-check takes verify's device time from the cooperative kernel
+    model's decode rows (its launch constant removed) for SmolLM2's tree and the Llama shape's
+    vocabulary; models with no such row get none."""
+    import json
+
+    import gpu_step_model
+
+    with open(gpu_step_model.VERIFY_MODEL) as f:
+        rows = {row["case"]: row for row in json.load(f)}
+    for name, case in gpu_step_model.VERIFY_CASES.items():
+        (launch,) = rows[case]["launches"]
+        device = gpu_step_model.verify_device_time(name)
+        assert device == pytest.approx(launch["time_s"] - gpu_step_model.FITTED_LAUNCH_S)
+        assert 1e-6 < device < launch["time_s"]
+    assert gpu_step_model.verify_device_time("tiny-3-layers") is None
