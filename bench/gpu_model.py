@@ -80,11 +80,12 @@ from eagle_kernels.triton import _pdl  # noqa: E402
 LAUNCH_OVERHEAD_S = 58e-6
 ISSUE_RATE = 1.25  # warp instructions per clock per SM (4 schedulers at most)
 MEMORY_LATENCY_S = 0.8e-6
-# COOPERATIVE_KERNELS only (their programs wait on each other's results through L2 and re-read
-# small tables): a dependent load of sectors read or written before in the same segment (one
-# program's claimed chunk or merge; not volatile) hits the SM's L1; an atomic, a volatile load or
-# a load of sectors the launch touched before (another segment, maybe another SM) goes to L2; the
-# rest to DRAM (MEMORY_LATENCY_S). Public microbenchmarks put Hopper's L1 hit near 40 cycles and
+# COOPERATIVE_KERNELS and GROUP_TAIL_KERNELS only (their programs wait on each other's results
+# through L2 and re-read small tables): a dependent load of sectors read or written before in the
+# same segment (one program's claimed chunk or merge; for a group-tail kernel, the same program;
+# not volatile) hits the SM's L1; an atomic, a volatile load or a load of sectors the launch
+# touched before (another segment or program, maybe another SM) goes to L2; the rest to DRAM
+# (MEMORY_LATENCY_S). Public microbenchmarks put Hopper's L1 hit near 40 cycles and
 # an L2 hit at 260-480; not calibrated here.
 L1_LATENCY_S = 0.02e-6
 L2_LATENCY_S = 0.2e-6
@@ -329,12 +330,15 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
     depth = [0]
     memory_ops = ("create_masked_load", "create_load", "create_masked_store", "create_store")
     atomics = ("create_atomic_rmw", "create_atomic_cas")
-    # Cooperative kernels: sectors the open segment has read or written, and the launch.
+    # Cooperative and group-tail kernels: sectors the open segment (or program) has read or written,
+    # and the launch.
+    cached = protocol is not None or kernel_fn.__name__ in GROUP_TAIL_KERNELS
     in_segment: set = set()
     in_launch: set = set()
 
     def load_latency(sectors: set, volatile: bool) -> float:
-        """A cooperative kernel's dependent load of ``sectors``, in memory latencies (see L1_LATENCY_S)."""
+        """A cooperative or group-tail kernel's dependent load of ``sectors``, in memory latencies (see
+        L1_LATENCY_S)."""
         cost = 1.0
         if not volatile and sectors <= in_segment:
             cost = L1_LATENCY_S / MEMORY_LATENCY_S
@@ -390,14 +394,14 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
                 for c in targets():
                     c.flops += 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
             if loads and active.size:  # a load with every lane masked off reads nothing
-                if protocol is None:
+                if not cached:
                     ready += 1
                 else:
                     volatile = kwargs.get("is_volatile", args[4] if name == "create_masked_load" else args[2])
                     ready += load_latency(set(sectors.tolist()), bool(volatile))
-            elif protocol is not None and name in atomics:
+            elif cached and name in atomics:
                 ready += L2_LATENCY_S / MEMORY_LATENCY_S  # a round trip to L2 the program waits for
-            elif protocol is not None and stores:
+            elif cached and stores:
                 in_segment.update(sectors.tolist())
                 in_launch.update(sectors.tolist())
             for c in targets():
@@ -520,6 +524,7 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
     def next_program(self, x, y, z):
         end_program()
         current[0] = Counts()
+        in_segment.clear()
         if segment[0] is not None:
             segment[0] = Segment("other", Counts())
         return set_grid_idx(self, x, y, z)
@@ -1132,6 +1137,12 @@ def decode_cases():
     for V in (49152, 128256):
         for mode in ("greedy", "temperature"):
             yield (f"verify B1 N61 V{V} {mode}", lambda a=(1, 61, V, mode): _verify(*a), dict(bytes=7 * V * 2))
+    # draft_expand at a decoding step's head passes: the root's row, then the 8 frontier rows of
+    # the (6, 8, 60) tree, in SmolLM2-135M's and the Llama-3-8B-shaped head's draft vocabularies
+    for V in (6144, 32000):
+        for M in (1, 8):
+            yield (f"draft_expand B1 M{M} V{V} top_k8", lambda a=(1, M, V, 8): _draft_expand(*a),
+                   dict(bytes=M * V * 2))
     for K, N, residual in Q8_HEAD_MATRICES:
         yield (f"fp8_linear M8 K{K} N{N}{' residual' if residual else ''}",
                lambda a=(8, K, N, residual): _fp8_linear(*a),

@@ -97,6 +97,12 @@ PREFIXES = (512, 4096)
 # speculative step's verify launch as a cross-check of its bytes-only time.
 VERIFY_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative", "decode_sum_alone.json")
 VERIFY_CASES = {"smollm2-135m": "verify B1 N61 V49152 greedy", "llama3-8b-shape": "verify B1 N61 V128256 greedy"}
+# Likewise draft_expand at the head passes' shapes (the root's row, then the tree's 8 frontier rows; counted at 2), in
+# each head's draft vocabulary: bench/gpu_model.py decode --only draft_expand.
+DRAFT_EXPAND_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "draft_expand_decode_model.json")
+DRAFT_EXPAND_CASES = {"smollm2-135m": {1: "draft_expand B1 M1 V6144 top_k8", 8: "draft_expand B1 M8 V6144 top_k8"},
+                      "llama3-8b-shape": {1: "draft_expand B1 M1 V32000 top_k8",
+                                          8: "draft_expand B1 M8 V32000 top_k8"}}
 # The kernel model's 8-bit GEMMs at a Llama-3-8B-sized head's matrices (bench/gpu_model.py decode --only ...,
 # fitted issue rate): applied to an 8-bit head's launches as a cross-check of their bytes-only time.
 KERNEL_MODELS = {name: os.path.join(ROOT, "bench", "results", "sm90-compile", f"{op}_model.json")
@@ -158,6 +164,7 @@ class Cost:
     floor: float = 0.0  # a device time from elsewhere (the calibrated kernel model), s
     tail: float = 0.0  # work after the launch's waves (a folded merge's last programs), s
     pdl: bool = False  # a PDL edge: launched with PDL after a Triton launch (LaunchCount.pdl_edges)
+    rows: int = 0  # draft_expand: the frontier rows of its logits [B, M, V] as counted (M)
 
     def seconds(self, t_min: float, pdl_saving: float = 0.0) -> float:
         """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge."""
@@ -209,7 +216,8 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
             layers, batch = cache_shape[0], cache_shape[1]
             accepted = shapes[3][0][-1]
             total += 2 * 2 * layers * batch * accepted * heads * dim * itemsize
-    return Cost(launch.name, launch.owner, launch.layer, total, flops)
+    rows = launch.tensors[0].shape[1] if launch.name == "_draft_expand_kernel" else 0
+    return Cost(launch.name, launch.owner, launch.layer, total, flops, rows=rows)
 
 
 def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] | None:
@@ -358,24 +366,17 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
-    verify_s = verify_device_time(name)
+    verify_s, expand_s = verify_device_time(name), draft_expand_device_times(name)
     if verify_s is not None and "speculative" in costs:
-        plain = costs["plain"]
-        spec = [dataclasses.replace(c, floor=verify_s) if c.name == "_verify_kernel" else c
-                for c in costs["speculative"]]
-        if name == "smollm2-135m":
-            goal = t_min_range(lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t)) \
-                if tau == tau else None
-        else:
-            goal = t_min_range(lambda t: step_seconds(spec, t) <= 1.3 * step_seconds(plain, t))
-        result["speculative_modeled_verify"] = {
-            "verify_us": round(verify_s * 1e6, 1), "goal_t_min_us": goal,
-            "by_t_min_us": {str(t): {"step_us": round(step_seconds(spec, t * 1e-6) * 1e6, 1),
-                                     "ratio": round((tau / step_seconds(spec, t * 1e-6))
-                                                    / (1 / step_seconds(plain, t * 1e-6)), 3)
-                                     if name == "smollm2-135m" and tau == tau else
-                                     round(step_seconds(spec, t * 1e-6) / step_seconds(plain, t * 1e-6), 3)}
-                            for t in T_MIN_SWEEP_US}}
+        result["speculative_modeled_verify"] = modeled_step(name, costs, tau, {"_verify_kernel": verify_s})
+        result["speculative_modeled_verify"]["verify_us"] = round(verify_s * 1e6, 1)
+        if expand_s is not None:
+            floors = {"_verify_kernel": verify_s,
+                      "_draft_expand_kernel": lambda cost: expand_s[1 if cost.rows == 1 else 8]}
+            both = modeled_step(name, costs, tau, floors)
+            both["verify_us"] = round(verify_s * 1e6, 1)
+            both["draft_expand_us"] = {str(m): round(s * 1e6, 1) for m, s in expand_s.items()}
+            result["speculative_modeled_verify_draft_expand"] = both
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
     if calibrated:
         verify_layers = {c.layer for c in costs["speculative"] if c.owner == "target"}
@@ -391,16 +392,54 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     return result
 
 
-def verify_device_time(name: str) -> float | None:
-    """The kernel model's device time (s) of the step's verify launch for ``name``, or None."""
-    case = VERIFY_CASES.get(name)
-    if case is None or not os.path.exists(VERIFY_MODEL):
+def modeled_device_time(path: str, case: str | None) -> float | None:
+    """The kernel model's device time (s) of ``case`` in its results at ``path`` (each launch's
+    time less the fitted launch constant), or None."""
+    if case is None or not os.path.exists(path):
         return None
-    with open(VERIFY_MODEL) as f:
+    with open(path) as f:
         rows = {row["case"]: row for row in json.load(f)}
     if case not in rows:
         return None
     return sum(launch["time_s"] - FITTED_LAUNCH_S for launch in rows[case]["launches"])
+
+
+def verify_device_time(name: str) -> float | None:
+    """The kernel model's device time (s) of the step's verify launch for ``name``, or None."""
+    return modeled_device_time(VERIFY_MODEL, VERIFY_CASES.get(name))
+
+
+def draft_expand_device_times(name: str) -> dict | None:
+    """{frontier rows (1, 8): the kernel model's device time (s) of a draft_expand launch} for ``name``,
+    or None."""
+    times = {m: modeled_device_time(DRAFT_EXPAND_MODEL, case) for m, case in DRAFT_EXPAND_CASES.get(name, {}).items()}
+    return times if times and None not in times.values() else None
+
+
+def modeled_step(name: str, costs: dict, tau: float, floors: dict) -> dict:
+    """The speculative step with the launches named in ``floors`` at a device time (s, or a function of the
+    launch's Cost): step us and its ratio to plain by t_min (SmolLM2: speculative / plain tok/s at ``tau``;
+    else speculative / plain step) and the t_min meeting the goal."""
+    plain = costs["plain"]
+    spec = []
+    for c in costs["speculative"]:
+        floor = floors.get(c.name)
+        if callable(floor):
+            floor = floor(c)
+        spec.append(c if floor is None else dataclasses.replace(c, floor=floor))
+    tok_ratio = name == "smollm2-135m"
+    if tok_ratio:
+        goal = t_min_range(lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t)) if tau == tau else None
+    else:
+        goal = t_min_range(lambda t: step_seconds(spec, t) <= 1.3 * step_seconds(plain, t))
+
+    def ratio(t):
+        s, p = step_seconds(spec, t), step_seconds(plain, t)
+        return round(tau * p / s, 3) if tok_ratio and tau == tau else round(s / p, 3)
+
+    return {"goal_t_min_us": goal,
+            "by_t_min_us": {str(t): {"step_us": round(step_seconds(spec, t * 1e-6) * 1e6, 1), "ratio": ratio(t * 1e-6)}
+                            for t in T_MIN_SWEEP_US}}
 
 
 def kernel_model_cross_check(costs: dict, gemm_8bit_launches: list) -> dict:
@@ -511,6 +550,15 @@ def render(results: dict) -> str:
                           f"({what}) by t_min "
                           + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)" for t, v in mv["by_t_min_us"].items())
                           + f"; {goal} for t_min (us) {mv['goal_t_min_us']}"]
+                both = r.get("speculative_modeled_verify_draft_expand")
+                if both:
+                    expand = " / ".join(f"{v} us" for v in both["draft_expand_us"].values())
+                    lines += ["", f"{name}, prefix {prefix}, the same with its draft_expand launches too at the kernel "
+                              f"model's device time ({expand} for the root's row / 8 frontier rows): step us ({what}) "
+                              "by t_min "
+                              + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)"
+                                          for t, v in both["by_t_min_us"].items())
+                              + f"; {goal} for t_min (us) {both['goal_t_min_us']}"]
             by_saving = r["plain_step_us_at_measured_t_min_by_pdl_saving_us"]
             lines += ["", f"{name}, prefix {prefix}, plain step at the measured t_min {MEASURED_T_MIN_US} us "
                       f"({r['modes']['plain']['pdl_edges']} of {r['modes']['plain']['launches']} launches PDL edges), "

@@ -96,3 +96,21 @@ def test_verify_at_its_kernel_model_time():
         assert device == pytest.approx(launch["time_s"] - gpu_step_model.FITTED_LAUNCH_S)
         assert 1e-6 < device < launch["time_s"]
     assert gpu_step_model.verify_device_time("tiny-3-layers") is None
+
+
+def test_draft_expand_at_its_kernel_model_time():
+    """The cross-check's draft_expand times: one per frontier size (the root's row, the tree's 8
+    frontier rows) from the kernel model's decode rows; a launch's counted rows pick which."""
+    import gpu_step_model
+
+    for name in gpu_step_model.DRAFT_EXPAND_CASES:
+        times = gpu_step_model.draft_expand_device_times(name)
+        assert set(times) == {1, 8} and all(0 < s < 1e-4 for s in times.values())
+        assert times[8] >= times[1]  # eight rows cost at least one
+    assert gpu_step_model.draft_expand_device_times("tiny-3-layers") is None
+    from eagle_kernels.launch_count import Launch
+
+    for rows in (1, 2):  # the root's row; the frontier rows as counted (top_k 2)
+        launch = Launch("_draft_expand_kernel", "triton", None, -1,
+                        (Tensor((1, rows, 6144), 2), Tensor((rows, 6), 4), Tensor((rows, 6), 8)))
+        assert gpu_step_model.launch_cost(launch, {}, prefix=10, vocab=49152).rows == rows
