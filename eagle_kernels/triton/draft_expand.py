@@ -98,6 +98,9 @@ class DraftExpandConfig:
 # (test_triton_many_chunks in python_tests/ops/test_draft_expand_backends.py drives smaller
 # chunks through _launch).
 GPU_CONFIG = DraftExpandConfig(block_v=16384)
+# On a GPU, deterministic launches of few rows take chunks down to this size (``_block_v``): the
+# sampled launches' chunk, 4 warps a program.
+MIN_GPU_BLOCK_V = 2048
 INTERPRETER_CONFIG = DraftExpandConfig(block_v=1024, sampled_block_v=1024)
 _MAX_CANDIDATES = 1 << 16  # NC * top_k candidates per row held by one merge program
 _BIG_ID = tl.constexpr(2**31 - 1)  # above every id; jit code reads only constexpr globals
@@ -767,6 +770,23 @@ DRAFT_DRAW = 2  # first draw index of the Gumbel draws (docs/design.md)
 DEPTH_STRIDE = 65536  # draw = DRAFT_DRAW + depth * DEPTH_STRIDE + frontier row
 
 
+def _block_v(rows: int, V: int, top_k: int, config: DraftExpandConfig, sampled: bool, sms: int | None) -> int:
+    """Entries per chunk program: the configured size (capped at next_pow2(V)) or, for a
+    deterministic launch on a GPU of ``sms`` SMs whose ``rows`` would leave SMs idle, the largest
+    power of two down to MIN_GPU_BLOCK_V that gives every SM a chunk. A decoding step at batch 1
+    expands 8 frontier rows: in a 32,000-entry draft vocabulary 16 programs of 16384 entries, 128
+    of 2048 (modeled device time 6.9 -> 3.6 us; docs/gpu_kernels.md, draft_expand "Few rows").
+    Never below the size whose chunks' candidates the merge can hold (so no call valid with the
+    configured size is refused)."""
+    block_v = min(config.sampled_block_v if sampled else config.block_v, triton.next_power_of_2(V))
+    if sms is None or sampled:
+        return block_v
+    while (block_v > MIN_GPU_BLOCK_V and rows * triton.cdiv(V, block_v) < sms
+           and triton.cdiv(V, block_v // 2) * top_k <= _MAX_CANDIDATES):
+        block_v //= 2
+    return block_v
+
+
 def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, survivors=None, temperature=None,
             seed=None, offset=None, depth=0, merge_survivors=None) -> DraftCandidates:
     """``survivors``: the chunk step's scratch (int32 [B * M, NC, cap]), ``merge_survivors`` the
@@ -781,7 +801,8 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     is_fp64 = logits.dtype == torch.float64
     compute = torch.float64 if is_fp64 else torch.float32
     sampled = temperature is not None
-    block_v = min(config.sampled_block_v if sampled else config.block_v, triton.next_power_of_2(V))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    block_v = _block_v(B * M, V, top_k, config, sampled, sms)
     NC = triton.cdiv(V, block_v)
     if NC * top_k > _MAX_CANDIDATES:
         raise ValueError(f"top_k: expected ceil(V / {block_v}) * top_k <= {_MAX_CANDIDATES} on the "

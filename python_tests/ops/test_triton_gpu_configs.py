@@ -176,6 +176,44 @@ def test_draft_expand_gpu_config(dtype):
     assert out.tokens[0, :3].tolist() == [i + int(d2t[i]) for i in (V - 3, V - 2, V - 1)]
 
 
+def test_draft_expand_block_v_on_an_h200():
+    """Entries per chunk program on a GPU of 132 SMs: the configured 16384 where the launch fills
+    the SMs, smaller chunks (down to 2048) where few rows would leave them idle; sampled launches
+    and the interpreter keep their configured sizes; never so small that the merge's candidates
+    overflow."""
+    from eagle_kernels.triton import draft_expand as de
+
+    config = de.GPU_CONFIG
+
+    def block_v(rows, V, top_k=8, sampled=False, sms=132):
+        return de._block_v(rows, V, top_k, config, sampled, sms)
+
+    assert block_v(8, 32000) == 2048  # batch 1, 8 frontier rows of the Llama-3-8B-shaped head: 128 programs
+    assert block_v(1, 6144) == block_v(8, 6144) == 2048  # SmolLM2's draft vocabulary
+    assert block_v(64, 32000) == 8192  # batch 8: 256 programs
+    assert block_v(64, 128256) == 16384  # the goal shape: 512 programs
+    assert block_v(8, 32000, sampled=True) == config.sampled_block_v
+    assert block_v(8, 32000, sms=None) == 16384
+    assert block_v(1, 128256, top_k=1100) == 4096  # 63 chunks x 1100 candidates would overflow the merge
+
+
+def test_draft_expand_gpu_config_small_chunks():
+    """The GPU configuration with 2048-entry chunks (``_block_v`` at batch 1 on an H200): 4 warps
+    of 128 threads, three chunks a row of V = 5000 (the last partial), the reference's output."""
+    from eagle_kernels.triton import draft_expand as triton_draft_expand
+
+    config = dataclasses.replace(triton_draft_expand.GPU_CONFIG, block_v=triton_draft_expand.MIN_GPU_BLOCK_V)
+    B, M, V, top_k = 1, 8, 5000, 8
+    assert triton_draft_expand.chunk_shape(config.block_v, top_k) == triton_draft_expand.ChunkShape(4, 128, 16, 32)
+    logits = draft_logits(B, M, V, top_k, torch.bfloat16, seed=V)
+    gen = torch.Generator().manual_seed(2)
+    fs = -3.0 * torch.rand(B, M, generator=gen)
+    out = triton_draft_expand.draft_expand(logits, fs, top_k, _config=config)
+    ref = reference.draft_expand(logits, fs, top_k)
+    assert out.tokens.tolist() == ref.tokens.tolist() and out.frontier.tolist() == ref.frontier.tolist()
+    torch.testing.assert_close(out.scores, ref.scores, atol=1e-4, rtol=1e-5)
+
+
 # -------------------------------------------------------------------------- tree_attention
 TOL = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),
