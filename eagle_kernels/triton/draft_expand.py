@@ -78,8 +78,9 @@ from .philox import _uniform
 class DraftExpandConfig:
     """Tuning constants of the draft_expand launch; the outputs do not depend on them.
 
-    block_v: entries of a row per chunk program (capped at next_pow2(V)); it also sets the
-        warps and the [groups, threads, VEC] view of a chunk (``chunk_shape``, ``chunk_vector``).
+    block_v: entries of a row per chunk program (capped at next_pow2(V); on a GPU a launch of few
+        rows takes smaller chunks, ``_block_v``); it also sets the warps and the [groups, threads,
+        VEC] view of a chunk (``chunk_shape``, ``chunk_vector``).
     merge_lanes: candidate keys of the frontier rows one round of the merge's plain rounds reduces
         together (the merge runs in a chunk program's warps).
     sampled_block_v: entries per chunk program in launches with a temperature (sampled
