@@ -231,16 +231,14 @@ def helper_statements(kernel_fn) -> dict[tuple[str, str], dict]:
 
 class Cooperative(typing.NamedTuple):
     """How the programs of a group (one request) share a kernel's work: a sequence of phases,
-    each cut into chunks. A program takes a chunk with the atomic at ``claim`` (statement source
-    text), reports it done with the atomic at ``done``; the program whose done returns the
-    phase's chunk count (the kernel's local or constexpr ``chunks_local``) less one merges the phase's results
-    and opens the next phase (verify's walk: verify_walk.py). ``groups_kwarg`` names the
-    constexpr of the programs a group."""
+    each cut into ``groups_kwarg`` chunks. A program takes a chunk with the atomic at ``claim``
+    (statement source text), reports it done with the atomic at ``done``; the program whose done
+    returns the chunk count less one merges the phase's results and opens the next phase
+    (verify's walk: verify_walk.py)."""
 
     claim: str
     done: str
     groups_kwarg: str
-    chunks_local: str
 
 
 # The interpreter runs one program at a time, so the first program of a group claims every
@@ -251,7 +249,7 @@ class Cooperative(typing.NamedTuple):
 COOPERATIVE_KERNELS = {
     "_verify_kernel": Cooperative(claim="claim = tl.atomic_add(claims + phase, 1)",
                                   done="if tl.atomic_add(dones + phase, 1) == SPLITS - 1:",
-                                  groups_kwarg="SPLITS", chunks_local="SPLITS"),
+                                  groups_kwarg="SPLITS"),
 }
 
 
@@ -289,7 +287,7 @@ def cooperative_statements(kernel_fn, protocol: Cooperative) -> tuple[int, int]:
 def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
     """Counters on the interpreter's builder for the duration of the block; each program
     appends its Counts. ``kernel_fn`` is the kernel's Python function (its lines are traced).
-    ``groups``: a COOPERATIVE_KERNELS kernel's programs a group (0: not cooperative); its programs' work is also
+    ``groups``: a COOPERATIVE_KERNELS kernel's chunk count a phase; its programs' work is also
     recorded in segments (``Counts.segments``), and an atomic's result costs a memory latency."""
     from triton.runtime import interpreter as ti
 
@@ -349,12 +347,12 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
         return cost
     code_name, code_file = kernel_fn.__name__, kernel_fn.__code__.co_filename
 
-    def kernel_frame():
-        """The kernel's frame (up the caller's frames), or None."""
+    def kernel_statement():
+        """The kernel statement running now (the caller's frames up to the kernel's)."""
         frame = sys._getframe(2)
         while frame is not None and not (frame.f_code.co_name == code_name and frame.f_code.co_filename == code_file):
             frame = frame.f_back
-        return frame
+        return None if frame is None else statement.get(frame.f_lineno, frame.f_lineno)
 
     def wrap(name, fn):
         def wrapped(self, *args, **kwargs):
@@ -408,14 +406,10 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
                 c.chain = max(c.chain, ready)
             if ready and isinstance(result, ti.TensorHandle):
                 result.attr["ready"] = ready
-            frame = kernel_frame() if protocol is not None and name in atomics else None
-            if frame is not None and statement.get(frame.f_lineno, frame.f_lineno) == done_line:
+            if protocol is not None and name in atomics and kernel_statement() == done_line:
                 clock[0] = max(clock[0], ready)
                 segment[0].done = True
-                chunks = frame.f_locals[protocol.chunks_local]  # a constexpr, or a tensor of the interpreter
-                chunks = getattr(getattr(chunks, "handle", None), "data", getattr(chunks, "value", chunks))
-                chunks = int(np.asarray(chunks).flat[0])
-                cut("merge" if int(np.asarray(result.data).flat[0]) == chunks - 1 else "other")
+                cut("merge" if int(np.asarray(result.data).flat[0]) == groups - 1 else "other")
             return result
 
         return wrapped
