@@ -49,3 +49,8 @@ def tickets(device: torch.device, n: int) -> torch.Tensor:
         buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
         _TICKETS[device] = buf
     return buf
+
+
+def gpu_sms(device: torch.device) -> int | None:
+    """The SMs of a CUDA ``device``, or None elsewhere (CPU tensors: the interpreter's launches)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None

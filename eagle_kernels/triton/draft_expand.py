@@ -69,7 +69,7 @@ import triton.language as tl
 
 from .. import _checks
 from .._types import DraftCandidates
-from ._launch_config import interpreted, tickets
+from ._launch_config import gpu_sms, interpreted, tickets
 from ._pdl import launch_options, wait_for_prior_grids
 from .philox import _uniform
 
@@ -802,7 +802,7 @@ def _launch(logits, frontier_scores, top_k, d2t, config: DraftExpandConfig, surv
     is_fp64 = logits.dtype == torch.float64
     compute = torch.float64 if is_fp64 else torch.float32
     sampled = temperature is not None
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    sms = gpu_sms(device)
     block_v = _block_v(B * M, V, top_k, config, sampled, sms)
     NC = triton.cdiv(V, block_v)
     if NC * top_k > _MAX_CANDIDATES:

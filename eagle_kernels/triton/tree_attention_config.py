@@ -30,6 +30,8 @@ from typing import NamedTuple
 import torch
 import triton
 
+from ._launch_config import gpu_sms
+
 # Shared memory an H100 / H200 (sm_90) block may use, and an SM holds (each resident block also
 # takes 1 KiB the driver reserves); 32-bit registers of an SM; warps an SM can hold.
 SHARED_MEMORY_BUDGET = 232_448
@@ -153,7 +155,7 @@ def rows_for(N: int, group: int, most: int = MAX_ROWS) -> int:
 
 def sm_count(device: torch.device) -> int:
     """The SMs of a CUDA ``device``; elsewhere (the interpreter, the launch count's modeled GPU) the H200's."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H200_SMS
+    return gpu_sms(device) or H200_SMS
 
 
 def wide_blocks(heads: int | None, sms: int = H200_SMS) -> bool:

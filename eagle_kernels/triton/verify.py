@@ -75,7 +75,7 @@ import triton
 
 from .. import _checks
 from .._types import VerifyOutput
-from ._launch_config import interpreted
+from ._launch_config import gpu_sms, interpreted
 from ._pdl import launch_options
 from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests)
     NUM_PIVOTS,
@@ -296,7 +296,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     if B == 0:
         return Launch(VerifyOutput(accept_len, accept_nodes, out_tokens, status), cand_count, stats)
     block_v = min(config.block_v, triton.next_power_of_2(V))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    sms = gpu_sms(device)
     block_max, splits, chunk = _chunking(B, V, config, sms)
     block_s = min(block_v, SEARCH_BLOCK)
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
