@@ -197,9 +197,10 @@ def test_tree_attention_merge_gpu(benchmark, B, N, prefix):
                                 ratio_fold_over_launch=graph["fold"] / graph["launch"])
 
 
-# SmolLM2-135M's verify pass at B 1 over a short and a longer cache (16- and 32-row blocks by the
-# capacity rule, against 128-row ones).
-ROWS_SHAPES = [(1, 61, prefix) for prefix in (256, 1024)]
+# SmolLM2-135M's verify pass at B 1 over a short, a longer and a 4k cache (by the capacity rules
+# 16-row blocks, then 32-row ones, at 4k folding 12 splits), against 128-row blocks (at 4k 16
+# splits and a merge launch).
+ROWS_SHAPES = [(1, 61, prefix) for prefix in (256, 1024, 4096)]
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
@@ -207,7 +208,8 @@ ROWS_SHAPES = [(1, 61, prefix) for prefix in (256, 1024)]
 def test_tree_attention_rows_gpu(benchmark, B, N, prefix):
     """The launcher's row blocks for few (request, KV head) pairs (``gpu_config`` with the
     capacity; timed by the benchmark) and the 128-row blocks it used before (``rows_for``'s), each
-    with its own split count, as replayed CUDA graphs: the measurement behind FILL_SHARE."""
+    with its own split count, as replayed CUDA graphs: the measurement behind FILL_SHARE and
+    FOLD_KV_READ_BYTES."""
     import triton.testing
 
     from eagle_kernels.triton import tree_attention as ta

@@ -1074,10 +1074,10 @@ def calibration_cases(measured: dict = H200_RUN_MS):
             yield f"draft_expand B{B} M8 V{V} top_k{k}", lambda B=B, V=V, k=k: _draft_expand(B, 8, V, k), ms
 
 
-def _decode_attention(B, N, prefix, heads, D, fill: bool):
+def _decode_attention(B, N, prefix, heads, D, fill: bool, rows: int | None = None, fold: bool | None = None):
     """A contiguous bf16 cache of prefix + N entries, bench_tree_attention's random tree; the
     launcher's configuration (``fill``) or ``gpu_config`` without the capacity, each with the split
-    count the launcher gives it."""
+    count the launcher gives it; or blocks of ``rows`` rows, their partials folded or not (``fold``)."""
     import bench_tree_attention
 
     from eagle_kernels.triton import tree_attention as ta
@@ -1090,9 +1090,14 @@ def _decode_attention(B, N, prefix, heads, D, fill: bool):
     mask = bench_tree_attention.random_mask(B, N, prefix)
     seqlens = torch.full((B,), prefix, dtype=torch.int32)
     group = Hq // Hkv
-    config = ta.gpu_config(N, group, D, torch.bfloat16, False, False, heads=B * Hkv,
-                           capacity=prefix + N if fill else None)
-    return lambda: ta._launch(q, k, v, seqlens, mask, config=config)
+    if rows is None:
+        config = ta.gpu_config(N, group, D, torch.bfloat16, False, False, heads=B * Hkv,
+                               capacity=prefix + N if fill else None)
+    else:
+        from eagle_kernels.triton.tree_attention_config import _config
+
+        config = _config(N, group, D, torch.bfloat16, False, False, False, rows=rows)
+    return lambda: ta._launch(q, k, v, seqlens, mask, config=config, fold_merge=fold)
 
 
 def _q8_0_linear(M, K, N, residual: bool):
@@ -1144,7 +1149,8 @@ def decode_cases():
         yield (f"q8_0_linear M8 K{K} N{N}{' residual' if residual else ''}",
                lambda a=(8, K, N, residual): _q8_0_linear(*a),
                dict(bytes=N * K * 17 // 16 + 8 * K * 2 + 8 * N * 2 * (2 if residual else 1)))
-    for B, N, prefix, heads, D in [(1, 61, 256, (9, 3), 64), (1, 61, 1024, (9, 3), 64), (8, 61, 256, (9, 3), 64),
+    for B, N, prefix, heads, D in [(1, 61, 256, (9, 3), 64), (1, 61, 1024, (9, 3), 64), (1, 61, 4096, (9, 3), 64),
+                                   (8, 61, 256, (9, 3), 64),
                                    (1, 8, 256, (9, 3), 64), (1, 64, 1024, (32, 8), 128)]:
         for fill in (False, True):
             yield (f"tree_attention B{B} N{N} Hq{heads[0]}/Hkv{heads[1]} D{D} prefix{prefix} "
@@ -1152,6 +1158,15 @@ def decode_cases():
                    lambda a=(B, N, prefix, heads, D, fill): _decode_attention(*a),
                    dict(flops=4 * B * N * heads[0] * (prefix + N // 2) * D,
                         bytes=2 * B * (prefix + N) * heads[1] * D * 2))
+    # The blocks tree_attention_config._folding_config chooses between at a 4k cache, merged by a
+    # launch or folded into the split programs (docs/gpu_kernels.md, "Row blocks whose partials fold").
+    for N, heads, D, variants in [(61, (9, 3), 64, [(128, True), (64, True), (16, True)]),
+                                  (64, (32, 8), 128, [(128, False), (128, True), (32, True)])]:
+        for rows, fold in variants:
+            yield (f"tree_attention B1 N{N} Hq{heads[0]}/Hkv{heads[1]} D{D} prefix4096 {rows} rows "
+                   f"{'folded' if fold else 'merge launch'}",
+                   lambda a=(1, N, 4096, heads, D, True, rows, fold): _decode_attention(*a),
+                   dict(flops=4 * N * heads[0] * (4096 + N // 2) * D, bytes=2 * (4096 + N) * heads[1] * D * 2))
 
 
 def smoke_cases():

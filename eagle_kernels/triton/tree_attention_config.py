@@ -184,7 +184,8 @@ def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms:
     row blocks of up to 128 rows halve (down to 16 rows, or the group's) while the call's programs,
     blocks times ``num_splits``, fill less than FILL_SHARE of the SMs: each block then re-reads
     the prefix's K/V (from L2, as its neighbours read them at the same time), but the tree's rows
-    are spread over more SMs."""
+    are spread over more SMs; and further where smaller blocks fold partials that would otherwise
+    need a merge launch (``_folding_config``)."""
     config = _config(N, group, D, dtype, causal, paged, wide_blocks(heads, sms))
     element_size = torch.empty((), dtype=dtype).element_size()
     if capacity is None or heads is None or element_size != 2 or D > 128 or config.block_m > MAX_ROWS:
@@ -197,6 +198,41 @@ def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms:
     smallest = max(16, triton.next_power_of_2(group))
     while config.block_m > smallest and programs(config) < FILL_SHARE * sms:
         config = _config(N, group, D, dtype, causal, paged, False, rows=config.block_m // 2)
+    return _folding_config(config, N, group, D, dtype, causal, paged, heads, capacity, sms, smallest)
+
+
+# Merge-free row blocks (``_folding_config``): the K/V bytes a launch's blocks may read in all
+# (every node block of a (request, KV head) reads its prefix) for a smaller row block taken so
+# that its split partials fold, and the most dependent read rounds its fold may take (each an L2
+# round trip of the folding program, ``fold_chunk``). The node blocks of a head read the same
+# tiles at about the same time, so the repeats come from L2; the bound keeps SmolLM2-135M's
+# 22 MB (32-row blocks at a 4k cache: 7.2 us modeled against 6.4 + 1.6 us of device time for
+# 128-row blocks and a merge launch) and excludes Llama-3-8B's heads (134 MB at 32 rows: 32.3
+# against 11.2 + 1.6 us; docs/gpu_kernels.md, "Row blocks whose partials fold").
+FOLD_KV_READ_BYTES = 32 * 1024 * 1024
+FOLD_ROUNDS = 4
+
+
+def _folding_config(config, N, group, D, dtype, causal, paged, heads, capacity, sms, smallest):
+    """``config``, or, when its split partials need a merge launch, the largest halving of its
+    row block (down to ``smallest``) whose partials fold in at most FOLD_ROUNDS rounds, as long
+    as the launch's K/V reads stay within FOLD_KV_READ_BYTES: a launch fewer, for more blocks
+    re-reading the prefix."""
+    partial_bytes = 2 if dtype == torch.bfloat16 else 4  # bf16: scaled fp16 partials; else fp32
+    block_d = max(16, triton.next_power_of_2(D))
+    layout = split_layout(N, group, heads, capacity, config, sms)
+    if layout.splits == 1 or folds_merge(layout.splits, layout.rows, D, partial_bytes):
+        return config
+    element_size = torch.empty((), dtype=dtype).element_size()
+    candidate = config
+    while candidate.block_m > smallest:
+        candidate = _config(N, group, D, dtype, causal, paged, False, rows=candidate.block_m // 2)
+        layout = split_layout(N, group, heads, capacity, candidate, sms)
+        if layout.blocks * capacity * D * 2 * element_size > FOLD_KV_READ_BYTES:
+            break
+        rounds = triton.cdiv(layout.splits, fold_chunk(layout.splits, layout.block_m, block_d, candidate.num_warps))
+        if folds_merge(layout.splits, layout.rows, D, partial_bytes) and rounds <= FOLD_ROUNDS:
+            return candidate
     return config
 
 
