@@ -982,15 +982,31 @@ def _tree_attention(B, N, prefix, dtype=torch.bfloat16, Hq=32, Hkv=8, D=128, pag
     return lambda: ta.tree_attention(q, k, v, seqlens, mask, block_table=table)
 
 
-def _verify(B, N, V, mode, dtype=torch.bfloat16):
+def _verify(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None):
     """bench/bench_verify.py's inputs (its EAGLE-2 shaped trees, spiked logits); ``top-k`` and
-    ``top-p`` are its ``temp`` inputs with one filter."""
+    ``top-p`` are its ``temp`` inputs with one filter. Its greedy walks accept a draft at every
+    depth; with ``accepted`` each request's greedy walk stops after that many (the next node's
+    children lose the token its row ranks first), as a step's walk of that length would."""
     import bench_verify
 
     from eagle_kernels.triton import verify as tv
 
     base = {"temperature": "temp", "top-k": "temp", "top-p": "temp"}.get(mode, mode)
     tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
+    if accepted is not None:
+        top = logits.float().argmax(-1)
+        for b in range(B):
+            node = 0
+            for depth in range(accepted + 1):
+                children = [i for i in range(1, N) if int(parents[b, i]) == node]
+                hit = [i for i in children if int(tokens[b, i]) == int(top[b, node])]
+                if depth == accepted:  # stop here: no child carries the row's first token
+                    for i in hit:
+                        tokens[b, i] = (int(top[b, node]) + 1) % V
+                    break
+                if not hit:
+                    raise ValueError(f"the planted walk of request {b} stops before {accepted} drafts")
+                node = hit[0]
     if mode == "top-k":
         sampling["top_k"] = torch.full((B,), 50, dtype=torch.int32)
     if mode == "top-p":
@@ -1136,6 +1152,11 @@ def decode_cases():
     for V in (49152, 128256):
         for mode in ("greedy", "temperature"):
             yield (f"verify B1 N61 V{V} {mode}", lambda a=(1, 61, V, mode): _verify(*a), dict(bytes=7 * V * 2))
+        # a decoding step's walk is as long as its accepted drafts plus one (tau 3.1 at T 0: 2.1 on average)
+        for accepted in (2, 3):
+            yield (f"verify B1 N61 V{V} greedy, {accepted} accepted",
+                   lambda a=(1, 61, V, "greedy", torch.bfloat16, accepted): _verify(*a),
+                   dict(bytes=(accepted + 1) * V * 2))
     # draft_expand at a decoding step's head passes: the root's row, then the 8 frontier rows of
     # the (6, 8, 60) tree, in SmolLM2-135M's and the Llama-3-8B-shaped head's draft vocabularies
     for V in (6144, 32000):

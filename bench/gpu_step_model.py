@@ -44,10 +44,11 @@ at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``).
 written to it (a re-run of the model alone). ``--head-weights q8_0`` / ``fp8``: the EAGLE-3 head's
 matrices as Q8_0 blocks run by q8_0_linear, or multiplied as fp8 copies by fp8_linear (results
 ``gpu_step_model_q8_0head.*`` / ``..._fp8head.*``); ``--models``: some models only.
-Cross-checks beside the table: the speculative step with its verify launch, then also its draft_expand
-launches, at the kernel model's device time (``VERIFY_MODEL``, ``DRAFT_EXPAND_MODEL``), the Llama shape's
-verify-pass attention at the calibrated model's (``CALIBRATED_VERIFY_ATTENTION``) and an 8-bit head's GEMMs at
-the kernel model's (``KERNEL_MODELS``).
+Cross-checks beside the table: the speculative step with its verify launch (a walk of tau's length:
+``VERIFY_WALK_MODEL``; without tau a full-depth walk: ``VERIFY_MODEL``), then also its draft_expand launches
+(``DRAFT_EXPAND_MODEL``), at the kernel model's device time, the Llama shape's verify-pass attention at the
+calibrated model's (``CALIBRATED_VERIFY_ATTENTION``) and an 8-bit head's GEMMs at the kernel model's
+(``KERNEL_MODELS``).
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ PREFIXES = (512, 4096)
 # speculative step's verify launch as a cross-check of its bytes-only time.
 VERIFY_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative", "decode_sum_alone.json")
 VERIFY_CASES = {"smollm2-135m": "verify B1 N61 V49152 greedy", "llama3-8b-shape": "verify B1 N61 V128256 greedy"}
+# Those inputs accept a draft at every depth (7 phases of the walk). A step's walk has as many phases as its
+# accepted drafts plus one, tau on average; a walk's time is linear in its phases, so the step's mean verify time
+# is the time of a walk of tau - 1 accepted drafts, taken between the rows of 2 and 3 (bench/gpu_model.py decode
+# --only accepted).
+VERIFY_WALK_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative",
+                                 "decode_walk_length.json")
+VERIFY_WALK_CASES = {name: {accepted: f"{case}, {accepted} accepted" for accepted in (2, 3)}
+                     for name, case in VERIFY_CASES.items()}
 # Likewise draft_expand at the head passes' shapes (the root's row, then the tree's 8 frontier rows; counted at 2), in
 # each head's draft vocabulary: bench/gpu_model.py decode --only draft_expand.
 DRAFT_EXPAND_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "draft_expand_decode_model.json")
@@ -367,15 +376,20 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
-    verify_s, expand_s = verify_device_time(name), draft_expand_device_times(name)
+    verify_s, expand_s = verify_device_time(name, tau), draft_expand_device_times(name)
+    if verify_s is None:  # no walk-length rows, or no tau: the walk that accepts at every depth
+        verify_s = verify_device_time(name)
+    full_walk_s = verify_device_time(name) or verify_s
     if verify_s is not None and "speculative" in costs:
         result["speculative_modeled_verify"] = modeled_step(name, costs, tau, {"_verify_kernel": verify_s})
         result["speculative_modeled_verify"]["verify_us"] = round(verify_s * 1e6, 1)
+        result["speculative_modeled_verify"]["verify_full_walk_us"] = round(full_walk_s * 1e6, 1)
         if expand_s is not None:
             floors = {"_verify_kernel": verify_s,
                       "_draft_expand_kernel": lambda cost: expand_s[1 if cost.rows == 1 else 8]}
             both = modeled_step(name, costs, tau, floors)
             both["verify_us"] = round(verify_s * 1e6, 1)
+            both["verify_full_walk_us"] = round(full_walk_s * 1e6, 1)
             both["draft_expand_us"] = {str(m): round(s * 1e6, 1) for m, s in expand_s.items()}
             result["speculative_modeled_verify_draft_expand"] = both
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
@@ -405,9 +419,18 @@ def modeled_device_time(path: str, case: str | None) -> float | None:
     return sum(launch["time_s"] - FITTED_LAUNCH_S for launch in rows[case]["launches"])
 
 
-def verify_device_time(name: str) -> float | None:
-    """The kernel model's device time (s) of the step's verify launch for ``name``, or None."""
-    return modeled_device_time(VERIFY_MODEL, VERIFY_CASES.get(name))
+def verify_device_time(name: str, tau: float | None = None) -> float | None:
+    """The kernel model's device time (s) of the step's verify launch for ``name``, or None: a walk that
+    accepts at every depth, or with ``tau`` (tokens a step) the mean walk of tau - 1 accepted drafts, linear
+    between the modeled walks of 2 and 3 (and beyond them)."""
+    if tau is None or tau != tau:  # no tau (nan: not measured for the tree)
+        return modeled_device_time(VERIFY_MODEL, VERIFY_CASES.get(name))
+    cases = VERIFY_WALK_CASES.get(name, {})
+    times = {accepted: modeled_device_time(VERIFY_WALK_MODEL, case) for accepted, case in cases.items()}
+    if not times or None in times.values():
+        return None
+    per_phase = times[3] - times[2]
+    return times[2] + (tau - 1 - 2) * per_phase
 
 
 def draft_expand_device_times(name: str) -> dict | None:
@@ -558,8 +581,10 @@ def render(results: dict) -> str:
                     which = (f"the same with its draft_expand launches too at the kernel model's device time ({expand} "
                              "for the root's row / 8 frontier rows)")
                 else:
+                    walk = ("a full-depth walk" if m["verify_us"] == m["verify_full_walk_us"] else
+                            f"the walk of tau - 1 accepted drafts; {m['verify_full_walk_us']} us for a full-depth walk")
                     which = (f"speculative with its verify launch at the kernel model's device time ({m['verify_us']} "
-                             "us, greedy; bench/gpu_model.py, not calibrated)")
+                             f"us, greedy, {walk}; bench/gpu_model.py, not calibrated)")
                 lines += ["", f"{name}, prefix {prefix}, {which}: step us ({what}) by t_min "
                           + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)" for t, v in m["by_t_min_us"].items())
                           + f"; {goal} for t_min (us) {m['goal_t_min_us']}"]

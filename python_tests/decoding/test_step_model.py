@@ -83,7 +83,7 @@ def test_kv_cache_kernels(plain):
 def test_verify_at_its_kernel_model_time():
     """The speculative step's cross-check takes verify's device time from the cooperative kernel
     model's decode rows (its launch constant removed) for SmolLM2's tree and the Llama shape's
-    vocabulary; models with no such row get none."""
+    vocabulary, for a walk of tau's length; models with no such row get none."""
     import json
 
     import gpu_step_model
@@ -95,7 +95,13 @@ def test_verify_at_its_kernel_model_time():
         device = gpu_step_model.verify_device_time(name)
         assert device == pytest.approx(launch["time_s"] - gpu_step_model.FITTED_LAUNCH_S)
         assert 1e-6 < device < launch["time_s"]
+        # a step's walk: tau - 1 accepted drafts, linear between the modeled walks of 2 and 3
+        two, three = (gpu_step_model.verify_device_time(name, tau) for tau in (3.0, 4.0))
+        assert 1e-6 < two < three < device
+        assert gpu_step_model.verify_device_time(name, 3.5) == pytest.approx((two + three) / 2)
+        assert gpu_step_model.verify_device_time(name, float("nan")) == device  # no tau: the full walk
     assert gpu_step_model.verify_device_time("tiny-3-layers") is None
+    assert gpu_step_model.verify_device_time("tiny-3-layers", 3.1) is None
 
 
 def test_draft_expand_at_its_kernel_model_time():
