@@ -983,13 +983,21 @@ def _tree_attention(B, N, prefix, dtype=torch.bfloat16, Hq=32, Hkv=8, D=128, pag
 
 
 def _verify(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None):
+    """verify over ``_verify_inputs``."""
+    import bench_verify
+
+    from eagle_kernels.triton import verify as tv
+
+    tokens, parents, logits, sampling = _verify_inputs(B, N, V, mode, dtype, accepted)
+    return lambda: tv.verify(tokens, parents, logits, max_depth=bench_verify.MAX_DEPTH, **sampling)
+
+
+def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None):
     """bench/bench_verify.py's inputs (its EAGLE-2 shaped trees, spiked logits); ``top-k`` and
     ``top-p`` are its ``temp`` inputs with one filter. Its greedy walks accept a draft at every
     depth; with ``accepted`` each request's greedy walk stops after that many (the next node's
     children lose the token its row ranks first), as a step's walk of that length would."""
     import bench_verify
-
-    from eagle_kernels.triton import verify as tv
 
     base = {"temperature": "temp", "top-k": "temp", "top-p": "temp"}.get(mode, mode)
     tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
@@ -1011,7 +1019,7 @@ def _verify(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None):
         sampling["top_k"] = torch.full((B,), 50, dtype=torch.int32)
     if mode == "top-p":
         sampling["top_p"] = torch.full((B,), 0.9)
-    return lambda: tv.verify(tokens, parents, logits, max_depth=bench_verify.MAX_DEPTH, **sampling)
+    return tokens, parents, logits, sampling
 
 
 def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):

@@ -103,3 +103,18 @@ def test_runs_divide_by_inlined_copies():
     assert gm.copies(counts, outer) == 2 and gm.copies(counts, inner) == 4 and gm.copies(counts, loop) == 1
     assert gm.runs(counts, outer) == 1 and gm.runs(counts, inner) == 1 and gm.runs(counts, loop) == 48
     assert gm.runs(counts, kernel_statement) == 1
+
+
+@pytest.mark.parametrize("accepted", [0, 2, 3])
+def test_verify_walk_of_a_given_length(accepted):
+    """The decode rows' walks of a step's length: ``_verify_inputs(accepted=)`` plants inputs whose
+    greedy walk accepts exactly that many drafts (the reference says so), from the bench's inputs
+    that accept one at every depth."""
+    import torch
+
+    gm = _gpu_model()
+    from eagle_kernels import reference
+
+    tokens, parents, logits, sampling = gm._verify_inputs(1, 61, 512, "greedy", torch.float32, accepted)
+    result = reference.verify(tokens, parents, logits, max_depth=6, **sampling)
+    assert result.accept_len.tolist() == [accepted]
