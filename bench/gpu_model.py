@@ -1187,6 +1187,13 @@ def decode_cases():
                    lambda a=(B, N, prefix, heads, D, fill): _decode_attention(*a),
                    dict(flops=4 * B * N * heads[0] * (prefix + N // 2) * D,
                         bytes=2 * B * (prefix + N) * heads[1] * D * 2))
+    # SmolLM2-135M's attention launches of a decoding step at the decoding-step model's prefixes
+    # (bench/gpu_step_model.py's cross-check): a decoded token, a head pass's 8 frontier rows, the
+    # verify pass's 61 nodes (at 4096 above)
+    for N, prefix in ((1, 512), (1, 4096), (8, 512), (8, 4096), (61, 512)):
+        yield (f"tree_attention B1 N{N} Hq9/Hkv3 D64 prefix{prefix} launcher",
+               lambda a=(1, N, prefix, (9, 3), 64, True): _decode_attention(*a),
+               dict(flops=4 * N * 9 * (prefix + N // 2) * 64, bytes=2 * (prefix + N) * 3 * 64 * 2))
     # The blocks tree_attention_config._folding_config chooses between at a 4k cache, merged by a
     # launch or folded into the split programs (docs/gpu_kernels.md, "Row blocks whose partials fold").
     for N, heads, D, variants in [(61, (9, 3), 64, [(128, True), (64, True), (16, True)]),

@@ -113,6 +113,13 @@ DRAFT_EXPAND_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "dra
 DRAFT_EXPAND_CASES = {"smollm2-135m": {1: "draft_expand B1 M1 V6144 top_k8", 8: "draft_expand B1 M8 V6144 top_k8"},
                       "llama3-8b-shape": {1: "draft_expand B1 M1 V32000 top_k8",
                                           8: "draft_expand B1 M8 V32000 top_k8"}}
+# The kernel model's tree_attention at SmolLM2-135M's decoding-step launches (B 1, the launcher's configuration, a
+# cache of prefix + N entries; bench/gpu_model.py decode --only Hq9/Hkv3): a decoded token (N 1), a head pass's
+# frontier (N 8) and the verify pass (N 61), at each prefix of the step model; with a fold's tail included, so the
+# step model's own tail is not added again. Applied to every tree_attention launch of both steps as a cross-check.
+ATTENTION_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "tree_attention_decode_model.json")
+ATTENTION_CASES = {"smollm2-135m": {(N, prefix): f"tree_attention B1 N{N} Hq9/Hkv3 D64 prefix{prefix} launcher"
+                                   for N in (1, 8, 61) for prefix in PREFIXES}}
 # The kernel model's 8-bit GEMMs at a Llama-3-8B-sized head's matrices (bench/gpu_model.py decode --only ...,
 # fitted issue rate): applied to an 8-bit head's launches as a cross-check of their bytes-only time.
 KERNEL_MODELS = {name: os.path.join(ROOT, "bench", "results", "sm90-compile", f"{op}_model.json")
@@ -174,7 +181,7 @@ class Cost:
     floor: float = 0.0  # a device time from elsewhere (the calibrated kernel model), s
     tail: float = 0.0  # work after the launch's waves (a folded merge's last programs), s
     pdl: bool = False  # a PDL edge: launched with PDL after a Triton launch (LaunchCount.pdl_edges)
-    rows: int = 0  # draft_expand: the frontier rows of its logits [B, M, V] as counted (M)
+    rows: int = 0  # draft_expand: the frontier rows of its logits [B, M, V] as counted (M); tree_attention: N
 
     def seconds(self, t_min: float, pdl_saving: float = 0.0) -> float:
         """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge."""
@@ -226,7 +233,11 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
             layers, batch = cache_shape[0], cache_shape[1]
             accepted = shapes[3][0][-1]
             total += 2 * 2 * layers * batch * accepted * heads * dim * itemsize
-    rows = launch.tensors[0].shape[1] if launch.name == "_draft_expand_kernel" else 0
+    rows = 0
+    if launch.name == "_draft_expand_kernel":
+        rows = launch.tensors[0].shape[1]
+    elif launch.name == "_tree_attention_kernel":
+        rows = shapes[0][0][1]  # the pass's query rows (nodes) at the real sizes
     return Cost(launch.name, launch.owner, launch.layer, total, flops, rows=rows)
 
 
@@ -392,6 +403,9 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             both["verify_full_walk_us"] = round(full_walk_s * 1e6, 1)
             both["draft_expand_us"] = {str(m): round(s * 1e6, 1) for m, s in expand_s.items()}
             result["speculative_modeled_verify_draft_expand"] = both
+            attention = attention_device_times(name, prefix)
+            if attention is not None and tau == tau:
+                result["attention_modeled"] = attention_cross_check(name, costs, tau, attention, floors)
     calibrated = CALIBRATED_VERIFY_ATTENTION.get((name, prefix))
     if calibrated:
         verify_layers = {c.layer for c in costs["speculative"] if c.owner == "target"}
@@ -407,16 +421,17 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     return result
 
 
-def modeled_device_time(path: str, case: str | None) -> float | None:
+def modeled_device_time(path: str, case: str | None, kernel: str | None = None) -> float | None:
     """The kernel model's device time (s) of ``case`` in its results at ``path`` (each launch's
-    time less the fitted launch constant), or None."""
+    time less the fitted launch constant; only ``kernel``'s launches if given), or None."""
     if case is None or not os.path.exists(path):
         return None
     with open(path) as f:
         rows = {row["case"]: row for row in json.load(f)}
     if case not in rows:
         return None
-    return sum(launch["time_s"] - FITTED_LAUNCH_S for launch in rows[case]["launches"])
+    return sum(launch["time_s"] - FITTED_LAUNCH_S for launch in rows[case]["launches"]
+               if kernel is None or launch["kernel"] == kernel)
 
 
 def verify_device_time(name: str, tau: float | None = None) -> float | None:
@@ -438,6 +453,45 @@ def draft_expand_device_times(name: str) -> dict | None:
     or None."""
     times = {m: modeled_device_time(DRAFT_EXPAND_MODEL, case) for m, case in DRAFT_EXPAND_CASES.get(name, {}).items()}
     return times if times and None not in times.values() else None
+
+
+def attention_device_times(name: str, prefix: int) -> dict | None:
+    """{query rows N: the kernel model's device time (s) of a tree_attention launch at ``prefix``} for
+    ``name``, or None."""
+    cases = {N: case for (N, at), case in ATTENTION_CASES.get(name, {}).items() if at == prefix}
+    # the attention launch alone: a merge launch, where one follows, stays a launch of the step
+    times = {N: modeled_device_time(ATTENTION_MODEL, case, "_tree_attention_kernel") for N, case in cases.items()}
+    return times if times and None not in times.values() else None
+
+
+def attention_cross_check(name: str, costs: dict, tau: float, attention: dict, floors: dict) -> dict:
+    """Both steps with every tree_attention launch at the kernel model's device time for its query rows
+    (``attention``; no fold tail of this model's own on top) and the speculative step's launches named in
+    ``floors`` at theirs: step us by t_min (plain tok/s; speculative / plain tok/s) and the t_min meeting each
+    goal."""
+    def at_model(cs, named):
+        out = []
+        for c in cs:
+            if c.name == "_tree_attention_kernel":
+                out.append(dataclasses.replace(c, floor=attention[min(attention, key=lambda n: abs(n - c.rows))],
+                                               tail=0.0))
+            elif c.name in named:
+                floor = named[c.name]
+                out.append(dataclasses.replace(c, floor=floor(c) if callable(floor) else floor))
+            else:
+                out.append(c)
+        return out
+
+    plain, spec = at_model(costs["plain"], {}), at_model(costs["speculative"], floors)
+    by_t = {}
+    for t in T_MIN_SWEEP_US:
+        p, sp = step_seconds(plain, t * 1e-6), step_seconds(spec, t * 1e-6)
+        by_t[str(t)] = {"plain_us": round(p * 1e6, 1), "plain_tok_s": round(1 / p), "speculative_us": round(sp * 1e6, 1),
+                        "ratio": round(tau * p / sp, 3)}
+    return {"attention_us": {str(n): round(v * 1e6, 1) for n, v in attention.items()}, "by_t_min_us": by_t,
+            "plain_goal_t_min_us": t_min_range(lambda t: step_seconds(plain, t) <= 1 / 2000),
+            "speculative_goal_t_min_us": t_min_range(
+                lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t))}
 
 
 def modeled_step(name: str, costs: dict, tau: float, floors: dict) -> dict:
@@ -588,6 +642,17 @@ def render(results: dict) -> str:
                 lines += ["", f"{name}, prefix {prefix}, {which}: step us ({what}) by t_min "
                           + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)" for t, v in m["by_t_min_us"].items())
                           + f"; {goal} for t_min (us) {m['goal_t_min_us']}"]
+            if "attention_modeled" in r:
+                a = r["attention_modeled"]
+                rows_us = " / ".join(f"{v} us" for v in a["attention_us"].values())
+                lines += ["", f"{name}, prefix {prefix}, both steps with every tree_attention launch at the kernel "
+                          f"model's device time ({rows_us} for {' / '.join(a['attention_us'])} query rows, folds "
+                          "included) and verify and draft_expand as above: plain us (tok/s), speculative us "
+                          "(speculative / plain tok/s) by t_min "
+                          + ", ".join(f"{t}: {v['plain_us']} ({v['plain_tok_s']}), {v['speculative_us']} "
+                                      f"({v['ratio']}x)" for t, v in a["by_t_min_us"].items())
+                          + f"; plain >= 2000 tok/s for t_min (us) {a['plain_goal_t_min_us']}, speculative >= 2x "
+                          f"plain tok/s for t_min (us) {a['speculative_goal_t_min_us']}"]
             by_saving = r["plain_step_us_at_measured_t_min_by_pdl_saving_us"]
             lines += ["", f"{name}, prefix {prefix}, plain step at the measured t_min {MEASURED_T_MIN_US} us "
                       f"({r['modes']['plain']['pdl_edges']} of {r['modes']['plain']['launches']} launches PDL edges), "

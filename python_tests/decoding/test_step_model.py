@@ -120,3 +120,28 @@ def test_draft_expand_at_its_kernel_model_time():
         launch = Launch("_draft_expand_kernel", "triton", None, -1,
                         (Tensor((1, rows, 6144), 2), Tensor((rows, 6), 4), Tensor((rows, 6), 8)))
         assert gpu_step_model.launch_cost(launch, {}, prefix=10, vocab=49152).rows == rows
+
+
+def test_attention_at_its_kernel_model_time():
+    """The cross-check's tree_attention times: SmolLM2's decoded token, head frontier and verify
+    pass at each prefix of the model, from the kernel model's decode rows (the attention launch
+    alone); a launch takes the time of the nearest row count; the Llama shape has none."""
+    import dataclasses
+
+    import gpu_step_model
+
+    for prefix in gpu_step_model.PREFIXES:
+        times = gpu_step_model.attention_device_times("smollm2-135m", prefix)
+        assert set(times) == {1, 8, 61} and all(0 < s < 1e-4 for s in times.values())
+    assert gpu_step_model.attention_device_times("llama3-8b-shape", 4096) is None
+    times = {1: 1e-6, 8: 2e-6, 61: 5e-6}
+    attention = [gpu_step_model.Cost("_tree_attention_kernel", "target", 0, 10, 0, tail=1e-6, rows=n)
+                 for n in (1, 13, 61)]
+    other = gpu_step_model.Cost("mm", "target", 0, 10, 0)
+    costs = {"plain": [attention[0], other], "speculative": [attention[1], attention[2], other]}
+    check = gpu_step_model.attention_cross_check("smollm2-135m", costs, 2.0, times, {})
+    at_1us = check["by_t_min_us"]["1.0"]
+    assert at_1us["plain_us"] == pytest.approx(1.0 + 1.0)  # its own time, no tail; mm at the floor
+    assert at_1us["speculative_us"] == pytest.approx(2.0 + 5.0 + 1.0)  # 13 rows take 8's time
+    assert at_1us["ratio"] == pytest.approx(2.0 * 2.0 / 8.0, abs=1e-3)
+    assert dataclasses.replace(attention[0]).tail == 1e-6  # the inputs are left as they were
