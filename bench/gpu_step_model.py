@@ -486,8 +486,8 @@ def attention_cross_check(name: str, costs: dict, tau: float, attention: dict, f
     by_t = {}
     for t in T_MIN_SWEEP_US:
         p, sp = step_seconds(plain, t * 1e-6), step_seconds(spec, t * 1e-6)
-        by_t[str(t)] = {"plain_us": round(p * 1e6, 1), "plain_tok_s": round(1 / p), "speculative_us": round(sp * 1e6, 1),
-                        "ratio": round(tau * p / sp, 3)}
+        by_t[str(t)] = {"plain_us": round(p * 1e6, 1), "plain_tok_s": round(1 / p),
+                        "speculative_us": round(sp * 1e6, 1), "ratio": round(tau * p / sp, 3)}
     return {"attention_us": {str(n): round(v * 1e6, 1) for n, v in attention.items()}, "by_t_min_us": by_t,
             "plain_goal_t_min_us": t_min_range(lambda t: step_seconds(plain, t) <= 1 / 2000),
             "speculative_goal_t_min_us": t_min_range(
