@@ -512,7 +512,7 @@ def modeled_step(name: str, costs: dict, tau: float, floors: dict) -> dict:
         s, p = step_seconds(spec, t), step_seconds(plain, t)
         return round(tau * p / s, 3) if tok_ratio and tau == tau else round(s / p, 3)
 
-    return {"goal_t_min_us": goal,
+    return {"goal_t_min_us": goal, "ratio_of": "tok/s" if tok_ratio and tau == tau else "step",
             "by_t_min_us": {str(t): {"step_us": round(step_seconds(spec, t * 1e-6) * 1e6, 1), "ratio": ratio(t * 1e-6)}
                             for t in T_MIN_SWEEP_US}}
 
@@ -624,12 +624,14 @@ def render(results: dict) -> str:
                           "speculative step <= 1.3x plain, us by t_min: "
                           + ", ".join(f"{t}: {'none' if v is None else v}"
                                       for t, v in r["verify_attention_budget_us"].items())]
-            what = "speculative / plain tok/s" if name == "smollm2-135m" else "speculative / plain step"
             goal = "speculative >= 2x plain tok/s" if name == "smollm2-135m" else "speculative step <= 1.3x plain"
             for key in ("speculative_modeled_verify", "speculative_modeled_verify_draft_expand"):
                 if key not in r:
                     continue
                 m = r[key]
+                # a step ratio where no tau was measured for the tree (SmolLM2's goal then not evaluated)
+                what = "speculative / plain tok/s" if m["ratio_of"] == "tok/s" else "speculative / plain step"
+                met = "not evaluated (no tau)" if m["goal_t_min_us"] is None else m["goal_t_min_us"]
                 if "draft_expand_us" in m:
                     expand = " / ".join(f"{v} us" for v in m["draft_expand_us"].values())
                     which = (f"the same with its draft_expand launches too at the kernel model's device time ({expand} "
@@ -641,7 +643,7 @@ def render(results: dict) -> str:
                              f"us, greedy, {walk}; bench/gpu_model.py, not calibrated)")
                 lines += ["", f"{name}, prefix {prefix}, {which}: step us ({what}) by t_min "
                           + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)" for t, v in m["by_t_min_us"].items())
-                          + f"; {goal} for t_min (us) {m['goal_t_min_us']}"]
+                          + f"; {goal} for t_min (us) {met}"]
             if "attention_modeled" in r:
                 a = r["attention_modeled"]
                 rows_us = " / ".join(f"{v} us" for v in a["attention_us"].values())
