@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pickle
@@ -387,10 +388,13 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
-    verify_s, expand_s = verify_device_time(name, tau), draft_expand_device_times(name)
-    if verify_s is None:  # no walk-length rows, or no tau: the walk that accepts at every depth
-        verify_s = verify_device_time(name)
-    full_walk_s = verify_device_time(name) or verify_s
+    full_walk_s, expand_s = verify_device_time(name), draft_expand_device_times(name)
+    # tau's walk; without walk-length rows, or without tau, the walk that accepts at every depth
+    verify_s = verify_device_time(name, tau)
+    if verify_s is None:
+        verify_s = full_walk_s
+    if full_walk_s is None:
+        full_walk_s = verify_s
     if verify_s is not None and "speculative" in costs:
         result["speculative_modeled_verify"] = modeled_step(name, costs, tau, {"_verify_kernel": verify_s})
         result["speculative_modeled_verify"]["verify_us"] = round(verify_s * 1e6, 1)
@@ -421,14 +425,20 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
     return result
 
 
+@functools.cache
+def _model_rows(path: str) -> dict:
+    """{case: row} of the kernel model's results at ``path`` ({} where there are none), read once."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {row["case"]: row for row in json.load(f)}
+
+
 def modeled_device_time(path: str, case: str | None, kernel: str | None = None) -> float | None:
     """The kernel model's device time (s) of ``case`` in its results at ``path`` (each launch's
     time less the fitted launch constant; only ``kernel``'s launches if given), or None."""
-    if case is None or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        rows = {row["case"]: row for row in json.load(f)}
-    if case not in rows:
+    rows = _model_rows(path)
+    if case is None or case not in rows:
         return None
     return sum(launch["time_s"] - FITTED_LAUNCH_S for launch in rows[case]["launches"]
                if kernel is None or launch["kernel"] == kernel)
@@ -469,18 +479,11 @@ def attention_cross_check(name: str, costs: dict, tau: float, attention: dict, f
     (``attention``; no fold tail of this model's own on top) and the speculative step's launches named in
     ``floors`` at theirs: step us by t_min (plain tok/s; speculative / plain tok/s) and the t_min meeting each
     goal."""
-    def at_model(cs, named):
-        out = []
-        for c in cs:
-            if c.name == "_tree_attention_kernel":
-                out.append(dataclasses.replace(c, floor=attention[min(attention, key=lambda n: abs(n - c.rows))],
-                                               tail=0.0))
-            elif c.name in named:
-                floor = named[c.name]
-                out.append(dataclasses.replace(c, floor=floor(c) if callable(floor) else floor))
-            else:
-                out.append(c)
-        return out
+    at_rows = {"_tree_attention_kernel": lambda c: attention[min(attention, key=lambda n: abs(n - c.rows))]}
+
+    def at_model(cs, named):  # the attention's own fold tail is inside the modeled time
+        return [dataclasses.replace(c, tail=0.0) if c.name == "_tree_attention_kernel" else c
+                for c in with_floors(cs, {**named, **at_rows})]
 
     plain, spec = at_model(costs["plain"], {}), at_model(costs["speculative"], floors)
     by_t = {}
@@ -494,17 +497,23 @@ def attention_cross_check(name: str, costs: dict, tau: float, attention: dict, f
                 lambda t: tau / step_seconds(spec, t) >= 2 / step_seconds(plain, t))}
 
 
-def modeled_step(name: str, costs: dict, tau: float, floors: dict) -> dict:
-    """The speculative step with the launches named in ``floors`` at a device time (s, or a function of the
-    launch's Cost): step us and its ratio to plain by t_min (SmolLM2: speculative / plain tok/s at ``tau``;
-    else speculative / plain step) and the t_min meeting the goal."""
-    plain = costs["plain"]
-    spec = []
-    for c in costs["speculative"]:
+def with_floors(costs: list, floors: dict) -> list:
+    """``costs`` with the launches named in ``floors`` at a device time (s, or a function of the launch's Cost)."""
+    out = []
+    for c in costs:
         floor = floors.get(c.name)
         if callable(floor):
             floor = floor(c)
-        spec.append(c if floor is None else dataclasses.replace(c, floor=floor))
+        out.append(c if floor is None else dataclasses.replace(c, floor=floor))
+    return out
+
+
+def modeled_step(name: str, costs: dict, tau: float, floors: dict) -> dict:
+    """The speculative step with the launches named in ``floors`` at a device time (``with_floors``): step us
+    and its ratio to plain by t_min (SmolLM2: speculative / plain tok/s at ``tau``; else speculative / plain
+    step) and the t_min meeting the goal."""
+    plain = costs["plain"]
+    spec = with_floors(costs["speculative"], floors)
     tok_ratio = name == "smollm2-135m"
     _, goal = speculative_goal(name, spec, plain, tau)
 

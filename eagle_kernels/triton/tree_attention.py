@@ -48,6 +48,7 @@ from .tree_attention_config import (  # noqa: F401  (the configurations' names, 
     fold_chunk,
     folds_merge,
     gpu_config,
+    partial_dtype,
     sm_count,
     split_layout,
     wide_blocks,
@@ -527,11 +528,10 @@ def _launch(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_table=N
         splits = int(num_splits)
     else:
         splits = layout.splits if on_gpu else 1
-    # bf16 inputs: fp16 partials scaled per row (half the bytes; the error they add is below the
-    # output's rounding). fp16 and fp32 keep fp32 partials.
-    scaled = q.dtype == torch.bfloat16
+    # bf16 inputs: fp16 partials scaled per row (partial_dtype); fp16 and fp32 keep fp32 partials.
+    scaled = partial_dtype(q.dtype) == torch.float16
     if splits > 1:
-        part_o = torch.empty(splits, B * N * Hq, D, dtype=torch.float16 if scaled else torch.float32, device=q.device)
+        part_o = torch.empty(splits, B * N * Hq, D, dtype=partial_dtype(q.dtype), device=q.device)
         part_lse = torch.empty(2 if scaled else 1, splits, B * N * Hq, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused

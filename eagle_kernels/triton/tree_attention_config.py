@@ -218,7 +218,7 @@ def _folding_config(config, N, group, D, dtype, causal, paged, heads, capacity, 
     row block (down to ``smallest``) whose partials fold in at most FOLD_ROUNDS rounds, as long
     as the launch's K/V reads stay within FOLD_KV_READ_BYTES: a launch fewer, for more blocks
     re-reading the prefix."""
-    partial_bytes = 2 if dtype == torch.bfloat16 else 4  # bf16: scaled fp16 partials; else fp32
+    partial_bytes = torch.empty((), dtype=partial_dtype(dtype)).element_size()
     block_d = max(16, triton.next_power_of_2(D))
     layout = split_layout(N, group, heads, capacity, config, sms)
     if layout.splits == 1 or folds_merge(layout.splits, layout.rows, D, partial_bytes):
@@ -323,6 +323,12 @@ def fold_chunk(splits: int, block_m: int, block_d: int, num_warps: int) -> int:
     FOLD_VALUES_PER_THREAD partial values a thread of ``block_m`` rows x ``block_d``."""
     values = FOLD_VALUES_PER_THREAD * 32 * num_warps
     return min(max(2, triton.next_power_of_2(splits)), 1 << max(0, (values // (block_m * block_d)).bit_length() - 1))
+
+
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a split launch's partial outputs for inputs of ``dtype``: fp16 scaled per row for
+    bf16 inputs (half the bytes; the error they add is below the output's rounding), else fp32."""
+    return torch.float16 if dtype == torch.bfloat16 else torch.float32
 
 
 def folds_merge(splits: int, rows: int, head_dim: int, partial_bytes: int) -> bool:
