@@ -312,7 +312,7 @@ CI_TREE = [("bf16", B, 64, 32, 8, 128, 4096, paged, mask) for B in (1, 8) for pa
            for mask in (True, False)] + [("fp32", 8, 64, 32, 8, 64, 4096, False, False),
                                          ("bf16", 8, 64, 32, 8, 64, 4096, True, True)] + [
     # SmolLM2-135M heads: a decoded token and a 61-node tree over a split prefix, whose splits
-    # merge in their last programs (folds_merge; at 4k in 32-row blocks that fold, _folding_config).
+    # merge in their last programs (folds_merge; at 4k in 32-row blocks of 2 warps that fold, _folding_config).
     ("bf16", 1, 1, 9, 3, 64, 4096, False, False), ("bf16", 1, 61, 9, 3, 64, 2048, False, True),
     ("bf16", 1, 61, 9, 3, 64, 4096, False, True)]
 

@@ -1195,8 +1195,9 @@ def decode_cases():
                lambda a=(1, N, prefix, (9, 3), 64, True): _decode_attention(*a),
                dict(flops=4 * N * 9 * (prefix + N // 2) * 64, bytes=2 * (prefix + N) * 3 * 64 * 2))
     # The blocks tree_attention_config._folding_config chooses between at a 4k cache, merged by a
-    # launch or folded into the split programs (docs/gpu_kernels.md, "Row blocks whose partials fold").
-    for N, heads, D, variants in [(61, (9, 3), 64, [(128, True), (64, True), (16, True)]),
+    # launch or folded into the split programs (docs/gpu_kernels.md, "Row blocks whose partials fold";
+    # 32 rows here in 4 warps, the launcher's 32-row blocks there in 2: "Two warps for 32-row blocks").
+    for N, heads, D, variants in [(61, (9, 3), 64, [(128, True), (64, True), (32, True), (16, True)]),
                                   (64, (32, 8), 128, [(128, False), (128, True), (32, True)])]:
         for rows, fold in variants:
             yield (f"tree_attention B1 N{N} Hq{heads[0]}/Hkv{heads[1]} D{D} prefix4096 {rows} rows "

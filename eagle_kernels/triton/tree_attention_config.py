@@ -198,7 +198,22 @@ def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms:
     smallest = max(16, triton.next_power_of_2(group))
     while config.block_m > smallest and programs(config) < FILL_SHARE * sms:
         config = _config(N, group, D, dtype, causal, paged, False, rows=config.block_m // 2)
-    return _folding_config(config, N, group, D, dtype, causal, paged, heads, capacity, sms, smallest)
+    config = _folding_config(config, N, group, D, dtype, causal, paged, heads, capacity, sms, smallest)
+    if config.block_m == PAIRED_WARP_ROWS and programs(config) > sms:
+        config = dataclasses.replace(config, num_warps=PAIRED_WARP_ROWS // 16)
+    return config
+
+
+# A 32-row block of 4 warps lays its warps out 2 x 2 over a tile's rows and keys (a pre-Hopper MMA
+# is 16 rows high), so every key tile's row maxima and the probabilities' handover to the P @ V
+# product cross warps through shared memory; 2 warps of 16 rows each keep a row in one warp
+# (FlashAttention-2's layout). sm_90, SmolLM2-135M's verify pass at a 4k cache (32 rows, 12
+# splits, 252 programs): 812 warp instructions a 64-key tile and block against 1,096, and 6.1
+# against 7.2 us of device time in the kernel model. But 2 warps issue one program at most at
+# half an SM's rate, so only launches of more programs than SMs (a wave then lasts as long as an
+# SM's two programs) take them; at a 1k cache (84 programs) 2 warps would be slower (5.4 against
+# 3.6 us). docs/gpu_kernels.md, "Two warps for 32-row blocks".
+PAIRED_WARP_ROWS = 32
 
 
 # Merge-free row blocks (``_folding_config``): the K/V bytes a launch's blocks may read in all
@@ -320,8 +335,10 @@ FOLD_VALUES_PER_THREAD = 64
 
 def fold_chunk(splits: int, block_m: int, block_d: int, num_warps: int) -> int:
     """Splits a folded merge reads per round (a power of two, at most next_pow2(splits)):
-    FOLD_VALUES_PER_THREAD partial values a thread of ``block_m`` rows x ``block_d``."""
-    values = FOLD_VALUES_PER_THREAD * 32 * num_warps
+    FOLD_VALUES_PER_THREAD partial values a thread of ``block_m`` rows x ``block_d``, as many as
+    4 warps hold for a block of fewer (2-warp 32-row blocks: 128 a thread, the rounds of the
+    4-warp block; sm_90, no spill with triton 3.9 or 3.6)."""
+    values = FOLD_VALUES_PER_THREAD * 32 * max(num_warps, 4)
     return min(max(2, triton.next_power_of_2(splits)), 1 << max(0, (values // (block_m * block_d)).bit_length() - 1))
 
 

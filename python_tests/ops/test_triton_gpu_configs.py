@@ -355,7 +355,8 @@ def test_tree_attention_fill_rule():
     smaller row blocks until blocks x splits fill half the SMs (SmolLM2-135M's verify pass: 16
     rows at a 384-entry cache, 32 at 1,085; B 8: 64; a small head tree: 16), and further where
     that leaves partials for a merge launch while smaller blocks fold them (SmolLM2 at 4,157: 32
-    rows, 12 splits, not 128 rows x 16 splits; at 8,253 their K/V reads are too many); the goal
+    rows, 12 splits, not 128 rows x 16 splits; at 8,253 their K/V reads are too many), whose
+    programs, more than the SMs, then take 2 warps a block; the goal
     shapes (Llama-3-8B heads, N 64, B 1 / 8 / 32 at 4k) keep theirs; fp32 and head dim 256 never
     change."""
     from eagle_kernels.triton import tree_attention as tta
@@ -374,6 +375,16 @@ def test_tree_attention_fill_rule():
         return layout.splits > 1 and not tta.folds_merge(layout.splits, layout.rows, D, 2)
 
     assert not merge_launch(1, 61, smol, 64, 4157) and merge_launch(1, 61, smol, 64, 8253)
+
+    def warps(B, N, heads, D, capacity):
+        group = heads[0] // heads[1]
+        return tta.gpu_config(N, group, D, torch.bfloat16, False, False, heads=B * heads[1],
+                              capacity=capacity).num_warps
+
+    # 32-row blocks take 2 warps where the launch has more programs than SMs (21 x 12 at 4,157),
+    # not at 1,085 (21 x 4); other blocks keep theirs
+    assert [warps(1, 61, smol, 64, c) for c in (384, 1085, 4157)] == [4, 4, 2]
+    assert warps(1, 61, smol, 64, 8253) == 8
     assert merge_launch(1, 64, llama, 128, 4160)  # 64- or 32-row blocks would read 68 / 134 MB of K/V
     assert rows(8, 61, smol, 64, 384) == 64 and rows(1, 8, smol, 64, 300) == 16 and rows(1, 1, smol, 64, 4097) == 16
     assert rows(1, 64, llama, 128, 1088) == 64
@@ -387,13 +398,16 @@ def test_tree_attention_fill_rule():
 def test_tree_attention_filled_config_runs(prefix):
     """The configuration and split count the launcher picks on an H200 for SmolLM2-135M's 61-node
     verify pass at B 1 (16-row blocks and no split at a 316-entry cache; 32-row blocks, 4 splits
-    merged in their last programs at 1,066, 12 at 4,156), run interpreted against the reference."""
+    merged in their last programs at 1,066, 12 at 4,156 in 2-warp blocks), run interpreted against the
+    reference (the fold reads 4 splits a round either way)."""
     from eagle_kernels.triton import tree_attention as tta
 
     N, heads, D = 61, (9, 3), 64
     config = tta.gpu_config(N, 3, D, torch.bfloat16, False, False, heads=3, capacity=prefix + N + 5)
     splits = tta.split_layout(N, 3, 3, prefix + N + 5, config).splits
-    assert (config.block_m, splits) == {250: (16, 1), 1000: (32, 4), 4090: (32, 12)}[prefix]
+    expected = {250: (16, 1, 4), 1000: (32, 4, 4), 4090: (32, 12, 2)}[prefix]
+    assert (config.block_m, splits, config.num_warps) == expected
+    assert splits == 1 or tta.fold_chunk(splits, config.block_m, D, config.num_warps) == 4
     check_attention(config, 1, N, prefix, heads, D, torch.bfloat16, None, False, seed=prefix, num_splits=splits)
 
 
