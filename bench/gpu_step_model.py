@@ -246,7 +246,8 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     """The merge of a tree_attention launch that splits the prefix on a GPU (the GPU launcher's
     rules; capacity taken as the prefix and the pass's rows): its cost as a launch (partials
     read, output written) and whether the launcher folds it into the attention launch; or None."""
-    from eagle_kernels.triton.tree_attention_config import fold_chunk, folds_merge, gpu_config, split_layout
+    from eagle_kernels.triton.tree_attention_config import (fold_chunk, folds_merge, gpu_config, partial_dtype,
+                                                            split_layout)
 
     q = real_shape(launch.tensors[0].shape, mapping)  # (B, N, Hq, D)
     cache = launch.tensors[1].shape
@@ -257,12 +258,14 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     block_m, rows, _, splits = split_layout(N, group, B * cache[-2], prefix + N, config, SMS)
     if splits <= 1:
         return None
-    partials = splits * B * N * Hq * (D * 2 + 8)  # bf16 inputs: fp16 partial outputs, fp32 log-sum-exps and scales
-    folded = folds_merge(splits, rows, D, 2)
+    # bf16 inputs: partial outputs in partial_dtype (fp16), fp32 log-sum-exps and scales
+    value_bytes = torch.empty((), dtype=partial_dtype(torch.bfloat16)).element_size()
+    partials = splits * B * N * Hq * (D * value_bytes + 8)
+    folded = folds_merge(splits, rows, D, value_bytes)
     cost = Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)
     if folded:  # one program a block reads its splits' partials after the waves, in dependent rounds
         rounds = -(-splits // fold_chunk(splits, block_m, max(16, 1 << (D - 1).bit_length()), config.num_warps))
-        cost.tail = splits * rows * (D * 2 + 8) / SM_L2_BYTES_PER_S + rounds * L2_ROUND_S
+        cost.tail = splits * rows * (D * value_bytes + 8) / SM_L2_BYTES_PER_S + rounds * L2_ROUND_S
     return cost, folded
 
 

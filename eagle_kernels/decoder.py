@@ -500,6 +500,7 @@ class SpeculativeDecoder:
         self._max_len: int | None = None  # set by warmup
         self._capture_warned = False
         self._position_offsets: dict = {}  # (device, depth) -> int64 [depth], 1 .. depth (coupled sampling)
+        self._root_trees: dict = {}  # (batch, device) -> _one_node_tree's tensors (read only)
         self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree, greedy): the policy's, kept across calls
 
     def _check_head(self) -> None:
@@ -994,8 +995,14 @@ class SpeculativeDecoder:
 
     def _sample_root(self, logits, sampling, offset, positions) -> torch.Tensor:
         """Next token from one row of logits [B, 1, V], through verify on a one-node tree; the token
-        sits at sequence position ``positions`` int64 [B] (read by coupled sampling only; None without)."""
-        tokens, parents = _one_node_tree(logits.shape[0], logits.device)
+        sits at sequence position ``positions`` int64 [B] (read by coupled sampling only; None without). The
+        one-node tree is made once per batch size and device (made by the prefill, before any capture): a plain
+        step then launches no fills for it."""
+        key = (logits.shape[0], logits.device)
+        tree = self._root_trees.get(key)
+        if tree is None:
+            tree = self._root_trees[key] = _one_node_tree(*key)
+        tokens, parents = tree
         result = ops.verify(tokens, parents, logits, max_depth=0, offset=offset, **sampling,
                             **self._coupled(positions))
         return result.out_tokens[:, 0]

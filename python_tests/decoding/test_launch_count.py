@@ -78,7 +78,9 @@ def test_no_host_reads(counted, mode):
 # made in its first layer's first launch.
 # Coupled sampling (StaticPolicy(coupled_sampling=True), T 1, top-p 0.9): the speculative step's 26, the
 # positions (one add) and one coupled_draft_logits per depth; verify is still one launch.
-MEASURED_OUTSIDE_LAYERS = {"plain": 6, "speculative": 26, "coupled": 26 + 1 + TREE.depth}
+# Plain: the target's final norm and LM head, verify on the root's one-node tree (made once per batch size,
+# no fills a step), the commit.
+MEASURED_OUTSIDE_LAYERS = {"plain": 4, "speculative": 26, "coupled": 26 + 1 + TREE.depth}
 
 
 def test_plain_step_outside_layers_within_budget(counted):
