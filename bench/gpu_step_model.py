@@ -246,8 +246,13 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     """The merge of a tree_attention launch that splits the prefix on a GPU (the GPU launcher's
     rules; capacity taken as the prefix and the pass's rows): its cost as a launch (partials
     read, output written) and whether the launcher folds it into the attention launch; or None."""
-    from eagle_kernels.triton.tree_attention_config import (fold_chunk, folds_merge, gpu_config, partial_dtype,
-                                                            split_layout)
+    from eagle_kernels.triton.tree_attention_config import (
+        fold_chunk,
+        folds_merge,
+        gpu_config,
+        partial_dtype,
+        split_layout,
+    )
 
     q = real_shape(launch.tensors[0].shape, mapping)  # (B, N, Hq, D)
     cache = launch.tensors[1].shape
