@@ -264,7 +264,7 @@ def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] 
     if splits <= 1:
         return None
     # bf16 inputs: partial outputs in partial_dtype (fp16), fp32 log-sum-exps and scales
-    value_bytes = torch.empty((), dtype=partial_dtype(torch.bfloat16)).element_size()
+    value_bytes = partial_dtype(torch.bfloat16).itemsize
     partials = splits * B * N * Hq * (D * value_bytes + 8)
     folded = folds_merge(splits, rows, D, value_bytes)
     cost = Cost("_tree_attention_merge_kernel", launch.owner, launch.layer, partials + B * N * Hq * D * 2, 0)

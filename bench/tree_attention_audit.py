@@ -102,7 +102,7 @@ def audit() -> int:
         layouts = {(D, torch.bfloat16 if dtype == torch.float16 else dtype, causal, paged)
                    for D, dtype, causal, paged in layouts}
         for D, dtype, causal, paged in sorted(layouts, key=str):
-            element_size = torch.empty((), dtype=dtype).element_size()
+            element_size = dtype.itemsize
             result = compile_config(config, D, dtype, causal, paged)
             estimate = config.shared_bytes(D, element_size, causal, paged)
             total = result["shared"] + result["static_shared"]
@@ -129,7 +129,7 @@ def check(cases) -> None:
         dtype = getattr(torch, dtype_name)
         config = tta.gpu_config(64, HEADS[0] // HEADS[1], D, dtype, causal, paged, heads=heads[0] if heads else None)
         result = compile_config(config, D, dtype, causal, paged)
-        element_size = torch.empty((), dtype=dtype).element_size()
+        element_size = dtype.itemsize
         result.update(case=[D, dtype_name, causal, paged, *heads], config=dataclasses.asdict(config),
                       estimate=config.shared_bytes(D, element_size, causal, paged))
         print(json.dumps(result), flush=True)

@@ -187,7 +187,7 @@ def gpu_config(N, group, D, dtype, causal, paged, heads: int | None = None, sms:
     are spread over more SMs; and further where smaller blocks fold partials that would otherwise
     need a merge launch (``_folding_config``)."""
     config = _config(N, group, D, dtype, causal, paged, wide_blocks(heads, sms))
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     if capacity is None or heads is None or element_size != 2 or D > 128 or config.block_m > MAX_ROWS:
         return config
 
@@ -233,12 +233,12 @@ def _folding_config(config, N, group, D, dtype, causal, paged, heads, capacity, 
     row block (down to ``smallest``) whose partials fold in at most FOLD_ROUNDS rounds, as long
     as the launch's K/V reads stay within FOLD_KV_READ_BYTES: a launch fewer, for more blocks
     re-reading the prefix."""
-    partial_bytes = torch.empty((), dtype=partial_dtype(dtype)).element_size()
+    partial_bytes = partial_dtype(dtype).itemsize
     block_d = max(16, triton.next_power_of_2(D))
     layout = split_layout(N, group, heads, capacity, config, sms)
     if layout.splits == 1 or folds_merge(layout.splits, layout.rows, D, partial_bytes):
         return config
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     candidate = config
     while candidate.block_m > smallest:
         candidate = _config(N, group, D, dtype, causal, paged, False, rows=candidate.block_m // 2)
@@ -272,7 +272,7 @@ def split_layout(N: int, group: int, heads: int, capacity: int, config: TreeAtte
 
 def _config(N, group, D, dtype, causal, paged, wide: bool, rows: int | None = None) -> TreeAttentionConfig:
     """The configuration of ``rows``-row blocks (default: ``rows_for``'s)."""
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     if rows is None:
         rows = rows_for(N, group, WIDE_ROWS if element_size == 2 and D <= 128 and wide else MAX_ROWS)
     if D > 128:
