@@ -263,7 +263,8 @@ def _fp8_linear_case(dtype, K, N, rows, residual):
 def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):
     """The speculative step's bookkeeping kernels (eagle_kernels/triton/bookkeeping.py) at one
     model's hidden width, tree (6, 8, 60): every depth's expansion step (the root's, a
-    frontier's, with the next head pass's inputs at step 1 and later, the last depth's without),
+    frontier's, with the next head pass's inputs at step 1 and later, the last depth's without; with an
+    EAGLE-3 layer's normed input too),
     a head pass's inputs alone, the commit's inputs (with EAGLE-3's three feature rows) and the
     commit (with the root's final norm), the target's first-layer token rows (a tree's, with
     positions, and a plain step's)."""
@@ -275,8 +276,10 @@ def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):
     history = (torch.empty(B, C, **i64), torch.empty(B, C), torch.empty(B, C, dtype=torch.int32))
     masks, seqlens = torch.zeros(B, depth * k, 1, **i64), torch.zeros(B, dtype=torch.int32)
     table = torch.empty(V, H, dtype=dtype)
-    for M, step in ((1, 1), (k, 2), (k, None)):
-        draft = None if step is None else DraftInputs(torch.empty(B, M, H, dtype=dtype), masks, seqlens, table, step)
+    norm = (torch.ones(H, dtype=dtype), torch.ones(H, dtype=dtype), 1e-5)  # an EAGLE-3 layer's input norms
+    for M, step, norms in ((1, 1, None), (k, 2, None), (k, None, None), (1, 1, norm), (k, 2, norm)):
+        draft = None if step is None else DraftInputs(torch.empty(B, M, H, dtype=dtype), masks, seqlens, table, step,
+                                                      norms)
         bookkeeping.expansion_step(torch.zeros(B, M * k, **i64), torch.empty(B, M * k),
                                    torch.zeros(B, k, dtype=torch.int32), torch.zeros(B, M, **i64), *history, k, k,
                                    draft)

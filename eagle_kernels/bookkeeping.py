@@ -57,13 +57,18 @@ class DraftInputs(NamedTuple):
     """What an EAGLE head's pass over the next frontier reads (see :func:`draft_inputs`), for
     :func:`expansion_step` to gather in the same launch: the head's outputs ``hidden`` [B, M, H]
     of this depth's pass, the draft slots' mask rows ``slot_masks``, the head cache's
-    ``seqlens``, the token embedding ``table`` [V, H] (or None) and the pass's ``step``."""
+    ``seqlens``, the token embedding ``table`` [V, H] (or None) and the pass's ``step``; and
+    ``norm``, an EAGLE-3 head layer's input norms ``(weight [H], embed_weight [H], eps)`` (the
+    feature's and the embedding's) where its GPU layer path takes a normed input: the GPU path's
+    expansion step then also writes that input (``normed``, below), so the layer skips its
+    ``rmsnorm`` launch."""
 
     hidden: torch.Tensor
     slot_masks: torch.Tensor
     seqlens: torch.Tensor
     table: torch.Tensor | None
     step: int
+    norm: tuple | None = None
 
 
 def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
@@ -79,7 +84,10 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
     each (``parent_row``: the frontier node's parent among the M nodes), and ``inputs``: with
     ``draft``, :func:`draft_inputs` of the head's pass over that frontier, ``(feature,
     positions, embed)`` (its mask rows written into ``draft.slot_masks``), made in the same
-    launch on the GPU path; else None.
+    launch on the GPU path; else None. On the GPU path, with ``draft.norm`` and the embedding
+    rows, ``inputs`` has a fourth entry ``normed`` [B, F, 2H]: the rmsnorm op's
+    ``rmsnorm(feature, weight, eps, embed=embed, embed_weight=embed_weight)[0]``, bit for bit (the
+    same row function).
     """
     B, W = tokens.shape
     M, F, C = cand_index.shape[1], frontier.shape[1], cand_tokens.shape[1]
@@ -97,7 +105,12 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
             table = _embedding_table(draft.table, tokens, draft.hidden.dtype)
             if table is not None and table.shape[1] != draft.hidden.shape[-1]:
                 raise ValueError(f"table: expected [V, {draft.hidden.shape[-1]}], got {list(table.shape)}")
-            draft = draft._replace(table=table)
+            norm = draft.norm if table is not None else None  # the normed input needs the embedding rows
+            if norm is not None:
+                H = draft.hidden.shape[-1]
+                for name, weight in zip(("norm weight", "norm embed_weight"), norm[:2]):
+                    _check(name, weight, draft.hidden.dtype, (H,))
+            draft = draft._replace(table=table, norm=norm)
         return _triton().expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores,
                                         cand_parents, offset, top_k, draft)
     cand_tokens[:, offset:offset + W] = tokens

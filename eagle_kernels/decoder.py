@@ -372,7 +372,7 @@ class _HeadDraft:
         """What the pass at ``step`` reads, for ``expand_tree`` to gather with the expansion
         step before it (one launch on the GPU path)."""
         return bookkeeping.DraftInputs(self.hidden, self.slot_masks, self.cache.seqlens, self.head.token_embedding,
-                                       step)
+                                       step, self.head.fused_input_norms(self.hidden, self.cache))
 
     def __call__(self, step: int, tokens: torch.Tensor, parent_row: torch.Tensor, cand_index: torch.Tensor,
                  inputs=None):
@@ -380,14 +380,16 @@ class _HeadDraft:
             # The frontier's parents' outputs, its mask rows, and its position: the root's pair
             # sits at position seqlens - 1, so a depth-d node sits at seqlens - 1 + d (the
             # position training-time test trains the head on). ``inputs``: gathered already.
-            feature, positions, embed = inputs if inputs is not None else bookkeeping.draft_inputs(
+            # With the layer's normed input too (a fourth entry) where the expansion step made it.
+            feature, positions, embed, *normed = inputs if inputs is not None else bookkeeping.draft_inputs(
                 self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
             # The pass attends over step * k slots: their rows, in as many 64-bit words as those slots need
             # (the layers take [B, slots, ceil(slots / 64)]; a tree of more than 64 draft slots has more).
             slots = step * self.k
             self.hidden, logits = self.head.run(tokens, feature, self.cache, positions=positions, embed=embed,
                                                 tree_mask=self.slot_masks[:, :slots, : mask_words(slots)],
-                                                slot_offset=(step - 1) * self.k, logits=True)
+                                                slot_offset=(step - 1) * self.k, logits=True,
+                                                normed=normed[0] if normed else None)
         else:
             logits = self.head.logits(self.hidden, normed=self.root_normed)
         if self.coupled is None:

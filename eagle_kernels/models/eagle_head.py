@@ -26,6 +26,7 @@ from .layers import (
     KV_CACHE_DTYPES,
     Q8_0_DTYPE,
     FusedProjections,
+    GpuLayerPath,
     LayerPaths,
     LayerWeights,
     default_positions,
@@ -301,6 +302,20 @@ class EagleHead(torch.nn.Module):
             return ops.fp8_linear(x, *self.packed.fp8_copy(weight))
         return linear(x, weight, self.packed)
 
+    def fused_input_norms(self, hidden: torch.Tensor, cache: KVCache) -> tuple | None:
+        """``(weight, embed_weight, eps)``: an EAGLE-3 layer's two input norms where a pass over
+        rows like ``hidden`` takes the GPU layer path, for the expansion step to write the layer's
+        normed input (``bookkeeping.DraftInputs.norm``; the pass then takes it as ``normed``);
+        else None."""
+        if self.config.kind != EAGLE3 or not self.layer_paths.on_gpu_path(hidden.device):
+            return None
+        layer = self.layer_weights()
+        if self.layer_paths.gpu_path(hidden.device, self.dtype, cache, self.weights, lambda: layer) is None:
+            return None
+        if layer.input_norm.dtype != self.dtype or layer.embed_norm.dtype != self.dtype:
+            return None
+        return layer.input_norm, layer.embed_norm, self.config.rms_norm_eps
+
     def forward(self, tokens, features, cache: KVCache, positions=None, tree_mask=None,
                 slot_offset: int = 0, embed=None) -> torch.Tensor:
         """Next-feature prediction for N (token, feature) pairs; K/V go to ``cache`` slots
@@ -311,23 +326,26 @@ class EagleHead(torch.nn.Module):
         return self.run(tokens, features, cache, positions, tree_mask, slot_offset, embed)[0]
 
     def run(self, tokens, features, cache: KVCache, positions=None, tree_mask=None, slot_offset: int = 0,
-            embed=None, *, fc: bool = False, logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            embed=None, *, fc: bool = False, logits: bool = False, normed=None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` (``fc``: over :meth:`feature_rows`, taken through :meth:`target_features`'
         fc first), and with ``logits`` the draft logits of every row (:meth:`logits`): ``(hidden, logits
         or None)``. On the CPU, in the kernels' regime, an EAGLE-3 pass is one ``cpu_head_forward``
         call (docs/ops.md §14) with the same results bit for bit; a draft pass around the layer
         call otherwise ran about a dozen small torch ops (~0.1 ms warm, several times that after the
-        target pass has streamed its weights through the caches)."""
+        target pass has streamed its weights through the caches). ``normed`` [B, N, 2H]: the layer's
+        normed input as the GPU path's expansion step wrote it (:meth:`fused_input_norms`), which the
+        GPU layer path then takes instead of its own norm."""
         fused = self._cpu_pass(tokens, features, cache, positions, tree_mask, slot_offset, fc, logits)
         if fused is not None:
             return fused
         if fc:
             features = self._through_fc(features)
-        hidden = self._layer_pass(tokens, features, cache, positions, tree_mask, slot_offset, embed)
+        hidden = self._layer_pass(tokens, features, cache, positions, tree_mask, slot_offset, embed, normed)
         return hidden, self.logits(hidden) if logits else None
 
-    def _layer_pass(self, tokens, features, cache: KVCache, positions, tree_mask, slot_offset: int, embed
-                    ) -> torch.Tensor:
+    def _layer_pass(self, tokens, features, cache: KVCache, positions, tree_mask, slot_offset: int, embed,
+                    normed=None) -> torch.Tensor:
         c, w = self.config, self.weights
         B, N = tokens.shape
         if positions is None:
@@ -340,8 +358,9 @@ class EagleHead(torch.nn.Module):
         layer = self.layer_weights()
         path = self.layer_paths.pick(x, cache, w, normed_input=c.kind == EAGLE3, layer=lambda: layer)
         rope = path.rope(self.inv_freq, positions, B, N, self.dtype, capacity=cache.k.shape[-3])
+        extra = dict(normed=normed) if normed is not None and isinstance(path, GpuLayerPath) else {}
         return path(x, layer, rope, cache, 0, tree_mask,
-                    embed=embed, slot_offset=slot_offset)
+                    embed=embed, slot_offset=slot_offset, **extra)
 
     def _cpu_pass(self, tokens, features, cache: KVCache, positions, tree_mask, slot_offset: int, fc: bool,
                   logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:

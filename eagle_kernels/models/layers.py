@@ -440,7 +440,10 @@ class GpuLayerPath(LayerPath):
     def rope(self, inv_freq, positions, B, N, dtype, capacity=None):
         return positions.expand(B, N), inv_freq
 
-    def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0):
+    def __call__(self, x, layer, rope, cache, index, tree_mask=None, *, row_counts=None, embed=None, slot_offset=0,
+                 normed=None):
+        """``normed``: the layer's normed input, made before the call (an EAGLE-3 head's two input
+        norms, in its expansion step's launch), with ``x`` the residual stream's copy to add to."""
         c = self.config
         positions, inv_freq = rope
         k_layer, v_layer = cache.layer(index)
@@ -451,6 +454,8 @@ class GpuLayerPath(LayerPath):
         if isinstance(x, TokenRows):  # the first layer: embedding, input norm and positions in one launch
             h, residual, _ = bookkeeping.token_rows(x.tokens, x.table, layer.input_norm, c.rms_norm_eps,
                                                     cache.seqlens, x.depths, x.positions)
+        elif normed is not None:
+            h, residual = normed, x
         elif embed is None and self.folds(layer.qkv, x):  # norm (if any), copy, q/k/v GEMM, RoPE, KV write
             q, residual = ops.rmsnorm_qkv_rope(x, layer.qkv, layer.input_norm, c.rms_norm_eps, *rope_args,
                                                **rope_kwargs)

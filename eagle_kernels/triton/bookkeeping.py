@@ -35,23 +35,35 @@ BLOCK_H_MAX = 1024
 
 @triton.jit
 def _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr, embed_ptr,
-                          b, m, parent, token, step, F, H, S, WORDS, stride_hb, stride_hm, stride_v,
-                          BLOCK_H: tl.constexpr, BLOCK_WORDS: tl.constexpr, HAS_PARENT_SLOTS: tl.constexpr,
-                          HAS_EMBED: tl.constexpr):
+                          normed_ptr, norm_weight_ptr, embed_norm_weight_ptr, eps, b, m, parent, token, step, F, H,
+                          S, WORDS, stride_hb, stride_hm, stride_v, BLOCK_H: tl.constexpr, BLOCK_WORDS: tl.constexpr,
+                          HAS_PARENT_SLOTS: tl.constexpr, HAS_EMBED: tl.constexpr, HAS_NORM: tl.constexpr):
     """What the head's pass over a frontier needs of frontier node m of request b: its parent's
     hidden row, its token's embedding row (HAS_EMBED), its draft-mask row (its parent's row and
-    its own bit) and, once per request, the pass's position. Shared by the expansion step (which
-    makes the frontier) and draft_inputs (a frontier made elsewhere)."""
+    its own bit) and, once per request, the pass's position; with HAS_NORM (EAGLE-3, HAS_EMBED,
+    one tile: BLOCK_H >= H) also the layer's normed input row ``[norm(embed) * embed_norm_weight,
+    norm(feature) * norm_weight]`` (2H), with the rmsnorm op's row function, so its values. Shared
+    by the expansion step (which makes the frontier) and draft_inputs (a frontier made
+    elsewhere)."""
     source = hidden_ptr + b * stride_hb + parent * stride_hm
     target = feature_ptr + (b * F + m) * H
     if HAS_EMBED:
         row = table_ptr + token * stride_v
-    for start in range(0, H, BLOCK_H):
-        h = start + tl.arange(0, BLOCK_H)
-        tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
-        if HAS_EMBED:
-            tl.store(embed_ptr + (b * F + m) * H + h,
-                     tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
+    if HAS_NORM:
+        offs = tl.arange(0, BLOCK_H)
+        valid = offs < H
+        out = normed_ptr + (b * F + m) * 2 * H
+        e = _normalise_row(row, embed_norm_weight_ptr, out, offs, valid, H, eps)
+        tl.store(embed_ptr + (b * F + m) * H + offs, e.to(embed_ptr.dtype.element_ty), mask=valid)
+        x = _normalise_row(source, norm_weight_ptr, out + H, offs, valid, H, eps)
+        tl.store(target + offs, x, mask=valid)
+    else:
+        for start in range(0, H, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            tl.store(target + h, tl.load(source + h, mask=h < H, other=0.0), mask=h < H)
+            if HAS_EMBED:
+                tl.store(embed_ptr + (b * F + m) * H + h,
+                         tl.load(row + h, mask=h < H, other=0.0).to(embed_ptr.dtype.element_ty), mask=h < H)
     own = (step - 1) * F + m
     words = tl.arange(0, BLOCK_WORDS)
     in_words = words < WORDS
@@ -85,14 +97,18 @@ def _expansion_step_kernel(
     positions_ptr,  # [B] int32 out (HAS_DRAFT)
     table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
     embed_ptr,  # [B, F, H] out (HAS_EMBED)
+    normed_ptr,  # [B, F, 2H] out (HAS_NORM): the head layer's normed input
+    norm_weight_ptr,  # [H] (HAS_NORM): the feature's norm
+    embed_norm_weight_ptr,  # [H] (HAS_NORM): the embedding's norm
     B, M, K, F, C, offset, chunk, step, H, S, WORDS,
-    stride_hb, stride_hm, stride_v,
+    stride_hb, stride_hm, stride_v, eps,
     BLOCK_CHUNK: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_WORDS: tl.constexpr,
     HAS_DRAFT: tl.constexpr,  # also gather the inputs of the head's pass over the new frontier
     HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: the frontier's parents sit in draft slots
     HAS_EMBED: tl.constexpr,
+    HAS_NORM: tl.constexpr,  # also the head layer's normed input (EAGLE-3's two input norms)
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     wait_for_prior_grids(USE_PDL)
@@ -120,8 +136,9 @@ def _expansion_step_kernel(
     if HAS_DRAFT:
         # The inputs of the head's pass over the frontier (draft_inputs of step `step`).
         _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr,
-                              embed_ptr, b, m, parent, token, step, F, H, S, WORDS, stride_hb, stride_hm, stride_v,
-                              BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED)
+                              embed_ptr, normed_ptr, norm_weight_ptr, embed_norm_weight_ptr, eps, b, m, parent, token,
+                              step, F, H, S, WORDS, stride_hb, stride_hm, stride_v, BLOCK_H, BLOCK_WORDS,
+                              HAS_PARENT_SLOTS, HAS_EMBED, HAS_NORM)
 
 
 def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
@@ -135,12 +152,13 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
     nxt = torch.empty(3, B, F, dtype=torch.int64, device=device)
     next_scores = torch.empty(B, F, dtype=torch.float32, device=device)
     chunk = triton.cdiv(W, F)
+    norm = None if draft is None else draft.norm
     if draft is None:
         inputs = None
         hidden = slot_masks = seqlens = feature = positions = table = embed = nxt
         H, S, words, step, strides = 1, 1, 1, 1, (0, 0, 0)
     else:
-        hidden, slot_masks, seqlens, table, step = draft
+        hidden, slot_masks, seqlens, table, step = draft[:5]
         if hidden.stride(-1) != 1:
             hidden = hidden.contiguous()
         H = hidden.shape[-1]
@@ -152,14 +170,21 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
         strides = (hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0))
         if table is None:
             table = embed = feature
+    if norm is None:
+        normed, weights, eps = nxt, (nxt, nxt), 0.0
+    else:  # (the caller passes a norm only with the embedding rows)
+        normed = torch.empty(B, F, 2 * H, dtype=hidden.dtype, device=device)
+        weights, eps = norm[:2], float(norm[2])
+        inputs = (*inputs, normed)
     _expansion_step_kernel[(B, F)](
         tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, nxt, next_scores,
-        hidden, slot_masks, seqlens, feature, positions, table, embed,
-        B, M, top_k, F, C, offset, chunk, step, H, S, words, *strides,
-        BLOCK_CHUNK=triton.next_power_of_2(chunk), BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+        hidden, slot_masks, seqlens, feature, positions, table, embed, normed, *weights,
+        B, M, top_k, F, C, offset, chunk, step, H, S, words, *strides, eps,
+        BLOCK_CHUNK=triton.next_power_of_2(chunk),
+        BLOCK_H=triton.next_power_of_2(H) if norm is not None else min(BLOCK_H_MAX, triton.next_power_of_2(H)),
         BLOCK_WORDS=triton.next_power_of_2(words), HAS_DRAFT=draft is not None,
         HAS_PARENT_SLOTS=draft is not None and step > 1, HAS_EMBED=draft is not None and embed is not feature,
-        **launch_options(tokens.device), num_warps=1 if draft is None else 4,
+        HAS_NORM=norm is not None, **launch_options(tokens.device), num_warps=1 if draft is None else 4,
     )
     return nxt[0], next_scores, nxt[1], nxt[2], inputs
 
@@ -192,8 +217,8 @@ def _draft_inputs_kernel(
     else:
         token = 0
     _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr, embed_ptr,
-                          b, m, parent, token, step, F, H, S, WORDS, stride_hb, stride_hm, stride_v,
-                          BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED)
+                          embed_ptr, hidden_ptr, hidden_ptr, 0.0, b, m, parent, token, step, F, H, S, WORDS,
+                          stride_hb, stride_hm, stride_v, BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED, False)
 
 
 def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):

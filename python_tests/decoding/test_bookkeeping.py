@@ -104,6 +104,51 @@ def test_expansion_step_with_draft_inputs(step, M, embed):
                                    bookkeeping.DraftInputs(hidden, slot_masks[:, :2], seqlens, table, step))
 
 
+@pytest.mark.parametrize("step, H", [(1, 40), (3, 40), (2, 1100)], ids=["step1", "step3", "step2-H1100"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_expansion_step_writes_the_heads_normed_input(step, H, dtype):
+    """With an EAGLE-3 layer's input norms the GPU path's expansion step also writes the layer's
+    normed input: the rmsnorm op's [norm(embed) * embed_weight, norm(feature) * weight] rows bit
+    for bit (its Triton row function), the other outputs as without the norms; the CPU path
+    leaves the norm to the layer (no fourth entry). H 1100: one tile past 1024."""
+    from eagle_kernels.triton.rmsnorm import rmsnorm
+
+    gen = torch.Generator().manual_seed(30 + step)
+    B, top_k, M, depth, C = 2, 3, 3, 4, 40
+    W, offset = M * top_k, 3
+    tokens = torch.randint(0, 50, (B, W), generator=gen)
+    scores = torch.randn(B, W, generator=gen)
+    frontier = torch.stack([torch.randperm(W, generator=gen)[:top_k] for _ in range(B)]).int()
+    cand_index = torch.randint(0, 30, (B, M), generator=gen)
+    hidden = (3 * torch.randn(B, M, H, generator=gen)).to(dtype)
+    table = torch.randn(50, H, generator=gen).to(dtype)
+    norm = (torch.rand(H, generator=gen).to(dtype) + 0.5, torch.rand(H, generator=gen).to(dtype) + 0.5, 1e-5)
+    seqlens = torch.tensor([5, 17], dtype=torch.int32)
+    results = []
+    for forced, with_norm in ((True, False), (True, True), (False, True)):
+        history = (torch.full((B, C), -7), torch.full((B, C), -7.0), torch.full((B, C), -7, dtype=torch.int32))
+        masks = torch.zeros(B, depth * top_k, 1, dtype=torch.int64)
+        with bookkeeping.gpu_path_on_cpu(forced):
+            draft = bookkeeping.DraftInputs(hidden, masks, seqlens, table, step, norm if with_norm else None)
+            results.append((bookkeeping.expansion_step(tokens, scores, frontier, cand_index, *history, offset,
+                                                       top_k, draft), history, masks))
+    (plain, plain_history, plain_masks), (fused, fused_history, fused_masks), (cpu, _, _) = results
+    assert_identical(fused[:4], plain[:4])
+    assert_identical(fused[4][:3], plain[4][:3])  # feature, positions, embedding rows
+    assert_identical(fused_history, plain_history)
+    assert_identical(fused_masks, plain_masks)
+    feature, _, embed, normed = fused[4]
+    want, residual = rmsnorm(feature, norm[0], norm[2], embed=embed, embed_weight=norm[1])
+    assert normed.shape == (B, top_k, 2 * H) and normed.dtype == dtype
+    assert_identical(normed, want)
+    assert_identical(residual, feature)
+    assert len(cpu[4]) == 3 and cpu[4][2] is None
+    with bookkeeping.gpu_path_on_cpu(), pytest.raises(ValueError, match="norm embed_weight"):
+        bookkeeping.expansion_step(tokens, scores, frontier, cand_index, *history, offset, top_k,
+                                   bookkeeping.DraftInputs(hidden, masks, seqlens, table, step,
+                                                           (norm[0], norm[1][:-1], 1e-5)))
+
+
 @pytest.mark.parametrize("step", [1, 2, 4], ids=["step1", "step2", "step4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_draft_inputs(step, dtype):

@@ -52,6 +52,9 @@ def test_layers_within_budget(counted, mode):
     if mode != "plain":
         assert len(head_layers) == TREE.depth  # depth - 1 drafting passes and the commit
         assert max(head_layers) <= LAYER_BUDGET, head_layers
+        # The commit pass's layer runs EAGLE-3's two-input norm; each drafting pass takes its normed input
+        # from the expansion step's launch: one launch fewer.
+        assert sorted(head_layers) == [5] * (TREE.depth - 1) + [6], head_layers
     else:
         assert head_layers == []
     # The layers' kernels are the GPU path's: Triton norms, RoPE + KV write (in the q/k/v GEMM's epilogue), attention.
@@ -105,11 +108,12 @@ def test_speculative_bookkeeping_kernels(counted):
     assert by_kernel["_draft_expand_kernel"] == TREE.depth  # one launch per depth, the merge in its last program
     # The target's embedding, first input norm and tree positions: its first layer's first launch.
     assert by_kernel["_token_rows_kernel"] == 1
-    # rmsnorm: the target's final norm and each head layer's two-input norm (EAGLE-3: not fused). rmsnorm_linear:
+    # rmsnorm: the target's final norm and the commit pass's two-input norm (EAGLE-3; the drafting passes' norms
+    # are written by the expansion step before them). rmsnorm_linear:
     # in each layer of the target's and the head's the post-attention norm with gate/up, and the o and down
     # projections with the residual added; and each head pass's final norm with its draft LM head but the first's
     # (whose draft logits read the root's norm made by the commit).
-    assert by_kernel["_rmsnorm_kernel"] == 1 + TREE.depth
+    assert by_kernel["_rmsnorm_kernel"] == 2
     assert by_kernel["_rmsnorm_linear_kernel"] == 3 * (3 + TREE.depth) + (TREE.depth - 1)
     assert "addmm_" not in by_kernel
     assert by_kernel["_silu_mul_kernel"] == 0
