@@ -410,7 +410,8 @@ class GpuLayerPath(LayerPath):
     ``rmsnorm_linear`` launches too, without a norm, the residual added in their epilogue, so
     every launch of the layer is a Triton kernel and each may start while the one before it
     runs (programmatic dependent launch, eagle_kernels/triton/_pdl.py). EAGLE-3's two-input
-    norm and the first layer's (``token_rows``) stay apart: six.
+    norm and the first layer's (``token_rows``) stay apart: six; a drafting pass of an EAGLE-3
+    head gets its normed input from the expansion step's launch (``normed``): five.
 
     Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache, or Q8_0 block rows
     (a draft head's ``weight_dtype="q8_0"``): their GEMMs run ``q8_0_linear`` at half the bytes,
