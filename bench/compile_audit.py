@@ -283,9 +283,9 @@ def _bookkeeping_cases(dtype, H, B=8, depth=6, k=8, P=7, V=1000):
         bookkeeping.expansion_step(torch.zeros(B, M * k, **i64), torch.empty(B, M * k),
                                    torch.zeros(B, k, dtype=torch.int32), torch.zeros(B, M, **i64), *history, k, k,
                                    draft)
-    for step in (1, 2):
+    for step, norms in ((1, None), (2, None), (2, norm)):
         bookkeeping.draft_inputs(torch.empty(B, k, H, dtype=dtype), torch.zeros(B, k, **i64), masks, seqlens, step,
-                                 torch.zeros(B, k, **i64), table)
+                                 torch.zeros(B, k, **i64), table, norms)
     nodes, tokens = torch.zeros(B, P, dtype=torch.int32), torch.zeros(B, P, **i64)
     bookkeeping.commit_inputs(nodes, tokens, seqlens, P, table, dtype,
                               [torch.empty(B, 64, H, dtype=dtype) for _ in range(3)])

@@ -105,12 +105,7 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
             table = _embedding_table(draft.table, tokens, draft.hidden.dtype)
             if table is not None and table.shape[1] != draft.hidden.shape[-1]:
                 raise ValueError(f"table: expected [V, {draft.hidden.shape[-1]}], got {list(table.shape)}")
-            norm = draft.norm if table is not None else None  # the normed input needs the embedding rows
-            if norm is not None:
-                H = draft.hidden.shape[-1]
-                for name, weight in zip(("norm weight", "norm embed_weight"), norm[:2]):
-                    _check(name, weight, draft.hidden.dtype, (H,))
-            draft = draft._replace(table=table, norm=norm)
+            draft = draft._replace(table=table, norm=_checked_norm(draft.norm, table, draft.hidden))
         return _triton().expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores,
                                         cand_parents, offset, top_k, draft)
     cand_tokens[:, offset:offset + W] = tokens
@@ -137,6 +132,17 @@ def _embedding_table(table, tokens, dtype):
     return table
 
 
+def _checked_norm(norm, table, hidden):
+    """``norm`` (a head layer's ``(weight, embed_weight, eps)``) where the GPU path can write the
+    normed input: with the embedding rows (``table`` not None); weights checked to be [H] in
+    ``hidden``'s dtype."""
+    if norm is None or table is None:
+        return None
+    for name, weight in zip(("norm weight", "norm embed_weight"), norm[:2]):
+        _check(name, weight, hidden.dtype, (hidden.shape[-1],))
+    return norm
+
+
 def _check_draft(hidden, slot_masks, seqlens, step: int, F: int) -> None:
     B = hidden.shape[0]
     if hidden.dim() != 3:
@@ -149,7 +155,7 @@ def _check_draft(hidden, slot_masks, seqlens, step: int, F: int) -> None:
         raise ValueError(f"slot_masks: {slot_masks.shape[1]} slots, step {step} needs {step * F}")
 
 
-def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
+def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None, norm=None):
     """The inputs of an EAGLE head's pass over the frontier of expansion step ``step >= 1``.
 
     ``hidden`` [B, M, H]: the head's outputs of the previous pass; ``parent_row`` int64 [B, F]:
@@ -161,6 +167,8 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     own bit) and returns ``(feature [B, F, H], positions int32 [B, 1] = seqlens + step - 1,
     embed)``: ``embed`` [B, F, H] the tokens' embedding rows in ``hidden``'s dtype on the GPU
     path (with ``tokens`` and ``table`` in that dtype), else None (the head embeds them itself).
+    With ``norm`` (:attr:`DraftInputs.norm`) and the embedding rows, the GPU path returns a fourth
+    entry, the head layer's normed input [B, F, 2H] (as :func:`expansion_step`).
     """
     B, F = parent_row.shape
     if gpu_path(hidden):
@@ -171,7 +179,8 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
             _check("tokens", tokens, torch.int64, (B, F))
             if table.shape[1] != hidden.shape[-1]:
                 raise ValueError(f"table: expected [V, {hidden.shape[-1]}], got {list(table.shape)}")
-        return _triton().draft_inputs(hidden, parent_row, slot_masks, seqlens, step, tokens, table)
+        return _triton().draft_inputs(hidden, parent_row, slot_masks, seqlens, step, tokens, table,
+                                      _checked_norm(norm, table, hidden))
     H, words = hidden.shape[-1], slot_masks.shape[-1]
     feature = torch.gather(hidden, 1, parent_row[..., None].expand(-1, -1, H))
     own = (step - 1) * F + torch.arange(F, device=hidden.device)  # this frontier's slots

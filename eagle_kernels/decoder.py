@@ -382,7 +382,8 @@ class _HeadDraft:
             # position training-time test trains the head on). ``inputs``: gathered already.
             # With the layer's normed input too (a fourth entry) where the expansion step made it.
             feature, positions, embed, *normed = inputs if inputs is not None else bookkeeping.draft_inputs(
-                self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding)
+                self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding,
+                self.head.fused_input_norms(self.hidden, self.cache))
             # The pass attends over step * k slots: their rows, in as many 64-bit words as those slots need
             # (the layers take [B, slots, ceil(slots / 64)]; a tree of more than 64 draft slots has more).
             slots = step * self.k

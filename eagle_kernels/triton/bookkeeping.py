@@ -200,12 +200,16 @@ def _draft_inputs_kernel(
     tokens_ptr,  # [B, F] int64: the frontier's tokens (HAS_EMBED)
     table_ptr,  # [V, H] token embedding (HAS_EMBED; rows strided)
     embed_ptr,  # [B, F, H] out (HAS_EMBED)
+    normed_ptr,  # [B, F, 2H] out (HAS_NORM): the head layer's normed input
+    norm_weight_ptr,  # [H] (HAS_NORM): the feature's norm
+    embed_norm_weight_ptr,  # [H] (HAS_NORM): the embedding's norm
     step, F, H, S, WORDS,
-    stride_hb, stride_hm, stride_v,
+    stride_hb, stride_hm, stride_v, eps,
     BLOCK_H: tl.constexpr,
     BLOCK_WORDS: tl.constexpr,
     HAS_PARENT_SLOTS: tl.constexpr,  # step > 1: parents sit in draft slots
     HAS_EMBED: tl.constexpr,
+    HAS_NORM: tl.constexpr,  # also the head layer's normed input (EAGLE-3's two input norms)
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     wait_for_prior_grids(USE_PDL)
@@ -217,12 +221,14 @@ def _draft_inputs_kernel(
     else:
         token = 0
     _frontier_node_inputs(hidden_ptr, slot_masks_ptr, seqlens_ptr, feature_ptr, positions_ptr, table_ptr, embed_ptr,
-                          embed_ptr, hidden_ptr, hidden_ptr, 0.0, b, m, parent, token, step, F, H, S, WORDS,
-                          stride_hb, stride_hm, stride_v, BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED, False)
+                          normed_ptr, norm_weight_ptr, embed_norm_weight_ptr, eps, b, m, parent, token, step, F, H, S,
+                          WORDS, stride_hb, stride_hm, stride_v, BLOCK_H, BLOCK_WORDS, HAS_PARENT_SLOTS, HAS_EMBED,
+                          HAS_NORM)
 
 
-def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None):
-    """Launch :func:`_draft_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.draft_inputs`."""
+def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None, table=None, norm=None):
+    """Launch :func:`_draft_inputs_kernel`: see :func:`eagle_kernels.bookkeeping.draft_inputs`
+    (``norm``: checked, and given only with ``table``)."""
     B, F = parent_row.shape
     H = hidden.shape[-1]
     if hidden.stride(-1) != 1:
@@ -230,16 +236,20 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     feature = torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
     positions = torch.empty(B, 1, dtype=torch.int32, device=hidden.device)
     embed = None if table is None else torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
+    normed = None if norm is None else torch.empty(B, F, 2 * H, dtype=hidden.dtype, device=hidden.device)
     S, words = slot_masks.shape[1:]
     _draft_inputs_kernel[(B, F)](
         hidden, parent_row, slot_masks, seqlens, feature, positions,
         parent_row if table is None else tokens, hidden if table is None else table,
-        feature if table is None else embed,
+        feature if table is None else embed, feature if norm is None else normed,
+        *((hidden, hidden) if norm is None else norm[:2]),
         step, F, H, S, words, hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0),
-        BLOCK_H=min(BLOCK_H_MAX, triton.next_power_of_2(H)), BLOCK_WORDS=triton.next_power_of_2(words),
-        HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None, **launch_options(hidden.device), num_warps=4,
+        0.0 if norm is None else float(norm[2]),
+        BLOCK_H=triton.next_power_of_2(H) if norm is not None else min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+        BLOCK_WORDS=triton.next_power_of_2(words), HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None,
+        HAS_NORM=norm is not None, **launch_options(hidden.device), num_warps=4,
     )
-    return feature, positions, embed
+    return (feature, positions, embed) if norm is None else (feature, positions, embed, normed)
 
 
 @triton.jit

@@ -107,8 +107,8 @@ def test_expansion_step_with_draft_inputs(step, M, embed):
 @pytest.mark.parametrize("step, H", [(1, 40), (3, 40), (2, 1100)], ids=["step1", "step3", "step2-H1100"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_expansion_step_writes_the_heads_normed_input(step, H, dtype):
-    """With an EAGLE-3 layer's input norms the GPU path's expansion step also writes the layer's
-    normed input: the rmsnorm op's [norm(embed) * embed_weight, norm(feature) * weight] rows bit
+    """With an EAGLE-3 layer's input norms the GPU path's expansion step (and draft_inputs) also
+    writes the layer's normed input: the rmsnorm op's [norm(embed) * embed_weight, norm(feature) * weight] rows bit
     for bit (its Triton row function), the other outputs as without the norms; the CPU path
     leaves the norm to the layer (no fourth entry). H 1100: one tile past 1024."""
     from eagle_kernels.triton.rmsnorm import rmsnorm
@@ -143,6 +143,11 @@ def test_expansion_step_writes_the_heads_normed_input(step, H, dtype):
     assert_identical(normed, want)
     assert_identical(residual, feature)
     assert len(cpu[4]) == 3 and cpu[4][2] is None
+    # draft_inputs (the sampled-draft expansion's) writes the same normed rows.
+    with bookkeeping.gpu_path_on_cpu():
+        alone = bookkeeping.draft_inputs(hidden, plain[2], torch.zeros(B, depth * top_k, 1, dtype=torch.int64),
+                                         seqlens, step, plain[0], table, norm)
+    assert_identical(alone, fused[4])
     with bookkeeping.gpu_path_on_cpu(), pytest.raises(ValueError, match="norm embed_weight"):
         bookkeeping.expansion_step(tokens, scores, frontier, cand_index, *history, offset, top_k,
                                    bookkeeping.DraftInputs(hidden, masks, seqlens, table, step,
