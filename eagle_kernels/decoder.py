@@ -367,12 +367,14 @@ class _HeadDraft:
         self.root_normed = None if root_normed is None else root_normed[:, None]
         # Each step writes its frontier's rows whole before a pass reads them.
         self.slot_masks = torch.empty(B, tree.depth * k, mask_words(tree.depth * k), dtype=torch.int64, device=device)
+        # EAGLE-3 on the GPU layer path: the layer's input norms, for the expansion step to write its normed input.
+        self.input_norms = head.fused_input_norms(root_hidden, cache)
 
     def next_inputs(self, step: int) -> bookkeeping.DraftInputs:
         """What the pass at ``step`` reads, for ``expand_tree`` to gather with the expansion
         step before it (one launch on the GPU path)."""
         return bookkeeping.DraftInputs(self.hidden, self.slot_masks, self.cache.seqlens, self.head.token_embedding,
-                                       step, self.head.fused_input_norms(self.hidden, self.cache))
+                                       step, self.input_norms)
 
     def __call__(self, step: int, tokens: torch.Tensor, parent_row: torch.Tensor, cand_index: torch.Tensor,
                  inputs=None):
@@ -383,7 +385,7 @@ class _HeadDraft:
             # With the layer's normed input too (a fourth entry) where the expansion step made it.
             feature, positions, embed, *normed = inputs if inputs is not None else bookkeeping.draft_inputs(
                 self.hidden, parent_row, self.slot_masks, self.cache.seqlens, step, tokens, self.head.token_embedding,
-                self.head.fused_input_norms(self.hidden, self.cache))
+                self.input_norms)
             # The pass attends over step * k slots: their rows, in as many 64-bit words as those slots need
             # (the layers take [B, slots, ceil(slots / 64)]; a tree of more than 64 draft slots has more).
             slots = step * self.k

@@ -141,6 +141,16 @@ def _expansion_step_kernel(
                               HAS_PARENT_SLOTS, HAS_EMBED, HAS_NORM)
 
 
+def _norm_arguments(norm, B: int, F: int, H: int, hidden, placeholder):
+    """``(normed, (weight, embed_weight), eps, BLOCK_H)`` of a launch that writes a head layer's
+    normed input with ``norm`` (a new [B, F, 2H] tensor, the rows in one tile), or without it
+    (None, placeholder pointers, tiles of at most BLOCK_H_MAX)."""
+    if norm is None:
+        return None, (placeholder, placeholder), 0.0, min(BLOCK_H_MAX, triton.next_power_of_2(H))
+    normed = torch.empty(B, F, 2 * H, dtype=hidden.dtype, device=hidden.device)
+    return normed, norm[:2], float(norm[2]), triton.next_power_of_2(H)
+
+
 def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, offset: int,
                    top_k: int, draft=None):
     """Launch :func:`_expansion_step_kernel`: see :func:`eagle_kernels.bookkeeping.expansion_step`
@@ -170,18 +180,14 @@ def expansion_step(tokens, scores, frontier, cand_index, cand_tokens, cand_score
         strides = (hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0))
         if table is None:
             table = embed = feature
-    if norm is None:
-        normed, weights, eps = nxt, (nxt, nxt), 0.0
-    else:  # (the caller passes a norm only with the embedding rows)
-        normed = torch.empty(B, F, 2 * H, dtype=hidden.dtype, device=device)
-        weights, eps = norm[:2], float(norm[2])
+    normed, weights, eps, block_h = _norm_arguments(norm, B, F, H, hidden, nxt)
+    if normed is not None:
         inputs = (*inputs, normed)
     _expansion_step_kernel[(B, F)](
         tokens, scores, frontier, cand_index, cand_tokens, cand_scores, cand_parents, nxt, next_scores,
-        hidden, slot_masks, seqlens, feature, positions, table, embed, normed, *weights,
+        hidden, slot_masks, seqlens, feature, positions, table, embed, nxt if normed is None else normed, *weights,
         B, M, top_k, F, C, offset, chunk, step, H, S, words, *strides, eps,
-        BLOCK_CHUNK=triton.next_power_of_2(chunk),
-        BLOCK_H=triton.next_power_of_2(H) if norm is not None else min(BLOCK_H_MAX, triton.next_power_of_2(H)),
+        BLOCK_CHUNK=triton.next_power_of_2(chunk), BLOCK_H=block_h,
         BLOCK_WORDS=triton.next_power_of_2(words), HAS_DRAFT=draft is not None,
         HAS_PARENT_SLOTS=draft is not None and step > 1, HAS_EMBED=draft is not None and embed is not feature,
         HAS_NORM=norm is not None, **launch_options(tokens.device), num_warps=1 if draft is None else 4,
@@ -236,18 +242,15 @@ def draft_inputs(hidden, parent_row, slot_masks, seqlens, step: int, tokens=None
     feature = torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
     positions = torch.empty(B, 1, dtype=torch.int32, device=hidden.device)
     embed = None if table is None else torch.empty(B, F, H, dtype=hidden.dtype, device=hidden.device)
-    normed = None if norm is None else torch.empty(B, F, 2 * H, dtype=hidden.dtype, device=hidden.device)
+    normed, weights, eps, block_h = _norm_arguments(norm, B, F, H, hidden, hidden)
     S, words = slot_masks.shape[1:]
     _draft_inputs_kernel[(B, F)](
         hidden, parent_row, slot_masks, seqlens, feature, positions,
         parent_row if table is None else tokens, hidden if table is None else table,
-        feature if table is None else embed, feature if norm is None else normed,
-        *((hidden, hidden) if norm is None else norm[:2]),
-        step, F, H, S, words, hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0),
-        0.0 if norm is None else float(norm[2]),
-        BLOCK_H=triton.next_power_of_2(H) if norm is not None else min(BLOCK_H_MAX, triton.next_power_of_2(H)),
-        BLOCK_WORDS=triton.next_power_of_2(words), HAS_PARENT_SLOTS=step > 1, HAS_EMBED=table is not None,
-        HAS_NORM=norm is not None, **launch_options(hidden.device), num_warps=4,
+        feature if table is None else embed, feature if normed is None else normed, *weights,
+        step, F, H, S, words, hidden.stride(0), hidden.stride(1), 0 if table is None else table.stride(0), eps,
+        BLOCK_H=block_h, BLOCK_WORDS=triton.next_power_of_2(words), HAS_PARENT_SLOTS=step > 1,
+        HAS_EMBED=table is not None, HAS_NORM=norm is not None, **launch_options(hidden.device), num_warps=4,
     )
     return (feature, positions, embed) if norm is None else (feature, positions, embed, normed)
 
