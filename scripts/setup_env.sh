@@ -20,7 +20,8 @@ fingerprint=$( {
 } | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$fingerprint" ] && python -c "
 import eagle_kernels, os, sys
-sys.exit(0 if eagle_kernels._dispatch.HAS_CPP or os.environ.get('EAGLE_KERNELS_NO_EXT') else 1)" 2>/dev/null; then
+no_ext = os.environ.get('EAGLE_KERNELS_NO_EXT', '').strip().lower() in ('1', 'true', 'yes', 'on')  # as setup.py
+sys.exit(0 if eagle_kernels._dispatch.HAS_CPP or no_ext else 1)" 2>/dev/null; then
   echo "eagle_kernels: $VENV is up to date (installs and extension build skipped)" >&2
   exit 0
 fi
