@@ -54,12 +54,63 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime import jit as triton_jit
 
-# The H200 (sm_90, 132 SMs).
+# The H200 (sm_90, 132 SMs). Its per-SM and per-block limits are every sm_90 card's (the audit's
+# checks); its copy bandwidth and bf16 GEMM rate are the ones measured on the one H200 run.
 H200 = types.SimpleNamespace(
     name="NVIDIA H200", arch=90, sms=132, regs_per_sm=65536, reg_alloc_unit=256, max_regs_per_thread=255,
     smem_per_sm=233_472, smem_per_block=232_448, max_threads_per_sm=2048, max_blocks_per_sm=32, warp=32,
-    hbm_bytes_per_s=4.3e12, dense_bf16_flops=790e12, clock_hz=1.98e9,
+    hbm_bytes_per_s=4.3e12, dense_bf16_flops=790e12, clock_hz=1.98e9, total_memory=141 * 2**30,
 )
+# The H200's measured share of its datasheet peaks (copy 4.3 of 4.8 TB/s, GEMM 790 of 990 TFLOP/s),
+# applied to the H100s' datasheet peaks: estimates until a run on such a card measures them
+# (``measured_device``).
+_COPY_SHARE, _GEMM_SHARE = 4.3 / 4.8, 790 / 990
+DEVICES = {
+    "h200": H200,
+    "h100-sxm": types.SimpleNamespace(**{**vars(H200), "name": "NVIDIA H100 80GB HBM3",
+                                         "hbm_bytes_per_s": 3.35e12 * _COPY_SHARE,
+                                         "dense_bf16_flops": 989e12 * _GEMM_SHARE, "total_memory": 80 * 10**9}),
+    "h100-pcie": types.SimpleNamespace(**{**vars(H200), "name": "NVIDIA H100 PCIe", "sms": 114, "clock_hz": 1.755e9,
+                                          "hbm_bytes_per_s": 2.0e12 * _COPY_SHARE,
+                                          "dense_bf16_flops": 756e12 * _GEMM_SHARE, "total_memory": 80 * 10**9}),
+}
+# The device the recorded launchers see (modeled_gpu) and bench/gpu_model.py prices: the H200
+# unless use_device picks another. One shared object, so modules that imported it see the change.
+DEVICE = types.SimpleNamespace(**vars(H200))
+
+
+def device_named(name: str) -> types.SimpleNamespace:
+    """The profile of ``DEVICES`` for a device name as CUDA reports it ("NVIDIA H200",
+    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe") or a key of ``DEVICES``; ValueError for any other
+    card, whose SM count and rates the model does not know."""
+    key = name.lower()
+    if key in DEVICES:
+        return DEVICES[key]
+    if "h200" in key:
+        return DEVICES["h200"]
+    if "h100" in key and "pcie" in key:
+        return DEVICES["h100-pcie"]
+    if "h100" in key and ("hbm3" in key or "sxm" in key):
+        return DEVICES["h100-sxm"]
+    raise ValueError(f"device {name!r}: no profile (known: {', '.join(DEVICES)}); pass its measured limits instead")
+
+
+def measured_device(goals: dict) -> types.SimpleNamespace:
+    """The profile of the card a gpu_goals.json (bench/gpu_goals.py) was measured on, with that
+    run's copy bandwidth, bf16 GEMM rate and SM count in place of the profile's."""
+    limits = goals["limits"]
+    profile = types.SimpleNamespace(**vars(device_named(goals["device"])))
+    profile.name = goals["device"]
+    profile.hbm_bytes_per_s = limits["copy_GBps"] * 1e9
+    profile.dense_bf16_flops = limits["gemm_TFLOPs"] * 1e12
+    profile.sms = int(goals.get("sms") or profile.sms)
+    return profile
+
+
+def use_device(profile: types.SimpleNamespace) -> None:
+    """Make ``profile`` the modeled device (``DEVICE``) from here on."""
+    vars(DEVICE).clear()
+    vars(DEVICE).update(vars(profile))
 NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 GUARD = re.compile(r"@(!?U?P\w+)\s+")
 TARGET = re.compile(r"`?\(?(\.L_x_\d+)")
@@ -101,11 +152,12 @@ class _ModeledCudaDevice(str):
 
 @contextlib.contextmanager
 def modeled_gpu(launches: list[Launch], case: list[str]) -> Iterator[None]:
-    """Within the block, tensors report a CUDA device, the device has an H200's SM count, and
-    JITFunction.run records instead of compiling or launching."""
+    """Within the block, tensors report a CUDA device, the device has the modeled device's SM
+    count (``DEVICE``, an H200 unless ``use_device``), and JITFunction.run records instead of
+    compiling or launching."""
     device = _ModeledCudaDevice("cpu")
-    props = types.SimpleNamespace(name=H200.name, multi_processor_count=H200.sms, major=9, minor=0,
-                                  total_memory=141 * 2**30, shared_memory_per_block_optin=H200.smem_per_block)
+    props = types.SimpleNamespace(name=DEVICE.name, multi_processor_count=DEVICE.sms, major=9, minor=0,
+                                  total_memory=DEVICE.total_memory, shared_memory_per_block_optin=DEVICE.smem_per_block)
 
     def record(self, *args, grid, warmup, **kwargs):
         launches.append(Launch(self, args, dict(kwargs), tuple(grid) if not callable(grid) else grid, case[0]))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for a CUDA machine (an H200), one command, all stages within 10 minutes, the least
+# GPU check for a CUDA machine (an H200 or an H100), one command, all stages within 10 minutes, the least
 # measured first:
 #   1. build the native extension in place against the installed torch (sm_90)  -> build.log
 #   1b. every end-to-end case once, eight processes side by side: Triton's cache filled ahead -> warm.log
@@ -387,10 +387,13 @@ fi
 # ------------------------------------------------------------------ 11. modeled vs measured
 # The cost model (bench/gpu_model.py, calibrated on the first H200 run) beside this run's
 # per-op benchmark times: it interprets sampled programs of each benchmarked launch on the CPU
-# and prints modeled / measured per case.
+# and prints modeled / measured per case, for this card (an H100 or an H200) as the goals stage
+# measured it: its SM count, copy bandwidth and GEMM rate (gpu_goals.json).
 if [ -s "$OUT/bench.json" ]; then
+  DEVICE_ARGS=()
+  [ -s "$OUT/gpu_goals.json" ] && DEVICE_ARGS=(--device-limits "$OUT/gpu_goals.json")
   run_stage model 120 "$OUT/model.log" env PYTHONPATH=. "$PY" bench/gpu_model.py calibrate \
-    --bench-json "$OUT/bench.json" --samples 2 --json "$OUT/gpu_model.json"
+    --bench-json "$OUT/bench.json" --samples 2 --json "$OUT/gpu_model.json" ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"}
 else
   skip_stage model "no bench.json from the per-op benchmarks" "$OUT/model.log"
 fi

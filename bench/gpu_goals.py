@@ -258,6 +258,8 @@ def main(argv=None) -> int:
     timer = Timer(device)
     limits = device_limits(timer, nbytes, gemm_size)
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke run, not a measurement)"
+    # The card's SM count, for the cost model of the same run (bench/gpu_model.py --device-limits).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else None
     header = (f"# GPU goals: {name}, torch {torch.__version__}"
               + (f", triton {__import__('triton').__version__}" if device == "cuda" else ""))
     cases = {"verify": lambda: verify_rows(timer, limits, verify_shapes, modes),
@@ -281,8 +283,8 @@ def main(argv=None) -> int:
             with open(os.path.join(args.out, "gpu_goals.md"), "w") as f:
                 f.write(text)
             with open(os.path.join(args.out, "gpu_goals.json"), "w") as f:
-                json.dump({"device": name, "limits": limits, "rows": rows, "sweep": sweep, "unmeasured": unmeasured},
-                          f, indent=1)
+                json.dump({"device": name, "sms": sms, "limits": limits, "rows": rows, "sweep": sweep,
+                           "unmeasured": unmeasured}, f, indent=1)
         return text
 
     print(render([], limits, header), end="", flush=True)

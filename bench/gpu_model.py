@@ -42,7 +42,9 @@ recorded, not run):
    composed in parallel: per request, its phases in rounds over the request's resident programs,
    each then merged by one program (``LaunchModel._finish_cooperative``).
 
-Constants: bandwidth, FLOP rate, clock and SM count are the H200's; memory latency 0.8 us
+Constants: bandwidth, FLOP rate, clock and SM count are the modeled card's (the H200's unless
+``--device`` or ``--device-limits`` picks another: bench/compile_audit.py ``DEVICES``, or the
+figures a GPU check measured on its card); memory latency 0.8 us
 (a dependent HBM load under load); the launch overhead (host time per Triton launch, as the benchmarks
 measure wall time) and the issue rate (warp instructions per clock per SM) are fitted on the
 H200 run (``calibrate``), see docs/gpu_model.md.
@@ -68,7 +70,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compile_audit  # noqa: E402
-from compile_audit import H200  # noqa: E402
+from compile_audit import DEVICE  # noqa: E402
 
 # ``--package DIR`` (an older commit's eagle_kernels) goes first on the path before this module
 # imports the package: imported from elsewhere first, every later import would get that one.
@@ -785,13 +787,13 @@ class LaunchModel:
 
     def finish(self, overhead=None, issue_rate=None) -> LaunchModel:
         overhead = LAUNCH_OVERHEAD_S if overhead is None else overhead
-        rate = (ISSUE_RATE if issue_rate is None else issue_rate) * H200.clock_hz
+        rate = (ISSUE_RATE if issue_rate is None else issue_rate) * DEVICE.clock_hz
         if self.groups:
             return self._finish_cooperative(overhead, rate)
-        resident = max(1, min(self.blocks_per_sm, math.ceil(self.programs / H200.sms)))
+        resident = max(1, min(self.blocks_per_sm, math.ceil(self.programs / DEVICE.sms)))
         self.issue_s = resident * self.warp_instructions / rate
-        self.memory_s = self.dram_bytes / self.waves / H200.hbm_bytes_per_s
-        self.compute_s = self.flops / self.waves / H200.dense_bf16_flops
+        self.memory_s = self.dram_bytes / self.waves / DEVICE.hbm_bytes_per_s
+        self.compute_s = self.flops / self.waves / DEVICE.dense_bf16_flops
         # Loops feeding tl.dot are software-pipelined num_stages deep by the compiler.
         self.latency_s = self.chain * MEMORY_LATENCY_S / (self.num_stages if self.flops else 1)
         # A warp does not overlap its own MMAs with its other instructions (Triton's loops wait for
@@ -803,7 +805,7 @@ class LaunchModel:
         if self.flops:
             per_program = self.flops / self.programs
             warps = max(self.num_warps, 1)
-            self.serial_s = (per_program * 4 / warps / (H200.dense_bf16_flops / H200.sms)
+            self.serial_s = (per_program * 4 / warps / (DEVICE.dense_bf16_flops / DEVICE.sms)
                              + self.warp_instructions / warps / (rate / 4))
         parts = {"issue": self.issue_s, "memory": self.memory_s, "compute": self.compute_s, "latency": self.latency_s,
                  "serial": self.serial_s}
@@ -826,9 +828,9 @@ class LaunchModel:
         sampled group's time, and the programs that were not resident start when a group ends
         (they find it finished and leave: the idle work, once per further wave)."""
         groups = max(1, self.programs // self.group_size)
-        resident = max(1, self.blocks_per_sm * H200.sms)
+        resident = max(1, self.blocks_per_sm * DEVICE.sms)
         per_group = min(self.group_size, max(1, resident // groups))  # a group's programs running at once
-        active = max(1, min(self.blocks_per_sm, math.ceil(groups * per_group / H200.sms)))  # sharing an SM
+        active = max(1, min(self.blocks_per_sm, math.ceil(groups * per_group / DEVICE.sms)))  # sharing an SM
 
         def seconds(part, share=1):
             """A stretch's time: its warp instructions on its SM (``share`` programs issuing
@@ -843,13 +845,13 @@ class LaunchModel:
                 # the chunks of a round of every group read at once: those bytes over the whole GPU
                 round_bytes = phase["chunk"]["dram_bytes"] * min(phase["chunks"], per_group) * groups
                 round_s = max(seconds(phase["chunk"], active) + seconds(phase["between"], active),
-                              round_bytes / H200.hbm_bytes_per_s)
+                              round_bytes / DEVICE.hbm_bytes_per_s)
                 total += rounds * round_s + seconds(phase["merge"])
                 issue += rounds * (phase["chunk"]["warp_instructions"] + phase["between"]["warp_instructions"]) \
                     * active / rate + phase["merge"]["warp_instructions"] / rate
                 latency += rounds * (phase["chunk"]["chain"] + phase["between"]["chain"]) * MEMORY_LATENCY_S \
                     + phase["merge"]["chain"] * MEMORY_LATENCY_S
-                memory += rounds * round_bytes / H200.hbm_bytes_per_s
+                memory += rounds * round_bytes / DEVICE.hbm_bytes_per_s
             if slowest is None or total > slowest[0]:
                 slowest = (total, len(group["phases"]), issue, latency, memory)
         self.group_s, self.phases, self.issue_s, self.latency_s, self.memory_s = slowest
@@ -906,7 +908,7 @@ def cooperative_groups(counts: list[Counts], group_size: int, in_loop, out_loop,
 
 
 def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict) -> LaunchModel:
-    target = compile_audit.GPUTarget("cuda", H200.arch, 32)
+    target = compile_audit.GPUTarget("cuda", DEVICE.arch, 32)
     key = compile_audit.specialisation_key(launch, target)
     if key not in cache:
         cache[key] = compile_audit.compile_launch(launch, target)
@@ -926,7 +928,7 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
     programs = grid[0] * grid[1] * grid[2]
     blocks = max(audit.blocks_per_sm, 1)
-    waves = math.ceil(programs / (blocks * H200.sms))
+    waves = math.ceil(programs / (blocks * DEVICE.sms))
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
     cooperative = {}
     if audit.kernel in COOPERATIVE_KERNELS:
@@ -1231,7 +1233,7 @@ def run(cases, samples: int, out=sys.stdout, json_path=None):
         row = dict(case=name, modeled_us=total * 1e6, launches=[dataclasses.asdict(m) for m in launches],
                    model_s=time.time() - start)
         if isinstance(extra, dict):
-            bound = max(extra.get("bytes", 0) / H200.hbm_bytes_per_s, extra.get("flops", 0) / H200.dense_bf16_flops)
+            bound = max(extra.get("bytes", 0) / DEVICE.hbm_bytes_per_s, extra.get("flops", 0) / DEVICE.dense_bf16_flops)
             row["roofline_us"] = bound * 1e6 + LAUNCH_OVERHEAD_S * 1e6
             row["minimal"] = extra
         else:
@@ -1278,7 +1280,22 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true", help="calibrate: fit launch overhead and issue rate")
     parser.add_argument("--bench-json", help="calibrate against this pytest-benchmark JSON (bench/gpu_check.sh's "
                         "bench.json) instead of the H200 run")
+    parser.add_argument("--device", default="h200", help=f"the modeled card: {', '.join(compile_audit.DEVICES)} "
+                        "or a name as CUDA reports it (default h200)")
+    parser.add_argument("--device-limits", help="the modeled card as measured: a gpu_goals.json (bench/gpu_goals.py: "
+                        "the card's name, SM count, copy bandwidth and bf16 GEMM rate); overrides --device")
     args = parser.parse_args()
+    try:
+        if args.device_limits:
+            with open(args.device_limits) as f:
+                profile = compile_audit.measured_device(json.load(f))
+        else:
+            profile = compile_audit.device_named(args.device)
+    except (ValueError, KeyError) as error:
+        parser.error(f"--device / --device-limits: {error}")
+    if args.mode == "calibrate" and not args.bench_json and profile.name != compile_audit.H200.name:
+        parser.error("calibrate without --bench-json compares with the H200 run: model the H200 (--device h200)")
+    compile_audit.use_device(profile)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1 (the model compiles and interprets each launch itself)")
     if args.mode == "fit":
@@ -1295,7 +1312,9 @@ def main() -> None:
         return
     import eagle_kernels  # from --package where given (see the imports above)
 
-    print(f"eagle_kernels from {os.path.dirname(eagle_kernels.__file__)}; launch overhead "
+    print(f"eagle_kernels from {os.path.dirname(eagle_kernels.__file__)}; {DEVICE.name}: {DEVICE.sms} SMs, "
+          f"{DEVICE.clock_hz / 1e9:.2f} GHz, copy {DEVICE.hbm_bytes_per_s / 1e12:.2f} TB/s, bf16 "
+          f"{DEVICE.dense_bf16_flops / 1e12:.0f} TFLOP/s; launch overhead "
           f"{LAUNCH_OVERHEAD_S * 1e6:.0f} us, issue rate {ISSUE_RATE} warp instr/clk/SM", flush=True)
     if args.mode == "calibrate":
         cases = list(calibration_cases(benchmark_json_ms(args.bench_json) if args.bench_json else H200_RUN_MS))

@@ -118,3 +118,49 @@ def test_verify_walk_of_a_given_length(accepted):
     tokens, parents, logits, sampling = gm._verify_inputs(1, 61, 512, "greedy", torch.float32, accepted)
     result = reference.verify(tokens, parents, logits, max_depth=6, **sampling)
     assert result.accept_len.tolist() == [accepted]
+
+
+def _memory_bound_launch(gm):
+    return gm.LaunchModel(kernel="k", grid=(132,), programs=132, num_warps=4, num_stages=1, blocks_per_sm=1,
+                          waves=1, warp_instructions=10.0, warp_instructions_max=10.0, dram_bytes=4.3e9,
+                          requested_bytes=4.3e9, flops=0.0, reductions=0.0, chain=0)
+
+
+@pytest.mark.parametrize("name, key", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+                                       ("NVIDIA H100 PCIe", "h100-pcie"), ("h100-sxm", "h100-sxm")])
+def test_device_profiles_by_name(name, key):
+    gm = _gpu_model()
+    assert gm.compile_audit.device_named(name) is gm.compile_audit.DEVICES[key]
+
+
+def test_unknown_device_is_refused():
+    gm = _gpu_model()
+    with pytest.raises(ValueError, match="A100"):
+        gm.compile_audit.device_named("NVIDIA A100-SXM4-80GB")
+
+
+def test_the_model_prices_the_device_it_is_given():
+    """A card picked by use_device (an H100, or a GPU check's measured limits) is what the
+    launchers see (its SM count) and what the model prices (a memory-bound launch at its
+    bandwidth); the H200 comes back after."""
+    gm = _gpu_model()
+    audit = gm.compile_audit
+    import torch
+
+    h200_s = _memory_bound_launch(gm).finish().memory_s
+    assert h200_s == pytest.approx(1e-3)  # 4.3 GB at 4.3 TB/s
+    goals = {"device": "NVIDIA H100 PCIe", "sms": 114, "limits": {"copy_GBps": 1720.0, "gemm_TFLOPs": 600.0}}
+    measured = audit.measured_device(goals)
+    assert (measured.sms, measured.hbm_bytes_per_s, measured.dense_bf16_flops) == (114, 1.72e12, 6e14)
+    assert audit.DEVICES["h100-pcie"].hbm_bytes_per_s != 1.72e12  # the profile itself is left as it was
+    try:
+        audit.use_device(measured)
+        assert gm.DEVICE is audit.DEVICE and gm.DEVICE.sms == 114
+        assert _memory_bound_launch(gm).finish().memory_s == pytest.approx(4.3e9 / 1.72e12)
+        with audit.modeled_gpu([], [""]):
+            props = torch.cuda.get_device_properties(0)
+            assert (props.name, props.multi_processor_count) == ("NVIDIA H100 PCIe", 114)
+    finally:
+        audit.use_device(audit.H200)
+    assert _memory_bound_launch(gm).finish().memory_s == pytest.approx(h200_s)
+    assert vars(audit.DEVICE) == vars(audit.H200)
