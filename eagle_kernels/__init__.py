@@ -24,7 +24,7 @@ import warnings
 from . import _dispatch, _registration, reference
 from ._dispatch import backend_of
 from ._types import DecoderForwardOutput, DecoderLayersOutput, DraftCandidates, HeadForwardOutput, Tree, VerifyOutput
-from .decoder import SpeculativeDecoder, TreeConfig, default_tree
+from .decoder import SpeculativeDecoder
 from .expansion import Expansion, expand_tree
 from .ops import (
     build_tree,
@@ -49,6 +49,7 @@ from .ops import (
     verify,
     write_kv,
 )
+from .trees import TreeConfig, default_tree
 
 __version__ = "0.1.0"
 

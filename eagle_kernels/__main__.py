@@ -19,10 +19,11 @@ DEMO_PROMPTS = {
 
 def _load(args):
     from . import heads
-    from .decoder import SpeculativeDecoder, default_tree
+    from .decoder import SpeculativeDecoder
     from .models import smollm2
     from .models.eagle_head import EagleHead
     from .policy import FittedPolicy
+    from .trees import default_tree
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,7 +86,7 @@ def _common(parser):
     parser.add_argument("--depth", type=int, help="tree depth (default: the device's tree, see --num-nodes)")
     parser.add_argument("--tree-top-k", type=int, help="beams kept per depth (default: the device's tree)")
     parser.add_argument("--num-nodes", type=int,
-                        help="verified tree nodes, root included (default: decoder.default_tree: 3, 2, 4 and a "
+                        help="verified tree nodes, root included (default: trees.default_tree: 3, 2, 4 and a "
                              "trimmed lookup chain of up to 8 on CPU, 6, 8, 60 on GPU)")
     parser.add_argument("--lookup", type=int,
                         help="prompt-lookup chain added to every tree, in tokens (0: off; default: the device's tree)")

@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from .norm import rms_norm
+
 _forced = False  # CPU tensors take the GPU path (the launch count, tests; needs TRITON_INTERPRET=1)
 
 
@@ -216,8 +218,6 @@ def token_rows(tokens, table, weight, eps: float, seqlens=None, depths=None, pos
             if positions is not None:
                 _check("positions", positions, torch.int32, (B, N))
         return _triton().token_rows(tokens, table, weight, eps, seqlens, depths, positions)
-    from .models.layers import rms_norm
-
     residual = torch.nn.functional.embedding(tokens, table)
     if depths is not None:
         if positions is None:
@@ -334,8 +334,6 @@ def set_root_hidden(state, root_hidden, norm=None) -> None:
     with ``norm`` ``(weight, eps)`` (EAGLE-3's final norm) its normed rows as ``state.root_normed`` (CPU path)."""
     state.root_hidden.copy_(root_hidden)
     if norm is not None and state.root_normed is not None:
-        from .models.layers import rms_norm
-
         state.root_normed.copy_(rms_norm(state.root_hidden, *norm))
 
 

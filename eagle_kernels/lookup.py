@@ -11,15 +11,11 @@ has static shapes and reads no tensor value on the host. See docs/decoding.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ._checks import mask_words
 from ._types import Tree
-
-if TYPE_CHECKING:
-    from .decoder import TreeConfig
+from .trees import TreeConfig
 
 
 def lookup_search(history: torch.Tensor, length: torch.Tensor, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +118,7 @@ def lookup_chain(history: torch.Tensor, length: torch.Tensor, ngram: int, chain:
 
 def trimmed_chain_lengths(tree: TreeConfig, matched: torch.Tensor) -> torch.Tensor:
     """Chain tokens worth verifying after a suffix match of ``matched`` tokens, per request (the
-    ``lookup_trim`` rule of :class:`~eagle_kernels.decoder.TreeConfig`): none when nothing
+    ``lookup_trim`` rule of :class:`~eagle_kernels.trees.TreeConfig`): none when nothing
     matched, ``lookup // 4`` after a 1-token match, ``lookup // 2`` for
     ``1 < matched < lookup_ngram``, all ``lookup`` after a full match (each at least 1). Why
     it pays: docs/decoding.md.

@@ -20,14 +20,12 @@ Both give the same tokens (see docs/decoding.md, "Policies").
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from .lookup import trimmed_chain_lengths
-
-if TYPE_CHECKING:
-    from .decoder import TreeConfig
+from .trees import TreeConfig
 
 
 class ChainPlan(NamedTuple):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from .. import bookkeeping, ops
 from .._inference import kept_tensors
+from ..norm import rms_norm
 from .cpu_weights import CPU_LINEAR_MAX_ROWS, CpuPolicy, PackedWeights, cpu_policy, linear
 
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
@@ -98,15 +99,6 @@ def rope_cos_sin_rows(inv_freq: torch.Tensor, positions: torch.Tensor, B: int, N
 
 def default_positions(cache, num_tokens: int) -> torch.Tensor:
     return cache.seqlens[:, None].long() + torch.arange(num_tokens, device=cache.seqlens.device)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == weight.dtype == torch.float32:
-        # One op instead of seven; the same arithmetic in the same order (bit-identical).
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # half inputs normalise in fp32
-    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * wide.to(x.dtype)
 
 
 def swiglu(h: torch.Tensor, w: dict, prefix: str, packed: PackedWeights | None = None) -> torch.Tensor:

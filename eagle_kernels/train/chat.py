@@ -16,8 +16,6 @@ import os
 import random
 import sysconfig
 
-from .corpus import Document
-
 DPKG_STATUS = "/var/lib/dpkg/status"
 
 # {t}: a topic. Code templates take programming topics, the others any topic.
@@ -108,12 +106,6 @@ def training_instructions(count: int | None = None, seed: int = 0) -> list[str]:
     held = set(HELD_OUT)
     instructions = [i for i in dict.fromkeys(instructions) if i not in held]
     return instructions if count is None else instructions[:count]
-
-
-def documents() -> list[Document]:
-    """Every instruction as a document: ``chat:`` (training) and ``chateval:`` (held out)."""
-    docs = [Document(f"chat:{text}", "chat", text) for text in training_instructions()]
-    return docs + [Document(f"chateval:{text}", "chat", text) for text in HELD_OUT]
 
 
 def prompt_ids(tokenizer, instruction: str) -> list[int]:

@@ -33,6 +33,8 @@ import sysconfig
 import zlib
 from dataclasses import dataclass
 
+from . import chat
+
 CODE, PROSE = "code", "prose"
 PKGCODE, DOCPROSE, CHAT = "pkgcode", "docprose", "chat"
 OFFCODE, OFFPROSE = "offcode", "offprose"
@@ -182,6 +184,13 @@ def debian_doc_documents(folder: str = SHARE_DOC) -> list[Document]:
     return sorted(docs, key=lambda d: d.name)
 
 
+def chat_documents() -> list[Document]:
+    """``chat``: every instruction of :mod:`.chat` as a document, ``chat:`` (the generated training
+    instructions) and ``chateval:`` (``chat.HELD_OUT``, held out)."""
+    docs = [Document(f"chat:{text}", CHAT, text) for text in chat.training_instructions()]
+    return docs + [Document(f"chateval:{text}", CHAT, text) for text in chat.HELD_OUT]
+
+
 def license_documents() -> list[Document]:
     """``offprose``: ``/usr/share/common-licenses`` and the packages' copyright files, each text
     once (evaluation only)."""
@@ -258,9 +267,7 @@ def documents(domains=(CODE, PROSE)) -> list[Document]:
     if DOCPROSE in domains:
         docs += debian_doc_documents()
     if CHAT in domains:
-        from . import chat
-
-        docs += chat.documents()
+        docs += chat_documents()
     if OFFCODE in domains:
         docs += numpy_documents()
     if OFFPROSE in domains:
@@ -278,8 +285,6 @@ def held_out_prompts(tokenizer, domain: str, count: int, length: int) -> list[li
     prompt is the window starting a third of the way into its document. Chat prompts are whole
     held-out instructions in the tokenizer's chat template (``length`` does not apply)."""
     if domain == CHAT:
-        from . import chat
-
         return [chat.prompt_ids(tokenizer, text) for text in chat.HELD_OUT[:count]]
     docs = sorted(split(documents((domain,)), held_out=True), key=lambda d: d.name)
     if domain in (OFFCODE, OFFPROSE):  # all documents held out: spread over packages by a hash of the name
