@@ -7,9 +7,10 @@ Entry point ``eagle_kernels = eagle_kernels.integrations.vllm:register`` in the 
 vLLM's EAGLE is chain-only. ``vllm.v1.sample.rejection_sampler.rejection_sample`` verifies the
 ragged draft chains of a batch against the target's (already temperature-scaled and top-k/top-p
 filtered) logits at the draft positions, with the bonus token sampled beforehand from the last
-position. The plugin replaces it, in the lossless one-hot case only (no draft probabilities:
-EAGLE's drafts are single tokens; no synthetic acceptance, no FLy relaxation), with
-:func:`eagle_kernels.verify` on chains: full chains (every request with ``max_spec_len`` drafts)
+position. The plugin replaces it in the lossless cases (EAGLE's one-hot drafts, and the draft
+probabilities of a drafter that samples; no synthetic acceptance, no FLy relaxation) with
+:func:`eagle_kernels.verify` on chains (with draft probabilities, its draft-aware rule on the
+gathered chains below): full chains (every request with ``max_spec_len`` drafts)
 read the logits rows in place (:func:`full_chains`); on CPU the native op
 ``torch.ops.eagle_kernels.vllm_chains`` does the same per request for ragged batches; elsewhere a
 ragged batch's chains are padded to ``max_spec_len`` drafts whose outcome is discarded (the walk is
@@ -63,8 +64,13 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
                  bonus_token_ids, sampling_metadata, synthetic_mode=False, synthetic_conditional_rates=None,
                  use_fp64_gumbel=False, fly_window_size=None, fly_entropy_threshold=None, fly_entropy_top_k=3):
     """vLLM's ``rejection_sample`` (V1) through :func:`eagle_kernels.verify`; returns the output
-    token ids int32 ``[batch, max_spec_len + 1]`` padded with -1, as vLLM's does."""
-    _need(draft_probs is None, "draft probabilities given (not the one-hot case)")
+    token ids int32 ``[batch, max_spec_len + 1]`` padded with -1, as vLLM's does.
+
+    With ``draft_probs`` (a drafter that samples: row ``i`` the distribution draft ``i`` was drawn
+    from) a sampling request's drafts are verified by verify's draft-aware rule: draft ``x``
+    accepted with probability ``min(1, p(x) / q(x))``, a rejection drawing from the residual
+    ``max(p - q, 0)`` renormalised (vLLM's "recovered" token), as vLLM's kernels do; greedy
+    requests ignore them, as vLLM's do."""
     _need(not synthetic_mode, "synthetic acceptance mode")
     _need(fly_window_size is None, "FLy relaxed acceptance")
     _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
@@ -80,8 +86,14 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
         raise OutsideContract(f"bonus_token_ids: expected {B} entries, got {bonus_token_ids.numel()}")
     L = int(max_spec_len)
     T, V = target_logits.shape
-    native = _native_chains() if target_logits.device.type == "cpu" else None
-    if native is not None or (L >= 1 and T == B * L and target_logits.stride(1) == 1
+    if sampling_metadata.all_greedy:
+        draft_probs = None  # greedy requests accept the argmax whatever drew the drafts
+    if draft_probs is not None and (not isinstance(draft_probs, torch.Tensor) or draft_probs.shape != (T, V)
+                                    or not draft_probs.is_floating_point()):
+        got = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
+        raise OutsideContract(f"draft_probs: expected a float [{T}, {V}] tensor, got {got}")
+    native = _native_chains() if target_logits.device.type == "cpu" and draft_probs is None else None
+    if native is not None or (draft_probs is None and L >= 1 and T == B * L and target_logits.stride(1) == 1
                               and all(n == L for n in num_draft_tokens)):
         uniform = None
         if not sampling_metadata.all_greedy:
@@ -108,7 +120,9 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     # Nodes: 0 the root, j + 1 draft j; request b's chain is padded to L drafts with nodes after
     # its last draft. Node j's row is target_logits[starts + j] for j < counts[b] and any valid row
     # beyond (one gather, no other pass over the vocabulary): what the walk does past node
-    # counts[b] is discarded below, where the bonus token takes its place.
+    # counts[b] is discarded below, where the bonus token takes its place. With draft_probs, node
+    # j's draft row is draft_probs[starts + j], the distribution its child (draft j) was drawn
+    # from; the padded nodes are deterministic drafts (their parents' rows are never read).
     if T > 0:
         drafts = draft_token_ids.long()[rows]
     else:
@@ -136,7 +150,15 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
             offset = seed
         # The logits are already divided by the temperature (1 for greedy rows).
         temperature = (sampling_metadata.temperature.reshape(B) != 0).float()
-    result = ops.verify(tokens, parents, logits, max_depth=L, temperature=temperature, seed=seed, offset=offset)
+    drafts_given = {}
+    if draft_probs is not None:
+        rows_q = draft_probs.float().index_select(0, rows.reshape(-1)).view(B, L, V) if T > 0 else \
+            torch.zeros(B, L, V, device=device)
+        node_probs = torch.cat([rows_q * real[..., None], rows_q.new_zeros(B, 1, V)], dim=1)
+        sampled = torch.cat([torch.zeros(B, 1, dtype=torch.bool, device=device), real], dim=1)
+        drafts_given = dict(draft_probs=node_probs, draft_sampled=sampled)
+    result = ops.verify(tokens, parents, logits, max_depth=L, temperature=temperature, seed=seed, offset=offset,
+                        **drafts_given)
     # Accepted drafts up to the chain's end, then the token drawn at the first rejection
     # (vLLM's "recovered" token) or, after the last draft, the bonus token.
     accepted = torch.minimum(result.accept_len.long(), counts)

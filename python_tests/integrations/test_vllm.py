@@ -179,17 +179,117 @@ def test_sampling_is_exact(hooked, monkeypatch, layout):
     assert stats.chisquare(observed, expected)[1] > 1e-3
 
 
-def test_draft_probs_fall_back(hooked, caplog):
+def sampled_chain_law(p, q, bonus):
+    """Law of the emitted tokens of a chain whose draft j is drawn from q_j and verified by
+    rejection sampling (vLLM's rule): x emitted and the chain goes on with probability
+    min(p_j(x), q_j(x)); x emitted as the recovered token, ending it, with p_j(x) - min(p_j(x),
+    q_j(x)); after the last draft, the bonus token."""
+    law = {}
+
+    def walk(j, prefix, mass):
+        if j == len(p):
+            law[prefix + (bonus,)] = law.get(prefix + (bonus,), 0) + mass
+            return
+        for x in range(p.shape[1]):
+            kept = min(p[j, x], q[j, x])
+            if kept > 0:
+                walk(j + 1, prefix + (x,), mass * kept)
+            if p[j, x] - kept > 0:
+                law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * (p[j, x] - kept)
+
+    walk(0, (), 1.0)
+    return law
+
+
+def sampled_chain_batch(draws, gen, ragged):
+    """Random requests whose 2-draft chains are drawn from q (one greedy request first; with
+    ``ragged``, a last request with a 1-draft chain), vLLM's inputs for them, and p / q."""
+    vocab, length = 4, 2
+    p = torch.softmax(torch.randn(length, vocab, generator=gen) * 1.5, -1)
+    p[1, 0] = 0
+    p /= p.sum(-1, keepdim=True)
+    q = torch.softmax(torch.randn(length, vocab, generator=gen), -1)
+    q[0, 3] = 0  # a token the drafter never proposes
+    q /= q.sum(-1, keepdim=True)
+    chains = torch.stack([torch.multinomial(q[j], draws, replacement=True, generator=gen) for j in range(length)], 1)
+    drafts = chains.tolist() + ([[1]] if ragged else [])
+    flat, counts, max_len, cu = batch(drafts, vocab)
+    rows = torch.log(p).repeat(draws, 1)
+    probs = q.repeat(draws, 1)
+    if ragged:
+        rows, probs = torch.cat([rows, torch.log(p[:1])]), torch.cat([probs, q[:1]])
+    n = len(drafts)
+    temperature = torch.ones(n)
+    temperature[0] = 0  # a greedy request in a random batch
+    meta = SimpleNamespace(all_greedy=False, all_random=False, temperature=temperature, generators={})
+    bonus = torch.full((n, 1), 2, dtype=torch.int32)
+    return (flat, counts, max_len, cu, probs.contiguous(), rows, bonus, meta), drafts, p, q
+
+
+def law_pvalue(out, draws, p, q):
+    seen = {}
+    for row in out[1:draws].tolist():
+        seq = tuple(t for t in row if t >= 0)
+        seen[seq] = seen.get(seq, 0) + 1
+    law = sampled_chain_law(p.double().numpy(), q.double().numpy(), 2)
+    assert set(seen) <= set(law), set(seen) - set(law)
+    keys = sorted(law)
+    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
+    expected = np.array([law[k] for k in keys])
+    expected *= observed.sum() / expected.sum()
+    return stats.chisquare(observed, expected)[1]
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["full", "ragged"])
+def test_draft_probs_sampling_is_exact(hooked, caplog, ragged):
+    """Drafts drawn from q, with their draft probabilities: our verify's draft-aware rule (no
+    fallback to vLLM's sampler) emits the exact law of rejection sampling against q (χ²), and the
+    greedy request in the batch its argmax chain."""
     plugin._log_fallback.cache_clear()
-    flat, counts, max_len, cu = batch([[1, 2]], 6)
-    logits = torch.randn(2, 6)
-    probs = torch.softmax(torch.randn(2, 6), -1)
-    bonus = torch.tensor([[3]], dtype=torch.int32)
+    draws = 4000
+    args, drafts, p, q = sampled_chain_batch(draws, torch.Generator().manual_seed(11), ragged)
     with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
-        out = rs.rejection_sample(flat, counts, max_len, cu, probs, logits, bonus, greedy_metadata(1))
-    assert "draft probabilities" in caplog.text
-    ref = hooked(flat, counts, max_len, cu, probs, logits, bonus, greedy_metadata(1))
-    assert torch.equal(out, ref)
+        out = rs.rejection_sample(*args)
+    assert "falls back" not in caplog.text
+    greedy = []
+    for j, draft in enumerate(drafts[0]):
+        greedy.append(int(p[j].argmax()))
+        if greedy[-1] != draft:
+            break
+    else:
+        greedy.append(2)
+    assert [t for t in out[0].tolist() if t >= 0] == greedy
+    assert law_pvalue(out, draws, p, q) > 1e-3
+
+
+def test_draft_probs_law_is_vllms(hooked):
+    """vLLM's own sampler on the same kind of inputs follows the law the test above holds ours to
+    (the law is vLLM's rule, not ours restated)."""
+    draws = 1500
+    args, _, p, q = sampled_chain_batch(draws, torch.Generator().manual_seed(12), False)
+    assert law_pvalue(hooked(*args), draws, p, q) > 1e-3
+
+
+def test_draft_probs_greedy_and_bad_shape(hooked, caplog):
+    """All-greedy batches ignore draft probabilities (vLLM's bits); draft probabilities of the
+    wrong shape run vLLM's own sampler, with the reason logged."""
+    plugin._log_fallback.cache_clear()
+    gen = torch.Generator().manual_seed(13)
+    flat, counts, max_len, cu = batch([[1, 2], [0]], 6)
+    logits = torch.randn(3, 6, generator=gen)
+    probs = torch.softmax(torch.randn(3, 6, generator=gen), -1)
+    bonus = torch.tensor([[3], [4]], dtype=torch.int32)
+    ours = rs.rejection_sample(flat, counts, max_len, cu, probs, logits, bonus, greedy_metadata(2))
+    assert torch.equal(ours, hooked(flat, counts, max_len, cu, probs, logits, bonus, greedy_metadata(2)))
+    meta = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(2), generators={})
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        rs.rejection_sample(flat, counts, max_len, cu, probs[:, :5].contiguous(), logits, bonus, meta)
+    assert "draft_probs: expected a float [3, 6] tensor" in caplog.text
+    # A row that is no distribution (NaN): verify's fallback, no draft accepted, a token of p.
+    bad = probs.clone()
+    bad[0, 0] = float("nan")
+    out = rs.rejection_sample(flat, counts, max_len, cu, bad, logits, bonus, meta)
+    assert out[0, 0].item() in range(6) and out[0, 1:].tolist() == [-1, -1]
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native_cpu", "tensor_path"])
@@ -209,6 +309,8 @@ def test_no_host_reads(hooked, monkeypatch, native):
         meta = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(3), generators={})
         rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, meta)
         rs.rejection_sample(flat, counts, max_len, cu, None, logits, bonus, greedy_metadata(3))
+        probs = torch.softmax(torch.randn(flat.numel(), 5, generator=gen), -1)
+        rs.rejection_sample(flat, counts, max_len, cu, probs, logits, bonus, meta)
     assert reads.calls == []
 
 
