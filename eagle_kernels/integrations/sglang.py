@@ -10,9 +10,11 @@ Entry point ``eagle_kernels = eagle_kernels.integrations.sglang:register`` in th
 - ``spec_tree.verify_tree_greedy_func``: the greedy walk through :func:`eagle_kernels.verify`;
 - ``verify_sampling.tree_speculative_sampling_target_only``: lossless tree sampling through
   :func:`eagle_kernels.verify` (docs/ops.md §4);
+- ``verify_sampling.chain_speculative_sampling_triton`` (SGLang's rejection-sampling option):
+  chains with the drafter's probabilities through verify's draft-aware rule;
 - ``spec_utils.move_accept_tokens_to_target_kvcache``: the KV commit through
   :func:`eagle_kernels.compact_kv` over SGLang's slot-addressed pool (plain MHA pools);
-- ``eagle_utils._verify_uses_greedy``: on CPU, XPU and HIP without rejection sampling SGLang
+- ``eagle_utils._verify_uses_greedy``: on CPU, XPU (and HIP without rejection sampling) SGLang
   verifies sampling requests greedily, which changes their output distribution; with the plugin
   they take the sampling path, which then runs our verify;
 - ``sglang.kernels.ops.sampling.softmax``: SGLang's own, recorded with its inputs so that the
@@ -27,8 +29,8 @@ top-k/top-p renormalisations), the attributes are set directly instead of hooked
 on a ``None`` attribute would rebind every ``None``-valued global of the process.
 
 Cases outside our contract go to SGLang's own function, with one log line per reason: relaxed
-acceptance thresholds (``speculative_accept_threshold_* != 1``), rejection sampling with draft
-probabilities, tensors of an unexpected dtype or shape, an unknown tree-mask mode.
+acceptance thresholds (``speculative_accept_threshold_* != 1``), block verification, tensors of
+an unexpected dtype or shape, an unknown tree-mask mode.
 """
 
 from __future__ import annotations
@@ -305,7 +307,7 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
 
 def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                           retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
-                          handed=None, compact=False):
+                          handed=None, compact=False, draft_probs=None):
     """The tensor path of :func:`tree_sampling` (any device, capturable in a CUDA graph); the
     reference of the native CPU ops ``torch.ops.eagle_kernels.sglang_tree_sampling`` (from
     ``target_probs``) and ``sglang_tree_sampling_logits`` (``handed``: the logits, temperatures,
@@ -314,7 +316,11 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
     The logits get a column of probability 0 for the nodes no link reaches (token ``V``). The
     native ops leave it out when every node is reached and SGLang's node order is kept, which
     changes the float summation order inside verify; ``compact=True`` (for the tests' bit-exact
-    comparison, where the caller knows that) leaves it out here too."""
+    comparison, where the caller knows that) leaves it out here too.
+
+    ``draft_probs`` float ``[B, N, V]`` (:func:`chain_sampling`): row ``u`` the distribution node
+    ``u``'s children were drawn from; every reached node but the root is then a sampled draft of
+    verify's draft-aware rule."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                     retrive_next_token, retrive_next_sibling)
     if handed is None:
@@ -361,10 +367,49 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
             top_k = torch.where((k <= 0) | (k >= V), 0, k).int()  # no filter: 0
         if top_ps is not None:
             top_p = top_ps.reshape(B, N)[:, 0].float()
+    drafts = {}
+    if draft_probs is not None:
+        q = torch.zeros(B, N, width, dtype=torch.float32, device=device)
+        q[..., :V] = draft_probs.float().gather(1, order[..., None].expand(B, N, V))
+        drafts = dict(draft_probs=q, draft_sampled=reached.gather(1, order) & (order > 0))
     result = ops.verify(tokens, new_parents, logits.view(B, N, width), max_depth=S - 1, temperature=temperature,
-                        top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+                        top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
     emitted = result.out_tokens.clamp(min=0)
     _write_results(predicts, accept_index, accept_token_num, retrive_index, order, result, emitted)
+
+
+def chain_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                   retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                   draft_probs, threshold_single, threshold_acc, deterministic, *, block_verification=False):
+    """SGLang's ``chain_speculative_sampling_triton`` (its rejection-sampling option: chains whose
+    drafts were drawn from the drafter's distributions) through verify's draft-aware rule: draft
+    ``s`` (candidate ``s``, drawn from ``draft_probs[:, s - 1]``) is accepted with probability
+    ``min(1, p(x) / q(x))``, a rejection draws from ``max(p - q, 0)`` renormalised, and after the
+    last draft the token comes from the target's last row: SGLang's law. The chain is the
+    candidates in order (SGLang's kernel reads no links). Block verification and relaxed
+    thresholds are outside the contract."""
+    _need(not block_verification, "block verification")
+    if float(threshold_single) != 1.0 or float(threshold_acc) != 1.0:
+        raise OutsideContract(f"relaxed acceptance (threshold_single={threshold_single}, "
+                              f"threshold_acc={threshold_acc})")
+    _need_tensor("candidates", candidates, _INT_DTYPES, ndim=2)
+    B, N = candidates.shape
+    _need(isinstance(target_probs, torch.Tensor) and target_probs.dim() == 3
+          and tuple(target_probs.shape[:2]) == (B, N),
+          f"target_probs: expected shape ({B}, {N}, V), got {tuple(getattr(target_probs, 'shape', ()))}")
+    V = target_probs.shape[2]
+    _need(isinstance(draft_probs, torch.Tensor) and draft_probs.is_floating_point() and draft_probs.dim() == 3
+          and draft_probs.shape[0] == B and draft_probs.shape[1] in (N - 1, N) and draft_probs.shape[2] == V,
+          f"draft_probs: expected a float tensor of shape ({B}, {N - 1}, {V}), got "
+          f"{tuple(getattr(draft_probs, 'shape', ()))}")
+    device = candidates.device
+    steps = torch.arange(N, device=device)
+    next_token = torch.where(steps < N - 1, steps + 1, -1).expand(B, N).to(retrive_next_token.dtype)
+    no_sibling = torch.full((B, N), -1, dtype=retrive_next_sibling.dtype, device=device)
+    # Node u's row is the distribution of its child u + 1; the last node has no child.
+    rows = torch.cat([draft_probs[:, : N - 1], draft_probs.new_zeros(B, 1, V)], dim=1)
+    tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, next_token, no_sibling,
+                          uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs=rows)
 
 
 # ------------------------------------------------------------------------------ logits handoff
@@ -523,21 +568,24 @@ def _around(name: str, ours, signature_of):
 build_tree_hook = _around("build_tree_kernel_efficient_func", build_tree, build_tree)
 verify_greedy_hook = _around("verify_tree_greedy_func", verify_greedy, verify_greedy)
 tree_sampling_hook = _around("tree_speculative_sampling_target_only", tree_sampling, tree_sampling)
+chain_sampling_hook = _around("chain_speculative_sampling_triton", chain_sampling, chain_sampling)
 commit_kv_hook = _around("move_accept_tokens_to_target_kvcache", commit_kv, commit_kv)
 
 
 def uses_greedy_hook(original, *args, **kwargs):
     """``_verify_uses_greedy``: SGLang's answer, except that sampling batches on CPU, XPU and HIP
-    without rejection sampling take the sampling path (our exact verify) instead of greedy,
-    when the acceptance thresholds are 1."""
+    take the sampling path (our exact verify: tree sampling, or with rejection sampling the chain
+    sampler, :func:`chain_sampling`) instead of greedy, when the acceptance thresholds are 1 (and,
+    with rejection sampling, without block verification)."""
     greedy = original(*args, **kwargs)
     if not greedy or kwargs.get("is_all_greedy", args[0] if args else True):
-        return greedy
-    if kwargs.get("use_rejection_sampling", False):
         return greedy
     from sglang.srt.runtime_context import get_spec
 
     spec = get_spec()
+    if kwargs.get("use_rejection_sampling", False) and getattr(spec, "speculative_use_block_verification", False):
+        _log_fallback("_verify_uses_greedy", "block verification keeps SGLang's greedy verify on this platform")
+        return greedy
     single = float(getattr(spec, "speculative_accept_threshold_single", 1.0))
     acc = float(getattr(spec, "speculative_accept_threshold_acc", 1.0))
     if single != 1.0 or acc != 1.0:
@@ -599,6 +647,9 @@ def register() -> bool:
         eagle_utils.tree_speculative_sampling_target_only = fn
     else:
         HookRegistry.register(f"{VERIFY_SAMPLING}.tree_speculative_sampling_target_only", tree_sampling_hook,
+                              HookType.AROUND)
+    if verify_sampling.chain_speculative_sampling_triton is not None:
+        HookRegistry.register(f"{VERIFY_SAMPLING}.chain_speculative_sampling_triton", chain_sampling_hook,
                               HookType.AROUND)
     _set_missing(eagle_utils, "top_k_renorm_prob", top_k_renorm_prob)
     _set_missing(eagle_utils, "top_p_renorm_prob", top_p_renorm_prob)

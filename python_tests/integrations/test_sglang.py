@@ -438,9 +438,136 @@ def test_cpu_sampling_path_is_taken(hooks, monkeypatch):
     assert uses_greedy(is_all_greedy=True, use_rejection_sampling=False, **args) is True
     assert uses_greedy(is_all_greedy=False, use_rejection_sampling=False, **args) is False
     assert uses_greedy.__wrapped__(is_all_greedy=False, use_rejection_sampling=False, **args) is True
-    assert uses_greedy(is_all_greedy=False, use_rejection_sampling=True, **args) is True
+    assert uses_greedy(is_all_greedy=False, use_rejection_sampling=True, **args) is False  # our chain sampler
     spec.speculative_accept_threshold_acc = 0.5
     assert uses_greedy(is_all_greedy=False, use_rejection_sampling=False, **args) is True
+
+
+# ------------------------------------------------------------------------------ rejection sampling (chains)
+def chain_case(draws, gen, n=3, vocab=4):
+    """Chains of ``n - 1`` drafts, each drawn from its row of q, with SGLang's chain-kernel inputs."""
+    p = torch.softmax(torch.randn(n, vocab, generator=gen) * 1.5, -1)
+    p[1, 0] = 0
+    p /= p.sum(-1, keepdim=True)
+    q = torch.softmax(torch.randn(n - 1, vocab, generator=gen), -1)
+    q[0, 3] = 0  # a token the drafter never proposes
+    q /= q.sum(-1, keepdim=True)
+    drafts = torch.stack([torch.multinomial(q[j], draws, replacement=True, generator=gen) for j in range(n - 1)], 1)
+    predicts, accept_index, accept_num = greedy_outputs(draws, n, n)
+    kwargs = dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
+                  candidates=torch.cat([torch.full((draws, 1), 9), drafts], 1),
+                  retrive_index=torch.arange(draws * n).view(draws, n),
+                  retrive_next_token=torch.full((draws, n), -1), retrive_next_sibling=torch.full((draws, n), -1),
+                  uniform_samples=torch.rand(draws, n, generator=gen),
+                  uniform_samples_for_final_sampling=torch.rand(draws, generator=gen),
+                  target_probs=p.expand(draws, n, vocab).contiguous(),
+                  draft_probs=q.expand(draws, n - 1, vocab).contiguous(), threshold_single=1.0, threshold_acc=1.0,
+                  deterministic=True)
+    return kwargs, p, q
+
+
+def chain_law_p_value(kwargs, p, q):
+    """χ² p-value of the emitted sequences against rejection sampling's law: at node j < n - 1 the
+    token x is emitted and the chain goes on with probability min(p_j(x), q_j(x)), emitted as the
+    corrected token with p_j(x) - min(p_j(x), q_j(x)); after every draft, x ~ p_{n-1}."""
+    draws, n = kwargs["candidates"].shape
+    pred = kwargs["predicts"].view(draws, n)
+    seen = {}
+    for b in range(draws):
+        k = int(kwargs["accept_token_num"][b])
+        rows = kwargs["accept_index"][b, : k + 1] - b * n
+        seq = tuple(int(pred[b, r]) for r in rows)
+        seen[seq] = seen.get(seq, 0) + 1
+    P, Q = p.double().numpy(), q.double().numpy()
+    law = {}
+
+    def walk(j, prefix, mass):
+        for x in range(P.shape[1]):
+            if j == n - 1:
+                if P[j, x] > 0:
+                    law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * P[j, x]
+                continue
+            kept = min(P[j, x], Q[j, x])
+            if kept > 0:
+                walk(j + 1, prefix + (x,), mass * kept)
+            if P[j, x] - kept > 0:
+                law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * (P[j, x] - kept)
+
+    walk(0, (), 1.0)
+    if not set(seen) <= set(law):
+        return 0.0
+    keys = sorted(law)
+    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
+    expected = np.array([law[k] for k in keys])
+    expected *= draws / expected.sum()
+    return stats.chisquare(observed, expected)[1]
+
+
+def test_chain_rejection_sampling_is_exact(hooks, caplog, monkeypatch):
+    """SGLang's rejection-sampling chains (the name eagle_utils calls) run our verify, with no
+    fallback: the law of rejection sampling against the drafter's q (χ²); the links are not read."""
+    plugin._log_fallback.cache_clear()
+    kwargs, p, q = chain_case(4000, torch.Generator().manual_seed(21))
+    calls, original = [], plugin.tree_sampling_tensors
+    monkeypatch.setattr(plugin, "tree_sampling_tensors", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        eagle_utils.chain_speculative_sampling_triton(**kwargs)
+    assert calls == [1] and "falls back" not in caplog.text
+    assert chain_law_p_value(kwargs, p, q) > 1e-3
+
+
+def test_chain_rejection_sampling_law_is_sglangs(hooks):
+    """SGLang's own chain kernel (under the interpreter) follows the same law: the law the test above
+    holds ours to is SGLang's rule."""
+    from sglang.kernels.ops.speculative import reject_sampling
+
+    kwargs, p, q = chain_case(1500, torch.Generator().manual_seed(22))
+    reject_sampling.chain_speculative_sampling_triton(**kwargs)
+    assert chain_law_p_value(kwargs, p, q) > 1e-3
+
+
+def test_chain_rejection_sampling_harness_has_power(hooks, monkeypatch):
+    """The drafts verified as deterministic (the draft rows dropped: a planted bug) fail the law."""
+    kwargs, p, q = chain_case(4000, torch.Generator().manual_seed(21))
+    original = plugin.tree_sampling_tensors
+    monkeypatch.setattr(plugin, "tree_sampling_tensors",
+                        lambda *args, draft_probs=None, **kw: original(*args, **kw))
+    plugin.chain_sampling(**kwargs)
+    assert chain_law_p_value(kwargs, p, q) < 1e-6
+
+
+def test_chain_rejection_sampling_no_host_reads(hooks, monkeypatch):
+    kwargs, _, _ = chain_case(3, torch.Generator().manual_seed(24))
+    reads = HostReads(monkeypatch)
+    eagle_utils.chain_speculative_sampling_triton(**kwargs)
+    assert reads.calls == []
+
+
+def test_chain_rejection_sampling_contract(hooks, caplog, monkeypatch):
+    """Block verification and relaxed thresholds fall back with their log line; on CPU the
+    predicate sends rejection-sampling batches to the sampling path (our chain sampler) unless
+    block verification is on."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+
+    plugin._log_fallback.cache_clear()
+    kwargs, _, _ = chain_case(4, torch.Generator().manual_seed(23))
+    with pytest.raises(plugin.OutsideContract, match="block verification"):
+        plugin.chain_sampling(**kwargs, block_verification=True)
+    with pytest.raises(plugin.OutsideContract, match="relaxed acceptance"):
+        plugin.chain_sampling(**{**kwargs, "threshold_acc": 0.5})
+    with pytest.raises(plugin.OutsideContract, match="draft_probs"):
+        plugin.chain_sampling(**{**kwargs, "draft_probs": kwargs["draft_probs"][..., :3]})
+    spec = SimpleNamespace(speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0,
+                           speculative_use_block_verification=False)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    args = dict(is_all_greedy=False, use_rejection_sampling=True, is_cpu=True, is_hip=False, is_xpu=False)
+    assert eagle_utils._verify_uses_greedy(**args) is False
+    spec.speculative_use_block_verification = True
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        assert eagle_utils._verify_uses_greedy(**args) is True
+    assert "block verification" in caplog.text
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 0])
