@@ -15,8 +15,8 @@ read the logits rows in place (:func:`full_chains`); on CPU the native op
 ``torch.ops.eagle_kernels.vllm_chains`` does the same per request for ragged batches; elsewhere a
 ragged batch's chains are padded to ``max_spec_len`` drafts whose outcome is discarded (the walk is
 cut at the chain's end, where vLLM's bonus token is emitted). Model Runner V2's
-``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the same treatment
-(:func:`chain_verify_v2`, tensor code). Every other call runs vLLM's own function, with one log
+``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode``) gets the same treatment, its draft
+logits included (:func:`chain_verify_v2`, tensor code). Every other call runs vLLM's own function, with one log
 line per reason.
 """
 
@@ -236,8 +236,12 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     Request ``r`` owns logits rows ``cu_num_logits[r] .. cu_num_logits[r + 1] - 1`` (its drafts'
     positions and the bonus position, already temperature-scaled and filtered); the draft verified
     at row ``i`` is ``draft_sampled[i + 1]`` (-1: none, which ends the chain). The chain is padded
-    to ``steps`` drafts with never-accepted siblings: token ``V``, a column of probability 0."""
-    _need(draft_logits is None, "draft logits given (not the one-hot case)")
+    to ``steps`` drafts with never-accepted siblings: token ``V``, a column of probability 0.
+
+    With ``draft_logits`` ``[max_num_reqs, steps, V]`` (a drafter that samples; stored before the
+    temperature, as vLLM keeps them) a sampling request's draft ``j`` is verified by verify's
+    draft-aware rule against ``softmax(draft_logits[state, j] / temperature)``, vLLM's rule; greedy
+    requests ignore them. A draft vocabulary other than the target's is outside the contract."""
     _need(synthetic_conditional_rates is None, "synthetic acceptance mode")
     _need(not use_block_verification, "block verification")
     _need(contexts is None and watermarking is None, "watermarking")
@@ -248,6 +252,11 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     S = int(num_speculative_steps)
     T, V = target_logits.shape
     device = target_logits.device
+    if draft_logits is not None and not (isinstance(draft_logits, torch.Tensor) and draft_logits.dim() == 3
+                                         and draft_logits.is_floating_point() and draft_logits.shape[1] >= S
+                                         and draft_logits.shape[2] == V):
+        got = tuple(draft_logits.shape) if isinstance(draft_logits, torch.Tensor) else type(draft_logits).__name__
+        raise OutsideContract(f"draft_logits: expected a float [max_num_reqs, {S}, {V}] tensor, got {got}")
     start = cu_num_logits[:-1].long()
     end = cu_num_logits[1:].long()
     nodes = torch.arange(S + 1, device=device)
@@ -265,8 +274,17 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     logits[:, :V] = target_logits.index_select(0, rows.reshape(-1))
     state = idx_mapping.long()
     temp = (temperature[state] != 0).float()
+    drafts_given = {}
+    if draft_logits is not None:
+        # Node j's draft row: the distribution draft j was drawn from (vLLM scales the stored logits by
+        # the request's temperature); greedy requests never read it.
+        scale = torch.where(temperature[state] > 0, temperature[state], 1.0).float()
+        q = torch.zeros(R, S + 1, V + 1, dtype=torch.float32, device=device)
+        q[:, :S, :V] = torch.softmax(draft_logits[state, :S].float() / scale[:, None, None], dim=-1)
+        sampled = torch.cat([torch.zeros(R, 1, dtype=torch.bool, device=device), valid], dim=1)
+        drafts_given = dict(draft_probs=q, draft_sampled=sampled)
     result = ops.verify(tokens, parents, logits.view(R, S + 1, V + 1), max_depth=S, temperature=temp,
-                        seed=seed[state].long(), offset=pos.long()[start.clamp(max=max(T - 1, 0))])
+                        seed=seed[state].long(), offset=pos.long()[start.clamp(max=max(T - 1, 0))], **drafts_given)
     return result.out_tokens, (result.accept_len + 1).int()
 
 

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 pytest.importorskip("vllm")
 
@@ -388,6 +390,106 @@ def test_v2_sampling_is_exact(hooked):
     assert stats.chisquare(observed, expected)[1] > 1e-3
 
 
+def v2_draft_logits_case(draws, gen, temperature=0.7, vocab=4, steps=2):
+    """Model Runner V2 inputs whose drafts are drawn from q_j = softmax(draft_logits_j / T)."""
+    p = torch.softmax(torch.randn(steps + 1, vocab, generator=gen) * 1.5, -1)
+    p[1, 0] = 0
+    p /= p.sum(-1, keepdim=True)
+    draft_logits = torch.randn(steps, vocab, generator=gen) * 1.5
+    q = torch.softmax(draft_logits / temperature, -1)
+    drafts = torch.stack([torch.multinomial(q[j], draws, replacement=True, generator=gen) for j in range(steps)], 1)
+    kwargs, _ = v2_inputs(drafts.tolist(), vocab, gen, temperature)
+    kwargs["draft_logits"] = draft_logits.expand(draws, steps, vocab).contiguous()
+    return kwargs, torch.log(p).repeat(draws, 1), p, q
+
+
+def v2_law_p_value(out, num, p, q):
+    steps = q.shape[0]
+    seen = {}
+    for r in range(out.shape[0]):
+        seq = tuple(out[r, : int(num[r])].tolist())
+        seen[seq] = seen.get(seq, 0) + 1
+    P, Q = p.double().numpy(), q.double().numpy()
+    law = {}
+
+    def walk(j, prefix, mass):
+        for x in range(P.shape[1]):
+            if j == steps:
+                if P[j, x] > 0:
+                    law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * P[j, x]
+                continue
+            kept = min(P[j, x], Q[j, x])
+            if kept > 0:
+                walk(j + 1, prefix + (x,), mass * kept)
+            if P[j, x] - kept > 0:
+                law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * (P[j, x] - kept)
+
+    walk(0, (), 1.0)
+    if not set(seen) <= set(law):
+        return 0.0
+    keys = sorted(law)
+    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
+    expected = np.array([law[k] for k in keys])
+    expected *= observed.sum() / expected.sum()
+    return stats.chisquare(observed, expected)[1]
+
+
+@triton.jit
+def _log1p(x):
+    return tl.log(1.0 + x)
+
+
+def _interpretable_log1p(monkeypatch):
+    """vLLM's V2 residual calls libdevice's log1p, which the interpreter lacks: log(1 + x) there."""
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    monkeypatch.setattr(v2, "tldevice", SimpleNamespace(log1p=_log1p))
+
+
+def test_v2_draft_logits_sampling_is_exact(hooked, caplog, monkeypatch):
+    """Model Runner V2 with draft logits (stored before the temperature, T 0.7): our verify (no
+    fallback) and vLLM's own sampler both follow the law of rejection sampling against
+    q = softmax(draft_logits / T) (χ²); the drafts verified as one-hot (a planted bug) do not."""
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    _interpretable_log1p(monkeypatch)
+    plugin._log_fallback.cache_clear()
+    kwargs, logits, p, q = v2_draft_logits_case(3000, torch.Generator().manual_seed(31))
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        out, num = v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    assert "falls back" not in caplog.text
+    assert v2_law_p_value(out, num, p, q) > 1e-3
+    # vLLM's own kernel is slow under the interpreter (about 30 ms a request): fewer requests.
+    small, small_logits, p2, q2 = v2_draft_logits_case(400, torch.Generator().manual_seed(33))
+    ref, ref_num = v2.rejection_sample.__wrapped__(small_logits, num_speculative_steps=2, **small)
+    assert v2_law_p_value(ref, ref_num, p2, q2) > 1e-3
+    bug, bug_num = plugin.chain_verify_v2(logits, num_speculative_steps=2, **{**kwargs, "draft_logits": None})
+    assert v2_law_p_value(bug, bug_num, p, q) < 1e-6
+
+
+def test_v2_draft_logits_greedy_and_other_vocab(hooked, caplog, monkeypatch):
+    """Greedy requests ignore draft logits (vLLM's tokens); a draft vocabulary other than the
+    target's runs vLLM's sampler, with the reason logged."""
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    _interpretable_log1p(monkeypatch)
+    plugin._log_fallback.cache_clear()
+    gen = torch.Generator().manual_seed(32)
+    kwargs, num_logits = v2_inputs([[1, 2], [], [3]], 5, gen, 0.0)
+    kwargs["draft_logits"] = torch.randn(3, 2, 5, generator=gen)
+    logits = torch.randn(num_logits, 5, generator=gen)
+    ours, ours_n = v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    ref, ref_n = v2.rejection_sample.__wrapped__(logits, num_speculative_steps=2, **kwargs)
+    assert torch.equal(ours_n, ref_n)
+    for r in range(3):
+        assert ours[r, : int(ref_n[r])].tolist() == ref[r, : int(ref_n[r])].tolist()
+    kwargs["draft_logits"] = torch.randn(3, 2, 4, generator=gen)
+    kwargs["temperature"] = torch.ones(3)
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    assert "draft_logits: expected a float [max_num_reqs, 2, 5] tensor" in caplog.text
+
+
 def test_v2_no_host_reads(hooked, monkeypatch):
     from test_sglang import HostReads
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
@@ -395,6 +497,8 @@ def test_v2_no_host_reads(hooked, monkeypatch):
     gen = torch.Generator().manual_seed(2)
     kwargs, num_logits = v2_inputs([[1, 2], [], [3]], 5, gen, 1.0)
     logits = torch.randn(num_logits, 5, generator=gen)
+    draft_logits = torch.randn(3, 2, 5, generator=gen)
     reads = HostReads(monkeypatch)
     v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    v2.rejection_sample(logits, num_speculative_steps=2, **{**kwargs, "draft_logits": draft_logits})
     assert reads.calls == []
