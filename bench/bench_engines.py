@@ -238,6 +238,36 @@ def main():
             shape = f"bs={bs} k={k} V={V}" + (" ragged" if ragged else "")
             rows.append((f"vllm rejection_sample ({name})", shape, total, alone, tensors, None))
 
+    # Drafts drawn by a sampling drafter, with its probabilities: vLLM's draft_probs (V1, gathered
+    # chains) and SGLang's rejection-sampling chains, through verify's draft-aware rule (tensor code
+    # on every device: the wrapped call is the tensor path).
+    bs, k, V = 16, 5, 32000
+    counts = [k] * bs
+    flat = torch.randint(0, V, (bs * k,), generator=gen, dtype=torch.int32)
+    cu = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+    logits = torch.randn(bs * k, V, generator=gen)
+    draft_probs = torch.softmax(torch.randn(bs * k, V, generator=gen), -1)
+    bonus = torch.randint(0, V, (bs, 1), generator=gen, dtype=torch.int32)
+    meta = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(bs), generators={})
+    call = lambda: vl.chain_verify(flat, counts, k, cu, draft_probs, logits, bonus, meta)  # noqa: E731
+    total, alone = best_pair_us(call, op_alone_fn(vl, call), 10)
+    rows.append(("vllm rejection_sample (q)", f"bs={bs} k={k} V={V}", total, alone, total, None))
+    n = k + 1
+    outs = (torch.zeros(bs * n, dtype=torch.int32), torch.full((bs, n), -1, dtype=torch.int32),
+            torch.empty(bs, dtype=torch.int32))
+    links = torch.full((bs, n), -1)
+    # The target's probabilities as SGLang's softmax (hooked) makes them, verified from their logits,
+    # and the same probabilities as a fresh tensor, through their logarithm.
+    chain_logits = torch.randn(bs * n, V, generator=gen)
+    made = sg.softmax_hook(lambda x, t: torch.softmax(x / t, -1), chain_logits, torch.full((bs * n, 1), 0.8))
+    for source, target_probs in (("logits", made.view(bs, n, V)), ("probs", made.clone().view(bs, n, V))):
+        chain_args = (*outs, torch.randint(0, V, (bs, n), generator=gen), torch.arange(bs * n).view(bs, n), links,
+                      links, torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen), target_probs,
+                      torch.softmax(torch.randn(bs, n - 1, V, generator=gen), -1), 1.0, 1.0, True)
+        call = lambda: sg.chain_sampling(*chain_args)  # noqa: E731
+        total, alone = best_pair_us(call, op_alone_fn(sg, call), 10)
+        rows.append((f"sglang chain sampling ({source})", f"bs={bs} N={n} V={V}", total, alone, total, None))
+
     print(f"{'call':30} {'shape':28} {'wrapped us':>10} {'op alone us':>11} {'conversion':>10} "
           f"{'tensor path us':>14} {'engine kernel (interp.) us':>26}")
     for name, shape, total, alone, tensors, engine in rows:

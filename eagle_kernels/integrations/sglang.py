@@ -318,9 +318,10 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
     changes the float summation order inside verify; ``compact=True`` (for the tests' bit-exact
     comparison, where the caller knows that) leaves it out here too.
 
-    ``draft_probs`` float ``[B, N, V]`` (:func:`chain_sampling`): row ``u`` the distribution node
-    ``u``'s children were drawn from; every reached node but the root is then a sampled draft of
-    verify's draft-aware rule."""
+    ``draft_probs`` float ``[B, M, V]`` (:func:`chain_sampling`): row ``u`` the distribution node
+    ``u``'s children were drawn from, for the nodes ``u < M`` (those past ``M`` have no sampled
+    children: their rows are never read); every reached node but the root is then a sampled draft
+    of verify's draft-aware rule."""
     B, N, S = _check_verify_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                     retrive_next_token, retrive_next_sibling)
     if handed is None:
@@ -356,8 +357,11 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
         logits[:, V] = float("-inf")
     if handed is None:
         torch.log(source.index_select(0, rows).float(), out=logits[:, :V])
+    elif compact:
+        torch.index_select(source, 0, rows, out=logits)
     else:
         logits[:, :V] = source.index_select(0, rows)
+    if handed is not None:
         # Per-request parameters: row b * N of SGLang's per-row tensors is request b's first.
         temperatures, top_ks, top_ps = handed[1:]
         if temperatures is not None:
@@ -369,9 +373,14 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
             top_p = top_ps.reshape(B, N)[:, 0].float()
     drafts = {}
     if draft_probs is not None:
-        q = torch.zeros(B, N, width, dtype=torch.float32, device=device)
-        q[..., :V] = draft_probs.float().gather(1, order[..., None].expand(B, N, V))
-        drafts = dict(draft_probs=q, draft_sampled=reached.gather(1, order) & (order > 0))
+        # One row gather in verify's node order; the extra logits column (token V, never a draft)
+        # is left out of the draft rows by d2t: draft id x stands for token x.
+        M = draft_probs.shape[1]
+        rows_q = (torch.arange(B, device=device)[:, None] * M + order.clamp(max=M - 1)).reshape(-1)
+        drafts = dict(draft_probs=draft_probs.float().reshape(B * M, V).index_select(0, rows_q).view(B, N, V),
+                      draft_sampled=reached.gather(1, order) & (order > 0))
+        if width != V:
+            drafts["d2t"] = torch.zeros(V, dtype=torch.int64, device=device)
     result = ops.verify(tokens, new_parents, logits.view(B, N, width), max_depth=S - 1, temperature=temperature,
                         top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
     emitted = result.out_tokens.clamp(min=0)
@@ -406,10 +415,20 @@ def chain_sampling(predicts, accept_index, accept_token_num, candidates, retrive
     steps = torch.arange(N, device=device)
     next_token = torch.where(steps < N - 1, steps + 1, -1).expand(B, N).to(retrive_next_token.dtype)
     no_sibling = torch.full((B, N), -1, dtype=retrive_next_sibling.dtype, device=device)
-    # Node u's row is the distribution of its child u + 1; the last node has no child.
-    rows = torch.cat([draft_probs[:, : N - 1], draft_probs.new_zeros(B, 1, V)], dim=1)
-    tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, next_token, no_sibling,
-                          uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs=rows)
+    # Node u's row is the distribution of its child u + 1 (u < N - 1); the last node has no child.
+    args = (predicts, accept_index, accept_token_num, candidates, retrive_index, next_token, no_sibling,
+            uniform_samples, uniform_samples_for_final_sampling)
+    # Every node of the chain is reached: no never-selected logits column (compact).
+    rows = draft_probs[:, : N - 1]
+    handed = _handed_logits(target_probs)
+    if handed is not None:
+        try:
+            tree_sampling_tensors(*args, None, handed, compact=True, draft_probs=rows)
+            return
+        except (OutsideContract, ValueError) as reason:
+            _log_fallback("chain_speculative_sampling_triton", f"from SGLang's logits: {reason}; verifying from "
+                          "the probabilities instead")
+    tree_sampling_tensors(*args, target_probs, compact=True, draft_probs=rows)
 
 
 # ------------------------------------------------------------------------------ logits handoff

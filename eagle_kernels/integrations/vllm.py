@@ -123,6 +123,7 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     # counts[b] is discarded below, where the bonus token takes its place. With draft_probs, node
     # j's draft row is draft_probs[starts + j], the distribution its child (draft j) was drawn
     # from; the padded nodes are deterministic drafts (their parents' rows are never read).
+    node_rows = (starts[:, None] + torch.arange(L + 1, device=device)).clamp(max=max(T - 1, 0))
     if T > 0:
         drafts = draft_token_ids.long()[rows]
     else:
@@ -132,7 +133,6 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
                         dim=1).int()
     nodes = torch.arange(L + 1, device=device)
     if T > 0:
-        node_rows = (starts[:, None] + nodes).clamp(max=T - 1)
         logits = target_logits.index_select(0, node_rows.reshape(-1)).view(B, L + 1, V)
     else:
         logits = torch.zeros(B, L + 1, V, dtype=target_logits.dtype, device=device)
@@ -152,9 +152,12 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
         temperature = (sampling_metadata.temperature.reshape(B) != 0).float()
     drafts_given = {}
     if draft_probs is not None:
-        rows_q = draft_probs.float().index_select(0, rows.reshape(-1)).view(B, L, V) if T > 0 else \
-            torch.zeros(B, L, V, device=device)
-        node_probs = torch.cat([rows_q * real[..., None], rows_q.new_zeros(B, 1, V)], dim=1)
+        # Node j's draft row is read only where its child is a real draft (j < counts[b]): the rows
+        # gathered as the logits are (one pass), whatever they hold elsewhere.
+        if T > 0:
+            node_probs = draft_probs.float().index_select(0, node_rows.reshape(-1)).view(B, L + 1, V)
+        else:
+            node_probs = torch.zeros(B, L + 1, V, device=device)
         sampled = torch.cat([torch.zeros(B, 1, dtype=torch.bool, device=device), real], dim=1)
         drafts_given = dict(draft_probs=node_probs, draft_sampled=sampled)
     result = ops.verify(tokens, parents, logits, max_depth=L, temperature=temperature, seed=seed, offset=offset,

@@ -503,16 +503,26 @@ def chain_law_p_value(kwargs, p, q):
     return stats.chisquare(observed, expected)[1]
 
 
-def test_chain_rejection_sampling_is_exact(hooks, caplog, monkeypatch):
+@pytest.mark.parametrize("handed", [False, True], ids=["from_probs", "from_logits"])
+def test_chain_rejection_sampling_is_exact(hooks, caplog, monkeypatch, handed):
     """SGLang's rejection-sampling chains (the name eagle_utils calls) run our verify, with no
-    fallback: the law of rejection sampling against the drafter's q (χ²); the links are not read."""
+    fallback: the law of rejection sampling against the drafter's q (χ²); the links are not read.
+    ``from_logits``: the probabilities made by SGLang's softmax (hooked) at T 0.8, verified from
+    the logits they were made of."""
     plugin._log_fallback.cache_clear()
     kwargs, p, q = chain_case(4000, torch.Generator().manual_seed(21))
+    if handed:
+        draws, n, vocab = kwargs["target_probs"].shape
+        logits = (0.8 * torch.log(p)).repeat(draws, 1)
+        probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, torch.full((draws * n, 1), 0.8))
+        kwargs["target_probs"] = probs.view(draws, n, vocab)
+        p = torch.softmax(torch.log(p), -1)
     calls, original = [], plugin.tree_sampling_tensors
-    monkeypatch.setattr(plugin, "tree_sampling_tensors", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    monkeypatch.setattr(plugin, "tree_sampling_tensors",
+                        lambda *a, **kw: calls.append(len(a) > 10 and a[10] is not None) or original(*a, **kw))
     with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
         eagle_utils.chain_speculative_sampling_triton(**kwargs)
-    assert calls == [1] and "falls back" not in caplog.text
+    assert calls == [handed] and "falls back" not in caplog.text
     assert chain_law_p_value(kwargs, p, q) > 1e-3
 
 
