@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("sglang")
 
 import sglang_cases as cases  # noqa: E402
+from chain_law import chi2_p_value, rejection_chain_law  # noqa: E402
 from scipy import stats  # noqa: E402
 from sglang.kernels.ops.speculative import spec_tree, verify_sampling  # noqa: E402
 from sglang.srt.speculative import eagle_utils  # noqa: E402
@@ -467,9 +468,7 @@ def chain_case(draws, gen, n=3, vocab=4):
 
 
 def chain_law_p_value(kwargs, p, q):
-    """χ² p-value of the emitted sequences against rejection sampling's law: at node j < n - 1 the
-    token x is emitted and the chain goes on with probability min(p_j(x), q_j(x)), emitted as the
-    corrected token with p_j(x) - min(p_j(x), q_j(x)); after every draft, x ~ p_{n-1}."""
+    """χ² p-value of the emitted sequences against rejection sampling's law (chain_law)."""
     draws, n = kwargs["candidates"].shape
     pred = kwargs["predicts"].view(draws, n)
     seen = {}
@@ -478,29 +477,7 @@ def chain_law_p_value(kwargs, p, q):
         rows = kwargs["accept_index"][b, : k + 1] - b * n
         seq = tuple(int(pred[b, r]) for r in rows)
         seen[seq] = seen.get(seq, 0) + 1
-    P, Q = p.double().numpy(), q.double().numpy()
-    law = {}
-
-    def walk(j, prefix, mass):
-        for x in range(P.shape[1]):
-            if j == n - 1:
-                if P[j, x] > 0:
-                    law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * P[j, x]
-                continue
-            kept = min(P[j, x], Q[j, x])
-            if kept > 0:
-                walk(j + 1, prefix + (x,), mass * kept)
-            if P[j, x] - kept > 0:
-                law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * (P[j, x] - kept)
-
-    walk(0, (), 1.0)
-    if not set(seen) <= set(law):
-        return 0.0
-    keys = sorted(law)
-    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
-    expected = np.array([law[k] for k in keys])
-    expected *= draws / expected.sum()
-    return stats.chisquare(observed, expected)[1]
+    return chi2_p_value(seen, rejection_chain_law(p.double().numpy(), q.double().numpy()))
 
 
 @pytest.mark.parametrize("handed", [False, True], ids=["from_probs", "from_logits"])

@@ -17,6 +17,7 @@ import triton.language as tl
 
 pytest.importorskip("vllm")
 
+from chain_law import chi2_p_value, rejection_chain_law  # noqa: E402
 from scipy import stats  # noqa: E402
 from vllm.v1.sample import rejection_sampler as rs  # noqa: E402
 
@@ -181,28 +182,6 @@ def test_sampling_is_exact(hooked, monkeypatch, layout):
     assert stats.chisquare(observed, expected)[1] > 1e-3
 
 
-def sampled_chain_law(p, q, bonus):
-    """Law of the emitted tokens of a chain whose draft j is drawn from q_j and verified by
-    rejection sampling (vLLM's rule): x emitted and the chain goes on with probability
-    min(p_j(x), q_j(x)); x emitted as the recovered token, ending it, with p_j(x) - min(p_j(x),
-    q_j(x)); after the last draft, the bonus token."""
-    law = {}
-
-    def walk(j, prefix, mass):
-        if j == len(p):
-            law[prefix + (bonus,)] = law.get(prefix + (bonus,), 0) + mass
-            return
-        for x in range(p.shape[1]):
-            kept = min(p[j, x], q[j, x])
-            if kept > 0:
-                walk(j + 1, prefix + (x,), mass * kept)
-            if p[j, x] - kept > 0:
-                law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * (p[j, x] - kept)
-
-    walk(0, (), 1.0)
-    return law
-
-
 def sampled_chain_batch(draws, gen, ragged):
     """Random requests whose 2-draft chains are drawn from q (one greedy request first; with
     ``ragged``, a last request with a 1-draft chain), vLLM's inputs for them, and p / q."""
@@ -233,13 +212,7 @@ def law_pvalue(out, draws, p, q):
     for row in out[1:draws].tolist():
         seq = tuple(t for t in row if t >= 0)
         seen[seq] = seen.get(seq, 0) + 1
-    law = sampled_chain_law(p.double().numpy(), q.double().numpy(), 2)
-    assert set(seen) <= set(law), set(seen) - set(law)
-    keys = sorted(law)
-    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
-    expected = np.array([law[k] for k in keys])
-    expected *= observed.sum() / expected.sum()
-    return stats.chisquare(observed, expected)[1]
+    return chi2_p_value(seen, rejection_chain_law(p.double().numpy(), q.double().numpy(), bonus=2))
 
 
 @pytest.mark.parametrize("ragged", [False, True], ids=["full", "ragged"])
@@ -404,34 +377,11 @@ def v2_draft_logits_case(draws, gen, temperature=0.7, vocab=4, steps=2):
 
 
 def v2_law_p_value(out, num, p, q):
-    steps = q.shape[0]
     seen = {}
     for r in range(out.shape[0]):
         seq = tuple(out[r, : int(num[r])].tolist())
         seen[seq] = seen.get(seq, 0) + 1
-    P, Q = p.double().numpy(), q.double().numpy()
-    law = {}
-
-    def walk(j, prefix, mass):
-        for x in range(P.shape[1]):
-            if j == steps:
-                if P[j, x] > 0:
-                    law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * P[j, x]
-                continue
-            kept = min(P[j, x], Q[j, x])
-            if kept > 0:
-                walk(j + 1, prefix + (x,), mass * kept)
-            if P[j, x] - kept > 0:
-                law[prefix + (x,)] = law.get(prefix + (x,), 0) + mass * (P[j, x] - kept)
-
-    walk(0, (), 1.0)
-    if not set(seen) <= set(law):
-        return 0.0
-    keys = sorted(law)
-    observed = np.array([seen.get(k, 0) for k in keys], dtype=np.float64)
-    expected = np.array([law[k] for k in keys])
-    expected *= observed.sum() / expected.sum()
-    return stats.chisquare(observed, expected)[1]
+    return chi2_p_value(seen, rejection_chain_law(p.double().numpy(), q.double().numpy()))
 
 
 @triton.jit
