@@ -115,7 +115,6 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     starts = ends - counts
     steps = torch.arange(L, device=device)
     real = steps < counts[:, None]  # [B, L]: draft j of request b exists
-    rows = torch.where(real, starts[:, None] + steps, 0)
 
     # Nodes: 0 the root, j + 1 draft j; request b's chain is padded to L drafts with nodes after
     # its last draft. Node j's row is target_logits[starts + j] for j < counts[b] and any valid row
@@ -124,8 +123,8 @@ def chain_verify(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_t
     # j's draft row is draft_probs[starts + j], the distribution its child (draft j) was drawn
     # from; the padded nodes are deterministic drafts (their parents' rows are never read).
     node_rows = (starts[:, None] + torch.arange(L + 1, device=device)).clamp(max=max(T - 1, 0))
-    if T > 0:
-        drafts = draft_token_ids.long()[rows]
+    if T > 0:  # draft j sits at node j's row (past a request's chain: another valid row, masked below)
+        drafts = draft_token_ids.long()[node_rows[:, :L]]
     else:
         drafts = torch.zeros(B, L, dtype=torch.long, device=device)
     tokens = torch.cat([bonus[:, None], torch.where(real, drafts, 0)], dim=1)
