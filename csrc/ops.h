@@ -94,6 +94,13 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
                          const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_sampled,
                          const std::optional<at::Tensor>& d2t, const std::optional<at::Tensor>& positions);
 
+VerifyTensors block_verify_cpu(const at::Tensor& tokens, const at::Tensor& target_logits,
+                               const std::optional<at::Tensor>& draft_probs,
+                               const std::optional<at::Tensor>& num_drafts,
+                               const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+                               const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seed,
+                               const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& d2t);
+
 #ifdef EAGLE_WITH_CUDA
 TreeTensors build_tree_cuda(const at::Tensor& root_tokens, const at::Tensor& cand_tokens, const at::Tensor& cand_scores,
                             const at::Tensor& cand_parents, int64_t num_nodes);

@@ -1,7 +1,7 @@
 // Every schema of torch.ops.eagle_kernels, and the native kernels registered for them.
 //
 // The schema strings are copied verbatim from eagle_kernels/_schemas.py (a test keeps the two
-// identical). Native kernels: CPU (always) for all eight ops; CUDA (EAGLE_WITH_CUDA builds)
+// identical). Native kernels: CPU (always) for every op of the schemas above; CUDA (EAGLE_WITH_CUDA builds)
 // for build_tree and compact_kv. Every other (op, dispatch key) pair is left free for the
 // Python side, which registers fakes and routes the remaining keys through backend_of.
 #ifdef EAGLE_PYTHON_MODULE
@@ -30,6 +30,10 @@ TORCH_LIBRARY(eagle_kernels, m) {
       "Tensor? offset=None, Tensor? draft_probs=None, Tensor? draft_sampled=None, Tensor? d2t=None, "
       "Tensor? positions=None) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "block_verify(Tensor tokens, Tensor target_logits, Tensor? draft_probs=None, *, Tensor? num_drafts=None, "
+      "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, Tensor? offset=None, "
+      "Tensor? d2t=None) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("coupled_noise(Tensor seed, Tensor positions, int num_tokens, *, Tensor? d2t=None) -> Tensor");
   m.def(
       "coupled_draft_logits(Tensor logits, Tensor temperature, Tensor seed, Tensor positions, *, "
@@ -73,6 +77,7 @@ TORCH_LIBRARY_IMPL(eagle_kernels, CPU, m) {
   m.impl("compact_kv", &eagle::compact_kv_cpu);
   m.impl("write_kv", &eagle::write_kv_cpu);
   m.impl("verify", &eagle::verify_cpu);
+  m.impl("block_verify", &eagle::block_verify_cpu);
   m.impl("coupled_noise", &eagle::coupled_noise_cpu);
   m.impl("coupled_draft_logits", &eagle::coupled_draft_logits_cpu);
   m.impl("cpu_linear", &eagle::cpu_linear_cpu);

@@ -1,7 +1,8 @@
 """eagle_kernels: kernels for EAGLE-style speculative decoding.
 
-Nine ops (contract in docs/ops.md, readable truth in eagle_kernels/reference): ``tree_attention``,
-``draft_expand``, ``build_tree``, ``verify``, ``compact_kv``, ``write_kv`` (stores the new
+Ten ops (contract in docs/ops.md, readable truth in eagle_kernels/reference): ``tree_attention``,
+``draft_expand``, ``build_tree``, ``verify``, ``block_verify`` (a chain of drafts verified as one
+block), ``compact_kv``, ``write_kv`` (stores the new
 tokens' K/V before a verify pass), ``cpu_linear`` (the few-row linear layers of a CPU
 model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) and
 ``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call), with
@@ -27,6 +28,7 @@ from ._types import DecoderForwardOutput, DecoderLayersOutput, DraftCandidates, 
 from .decoder import SpeculativeDecoder
 from .expansion import Expansion, expand_tree
 from .ops import (
+    block_verify,
     build_tree,
     compact_kv,
     coupled_draft_logits,
@@ -65,7 +67,8 @@ if not _dispatch.HAS_CPP:
 _registration.register()
 
 __all__ = [
-    "tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "coupled_draft_logits", "compact_kv",
+    "tree_attention", "draft_expand", "build_tree", "verify", "block_verify", "coupled_noise", "coupled_draft_logits",
+    "compact_kv",
     "write_kv", "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
     "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rmsnorm_qkv_rope", "rope_write_kv",
     "silu_mul", "q8_0_linear", "fp8_linear", "Tree",

@@ -276,6 +276,58 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
         _fail("top_p", "values in (0, 1]", top_p.tolist())
 
 
+def check_block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=None, temperature=None, top_k=None,
+                       top_p=None, seed=None, offset=None, d2t=None, values=True):
+    check_tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, ndim=3)
+    B, N, V = target_logits.shape
+    device = target_logits.device
+    check_tensor("tokens", tokens, dtype=torch.int64, shape=(B, N), device=device)
+    if N == 0 or V == 0:
+        _fail("target_logits", "at least one node and one vocabulary entry", f"shape {tuple(target_logits.shape)}")
+    optional = (("num_drafts", num_drafts, torch.int32), ("temperature", temperature, torch.float32),
+                ("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32), ("seed", seed, torch.int64),
+                ("offset", offset, torch.int64))
+    for name, t, dtype in optional:
+        if t is not None:
+            check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
+    if draft_probs is None:
+        if d2t is not None:
+            _fail("d2t", "None when draft_probs is None (it qualifies the draft distributions)",
+                  f"a {type(d2t).__name__}")
+    else:
+        check_tensor("draft_probs", draft_probs, dtype=torch.float32, ndim=3, device=device)
+        if tuple(draft_probs.shape[:2]) != (B, N):
+            _fail("draft_probs", f"shape [B = {B}, N = {N}, Vd]", f"shape {tuple(draft_probs.shape)}")
+        Vd = draft_probs.shape[2]
+        if d2t is None and Vd != V:
+            _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t",
+                  f"shape {tuple(draft_probs.shape)}")
+        if Vd == 0:
+            _fail("draft_probs", "at least one draft vocabulary entry", f"shape {tuple(draft_probs.shape)}")
+        if d2t is not None:
+            check_tensor("d2t", d2t, dtype=torch.int64, shape=(Vd,), device=device)
+    if not (values and values_checked(device)):
+        return
+    if num_drafts is not None and bool(((num_drafts < 0) | (num_drafts > N - 1)).any()):
+        _fail("num_drafts", f"values in [0, N - 1 = {N - 1}]", num_drafts.tolist())
+    if N > 1:
+        drafted = torch.arange(1, N, device=device)[None, :] <= (
+            N - 1 if num_drafts is None else num_drafts[:, None])
+        if bool((drafted & ((tokens[:, 1:] < 0) | (tokens[:, 1:] >= V))).any()):
+            _fail("tokens", f"draft tokens in [0, V = {V}) in nodes 1 .. num_drafts", tokens.tolist())
+    if temperature is not None:
+        _check_temperature_values(temperature)
+    if top_k is not None and bool((top_k < 0).any()):
+        _fail("top_k", "values >= 0", top_k.tolist())
+    if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
+        _fail("top_p", "values in (0, 1]", top_p.tolist())
+
+
+def block_verify_shapes(tokens, target_logits, *_, **__):
+    B, N = target_logits.shape[:2]
+    return (B,), (B, N), (B, N), (B,)
+
+
 def check_coupled_noise(seed, positions, num_tokens, *, d2t=None, values=True):
     check_tensor("seed", seed, dtype=torch.int64, ndim=1)
     B, device = seed.shape[0], seed.device

@@ -24,6 +24,7 @@ RESULT_TYPES = {
     "draft_expand": _types.DraftCandidates,
     "build_tree": _types.Tree,
     "verify": _types.VerifyOutput,
+    "block_verify": _types.VerifyOutput,
     "cpu_decoder_layers": _types.DecoderLayersOutput,
     "cpu_decoder_forward": _types.DecoderForwardOutput,
     "cpu_head_forward": _types.HeadForwardOutput,

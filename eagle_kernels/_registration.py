@@ -60,6 +60,15 @@ def _fake_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
     return tuple(target_logits.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
 
 
+def _fake_block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=None, temperature=None, top_k=None,
+                       top_p=None, seed=None, offset=None, d2t=None):
+    _checks.check_block_verify(tokens, target_logits, draft_probs, num_drafts=num_drafts, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=seed, offset=offset, d2t=d2t, values=False)
+    shapes = _checks.block_verify_shapes(tokens, target_logits)
+    dtypes = (torch.int32, torch.int32, torch.int64, torch.int32)
+    return tuple(target_logits.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
+
+
 def _fake_coupled_noise(seed, positions, num_tokens, *, d2t=None):
     _checks.check_coupled_noise(seed, positions, num_tokens, d2t=d2t, values=False)
     return seed.new_empty(_checks.coupled_noise_shape(seed, positions, num_tokens), dtype=torch.float32)
@@ -180,6 +189,7 @@ FAKES = {
     "draft_expand": _fake_draft_expand,
     "build_tree": _fake_build_tree,
     "verify": _fake_verify,
+    "block_verify": _fake_block_verify,
     "coupled_noise": _fake_coupled_noise,
     "coupled_draft_logits": _fake_coupled_draft_logits,
     "compact_kv": _fake_compact_kv,

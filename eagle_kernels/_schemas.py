@@ -26,6 +26,11 @@ SCHEMAS = {
         "Tensor? positions=None) "
         "-> (Tensor, Tensor, Tensor, Tensor)"
     ),
+    "block_verify": (
+        "block_verify(Tensor tokens, Tensor target_logits, Tensor? draft_probs=None, *, Tensor? num_drafts=None, "
+        "Tensor? temperature=None, Tensor? top_k=None, Tensor? top_p=None, Tensor? seed=None, Tensor? offset=None, "
+        "Tensor? d2t=None) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
     "coupled_noise": "coupled_noise(Tensor seed, Tensor positions, int num_tokens, *, Tensor? d2t=None) -> Tensor",
     "coupled_draft_logits": (
         "coupled_draft_logits(Tensor logits, Tensor temperature, Tensor seed, Tensor positions, *, "

@@ -42,6 +42,16 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset, **drafts)
 
 
+def block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=None, temperature=None, top_k=None,
+                 top_p=None, seed=None, offset=None, d2t=None) -> VerifyOutput:
+    """A chain of drafts verified as one block (docs/ops.md §21): exact, and on average at least as
+    many drafts kept as :func:`verify` keeps of a chain sampled from the draft; see
+    :func:`eagle_kernels.reference.block_verify`."""
+    return _dispatch.run("block_verify", target_logits.device, tokens, target_logits, draft_probs,
+                         num_drafts=num_drafts, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         offset=offset, d2t=d2t)
+
+
 def coupled_noise(seed, positions, num_tokens, *, d2t=None):
     """The Gumbel noise of coupled sampling at each (request, position, token) (docs/ops.md §15),
     for drafts that share the target's race; see :func:`eagle_kernels.reference.coupled_noise`."""

@@ -917,4 +917,6 @@ at::Tensor coupled_draft_logits_cpu(const at::Tensor& logits, const at::Tensor& 
   return at::where(sampling.view({B, 1, 1}), perturbed, rows);
 }
 
+#include "block_verify.inc"
+
 }  // namespace eagle

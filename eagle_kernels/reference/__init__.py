@@ -5,6 +5,7 @@ float64 when given float64 inputs. They are slow on purpose: loops over requests
 read like the spec.
 """
 
+from .block_verify import block_verify
 from .build_tree import build_tree
 from .compact_kv import compact_kv
 from .coupled_draft_logits import coupled_draft_logits
@@ -24,7 +25,8 @@ from .tree_attention import tree_attention
 from .verify import verify
 from .write_kv import write_kv
 
-__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "coupled_noise", "coupled_draft_logits",
+__all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "block_verify", "coupled_noise",
+           "coupled_draft_logits",
            "compact_kv",
            "write_kv", "cpu_linear",
            "cpu_decoder_layer", "cpu_decoder_layers",

@@ -54,6 +54,13 @@ def small_inputs(op):
             "draft_probs": torch.softmax(torch.randn(2, 4, 4, generator=g), -1),
             "draft_sampled": torch.tensor([[False, True, True, False]] * 2),
             "d2t": torch.ones(4, dtype=torch.int64)}
+    if op == "block_verify":  # chains of 3 drafts (the second request's cut to 1), a greedy and a sampling request
+        tokens = torch.tensor([[9, 2, 3, 4], [9, 4, 0, 0]])
+        logits = torch.randn(2, 4, 6, generator=g)
+        return (tokens, logits, torch.softmax(torch.randn(2, 4, 4, generator=g), -1)), {
+            "num_drafts": torch.tensor([3, 1], dtype=torch.int32), "temperature": torch.tensor([0.0, 0.8]),
+            "top_k": torch.tensor([0, 3], dtype=torch.int32), "top_p": torch.tensor([1.0, 0.9]),
+            "seed": torch.tensor([1, 2]), "offset": torch.tensor([0, 5]), "d2t": torch.ones(4, dtype=torch.int64)}
     if op == "coupled_noise":  # a draft vocabulary of 19 ids mapped by d2t, positions past 2^32
         return (torch.tensor([5, -2]), torch.tensor([[3, 4, 5], [1 << 33, 7, 0]]), 19), {
             "d2t": torch.arange(19, dtype=torch.int64) * 3}
