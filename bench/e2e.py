@@ -131,7 +131,10 @@ def chat_prompts(tokenizer, count: int) -> list:
 def parse_tree(text: str) -> TreeConfig:
     """``depth,top_k,num_nodes[,lookup[,lookup_ngram]][,t|ta]`` (``t``: lookup_trim, ``ta``:
     lookup_trim and lookup_alone), or a sampled-draft tree ``sdepth,top_k,frontier[,lookup[,lookup_ngram]][,t|ta]``
-    (``TreeConfig.sampled``: every candidate verified)."""
+    (``TreeConfig.sampled``: every candidate verified), or ``bdepth``: a sampled chain of ``depth`` drafts
+    verified as one block (``TreeConfig.block``)."""
+    if text.startswith("b"):
+        return sampled_tree(int(text[1:]), 1, block=True)
     sampled = text.startswith("s")
     parts = text.removeprefix("s").split(",")
     flags = parts[-1] if parts[-1] in ("t", "ta") else ""
@@ -146,6 +149,8 @@ def parse_tree(text: str) -> TreeConfig:
 def tree_name(tree: TreeConfig) -> str:
     flags = ("t" if tree.lookup_trim else "") + ("a" if tree.lookup_trim and tree.lookup_alone else "")
     lookup = f"l{tree.lookup}{flags}" if tree.lookup else ""
+    if tree.block:  # a sampled chain verified as one block
+        return f"b{tree.depth}n{tree.num_nodes}"
     if tree.sampled:  # sampled drafts: depth, children, frontier (verify rows: num_nodes)
         return f"s{tree.depth}k{tree.top_k}f{tree.frontier_width}n{tree.num_nodes}" + lookup
     return f"d{tree.depth}k{tree.top_k}n{tree.num_nodes}" + lookup

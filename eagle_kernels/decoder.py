@@ -352,6 +352,9 @@ class SpeculativeDecoder:
         self.tree = tree
         self.sampled_drafts = sampled_drafts
         self.policy = policy or policy_for(target.device)
+        if tree is not None and tree.block and self.policy.coupled_sampling:
+            raise ValueError("tree: block=True (block verification) and the policy's coupled_sampling=True are two "
+                             "acceptance rules; choose one")
         self.sync_every = None if sync_every is None else max(1, sync_every)
         self.cuda_graph = cuda_graph
         self._graphs_given = graphs is not None
@@ -923,9 +926,14 @@ class SpeculativeDecoder:
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
         out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
                           feature_layers=head.config.feature_layers if head is not None else ())
-        result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth, offset=state.offset,
-                            **state.sampling, **self._draft_rows(expansion, tree),
-                            **self._coupled(None if positions is None else positions[:, 0]))
+        if shape is not None and shape.block and expansion is not None:
+            # A sampled chain (no lookup graft): its node i is draft i, its row i the draft row of draft i + 1.
+            result = ops.block_verify(tree.tokens, out.logits, expansion.draft_probs, offset=state.offset,
+                                      d2t=self.head.d2t, **state.sampling)
+        else:
+            result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth,
+                                offset=state.offset, **state.sampling, **self._draft_rows(expansion, tree),
+                                **self._coupled(None if positions is None else positions[:, 0]))
         ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
         hidden = None
         if defer:

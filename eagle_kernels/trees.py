@@ -50,6 +50,11 @@ class TreeConfig:
         on its own draw, which is not exact.
     frontier
         Nodes expanded per depth after the root (0: ``top_k``); in ``[1, top_k]``, sampled trees only.
+    block
+        Verify the sampled chain as one block (``block_verify``, docs/ops.md §21) instead of draft by
+        draft: needs ``sampled=True``, ``top_k = 1`` and no lookup chain. Exact like the default rule,
+        and a chain keeps more of its drafts on average (docs/decoding.md, "Block verification"). Not
+        with coupled sampling, whose rule is its own (the decoder refuses the pair).
 
     Raises
     ------
@@ -70,6 +75,7 @@ class TreeConfig:
     lookup_alone: bool = False
     sampled: bool = False
     frontier: int = 0
+    block: bool = False
 
     @property
     def frontier_width(self) -> int:
@@ -106,6 +112,9 @@ class TreeConfig:
                              f"trimmed-chain rule), got {self}")
         if self.frontier and not (self.sampled and 1 <= self.frontier <= self.top_k):
             raise ValueError(f"tree: frontier must be in [1, top_k] and needs sampled=True, got {self}")
+        if self.block and not (self.sampled and self.top_k == 1 and not self.lookup):
+            raise ValueError(f"tree: block=True verifies a sampled chain: it needs sampled=True, top_k=1 and "
+                             f"lookup=0, got {self}")
         if self.sampled and self.num_nodes != self.num_candidates + 1:
             raise ValueError(f"tree: a sampled tree keeps every candidate: num_nodes = {self.num_candidates + 1}, "
                              f"got {self} (sampled_tree() fills it in)")

@@ -114,6 +114,32 @@ def test_sampled_tree_config():
         sampled_tree(3, 2, 3)  # more frontier nodes than children of the root
     with pytest.raises(ValueError, match="every candidate"):
         TreeConfig(3, 2, 4, sampled=True)  # a sampled tree must keep every draw
+    assert sampled_tree(4, 1, block=True).num_nodes == 5
+    for not_a_chain in (dict(sampled=False), dict(top_k=2), dict(lookup=4)):
+        with pytest.raises(ValueError, match="block=True"):
+            fields = dict(depth=3, top_k=1, num_nodes=4, sampled=True, block=True) | not_a_chain
+            fields["num_nodes"] = TreeConfig(**(fields | dict(block=False, sampled=False))).num_candidates + 1
+            TreeConfig(**fields)
+
+
+def test_block_trees_call_block_verify(target32, monkeypatch):
+    """A block tree's steps verify through block_verify (a sampled chain), other trees through verify; coupled
+    sampling refuses a block tree."""
+    from eagle_kernels import ops
+    from eagle_kernels.policy import FittedPolicy
+
+    calls = []
+    for name in ("verify", "block_verify"):
+        original = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    head = HEADS["eagle3-random"](target32)
+    SpeculativeDecoder(target32, head, sampled_tree(3, 1, block=True)).generate(PROMPTS, 4, temperature=1.0, seed=1)
+    assert "block_verify" in calls
+    calls.clear()
+    SpeculativeDecoder(target32, head, sampled_tree(3, 1)).generate(PROMPTS, 4, temperature=1.0, seed=1)
+    assert "block_verify" not in calls and "verify" in calls
+    with pytest.raises(ValueError, match="block=True"):
+        SpeculativeDecoder(target32, head, sampled_tree(3, 1, block=True), policy=FittedPolicy(coupled_sampling=True))
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +160,8 @@ def test_default_trees_with_sampled_drafts(target32):
     assert default_tree("cuda", 1, sampled_drafts=True) == SAMPLED_TREE
 
 
-@pytest.mark.parametrize("tree", [sampled_tree(3, 3, 2), sampled_tree(3, 1, lookup=4, lookup_trim=True)],
-                         ids=["d3k3f2", "chain-lookup"])
+@pytest.mark.parametrize("tree", [sampled_tree(3, 3, 2), sampled_tree(3, 1, lookup=4, lookup_trim=True),
+                                  sampled_tree(3, 1, block=True)], ids=["d3k3f2", "chain-lookup", "block"])
 @pytest.mark.parametrize("head_name", ["eagle1-repeat", "eagle3-random"])
 def test_greedy_requests_in_sampled_trees_equal_plain(target32, tree, head_name):
     """Greedy requests in a sampled tree (alone, or beside sampling requests of the batch) get
@@ -216,7 +242,9 @@ def sampled_run(target, case, head_name, tree):
 @pytest.mark.parametrize("case,head_name,tree", [
     ("t1", "eagle1-repeat", sampled_tree(3, 3, 2)),
     ("t0.7-k8-p0.9", "eagle3-random", sampled_tree(2, 3, lookup=3)),
-], ids=["t1-eagle1-d3k3f2", "t0.7-k8-p0.9-eagle3-d2k3-lookup"])
+    ("t1", "eagle1-repeat", sampled_tree(3, 1, block=True)),
+    ("t0.7-k8-p0.9", "eagle3-random", sampled_tree(3, 1, block=True)),
+], ids=["t1-eagle1-d3k3f2", "t0.7-k8-p0.9-eagle3-d2k3-lookup", "t1-eagle1-block3", "t0.7-k8-p0.9-eagle3-block3"])
 def test_sampled_drafts_follow_the_target(target, case, head_name, tree):
     """The joint of the first three tokens (the 2nd and 3rd come from speculative steps: accepted
     sampled drafts, residual draws, bonus tokens) is plain sampling's. The eagle3 case has a draft
@@ -245,7 +273,7 @@ def test_planted_bug_is_detected(target, monkeypatch):
 SYNC_METHODS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"]
 
 
-@pytest.mark.parametrize("lookup", [0, 3])
+@pytest.mark.parametrize("lookup", [0, 3, "block"])
 def test_sampled_steps_never_synchronise_and_stay_in_place(target32, lookup, monkeypatch):
     """The static-shape (GPU, CUDA-graph) steps with sampled drafts read no value on the host and
     write only into the state's tensors, as deterministic steps."""
@@ -257,7 +285,7 @@ def test_sampled_steps_never_synchronise_and_stay_in_place(target32, lookup, mon
     if missing:
         pytest.skip(f"reference paths read values on the host; no native CPU kernel for {missing}")
     monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
-    tree = sampled_tree(3, 3, 2, lookup=lookup)
+    tree = sampled_tree(3, 1, block=True) if lookup == "block" else sampled_tree(3, 3, 2, lookup=lookup)
     decoder = SpeculativeDecoder(target32, HEADS["eagle3-random"](target32), tree, sync_every=1000,
                                  policy=StaticPolicy())
     state = decoder._prefill(PROMPTS, tree, 8, torch.tensor([1.0, 0.0, 0.7]), 0, 1.0, torch.tensor([1, 2, 3]),
