@@ -29,8 +29,9 @@ top-k/top-p renormalisations), the attributes are set directly instead of hooked
 on a ``None`` attribute would rebind every ``None``-valued global of the process.
 
 Cases outside our contract go to SGLang's own function, with one log line per reason: relaxed
-acceptance thresholds (``speculative_accept_threshold_* != 1``), block verification, tensors of
-an unexpected dtype or shape, an unknown tree-mask mode.
+acceptance thresholds (``speculative_accept_threshold_* != 1``), tensors of an unexpected dtype or
+shape, an unknown tree-mask mode. (Block verification of rejection-sampled chains runs our
+``block_verify``.)
 """
 
 from __future__ import annotations
@@ -305,6 +306,21 @@ def tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_
         tree_sampling_tensors(*args)
 
 
+def _handed_parameters(handed, B: int, N: int, V: int, temperature: torch.Tensor):
+    """verify's per-request (temperature, top_k, top_p) from the handed logits' per-row tensors:
+    row ``b * N`` of each is request ``b``'s first (``temperature`` stays where none was handed)."""
+    temperatures, top_ks, top_ps = handed[1:]
+    top_k = top_p = None
+    if temperatures is not None:
+        temperature = temperatures.reshape(B, N)[:, 0].float()
+    if top_ks is not None:
+        k = top_ks.reshape(B, N)[:, 0]
+        top_k = torch.where((k <= 0) | (k >= V), 0, k).int()  # no filter: 0
+    if top_ps is not None:
+        top_p = top_ps.reshape(B, N)[:, 0].float()
+    return temperature, top_k, top_p
+
+
 def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                           retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
                           handed=None, compact=False, draft_probs=None):
@@ -362,15 +378,7 @@ def tree_sampling_tensors(predicts, accept_index, accept_token_num, candidates, 
     else:
         logits[:, :V] = source.index_select(0, rows)
     if handed is not None:
-        # Per-request parameters: row b * N of SGLang's per-row tensors is request b's first.
-        temperatures, top_ks, top_ps = handed[1:]
-        if temperatures is not None:
-            temperature = temperatures.reshape(B, N)[:, 0].float()
-        if top_ks is not None:
-            k = top_ks.reshape(B, N)[:, 0]
-            top_k = torch.where((k <= 0) | (k >= V), 0, k).int()  # no filter: 0
-        if top_ps is not None:
-            top_p = top_ps.reshape(B, N)[:, 0].float()
+        temperature, top_k, top_p = _handed_parameters(handed, B, N, V, temperature)
     drafts = {}
     if draft_probs is not None:
         # One row gather in verify's node order; the extra logits column (token V, never a draft)
@@ -395,9 +403,9 @@ def chain_sampling(predicts, accept_index, accept_token_num, candidates, retrive
     ``s`` (candidate ``s``, drawn from ``draft_probs[:, s - 1]``) is accepted with probability
     ``min(1, p(x) / q(x))``, a rejection draws from ``max(p - q, 0)`` renormalised, and after the
     last draft the token comes from the target's last row: SGLang's law. The chain is the
-    candidates in order (SGLang's kernel reads no links). Block verification and relaxed
-    thresholds are outside the contract."""
-    _need(not block_verification, "block verification")
+    candidates in order (SGLang's kernel reads no links). With ``block_verification`` the chain is
+    verified as one block by :func:`eagle_kernels.block_verify` (docs/ops.md §21: SGLang's option
+    of the same name, the rule of Sun et al.). Relaxed thresholds are outside the contract."""
     if float(threshold_single) != 1.0 or float(threshold_acc) != 1.0:
         raise OutsideContract(f"relaxed acceptance (threshold_single={threshold_single}, "
                               f"threshold_acc={threshold_acc})")
@@ -412,6 +420,10 @@ def chain_sampling(predicts, accept_index, accept_token_num, candidates, retrive
           f"draft_probs: expected a float tensor of shape ({B}, {N - 1}, {V}), got "
           f"{tuple(getattr(draft_probs, 'shape', ()))}")
     device = candidates.device
+    if block_verification:
+        _chain_block(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+                     uniform_samples_for_final_sampling, target_probs, draft_probs)
+        return
     steps = torch.arange(N, device=device)
     next_token = torch.where(steps < N - 1, steps + 1, -1).expand(B, N).to(retrive_next_token.dtype)
     no_sibling = torch.full((B, N), -1, dtype=retrive_next_sibling.dtype, device=device)
@@ -429,6 +441,34 @@ def chain_sampling(predicts, accept_index, accept_token_num, candidates, retrive
             _log_fallback("chain_speculative_sampling_triton", f"from SGLang's logits: {reason}; verifying from "
                           "the probabilities instead")
     tree_sampling_tensors(*args, target_probs, compact=True, draft_probs=rows)
+
+
+def _chain_block(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+                 uniform_samples_for_final_sampling, target_probs, draft_probs):
+    """:func:`chain_sampling`'s block verification: the chain (node 0 the root, node ``s`` draft
+    ``s``) through :func:`eagle_kernels.block_verify`, from SGLang's logits when its softmax made
+    the probabilities, else from their logarithms at temperature 1."""
+    B, N, V = target_probs.shape
+    device = candidates.device
+    _need_tensor("uniform_samples", uniform_samples, (torch.float32, torch.float64), ndim=2)
+    _need_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling,
+                 (torch.float32, torch.float64), shape=(B,))
+    temperature = torch.ones(B, dtype=torch.float32, device=device)
+    top_k = top_p = None
+    handed = _handed_logits(target_probs)
+    if handed is not None and handed[0].dim() == 2 and handed[0].shape[0] == B * N:
+        logits = handed[0].view(B, N, V)
+        temperature, top_k, top_p = _handed_parameters(handed, B, N, V, temperature)
+    else:
+        logits = torch.log(target_probs.float())
+    rows = torch.zeros(B, N, V, dtype=torch.float32, device=device)
+    rows[:, : N - 1] = draft_probs[:, : N - 1]
+    seed, offset = _stream_from_coins(uniform_samples, uniform_samples_for_final_sampling)
+    result = ops.block_verify(candidates.long(), logits, rows, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=seed, offset=offset)
+    order = torch.arange(N, device=device).expand(B, N)
+    _write_results(predicts, accept_index, accept_token_num, retrive_index, order, result,
+                   result.out_tokens.clamp(min=0))
 
 
 # ------------------------------------------------------------------------------ logits handoff
@@ -594,17 +634,14 @@ commit_kv_hook = _around("move_accept_tokens_to_target_kvcache", commit_kv, comm
 def uses_greedy_hook(original, *args, **kwargs):
     """``_verify_uses_greedy``: SGLang's answer, except that sampling batches on CPU, XPU and HIP
     take the sampling path (our exact verify: tree sampling, or with rejection sampling the chain
-    sampler, :func:`chain_sampling`) instead of greedy, when the acceptance thresholds are 1 (and,
-    with rejection sampling, without block verification)."""
+    sampler, :func:`chain_sampling`, with or without block verification) instead of greedy, when
+    the acceptance thresholds are 1."""
     greedy = original(*args, **kwargs)
     if not greedy or kwargs.get("is_all_greedy", args[0] if args else True):
         return greedy
     from sglang.srt.runtime_context import get_spec
 
     spec = get_spec()
-    if kwargs.get("use_rejection_sampling", False) and getattr(spec, "speculative_use_block_verification", False):
-        _log_fallback("_verify_uses_greedy", "block verification keeps SGLang's greedy verify on this platform")
-        return greedy
     single = float(getattr(spec, "speculative_accept_threshold_single", 1.0))
     acc = float(getattr(spec, "speculative_accept_threshold_acc", 1.0))
     if single != 1.0 or acc != 1.0:

@@ -243,9 +243,12 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     With ``draft_logits`` ``[max_num_reqs, steps, V]`` (a drafter that samples; stored before the
     temperature, as vLLM keeps them) a sampling request's draft ``j`` is verified by verify's
     draft-aware rule against ``softmax(draft_logits[state, j] / temperature)``, vLLM's rule; greedy
-    requests ignore them. A draft vocabulary other than the target's is outside the contract."""
+    requests ignore them. A draft vocabulary other than the target's is outside the contract.
+
+    With ``use_block_verification`` (vLLM's ``rejection_sample_method="block"``) each chain is
+    verified as one block by :func:`eagle_kernels.block_verify` (docs/ops.md §21, the rule vLLM
+    implements), its drafts drawn from those rows or, without ``draft_logits``, deterministic."""
     _need(synthetic_conditional_rates is None, "synthetic acceptance mode")
-    _need(not use_block_verification, "block verification")
     _need(contexts is None and watermarking is None, "watermarking")
     _need(not fly_window_size, "FLy relaxed acceptance")
     _need(isinstance(target_logits, torch.Tensor) and target_logits.dim() == 2 and target_logits.is_floating_point(),
@@ -268,25 +271,34 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     drafts = draft_sampled.long()[draft_at]
     valid = (nodes[None, :-1] < num_drafts[:, None]) & (drafts >= 0)
     valid = torch.cumprod(valid.int(), dim=1).bool()  # the chain ends at the first missing draft
+    state = idx_mapping.long()
+    temp = (temperature[state] != 0).float()
+    q = None
+    if draft_logits is not None:
+        # Node j's draft row: the distribution draft j was drawn from (vLLM scales the stored logits by
+        # the request's temperature); greedy requests never read it.
+        scale = torch.where(temperature[state] > 0, temperature[state], 1.0).float()
+        q = torch.zeros(R, S + 1, V, dtype=torch.float32, device=device)
+        q[:, :S] = torch.softmax(draft_logits[state, :S].float() / scale[:, None, None], dim=-1)
+    seeds, offsets = seed[state].long(), pos.long()[start.clamp(max=max(T - 1, 0))]
+    if use_block_verification:
+        tokens = torch.cat([torch.zeros(R, 1, dtype=torch.long, device=device), torch.where(valid, drafts, 0)], dim=1)
+        logits = target_logits.index_select(0, rows.reshape(-1)).view(R, S + 1, V)
+        result = ops.block_verify(tokens, logits, q, num_drafts=valid.sum(1).int(), temperature=temp, seed=seeds,
+                                  offset=offsets)
+        return result.out_tokens, (result.accept_len + 1).int()
     tokens = torch.cat([torch.zeros(R, 1, dtype=torch.long, device=device), torch.where(valid, drafts, V)], dim=1)
     parents = torch.cat([torch.full((R, 1), -1, dtype=torch.long, device=device), nodes[None, :-1].expand(R, S)],
                         dim=1).int()
     logits = torch.empty(R * (S + 1), V + 1, dtype=torch.float32, device=device)
     logits[:, V] = float("-inf")
     logits[:, :V] = target_logits.index_select(0, rows.reshape(-1))
-    state = idx_mapping.long()
-    temp = (temperature[state] != 0).float()
     drafts_given = {}
-    if draft_logits is not None:
-        # Node j's draft row: the distribution draft j was drawn from (vLLM scales the stored logits by
-        # the request's temperature); greedy requests never read it.
-        scale = torch.where(temperature[state] > 0, temperature[state], 1.0).float()
-        q = torch.zeros(R, S + 1, V + 1, dtype=torch.float32, device=device)
-        q[:, :S, :V] = torch.softmax(draft_logits[state, :S].float() / scale[:, None, None], dim=-1)
+    if q is not None:
         sampled = torch.cat([torch.zeros(R, 1, dtype=torch.bool, device=device), valid], dim=1)
-        drafts_given = dict(draft_probs=q, draft_sampled=sampled)
+        drafts_given = dict(draft_probs=torch.nn.functional.pad(q, (0, 1)), draft_sampled=sampled)
     result = ops.verify(tokens, parents, logits.view(R, S + 1, V + 1), max_depth=S, temperature=temp,
-                        seed=seed[state].long(), offset=pos.long()[start.clamp(max=max(T - 1, 0))], **drafts_given)
+                        seed=seeds, offset=offsets, **drafts_given)
     return result.out_tokens, (result.accept_len + 1).int()
 
 

@@ -1,8 +1,12 @@
 """The law of rejection sampling on a draft chain, and a χ² of observed emitted sequences against
 it: the engines' chain samplers (SGLang's, vLLM's V1 and Model Runner V2) and ours through their
-adapters are all held to it."""
+adapters are all held to it. Block verification emits another law a step (it is exact over whole
+sequences, not step by step): its sequences are completed from the target first
+(:func:`completed_p_value`)."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 from scipy import stats
@@ -49,3 +53,18 @@ def chi2_p_value(seen: dict, law: dict) -> float:
     expected = np.array([law[k] for k in keys])
     expected *= observed.sum() / expected.sum()
     return stats.chisquare(observed, expected)[1]
+
+
+def completed_p_value(sequences, p: np.ndarray, seed: int) -> float:
+    """χ² p-value of emitted sequences, each completed to ``len(p)`` tokens by sampling its missing
+    positions from the rows of ``p`` (rows that do not depend on the prefix), against the product
+    law of those rows: what any exact rule, block verification included, gives."""
+    rng = np.random.default_rng(seed)
+    exact = p / p.sum(-1, keepdims=True)
+    seen = {}
+    for seq in sequences:
+        seq = list(seq) + [int(rng.choice(exact.shape[1], p=exact[j])) for j in range(len(seq), exact.shape[0])]
+        seen[tuple(seq)] = seen.get(tuple(seq), 0) + 1
+    law = {seq: float(np.prod([exact[j, x] for j, x in enumerate(seq)]))
+           for seq in itertools.product(range(exact.shape[1]), repeat=exact.shape[0])}
+    return chi2_p_value(seen, {k: v for k, v in law.items() if v > 0})

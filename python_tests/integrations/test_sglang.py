@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("sglang")
 
 import sglang_cases as cases  # noqa: E402
-from chain_law import chi2_p_value, rejection_chain_law  # noqa: E402
+from chain_law import chi2_p_value, completed_p_value, rejection_chain_law  # noqa: E402
 from scipy import stats  # noqa: E402
 from sglang.kernels.ops.speculative import spec_tree, verify_sampling  # noqa: E402
 from sglang.srt.speculative import eagle_utils  # noqa: E402
@@ -530,18 +530,59 @@ def test_chain_rejection_sampling_no_host_reads(hooks, monkeypatch):
     assert reads.calls == []
 
 
+def chain_block_p_value(kwargs, p, seed):
+    """Block verification's emitted sequences completed from p (chain_law.completed_p_value)."""
+    draws, n = kwargs["candidates"].shape
+    pred = kwargs["predicts"].view(draws, n)
+    sequences = []
+    for b in range(draws):
+        rows = kwargs["accept_index"][b, : int(kwargs["accept_token_num"][b]) + 1] - b * n
+        sequences.append([int(pred[b, r]) for r in rows])
+    return completed_p_value(sequences, p.double().numpy(), seed)
+
+
+@pytest.mark.parametrize("handed", [False, True], ids=["from_probs", "from_logits"])
+def test_chain_block_verification_is_exact(hooks, caplog, handed):
+    """SGLang's rejection-sampling chains with block verification run our block_verify (no
+    fallback): the emitted sequences completed from p have the target's law (χ²), as SGLang's own
+    block kernel's do; drafts verified against sharper rows than they were drawn from (a planted
+    bug) do not; the block keeps more drafts than the draft-by-draft rule on the same chains."""
+    from sglang.kernels.ops.speculative import reject_sampling
+
+    plugin._log_fallback.cache_clear()
+    kwargs, p, q = chain_case(4000, torch.Generator().manual_seed(25))
+    if handed:
+        draws, n, vocab = kwargs["target_probs"].shape
+        logits = (0.8 * torch.log(p)).repeat(draws, 1)
+        probs = plugin.softmax_hook(lambda x, t: torch.softmax(x / t, -1), logits, torch.full((draws * n, 1), 0.8))
+        kwargs["target_probs"] = probs.view(draws, n, vocab)
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        eagle_utils.chain_speculative_sampling_triton(**kwargs, block_verification=True)
+    assert "falls back" not in caplog.text
+    assert chain_block_p_value(kwargs, p, 1) > 1e-3
+    block_accepted = kwargs["accept_token_num"].double().mean()
+    eagle_utils.chain_speculative_sampling_triton(**kwargs)
+    assert float(block_accepted) > float(kwargs["accept_token_num"].double().mean())
+    sharp = q ** 3 / (q ** 3).sum(-1, keepdim=True)
+    plugin.chain_sampling(**{**kwargs, "draft_probs": sharp.expand_as(kwargs["draft_probs"]).contiguous()},
+                          block_verification=True)
+    assert chain_block_p_value(kwargs, p, 2) < 1e-6
+    if not handed:
+        small, p2, _ = chain_case(800, torch.Generator().manual_seed(26))
+        reject_sampling.chain_speculative_sampling_triton(**small, block_verification=True)
+        assert chain_block_p_value(small, p2, 3) > 1e-3
+
+
 def test_chain_rejection_sampling_contract(hooks, caplog, monkeypatch):
-    """Block verification and relaxed thresholds fall back with their log line; on CPU the
-    predicate sends rejection-sampling batches to the sampling path (our chain sampler) unless
-    block verification is on."""
+    """Relaxed thresholds fall back with their log line; on CPU the predicate sends
+    rejection-sampling batches to the sampling path (our chain sampler), block verification
+    included."""
     from types import SimpleNamespace
 
     from sglang.srt import runtime_context
 
     plugin._log_fallback.cache_clear()
     kwargs, _, _ = chain_case(4, torch.Generator().manual_seed(23))
-    with pytest.raises(plugin.OutsideContract, match="block verification"):
-        plugin.chain_sampling(**kwargs, block_verification=True)
     with pytest.raises(plugin.OutsideContract, match="relaxed acceptance"):
         plugin.chain_sampling(**{**kwargs, "threshold_acc": 0.5})
     with pytest.raises(plugin.OutsideContract, match="draft_probs"):
@@ -552,9 +593,7 @@ def test_chain_rejection_sampling_contract(hooks, caplog, monkeypatch):
     args = dict(is_all_greedy=False, use_rejection_sampling=True, is_cpu=True, is_hip=False, is_xpu=False)
     assert eagle_utils._verify_uses_greedy(**args) is False
     spec.speculative_use_block_verification = True
-    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
-        assert eagle_utils._verify_uses_greedy(**args) is True
-    assert "block verification" in caplog.text
+    assert eagle_utils._verify_uses_greedy(**args) is False
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 0])

@@ -17,7 +17,7 @@ import triton.language as tl
 
 pytest.importorskip("vllm")
 
-from chain_law import chi2_p_value, rejection_chain_law  # noqa: E402
+from chain_law import chi2_p_value, completed_p_value, rejection_chain_law  # noqa: E402
 from scipy import stats  # noqa: E402
 from vllm.v1.sample import rejection_sampler as rs  # noqa: E402
 
@@ -415,6 +415,51 @@ def test_v2_draft_logits_sampling_is_exact(hooked, caplog, monkeypatch):
     assert v2_law_p_value(ref, ref_num, p2, q2) > 1e-3
     bug, bug_num = plugin.chain_verify_v2(logits, num_speculative_steps=2, **{**kwargs, "draft_logits": None})
     assert v2_law_p_value(bug, bug_num, p, q) < 1e-6
+
+
+def completion_p_value(out, num, p, seed):
+    """Block verification's emitted sequences completed from p (:func:`chain_law.completed_p_value`)."""
+    return completed_p_value([out[r, : int(num[r])].tolist() for r in range(out.shape[0])], p.double().numpy(), seed)
+
+
+def test_v2_block_verification_is_exact(hooked, caplog, monkeypatch):
+    """``rejection_sample_method="block"`` runs our block_verify (no fallback): with draft logits
+    (drafts drawn from softmax(draft_logits / T)) and with deterministic drafts, the emitted
+    sequences completed from p have the target's law (χ²), as vLLM's own block kernel's do; drafts
+    verified against sharper rows than they were drawn from (a planted bug) do not. Greedy requests get vLLM's
+    tokens, and the block keeps more drafts than the token-by-token rule on the same chains."""
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2
+
+    _interpretable_log1p(monkeypatch)
+    plugin._log_fallback.cache_clear()
+    kwargs, logits, p, q = v2_draft_logits_case(3000, torch.Generator().manual_seed(41))
+    with caplog.at_level(logging.WARNING, logger="eagle_kernels.integrations"):
+        out, num = v2.rejection_sample(logits, num_speculative_steps=2, use_block_verification=True, **kwargs)
+    assert "falls back" not in caplog.text
+    assert completion_p_value(out, num, p, 1) > 1e-3
+    _, token_num = v2.rejection_sample(logits, num_speculative_steps=2, **kwargs)
+    assert float(num.double().mean()) > float(token_num.double().mean())
+    small, small_logits, p2, _ = v2_draft_logits_case(300, torch.Generator().manual_seed(43))
+    ref, ref_num = v2.rejection_sample.__wrapped__(small_logits, num_speculative_steps=2, use_block_verification=True,
+                                                   **small)
+    assert completion_p_value(ref, ref_num, p2, 2) > 1e-3
+    bug, bug_num = plugin.chain_verify_v2(logits, num_speculative_steps=2, use_block_verification=True,
+                                          **{**kwargs, "draft_logits": kwargs["draft_logits"] * 3})
+    assert completion_p_value(bug, bug_num, p, 3) < 1e-6
+    # Deterministic drafts (no draft logits): the same law.
+    gen = torch.Generator().manual_seed(44)
+    fixed, num_logits = v2_inputs([[1, 3]] * 3000, 4, gen, 1.0)
+    out, num = v2.rejection_sample(torch.log(p).repeat(3000, 1), num_speculative_steps=2, use_block_verification=True,
+                                   **fixed)
+    assert completion_p_value(out, num, p, 4) > 1e-3
+    greedy, num_logits = v2_inputs([[1, 2], [], [3]], 5, gen, 0.0)
+    greedy_logits = torch.randn(num_logits, 5, generator=gen)
+    ours, ours_n = v2.rejection_sample(greedy_logits, num_speculative_steps=2, use_block_verification=True, **greedy)
+    ref, ref_n = v2.rejection_sample.__wrapped__(greedy_logits, num_speculative_steps=2, use_block_verification=True,
+                                                 **greedy)
+    assert torch.equal(ours_n, ref_n)
+    for r in range(3):
+        assert ours[r, : int(ref_n[r])].tolist() == ref[r, : int(ref_n[r])].tolist()
 
 
 def test_v2_draft_logits_greedy_and_other_vocab(hooked, caplog, monkeypatch):
