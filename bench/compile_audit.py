@@ -203,6 +203,24 @@ def _verify_case(dtype, B, N, V, mode, drafts=False, coupled=False):
     triton_verify.verify(tokens, parents, logits, max_depth=min(N - 1, 8), **sampling)
 
 
+def _block_verify_case(dtype, B, N, V, mode, drafts=False, Vd=DRAFT_VOCAB):
+    """block_verify of full chains; ``drafts``: draft rows over min(V, Vd) ids (mapped by d2t when fewer than V),
+    else point-mass drafts."""
+    from eagle_kernels.triton import block_verify as triton_block_verify
+
+    temperature, top_k, top_p = MODES[mode]
+    sampling = dict(temperature=torch.full((B,), temperature), top_k=torch.full((B,), top_k, dtype=torch.int32),
+                    top_p=torch.full((B,), top_p), seed=torch.zeros(B, dtype=torch.int64),
+                    offset=torch.zeros(B, dtype=torch.int64), num_drafts=torch.full((B,), N - 1, dtype=torch.int32))
+    draft_probs = None
+    if drafts:
+        Vd = min(V, Vd)
+        draft_probs = torch.full((B, N, Vd), 1.0 / Vd)
+        sampling["d2t"] = torch.zeros(Vd, dtype=torch.int64) if Vd < V else None
+    triton_block_verify.block_verify(torch.zeros(B, N, dtype=torch.int64), torch.empty(B, N, V, dtype=dtype),
+                                     draft_probs, **sampling)
+
+
 def _coupled_noise_case(B, W, n, d2t):
     from eagle_kernels.triton import coupled_noise as triton_coupled_noise
 
@@ -406,6 +424,14 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in [m for m in MODES if m != "greedy"] if full else ["temperature", "top-p"]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode} sampled-drafts",
                            lambda a=(DTYPES[dt], B, N, V, mode, True): _verify_case(*a))
+    # block_verify: one program per request, its modes runtime branches of one specialisation per logits dtype and
+    # draft kind (point masses, rows mapped by d2t, full-vocabulary rows); ci: bf16 at both vocabularies of the verify
+    # cases above (the same 2048-entry tiles: one compile each), point-mass and d2t drafts.
+    for dt in ("bf16", "fp16", "fp32", "fp64") if full else ("bf16",):
+        for V in (32000, 49152, 128256) if full else (49152, 128256):
+            for drafts in (False, True):
+                yield (f"block_verify {dt} B8 N8 V{V} top-p {'sampled-drafts' if drafts else 'point-mass'}",
+                       lambda a=(DTYPES[dt], 8, 8, V, "top-p", drafts): _block_verify_case(*a))
     # draft_expand, ci: bf16 B 8 top_k 8 at both vocabularies, sampled or not; the sampled launch whose
     # temperature-0 merge once took it to 168 registers and spills (V 32000, B 32, top_k 10); and top_k 40, past
     # the filter (the plain rounds alone), which once did not compile at all.
