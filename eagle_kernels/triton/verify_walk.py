@@ -922,7 +922,7 @@ def _verify_kernel(
                                     tokens_row, tokens, draft_sampled_ptr + b * N,
                                     draft_probs_ptr + (b * N + node) * Vd, inv_d2t_ptr, d2t_ok_ptr,
                                     events_ptr + b * EVENT_WORDS * BLOCK_N, accept_coins, u, offs_n, N, CT, BLOCK_N,
-                                    BLOCK_S, HAS_MASK, HAS_D2T)
+                                    2 * BLOCK_S, HAS_MASK, HAS_D2T)
                                 bonus = bonus.to(tl.int32)
                                 if child < 0:
                                     finish = 1
