@@ -1024,6 +1024,32 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
     return tokens, parents, logits, sampling
 
 
+def _chain_inputs(B, N, V, Vd, dtype=torch.bfloat16):
+    """A sampled chain per request at T 1: logits, draft rows over ``Vd`` ids mapped by d2t, the
+    drafts drawn from them, the coins' stream."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(B, N, V, generator=g) * 3).to(dtype)
+    q = torch.softmax(torch.randn(B, N, Vd, generator=g) * 3, -1)
+    d2t = torch.randperm(V, generator=g)[:Vd].sort().values - torch.arange(Vd)
+    draws = torch.multinomial(q.reshape(-1, Vd), 1, generator=g).reshape(B, N)
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    tokens[:, 1:] = (draws + d2t[draws])[:, :-1]
+    sampling = dict(temperature=torch.ones(B), seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.int64))
+    return tokens, logits, q, d2t, sampling
+
+
+def _chain_verify(op, B, N, V, Vd):
+    """A sampled chain verified draft by draft (``verify``) or as one block (``block_verify``)."""
+    from eagle_kernels.triton import block_verify as tb
+    from eagle_kernels.triton import verify as tv
+
+    tokens, logits, q, d2t, sampling = _chain_inputs(B, N, V, Vd)
+    if op == "block_verify":
+        return lambda: tb.block_verify(tokens, logits, q, d2t=d2t, **sampling)
+    parents = torch.arange(-1, N - 1, dtype=torch.int32).expand(B, N).contiguous()
+    return lambda: tv.verify(tokens, parents, logits, max_depth=N - 1, draft_probs=q, d2t=d2t, **sampling)
+
+
 def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):
     import bench_draft_expand
 
@@ -1167,6 +1193,13 @@ def decode_cases():
             yield (f"verify B1 N61 V{V} greedy, {accepted} accepted",
                    lambda a=(1, 61, V, "greedy", torch.bfloat16, accepted): _verify(*a),
                    dict(bytes=(accepted + 1) * V * 2))
+    # A sampled chain of 5 drafts at T 1, verified draft by draft or as one block (docs/ops.md §21):
+    # SmolLM2-135M's vocabulary and draft vocabulary at batch 1, the Llama-3-8B shape's at batch 8;
+    # the block reads all 6 rows of each chain.
+    for B, V, Vd in ((1, 49152, 8192), (8, 128256, 32000)):
+        for op in ("verify", "block_verify"):
+            yield (f"{op} chain B{B} N6 V{V} temperature sampled-drafts", lambda a=(op, B, 6, V, Vd): _chain_verify(*a),
+                   dict(bytes=B * 6 * V * 2))
     # draft_expand at a decoding step's head passes: the root's row, then the 8 frontier rows of
     # the (6, 8, 60) tree, in SmolLM2-135M's and the Llama-3-8B-shaped head's draft vocabularies
     for V in (6144, 32000):
