@@ -1024,26 +1024,14 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
     return tokens, parents, logits, sampling
 
 
-def _chain_inputs(B, N, V, Vd, dtype=torch.bfloat16):
-    """A sampled chain per request at T 1: logits, draft rows over ``Vd`` ids mapped by d2t, the
-    drafts drawn from them, the coins' stream."""
-    g = torch.Generator().manual_seed(5)
-    logits = (torch.randn(B, N, V, generator=g) * 3).to(dtype)
-    q = torch.softmax(torch.randn(B, N, Vd, generator=g) * 3, -1)
-    d2t = torch.randperm(V, generator=g)[:Vd].sort().values - torch.arange(Vd)
-    draws = torch.multinomial(q.reshape(-1, Vd), 1, generator=g).reshape(B, N)
-    tokens = torch.zeros(B, N, dtype=torch.int64)
-    tokens[:, 1:] = (draws + d2t[draws])[:, :-1]
-    sampling = dict(temperature=torch.ones(B), seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.int64))
-    return tokens, logits, q, d2t, sampling
-
-
 def _chain_verify(op, B, N, V, Vd):
     """A sampled chain verified draft by draft (``verify``) or as one block (``block_verify``)."""
+    import bench_block_verify
+
     from eagle_kernels.triton import block_verify as tb
     from eagle_kernels.triton import verify as tv
 
-    tokens, logits, q, d2t, sampling = _chain_inputs(B, N, V, Vd)
+    tokens, logits, q, d2t, sampling = bench_block_verify.chain_inputs(B, N - 1, V, Vd, torch.bfloat16)
     if op == "block_verify":
         return lambda: tb.block_verify(tokens, logits, q, d2t=d2t, **sampling)
     parents = torch.arange(-1, N - 1, dtype=torch.int32).expand(B, N).contiguous()

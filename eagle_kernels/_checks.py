@@ -222,6 +222,30 @@ def build_tree_shapes(root_tokens, cand_tokens, cand_scores, cand_parents, num_n
 
 
 # ----------------------------------------------------------------------------------- verify
+def _check_draft_rows(draft_probs, d2t, B, N, V, device, draft_sampled=None):
+    """The draft rows of verify (§4) and block_verify (§21): ``draft_probs`` float32 [B, N, Vd] with
+    ``Vd = V`` unless ``d2t`` int64 [Vd] maps them; ``d2t`` (and verify's ``draft_sampled`` bool
+    [B, N]) only with them."""
+    if draft_probs is None:
+        for name, t in (("draft_sampled", draft_sampled), ("d2t", d2t)):
+            if t is not None:
+                _fail(name, "None when draft_probs is None (it qualifies the draft distributions)",
+                      f"a {type(t).__name__}")
+        return
+    check_tensor("draft_probs", draft_probs, dtype=torch.float32, ndim=3, device=device)
+    if tuple(draft_probs.shape[:2]) != (B, N):
+        _fail("draft_probs", f"shape [B = {B}, N = {N}, Vd]", f"shape {tuple(draft_probs.shape)}")
+    Vd = draft_probs.shape[2]
+    if d2t is None and Vd != V:
+        _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t", f"shape {tuple(draft_probs.shape)}")
+    if Vd == 0:
+        _fail("draft_probs", "at least one draft vocabulary entry", f"shape {tuple(draft_probs.shape)}")
+    if d2t is not None:
+        check_tensor("d2t", d2t, dtype=torch.int64, shape=(Vd,), device=device)
+    if draft_sampled is not None:
+        check_tensor("draft_sampled", draft_sampled, dtype=torch.bool, shape=(B, N), device=device)
+
+
 def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k=None,
                  top_p=None, seed=None, offset=None, draft_probs=None, draft_sampled=None, d2t=None, positions=None,
                  values=True):
@@ -240,25 +264,7 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
     for name, t, dtype in optional:
         if t is not None:
             check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
-    if draft_probs is None:
-        for name, t in (("draft_sampled", draft_sampled), ("d2t", d2t)):
-            if t is not None:
-                _fail(name, "None when draft_probs is None (it qualifies the draft distributions)",
-                      f"a {type(t).__name__}")
-    else:
-        check_tensor("draft_probs", draft_probs, dtype=torch.float32, ndim=3, device=device)
-        if tuple(draft_probs.shape[:2]) != (B, N):
-            _fail("draft_probs", f"shape [B = {B}, N = {N}, Vd]", f"shape {tuple(draft_probs.shape)}")
-        Vd = draft_probs.shape[2]
-        if d2t is None and Vd != V:
-            _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t",
-                  f"shape {tuple(draft_probs.shape)}")
-        if Vd == 0:
-            _fail("draft_probs", "at least one draft vocabulary entry", f"shape {tuple(draft_probs.shape)}")
-        if d2t is not None:
-            check_tensor("d2t", d2t, dtype=torch.int64, shape=(Vd,), device=device)
-        if draft_sampled is not None:
-            check_tensor("draft_sampled", draft_sampled, dtype=torch.bool, shape=(B, N), device=device)
+    _check_draft_rows(draft_probs, d2t, B, N, V, device, draft_sampled=draft_sampled)
     if not (values and values_checked(device)):
         return
     index = torch.arange(N, device=device, dtype=torch.int32)
@@ -290,22 +296,7 @@ def check_block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=No
     for name, t, dtype in optional:
         if t is not None:
             check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
-    if draft_probs is None:
-        if d2t is not None:
-            _fail("d2t", "None when draft_probs is None (it qualifies the draft distributions)",
-                  f"a {type(d2t).__name__}")
-    else:
-        check_tensor("draft_probs", draft_probs, dtype=torch.float32, ndim=3, device=device)
-        if tuple(draft_probs.shape[:2]) != (B, N):
-            _fail("draft_probs", f"shape [B = {B}, N = {N}, Vd]", f"shape {tuple(draft_probs.shape)}")
-        Vd = draft_probs.shape[2]
-        if d2t is None and Vd != V:
-            _fail("draft_probs", f"Vd = V = {V} (the target vocabulary) without d2t",
-                  f"shape {tuple(draft_probs.shape)}")
-        if Vd == 0:
-            _fail("draft_probs", "at least one draft vocabulary entry", f"shape {tuple(draft_probs.shape)}")
-        if d2t is not None:
-            check_tensor("d2t", d2t, dtype=torch.int64, shape=(Vd,), device=device)
+    _check_draft_rows(draft_probs, d2t, B, N, V, device)
     if not (values and values_checked(device)):
         return
     if num_drafts is not None and bool(((num_drafts < 0) | (num_drafts > N - 1)).any()):

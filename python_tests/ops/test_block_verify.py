@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_verify_backends import assert_same
 from test_verify_chi2 import PROMPT, chi2_pvalue, exact_joint
 from test_verify_sampled_chi2 import SHAPES, Shape, draft_step
 
@@ -30,11 +31,6 @@ def backend_impl(name):
     if fn is None:
         pytest.skip(reason)
     return fn
-
-
-def assert_same(a, b, what=""):
-    for field, x, y in zip(VerifyOutput._fields, a, b):
-        assert x.dtype == y.dtype and torch.equal(x, y), (what, field, x, y)
 
 
 def random_chains(seed, B, N, V, *, dtype=torch.float32, d2t=False, point_mass=False, ragged=True,
