@@ -14,24 +14,30 @@ arithmetic are those of ``eagle_kernels/reference/block_verify.py``; the row fil
 top-k, softmax, top-p with ties kept) are ``verify``'s, computed with the helpers of
 ``verify_rows.py``.
 
-One program per request (grid ``(B,)``), in passes over whole rows of ``BLOCK_V`` tiles:
+Three launches, the rows of a chain in parallel (``G`` a request's drafts, ``N`` its nodes):
 
-- greedy requests walk the chain, one max pass (max, first argmax, bad flags) per row walked;
-- sampling requests: a max pass over rows ``0 .. G`` (the bad-row check over the whole block,
-  before anything else, as the reference orders it), one pass over each draft row ``0 .. G - 1``
-  until the first invalid one (entries finite and >= 0, the float64 sum ``S`` within 1e-3 of 1,
-  ``d2t`` in range, ``r(x) > 0`` at the draft), then per row ``i`` of the (possibly cut) block its
-  filters: the top-k and top-p thresholds by the radix search of ``verify_rows.py`` over the order
-  keys of the logits (``2^RADIX_BITS`` candidates per pass: 4 passes for bf16 rows, 5 for fp16,
-  8 for fp32, 16 for fp64 on the GPU; the last pass of each search also sums that threshold's
-  normaliser), the softmax normaliser when there is no top-k, the float64 mass of the weights, and
-  for ``0 < i < G`` one pass over the target and draft rows for ``R_i``. The bonus draw is an inverse CDF in token
-  order (a float64 running sum across tiles, ``tl.cumsum`` within one): one pass for the totals
-  and one that stops at the tile holding the token.
+1. grid ``(B, N)``, program ``(b, i)`` for row ``i <= G`` (idle past it): one max pass (max, first
+   argmax, bad flags); for a sampling request's good row its filters: the top-k and top-p
+   thresholds by the radix search of ``verify_rows.py`` over the order keys of the logits
+   (``2^RADIX_BITS`` candidates per pass: 4 passes for bf16 rows, 5 for fp16, 8 for fp32, 16 for
+   fp64 on the GPU; the last pass of each search also sums that threshold's normaliser), the
+   softmax normaliser when there is no top-k, the float64 mass of the weights and, for ``i < G``,
+   ``P_i(x_(i+1))`` and one pass over draft row ``i`` (entries finite and >= 0, the float64 sum
+   ``S`` within 1e-3 of 1, ``d2t`` in range, ``r_i(x_(i+1)) > 0``). These scalars go to a float64
+   scratch ``[B, N, SLOTS]`` the launcher allocates.
+2. grid ``(B, N)``, program ``(b, i)`` for ``i < G'`` of a sampling request without a bad row,
+   ``G'`` the block cut before the first invalid draft row (the bad-row check over rows ``0 .. G``
+   comes first, as the reference orders it): ``p_i`` from the rows before it and one pass over the
+   target and draft rows for ``R_i``, writing ``h_i`` (``i > 0``) and the residual weights' total
+   that the bonus draw from row ``i`` would need.
+3. grid ``(B,)``: greedy requests' walk from the rows' argmaxes and flags; sampling requests'
+   status, accepted length from the ``h_i`` and the coins, and the bonus draw, an inverse CDF in
+   token order over row ``t`` (a float64 running sum across tiles, ``tl.cumsum`` within one; the
+   totals summed tile by tile in launches 1 and 2): one pass that stops at the tile holding the
+   token. Then the outputs.
 
-Each row's scalars (max, thresholds, normalisers, mass, draft sum) stay in registers, one lane
-per row of ``[BLOCK_N]`` vectors, so nothing is written but the outputs. Logits are read in their
-own dtype and computed in float32 (float64 for fp64 logits), as in ``verify``.
+Logits are read in their own dtype and computed in float32 (float64 for fp64 logits), as in
+``verify``; a row's scalars round-trip through the float64 scratch exactly.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ class BlockVerifyConfig:
     block_v: tile of the row passes (capped at next_pow2(V)).
     radix_bits: bits per digit of the threshold searches (2^radix_bits candidates per pass over
         [min(block_v, SEARCH_BLOCK), 2^radix_bits] tiles).
-    num_warps: warps of the one program per request.
+    num_warps: warps of each program (every launch).
     """
 
     block_v: int
@@ -98,7 +104,7 @@ INTERPRETER_CONFIG = BlockVerifyConfig(block_v=64, radix_bits=8, num_warps=4)
 
 def launch_config() -> BlockVerifyConfig:
     """The GPU's configuration, or the interpreter's when the kernel runs interpreted."""
-    return INTERPRETER_CONFIG if interpreted(_block_verify_kernel) else GPU_CONFIG
+    return INTERPRETER_CONFIG if interpreted(_block_verify_rows_kernel) else GPU_CONFIG
 
 
 @triton.jit
@@ -181,9 +187,10 @@ def _threshold(row, V, row_max, t, kth, denom, target, IS_TOP_P: tl.constexpr, C
 @triton.jit
 def _row_filters(row, V, row_max, t, top_k, top_p, use_k, use_p, CT: tl.constexpr, IS_FP64: tl.constexpr,
                  SIG_BITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """(kth, denom, cut, norm, mass) of a sampling row: its weights are
+    """(kth, denom, cut, norm, mass, total) of a sampling row: its weights are
     ``w = [p >= cut] p / norm``, ``p = [s >= kth] exp(s) / denom`` (verify_rows.py's _probs and
-    _weights), and ``mass`` their float64 sum."""
+    _weights), ``mass`` their float64 sum (lane by lane) and ``total`` the same summed tile by tile
+    (the bonus draw's order)."""
     kth = tl.full([], float("-inf"), CT)
     cut = tl.full([], float("-inf"), CT)
     norm = tl.full([], 1.0, CT)
@@ -200,12 +207,15 @@ def _row_filters(row, V, row_max, t, top_k, top_p, use_k, use_p, CT: tl.constexp
         cut = _probs(_scaled(value, row_max, t), kth, denom, CT)
         norm = kept.to(CT)
     lane_mass = tl.zeros([BLOCK_V], dtype=tl.float64)
+    total = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         valid = offs < V
         s = _scaled(tl.load(row + offs, mask=valid, other=float("-inf")).to(CT), row_max, t)
-        lane_mass += tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
-    return kth, denom, cut, norm, _sum1(lane_mass)
+        w = tl.where(valid, _weights(_probs(s, kth, denom, CT), cut, norm, CT), 0.0).to(tl.float64)
+        lane_mass += w
+        total += _sum1(w)
+    return kth, denom, cut, norm, _sum1(lane_mass), total
 
 
 @triton.jit
@@ -226,29 +236,29 @@ def _draft_row_check(q_row, Vd, BLOCK_V: tl.constexpr):
 @triton.jit
 def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S, draft_token,
                    CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_D2T: tl.constexpr):
-    """R = sum_x max(p P(x) - r(x), 0) in float64, P = w / mass: one pass over the row."""
+    """(R, total): R = sum_x max(p P(x) - r(x), 0) in float64, P = w / mass, summed lane by lane
+    (h's), and summed tile by tile (the bonus draw's order). One pass over the row."""
     lane = tl.zeros([BLOCK_V], dtype=tl.float64)
+    total = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK_V):
         offs, valid, w, res = _tile(row, start, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S,
                                     draft_token, 1, CT, BLOCK_V, HAS_DRAFT, HAS_D2T)
         lane += res
-    return _sum1(lane)
+        total += _sum1(res)
+    return _sum1(lane), total
 
 
 @triton.jit
 def _draw(row, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S, draft_token, residual, coin,
-          CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_D2T: tl.constexpr):
+          total_w, total_res, CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_DRAFT: tl.constexpr,
+          HAS_D2T: tl.constexpr):
     """Inverse CDF (the reference's sample_inverse_cdf): the smallest x with cumsum64(v)[x] >
     coin * sum(v), else the largest x with v > 0, over v = the residual weights when ``residual``
-    (the weights w instead should rounding leave the residual all zero), else v = w. Two passes:
-    the totals, then the tiles up to the one the running sum crosses in."""
-    total_w = tl.zeros([], tl.float64)
-    total_res = tl.zeros([], tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs, valid, w, res = _tile(row, start, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S,
-                                    draft_token, residual, CT, BLOCK_V, HAS_DRAFT, HAS_D2T)
-        total_w += _sum1(w)
-        total_res += _sum1(res)
+    (the weights w instead should rounding leave the residual all zero), else v = w. The totals
+    (tile by tile: ``total_w`` of w, ``total_res`` of the residual weights, read only when
+    ``residual``) come from launches 1 and 2; one pass over the tiles up to the one the running
+    sum crosses in."""
+    total_res = tl.where(residual != 0, total_res, total_w)
     residual = tl.where(total_res == 0.0, 0, residual)  # rounding only: draw from w
     target = coin * tl.where(residual != 0, total_res, total_w)
     carry = tl.zeros([], tl.float64)
@@ -265,32 +275,64 @@ def _draw(row, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S,
     return tl.where(found < V, found, tl.maximum(last_positive, 0))
 
 
-@triton.jit
-def _greedy_chain(logits_b, tokens_row, G, V, stride_ln, CT: tl.constexpr, BLOCK_V: tl.constexpr):
-    """§4's greedy walk along the chain: (accepted drafts, bonus token, bad row walked)."""
-    i = tl.zeros([], tl.int32)
-    accepted = tl.zeros([], tl.int32)
-    bonus = tl.zeros([], tl.int32)
-    bad = tl.zeros([], tl.int32)
-    done = tl.zeros([], tl.int32)
-    while done == 0:
-        row_max, arg, flags = _range_max(logits_b + i * stride_ln, 0, V, CT, BLOCK_V)
-        if ((flags & 1) != 0) | ((flags & 2) == 0):
-            bad = 1
-            done = 1
-        else:
-            draft = tl.load(tokens_row + tl.minimum(i + 1, G))
-            if (i == G) | (draft != arg):
-                accepted = i
-                bonus = arg
-                done = 1
-            else:
-                i += 1
-    return accepted, bonus, bad
+# Slots of the per-row scratch [B, N, SLOTS] float64 (integers and flags as exact float64 values).
+# Launch 1 writes, for rows 0 .. G: MAX, BAD, ARG; for sampling requests' good rows also KTH, DENOM,
+# CUT, NORM, MASS, TOTAL_W (the sum of w tile by tile, the bonus draw's order), and for rows i < G:
+# P_NEXT (P_i(x_(i+1)) = w_i(x_(i+1)) / mass_i), SUM (the draft row's float64 sum, 1 for point
+# masses), R_NEXT (r_i(x_(i+1))) and DRAFT_OK. Launch 2 writes, for rows i < G' (G' the cut
+# block), TOTAL_RES (the residual weights' sum tile by tile, p = p_i) and for i > 0 H.
+MAX = tl.constexpr(0)
+BAD = tl.constexpr(1)
+ARG = tl.constexpr(2)
+KTH = tl.constexpr(3)
+DENOM = tl.constexpr(4)
+CUT = tl.constexpr(5)
+NORM = tl.constexpr(6)
+MASS = tl.constexpr(7)
+P_NEXT = tl.constexpr(8)
+SUM = tl.constexpr(9)
+R_NEXT = tl.constexpr(10)
+DRAFT_OK = tl.constexpr(11)
+H = tl.constexpr(12)
+TOTAL_W = tl.constexpr(13)
+TOTAL_RES = tl.constexpr(14)
+SLOTS = tl.constexpr(15)
 
 
 @triton.jit
-def _block_verify_kernel(
+def _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS: tl.constexpr):
+    """G of request b: num_drafts[b] clamped to [0, N - 1], N - 1 without num_drafts."""
+    G = tl.zeros([], tl.int32) + (N - 1)
+    if HAS_NUM_DRAFTS:
+        G = tl.minimum(tl.maximum(tl.load(num_drafts_ptr + b), 0), N - 1)
+    return G
+
+
+@triton.jit
+def _block_of(rows, offs_n, G):
+    """(bad, G') of a sampling request from launch 1's flags (``rows``: the scratch of its rows
+    0 .. BLOCK_N - 1): whether a row 0 .. G is bad, and the block cut before the first draft
+    whose row is invalid (G' = the first invalid draft row i < G, else G)."""
+    bads = tl.load(rows + BAD, mask=offs_n <= G, other=0.0)
+    oks = tl.load(rows + DRAFT_OK, mask=offs_n < G, other=1.0)
+    return _max1((bads != 0.0).to(tl.int32)), _min1(tl.where((offs_n < G) & (oks == 0.0), offs_n, G))
+
+
+@triton.jit
+def _capped_products(rows, offs_n, Gc, BLOCK_N: tl.constexpr):
+    """[BLOCK_N] p_i = min(1, p_(i-1) P_(i-1)(x_i) / r_(i-1)(x_i)), p_0 = 1, for i <= Gc (1 past)."""
+    a = tl.load(rows + P_NEXT, mask=offs_n < Gc, other=0.0)
+    r = tl.load(rows + R_NEXT, mask=offs_n < Gc, other=1.0)
+    ps = tl.full([BLOCK_N], 1.0, tl.float64)
+    p = tl.full([], 1.0, tl.float64)
+    for i in range(1, Gc + 1):
+        p = tl.minimum(p * _lane(a, i - 1, offs_n) / _lane(r, i - 1, offs_n), 1.0)
+        ps = tl.where(offs_n == i, p, ps)
+    return ps
+
+
+@triton.jit
+def _block_verify_rows_kernel(
     tokens_ptr,  # [B, N] int64: node 0 the root, node i >= 1 draft i
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V (strides stride_lb, stride_ln)
     draft_probs_ptr,  # [B, N, Vd] float32, dense (read only when HAS_DRAFT)
@@ -300,26 +342,153 @@ def _block_verify_kernel(
     temperature_ptr,  # [B] float32 (0 = greedy request)
     top_k_ptr,  # [B] int32 (0 = off)
     top_p_ptr,  # [B] float32 (1 = off)
-    seed_ptr,  # [B] int64
-    offset_ptr,  # [B] int64
-    accept_len_ptr,  # [B] int32
-    accept_nodes_ptr,  # [B, N] int32
-    out_tokens_ptr,  # [B, N] int64
-    status_ptr,  # [B] int32
+    scratch_ptr,  # [B, N, SLOTS] float64: row scalars (written: rows 0 .. G, slots as above)
     N, V, Vd, stride_lb, stride_ln,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     BLOCK_V: tl.constexpr,  # tile of the row passes
     BLOCK_S: tl.constexpr,  # rows of the search tiles, min(BLOCK_V, SEARCH_BLOCK)
-    BLOCK_N: tl.constexpr,  # next power of two of N (at least 2): one lane per row
     RADIX_BITS: tl.constexpr,
     HAS_NUM_DRAFTS: tl.constexpr,
     HAS_DRAFT: tl.constexpr,  # draft_probs given; else every draft is a point mass
     HAS_D2T: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
-    """Program b verifies request b's chain (module docstring): greedy walk, or block
-    verification with Philox coins (node i, ACCEPT_DRAW) and the bonus coin (node t, BONUS_DRAW)."""
+    """Program (b, i): row i of request b (idle past its G): max, first argmax and bad flag; for a
+    sampling request's good row its filters, mass and P_i(x_(i+1)), and for i < G draft row i's
+    sum, r_i(x_(i+1)) and validity."""
+    wait_for_prior_grids(USE_PDL)
+    if IS_FP64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
+    if i <= G:
+        row = logits_ptr + b * stride_lb + i * stride_ln
+        out = scratch_ptr + (b * N + i) * SLOTS
+        row_max, arg, flags = _range_max(row, 0, V, CT, BLOCK_V)
+        bad = ((flags & 1) != 0) | ((flags & 2) == 0)
+        tl.store(out + MAX, row_max.to(tl.float64))
+        tl.store(out + BAD, bad.to(tl.float64))
+        tl.store(out + ARG, arg.to(tl.float64))
+        temperature = tl.load(temperature_ptr + b)
+        if (temperature != 0.0) & (bad == 0):
+            t = temperature.to(CT)
+            top_k = tl.load(top_k_ptr + b)
+            top_p = tl.load(top_p_ptr + b)
+            use_k = (top_k > 0) & (top_k < V)
+            use_p = top_p < 1.0
+            kth, denom, cut, norm, mass, total_w = _row_filters(row, V, row_max, t, top_k, top_p, use_k, use_p, CT,
+                                                                IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
+            tl.store(out + KTH, kth.to(tl.float64))
+            tl.store(out + DENOM, denom.to(tl.float64))
+            tl.store(out + CUT, cut.to(tl.float64))
+            tl.store(out + NORM, norm.to(tl.float64))
+            tl.store(out + MASS, mass)
+            tl.store(out + TOTAL_W, total_w)
+            if i < G:
+                x = tl.load(tokens_ptr + b * N + i + 1)
+                w = _weight_at(row, x, row_max, t, kth, denom, cut, norm, CT)
+                tl.store(out + P_NEXT, w.to(tl.float64) / mass)
+                S = tl.full([], 1.0, tl.float64)
+                r = tl.full([], 1.0, tl.float64)
+                ok = tl.full([], 1, tl.int1)
+                if HAS_DRAFT:
+                    # Draft i + 1 must be drawable from its row (§21: the block ends before it).
+                    q_row = draft_probs_ptr + (b * N + i) * Vd
+                    S, ok = _draft_row_check(q_row, Vd, BLOCK_V)
+                    if HAS_D2T:
+                        xd = tl.load(inv_d2t_ptr + x)
+                        ok = ok & (tl.load(d2t_ok_ptr) != 0) & (xd >= 0)
+                        qx = tl.load(q_row + xd, mask=xd >= 0, other=0.0)
+                    else:
+                        qx = tl.load(q_row + x)
+                    ok = ok & (qx > 0)  # r(x) = q(x) / S > 0
+                    r = qx.to(tl.float64) / S
+                tl.store(out + SUM, S)
+                tl.store(out + R_NEXT, r)
+                tl.store(out + DRAFT_OK, ok.to(tl.float64))
+
+
+@triton.jit
+def _block_verify_residual_kernel(
+    tokens_ptr,  # [B, N] int64: node 0 the root, node i >= 1 draft i
+    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V (strides stride_lb, stride_ln)
+    draft_probs_ptr,  # [B, N, Vd] float32, dense (read only when HAS_DRAFT)
+    inv_d2t_ptr,  # [V] int32: the draft id of each target id, -1 for none (read only when HAS_D2T)
+    num_drafts_ptr,  # [B] int32 in [0, N - 1] (read only when HAS_NUM_DRAFTS)
+    temperature_ptr,  # [B] float32 (0 = greedy request)
+    scratch_ptr,  # [B, N, SLOTS] float64: launch 1's row scalars; H written for rows 0 < i < G'
+    N, V, Vd, stride_lb, stride_ln,
+    IS_FP64: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # tile of the row passes
+    BLOCK_N: tl.constexpr,  # next power of two of N (at least 2): one lane per row
+    HAS_NUM_DRAFTS: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,  # draft_probs given; else every draft is a point mass
+    HAS_D2T: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+):
+    """Program (b, i), for a sampling request without a bad row and i < G': p_i from the rows
+    before it and one pass over row i and draft row i for R_i = sum_x max(p_i P_i(x) - r_i(x), 0),
+    summed lane by lane for h_i = R_i / (R_i + 1 - p_i) (1 where the denominator is not positive;
+    row 0's is never read) and tile by tile for the bonus draw from row i."""
+    wait_for_prior_grids(USE_PDL)
+    if IS_FP64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
+    temperature = tl.load(temperature_ptr + b)
+    if (temperature != 0.0) & (i < G):
+        offs_n = tl.arange(0, BLOCK_N)
+        rows = scratch_ptr + (b * N + offs_n) * SLOTS
+        bad, Gc = _block_of(rows, offs_n, G)
+        if (bad == 0) & (i < Gc):
+            p = _lane(_capped_products(rows, offs_n, i, BLOCK_N), i, offs_n)
+            out = scratch_ptr + (b * N + i) * SLOTS
+            R, total_res = _residual_mass(logits_ptr + b * stride_lb + i * stride_ln, V, tl.load(out + MAX).to(CT),
+                               temperature.to(CT), tl.load(out + KTH).to(CT), tl.load(out + DENOM).to(CT),
+                               tl.load(out + CUT).to(CT), tl.load(out + NORM).to(CT), tl.load(out + MASS), p,
+                               draft_probs_ptr + (b * N + i) * Vd, inv_d2t_ptr, tl.load(out + SUM),
+                               tl.load(tokens_ptr + b * N + i + 1), CT, BLOCK_V, HAS_DRAFT, HAS_D2T)
+            tl.store(out + TOTAL_RES, total_res)
+            denominator = R + 1.0 - p
+            tl.store(out + H, tl.where(denominator > 0.0, R / tl.where(denominator > 0.0, denominator, 1.0), 1.0))
+
+
+@triton.jit
+def _block_verify_finish_kernel(
+    tokens_ptr,  # [B, N] int64: node 0 the root, node i >= 1 draft i
+    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V (strides stride_lb, stride_ln)
+    draft_probs_ptr,  # [B, N, Vd] float32, dense (read only when HAS_DRAFT)
+    inv_d2t_ptr,  # [V] int32: the draft id of each target id, -1 for none (read only when HAS_D2T)
+    num_drafts_ptr,  # [B] int32 in [0, N - 1] (read only when HAS_NUM_DRAFTS)
+    temperature_ptr,  # [B] float32 (0 = greedy request)
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
+    scratch_ptr,  # [B, N, SLOTS] float64: launches 1 and 2's row scalars
+    accept_len_ptr,  # [B] int32
+    accept_nodes_ptr,  # [B, N] int32
+    out_tokens_ptr,  # [B, N] int64
+    status_ptr,  # [B] int32
+    N, V, Vd, stride_lb, stride_ln,
+    IS_FP64: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # tile of the row passes
+    BLOCK_N: tl.constexpr,  # next power of two of N (at least 2): one lane per row
+    HAS_NUM_DRAFTS: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,  # draft_probs given; else every draft is a point mass
+    HAS_D2T: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+):
+    """Program b: request b's outcome from the row scalars. Greedy: §4's walk (the first row that
+    is bad, is the last or whose argmax is not the next draft ends it). Sampling: status 1 for a bad
+    row 0 .. G, else the block cut before the first invalid draft row (status 2), the largest i with
+    U_i < h_i (Philox coins at node i, ACCEPT_DRAW; h_G' = p_G') and the bonus drawn from row t
+    (node t, BONUS_DRAW). Then the outputs."""
     wait_for_prior_grids(USE_PDL)
     if IS_FP64:
         CT: tl.constexpr = tl.float64
@@ -329,113 +498,48 @@ def _block_verify_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     tokens_row = tokens_ptr + b * N
     logits_b = logits_ptr + b * stride_lb
-    G = tl.zeros([], tl.int32) + (N - 1)
-    if HAS_NUM_DRAFTS:
-        G = tl.minimum(tl.maximum(tl.load(num_drafts_ptr + b), 0), N - 1)
+    rows = scratch_ptr + (b * N + offs_n) * SLOTS
+    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
     temperature = tl.load(temperature_ptr + b)
+    drafts = tl.load(tokens_row + offs_n + 1, mask=offs_n + 1 < N, other=-1)
     accepted = tl.zeros([], tl.int32)
     bonus = tl.zeros([], tl.int32)
     status = tl.zeros([], tl.int32)
     if temperature == 0.0:
-        accepted, bonus, bad = _greedy_chain(logits_b, tokens_row, G, V, stride_ln, CT, BLOCK_V)
-        status = bad
+        in_chain = offs_n <= G
+        bads = tl.load(rows + BAD, mask=in_chain, other=0.0) != 0.0
+        args = tl.load(rows + ARG, mask=in_chain, other=0.0).to(tl.int32)
+        stop = _min1(tl.where(in_chain & (bads | (offs_n == G) | (drafts != args)), offs_n, G))
+        accepted = stop
+        bonus = _max1(tl.where(offs_n == stop, args, 0))
+        status = _max1(tl.where((offs_n == stop) & bads, 1, 0))
     else:
-        t = temperature.to(CT)
-        top_k = tl.load(top_k_ptr + b)
-        top_p = tl.load(top_p_ptr + b)
-        use_k = (top_k > 0) & (top_k < V)
-        use_p = top_p < 1.0
-        # Every row of the block is read (each h_i needs it): a bad one anywhere is status 1.
-        maxes = tl.zeros([BLOCK_N], tl.float64)
-        bad = tl.zeros([], tl.int32)
-        for i in range(0, G + 1):
-            row_max, arg, flags = _range_max(logits_b + i * stride_ln, 0, V, CT, BLOCK_V)
-            bad = bad | (((flags & 1) != 0) | ((flags & 2) == 0)).to(tl.int32)
-            maxes = tl.where(offs_n == i, row_max.to(tl.float64), maxes)
+        bad, Gc = _block_of(rows, offs_n, G)
         if bad != 0:
             status = 1
         else:
-            # Draft rows: the block ends before the first draft its row could not have drawn.
-            sums = tl.full([BLOCK_N], 1.0, tl.float64)
-            if HAS_DRAFT:
-                j = tl.full([], 1, tl.int32)
-                while j <= G:
-                    q_row = draft_probs_ptr + (b * N + j - 1) * Vd
-                    S, ok = _draft_row_check(q_row, Vd, BLOCK_V)
-                    x = tl.load(tokens_row + j)
-                    if HAS_D2T:
-                        xd = tl.load(inv_d2t_ptr + x)
-                        ok = ok & (tl.load(d2t_ok_ptr) != 0) & (xd >= 0)
-                        qx = tl.load(q_row + xd, mask=xd >= 0, other=0.0)
-                    else:
-                        qx = tl.load(q_row + x)
-                    sums = tl.where(offs_n == j - 1, S, sums)
-                    if ok & (qx > 0):  # r(x) = q(x) / S > 0
-                        j += 1
-                    else:
-                        G = j - 1
-                        status = 2
+            status = tl.where(Gc < G, 2, 0)
+            ps = _capped_products(rows, offs_n, Gc, BLOCK_N)
+            hs = tl.where(offs_n == Gc, ps, tl.load(rows + H, mask=(offs_n > 0) & (offs_n < Gc), other=0.0))
             seed = tl.load(seed_ptr + b)
             offset = tl.load(offset_ptr + b)
             coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
-            # Per row: its filters' scalars, p_i, and the coin against h_i.
-            kths = tl.zeros([BLOCK_N], tl.float64)
-            denoms = tl.zeros([BLOCK_N], tl.float64)
-            cuts = tl.zeros([BLOCK_N], tl.float64)
-            norms = tl.zeros([BLOCK_N], tl.float64)
-            masses = tl.zeros([BLOCK_N], tl.float64)
-            ps = tl.full([BLOCK_N], 1.0, tl.float64)
-            p = tl.full([], 1.0, tl.float64)
-            for i in range(0, G + 1):
-                row = logits_b + i * stride_ln
-                row_max = _lane(maxes, i, offs_n).to(CT)
-                kth, denom, cut, norm, mass = _row_filters(row, V, row_max, t, top_k, top_p, use_k, use_p, CT,
-                                                           IS_FP64, SIG_BITS, BLOCK_V, BLOCK_S, RADIX_BITS)
-                kths = tl.where(offs_n == i, kth.to(tl.float64), kths)
-                denoms = tl.where(offs_n == i, denom.to(tl.float64), denoms)
-                cuts = tl.where(offs_n == i, cut.to(tl.float64), cuts)
-                norms = tl.where(offs_n == i, norm.to(tl.float64), norms)
-                masses = tl.where(offs_n == i, mass, masses)
-                if i > 0:
-                    # p_i = min(1, p_(i-1) P_(i-1)(x_i) / r_(i-1)(x_i)), from row i - 1's scalars.
-                    x = tl.load(tokens_row + i)
-                    w = _weight_at(row - stride_ln, x, _lane(maxes, i - 1, offs_n).to(CT),
-                                   t, _lane(kths, i - 1, offs_n).to(CT), _lane(denoms, i - 1, offs_n).to(CT),
-                                   _lane(cuts, i - 1, offs_n).to(CT), _lane(norms, i - 1, offs_n).to(CT), CT)
-                    r = 1.0
-                    if HAS_DRAFT:
-                        q_prev = draft_probs_ptr + (b * N + i - 1) * Vd
-                        if HAS_D2T:
-                            qx = tl.load(q_prev + tl.load(inv_d2t_ptr + x))
-                        else:
-                            qx = tl.load(q_prev + x)
-                        r = qx.to(tl.float64) / _lane(sums, i - 1, offs_n)
-                    p = tl.minimum(p * (w.to(tl.float64) / _lane(masses, i - 1, offs_n)) / r, 1.0)
-                    ps = tl.where(offs_n == i, p, ps)
-                    h = p
-                    if i < G:
-                        R = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, mass, p,
-                                           draft_probs_ptr + (b * N + i) * Vd, inv_d2t_ptr, _lane(sums, i, offs_n),
-                                           tl.load(tokens_row + i + 1), CT, BLOCK_V, HAS_DRAFT, HAS_D2T)
-                        denominator = R + 1.0 - p
-                        h = tl.where(denominator > 0.0, R / tl.where(denominator > 0.0, denominator, 1.0), 1.0)
-                    if _lane(coins, i, offs_n) < h:
-                        accepted = i
+            accepted = _max1(tl.where((offs_n >= 1) & (offs_n <= Gc) & (coins < hs), offs_n, 0))
             # The bonus token: from w_G when every draft is kept, else from max(p_t P_t - r_t, 0).
             at = accepted
-            bonus = _draw(logits_b + at * stride_ln, V, _lane(maxes, at, offs_n).to(CT), t,
-                          _lane(kths, at, offs_n).to(CT), _lane(denoms, at, offs_n).to(CT),
-                          _lane(cuts, at, offs_n).to(CT), _lane(norms, at, offs_n).to(CT), _lane(masses, at, offs_n),
-                          _lane(ps, at, offs_n), draft_probs_ptr + (b * N + at) * Vd, inv_d2t_ptr,
-                          _lane(sums, at, offs_n), tl.load(tokens_row + tl.minimum(at + 1, N - 1)),
-                          (at < G).to(tl.int32), _lane(_uniform(seed, offset, offs_n, BONUS_DRAW), at, offs_n), CT,
-                          BLOCK_V, HAS_DRAFT, HAS_D2T)
+            row = scratch_ptr + (b * N + at) * SLOTS
+            bonus = _draw(logits_b + at * stride_ln, V, tl.load(row + MAX).to(CT), temperature.to(CT),
+                          tl.load(row + KTH).to(CT), tl.load(row + DENOM).to(CT), tl.load(row + CUT).to(CT),
+                          tl.load(row + NORM).to(CT), tl.load(row + MASS), _lane(ps, at, offs_n),
+                          draft_probs_ptr + (b * N + at) * Vd, inv_d2t_ptr, tl.load(row + SUM, mask=at < Gc, other=1.0),
+                          tl.load(tokens_row + tl.minimum(at + 1, N - 1)), (at < Gc).to(tl.int32),
+                          _lane(_uniform(seed, offset, offs_n, BONUS_DRAW), at, offs_n), tl.load(row + TOTAL_W),
+                          tl.load(row + TOTAL_RES, mask=at < Gc, other=0.0), CT, BLOCK_V, HAS_DRAFT, HAS_D2T)
     if status == 1:
         # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
         accepted = 0
         bonus = _finite_argmax(logits_b, V, CT, BLOCK_V)
     in_row = offs_n < N
-    drafts = tl.load(tokens_row + offs_n + 1, mask=offs_n + 1 < N, other=-1)
     out = tl.where(offs_n < accepted, drafts, tl.where(offs_n == accepted, bonus.to(tl.int64), -1))
     tl.store(out_tokens_ptr + b * N + offs_n, out, mask=in_row)
     tl.store(accept_nodes_ptr + b * N + offs_n, tl.where(offs_n <= accepted, offs_n, -1), mask=in_row)
@@ -492,17 +596,31 @@ def block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=None, te
         return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
     logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
     probs, _, inverse, d2t_ok, Vd = _draft_inputs(draft_probs, None, d2t, V, status)
+    tokens = tokens.contiguous()
+    has_num_drafts = num_drafts is not None
+    num_drafts = num_drafts.contiguous() if has_num_drafts else status
+    temperature = _given(temperature, "temperature", B, device)
+    seed, offset = _given(seed, "seed", B, device), _given(offset, "offset", B, device)
+    scratch = torch.empty((B, N, SLOTS.value), dtype=torch.float64, device=device)
+    is_fp64 = target_logits.dtype == torch.float64
     block_v = min(config.block_v, triton.next_power_of_2(V))
-    _block_verify_kernel[(B,)](
-        tokens.contiguous(), logits, probs, inverse, d2t_ok,
-        num_drafts.contiguous() if num_drafts is not None else status,
-        _given(temperature, "temperature", B, device), _given(top_k, "top_k", B, device),
-        _given(top_p, "top_p", B, device), _given(seed, "seed", B, device), _given(offset, "offset", B, device),
-        accept_len, accept_nodes, out_tokens, status,
-        N, V, Vd, logits.stride(0), logits.stride(1),
-        IS_FP64=target_logits.dtype == torch.float64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype],
-        BLOCK_V=block_v, BLOCK_S=min(block_v, SEARCH_BLOCK), BLOCK_N=max(2, triton.next_power_of_2(N)),
-        RADIX_BITS=config.radix_bits, HAS_NUM_DRAFTS=num_drafts is not None, HAS_DRAFT=draft_probs is not None,
-        HAS_D2T=d2t is not None, **launch_options(device), num_warps=config.num_warps,
+    block_n = max(2, triton.next_power_of_2(N))
+    flags = dict(HAS_NUM_DRAFTS=has_num_drafts, HAS_DRAFT=draft_probs is not None, HAS_D2T=d2t is not None,
+                 **launch_options(device), num_warps=config.num_warps)
+    shape = (N, V, Vd, logits.stride(0), logits.stride(1))
+    _block_verify_rows_kernel[(B, N)](
+        tokens, logits, probs, inverse, d2t_ok, num_drafts, temperature, _given(top_k, "top_k", B, device),
+        _given(top_p, "top_p", B, device), scratch, *shape,
+        IS_FP64=is_fp64, SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], BLOCK_V=block_v,
+        BLOCK_S=min(block_v, SEARCH_BLOCK), RADIX_BITS=config.radix_bits, **flags,
+    )
+    _block_verify_residual_kernel[(B, N)](
+        tokens, logits, probs, inverse, num_drafts, temperature, scratch, *shape,
+        IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=block_n, **flags,
+    )
+    _block_verify_finish_kernel[(B,)](
+        tokens, logits, probs, inverse, num_drafts, temperature, seed, offset, scratch,
+        accept_len, accept_nodes, out_tokens, status, *shape,
+        IS_FP64=is_fp64, BLOCK_V=block_v, BLOCK_N=block_n, **flags,
     )
     return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
