@@ -222,6 +222,17 @@ def build_tree_shapes(root_tokens, cand_tokens, cand_scores, cand_parents, num_n
 
 
 # ----------------------------------------------------------------------------------- verify
+def _check_sampling_values(temperature, top_k, top_p):
+    """Per-request sampling parameters of verify and block_verify: temperatures >= 0 (finite),
+    top_k >= 0, top_p in (0, 1]."""
+    if temperature is not None:
+        _check_temperature_values(temperature)
+    if top_k is not None and bool((top_k < 0).any()):
+        _fail("top_k", "values >= 0", top_k.tolist())
+    if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
+        _fail("top_p", "values in (0, 1]", top_p.tolist())
+
+
 def _check_draft_rows(draft_probs, d2t, B, N, V, device, draft_sampled=None):
     """The draft rows of verify (§4) and block_verify (§21): ``draft_probs`` float32 [B, N, Vd] with
     ``Vd = V`` unless ``d2t`` int64 [Vd] maps them; ``d2t`` (and verify's ``draft_sampled`` bool
@@ -274,12 +285,7 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
         _fail("parents", "0 <= parents[b, i] < i for i >= 1", parents.tolist())
     if N > 1 and bool(((tokens[:, 1:] < 0) | (tokens[:, 1:] >= V)).any()):
         _fail("tokens", f"draft tokens in [0, V = {V})", tokens.tolist())
-    if temperature is not None:
-        _check_temperature_values(temperature)
-    if top_k is not None and bool((top_k < 0).any()):
-        _fail("top_k", "values >= 0", top_k.tolist())
-    if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
-        _fail("top_p", "values in (0, 1]", top_p.tolist())
+    _check_sampling_values(temperature, top_k, top_p)
 
 
 def check_block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=None, temperature=None, top_k=None,
@@ -306,12 +312,7 @@ def check_block_verify(tokens, target_logits, draft_probs=None, *, num_drafts=No
             N - 1 if num_drafts is None else num_drafts[:, None])
         if bool((drafted & ((tokens[:, 1:] < 0) | (tokens[:, 1:] >= V))).any()):
             _fail("tokens", f"draft tokens in [0, V = {V}) in nodes 1 .. num_drafts", tokens.tolist())
-    if temperature is not None:
-        _check_temperature_values(temperature)
-    if top_k is not None and bool((top_k < 0).any()):
-        _fail("top_k", "values >= 0", top_k.tolist())
-    if top_p is not None and bool(((top_p <= 0) | (top_p > 1) | torch.isnan(top_p)).any()):
-        _fail("top_p", "values in (0, 1]", top_p.tolist())
+    _check_sampling_values(temperature, top_k, top_p)
 
 
 def block_verify_shapes(tokens, target_logits, *_, **__):

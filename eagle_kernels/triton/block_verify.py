@@ -59,6 +59,7 @@ from .verify import _draft_inputs
 from .verify_rows import (
     SEARCH_BLOCK,
     SIGNIFICANT_KEY_BITS,
+    _draft_row_check,
     _finite_argmax,
     _max1,
     _min1,
@@ -76,7 +77,6 @@ from .verify_rows import (
 
 ACCEPT_DRAW = tl.constexpr(_random.ACCEPT_DRAW)
 BONUS_DRAW = tl.constexpr(_random.BONUS_DRAW)
-DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)  # |S - 1| above this makes a draft row invalid (docs/ops.md §4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,21 +216,6 @@ def _row_filters(row, V, row_max, t, top_k, top_p, use_k, use_p, CT: tl.constexp
         lane_mass += w
         total += _sum1(w)
     return kth, denom, cut, norm, _sum1(lane_mass), total
-
-
-@triton.jit
-def _draft_row_check(q_row, Vd, BLOCK_V: tl.constexpr):
-    """(S, ok) of a draft row: its float64 sum, and whether every entry is finite and >= 0 with
-    |S - 1| <= DRAFT_SUM_TOLERANCE."""
-    lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
-    lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
-    for start in range(0, Vd, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        q = tl.load(q_row + offs, mask=offs < Vd, other=0.0)
-        lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
-        lane_sum += q.to(tl.float64)
-    S = _sum1(lane_sum)
-    return S, (_max1(lane_bad) == 0) & (tl.abs(S - 1.0) <= DRAFT_SUM_TOLERANCE)
 
 
 @triton.jit

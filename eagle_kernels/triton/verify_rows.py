@@ -96,6 +96,24 @@ def _sum1(x):
     return _fold1(x, 2)
 
 
+DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)  # |S - 1| above this makes a draft row invalid (docs/ops.md §4)
+
+
+@triton.jit
+def _draft_row_check(q_row, Vd, BLOCK_V: tl.constexpr):
+    """(S, ok) of a draft row: its float64 sum, and whether every entry is finite and >= 0 with
+    |S - 1| <= DRAFT_SUM_TOLERANCE."""
+    lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
+    lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
+    for start in range(0, Vd, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        q = tl.load(q_row + offs, mask=offs < Vd, other=0.0)
+        lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
+        lane_sum += q.to(tl.float64)
+    S = _sum1(lane_sum)
+    return S, (_max1(lane_bad) == 0) & (tl.abs(S - 1.0) <= DRAFT_SUM_TOLERANCE)
+
+
 @triton.jit
 def _sum0(x):
     """tl.sum(x, axis=0) of a 2-D x [R, C] (the note above _fold): for C < 32, over the

@@ -24,6 +24,7 @@ from .verify_rows import (
     STAT_MASS,
     STAT_MAX,
     STAT_NORM,
+    _draft_row_check,
     _finite_argmax,
     _list_level,
     _list_stats,
@@ -328,7 +329,6 @@ EV_WORD_TOKEN = tl.constexpr(1)
 EV_WORD_MASS = tl.constexpr(2)
 EV_WORD_REMOVED = tl.constexpr(3)
 EVENT_WORDS = tl.constexpr(4)
-DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)
 
 
 @triton.jit
@@ -447,15 +447,8 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
     ``events`` (per-request scratch), not held in registers. Returns (accepted child or -1,
     bonus token, 1 when the draft row is invalid)."""
     # The draft row: entries finite and >= 0, S = float64 sum within the tolerance, d2t in range.
-    lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
-    lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
-    for start in range(0, Vd, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        q = tl.load(q_row + offs, mask=offs < Vd, other=0.0)
-        lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
-        lane_sum += q.to(tl.float64)
-    S = _sum1(lane_sum)
-    draft_bad = (_max1(lane_bad) != 0) | (tl.abs(S - 1.0) > DRAFT_SUM_TOLERANCE) | (S != S)
+    S, row_ok = _draft_row_check(q_row, Vd, BLOCK_V)
+    draft_bad = row_ok == 0
     if HAS_D2T:
         draft_bad = draft_bad | (tl.load(d2t_ok_ptr) == 0)
     S = tl.where(draft_bad, 1.0, S)
