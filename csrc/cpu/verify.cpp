@@ -605,48 +605,52 @@ EAGLE_INLINE void verify_range(const Args& a, int64_t begin, int64_t end) {
 
 using RangeFn = void (*)(const Args&, int64_t, int64_t);
 
-#define EAGLE_VARIANTS(NAME, IN, C)                                                   \
-  EAGLE_TARGET_AVX512 void NAME##_avx512(const Args& a, int64_t begin, int64_t end) { \
-    verify_range<kAvx512, IN, C>(a, begin, end);                                      \
+// A range function compiled for AVX-512, AVX2 and baseline x86-64: NAME_avx512 / _avx2 / _base over
+// RANGE<isa, IN, C>(const ARGS&, begin, end) (verify's and block_verify's).
+#define EAGLE_VARIANTS(NAME, ARGS, RANGE, IN, C)                                      \
+  EAGLE_TARGET_AVX512 void NAME##_avx512(const ARGS& a, int64_t begin, int64_t end) { \
+    RANGE<kAvx512, IN, C>(a, begin, end);                                             \
   }                                                                                   \
-  EAGLE_TARGET_AVX2 void NAME##_avx2(const Args& a, int64_t begin, int64_t end) {     \
-    verify_range<kAvx2, IN, C>(a, begin, end);                                        \
+  EAGLE_TARGET_AVX2 void NAME##_avx2(const ARGS& a, int64_t begin, int64_t end) {     \
+    RANGE<kAvx2, IN, C>(a, begin, end);                                               \
   }                                                                                   \
-  void NAME##_base(const Args& a, int64_t begin, int64_t end) { verify_range<kBase, IN, C>(a, begin, end); }
+  void NAME##_base(const ARGS& a, int64_t begin, int64_t end) { RANGE<kBase, IN, C>(a, begin, end); }
 
-EAGLE_VARIANTS(verify_f32, float, float)
-EAGLE_VARIANTS(verify_f16, c10::Half, float)
-EAGLE_VARIANTS(verify_bf16, c10::BFloat16, float)
-EAGLE_VARIANTS(verify_f64, double, double)
-
-RangeFn pick_kernel(at::ScalarType dtype) {
-  const isa::Level level = isa::current();
-  const int variant = level >= isa::Level::kAvx512Ymm ? kAvx512 : level >= isa::Level::kAvx2 ? kAvx2 : kBase;
+// The body of a pick function: PREFIX_{f32, f16, bf16, f64}'s variant for the logits' dtype at the
+// CPU's instruction-set level (the AVX-512 one from avx512-ymm up).
+#define EAGLE_PICK_BY_DTYPE(PREFIX, OP)                                                                          \
+  const isa::Level level = isa::current();                                                                       \
+  const int variant = level >= isa::Level::kAvx512Ymm ? kAvx512 : level >= isa::Level::kAvx2 ? kAvx2 : kBase;    \
+  switch (dtype) {                                                                                               \
+    case at::kFloat:                                                                                             \
+      return EAGLE_PICK(PREFIX##_f32);                                                                           \
+    case at::kHalf:                                                                                              \
+      return EAGLE_PICK(PREFIX##_f16);                                                                           \
+    case at::kBFloat16:                                                                                          \
+      return EAGLE_PICK(PREFIX##_bf16);                                                                          \
+    case at::kDouble:                                                                                            \
+      return EAGLE_PICK(PREFIX##_f64);                                                                           \
+    default:                                                                                                     \
+      TORCH_CHECK_VALUE(false, OP ": target_logits: expected dtype float32, float16, bfloat16 or float64, got ", \
+                        dtype);                                                                                  \
+  }                                                                                                              \
+  return nullptr
 #define EAGLE_PICK(NAME) (variant == kAvx512 ? NAME##_avx512 : variant == kAvx2 ? NAME##_avx2 : NAME##_base)
-  switch (dtype) {
-    case at::kFloat:
-      return EAGLE_PICK(verify_f32);
-    case at::kHalf:
-      return EAGLE_PICK(verify_f16);
-    case at::kBFloat16:
-      return EAGLE_PICK(verify_bf16);
-    case at::kDouble:
-      return EAGLE_PICK(verify_f64);
-    default:
-      TORCH_CHECK_VALUE(false, "verify: target_logits: expected dtype float32, float16, bfloat16 or float64, got ",
-                        dtype);
-  }
-#undef EAGLE_PICK
-  return nullptr;
-}
+
+EAGLE_VARIANTS(verify_f32, Args, verify_range, float, float)
+EAGLE_VARIANTS(verify_f16, Args, verify_range, c10::Half, float)
+EAGLE_VARIANTS(verify_bf16, Args, verify_range, c10::BFloat16, float)
+EAGLE_VARIANTS(verify_f64, Args, verify_range, double, double)
+
+RangeFn pick_kernel(at::ScalarType dtype) { EAGLE_PICK_BY_DTYPE(verify, "verify"); }
 
 // ------------------------------------------------------------------------------- checking
-void check_optional(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype, int64_t B,
-                    const at::Device& dev) {
+void check_optional(const std::optional<at::Tensor>& t, const char* op, const char* name, at::ScalarType dtype,
+                    int64_t B, const at::Device& dev) {
   if (!t) return;
-  check_dtype(*t, "verify", name, dtype);
-  check_shape(*t, "verify", name, {B}, "[B]");
-  check_device(*t, "verify", name, dev);
+  check_dtype(*t, op, name, dtype);
+  check_shape(*t, op, name, {B}, "[B]");
+  check_device(*t, op, name, dev);
 }
 
 // Value checks of eagle_kernels/_checks.py (CPU tensors: reading them is free of syncs).
@@ -706,12 +710,12 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   TORCH_CHECK_VALUE(N > 0 && V > 0,
                     "verify: target_logits: expected at least one node and one vocabulary entry, got shape ",
                     shape_str(target_logits.sizes()));
-  check_optional(temperature, "temperature", at::kFloat, B, dev);
-  check_optional(top_k, "top_k", at::kInt, B, dev);
-  check_optional(top_p, "top_p", at::kFloat, B, dev);
-  check_optional(seed, "seed", at::kLong, B, dev);
-  check_optional(offset, "offset", at::kLong, B, dev);
-  check_optional(positions, "positions", at::kLong, B, dev);
+  check_optional(temperature, op, "temperature", at::kFloat, B, dev);
+  check_optional(top_k, op, "top_k", at::kInt, B, dev);
+  check_optional(top_p, op, "top_p", at::kFloat, B, dev);
+  check_optional(seed, op, "seed", at::kLong, B, dev);
+  check_optional(offset, op, "offset", at::kLong, B, dev);
+  check_optional(positions, op, "positions", at::kLong, B, dev);
   int64_t Vd = 0;
   if (!draft_probs) {
     TORCH_CHECK_VALUE(!draft_sampled, "verify: draft_sampled: expected None when draft_probs is None ",
