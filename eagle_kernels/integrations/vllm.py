@@ -277,9 +277,10 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     if draft_logits is not None:
         # Node j's draft row: the distribution draft j was drawn from (vLLM scales the stored logits by
         # the request's temperature); greedy requests never read it.
+        # verify's rows carry the never-accepted token V's column (0 here); block_verify reads no padding.
         scale = torch.where(temperature[state] > 0, temperature[state], 1.0).float()
-        q = torch.zeros(R, S + 1, V, dtype=torch.float32, device=device)
-        q[:, :S] = torch.softmax(draft_logits[state, :S].float() / scale[:, None, None], dim=-1)
+        q = torch.zeros(R, S + 1, V if use_block_verification else V + 1, dtype=torch.float32, device=device)
+        q[:, :S, :V] = torch.softmax(draft_logits[state, :S].float() / scale[:, None, None], dim=-1)
     seeds, offsets = seed[state].long(), pos.long()[start.clamp(max=max(T - 1, 0))]
     if use_block_verification:
         tokens = torch.cat([torch.zeros(R, 1, dtype=torch.long, device=device), torch.where(valid, drafts, 0)], dim=1)
@@ -296,7 +297,7 @@ def chain_verify_v2(target_logits, draft_logits, draft_sampled, cu_num_logits, p
     drafts_given = {}
     if q is not None:
         sampled = torch.cat([torch.zeros(R, 1, dtype=torch.bool, device=device), valid], dim=1)
-        drafts_given = dict(draft_probs=torch.nn.functional.pad(q, (0, 1)), draft_sampled=sampled)
+        drafts_given = dict(draft_probs=q, draft_sampled=sampled)
     result = ops.verify(tokens, parents, logits.view(R, S + 1, V + 1), max_depth=S, temperature=temp,
                         seed=seeds, offset=offsets, **drafts_given)
     return result.out_tokens, (result.accept_len + 1).int()
