@@ -162,6 +162,11 @@ def test_bad_input_is_a_value_error():
         if fn is not None:
             with pytest.raises(ValueError, match="num_drafts"):
                 fn(tokens, logits, q, num_drafts=torch.tensor([0, 4, 1], dtype=torch.int32))
+            # Mixed devices: the tensor off the logits' device is named.
+            with pytest.raises(ValueError, match="draft_probs"):
+                fn(tokens, logits, q.to("meta"))
+            with pytest.raises(ValueError, match="seed"):
+                fn(tokens, logits, q, temperature=torch.ones(3), seed=torch.zeros(3, dtype=torch.int64, device="meta"))
 
 
 def test_greedy_chain_is_verifys_walk():
