@@ -51,17 +51,16 @@ read in their own dtype (fp16 / bf16 / fp32 / fp64; no copy) and computed in flo
 for fp64 logits).
 
 Sampled drafts (``draft_probs`` given: the ``HAS_DRAFT`` specialisation; calls without it compile
-the kernel as before): at a node of a sampling row with sampled children, the program that merges
-the row's last phase applies the draft-aware rule itself (``_accept_sampled`` in verify_walk.py):
-one pass over the draft row (validity, float64 sum), the children in node order against the
-residual, one pass over the target row per rejected sampled child for the new float64 mass, and
-two passes for the bonus from the final residual; the residual weight of any token is its first
-weight with the recorded rejections applied in order, as the reference computes it. With ``d2t``
-the launcher builds the inverse map (target id -> draft id) and the range flag on the device.
-
-Modules: ``verify_rows.py`` (the passes over a row's chunks, the threshold searches and
-candidate lists), ``verify_walk.py`` (Philox, acceptance, bonus draw and the kernel), and here
-the launch configurations and the launcher.
+the kernel as before): at a node of a sampling row with sampled children the draft-aware rule
+runs as more phases over the chunks, so the request's programs share its passes as they share
+the row's own: a draft phase (the draft row's validity and float64 sum, over chunks of the draft
+row), then the children in node order against the residual in the merge, a residual phase (the
+new float64 mass) after each rejected sampled child, and the bonus from the final residual by
+inverse CDF: from the last residual phase's chunk sums when nothing changed since, else after a
+phase of its own, the merge scanning the one chunk that holds the draw. The residual weight of
+any token is its first weight with the node's recorded rejections applied in order, as the
+reference computes it. With ``d2t`` the launcher builds the inverse map (target id -> draft id)
+and the range flag on the device.
 """
 
 from __future__ import annotations
@@ -301,10 +300,15 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     block_s = min(block_v, SEARCH_BLOCK)
     block_t = triton.next_power_of_2(triton.cdiv(V, block_v))
     # Per visited row: max, levels, list, the search digits of top-k and top-p, their two
-    # normalisers and the mass.
+    # normalisers and the mass; with draft rows, the draft row's check and a bonus phase, and a
+    # residual phase per rejected sampled child (each node is rejected at most once).
     digits = triton.cdiv(SIGNIFICANT_KEY_BITS[target_logits.dtype], config.radix_bits)
-    phases = A * (6 + 2 * digits)
     Vd = 0 if draft_probs is None else draft_probs.shape[2]
+    phases = A * (6 + 2 * digits) + (2 * A + N if Vd else 0)
+    # The draft-aware rule's passes: tiles of two search tiles (their residual weights carry the
+    # node's rejections, so wider tiles spill), a whole number of them a chunk.
+    block_r = min(block_s, chunk & -chunk)
+    chunk_d = triton.cdiv(triton.cdiv(max(Vd, 1), splits), block_r) * block_r
     ws = _workspace(B, N, V, A, target_logits.dtype, device, config, splits, phases, block_t, Vd)
 
     def given(t, name):
@@ -324,10 +328,10 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         ws["part_flags"], ws["part_total"], ws["part_counts"], ws["part_sums"], ws["part_mass"], ws["part_search"],
         ws["prefix"], ws["cand_index"], ws["cand_scaled"], ws["tile_sums"], accept_len, accept_nodes, out_tokens,
         status, probs, sampled, inverse, d2t_ok, events, status if positions is None else positions,
-        N, V, Vd, max_depth, chunk, logits.stride(0), logits.stride(1),
+        N, V, Vd, max_depth, chunk, chunk_d, logits.stride(0), logits.stride(1),
         0 if positions is None else positions.stride(0), IS_FP64=is_fp64,
         SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
-        BLOCK_SPLITS=max(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, BLOCK_S=block_s,
+        BLOCK_SPLITS=max(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_R=block_r,
         BLOCK_MAX=block_max, BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
         HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,

@@ -100,18 +100,25 @@ DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)  # |S - 1| above this makes a draft row
 
 
 @triton.jit
+def _draft_range(q_row, start, end, BLOCK_V: tl.constexpr):
+    """(float64 sum, bad flag) of the draft row's entries in [start, end): bad when one of them
+    is NaN, +inf or negative."""
+    lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
+    lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
+    for tile in range(start, end, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        q = tl.load(q_row + offs, mask=offs < end, other=0.0)
+        lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
+        lane_sum += q.to(tl.float64)
+    return _sum1(lane_sum), _max1(lane_bad)
+
+
+@triton.jit
 def _draft_row_check(q_row, Vd, BLOCK_V: tl.constexpr):
     """(S, ok) of a draft row: its float64 sum, and whether every entry is finite and >= 0 with
     |S - 1| <= DRAFT_SUM_TOLERANCE."""
-    lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
-    lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
-    for start in range(0, Vd, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        q = tl.load(q_row + offs, mask=offs < Vd, other=0.0)
-        lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
-        lane_sum += q.to(tl.float64)
-    S = _sum1(lane_sum)
-    return S, (_max1(lane_bad) == 0) & (tl.abs(S - 1.0) <= DRAFT_SUM_TOLERANCE)
+    S, bad = _draft_range(q_row, 0, Vd, BLOCK_V)
+    return S, (bad == 0) & (tl.abs(S - 1.0) <= DRAFT_SUM_TOLERANCE)
 
 
 @triton.jit

@@ -16,6 +16,7 @@ from ..reference.random import COUPLED_DRAW
 from ._pdl import wait_for_prior_grids
 from .philox import _uniform
 from .verify_rows import (
+    DRAFT_SUM_TOLERANCE,
     NUM_PIVOTS,
     NUM_STATS,
     STAT_CUT,
@@ -24,7 +25,7 @@ from .verify_rows import (
     STAT_MASS,
     STAT_MAX,
     STAT_NORM,
-    _draft_row_check,
+    _draft_range,
     _finite_argmax,
     _list_level,
     _list_stats,
@@ -60,6 +61,9 @@ KIND_SEARCH_K = tl.constexpr(4)  # one digit of the top-k threshold search (rows
 # digit also sums each candidate's softmax normaliser
 KIND_SEARCH_P = tl.constexpr(6)  # one digit of the top-p threshold search; the last also its normaliser
 KIND_RACE = tl.constexpr(7)  # coupled requests, rows without a list: each chunk's best race ratio (no mass pass)
+# The draft-aware rule at a node with sampled children (HAS_DRAFT):
+KIND_DRAFT = tl.constexpr(8)  # the draft row's float64 sum and bad flags, over chunks of the draft row
+KIND_RESIDUAL = tl.constexpr(9)  # the residual weights' float64 sum after the recorded rejections
 # Per-request control words (int32, zero before a launch and left zero after it: the last program
 # of a request to exit resets them, so a cached workspace needs no fill between calls): the phase
 # now open (FINISHED once the request is done), the open phase's kind and row, the walk's depth,
@@ -72,7 +76,14 @@ CTL_DEPTH = tl.constexpr(3)
 CTL_PIVOT = tl.constexpr(4)  # -1 - lane: a list of the top-k set, counted by the last top-k digit in that lane
 CTL_DIGIT = tl.constexpr(5)  # the digit of the open search phase
 CTL_EXITED = tl.constexpr(6)  # programs of the request that have left the walk
-CTL_WORDS = tl.constexpr(8)
+# The draft-aware rule's place at the current node: the sampled child whose rejection the open
+# residual phase weighs, the rejections recorded, the draft row's validity, and whether the open
+# residual phase is the bonus draw's.
+CTL_CHILD = tl.constexpr(7)
+CTL_EVENTS = tl.constexpr(8)
+CTL_DRAFT_BAD = tl.constexpr(9)
+CTL_BONUS = tl.constexpr(10)
+CTL_WORDS = tl.constexpr(12)
 FINISHED = tl.constexpr(1 << 30)
 # Per-request float64 scalars of the current row, written by a phase's merge for the next.
 ROW_MAX = tl.constexpr(0)
@@ -82,7 +93,13 @@ ROW_DENOM = tl.constexpr(3)
 ROW_CUT = tl.constexpr(4)
 ROW_NORM = tl.constexpr(5)
 ROW_LEVEL = tl.constexpr(6)
-ROW_WORDS = tl.constexpr(8)
+# The draft-aware rule: the mass before the pending rejection, the draft row's sum S, the draft
+# mass of the rejected sampled children, w(x) of the pending one.
+ROW_MASS = tl.constexpr(7)
+ROW_S = tl.constexpr(8)
+ROW_REMOVED = tl.constexpr(9)
+ROW_WX = tl.constexpr(10)
+ROW_WORDS = tl.constexpr(12)
 
 
 @triton.jit
@@ -389,39 +406,46 @@ def _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, 
 
 
 @triton.jit
-def _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, CT: tl.constexpr,
-                   BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
-    """float64 sum of the residual weights: one pass over the row."""
-    lane = tl.zeros([BLOCK_V], dtype=tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            events, n_events, CT, BLOCK_V, HAS_D2T)
-        lane += w
-    return _sum1(lane)
+def _residual_range(row, start, end, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
+                    CT: tl.constexpr, BLOCK_R: tl.constexpr, HAS_D2T: tl.constexpr):
+    """float64 sum of the residual weights of the row's entries in [start, end), tile by tile
+    (the order the bonus draw's scan adds them in)."""
+    total = tl.zeros([], tl.float64)
+    for tile in range(start, end, BLOCK_R):
+        offs, valid, w = _residual_row_tile(row, tile, end, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
+                                            events, n_events, CT, BLOCK_R, HAS_D2T)
+        total += _sum1(w)
+    return total
 
 
 @triton.jit
 def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events, u,
-                    CT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_D2T: tl.constexpr):
-    """Inverse CDF over the residual row (as _inverse_cdf): the smallest x with
-    cumsum64(w)[x] > u * sum(w), else the largest x with w[x] > 0; two passes over the row."""
-    total = tl.zeros([], tl.float64)
-    for start in range(0, V, BLOCK_V):
-        offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            events, n_events, CT, BLOCK_V, HAS_D2T)
-        total += _sum1(w)
-    target = u * total
-    carry = tl.zeros([], tl.float64)
-    found = V
-    last_positive = -1
-    for start in range(0, V, BLOCK_V):
-        offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
-                                            events, n_events, CT, BLOCK_V, HAS_D2T)
-        hit = _min1(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V))
-        found = tl.minimum(found, hit)
-        last_positive = tl.maximum(last_positive, _max1(tl.where(w > 0, offs, -1)))
+                    part_mass, splits, in_splits, chunk, CT: tl.constexpr, BLOCK_R: tl.constexpr,
+                    HAS_D2T: tl.constexpr):
+    """Inverse CDF over the residual row (as _inverse_cdf) from a residual phase's chunk sums
+    (``part_mass``: [SPLITS] float64, chunk j = entries [j * chunk, (j + 1) * chunk)): the
+    smallest x with cumsum64(w)[x] > u * sum(w), else the largest x with w[x] > 0. The merging
+    program scans from the chunk where the running sum passes the target, normally within it."""
+    sums = tl.load(part_mass + splits, mask=in_splits, other=0.0, volatile=True)
+    target = u * _sum1(sums)
+    first = _min1(tl.where((tl.cumsum(sums, axis=0) > target) & in_splits, splits, V))
+    carry = _sum1(tl.where(splits < first, sums, 0.0))
+    tile = tl.minimum(first.to(tl.int64) * chunk, V)
+    found = tl.zeros([], tl.int64) + V
+    while tile < V:
+        offs, valid, w = _residual_row_tile(row, tile, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
+                                            events, n_events, CT, BLOCK_R, HAS_D2T)
+        found = _min1(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V))
         carry += _sum1(w)
-    return tl.where(found < V, found, tl.maximum(last_positive, 0))
+        tile = tl.where(found < V, V, tile + BLOCK_R)
+    if found == V:  # only through rounding: the largest token with a positive residual weight
+        last_positive = tl.full([], -1, tl.int64)
+        for start in range(0, V, BLOCK_R):
+            offs, valid, w = _residual_row_tile(row, start, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
+                                                events, n_events, CT, BLOCK_R, HAS_D2T)
+            last_positive = tl.maximum(last_positive, _max1(tl.where(w > 0, offs, -1)))
+        found = tl.maximum(last_positive, 0)
+    return found
 
 
 @triton.jit
@@ -436,28 +460,14 @@ def _sampled_child_count(node, may_descend, parents_row, sampled_row, N, BLOCK_N
 
 
 @triton.jit
-def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row, tokens_row, tokens,
-                    sampled_row, q_row, inv_ptr, d2t_ok_ptr, events, accept_coins, u_bonus, offs_n, N,
-                    CT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, HAS_MASK: tl.constexpr,
-                    HAS_D2T: tl.constexpr):
-    """The draft-aware rule at a node with sampled children (docs/ops.md §4): validates the draft
-    row (one pass over it), tries the children in node order against the residual, with one
-    pass over the row per rejected sampled child for the new mass, and draws the bonus from the
-    final residual when every child fails (two passes). The rejections are recorded in
-    ``events`` (per-request scratch), not held in registers. Returns (accepted child or -1,
-    bonus token, 1 when the draft row is invalid)."""
-    # The draft row: entries finite and >= 0, S = float64 sum within the tolerance, d2t in range.
-    S, row_ok = _draft_row_check(q_row, Vd, BLOCK_V)
-    draft_bad = row_ok == 0
-    if HAS_D2T:
-        draft_bad = draft_bad | (tl.load(d2t_ok_ptr) == 0)
-    S = tl.where(draft_bad, 1.0, S)
-    # The sampled children: r(x) > 0, no earlier sampled sibling with the same token, removed
-    # below 1 before each.
-    children = _children_of(node, parents_row, offs_n, N)
-    siblings = children
+def _draft_siblings_bad(node, parents_row, tokens_row, tokens, sampled_row, q_row, inv_ptr, S, V, offs_n, N,
+                        HAS_MASK: tl.constexpr, HAS_D2T: tl.constexpr):
+    """1 when a sampled child of ``node`` makes its draft row invalid: r(x) <= 0, an earlier
+    sampled sibling with the same token, or the earlier siblings' r already summing to 1."""
+    siblings = _children_of(node, parents_row, offs_n, N)
     if HAS_MASK:
         siblings = siblings & (tl.load(sampled_row + offs_n, mask=offs_n < N, other=0) != 0)
+    bad = tl.zeros([], tl.int1)
     removed = tl.zeros([], tl.float64)
     c = _next_flagged(siblings, node, offs_n, N)
     while c < N:
@@ -465,54 +475,51 @@ def _accept_sampled(row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, p
         xs = x + offs_n * 0
         rx = _sum1(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row, inv_ptr, S, HAS_D2T))
         seen = _max1((siblings & (offs_n < c) & (tokens == x)).to(tl.int32)) != 0
-        draft_bad = draft_bad | (rx <= 0) | seen | (removed >= 1.0)
+        bad = bad | (rx <= 0) | seen | (removed >= 1.0)
         removed += rx
         c = _next_flagged(siblings, c, offs_n, N)
+    return bad
+
+
+@triton.jit
+def _try_children(row, V, row_max, t, kth, denom, cut, norm, mass, removed, n_events, after, node, parents_row,
+                  tokens_row, sampled_row, q_row, inv_ptr, S, events, accept_coins, offs_n, N, CT: tl.constexpr,
+                  HAS_MASK: tl.constexpr, HAS_D2T: tl.constexpr):
+    """The draft-aware rule's children of ``node`` after ``after``, in node order, against the
+    residual (docs/ops.md §4), until one is accepted or a sampled one is rejected: that
+    rejection is recorded (event ``n_events``) and its new mass needs a residual phase. A
+    rejected deterministic child zeroes w(x) and leaves the mass less w(x). Returns (accepted
+    child or -1, rejected sampled child or -1, mass, events recorded, w(x) of that child)."""
+    children = _children_of(node, parents_row, offs_n, N)
     child = -1
-    n_events = 0
-    removed = tl.zeros([], tl.float64)
-    if draft_bad == 0:
-        c = _next_flagged(children, node, offs_n, N)
-        while c < N:
-            is_sampled = tl.full([], 1, tl.int32) != 0
-            if HAS_MASK:
-                is_sampled = tl.load(sampled_row + c) != 0
-            x = tl.load(tokens_row + c)
-            xs = x + offs_n * 0
-            one = (offs_n == 0) & (xs >= 0) & (xs < V)
-            logit = tl.load(row + xs, mask=one, other=float("-inf")).to(CT)
-            w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT),
-                          0.0).to(CT)
-            r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
-            wx = _sum1(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64))
-            rx = _sum1(r)
-            d = tl.where(is_sampled, rx / (1.0 - removed), 1.0)
-            coin = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
-            if (wx > 0) & (coin < (wx / mass) / d):
-                child = c
-            elif is_sampled:
-                _record_event(events, n_events, tl.full([], EV_RESIDUAL, tl.int32), x, mass, removed)
-                new_mass = _residual_mass(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events,
-                                          n_events + 1, CT, BLOCK_V, HAS_D2T)
-                if new_mass == 0.0:  # only through rounding: zero w(x) instead, or keep w
-                    new_mass = mass - wx
-                    kind = tl.where(new_mass > 0, EV_ZERO, EV_KEEP).to(tl.int32)
-                    _record_event(events, n_events, kind, x, mass, removed)
-                    new_mass = tl.where(new_mass > 0, new_mass, mass)
-                n_events += 1
-                mass = new_mass
-                removed += rx
-            elif wx > 0:  # a deterministic child: zero w(x), remove it from the mass
-                _record_event(events, n_events, tl.full([], EV_ZERO, tl.int32), x, mass,
-                              tl.full([], -1.0, tl.float64))
-                n_events += 1
-                mass = mass - wx
-            c = tl.where(child >= 0, N, _next_flagged(children, c, offs_n, N))
-    bonus = -1
-    if child < 0:
-        bonus = _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S, events, n_events,
-                                u_bonus, CT, BLOCK_V, HAS_D2T)
-    return child, bonus, draft_bad.to(tl.int32)
+    pending = -1
+    pending_w = tl.zeros([], tl.float64)
+    c = _next_flagged(children, after, offs_n, N)
+    while c < N:
+        is_sampled = tl.full([], 1, tl.int32) != 0
+        if HAS_MASK:
+            is_sampled = tl.load(sampled_row + c) != 0
+        x = tl.load(tokens_row + c)
+        xs = x + offs_n * 0
+        one = (offs_n == 0) & (xs >= 0) & (xs < V)
+        logit = tl.load(row + xs, mask=one, other=float("-inf")).to(CT)
+        w0 = tl.where(one, _weights(_probs(_scaled(logit, row_max, t), kth, denom, CT), cut, norm, CT), 0.0).to(CT)
+        r = _draft_r(xs, one, q_row, inv_ptr, S, HAS_D2T)
+        wx = _sum1(_apply_events(w0, xs, r, events, n_events, CT).to(tl.float64))
+        d = tl.where(is_sampled, _sum1(r) / (1.0 - removed), 1.0)
+        coin = _sum1(tl.where(offs_n == c, accept_coins, 0.0))
+        if (wx > 0) & (coin < (wx / mass) / d):
+            child = c
+        elif is_sampled:
+            _record_event(events, n_events, tl.full([], EV_RESIDUAL, tl.int32), x, mass, removed)
+            pending = c
+            pending_w = wx
+        elif wx > 0:
+            _record_event(events, n_events, tl.full([], EV_ZERO, tl.int32), x, mass, tl.full([], -1.0, tl.float64))
+            n_events += 1
+            mass = mass - wx
+        c = tl.where((child >= 0) | (pending >= 0), N, _next_flagged(children, c, offs_n, N))
+    return child, pending, mass, n_events, pending_w
 
 
 @triton.jit
@@ -531,11 +538,11 @@ def _verify_kernel(
     rowf_ptr,  # [B, ROW_WORDS] float64 scratch: the current row's scalars
     part_max_ptr,  # [B, SPLITS] compute dtype: chunk max
     part_arg_ptr,  # [B, SPLITS] int32: chunk first argmax
-    part_flags_ptr,  # [B, SPLITS] int32: chunk NaN / +inf (bit 0) and finite (bit 1) flags
+    part_flags_ptr,  # [B, SPLITS] int32: chunk NaN / +inf (bit 0) and finite (bit 1) flags; draft phase: bad entries
     part_total_ptr,  # [B, SPLITS] float64: chunk softmax sum
     part_counts_ptr,  # [B, SPLITS, NUM_PIVOTS] int32: chunk entries at or above each level
     part_sums_ptr,  # [B, SPLITS, NUM_PIVOTS] float32: their exp(s) sum
-    part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights
+    part_mass_ptr,  # [B, SPLITS] float64: chunk sum of the weights (draft phase: of q; residual phase: of the residual)
     part_search_ptr,  # [B, SPLITS, 2, 2^RADIX_BITS] float64: chunk counts / p sums of a search digit; last digit:
     # each candidate's normaliser
     prefix_ptr,  # [B] int64 scratch: the order-key prefix of the open search (bits of a uint32 / uint64)
@@ -552,7 +559,8 @@ def _verify_kernel(
     d2t_ok_ptr,  # [1] int32: 1 when every draft id maps into [0, V)
     events_ptr,  # [B, EVENT_WORDS * BLOCK_N] float64 scratch: the rejections at the current node
     positions_ptr,  # [B] int64, stride stride_pos: the position the root's row predicts (read only when HAS_POSITIONS)
-    N, V, Vd, max_depth, chunk, stride_lb, stride_ln, stride_pos,
+    N, V, Vd, max_depth, chunk, chunk_d,  # chunk_d: entries of the draft row a draft phase's chunk takes
+    stride_lb, stride_ln, stride_pos,
     IS_FP64: tl.constexpr,
     SIG_BITS: tl.constexpr,  # leading order-key bits that vary (16 bf16, 19 fp16, 32 fp32, 64 fp64)
     SPLITS: tl.constexpr,  # chunks per row (programs per request)
@@ -560,6 +568,7 @@ def _verify_kernel(
     BLOCK_SPLITS: tl.constexpr,  # next power of two of SPLITS, at least 32 (whole-view merge sums: _sum0)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # tile of the draft-aware rule's passes (draft row, residual)
     BLOCK_MAX: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_A: tl.constexpr,
@@ -666,6 +675,13 @@ def _verify_kernel(
                     else:  # no candidate list: the level counts are never read
                         chunk_total = _range_total(row, start, end, row_max, t, CT, BLOCK_V)
                     tl.store(part_total_ptr + parts + claim, chunk_total)
+                elif kind == KIND_DRAFT:
+                    if HAS_DRAFT:
+                        d_start = claim * chunk_d
+                        d_sum, d_bad = _draft_range(draft_probs_ptr + (b * N + node) * Vd, d_start,
+                                                    tl.minimum(d_start + chunk_d, Vd), BLOCK_R)
+                        tl.store(part_mass_ptr + parts + claim, d_sum)
+                        tl.store(part_flags_ptr + parts + claim, d_bad)
                 elif kind == KIND_LIST:
                     if NUM_CAND > 0:
                         before = _list_counts(ctl, part_counts_ptr, part_search_ptr, parts, splits, splits < claim,
@@ -681,6 +697,13 @@ def _verify_kernel(
                     if kind == KIND_MASS:
                         tl.store(part_mass_ptr + parts + claim,
                                  _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_b, CT, BLOCK_V))
+                    elif kind == KIND_RESIDUAL:
+                        if HAS_DRAFT:
+                            tl.store(part_mass_ptr + parts + claim, _residual_range(
+                                row, start, end, row_max, t, kth, denom, cut, norm,
+                                draft_probs_ptr + (b * N + node) * Vd, inv_d2t_ptr,
+                                tl.load(rowf + ROW_S, volatile=True), events_ptr + b * EVENT_WORDS * BLOCK_N,
+                                tl.load(ctl + CTL_EVENTS, volatile=True), CT, BLOCK_R, HAS_D2T))
                     elif kind == KIND_RACE:
                         if HAS_POSITIONS:
                             position = position0 + tl.load(ctl + CTL_DEPTH, volatile=True)
@@ -724,6 +747,15 @@ def _verify_kernel(
                     bonus = -1
                     child = -1
                     ready = 0  # 1: the row's weights are known, walk on
+                    # The draft-aware rule at a node with sampled children: 1 to try its children
+                    # after `after` next, or to draw its bonus from the last residual phase's sums.
+                    try_children = 0
+                    draw_bonus = 0
+                    after = node
+                    S = tl.full([], 1.0, tl.float64)
+                    removed = tl.zeros([], tl.float64)
+                    n_events = tl.zeros([], tl.int32)
+                    reusable = 0  # 1: the chunk sums are the final residual's (the bonus needs no phase)
                     search = 0  # 1: start the whole-row threshold searches
                     listed = -1
                     seed_prefix = tl.zeros([], KT)  # the first search's prefix and digit (_seed_prefix)
@@ -859,6 +891,70 @@ def _verify_kernel(
                             if child < 0:
                                 bonus = winner
                                 finish = 1
+                    elif (kind == KIND_DRAFT) | (kind == KIND_RESIDUAL):
+                        if HAS_DRAFT:
+                            # The draft-aware rule at `node`, resumed after a phase over the chunks:
+                            # the draft row's check, a rejected sampled child's new mass, or the
+                            # bonus draw's residual totals.
+                            kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
+                            denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
+                            cut = tl.load(rowf + ROW_CUT, volatile=True).to(CT)
+                            norm = tl.load(rowf + ROW_NORM, volatile=True).to(CT)
+                            mass = tl.load(rowf + ROW_MASS, volatile=True)
+                            chunk_sums = tl.load(part_mass_ptr + parts + splits, mask=in_splits, other=0.0,
+                                                 volatile=True)
+                            offs_n = tl.arange(0, BLOCK_N)
+                            q_row = draft_probs_ptr + (b * N + node) * Vd
+                            if kind == KIND_DRAFT:
+                                S = _sum1(chunk_sums)
+                                bad_entries = _max1(tl.load(part_flags_ptr + parts + splits, mask=in_splits, other=0,
+                                                            volatile=True))
+                                draft_bad = ((bad_entries != 0) | (tl.abs(S - 1.0) > DRAFT_SUM_TOLERANCE)).to(
+                                    tl.int32)
+                                if HAS_D2T:
+                                    draft_bad = draft_bad | (tl.load(d2t_ok_ptr) == 0).to(tl.int32)
+                                S = tl.where(draft_bad != 0, 1.0, S)
+                                draft_bad = draft_bad | _draft_siblings_bad(
+                                    node, parents_row, tokens_row, tl.load(tokens_row + offs_n, mask=offs_n < N,
+                                                                           other=-1),
+                                    draft_sampled_ptr + b * N, q_row, inv_d2t_ptr, S, V, offs_n, N, HAS_MASK,
+                                    HAS_D2T).to(tl.int32)
+                                tl.store(rowf + ROW_S, S)
+                                tl.store(ctl + CTL_DRAFT_BAD, draft_bad)
+                                if draft_bad != 0:  # no child is tried: the bonus from p_u
+                                    tl.store(ctl + CTL_EVENTS, 0)
+                                    tl.store(ctl + CTL_BONUS, 1)
+                                    next_kind = KIND_RESIDUAL
+                                else:
+                                    try_children = 1
+                            else:
+                                S = tl.load(rowf + ROW_S, volatile=True)
+                                draft_bad = tl.load(ctl + CTL_DRAFT_BAD, volatile=True)
+                                n_events = tl.load(ctl + CTL_EVENTS, volatile=True)
+                                if tl.load(ctl + CTL_BONUS, volatile=True) != 0:
+                                    draw_bonus = 1
+                                else:
+                                    # The new mass after the sampled child `after` was rejected (event
+                                    # n_events - 1); an empty residual only through rounding: zero w(x)
+                                    # instead, or keep w.
+                                    after = tl.load(ctl + CTL_CHILD, volatile=True)
+                                    wx = tl.load(rowf + ROW_WX, volatile=True)
+                                    removed = tl.load(rowf + ROW_REMOVED, volatile=True)
+                                    new_mass = _sum1(chunk_sums)
+                                    reusable = 1
+                                    x = tl.load(tokens_row + after)
+                                    if new_mass == 0.0:
+                                        new_mass = mass - wx
+                                        _record_event(events_ptr + b * EVENT_WORDS * BLOCK_N, n_events - 1,
+                                                      tl.where(new_mass > 0, EV_ZERO, EV_KEEP).to(tl.int32), x, mass,
+                                                      removed)
+                                        new_mass = tl.where(new_mass > 0, new_mass, mass)
+                                        reusable = 0
+                                    xs = x + offs_n * 0
+                                    removed += _sum1(_draft_r(xs, (offs_n == 0) & (xs >= 0) & (xs < V), q_row,
+                                                              inv_d2t_ptr, S, HAS_D2T))
+                                    mass = new_mass
+                                    try_children = 1
                     else:
                         kth = tl.load(rowf + ROW_KTH, volatile=True).to(CT)
                         denom = tl.load(rowf + ROW_DENOM, volatile=True).to(CT)
@@ -909,21 +1005,54 @@ def _verify_kernel(
                                 drafted = _sampled_child_count(node, may_descend, parents_row,
                                                                draft_sampled_ptr + b * N, N, BLOCK_N, HAS_MASK)
                             if drafted > 0:
-                                u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
-                                child, bonus, draft_bad = _accept_sampled(
-                                    row, V, Vd, row_max, t, kth, denom, cut, norm, mass, node, parents_row,
-                                    tokens_row, tokens, draft_sampled_ptr + b * N,
-                                    draft_probs_ptr + (b * N + node) * Vd, inv_d2t_ptr, d2t_ok_ptr,
-                                    events_ptr + b * EVENT_WORDS * BLOCK_N, accept_coins, u, offs_n, N, CT, BLOCK_N,
-                                    2 * BLOCK_S, HAS_MASK, HAS_D2T)
-                                bonus = bonus.to(tl.int32)
-                                if child < 0:
-                                    finish = 1
+                                # The draft-aware rule runs in phases over the chunks, from the
+                                # row's scalars kept here: the draft row's check first.
+                                tl.store(rowf + ROW_KTH, kth.to(tl.float64))
+                                tl.store(rowf + ROW_DENOM, denom.to(tl.float64))
+                                tl.store(rowf + ROW_CUT, cut.to(tl.float64))
+                                tl.store(rowf + ROW_NORM, norm.to(tl.float64))
+                                tl.store(rowf + ROW_MASS, mass)
+                                next_kind = KIND_DRAFT
                             else:
                                 child, bonus, finish = _accept_and_bonus(
                                     row, V, row_max, t, kth, denom, cut, norm, mass, node, may_descend, parents_row,
                                     tokens_row, tokens, accept_coins, offs_n, N, seed, offset, listed, index_b,
                                     scaled_b, sums_b, CT, BLOCK_N, BLOCK_V, BLOCK_T, NUM_CAND)
+                    if HAS_DRAFT:
+                        offs_n = tl.arange(0, BLOCK_N)
+                        q_row = draft_probs_ptr + (b * N + node) * Vd
+                        events_b = events_ptr + b * EVENT_WORDS * BLOCK_N
+                        if try_children != 0:
+                            recorded = n_events
+                            pending = -1
+                            pending_w = tl.zeros([], tl.float64)
+                            child, pending, mass, n_events, pending_w = _try_children(
+                                row, V, row_max, t, kth, denom, cut, norm, mass, removed, n_events, after, node,
+                                parents_row, tokens_row, draft_sampled_ptr + b * N, q_row, inv_d2t_ptr, S, events_b,
+                                _uniform(tl.load(seed_ptr + b), tl.load(offset_ptr + b), offs_n, ACCEPT_DRAW),
+                                offs_n, N, CT, HAS_MASK, HAS_D2T)
+                            if pending >= 0:
+                                tl.store(ctl + CTL_CHILD, pending)
+                                tl.store(ctl + CTL_EVENTS, n_events + 1)
+                                tl.store(ctl + CTL_BONUS, 0)
+                                tl.store(rowf + ROW_MASS, mass)
+                                tl.store(rowf + ROW_WX, pending_w)
+                                tl.store(rowf + ROW_REMOVED, removed)
+                                next_kind = KIND_RESIDUAL
+                            elif child < 0:
+                                if (reusable != 0) & (n_events == recorded):
+                                    draw_bonus = 1
+                                else:
+                                    tl.store(ctl + CTL_EVENTS, n_events)
+                                    tl.store(ctl + CTL_BONUS, 1)
+                                    next_kind = KIND_RESIDUAL
+                        if draw_bonus != 0:
+                            u = _sum1(tl.where(offs_n == node, _uniform(tl.load(seed_ptr + b), tl.load(offset_ptr + b),
+                                                                        offs_n, BONUS_DRAW), 0.0))
+                            bonus = _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_d2t_ptr, S,
+                                                    events_b, n_events, u, part_mass_ptr + parts, splits, in_splits,
+                                                    chunk, CT, BLOCK_R, HAS_D2T).to(tl.int32)
+                            finish = 1
                     # Walk on: record an accepted child or the bonus, then open the next phase.
                     if child >= 0:
                         depth += 1

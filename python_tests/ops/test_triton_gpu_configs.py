@@ -132,6 +132,30 @@ def test_verify_gpu_config_small_tiles():
     assert triton_verify._chunking(6, logits.shape[-1], config, None)[0] == max_block
 
 
+@pytest.mark.parametrize("max_block", [1024, 4096], ids=["tiles1024", "tiles4096"])
+def test_verify_gpu_config_sampled_drafts(max_block):
+    """The draft-aware rule's phases with GPU_CONFIG: the draft row's check over chunks of the
+    draft row, one residual phase per rejected sampled child, the bonus from the last residual
+    phase's chunk sums or from a phase of its own (after a deterministic rejection, or an
+    invalid draft row), in the GPU's 256-entry tiles, over 2 (4096-entry tiles) or 3 chunks of
+    a 4200-entry row and a 1100-entry draft vocabulary (d2t). Trees of sampled and
+    deterministic children, invalid draft rows, top-k / top-p: tokens, random stream and status
+    as the reference's."""
+    from test_verify_sampled import sampled_tree_batch
+
+    from eagle_kernels.triton import verify as triton_verify
+
+    config = dataclasses.replace(triton_verify.GPU_CONFIG, max_block=max_block)
+    B, N, V, Vd = 6, 7, 4200, 1100
+    tokens, parents, logits, sampling = sampled_tree_batch(3, B, N, V, Vd, dtype=torch.bfloat16)
+    max_depth = 4
+    assert triton_verify._chunking(B, V, config, None)[1] == (2 if max_block == 4096 else 3)
+    out = triton_verify.verify(tokens, parents, logits, max_depth=max_depth, _config=config, **sampling)
+    want = reference.verify(tokens, parents, logits, max_depth=max_depth, **sampling)
+    assert_same(out, want, f"max_block {max_block}")
+    assert set(want.status.tolist()) >= {0, 2}  # invalid draft rows among valid ones
+
+
 # ---------------------------------------------------------------------------- draft_expand
 def draft_logits(B, M, V, top_k, dtype, seed):
     """N(0, 1.5) logits (no clamp: few ties, so the GPU chunks take the threshold compaction)

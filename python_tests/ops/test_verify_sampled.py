@@ -95,6 +95,31 @@ def test_greedy_requests_ignore_drafts(verify_fn):
     assert (out.status == 0).all()
 
 
+def test_bonus_after_mixed_rejections(verify_fn):
+    """A root whose sampled child and then deterministic child are both rejected: the bonus is
+    drawn from the residual with the sampled child's correction and the deterministic child's
+    token zeroed, both. (The Triton walk draws a bonus from the chunk sums of the last residual
+    phase when nothing changed since; here the deterministic rejection came after it, so those
+    sums are stale and a new phase must run.) Flat target rows make both rejections common;
+    64 requests with their own seeds."""
+    B, V = 64, 300
+    gen = torch.Generator().manual_seed(11)
+    q = torch.softmax(torch.randn(B, 3, V, generator=gen), -1)
+    logits = torch.randn(B, 3, V, generator=gen) * 0.5
+    x1 = torch.multinomial(q[:, 0], 1, generator=gen)[:, 0]
+    x2 = (x1 + 1 + torch.randint(0, V - 1, (B,), generator=gen)) % V
+    logits[torch.arange(B), 0, x2] += 4.0  # the deterministic child holds a large share of p
+    tokens = torch.stack([torch.zeros(B, dtype=torch.int64), x1, x2], 1)
+    parents = torch.tensor([[-1, 0, 0]] * B, dtype=torch.int32)
+    sampling = dict(temperature=torch.ones(B), seed=torch.arange(B, dtype=torch.int64) * 7919,
+                    offset=torch.zeros(B, dtype=torch.int64), draft_probs=q,
+                    draft_sampled=torch.tensor([[False, True, False]] * B))
+    out = verify_fn(tokens, parents, logits, max_depth=1, **sampling)
+    want = reference.verify(tokens, parents, logits, max_depth=1, **sampling)
+    assert_same(out, want)
+    assert int((want.accept_len == 0).sum()) >= 8  # the path is taken
+
+
 # ------------------------------------------------------------------------------ invalid rows
 V_SMALL = 8
 
