@@ -102,7 +102,8 @@ DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)  # |S - 1| above this makes a draft row
 @triton.jit
 def _draft_range(q_row, start, end, BLOCK_V: tl.constexpr):
     """(float64 sum, bad flag) of the draft row's entries in [start, end): bad when one of them
-    is NaN, +inf or negative."""
+    is NaN, +inf or negative. A draft row is valid when no chunk is bad and its sum S has
+    |S - 1| <= DRAFT_SUM_TOLERANCE."""
     lane_sum = tl.zeros([BLOCK_V], dtype=tl.float64)
     lane_bad = tl.zeros([BLOCK_V], dtype=tl.int32)
     for tile in range(start, end, BLOCK_V):
@@ -111,14 +112,6 @@ def _draft_range(q_row, start, end, BLOCK_V: tl.constexpr):
         lane_bad = lane_bad | ((q != q) | (q == float("inf")) | (q < 0)).to(tl.int32)
         lane_sum += q.to(tl.float64)
     return _sum1(lane_sum), _max1(lane_bad)
-
-
-@triton.jit
-def _draft_row_check(q_row, Vd, BLOCK_V: tl.constexpr):
-    """(S, ok) of a draft row: its float64 sum, and whether every entry is finite and >= 0 with
-    |S - 1| <= DRAFT_SUM_TOLERANCE."""
-    S, bad = _draft_range(q_row, 0, Vd, BLOCK_V)
-    return S, (bad == 0) & (tl.abs(S - 1.0) <= DRAFT_SUM_TOLERANCE)
 
 
 @triton.jit

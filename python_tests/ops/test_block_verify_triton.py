@@ -212,7 +212,8 @@ def test_bad_target_rows(triton_block_verify):
 
 # The GPU configuration on shapes that reach its tile sizes: BLOCK_V = min(2048, next_pow2(V)),
 # BLOCK_S = min(BLOCK_V, 256): (64, 64) at V 37 (one tile, a short search tile), (512, 256) at
-# V 300, (2048, 256) at V 2100 (two tiles, the bonus draw crossing into the second).
+# V 300, (2048, 256) at V 2100 (two tiles, two chunks a row: the bonus draw's chunk from the
+# chunks' totals).
 GPU_SHAPES = [("V37-fp32", 37, torch.float32, None), ("V300-fp16-d2t", 300, torch.float16, 120),
               ("V2100-bf16", 2100, torch.bfloat16, None)]
 
@@ -229,6 +230,16 @@ def test_gpu_config(triton_block_verify, name, V, dtype, Vd):
     kwargs["top_k"][::2] = 7
     kwargs["top_p"][1::2] = 0.85
     check(module, tokens, logits, config=module.GPU_CONFIG, **kwargs)
+
+
+def test_chunking_on_an_h200(triton_block_verify):
+    """Chunks a row on a GPU of 132 SMs: about two programs an SM over the B * N rows, in whole
+    2048-entry tiles; without a GPU, up to 4 so that the merges run."""
+    chunking = triton_block_verify.chunking
+    assert chunking(1, 6, 49152, 2048, 132) == (24, 2048)  # SmolLM2, a chain of 5: 144 programs
+    assert chunking(8, 6, 128256, 2048, 132) == (6, 22528)  # 288 programs of 11 tiles
+    assert chunking(64, 6, 128256, 2048, 132) == (1, 129024)  # enough rows: one program a row
+    assert chunking(1, 6, 2100, 2048, None) == (2, 2048)
 
 
 def test_gpu_config_fp64(triton_block_verify):
