@@ -70,6 +70,7 @@ from .verify_rows import (
     SEARCH_BLOCK,
     SIGNIFICANT_KEY_BITS,
     _draft_range,
+    _draw_chunk,
     _finite_argmax,
     _max1,
     _min1,
@@ -265,9 +266,7 @@ def _draw(row, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S,
     residual = tl.where(_sum1(totals) == 0.0, 0, residual)  # rounding only: draw from w
     totals = tl.where(residual != 0, totals_res, totals_w)
     target = coin * _sum1(totals)
-    first = _min1(tl.where((tl.cumsum(totals, axis=0) > target) & in_splits, splits, V))
-    carry = _sum1(tl.where(splits < first, totals, 0.0))
-    start = tl.minimum(first.to(tl.int64) * chunk, V)
+    start, carry = _draw_chunk(totals, target, splits, in_splits, chunk, V)
     found = tl.zeros([], tl.int64) + V
     while start < V:
         offs, valid, w, res = _tile(row, start, V, row_max, t, kth, denom, cut, norm, mass, p, q_row, inv_ptr, S,
@@ -327,6 +326,13 @@ def _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS: tl.constexpr):
     if HAS_NUM_DRAFTS:
         G = tl.minimum(tl.maximum(tl.load(num_drafts_ptr + b), 0), N - 1)
     return G
+
+
+@triton.jit
+def _chunk_program(num_drafts_ptr, N, HAS_NUM_DRAFTS: tl.constexpr):
+    """(b, i, j, G) of a program of the chunk launches: request b, row i, chunk j, and G."""
+    b = tl.program_id(0).to(tl.int64)
+    return b, tl.program_id(1), tl.program_id(2), _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
 
 
 @triton.jit
@@ -407,10 +413,7 @@ def _block_verify_max_kernel(
         CT: tl.constexpr = tl.float64
     else:
         CT: tl.constexpr = tl.float32
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1)
-    j = tl.program_id(2)
-    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
+    b, i, j, G = _chunk_program(num_drafts_ptr, N, HAS_NUM_DRAFTS)
     if i <= G:
         part = parts_ptr + ((b * N + i) * SPLITS + j) * PARTS
         start = j * chunk
@@ -456,10 +459,7 @@ def _block_verify_filters_kernel(
         CT: tl.constexpr = tl.float64
     else:
         CT: tl.constexpr = tl.float32
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1)
-    j = tl.program_id(2)
-    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
+    b, i, j, G = _chunk_program(num_drafts_ptr, N, HAS_NUM_DRAFTS)
     temperature = tl.load(temperature_ptr + b)
     if (temperature != 0.0) & (i <= G):
         splits = tl.arange(0, BLOCK_SPLITS)
@@ -521,10 +521,7 @@ def _block_verify_mass_kernel(
         CT: tl.constexpr = tl.float64
     else:
         CT: tl.constexpr = tl.float32
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1)
-    j = tl.program_id(2)
-    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
+    b, i, j, G = _chunk_program(num_drafts_ptr, N, HAS_NUM_DRAFTS)
     if i <= G:
         splits = tl.arange(0, BLOCK_SPLITS)
         in_splits = splits < SPLITS
@@ -619,10 +616,7 @@ def _block_verify_residual_kernel(
         CT: tl.constexpr = tl.float64
     else:
         CT: tl.constexpr = tl.float32
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1)
-    j = tl.program_id(2)
-    G = _num_drafts(num_drafts_ptr, b, N, HAS_NUM_DRAFTS)
+    b, i, j, G = _chunk_program(num_drafts_ptr, N, HAS_NUM_DRAFTS)
     temperature = tl.load(temperature_ptr + b)
     if (temperature != 0.0) & (i < G):
         offs_n = tl.arange(0, BLOCK_N)

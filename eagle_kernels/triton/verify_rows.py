@@ -115,6 +115,17 @@ def _draft_range(q_row, start, end, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _draw_chunk(totals, target, splits, in_splits, chunk, V):
+    """(first entry, running sum before it) of the chunk where the running sum of the chunks'
+    totals (``totals``: [BLOCK_SPLITS] float64, chunk j = entries [j * chunk, (j + 1) * chunk))
+    first passes ``target``: an inverse-CDF draw scans from there (V, and no scan, if rounding
+    leaves no chunk past it)."""
+    first = _min1(tl.where((tl.cumsum(totals, axis=0) > target) & in_splits, splits, V))
+    carry = _sum1(tl.where(splits < first, totals, 0.0))
+    return tl.minimum(first.to(tl.int64) * chunk, V), carry
+
+
+@triton.jit
 def _sum0(x):
     """tl.sum(x, axis=0) of a 2-D x [R, C] (the note above _fold): for C < 32, over the
     [R * C / 32, 32] view first (32 partials per warp), then over its 32 / C column groups."""

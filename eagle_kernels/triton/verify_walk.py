@@ -26,6 +26,7 @@ from .verify_rows import (
     STAT_MAX,
     STAT_NORM,
     _draft_range,
+    _draw_chunk,
     _finite_argmax,
     _list_level,
     _list_stats,
@@ -428,9 +429,7 @@ def _residual_bonus(row, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S
     program scans from the chunk where the running sum passes the target, normally within it."""
     sums = tl.load(part_mass + splits, mask=in_splits, other=0.0, volatile=True)
     target = u * _sum1(sums)
-    first = _min1(tl.where((tl.cumsum(sums, axis=0) > target) & in_splits, splits, V))
-    carry = _sum1(tl.where(splits < first, sums, 0.0))
-    tile = tl.minimum(first.to(tl.int64) * chunk, V)
+    tile, carry = _draw_chunk(sums, target, splits, in_splits, chunk, V)
     found = tl.zeros([], tl.int64) + V
     while tile < V:
         offs, valid, w = _residual_row_tile(row, tile, V, row_max, t, kth, denom, cut, norm, q_row, inv_ptr, S,
