@@ -1038,6 +1038,39 @@ def _chain_verify(op, B, N, V, Vd):
     return lambda: tv.verify(tokens, parents, logits, max_depth=N - 1, draft_probs=q, d2t=d2t, **sampling)
 
 
+def _sampled_tree_verify(B, V, Vd, k=6, frontier=3, depth=4):
+    """A sampled tree at T 1 as the decoder drafts one (``sampled_tree(depth, k, frontier)``: the
+    root's k children, then k children of each of the ``frontier`` first nodes of a level; 61
+    nodes at (4, 6, 3)), every child drawn without replacement from its parent's draft row (8192
+    draft ids mapped by d2t), random target logits (most children rejected: a residual phase
+    each)."""
+    from eagle_kernels.triton import verify as tv
+
+    g = torch.Generator().manual_seed(7)
+    parents, level = [-1], [0]
+    for _ in range(depth):
+        nxt = []
+        for u in level[:frontier]:
+            for _ in range(k):
+                parents.append(u)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    N = len(parents)
+    logits = (torch.randn(B, N, V, generator=g) * 3).to(torch.bfloat16)
+    q = torch.softmax(torch.randn(B, N, Vd, generator=g) * 3, -1)
+    d2t = torch.randperm(V, generator=g)[:Vd].sort().values - torch.arange(Vd)
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    for b in range(B):
+        for u in range(N):
+            children = [c for c in range(N) if parents[c] == u]
+            if children:
+                draws = torch.multinomial(q[b, u], len(children), replacement=False, generator=g)
+                tokens[b, children] = draws + d2t[draws]
+    parents = torch.tensor(parents, dtype=torch.int32).expand(B, N).contiguous()
+    sampling = dict(temperature=torch.ones(B), seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.int64))
+    return lambda: tv.verify(tokens, parents, logits, max_depth=depth, draft_probs=q, d2t=d2t, **sampling)
+
+
 def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):
     import bench_draft_expand
 
@@ -1188,6 +1221,10 @@ def decode_cases():
         for op in ("verify", "block_verify"):
             yield (f"{op} chain B{B} N6 V{V} temperature sampled-drafts", lambda a=(op, B, 6, V, Vd): _chain_verify(*a),
                    dict(bytes=B * 6 * V * 2))
+    # The decoder's sampled tree at T 1 with the (6, 8, 60) tree's 61 verify rows (sampled_tree(4, 6, 3)):
+    # SmolLM2-135M's vocabulary and draft vocabulary, batch 1.
+    yield ("verify tree B1 N61 V49152 temperature sampled-drafts", lambda: _sampled_tree_verify(1, 49152, 8192),
+           dict(bytes=49152 * 2))
     # draft_expand at a decoding step's head passes: the root's row, then the 8 frontier rows of
     # the (6, 8, 60) tree, in SmolLM2-135M's and the Llama-3-8B-shaped head's draft vocabularies
     for V in (6144, 32000):
