@@ -189,7 +189,7 @@ def test_bad_target_rows(triton_block_verify):
     kwargs["temperature"][5:] = 0.0
     kwargs["num_drafts"] = torch.tensor([4, 4, 4, 2, 4, 4, 4, 1, 4, 4], dtype=torch.int32)
     logits[0, 0, 7] = float("nan")  # the root
-    logits[1, 4, 2] = float("inf")  # the bonus row of a full chain
+    logits[1, 4, 70] = float("inf")  # the bonus row of a full chain (its second chunk: entries 64-89)
     logits[2, 2] = float("-inf")  # no finite entry
     logits[3, 3, 0] = float("nan")  # past request 3's chain (2 drafts): never read
     logits[4, 4, 1] = float("nan")
@@ -197,7 +197,7 @@ def test_bad_target_rows(triton_block_verify):
     logits[5, 0] = float("-inf")  # greedy, root with no finite entry: bonus 0
     logits[6, 2, 0] = float("nan")  # greedy, the walk reaches row 2 (the drafts are its argmaxes)
     logits[7, 2, 0] = float("nan")  # greedy, past the chain
-    logits[8, 0, 5] = float("inf")  # greedy root, other entries finite
+    logits[8, 0, 75] = float("inf")  # greedy root, other entries finite (second chunk)
     logits[9, 0, tokens[9, 1]] = -50.0  # greedy walk stops at the root ...
     logits[9, 1, 0] = float("nan")  # ... before this row
     got = check(triton_block_verify, tokens, logits, q, **kwargs)
