@@ -157,7 +157,8 @@ def test_invalid_draft_rows(triton_block_verify):
     tokens, logits, q, kwargs = valid_chain(B, N, V, 5)
     q[0, 2, 9] = float("nan")
     q[1, 1, 4] = float("inf")
-    q[2, 3, 11] = -1e-4
+    q[2, 3, 0] += q[2, 3, 66] + 1e-4  # a negative entry in the draft row's second chunk, the sum still 1
+    q[2, 3, 66] = -1e-4
     q[3, 0] *= 1.01
     q[4, 2] *= 1.0005  # valid
     q[5, 1, tokens[5, 2]] = 0.0  # draft 2 could not have been drawn from its row

@@ -55,7 +55,10 @@ def sampled_tree_batch(seed, B, N, V, Vd=None, dtype=torch.float32, invalid=True
     if invalid:
         q[0, 0, 1] = float("nan")
         q[1, 0] *= 1.01
-        q[2, 0, 0] = -1e-3
+        # A negative last entry (the last chunk of a draft row split over programs) whose row
+        # still sums to 1: only the entries' check finds it.
+        q[2, 0, 0] += q[2, 0, -1] + 1e-6
+        q[2, 0, -1] = -1e-6
         q[3, 0] = 0.0  # S = 0
     temperature = torch.tensor([0.0, 0.6, 1.0, 1.4])[torch.randint(0, 4, (B,), generator=gen)]
     temperature[:4] = 1.0
