@@ -424,7 +424,7 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
                 for mode in [m for m in MODES if m != "greedy"] if full else ["temperature", "top-p"]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode} sampled-drafts",
                            lambda a=(DTYPES[dt], B, N, V, mode, True): _verify_case(*a))
-    # block_verify: three launches (per row, per row's residual, per request), its modes runtime branches of one
+    # block_verify: five launches (four over a row's chunks, one per request), its modes runtime branches of one
     # specialisation per logits dtype and draft kind (point masses, rows mapped by d2t, full-vocabulary rows); ci: bf16
     # at both vocabularies of the verify cases above (the same 2048-entry tiles: one compile each), point-mass and d2t
     # drafts.
