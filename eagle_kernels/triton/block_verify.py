@@ -94,7 +94,8 @@ BONUS_DRAW = tl.constexpr(_random.BONUS_DRAW)
 class BlockVerifyConfig:
     """Tuning constants of the launch; the outputs do not depend on them.
 
-    block_v: tile of the row passes (capped at next_pow2(V)).
+    block_v: tile of the row passes (capped at next_pow2(V)); a row's chunks are whole tiles
+        (``chunking``).
     radix_bits: bits per digit of the threshold searches (2^radix_bits candidates per pass over
         [min(block_v, SEARCH_BLOCK), 2^radix_bits] tiles).
     num_warps: warps of each program (every launch).
