@@ -73,6 +73,7 @@ from .verify_rows import (
     _draw_chunk,
     _finite_argmax,
     _max1,
+    _merge_max,
     _min1,
     _probs,
     _range_max,
@@ -344,10 +345,7 @@ def _row_max(parts_row, splits, in_splits, V):
     chunk_max = tl.load(at + PART_MAX, mask=in_splits, other=float("-inf"))
     chunk_arg = tl.load(at + PART_ARG, mask=in_splits, other=V).to(tl.int32)
     chunk_flags = tl.load(at + PART_FLAGS, mask=in_splits, other=0.0).to(tl.int32)
-    row_max = _max1(chunk_max)
-    arg = _min1(tl.where(chunk_max == row_max, chunk_arg, V))
-    flags = _max1(chunk_flags & 1) | _max1(chunk_flags & 2)
-    return row_max, arg, ((flags & 1) != 0) | ((flags & 2) == 0)
+    return _merge_max(chunk_max, chunk_arg, chunk_flags, V)
 
 
 @triton.jit

@@ -305,8 +305,8 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     digits = triton.cdiv(SIGNIFICANT_KEY_BITS[target_logits.dtype], config.radix_bits)
     Vd = 0 if draft_probs is None else draft_probs.shape[2]
     phases = A * (6 + 2 * digits) + (2 * A + N if Vd else 0)
-    # The draft-aware rule's passes: tiles of two search tiles (their residual weights carry the
-    # node's rejections, so wider tiles spill), a whole number of them a chunk.
+    # The draft-aware rule's passes: tiles of the search block (their residual weights carry the
+    # node's rejections; two search tiles spilled in the walk's loop), a whole number of them a chunk.
     block_r = min(block_s, chunk & -chunk)
     chunk_d = triton.cdiv(triton.cdiv(max(Vd, 1), splits), block_r) * block_r
     ws = _workspace(B, N, V, A, target_logits.dtype, device, config, splits, phases, block_t, Vd)

@@ -115,6 +115,15 @@ def _draft_range(q_row, start, end, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _merge_max(chunk_max, chunk_arg, chunk_flags, V):
+    """(max, first argmax, bad) of a row from its chunks' max passes (_range_max; [BLOCK_SPLITS]
+    each, masked chunks -inf / V / 0): bad when an entry is NaN or +inf or none is finite."""
+    row_max = _max1(chunk_max)
+    flags = _max1(chunk_flags & 1) | _max1(chunk_flags & 2)
+    return row_max, _min1(tl.where(chunk_max == row_max, chunk_arg, V)), ((flags & 1) != 0) | ((flags & 2) == 0)
+
+
+@triton.jit
 def _draw_chunk(totals, target, splits, in_splits, chunk, V):
     """(first entry, running sum before it) of the chunk where the running sum of the chunks'
     totals (``totals``: [BLOCK_SPLITS] float64, chunk j = entries [j * chunk, (j + 1) * chunk))

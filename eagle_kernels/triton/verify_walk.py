@@ -31,6 +31,7 @@ from .verify_rows import (
     _list_level,
     _list_stats,
     _max1,
+    _merge_max,
     _min1,
     _pivot_level,
     _probs,
@@ -769,10 +770,8 @@ def _verify_kernel(
                         cm = tl.load(part_max_ptr + parts + splits, mask=in_splits, other=float("-inf"), volatile=True)
                         ca = tl.load(part_arg_ptr + parts + splits, mask=in_splits, other=V, volatile=True)
                         cf = tl.load(part_flags_ptr + parts + splits, mask=in_splits, other=0, volatile=True)
-                        row_max = _max1(cm)
-                        arg = _min1(tl.where(cm == row_max, ca, V))
-                        flags = _max1(cf & 1) | _max1(cf & 2)
-                        if ((flags & 1) != 0) | ((flags & 2) == 0):
+                        row_max, arg, row_bad = _merge_max(cm, ca, cf, V)
+                        if row_bad:
                             bad = 1
                             finish = 1
                         elif greedy:
@@ -1023,8 +1022,6 @@ def _verify_kernel(
                         events_b = events_ptr + b * EVENT_WORDS * BLOCK_N
                         if try_children != 0:
                             recorded = n_events
-                            pending = -1
-                            pending_w = tl.zeros([], tl.float64)
                             child, pending, mass, n_events, pending_w = _try_children(
                                 row, V, row_max, t, kth, denom, cut, norm, mass, removed, n_events, after, node,
                                 parents_row, tokens_row, draft_sampled_ptr + b * N, q_row, inv_d2t_ptr, S, events_b,
