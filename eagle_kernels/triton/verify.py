@@ -74,8 +74,9 @@ import triton
 
 from .. import _checks
 from .._types import VerifyOutput
-from ._launch_config import gpu_sms, interpreted
+from ._launch_config import gpu_sms, interpreted, tickets
 from ._pdl import launch_options
+from .verify_greedy import _verify_greedy_kernel
 from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests)
     NUM_PIVOTS,
     NUM_STATS,
@@ -107,6 +108,11 @@ class VerifyConfig:
         per row takes a smaller one (``_chunking``).
     block_v: tile of the list, mass and bonus passes (capped at next_pow2(V)).
     num_warps: warps of the one program per request.
+    greedy_block: tile of the all-rows pass of greedy calls (verify_greedy.py; capped at
+        next_pow2(V)).
+    greedy_max_bytes: greedy calls (``temperature`` None) whose ``B * N`` rows hold at most this
+        many bytes of logits read every row at once (verify_greedy.py) instead of walking them
+        one visited row after another; 0 never does.
     """
 
     radix_bits: int
@@ -114,16 +120,20 @@ class VerifyConfig:
     max_block: int
     block_v: int = 1024
     num_warps: int = 4
+    greedy_block: int = 2048
+    greedy_max_bytes: int = 0
 
 
 # On the GPU: 16 candidates per search pass (the [BLOCK_S, 16] comparison stays in
 # registers), lists of 1024 entries, 4096-entry tiles for the max pass (16 bf16 loads in
 # flight per thread at 8 warps).
-GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8)
+GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8,
+                          greedy_block=2048, greedy_max_bytes=1 << 40)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
 # and the multi-tile bonus draw.
-INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4)
+INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4,
+                                  greedy_block=64, greedy_max_bytes=1 << 40)
 
 
 def launch_config() -> VerifyConfig:
@@ -188,9 +198,68 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
     _checks.check_verify(tokens, parents, target_logits, max_depth=max_depth, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
-    return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
-                   _config or launch_config(), draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t,
-                   positions=positions, record=False).output
+    config = _config or launch_config()
+    if temperature is None and draft_probs is None and positions is None and _reads_every_row(target_logits, config):
+        return _launch_greedy(tokens, parents, target_logits, max_depth, config)
+    return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, config,
+                   draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t, positions=positions,
+                   record=False).output
+
+
+# The all-rows greedy pass: at most this many rows a request (its merge holds [N, C] partials in
+# registers) and chunks a row.
+MAX_GREEDY_ROWS = 256
+MAX_GREEDY_CHUNKS = 16
+
+
+def _reads_every_row(target_logits, config: VerifyConfig) -> bool:
+    """Whether a greedy call takes the all-rows pass (verify_greedy.py) rather than the walk."""
+    B, N, V = target_logits.shape
+    return (config.greedy_block > 0 and N <= MAX_GREEDY_ROWS and B > 0
+            and B * N * V * target_logits.element_size() <= config.greedy_max_bytes)
+
+
+def _greedy_chunking(B: int, N: int, V: int, block: int, sms: int | None) -> tuple[int, int]:
+    """(chunks per row, entries per chunk, a whole number of tiles) of the all-rows greedy pass:
+    on a GPU about four programs an SM over the launch's ``B * N`` rows, never fewer than one
+    chunk a row; in the interpreter up to 3 chunks a row, so that the merge joins chunks."""
+    tiles = triton.cdiv(V, block)
+    want = 3 if sms is None else triton.cdiv(4 * sms, B * N)
+    chunks = max(1, min(tiles, want, MAX_GREEDY_CHUNKS))
+    chunk = triton.cdiv(tiles, chunks) * block
+    return triton.cdiv(V, chunk), chunk
+
+
+def _greedy_vec(block: int, num_warps: int) -> int:
+    """Consecutive entries a thread takes of an all-rows greedy tile: the tile over the block's
+    threads (8 bf16 entries, one 16-byte load, at 2048 entries and 8 warps), 4 to 16."""
+    return min(block, 16, max(4, block // (32 * num_warps)))
+
+
+def _launch_greedy(tokens, parents, target_logits, max_depth, config: VerifyConfig) -> VerifyOutput:
+    """Launch ``_verify_greedy_kernel`` (inputs already checked; every request greedy)."""
+    B, N, V = target_logits.shape
+    device = target_logits.device
+    logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
+    A = max_depth + 1
+    block = min(config.greedy_block, triton.next_power_of_2(V))
+    chunks, chunk = _greedy_chunking(B, N, V, block, gpu_sms(device))
+    compute_dtype = torch.float64 if target_logits.dtype == torch.float64 else torch.float32
+    part_max = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
+    part_arg = torch.empty((B, N, chunks), dtype=torch.int32, device=device)
+    accept_len = torch.empty(B, dtype=torch.int32, device=device)
+    accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
+    out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
+    status = torch.empty(B, dtype=torch.int32, device=device)
+    _verify_greedy_kernel[(chunks, N, B)](
+        tokens.contiguous(), parents.contiguous(), logits, part_max, part_arg, tickets(device, B), accept_len,
+        accept_nodes, out_tokens, status, N, V, max_depth, chunk, logits.stride(0), logits.stride(1), C=chunks,
+        IS_FP64=target_logits.dtype == torch.float64, BLOCK_V=block, VEC=_greedy_vec(block, config.num_warps),
+        BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_C=triton.next_power_of_2(chunks), BLOCK_A=triton.next_power_of_2(A), **launch_options(device),
+        num_warps=config.num_warps,
+    )
+    return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
