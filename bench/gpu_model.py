@@ -76,7 +76,10 @@ from compile_audit import DEVICE  # noqa: E402
 # imports the package: imported from elsewhere first, every later import would get that one.
 if __name__ == "__main__" and "--package" in sys.argv[:-1]:
     sys.path.insert(0, sys.argv[sys.argv.index("--package") + 1])
-from eagle_kernels.triton import _pdl  # noqa: E402
+try:  # a package from before programmatic dependent launch (--package f836145, the calibration's) has no _pdl
+    from eagle_kernels.triton import _pdl  # noqa: E402
+except ImportError:
+    _pdl = None
 
 # Fitted on the H200 run (docs/gpu_model.md, "Calibration"); --fit refits them.
 LAUNCH_OVERHEAD_S = 58e-6
@@ -111,6 +114,8 @@ class Counts:
     reductions: int = 0
     chain: int = 0  # memory latencies the program waits for in sequence (in-order warp)
     lines: Counter = dataclasses.field(default_factory=Counter)
+    # Bytes each statement (keyed as ``lines``) loaded over all its runs: a loop's unroll factor (``unroll_factors``).
+    line_loads: Counter = dataclasses.field(default_factory=Counter)
     # A helper statement's key (see ``sass_by_line``): the calls of its helper in which it ran (``runs``).
     entered: Counter = dataclasses.field(default_factory=Counter)
     # COOPERATIVE_KERNELS: the program's work cut at its claim and done atomics, in order.
@@ -382,10 +387,13 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
                 active = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
                 sectors = np.unique(active // SECTOR)
                 nbytes = active.size * (ptrs.get_element_ty().primitive_bitwidth // 8)
+                key = statement_key() if loads else None
                 for c in targets():
                     if loads:
                         c.load_bytes += nbytes
                         c.load_sectors += sectors.size
+                        if key is not None:
+                            c.line_loads[key] += nbytes
                     else:
                         c.store_bytes += nbytes
                         c.store_sectors += sectors.size
@@ -483,6 +491,11 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
             frame = frame.f_back
         return None
 
+    def statement_key():
+        """The key (as ``sass_by_line`` keys instructions) of the statement running now."""
+        key = helper_key(sys._getframe(2))
+        return key[0] if key is not None and len(key) == 1 else key
+
     def helper_call():
         """The tracer of one call of a helper: its statements' runs, and once each the call."""
         seen = set()
@@ -549,7 +562,7 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
 # draft_expand's merge. The model interprets one whole group (so the ticket reaches its last
 # value), charges the launch's waves with the ordinary programs and adds the last group's
 # extra work, which runs after every other program, as a tail.
-GROUP_TAIL_KERNELS = {"_draft_expand_kernel"}
+GROUP_TAIL_KERNELS = {"_draft_expand_kernel", "_verify_greedy_kernel"}
 
 
 def sample_programs(grid: tuple, samples: int, whole_group: bool = False) -> list[tuple[int, int, int]]:
@@ -604,7 +617,8 @@ INTERPRETER_OVERRIDES = {"_tree_attention_kernel": {"UPCAST": True, "DOT_PRECISI
 
 # Helpers whose compiled form is inline PTX the interpreter cannot run, and what runs in their place: PDL's
 # wait (nothing to wait for, one launch at a time) and the L2 prefetch of a GEMM's weights (no data returned).
-STAND_INS = {_pdl._wait_and_release.fn: _pdl._nothing_before.fn, _pdl._bulk_prefetch_l2.fn: _pdl._no_prefetch.fn}
+STAND_INS = {} if _pdl is None else {_pdl._wait_and_release.fn: _pdl._nothing_before.fn,
+                                       _pdl._bulk_prefetch_l2.fn: _pdl._no_prefetch.fn}
 
 
 def _sixteen_bit(launch: compile_audit.Launch) -> bool:
@@ -664,17 +678,9 @@ def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
 # SASS: instructions per source line.
 
 
-def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
-    """Instructions per kernel statement inside a SASS loop, the same outside any loop, and the
-    instructions with no kernel statement (prologue). An instruction inside a loop runs once per
-    run of its statement; one outside runs at most once (a pipelined loop's peeled prologue and
-    epilogue, a fully unrolled copy).
-
-    ``nvdisasm -gi`` prints an instruction's inlining chain innermost first, the kernel statement
-    last. An instruction of a helper the kernel can call (``helper_statements``) is keyed
-    by the statements of its chain of such helpers, innermost first, then the kernel statement of
-    the call (helpers nested in helpers included), which the interpreter counts the same way: so a
-    branch inside a helper counts as often as it is taken at that call site, not once per call."""
+def _keyed_sass(sass: str, kernel_fn):
+    """(offset, statement key or None, instruction text) of each SASS instruction, keyed as
+    ``sass_by_line`` describes."""
     import inspect
 
     file = os.path.realpath(kernel_fn.__code__.co_filename)
@@ -684,9 +690,6 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
     helper_lines = {}  # (real file, line) -> statement key
     for (where, _), helper in helper_statements(kernel_fn).items():
         helper_lines.update({(where, line): key for line, key in helper.items()})
-    unrolled = static_range_bodies(kernel_fn)
-    _, loops = compile_audit.sass_loops(sass)
-    in_loop, out_loop, outside = Counter(), Counter(), 0
     line = None
     chain = []
     for text in sass.splitlines():
@@ -705,7 +708,25 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
                 if helpers_in:
                     line = helpers_in + (line,)
             chain = []
-        offset = int(m.group(1), 16)
+        yield int(m.group(1), 16), line, text
+
+
+def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
+    """Instructions per kernel statement inside a SASS loop, the same outside any loop, and the
+    instructions with no kernel statement (prologue). An instruction inside a loop runs once per
+    run of its statement; one outside runs at most once (a pipelined loop's peeled prologue and
+    epilogue, a fully unrolled copy). A loop the compiler unrolled holds several copies of its
+    statements: ``unrolled_loops`` and ``per_run`` count those once.
+
+    ``nvdisasm -gi`` prints an instruction's inlining chain innermost first, the kernel statement
+    last. An instruction of a helper the kernel can call (``helper_statements``) is keyed
+    by the statements of its chain of such helpers, innermost first, then the kernel statement of
+    the call (helpers nested in helpers included), which the interpreter counts the same way: so a
+    branch inside a helper counts as often as it is taken at that call site, not once per call."""
+    unrolled = static_range_bodies(kernel_fn)
+    _, loops = compile_audit.sass_loops(sass)
+    in_loop, out_loop, outside = Counter(), Counter(), 0
+    for offset, line, _text in _keyed_sass(sass, kernel_fn):
         if line is None:
             outside += 1
         elif any(loop.start <= offset <= loop.end for loop in loops):
@@ -713,6 +734,96 @@ def sass_by_line(sass: str, kernel_fn) -> tuple[Counter, Counter, int]:
         else:
             out_loop[line] += 1
     return in_loop, out_loop, outside
+
+
+# Bytes a thread's global load moves, by the opcode's width suffix (none: 32 bits).
+LOAD = re.compile(r"\bLDG\.E((?:\.[A-Z0-9_]+)*)")
+LOAD_WIDTH = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
+
+
+def load_width(text: str) -> int:
+    """Bytes a thread's global load (``LDG``) in SASS instruction ``text`` moves; 0 for any other."""
+    m = LOAD.search(text)
+    if not m:
+        return 0
+    return next((LOAD_WIDTH[part] for part in m.group(1).split(".") if part in LOAD_WIDTH), 4)
+
+
+@dataclasses.dataclass
+class LoopCopies:
+    """An innermost SASS loop's instructions per statement key, and the bytes its global loads
+    move per warp and pass of its body."""
+
+    instructions: Counter
+    load_bytes: int = 0
+
+
+def unrolled_loops(sass: str, kernel_fn) -> list[LoopCopies]:
+    """The innermost loops of a disassembly (``sass_loops``) that load from global memory, with
+    their statements' instructions (``static_range`` bodies excluded: ``Unrolled`` counts their
+    copies). Loads are not told apart by statement: the compiler may file an unrolled loop's
+    loads under another statement of the same load (a masked copy of it after the loop)."""
+    unrolled = static_range_bodies(kernel_fn)
+    _, loops = compile_audit.sass_loops(sass)
+    inner = [loop for loop in loops if loop.innermost]
+    out = [LoopCopies(Counter()) for _ in inner]
+    for offset, line, text in _keyed_sass(sass, kernel_fn):
+        if line is None or line in unrolled:
+            continue
+        for loop, copies in zip(inner, out):
+            if loop.start <= offset <= loop.end:
+                copies.instructions[line] += 1
+                copies.load_bytes += load_width(text) * 32
+                break
+    return [c for c in out if c.load_bytes]
+
+
+def _main_load(loop: LoopCopies, counts: list[Counts]):
+    """(key, runs, bytes a run) of the loop statement that loaded the most bytes a run in the
+    interpreter (over the sampled programs), or None."""
+    best = None
+    for key in loop.instructions:
+        runs_ = sum(c.lines.get(key, 0) for c in counts)
+        loaded = sum(c.line_loads.get(key, 0) for c in counts)
+        if runs_ and loaded and (best is None or loaded / runs_ > best[2]):
+            best = (key, runs_, loaded / runs_)
+    return best
+
+
+def unroll_factor(loop: LoopCopies, counts: list[Counts], num_warps: int) -> int:
+    """How many copies of its body a compiled loop holds: the bytes its loads move a pass (every
+    warp of the program) over the bytes a run of its main load statement (``_main_load``) loaded
+    in the interpreter, rounded; 1 when no statement of it loaded or the ratio is under 1.5.
+    LLVM unrolls simple loops of a runtime trip count (4 copies of verify_greedy.py's tile loop,
+    the rest of the trip count in straight code after it)."""
+    main = _main_load(loop, counts)
+    if main is None:
+        return 1
+    ratio = loop.load_bytes * num_warps / main[2]
+    return round(ratio) if ratio >= 1.5 else 1
+
+
+def per_run(in_loop: Counter, loops: list[LoopCopies], factors: list[int]) -> Counter:
+    """``in_loop`` with each unrolled loop's statements counted once a run (``unroll_factor``)."""
+    adjusted = Counter(in_loop)
+    for loop, factor in zip(loops, factors):
+        if factor > 1:
+            for key, n in loop.instructions.items():
+                adjusted[key] -= n * (1 - 1 / factor)
+    return adjusted
+
+
+def chain_per_pass(counts: Counts, loops: list[LoopCopies], factors: list[int]) -> Counts:
+    """``counts`` with the loads of an unrolled loop waited for once a pass of its body: the
+    interpreter runs one copy at a time, and each run of a load whose result is used before the
+    next load costs a latency; the compiled body issues its ``factor`` copies' loads together.
+    Each run of the main load is taken to have cost one latency (streaming loads from DRAM)."""
+    saved = 0.0
+    for loop, factor in zip(loops, factors):
+        main = _main_load(loop, [counts]) if factor > 1 else None
+        if main is not None:
+            saved += main[1] * (1 - 1 / factor)
+    return dataclasses.replace(counts, chain=max(0.0, counts.chain - saved)) if saved else counts
 
 
 def dynamic_instructions(counts: Counts, in_loop: Counter, out_loop: Counter, outside: int) -> int:
@@ -914,6 +1025,10 @@ def model_launch(launch: compile_audit.Launch, counts: list[Counts], cache: dict
         cache[key] = compile_audit.compile_launch(launch, target)
     audit = cache[key]
     in_loop, out_loop, outside = sass_by_line(audit.sass, launch.kernel.fn)
+    loops = unrolled_loops(audit.sass, launch.kernel.fn)
+    factors = [unroll_factor(loop, counts, audit.num_warps) for loop in loops]
+    in_loop = per_run(in_loop, loops, factors)
+    counts = [chain_per_pass(c, loops, factors) for c in counts]
     instructions = [dynamic_instructions(c, in_loop, out_loop, outside) for c in counts]
     tail_instructions, tail_chain, slowest = 0.0, 0, instructions
     if audit.kernel in GROUP_TAIL_KERNELS and len(counts) > 1:
@@ -1001,7 +1116,7 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
     children lose the token its row ranks first), as a step's walk of that length would."""
     import bench_verify
 
-    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp"}.get(mode, mode)
+    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp", "greedy-rows": "greedy"}.get(mode, mode)
     tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
     if accepted is not None:
         top = logits.float().argmax(-1)
@@ -1021,6 +1136,8 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
         sampling["top_k"] = torch.full((B,), 50, dtype=torch.int32)
     if mode == "top-p":
         sampling["top_p"] = torch.full((B,), 0.9)
+    if mode == "greedy-rows":  # a greedy call without a temperature: every row read at once (verify_greedy.py)
+        sampling = {}
     return tokens, parents, logits, sampling
 
 
@@ -1081,8 +1198,8 @@ def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):
 
 
 def goal_cases():
-    for mode in ("greedy", "temperature", "top-k", "top-p"):
-        # visited rows: at most depth + 1 = 7 per request
+    for mode in ("greedy", "greedy-rows", "temperature", "top-k", "top-p"):
+        # visited rows: at most depth + 1 = 7 per request ("greedy-rows" reads all 64)
         yield (f"verify B8 N64 V128256 {mode}", lambda m=mode: _verify(8, 64, 128256, m),
                dict(bytes=8 * 7 * 128256 * 2))
     yield "draft_expand B8 M8 V128256 top_k8", lambda: _draft_expand(8, 8, 128256, 8), dict(bytes=8 * 8 * 128256 * 2)
@@ -1207,7 +1324,7 @@ def decode_cases():
     # verify at a decoding step's shapes: SmolLM2-135M's (6, 8, 60) tree (61 rows) and the
     # Llama-3-8B shape's vocabulary, batch 1, greedy and temperature
     for V in (49152, 128256):
-        for mode in ("greedy", "temperature"):
+        for mode in ("greedy", "greedy-rows", "temperature"):
             yield (f"verify B1 N61 V{V} {mode}", lambda a=(1, 61, V, mode): _verify(*a), dict(bytes=7 * V * 2))
         # a decoding step's walk is as long as its accepted drafts plus one (tau 3.1 at T 0: 2.1 on average)
         for accepted in (2, 3):

@@ -105,6 +105,36 @@ def test_runs_divide_by_inlined_copies():
     assert gm.runs(counts, kernel_statement) == 1
 
 
+def test_unrolled_loops_count_once_a_run():
+    """A loop LLVM unrolled 4 times (its loads move 4 runs' bytes a pass) is counted once a run:
+    its statements' instructions and its main load's latencies divided by 4; a loop whose loads
+    move one run's bytes a pass is left as it is. The loads may be filed under another
+    statement than the one the interpreter ran (the masked copy after the loop)."""
+    gm = _gpu_model()
+    load, body, tail_load = 10, 11, 14
+    loop = gm.LoopCopies(gm.Counter({load: 12, body: 40, tail_load: 4}), load_bytes=4 * 16 * 32)  # 4 LDG.128
+    counts = gm.Counts(chain=34)
+    counts.lines.update({load: 32, body: 32, tail_load: 1})
+    counts.line_loads.update({load: 32 * 4096, tail_load: 1000})  # 2048 bf16 entries a run, 8 warps
+    factor = gm.unroll_factor(loop, [counts], num_warps=8)
+    assert factor == 4
+    in_loop = gm.per_run(gm.Counter({load: 12, body: 40, tail_load: 4, 99: 7}), [loop], [factor])
+    assert in_loop == gm.Counter({load: 3, body: 10, tail_load: 1, 99: 7})
+    assert gm.chain_per_pass(counts, [loop], [factor]).chain == 34 - 32 * 3 / 4
+    single = gm.LoopCopies(gm.Counter({load: 3}), load_bytes=16 * 32)
+    assert gm.unroll_factor(single, [counts], num_warps=8) == 1
+    assert gm.unroll_factor(loop, [gm.Counts()], num_warps=8) == 1  # never ran: nothing to compare
+
+
+def test_load_widths_from_sass():
+    """The bytes a thread's global load moves, from its opcode."""
+    gm = _gpu_model()
+    texts = ("LDG.E.128 R4, desc[UR4][R2.64]", "LDG.E.64 R2, desc[UR4][R6.64]", "@!P0 LDG.E.U16 R3, desc[UR4][R4.64]",
+             "LDG.E.STRONG.GPU R12, desc[UR12][R6.64]", "LDG.E R5, desc[UR4][R2.64]", "STG.E.128 desc[UR4][R2.64], R4",
+             "LDS.128 R4, [R2]")
+    assert [gm.load_width(t) for t in texts] == [16, 8, 2, 4, 4, 0, 0]
+
+
 @pytest.mark.parametrize("accepted", [0, 2, 3])
 def test_verify_walk_of_a_given_length(accepted):
     """The decode rows' walks of a step's length: ``_verify_inputs(accepted=)`` plants inputs whose
