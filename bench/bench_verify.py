@@ -53,9 +53,11 @@ MODES = {
     "draftd2t": dict(temperature=0.8, top_k=0, top_p=1.0),
     "coupled": dict(temperature=0.8, top_k=0, top_p=1.0),
     "coupledtopp": dict(temperature=0.8, top_k=0, top_p=0.9),
+    # Greedy without a temperature argument: on a GPU the all-rows kernel (verify_greedy.py).
+    "greedyrows": dict(temperature=0.0, top_k=0, top_p=1.0),
 }
 # The mode each one without a torch baseline is timed against.
-BASELINE_MODE = {"draft": "temp", "draftd2t": "temp", "coupled": "temp", "coupledtopp": "topp"}
+BASELINE_MODE = {"draft": "temp", "draftd2t": "temp", "coupled": "temp", "coupledtopp": "topp", "greedyrows": "greedy"}
 SPIKE = 4.0  # the planted token's logit is the row max + SPIKE: p about 0.97 at T = 0.8
 _MEANS: dict = {}
 
@@ -88,6 +90,8 @@ def make_inputs(B, N, V, mode, dtype=torch.float32, device="cpu", seed=0):
                     top_k=torch.full((B,), p["top_k"], dtype=torch.int32),
                     top_p=torch.full((B,), p["top_p"]), seed=torch.arange(B, dtype=torch.int64),
                     offset=torch.full((B,), 7, dtype=torch.int64))
+    if mode == "greedyrows":
+        sampling = {}
     if mode.startswith("coupled"):
         sampling["positions"] = torch.arange(B, dtype=torch.int64) * 1000 + 50
     if mode.startswith("draft"):

@@ -1116,8 +1116,8 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
     children lose the token its row ranks first), as a step's walk of that length would."""
     import bench_verify
 
-    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp", "greedy-rows": "greedy"}.get(mode, mode)
-    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
+    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp", "greedy-rows": "greedyrows"}.get(mode, mode)
+    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)  # greedyrows: no temperature
     if accepted is not None:
         top = logits.float().argmax(-1)
         for b in range(B):
@@ -1136,8 +1136,6 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
         sampling["top_k"] = torch.full((B,), 50, dtype=torch.int32)
     if mode == "top-p":
         sampling["top_p"] = torch.full((B,), 0.9)
-    if mode == "greedy-rows":  # a greedy call without a temperature: every row read at once (verify_greedy.py)
-        sampling = {}
     return tokens, parents, logits, sampling
 
 

@@ -14,6 +14,11 @@ opens the next phase. A program that finds every chunk taken waits for the next 
 depends only on programs already running, so the launch needs no co-residency; under the
 interpreter (programs run one after another) the first program of a request runs every phase.
 
+Greedy calls (no ``temperature``, no draft rows, no ``positions``) whose rows hold at most
+``VerifyConfig.greedy_max_bytes`` of logits take ``_verify_greedy_kernel`` instead
+(verify_greedy.py): every row's argmax at once, then the walk in the request's last program;
+one read of all ``B * N`` rows rather than a phase per visited row.
+
 Per visited row:
 
 - max phase: max, first argmax, NaN / +inf / finite flags. A greedy row needs nothing else:
