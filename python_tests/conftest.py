@@ -39,7 +39,8 @@ def pytest_collection_modifyitems(config, items):
 
 # Test files of 25 s or more in a full run on two cores, longest first (measured 2026-12-06: the
 # sm_90 compile audit 373 s, one subprocess; 232, 174, 116, 82, 60, 60, 44, 28 and 26 s for the
-# others; test_verify_greedy_rows.py, added later, about 45 s alone). Files of few but long tests would come last by their number of tests.
+# others; test_verify_greedy_rows.py, added later, about 45 s alone). Files of few but long tests
+# would come last by their number of tests.
 LONG_FILES = (
     "ops/test_triton_compile.py",
     "ops/test_layer_ops.py",
