@@ -114,7 +114,7 @@ class Counts:
     reductions: int = 0
     chain: int = 0  # memory latencies the program waits for in sequence (in-order warp)
     lines: Counter = dataclasses.field(default_factory=Counter)
-    # Bytes each statement (keyed as ``lines``) loaded over all its runs: a loop's unroll factor (``unroll_factors``).
+    # Bytes each statement (keyed as ``lines``) loaded over all its runs: a loop's unroll factor (``unroll_factor``).
     line_loads: Counter = dataclasses.field(default_factory=Counter)
     # A helper statement's key (see ``sass_by_line``): the calls of its helper in which it ran (``runs``).
     entered: Counter = dataclasses.field(default_factory=Counter)

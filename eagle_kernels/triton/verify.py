@@ -260,9 +260,8 @@ def _launch_greedy(tokens, parents, target_logits, max_depth, config: VerifyConf
         tokens.contiguous(), parents.contiguous(), logits, part_max, part_arg, tickets(device, B), accept_len,
         accept_nodes, out_tokens, status, N, V, max_depth, chunk, logits.stride(0), logits.stride(1), C=chunks,
         IS_FP64=target_logits.dtype == torch.float64, BLOCK_V=block, VEC=_greedy_vec(block, config.num_warps),
-        BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_C=triton.next_power_of_2(chunks), BLOCK_A=triton.next_power_of_2(A), **launch_options(device),
-        num_warps=config.num_warps,
+        BLOCK_N=triton.next_power_of_2(N), BLOCK_C=triton.next_power_of_2(chunks), BLOCK_A=triton.next_power_of_2(A),
+        **launch_options(device), num_warps=config.num_warps,
     )
     return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
 

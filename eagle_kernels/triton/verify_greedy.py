@@ -26,8 +26,8 @@ read of all ``B * N`` rows (wider than the visited rows by N / (accepted + 1)) p
 A bad row on the walk gives status 1 and the root's argmax over its finite entries
 (``_finite_argmax``, a pass over the root row in the merging program: only then), as the
 one-launch walk does. Outputs are the reference's for every input (python_tests/ops/
-test_verify_greedy_rows.py); docs/gpu_kernels.md ("verify: greedy calls read every row")
-gives the design's modeled cost beside the walk's.
+test_verify_greedy_rows.py); docs/gpu_kernels.md ("Greedy calls: every row at once") gives the
+design's modeled cost beside the walk's.
 """
 
 from __future__ import annotations
