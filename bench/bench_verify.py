@@ -21,9 +21,11 @@ with every draft node sampled from its parent's draft row, ``draft_probs = softm
 randn)``: the draft-aware rule of docs/ops.md §4) and ``draftd2t`` (the same over a draft
 vocabulary of V / 4 ids mapped by ``d2t``), ``coupled`` (T = 0.8 with ``positions``: coupled sampling,
 the exponential race over each visited row's whole vocabulary) and ``coupledtopp`` (the same with
-top-p 0.9: the race over the nucleus's candidate list). The draft and coupled modes have no torch
-baseline here; their eagle entry records ``ratio_over_temp``, its time over the ``temp`` mode's
-(``topp``'s for ``coupledtopp``). ``extra_info``:
+top-p 0.9: the race over the nucleus's candidate list); ``greedyrows`` and ``temprows`` are
+``greedy`` without a temperature and ``temp`` without the filter arguments (on a GPU the all-rows
+kernels). These modes have no torch baseline here; their eagle entry records ``ratio_over_temp``,
+its time over the ``temp`` mode's (``topp``'s for ``coupledtopp``, ``greedy``'s for ``greedyrows``).
+``extra_info``:
 ``logits_bytes`` (B * N * V * element size, the input the op is given) and
 ``logits_bytes_per_s``; the eagle entry also gets ``speedup_over_torch``.
 
@@ -55,9 +57,12 @@ MODES = {
     "coupledtopp": dict(temperature=0.8, top_k=0, top_p=0.9),
     # Greedy without a temperature argument: on a GPU the all-rows kernel (verify_greedy.py).
     "greedyrows": dict(temperature=0.0, top_k=0, top_p=1.0),
+    # A temperature and no filter arguments: on a GPU the all-rows kernel (verify_temperature.py).
+    "temprows": dict(temperature=0.8, top_k=0, top_p=1.0),
 }
 # The mode each one without a torch baseline is timed against.
-BASELINE_MODE = {"draft": "temp", "draftd2t": "temp", "coupled": "temp", "coupledtopp": "topp", "greedyrows": "greedy"}
+BASELINE_MODE = {"draft": "temp", "draftd2t": "temp", "coupled": "temp", "coupledtopp": "topp",
+                 "greedyrows": "greedy", "temprows": "temp"}
 SPIKE = 4.0  # the planted token's logit is the row max + SPIKE: p about 0.97 at T = 0.8
 _MEANS: dict = {}
 
@@ -92,6 +97,8 @@ def make_inputs(B, N, V, mode, dtype=torch.float32, device="cpu", seed=0):
                     offset=torch.full((B,), 7, dtype=torch.int64))
     if mode == "greedyrows":
         sampling = {}
+    if mode == "temprows":
+        del sampling["top_k"], sampling["top_p"]
     if mode.startswith("coupled"):
         sampling["positions"] = torch.arange(B, dtype=torch.int64) * 1000 + 50
     if mode.startswith("draft"):

@@ -177,6 +177,8 @@ MODES = {  # verify's sampling modes: temperature, top_k, top_p per request
 }
 # verify called without a temperature (every request greedy): the all-rows kernel, not the walk.
 GREEDY_ROWS = "greedy-rows"
+# verify with a temperature and no filters: the all-rows temperature kernel (verify_temperature.py).
+TEMPERATURE_ROWS = "temperature-rows"
 
 
 # The draft vocabulary of the sampled-draft verify cases (EAGLE-3's d2t over a larger target vocabulary).
@@ -193,6 +195,11 @@ def _verify_case(dtype, B, N, V, mode, drafts=False, coupled=False):
     parents = (torch.arange(N, dtype=torch.int32) - 1).repeat(B, 1)  # a chain
     if mode == GREEDY_ROWS:  # no temperature: a greedy call, every row read at once (verify_greedy.py)
         triton_verify.verify(tokens, parents, torch.empty(B, N, V, dtype=dtype), max_depth=min(N - 1, 8))
+        return
+    if mode == TEMPERATURE_ROWS:  # a temperature and no filters: every row read at once (verify_temperature.py)
+        triton_verify.verify(tokens, parents, torch.empty(B, N, V, dtype=dtype), max_depth=min(N - 1, 8),
+                             temperature=torch.full((B,), 0.8), seed=torch.zeros(B, dtype=torch.int64),
+                             offset=torch.zeros(B, dtype=torch.int64))
         return
     temperature, top_k, top_p = MODES[mode]
     sampling = dict(temperature=torch.full((B,), temperature), top_k=torch.full((B,), top_k, dtype=torch.int32),
@@ -413,14 +420,15 @@ def cases(grid: str) -> Iterator[tuple[str, Callable[[], None]]]:
     # (verify._chunking): 1024-entry tiles, one a chunk at 49,152 entries (SmolLM2), two at 128,256.
     if not full:
         for V in (49152, 128256):
-            for mode in ("greedy", GREEDY_ROWS):
+            for mode in ("greedy", GREEDY_ROWS, TEMPERATURE_ROWS):
                 yield f"verify bf16 B1 N61 V{V} {mode}", lambda V=V, m=mode: _verify_case(torch.bfloat16, 1, 61, V, m)
-        yield f"verify fp64 B8 N64 V32000 {GREEDY_ROWS}", lambda: _verify_case(torch.float64, 8, 64, 32000, GREEDY_ROWS)
+        for mode in (GREEDY_ROWS, TEMPERATURE_ROWS):
+            yield f"verify fp64 B8 N64 V32000 {mode}", lambda m=mode: _verify_case(torch.float64, 8, 64, 32000, m)
     shapes = [(1, 1), (1, 8), (1, 64), (8, 64), (32, 64), (1, 256), (8, 256)] if full else [(8, 64)]
     for dt in ("bf16", "fp16", "fp32", "fp64") if full else ("bf16", "fp32"):
         for V in (32000, 128256) if full else (128256,):
             for B, N in shapes:
-                for mode in [*MODES, GREEDY_ROWS]:
+                for mode in [*MODES, GREEDY_ROWS, TEMPERATURE_ROWS]:
                     yield (f"verify {dt} B{B} N{N} V{V} {mode}",
                            lambda a=(DTYPES[dt], B, N, V, mode): _verify_case(*a))
                 # Coupled sampling: the kernel with the race (HAS_POSITIONS).

@@ -562,7 +562,7 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
 # draft_expand's merge. The model interprets one whole group (so the ticket reaches its last
 # value), charges the launch's waves with the ordinary programs and adds the last group's
 # extra work, which runs after every other program, as a tail.
-GROUP_TAIL_KERNELS = {"_draft_expand_kernel", "_verify_greedy_kernel"}
+GROUP_TAIL_KERNELS = {"_draft_expand_kernel", "_verify_greedy_kernel", "_verify_temperature_kernel"}
 
 
 def sample_programs(grid: tuple, samples: int, whole_group: bool = False) -> list[tuple[int, int, int]]:
@@ -1116,8 +1116,10 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
     children lose the token its row ranks first), as a step's walk of that length would."""
     import bench_verify
 
-    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp", "greedy-rows": "greedyrows"}.get(mode, mode)
-    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)  # greedyrows: no temperature
+    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp", "greedy-rows": "greedyrows",
+            "temperature-rows": "temprows"}.get(mode, mode)
+    # greedyrows: no temperature; temprows: no filter arguments (the all-rows kernels)
+    tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
     if accepted is not None:
         top = logits.float().argmax(-1)
         for b in range(B):
@@ -1196,8 +1198,8 @@ def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):
 
 
 def goal_cases():
-    for mode in ("greedy", "greedy-rows", "temperature", "top-k", "top-p"):
-        # visited rows: at most depth + 1 = 7 per request ("greedy-rows" reads all 64)
+    for mode in ("greedy", "greedy-rows", "temperature", "temperature-rows", "top-k", "top-p"):
+        # visited rows: at most depth + 1 = 7 per request (the "-rows" modes read all 64)
         yield (f"verify B8 N64 V128256 {mode}", lambda m=mode: _verify(8, 64, 128256, m),
                dict(bytes=8 * 7 * 128256 * 2))
     yield "draft_expand B8 M8 V128256 top_k8", lambda: _draft_expand(8, 8, 128256, 8), dict(bytes=8 * 8 * 128256 * 2)
@@ -1322,7 +1324,7 @@ def decode_cases():
     # verify at a decoding step's shapes: SmolLM2-135M's (6, 8, 60) tree (61 rows) and the
     # Llama-3-8B shape's vocabulary, batch 1, greedy and temperature
     for V in (49152, 128256):
-        for mode in ("greedy", "greedy-rows", "temperature"):
+        for mode in ("greedy", "greedy-rows", "temperature", "temperature-rows"):
             yield (f"verify B1 N61 V{V} {mode}", lambda a=(1, 61, V, mode): _verify(*a), dict(bytes=7 * V * 2))
         # a decoding step's walk is as long as its accepted drafts plus one (tau 3.1 at T 0: 2.1 on average)
         for accepted in (2, 3):

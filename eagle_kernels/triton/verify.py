@@ -94,6 +94,7 @@ from .verify_rows import (  # noqa: F401  (STAT_* name the stats slots for tests
     STAT_MAX,
     STAT_NORM,
 )
+from .verify_temperature import _verify_temperature_kernel
 from .verify_walk import CTL_WORDS, EVENT_WORDS, ROW_WORDS, _verify_kernel
 
 # Chunks per row at most (programs per request).
@@ -118,6 +119,11 @@ class VerifyConfig:
     greedy_max_bytes: greedy calls (``temperature`` None) whose ``B * N`` rows hold at most this
         many bytes of logits read every row at once (verify_greedy.py) instead of walking them
         one visited row after another; 0 never does.
+    temperature_block: tile of the all-rows pass of calls with a temperature and no filters
+        (verify_temperature.py; capped at next_pow2(V)), and the entries a program takes when a
+        row has at most MAX_TEMPERATURE_CHUNKS of them.
+    temperature_max_bytes: greedy_max_bytes for calls with a temperature and no filters, draft
+        rows or ``positions``.
     """
 
     radix_bits: int
@@ -127,18 +133,22 @@ class VerifyConfig:
     num_warps: int = 4
     greedy_block: int = 2048
     greedy_max_bytes: int = 0
+    temperature_block: int = 8192
+    temperature_max_bytes: int = 0
 
 
 # On the GPU: 16 candidates per search pass (the [BLOCK_S, 16] comparison stays in
 # registers), lists of 1024 entries, 4096-entry tiles for the max pass (16 bf16 loads in
 # flight per thread at 8 warps).
 GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8,
-                          greedy_block=2048, greedy_max_bytes=256 << 20)
+                          greedy_block=2048, greedy_max_bytes=256 << 20,
+                          temperature_max_bytes=256 << 20)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
 # and the multi-tile bonus draw.
 INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4,
-                                  greedy_block=64, greedy_max_bytes=1 << 40)
+                                  greedy_block=64, greedy_max_bytes=1 << 40, temperature_block=64,
+                                  temperature_max_bytes=1 << 40)
 
 
 def launch_config() -> VerifyConfig:
@@ -204,8 +214,9 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
     config = _config or launch_config()
-    if temperature is None and draft_probs is None and positions is None and _reads_every_row(target_logits, config):
-        return _launch_greedy(tokens, parents, target_logits, max_depth, config)
+    if (top_k is None and top_p is None and draft_probs is None and positions is None
+            and _reads_every_row(target_logits, config, temperature is not None)):
+        return _launch_rows(tokens, parents, target_logits, max_depth, config, temperature, seed, offset)
     return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, config,
                    draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t, positions=positions,
                    record=False).output
@@ -217,11 +228,13 @@ MAX_GREEDY_ROWS = 256
 MAX_GREEDY_CHUNKS = 16
 
 
-def _reads_every_row(target_logits, config: VerifyConfig) -> bool:
-    """Whether a greedy call takes the all-rows pass (verify_greedy.py) rather than the walk."""
+def _reads_every_row(target_logits, config: VerifyConfig, sampling: bool = False) -> bool:
+    """Whether a call without filters takes an all-rows pass (verify_greedy.py, or
+    verify_temperature.py with ``sampling``: a temperature given) rather than the walk."""
     B, N, V = target_logits.shape
+    limit = config.temperature_max_bytes if sampling else config.greedy_max_bytes
     return (config.greedy_block > 0 and N <= MAX_GREEDY_ROWS and B > 0
-            and B * N * V * target_logits.element_size() <= config.greedy_max_bytes)
+            and B * N * V * target_logits.element_size() <= limit)
 
 
 def _greedy_chunking(B: int, N: int, V: int, block: int, sms: int | None) -> tuple[int, int]:
@@ -235,20 +248,53 @@ def _greedy_chunking(B: int, N: int, V: int, block: int, sms: int | None) -> tup
     return triton.cdiv(V, chunk), chunk
 
 
+# The all-rows temperature pass: at most this many chunks a row.
+MAX_TEMPERATURE_CHUNKS = 32
+
+
+def _temperature_chunking(B: int, N: int, V: int, block: int, sms: int | None) -> tuple[int, int]:
+    """(chunks per row, entries per chunk, a whole number of tiles) of the all-rows temperature
+    pass: on a GPU one tile a program while the launch's ``B * N`` rows fit one wave of three
+    programs an SM (registers allow three), else two: a program's fixed work (its reductions, its
+    ticket) is about a tile's, and the pass is bound by instruction issue. At most
+    MAX_TEMPERATURE_CHUNKS chunks a row; in the interpreter one tile a chunk. Short chunks keep the
+    bonus draw's scan short (it scans one chunk of the residual row); a tile of 8192 bf16 entries
+    keeps four 16-byte loads a thread in flight (a program waits for each tile in turn: the
+    compiler does not unroll that loop)."""
+    tiles = triton.cdiv(V, block)
+    per_chunk = 1 if sms is None or B * N * tiles <= 3 * sms else 2
+    chunks = min(triton.cdiv(tiles, per_chunk), MAX_TEMPERATURE_CHUNKS)
+    chunk = triton.cdiv(tiles, chunks) * block
+    return triton.cdiv(V, chunk), chunk
+
+
+def _temperature_vec(block: int, element_size: int) -> int:
+    """Consecutive entries of a lane of an all-rows temperature tile: 16 bytes, one load. The
+    compiler keeps a 16-byte vector in one thread, so a lane's entries reduce without shuffles;
+    a thread holds several lanes of a tile (four at 8192 bf16 entries and 8 warps)."""
+    return min(block, max(1, 16 // element_size))
+
+
 def _greedy_vec(block: int, num_warps: int) -> int:
     """Consecutive entries a thread takes of an all-rows greedy tile: the tile over the block's
     threads (8 bf16 entries, one 16-byte load, at 2048 entries and 8 warps), 4 to 16."""
     return min(block, 16, max(4, block // (32 * num_warps)))
 
 
-def _launch_greedy(tokens, parents, target_logits, max_depth, config: VerifyConfig) -> VerifyOutput:
-    """Launch ``_verify_greedy_kernel`` (inputs already checked; every request greedy)."""
+def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig, temperature=None, seed=None,
+                 offset=None) -> VerifyOutput:
+    """Launch ``_verify_greedy_kernel`` (``temperature`` None: every request greedy) or
+    ``_verify_temperature_kernel`` (inputs already checked; no filters, draft rows or positions)."""
     B, N, V = target_logits.shape
     device = target_logits.device
     logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
     A = max_depth + 1
     block = min(config.greedy_block, triton.next_power_of_2(V))
-    chunks, chunk = _greedy_chunking(B, N, V, block, gpu_sms(device))
+    if temperature is None:
+        chunks, chunk = _greedy_chunking(B, N, V, block, gpu_sms(device))
+    else:
+        tile = min(config.temperature_block, triton.next_power_of_2(V))
+        chunks, chunk = _temperature_chunking(B, N, V, max(block, tile), gpu_sms(device))
     compute_dtype = torch.float64 if target_logits.dtype == torch.float64 else torch.float32
     part_max = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
     part_arg = torch.empty((B, N, chunks), dtype=torch.int32, device=device)
@@ -256,12 +302,25 @@ def _launch_greedy(tokens, parents, target_logits, max_depth, config: VerifyConf
     accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
     out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
     status = torch.empty(B, dtype=torch.int32, device=device)
-    _verify_greedy_kernel[(chunks, N, B)](
-        tokens.contiguous(), parents.contiguous(), logits, part_max, part_arg, tickets(device, B), accept_len,
-        accept_nodes, out_tokens, status, N, V, max_depth, chunk, logits.stride(0), logits.stride(1), C=chunks,
-        IS_FP64=target_logits.dtype == torch.float64, BLOCK_V=block, VEC=_greedy_vec(block, config.num_warps),
-        BLOCK_N=triton.next_power_of_2(N), BLOCK_C=triton.next_power_of_2(chunks), BLOCK_A=triton.next_power_of_2(A),
-        **launch_options(device), num_warps=config.num_warps,
+    shapes = dict(C=chunks, IS_FP64=target_logits.dtype == torch.float64, BLOCK_V=block,
+                  VEC=_greedy_vec(block, config.num_warps))
+    blocks = dict(BLOCK_N=triton.next_power_of_2(N), BLOCK_C=triton.next_power_of_2(chunks),
+                  BLOCK_A=triton.next_power_of_2(A), **launch_options(device), num_warps=config.num_warps)
+    if temperature is None:
+        _verify_greedy_kernel[(chunks, N, B)](
+            tokens.contiguous(), parents.contiguous(), logits, part_max, part_arg, tickets(device, B), accept_len,
+            accept_nodes, out_tokens, status, N, V, max_depth, chunk, logits.stride(0), logits.stride(1), **shapes,
+            **blocks,
+        )
+        return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
+    zeros = None if seed is not None and offset is not None else torch.zeros(B, dtype=torch.int64, device=device)
+    part_sum = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
+    _verify_temperature_kernel[(chunks, N, B)](
+        tokens.contiguous(), parents.contiguous(), logits, temperature.contiguous(),
+        zeros if seed is None else seed.contiguous(), zeros if offset is None else offset.contiguous(), part_max,
+        part_arg, part_sum, tickets(device, B), accept_len, accept_nodes, out_tokens, status, N, V, max_depth, chunk,
+        logits.stride(0), logits.stride(1), **shapes, BLOCK_T=tile, VEC_T=_temperature_vec(tile, logits.element_size()),
+        BLOCK_S=min(config.block_v, block), **blocks,
     )
     return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
 

@@ -85,6 +85,40 @@ def _tile_update(x, tile, best, best_tile, peak, IS_FP64: tl.constexpr):
 
 
 @triton.jit
+def _greedy_chunk(row, start, end, part_max_ptr, part_arg_ptr, part, CT: tl.constexpr, IS_FP64: tl.constexpr,
+                  BLOCK_V: tl.constexpr, VEC: tl.constexpr):
+    """Entries [start, end) of a row (``start`` a multiple of BLOCK_V): their max (+inf when one is
+    NaN or +inf) and its first index, stored at ``part`` of the partials (step 1 above)."""
+    THREADS: tl.constexpr = BLOCK_V // VEC
+    threads = tl.arange(0, THREADS)
+    cols = tl.arange(0, VEC)
+    lanes = threads[:, None] * VEC + cols[None, :]  # [THREADS, VEC]: a thread's VEC consecutive entries
+    whole_end = start + (end - start) // BLOCK_V * BLOCK_V
+    best = tl.full([THREADS], float("-inf"), CT)
+    best_tile = tl.full([THREADS], 0, tl.int32) + start
+    peak = tl.full([THREADS], float("-inf"), CT)
+    for tile in range(start, whole_end, BLOCK_V):
+        x = tl.load(row + tile + lanes).to(CT)
+        best, best_tile, peak = _tile_update(x, tile, best, best_tile, peak, IS_FP64)
+    if whole_end < end:  # the row's last, partial tile
+        offs = whole_end + lanes
+        x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
+        best, best_tile, peak = _tile_update(x, whole_end, best, best_tile, peak, IS_FP64)
+    # A NaN makes the chunk's max +inf: either marks the row bad, and the merge needs no other flag.
+    best = tl.where(peak != peak, float("inf"), best)
+    chunk_max = _max1(best)
+    # The chunk's first entry equal to its max: the threads holding the max read their VEC entries
+    # of the tile where they reached it again (one load each, of a tile read moments ago).
+    holder = best == chunk_max
+    offs = best_tile[:, None] + lanes
+    x = tl.load(row + offs, mask=holder[:, None] & (offs < end), other=float("-inf")).to(CT)
+    first = tl.min(tl.where(x == best[:, None], cols[None, :], VEC), axis=1)
+    chunk_arg = _min1(tl.where(holder, best_tile + threads * VEC + first, _BIG))
+    tl.store(part_max_ptr + part, chunk_max)
+    tl.store(part_arg_ptr + part, chunk_arg)
+
+
+@triton.jit
 def _verify_greedy_kernel(
     tokens_ptr,  # [B, N] int64
     parents_ptr,  # [B, N] int32
@@ -111,40 +145,12 @@ def _verify_greedy_kernel(
     the merge and the walk (module docstring)."""
     wait_for_prior_grids(USE_PDL)
     CT: tl.constexpr = tl.float64 if IS_FP64 else tl.float32
-    THREADS: tl.constexpr = BLOCK_V // VEC
     c = tl.program_id(0)
     j = tl.program_id(1)
     b = tl.program_id(2)
     row = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_ln
-    threads = tl.arange(0, THREADS)
-    cols = tl.arange(0, VEC)
-    lanes = threads[:, None] * VEC + cols[None, :]  # [THREADS, VEC]: a thread's VEC consecutive entries
-    start = c * chunk
-    end = tl.minimum(start + chunk, V)
-    whole_end = start + (end - start) // BLOCK_V * BLOCK_V
-    best = tl.full([THREADS], float("-inf"), CT)
-    best_tile = tl.full([THREADS], 0, tl.int32) + start
-    peak = tl.full([THREADS], float("-inf"), CT)
-    for tile in range(start, whole_end, BLOCK_V):
-        x = tl.load(row + tile + lanes).to(CT)
-        best, best_tile, peak = _tile_update(x, tile, best, best_tile, peak, IS_FP64)
-    if whole_end < end:  # the row's last, partial tile
-        offs = whole_end + lanes
-        x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
-        best, best_tile, peak = _tile_update(x, whole_end, best, best_tile, peak, IS_FP64)
-    # A NaN makes the chunk's max +inf: either marks the row bad, and the merge needs no other flag.
-    best = tl.where(peak != peak, float("inf"), best)
-    chunk_max = _max1(best)
-    # The chunk's first entry equal to its max: the threads holding the max read their VEC entries
-    # of the tile where they reached it again (one load each, of a tile read moments ago).
-    holder = best == chunk_max
-    offs = best_tile[:, None] + lanes
-    x = tl.load(row + offs, mask=holder[:, None] & (offs < end), other=float("-inf")).to(CT)
-    first = tl.min(tl.where(x == best[:, None], cols[None, :], VEC), axis=1)
-    chunk_arg = _min1(tl.where(holder, best_tile + threads * VEC + first, _BIG))
-    part = (b * N + j) * C + c
-    tl.store(part_max_ptr + part, chunk_max)
-    tl.store(part_arg_ptr + part, chunk_arg)
+    _greedy_chunk(row, c * chunk, tl.minimum(c * chunk + chunk, V), part_max_ptr, part_arg_ptr, (b * N + j) * C + c,
+                  CT, IS_FP64, BLOCK_V, VEC)
     # Publish: every thread's partials are stored (barrier) before one thread takes the ticket
     # with release semantics; the program drawing the last ticket acquires them all.
     tl.debug_barrier()

@@ -1,6 +1,7 @@
 """verify of greedy calls (``temperature`` None) through the all-rows kernel (verify_greedy.py):
 every row's argmax in parallel chunks, then the walk in the request's last program. Checked
-against the reference and the one-launch walk (the same call with a temperature of zeros) on
+against the reference and the one-launch walk (the same call with a temperature of zeros and a
+``top_k`` of zeros: no filter, but the walk's kernel) on
 trees whose argmaxes the drafts often carry (walks go deep), with exact ties inside a thread's
 entries, across tiles and across chunks, NaN / +inf / all -inf rows on and off the walk, and in
 the interpreter and the GPU configurations.
@@ -57,7 +58,8 @@ def check(tokens, parents, logits, max_depth, config=None, what=""):
     got = tv.verify(tokens, parents, logits, max_depth=max_depth, _config=config)
     assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth), what)
     zeros = torch.zeros(tokens.shape[0])
-    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, temperature=zeros, _config=config)
+    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, temperature=zeros,
+                       top_k=torch.zeros(tokens.shape[0], dtype=torch.int32), _config=config)
     assert_same(got, walked, (what, "walk"))
     return got
 
@@ -140,24 +142,24 @@ def test_chunking_on_an_h200():
 
 
 def test_which_kernel():
-    """Greedy calls without a temperature take the all-rows kernel; a temperature tensor (even
-    of zeros), draft rows, more than MAX_GREEDY_ROWS rows or more bytes than greedy_max_bytes
-    take the walk."""
+    """Greedy calls without a temperature take the all-rows kernel; a filter tensor (even one
+    that filters nothing), draft rows, more than MAX_GREEDY_ROWS rows or more bytes than
+    greedy_max_bytes take the walk (a temperature alone: test_verify_temperature_rows.py)."""
     tv = triton_verify()
     calls = []
-    launch, launch_greedy = tv._launch, tv._launch_greedy
+    launch, launch_rows = tv._launch, tv._launch_rows
     try:
         tv._launch = lambda *a, **k: (calls.append("walk"), launch(*a, **k))[1]
-        tv._launch_greedy = lambda *a, **k: (calls.append("rows"), launch_greedy(*a, **k))[1]
+        tv._launch_rows = lambda *a, **k: (calls.append("rows"), launch_rows(*a, **k))[1]
         tokens, parents, logits = greedy_batch(0, 2, 5, 100, torch.float32)
         tv.verify(tokens, parents, logits, max_depth=3)
-        tv.verify(tokens, parents, logits, max_depth=3, temperature=torch.zeros(2))
+        tv.verify(tokens, parents, logits, max_depth=3, top_p=torch.ones(2))
         small = dataclasses.replace(tv.launch_config(), greedy_max_bytes=2 * 5 * 100 * 4 - 1)
         tv.verify(tokens, parents, logits, max_depth=3, _config=small)
         wide = greedy_batch(1, 1, tv.MAX_GREEDY_ROWS + 1, 8, torch.float32)
         tv.verify(*wide, max_depth=2)
     finally:
-        tv._launch, tv._launch_greedy = launch, launch_greedy
+        tv._launch, tv._launch_rows = launch, launch_rows
     assert calls == ["rows", "walk", "walk", "walk"]
 
 

@@ -1,0 +1,273 @@
+"""Triton ``verify`` of calls with a temperature and no filters (``top_k``, ``top_p``, draft rows and
+``positions`` None): every row's softmax statistics in parallel, then the walk, in one launch
+(``_verify_temperature_kernel``, grid ``(C, N, B)``), as verify_greedy.py does for greedy calls.
+
+Without top-k or top-p a sampling row needs only its max and its softmax sum; the one-launch walk
+of verify_walk.py computes them in phases (max, sum, the float64 mass with per-tile sums) one
+visited row after another, about three waits a visited row. Here every row is read once:
+
+1. Program ``(c, j, b)`` reads chunk ``c`` of row ``j`` of request ``b`` in the tiles of
+   verify_greedy.py. A greedy request (temperature 0) takes that file's pass (max and first
+   argmax). A sampling request's threads keep a running max ``m`` and a running sum of
+   ``exp((x - m) / T)`` over their entries, rescaled when ``m`` grows (the online softmax); the
+   chunk stores its max (+inf when it saw a NaN or +inf) and its sum relative to that max.
+2. A ticket per request as in verify_greedy.py; the request's last program merges the ``N x C``
+   partials into each row's max ``M``, softmax sum ``Z`` and per-chunk masses
+   ``P_c = S_c exp((m_c - M) / T) / Z`` (float64), then walks the tree: at each node the children in
+   node order, child ``c`` with token ``x`` accepted when ``U < w(x) / mass``, ``w(x) = exp((l(x) - M)
+   / T) / Z`` evaluated from its one logit (``verify_walk._accept``, the walk's own code); a rejected
+   token is zeroed and leaves the mass. When every child fails, the bonus token is the inverse CDF
+   of the residual row: the chunk masses (less the rejected tokens') name the chunk the draw
+   falls in, and that chunk is scanned in token order with a float64 running sum
+   (``_chunk_bonus``).
+
+The mass and the chunk masses come from the online sums rather than a float64 sum of each weight
+rounded to float32 (the walk's mass pass): they differ from the reference's in the last bits, so a
+decision can differ only when its uniform falls within a few ulps of the threshold (the contract's
+allowance, docs/design.md "Counter-based random stream"); the random numbers are the same
+Philox4x32-10 stream. Bad rows give status 1 and the root's finite argmax, as everywhere.
+python_tests/ops/test_verify_temperature_rows.py checks the outputs against the reference and
+the walk; docs/gpu_kernels.md ("Temperature calls: every row at once") gives the modeled cost.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._pdl import wait_for_prior_grids
+from .philox import _uniform
+from .verify_greedy import _greedy_chunk, _halve, _max_nan, _max_nan_fp64, _merge_and_walk
+from .verify_rows import _draw_chunk, _finite_argmax, _max1, _min1, _probs, _scaled, _sum1, _weights
+from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _next_flagged, _residual_tile
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+_FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _exp_scale(t, CT: tl.constexpr):
+    """log2(e) / T in the compute dtype, capped at the largest float32: exp((x - m) / T) is then
+    exp2((x - m) * k), and a subnormal T still maps x = m to exp2(0) = 1 rather than 0 * inf."""
+    return tl.minimum(_LOG2E / t.to(CT), _FLOAT32_MAX).to(CT)
+
+
+@triton.jit
+def _softmax_tile(x, run_max, run_sum, peak, k, IS_FP64: tl.constexpr):
+    """One [threads, VEC] tile of each thread's online softmax: its running max, the running sum of
+    exp2((x - max) * k) over its entries (rescaled when the max grows) and ``peak`` (NaN once a NaN
+    was seen: the row is bad, and the sums no longer matter)."""
+    y = x
+    if y.shape[1] > 16:
+        y = _halve(y, IS_FP64)
+    if y.shape[1] > 8:
+        y = _halve(y, IS_FP64)
+    if y.shape[1] > 4:
+        y = _halve(y, IS_FP64)
+    if y.shape[1] > 2:
+        y = _halve(y, IS_FP64)
+    if y.shape[1] > 1:
+        y = _halve(y, IS_FP64)
+    tile_max = tl.reshape(y, [y.shape[0]])
+    peak = _max_nan_fp64(peak, tile_max) if IS_FP64 else _max_nan(peak, tile_max)
+    new_max = tl.maximum(run_max, tile_max)
+    # A lane that has seen only -inf keeps a sum of 0 (exp2(-inf) = 0) rather than -inf - -inf.
+    # (x - shift) * k, not x * k - shift * k: at a tiny T, k is huge and both products overflow.
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    run_sum = run_sum * tl.exp2((run_max - shift) * k) + tl.sum(tl.exp2((x - shift[:, None]) * k), axis=1)
+    return new_max, run_sum, peak
+
+
+@triton.jit
+def _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT: tl.constexpr, IS_FP64: tl.constexpr,
+                   BLOCK_V: tl.constexpr, VEC: tl.constexpr):
+    """Entries [start, end) of a sampling row: their max (+inf when one is NaN or +inf) and the sum
+    of exp((x - max) / T) over them, stored at ``part`` of the partials (step 1 above)."""
+    LANES: tl.constexpr = BLOCK_V // VEC  # a thread holds BLOCK_V // VEC // (32 * num_warps) of them
+    lanes = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    k = _exp_scale(t, CT)
+    whole_end = start + (end - start) // BLOCK_V * BLOCK_V
+    run_max = tl.full([LANES], float("-inf"), CT)
+    run_sum = tl.zeros([LANES], CT)
+    peak = tl.full([LANES], float("-inf"), CT)
+    for tile in range(start, whole_end, BLOCK_V):
+        x = tl.load(row + tile + lanes).to(CT)
+        run_max, run_sum, peak = _softmax_tile(x, run_max, run_sum, peak, k, IS_FP64)
+    if whole_end < end:  # the row's last, partial tile
+        offs = whole_end + lanes
+        x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
+        run_max, run_sum, peak = _softmax_tile(x, run_max, run_sum, peak, k, IS_FP64)
+    chunk_max = _max1(tl.where(peak != peak, float("inf"), run_max))
+    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    chunk_sum = _sum1(run_sum * tl.exp2((run_max - shift) * k))
+    tl.store(part_max_ptr + part, chunk_max)
+    tl.store(part_sum_ptr + part, chunk_sum)
+
+
+@triton.jit
+def _verify_temperature_kernel(
+    tokens_ptr,  # [B, N] int64
+    parents_ptr,  # [B, N] int32
+    logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
+    temperature_ptr,  # [B] float32: 0 makes the request greedy
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
+    part_max_ptr,  # [B, N, C] compute dtype: a chunk's max (+inf if it holds a NaN or +inf, -inf if no larger entry)
+    part_arg_ptr,  # [B, N, C] int32: greedy requests, the first index of that max
+    part_sum_ptr,  # [B, N, C] compute dtype: sampling requests, the chunk's sum of exp((x - max) / T)
+    tickets_ptr,  # [>= B] int32, zero between launches: chunk programs of each request done
+    accept_len_ptr,  # [B] int32
+    accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
+    out_tokens_ptr,  # [B, A] int64
+    status_ptr,  # [B] int32
+    N, V, max_depth, chunk,  # chunk: entries of a row per program, a multiple of BLOCK_V and of BLOCK_T
+    stride_lb, stride_ln,
+    C: tl.constexpr,  # chunks per row
+    IS_FP64: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # entries of a greedy row's tile: [BLOCK_V // VEC, VEC], VEC consecutive entries a thread
+    VEC: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # entries of a sampling row's tile: [BLOCK_T // VEC_T, VEC_T]
+    VEC_T: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # entries a step of the bonus draw's scan
+    BLOCK_N: tl.constexpr,  # next power of two of N
+    BLOCK_C: tl.constexpr,  # next power of two of C
+    BLOCK_A: tl.constexpr,  # next power of two of max_depth + 1
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
+):
+    """Program (c, j, b): chunk c of row j of request b, then, for the request's last program,
+    the merge and the walk (module docstring)."""
+    wait_for_prior_grids(USE_PDL)
+    CT: tl.constexpr = tl.float64 if IS_FP64 else tl.float32
+    c = tl.program_id(0)
+    j = tl.program_id(1)
+    b = tl.program_id(2)
+    t = tl.load(temperature_ptr + b)
+    row = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_ln
+    start = c * chunk
+    end = tl.minimum(start + chunk, V)
+    part = (b * N + j) * C + c
+    if t == 0:
+        _greedy_chunk(row, start, end, part_max_ptr, part_arg_ptr, part, CT, IS_FP64, BLOCK_V, VEC)
+    else:
+        _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT, IS_FP64, BLOCK_T, VEC_T)
+    # Publish as verify_greedy.py does: a barrier, then an acquire-release ticket.
+    tl.debug_barrier()
+    done = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+    if done == N * C - 1:
+        if t == 0:
+            _merge_and_walk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_arg_ptr, accept_len_ptr,
+                            accept_nodes_ptr, out_tokens_ptr, status_ptr, b, N, V, max_depth, stride_lb, C, CT,
+                            BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A)
+        else:
+            _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr, accept_len_ptr,
+                              accept_nodes_ptr, out_tokens_ptr, status_ptr, t, tl.load(seed_ptr + b),
+                              tl.load(offset_ptr + b), b, N, V, max_depth, chunk, stride_lb, stride_ln, C, CT,
+                              BLOCK_V, BLOCK_S, BLOCK_N, BLOCK_C, BLOCK_A)
+        tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
+
+
+@triton.jit
+def _chunk_bonus(row, V, row_max, t, denom, totals, u, chunk, tokens_row, node, N, rejected, offs_n,
+                 C: tl.constexpr, CT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The bonus token at a node whose children all failed: the smallest x with cumsum64(w)[x] >
+    u * sum(w) over the residual row (the rejected children's tokens at 0), the largest x with
+    w[x] > 0 if rounding leaves none. ``totals`` [BLOCK_C] float64 are the row's chunk masses:
+    less the rejected tokens' weights they name the chunk to scan, from which the scan runs in
+    steps of BLOCK_S entries (past the chunk's end too, should its sum have been rounded up)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    r = _next_flagged(rejected, node, offs_n, N)
+    while r < N:
+        x = tl.load(tokens_row + r)
+        wx = _weights(_probs(_scaled(tl.load(row + x).to(CT), row_max, t), float("-inf"), denom, CT),
+                      float("-inf"), 1.0, CT)
+        totals = tl.where(offs_c == (x // chunk).to(tl.int32), totals - wx.to(tl.float64), totals)
+        r = _next_flagged(rejected, r, offs_n, N)
+    totals = tl.maximum(totals, 0.0)
+    target = u * _sum1(totals)
+    start, carry = _draw_chunk(totals, target, offs_c, offs_c < C, chunk, V)
+    found = tl.zeros([], tl.int64) + V  # int64, as the entry offsets the scan compares
+    while (found == V) & (start < V):
+        offs, valid, w = _residual_tile(row, start, V, row_max, t, float("-inf"), denom, float("-inf"), 1.0,
+                                        tokens_row, node, N, rejected, offs_n, True, CT, BLOCK_S)
+        # A step's sum first (a reduction); the running sum in token order only in the step it passes.
+        step = tl.sum(w, axis=0)
+        if carry + step > target:
+            found = _min1(tl.where((tl.cumsum(w, axis=0) + carry > target) & valid, offs, V))
+        carry += step
+        start += BLOCK_S
+    if found == V:  # rounding left no entry past the target: the last one of positive weight
+        last = tl.zeros([], tl.int64) - 1
+        for tile in range(0, V, BLOCK_S):
+            offs, valid, w = _residual_tile(row, tile, V, row_max, t, float("-inf"), denom, float("-inf"), 1.0,
+                                            tokens_row, node, N, rejected, offs_n, True, CT, BLOCK_S)
+            last = tl.maximum(last, _max1(tl.where(w > 0, offs, -1)))
+        found = tl.maximum(last, 0)
+    return found
+
+
+@triton.jit
+def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr, accept_len_ptr,
+                      accept_nodes_ptr, out_tokens_ptr, status_ptr, t, seed, offset, b, N, V, max_depth, chunk,
+                      stride_lb, stride_ln, C: tl.constexpr, CT: tl.constexpr, BLOCK_V: tl.constexpr,
+                      BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_A: tl.constexpr):
+    """Sampling request b: its rows' max, softmax sum and chunk masses from the partials, then the
+    walk with the acceptance rule and the bonus draw (module docstring, step 2)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_C)
+    in_n = offs_n < N
+    k = _exp_scale(t, CT)
+    tokens_row = tokens_ptr + b * N
+    parents_row = parents_ptr + b * N
+    tokens = tl.load(tokens_row + offs_n, mask=in_n, other=-1)
+    accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
+    offs_a = tl.arange(0, BLOCK_A)
+    path = tl.where(offs_a == 0, 0, -1)
+    emitted = tl.full([BLOCK_A], -1, tl.int64)
+    node = 0
+    depth = 0
+    walking = 1
+    bad = 0
+    for step in range(0, max_depth + 1):
+        if walking != 0:
+            # The node's partials (.cg: written by other programs, published by their tickets, not
+            # through this SM's L1): only the visited rows' are merged.
+            at = (b * N + node) * C + offs_c
+            pm = tl.load(part_max_ptr + at, mask=offs_c < C, other=float("-inf"), cache_modifier=".cg")
+            ps = tl.load(part_sum_ptr + at, mask=offs_c < C, other=0.0, cache_modifier=".cg")
+            node_max = _max1(pm)
+            if (node_max == float("inf")) | (node_max == float("-inf")):  # NaN / +inf, or no finite entry
+                bad = 1
+                walking = 0
+            else:
+                row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
+                # Each chunk's sum relative to the row's max (float64): the softmax sum is their total.
+                totals = ps.to(tl.float64) * tl.exp2((pm - node_max) * k).to(tl.float64)  # [BLOCK_C]
+                node_denom = _sum1(totals)
+                totals = totals * (1.0 / node_denom)
+                # Weights divide by the sum rounded to the compute dtype, as the walk's do.
+                weight_denom = node_denom.to(CT)
+                child, rejected = _accept(row, V, node_max, t, float("-inf"), weight_denom, float("-inf"), 1.0,
+                                          _sum1(totals), node, step < max_depth, parents_row, tokens_row, tokens,
+                                          accept_coins, offs_n, N, CT, BLOCK_N)
+                if child >= 0:
+                    emitted = tl.where(offs_a == step, tl.load(tokens_row + child), emitted)
+                    depth += 1
+                    path = tl.where(offs_a == depth, child, path)
+                    node = child
+                else:
+                    u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
+                    bonus = _chunk_bonus(row, V, node_max, t, weight_denom, totals, u, chunk, tokens_row, node, N,
+                                         rejected, offs_n, C, CT, BLOCK_S, BLOCK_C)
+                    emitted = tl.where(offs_a == step, bonus.to(tl.int64), emitted)
+                    walking = 0
+    A = max_depth + 1
+    if bad != 0:
+        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
+        fallback = _finite_argmax(logits_ptr + b.to(tl.int64) * stride_lb, V, CT, BLOCK_V)
+        path = tl.where(offs_a == 0, 0, -1)
+        emitted = tl.where(offs_a == 0, fallback.to(tl.int64), -1)
+        depth = 0
+    tl.store(accept_nodes_ptr + b * A + offs_a, path, mask=offs_a < A)
+    tl.store(out_tokens_ptr + b * A + offs_a, emitted, mask=offs_a < A)
+    tl.store(accept_len_ptr + b, depth)
+    tl.store(status_ptr + b, bad)

@@ -1,0 +1,221 @@
+"""verify of calls with a temperature and no filters through the all-rows kernel
+(verify_temperature.py): every row's softmax statistics in parallel chunks, then the walk and the
+bonus draw in the request's last program. Checked token for token against the reference and the
+one-launch walk (the same call with a ``top_k`` of zeros: no filter, but the walk's kernel) on
+trees whose drafts often carry likely tokens (walks go deep, children are rejected, bonus draws
+land in every chunk), with greedy and sampling requests in one batch, duplicate drafts, NaN /
++inf / all -inf rows, tiny temperatures, and in the interpreter and the GPU configurations.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from eagle_kernels import _dispatch, reference
+from eagle_kernels._types import VerifyOutput
+
+
+@pytest.fixture(autouse=True)
+def interpreted_triton():
+    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+
+
+def triton_verify():
+    from eagle_kernels.triton import verify
+
+    return verify
+
+
+def assert_same(a, b, what=""):
+    for field, x, y in zip(VerifyOutput._fields, a, b):
+        assert x.dtype == y.dtype and torch.equal(x, y), (what, field, x, y)
+
+
+def sampling_batch(seed, B, N, V, dtype, scale=6.0):
+    """Random trees of long branches; a node's token is its parent row's most likely token half the
+    time, one of the next two 40% of the time (siblings may repeat one), so children are accepted
+    and rejected."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, N, V, generator=gen, dtype=torch.float64) * scale).to(dtype)
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    top3 = logits.double().topk(3, dim=-1).indices
+    for b in range(B):
+        for i in range(1, N):
+            parents[b, i] = int(torch.randint(max(0, i - 3), i, (), generator=gen))
+            draw = float(torch.rand((), generator=gen))
+            if draw < 0.9:
+                tokens[b, i] = top3[b, parents[b, i], 0 if draw < 0.5 else 1 if draw < 0.7 else 2]
+    return tokens, parents, logits
+
+
+def sampling_args(seed, B, temperatures=(0.0, 0.6, 1.0, 1.7)):
+    gen = torch.Generator().manual_seed(1000 + seed)
+    temperature = torch.tensor([temperatures[i % len(temperatures)] for i in range(B)], dtype=torch.float32)
+    return dict(temperature=temperature, seed=torch.randint(0, 2**40, (B,), generator=gen),
+                offset=torch.randint(0, 2**20, (B,), generator=gen))
+
+
+def check(tokens, parents, logits, max_depth, args, config=None, what=""):
+    tv = triton_verify()
+    got = tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=config)
+    assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth, **args), what)
+    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, **args,
+                       top_k=torch.zeros(tokens.shape[0], dtype=torch.int32), _config=config)
+    assert_same(got, walked, (what, "walk"))
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=["fp32", "bf16", "fp16", "fp64"])
+def test_matches_reference(dtype):
+    accepted, bonus_rows = 0, 0
+    for seed, (B, N, V, max_depth) in enumerate([(8, 9, 131, 4), (4, 12, 200, 8), (4, 1, 64, 0), (4, 16, 257, 15)]):
+        tokens, parents, logits = sampling_batch(seed, B, N, V, dtype)
+        args = sampling_args(seed, B)
+        out = check(tokens, parents, logits, max_depth, args, what=(seed, B, N, V))
+        sampled = args["temperature"] > 0
+        accepted += int(out.accept_len[sampled].sum())
+        bonus_rows += int(sampled.sum())
+    assert accepted >= 6 and bonus_rows >= 10  # sampling walks accepted drafts
+
+
+def test_bonus_draws_in_every_chunk():
+    """Flat rows of 6 chunks of one tile (the interpreter's), the children rejected or absent:
+    bonus draws spread over the whole row, each checked against the reference's inverse CDF."""
+    tv = triton_verify()
+    B, N, V = 24, 3, 6 * 64
+    assert tv._temperature_chunking(B, N, V, 64, None) == (6, 64)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(B, N, V, generator=gen) * 0.3
+    parents = torch.tensor([[-1, 0, 0]], dtype=torch.int32).expand(B, N).contiguous()
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    args = sampling_args(0, B, temperatures=(1.0, 2.5))
+    out = check(tokens, parents, logits, 1, args)
+    bonus = out.out_tokens[out.accept_len == 0, 0]
+    assert len({int(x) // 64 for x in bonus}) == 6  # draws in every chunk
+
+
+def test_rejected_children_leave_the_draw():
+    """A node whose children carry its two most likely tokens (one repeated): at a low
+    temperature they are accepted or rejected in turn, and the bonus after two rejections is
+    drawn from the rest of the row, in whichever chunk the rejected tokens were."""
+    B, N, V = 32, 4, 384
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(B, N, V, generator=gen)
+    top2 = logits.topk(2, dim=-1).indices
+    parents = torch.tensor([[-1, 0, 0, 0]], dtype=torch.int32).expand(B, N).contiguous()
+    tokens = torch.stack([top2[:, 0, 0], top2[:, 0, 0], top2[:, 0, 1], top2[:, 0, 0]], dim=1)
+    for b in range(B):
+        logits[b, 0, top2[b, 0]] += 2.0 + b % 3
+    args = sampling_args(3, B, temperatures=(0.8, 1.5))
+    out = check(tokens, parents, logits, 1, args)
+    rejected_both = out.accept_len == 0
+    assert 0 < int(rejected_both.sum()) < B
+    assert not bool((out.out_tokens[rejected_both, 0][:, None] == top2[rejected_both, 0]).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+def test_bad_rows(dtype):
+    """NaN, +inf and all -inf rows of sampling requests: status 1 and the root's finite argmax
+    when the walk reaches them, nothing when it does not."""
+    B, N, V = 6, 4, 300
+    tokens, parents, logits = sampling_batch(7, B, N, V, dtype, scale=8.0)
+    parents[:] = torch.tensor([-1, 0, 1, 0], dtype=torch.int32)
+    top = logits.double().argmax(-1)
+    for b in range(B):
+        tokens[b, 1], tokens[b, 2] = top[b, 0], top[b, 1]
+    logits[0, 0, 250] = float("nan")  # root, last chunk
+    logits[1, 0, 3] = float("inf")  # root: the fallback is the finite argmax
+    logits[2, 3, 17] = float("nan")  # off the walk (node 3 is never reached from a leaf's sibling)
+    logits[3, 0, :] = float("-inf")  # no finite entry: fallback 0
+    logits[4, 0, 5] = float("nan")
+    logits[4, 0, 6] = 1e30  # a larger finite entry beside the NaN
+    args = sampling_args(1, B, temperatures=(0.5,))
+    out = check(tokens, parents, logits, 2, args)
+    assert out.status.tolist() == [1, 1, 0, 1, 1, 0]
+    assert out.out_tokens[3, 0].item() == 0
+
+
+def test_tiny_and_huge_temperatures():
+    """A subnormal and a tiny temperature (the max takes all the mass: ties share it) and a
+    huge one (nearly uniform), beside greedy requests."""
+    B, N, V = 8, 6, 200
+    tokens, parents, logits = sampling_batch(2, B, N, V, torch.float32)
+    logits = torch.round(logits)  # ties at the max
+    args = sampling_args(2, B, temperatures=(1e-40, 1e-20, 0.0, 1e6))
+    check(tokens, parents, logits, 5, args)
+
+
+def test_defaults_and_repeats():
+    """seed and offset left out are zeros; repeated calls give the same tokens."""
+    tv = triton_verify()
+    tokens, parents, logits = sampling_batch(4, 4, 6, 100, torch.float32)
+    temperature = torch.full((4,), 0.9)
+    got = tv.verify(tokens, parents, logits, max_depth=4, temperature=temperature)
+    zeros = torch.zeros(4, dtype=torch.int64)
+    assert_same(got, reference.verify(tokens, parents, logits, max_depth=4, temperature=temperature, seed=zeros,
+                                      offset=zeros))
+    assert_same(got, tv.verify(tokens, parents, logits, max_depth=4, temperature=temperature))
+
+
+def test_gpu_config_interpreted():
+    """GPU_CONFIG's tiles (8192 entries, 32 a thread; greedy requests' 2048, 8 a thread; the bonus
+    scan 1024 a step) on rows of one and two chunks, the last one partial, bf16 and fp32."""
+    tv = triton_verify()
+    config = tv.GPU_CONFIG
+    for dtype in (torch.bfloat16, torch.float32):
+        for seed, (B, N, V) in enumerate([(4, 4, 5000), (2, 3, 8193)]):
+            tokens, parents, logits = sampling_batch(seed, B, N, V, dtype, scale=1.0)
+            check(tokens, parents, logits, 3, sampling_args(seed, B), config=config, what=(dtype, V))
+
+
+def test_chunking():
+    """On an H200 (132 SMs) one tile a program while the rows fit one wave of three programs an
+    SM, else two; at most MAX_TEMPERATURE_CHUNKS chunks a row; 16-byte lanes."""
+    tv = triton_verify()
+    assert [tv._temperature_vec(8192, size) for size in (2, 4, 8)] == [8, 4, 2]
+    assert tv._temperature_chunking(1, 61, 49152, 8192, 132) == (6, 8192)  # 366 programs
+    assert tv._temperature_chunking(8, 64, 128256, 8192, 132) == (8, 16384)
+    assert tv._temperature_chunking(1, 61, 128256, 8192, 132) == (8, 16384)
+    assert tv._temperature_chunking(1, 1, 600000, 8192, 132) == (25, 24576)  # 74 tiles: 3 a chunk
+    assert tv._temperature_chunking(4, 1, 1000, 1024, 132) == (1, 1024)
+    assert tv._temperature_chunking(2, 3, 1000, 64, None) == (16, 64)
+
+
+def test_which_kernel():
+    """A temperature alone takes the all-rows kernel; with top_k, top_p, draft rows, positions,
+    more than MAX_GREEDY_ROWS rows or more bytes than temperature_max_bytes, the walk."""
+    tv = triton_verify()
+    calls = []
+    launch, launch_rows = tv._launch, tv._launch_rows
+    B, N, V = 2, 5, 100
+    tokens, parents, logits = sampling_batch(0, B, N, V, torch.float32)
+    args = sampling_args(0, B)
+    try:
+        tv._launch = lambda *a, **k: (calls.append("walk"), launch(*a, **k))[1]
+        tv._launch_rows = lambda *a, **k: (calls.append("rows"), launch_rows(*a, **k))[1]
+        tv.verify(tokens, parents, logits, max_depth=3, **args)
+        tv.verify(tokens, parents, logits, max_depth=3, **args, top_k=torch.zeros(B, dtype=torch.int32))
+        tv.verify(tokens, parents, logits, max_depth=3, **args, top_p=torch.ones(B))
+        tv.verify(tokens, parents, logits, max_depth=3, **args, draft_probs=torch.full((B, N, V), 1.0 / V))
+        tv.verify(tokens, parents, logits, max_depth=3, **args, positions=torch.zeros(B, dtype=torch.int64))
+        small = dataclasses.replace(tv.launch_config(), temperature_max_bytes=B * N * V * 4 - 1)
+        tv.verify(tokens, parents, logits, max_depth=3, **args, _config=small)
+        tv.verify(tokens, parents, logits, max_depth=3, _config=small)  # greedy: its own limit
+    finally:
+        tv._launch, tv._launch_rows = launch, launch_rows
+    assert calls == ["rows", "walk", "walk", "walk", "walk", "walk", "rows"]
+
+
+def test_tickets_left_zero():
+    """The request counters are back to zero after greedy and sampling launches of several shapes."""
+    from eagle_kernels.triton._launch_config import tickets
+
+    for seed, (B, N, V) in enumerate([(3, 4, 100), (5, 2, 300), (3, 4, 100)]):
+        tokens, parents, logits = sampling_batch(seed, B, N, V, torch.float32)
+        check(tokens, parents, logits, 3, sampling_args(seed, B))
+        assert int(tickets(logits.device, B)[:8].abs().sum()) == 0
