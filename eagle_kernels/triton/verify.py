@@ -17,7 +17,11 @@ interpreter (programs run one after another) the first program of a request runs
 Greedy calls (no ``temperature``, no draft rows, no ``positions``) whose rows hold at most
 ``VerifyConfig.greedy_max_bytes`` of logits take ``_verify_greedy_kernel`` instead
 (verify_greedy.py): every row's argmax at once, then the walk in the request's last program;
-one read of all ``B * N`` rows rather than a phase per visited row.
+one read of all ``B * N`` rows rather than a phase per visited row. Calls with a temperature and
+no ``top_k``, ``top_p``, draft rows or ``positions`` take ``_verify_temperature_kernel``
+(verify_temperature.py) likewise, up to ``VerifyConfig.temperature_max_bytes``: every row's max
+and softmax sum at once (the argmax for requests at temperature 0), then the walk and the bonus
+draw in the request's last program.
 
 Per visited row:
 
@@ -120,8 +124,8 @@ class VerifyConfig:
         many bytes of logits read every row at once (verify_greedy.py) instead of walking them
         one visited row after another; 0 never does.
     temperature_block: tile of the all-rows pass of calls with a temperature and no filters
-        (verify_temperature.py; capped at next_pow2(V)), and the entries a program takes when a
-        row has at most MAX_TEMPERATURE_CHUNKS of them.
+        (verify_temperature.py), in entries of 16-bit logits (the same bytes for wider ones;
+        capped at next_pow2(V)).
     temperature_max_bytes: greedy_max_bytes for calls with a temperature and no filters, draft
         rows or ``positions``.
     """
@@ -293,7 +297,8 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     if temperature is None:
         chunks, chunk = _greedy_chunking(B, N, V, block, gpu_sms(device))
     else:
-        tile = min(config.temperature_block, triton.next_power_of_2(V))
+        # 16-bit logits take temperature_block entries a tile, wider ones the same bytes.
+        tile = min(config.temperature_block * 2 // target_logits.element_size(), triton.next_power_of_2(V))
         chunks, chunk = _temperature_chunking(B, N, V, max(block, tile), gpu_sms(device))
     compute_dtype = torch.float64 if target_logits.dtype == torch.float64 else torch.float32
     part_max = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)

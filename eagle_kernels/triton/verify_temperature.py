@@ -206,6 +206,23 @@ def _chunk_bonus(row, V, row_max, t, denom, totals, u, chunk, tokens_row, node, 
 
 
 @triton.jit
+def _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A visited row's max, softmax sum (float64) and chunk masses [BLOCK_C] (float64, summing to
+    1) from its chunks' partials (.cg: written by other programs, published by their tickets, not
+    through this SM's L1)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    at = (b * N + node) * C + offs_c
+    pm = tl.load(part_max_ptr + at, mask=offs_c < C, other=float("-inf"), cache_modifier=".cg")
+    ps = tl.load(part_sum_ptr + at, mask=offs_c < C, other=0.0, cache_modifier=".cg")
+    node_max = _max1(pm)
+    # Each chunk's sum relative to the row's max: the softmax sum is their total. (A bad row's
+    # values are never used.)
+    totals = ps.to(tl.float64) * tl.exp2((pm - node_max) * k).to(tl.float64)
+    denom = _sum1(totals)
+    return node_max, denom, totals * (1.0 / denom)
+
+
+@triton.jit
 def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr, accept_len_ptr,
                       accept_nodes_ptr, out_tokens_ptr, status_ptr, t, seed, offset, b, N, V, max_depth, chunk,
                       stride_lb, stride_ln, C: tl.constexpr, CT: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -213,7 +230,6 @@ def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_su
     """Sampling request b: its rows' max, softmax sum and chunk masses from the partials, then the
     walk with the acceptance rule and the bonus draw (module docstring, step 2)."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_c = tl.arange(0, BLOCK_C)
     in_n = offs_n < N
     k = _exp_scale(t, CT)
     tokens_row = tokens_ptr + b * N
@@ -227,26 +243,18 @@ def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_su
     depth = 0
     walking = 1
     bad = 0
+    draw = 0  # the walk stopped at a node whose children all failed: the bonus is drawn there
+    rejected = tl.zeros([BLOCK_N], tl.int32)
     for step in range(0, max_depth + 1):
         if walking != 0:
-            # The node's partials (.cg: written by other programs, published by their tickets, not
-            # through this SM's L1): only the visited rows' are merged.
-            at = (b * N + node) * C + offs_c
-            pm = tl.load(part_max_ptr + at, mask=offs_c < C, other=float("-inf"), cache_modifier=".cg")
-            ps = tl.load(part_sum_ptr + at, mask=offs_c < C, other=0.0, cache_modifier=".cg")
-            node_max = _max1(pm)
+            node_max, denom, totals = _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C, BLOCK_C)
             if (node_max == float("inf")) | (node_max == float("-inf")):  # NaN / +inf, or no finite entry
                 bad = 1
                 walking = 0
             else:
                 row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
-                # Each chunk's sum relative to the row's max (float64): the softmax sum is their total.
-                totals = ps.to(tl.float64) * tl.exp2((pm - node_max) * k).to(tl.float64)  # [BLOCK_C]
-                node_denom = _sum1(totals)
-                totals = totals * (1.0 / node_denom)
                 # Weights divide by the sum rounded to the compute dtype, as the walk's do.
-                weight_denom = node_denom.to(CT)
-                child, rejected = _accept(row, V, node_max, t, float("-inf"), weight_denom, float("-inf"), 1.0,
+                child, rejected = _accept(row, V, node_max, t, float("-inf"), denom.to(CT), float("-inf"), 1.0,
                                           _sum1(totals), node, step < max_depth, parents_row, tokens_row, tokens,
                                           accept_coins, offs_n, N, CT, BLOCK_N)
                 if child >= 0:
@@ -255,11 +263,15 @@ def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_su
                     path = tl.where(offs_a == depth, child, path)
                     node = child
                 else:
-                    u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
-                    bonus = _chunk_bonus(row, V, node_max, t, weight_denom, totals, u, chunk, tokens_row, node, N,
-                                         rejected, offs_n, C, CT, BLOCK_S, BLOCK_C)
-                    emitted = tl.where(offs_a == step, bonus.to(tl.int64), emitted)
+                    draw = 1
                     walking = 0
+    if draw != 0:  # outside the walk's loop: its registers stay few
+        node_max, denom, totals = _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C, BLOCK_C)
+        row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
+        u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
+        bonus = _chunk_bonus(row, V, node_max, t, denom.to(CT), totals, u, chunk, tokens_row, node, N, rejected,
+                             offs_n, C, CT, BLOCK_S, BLOCK_C)
+        emitted = tl.where(offs_a == depth, bonus.to(tl.int64), emitted)
     A = max_depth + 1
     if bad != 0:
         # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
