@@ -197,7 +197,7 @@ def verify_rows(timer: Timer, limits: dict, shapes, modes) -> Iterator[dict]:
             visited = int((ours().accept_len + 1).sum())
             t_graph, t_eager = timer.graph(ours), timer.eager(ours)
             read_s = visited * V * logits.element_size() / (limits["read_GBps"] * 1e9)
-            factor = 1.5 if mode == "greedy" else 3.0
+            factor = 1.5 if mode in ("greedy", "greedyrows") else 3.0
             after_launch = max(t_graph - launch_s, 1e-9) / read_s
             yield dict(op="verify", shape=f"B{B}-N{N}-V{V}-{mode}", graph_us=t_graph * 1e6,
                        eager_us=t_eager * 1e6, one_read_us=read_s * 1e6, x_one_read=t_graph / read_s,

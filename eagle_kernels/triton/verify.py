@@ -218,9 +218,14 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                          top_k=top_k, top_p=top_p, seed=seed, offset=offset, draft_probs=draft_probs,
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
     config = _config or launch_config()
-    if (top_k is None and top_p is None and draft_probs is None and positions is None
-            and _reads_every_row(target_logits, config, temperature is not None)):
-        return _launch_rows(tokens, parents, target_logits, max_depth, config, temperature, seed, offset)
+    if draft_probs is None and positions is None and _reads_every_row(target_logits, config, temperature is not None):
+        rows = _launch_rows(tokens, parents, target_logits, max_depth, config, temperature, seed, offset, top_k, top_p)
+        if temperature is None or (top_k is None and top_p is None):
+            return rows
+        # Filter tensors: their values are on the device, so the walk runs after the all-rows kernel for
+        # the sampling requests that filter (the others' programs exit at once), into the same outputs.
+        return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, config,
+                       record=False, outputs=rows).output
     return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, config,
                    draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t, positions=positions,
                    record=False).output
@@ -286,9 +291,11 @@ def _greedy_vec(block: int, num_warps: int) -> int:
 
 
 def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig, temperature=None, seed=None,
-                 offset=None) -> VerifyOutput:
+                 offset=None, top_k=None, top_p=None, outputs: VerifyOutput | None = None) -> VerifyOutput:
     """Launch ``_verify_greedy_kernel`` (``temperature`` None: every request greedy) or
-    ``_verify_temperature_kernel`` (inputs already checked; no filters, draft rows or positions)."""
+    ``_verify_temperature_kernel`` (inputs already checked; no draft rows or positions). With
+    ``top_k`` or ``top_p`` the sampling requests that filter are left out (their outputs unwritten):
+    the walk's launch serves them. ``outputs``: write into these (tests) instead of new tensors."""
     B, N, V = target_logits.shape
     device = target_logits.device
     logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
@@ -303,10 +310,12 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     compute_dtype = torch.float64 if target_logits.dtype == torch.float64 else torch.float32
     part_max = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
     part_arg = torch.empty((B, N, chunks), dtype=torch.int32, device=device)
-    accept_len = torch.empty(B, dtype=torch.int32, device=device)
-    accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
-    out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
-    status = torch.empty(B, dtype=torch.int32, device=device)
+    if outputs is None:
+        outputs = VerifyOutput(torch.empty(B, dtype=torch.int32, device=device),
+                               torch.empty((B, A), dtype=torch.int32, device=device),
+                               torch.empty((B, A), dtype=torch.int64, device=device),
+                               torch.empty(B, dtype=torch.int32, device=device))
+    accept_len, accept_nodes, out_tokens, status = outputs
     shapes = dict(C=chunks, IS_FP64=target_logits.dtype == torch.float64, BLOCK_V=block,
                   VEC=_greedy_vec(block, config.num_warps))
     blocks = dict(BLOCK_N=triton.next_power_of_2(N), BLOCK_C=triton.next_power_of_2(chunks),
@@ -317,17 +326,21 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
             accept_nodes, out_tokens, status, N, V, max_depth, chunk, logits.stride(0), logits.stride(1), **shapes,
             **blocks,
         )
-        return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
+        return outputs
     zeros = None if seed is not None and offset is not None else torch.zeros(B, dtype=torch.int64, device=device)
     part_sum = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
+    filters = top_k is not None or top_p is not None
+    no_k = torch.zeros(B, dtype=torch.int32, device=device) if filters and top_k is None else top_k
+    no_p = torch.ones(B, dtype=torch.float32, device=device) if filters and top_p is None else top_p
     _verify_temperature_kernel[(chunks, N, B)](
         tokens.contiguous(), parents.contiguous(), logits, temperature.contiguous(),
+        no_k.contiguous() if filters else status, no_p.contiguous() if filters else status,
         zeros if seed is None else seed.contiguous(), zeros if offset is None else offset.contiguous(), part_max,
         part_arg, part_sum, tickets(device, B), accept_len, accept_nodes, out_tokens, status, N, V, max_depth, chunk,
         logits.stride(0), logits.stride(1), **shapes, BLOCK_T=tile, VEC_T=_temperature_vec(tile, logits.element_size()),
-        BLOCK_S=min(config.block_v, block), **blocks,
+        BLOCK_S=min(config.block_v, block), HAS_FILTERS=filters, **blocks,
     )
-    return VerifyOutput(accept_len, accept_nodes, out_tokens, status)
+    return outputs
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
@@ -407,11 +420,12 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
 
 def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
             config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None, positions=None,
-            record: bool = True) -> Launch:
+            record: bool = True, outputs: VerifyOutput | None = None) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
     lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput and, with
     ``record``, the visited rows' internals: candidate counts and the sampling rows' scalars
-    (without it, two empty tensors: the launch is then the kernel alone)."""
+    (without it, two empty tensors: the launch is then the kernel alone). ``outputs``: those of the
+    all-rows kernel launched before, for the filtered sampling requests alone (``SKIP_ROWS``)."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
@@ -419,10 +433,13 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
     is_fp64 = target_logits.dtype == torch.float64
     candidates = config.candidates
     A = max_depth + 1
-    accept_len = torch.empty(B, dtype=torch.int32, device=device)
-    accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
-    out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
-    status = torch.empty(B, dtype=torch.int32, device=device)
+    if outputs is None:
+        accept_len = torch.empty(B, dtype=torch.int32, device=device)
+        accept_nodes = torch.empty((B, A), dtype=torch.int32, device=device)
+        out_tokens = torch.empty((B, A), dtype=torch.int64, device=device)
+        status = torch.empty(B, dtype=torch.int32, device=device)
+    else:  # the all-rows kernel's outputs: this launch writes the filtered sampling requests' (SKIP_ROWS)
+        accept_len, accept_nodes, out_tokens, status = outputs
     if record:
         stats = torch.full((B, N, NUM_STATS.value), float("nan"), dtype=torch.float64, device=device)
         cand_count = torch.full((B, N), -2, dtype=torch.int32, device=device)
@@ -472,7 +489,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         BLOCK_MAX=block_max, BLOCK_N=triton.next_power_of_2(N), BLOCK_A=triton.next_power_of_2(A), BLOCK_T=block_t,
         RADIX_BITS=config.radix_bits, NUM_CAND=candidates, SHORT_CAND=max(1, min(SHORT_LIST, candidates)),
         HAS_DRAFT=draft_probs is not None, HAS_MASK=draft_sampled is not None, HAS_D2T=d2t is not None,
-        HAS_POSITIONS=positions is not None, RECORD=record,
+        HAS_POSITIONS=positions is not None, RECORD=record, SKIP_ROWS=outputs is not None,
         BLOCK_CTL=triton.next_power_of_2(CTL_WORDS.value + 2 * phases), **launch_options(logits.device),
         num_warps=config.num_warps,
     )

@@ -110,6 +110,8 @@ def _verify_temperature_kernel(
     parents_ptr,  # [B, N] int32
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32: 0 makes the request greedy
+    top_k_ptr,  # [B] int32 (HAS_FILTERS): a sampling request with top_k in (0, V) is left to the walk
+    top_p_ptr,  # [B] float32 (HAS_FILTERS): so is one with top_p < 1
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
     part_max_ptr,  # [B, N, C] compute dtype: a chunk's max (+inf if it holds a NaN or +inf, -inf if no larger entry)
@@ -132,6 +134,7 @@ def _verify_temperature_kernel(
     BLOCK_N: tl.constexpr,  # next power of two of N
     BLOCK_C: tl.constexpr,  # next power of two of C
     BLOCK_A: tl.constexpr,  # next power of two of max_depth + 1
+    HAS_FILTERS: tl.constexpr = False,  # top_k / top_p given: the walk's launch follows for the filtered requests
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Program (c, j, b): chunk c of row j of request b, then, for the request's last program,
@@ -142,6 +145,10 @@ def _verify_temperature_kernel(
     j = tl.program_id(1)
     b = tl.program_id(2)
     t = tl.load(temperature_ptr + b)
+    if HAS_FILTERS:  # a filtered sampling request: every program leaves it to the walk's launch
+        top_k = tl.load(top_k_ptr + b)
+        if (t != 0) & (((top_k > 0) & (top_k < V)) | (tl.load(top_p_ptr + b) < 1.0)):
+            return
     row = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_ln
     start = c * chunk
     end = tl.minimum(start + chunk, V)

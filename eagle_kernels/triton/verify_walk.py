@@ -582,6 +582,7 @@ def _verify_kernel(
     HAS_POSITIONS: tl.constexpr,  # coupled sampling for the sampling requests
     RECORD: tl.constexpr,  # store each visited row's scalars and list length (tests)
     BLOCK_CTL: tl.constexpr,  # next power of two of CTL_WORDS + 2 * PHASES
+    SKIP_ROWS: tl.constexpr = False,  # leave greedy and unfiltered requests to verify_temperature.py's launch
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
@@ -620,6 +621,9 @@ def _verify_kernel(
         mass_kind = KIND_MASS
     use_k = (top_k > 0) & (top_k < V)
     use_p = top_p < 1.0
+    if SKIP_ROWS:  # the all-rows kernel launched before this one served the request
+        if greedy | ~(use_k | use_p):
+            return
     t = temperature.to(CT)
     logits_b = logits_ptr + b * stride_lb
     ctl = ctl_ptr + b * (CTL_WORDS + 2 * PHASES)

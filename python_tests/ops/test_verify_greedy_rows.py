@@ -1,7 +1,7 @@
 """verify of greedy calls (``temperature`` None) through the all-rows kernel (verify_greedy.py):
 every row's argmax in parallel chunks, then the walk in the request's last program. Checked
-against the reference and the one-launch walk (the same call with a temperature of zeros and a
-``top_k`` of zeros: no filter, but the walk's kernel) on
+against the reference and the one-launch walk (the same call with a temperature of zeros and the
+all-rows kernels' byte limits at 0) on
 trees whose argmaxes the drafts often carry (walks go deep), with exact ties inside a thread's
 entries, across tiles and across chunks, NaN / +inf / all -inf rows on and off the walk, and in
 the interpreter and the GPU configurations.
@@ -57,9 +57,9 @@ def check(tokens, parents, logits, max_depth, config=None, what=""):
     tv = triton_verify()
     got = tv.verify(tokens, parents, logits, max_depth=max_depth, _config=config)
     assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth), what)
-    zeros = torch.zeros(tokens.shape[0])
-    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, temperature=zeros,
-                       top_k=torch.zeros(tokens.shape[0], dtype=torch.int32), _config=config)
+    walk_only = dataclasses.replace(config or tv.launch_config(), greedy_max_bytes=0, temperature_max_bytes=0)
+    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, temperature=torch.zeros(tokens.shape[0]),
+                       _config=walk_only)
     assert_same(got, walked, (what, "walk"))
     return got
 
@@ -142,9 +142,9 @@ def test_chunking_on_an_h200():
 
 
 def test_which_kernel():
-    """Greedy calls without a temperature take the all-rows kernel; a filter tensor (even one
-    that filters nothing), draft rows, more than MAX_GREEDY_ROWS rows or more bytes than
-    greedy_max_bytes take the walk (a temperature alone: test_verify_temperature_rows.py)."""
+    """Greedy calls without a temperature take the all-rows kernel, filter tensors or not (they
+    do not apply to greedy requests); draft rows, more than MAX_GREEDY_ROWS rows or more bytes than
+    greedy_max_bytes take the walk (calls with a temperature: test_verify_temperature_rows.py)."""
     tv = triton_verify()
     calls = []
     launch, launch_rows = tv._launch, tv._launch_rows
@@ -160,7 +160,7 @@ def test_which_kernel():
         tv.verify(*wide, max_depth=2)
     finally:
         tv._launch, tv._launch_rows = launch, launch_rows
-    assert calls == ["rows", "walk", "walk", "walk"]
+    assert calls == ["rows", "rows", "walk", "walk"]
 
 
 def test_tickets_left_zero():

@@ -1,7 +1,7 @@
 """verify of calls with a temperature and no filters through the all-rows kernel
 (verify_temperature.py): every row's softmax statistics in parallel chunks, then the walk and the
 bonus draw in the request's last program. Checked token for token against the reference and the
-one-launch walk (the same call with a ``top_k`` of zeros: no filter, but the walk's kernel) on
+one-launch walk (the same call with the all-rows kernels' byte limits at 0) on
 trees whose drafts often carry likely tokens (walks go deep, children are rejected, bonus draws
 land in every chunk), with greedy and sampling requests in one batch, duplicate drafts, NaN /
 +inf / all -inf rows, tiny temperatures, and in the interpreter and the GPU configurations.
@@ -63,8 +63,8 @@ def check(tokens, parents, logits, max_depth, args, config=None, what=""):
     tv = triton_verify()
     got = tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=config)
     assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth, **args), what)
-    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, **args,
-                       top_k=torch.zeros(tokens.shape[0], dtype=torch.int32), _config=config)
+    walk_only = dataclasses.replace(config or tv.launch_config(), greedy_max_bytes=0, temperature_max_bytes=0)
+    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=walk_only)
     assert_same(got, walked, (what, "walk"))
     return got
 
@@ -187,8 +187,9 @@ def test_chunking():
 
 
 def test_which_kernel():
-    """A temperature alone takes the all-rows kernel; with top_k, top_p, draft rows, positions,
-    more than MAX_GREEDY_ROWS rows or more bytes than temperature_max_bytes, the walk."""
+    """A temperature takes the all-rows kernel; with top_k or top_p tensors the walk follows it
+    (for the requests that filter); draft rows, positions, more than MAX_GREEDY_ROWS rows or more
+    bytes than temperature_max_bytes take the walk alone."""
     tv = triton_verify()
     calls = []
     launch, launch_rows = tv._launch, tv._launch_rows
@@ -208,7 +209,40 @@ def test_which_kernel():
         tv.verify(tokens, parents, logits, max_depth=3, _config=small)  # greedy: its own limit
     finally:
         tv._launch, tv._launch_rows = launch, launch_rows
-    assert calls == ["rows", "walk", "walk", "walk", "walk", "walk", "rows"]
+    assert calls == ["rows", "rows", "walk", "rows", "walk", "walk", "walk", "walk", "rows"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_filters_mixed_in_a_batch(dtype):
+    """top_k / top_p tensors with some requests filtering, some not, some greedy (whose filters
+    do not apply): the all-rows kernel serves the unfiltered and greedy requests, the walk after it
+    the filtered ones, into one output; the filter values are read on the device only."""
+    B, N, V = 12, 9, 257
+    tokens, parents, logits = sampling_batch(9, B, N, V, dtype)
+    args = sampling_args(9, B, temperatures=(0.0, 0.7, 1.2))
+    top_k = torch.tensor([0, 0, 5, 40, 0, 0, 3, 0, V, 0, 0, 1], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.8, 0.95, 0.9, 1.0, 1.0, 1.0, 0.5, 1.0])
+    full = dict(args, top_k=top_k, top_p=top_p)
+    want = check(tokens, parents, logits, 6, full)
+    check(tokens, parents, logits, 6, dict(args, top_p=top_p))  # top_k None
+    # Each launch writes its own requests' outputs and no others (sentinels elsewhere stay).
+    tv = triton_verify()
+    config = tv.launch_config()
+    filtered = (args["temperature"] != 0) & (((top_k > 0) & (top_k < V)) | (top_p < 1))
+    assert 0 < int(filtered.sum()) < B
+
+    def sentinels():
+        return VerifyOutput(*(torch.full_like(x, -7) for x in want))
+
+    got = tv._launch_rows(tokens, parents, logits, 6, config, args["temperature"], args["seed"], args["offset"],
+                          top_k, top_p, outputs=sentinels())
+    walk = tv._launch(tokens, parents, logits, 6, args["temperature"], top_k, top_p, args["seed"], args["offset"],
+                      config, record=False, outputs=sentinels()).output
+    for x, y, z in zip(got, walk, want):
+        x, y = x.view(B, -1), y.view(B, -1)
+        z = z.view(B, -1)
+        assert torch.equal(x[~filtered], z[~filtered]) and bool((x[filtered] == -7).all())
+        assert torch.equal(y[filtered], z[filtered]) and bool((y[~filtered] == -7).all())
 
 
 def test_tickets_left_zero():
