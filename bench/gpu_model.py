@@ -1099,13 +1099,16 @@ def _tree_attention(B, N, prefix, dtype=torch.bfloat16, Hq=32, Hkv=8, D=128, pag
     return lambda: ta.tree_attention(q, k, v, seqlens, mask, block_table=table)
 
 
-def _verify(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None):
-    """verify over ``_verify_inputs``."""
+def _verify(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None, walk: bool = False):
+    """verify over ``_verify_inputs``; ``walk``: the walk kernel alone (the all-rows kernels' byte
+    limits at 0)."""
     import bench_verify
 
     from eagle_kernels.triton import verify as tv
 
     tokens, parents, logits, sampling = _verify_inputs(B, N, V, mode, dtype, accepted)
+    if walk:  # (an older package's verify, --package, takes no _config)
+        sampling["_config"] = dataclasses.replace(tv.GPU_CONFIG, greedy_max_bytes=0, temperature_max_bytes=0)
     return lambda: tv.verify(tokens, parents, logits, max_depth=bench_verify.MAX_DEPTH, **sampling)
 
 
@@ -1386,7 +1389,8 @@ def decode_cases():
 def smoke_cases():
     """Small shapes (CI): the useful work each must at least count, in ``extra``."""
     # verify's cooperative phases: a row in chunks as the launcher splits it on an H200 (32 of 1024 entries)
-    yield "verify B2 N8 V32768 temperature", lambda: _verify(2, 8, 32768, "temperature"), dict(bytes=2 * 32768 * 2)
+    yield ("verify B2 N8 V32768 temperature walk", lambda: _verify(2, 8, 32768, "temperature", walk=True),
+           dict(bytes=2 * 32768 * 2))
     B, N, Hq, Hkv, D, prefix = 1, 8, 4, 2, 64, 256
     yield ("tree_attention B1 N8 Hq4/Hkv2 D64 prefix256", lambda: _tree_attention(B, N, prefix, Hq=Hq, Hkv=Hkv, D=D,
                                                                                  page=None),

@@ -72,18 +72,21 @@ def test_no_host_reads(counted, mode):
 
 # Launches outside the layers as measured at steady state (the second step; docs/decoding.md,
 # "Launches per step"): a step that launches more fails. Speculative, tree (6, 2, 8): the ops
-# (draft_expand 1 per depth, verify 1, build_tree, compact_kv) 9; the models outside their layers
+# (draft_expand 1 per depth, verify 2: the all-rows kernel for the greedy and unfiltered requests, then
+# the walk for those that filter, since the step passes filter tensors; build_tree, compact_kv) 10; the
+# models outside their layers
 # (the target's final norm and LM head, each head pass's but the first's final norm and draft LM
 # head as one rmsnorm_linear, the first pass's LM head over the root's norm, which the commit
 # makes, the commit's fc) 9; the bookkeeping
 # (eagle_kernels/bookkeeping.py: one per depth, which also gathers the next head pass's inputs,
 # commit_inputs with the feature rows, commit) 8. The target's embedding and tree positions are
 # made in its first layer's first launch.
-# Coupled sampling (StaticPolicy(coupled_sampling=True), T 1, top-p 0.9): the speculative step's 26, the
-# positions (one add) and one coupled_draft_logits per depth; verify is still one launch.
+# Coupled sampling (StaticPolicy(coupled_sampling=True), T 1, top-p 0.9): the speculative step's 27 less the
+# all-rows kernel (verify with positions is the walk alone), the positions (one add) and one
+# coupled_draft_logits per depth.
 # Plain: the target's final norm and LM head, verify on the root's one-node tree (made once per batch size,
-# no fills a step), the commit.
-MEASURED_OUTSIDE_LAYERS = {"plain": 4, "speculative": 26, "coupled": 26 + 1 + TREE.depth}
+# no fills a step; its two launches), the commit.
+MEASURED_OUTSIDE_LAYERS = {"plain": 5, "speculative": 27, "coupled": 26 + 1 + TREE.depth}
 
 
 def test_plain_step_outside_layers_within_budget(counted):

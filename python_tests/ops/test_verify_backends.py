@@ -344,10 +344,11 @@ def test_triton_huge_nuclei_match_reference(dtype):
             assert kept > 200, (b, kept)
 
 
-def test_triton_verify_is_one_launch_and_leaves_its_workspace_ready():
-    """A call launches the kernel alone (no fills: the per-shape workspace is cached, its
-    control words left zero by the kernel's last program of each request), and calls reusing the
-    workspace give the reference's tokens."""
+def test_triton_verify_launches_no_fills_and_leaves_its_workspace_ready():
+    """A call with filter tensors launches the all-rows kernel (for its greedy and unfiltered
+    requests) and the walk (for the filtering ones), nothing else (no fills: the per-shape
+    workspace is cached, its control words left zero by the kernel's last program of each
+    request), and calls reusing the workspace give the reference's tokens."""
     backend_impl("triton")
     from eagle_kernels.launch_count import counting
     from eagle_kernels.triton import verify as triton_verify
@@ -358,7 +359,8 @@ def test_triton_verify_is_one_launch_and_leaves_its_workspace_ready():
         assert_same(triton_verify.verify(tokens, parents, logits, max_depth=4, **sampling), want)
     with counting() as count:
         got = triton_verify.verify(tokens, parents, logits, max_depth=4, **sampling)
-    assert count.total == 1 and count.by_kernel["_verify_kernel"] == 1, count.by_kernel
+    assert count.total == 2 and count.by_kernel["_verify_kernel"] == 1, count.by_kernel
+    assert count.by_kernel["_verify_temperature_kernel"] == 1, count.by_kernel
     assert_same(got, want)
     controls = [ws["control"] for key, ws in triton_verify._WORKSPACES.items() if key[1:4] == tuple(logits.shape)]
     assert controls and all(int(c.abs().sum()) == 0 for c in controls)
