@@ -146,7 +146,7 @@ class VerifyConfig:
 # flight per thread at 8 warps).
 GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8,
                           greedy_block=2048, greedy_max_bytes=256 << 20,
-                          temperature_max_bytes=256 << 20)
+                          temperature_max_bytes=512 << 20)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
 # and the multi-tile bonus draw.
