@@ -565,10 +565,20 @@ def softmax_np(z):
     return e / e.sum()
 
 
-def assert_same(a, b):
+def assert_same(a, b, what=""):
     """Two VerifyOutputs equal field by field, dtypes included."""
     for name, x, y in zip(VerifyOutput._fields, a, b):
-        assert x.dtype == y.dtype and torch.equal(x, y), (name, x, y)
+        assert x.dtype == y.dtype and torch.equal(x, y), (what, name, x, y)
+
+
+def triton_verify():
+    """``eagle_kernels.triton.verify``, or a skip where Triton cannot run verify here."""
+    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    from eagle_kernels.triton import verify
+
+    return verify
 
 
 def filtered_probs(logits, temperature, top_k, top_p):

@@ -207,9 +207,20 @@ def _merge_and_walk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_arg_
                     depth += 1
                     path = tl.where(offs_a == depth, child, path)
                     node = child
+    _store_outputs(path, emitted, depth, bad, logits_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr,
+                   status_ptr, b, V, max_depth, stride_lb, CT, BLOCK_V, BLOCK_A)
+
+
+@triton.jit
+def _store_outputs(path, emitted, depth, bad, logits_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr,
+                   status_ptr, b, V, max_depth, stride_lb, CT: tl.constexpr, BLOCK_V: tl.constexpr,
+                   BLOCK_A: tl.constexpr):
+    """Request b's outputs from its walk (``path``, ``emitted`` [BLOCK_A], ``depth`` accepted); a
+    bad row on the walk (``bad``) accepts nothing, and its bonus is the argmax over the finite root
+    logits (0 if none)."""
+    offs_a = tl.arange(0, BLOCK_A)
     A = max_depth + 1
     if bad != 0:
-        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
         fallback = _finite_argmax(logits_ptr + b.to(tl.int64) * stride_lb, V, CT, BLOCK_V)
         path = tl.where(offs_a == 0, 0, -1)
         emitted = tl.where(offs_a == 0, fallback.to(tl.int64), -1)

@@ -37,8 +37,8 @@ import triton.language as tl
 
 from ._pdl import wait_for_prior_grids
 from .philox import _uniform
-from .verify_greedy import _greedy_chunk, _halve, _max_nan, _max_nan_fp64, _merge_and_walk
-from .verify_rows import _draw_chunk, _finite_argmax, _max1, _min1, _probs, _scaled, _sum1, _weights
+from .verify_greedy import _greedy_chunk, _halve, _max_nan, _max_nan_fp64, _merge_and_walk, _store_outputs
+from .verify_rows import _draw_chunk, _max1, _min1, _probs, _scaled, _sum1, _weights
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _next_flagged, _residual_tile
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -279,14 +279,5 @@ def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_su
         bonus = _chunk_bonus(row, V, node_max, t, denom.to(CT), totals, u, chunk, tokens_row, node, N, rejected,
                              offs_n, C, CT, BLOCK_S, BLOCK_C)
         emitted = tl.where(offs_a == depth, bonus.to(tl.int64), emitted)
-    A = max_depth + 1
-    if bad != 0:
-        # Accept nothing; the bonus is the argmax over the finite root logits (0 if none).
-        fallback = _finite_argmax(logits_ptr + b.to(tl.int64) * stride_lb, V, CT, BLOCK_V)
-        path = tl.where(offs_a == 0, 0, -1)
-        emitted = tl.where(offs_a == 0, fallback.to(tl.int64), -1)
-        depth = 0
-    tl.store(accept_nodes_ptr + b * A + offs_a, path, mask=offs_a < A)
-    tl.store(out_tokens_ptr + b * A + offs_a, emitted, mask=offs_a < A)
-    tl.store(accept_len_ptr + b, depth)
-    tl.store(status_ptr + b, bad)
+    _store_outputs(path, emitted, depth, bad, logits_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr,
+                   status_ptr, b, V, max_depth, stride_lb, CT, BLOCK_V, BLOCK_A)

@@ -12,26 +12,9 @@ import dataclasses
 import pytest
 import torch
 
-from eagle_kernels import _dispatch, reference
+from eagle_kernels import reference
 from eagle_kernels._types import VerifyOutput
-
-
-@pytest.fixture(autouse=True)
-def interpreted_triton():
-    fn, reason = _dispatch.implementation("verify", "triton", "cpu")
-    if fn is None:
-        pytest.skip(reason)
-
-
-def triton_verify():
-    from eagle_kernels.triton import verify
-
-    return verify
-
-
-def assert_same(a, b, what=""):
-    for field, x, y in zip(VerifyOutput._fields, a, b):
-        assert x.dtype == y.dtype and torch.equal(x, y), (what, field, x, y)
+from helpers import assert_same, triton_verify
 
 
 def sampling_batch(seed, B, N, V, dtype, scale=6.0):
