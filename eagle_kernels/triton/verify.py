@@ -18,10 +18,11 @@ Greedy calls (no ``temperature``, no draft rows, no ``positions``) whose rows ho
 ``VerifyConfig.greedy_max_bytes`` of logits take ``_verify_greedy_kernel`` instead
 (verify_greedy.py): every row's argmax at once, then the walk in the request's last program;
 one read of all ``B * N`` rows rather than a phase per visited row. Calls with a temperature and
-no ``top_k``, ``top_p``, draft rows or ``positions`` take ``_verify_temperature_kernel``
-(verify_temperature.py) likewise, up to ``VerifyConfig.temperature_max_bytes``: every row's max
-and softmax sum at once (the argmax for requests at temperature 0), then the walk and the bonus
-draw in the request's last program.
+no draft rows or ``positions`` take ``_verify_temperature_kernel`` (verify_temperature.py)
+likewise, up to ``VerifyConfig.temperature_max_bytes``: every row's max and softmax sum at once
+(the argmax for requests at temperature 0), then the walk and the bonus draw in the request's last
+program. With ``top_k`` / ``top_p`` tensors it leaves the sampling requests that filter to this
+walk, launched after it (``SKIP_ROWS``) into the same outputs.
 
 Per visited row:
 
@@ -123,11 +124,11 @@ class VerifyConfig:
     greedy_max_bytes: greedy calls (``temperature`` None) whose ``B * N`` rows hold at most this
         many bytes of logits read every row at once (verify_greedy.py) instead of walking them
         one visited row after another; 0 never does.
-    temperature_block: tile of the all-rows pass of calls with a temperature and no filters
+    temperature_block: tile of the all-rows pass of calls with a temperature
         (verify_temperature.py), in entries of 16-bit logits (the same bytes for wider ones;
         capped at next_pow2(V)).
-    temperature_max_bytes: greedy_max_bytes for calls with a temperature and no filters, draft
-        rows or ``positions``.
+    temperature_max_bytes: greedy_max_bytes for calls with a temperature and no draft rows or
+        ``positions``.
     """
 
     radix_bits: int
@@ -238,8 +239,8 @@ MAX_GREEDY_CHUNKS = 16
 
 
 def _reads_every_row(target_logits, config: VerifyConfig, sampling: bool = False) -> bool:
-    """Whether a call without filters takes an all-rows pass (verify_greedy.py, or
-    verify_temperature.py with ``sampling``: a temperature given) rather than the walk."""
+    """Whether a call without draft rows or ``positions`` takes an all-rows pass (verify_greedy.py,
+    or verify_temperature.py with ``sampling``: a temperature given) rather than the walk alone."""
     B, N, V = target_logits.shape
     limit = config.temperature_max_bytes if sampling else config.greedy_max_bytes
     return (config.greedy_block > 0 and N <= MAX_GREEDY_ROWS and B > 0
@@ -330,11 +331,11 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     zeros = None if seed is not None and offset is not None else torch.zeros(B, dtype=torch.int64, device=device)
     part_sum = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
     filters = top_k is not None or top_p is not None
-    no_k = torch.zeros(B, dtype=torch.int32, device=device) if filters and top_k is None else top_k
-    no_p = torch.ones(B, dtype=torch.float32, device=device) if filters and top_p is None else top_p
+    k_arg = torch.zeros(B, dtype=torch.int32, device=device) if filters and top_k is None else top_k
+    p_arg = torch.ones(B, dtype=torch.float32, device=device) if filters and top_p is None else top_p
     _verify_temperature_kernel[(chunks, N, B)](
         tokens.contiguous(), parents.contiguous(), logits, temperature.contiguous(),
-        no_k.contiguous() if filters else status, no_p.contiguous() if filters else status,
+        k_arg.contiguous() if filters else status, p_arg.contiguous() if filters else status,
         zeros if seed is None else seed.contiguous(), zeros if offset is None else offset.contiguous(), part_max,
         part_arg, part_sum, tickets(device, B), accept_len, accept_nodes, out_tokens, status, N, V, max_depth, chunk,
         logits.stride(0), logits.stride(1), **shapes, BLOCK_T=tile, VEC_T=_temperature_vec(tile, logits.element_size()),

@@ -61,13 +61,10 @@ def _halve(x, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _tile_update(x, tile, best, best_tile, peak, IS_FP64: tl.constexpr):
-    """One [threads, VEC] tile of each thread's running argmax: ``best`` (the largest tile max so
-    far), the tile that held it first, and ``peak`` (NaN once a NaN was seen). A thread's VEC
-    entries are reduced first (VEC - 1 instructions), so the running state costs a few
-    instructions a tile rather than a few an entry."""
-    # A thread's VEC (<= 16) entries halved down to one: register moves, no shuffle (a tl.reduce
-    # with this combine compiles to the same code and interprets a hundred times slower).
+def _lane_max(x, IS_FP64: tl.constexpr):
+    """[T, VEC] -> [T] (VEC a power of two, at most 16): the NaN-propagating max of each lane's VEC
+    entries, halved down to one (VEC - 1 instructions): register moves, no shuffle (a tl.reduce
+    with this combine compiles to the same code and interprets a hundred times slower)."""
     if x.shape[1] > 8:
         x = _halve(x, IS_FP64)
     if x.shape[1] > 4:
@@ -76,7 +73,16 @@ def _tile_update(x, tile, best, best_tile, peak, IS_FP64: tl.constexpr):
         x = _halve(x, IS_FP64)
     if x.shape[1] > 1:
         x = _halve(x, IS_FP64)
-    tile_max = tl.reshape(x, [x.shape[0]])
+    return tl.reshape(x, [x.shape[0]])
+
+
+@triton.jit
+def _tile_update(x, tile, best, best_tile, peak, IS_FP64: tl.constexpr):
+    """One [threads, VEC] tile of each thread's running argmax: ``best`` (the largest tile max so
+    far), the tile that held it first, and ``peak`` (NaN once a NaN was seen). A thread's VEC
+    entries are reduced first (``_lane_max``), so the running state costs a few instructions a
+    tile rather than a few an entry."""
+    tile_max = _lane_max(x, IS_FP64)
     peak = _max_nan_fp64(peak, tile_max) if IS_FP64 else _max_nan(peak, tile_max)
     better = tile_max > best  # NaN never wins; an equal max keeps the earlier tile
     best = tl.where(better, tile_max, best)

@@ -96,6 +96,13 @@ def _sum1(x):
     return _fold1(x, 2)
 
 
+@triton.jit
+def _filters(top_k, top_p, V):
+    """Whether a sampling request's top-k (a k in (0, V)) or top-p (a p below 1) can remove a token:
+    the all-rows kernel leaves such requests to the walk, which serves only them after it."""
+    return ((top_k > 0) & (top_k < V)) | (top_p < 1.0)
+
+
 DRAFT_SUM_TOLERANCE = tl.constexpr(1e-3)  # |S - 1| above this makes a draft row invalid (docs/ops.md §4)
 
 

@@ -1,25 +1,27 @@
-"""Triton ``verify`` of calls with a temperature and no filters (``top_k``, ``top_p``, draft rows and
-``positions`` None): every row's softmax statistics in parallel, then the walk, in one launch
-(``_verify_temperature_kernel``, grid ``(C, N, B)``), as verify_greedy.py does for greedy calls.
+"""Triton ``verify`` of calls with a temperature (no draft rows or ``positions``): every row's
+softmax statistics in parallel, then the walk, in one launch (``_verify_temperature_kernel``, grid
+``(C, N, B)``), as verify_greedy.py does for greedy calls. Requests that filter (top-k or top-p,
+``HAS_FILTERS``) are left to verify_walk.py's kernel, launched after this one.
 
 Without top-k or top-p a sampling row needs only its max and its softmax sum; the one-launch walk
 of verify_walk.py computes them in phases (max, sum, the float64 mass with per-tile sums) one
 visited row after another, about three waits a visited row. Here every row is read once:
 
-1. Program ``(c, j, b)`` reads chunk ``c`` of row ``j`` of request ``b`` in the tiles of
-   verify_greedy.py. A greedy request (temperature 0) takes that file's pass (max and first
-   argmax). A sampling request's threads keep a running max ``m`` and a running sum of
-   ``exp((x - m) / T)`` over their entries, rescaled when ``m`` grows (the online softmax); the
-   chunk stores its max (+inf when it saw a NaN or +inf) and its sum relative to that max.
-2. A ticket per request as in verify_greedy.py; the request's last program merges the ``N x C``
-   partials into each row's max ``M``, softmax sum ``Z`` and per-chunk masses
-   ``P_c = S_c exp((m_c - M) / T) / Z`` (float64), then walks the tree: at each node the children in
-   node order, child ``c`` with token ``x`` accepted when ``U < w(x) / mass``, ``w(x) = exp((l(x) - M)
-   / T) / Z`` evaluated from its one logit (``verify_walk._accept``, the walk's own code); a rejected
-   token is zeroed and leaves the mass. When every child fails, the bonus token is the inverse CDF
-   of the residual row: the chunk masses (less the rejected tokens') name the chunk the draw
-   falls in, and that chunk is scanned in token order with a float64 running sum
-   (``_chunk_bonus``).
+1. Program ``(c, j, b)`` reads chunk ``c`` of row ``j`` of request ``b``. A greedy request
+   (temperature 0) takes verify_greedy.py's pass (max and first argmax, its tiles). A sampling
+   request's lanes (16 bytes of consecutive entries each, several a thread, in wider tiles) keep a
+   running max ``m`` and a running sum of ``exp((x - m) / T)``, rescaled when ``m`` grows (the
+   online softmax); the chunk stores its max (+inf when it saw a NaN or +inf) and its sum relative
+   to that max.
+2. A ticket per request as in verify_greedy.py; the request's last program walks the tree,
+   merging each visited row's ``C`` partials when it gets there into the row's max ``M``, softmax
+   sum ``Z`` and per-chunk masses ``P_c = S_c exp((m_c - M) / T) / Z`` (float64). At each node the
+   children are tried in node order, child ``c`` with token ``x`` accepted when
+   ``U < w(x) / mass``, ``w(x) = exp((l(x) - M) / T) / Z`` evaluated from its one logit
+   (``verify_walk._accept``, the walk's own code); a rejected token is zeroed and leaves the mass.
+   When every child fails, the bonus token is the inverse CDF of the residual row: the chunk
+   masses (less the rejected tokens') name the chunk the draw falls in, and that chunk is scanned
+   in token order with a float64 running sum (``_chunk_bonus``).
 
 The mass and the chunk masses come from the online sums rather than a float64 sum of each weight
 rounded to float32 (the walk's mass pass): they differ from the reference's in the last bits, so a
@@ -37,8 +39,8 @@ import triton.language as tl
 
 from ._pdl import wait_for_prior_grids
 from .philox import _uniform
-from .verify_greedy import _greedy_chunk, _halve, _max_nan, _max_nan_fp64, _merge_and_walk, _store_outputs
-from .verify_rows import _draw_chunk, _max1, _min1, _probs, _scaled, _sum1, _weights
+from .verify_greedy import _greedy_chunk, _lane_max, _max_nan, _max_nan_fp64, _merge_and_walk, _store_outputs
+from .verify_rows import _draw_chunk, _filters, _max1, _min1, _probs, _scaled, _sum1, _weights
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _next_flagged, _residual_tile
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -57,18 +59,7 @@ def _softmax_tile(x, run_max, run_sum, peak, k, IS_FP64: tl.constexpr):
     """One [threads, VEC] tile of each thread's online softmax: its running max, the running sum of
     exp2((x - max) * k) over its entries (rescaled when the max grows) and ``peak`` (NaN once a NaN
     was seen: the row is bad, and the sums no longer matter)."""
-    y = x
-    if y.shape[1] > 16:
-        y = _halve(y, IS_FP64)
-    if y.shape[1] > 8:
-        y = _halve(y, IS_FP64)
-    if y.shape[1] > 4:
-        y = _halve(y, IS_FP64)
-    if y.shape[1] > 2:
-        y = _halve(y, IS_FP64)
-    if y.shape[1] > 1:
-        y = _halve(y, IS_FP64)
-    tile_max = tl.reshape(y, [y.shape[0]])
+    tile_max = _lane_max(x, IS_FP64)
     peak = _max_nan_fp64(peak, tile_max) if IS_FP64 else _max_nan(peak, tile_max)
     new_max = tl.maximum(run_max, tile_max)
     # A lane that has seen only -inf keeps a sum of 0 (exp2(-inf) = 0) rather than -inf - -inf.
@@ -146,8 +137,7 @@ def _verify_temperature_kernel(
     b = tl.program_id(2)
     t = tl.load(temperature_ptr + b)
     if HAS_FILTERS:  # a filtered sampling request: every program leaves it to the walk's launch
-        top_k = tl.load(top_k_ptr + b)
-        if (t != 0) & (((top_k > 0) & (top_k < V)) | (tl.load(top_p_ptr + b) < 1.0)):
+        if (t != 0) & _filters(tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), V):
             return
     row = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_ln
     start = c * chunk

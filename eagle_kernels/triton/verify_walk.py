@@ -27,6 +27,7 @@ from .verify_rows import (
     STAT_NORM,
     _draft_range,
     _draw_chunk,
+    _filters,
     _finite_argmax,
     _list_level,
     _list_stats,
@@ -596,9 +597,8 @@ def _verify_kernel(
         # The all-rows kernel launched before this one served the greedy and unfiltered requests. (Checked
         # first, on loads of its own: after the request's other scalars the walk modeled 4% slower.)
         skip_b = tl.program_id(0)
-        skip_k = tl.load(top_k_ptr + skip_b)
-        unfiltered = ((skip_k <= 0) | (skip_k >= V)) & ~(tl.load(top_p_ptr + skip_b) < 1.0)
-        if (tl.load(temperature_ptr + skip_b) == 0.0) | unfiltered:
+        if (tl.load(temperature_ptr + skip_b) == 0.0) | ~_filters(tl.load(top_k_ptr + skip_b),
+                                                               tl.load(top_p_ptr + skip_b), V):
             return
     if IS_FP64:
         CT: tl.constexpr = tl.float64
