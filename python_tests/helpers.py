@@ -1,6 +1,7 @@
 """Helpers shared by several test modules (tiny models, random trees, naive numpy kernels, fp32
 error bounds). Test modules import from here, never from each other."""
 
+import dataclasses
 import functools
 import math
 
@@ -579,6 +580,19 @@ def triton_verify():
     from eagle_kernels.triton import verify
 
     return verify
+
+
+def check_all_rows(tokens, parents, logits, max_depth, args=None, config=None, what=""):
+    """Triton verify (``config``, or the launch's own) equal to the reference and to the walk alone
+    (the all-rows kernels' byte limits at 0), field by field; returns the Triton output."""
+    tv = triton_verify()
+    args = args or {}
+    got = tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=config)
+    assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth, **args), what)
+    walk_only = dataclasses.replace(config or tv.launch_config(), greedy_max_bytes=0, temperature_max_bytes=0)
+    assert_same(got, tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=walk_only),
+                (what, "walk"))
+    return got
 
 
 def filtered_probs(logits, temperature, top_k, top_p):

@@ -1,8 +1,7 @@
 """verify of greedy calls (``temperature`` None) through the all-rows kernel (verify_greedy.py):
 every row's argmax in parallel chunks, then the walk in the request's last program. Checked
-against the reference and the one-launch walk (the same call with a temperature of zeros and the
-all-rows kernels' byte limits at 0) on
-trees whose argmaxes the drafts often carry (walks go deep), with exact ties inside a thread's
+against the reference and the one-launch walk (``helpers.check_all_rows``: the same call with the
+all-rows kernels' byte limits at 0) on trees whose argmaxes the drafts often carry (walks go deep), with exact ties inside a thread's
 entries, across tiles and across chunks, NaN / +inf / all -inf rows on and off the walk, and in
 the interpreter and the GPU configurations.
 """
@@ -12,8 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from eagle_kernels import reference
-from helpers import assert_same, triton_verify
+from helpers import check_all_rows, triton_verify
 
 
 def greedy_batch(seed, B, N, V, dtype, ties=False):
@@ -35,17 +33,6 @@ def greedy_batch(seed, B, N, V, dtype, ties=False):
     return tokens, parents, logits
 
 
-def check(tokens, parents, logits, max_depth, config=None, what=""):
-    tv = triton_verify()
-    got = tv.verify(tokens, parents, logits, max_depth=max_depth, _config=config)
-    assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth), what)
-    walk_only = dataclasses.replace(config or tv.launch_config(), greedy_max_bytes=0, temperature_max_bytes=0)
-    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, temperature=torch.zeros(tokens.shape[0]),
-                       _config=walk_only)
-    assert_same(got, walked, (what, "walk"))
-    return got
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=["fp32", "bf16", "fp16", "fp64"])
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
@@ -54,7 +41,7 @@ def test_matches_reference(dtype, ties):
     for seed, (B, N, V, max_depth) in enumerate([(3, 9, 131, 4), (2, 12, 200, 8), (4, 5, 64, 0), (1, 1, 7, 3),
                                                  (2, 16, 257, 15)]):
         tokens, parents, logits = greedy_batch(seed, B, N, V, dtype, ties)
-        out = check(tokens, parents, logits, max_depth, what=(seed, B, N, V))
+        out = check_all_rows(tokens, parents, logits, max_depth, what=(seed, B, N, V))
         deepest = max(deepest, int(out.accept_len.max()))
     assert deepest >= 3  # some walks went deep
 
@@ -70,7 +57,7 @@ def test_ties_inside_a_thread_and_across_tiles_and_chunks():
         logits[0, :, list(spots)] = 5.0
         tokens = torch.tensor([[0, min(spots)]])
         parents = torch.tensor([[-1, 0]], dtype=torch.int32)
-        out = check(tokens, parents, logits, 1, what=spots)
+        out = check_all_rows(tokens, parents, logits, 1, what=spots)
         assert out.accept_len.tolist() == [1]
 
 
@@ -95,7 +82,7 @@ def test_bad_rows(dtype):
     logits[6, 3, 299] = float("nan")  # the walk's last row, last entry
     logits[7, 0, 0] = float("nan")
     logits[7, 0, 1] = 1e30 if dtype != torch.bfloat16 else 1e30  # a larger finite entry beside the NaN
-    out = check(tokens, parents, logits, 5)
+    out = check_all_rows(tokens, parents, logits, 5)
     assert out.status.tolist() == [1, 1, 0, 1, 1, 1, 1, 1]
     assert out.out_tokens[3, 0].item() == 0
 
@@ -110,7 +97,7 @@ def test_gpu_config_interpreted():
         for seed, (B, N, V) in enumerate([(2, 4, 5000), (1, 3, 4097)]):
             tokens, parents, logits = greedy_batch(seed, B, N, V, dtype, ties=True)
             logits[0, 0, 4096] = logits[0, 0].max() + 1  # the max in the partial tile
-            check(tokens, parents, logits, 3, config=config, what=(dtype, V))
+            check_all_rows(tokens, parents, logits, 3, config=config, what=(dtype, V))
 
 
 def test_chunking_on_an_h200():
@@ -152,5 +139,5 @@ def test_tickets_left_zero():
 
     for seed, (B, N, V) in enumerate([(3, 4, 100), (5, 2, 300), (3, 4, 100)]):
         tokens, parents, logits = greedy_batch(seed, B, N, V, torch.float32)
-        check(tokens, parents, logits, 3)
+        check_all_rows(tokens, parents, logits, 3)
         assert int(tickets(logits.device, B)[:8].abs().sum()) == 0

@@ -1,10 +1,11 @@
-"""verify of calls with a temperature and no filters through the all-rows kernel
-(verify_temperature.py): every row's softmax statistics in parallel chunks, then the walk and the
-bonus draw in the request's last program. Checked token for token against the reference and the
-one-launch walk (the same call with the all-rows kernels' byte limits at 0) on
-trees whose drafts often carry likely tokens (walks go deep, children are rejected, bonus draws
-land in every chunk), with greedy and sampling requests in one batch, duplicate drafts, NaN /
-+inf / all -inf rows, tiny temperatures, and in the interpreter and the GPU configurations.
+"""verify of calls with a temperature through the all-rows kernel (verify_temperature.py): every
+row's softmax statistics in parallel chunks, then the walk and the bonus draw in the request's last
+program; with filter tensors the walk after it for the requests that filter. Checked token for
+token against the reference and the one-launch walk (``helpers.check_all_rows``: the same call
+with the all-rows kernels' byte limits at 0) on trees whose drafts often carry likely tokens
+(walks go deep, children are rejected, bonus draws land in every chunk), with greedy and sampling
+requests in one batch, duplicate drafts, NaN / +inf / all -inf rows, tiny temperatures, filters
+mixed in a batch, and in the interpreter and the GPU configurations.
 """
 
 import dataclasses
@@ -14,7 +15,7 @@ import torch
 
 from eagle_kernels import reference
 from eagle_kernels._types import VerifyOutput
-from helpers import assert_same, triton_verify
+from helpers import assert_same, check_all_rows, triton_verify
 
 
 def sampling_batch(seed, B, N, V, dtype, scale=6.0):
@@ -42,16 +43,6 @@ def sampling_args(seed, B, temperatures=(0.0, 0.6, 1.0, 1.7)):
                 offset=torch.randint(0, 2**20, (B,), generator=gen))
 
 
-def check(tokens, parents, logits, max_depth, args, config=None, what=""):
-    tv = triton_verify()
-    got = tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=config)
-    assert_same(got, reference.verify(tokens, parents, logits, max_depth=max_depth, **args), what)
-    walk_only = dataclasses.replace(config or tv.launch_config(), greedy_max_bytes=0, temperature_max_bytes=0)
-    walked = tv.verify(tokens, parents, logits, max_depth=max_depth, **args, _config=walk_only)
-    assert_same(got, walked, (what, "walk"))
-    return got
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=["fp32", "bf16", "fp16", "fp64"])
 def test_matches_reference(dtype):
@@ -59,7 +50,7 @@ def test_matches_reference(dtype):
     for seed, (B, N, V, max_depth) in enumerate([(8, 9, 131, 4), (4, 12, 200, 8), (4, 1, 64, 0), (4, 16, 257, 15)]):
         tokens, parents, logits = sampling_batch(seed, B, N, V, dtype)
         args = sampling_args(seed, B)
-        out = check(tokens, parents, logits, max_depth, args, what=(seed, B, N, V))
+        out = check_all_rows(tokens, parents, logits, max_depth, args, what=(seed, B, N, V))
         sampled = args["temperature"] > 0
         accepted += int(out.accept_len[sampled].sum())
         bonus_rows += int(sampled.sum())
@@ -77,7 +68,7 @@ def test_bonus_draws_in_every_chunk():
     parents = torch.tensor([[-1, 0, 0]], dtype=torch.int32).expand(B, N).contiguous()
     tokens = torch.randint(0, V, (B, N), generator=gen)
     args = sampling_args(0, B, temperatures=(1.0, 2.5))
-    out = check(tokens, parents, logits, 1, args)
+    out = check_all_rows(tokens, parents, logits, 1, args)
     bonus = out.out_tokens[out.accept_len == 0, 0]
     assert len({int(x) // 64 for x in bonus}) == 6  # draws in every chunk
 
@@ -95,7 +86,7 @@ def test_rejected_children_leave_the_draw():
     for b in range(B):
         logits[b, 0, top2[b, 0]] += 2.0 + b % 3
     args = sampling_args(3, B, temperatures=(0.8, 1.5))
-    out = check(tokens, parents, logits, 1, args)
+    out = check_all_rows(tokens, parents, logits, 1, args)
     rejected_both = out.accept_len == 0
     assert 0 < int(rejected_both.sum()) < B
     assert not bool((out.out_tokens[rejected_both, 0][:, None] == top2[rejected_both, 0]).any())
@@ -118,7 +109,7 @@ def test_bad_rows(dtype):
     logits[4, 0, 5] = float("nan")
     logits[4, 0, 6] = 1e30  # a larger finite entry beside the NaN
     args = sampling_args(1, B, temperatures=(0.5,))
-    out = check(tokens, parents, logits, 2, args)
+    out = check_all_rows(tokens, parents, logits, 2, args)
     assert out.status.tolist() == [1, 1, 0, 1, 1, 0]
     assert out.out_tokens[3, 0].item() == 0
 
@@ -130,7 +121,7 @@ def test_tiny_and_huge_temperatures():
     tokens, parents, logits = sampling_batch(2, B, N, V, torch.float32)
     logits = torch.round(logits)  # ties at the max
     args = sampling_args(2, B, temperatures=(1e-40, 1e-20, 0.0, 1e6))
-    check(tokens, parents, logits, 5, args)
+    check_all_rows(tokens, parents, logits, 5, args)
 
 
 def test_defaults_and_repeats():
@@ -153,7 +144,7 @@ def test_gpu_config_interpreted():
     for dtype in (torch.bfloat16, torch.float32):
         for seed, (B, N, V) in enumerate([(4, 4, 5000), (2, 3, 8193)]):
             tokens, parents, logits = sampling_batch(seed, B, N, V, dtype, scale=1.0)
-            check(tokens, parents, logits, 3, sampling_args(seed, B), config=config, what=(dtype, V))
+            check_all_rows(tokens, parents, logits, 3, sampling_args(seed, B), config=config, what=(dtype, V))
 
 
 def test_chunking():
@@ -205,8 +196,8 @@ def test_filters_mixed_in_a_batch(dtype=torch.bfloat16):
     top_k = torch.tensor([0, 0, 5, 40, 0, 0, 3, 0, V, 0, 0, 1], dtype=torch.int32)
     top_p = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.8, 0.95, 0.9, 1.0, 1.0, 1.0, 0.5, 1.0])
     full = dict(args, top_k=top_k, top_p=top_p)
-    want = check(tokens, parents, logits, 6, full)
-    check(tokens, parents, logits, 6, dict(args, top_p=top_p))  # top_k None
+    want = check_all_rows(tokens, parents, logits, 6, full)
+    check_all_rows(tokens, parents, logits, 6, dict(args, top_p=top_p))  # top_k None
     # Each launch writes its own requests' outputs and no others (sentinels elsewhere stay).
     tv = triton_verify()
     config = tv.launch_config()
@@ -233,5 +224,5 @@ def test_tickets_left_zero():
 
     for seed, (B, N, V) in enumerate([(3, 4, 100), (5, 2, 300), (3, 4, 100)]):
         tokens, parents, logits = sampling_batch(seed, B, N, V, torch.float32)
-        check(tokens, parents, logits, 3, sampling_args(seed, B))
+        check_all_rows(tokens, parents, logits, 3, sampling_args(seed, B))
         assert int(tickets(logits.device, B)[:8].abs().sum()) == 0
