@@ -1,9 +1,9 @@
 """verify of greedy calls (``temperature`` None) through the all-rows kernel (verify_greedy.py):
 every row's argmax in parallel chunks, then the walk in the request's last program. Checked
 against the reference and the one-launch walk (``helpers.check_all_rows``: the same call with the
-all-rows kernels' byte limits at 0) on trees whose argmaxes the drafts often carry (walks go deep), with exact ties inside a thread's
-entries, across tiles and across chunks, NaN / +inf / all -inf rows on and off the walk, and in
-the interpreter and the GPU configurations.
+all-rows kernels' byte limits at 0) on trees whose argmaxes the drafts often carry (walks go deep),
+with exact ties inside a thread's entries, across tiles and across chunks, NaN / +inf / all -inf
+rows on and off the walk, and in the interpreter and the GPU configurations.
 """
 
 import dataclasses
