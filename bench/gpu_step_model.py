@@ -44,8 +44,8 @@ at T = 1 (no tau: its tok/s are left out; results ``gpu_step_model_coupled.*``).
 written to it (a re-run of the model alone). ``--head-weights q8_0`` / ``fp8``: the EAGLE-3 head's
 matrices as Q8_0 blocks run by q8_0_linear, or multiplied as fp8 copies by fp8_linear (results
 ``gpu_step_model_q8_0head.*`` / ``..._fp8head.*``); ``--models``: some models only.
-Cross-checks beside the table: the speculative step with its verify launch (a walk of tau's length:
-``VERIFY_WALK_MODEL``; without tau a full-depth walk: ``VERIFY_MODEL``), then also its draft_expand launches
+Cross-checks beside the table: the speculative step with its two verify launches (a walk of tau's length:
+``VERIFY_WALK_CASES``; without tau a full-depth walk: ``VERIFY_CASES``), then also its draft_expand launches
 (``DRAFT_EXPAND_MODEL``), at the kernel model's device time, the Llama shape's verify-pass attention at the
 calibrated model's (``CALIBRATED_VERIFY_ATTENTION``) and an 8-bit head's GEMMs at the kernel model's
 (``KERNEL_MODELS``).
@@ -94,20 +94,27 @@ SMS = 132
 CALIBRATED_VERIFY_ATTENTION = {("llama3-8b-shape", 4096): {"_tree_attention_kernel": 11.7e-6,
                                                           "_tree_attention_merge_kernel": 1.1e-6}}
 PREFIXES = (512, 4096)
-# The cooperative kernel model's device time of verify at the step's shape (B 1, the (6, 8, 60) tree's 61 rows,
-# greedy as at T 0; bench/gpu_model.py decode --only verify, less its launch constant; docs/gpu_model.md, "verify: a
-# request's programs in parallel"; not calibrated: the one-launch walk has not run on a GPU). Applied to the
-# speculative step's verify launch as a cross-check of its bytes-only time.
-VERIFY_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative", "decode_sum_alone.json")
+# The kernel model's device time of verify at the step's shape (B 1, the (6, 8, 60) tree's 61 rows, greedy as at
+# T 0), as the decoder calls it: with its temperature, top_k and top_p tensors, i.e. two launches, the all-rows
+# kernel (_verify_temperature_kernel, the greedy chunk pass and the walk over the rows' argmaxes) and the walk's
+# (_verify_kernel with SKIP_ROWS: every program leaves at once); bench/gpu_model.py decode --only verify, each launch
+# less its launch constant; docs/gpu_kernels.md, "Temperature calls: every row at once"; not calibrated (neither
+# kernel has run on a GPU). Applied to the speculative step's two verify launches as a cross-check of their
+# bytes-only time.
+VERIFY_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-temperature-rows", "decode_model.json")
+VERIFY_KERNELS = ("_verify_temperature_kernel", "_verify_kernel")
 VERIFY_CASES = {"smollm2-135m": "verify B1 N61 V49152 greedy", "llama3-8b-shape": "verify B1 N61 V128256 greedy"}
-# Those inputs accept a draft at every depth (7 phases of the walk). A step's walk has as many phases as its
-# accepted drafts plus one, tau on average; a walk's time is linear in its phases, so the step's mean verify time
-# is the time of a walk of tau - 1 accepted drafts, taken between the rows of 2 and 3 (bench/gpu_model.py decode
-# --only accepted).
-VERIFY_WALK_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative",
-                                 "decode_walk_length.json")
+# Those inputs accept a draft at every depth (the walk over 7 rows' argmaxes). A step's walk visits as many rows as
+# its accepted drafts plus one, tau on average; the modeled time is linear in them, so the step's mean verify time is
+# that of a walk of tau - 1 accepted drafts, taken between the rows of 2 and 3 (bench/gpu_model.py decode --only
+# accepted).
 VERIFY_WALK_CASES = {name: {accepted: f"{case}, {accepted} accepted" for accepted in (2, 3)}
                      for name, case in VERIFY_CASES.items()}
+# A step whose verify is the walk's launch alone (coupled sampling passes ``positions``): the walk modeled alone,
+# greedy (bench/results/sm90-compile/verify-cooperative: the full walk and the walks of 2 and 3 accepted drafts).
+WALK_ALONE_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative", "decode_sum_alone.json")
+WALK_ALONE_LENGTHS = os.path.join(ROOT, "bench", "results", "sm90-compile", "verify-cooperative",
+                                  "decode_walk_length.json")
 # Likewise draft_expand at the head passes' shapes (the root's row, then the tree's 8 frontier rows; counted at 2), in
 # each head's draft vocabulary: bench/gpu_model.py decode --only draft_expand.
 DRAFT_EXPAND_MODEL = os.path.join(ROOT, "bench", "results", "sm90-compile", "draft_expand_decode_model.json")
@@ -396,23 +403,24 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
         str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
-    full_walk_s, expand_s = verify_device_time(name), draft_expand_device_times(name)
+    kernels = {c.name for c in costs.get("speculative", ())}
+    full_walk, expand_s = verify_device_time(name, None, kernels), draft_expand_device_times(name)
     # tau's walk; without walk-length rows, or without tau, the walk that accepts at every depth
-    verify_s = verify_device_time(name, tau)
-    if verify_s is None:
-        verify_s = full_walk_s
-    if full_walk_s is None:
-        full_walk_s = verify_s
-    if verify_s is not None and "speculative" in costs:
-        result["speculative_modeled_verify"] = modeled_step(name, costs, tau, {"_verify_kernel": verify_s})
-        result["speculative_modeled_verify"]["verify_us"] = round(verify_s * 1e6, 1)
-        result["speculative_modeled_verify"]["verify_full_walk_us"] = round(full_walk_s * 1e6, 1)
+    verify = verify_device_time(name, tau, kernels)
+    if verify is None:
+        verify = full_walk
+    if full_walk is None:
+        full_walk = verify
+    if verify is not None and "speculative" in costs:
+        verify_us = {"verify_us": round(sum(verify.values()) * 1e6, 1),
+                     "verify_full_walk_us": round(sum(full_walk.values()) * 1e6, 1),
+                     "verify_launches_us": {kernel: round(s * 1e6, 1) for kernel, s in verify.items()}}
+        result["speculative_modeled_verify"] = modeled_step(name, costs, tau, verify)
+        result["speculative_modeled_verify"].update(verify_us)
         if expand_s is not None:
-            floors = {"_verify_kernel": verify_s,
-                      "_draft_expand_kernel": lambda cost: expand_s[1 if cost.rows == 1 else 8]}
+            floors = {**verify, "_draft_expand_kernel": lambda cost: expand_s[1 if cost.rows == 1 else 8]}
             both = modeled_step(name, costs, tau, floors)
-            both["verify_us"] = round(verify_s * 1e6, 1)
-            both["verify_full_walk_us"] = round(full_walk_s * 1e6, 1)
+            both.update(verify_us)
             both["draft_expand_us"] = {str(m): round(s * 1e6, 1) for m, s in expand_s.items()}
             result["speculative_modeled_verify_draft_expand"] = both
             attention = attention_device_times(name, prefix)
@@ -452,18 +460,25 @@ def modeled_device_time(path: str, case: str | None, kernel: str | None = None) 
                if kernel is None or launch["kernel"] == kernel)
 
 
-def verify_device_time(name: str, tau: float | None = None) -> float | None:
-    """The kernel model's device time (s) of the step's verify launch for ``name``, or None: a walk that
-    accepts at every depth, or with ``tau`` (tokens a step) the mean walk of tau - 1 accepted drafts, linear
-    between the modeled walks of 2 and 3 (and beyond them)."""
-    if tau is None or tau != tau:  # no tau (nan: not measured for the tree)
-        return modeled_device_time(VERIFY_MODEL, VERIFY_CASES.get(name))
-    cases = VERIFY_WALK_CASES.get(name, {})
-    times = {accepted: modeled_device_time(VERIFY_WALK_MODEL, case) for accepted, case in cases.items()}
-    if not times or None in times.values():
-        return None
-    per_phase = times[3] - times[2]
-    return times[2] + (tau - 1 - 2) * per_phase
+def verify_device_time(name: str, tau: float | None = None, kernels: set = frozenset(VERIFY_KERNELS)) -> dict | None:
+    """{kernel: the kernel model's device time (s)} of the step's verify launches for ``name``, or None: a walk
+    that accepts at every depth, or with ``tau`` (tokens a step) the mean walk of tau - 1 accepted drafts, linear
+    between the modeled walks of 2 and 3 (and beyond them). ``kernels``: the step's kernels; a step without the
+    all-rows kernel has the walk's launch alone (``WALK_ALONE_MODEL``)."""
+    if "_verify_temperature_kernel" in kernels:
+        full, lengths, launches = VERIFY_MODEL, VERIFY_MODEL, VERIFY_KERNELS
+    else:
+        full, lengths, launches = WALK_ALONE_MODEL, WALK_ALONE_LENGTHS, ("_verify_kernel",)
+    out = {}
+    for kernel in launches:
+        if tau is None or tau != tau:  # no tau (nan: not measured for the tree)
+            out[kernel] = modeled_device_time(full, VERIFY_CASES.get(name), kernel)
+        else:
+            cases = VERIFY_WALK_CASES.get(name, {})
+            times = {accepted: modeled_device_time(lengths, case, kernel) for accepted, case in cases.items()}
+            out[kernel] = None if not times or None in times.values() else \
+                times[2] + (tau - 1 - 2) * (times[3] - times[2])
+    return None if None in out.values() else out
 
 
 def draft_expand_device_times(name: str) -> dict | None:
@@ -656,8 +671,11 @@ def render(results: dict) -> str:
                 else:
                     walk = ("a full-depth walk" if m["verify_us"] == m["verify_full_walk_us"] else
                             f"the walk of tau - 1 accepted drafts; {m['verify_full_walk_us']} us for a full-depth walk")
-                    which = (f"speculative with its verify launch at the kernel model's device time ({m['verify_us']} "
-                             f"us, greedy, {walk}; bench/gpu_model.py, not calibrated)")
+                    per = m["verify_launches_us"]
+                    launches = ("its two verify launches" if len(per) == 2 else "its verify launch (the walk alone)")
+                    split = "" if len(per) == 1 else " = " + " + ".join(f"{v} us" for v in per.values())
+                    which = (f"speculative with {launches} at the kernel model's device time ({m['verify_us']} us"
+                             f"{split}, greedy, {walk}; bench/gpu_model.py, not calibrated)")
                 lines += ["", f"{name}, prefix {prefix}, {which}: step us ({what}) by t_min "
                           + ", ".join(f"{t}: {v['step_us']} ({v['ratio']}x)" for t, v in m["by_t_min_us"].items())
                           + f"; {goal} for t_min (us) {met}"]
