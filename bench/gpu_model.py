@@ -565,17 +565,22 @@ def counting(kernel_fn, counts_of_program: list[Counts], groups: int = 0):
 GROUP_TAIL_KERNELS = {"_draft_expand_kernel", "_verify_greedy_kernel", "_verify_temperature_kernel"}
 
 
-def sample_programs(grid: tuple, samples: int, whole_group: bool = False) -> list[tuple[int, int, int]]:
+def sample_programs(grid: tuple, samples: int, whole_group: bool = False,
+                    group: int | None = None) -> list[tuple[int, int, int]]:
     """Every program of up to ``samples`` values of the first grid axis, at the midpoints of
     equal slices of it (the first and last are often special: a root row, a partial chunk).
     The other axes (splits, chunks of a row) are run whole, and a launch over the same first
     axis as the one before it (verify's rows) samples the same indices, so it reads what the
-    sampled programs before it wrote."""
+    sampled programs before it wrote; after a group-tail launch, whose middle group (``group``)
+    alone ran, the one index ``group`` (verify's walk after its all-rows kernel reads the flags
+    that group wrote)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     if whole_group:  # every program of the middle group of the last axis
         return [(x, y, grid[2] // 2) for x in range(grid[0]) for y in range(grid[1])]
     n = min(samples, grid[0])
     xs = sorted({int((i + 0.5) * grid[0] / n) for i in range(n)})
+    if group is not None and group < grid[0]:
+        xs = [group]
     return [(x, y, z) for x in xs for y in range(grid[1]) for z in range(grid[2])]
 
 
@@ -591,8 +596,14 @@ def interpret(launches: list[compile_audit.Launch], samples: int) -> list[list[C
         if pid == 0:  # child
             code = 1
             try:
+                counts, group = [], None
+                for launch in launches:
+                    counts.append(_interpret(launch, samples, group))
+                    # A group-tail launch ran its middle group alone: the next launch samples that request.
+                    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+                    group = grid[2] // 2 if launch.kernel.fn.__name__ in GROUP_TAIL_KERNELS else None
                 with open(f.name, "wb") as out:
-                    pickle.dump([_interpret(launch, samples) for launch in launches], out)
+                    pickle.dump(counts, out)
                 code = 0
             except BaseException:
                 import traceback
@@ -625,11 +636,11 @@ def _sixteen_bit(launch: compile_audit.Launch) -> bool:
     return any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in launch.args)
 
 
-def _interpret(launch: compile_audit.Launch, samples: int) -> list[Counts]:
+def _interpret(launch: compile_audit.Launch, samples: int, group: int | None = None) -> list[Counts]:
     from triton.runtime import interpreter as ti
 
     counts: list[Counts] = []
-    programs = sample_programs(launch.grid, samples, launch.kernel.fn.__name__ in GROUP_TAIL_KERNELS)
+    programs = sample_programs(launch.grid, samples, launch.kernel.fn.__name__ in GROUP_TAIL_KERNELS, group)
     executor = ti.GridExecutor(ti.InterpretedFunction(launch.kernel.fn).rewrite(), launch.kernel.arg_names,
                                tuple(launch.grid))
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
@@ -1113,13 +1124,13 @@ def _verify(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None, wa
 
 
 def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = None):
-    """bench/bench_verify.py's inputs (its EAGLE-2 shaped trees, spiked logits); ``top-k`` and
-    ``top-p`` are its ``temp`` inputs with one filter. Its greedy walks accept a draft at every
+    """bench/bench_verify.py's inputs (its EAGLE-2 shaped trees, spiked logits); ``top-k``, ``top-p``
+    and ``top-k-p`` are its ``temp`` inputs with top-k 50, top-p 0.9 or both. Its greedy walks accept a draft at every
     depth; with ``accepted`` each request's greedy walk stops after that many (the next node's
     children lose the token its row ranks first), as a step's walk of that length would."""
     import bench_verify
 
-    base = {"temperature": "temp", "top-k": "temp", "top-p": "temp", "greedy-rows": "greedyrows",
+    base = {"temperature": "temp", "top-k": "temp", "top-k-p": "temp", "top-p": "temp", "greedy-rows": "greedyrows",
             "temperature-rows": "temprows"}.get(mode, mode)
     # greedyrows: no temperature; temprows: no filter arguments (the all-rows kernels)
     tokens, parents, logits, sampling = bench_verify.make_inputs(B, N, V, base, dtype)
@@ -1137,9 +1148,9 @@ def _verify_inputs(B, N, V, mode, dtype=torch.bfloat16, accepted: int | None = N
                 if not hit:
                     raise ValueError(f"the planted walk of request {b} stops before {accepted} drafts")
                 node = hit[0]
-    if mode == "top-k":
+    if mode in ("top-k", "top-k-p"):
         sampling["top_k"] = torch.full((B,), 50, dtype=torch.int32)
-    if mode == "top-p":
+    if mode in ("top-p", "top-k-p"):
         sampling["top_p"] = torch.full((B,), 0.9)
     return tokens, parents, logits, sampling
 
@@ -1201,7 +1212,7 @@ def _draft_expand(B, M, V, top_k, dtype=torch.bfloat16):
 
 
 def goal_cases():
-    for mode in ("greedy", "greedy-rows", "temperature", "temperature-rows", "top-k", "top-p"):
+    for mode in ("greedy", "greedy-rows", "temperature", "temperature-rows", "top-k", "top-k-p", "top-p"):
         # visited rows: at most depth + 1 = 7 per request (the "-rows" modes read all 64)
         yield (f"verify B8 N64 V128256 {mode}", lambda m=mode: _verify(8, 64, 128256, m),
                dict(bytes=8 * 7 * 128256 * 2))
@@ -1327,7 +1338,7 @@ def decode_cases():
     # verify at a decoding step's shapes: SmolLM2-135M's (6, 8, 60) tree (61 rows) and the
     # Llama-3-8B shape's vocabulary, batch 1, greedy and temperature
     for V in (49152, 128256):
-        for mode in ("greedy", "greedy-rows", "temperature", "temperature-rows"):
+        for mode in ("greedy", "greedy-rows", "temperature", "temperature-rows", "top-k"):
             yield (f"verify B1 N61 V{V} {mode}", lambda a=(1, 61, V, mode): _verify(*a), dict(bytes=7 * V * 2))
         # a decoding step's walk is as long as its accepted drafts plus one (tau 3.1 at T 0: 2.1 on average)
         for accepted in (2, 3):

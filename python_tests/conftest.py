@@ -51,6 +51,7 @@ LONG_FILES = (
     "ops/test_verify_sampled.py",
     "ops/test_verify_greedy_rows.py",
     "ops/test_verify_temperature_rows.py",
+    "ops/test_verify_topk_rows.py",
     "decoding/test_bookkeeping.py",
     "decoding/test_launch_count.py",
     "models/test_shipped_heads.py",

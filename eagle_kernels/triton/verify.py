@@ -21,8 +21,10 @@ one read of all ``B * N`` rows rather than a phase per visited row. Calls with a
 no draft rows or ``positions`` take ``_verify_temperature_kernel`` (verify_temperature.py)
 likewise, up to ``VerifyConfig.temperature_max_bytes``: every row's max and softmax sum at once
 (the argmax for requests at temperature 0), then the walk and the bonus draw in the request's last
-program. With ``top_k`` / ``top_p`` tensors it leaves the sampling requests that filter to this
-walk, launched after it (``SKIP_ROWS``) into the same outputs.
+program. With ``top_k`` / ``top_p`` tensors it also serves the sampling requests whose top-k is at
+most ``VerifyConfig.list_topk`` (top-p or not) from candidate lists each chunk writes
+(verify_topk.py), and leaves the other filtering requests, and any whose lists overflowed, to this
+walk, launched after it (``SKIP_ROWS``: its ``pending`` flags) into the same outputs.
 
 Per visited row:
 
@@ -129,6 +131,13 @@ class VerifyConfig:
         capped at next_pow2(V)).
     temperature_max_bytes: greedy_max_bytes for calls with a temperature and no draft rows or
         ``positions``.
+    list_topk: in those calls, sampling requests with top_k in (0, list_topk] (top-p or not) are
+        listed by the all-rows kernel (verify_topk.py) rather than left to the walk; 0 never are.
+        At most ``candidates``.
+    list_min_batch: only in calls of at least this many requests.
+    list_sub, list_cap, list_batch: a top-k chunk's sub-blocks (entries, at most; fewer where a
+        chunk would have fewer than 2 list_topk of them, or the row's last chunk fewer than
+        list_topk), list slots, and sub-blocks a step of its list pass.
     """
 
     radix_bits: int
@@ -140,6 +149,11 @@ class VerifyConfig:
     greedy_max_bytes: int = 0
     temperature_block: int = 8192
     temperature_max_bytes: int = 0
+    list_topk: int = 0
+    list_min_batch: int = 1
+    list_sub: int = 128
+    list_cap: int = 128
+    list_batch: int = 8
 
 
 # On the GPU: 16 candidates per search pass (the [BLOCK_S, 16] comparison stays in
@@ -147,13 +161,13 @@ class VerifyConfig:
 # flight per thread at 8 warps).
 GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8,
                           greedy_block=2048, greedy_max_bytes=256 << 20,
-                          temperature_max_bytes=512 << 20)
+                          temperature_max_bytes=512 << 20, list_topk=64, list_min_batch=4)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
 # and the multi-tile bonus draw.
 INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4,
                                   greedy_block=64, greedy_max_bytes=1 << 40, temperature_block=64,
-                                  temperature_max_bytes=1 << 40)
+                                  temperature_max_bytes=1 << 40, list_topk=4, list_sub=8, list_cap=16, list_batch=4)
 
 
 def launch_config() -> VerifyConfig:
@@ -220,13 +234,15 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
                          draft_sampled=draft_sampled, d2t=d2t, positions=positions)
     config = _config or launch_config()
     if draft_probs is None and positions is None and _reads_every_row(target_logits, config, temperature is not None):
-        rows = _launch_rows(tokens, parents, target_logits, max_depth, config, temperature, seed, offset, top_k, top_p)
-        if temperature is None or (top_k is None and top_p is None):
+        pending = _pending(target_logits, temperature, top_k, top_p)
+        rows = _launch_rows(tokens, parents, target_logits, max_depth, config, temperature, seed, offset, top_k, top_p,
+                            pending=pending)
+        if pending is None:
             return rows
         # Filter tensors: their values are on the device, so the walk runs after the all-rows kernel for
-        # the sampling requests that filter (the others' programs exit at once), into the same outputs.
+        # the requests it left pending (the others' programs exit at once), into the same outputs.
         return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, config,
-                       record=False, outputs=rows).output
+                       record=False, outputs=rows, pending=pending).output
     return _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset, config,
                    draft_probs=draft_probs, draft_sampled=draft_sampled, d2t=d2t, positions=positions,
                    record=False).output
@@ -236,6 +252,14 @@ def verify(tokens, parents, target_logits, *, max_depth, temperature=None, top_k
 # registers) and chunks a row.
 MAX_GREEDY_ROWS = 256
 MAX_GREEDY_CHUNKS = 16
+
+
+def _pending(target_logits, temperature, top_k, top_p) -> torch.Tensor | None:
+    """The all-rows kernel's int32 [B] flags of the requests it leaves to the walk's launch after it
+    (written for every request), where one follows: calls with a temperature and filter tensors."""
+    if temperature is None or (top_k is None and top_p is None):
+        return None
+    return torch.empty(target_logits.shape[0], dtype=torch.int32, device=target_logits.device)
 
 
 def _reads_every_row(target_logits, config: VerifyConfig, sampling: bool = False) -> bool:
@@ -262,17 +286,17 @@ def _greedy_chunking(B: int, N: int, V: int, block: int, sms: int | None) -> tup
 MAX_TEMPERATURE_CHUNKS = 32
 
 
-def _temperature_chunking(B: int, N: int, V: int, block: int, sms: int | None) -> tuple[int, int]:
+def _temperature_chunking(B: int, N: int, V: int, block: int, sms: int | None, per_sm: int = 3) -> tuple[int, int]:
     """(chunks per row, entries per chunk, a whole number of tiles) of the all-rows temperature
-    pass: on a GPU one tile a program while the launch's ``B * N`` rows fit one wave of three
-    programs an SM (registers allow three), else two: a program's fixed work (its reductions, its
+    pass: on a GPU one tile a program while the launch's ``B * N`` rows fit one wave of ``per_sm``
+    programs an SM (registers allow three; two with the top-k lists compiled in), else two: a program's fixed work (its reductions, its
     ticket) is about a tile's, and the pass is bound by instruction issue. At most
     MAX_TEMPERATURE_CHUNKS chunks a row; in the interpreter one tile a chunk. Short chunks keep the
     bonus draw's scan short (it scans one chunk of the residual row); a tile of 8192 bf16 entries
     keeps four 16-byte loads a thread in flight (a program waits for each tile in turn: the
     compiler does not unroll that loop)."""
     tiles = triton.cdiv(V, block)
-    per_chunk = 1 if sms is None or B * N * tiles <= 3 * sms else 2
+    per_chunk = 1 if sms is None or B * N * tiles <= per_sm * sms else 2
     chunks = min(triton.cdiv(tiles, per_chunk), MAX_TEMPERATURE_CHUNKS)
     chunk = triton.cdiv(tiles, chunks) * block
     return triton.cdiv(V, chunk), chunk
@@ -292,11 +316,14 @@ def _greedy_vec(block: int, num_warps: int) -> int:
 
 
 def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig, temperature=None, seed=None,
-                 offset=None, top_k=None, top_p=None, outputs: VerifyOutput | None = None) -> VerifyOutput:
+                 offset=None, top_k=None, top_p=None, outputs: VerifyOutput | None = None,
+                 pending: torch.Tensor | None = None) -> VerifyOutput:
     """Launch ``_verify_greedy_kernel`` (``temperature`` None: every request greedy) or
     ``_verify_temperature_kernel`` (inputs already checked; no draft rows or positions). With
-    ``top_k`` or ``top_p`` the sampling requests that filter are left out (their outputs unwritten):
-    the walk's launch serves them. ``outputs``: write into these (tests) instead of new tensors."""
+    ``top_k`` or ``top_p`` (and ``pending``, from ``_pending``) the sampling requests that filter are
+    served when their top-k is listed (``config.list_topk``), else left out (their outputs unwritten,
+    their ``pending`` flag 1): the walk's launch serves them. ``outputs``: write into these (tests)
+    instead of new tensors."""
     B, N, V = target_logits.shape
     device = target_logits.device
     logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
@@ -307,7 +334,9 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     else:
         # 16-bit logits take temperature_block entries a tile, wider ones the same bytes.
         tile = min(config.temperature_block * 2 // target_logits.element_size(), triton.next_power_of_2(V))
-        chunks, chunk = _temperature_chunking(B, N, V, max(block, tile), gpu_sms(device))
+        # The top-k lists' merge takes the kernel to two blocks an SM (docs/gpu_kernels.md).
+        chunks, chunk = _temperature_chunking(B, N, V, max(block, tile), gpu_sms(device),
+                                              2 if _lists_topk(B, top_k, config) else 3)
     compute_dtype = torch.float64 if target_logits.dtype == torch.float64 else torch.float32
     part_max = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
     part_arg = torch.empty((B, N, chunks), dtype=torch.int32, device=device)
@@ -331,17 +360,55 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     zeros = None if seed is not None and offset is not None else torch.zeros(B, dtype=torch.int64, device=device)
     part_sum = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
     filters = top_k is not None or top_p is not None
+    if filters and pending is None:
+        raise ValueError("pending: calls with top_k / top_p tensors need the flags of the walk's launch (_pending)")
     k_arg = torch.zeros(B, dtype=torch.int32, device=device) if filters and top_k is None else top_k
     p_arg = torch.ones(B, dtype=torch.float32, device=device) if filters and top_p is None else top_p
+    lists = _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config) \
+        if _lists_topk(B, top_k, config) else {}
+    scratch = [lists.get(name, status) for name in ("sub_max", "list_thr", "list_count", "list_ids", "list_x",
+                                                     "merged_ids", "merged_s")]
     _verify_temperature_kernel[(chunks, N, B)](
         tokens.contiguous(), parents.contiguous(), logits, temperature.contiguous(),
         k_arg.contiguous() if filters else status, p_arg.contiguous() if filters else status,
         zeros if seed is None else seed.contiguous(), zeros if offset is None else offset.contiguous(), part_max,
-        part_arg, part_sum, tickets(device, B), accept_len, accept_nodes, out_tokens, status, N, V, max_depth, chunk,
-        logits.stride(0), logits.stride(1), **shapes, BLOCK_T=tile, VEC_T=_temperature_vec(tile, logits.element_size()),
-        BLOCK_S=min(config.block_v, block), HAS_FILTERS=filters, **blocks,
+        part_arg, part_sum, *scratch, pending if filters else status, tickets(device, B), accept_len, accept_nodes,
+        out_tokens, status, N, V, max_depth, chunk, logits.stride(0), logits.stride(1), **shapes, BLOCK_T=tile,
+        VEC_T=_temperature_vec(tile, logits.element_size()), BLOCK_S=min(config.block_v, block), HAS_FILTERS=filters,
+        **lists.get("constexprs", {}), **blocks,
     )
     return outputs
+
+
+def _lists_topk(B: int, top_k, config: VerifyConfig) -> bool:
+    """Whether the all-rows kernel lists the top-k requests of a call (verify_topk.py): a ``top_k``
+    tensor, lists in the configuration, and at least ``config.list_min_batch`` requests (each
+    request's walk over its lists runs in one program, after every row's pass: with few requests
+    that serial tail costs more than the walk kernel's phases; docs/gpu_kernels.md)."""
+    return top_k is not None and config.list_topk > 0 and config.candidates > 0 and B >= config.list_min_batch
+
+
+def _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config: VerifyConfig) -> dict:
+    """Scratch and constexprs of the all-rows kernel's top-k lists (verify_topk.py)."""
+    # At least 2 list_topk sub-blocks a chunk, and list_topk in the row's last (shortest) chunk, where the
+    # tile allows: the k-th largest of many sub-block maxima is close to the chunk's k-th entry, so its
+    # list holds little more than k entries; a chunk of fewer than k sub-blocks lists all its entries.
+    last = V - (chunks - 1) * chunk
+    fit = min(chunk // (2 * config.list_topk), last // config.list_topk)
+    sub = min(config.list_sub, tile, max(8, 1 << max(fit, 1).bit_length() - 1))
+    block_subs = triton.next_power_of_2(chunk // sub)
+    cap, cand = config.list_cap, config.candidates
+
+    def empty(*shape, dtype):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    return dict(sub_max=empty(B, N, chunks, block_subs, dtype=compute_dtype),
+                list_thr=empty(B, N, chunks, dtype=compute_dtype), list_count=empty(B, N, chunks, dtype=torch.int32),
+                list_ids=empty(B, N, chunks, cap, dtype=torch.int32),
+                list_x=empty(B, N, chunks, cap, dtype=compute_dtype),
+                merged_ids=empty(B, cand, dtype=torch.int32), merged_s=empty(B, cand, dtype=compute_dtype),
+                constexprs=dict(LIST_TOPK=min(config.list_topk, cand), SUB=sub, BLOCK_SUBS=block_subs, CAP=cap,
+                                BATCH=config.list_batch, NUM_CAND=cand, SHORT_CAND=max(1, min(SHORT_LIST, cand))))
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):
@@ -421,12 +488,12 @@ def _workspace(B, N, V, A, dtype, device, config: VerifyConfig, splits, phases, 
 
 def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p, seed, offset,
             config: VerifyConfig, draft_probs=None, draft_sampled=None, d2t=None, positions=None,
-            record: bool = True, outputs: VerifyOutput | None = None) -> Launch:
+            record: bool = True, outputs: VerifyOutput | None = None, pending: torch.Tensor | None = None) -> Launch:
     """Allocate and launch (inputs already checked) with ``config`` (tests compare candidate
     lists with ``candidates = 0``, the full-row search). Returns the VerifyOutput and, with
     ``record``, the visited rows' internals: candidate counts and the sampling rows' scalars
     (without it, two empty tensors: the launch is then the kernel alone). ``outputs``: those of the
-    all-rows kernel launched before, for the filtered sampling requests alone (``SKIP_ROWS``)."""
+    all-rows kernel launched before, with its ``pending`` flags: the requests it left (``SKIP_ROWS``)."""
     B, N, V = target_logits.shape
     device = target_logits.device
     # Rows are read in place when their entries are contiguous; otherwise one dense copy.
@@ -441,6 +508,8 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         status = torch.empty(B, dtype=torch.int32, device=device)
     else:  # the all-rows kernel's outputs: this launch writes the filtered sampling requests' (SKIP_ROWS)
         accept_len, accept_nodes, out_tokens, status = outputs
+        if pending is None:
+            raise ValueError("pending: a launch into the all-rows kernel's outputs needs its pending flags")
     if record:
         stats = torch.full((B, N, NUM_STATS.value), float("nan"), dtype=torch.float64, device=device)
         cand_count = torch.full((B, N), -2, dtype=torch.int32, device=device)
@@ -483,7 +552,7 @@ def _launch(tokens, parents, target_logits, max_depth, temperature, top_k, top_p
         ws["part_flags"], ws["part_total"], ws["part_counts"], ws["part_sums"], ws["part_mass"], ws["part_search"],
         ws["prefix"], ws["cand_index"], ws["cand_scaled"], ws["tile_sums"], accept_len, accept_nodes, out_tokens,
         status, probs, sampled, inverse, d2t_ok, events, status if positions is None else positions,
-        N, V, Vd, max_depth, chunk, chunk_d, logits.stride(0), logits.stride(1),
+        status if pending is None else pending, N, V, Vd, max_depth, chunk, chunk_d, logits.stride(0), logits.stride(1),
         0 if positions is None else positions.stride(0), IS_FP64=is_fp64,
         SIG_BITS=SIGNIFICANT_KEY_BITS[target_logits.dtype], SPLITS=splits, PHASES=phases,
         BLOCK_SPLITS=max(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_R=block_r,

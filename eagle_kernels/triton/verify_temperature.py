@@ -1,7 +1,9 @@
 """Triton ``verify`` of calls with a temperature (no draft rows or ``positions``): every row's
 softmax statistics in parallel, then the walk, in one launch (``_verify_temperature_kernel``, grid
-``(C, N, B)``), as verify_greedy.py does for greedy calls. Requests that filter (top-k or top-p,
-``HAS_FILTERS``) are left to verify_walk.py's kernel, launched after this one.
+``(C, N, B)``), as verify_greedy.py does for greedy calls. With filter tensors (``HAS_FILTERS``)
+requests with a small top-k (top-p or not) are listed here too (verify_topk.py); the other
+filtering requests, and listed ones whose lists overflowed, are left to verify_walk.py's kernel,
+launched after this one (``pending``).
 
 Without top-k or top-p a sampling row needs only its max and its softmax sum; the one-launch walk
 of verify_walk.py computes them in phases (max, sum, the float64 mass with per-tile sums) one
@@ -41,6 +43,7 @@ from ._pdl import wait_for_prior_grids
 from .philox import _uniform
 from .verify_greedy import _greedy_chunk, _lane_max, _max_nan, _max_nan_fp64, _merge_and_walk, _store_outputs
 from .verify_rows import _draw_chunk, _filters, _max1, _min1, _probs, _scaled, _sum1, _weights
+from .verify_topk import _merge_and_sample_topk, _topk_chunk
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _next_flagged, _residual_tile
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -101,13 +104,21 @@ def _verify_temperature_kernel(
     parents_ptr,  # [B, N] int32
     logits_ptr,  # [B, N, V] fp32 / fp16 / bf16 / fp64, unit stride over V
     temperature_ptr,  # [B] float32: 0 makes the request greedy
-    top_k_ptr,  # [B] int32 (HAS_FILTERS): a sampling request with top_k in (0, V) is left to the walk
-    top_p_ptr,  # [B] float32 (HAS_FILTERS): so is one with top_p < 1
+    top_k_ptr,  # [B] int32 (HAS_FILTERS): a sampling request with top_k in (0, V) filters; up to LIST_TOPK listed
+    top_p_ptr,  # [B] float32 (HAS_FILTERS): so does one with top_p < 1 (left to the walk unless listed)
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64
     part_max_ptr,  # [B, N, C] compute dtype: a chunk's max (+inf if it holds a NaN or +inf, -inf if no larger entry)
     part_arg_ptr,  # [B, N, C] int32: greedy requests, the first index of that max
     part_sum_ptr,  # [B, N, C] compute dtype: sampling requests, the chunk's sum of exp((x - max) / T)
+    sub_max_ptr,  # [B, N, C, BLOCK_SUBS] compute dtype scratch (LIST_TOPK): a top-k chunk's sub-block maxima
+    list_thr_ptr,  # [B, N, C] compute dtype (LIST_TOPK): a top-k chunk's threshold v_c
+    list_count_ptr,  # [B, N, C] int32 (LIST_TOPK): its entries at or above v_c (CAP stored)
+    list_ids_ptr,  # [B, N, C, CAP] int32 (LIST_TOPK): their ids, ascending
+    list_x_ptr,  # [B, N, C, CAP] compute dtype (LIST_TOPK): their logits
+    merged_ids_ptr,  # [B, NUM_CAND] int32 scratch (LIST_TOPK): the visited row's list, ascending ids
+    merged_s_ptr,  # [B, NUM_CAND] compute dtype scratch (LIST_TOPK): its s
+    pending_ptr,  # [B] int32 (HAS_FILTERS): 1 where the walk's launch must serve the request, else 0
     tickets_ptr,  # [>= B] int32, zero between launches: chunk programs of each request done
     accept_len_ptr,  # [B] int32
     accept_nodes_ptr,  # [B, A] int32, A = max_depth + 1
@@ -126,6 +137,13 @@ def _verify_temperature_kernel(
     BLOCK_C: tl.constexpr,  # next power of two of C
     BLOCK_A: tl.constexpr,  # next power of two of max_depth + 1
     HAS_FILTERS: tl.constexpr = False,  # top_k / top_p given: the walk's launch follows for the filtered requests
+    LIST_TOPK: tl.constexpr = 0,  # HAS_FILTERS: requests with top_k in (0, LIST_TOPK] listed here (verify_topk.py)
+    SUB: tl.constexpr = 1,  # entries of a top-k chunk's sub-block
+    BLOCK_SUBS: tl.constexpr = 1,  # next power of two of a chunk's sub-blocks
+    CAP: tl.constexpr = 1,  # list slots of a top-k chunk
+    BATCH: tl.constexpr = 1,  # sub-blocks a step of a top-k chunk's list pass
+    NUM_CAND: tl.constexpr = 1,  # slots of a visited row's list
+    SHORT_CAND: tl.constexpr = 1,  # min(128, NUM_CAND): the sort size of short lists
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Program (c, j, b): chunk c of row j of request b, then, for the request's last program,
@@ -136,8 +154,15 @@ def _verify_temperature_kernel(
     j = tl.program_id(1)
     b = tl.program_id(2)
     t = tl.load(temperature_ptr + b)
-    if HAS_FILTERS:  # a filtered sampling request: every program leaves it to the walk's launch
-        if (t != 0) & _filters(tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), V):
+    LISTS: tl.constexpr = HAS_FILTERS and LIST_TOPK > 0
+    if HAS_FILTERS:
+        top_k = tl.load(top_k_ptr + b)
+        filtering = (t != 0) & _filters(top_k, tl.load(top_p_ptr + b), V)
+        # A top-k request listed here (verify_topk.py); the other filtering ones go to the walk's launch.
+        listed = filtering & (top_k > 0) & (top_k <= LIST_TOPK) & (top_k < V)
+        if filtering & (listed == 0):
+            if (c == 0) & (j == 0):
+                tl.store(pending_ptr + b, 1)
             return
     row = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_ln
     start = c * chunk
@@ -146,7 +171,14 @@ def _verify_temperature_kernel(
     if t == 0:
         _greedy_chunk(row, start, end, part_max_ptr, part_arg_ptr, part, CT, IS_FP64, BLOCK_V, VEC)
     else:
-        _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT, IS_FP64, BLOCK_T, VEC_T)
+        if LISTS:  # (a constexpr: without it the top-k code is not compiled)
+            if listed:
+                _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr, list_count_ptr,
+                            list_ids_ptr, list_x_ptr, part, CT, BLOCK_T, SUB, BLOCK_SUBS, CAP, BATCH)
+            else:
+                _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT, IS_FP64, BLOCK_T, VEC_T)
+        else:
+            _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT, IS_FP64, BLOCK_T, VEC_T)
     # Publish as verify_greedy.py does: a barrier, then an acquire-release ticket.
     tl.debug_barrier()
     done = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
@@ -156,10 +188,27 @@ def _verify_temperature_kernel(
                             accept_nodes_ptr, out_tokens_ptr, status_ptr, b, N, V, max_depth, stride_lb, C, CT,
                             BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A)
         else:
-            _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr, accept_len_ptr,
-                              accept_nodes_ptr, out_tokens_ptr, status_ptr, t, tl.load(seed_ptr + b),
-                              tl.load(offset_ptr + b), b, N, V, max_depth, chunk, stride_lb, stride_ln, C, CT,
-                              BLOCK_V, BLOCK_S, BLOCK_N, BLOCK_C, BLOCK_A)
+            if LISTS:
+                if listed:
+                    _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, list_thr_ptr,
+                                           list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids_ptr, merged_s_ptr,
+                                           accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr, pending_ptr,
+                                           t, top_k, tl.load(top_p_ptr + b), tl.load(seed_ptr + b),
+                                           tl.load(offset_ptr + b), b, N, V, max_depth, stride_lb, stride_ln, C, CT,
+                                           BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A, CAP, NUM_CAND, SHORT_CAND)
+                else:
+                    _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr,
+                                      accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr, t,
+                                      tl.load(seed_ptr + b), tl.load(offset_ptr + b), b, N, V, max_depth, chunk,
+                                      stride_lb, stride_ln, C, CT, BLOCK_V, BLOCK_S, BLOCK_N, BLOCK_C, BLOCK_A)
+            else:
+                _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr, accept_len_ptr,
+                                  accept_nodes_ptr, out_tokens_ptr, status_ptr, t, tl.load(seed_ptr + b),
+                                  tl.load(offset_ptr + b), b, N, V, max_depth, chunk, stride_lb, stride_ln, C, CT,
+                                  BLOCK_V, BLOCK_S, BLOCK_N, BLOCK_C, BLOCK_A)
+        if HAS_FILTERS:
+            if listed == 0:  # served here (a listed request's merge says whether it was)
+                tl.store(pending_ptr + b, 0)
         tl.atomic_xchg(tickets_ptr + b, 0, sem="relaxed")  # stream order makes it visible to the next launch
 
 

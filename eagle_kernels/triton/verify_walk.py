@@ -27,7 +27,6 @@ from .verify_rows import (
     STAT_NORM,
     _draft_range,
     _draw_chunk,
-    _filters,
     _finite_argmax,
     _list_level,
     _list_stats,
@@ -560,6 +559,7 @@ def _verify_kernel(
     d2t_ok_ptr,  # [1] int32: 1 when every draft id maps into [0, V)
     events_ptr,  # [B, EVENT_WORDS * BLOCK_N] float64 scratch: the rejections at the current node
     positions_ptr,  # [B] int64, stride stride_pos: the position the root's row predicts (read only when HAS_POSITIONS)
+    pending_ptr,  # [B] int32 (SKIP_ROWS): 1 for the requests the all-rows kernel launched before left to this one
     N, V, Vd, max_depth, chunk, chunk_d,  # chunk_d: entries of the draft row a draft phase's chunk takes
     stride_lb, stride_ln, stride_pos,
     IS_FP64: tl.constexpr,
@@ -583,7 +583,7 @@ def _verify_kernel(
     HAS_POSITIONS: tl.constexpr,  # coupled sampling for the sampling requests
     RECORD: tl.constexpr,  # store each visited row's scalars and list length (tests)
     BLOCK_CTL: tl.constexpr,  # next power of two of CTL_WORDS + 2 * PHASES
-    SKIP_ROWS: tl.constexpr = False,  # leave greedy and unfiltered requests to verify_temperature.py's launch
+    SKIP_ROWS: tl.constexpr = False,  # serve only the requests verify_temperature.py's launch left pending
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Programs (b, j), j < SPLITS, walk request b's tree together (module docstring of
@@ -594,11 +594,9 @@ def _verify_kernel(
     programs, so the launch never depends on how many programs are resident."""
     wait_for_prior_grids(USE_PDL)
     if SKIP_ROWS:
-        # The all-rows kernel launched before this one served the greedy and unfiltered requests. (Checked
-        # first, on loads of its own: after the request's other scalars the walk modeled 4% slower.)
-        skip_b = tl.program_id(0)
-        if (tl.load(temperature_ptr + skip_b) == 0.0) | ~_filters(tl.load(top_k_ptr + skip_b),
-                                                               tl.load(top_p_ptr + skip_b), V):
+        # The all-rows kernel launched before this one served the other requests. (Checked first, on a load
+        # of its own: after the request's other scalars the walk modeled 4% slower.)
+        if tl.load(pending_ptr + tl.program_id(0)) == 0:
             return
     if IS_FP64:
         CT: tl.constexpr = tl.float64

@@ -188,8 +188,9 @@ def test_which_kernel():
 
 def test_filters_mixed_in_a_batch(dtype=torch.bfloat16):
     """top_k / top_p tensors with some requests filtering, some not, some greedy (whose filters
-    do not apply): the all-rows kernel serves the unfiltered and greedy requests, the walk after it
-    the filtered ones, into one output; the filter values are read on the device only."""
+    do not apply): the all-rows kernel serves the unfiltered and greedy requests and those whose
+    top-k it lists (test_verify_topk_rows.py), the walk after it the other filtered ones (its
+    ``pending`` flags), into one output; the filter values are read on the device only."""
     B, N, V = 12, 9, 257
     tokens, parents, logits = sampling_batch(9, B, N, V, dtype)
     args = sampling_args(9, B, temperatures=(0.0, 0.7, 1.2))
@@ -207,15 +208,19 @@ def test_filters_mixed_in_a_batch(dtype=torch.bfloat16):
     def sentinels():
         return VerifyOutput(*(torch.full_like(x, -7) for x in want))
 
+    pending = torch.full((B,), -3, dtype=torch.int32)
     got = tv._launch_rows(tokens, parents, logits, 6, config, args["temperature"], args["seed"], args["offset"],
-                          top_k, top_p, outputs=sentinels())
+                          top_k, top_p, outputs=sentinels(), pending=pending)
+    listed = filtered & (top_k > 0) & (top_k <= config.list_topk)
+    left = filtered & ~listed
+    assert int(listed.sum()) == 1 and torch.equal(pending.bool(), left)
     walk = tv._launch(tokens, parents, logits, 6, args["temperature"], top_k, top_p, args["seed"], args["offset"],
-                      config, record=False, outputs=sentinels()).output
+                      config, record=False, outputs=sentinels(), pending=pending).output
     for x, y, z in zip(got, walk, want):
         x, y = x.view(B, -1), y.view(B, -1)
         z = z.view(B, -1)
-        assert torch.equal(x[~filtered], z[~filtered]) and bool((x[filtered] == -7).all())
-        assert torch.equal(y[filtered], z[filtered]) and bool((y[~filtered] == -7).all())
+        assert torch.equal(x[~left], z[~left]) and bool((x[left] == -7).all())
+        assert torch.equal(y[left], z[left]) and bool((y[~left] == -7).all())
 
 
 def test_tickets_left_zero():

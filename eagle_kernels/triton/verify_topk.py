@@ -1,0 +1,195 @@
+"""Top-k requests in verify_temperature.py's all-rows launch: every row's top-k candidates listed
+in parallel, the walk over the lists in the request's last program.
+
+A sampling request with a small top-k (``0 < top_k <= LIST_TOPK``, with or without top-p) needs,
+at each visited row, its k largest entries: the threshold ``kth``, the softmax normaliser over
+the entries at or above it, top-p's cut inside that set, and the inverse CDF over the set for the
+bonus token. All of it comes from a list holding every entry at or above ``kth``. verify_walk.py
+builds that list in three dependent phases a visited row (max, levels, list); here each chunk
+program lists its own candidates once, and the merge joins the visited rows' chunk lists:
+
+1. Program ``(c, j, b)`` reads its chunk in tiles of ``[SUBS, SUB]``: each ``SUB``-entry
+   sub-block's max (a NaN counted as +inf: the row is bad either way) is stored, and the chunk's
+   max with it. The chunk's threshold ``v_c`` is the k-th largest sub-block max (-inf when the
+   chunk has fewer than k sub-blocks): at least k of its entries (those sub-blocks' maxima) are at
+   or above it, so every entry of the chunk's own top-k is too. The sub-blocks whose max reaches
+   ``v_c`` (k of them, more on ties) are read again, ``BATCH`` at a time, and their finite entries
+   ``x >= v_c`` stored (id and logit) in ascending id order, up to ``CAP``; the count is stored
+   whole (above CAP the chunk overflowed). A -inf entry has no weight at any threshold: only a row
+   with fewer than k finite entries has ``kth = -inf``, and then every list holds all its finite
+   entries.
+2. The merge of a visited row takes ``lam = max_c v_c``: chunk ``argmax v_c`` lists at least k
+   entries at or above ``lam``, and every chunk lists all of its entries at or above its ``v_c``,
+   hence at or above ``lam``; so the entries ``x >= lam`` of all lists are every entry of the row
+   at or above ``lam``, at least k of them, and ``kth >= lam``. They are compacted into the
+   request's list (chunk by chunk: ascending ids, the order the walk's list keeps) as
+   ``s = (x - max) / T``, and the walk's own ``_list_stats`` / ``_accept`` / ``_bonus_from_list``
+   take it from there. A chunk that overflowed or a union above ``NUM_CAND`` entries leaves the
+   request to the walk's launch (``pending``), which then serves it from the start.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .philox import _uniform
+from .verify_greedy import _store_outputs
+from .verify_rows import _list_stats, _max1, _scaled, _sum1
+from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _bonus_from_list
+
+
+@triton.jit
+def _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr,
+                list_x_ptr, part, CT: tl.constexpr, BLOCK_T: tl.constexpr, SUB: tl.constexpr,
+                BLOCK_SUBS: tl.constexpr, CAP: tl.constexpr, BATCH: tl.constexpr):
+    """Entries [start, end) of a top-k row: the chunk's max (+inf when it holds a NaN or +inf), its
+    threshold v_c, its entries at or above v_c (up to CAP, ascending ids) and their count, stored
+    at ``part`` (step 1 above)."""
+    SUBS: tl.constexpr = BLOCK_T // SUB
+    tile_offs = tl.arange(0, SUBS)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    subs_row = sub_max_ptr + part.to(tl.int64) * BLOCK_SUBS
+    run_max = tl.full([SUBS], float("-inf"), CT)
+    for tile in range(start, end, BLOCK_T):
+        offs = tile + tile_offs
+        x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
+        # NaN as +inf: the chunk's max then marks the row bad, as the other passes' flags do.
+        sub_max = tl.max(tl.where(x != x, float("inf"), x), axis=1)
+        tl.store(subs_row + (tile - start) // SUB + tl.arange(0, SUBS), sub_max)
+        run_max = tl.maximum(run_max, sub_max)
+    tl.store(part_max_ptr + part, _max1(run_max))
+    # Every thread reads back sub-block maxima other threads stored.
+    tl.debug_barrier()
+    offs_s = tl.arange(0, BLOCK_SUBS)
+    n_subs = tl.cdiv(end - start, SUB)
+    subs = tl.load(subs_row + offs_s, mask=offs_s < n_subs, other=float("-inf"))
+    ranked = tl.sort(subs, descending=True)
+    thr = _max1(tl.where(offs_s == top_k - 1, ranked, float("-inf")))
+    flagged = (offs_s < n_subs) & (subs >= thr)
+    rank = tl.cumsum(flagged.to(tl.int32), axis=0) - 1
+    n_flagged = _sum1(flagged.to(tl.int32))
+    # The flagged sub-blocks' indices, ascending, over the maxima just read (exact in the compute dtype).
+    tl.debug_barrier()
+    tl.store(subs_row + rank, offs_s.to(CT), mask=flagged)
+    tl.debug_barrier()
+    ids_row = list_ids_ptr + part.to(tl.int64) * CAP
+    x_row = list_x_ptr + part.to(tl.int64) * CAP
+    stored = 0
+    slot_in_batch = tl.arange(0, BATCH)
+    for first in range(0, n_flagged, BATCH):
+        live = first + slot_in_batch < n_flagged
+        sub = tl.load(subs_row + first + slot_in_batch, mask=live, other=0).to(tl.int32)
+        offs = start + sub[:, None] * SUB + tl.arange(0, SUB)[None, :]
+        valid = live[:, None] & (offs < end)
+        x = tl.load(row + offs, mask=valid, other=float("-inf")).to(CT)
+        keep = valid & (x >= thr) & (x > float("-inf"))  # a -inf entry has no weight whatever kth is
+        per_sub = tl.sum(keep.to(tl.int32), axis=1)
+        slot = stored + (tl.cumsum(per_sub, axis=0) - per_sub)[:, None] + tl.cumsum(keep.to(tl.int32), axis=1) - 1
+        tl.store(ids_row + slot, offs.to(tl.int32), mask=keep & (slot < CAP))
+        tl.store(x_row + slot, x, mask=keep & (slot < CAP))
+        stored += _sum1(per_sub)
+    tl.store(list_thr_ptr + part, thr)
+    tl.store(list_count_ptr + part, stored)
+
+
+@triton.jit
+def _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, b, N,
+               node, t, C: tl.constexpr, CT: tl.constexpr, BLOCK_C: tl.constexpr, CAP: tl.constexpr,
+               NUM_CAND: tl.constexpr):
+    """A visited row's max and its list (step 2 above): the entries at or above max_c v_c of its
+    chunks' lists, as (id, s) at ``merged_ids`` / ``merged_s`` in ascending id order. Returns
+    (max, entries listed, whether the list holds them all: no chunk overflowed, at most
+    NUM_CAND of them). Partials are read .cg (other programs wrote them)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    in_c = offs_c < C
+    at = (b * N + node) * C + offs_c
+    node_max = _max1(tl.load(part_max_ptr + at, mask=in_c, other=float("-inf"), cache_modifier=".cg"))
+    level = _max1(tl.load(list_thr_ptr + at, mask=in_c, other=float("-inf"), cache_modifier=".cg"))
+    counts = tl.load(list_count_ptr + at, mask=in_c, other=0, cache_modifier=".cg")
+    slots = tl.arange(0, CAP)
+    listed = 0
+    # A chunk at a time: [CAP] vectors keep the merge's registers few (the walk's loop holds it).
+    for c in range(0, C):
+        count = tl.load(list_count_ptr + (b * N + node) * C + c, cache_modifier=".cg")
+        flat = ((b * N + node) * C + c).to(tl.int64) * CAP + slots
+        have = slots < count
+        x = tl.load(list_x_ptr + flat, mask=have, other=float("-inf"), cache_modifier=".cg")
+        keep = have & (x >= level)
+        slot = listed + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        ids = tl.load(list_ids_ptr + flat, mask=keep, other=0, cache_modifier=".cg")
+        tl.store(merged_ids + slot, ids, mask=keep & (slot < NUM_CAND))
+        tl.store(merged_s + slot, _scaled(x, node_max, t), mask=keep & (slot < NUM_CAND))
+        listed += _sum1(keep.to(tl.int32))
+    whole = (_max1(counts) <= CAP) & (listed <= NUM_CAND)
+    return node_max, listed, whole
+
+
+@triton.jit
+def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, list_thr_ptr, list_count_ptr,
+                           list_ids_ptr, list_x_ptr, merged_ids_ptr, merged_s_ptr, accept_len_ptr, accept_nodes_ptr,
+                           out_tokens_ptr, status_ptr, pending_ptr, t, top_k, top_p, seed, offset, b, N, V,
+                           max_depth, stride_lb, stride_ln, C: tl.constexpr, CT: tl.constexpr,
+                           BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                           BLOCK_A: tl.constexpr, CAP: tl.constexpr, NUM_CAND: tl.constexpr,
+                           SHORT_CAND: tl.constexpr):
+    """Top-k request b: the walk over its visited rows' lists (step 2 above) with the walk kernel's
+    acceptance rule, thresholds and bonus draw; its outputs and ``pending`` 0, or, when a visited
+    row's list cannot hold its candidates, no outputs and ``pending`` 1 (the walk's launch serves
+    the request)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    in_n = offs_n < N
+    tokens_row = tokens_ptr + b * N
+    parents_row = parents_ptr + b * N
+    merged_ids = merged_ids_ptr + b * NUM_CAND
+    merged_s = merged_s_ptr + b * NUM_CAND
+    tokens = tl.load(tokens_row + offs_n, mask=in_n, other=-1)
+    accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
+    use_p = top_p < 1.0
+    offs_a = tl.arange(0, BLOCK_A)
+    path = tl.where(offs_a == 0, 0, -1)
+    emitted = tl.full([BLOCK_A], -1, tl.int64)
+    node = 0
+    depth = 0
+    walking = 1
+    bad = 0
+    whole = 1
+    for step in range(0, max_depth + 1):
+        if walking != 0:
+            node_max, listed, fits = _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr,
+                                                merged_ids, merged_s, b, N, node, t, C, CT, BLOCK_C, CAP, NUM_CAND)
+            if (node_max == float("inf")) | (node_max == float("-inf")):  # NaN / +inf, or no finite entry
+                bad = 1
+                walking = 0
+            elif fits == 0:
+                whole = 0
+                walking = 0
+            else:
+                tl.debug_barrier()  # the list's stores before _list_stats' loads
+                # The list's level and the softmax sum matter to top-p alone, not to a top-k list.
+                level = tl.full([], float("-inf"), CT)
+                total = tl.full([], 1.0, tl.float64)
+                if listed <= SHORT_CAND:  # lists are mostly short: sort SHORT_CAND slots when they hold it
+                    _, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p, True, use_p,
+                                                                 total, CT, SHORT_CAND)
+                else:
+                    _, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p, True, use_p,
+                                                                 total, CT, NUM_CAND)
+                row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
+                child, rejected = _accept(row, V, node_max, t, kth, denom, cut, norm, mass, node, step < max_depth,
+                                          parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT, BLOCK_N)
+                if child >= 0:
+                    emitted = tl.where(offs_a == step, tl.load(tokens_row + child), emitted)
+                    depth += 1
+                    path = tl.where(offs_a == depth, child, path)
+                    node = child
+                else:
+                    # The list of this node is still the request's: the bonus from it.
+                    u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
+                    bonus = _bonus_from_list(merged_ids, merged_s, listed, tokens_row, node, N, rejected, offs_n,
+                                             kth, denom, cut, norm, u, V, CT, NUM_CAND)
+                    emitted = tl.where(offs_a == depth, bonus.to(tl.int64), emitted)
+                    walking = 0
+    if whole != 0:
+        _store_outputs(path, emitted, depth, bad, logits_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr,
+                       status_ptr, b, V, max_depth, stride_lb, CT, BLOCK_V, BLOCK_A)
+    tl.store(pending_ptr + b, 1 - whole)
