@@ -289,8 +289,9 @@ MAX_TEMPERATURE_CHUNKS = 32
 def _temperature_chunking(B: int, N: int, V: int, block: int, sms: int | None, per_sm: int = 3) -> tuple[int, int]:
     """(chunks per row, entries per chunk, a whole number of tiles) of the all-rows temperature
     pass: on a GPU one tile a program while the launch's ``B * N`` rows fit one wave of ``per_sm``
-    programs an SM (registers allow three; two with the top-k lists compiled in), else two: a program's fixed work (its reductions, its
-    ticket) is about a tile's, and the pass is bound by instruction issue. At most
+    programs an SM (registers allow three; two with the top-k lists compiled in), else two: a
+    program's fixed work (its reductions, its ticket) is about a tile's, and the pass is bound by
+    instruction issue. At most
     MAX_TEMPERATURE_CHUNKS chunks a row; in the interpreter one tile a chunk. Short chunks keep the
     bonus draw's scan short (it scans one chunk of the residual row); a tile of 8192 bf16 entries
     keeps four 16-byte loads a thread in flight (a program waits for each tile in turn: the
