@@ -188,9 +188,7 @@ def _merge_and_walk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_arg_
     row_bad = (row_max == float("inf")) | (row_max == float("-inf"))
     tokens = tl.load(tokens_ptr + b * N + offs_n, mask=in_n, other=-1)
     parents = tl.load(parents_ptr + b * N + offs_n, mask=in_n, other=-2)
-    offs_a = tl.arange(0, BLOCK_A)
-    path = tl.where(offs_a == 0, 0, -1)
-    emitted = tl.full([BLOCK_A], -1, tl.int64)
+    offs_a, path, emitted = _walk_start(BLOCK_A)
     node = 0
     depth = 0
     walking = 1
@@ -215,6 +213,23 @@ def _merge_and_walk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_arg_
                     node = child
     _store_outputs(path, emitted, depth, bad, logits_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr,
                    status_ptr, b, V, max_depth, stride_lb, CT, BLOCK_V, BLOCK_A)
+
+
+@triton.jit
+def _walk_start(BLOCK_A: tl.constexpr):
+    """A request's walk at its root: offsets over depths, the accepted path (the root at depth 0) and
+    the tokens emitted (none yet)."""
+    offs_a = tl.arange(0, BLOCK_A)
+    return offs_a, tl.where(offs_a == 0, 0, -1), tl.full([BLOCK_A], -1, tl.int64)
+
+
+@triton.jit
+def _descend(child, step, depth, path, emitted, tokens_row, offs_a):
+    """The walk accepts ``child`` at ``step``: its token emitted, the path one node deeper.
+    Returns (depth, path, emitted, node)."""
+    emitted = tl.where(offs_a == step, tl.load(tokens_row + child), emitted)
+    path = tl.where(offs_a == depth + 1, child, path)
+    return depth + 1, path, emitted, child
 
 
 @triton.jit

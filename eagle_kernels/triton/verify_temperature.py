@@ -41,7 +41,16 @@ import triton.language as tl
 
 from ._pdl import wait_for_prior_grids
 from .philox import _uniform
-from .verify_greedy import _greedy_chunk, _lane_max, _max_nan, _max_nan_fp64, _merge_and_walk, _store_outputs
+from .verify_greedy import (
+    _descend,
+    _greedy_chunk,
+    _lane_max,
+    _max_nan,
+    _max_nan_fp64,
+    _merge_and_walk,
+    _store_outputs,
+    _walk_start,
+)
 from .verify_rows import _draw_chunk, _filters, _max1, _min1, _probs, _scaled, _sum1, _weights
 from .verify_topk import _merge_and_sample_topk, _topk_chunk
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _next_flagged, _residual_tile
@@ -282,9 +291,7 @@ def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_su
     parents_row = parents_ptr + b * N
     tokens = tl.load(tokens_row + offs_n, mask=in_n, other=-1)
     accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
-    offs_a = tl.arange(0, BLOCK_A)
-    path = tl.where(offs_a == 0, 0, -1)
-    emitted = tl.full([BLOCK_A], -1, tl.int64)
+    offs_a, path, emitted = _walk_start(BLOCK_A)
     node = 0
     depth = 0
     walking = 1
@@ -304,10 +311,7 @@ def _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_su
                                           _sum1(totals), node, step < max_depth, parents_row, tokens_row, tokens,
                                           accept_coins, offs_n, N, CT, BLOCK_N)
                 if child >= 0:
-                    emitted = tl.where(offs_a == step, tl.load(tokens_row + child), emitted)
-                    depth += 1
-                    path = tl.where(offs_a == depth, child, path)
-                    node = child
+                    depth, path, emitted, node = _descend(child, step, depth, path, emitted, tokens_row, offs_a)
                 else:
                     draw = 1
                     walking = 0

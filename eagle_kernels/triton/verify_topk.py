@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .philox import _uniform
-from .verify_greedy import _store_outputs
+from .verify_greedy import _descend, _store_outputs, _walk_start
 from .verify_rows import _list_stats, _max1, _scaled, _sum1
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _bonus_from_list
 
@@ -145,9 +145,7 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
     tokens = tl.load(tokens_row + offs_n, mask=in_n, other=-1)
     accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
     use_p = top_p < 1.0
-    offs_a = tl.arange(0, BLOCK_A)
-    path = tl.where(offs_a == 0, 0, -1)
-    emitted = tl.full([BLOCK_A], -1, tl.int64)
+    offs_a, path, emitted = _walk_start(BLOCK_A)
     node = 0
     depth = 0
     walking = 1
@@ -178,10 +176,7 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
                 child, rejected = _accept(row, V, node_max, t, kth, denom, cut, norm, mass, node, step < max_depth,
                                           parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT, BLOCK_N)
                 if child >= 0:
-                    emitted = tl.where(offs_a == step, tl.load(tokens_row + child), emitted)
-                    depth += 1
-                    path = tl.where(offs_a == depth, child, path)
-                    node = child
+                    depth, path, emitted, node = _descend(child, step, depth, path, emitted, tokens_row, offs_a)
                 else:
                     # The list of this node is still the request's: the bonus from it.
                     u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))

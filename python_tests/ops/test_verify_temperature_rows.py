@@ -36,6 +36,17 @@ def sampling_batch(seed, B, N, V, dtype, scale=6.0):
     return tokens, parents, logits
 
 
+def chain_batch(B, V, dtype):
+    """Trees of a root, its chain of two (the row's most likely tokens: the walk goes deep) and a
+    second child, on spiked logits: the rows a bad-row test plants NaN / inf / -inf in."""
+    tokens, parents, logits = sampling_batch(7, B, 4, V, dtype, scale=8.0)
+    parents[:] = torch.tensor([-1, 0, 1, 0], dtype=torch.int32)
+    top = logits.double().argmax(-1)
+    for b in range(B):
+        tokens[b, 1], tokens[b, 2] = top[b, 0], top[b, 1]
+    return tokens, parents, logits
+
+
 def sampling_args(seed, B, temperatures=(0.0, 0.6, 1.0, 1.7)):
     gen = torch.Generator().manual_seed(1000 + seed)
     temperature = torch.tensor([temperatures[i % len(temperatures)] for i in range(B)], dtype=torch.float32)
@@ -96,12 +107,8 @@ def test_rejected_children_leave_the_draw():
 def test_bad_rows(dtype):
     """NaN, +inf and all -inf rows of sampling requests: status 1 and the root's finite argmax
     when the walk reaches them, nothing when it does not."""
-    B, N, V = 6, 4, 300
-    tokens, parents, logits = sampling_batch(7, B, N, V, dtype, scale=8.0)
-    parents[:] = torch.tensor([-1, 0, 1, 0], dtype=torch.int32)
-    top = logits.double().argmax(-1)
-    for b in range(B):
-        tokens[b, 1], tokens[b, 2] = top[b, 0], top[b, 1]
+    B = 6
+    tokens, parents, logits = chain_batch(B, 300, dtype)
     logits[0, 0, 250] = float("nan")  # root, last chunk
     logits[1, 0, 3] = float("inf")  # root: the fallback is the finite argmax
     logits[2, 3, 17] = float("nan")  # off the walk (node 3 is never reached from a leaf's sibling)

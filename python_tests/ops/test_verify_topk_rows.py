@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_verify_temperature_rows import sampling_args, sampling_batch
+from test_verify_temperature_rows import chain_batch, sampling_args, sampling_batch
 
 from eagle_kernels import reference
 from eagle_kernels._types import VerifyOutput
@@ -89,12 +89,8 @@ def test_overflows_left_to_the_walk():
 def test_bad_rows(dtype):
     """NaN, +inf and all -inf rows of top-k requests: status 1 and the root's finite argmax when
     the walk reaches them (served by the all-rows launch), nothing when it does not."""
-    B, N, V = 5, 4, 300
-    tokens, parents, logits = sampling_batch(7, B, N, V, dtype, scale=8.0)
-    parents[:] = torch.tensor([-1, 0, 1, 0], dtype=torch.int32)
-    top = logits.double().argmax(-1)
-    for b in range(B):
-        tokens[b, 1], tokens[b, 2] = top[b, 0], top[b, 1]
+    B = 5
+    tokens, parents, logits = chain_batch(B, 300, dtype)
     logits[0, 0, 250] = float("nan")
     logits[1, 0, 3] = float("inf")
     logits[2, 3, 17] = float("nan")  # off the walk
