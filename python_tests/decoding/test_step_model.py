@@ -81,25 +81,35 @@ def test_kv_cache_kernels(plain):
 
 
 def test_verify_at_its_kernel_model_time():
-    """The speculative step's cross-check takes verify's device time from the cooperative kernel
-    model's decode rows (its launch constant removed) for SmolLM2's tree and the Llama shape's
-    vocabulary, for a walk of tau's length; models with no such row get none."""
+    """The speculative step's cross-check takes verify's device times launch by launch (the all-rows
+    kernel and the walk's, as the decoder's filter tensors launch them) from the kernel model's decode
+    rows (each launch constant removed) for SmolLM2's tree and the Llama shape's vocabulary, for a walk
+    of tau's length; a step with the walk's launch alone (coupled sampling) takes the walk's own rows;
+    models with no such row get none."""
     import json
 
     import gpu_step_model
 
     with open(gpu_step_model.VERIFY_MODEL) as f:
         rows = {row["case"]: row for row in json.load(f)}
+
+    def total(times):
+        return sum(times.values())
+
     for name, case in gpu_step_model.VERIFY_CASES.items():
-        (launch,) = rows[case]["launches"]
+        launches = {launch["kernel"]: launch for launch in rows[case]["launches"]}
         device = gpu_step_model.verify_device_time(name)
-        assert device == pytest.approx(launch["time_s"] - gpu_step_model.FITTED_LAUNCH_S)
-        assert 1e-6 < device < launch["time_s"]
+        assert set(device) == set(gpu_step_model.VERIFY_KERNELS) == set(launches)
+        for kernel, seconds in device.items():
+            assert seconds == pytest.approx(launches[kernel]["time_s"] - gpu_step_model.FITTED_LAUNCH_S)
+            assert 0 < seconds < launches[kernel]["time_s"]
         # a step's walk: tau - 1 accepted drafts, linear between the modeled walks of 2 and 3
         two, three = (gpu_step_model.verify_device_time(name, tau) for tau in (3.0, 4.0))
-        assert 1e-6 < two < three < device
-        assert gpu_step_model.verify_device_time(name, 3.5) == pytest.approx((two + three) / 2)
+        assert 1e-6 < total(two) <= total(three) <= total(device)
+        assert total(gpu_step_model.verify_device_time(name, 3.5)) == pytest.approx((total(two) + total(three)) / 2)
         assert gpu_step_model.verify_device_time(name, float("nan")) == device  # no tau: the full walk
+        alone = gpu_step_model.verify_device_time(name, None, {"_verify_kernel"})
+        assert set(alone) == {"_verify_kernel"} and alone["_verify_kernel"] > device["_verify_kernel"]
     assert gpu_step_model.verify_device_time("tiny-3-layers") is None
     assert gpu_step_model.verify_device_time("tiny-3-layers", 3.1) is None
 
