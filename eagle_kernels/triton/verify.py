@@ -133,7 +133,7 @@ class VerifyConfig:
         ``positions``.
     list_topk: in those calls, sampling requests with top_k in (0, list_topk] (top-p or not) are
         listed by the all-rows kernel (verify_topk.py) rather than left to the walk; 0 never are.
-        At most ``candidates``.
+        At most ``min(128, candidates // 2)``, the slots of a visited row's entries at or above kth.
     list_min_batch: only in calls of at least this many requests.
     list_sub, list_cap, list_batch: a top-k chunk's sub-blocks (entries, at most; fewer where a
         chunk would have fewer than 2 list_topk of them, or the row's last chunk fewer than
@@ -399,6 +399,8 @@ def _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config: Ver
     sub = min(config.list_sub, tile, max(8, 1 << max(fit, 1).bit_length() - 1))
     block_subs = triton.next_power_of_2(chunk // sub)
     cap, cand = config.list_cap, config.candidates
+    # The entries at or above a visited row's kth: k of them but for ties, sorted for top-p's cut.
+    top_cand = max(1, min(SHORT_LIST, cand // 2))
 
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
@@ -408,8 +410,8 @@ def _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config: Ver
                 list_ids=empty(B, N, chunks, cap, dtype=torch.int32),
                 list_x=empty(B, N, chunks, cap, dtype=compute_dtype),
                 merged_ids=empty(B, cand, dtype=torch.int32), merged_s=empty(B, cand, dtype=compute_dtype),
-                constexprs=dict(LIST_TOPK=min(config.list_topk, cand), SUB=sub, BLOCK_SUBS=block_subs, CAP=cap,
-                                BATCH=config.list_batch, NUM_CAND=cand, SHORT_CAND=max(1, min(SHORT_LIST, cand))))
+                constexprs=dict(LIST_TOPK=min(config.list_topk, top_cand), SUB=sub, BLOCK_SUBS=block_subs, CAP=cap,
+                                BATCH=config.list_batch, NUM_CAND=cand, TOP_CAND=top_cand))
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):

@@ -152,7 +152,7 @@ def _verify_temperature_kernel(
     CAP: tl.constexpr = 1,  # list slots of a top-k chunk
     BATCH: tl.constexpr = 1,  # sub-blocks a step of a top-k chunk's list pass
     NUM_CAND: tl.constexpr = 1,  # slots of a visited row's list
-    SHORT_CAND: tl.constexpr = 1,  # min(128, NUM_CAND): the sort size of short lists
+    TOP_CAND: tl.constexpr = 1,  # slots of a visited row's entries at or above its kth (top-k lists)
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Program (c, j, b): chunk c of row j of request b, then, for the request's last program,
@@ -204,7 +204,7 @@ def _verify_temperature_kernel(
                                            accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr, pending_ptr,
                                            t, top_k, tl.load(top_p_ptr + b), tl.load(seed_ptr + b),
                                            tl.load(offset_ptr + b), b, N, V, max_depth, stride_lb, stride_ln, C, CT,
-                                           BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A, CAP, NUM_CAND, SHORT_CAND)
+                                           BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A, CAP, NUM_CAND, TOP_CAND)
                 else:
                     _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr,
                                       accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr, t,

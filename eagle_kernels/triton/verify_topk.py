@@ -23,9 +23,14 @@ program lists its own candidates once, and the merge joins the visited rows' chu
    hence at or above ``lam``; so the entries ``x >= lam`` of all lists are every entry of the row
    at or above ``lam``, at least k of them, and ``kth >= lam``. They are compacted into the
    request's list (chunk by chunk: ascending ids, the order the walk's list keeps) as
-   ``s = (x - max) / T``, and the walk's own ``_list_stats`` / ``_accept`` / ``_bonus_from_list``
-   take it from there. A chunk that overflowed or a union above ``NUM_CAND`` entries leaves the
-   request to the walk's launch (``pending``), which then serves it from the start.
+   ``s = (x - max) / T``; the row's k-th largest ``s`` is selected from them bit by bit
+   (``_kth_largest``: 31 counts over the list, about a fifth of a sort's instructions), and the
+   entries at or above it (the top set: k of them but for ties; those below kth weigh nothing under
+   top-k) are joined again from the chunks' lists into the same slots, in the same order. The walk's
+   own ``_list_stats`` / ``_accept`` / ``_bonus_from_list`` take it from there over ``TOP_CAND``
+   slots. A chunk that overflowed, a union above ``NUM_CAND`` entries or a top set above
+   ``TOP_CAND`` (ties at kth) leaves the request to the walk's launch (``pending``), which then
+   serves it from the start.
 """
 
 from __future__ import annotations
@@ -93,34 +98,84 @@ def _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr,
 
 
 @triton.jit
-def _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, b, N,
-               node, t, C: tl.constexpr, CT: tl.constexpr, BLOCK_C: tl.constexpr, CAP: tl.constexpr,
-               NUM_CAND: tl.constexpr):
-    """A visited row's max and its list (step 2 above): the entries at or above max_c v_c of its
-    chunks' lists, as (id, s) at ``merged_ids`` / ``merged_s`` in ascending id order. Returns
-    (max, entries listed, whether the list holds them all: no chunk overflowed, at most
-    NUM_CAND of them). Partials are read .cg (other programs wrote them)."""
-    offs_c = tl.arange(0, BLOCK_C)
-    in_c = offs_c < C
-    at = (b * N + node) * C + offs_c
-    node_max = _max1(tl.load(part_max_ptr + at, mask=in_c, other=float("-inf"), cache_modifier=".cg"))
-    level = _max1(tl.load(list_thr_ptr + at, mask=in_c, other=float("-inf"), cache_modifier=".cg"))
-    counts = tl.load(list_count_ptr + at, mask=in_c, other=0, cache_modifier=".cg")
+def _join_lists(list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, first_part, node_max, t, level,
+                kth, C: tl.constexpr, CAP: tl.constexpr, SLOTS: tl.constexpr):
+    """The entries of a visited row's chunk lists (chunk ``first_part`` on) with ``x >= level`` and
+    ``s >= kth``, as (id, s) at ``merged_ids`` / ``merged_s`` in ascending id order, up to SLOTS;
+    returns how many there are. Partials are read .cg (other programs wrote them)."""
     slots = tl.arange(0, CAP)
     listed = 0
     # A chunk at a time: [CAP] vectors keep the merge's registers few (the walk's loop holds it).
     for c in range(0, C):
-        count = tl.load(list_count_ptr + (b * N + node) * C + c, cache_modifier=".cg")
-        flat = ((b * N + node) * C + c).to(tl.int64) * CAP + slots
+        count = tl.load(list_count_ptr + first_part + c, cache_modifier=".cg")
+        flat = (first_part + c).to(tl.int64) * CAP + slots
         have = slots < count
         x = tl.load(list_x_ptr + flat, mask=have, other=float("-inf"), cache_modifier=".cg")
-        keep = have & (x >= level)
+        s = _scaled(x, node_max, t)
+        keep = have & (x >= level) & (s >= kth)
         slot = listed + tl.cumsum(keep.to(tl.int32), axis=0) - 1
         ids = tl.load(list_ids_ptr + flat, mask=keep, other=0, cache_modifier=".cg")
-        tl.store(merged_ids + slot, ids, mask=keep & (slot < NUM_CAND))
-        tl.store(merged_s + slot, _scaled(x, node_max, t), mask=keep & (slot < NUM_CAND))
+        tl.store(merged_ids + slot, ids, mask=keep & (slot < SLOTS))
+        tl.store(merged_s + slot, s, mask=keep & (slot < SLOTS))
         listed += _sum1(keep.to(tl.int32))
-    whole = (_max1(counts) <= CAP) & (listed <= NUM_CAND)
+    return listed
+
+
+@triton.jit
+def _kth_largest(scaled_ptr, listed, k, CT: tl.constexpr, NUM_CAND: tl.constexpr):
+    """The k-th largest of the ``listed`` entries at ``scaled_ptr`` (a row's scaled logits: <= 0),
+    -inf where fewer than k. Selected on the bits of ``0 - s`` (>= 0, so its bits order as it does;
+    ``0 - s`` rather than ``-s`` keeps the max entry's +0 at key 0): the smallest key with at least k
+    entries at or below it, one bit a count, most significant first. 31 counts over NUM_CAND slots
+    where a sort of them is about five times the instructions."""
+    slots = tl.arange(0, NUM_CAND)
+    s = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"), volatile=True)
+    if CT == tl.float64:
+        keys = (0.0 - s).to(tl.int64, bitcast=True)
+        one = tl.full([], 1, tl.int64)
+        bits = 63
+    else:
+        keys = (0.0 - s).to(tl.int32, bitcast=True)
+        one = tl.full([], 1, tl.int32)
+        bits = 31
+    found = one - 1
+    for bit in range(bits - 1, -1, -1):
+        # The answer has this bit clear when k entries already sit at or below the clear choice.
+        if _sum1((keys <= (found | ((one << bit) - 1))).to(tl.int32)) < k:
+            found = found | (one << bit)
+    return _max1(tl.where(keys == found, s, float("-inf")))
+
+
+@triton.jit
+def _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, b, N,
+               node, t, top_k, C: tl.constexpr, CT: tl.constexpr, BLOCK_C: tl.constexpr, CAP: tl.constexpr,
+               NUM_CAND: tl.constexpr, TOP_CAND: tl.constexpr):
+    """A visited row's max and its top set (step 2 above): the entries of its chunks' lists at or
+    above max_c v_c joined, their k-th largest ``s`` selected, and the entries at or above it as
+    (id, s) at ``merged_ids`` / ``merged_s`` in ascending id order. Returns (max, entries in the top
+    set, whether the lists hold them all: no chunk overflowed, at most NUM_CAND joined and
+    TOP_CAND in the set)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    in_c = offs_c < C
+    first_part = (b * N + node) * C
+    node_max = _max1(tl.load(part_max_ptr + first_part + offs_c, mask=in_c, other=float("-inf"),
+                             cache_modifier=".cg"))
+    level = _max1(tl.load(list_thr_ptr + first_part + offs_c, mask=in_c, other=float("-inf"), cache_modifier=".cg"))
+    counts = tl.load(list_count_ptr + first_part + offs_c, mask=in_c, other=0, cache_modifier=".cg")
+    # The joined list, its k-th largest, then the top set again from the chunks' lists over it (a
+    # compaction in place would scan NUM_CAND slots); one inlined join for both passes.
+    kth = tl.full([], float("-inf"), CT)
+    joined = 0
+    listed = 0
+    for select in range(0, 2):
+        listed = _join_lists(list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, first_part, node_max, t,
+                             level, kth, C, CAP, NUM_CAND)
+        tl.debug_barrier()  # the list's stores before the loads of other threads
+        if select == 0:
+            joined = listed
+            kth = _kth_largest(merged_s, listed, top_k, CT, NUM_CAND)
+            tl.debug_barrier()  # the selection's loads before the top set overwrites the list
+    whole = (_max1(counts) <= CAP) & (joined <= NUM_CAND) & (listed <= TOP_CAND)
     return node_max, listed, whole
 
 
@@ -131,7 +186,7 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
                            max_depth, stride_lb, stride_ln, C: tl.constexpr, CT: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
                            BLOCK_A: tl.constexpr, CAP: tl.constexpr, NUM_CAND: tl.constexpr,
-                           SHORT_CAND: tl.constexpr):
+                           TOP_CAND: tl.constexpr):
     """Top-k request b: the walk over its visited rows' lists (step 2 above) with the walk kernel's
     acceptance rule, thresholds and bonus draw; its outputs and ``pending`` 0, or, when a visited
     row's list cannot hold its candidates, no outputs and ``pending`` 1 (the walk's launch serves
@@ -154,7 +209,8 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
     for step in range(0, max_depth + 1):
         if walking != 0:
             node_max, listed, fits = _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr,
-                                                merged_ids, merged_s, b, N, node, t, C, CT, BLOCK_C, CAP, NUM_CAND)
+                                                merged_ids, merged_s, b, N, node, t, top_k, C, CT, BLOCK_C, CAP,
+                                                NUM_CAND, TOP_CAND)
             if (node_max == float("inf")) | (node_max == float("-inf")):  # NaN / +inf, or no finite entry
                 bad = 1
                 walking = 0
@@ -162,16 +218,11 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
                 whole = 0
                 walking = 0
             else:
-                tl.debug_barrier()  # the list's stores before _list_stats' loads
                 # The list's level and the softmax sum matter to top-p alone, not to a top-k list.
                 level = tl.full([], float("-inf"), CT)
                 total = tl.full([], 1.0, tl.float64)
-                if listed <= SHORT_CAND:  # lists are mostly short: sort SHORT_CAND slots when they hold it
-                    _, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p, True, use_p,
-                                                                 total, CT, SHORT_CAND)
-                else:
-                    _, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p, True, use_p,
-                                                                 total, CT, NUM_CAND)
+                _, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p, True, use_p,
+                                                             total, CT, TOP_CAND)
                 row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
                 child, rejected = _accept(row, V, node_max, t, kth, denom, cut, norm, mass, node, step < max_depth,
                                           parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT, BLOCK_N)
@@ -181,7 +232,7 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
                     # The list of this node is still the request's: the bonus from it.
                     u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
                     bonus = _bonus_from_list(merged_ids, merged_s, listed, tokens_row, node, N, rejected, offs_n,
-                                             kth, denom, cut, norm, u, V, CT, NUM_CAND)
+                                             kth, denom, cut, norm, u, V, CT, TOP_CAND)
                     emitted = tl.where(offs_a == depth, bonus.to(tl.int64), emitted)
                     walking = 0
     if whole != 0:

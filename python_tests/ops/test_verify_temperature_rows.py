@@ -18,12 +18,13 @@ from eagle_kernels._types import VerifyOutput
 from helpers import assert_same, check_all_rows, triton_verify
 
 
-def sampling_batch(seed, B, N, V, dtype, scale=6.0):
+def sampling_batch(seed, B, N, V, dtype, scale=6.0, logits=None):
     """Random trees of long branches; a node's token is its parent row's most likely token half the
     time, one of the next two 40% of the time (siblings may repeat one), so children are accepted
-    and rejected."""
+    and rejected. The rows are random unless ``logits`` [B, N, V] are given."""
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, N, V, generator=gen, dtype=torch.float64) * scale).to(dtype)
+    if logits is None:
+        logits = (torch.randn(B, N, V, generator=gen, dtype=torch.float64) * scale).to(dtype)
     parents = torch.full((B, N), -1, dtype=torch.int32)
     tokens = torch.randint(0, V, (B, N), generator=gen)
     top3 = logits.double().topk(3, dim=-1).indices

@@ -85,6 +85,47 @@ def test_overflows_left_to_the_walk():
     assert served(tokens, parents, logits, 3, args).tolist() == [1, 1, 0, 0, 0, 0]
 
 
+def joined_lists(row, chunk, sub, k):
+    """Entries of a row in its chunks' joined lists: those at or above the largest chunk threshold
+    (the k-th largest of a chunk's sub-block maxima)."""
+    level = max(float(x.view(-1, sub).amax(1).sort(descending=True).values[k - 1]) for x in row.split(chunk))
+    return int((row >= level).sum())
+
+
+def test_long_lists_take_the_top_set():
+    """Rows whose joined lists exceed the top-set slots (``TOP_CAND``: 16 interpreted) but not the
+    candidate slots (32): a chunk's four moderately large sub-blocks set its threshold, and one
+    sub-block of five much larger entries lands in its list whole, so a visited row lists about 22
+    entries and the k-th largest is selected among them (``_kth_largest``). Every output equals the
+    reference's and the walk's, served by the all-rows launch; a row with 20 entries tied at the top
+    (5 a chunk, k 2) overflows the top set and is left to the walk."""
+    tv = triton_verify()
+    config = tv.launch_config()
+    B, N, chunks, chunk, sub = 6, 5, 4, 64, 8
+    V = chunks * chunk
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(B, N, chunks, chunk, generator=gen, dtype=torch.float64)
+    logits[..., 0:5] = 10 + torch.rand(B, N, chunks, 5, generator=gen, dtype=torch.float64) * 2
+    for i in range(1, 5):  # sub-blocks 1-4: one entry each near 5
+        logits[..., i * sub] = 5 + torch.rand(B, N, chunks, generator=gen, dtype=torch.float64)
+    logits = logits.view(B, N, V).float()
+    logits[5, 0] = torch.randn(V, generator=gen)
+    logits[5, 0].view(chunks, chunk)[:, 0:5 * sub:sub] = 10.0  # ties in five sub-blocks of every chunk
+    tokens, parents, logits = sampling_batch(21, B, N, V, torch.float32, logits=logits)
+    args = sampling_args(21, B, temperatures=(0.8, 1.2))
+    args["top_k"] = torch.tensor([4, 3, 2, 4, 3, 2], dtype=torch.int32)
+    args["top_p"] = torch.tensor([1.0, 1.0, 0.7, 0.9, 1.0, 1.0])
+    lists = tv._topk_lists(B, N, V, chunks, chunk, config.temperature_block, torch.float32, "cpu", config)
+    assert lists["constexprs"]["SUB"] == sub and (chunks, chunk) == tv._temperature_chunking(
+        B, N, V, config.greedy_block, None)
+    top, cand = lists["constexprs"]["TOP_CAND"], lists["constexprs"]["NUM_CAND"]
+    joined = [joined_lists(logits[b, j], chunk, sub, int(args["top_k"][b])) for b in range(B) for j in range(N)]
+    assert all(top < n <= cand for n in joined), joined
+    out = check_all_rows(tokens, parents, logits, 3, args)
+    assert served(tokens, parents, logits, 3, args).tolist() == [0, 0, 0, 0, 0, 1]
+    assert int(out.accept_len[:5].sum()) >= 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_bad_rows(dtype):
     """NaN, +inf and all -inf rows of top-k requests: status 1 and the root's finite argmax when
