@@ -45,6 +45,11 @@ from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _bonus_from_list
 
 
 @triton.jit
+def _max_keep_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr,
                 list_x_ptr, part, CT: tl.constexpr, BLOCK_T: tl.constexpr, SUB: tl.constexpr,
                 BLOCK_SUBS: tl.constexpr, CAP: tl.constexpr, BATCH: tl.constexpr):
@@ -58,8 +63,10 @@ def _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr,
     for tile in range(start, end, BLOCK_T):
         offs = tile + tile_offs
         x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
-        # NaN as +inf: the chunk's max then marks the row bad, as the other passes' flags do.
-        sub_max = tl.max(tl.where(x != x, float("inf"), x), axis=1)
+        # NaN as +inf: the chunk's max then marks the row bad, as the other passes' flags do. The
+        # reduction keeps NaN (max.NaN: no select per entry) and the [SUBS] maxima map it.
+        sub_max = tl.reduce(x, 1, _max_keep_nan)
+        sub_max = tl.where(sub_max != sub_max, float("inf"), sub_max)
         tl.store(subs_row + (tile - start) // SUB + tl.arange(0, SUBS), sub_max)
         run_max = tl.maximum(run_max, sub_max)
     tl.store(part_max_ptr + part, _max1(run_max))
