@@ -23,14 +23,15 @@ program lists its own candidates once, and the merge joins the visited rows' chu
    hence at or above ``lam``; so the entries ``x >= lam`` of all lists are every entry of the row
    at or above ``lam``, at least k of them, and ``kth >= lam``. They are compacted into the
    request's list (chunk by chunk: ascending ids, the order the walk's list keeps) as
-   ``s = (x - max) / T``; the row's k-th largest ``s`` is selected from them bit by bit
-   (``_kth_largest``: 31 counts over the list, about a fifth of a sort's instructions), and the
-   entries at or above it (the top set: k of them but for ties; those below kth weigh nothing under
-   top-k) are joined again from the chunks' lists into the same slots, in the same order. The walk's
-   own ``_list_stats`` / ``_accept`` / ``_bonus_from_list`` take it from there over ``TOP_CAND``
-   slots. A chunk that overflowed, a union above ``NUM_CAND`` entries or a top set above
-   ``TOP_CAND`` (ties at kth) leaves the request to the walk's launch (``pending``), which then
-   serves it from the start.
+   ``s = (x - max) / T``. A joined list of at most ``TOP_CAND`` entries is the row's candidate
+   list as it stands; a longer one (a few hundred entries at the goal shape: every chunk lists
+   about k) gives its k-th largest ``s`` (a sort of ``NUM_CAND`` slots), and the entries at or
+   above it (the top set: k of them but for ties; those below kth weigh nothing under top-k) are
+   joined again from the chunks' lists into the same slots, in the same order. The walk's own
+   ``_list_stats`` / ``_accept`` / ``_bonus_from_list`` take it from there over ``TOP_CAND`` slots
+   rather than ``NUM_CAND``. A chunk that overflowed, a union above ``NUM_CAND`` entries or a top
+   set above ``TOP_CAND`` (ties at kth) leaves the request to the walk's launch (``pending``),
+   which then serves it from the start.
 """
 
 from __future__ import annotations
@@ -129,28 +130,11 @@ def _join_lists(list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, 
 
 
 @triton.jit
-def _kth_largest(scaled_ptr, listed, k, CT: tl.constexpr, NUM_CAND: tl.constexpr):
-    """The k-th largest of the ``listed`` entries at ``scaled_ptr`` (a row's scaled logits: <= 0),
-    -inf where fewer than k. Selected on the bits of ``0 - s`` (>= 0, so its bits order as it does;
-    ``0 - s`` rather than ``-s`` keeps the max entry's +0 at key 0): the smallest key with at least k
-    entries at or below it, one bit a count, most significant first. 31 counts over NUM_CAND slots
-    where a sort of them is about five times the instructions."""
+def _kth_largest(scaled_ptr, listed, k, NUM_CAND: tl.constexpr):
+    """The k-th largest of the ``listed`` entries at ``scaled_ptr``, -inf where fewer than k."""
     slots = tl.arange(0, NUM_CAND)
     s = tl.load(scaled_ptr + slots, mask=slots < listed, other=float("-inf"), volatile=True)
-    if CT == tl.float64:
-        keys = (0.0 - s).to(tl.int64, bitcast=True)
-        one = tl.full([], 1, tl.int64)
-        bits = 63
-    else:
-        keys = (0.0 - s).to(tl.int32, bitcast=True)
-        one = tl.full([], 1, tl.int32)
-        bits = 31
-    found = one - 1
-    for bit in range(bits - 1, -1, -1):
-        # The answer has this bit clear when k entries already sit at or below the clear choice.
-        if _sum1((keys <= (found | ((one << bit) - 1))).to(tl.int32)) < k:
-            found = found | (one << bit)
-    return _max1(tl.where(keys == found, s, float("-inf")))
+    return _max1(tl.where(slots == k - 1, tl.sort(s, descending=True), float("-inf")))
 
 
 @triton.jit
@@ -169,19 +153,22 @@ def _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_
                              cache_modifier=".cg"))
     level = _max1(tl.load(list_thr_ptr + first_part + offs_c, mask=in_c, other=float("-inf"), cache_modifier=".cg"))
     counts = tl.load(list_count_ptr + first_part + offs_c, mask=in_c, other=0, cache_modifier=".cg")
-    # The joined list, its k-th largest, then the top set again from the chunks' lists over it (a
-    # compaction in place would scan NUM_CAND slots); one inlined join for both passes.
+    # The joined list; where it is longer than TOP_CAND, its k-th largest, then the top set joined
+    # again from the chunks' lists (a compaction in place would scan NUM_CAND slots). One inlined
+    # join for both passes.
     kth = tl.full([], float("-inf"), CT)
     joined = 0
     listed = 0
     for select in range(0, 2):
-        listed = _join_lists(list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, first_part, node_max, t,
-                             level, kth, C, CAP, NUM_CAND)
-        tl.debug_barrier()  # the list's stores before the loads of other threads
-        if select == 0:
-            joined = listed
-            kth = _kth_largest(merged_s, listed, top_k, CT, NUM_CAND)
-            tl.debug_barrier()  # the selection's loads before the top set overwrites the list
+        if (select == 0) | ((joined > TOP_CAND) & (joined <= NUM_CAND)):
+            listed = _join_lists(list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids, merged_s, first_part, node_max,
+                                 t, level, kth, C, CAP, NUM_CAND)
+            tl.debug_barrier()  # the list's stores before the loads of other threads
+            if select == 0:
+                joined = listed
+                if (joined > TOP_CAND) & (joined <= NUM_CAND):
+                    kth = _kth_largest(merged_s, joined, top_k, NUM_CAND)
+                    tl.debug_barrier()  # the selection's loads before the top set overwrites the list
     whole = (_max1(counts) <= CAP) & (joined <= NUM_CAND) & (listed <= TOP_CAND)
     return node_max, listed, whole
 
