@@ -40,14 +40,9 @@ import triton
 import triton.language as tl
 
 from .philox import _uniform
-from .verify_greedy import _descend, _store_outputs, _walk_start
+from .verify_greedy import _descend, _max_nan, _max_nan_fp64, _store_outputs, _walk_start
 from .verify_rows import _list_stats, _max1, _scaled, _sum1
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _bonus_from_list
-
-
-@triton.jit
-def _max_keep_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -66,7 +61,7 @@ def _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr,
         x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
         # NaN as +inf: the chunk's max then marks the row bad, as the other passes' flags do. The
         # reduction keeps NaN (max.NaN: no select per entry) and the [SUBS] maxima map it.
-        sub_max = tl.reduce(x, 1, _max_keep_nan)
+        sub_max = tl.reduce(x, 1, _max_nan_fp64 if CT == tl.float64 else _max_nan)
         sub_max = tl.where(sub_max != sub_max, float("inf"), sub_max)
         tl.store(subs_row + (tile - start) // SUB + tl.arange(0, SUBS), sub_max)
         run_max = tl.maximum(run_max, sub_max)
