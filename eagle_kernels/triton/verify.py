@@ -23,7 +23,8 @@ likewise, up to ``VerifyConfig.temperature_max_bytes``: every row's max and soft
 (the argmax for requests at temperature 0), then the walk and the bonus draw in the request's last
 program. With ``top_k`` / ``top_p`` tensors it also serves the sampling requests whose top-k is at
 most ``VerifyConfig.list_topk`` (top-p or not) from candidate lists each chunk writes
-(verify_topk.py), and leaves the other filtering requests, and any whose lists overflowed, to this
+(verify_topk.py), with ``list_topp`` top-p requests without top-k too when their nucleus ends inside
+such a list, and leaves the other filtering requests, and any whose lists overflowed, to this
 walk, launched after it (``SKIP_ROWS``: its ``pending`` flags) into the same outputs.
 
 Per visited row:
@@ -134,6 +135,9 @@ class VerifyConfig:
     list_topk: in those calls, sampling requests with top_k in (0, list_topk] (top-p or not) are
         listed by the all-rows kernel (verify_topk.py) rather than left to the walk; 0 never are.
         At most ``min(128, candidates // 2)``, the slots of a visited row's entries at or above kth.
+    list_topp: top-p requests without top-k are listed too, by their ``list_topk`` largest entries
+        (with each chunk's softmax sum): served when a visited row's nucleus ends inside its list,
+        else left to the walk.
     list_min_batch: only in calls of at least this many requests.
     list_sub, list_cap, list_batch: a top-k chunk's sub-blocks (entries, at most; fewer where a
         chunk would have fewer than 2 list_topk of them, or the row's last chunk fewer than
@@ -150,6 +154,7 @@ class VerifyConfig:
     temperature_block: int = 8192
     temperature_max_bytes: int = 0
     list_topk: int = 0
+    list_topp: bool = False
     list_min_batch: int = 1
     list_sub: int = 128
     list_cap: int = 128
@@ -161,13 +166,14 @@ class VerifyConfig:
 # flight per thread at 8 warps).
 GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8,
                           greedy_block=2048, greedy_max_bytes=256 << 20,
-                          temperature_max_bytes=512 << 20, list_topk=64, list_min_batch=4)
+                          temperature_max_bytes=512 << 20, list_topk=64, list_topp=True, list_min_batch=4)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
 # and the multi-tile bonus draw.
 INTERPRETER_CONFIG = VerifyConfig(radix_bits=8, candidates=32, max_block=64, block_v=64, num_warps=4,
                                   greedy_block=64, greedy_max_bytes=1 << 40, temperature_block=64,
-                                  temperature_max_bytes=1 << 40, list_topk=4, list_sub=8, list_cap=16, list_batch=4)
+                                  temperature_max_bytes=1 << 40, list_topk=4, list_topp=True, list_sub=8, list_cap=16,
+                                  list_batch=4)
 
 
 def launch_config() -> VerifyConfig:
@@ -337,7 +343,7 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
         tile = min(config.temperature_block * 2 // target_logits.element_size(), triton.next_power_of_2(V))
         # The top-k lists' merge takes the kernel to two blocks an SM (docs/gpu_kernels.md).
         chunks, chunk = _temperature_chunking(B, N, V, max(block, tile), gpu_sms(device),
-                                              2 if _lists_topk(B, top_k, config) else 3)
+                                              2 if _lists_topk(B, top_k, top_p, config) else 3)
     compute_dtype = torch.float64 if target_logits.dtype == torch.float64 else torch.float32
     part_max = torch.empty((B, N, chunks), dtype=compute_dtype, device=device)
     part_arg = torch.empty((B, N, chunks), dtype=torch.int32, device=device)
@@ -366,7 +372,7 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     k_arg = torch.zeros(B, dtype=torch.int32, device=device) if filters and top_k is None else top_k
     p_arg = torch.ones(B, dtype=torch.float32, device=device) if filters and top_p is None else top_p
     lists = _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config) \
-        if _lists_topk(B, top_k, config) else {}
+        if _lists_topk(B, top_k, top_p, config) else {}
     scratch = [lists.get(name, status) for name in ("sub_max", "list_thr", "list_count", "list_ids", "list_x",
                                                      "merged_ids", "merged_s")]
     _verify_temperature_kernel[(chunks, N, B)](
@@ -381,12 +387,14 @@ def _launch_rows(tokens, parents, target_logits, max_depth, config: VerifyConfig
     return outputs
 
 
-def _lists_topk(B: int, top_k, config: VerifyConfig) -> bool:
+def _lists_topk(B: int, top_k, top_p, config: VerifyConfig) -> bool:
     """Whether the all-rows kernel lists the top-k requests of a call (verify_topk.py): a ``top_k``
-    tensor, lists in the configuration, and at least ``config.list_min_batch`` requests (each
+    tensor (or a ``top_p`` one with ``config.list_topp``), lists in the configuration, and at least
+    ``config.list_min_batch`` requests (each
     request's walk over its lists runs in one program, after every row's pass: with few requests
     that serial tail costs more than the walk kernel's phases; docs/gpu_kernels.md)."""
-    return top_k is not None and config.list_topk > 0 and config.candidates > 0 and B >= config.list_min_batch
+    filters = top_k is not None or (config.list_topp and top_p is not None)
+    return filters and config.list_topk > 0 and config.candidates > 0 and B >= config.list_min_batch
 
 
 def _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config: VerifyConfig) -> dict:
@@ -411,7 +419,8 @@ def _topk_lists(B, N, V, chunks, chunk, tile, compute_dtype, device, config: Ver
                 list_x=empty(B, N, chunks, cap, dtype=compute_dtype),
                 merged_ids=empty(B, cand, dtype=torch.int32), merged_s=empty(B, cand, dtype=compute_dtype),
                 constexprs=dict(LIST_TOPK=min(config.list_topk, top_cand), SUB=sub, BLOCK_SUBS=block_subs, CAP=cap,
-                                BATCH=config.list_batch, NUM_CAND=cand, TOP_CAND=top_cand))
+                                BATCH=config.list_batch, NUM_CAND=cand, TOP_CAND=top_cand,
+                                LIST_TOPP=config.list_topp))
 
 
 def _draft_inputs(draft_probs, draft_sampled, d2t, V, placeholder):

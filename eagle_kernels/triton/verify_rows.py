@@ -30,6 +30,8 @@ STAT_CUT = tl.constexpr(3)  # top-p threshold on p (-inf when off)
 STAT_NORM = tl.constexpr(4)  # top-p normaliser, rounded to the compute dtype (1 when off)
 STAT_MASS = tl.constexpr(5)  # float64 sum of the weights w
 NUM_STATS = tl.constexpr(6)
+_LOG2E = tl.constexpr(1.4426950408889634)
+_FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
@@ -524,3 +526,27 @@ def _range_mass(row, start, end, row_max, t, kth, denom, cut, norm, sums_row, CT
         lane_mass += w
         tl.store(sums_row + tile // BLOCK_V, tl.sum(w, axis=0))
     return _sum1(lane_mass)
+
+
+@triton.jit
+def _exp_scale(t, CT: tl.constexpr):
+    """log2(e) / T in the compute dtype, capped at the largest float32: exp((x - m) / T) is then
+    exp2((x - m) * k), and a subnormal T still maps x = m to exp2(0) = 1 rather than 0 * inf."""
+    return tl.minimum(_LOG2E / t.to(CT), _FLOAT32_MAX).to(CT)
+
+
+@triton.jit
+def _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A visited row's max, softmax sum (float64) and chunk masses [BLOCK_C] (float64, summing to
+    1) from its chunks' partials (.cg: written by other programs, published by their tickets, not
+    through this SM's L1)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    at = (b * N + node) * C + offs_c
+    pm = tl.load(part_max_ptr + at, mask=offs_c < C, other=float("-inf"), cache_modifier=".cg")
+    ps = tl.load(part_sum_ptr + at, mask=offs_c < C, other=0.0, cache_modifier=".cg")
+    node_max = _max1(pm)
+    # Each chunk's sum relative to the row's max: the softmax sum is their total. (A bad row's
+    # values are never used.)
+    totals = ps.to(tl.float64) * tl.exp2((pm - node_max) * k).to(tl.float64)
+    denom = _sum1(totals)
+    return node_max, denom, totals * (1.0 / denom)

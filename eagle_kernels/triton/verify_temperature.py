@@ -51,19 +51,20 @@ from .verify_greedy import (
     _store_outputs,
     _walk_start,
 )
-from .verify_rows import _draw_chunk, _filters, _max1, _min1, _probs, _scaled, _sum1, _weights
+from .verify_rows import (
+    _draw_chunk,
+    _exp_scale,
+    _filters,
+    _max1,
+    _min1,
+    _node_partials,
+    _probs,
+    _scaled,
+    _sum1,
+    _weights,
+)
 from .verify_topk import _merge_and_sample_topk, _topk_chunk
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _next_flagged, _residual_tile
-
-_LOG2E = tl.constexpr(1.4426950408889634)
-_FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
-
-
-@triton.jit
-def _exp_scale(t, CT: tl.constexpr):
-    """log2(e) / T in the compute dtype, capped at the largest float32: exp((x - m) / T) is then
-    exp2((x - m) * k), and a subnormal T still maps x = m to exp2(0) = 1 rather than 0 * inf."""
-    return tl.minimum(_LOG2E / t.to(CT), _FLOAT32_MAX).to(CT)
 
 
 @triton.jit
@@ -119,7 +120,7 @@ def _verify_temperature_kernel(
     offset_ptr,  # [B] int64
     part_max_ptr,  # [B, N, C] compute dtype: a chunk's max (+inf if it holds a NaN or +inf, -inf if no larger entry)
     part_arg_ptr,  # [B, N, C] int32: greedy requests, the first index of that max
-    part_sum_ptr,  # [B, N, C] compute dtype: sampling requests, the chunk's sum of exp((x - max) / T)
+    part_sum_ptr,  # [B, N, C] compute dtype: sampling requests but listed top-k ones, a chunk's sum of exp((x - m) / T)
     sub_max_ptr,  # [B, N, C, BLOCK_SUBS] compute dtype scratch (LIST_TOPK): a top-k chunk's sub-block maxima
     list_thr_ptr,  # [B, N, C] compute dtype (LIST_TOPK): a top-k chunk's threshold v_c
     list_count_ptr,  # [B, N, C] int32 (LIST_TOPK): its entries at or above v_c (CAP stored)
@@ -153,6 +154,7 @@ def _verify_temperature_kernel(
     BATCH: tl.constexpr = 1,  # sub-blocks a step of a top-k chunk's list pass
     NUM_CAND: tl.constexpr = 1,  # slots of a visited row's list
     TOP_CAND: tl.constexpr = 1,  # slots of a visited row's entries at or above its kth (top-k lists)
+    LIST_TOPP: tl.constexpr = False,  # LIST_TOPK: top-p requests without top-k listed too (their nucleus, if it fits)
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (_pdl.py)
 ):
     """Program (c, j, b): chunk c of row j of request b, then, for the request's last program,
@@ -167,8 +169,11 @@ def _verify_temperature_kernel(
     if HAS_FILTERS:
         top_k = tl.load(top_k_ptr + b)
         filtering = (t != 0) & _filters(top_k, tl.load(top_p_ptr + b), V)
-        # A top-k request listed here (verify_topk.py); the other filtering ones go to the walk's launch.
-        listed = filtering & (top_k > 0) & (top_k <= LIST_TOPK) & (top_k < V)
+        # A top-k request listed here (verify_topk.py), and with LIST_TOPP a top-p one without top-k
+        # (its LIST_TOPK largest entries listed); the other filtering ones go to the walk's launch.
+        top_p_alone = filtering & ((top_k <= 0) | (top_k >= V)) & LIST_TOPP
+        listed = (filtering & (top_k > 0) & (top_k <= LIST_TOPK) & (top_k < V)) | top_p_alone
+        list_k = tl.where(top_p_alone, LIST_TOPK, top_k)
         if filtering & (listed == 0):
             if (c == 0) & (j == 0):
                 tl.store(pending_ptr + b, 1)
@@ -182,8 +187,9 @@ def _verify_temperature_kernel(
     else:
         if LISTS:  # (a constexpr: without it the top-k code is not compiled)
             if listed:
-                _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr, list_count_ptr,
-                            list_ids_ptr, list_x_ptr, part, CT, BLOCK_T, SUB, BLOCK_SUBS, CAP, BATCH)
+                _topk_chunk(row, start, end, list_k, t, top_p_alone, part_max_ptr, part_sum_ptr, sub_max_ptr,
+                            list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr, part, CT, BLOCK_T, SUB, BLOCK_SUBS,
+                            CAP, BATCH)
             else:
                 _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT, IS_FP64, BLOCK_T, VEC_T)
         else:
@@ -199,12 +205,13 @@ def _verify_temperature_kernel(
         else:
             if LISTS:
                 if listed:
-                    _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, list_thr_ptr,
-                                           list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids_ptr, merged_s_ptr,
-                                           accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr, pending_ptr,
-                                           t, top_k, tl.load(top_p_ptr + b), tl.load(seed_ptr + b),
-                                           tl.load(offset_ptr + b), b, N, V, max_depth, stride_lb, stride_ln, C, CT,
-                                           BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A, CAP, NUM_CAND, TOP_CAND)
+                    _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr,
+                                           list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids_ptr,
+                                           merged_s_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr,
+                                           pending_ptr, t, list_k, tl.load(top_p_ptr + b), top_p_alone,
+                                           tl.load(seed_ptr + b), tl.load(offset_ptr + b), b, N, V, max_depth,
+                                           stride_lb, stride_ln, C, CT, BLOCK_V, BLOCK_N, BLOCK_C, BLOCK_A, CAP,
+                                           NUM_CAND, TOP_CAND)
                 else:
                     _merge_and_sample(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr,
                                       accept_len_ptr, accept_nodes_ptr, out_tokens_ptr, status_ptr, t,
@@ -258,23 +265,6 @@ def _chunk_bonus(row, V, row_max, t, denom, totals, u, chunk, tokens_row, node, 
             last = tl.maximum(last, _max1(tl.where(w > 0, offs, -1)))
         found = tl.maximum(last, 0)
     return found
-
-
-@triton.jit
-def _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, BLOCK_C: tl.constexpr):
-    """A visited row's max, softmax sum (float64) and chunk masses [BLOCK_C] (float64, summing to
-    1) from its chunks' partials (.cg: written by other programs, published by their tickets, not
-    through this SM's L1)."""
-    offs_c = tl.arange(0, BLOCK_C)
-    at = (b * N + node) * C + offs_c
-    pm = tl.load(part_max_ptr + at, mask=offs_c < C, other=float("-inf"), cache_modifier=".cg")
-    ps = tl.load(part_sum_ptr + at, mask=offs_c < C, other=0.0, cache_modifier=".cg")
-    node_max = _max1(pm)
-    # Each chunk's sum relative to the row's max: the softmax sum is their total. (A bad row's
-    # values are never used.)
-    totals = ps.to(tl.float64) * tl.exp2((pm - node_max) * k).to(tl.float64)
-    denom = _sum1(totals)
-    return node_max, denom, totals * (1.0 / denom)
 
 
 @triton.jit

@@ -32,6 +32,15 @@ program lists its own candidates once, and the merge joins the visited rows' chu
    rather than ``NUM_CAND``. A chunk that overflowed, a union above ``NUM_CAND`` entries or a top
    set above ``TOP_CAND`` (ties at kth) leaves the request to the walk's launch (``pending``),
    which then serves it from the start.
+
+Top-p without top-k (``LIST_TOPP``) is listed the same way with k = ``LIST_TOPK``, and its chunk
+programs also keep the online softmax sum of verify_temperature.py's rows (a running sum a
+sub-block), since top-p's probabilities are relative to the whole row. The merge takes the row's
+sum from those partials and hands the list to ``_list_stats`` as the walk does a list of its own:
+every unlisted entry has ``s`` below the list's floor (the join's level, or the selected kth), so
+the list holds the nucleus when its cut ends clear above that floor (the walk's margin); where it
+does not (a flat row: a nucleus of thousands of entries), the request is left to the walk's launch.
+A one-token nucleus, the common case after a confident draft, is served here.
 """
 
 from __future__ import annotations
@@ -41,30 +50,54 @@ import triton.language as tl
 
 from .philox import _uniform
 from .verify_greedy import _descend, _max_nan, _max_nan_fp64, _store_outputs, _walk_start
-from .verify_rows import _list_stats, _max1, _scaled, _sum1
+from .verify_rows import _exp_scale, _list_stats, _max1, _node_partials, _scaled, _sum1
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _bonus_from_list
 
 
 @triton.jit
-def _topk_chunk(row, start, end, top_k, part_max_ptr, sub_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr,
-                list_x_ptr, part, CT: tl.constexpr, BLOCK_T: tl.constexpr, SUB: tl.constexpr,
-                BLOCK_SUBS: tl.constexpr, CAP: tl.constexpr, BATCH: tl.constexpr):
-    """Entries [start, end) of a top-k row: the chunk's max (+inf when it holds a NaN or +inf), its
+def _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT: tl.constexpr, SUB: tl.constexpr,
+                SUBS: tl.constexpr):
+    """A [SUBS, SUB] tile of a listed chunk and its sub-blocks' maxima, stored at ``subs_row``."""
+    offs = tile + tile_offs
+    x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
+    # NaN as +inf: the chunk's max then marks the row bad, as the other passes' flags do. The
+    # reduction keeps NaN (max.NaN: no select per entry) and the [SUBS] maxima map it.
+    sub_max = tl.reduce(x, 1, _max_nan_fp64 if CT == tl.float64 else _max_nan)
+    sub_max = tl.where(sub_max != sub_max, float("inf"), sub_max)
+    tl.store(subs_row + (tile - start) // SUB + tl.arange(0, SUBS), sub_max)
+    return x, sub_max
+
+
+@triton.jit
+def _topk_chunk(row, start, end, top_k, t, with_sum, part_max_ptr, part_sum_ptr, sub_max_ptr, list_thr_ptr,
+                list_count_ptr, list_ids_ptr, list_x_ptr, part, CT: tl.constexpr, BLOCK_T: tl.constexpr,
+                SUB: tl.constexpr, BLOCK_SUBS: tl.constexpr, CAP: tl.constexpr, BATCH: tl.constexpr):
+    """Entries [start, end) of a listed row: the chunk's max (+inf when it holds a NaN or +inf), its
     threshold v_c, its entries at or above v_c (up to CAP, ascending ids) and their count, stored
-    at ``part`` (step 1 above)."""
+    at ``part`` (step 1 above); ``with_sum`` (top-p alone), the sum of exp((x - max) / T) over the
+    chunk too, at ``part`` of ``part_sum_ptr``."""
     SUBS: tl.constexpr = BLOCK_T // SUB
     tile_offs = tl.arange(0, SUBS)[:, None] * SUB + tl.arange(0, SUB)[None, :]
     subs_row = sub_max_ptr + part.to(tl.int64) * BLOCK_SUBS
     run_max = tl.full([SUBS], float("-inf"), CT)
-    for tile in range(start, end, BLOCK_T):
-        offs = tile + tile_offs
-        x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
-        # NaN as +inf: the chunk's max then marks the row bad, as the other passes' flags do. The
-        # reduction keeps NaN (max.NaN: no select per entry) and the [SUBS] maxima map it.
-        sub_max = tl.reduce(x, 1, _max_nan_fp64 if CT == tl.float64 else _max_nan)
-        sub_max = tl.where(sub_max != sub_max, float("inf"), sub_max)
-        tl.store(subs_row + (tile - start) // SUB + tl.arange(0, SUBS), sub_max)
-        run_max = tl.maximum(run_max, sub_max)
+    if with_sum:
+        # The online softmax of verify_temperature.py's rows, a sub-block a lane, in a loop of its
+        # own: the top-k requests' loop stays without it.
+        k = _exp_scale(t, CT)
+        run_sum = tl.zeros([SUBS], CT)
+        for tile in range(start, end, BLOCK_T):
+            x, sub_max = _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT, SUB, SUBS)
+            new_max = tl.maximum(run_max, sub_max)
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # (a bad row's sum is never used)
+            run_sum = run_sum * tl.exp2((run_max - shift) * k) + tl.sum(tl.exp2((x - shift[:, None]) * k), axis=1)
+            run_max = new_max
+        chunk_max = _max1(run_max)
+        shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+        tl.store(part_sum_ptr + part, _sum1(run_sum * tl.exp2((run_max - shift) * k)))
+    else:
+        for tile in range(start, end, BLOCK_T):
+            _, sub_max = _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT, SUB, SUBS)
+            run_max = tl.maximum(run_max, sub_max)
     tl.store(part_max_ptr + part, _max1(run_max))
     # Every thread reads back sub-block maxima other threads stored.
     tl.debug_barrier()
@@ -140,7 +173,7 @@ def _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_
     above max_c v_c joined, their k-th largest ``s`` selected, and the entries at or above it as
     (id, s) at ``merged_ids`` / ``merged_s`` in ascending id order. Returns (max, entries in the top
     set, whether the lists hold them all: no chunk overflowed, at most NUM_CAND joined and
-    TOP_CAND in the set)."""
+    TOP_CAND in the set, and the s every unlisted entry is below)."""
     offs_c = tl.arange(0, BLOCK_C)
     in_c = offs_c < C
     first_part = (b * N + node) * C
@@ -165,21 +198,24 @@ def _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_
                     kth = _kth_largest(merged_s, joined, top_k, NUM_CAND)
                     tl.debug_barrier()  # the selection's loads before the top set overwrites the list
     whole = (_max1(counts) <= CAP) & (joined <= NUM_CAND) & (listed <= TOP_CAND)
-    return node_max, listed, whole
+    # Every entry left out of the list has s below this (the join's level or the selected kth).
+    floor = tl.maximum(_scaled(level, node_max, t), kth)
+    return node_max, listed, whole, floor
 
 
 @triton.jit
-def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, list_thr_ptr, list_count_ptr,
-                           list_ids_ptr, list_x_ptr, merged_ids_ptr, merged_s_ptr, accept_len_ptr, accept_nodes_ptr,
-                           out_tokens_ptr, status_ptr, pending_ptr, t, top_k, top_p, seed, offset, b, N, V,
-                           max_depth, stride_lb, stride_ln, C: tl.constexpr, CT: tl.constexpr,
-                           BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, part_sum_ptr, list_thr_ptr,
+                           list_count_ptr, list_ids_ptr, list_x_ptr, merged_ids_ptr, merged_s_ptr, accept_len_ptr,
+                           accept_nodes_ptr, out_tokens_ptr, status_ptr, pending_ptr, t, top_k, top_p, top_p_alone,
+                           seed, offset, b, N, V, max_depth, stride_lb, stride_ln, C: tl.constexpr,
+                           CT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
                            BLOCK_A: tl.constexpr, CAP: tl.constexpr, NUM_CAND: tl.constexpr,
                            TOP_CAND: tl.constexpr):
-    """Top-k request b: the walk over its visited rows' lists (step 2 above) with the walk kernel's
+    """Listed request b: the walk over its visited rows' lists (step 2 above) with the walk kernel's
     acceptance rule, thresholds and bonus draw; its outputs and ``pending`` 0, or, when a visited
-    row's list cannot hold its candidates, no outputs and ``pending`` 1 (the walk's launch serves
-    the request)."""
+    row's list cannot hold its candidates (for top-p alone: its nucleus), no outputs and
+    ``pending`` 1 (the walk's launch serves the request). ``top_k`` is the lists' k (LIST_TOPK for
+    top-p alone)."""
     offs_n = tl.arange(0, BLOCK_N)
     in_n = offs_n < N
     tokens_row = tokens_ptr + b * N
@@ -189,6 +225,7 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
     tokens = tl.load(tokens_row + offs_n, mask=in_n, other=-1)
     accept_coins = _uniform(seed, offset, offs_n, ACCEPT_DRAW)
     use_p = top_p < 1.0
+    exp_scale = _exp_scale(t, CT)
     offs_a, path, emitted = _walk_start(BLOCK_A)
     node = 0
     depth = 0
@@ -197,9 +234,9 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
     whole = 1
     for step in range(0, max_depth + 1):
         if walking != 0:
-            node_max, listed, fits = _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr, list_x_ptr,
-                                                merged_ids, merged_s, b, N, node, t, top_k, C, CT, BLOCK_C, CAP,
-                                                NUM_CAND, TOP_CAND)
+            node_max, listed, fits, floor = _topk_node(part_max_ptr, list_thr_ptr, list_count_ptr, list_ids_ptr,
+                                                       list_x_ptr, merged_ids, merged_s, b, N, node, t, top_k, C, CT,
+                                                       BLOCK_C, CAP, NUM_CAND, TOP_CAND)
             if (node_max == float("inf")) | (node_max == float("-inf")):  # NaN / +inf, or no finite entry
                 bad = 1
                 walking = 0
@@ -207,23 +244,33 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, li
                 whole = 0
                 walking = 0
             else:
-                # The list's level and the softmax sum matter to top-p alone, not to a top-k list.
+                # A top-k list's own entries make its softmax sum. Top-p alone takes the row's from
+                # the chunks' sums, and the list holds the nucleus only when it ends clear above the
+                # list's floor (_list_stats' count -1 otherwise).
                 level = tl.full([], float("-inf"), CT)
                 total = tl.full([], 1.0, tl.float64)
-                _, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p, True, use_p,
-                                                             total, CT, TOP_CAND)
-                row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
-                child, rejected = _accept(row, V, node_max, t, kth, denom, cut, norm, mass, node, step < max_depth,
-                                          parents_row, tokens_row, tokens, accept_coins, offs_n, N, CT, BLOCK_N)
-                if child >= 0:
-                    depth, path, emitted, node = _descend(child, step, depth, path, emitted, tokens_row, offs_a)
-                else:
-                    # The list of this node is still the request's: the bonus from it.
-                    u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
-                    bonus = _bonus_from_list(merged_ids, merged_s, listed, tokens_row, node, N, rejected, offs_n,
-                                             kth, denom, cut, norm, u, V, CT, TOP_CAND)
-                    emitted = tl.where(offs_a == depth, bonus.to(tl.int64), emitted)
+                if top_p_alone:
+                    level = floor
+                    _, total, _ = _node_partials(part_max_ptr, part_sum_ptr, b, N, node, exp_scale, C, BLOCK_C)
+                count, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p,
+                                                                 top_p_alone == 0, use_p, total, CT, TOP_CAND)
+                if count < 0:
+                    whole = 0
                     walking = 0
+                else:
+                    row = logits_ptr + b.to(tl.int64) * stride_lb + node.to(tl.int64) * stride_ln
+                    child, rejected = _accept(row, V, node_max, t, kth, denom, cut, norm, mass, node,
+                                              step < max_depth, parents_row, tokens_row, tokens, accept_coins,
+                                              offs_n, N, CT, BLOCK_N)
+                    if child >= 0:
+                        depth, path, emitted, node = _descend(child, step, depth, path, emitted, tokens_row, offs_a)
+                    else:
+                        # The list of this node is still the request's: the bonus from it.
+                        u = _sum1(tl.where(offs_n == node, _uniform(seed, offset, offs_n, BONUS_DRAW), 0.0))
+                        bonus = _bonus_from_list(merged_ids, merged_s, listed, tokens_row, node, N, rejected, offs_n,
+                                                 kth, denom, cut, norm, u, V, CT, TOP_CAND)
+                        emitted = tl.where(offs_a == depth, bonus.to(tl.int64), emitted)
+                        walking = 0
     if whole != 0:
         _store_outputs(path, emitted, depth, bad, logits_ptr, accept_len_ptr, accept_nodes_ptr, out_tokens_ptr,
                        status_ptr, b, V, max_depth, stride_lb, CT, BLOCK_V, BLOCK_A)

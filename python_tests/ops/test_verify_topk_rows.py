@@ -44,10 +44,10 @@ def listable(args, V, limit):
 
 def test_lists_match_reference(dtype=torch.bfloat16):
     """Top-k 1 .. list_topk with and without top-p, beside greedy, temperature-only, top-p-only and
-    larger-k requests: every output equals the reference's and the walk's, and every listed request
-    is served by the all-rows launch."""
+    larger-k requests: every output equals the reference's and the walk's, every listed top-k request
+    is served by the all-rows launch, and the top-p-only ones it serves equal the reference's."""
     limit = triton_verify().launch_config().list_topk
-    accepted = 0
+    accepted, alone_served = 0, 0
     for seed, (B, N, V, max_depth) in enumerate([(12, 10, 257, 8), (5, 1, 64, 0)]):
         tokens, parents, logits = sampling_batch(seed, B, N, V, dtype)
         args = sampling_args(seed, B, temperatures=(0.7, 1.3, 0.0, 0.4))
@@ -58,10 +58,14 @@ def test_lists_match_reference(dtype=torch.bfloat16):
         out = check_all_rows(tokens, parents, logits, max_depth, args, what=(seed, dtype))
         pending = served(tokens, parents, logits, max_depth, args)
         lists = listable(args, V, limit)
-        filtering = (args["temperature"] != 0) & (((args["top_k"] > 0) & (args["top_k"] < V)) | (args["top_p"] < 1))
-        assert bool(lists.any()) and torch.equal(pending.bool(), filtering & ~lists)
+        top_k_on = (args["top_k"] > 0) & (args["top_k"] < V)
+        filtering = (args["temperature"] != 0) & (top_k_on | (args["top_p"] < 1))
+        # Top-p alone is listed too: served where every visited nucleus ends inside its list.
+        alone = filtering & ~top_k_on
+        assert bool(lists.any()) and torch.equal(pending.bool() & ~alone, filtering & ~lists & ~alone)
         accepted += int(out.accept_len[lists].sum())
-    assert accepted >= 4  # listed walks accept drafts
+        alone_served += int((alone & (pending == 0)).sum())
+    assert accepted >= 4 and alone_served >= 1  # listed walks accept drafts
 
 
 def test_overflows_left_to_the_walk():
@@ -83,6 +87,32 @@ def test_overflows_left_to_the_walk():
     args["top_p"] = torch.tensor([1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
     check_all_rows(tokens, parents, logits, 3, args)
     assert served(tokens, parents, logits, 3, args).tolist() == [1, 1, 0, 0, 0, 0]
+
+
+def test_top_p_alone():
+    """Top-p without top-k (top_k 0 or >= V, or no top_k tensor) is listed by its list_topk largest
+    entries and the rows' softmax sums: rows with one dominant entry (a nucleus of one, far above the
+    list's floor) are served by the all-rows launch, flat rows (a nucleus of most of the row) are
+    left to the walk, and a NaN row gives status 1; every output equals the reference's and the
+    walk's. Removing the nucleus check (serving flat rows from their lists) fails the flags."""
+    B, N, V = 8, 5, 256
+    gen = torch.Generator().manual_seed(31)
+    logits = torch.randn(B, N, V, generator=gen)
+    top = torch.randint(0, V, (B, N), generator=gen)
+    spiked = torch.tensor([1, 1, 0, 1, 0, 1, 1, 1], dtype=torch.bool)
+    logits[spiked] += 12.0 * torch.nn.functional.one_hot(top[spiked], V)
+    logits[~spiked] *= 0.3
+    logits[6, 0, 5] = float("nan")
+    tokens, parents, logits = sampling_batch(31, B, N, V, torch.float32, logits=logits)
+    args = sampling_args(31, B, temperatures=(0.8, 1.2))
+    args["top_k"] = torch.tensor([0, V, 0, 0, 0, 3, 0, V + 5], dtype=torch.int32)
+    args["top_p"] = torch.tensor([0.9, 0.8, 0.9, 0.95, 0.5, 0.9, 0.9, 0.7])
+    out = check_all_rows(tokens, parents, logits, 3, args)
+    assert out.status.tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
+    assert served(tokens, parents, logits, 3, args).tolist() == [0, 0, 1, 0, 1, 0, 0, 0]
+    assert int(out.accept_len[spiked].sum()) >= 2
+    alone = {key: value for key, value in args.items() if key != "top_k"}  # no top_k tensor
+    assert served(tokens, parents, logits, 3, alone).tolist() == [0, 0, 1, 0, 1, 0, 0, 0]
 
 
 def joined_lists(row, chunk, sub, k):
@@ -146,20 +176,24 @@ def test_bad_rows(dtype):
 
 def test_gpu_config_interpreted():
     """GPU_CONFIG's lists (64- and 128-entry sub-blocks, 128 slots a chunk, 8 sub-blocks a step,
-    k up to 64) on rows of two chunks, the last one partial, bf16 and fp32 (its batch floor of 4
+    k up to 64, top-p alone) on rows of two chunks, the last one partial, bf16 and fp32 (its batch floor of 4
     lowered: below it the walk serves them); the sub-blocks the launcher picks at real
     vocabularies."""
     tv = triton_verify()
-    assert not tv._lists_topk(3, torch.ones(3), tv.GPU_CONFIG) and tv._lists_topk(4, torch.ones(4), tv.GPU_CONFIG)
+    assert not tv._lists_topk(3, torch.ones(3), None, tv.GPU_CONFIG)
+    assert tv._lists_topk(4, torch.ones(4), None, tv.GPU_CONFIG)
+    assert tv._lists_topk(4, None, torch.ones(4), tv.GPU_CONFIG)  # top-p alone
     config = dataclasses.replace(tv.GPU_CONFIG, list_min_batch=1)
     subs = [tv._topk_lists(1, 1, V, *tv._temperature_chunking(B, N, V, 8192, 132), 8192, torch.float32, "cpu",
                            config)["constexprs"]["SUB"]
             for B, N, V in [(8, 64, 49152), (1, 61, 49152), (8, 64, 128256), (8, 64, 151936), (1, 1, 5000)]]
     assert subs == [128, 64, 128, 64, 64]  # 16384 / 8192-entry chunks; Qwen's last chunk holds 4480 entries
     # bf16: a full chunk of 128 sub-blocks and a one-entry chunk; fp32: one chunk of 4096 and a partial one.
-    for seed, (dtype, B, N, V, ks) in enumerate([(torch.bfloat16, 3, 2, 8193, (64, 1, 20)),
+    # Top-p alone (top_k 0): rows with one dominant entry, served from the sums' loop and the lists.
+    for seed, (dtype, B, N, V, ks) in enumerate([(torch.bfloat16, 3, 2, 8193, (64, 1, 0)),
                                                  (torch.float32, 2, 2, 5000, (40, 20))]):
         tokens, parents, logits = sampling_batch(seed, B, N, V, dtype, scale=1.0)
+        logits[ks.index(0) if 0 in ks else B:, :, 7] = 15.0
         args = sampling_args(seed, B, temperatures=(0.8, 1.1))
         args["top_k"] = torch.tensor(ks, dtype=torch.int32)
         args["top_p"] = torch.tensor([1.0, 0.9, 0.95][:B])
