@@ -104,8 +104,8 @@ def test_bonus_after_mixed_rejections(verify_fn):
     token zeroed, both. (The Triton walk draws a bonus from the chunk sums of the last residual
     phase when nothing changed since; here the deterministic rejection came after it, so those
     sums are stale and a new phase must run.) Flat target rows make both rejections common;
-    64 requests with their own seeds."""
-    B, V = 64, 300
+    32 requests with their own seeds."""
+    B, V = 32, 300
     gen = torch.Generator().manual_seed(11)
     q = torch.softmax(torch.randn(B, 3, V, generator=gen), -1)
     logits = torch.randn(B, 3, V, generator=gen) * 0.5

@@ -58,15 +58,20 @@ def sampling_args(seed, B, temperatures=(0.0, 0.6, 1.0, 1.7)):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=["fp32", "bf16", "fp16", "fp64"])
 def test_matches_reference(dtype):
+    """Every shape in fp32 and bf16 (the decoder's dtypes); fp16 and fp64 take the wide shallow tree
+    and the deep chain-like one (their own tiles and compute dtype, not new shapes)."""
     accepted, bonus_rows = 0, 0
-    for seed, (B, N, V, max_depth) in enumerate([(8, 9, 131, 4), (4, 12, 200, 8), (4, 1, 64, 0), (4, 16, 257, 15)]):
+    shapes = [(8, 9, 131, 4), (4, 12, 200, 8), (4, 1, 64, 0), (4, 16, 257, 15)]
+    for seed, (B, N, V, max_depth) in enumerate(shapes):
+        if dtype in (torch.float16, torch.float64) and seed in (1, 2):
+            continue
         tokens, parents, logits = sampling_batch(seed, B, N, V, dtype)
         args = sampling_args(seed, B)
         out = check_all_rows(tokens, parents, logits, max_depth, args, what=(seed, B, N, V))
         sampled = args["temperature"] > 0
         accepted += int(out.accept_len[sampled].sum())
         bonus_rows += int(sampled.sum())
-    assert accepted >= 6 and bonus_rows >= 10  # sampling walks accepted drafts
+    assert accepted >= 4 and bonus_rows >= 8  # sampling walks accepted drafts
 
 
 def test_bonus_draws_in_every_chunk():

@@ -103,7 +103,8 @@ def test_top_p_alone():
     logits[spiked] += 12.0 * torch.nn.functional.one_hot(top[spiked], V)
     logits[~spiked] *= 0.3
     logits[6, 0, 5] = float("nan")
-    tokens, parents, logits = sampling_batch(31, B, N, V, torch.float32, logits=logits)
+    # float64 rows: the sums' loop in the float64 compute dtype (bf16 in the other tests).
+    tokens, parents, logits = sampling_batch(31, B, N, V, torch.float64, logits=logits.double())
     args = sampling_args(31, B, temperatures=(0.8, 1.2))
     args["top_k"] = torch.tensor([0, V, 0, 0, 0, 3, 0, V + 5], dtype=torch.int32)
     args["top_p"] = torch.tensor([0.9, 0.8, 0.9, 0.95, 0.5, 0.9, 0.9, 0.7])
