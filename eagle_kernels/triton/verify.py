@@ -136,8 +136,10 @@ class VerifyConfig:
         listed by the all-rows kernel (verify_topk.py) rather than left to the walk; 0 never are.
         At most ``min(128, candidates // 2)``, the slots of a visited row's entries at or above kth.
     list_topp: top-p requests without top-k are listed too, by their ``list_topk`` largest entries
-        (with each chunk's softmax sum): served when a visited row's nucleus ends inside its list,
-        else left to the walk.
+        (with each chunk's softmax sum): served when every visited row's nucleus ends inside its
+        list, else left to the walk after a wasted pass. Off on the GPU by default: modeled, it
+        saves a sixth where nuclei are tiny and nearly doubles the time where they are large
+        (docs/gpu_kernels.md, "Top-p alone"); for engines whose traffic is mostly confident.
     list_min_batch: only in calls of at least this many requests.
     list_sub, list_cap, list_batch: a top-k chunk's sub-blocks (entries, at most; fewer where a
         chunk would have fewer than 2 list_topk of them, or the row's last chunk fewer than
@@ -166,7 +168,7 @@ class VerifyConfig:
 # flight per thread at 8 warps).
 GPU_CONFIG = VerifyConfig(radix_bits=4, candidates=1024, max_block=4096, block_v=1024, num_warps=8,
                           greedy_block=2048, greedy_max_bytes=256 << 20,
-                          temperature_max_bytes=512 << 20, list_topk=64, list_topp=True, list_min_batch=4)
+                          temperature_max_bytes=512 << 20, list_topk=64, list_min_batch=4)
 # The interpreter's cost is per operation rather than per element: 256 candidates per pass
 # halve the passes; short lists and tiles let the tests' small V reach the candidate lists
 # and the multi-tile bonus draw.

@@ -171,7 +171,10 @@ def _verify_temperature_kernel(
         filtering = (t != 0) & _filters(top_k, tl.load(top_p_ptr + b), V)
         # A top-k request listed here (verify_topk.py), and with LIST_TOPP a top-p one without top-k
         # (its LIST_TOPK largest entries listed); the other filtering ones go to the walk's launch.
-        top_p_alone = filtering & ((top_k <= 0) | (top_k >= V)) & LIST_TOPP
+        if LIST_TOPP:
+            top_p_alone = filtering & ((top_k <= 0) | (top_k >= V))
+        else:  # a constant: without LIST_TOPP the sums' loop and top-p's merge are not compiled
+            top_p_alone = False
         listed = (filtering & (top_k > 0) & (top_k <= LIST_TOPK) & (top_k < V)) | top_p_alone
         list_k = tl.where(top_p_alone, LIST_TOPK, top_k)
         if filtering & (listed == 0):

@@ -177,14 +177,15 @@ def test_bad_rows(dtype):
 
 def test_gpu_config_interpreted():
     """GPU_CONFIG's lists (64- and 128-entry sub-blocks, 128 slots a chunk, 8 sub-blocks a step,
-    k up to 64, top-p alone) on rows of two chunks, the last one partial, bf16 and fp32 (its batch floor of 4
-    lowered: below it the walk serves them); the sub-blocks the launcher picks at real
+    k up to 64, top-p alone with list_topp on) on rows of two chunks, the last one partial, bf16 and
+    fp32 (its batch floor of 4 lowered: below it the walk serves them); the sub-blocks the launcher picks at real
     vocabularies."""
     tv = triton_verify()
     assert not tv._lists_topk(3, torch.ones(3), None, tv.GPU_CONFIG)
     assert tv._lists_topk(4, torch.ones(4), None, tv.GPU_CONFIG)
-    assert tv._lists_topk(4, None, torch.ones(4), tv.GPU_CONFIG)  # top-p alone
-    config = dataclasses.replace(tv.GPU_CONFIG, list_min_batch=1)
+    # Top-p alone: listed where list_topp is on (off in GPU_CONFIG, on here).
+    config = dataclasses.replace(tv.GPU_CONFIG, list_min_batch=1, list_topp=True)
+    assert not tv._lists_topk(4, None, torch.ones(4), tv.GPU_CONFIG) and tv._lists_topk(4, None, torch.ones(4), config)
     subs = [tv._topk_lists(1, 1, V, *tv._temperature_chunking(B, N, V, 8192, 132), 8192, torch.float32, "cpu",
                            config)["constexprs"]["SUB"]
             for B, N, V in [(8, 64, 49152), (1, 61, 49152), (8, 64, 128256), (8, 64, 151936), (1, 1, 5000)]]
@@ -198,8 +199,10 @@ def test_gpu_config_interpreted():
         args = sampling_args(seed, B, temperatures=(0.8, 1.1))
         args["top_k"] = torch.tensor(ks, dtype=torch.int32)
         args["top_p"] = torch.tensor([1.0, 0.9, 0.95][:B])
-        # The all-rows launch alone against the reference (the walk under GPU_CONFIG is slow interpreted).
-        assert served(tokens, parents, logits, 2, args, config).tolist() == [0] * B
+        # The all-rows launch alone against the reference (the walk under GPU_CONFIG is slow interpreted);
+        # the fp32 rows (no top-p alone) with list_topp off, GPU_CONFIG's own.
+        on = config if 0 in ks else dataclasses.replace(config, list_topp=False)
+        assert served(tokens, parents, logits, 2, args, on).tolist() == [0] * B
 
 
 def test_lists_off():
