@@ -1488,6 +1488,9 @@ def main() -> None:
     compile_audit.use_device(profile)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1 (the model compiles and interprets each launch itself)")
+    from eagle_kernels.triton._interpreter import skip_repeated_lang_patching
+
+    skip_repeated_lang_patching()
     if args.mode == "fit":
         with open(args.rows) as f:
             rows = json.load(f)

@@ -10,11 +10,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from eagle_kernels import _dispatch  # noqa: E402
+from eagle_kernels.triton._interpreter import skip_repeated_lang_patching  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
 
 INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
+if INTERPRETED:
+    skip_repeated_lang_patching()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -536,10 +536,30 @@ def _exp_scale(t, CT: tl.constexpr):
 
 
 @triton.jit
-def _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, BLOCK_C: tl.constexpr):
-    """A visited row's max, softmax sum (float64) and chunk masses [BLOCK_C] (float64, summing to
-    1) from its chunks' partials (.cg: written by other programs, published by their tickets, not
-    through this SM's L1)."""
+def _online_sum_step(x, tile_max, run_max, run_sum, k):
+    """One tile of an online softmax, a lane a row of ``x`` ([lanes, entries]): the lanes' new
+    running max (with ``tile_max``, the tile's own) and their running sums of exp2((x - max) * k),
+    the old sums rescaled to the new max."""
+    new_max = tl.maximum(run_max, tile_max)
+    # A lane that has seen only -inf keeps a sum of 0 (exp2(-inf) = 0) rather than -inf - -inf.
+    # (x - shift) * k, not x * k - shift * k: at a tiny T, k is huge and both products overflow.
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    run_sum = run_sum * tl.exp2((run_max - shift) * k) + tl.sum(tl.exp2((x - shift[:, None]) * k), axis=1)
+    return new_max, run_sum
+
+
+@triton.jit
+def _fold_sums(run_max, run_sum, chunk_max, k):
+    """The lanes' running sums folded into one sum relative to ``chunk_max`` (their max)."""
+    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    return _sum1(run_sum * tl.exp2((run_max - shift) * k))
+
+
+@triton.jit
+def _node_sums(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A visited row's max, softmax sum (float64) and its chunks' sums relative to that max
+    ([BLOCK_C] float64) from its chunks' partials (.cg: written by other programs, published by
+    their tickets, not through this SM's L1)."""
     offs_c = tl.arange(0, BLOCK_C)
     at = (b * N + node) * C + offs_c
     pm = tl.load(part_max_ptr + at, mask=offs_c < C, other=float("-inf"), cache_modifier=".cg")
@@ -548,5 +568,12 @@ def _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, B
     # Each chunk's sum relative to the row's max: the softmax sum is their total. (A bad row's
     # values are never used.)
     totals = ps.to(tl.float64) * tl.exp2((pm - node_max) * k).to(tl.float64)
-    denom = _sum1(totals)
+    return node_max, _sum1(totals), totals
+
+
+@triton.jit
+def _node_partials(part_max_ptr, part_sum_ptr, b, N, node, k, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A visited row's max, softmax sum (float64) and chunk masses [BLOCK_C] (float64, summing to
+    1), from its chunks' partials as ``_node_sums`` reads them."""
+    node_max, denom, totals = _node_sums(part_max_ptr, part_sum_ptr, b, N, node, k, C, BLOCK_C)
     return node_max, denom, totals * (1.0 / denom)

@@ -55,9 +55,11 @@ from .verify_rows import (
     _draw_chunk,
     _exp_scale,
     _filters,
+    _fold_sums,
     _max1,
     _min1,
     _node_partials,
+    _online_sum_step,
     _probs,
     _scaled,
     _sum1,
@@ -74,12 +76,8 @@ def _softmax_tile(x, run_max, run_sum, peak, k, IS_FP64: tl.constexpr):
     was seen: the row is bad, and the sums no longer matter)."""
     tile_max = _lane_max(x, IS_FP64)
     peak = _max_nan_fp64(peak, tile_max) if IS_FP64 else _max_nan(peak, tile_max)
-    new_max = tl.maximum(run_max, tile_max)
-    # A lane that has seen only -inf keeps a sum of 0 (exp2(-inf) = 0) rather than -inf - -inf.
-    # (x - shift) * k, not x * k - shift * k: at a tiny T, k is huge and both products overflow.
-    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    run_sum = run_sum * tl.exp2((run_max - shift) * k) + tl.sum(tl.exp2((x - shift[:, None]) * k), axis=1)
-    return new_max, run_sum, peak
+    run_max, run_sum = _online_sum_step(x, tile_max, run_max, run_sum, k)
+    return run_max, run_sum, peak
 
 
 @triton.jit
@@ -102,10 +100,8 @@ def _softmax_chunk(row, start, end, t, part_max_ptr, part_sum_ptr, part, CT: tl.
         x = tl.load(row + offs, mask=offs < end, other=float("-inf")).to(CT)
         run_max, run_sum, peak = _softmax_tile(x, run_max, run_sum, peak, k, IS_FP64)
     chunk_max = _max1(tl.where(peak != peak, float("inf"), run_max))
-    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
-    chunk_sum = _sum1(run_sum * tl.exp2((run_max - shift) * k))
     tl.store(part_max_ptr + part, chunk_max)
-    tl.store(part_sum_ptr + part, chunk_sum)
+    tl.store(part_sum_ptr + part, _fold_sums(run_max, run_sum, chunk_max, k))
 
 
 @triton.jit

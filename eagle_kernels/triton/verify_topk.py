@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .philox import _uniform
 from .verify_greedy import _descend, _max_nan, _max_nan_fp64, _store_outputs, _walk_start
-from .verify_rows import _exp_scale, _list_stats, _max1, _node_partials, _scaled, _sum1
+from .verify_rows import _exp_scale, _fold_sums, _list_stats, _max1, _node_sums, _online_sum_step, _scaled, _sum1
 from .verify_walk import ACCEPT_DRAW, BONUS_DRAW, _accept, _bonus_from_list
 
 
@@ -87,13 +87,9 @@ def _topk_chunk(row, start, end, top_k, t, with_sum, part_max_ptr, part_sum_ptr,
         run_sum = tl.zeros([SUBS], CT)
         for tile in range(start, end, BLOCK_T):
             x, sub_max = _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT, SUB, SUBS)
-            new_max = tl.maximum(run_max, sub_max)
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # (a bad row's sum is never used)
-            run_sum = run_sum * tl.exp2((run_max - shift) * k) + tl.sum(tl.exp2((x - shift[:, None]) * k), axis=1)
-            run_max = new_max
-        chunk_max = _max1(run_max)
-        shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
-        tl.store(part_sum_ptr + part, _sum1(run_sum * tl.exp2((run_max - shift) * k)))
+            # (NaN taken as +inf in sub_max: a bad row's sum is never used.)
+            run_max, run_sum = _online_sum_step(x, sub_max, run_max, run_sum, k)
+        tl.store(part_sum_ptr + part, _fold_sums(run_max, run_sum, _max1(run_max), k))
     else:
         for tile in range(start, end, BLOCK_T):
             _, sub_max = _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT, SUB, SUBS)
@@ -251,7 +247,7 @@ def _merge_and_sample_topk(tokens_ptr, parents_ptr, logits_ptr, part_max_ptr, pa
                 total = tl.full([], 1.0, tl.float64)
                 if top_p_alone:
                     level = floor
-                    _, total, _ = _node_partials(part_max_ptr, part_sum_ptr, b, N, node, exp_scale, C, BLOCK_C)
+                    _, total, _ = _node_sums(part_max_ptr, part_sum_ptr, b, N, node, exp_scale, C, BLOCK_C)
                 count, kth, denom, cut, norm, mass = _list_stats(merged_s, listed, level, top_k, top_p,
                                                                  top_p_alone == 0, use_p, total, CT, TOP_CAND)
                 if count < 0:

@@ -90,7 +90,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_backends_match_reference(backend, case):
     fn = backend_impl(backend)
-    for seed in range(3):
+    # Triton runs interpreted, at Python speed: one seed a case (a different one each),
+    # test_block_verify_triton.py checks its launches further.
+    for seed in range(3) if backend == "cpp" else [list(CASES).index(case)]:
         tokens, logits, kwargs = random_chains(seed, 6, 5, 97, **CASES[case])
         draft_probs = kwargs.pop("draft_probs", None)
         expected = reference.block_verify(tokens, logits, draft_probs, **kwargs)
