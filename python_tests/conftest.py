@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from eagle_kernels import _dispatch  # noqa: E402
-from eagle_kernels.triton._interpreter import skip_repeated_lang_patching  # noqa: E402
+from eagle_kernels.triton._interpreter import skip_repeated_lang_patching, vectorise_generic_reductions  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -18,6 +18,7 @@ HAS_CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
 if INTERPRETED:
     skip_repeated_lang_patching()
+    vectorise_generic_reductions()
 
 
 def pytest_collection_modifyitems(config, items):

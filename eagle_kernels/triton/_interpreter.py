@@ -40,3 +40,104 @@ def skip_repeated_lang_patching() -> bool:
     patch_lang.skips_repeats = True
     interpreter._patch_lang = patch_lang
     return True
+
+
+def _branch_free(combine_fn) -> bool:
+    """Whether a combine function's body has no Python-level branch or loop (an ``if`` on a block
+    is not elementwise in the interpreter), so applying it to whole slices is applying it to each
+    element."""
+    import ast
+    import inspect
+    import textwrap
+
+    fn = getattr(combine_fn, "fn", combine_fn)
+    cached = getattr(fn, "_eagle_branch_free", None)
+    if cached is None:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            cached = not any(isinstance(node, (ast.If, ast.IfExp, ast.For, ast.While)) for node in ast.walk(tree))
+        except (OSError, TypeError, SyntaxError):
+            cached = False
+        fn._eagle_branch_free = cached
+    return cached
+
+
+def vectorise_generic_reductions() -> bool:
+    """Make the interpreter's reductions and scans with a user combine function (``tl.reduce`` with
+    ``_max_nan``, the xor reductions of ``tl.sort``'s bitonic network, ...) call the combine
+    function once per position along the reduced axis on whole slices, not once per element: the
+    same left-to-right fold, element for element, with a Python call per slice instead of per
+    element (``tl.sort`` of 128 entries: 7 x 7 / 2 reductions over the 2-wide axes of a hypercube
+    of them). Combine functions with a Python branch or loop keep the element loop. Returns
+    whether the interpreter is one this applies to."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    reduce_ops = getattr(interpreter, "ReduceOps", None)
+    scan_ops = getattr(interpreter, "ScanOps", None)
+    if reduce_ops is None or scan_ops is None or not hasattr(reduce_ops, "generic_reduce") \
+            or not hasattr(scan_ops, "generic_scan") or not hasattr(reduce_ops, "unravel"):
+        return False
+    if getattr(reduce_ops.generic_reduce, "vectorised", False):
+        return True
+    element_reduce, element_scan = reduce_ops.generic_reduce, scan_ops.generic_scan
+
+    def combine(op, acc, values, dtypes, out_shape):
+        """combine_fn(*acc, *values) on slices, each result cast back to its input's dtype (as the
+        element loop stores it) and broadcast to ``out_shape``."""
+        wrap = [op.to_tensor(a, d) for a, d in zip(acc, dtypes)] + [op.to_tensor(v, d) for v, d in zip(values, dtypes)]
+        ret = op.combine_fn.fn(*wrap)
+        ret = ret if isinstance(ret, tuple) else (ret,)
+        out = []
+        for r, a in zip(ret, acc):
+            data = np.asarray(r.handle.data if isinstance(r, tl.core.tensor) else r)
+            # A slice of a 1-D input is a scalar, which the interpreter holds as a [1] array.
+            data = np.broadcast_to(data, out_shape) if out_shape else data.reshape(())
+            out.append(np.array(data, dtype=a.dtype))
+        return out
+
+    def generic_reduce(self, input):
+        if not _branch_free(self.combine_fn):
+            return element_reduce(self, input)
+        original_axis = self.axis
+        input, axis = self.unravel(input, self.axis)
+        data = [arg.handle.data for arg in input]
+        dtypes = [arg.dtype for arg in input]
+        shape = data[0].shape
+        out_shape = shape[:axis] + shape[axis + 1:]
+        acc = [np.ascontiguousarray(np.take(d, 0, axis=axis)) for d in data]
+        for k in range(1, shape[axis]):
+            values = [np.ascontiguousarray(np.take(d, k, axis=axis)) for d in data]
+            acc = combine(self, acc, values, dtypes, out_shape)
+        ret = []
+        for a, dtype in zip(acc, dtypes):
+            if self.keep_dims:
+                a = np.expand_dims(a, axis) if original_axis is not None else a.reshape((1,) * len(shape))
+            elif original_axis is None:
+                a = a.item()
+            ret.append(self.to_tensor(a, dtype))
+        return ret
+
+    def generic_scan(self, input):
+        if not _branch_free(self.combine_fn):
+            return element_scan(self, input)
+        data = [arg.handle.data for arg in input]
+        dtypes = [arg.dtype for arg in input]
+        shape, axis = data[0].shape, self.axis
+        out_shape = shape[:axis] + shape[axis + 1:]
+        outs = [np.zeros(shape, dtype=d.dtype) for d in data]
+        acc = [np.ascontiguousarray(np.take(d, 0, axis=axis)) for d in data]
+        for o, a in zip(outs, acc):
+            np.moveaxis(o, axis, 0)[0] = a
+        for k in range(1, shape[axis]):
+            values = [np.ascontiguousarray(np.take(d, k, axis=axis)) for d in data]
+            acc = combine(self, acc, values, dtypes, out_shape)
+            for o, a in zip(outs, acc):
+                np.moveaxis(o, axis, 0)[k] = a
+        return [self.to_tensor(o, dtype) for o, dtype in zip(outs, dtypes)]
+
+    generic_reduce.vectorised = True
+    generic_reduce.element, generic_scan.element = element_reduce, element_scan  # (tests compare them)
+    reduce_ops.generic_reduce = generic_reduce
+    scan_ops.generic_scan = generic_scan
+    return True
