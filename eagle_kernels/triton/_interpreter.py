@@ -96,45 +96,45 @@ def vectorise_generic_reductions() -> bool:
             out.append(np.array(data, dtype=a.dtype))
         return out
 
-    def generic_reduce(self, input):
-        if not _branch_free(self.combine_fn):
-            return element_reduce(self, input)
-        original_axis = self.axis
-        input, axis = self.unravel(input, self.axis)
+    def folds(op, input, axis):
+        """(k, the fold of positions 0..k along ``axis``) for each k: the element loop's left fold,
+        a slice at a time."""
         data = [arg.handle.data for arg in input]
         dtypes = [arg.dtype for arg in input]
         shape = data[0].shape
         out_shape = shape[:axis] + shape[axis + 1:]
         acc = [np.ascontiguousarray(np.take(d, 0, axis=axis)) for d in data]
+        yield 0, acc
         for k in range(1, shape[axis]):
             values = [np.ascontiguousarray(np.take(d, k, axis=axis)) for d in data]
-            acc = combine(self, acc, values, dtypes, out_shape)
+            acc = combine(op, acc, values, dtypes, out_shape)
+            yield k, acc
+
+    def generic_reduce(self, input):
+        if not _branch_free(self.combine_fn):
+            return element_reduce(self, input)
+        original_axis = self.axis
+        input, axis = self.unravel(input, self.axis)
+        shape = input[0].handle.data.shape
+        for _, acc in folds(self, input, axis):  # the last fold is the reduction
+            pass
         ret = []
-        for a, dtype in zip(acc, dtypes):
+        for a, arg in zip(acc, input):
             if self.keep_dims:
                 a = np.expand_dims(a, axis) if original_axis is not None else a.reshape((1,) * len(shape))
             elif original_axis is None:
                 a = a.item()
-            ret.append(self.to_tensor(a, dtype))
+            ret.append(self.to_tensor(a, arg.dtype))
         return ret
 
     def generic_scan(self, input):
         if not _branch_free(self.combine_fn):
             return element_scan(self, input)
-        data = [arg.handle.data for arg in input]
-        dtypes = [arg.dtype for arg in input]
-        shape, axis = data[0].shape, self.axis
-        out_shape = shape[:axis] + shape[axis + 1:]
-        outs = [np.zeros(shape, dtype=d.dtype) for d in data]
-        acc = [np.ascontiguousarray(np.take(d, 0, axis=axis)) for d in data]
-        for o, a in zip(outs, acc):
-            np.moveaxis(o, axis, 0)[0] = a
-        for k in range(1, shape[axis]):
-            values = [np.ascontiguousarray(np.take(d, k, axis=axis)) for d in data]
-            acc = combine(self, acc, values, dtypes, out_shape)
+        outs = [np.zeros_like(arg.handle.data) for arg in input]
+        for k, acc in folds(self, input, self.axis):
             for o, a in zip(outs, acc):
-                np.moveaxis(o, axis, 0)[k] = a
-        return [self.to_tensor(o, dtype) for o, dtype in zip(outs, dtypes)]
+                np.moveaxis(o, self.axis, 0)[k] = a
+        return [self.to_tensor(o, arg.dtype) for o, arg in zip(outs, input)]
 
     generic_reduce.vectorised = True
     generic_reduce.element, generic_scan.element = element_reduce, element_scan  # (tests compare them)
