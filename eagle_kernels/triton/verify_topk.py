@@ -89,12 +89,14 @@ def _topk_chunk(row, start, end, top_k, t, with_sum, part_max_ptr, part_sum_ptr,
             x, sub_max = _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT, SUB, SUBS)
             # (NaN taken as +inf in sub_max: a bad row's sum is never used.)
             run_max, run_sum = _online_sum_step(x, sub_max, run_max, run_sum, k)
-        tl.store(part_sum_ptr + part, _fold_sums(run_max, run_sum, _max1(run_max), k))
+        chunk_max = _max1(run_max)
+        tl.store(part_sum_ptr + part, _fold_sums(run_max, run_sum, chunk_max, k))
     else:
         for tile in range(start, end, BLOCK_T):
             _, sub_max = _sub_maxima(row, tile, start, end, subs_row, tile_offs, CT, SUB, SUBS)
             run_max = tl.maximum(run_max, sub_max)
-    tl.store(part_max_ptr + part, _max1(run_max))
+        chunk_max = _max1(run_max)
+    tl.store(part_max_ptr + part, chunk_max)
     # Every thread reads back sub-block maxima other threads stored.
     tl.debug_barrier()
     offs_s = tl.arange(0, BLOCK_SUBS)
