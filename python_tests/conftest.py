@@ -10,7 +10,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from eagle_kernels import _dispatch  # noqa: E402
-from eagle_kernels.triton._interpreter import skip_repeated_lang_patching, vectorise_generic_reductions  # noqa: E402
+from eagle_kernels.triton._interpreter import (  # noqa: E402
+    cache_numpy_dtypes,
+    skip_repeated_lang_patching,
+    vectorise_generic_reductions,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -18,6 +22,7 @@ HAS_CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
 if INTERPRETED:
     skip_repeated_lang_patching()
+    cache_numpy_dtypes()
     vectorise_generic_reductions()
 
 

@@ -93,3 +93,23 @@ def test_helper_calls_skip_the_repeated_swap_and_a_launch_restores_it():
     x = torch.zeros(2, 4)
     run(True, x, torch.zeros(2, 4, dtype=torch.int32))
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)
+
+
+def test_remembered_numpy_dtypes_are_the_interpreters():
+    """The remembered map gives the original's numpy dtype for every Triton dtype, as a scalar, a
+    block, a pointer and a block of pointers, after other calls have filled its table; what the
+    original refuses it still refuses."""
+    from triton.runtime import interpreter
+
+    remembered = interpreter._get_np_dtype
+    assert getattr(remembered, "remembered", False)
+    original = remembered.original
+    dtypes = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+              tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv]
+    for dtype in dtypes * 2:  # the second round reads the table
+        for tt in (dtype, tl.block_type(dtype, [4, 2]), tl.pointer_type(dtype),
+                   tl.block_type(tl.pointer_type(dtype), [8])):
+            assert remembered(tt) == original(tt), tt
+    assert remembered(tl.block_type(tl.bfloat16, [2])) == np.dtype(np.uint16)  # bf16 held as its bits
+    with pytest.raises(KeyError):
+        remembered(tl.void)
