@@ -13,6 +13,7 @@ from eagle_kernels import _dispatch  # noqa: E402
 from eagle_kernels.triton._interpreter import (  # noqa: E402
     cache_numpy_dtypes,
     skip_repeated_lang_patching,
+    skip_unasserted_overflow_checks,
     vectorise_generic_reductions,
 )
 
@@ -23,6 +24,7 @@ INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
 if INTERPRETED:
     skip_repeated_lang_patching()
     cache_numpy_dtypes()
+    skip_unasserted_overflow_checks()
     vectorise_generic_reductions()
 
 

@@ -1,6 +1,6 @@
 """Speed for kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), opt in: the tests and
 the cost model call :func:`skip_repeated_lang_patching` and :func:`cache_numpy_dtypes` before they
-interpret anything.
+interpret anything, the tests :func:`skip_unasserted_overflow_checks` too.
 
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch starts and
 swaps them back when it ends. It also repeats the whole swap (``inspect.getmembers`` over the
@@ -70,6 +70,28 @@ def cache_numpy_dtypes() -> bool:
     get_np_dtype.remembered = True
     get_np_dtype.original = original  # (tests compare them)
     interpreter._get_np_dtype = get_np_dtype
+    return True
+
+
+def skip_unasserted_overflow_checks() -> bool:
+    """Stop the interpreter from computing integer overflow checks whose assertion it never makes.
+    Triton's front end follows every 32-bit integer add, subtract and multiply with the same
+    operation in int64, two comparisons and a ``device_assert``; the assertion is only emitted with
+    ``debug`` on, which the interpreter's options leave off, so the checks' values are computed and
+    dropped: about half of an interpreted launch's time in kernels with much index arithmetic
+    (profiled on test_triton_gpu_configs.py's folded-merge tree_attention cases). With ``debug`` on
+    they are kept. Returns whether the checks are now skipped."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if not dataclasses.is_dataclass(options) or not hasattr(options, "sanitize_overflow") \
+            or getattr(options, "debug", True):
+        return False
+    if options.sanitize_overflow:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
 
 

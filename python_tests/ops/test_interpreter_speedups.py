@@ -113,3 +113,38 @@ def test_remembered_numpy_dtypes_are_the_interpreters():
     assert remembered(tl.block_type(tl.bfloat16, [2])) == np.dtype(np.uint16)  # bf16 held as its bits
     with pytest.raises(KeyError):
         remembered(tl.void)
+
+
+@triton.jit
+def _int_arithmetic_kernel(a_ptr, b_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    a = tl.load(a_ptr + offs)
+    b = tl.load(b_ptr + offs)
+    tl.store(out_ptr + offs, (a * b + a - b) * 3)
+
+
+def test_skipped_overflow_checks_change_no_result():
+    """The interpreter runs without the overflow checks whose assertion it never makes (its options
+    have debug off); int32 arithmetic that overflows gives the same wrapped values with the checks
+    computed as without them."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    assert not builder.options.debug and not builder.options.sanitize_overflow
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-2**31, 2**31 - 1, (64,), generator=gen, dtype=torch.int32)
+    b = torch.randint(-2**31, 2**31 - 1, (64,), generator=gen, dtype=torch.int32)
+    skipped = torch.empty_like(a)
+    _int_arithmetic_kernel[(1,)](a, b, skipped, N=64)
+    saved = builder.options
+    builder.options = dataclasses.replace(saved, sanitize_overflow=True)
+    try:
+        checked = torch.empty_like(a)
+        _int_arithmetic_kernel[(1,)](a, b, checked, N=64)
+    finally:
+        builder.options = saved
+    want = ((a.long() * b.long() + a.long() - b.long()) * 3) & 0xFFFFFFFF
+    want = torch.where(want >= 2**31, want - 2**32, want).to(torch.int32)
+    assert torch.equal(skipped, checked) and torch.equal(skipped, want)
