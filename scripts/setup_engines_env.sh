@@ -30,14 +30,16 @@ if [ -x "$BASE/bin/python" ] && "$BASE/bin/python" -c "import torch, triton, pyt
   "$BASE/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$SITE/eagle_project_venv.pth"
 else
   rm -f "$SITE/eagle_project_venv.pth"
-  "$PY" -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest setuptools wheel
+  "$PY" -m pip install -q --no-compile torch==2.13.0 triton==3.9.0 numpy scipy pytest setuptools wheel
 fi
 # The engines and two of their pinned pure-Python dependencies, without their dependency trees.
-"$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION" "vllm==$VLLM_VERSION" \
+# --no-compile (every install here): no byte-compiling of the engines' thousands of modules (about
+# 20 s); the tests import few of them.
+"$PY" -m pip install -q --no-compile --no-deps "sglang==$SGLANG_VERSION" "vllm==$VLLM_VERSION" \
   compressed-tensors==0.18.0 gguf==0.19.0
 # What the import chains of sglang.srt.speculative.eagle_utils / spec_utils and of vLLM's
 # rejection samplers need (none of these depends on torch).
-"$PY" -m pip install -q transformers==5.19.0 pydantic==2.14.4 orjson==3.13.0 psutil==7.2.2 \
+"$PY" -m pip install -q --no-compile transformers==5.19.0 pydantic==2.14.4 orjson==3.13.0 psutil==7.2.2 \
   pybase64==1.5.1 requests pillow starlette msgspec==0.23.0 pyzmq==27.3.0 tqdm aiohttp zstandard \
   dill loguru PyYAML cbor2 openai==3.57.0 cachetools cloudpickle uvloop py-cpuinfo prometheus_client \
   fastapi openai-harmony==0.0.8 partial-json-parser einops

