@@ -1488,15 +1488,9 @@ def main() -> None:
     compile_audit.use_device(profile)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET=1 (the model compiles and interprets each launch itself)")
-    from eagle_kernels.triton._interpreter import (
-        cache_numpy_dtypes,
-        skip_repeated_lang_patching,
-        skip_unasserted_overflow_checks,
-    )
+    from eagle_kernels.triton._interpreter import speed_up_interpreter
 
-    skip_repeated_lang_patching()
-    cache_numpy_dtypes()
-    skip_unasserted_overflow_checks()
+    speed_up_interpreter(vectorise_reductions=False)
     if args.mode == "fit":
         with open(args.rows) as f:
             rows = json.load(f)

@@ -10,22 +10,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from eagle_kernels import _dispatch  # noqa: E402
-from eagle_kernels.triton._interpreter import (  # noqa: E402
-    cache_numpy_dtypes,
-    skip_repeated_lang_patching,
-    skip_unasserted_overflow_checks,
-    vectorise_generic_reductions,
-)
+from eagle_kernels.triton._interpreter import speed_up_interpreter  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
 
 INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
 if INTERPRETED:
-    skip_repeated_lang_patching()
-    cache_numpy_dtypes()
-    skip_unasserted_overflow_checks()
-    vectorise_generic_reductions()
+    speed_up_interpreter(vectorise_reductions=True)
 
 
 def pytest_collection_modifyitems(config, items):

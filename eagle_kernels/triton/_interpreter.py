@@ -1,6 +1,5 @@
 """Speed for kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), opt in: the tests and
-the cost model call :func:`skip_repeated_lang_patching` and :func:`cache_numpy_dtypes` before they
-interpret anything, the tests :func:`skip_unasserted_overflow_checks` too.
+the cost model call :func:`speed_up_interpreter` before they interpret anything.
 
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch starts and
 swaps them back when it ends. It also repeats the whole swap (``inspect.getmembers`` over the
@@ -12,6 +11,17 @@ took about 40% of an interpreted test's time (profiled on test_verify_topk_rows.
 from __future__ import annotations
 
 import triton.language as tl
+
+
+def speed_up_interpreter(vectorise_reductions: bool) -> None:
+    """Every speed-up below that leaves results unchanged; ``vectorise_reductions`` adds
+    :func:`vectorise_generic_reductions`, which the cost model leaves out (it counts the builder
+    operations a combine function makes per element)."""
+    skip_repeated_lang_patching()
+    cache_numpy_dtypes()
+    skip_unasserted_overflow_checks()
+    if vectorise_reductions:
+        vectorise_generic_reductions()
 
 
 def skip_repeated_lang_patching() -> bool:
