@@ -293,7 +293,9 @@ def _write_kv_case(dtype, B, N, Hkv, D, paged, page=64, cap=4096):
 def _layer_cases(dtype, H, I, Hq, Hkv, D):
     """The GPU decoder layer's own kernels (rmsnorm, its EAGLE-3 two-input form, silu_mul,
     rope_write_kv, rmsnorm_linear for q/k/v, gate/up, and o and down with the residual added,
-    and rmsnorm_qkv_rope, at a decoding pass's rows and a verify tree's) at one model's widths."""
+    o_proj_mlp and rmsnorm_qkv_rope, at a decoding pass's rows and a verify tree's) at one model's
+    widths."""
+    from eagle_kernels.triton import o_proj_mlp as triton_o_proj_mlp
     from eagle_kernels.triton import rmsnorm as triton_rmsnorm
     from eagle_kernels.triton import rmsnorm_linear as triton_rmsnorm_linear
     from eagle_kernels.triton import rmsnorm_qkv_rope as triton_rmsnorm_qkv_rope
@@ -311,6 +313,9 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
         for K in (Hq * D, I):  # the o and down projections, the residual added
             triton_rmsnorm_linear.rmsnorm_linear(rows.new_empty(*rows.shape[:2], K), torch.empty(H, K, dtype=dtype),
                                                  None, 1e-5, add=rows)
+        # o_proj_mlp: the three GEMMs after attention in one launch (their tiles rmsnorm_linear's).
+        triton_o_proj_mlp.o_proj_mlp(rows.new_empty(*rows.shape[:2], Hq * D), rows, torch.empty(H, Hq * D, dtype=dtype),
+                                     weight, torch.empty(2 * I, H, dtype=dtype), torch.empty(H, I, dtype=dtype), 1e-5)
     cos = torch.zeros(64, D // 2)
     cache = torch.zeros(2, 16, Hkv, D, dtype=dtype)
     triton_rope_write_kv.rope_write_kv(torch.empty(2, 3, (Hq + 2 * Hkv) * D, dtype=dtype),

@@ -8,9 +8,10 @@ model, fp32, bf16 or fp16 weights, row-major or packed by ``cpu_linear_pack``) a
 ``cpu_decoder_layer`` (a whole Llama decoder layer of such a model in one call), with
 ``cpu_decoder_layers`` (a model's whole stack of them), ``cpu_decoder_forward`` (a whole
 forward pass, token ids to logits) and ``cpu_head_forward`` (an EAGLE-3 head's pass); and the
-seven ops of the GPU decoder layer, ``rmsnorm``, ``rope_write_kv``, ``silu_mul``,
+eight ops of the GPU decoder layer, ``rmsnorm``, ``rope_write_kv``, ``silu_mul``,
 ``rmsnorm_linear`` (a norm and the GEMM after it in one launch), ``rmsnorm_qkv_rope`` (with
-RoPE and the KV write in its epilogue), ``q8_0_linear`` and ``fp8_linear`` (GEMMs over 8-bit
+RoPE and the KV write in its epilogue), ``o_proj_mlp`` (the layer after its attention in one
+launch), ``q8_0_linear`` and ``fp8_linear`` (GEMMs over 8-bit
 weights: a draft head's passes at about half the bytes). Each
 dispatches by device to the
 C++/CUDA kernels, the Triton kernels or the PyTorch reference; ``backend_of(op, device)``
@@ -41,6 +42,7 @@ from .ops import (
     cpu_linear_pack,
     draft_expand,
     fp8_linear,
+    o_proj_mlp,
     q8_0_linear,
     rmsnorm,
     rmsnorm_linear,
@@ -71,7 +73,7 @@ __all__ = [
     "compact_kv",
     "write_kv", "cpu_linear", "cpu_linear_pack", "cpu_decoder_layer", "cpu_decoder_layers", "cpu_decoder_forward",
     "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rmsnorm_qkv_rope", "rope_write_kv",
-    "silu_mul", "q8_0_linear", "fp8_linear", "Tree",
+    "silu_mul", "o_proj_mlp", "q8_0_linear", "fp8_linear", "Tree",
     "DraftCandidates", "VerifyOutput", "DecoderLayersOutput", "DecoderForwardOutput", "HeadForwardOutput",
     "backend_of",
     "reference", "expand_tree", "Expansion", "SpeculativeDecoder", "TreeConfig", "default_tree",

@@ -1,5 +1,5 @@
 """Input validation and output shapes of the GPU decoder-layer ops (rmsnorm, rope_write_kv,
-silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, q8_0_linear, fp8_linear), in the style of
+silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, o_proj_mlp, q8_0_linear, fp8_linear), in the style of
 :mod:`._checks`: every failure is a ``ValueError`` whose message starts with the name of the
 offending argument; ``values`` runs the checks that read tensor data (CPU tensors by default, see
 ``_checks.values_checked``)."""
@@ -121,6 +121,31 @@ def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, 
 def rmsnorm_linear_shapes(x, weight, norm_weight, eps, *, gated=False):
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     return (*x.shape[:-1], N), tuple(x.shape)
+
+
+def check_o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps, *, values=True):
+    check_tensor("attention", attention, dtype=HALF_AND_SINGLE)
+    if attention.dim() < 1:
+        _fail("attention", "at least 1 dimension [..., Ka]", f"shape {tuple(attention.shape)}")
+    Ka = attention.shape[-1]
+    dtype, device = attention.dtype, attention.device
+    check_tensor("o_weight", o_weight, dtype=dtype, ndim=2, device=device)
+    if o_weight.shape[1] != Ka:
+        _fail("o_weight", f"shape [H, {Ka}] (attention's last dim)", f"shape {tuple(o_weight.shape)}")
+    H = o_weight.shape[0]
+    check_tensor("residual", residual, dtype=dtype, shape=(*attention.shape[:-1], H), device=device)
+    check_tensor("norm_weight", norm_weight, dtype=dtype, shape=(H,), device=device)
+    check_tensor("gate_up_weight", gate_up_weight, dtype=dtype, ndim=2, device=device)
+    if gate_up_weight.shape[0] % 2 or gate_up_weight.shape[1] != H:
+        _fail("gate_up_weight", f"shape [2I, {H}] (gate rows, then up rows)", f"shape {tuple(gate_up_weight.shape)}")
+    inner = gate_up_weight.shape[0] // 2
+    check_tensor("down_weight", down_weight, dtype=dtype, shape=(H, inner), device=device)
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        _fail("eps", "a number >= 0", eps)
+
+
+def o_proj_mlp_shape(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps):
+    return tuple(residual.shape)
 
 
 def check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,

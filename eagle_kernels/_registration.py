@@ -174,6 +174,12 @@ def _fake_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_c
     return k_cache.new_empty(q), x.new_empty(residual)
 
 
+def _fake_o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps):
+    _layer_checks.check_o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps,
+                                   values=False)
+    return residual.new_empty(residual.shape)
+
+
 def _fake_q8_0_linear(x, quants, scales, *, residual=None):
     _layer_checks.check_q8_0_linear(x, quants, scales, residual=residual, values=False)
     return x.new_empty(_layer_checks.q8_0_linear_shape(x, quants, scales))
@@ -204,6 +210,7 @@ FAKES = {
     "silu_mul": _fake_silu_mul,
     "rmsnorm_linear": _fake_rmsnorm_linear,
     "rmsnorm_qkv_rope": _fake_rmsnorm_qkv_rope,
+    "o_proj_mlp": _fake_o_proj_mlp,
     "q8_0_linear": _fake_q8_0_linear,
     "fp8_linear": _fake_fp8_linear,
 }

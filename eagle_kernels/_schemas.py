@@ -99,6 +99,10 @@ LAYER_SCHEMAS = {
         "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, *, int num_heads, "
         "int slot_offset=0) -> (Tensor, Tensor)"
     ),
+    "o_proj_mlp": (
+        "o_proj_mlp(Tensor attention, Tensor residual, Tensor o_weight, Tensor norm_weight, Tensor gate_up_weight, "
+        "Tensor down_weight, float eps) -> Tensor"
+    ),
     "q8_0_linear": "q8_0_linear(Tensor x, Tensor quants, Tensor scales, *, Tensor? residual=None) -> Tensor",
     "fp8_linear": "fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, *, Tensor? residual=None) -> Tensor",
 }

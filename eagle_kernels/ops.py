@@ -184,6 +184,16 @@ def rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, 
                          v_cache, cache_seqlens, num_heads=num_heads, slot_offset=slot_offset)
 
 
+def o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps):
+    """A decoder layer after its attention in one launch: the o projection added into the residual
+    stream, the post-attention norm, the gate/up GEMM with SwiGLU and the down projection added
+    back: three ``rmsnorm_linear`` calls' results, bit for bit, as a GPU kernel whose programs hand
+    the phases to each other instead of three launches (docs/ops.md §22). See
+    :func:`eagle_kernels.reference.o_proj_mlp`."""
+    return _dispatch.run("o_proj_mlp", attention.device, attention, residual, o_weight, norm_weight, gate_up_weight,
+                         down_weight, eps)
+
+
 def q8_0_linear(x, quants, scales, *, residual=None):
     """``[residual +] x @ w.T`` over Q8_0 weights held as int8 ``quants`` [N, K] and fp16 ``scales``
     [N, K / 32] (``reference.q8_0_linear.split_q8_0`` of GGML block rows): half the bytes of a 16-bit

@@ -14,6 +14,7 @@ from .cpu_decoder_layer import cpu_decoder_forward, cpu_decoder_layer, cpu_decod
 from .cpu_linear import cpu_linear
 from .draft_expand import draft_expand
 from .fp8_linear import fp8_linear
+from .o_proj_mlp import o_proj_mlp
 from .q8_0_linear import q8_0_linear
 from .random import philox4x32, uniform
 from .rmsnorm import rmsnorm
@@ -31,4 +32,4 @@ __all__ = ["tree_attention", "draft_expand", "build_tree", "verify", "block_veri
            "write_kv", "cpu_linear",
            "cpu_decoder_layer", "cpu_decoder_layers",
            "cpu_decoder_forward", "cpu_head_forward", "rmsnorm", "rmsnorm_linear", "rmsnorm_qkv_rope", "rope_write_kv",
-           "silu_mul", "q8_0_linear", "fp8_linear", "philox4x32", "uniform"]
+           "silu_mul", "o_proj_mlp", "q8_0_linear", "fp8_linear", "philox4x32", "uniform"]

@@ -58,15 +58,16 @@ def _inverse_rms(x_rows, row_ok, K, eps, HAS_NORM: tl.constexpr, BLOCK_M: tl.con
 
 @triton.jit
 def _input_tile(x_rows, norm_ptr, residual_rows, row_ok, copied, k0, K, rstd, HAS_NORM: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr, COPY: tl.constexpr = True):
     """The GEMM input's K step at ``k0``: x's [BLOCK_M, BLOCK_K] tile, stored to the copy at
-    ``residual_rows`` for the ``copied`` rows, and with HAS_NORM normed as §9 rounds it
+    ``residual_rows`` for the ``copied`` rows (with COPY), and with HAS_NORM normed as §9 rounds it
     (normalised in fp32 by ``rstd``, rounded, scaled, rounded). Returns (tile, k_ok)."""
     offs_k = tl.arange(0, BLOCK_K)
     k_ok = (k0 + offs_k) < K
     x_mask = row_ok[:, None] & k_ok[None, :]
     xk = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0)
-    tl.store(residual_rows + k0 + offs_k[None, :], xk, mask=x_mask & copied[:, None])
+    if COPY:
+        tl.store(residual_rows + k0 + offs_k[None, :], xk, mask=x_mask & copied[:, None])
     if HAS_NORM:
         nk = tl.load(norm_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         normed = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype)
@@ -91,15 +92,34 @@ def _rmsnorm_linear_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if PREFETCH:
+        _prefetch_rows(w_ptr, pid_n, N, K, GATED, BLOCK_N)
+    wait_for_prior_grids(USE_PDL)
+    _linear_tile(x_ptr, norm_ptr, w_ptr, out_ptr, residual_ptr, add_ptr, M, N, K, stride_xm, eps, pid_m, pid_n,
+                 HAS_NORM, GATED, HAS_ADD, True, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, DOT_PRECISION)
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, pid_n, N, K, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weight rows of output column block ``pid_n`` (both halves' with GATED) into L2."""
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_bytes = K * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    w_rows = w_ptr + tl.minimum(cols, N - 1).to(tl.int64) * K
+    prefetch_l2(w_rows, row_bytes)
+    if GATED:
+        prefetch_l2(w_rows + N * K, row_bytes)
+
+
+@triton.jit
+def _linear_tile(x_ptr, norm_ptr, w_ptr, out_ptr, residual_ptr, add_ptr, M, N, K, stride_xm, eps, pid_m, pid_n,
+                 HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_ADD: tl.constexpr, COPY: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One (row block ``pid_m``, column block ``pid_n``) tile of §17: the rows' inverse RMS (with
+    HAS_NORM), the K loop's MMAs, SwiGLU (GATED) or the add (HAS_ADD), one rounding, the store;
+    with COPY the first column block also stores the copy of x. Pointers as the kernel's."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        row_bytes = K * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        w_rows = w_ptr + tl.minimum(cols, N - 1).to(tl.int64) * K
-        prefetch_l2(w_rows, row_bytes)
-        if GATED:
-            prefetch_l2(w_rows + N * K, row_bytes)
-    wait_for_prior_grids(USE_PDL)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
@@ -112,7 +132,7 @@ def _rmsnorm_linear_kernel(
     residual_rows = residual_ptr + rows.to(tl.int64)[:, None] * K
     w_cols = w_ptr + cols.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BLOCK_K):
-        h, k_ok = _input_tile(x_rows, norm_ptr, residual_rows, row_ok, copied, k0, K, rstd, HAS_NORM, BLOCK_K)
+        h, k_ok = _input_tile(x_rows, norm_ptr, residual_rows, row_ok, copied, k0, K, rstd, HAS_NORM, BLOCK_K, COPY)
         w_mask = col_ok[:, None] & k_ok[None, :]
         wk = tl.load(w_cols + k0 + offs_k[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
         if UPCAST:

@@ -1,4 +1,5 @@
-"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul, rmsnorm_linear, rmsnorm_qkv_rope): the
+"""The ops of the GPU decoder layer (rmsnorm, rope_write_kv, silu_mul, rmsnorm_linear, rmsnorm_qkv_rope, o_proj_mlp, the
+8-bit GEMMs): the
 Triton launchers
 against the reference under TRITON_INTERPRET=1, with their interpreter and GPU launch
 configurations; registration, fakes and opcheck; bad input. Tests running Triton carry
@@ -67,6 +68,8 @@ def small_inputs(op, dtype=torch.float32):
         return (x, weight, torch.randn(20, generator=g).to(dtype), 1e-5), {"gated": True}
     if op == "rmsnorm_qkv_rope":
         return qkv_rope_inputs(dtype, slot_offset=2)
+    if op == "o_proj_mlp":
+        return o_proj_mlp_inputs(dtype, 6, 20, 12, 14, seed=1, batch=(2, 3)), {}
     if op == "q8_0_linear":
         x, quants, scales = q8_inputs(dtype, 6, 64, 12)
         return (x.view(2, 3, 64), quants, scales), {"residual": torch.randn(2, 3, 12, generator=g).to(dtype)}
@@ -390,6 +393,104 @@ def test_rmsnorm_qkv_rope_triton_matches_reference(dtype, B, N, K, Hq, Hkv, D, S
         assert not got[:, :slot_offset].any() and torch.equal(residual, want_residual), name
 
 
+# ------------------------------------------------------------------ o_proj_mlp
+def o_proj_mlp_inputs(dtype, rows, Ka, H, inner, seed=0, batch=None):
+    """(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps), rows shaped ``batch``."""
+    g = torch.Generator().manual_seed(seed)
+    shape = batch or (rows,)
+    attention = torch.randn(*shape, Ka, generator=g).to(dtype)
+    residual = torch.randn(*shape, H, generator=g).to(dtype)
+    o_weight = (torch.randn(H, Ka, generator=g) / Ka ** 0.5).to(dtype)
+    norm_weight = (1 + 0.2 * torch.randn(H, generator=g)).to(dtype)
+    gate_up = (torch.randn(2 * inner, H, generator=g) / H ** 0.5).to(dtype)
+    down = (torch.randn(H, inner, generator=g) / inner ** 0.5).to(dtype)
+    return attention, residual, o_weight, norm_weight, gate_up, down, 1e-5
+
+
+def test_o_proj_mlp_reference_is_the_layer_after_attention():
+    """In float64: the o projection added into the residual, then the residual plus the SwiGLU MLP of its norm."""
+    attention, residual, o_weight, norm_weight, gate_up, down, eps = o_proj_mlp_inputs(torch.float64, 7, 24, 16, 10)
+    out = reference.o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up, down, eps)
+    mid = residual + attention @ o_weight.t()
+    h = mid / torch.sqrt(mid.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+    gate, up = (h @ gate_up.t()).chunk(2, dim=-1)
+    torch.testing.assert_close(out, mid + (torch.nn.functional.silu(gate) * up) @ down.t(), rtol=1e-12, atol=1e-12)
+
+
+# (dtype, rows, Ka, H, I): SmolLM2-135M's widths at a decoding row and a verify tree's 61 rows (bf16, and fp32 whose
+# gate/up tiles are half as wide); two row blocks of odd widths in every dtype (the gate/up phase of a row block waits
+# for that block's o tiles only).
+O_PROJ_MLP_CASES = [(dtype, *shape) for dtype in (torch.bfloat16, torch.float32)
+                    for shape in ((1, 576, 576, 1536), (61, 576, 576, 1536))] + \
+    [(dtype, 70, 40, 48, 72) for dtype in DTYPES]
+
+
+@pytest.mark.parametrize("dtype,rows,Ka,H,inner", O_PROJ_MLP_CASES,
+                         ids=["bf16-rows1-smollm2", "bf16-rows61-smollm2", "fp32-rows1-smollm2", "fp32-rows61-smollm2",
+                              "fp32-rows70-odd", "bf16-rows70-odd", "fp16-rows70-odd"])
+def test_o_proj_mlp_triton_is_three_rmsnorm_linear_launches(dtype, rows, Ka, H, inner):
+    """Bit for bit the three rmsnorm_linear launches it replaces (each tile is theirs), in both launch configurations,
+    and near the reference; the control words are zero again after the launch."""
+    module = triton_module("o_proj_mlp")
+    linear = triton_module("rmsnorm_linear")
+    args = o_proj_mlp_inputs(dtype, rows, Ka, H, inner, seed=rows)
+    attention, residual, o_weight, norm_weight, gate_up, down, eps = args
+    want = reference.o_proj_mlp(*args)
+    for name, config in configs(module):
+        got = module.o_proj_mlp(*args, _config=config)
+        assert got.shape == residual.shape and got.dtype == dtype and got.is_contiguous(), name
+        tiles = linear.RmsnormLinearConfig(config.block_m, config.block_n, config.block_k, config.num_warps,
+                                           config.num_stages)
+        mid, _ = linear.rmsnorm_linear(attention, o_weight, None, eps, add=residual, _config=tiles)
+        act, _ = linear.rmsnorm_linear(mid, gate_up, norm_weight, eps, gated=True, _config=tiles)
+        three, _ = linear.rmsnorm_linear(act, down, None, eps, add=mid, _config=tiles)
+        assert torch.equal(got, three), name
+        tol = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol, msg=name)
+        assert not module.tickets(got.device, 64).any(), name
+
+
+def test_o_proj_mlp_triton_programs_take_items_in_any_number():
+    """One program or more programs than items: the same result (the items are taken from one counter)."""
+    module = triton_module("o_proj_mlp")
+    args = o_proj_mlp_inputs(torch.float32, 70, 40, 48, 72, seed=5, batch=(2, 35))
+    base = module.o_proj_mlp(*args)
+    for programs in (1, 2, 1000):
+        config = dataclasses.replace(module.INTERPRETER_CONFIG, programs=programs)
+        assert torch.equal(module.o_proj_mlp(*args, _config=config), base), programs
+    assert base.shape == (2, 35, 48)
+
+
+def test_o_proj_mlp_triton_is_one_launch_and_empty_rows_launch_nothing():
+    from eagle_kernels import launch_count
+
+    module = triton_module("o_proj_mlp")
+    args = o_proj_mlp_inputs(torch.float32, 3, 16, 8, 12)
+    module.o_proj_mlp(*args)  # the device's control words made (a fill, once per process)
+    with launch_count.counting() as counts:
+        module.o_proj_mlp(*args)
+    assert counts.total == 1
+    attention, residual, *rest = args
+    with launch_count.counting() as counts:
+        empty = module.o_proj_mlp(attention[:0], residual[:0], *rest)
+    assert counts.total == 0 and empty.shape == (0, 8)
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+def test_o_proj_mlp_nan_row_stays_in_its_row(backend_name):
+    """A NaN in one attention row makes that output row NaN and leaves the others as without it."""
+    fn, reason = _dispatch.implementation("o_proj_mlp", backend_name, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args = list(o_proj_mlp_inputs(torch.float32, 6, 20, 12, 14))
+    clean = fn(*args)
+    args[0] = args[0].clone()
+    args[0][2, 5] = float("nan")
+    got = fn(*args)
+    assert got[2].isnan().all()
+    assert torch.equal(got[[0, 1, 3, 4, 5]], clean[[0, 1, 3, 4, 5]])
+
+
 def test_split_q8_0_is_the_block_rows():
     """The split form holds the block rows' values: quants x scales is their exact dequantization."""
     from eagle_kernels.reference.cpu_linear import dequantize, quantize
@@ -665,6 +766,14 @@ def bad_cases():
             (kwargs if name in kwargs else named)[name] = value
         return "rmsnorm_qkv_rope", tuple(named.values()), kwargs
 
+    mlp = o_proj_mlp_inputs(torch.float32, 4, 16, 8, 6)
+    mlp_names = ["attention", "residual", "o_weight", "norm_weight", "gate_up_weight", "down_weight", "eps"]
+
+    def o_mlp(**changes):
+        named = dict(zip(mlp_names, mlp))
+        named.update(changes)
+        return "o_proj_mlp", tuple(named.values()), {}
+
     return {
         "rmsnorm-x-int": ("x", ("rmsnorm", (x.long(), w.long(), 1e-5), {})),
         "rmsnorm-weight-shape": ("weight", ("rmsnorm", (x, torch.randn(7), 1e-5), {})),
@@ -711,6 +820,16 @@ def bad_cases():
         "qkv-rope-k-dtype": ("k_cache", qkv_rope(k_cache=qkv_args[7].long())),
         "qkv-rope-capacity": ("cache_seqlens", qkv_rope(cache_seqlens=qkv_args[9] + 8)),
         "qkv-rope-num-heads": ("num_heads", qkv_rope(num_heads=3)),
+        "o-mlp-attention-int": ("attention", o_mlp(attention=mlp[0].long())),
+        "o-mlp-o-weight-k": ("o_weight", o_mlp(o_weight=mlp[2][:, :-1])),
+        "o-mlp-residual-shape": ("residual", o_mlp(residual=mlp[1][:, :-1])),
+        "o-mlp-residual-dtype": ("residual", o_mlp(residual=mlp[1].double())),
+        "o-mlp-norm-shape": ("norm_weight", o_mlp(norm_weight=mlp[3][:-1])),
+        "o-mlp-gate-up-odd": ("gate_up_weight", o_mlp(gate_up_weight=mlp[4][:-1])),
+        "o-mlp-gate-up-width": ("gate_up_weight", o_mlp(gate_up_weight=mlp[4][:, :-1])),
+        "o-mlp-down-shape": ("down_weight", o_mlp(down_weight=mlp[5][:, :-2])),
+        "o-mlp-down-dtype": ("down_weight", o_mlp(down_weight=mlp[5].half())),
+        "o-mlp-eps": ("eps", o_mlp(eps=-1.0)),
         "q8-x-int": ("x", ("q8_0_linear", (x.long(), *q8[1:]), {})),
         "q8-quants-dtype": ("quants", ("q8_0_linear", (q8[0], q8[1].to(torch.uint8), q8[2]), {})),
         "q8-quants-k": ("quants", ("q8_0_linear", (q8[0], q8[1][:, :32], q8[2]), {})),
