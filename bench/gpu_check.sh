@@ -8,8 +8,9 @@
 #      gpu_e2e_smollm2.md
 #      then B 1, T 0 with the layer norms unfused (9 launches a layer): the fused ops' worth
 #      end to end                                                              -> e2e_unfused.log
-#      then B 1, T 0 without programmatic dependent launch, with it but no weight prefetch, and
-#      with it but the o / down GEMMs in cuBLAS: what each is worth            -> e2e_pdl.log
+#      then B 1, T 0 without programmatic dependent launch, with it but no weight prefetch,
+#      with it but the o / down GEMMs in cuBLAS, and with the layer's o_proj_mlp launch as three
+#      rmsnorm_linear launches: what each is worth                             -> e2e_pdl.log
 #   3. coupled sampling end to end, SmolLM2-135M shape, T = 1                 -> e2e_coupled.log
 #   4. the issues' GPU goals, kernel device times side by side (gpu_goals.py)  -> goals.log, gpu_goals.md
 #   5. the same end to end at the Llama-3-8B shape, then B 1, T 0 with 8-bit head GEMMs (Q8_0, fp8)
@@ -226,6 +227,7 @@ warm_compile() {
     "nopdl:--model smollm2 --no-pdl --batches 1 --temperatures 0 --prompt-tokens 384"
     "noprefetch:--model smollm2 --no-prefetch --batches 1 --temperatures 0 --prompt-tokens 384"
     "cublasres:--model smollm2 --cublas-residual --batches 1 --temperatures 0 --prompt-tokens 384"
+    "mlpapart:--model smollm2 --mlp-apart --batches 1 --temperatures 0 --prompt-tokens 384"
     "coupled:--model smollm2 --modes plain coupled --temperatures 1"
     "llama:--model llama3-8b --max-new-tokens 64"
     "llama_q8head:--model llama3-8b --max-new-tokens 64 --batches 1 --temperatures 0 --head-weights q8_0"
@@ -257,19 +259,20 @@ run_stage e2e_unfused 50 "$OUT/e2e_unfused.log" "$PY" bench/gpu_e2e.py --model s
   --batches 1 --temperatures 0 --prompt-tokens 384 --out "$OUT"
 # The same cases with every Triton kernel launched without programmatic dependent launch (on by
 # default on sm_90: a kernel's launch overlaps the previous kernel's tail; eagle_kernels/triton/_pdl.py),
-# with PDL but no L2 prefetch of the GEMMs' weights before the wait, and with PDL but the o and down
-# GEMMs in cuBLAS (which breaks the layer's chain of Triton launches twice): what each is worth a
-# step, beside e2e_smollm2's B 1, T 0 rows.
+# with PDL but no L2 prefetch of the GEMMs' weights before the wait, with PDL but the o and down
+# GEMMs in cuBLAS (which breaks the layer's chain of Triton launches twice), and with the o, gate/up
+# and down GEMMs as three rmsnorm_linear launches instead of one o_proj_mlp launch (5 launches a
+# layer, not 3): what each is worth a step, beside e2e_smollm2's B 1, T 0 rows.
 pdl_side_by_side() {
   local flag rc=0
-  for flag in --no-pdl --no-prefetch --cublas-residual; do
+  for flag in --no-pdl --no-prefetch --cublas-residual --mlp-apart; do
     "$PY" bench/gpu_e2e.py --model smollm2 "$flag" --batches 1 --temperatures 0 --prompt-tokens 384 --out "$1" \
       || rc=1
   done
   return $rc
 }
 export -f pdl_side_by_side
-run_stage e2e_pdl 90 "$OUT/e2e_pdl.log" bash -c 'pdl_side_by_side "$0"' "$OUT"
+run_stage e2e_pdl 115 "$OUT/e2e_pdl.log" bash -c 'pdl_side_by_side "$0"' "$OUT"
 
 # ------------------------------------------------------------------ 3. coupled sampling
 # StaticPolicy(coupled_sampling=True) at T = 1 (the race inside verify, one coupled_draft_logits launch
@@ -319,7 +322,8 @@ MEMCHECK_TESTS=(-m pytest -q -p no:cacheprovider -m gpu
   python_tests/models/test_gpu_layer_path.py::test_rmsnorm_qkv_rope_on_cuda
   python_tests/models/test_gpu_layer_path.py::test_q8_0_linear_on_cuda
   python_tests/models/test_gpu_layer_path.py::test_rmsnorm_linear_add_on_cuda
-  -k "B3-N130 or B4-N7 or folded or t0.7-k3 or (49152 and bf16) or test_coupled_draft_logits or rows61-gated or B8-N8-slot3 or (rows40-fc and bf16) or (rows61-down and bf16)")
+  python_tests/models/test_gpu_layer_path.py::test_o_proj_mlp_on_cuda
+  -k "B3-N130 or B4-N7 or folded or t0.7-k3 or (49152 and bf16) or test_coupled_draft_logits or rows61-gated or B8-N8-slot3 or (rows40-fc and bf16) or (rows61-down and bf16) or (o_proj_mlp and rows61 and bf16)")
 if [ -n "$SANITIZER" ]; then
   # Without torch's caching allocator every tensor is its own allocation, so an access past
   # a tensor's end is reported instead of landing in a neighbour inside a cached block.
@@ -463,7 +467,7 @@ SUMMARY="$OUT/summary.md"
   echo
   echo "## Steady-state end to end (bench/gpu_e2e.py; CUDA events around replayed steps)"
   for f in "$OUT"/gpu_e2e_smollm2.md "$OUT"/gpu_e2e_smollm2_unfused.md "$OUT"/gpu_e2e_smollm2_nopdl.md \
-           "$OUT"/gpu_e2e_smollm2_noprefetch.md "$OUT"/gpu_e2e_smollm2_cublasres.md \
+           "$OUT"/gpu_e2e_smollm2_noprefetch.md "$OUT"/gpu_e2e_smollm2_cublasres.md "$OUT"/gpu_e2e_smollm2_mlpapart.md \
            "$OUT"/gpu_e2e_llama3-8b.md \
            "$OUT"/gpu_e2e_llama3-8b_q8head.md "$OUT"/gpu_e2e_llama3-8b_fp8head.md \
            "$OUT"/coupled/gpu_e2e_smollm2.md; do

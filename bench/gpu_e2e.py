@@ -294,6 +294,12 @@ def residual_gemms_in_cublas():
     return setting(layers, "RESIDUAL_GEMMS_IN_TRITON", False)
 
 
+def mlp_apart():
+    """Within the block the o, gate/up and down GEMMs of a small layer are three rmsnorm_linear launches, not one
+    o_proj_mlp launch (``layers.O_PROJ_MLP_IN_ONE_LAUNCH``): five launches a layer instead of three."""
+    return setting(layers, "O_PROJ_MLP_IN_ONE_LAUNCH", False)
+
+
 def no_weight_prefetch():
     """Within the block PDL launches wait without prefetching their weights first."""
     return setting(_pdl, "PREFETCH_WEIGHTS", False)
@@ -364,6 +370,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cublas-residual", action="store_true",
                         help="the o and down GEMMs as cuBLAS addmm_ where the layer's other GEMMs are Triton "
                              "launches (by default rmsnorm_linear with the residual added); files *_cublasres.*")
+    parser.add_argument("--mlp-apart", action="store_true",
+                        help="the o, gate/up and down GEMMs as three rmsnorm_linear launches where they would be one "
+                             "o_proj_mlp launch (5 launches a small layer instead of 3); files *_mlpapart.*")
     parser.add_argument("--head-weights", choices=["q8_0", "fp8"],
                         help="the random EAGLE-3 head's matrices as Q8_0 blocks (q8_0_linear) or multiplied as fp8 "
                              "copies (fp8_linear): about half the bytes a head pass streams; files *_q8head.* / "
@@ -414,6 +423,8 @@ def main(argv=None) -> int:
         source += ", o / down GEMMs cuBLAS"
     if args.no_prefetch:
         source += ", no weight prefetch"
+    if args.mlp_apart:
+        source += ", o / gate-up / down GEMMs in three launches"
     if device.type == "cuda":
         source += ", PDL " + ("off" if args.no_pdl or not _pdl.programmatic_launch(device) else "on")
     if args.head_weights:
@@ -425,7 +436,8 @@ def main(argv=None) -> int:
     with norms_apart() if args.unfused else contextlib.nullcontext(), \
             _pdl.forced(False) if args.no_pdl else contextlib.nullcontext(), \
             residual_gemms_in_cublas() if args.cublas_residual else contextlib.nullcontext(), \
-            no_weight_prefetch() if args.no_prefetch else contextlib.nullcontext():
+            no_weight_prefetch() if args.no_prefetch else contextlib.nullcontext(), \
+            mlp_apart() if args.mlp_apart else contextlib.nullcontext():
         rows = run_cases(args, target, head, prompts, decoder_kwargs)
     if rows is None:
         return 1
@@ -478,7 +490,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     stem = f"gpu_e2e_{args.model}" + ("_real" if args.gguf else "") + ("_unfused" if args.unfused else "") \
         + ("_nopdl" if args.no_pdl else "") + ("_noprefetch" if args.no_prefetch else "") \
-        + ("_cublasres" if args.cublas_residual else "") \
+        + ("_cublasres" if args.cublas_residual else "") + ("_mlpapart" if args.mlp_apart else "") \
         + ({"q8_0": "_q8head", "fp8": "_fp8head"}[args.head_weights] if args.head_weights else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -22,6 +22,11 @@ Bytes per launch:
   layer (read and write); an embedding table given to a kernel counts for the rows it gathers;
   q8_0_linear's scales count 2 bytes per 32 quants.
 
+Launches whose programs hand phases to each other (o_proj_mlp: the o, gate/up and down GEMMs, ``PHASED_KERNELS``) add
+a hand-off per phase after the first: by default priced as the floor of the launch it replaces, so such a launch
+costs what its phases as separate launches would (no gain claimed where nothing has measured a hand-off); a line
+beside the table gives the plain step by what a hand-off costs.
+
 Sizes. The launch list does not depend on the widths or the prefix, so it is counted on cut
 models (fast) and the shapes are mapped to the real ones: the Llama-3-8B shape is counted with
 hidden / MLP widths 640 / 1152 (values no other dimension takes; multiples of 128, for 8-bit
@@ -151,6 +156,9 @@ CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5),
 # Triton kernels with a GEMM inside: (rows argument [M, K], weight argument [N, K]); FLOPs 2 M N K.
 TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2), "_q8_0_linear_kernel": (0, 1),
                 "_fp8_linear_kernel": (0, 2)}
+# Triton kernels whose programs hand phases to each other inside the launch: the phases after the first, each priced
+# as a hand-off (see Cost.seconds), and the GEMMs (rows argument, weight argument) of each phase for the FLOPs.
+PHASED_KERNELS = {"_o_proj_mlp_kernel": {"handoffs": 2, "gemms": ((0, 2), (6, 4), (7, 5))}}
 # q8_0_linear's scales [N, K / 32] (argument 2): charged from its quants' real shape (K / 32 of a cut width is no
 # multiple of the real one's).
 Q8_SCALES_ARG = {"_q8_0_linear_kernel": (1, 2)}
@@ -190,11 +198,16 @@ class Cost:
     tail: float = 0.0  # work after the launch's waves (a folded merge's last programs), s
     pdl: bool = False  # a PDL edge: launched with PDL after a Triton launch (LaunchCount.pdl_edges)
     rows: int = 0  # draft_expand: the frontier rows of its logits [B, M, V] as counted (M); tree_attention: N
+    handoffs: int = 0  # phases after the first inside the launch (PHASED_KERNELS)
 
-    def seconds(self, t_min: float, pdl_saving: float = 0.0) -> float:
-        """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge."""
+    def seconds(self, t_min: float, pdl_saving: float = 0.0, handoff: float | None = None) -> float:
+        """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge, plus
+        ``handoff`` per phase after the first: a phase's own work and its wait for the phase before it, inside the
+        launch. ``handoff`` None prices a hand-off as the floor of a separate launch would be (a phased launch then
+        costs what its phases as launches of their own cost: no gain claimed)."""
         floor = t_min - pdl_saving if self.pdl else t_min
-        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, floor, self.floor) + self.tail
+        phases = self.handoffs * (floor if handoff is None else handoff)
+        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, floor, self.floor) + self.tail + phases
 
 
 def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
@@ -209,6 +222,10 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
     if launch.name in TRITON_GEMMS:
         (x, _), (w, _) = (shapes[i] for i in TRITON_GEMMS[launch.name])
         flops = 2 * (numel(x) // x[-1]) * w[0] * w[1]
+    phased = PHASED_KERNELS.get(launch.name)
+    if phased:
+        flops = sum(2 * (numel(shapes[x][0]) // shapes[x][0][-1]) * shapes[w][0][0] * shapes[w][0][1]
+                    for x, w in phased["gemms"])
     caches = CACHE_ARGS.get(launch.name, ())
     total = 0
     quants, scales = Q8_SCALES_ARG.get(launch.name, (None, None))
@@ -246,7 +263,8 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
         rows = launch.tensors[0].shape[1]
     elif launch.name == "_tree_attention_kernel":
         rows = shapes[0][0][1]  # the pass's query rows (nodes) at the real sizes
-    return Cost(launch.name, launch.owner, launch.layer, total, flops, rows=rows)
+    return Cost(launch.name, launch.owner, launch.layer, total, flops, rows=rows,
+                handoffs=phased["handoffs"] if phased else 0)
 
 
 def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] | None:
@@ -311,8 +329,17 @@ def weight_bytes(name: str) -> int:
     return 2 * (c.num_layers * layer + c.vocab_size * hidden + hidden)
 
 
-def step_seconds(costs: list, t_min: float, pdl_saving: float = 0.0) -> float:
-    return sum(c.seconds(t_min, pdl_saving) for c in costs)
+def step_seconds(costs: list, t_min: float, pdl_saving: float = 0.0, handoff: float | None = None) -> float:
+    return sum(c.seconds(t_min, pdl_saving, handoff) for c in costs)
+
+
+def handoff_allowed(meets, t_min: float, step_us: float = 0.01) -> float | None:
+    """The largest hand-off time (us, 0 to ``t_min``) for which ``meets(handoff in s)`` holds at ``t_min``; None
+    when none does."""
+    for i in range(int(round(t_min * 1e6 / step_us)), -1, -1):
+        if meets(i * step_us * 1e-6):
+            return round(i * step_us, 2)
+    return None
 
 
 def pdl_saving_needed(meets, t_min: float, step_us: float = 0.01) -> float | None:
@@ -401,6 +428,15 @@ def model(name: str, counts: dict, prefix: int, tau: float) -> dict:
             lambda saving: step_seconds(costs["plain"], t, saving) <= 1 / 2000, t)
     result["plain_step_us_at_measured_t_min_by_pdl_saving_us"] = {
         str(saving): round(step_seconds(costs["plain"], t, saving * 1e-6) * 1e6, 1) for saving in (0.0, 0.5, 1.0, 1.5)}
+    # The phased launches (o_proj_mlp) at the measured floor, no PDL saving, by what a hand-off costs.
+    handoffs = sum(c.handoffs for c in costs["plain"])
+    if handoffs:
+        result["plain_handoffs"] = handoffs
+        result["plain_step_us_at_measured_t_min_by_handoff_us"] = {
+            str(h): round(step_seconds(costs["plain"], t, 0.0, h * 1e-6) * 1e6, 1) for h in (0.5, 1.0, 2.0, 3.0)}
+        if name == "smollm2-135m":
+            result["handoff_for_2000_tok_s_us"] = handoff_allowed(
+                lambda h: step_seconds(costs["plain"], t, 0.0, h) <= 1 / 2000, t)
     if gemm_8bit_launches and os.path.exists(KERNEL_MODELS[gemm_8bit_launches[0][0].name]):
         result["kernel_model_8bit"] = kernel_model_cross_check(costs, gemm_8bit_launches)
     kernels = {c.name for c in costs.get("speculative", ())}
@@ -699,6 +735,16 @@ def render(results: dict) -> str:
                          "; >= 2000 tok/s from a saving of "
                          + ("none" if r["pdl_saving_for_2000_tok_s_us"] is None
                             else f"{r['pdl_saving_for_2000_tok_s_us']} us") + " an edge")]
+            if "plain_step_us_at_measured_t_min_by_handoff_us" in r:
+                by_handoff = r["plain_step_us_at_measured_t_min_by_handoff_us"]
+                lines += ["", f"{name}, prefix {prefix}, plain step at the measured t_min {MEASURED_T_MIN_US} us, no "
+                          f"PDL saving, its {r['plain_handoffs']} phase hand-offs inside o_proj_mlp launches priced "
+                          "at h us each (elsewhere a hand-off is priced as the floor of the launch it replaces): "
+                          "us by h: " + ", ".join(f"{k}: {v}" for k, v in by_handoff.items())
+                          + ("" if "handoff_for_2000_tok_s_us" not in r else
+                             "; >= 2000 tok/s for h up to "
+                             + ("none" if r["handoff_for_2000_tok_s_us"] is None
+                                else f"{r['handoff_for_2000_tok_s_us']} us"))]
             if "kernel_model_8bit" in r:
                 lines += ["", f"{name}, prefix {prefix}, the 8-bit head's GEMM launches at the kernel model's "
                           "device time (bench/results/sm90-compile/*_linear_model.json) instead of their bytes: "

@@ -47,6 +47,10 @@ FUSED_NORM_MAX_MATRIX_BYTES = 32 << 20
 # epilogue) rather than cuBLAS addmm_, so that every launch of the layer is a Triton kernel, which starts while
 # the one before it runs (programmatic dependent launch); False keeps cuBLAS (bench/gpu_e2e.py --cublas-residual).
 RESIDUAL_GEMMS_IN_TRITON = True
+# Where the o, gate/up and down matrices all fold, the layer after its attention is one ``o_proj_mlp`` launch (its
+# programs hand the three GEMM phases to each other) instead of three rmsnorm_linear launches; False: three
+# (bench/gpu_e2e.py --mlp-apart).
+O_PROJ_MLP_IN_ONE_LAUNCH = True
 FUSED_NORM_MAX_ROWS = 1024
 Q8_0_DTYPE = torch.int8  # a matrix held as Q8_0 block rows (reference.cpu_linear.quantize): q8_0_linear on the GPU path
 
@@ -383,7 +387,7 @@ class TokenRows(NamedTuple):
 
 
 class GpuLayerPath(LayerPath):
-    """The layer in five to nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
+    """The layer in three to nine kernel launches, for GPU passes (docs/decoding.md, "Launches per
     step"):
 
     1. ``rmsnorm`` (EAGLE-3: both input norms and the concatenation), also writing the copy of
@@ -397,13 +401,15 @@ class GpuLayerPath(LayerPath):
     9. down GEMM added into the residual in place.
 
     Where a matrix is small (``FUSED_NORM_MAX_MATRIX_BYTES``, ``FUSED_NORM_MAX_ROWS``), the
-    layer takes five: ``rmsnorm_qkv_rope`` does 1-3 (the copy; RoPE and the KV write in its
-    epilogue) and ``rmsnorm_linear`` 6-8 (SwiGLU in its epilogue); the o and down GEMMs are
-    ``rmsnorm_linear`` launches too, without a norm, the residual added in their epilogue, so
-    every launch of the layer is a Triton kernel and each may start while the one before it
-    runs (programmatic dependent launch, eagle_kernels/triton/_pdl.py). EAGLE-3's two-input
-    norm and the first layer's (``token_rows``) stay apart: six; a drafting pass of an EAGLE-3
-    head gets its normed input from the expansion step's launch (``normed``): five.
+    layer takes three: ``rmsnorm_qkv_rope`` does 1-3 (the copy; RoPE and the KV write in its
+    epilogue), ``tree_attention``, and ``o_proj_mlp`` 5-9 (the o GEMM into the residual, the
+    norm, the gate/up GEMM with SwiGLU, the down GEMM into the residual: three GEMM phases of
+    one launch; ``O_PROJ_MLP_IN_ONE_LAUNCH`` False makes them three ``rmsnorm_linear``
+    launches, five a layer). Every launch of the layer is then a Triton kernel and each may
+    start while the one before it runs (programmatic dependent launch,
+    eagle_kernels/triton/_pdl.py). EAGLE-3's two-input norm and the first layer's
+    (``token_rows``) stay apart: four; a drafting pass of an EAGLE-3 head gets its normed input
+    from the expansion step's launch (``normed``): three.
 
     Weights in the activations' dtype (fp32, fp16 or bf16), as is the cache, or Q8_0 block rows
     (a draft head's ``weight_dtype="q8_0"``): their GEMMs run ``q8_0_linear`` at half the bytes,
@@ -465,6 +471,9 @@ class GpuLayerPath(LayerPath):
         attention = ops.tree_attention(q, k_layer, v_layer, cache.seqlens, tree_mask)
         if slot_offset:
             attention = attention[:, slot_offset:]
+        if self.one_launch_after_attention(layer, residual):
+            return ops.o_proj_mlp(attention.reshape(B * N, -1), residual.view(B * N, H), layer.o, layer.post_norm,
+                                  layer.gate_up, layer.down, c.rms_norm_eps).view(B, N, H)
         rows = self.project(attention.reshape(B * N, -1), layer.o, residual.view(B * N, H))
         if self.folds(layer.gate_up, rows):
             activation, _ = ops.rmsnorm_linear(rows, layer.gate_up, layer.post_norm, c.rms_norm_eps, gated=True)
@@ -472,6 +481,13 @@ class GpuLayerPath(LayerPath):
             h, _ = ops.rmsnorm(rows, layer.post_norm, c.rms_norm_eps)
             activation = ops.silu_mul(self.project(h, layer.gate_up))
         return self.project(activation, layer.down, rows).view(B, N, H)
+
+    def one_launch_after_attention(self, layer: LayerWeights, residual: torch.Tensor) -> bool:
+        """Whether the o, gate/up and down GEMMs run as one ``o_proj_mlp`` launch: each would be a
+        Triton ``rmsnorm_linear`` launch (:meth:`folds`, the residual GEMMs in Triton) and the
+        layer has a post-attention norm."""
+        return (O_PROJ_MLP_IN_ONE_LAUNCH and RESIDUAL_GEMMS_IN_TRITON and layer.post_norm is not None
+                and all(self.folds(m, residual) for m in (layer.o, layer.gate_up, layer.down)))
 
     def folds(self, matrix: torch.Tensor, x: torch.Tensor) -> bool:
         """:meth:`fuses`, and this path multiplies ``matrix`` as stored (not an fp8 copy)."""

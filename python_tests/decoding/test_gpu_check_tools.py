@@ -99,19 +99,23 @@ def test_gpu_e2e_smoke_unfused(tmp_path):
 
 
 def test_gpu_e2e_smoke_pdl_side_by_side(tmp_path):
-    """--no-pdl, --no-prefetch and --cublas-residual (the GPU check's e2e_pdl stage) write their own files and
-    leave the switches as they were."""
+    """--no-pdl, --no-prefetch, --cublas-residual and --mlp-apart (the GPU check's e2e_pdl stage) write their own
+    files and leave the switches as they were."""
     import gpu_e2e
 
     from eagle_kernels.models import layers
     from eagle_kernels.triton import _pdl
 
-    for flag, stem in (("--no-pdl", "nopdl"), ("--no-prefetch", "noprefetch"), ("--cublas-residual", "cublasres")):
+    for flag, stem in (("--no-pdl", "nopdl"), ("--no-prefetch", "noprefetch"), ("--mlp-apart", "mlpapart"),
+                       ("--cublas-residual", "cublasres")):
         assert gpu_e2e.main(["--smoke", flag, "--batches", "1", "--temperatures", "0", "--out", str(tmp_path)]) == 0
         summary = json.loads((tmp_path / f"gpu_e2e_tiny_{stem}.json").read_text())
         assert len(summary["rows"]) == 2
     assert "o / down GEMMs cuBLAS" in summary["source"]
-    assert layers.RESIDUAL_GEMMS_IN_TRITON and not _pdl._forced and _pdl.PREFETCH_WEIGHTS
+    assert layers.RESIDUAL_GEMMS_IN_TRITON and layers.O_PROJ_MLP_IN_ONE_LAUNCH and not _pdl._forced
+    assert _pdl.PREFETCH_WEIGHTS
+    with gpu_e2e.mlp_apart():
+        assert not layers.O_PROJ_MLP_IN_ONE_LAUNCH
     with gpu_e2e.residual_gemms_in_cublas():
         assert not layers.RESIDUAL_GEMMS_IN_TRITON
     assert layers.RESIDUAL_GEMMS_IN_TRITON

@@ -45,16 +45,16 @@ def test_layers_within_budget(counted, mode):
     assert len(target_layers) == 3  # one target pass, every layer on the GPU path
     assert max(target_layers) <= LAYER_BUDGET, target_layers
     # The same kernels in every layer but the first, whose input norm is token_rows': rmsnorm_qkv_rope (norm,
-    # copy, q/k/v, RoPE, KV write), tree_attention, o rmsnorm_linear (the residual added), rmsnorm_linear (norm,
-    # gate/up, SwiGLU), down rmsnorm_linear (the residual added).
-    assert target_layers[1:] == [5] * (len(target_layers) - 1) and target_layers[0] == 6, target_layers
+    # copy, q/k/v, RoPE, KV write), tree_attention, o_proj_mlp (the o projection into the residual, the norm,
+    # gate/up with SwiGLU, the down projection into the residual).
+    assert target_layers[1:] == [3] * (len(target_layers) - 1) and target_layers[0] == 4, target_layers
     head_layers = count.per_layer("head")
     if mode != "plain":
         assert len(head_layers) == TREE.depth  # depth - 1 drafting passes and the commit
         assert max(head_layers) <= LAYER_BUDGET, head_layers
         # The commit pass's layer runs EAGLE-3's two-input norm; each drafting pass takes its normed input
         # from the expansion step's launch: one launch fewer.
-        assert sorted(head_layers) == [5] * (TREE.depth - 1) + [6], head_layers
+        assert sorted(head_layers) == [3] * (TREE.depth - 1) + [4], head_layers
     else:
         assert head_layers == []
     # The layers' kernels are the GPU path's: Triton norms, RoPE + KV write (in the q/k/v GEMM's epilogue), attention.
@@ -112,12 +112,12 @@ def test_speculative_bookkeeping_kernels(counted):
     # The target's embedding, first input norm and tree positions: its first layer's first launch.
     assert by_kernel["_token_rows_kernel"] == 1
     # rmsnorm: the target's final norm and the commit pass's two-input norm (EAGLE-3; the drafting passes' norms
-    # are written by the expansion step before them). rmsnorm_linear:
-    # in each layer of the target's and the head's the post-attention norm with gate/up, and the o and down
-    # projections with the residual added; and each head pass's final norm with its draft LM head but the first's
-    # (whose draft logits read the root's norm made by the commit).
+    # are written by the expansion step before them). o_proj_mlp: each layer of the target's and the head's after
+    # its attention. rmsnorm_linear: each head pass's final norm with its draft LM head but the first's (whose draft
+    # logits read the root's norm made by the commit).
     assert by_kernel["_rmsnorm_kernel"] == 2
-    assert by_kernel["_rmsnorm_linear_kernel"] == 3 * (3 + TREE.depth) + (TREE.depth - 1)
+    assert by_kernel["_o_proj_mlp_kernel"] == 3 + TREE.depth
+    assert by_kernel["_rmsnorm_linear_kernel"] == TREE.depth - 1
     assert "addmm_" not in by_kernel
     assert by_kernel["_silu_mul_kernel"] == 0
     for op in ("gather", "scatter_", "index_put_", "index", "embedding", "cat", "_to_copy", "add"):
@@ -143,8 +143,8 @@ def test_speculative_step_outside_layers_within_budget(counted, mode):
 @pytest.mark.parametrize("batch", [1, 2], ids=["B1", "B2"])
 def test_eagle1_head_draft_pass(batch):
     """EAGLE-1's head (no input norm: rmsnorm_qkv_rope without a norm makes the residual's copy, q/k/v, RoPE and
-    the KV write) drafting at a slot offset: five launches. With B > 1 the attention rows past the offset are not
-    one view: one more launch (a copy)."""
+    the KV write) drafting at a slot offset: three launches (the third o_proj_mlp). With B > 1 the attention rows
+    past the offset are not one view: one more launch (a copy)."""
     if _dispatch.implementation("rmsnorm", "triton", "cpu")[0] is None:
         pytest.skip("triton runs CPU tensors only under TRITON_INTERPRET=1")
     target = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=torch.bfloat16)
@@ -162,9 +162,10 @@ def test_eagle1_head_draft_pass(batch):
     draft()  # the first pass makes the RoPE tables (once per model)
     with counting(head) as count:
         draft()
-    assert count.per_layer("head") == [5 + (batch > 1)], count.by_kernel
+    assert count.per_layer("head") == [3 + (batch > 1)], count.by_kernel
     assert count.by_kernel["_rmsnorm_qkv_rope_kernel"] == 1
-    assert count.by_kernel["_rmsnorm_linear_kernel"] == 3  # o, gate/up, down
+    assert count.by_kernel["_o_proj_mlp_kernel"] == 1  # o, gate/up, down
+    assert count.by_kernel["_rmsnorm_linear_kernel"] == 0
 
 
 def test_fp8_head_draft_pass():

@@ -77,7 +77,26 @@ def test_kv_cache_kernels(plain):
     assert gpu_step_model.launch_cost(dataclasses.replace(write, tensors=tuple(bigger)), {}, 10,
                                       config.vocab_size).bytes == cost.bytes
     costs = [gpu_step_model.launch_cost(launch, {}, 10, config.vocab_size) for launch in count.launches]
-    assert gpu_step_model.step_seconds(costs, 1e-3) == pytest.approx(count.total * 1e-3)
+    handoffs = sum(c.handoffs for c in costs)
+    assert handoffs == 2 * len(count.layers)  # o_proj_mlp's two hand-offs a layer, each priced as a floor
+    assert gpu_step_model.step_seconds(costs, 1e-3) == pytest.approx((count.total + handoffs) * 1e-3)
+
+
+def test_phased_launch(plain):
+    """o_proj_mlp: its three GEMMs' FLOPs, and two hand-offs priced as the floor of the launches it replaces
+    unless a hand-off time is given."""
+    import gpu_step_model
+
+    config, count = plain
+    launch = next(launch for launch in count.launches if launch.name == "_o_proj_mlp_kernel")
+    rows = launch.tensors[0].shape[0]
+    H, inner, Ka = config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim
+    cost = gpu_step_model.launch_cost(launch, {}, 10, config.vocab_size)
+    assert cost.flops == 2 * rows * (H * Ka + 2 * inner * H + H * inner) and cost.handoffs == 2
+    assert cost.seconds(1e-3) == pytest.approx(3e-3)
+    assert cost.seconds(1e-3, handoff=0.25e-3) == pytest.approx(1.5e-3)
+    cost.pdl = True
+    assert cost.seconds(1e-3, 0.5e-3) == pytest.approx(1.5e-3)  # each phase at the PDL edge's floor
 
 
 def test_verify_at_its_kernel_model_time():

@@ -1,4 +1,4 @@
-"""GpuLayerPath (six to nine launches per decoder layer) against TorchLayerPath, layer by layer, on CPU
+"""GpuLayerPath (three to nine launches per decoder layer) against TorchLayerPath, layer by layer, on CPU
 tensors with the Triton kernels interpreted; the path's selection. Tests running the path carry
 "triton" in their names (slow lane)."""
 
@@ -86,21 +86,27 @@ def run_target(model):
     return first, tree, cache
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["rmsnorm_linear", "unfused"])
+@pytest.mark.parametrize("form", ["o_proj_mlp", "rmsnorm_linear", "unfused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])  # fp16: the op tests
-def test_gpu_path_triton_matches_torch_path_target(dtype, fused, triton_ops, monkeypatch):
-    """Both forms of the path: norms folded into the GEMMs after them (small matrices), and the norm, cuBLAS and
-    silu_mul apart (matrices above FUSED_NORM_MAX_MATRIX_BYTES)."""
+def test_gpu_path_triton_matches_torch_path_target(dtype, form, triton_ops, monkeypatch):
+    """Every form of the path: small matrices with the layer after attention in one o_proj_mlp launch, the same as
+    three rmsnorm_linear launches (O_PROJ_MLP_IN_ONE_LAUNCH off), and the norm, cuBLAS and silu_mul apart (matrices
+    above FUSED_NORM_MAX_MATRIX_BYTES)."""
     from eagle_kernels.models import layers
 
-    if not fused:
+    if form == "unfused":
         monkeypatch.setattr(layers, "FUSED_NORM_MAX_MATRIX_BYTES", 0)
+    if form == "rmsnorm_linear":
+        monkeypatch.setattr(layers, "O_PROJ_MLP_IN_ONE_LAUNCH", False)
     model = LlamaModel.from_transformers(tiny_hf_model(torch.float32), dtype=dtype)
     with triton_ops(model, False):
         want, want_tree, want_cache = run_target(model)
     with triton_ops(model, True), counting_kernels() as launched:
         got, got_tree, got_cache = run_target(model)
-    assert (launched["_rmsnorm_linear_kernel"] > 0) == fused and (launched["_silu_mul_kernel"] > 0) != fused
+    fused = form != "unfused"
+    assert (launched["_o_proj_mlp_kernel"] > 0) == (form == "o_proj_mlp")
+    assert (launched["_rmsnorm_linear_kernel"] > 0) == (form == "rmsnorm_linear")
+    assert (launched["_silu_mul_kernel"] > 0) != fused
     assert (launched["_rmsnorm_qkv_rope_kernel"] > 0) == fused and (launched["_rope_write_kv_kernel"] > 0) != fused
     for layer in range(3):
         assert_close(got.layer_states[layer], want.layer_states[layer], dtype, f"layer {layer}")
@@ -388,11 +394,11 @@ def test_rmsnorm_linear_add_on_cuda(dtype, rows, K):
 @on_cuda
 def test_gpu_path_on_cuda_bf16():
     """On CUDA a bf16 model takes the GPU layer path; its logits follow an fp32 CPU copy within
-    bf16's tolerance; a decoding pass launches the path's Triton kernels once or twice per layer
-    (rmsnorm_qkv_rope, rmsnorm_linear, tree_attention once, the first layer's input norm inside
+    bf16's tolerance; a decoding pass launches the path's Triton kernels once per layer
+    (rmsnorm_qkv_rope, tree_attention, o_proj_mlp; the first layer's input norm inside
     token_rows; the attention's flash-decoding merge at most once; rmsnorm for the final norm
-    alone, no rope_write_kv nor silu_mul) and no more than 7 kernels per layer in all (the
-    op-by-op path launched ~33)."""
+    alone, no rope_write_kv, silu_mul nor rmsnorm_linear) and no more than 4 kernels per layer in
+    all (the op-by-op path launched ~33)."""
     from torch.profiler import ProfilerActivity, profile
 
     hf = tiny_hf_model(torch.float32)
@@ -420,7 +426,50 @@ def test_gpu_path_on_cuda_bf16():
 
     # The first layer's input norm is token_rows' (embedding, norm, positions in one launch); the final norm one more.
     assert launched("_token_rows_kernel") == 1 and launched("_rmsnorm_kernel") == 1, kernels
-    assert launched("_rmsnorm_linear_kernel") == launched("_rmsnorm_qkv_rope_kernel") == layers, kernels
+    assert launched("_o_proj_mlp_kernel") == launched("_rmsnorm_qkv_rope_kernel") == layers, kernels
+    assert launched("_rmsnorm_linear_kernel") == 0, kernels
     assert launched("_silu_mul_kernel") == launched("_rope_write_kv_kernel") == 0, kernels
     assert launched("_tree_attention_kernel") == layers and launched("_tree_attention_merge_kernel") <= layers
-    assert len(kernels) <= 7 * layers + 10, kernels
+    assert len(kernels) <= 4 * layers + 10, kernels
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 61, 488], ids=["rows1", "rows61", "rows488"])
+def test_o_proj_mlp_on_cuda(dtype, rows):
+    """The compiled one-launch layer tail at SmolLM2's widths: its programs hand the three GEMM phases to each other
+    through the ticket counters, so it must give the three rmsnorm_linear launches' bits on every call: 50 calls in a
+    row, then as a captured CUDA graph replayed 50 times (488 rows: more items than programs, each program takes
+    several); within bf16's rounding of the reference; the counters zero afterwards."""
+    from eagle_kernels import reference
+    from eagle_kernels.triton import _launch_config
+    from eagle_kernels.triton.o_proj_mlp import o_proj_mlp
+    from eagle_kernels.triton.rmsnorm_linear import rmsnorm_linear
+
+    g = torch.Generator().manual_seed(rows)
+    host = [torch.randn(rows, 576, generator=g), torch.randn(rows, 576, generator=g),
+            torch.randn(576, 576, generator=g) / 24, 1 + 0.2 * torch.randn(576, generator=g),
+            torch.randn(3072, 576, generator=g) / 24, torch.randn(576, 1536, generator=g) / 1536 ** 0.5]
+    host = [t.to(dtype) for t in host]
+    attention, residual, o_weight, norm_weight, gate_up, down = (t.cuda() for t in host)
+    mid, _ = rmsnorm_linear(attention, o_weight, None, 1e-5, add=residual)
+    act, _ = rmsnorm_linear(mid, gate_up, norm_weight, 1e-5, gated=True)
+    three, _ = rmsnorm_linear(act, down, None, 1e-5, add=mid)
+    args = (attention, residual, o_weight, norm_weight, gate_up, down, 1e-5)
+    for _ in range(50):
+        assert torch.equal(o_proj_mlp(*args), three)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = o_proj_mlp(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(50):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, three)
+    want = reference.o_proj_mlp(*host, 1e-5)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(three.cpu().float(), want.float(), rtol=tol, atol=tol)
+    torch.cuda.synchronize()
+    assert not _launch_config.tickets(attention.device, 64).any()
