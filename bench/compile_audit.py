@@ -295,6 +295,7 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
     rope_write_kv, rmsnorm_linear for q/k/v, gate/up, and o and down with the residual added,
     o_proj_mlp and rmsnorm_qkv_rope, at a decoding pass's rows and a verify tree's) at one model's
     widths."""
+    from eagle_kernels.models.layers import FUSED_NORM_MAX_MATRIX_BYTES
     from eagle_kernels.triton import o_proj_mlp as triton_o_proj_mlp
     from eagle_kernels.triton import rmsnorm as triton_rmsnorm
     from eagle_kernels.triton import rmsnorm_linear as triton_rmsnorm_linear
@@ -313,9 +314,12 @@ def _layer_cases(dtype, H, I, Hq, Hkv, D):
         for K in (Hq * D, I):  # the o and down projections, the residual added
             triton_rmsnorm_linear.rmsnorm_linear(rows.new_empty(*rows.shape[:2], K), torch.empty(H, K, dtype=dtype),
                                                  None, 1e-5, add=rows)
-        # o_proj_mlp: the three GEMMs after attention in one launch (their tiles rmsnorm_linear's).
-        triton_o_proj_mlp.o_proj_mlp(rows.new_empty(*rows.shape[:2], Hq * D), rows, torch.empty(H, Hq * D, dtype=dtype),
-                                     weight, torch.empty(2 * I, H, dtype=dtype), torch.empty(H, I, dtype=dtype), 1e-5)
+        # o_proj_mlp: the three GEMMs after attention in one launch (their tiles rmsnorm_linear's), where the GPU
+        # layer path takes it (matrices it folds: SmolLM2's, not Llama-3-8B's).
+        if 2 * I * H * x.element_size() <= FUSED_NORM_MAX_MATRIX_BYTES:
+            attention = rows.new_empty(*rows.shape[:2], Hq * D)
+            triton_o_proj_mlp.o_proj_mlp(attention, rows, torch.empty(H, Hq * D, dtype=dtype), weight,
+                                         torch.empty(2 * I, H, dtype=dtype), torch.empty(H, I, dtype=dtype), 1e-5)
     cos = torch.zeros(64, D // 2)
     cache = torch.zeros(2, 16, Hkv, D, dtype=dtype)
     triton_rope_write_kv.rope_write_kv(torch.empty(2, 3, (Hq + 2 * Hkv) * D, dtype=dtype),
