@@ -22,10 +22,11 @@ Bytes per launch:
   layer (read and write); an embedding table given to a kernel counts for the rows it gathers;
   q8_0_linear's scales count 2 bytes per 32 quants.
 
-Launches whose programs hand phases to each other (o_proj_mlp: the o, gate/up and down GEMMs, ``PHASED_KERNELS``) add
-a hand-off per phase after the first: by default priced as the floor of the launch it replaces, so such a launch
-costs what its phases as separate launches would (no gain claimed where nothing has measured a hand-off); a line
-beside the table gives the plain step by what a hand-off costs.
+Launches whose programs hand phases to each other (o_proj_mlp: the o, gate/up and down GEMMs, ``PHASED_KERNELS``) are
+priced phase by phase, each phase as a launch of its own (its bytes and FLOPs against the floor), the phases after
+the first with a hand-off's floor instead of t_min: by default t_min itself, so such a launch costs what its phases
+as separate launches would (no gain claimed where nothing has measured a hand-off); a line beside the table gives
+the plain step by what a hand-off costs.
 
 Sizes. The launch list does not depend on the widths or the prefix, so it is counted on cut
 models (fast) and the shapes are mapped to the real ones: the Llama-3-8B shape is counted with
@@ -156,9 +157,12 @@ CACHE_ARGS = {"_tree_attention_kernel": (1, 2), "_rope_write_kv_kernel": (4, 5),
 # Triton kernels with a GEMM inside: (rows argument [M, K], weight argument [N, K]); FLOPs 2 M N K.
 TRITON_GEMMS = {"_rmsnorm_linear_kernel": (0, 2), "_rmsnorm_qkv_rope_kernel": (0, 2), "_q8_0_linear_kernel": (0, 1),
                 "_fp8_linear_kernel": (0, 2)}
-# Triton kernels whose programs hand phases to each other inside the launch: the phases after the first, each priced
-# as a hand-off (see Cost.seconds), and the GEMMs (rows argument, weight argument) of each phase for the FLOPs.
-PHASED_KERNELS = {"_o_proj_mlp_kernel": {"handoffs": 2, "gemms": ((0, 2), (6, 4), (7, 5))}}
+# Triton kernels whose programs hand phases to each other inside the launch, per phase: its GEMM (rows argument,
+# weight argument) for the FLOPs and the arguments it moves (read or written) for the bytes. Each phase is priced
+# as a launch of its own would be, the phases after the first at a hand-off's floor instead (see Cost.seconds).
+PHASED_KERNELS = {"_o_proj_mlp_kernel": (  # attention, residual, o, norm, gate_up, down, mid, act, out
+    {"gemm": (0, 2), "moves": (0, 1, 2, 6)}, {"gemm": (6, 4), "moves": (6, 3, 4, 7)},
+    {"gemm": (7, 5), "moves": (7, 5, 6, 8)})}
 # q8_0_linear's scales [N, K / 32] (argument 2): charged from its quants' real shape (K / 32 of a cut width is no
 # multiple of the real one's).
 Q8_SCALES_ARG = {"_q8_0_linear_kernel": (1, 2)}
@@ -198,16 +202,25 @@ class Cost:
     tail: float = 0.0  # work after the launch's waves (a folded merge's last programs), s
     pdl: bool = False  # a PDL edge: launched with PDL after a Triton launch (LaunchCount.pdl_edges)
     rows: int = 0  # draft_expand: the frontier rows of its logits [B, M, V] as counted (M); tree_attention: N
-    handoffs: int = 0  # phases after the first inside the launch (PHASED_KERNELS)
+    phases: tuple = ()  # (bytes, FLOPs) of each phase of a phased launch (PHASED_KERNELS)
+
+    @property
+    def handoffs(self) -> int:
+        """Phases after the first inside the launch."""
+        return max(len(self.phases) - 1, 0)
 
     def seconds(self, t_min: float, pdl_saving: float = 0.0, handoff: float | None = None) -> float:
-        """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge, plus
-        ``handoff`` per phase after the first: a phase's own work and its wait for the phase before it, inside the
-        launch. ``handoff`` None prices a hand-off as the floor of a separate launch would be (a phased launch then
-        costs what its phases as launches of their own cost: no gain claimed)."""
+        """The launch's time at a floor of ``t_min`` a launch, ``pdl_saving`` less where it is a PDL edge. A phased
+        launch is the sum of its phases, each ``max(bytes / bandwidth, FLOPs / peak, floor)`` with the launch's floor
+        for the first and ``handoff`` for the others: the wait for the phase before it inside the launch. ``handoff``
+        None prices a hand-off as the floor of a launch of its own (a phased launch then costs what its phases as
+        separate launches would: no gain claimed)."""
         floor = t_min - pdl_saving if self.pdl else t_min
-        phases = self.handoffs * (floor if handoff is None else handoff)
-        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, floor, self.floor) + self.tail + phases
+        if self.phases:
+            later = floor if handoff is None else handoff
+            return sum(max(b / HBM_BYTES_PER_S, f / BF16_FLOPS_PER_S, floor if i == 0 else later)
+                       for i, (b, f) in enumerate(self.phases)) + self.tail
+        return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, floor, self.floor) + self.tail
 
 
 def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
@@ -222,10 +235,12 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
     if launch.name in TRITON_GEMMS:
         (x, _), (w, _) = (shapes[i] for i in TRITON_GEMMS[launch.name])
         flops = 2 * (numel(x) // x[-1]) * w[0] * w[1]
-    phased = PHASED_KERNELS.get(launch.name)
-    if phased:
-        flops = sum(2 * (numel(shapes[x][0]) // shapes[x][0][-1]) * shapes[w][0][0] * shapes[w][0][1]
-                    for x, w in phased["gemms"])
+    phases = ()
+    if launch.name in PHASED_KERNELS:
+        phases = tuple((sum(numel(shapes[i][0]) * shapes[i][1] for i in phase["moves"]),
+                        2 * (numel(shapes[x][0]) // shapes[x][0][-1]) * shapes[w][0][0] * shapes[w][0][1])
+                       for phase in PHASED_KERNELS[launch.name] for x, w in (phase["gemm"],))
+        flops = sum(f for _, f in phases)
     caches = CACHE_ARGS.get(launch.name, ())
     total = 0
     quants, scales = Q8_SCALES_ARG.get(launch.name, (None, None))
@@ -263,8 +278,7 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
         rows = launch.tensors[0].shape[1]
     elif launch.name == "_tree_attention_kernel":
         rows = shapes[0][0][1]  # the pass's query rows (nodes) at the real sizes
-    return Cost(launch.name, launch.owner, launch.layer, total, flops, rows=rows,
-                handoffs=phased["handoffs"] if phased else 0)
+    return Cost(launch.name, launch.owner, launch.layer, total, flops, rows=rows, phases=phases)
 
 
 def merge_cost(launch: Launch, mapping: dict, prefix: int) -> tuple[Cost, bool] | None:

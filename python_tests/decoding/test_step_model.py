@@ -83,8 +83,8 @@ def test_kv_cache_kernels(plain):
 
 
 def test_phased_launch(plain):
-    """o_proj_mlp: its three GEMMs' FLOPs, and two hand-offs priced as the floor of the launches it replaces
-    unless a hand-off time is given."""
+    """o_proj_mlp: each phase's GEMM FLOPs and bytes (its rows, matrix and output), priced as three launches unless a
+    hand-off time is given for the second and third."""
     import gpu_step_model
 
     config, count = plain
@@ -92,11 +92,15 @@ def test_phased_launch(plain):
     rows = launch.tensors[0].shape[0]
     H, inner, Ka = config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim
     cost = gpu_step_model.launch_cost(launch, {}, 10, config.vocab_size)
-    assert cost.flops == 2 * rows * (H * Ka + 2 * inner * H + H * inner) and cost.handoffs == 2
+    assert [f for _, f in cost.phases] == [2 * rows * H * Ka, 2 * rows * 2 * inner * H, 2 * rows * H * inner]
+    assert cost.flops == sum(f for _, f in cost.phases) and cost.handoffs == 2
+    assert cost.phases[1][0] == 2 * (rows * H + H + 2 * inner * H + rows * inner)  # mid, norm, gate/up, act (bf16)
     assert cost.seconds(1e-3) == pytest.approx(3e-3)
     assert cost.seconds(1e-3, handoff=0.25e-3) == pytest.approx(1.5e-3)
     cost.pdl = True
     assert cost.seconds(1e-3, 0.5e-3) == pytest.approx(1.5e-3)  # each phase at the PDL edge's floor
+    big = dataclasses.replace(cost, phases=((4.3e12, 0), (0, 0), (0, 0)))  # 1 s of bytes in the first phase
+    assert big.seconds(1e-3, handoff=0.0) == pytest.approx(1.0)
 
 
 def test_verify_at_its_kernel_model_time():
