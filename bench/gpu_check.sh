@@ -252,8 +252,8 @@ run_stage warm 100 "$OUT/warm.log" bash -c 'warm_compile "$0"' "$OUT/warm"
 # (the 2026-12-04 run had 128-token prompts: a 384-entry cache, no split).
 run_stage e2e_smollm2 110 "$OUT/e2e_smollm2.log" "$PY" bench/gpu_e2e.py --model smollm2 --profile \
   --prompt-tokens 384 --out "$OUT"
-# The same cases at B 1, T 0 without the fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): whether
-# 5 launches a layer beat the 9 of norms, cuBLAS GEMMs, RoPE and SwiGLU apart (the kernel model
+# The same cases at B 1, T 0 without the fused layer ops (rmsnorm_qkv_rope, o_proj_mlp): whether
+# 3 launches a layer beat the 9 of norms, cuBLAS GEMMs, RoPE and SwiGLU apart (the kernel model
 # charges a fused launch at one row its chain of dependent loads: docs/gpu_kernels.md).
 run_stage e2e_unfused 50 "$OUT/e2e_unfused.log" "$PY" bench/gpu_e2e.py --model smollm2 --unfused \
   --batches 1 --temperatures 0 --prompt-tokens 384 --out "$OUT"

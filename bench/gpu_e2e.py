@@ -284,7 +284,7 @@ def setting(module, name: str, value):
 
 def norms_apart():
     """Within the block the GPU layer path runs its norms apart from the GEMMs after them (no matrix
-    is small enough for ``rmsnorm_linear`` / ``rmsnorm_qkv_rope``): 9 launches a layer."""
+    is small enough for ``rmsnorm_linear`` / ``rmsnorm_qkv_rope`` / ``o_proj_mlp``): 9 launches a layer."""
     return setting(layers, "FUSED_NORM_MAX_MATRIX_BYTES", 0)
 
 
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
                         help="after each case, the kernels of a replayed step (kernel_profile): launches and device "
                              "time per kernel, beside the step's time")
     parser.add_argument("--unfused", action="store_true",
-                        help="the GPU layer path without its fused norm ops (rmsnorm_linear, rmsnorm_qkv_rope): "
+                        help="the GPU layer path without its fused ops (rmsnorm_linear, rmsnorm_qkv_rope, o_proj_mlp): "
                              "norms, cuBLAS GEMMs, RoPE and SwiGLU apart, 9 launches a layer (files *_unfused.*)")
     parser.add_argument("--no-pdl", action="store_true",
                         help="every Triton kernel launched without programmatic dependent launch (on by default on "
