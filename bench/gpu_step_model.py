@@ -223,6 +223,13 @@ class Cost:
         return max(self.bytes / HBM_BYTES_PER_S, self.flops / BF16_FLOPS_PER_S, floor, self.floor) + self.tail
 
 
+def gemm_flops(shapes: list, x: int, w: int) -> int:
+    """2 M N K of a GEMM whose rows [..., K] and weight [N, K] are arguments ``x`` and ``w`` of
+    ``shapes`` ((shape, itemsize) per argument)."""
+    rows, weight = shapes[x][0], shapes[w][0]
+    return 2 * (numel(rows) // rows[-1]) * weight[0] * weight[1]
+
+
 def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
     """Bytes and FLOPs of one launch at the real sizes (see the module docstring)."""
     shapes = [(real_shape(t.shape, mapping), t.itemsize) for t in launch.tensors]
@@ -233,13 +240,11 @@ def launch_cost(launch: Launch, mapping: dict, prefix: int, vocab: int) -> Cost:
         n = b[0][0] if launch.name == "linear" else b[0][-1]
         flops = 2 * (numel(a[0]) // k) * n * k
     if launch.name in TRITON_GEMMS:
-        (x, _), (w, _) = (shapes[i] for i in TRITON_GEMMS[launch.name])
-        flops = 2 * (numel(x) // x[-1]) * w[0] * w[1]
+        flops = gemm_flops(shapes, *TRITON_GEMMS[launch.name])
     phases = ()
     if launch.name in PHASED_KERNELS:
         phases = tuple((sum(numel(shapes[i][0]) * shapes[i][1] for i in phase["moves"]),
-                        2 * (numel(shapes[x][0]) // shapes[x][0][-1]) * shapes[w][0][0] * shapes[w][0][1])
-                       for phase in PHASED_KERNELS[launch.name] for x, w in (phase["gemm"],))
+                        gemm_flops(shapes, *phase["gemm"])) for phase in PHASED_KERNELS[launch.name])
         flops = sum(f for _, f in phases)
     caches = CACHE_ARGS.get(launch.name, ())
     total = 0
@@ -347,22 +352,26 @@ def step_seconds(costs: list, t_min: float, pdl_saving: float = 0.0, handoff: fl
     return sum(c.seconds(t_min, pdl_saving, handoff) for c in costs)
 
 
-def handoff_allowed(meets, t_min: float, step_us: float = 0.01) -> float | None:
-    """The largest hand-off time (us, 0 to ``t_min``) for which ``meets(handoff in s)`` holds at ``t_min``; None
-    when none does."""
-    for i in range(int(round(t_min * 1e6 / step_us)), -1, -1):
+def first_on_grid(meets, top: float, step_us: float = 0.01, largest: bool = False) -> float | None:
+    """The least (``largest``: the greatest) value, us, on a grid from 0 to ``top`` (s) in steps of
+    ``step_us`` for which ``meets(value in s)`` holds; None when none does."""
+    grid = range(int(round(top * 1e6 / step_us)) + 1)
+    for i in reversed(grid) if largest else grid:
         if meets(i * step_us * 1e-6):
             return round(i * step_us, 2)
     return None
+
+
+def handoff_allowed(meets, t_min: float, step_us: float = 0.01) -> float | None:
+    """The largest hand-off time (us, 0 to ``t_min``) for which ``meets(handoff in s)`` holds at ``t_min``; None
+    when none does."""
+    return first_on_grid(meets, t_min, step_us, largest=True)
 
 
 def pdl_saving_needed(meets, t_min: float, step_us: float = 0.01) -> float | None:
     """The least saving per PDL edge (us, 0 to ``t_min``) for which ``meets(pdl_saving in s)`` holds at
     ``t_min``; None when none does."""
-    for i in range(int(round(t_min * 1e6 / step_us)) + 1):
-        if meets(i * step_us * 1e-6):
-            return round(i * step_us, 2)
-    return None
+    return first_on_grid(meets, t_min, step_us)
 
 
 def breakdown(costs: list, t_min: float) -> dict:

@@ -13,14 +13,18 @@ from ._checks import _fail, check_tensor, values_checked
 HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def _check_eps(eps) -> None:
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        _fail("eps", "a number >= 0", eps)
+
+
 def check_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None, values=True):
     check_tensor("x", x, dtype=HALF_AND_SINGLE)
     if x.dim() < 1:
         _fail("x", "at least 1 dimension [..., H]", f"shape {tuple(x.shape)}")
     H = x.shape[-1]
     check_tensor("weight", weight, dtype=x.dtype, shape=(H,), device=x.device)
-    if not isinstance(eps, (int, float)) or not eps >= 0:
-        _fail("eps", "a number >= 0", eps)
+    _check_eps(eps)
     if (embed is None) != (embed_weight is None):
         _fail("embed" if embed is None else "embed_weight", "embed and embed_weight together", "only one of them")
     if embed is not None:
@@ -86,11 +90,11 @@ def silu_mul_shape(gate_up):
     return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 
-def _gemm_rows(x, dtype) -> int:
-    """Check a GEMM's rows ``x`` [..., K] of one of ``dtype``; returns K."""
-    check_tensor("x", x, dtype=dtype)
+def _gemm_rows(x, dtype, name: str = "x") -> int:
+    """Check a GEMM's rows ``x`` [..., K] (argument ``name``) of one of ``dtype``; returns K."""
+    check_tensor(name, x, dtype=dtype)
     if x.dim() < 1:
-        _fail("x", "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
+        _fail(name, "at least 1 dimension [..., K]", f"shape {tuple(x.shape)}")
     return x.shape[-1]
 
 
@@ -111,8 +115,7 @@ def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, 
         _fail("weight", "an even row count [2I, K] (gated: gate rows, then up rows)", f"shape {tuple(weight.shape)}")
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, dtype=x.dtype, shape=(K,), device=x.device)
-    if not isinstance(eps, (int, float)) or not eps >= 0:
-        _fail("eps", "a number >= 0", eps)
+    _check_eps(eps)
     if add is not None and gated:
         _fail("add", "None with gated (SwiGLU's output is not added to)", "a tensor")
     _gemm_residual(add, x, weight.shape[0], "add")
@@ -124,10 +127,7 @@ def rmsnorm_linear_shapes(x, weight, norm_weight, eps, *, gated=False):
 
 
 def check_o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps, *, values=True):
-    check_tensor("attention", attention, dtype=HALF_AND_SINGLE)
-    if attention.dim() < 1:
-        _fail("attention", "at least 1 dimension [..., Ka]", f"shape {tuple(attention.shape)}")
-    Ka = attention.shape[-1]
+    Ka = _gemm_rows(attention, HALF_AND_SINGLE, "attention")
     dtype, device = attention.dtype, attention.device
     check_tensor("o_weight", o_weight, dtype=dtype, ndim=2, device=device)
     if o_weight.shape[1] != Ka:
@@ -140,12 +140,7 @@ def check_o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight,
         _fail("gate_up_weight", f"shape [2I, {H}] (gate rows, then up rows)", f"shape {tuple(gate_up_weight.shape)}")
     inner = gate_up_weight.shape[0] // 2
     check_tensor("down_weight", down_weight, dtype=dtype, shape=(H, inner), device=device)
-    if not isinstance(eps, (int, float)) or not eps >= 0:
-        _fail("eps", "a number >= 0", eps)
-
-
-def o_proj_mlp_shape(attention, residual, o_weight, norm_weight, gate_up_weight, down_weight, eps):
-    return tuple(residual.shape)
+    _check_eps(eps)
 
 
 def check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,

@@ -106,19 +106,20 @@ def programmatic_launch(device: torch.device) -> bool:
     return torch.cuda.get_device_properties(device).major >= 9
 
 
-def launch_options(device: torch.device, weight: torch.Tensor | None = None) -> dict:
+def launch_options(device: torch.device, *weights: torch.Tensor) -> dict:
     """The keyword arguments a launcher adds to a kernel launch on ``device``: the kernel's
-    ``USE_PDL`` and Triton's ``launch_pdl``; for a GEMM kernel (``weight``: its dense matrix as
-    the kernel reads it, rows on the last dim) also ``PREFETCH``, whether its programs prefetch
-    their weight rows into L2 before the wait: with PDL and :data:`PREFETCH_WEIGHTS`, for a matrix
-    of at most :data:`PREFETCH_MAX_BYTES` whose every row starts 16-byte aligned and is a multiple
-    of 16 bytes (the bulk prefetch's rule)."""
+    ``USE_PDL`` and Triton's ``launch_pdl``; for a GEMM kernel (``weights``: its dense matrices as
+    the kernel reads them, rows on the last dim; one, or a phased kernel's several) also
+    ``PREFETCH``, whether its programs prefetch their weight rows into L2 before the wait: with PDL
+    and :data:`PREFETCH_WEIGHTS`, for matrices of at most :data:`PREFETCH_MAX_BYTES` together whose
+    every row starts 16-byte aligned and is a multiple of 16 bytes (the bulk prefetch's rule)."""
     pdl = programmatic_launch(device)
     options = {"USE_PDL": pdl, "launch_pdl": pdl}
-    if weight is not None:
-        row_bytes = weight.shape[-1] * weight.element_size()
-        options["PREFETCH"] = (pdl and PREFETCH_WEIGHTS and weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES
-                               and row_bytes % 16 == 0 and weight.data_ptr() % 16 == 0)
+    if weights:
+        options["PREFETCH"] = (pdl and PREFETCH_WEIGHTS
+                               and sum(w.numel() * w.element_size() for w in weights) <= PREFETCH_MAX_BYTES
+                               and all(w.shape[-1] * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0
+                                       for w in weights))
     return options
 
 

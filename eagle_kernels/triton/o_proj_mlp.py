@@ -39,8 +39,8 @@ import triton.language as tl
 
 from .. import _layer_checks
 from ._launch_config import dot_mode, gpu_sms, interpreted, tickets
-from ._pdl import PREFETCH_MAX_BYTES, PREFETCH_WEIGHTS, launch_options, wait_for_prior_grids
-from .rmsnorm_linear import _linear_tile, _prefetch_rows, gemm_inputs, tile
+from ._pdl import launch_options, wait_for_prior_grids
+from .rmsnorm_linear import _linear_tile, _prefetch_rows, column_block, gemm_inputs, tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,30 +172,25 @@ def o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight, down_
         return out
     rows, norm = gemm_inputs(attention, M, norm_weight)
     residual_rows = residual.reshape(M, H).contiguous()
-    weights = [w.contiguous() for w in (o_weight, gate_up_weight, down_weight)]
+    o, gate_up, down = (w.contiguous() for w in (o_weight, gate_up_weight, down_weight))
     mid = torch.empty(M, H, dtype=out.dtype, device=out.device)
     act = torch.empty(M, inner, dtype=out.dtype, device=out.device)
     config = _config or (INTERPRETER_CONFIG if interpreted(_o_proj_mlp_kernel) else GPU_CONFIG)
-    # fp32's FMA dots with two accumulators (gated) spill at 64 x 64 on sm_90: half the columns (as rmsnorm_linear).
-    gated_n = config.block_n // 2 if attention.dtype == torch.float32 else config.block_n
+    # The tiles rmsnorm_linear's launches would take: the same bits.
     block_m = tile(config.block_m, M)
-    block_n_o, block_n_g, block_n_d = tile(config.block_n, H), tile(gated_n, inner), tile(config.block_n, H)
+    block_n_o, block_n_d = tile(config.block_n, H), tile(config.block_n, H)
+    block_n_g = tile(column_block(config.block_n, True, attention.dtype), inner)
     block_k_o, block_k_g, block_k_d = tile(config.block_k, Ka), tile(config.block_k, H), tile(config.block_k, inner)
     row_blocks = triton.cdiv(M, block_m)
     items = row_blocks * (triton.cdiv(H, block_n_o) + triton.cdiv(inner, block_n_g) + triton.cdiv(H, block_n_d))
     programs = min(items, config.programs or gpu_sms(out.device) or items)
     ctl = tickets(out.device, CTL_DONE.value + 2 * row_blocks)
-    options = launch_options(out.device)
-    options["PREFETCH"] = (options["USE_PDL"] and PREFETCH_WEIGHTS
-                           and sum(w.numel() * w.element_size() for w in weights) <= PREFETCH_MAX_BYTES
-                           and all(w.shape[-1] * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0
-                                   for w in weights))
     upcast, precision = dot_mode(_o_proj_mlp_kernel, attention.dtype)
     _o_proj_mlp_kernel[(programs,)](
-        rows, residual_rows, *weights[:1], norm, *weights[1:], mid, act, out, ctl,
+        rows, residual_rows, o, norm, gate_up, down, mid, act, out, ctl,
         M, H, Ka, inner, rows.stride(0), float(eps),
         BLOCK_M=block_m, BLOCK_N_O=block_n_o, BLOCK_N_G=block_n_g, BLOCK_N_D=block_n_d,
         BLOCK_K_O=block_k_o, BLOCK_K_G=block_k_g, BLOCK_K_D=block_k_d, UPCAST=upcast, DOT_PRECISION=precision,
-        **options, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(out.device, o, gate_up, down), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -169,6 +169,12 @@ def tile(largest: int, size: int) -> int:
     return min(largest, max(16, triton.next_power_of_2(size)))
 
 
+def column_block(block_n: int, gated: bool, dtype: torch.dtype) -> int:
+    """The largest column block of a tile (before ``tile``): ``block_n``, half of it for a gated
+    fp32 tile, whose FMA dots with two accumulators spill at 64 x 64 on sm_90."""
+    return block_n // 2 if (gated and dtype == torch.float32) else block_n
+
+
 def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, _config: RmsnormLinearConfig | None = None):
     """Triton rmsnorm_linear with the contract signature; see
     :func:`eagle_kernels.reference.rmsnorm_linear`.
@@ -195,9 +201,8 @@ def rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, _confi
     rows, norm = gemm_inputs(x, M, norm_weight)
     weight = weight.contiguous()
     config = _config or (INTERPRETER_CONFIG if interpreted(_rmsnorm_linear_kernel) else GPU_CONFIG)
-    # fp32's FMA dots with two accumulators (gated) spill at 64 x 64 on sm_90: half the columns.
-    wide_n = config.block_n // 2 if (gated and x.dtype == torch.float32) else config.block_n
-    block_m, block_n, block_k = tile(config.block_m, M), tile(wide_n, N), tile(config.block_k, K)
+    block_m, block_n = tile(config.block_m, M), tile(column_block(config.block_n, gated, x.dtype), N)
+    block_k = tile(config.block_k, K)
     upcast, precision = dot_mode(_rmsnorm_linear_kernel, x.dtype)
     _rmsnorm_linear_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
         rows, norm, weight, out, residual, out.new_empty(0) if add is None else add.reshape(M, N).contiguous(),
