@@ -32,6 +32,10 @@ at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
 void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
                   const at::Tensor& v_new, const at::Tensor& cache_seqlens,
                   const std::optional<at::Tensor>& block_table);
+// write_kv_cpu whose errors name `op` (the decoder layer ops write their caches through it).
+void write_kv_named(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
+                    const at::Tensor& v_new, const at::Tensor& cache_seqlens,
+                    const std::optional<at::Tensor>& block_table);
 
 // out [..., N] fp32 = x [..., K] fp32 @ weight [N, K] (fp32 or bf16)^T, fp32 accumulation.
 at::Tensor cpu_linear_cpu(const at::Tensor& x, const at::Tensor& weight);

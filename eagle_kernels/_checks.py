@@ -576,8 +576,8 @@ def _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
     slots = slot_offset + N
     if tree_mask is not None:
         check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, slots, mask_words(slots)), device=device)
-    if not isinstance(eps, (float, int)):
-        _fail("eps", "a float", type(eps).__name__)
+    if not isinstance(eps, (float, int)) or not eps >= 0:  # a negative or NaN eps gives NaN rows
+        _fail("eps", "a number >= 0", eps if isinstance(eps, (float, int)) else type(eps).__name__)
 
 
 def _check_row_counts(row_counts, x, k_cache, cache_seqlens, slots, values):

@@ -106,10 +106,36 @@ def _cpp_callable(op: str):
                 plain = False
             if not plain:
                 check(*args, **kwargs)
-        out = native(*args, **kwargs)
+        try:
+            out = native(*args, **kwargs)
+        except RuntimeError as error:
+            # The schema refused an argument before any kernel ran (a float where it takes a Tensor, a list
+            # holding None): the op's check names it with the ValueError of the other backends.
+            if _SCHEMA_MISMATCH in str(error):
+                check(*args, **kwargs)
+            raise
         return result_type(*out) if result_type is not None else out
 
     run.__name__ = f"{op}_cpp"
+    return run
+
+
+# What the operator schema's argument parser says when a value is not of the declared type.
+_SCHEMA_MISMATCH = "Expected a value of type"
+
+
+@functools.cache
+def _meta_callable(op: str):
+    """Meta tensors (shapes without data) go to the registered op, whose fake kernel checks the
+    metadata and returns outputs of the right shapes: the reference and the native kernels read data."""
+    registered = getattr(torch.ops.eagle_kernels, op)
+    result_type = RESULT_TYPES.get(op)
+
+    def run(*args, **kwargs):
+        out = registered(*args, **kwargs)
+        return result_type(*out) if result_type is not None else out
+
+    run.__name__ = f"{op}_meta"
     return run
 
 
@@ -174,6 +200,9 @@ def run(op: str, device, *args, **kwargs):
     key = (op, device_type, os.environ.get(BACKEND_ENV), os.environ.get("TRITON_INTERPRET"))
     fn = _RESOLVED.get(key)
     if fn is None:
-        fn, _ = implementation(op, backend_of(op, device_type), device_type)
+        if device_type == "meta":
+            fn = _meta_callable(op)
+        else:
+            fn, _ = implementation(op, backend_of(op, device_type), device_type)
         _RESOLVED[key] = fn
     return fn(*args, **kwargs)

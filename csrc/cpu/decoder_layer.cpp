@@ -151,11 +151,17 @@ int64_t out_features(const at::Tensor& w) { return w.dim() >= 4 ? w.size(0) * li
 // The sizes of one layer's call, from its checked arguments.
 struct LayerDims {
   int64_t B, N, H, Hq, Hkv, D, I, attn_in;
+  const char* op;  // the op whose call these are, named by the cache writes' errors
 };
 
 // Every check of one layer's arguments (same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer).
 // `suffix` follows the names of the per-layer tensors (cpu_decoder_layers: "[3]" for layer 3). The cache capacity
 // (cache_seqlens + slot_offset + N) is checked by write_kv in run_layer, before anything is written.
+// eps of the norms: a number >= 0 (a negative or NaN one gives NaN rows), as _checks._check_layer.
+void check_eps(const char* op, double eps) {
+  TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps: expected a number >= 0, got ", eps);
+}
+
 LayerDims check_layer(const char* op, const std::string& suffix, const at::Tensor& x_in, const at::Tensor& input_norm,
                       const at::Tensor& qkv_weight, const at::Tensor& o_weight, const at::Tensor& post_norm,
                       const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& cos_in,
@@ -221,7 +227,7 @@ LayerDims check_layer(const char* op, const std::string& suffix, const at::Tenso
                 "[B, slot_offset + N, ceil((slot_offset + N) / 64)]");
     check_device(*tree_mask, op, "tree_mask", dev);
   }
-  return {B, N, H, Hq, Hkv, D, I, attn_in};
+  return {B, N, H, Hq, Hkv, D, I, attn_in, op};
 }
 
 // Flat indices (b * N + i) of the rows to compute when `row_counts` makes some padding, else none.
@@ -307,8 +313,8 @@ at::Tensor run_layer(const LayerDims& dims, const at::Tensor& x_in, const at::Te
   // back), as LlamaModel's op-by-op path does with such a cache (cached_attention).
   const at::ScalarType cache_dtype = k_cache.scalar_type();
   const auto in_cache_dtype = [&](const at::Tensor& t) { return cache_dtype == at::kFloat ? t : t.to(cache_dtype); };
-  write_kv_cpu(k_cache, v_cache, in_cache_dtype(heads(Hq, Hkv)), in_cache_dtype(heads(Hq + Hkv, Hkv)), starts,
-               std::nullopt);
+  write_kv_named(dims.op, k_cache, v_cache, in_cache_dtype(heads(Hq, Hkv)), in_cache_dtype(heads(Hq + Hkv, Hkv)),
+                 starts, std::nullopt);
   if (R == 0) return x.clone();
   at::Tensor q = heads(0, Hq);
   if (slot_offset) {  // the earlier slots' queries are zero rows whose outputs are dropped
@@ -356,6 +362,7 @@ at::Tensor cpu_decoder_layer_cpu(const at::Tensor& x, const at::Tensor& input_no
                                  const std::optional<at::Tensor>& embed_norm, int64_t slot_offset,
                                  const std::optional<at::Tensor>& row_counts) {
   const char* op = "cpu_decoder_layer";
+  check_eps(op, eps);
   const LayerDims dims =
       check_layer(op, "", x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin,
                   k_cache, v_cache, cache_seqlens, tree_mask, num_heads, embed, embed_norm, slot_offset);
@@ -445,6 +452,7 @@ std::tuple<at::Tensor, at::Tensor> cpu_decoder_layers_cpu(
     const std::optional<at::Tensor>& row_counts) {
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layers.
   const char* op = "cpu_decoder_layers";
+  check_eps(op, eps);
   check_dtype(x, op, "x", at::kFloat);
   check_dim(x, op, "x", 3, "[B, N, H]");
   TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": x: expected device cpu, got ", x.device());
@@ -561,6 +569,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_decoder_forward_cpu(
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_forward. Everything is checked before
   // the stack writes the cache.
   const char* op = "cpu_decoder_forward";
+  check_eps(op, eps);
   const at::Tensor x = embedded_tokens(op, tokens, embed_table);  // the stack's input
   const at::Device dev = tokens.device();
   const int64_t B = tokens.size(0), N = tokens.size(1), H = embed_table.size(1);
@@ -616,6 +625,7 @@ std::tuple<at::Tensor, at::Tensor> cpu_head_forward_cpu(
   // Same order and wording as eagle_kernels/_checks.py::check_cpu_head_forward. Everything is checked before the
   // layer writes the cache.
   const char* op = "cpu_head_forward";
+  check_eps(op, eps);
   const at::Tensor embed = embedded_tokens(op, tokens, embed_table);  // the layer's embedding input
   const at::Device dev = tokens.device();
   const int64_t B = tokens.size(0), N = tokens.size(1), H = embed_table.size(1);

@@ -653,6 +653,23 @@ void check_optional(const std::optional<at::Tensor>& t, const char* op, const ch
   check_device(*t, op, name, dev);
 }
 
+// The per-request sampling parameters of verify and block_verify (_checks._check_sampling_values):
+// temperatures finite and >= 0, top_k >= 0, top_p in (0, 1]; undefined tensors are not given.
+void check_sampling_values(const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, int64_t B,
+                           const char* op) {
+  if (temperature.defined()) check_temperature_values(temperature.data_ptr<float>(), B, op);
+  if (top_k.defined()) {
+    const int32_t* k = top_k.data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(k[b] >= 0, op, ": top_k: expected values >= 0, got ", k[b], " at ", b);
+  }
+  if (top_p.defined()) {
+    const float* p = top_p.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK_VALUE(p[b] > 0.0f && p[b] <= 1.0f, op, ": top_p: expected values in (0, 1], got ", p[b], " at ", b);
+  }
+}
+
 // Value checks of eagle_kernels/_checks.py (CPU tensors: reading them is free of syncs).
 void check_values(const at::Tensor& tokens, const at::Tensor& parents, int64_t B, int64_t N, int64_t V,
                   const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p) {
@@ -671,17 +688,7 @@ void check_values(const at::Tensor& tokens, const at::Tensor& parents, int64_t B
                         ", ", i, "] = ", x);
     }
   }
-  if (temperature.defined()) check_temperature_values(temperature.data_ptr<float>(), B, "verify");
-  if (top_k.defined()) {
-    const int32_t* k = top_k.data_ptr<int32_t>();
-    for (int64_t b = 0; b < B; ++b)
-      TORCH_CHECK_VALUE(k[b] >= 0, "verify: top_k: expected values >= 0, got ", k[b], " at ", b);
-  }
-  if (top_p.defined()) {
-    const float* p = top_p.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b)
-      TORCH_CHECK_VALUE(p[b] > 0.0f && p[b] <= 1.0f, "verify: top_p: expected values in (0, 1], got ", p[b], " at ", b);
-  }
+  check_sampling_values(temperature, top_k, top_p, B, "verify");
 }
 
 at::Tensor dense(const std::optional<at::Tensor>& t) { return t ? t->contiguous() : at::Tensor(); }

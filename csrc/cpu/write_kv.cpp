@@ -15,8 +15,13 @@ namespace eagle {
 void write_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
                   const at::Tensor& v_new, const at::Tensor& cache_seqlens,
                   const std::optional<at::Tensor>& block_table) {
+  write_kv_named("write_kv", k_cache, v_cache, k_new, v_new, cache_seqlens, block_table);
+}
+
+void write_kv_named(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
+                    const at::Tensor& v_new, const at::Tensor& cache_seqlens,
+                    const std::optional<at::Tensor>& block_table) {
   // Same order and wording as eagle_kernels/_checks.py::check_write_kv.
-  const char* op = "write_kv";
   check_float_dtype(k_new, op, "k_new");
   check_dim(k_new, op, "k_new", 4, "[B, N, Hkv, D]");
   const at::Device dev = k_new.device();

@@ -18,6 +18,7 @@ from test_verify_backends import assert_same
 from test_verify_chi2 import PROMPT, chi2_pvalue, exact_joint
 from test_verify_sampled_chi2 import SHAPES, Shape, draft_step
 
+import eagle_kernels
 from eagle_kernels import _dispatch, reference
 from eagle_kernels._types import VerifyOutput
 from eagle_kernels.reference.random import ACCEPT_DRAW, BONUS_DRAW
@@ -169,6 +170,42 @@ def test_bad_input_is_a_value_error():
                 fn(tokens, logits, q.to("meta"))
             with pytest.raises(ValueError, match="seed"):
                 fn(tokens, logits, q, temperature=torch.ones(3), seed=torch.zeros(3, dtype=torch.int64, device="meta"))
+
+
+@pytest.mark.parametrize("case", ["num-drafts-past-N", "num-drafts-negative", "token-past-V", "token-negative",
+                                  "temperature-nan", "temperature-negative", "top-k-negative", "top-p-zero",
+                                  "top-p-nan"])
+@pytest.mark.parametrize("route", ["registered-op", "values-unchecked"])
+def test_native_kernel_checks_values(case, route, monkeypatch):
+    """The C++ kernel repeats the value checks (as verify's does): called as the registered op, or through the public
+    op with EAGLE_KERNELS_CHECK_VALUES=0, a num_drafts past N - 1 or a draft token past V read outside the request's
+    rows (a crash), and a NaN temperature accepted every draft."""
+    if not _dispatch.HAS_CPP:
+        pytest.skip(f"extension not built: {_dispatch.CPP_IMPORT_ERROR}")
+    tokens, logits, kwargs = random_chains(0, 3, 4, 20)
+    B, N, V = logits.shape
+    kwargs = {**kwargs, "temperature": torch.full((B,), 0.8), "top_k": torch.zeros(B, dtype=torch.int32),
+              "top_p": torch.ones(B), "num_drafts": torch.full((B,), N - 1, dtype=torch.int32)}
+    spoil = {"num-drafts-past-N": ("num_drafts", 1, N), "num-drafts-negative": ("num_drafts", 2, -1),
+             "temperature-nan": ("temperature", 0, float("nan")), "temperature-negative": ("temperature", 1, -1.0),
+             "top-k-negative": ("top_k", 2, -5), "top-p-zero": ("top_p", 0, 0.0),
+             "top-p-nan": ("top_p", 1, float("nan"))}
+    if case.startswith("token"):
+        name = "tokens"
+        tokens = tokens.clone()
+        tokens[1, 2] = 10**12 if case == "token-past-V" else -3
+    else:
+        name, row, value = spoil[case]
+        kwargs[name] = kwargs[name].clone()
+        kwargs[name][row] = value
+    if route == "registered-op":
+        call = torch.ops.eagle_kernels.block_verify
+    else:
+        monkeypatch.setenv("EAGLE_KERNELS_CHECK_VALUES", "0")
+        monkeypatch.setenv(_dispatch.BACKEND_ENV, "cpp")
+        call = eagle_kernels.block_verify
+    with pytest.raises(ValueError, match=rf"block_verify: {name}: expected"):
+        call(tokens, logits, kwargs.pop("draft_probs"), **kwargs)
 
 
 def test_greedy_chain_is_verifys_walk():

@@ -270,6 +270,9 @@ BAD_INPUTS = {  # id -> (the name the error must carry, how the arguments are sp
     "layer-count": ("qkv_weight", _set(6, lambda ws: ws[:-1])),
     # Scalars of the wrong Python type: the C++ op's schema used to raise a RuntimeError (or to convert a tensor).
     "eps-str": ("eps", lambda a, kw: kw.__setitem__("eps", "x")),
+    # A negative or NaN eps gave NaN rows without an error.
+    "eps-negative": ("eps", lambda a, kw: kw.__setitem__("eps", -1.0)),
+    "eps-nan": ("eps", lambda a, kw: kw.__setitem__("eps", float("nan"))),
     "eps-tensor": ("eps", lambda a, kw: kw.__setitem__("eps", torch.tensor(1e-5))),
     "state-layers-float": ("state_layers", lambda a, kw: kw.__setitem__("state_layers", [0.0])),
     "num-heads-float": ("num_heads", lambda a, kw: kw.__setitem__("num_heads", float(kw["num_heads"]))),

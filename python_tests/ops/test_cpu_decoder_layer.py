@@ -421,6 +421,24 @@ def test_bad_scalar_type_names_the_argument(name, value, backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("eps", [-1.0, float("nan")], ids=["negative", "nan"])
+@pytest.mark.parametrize("op", ["cpu_decoder_layer", "cpu_decoder_layers"])
+def test_eps_below_zero_names_it(op, eps, backend):
+    """A negative or NaN eps is a ValueError naming it (it gave NaN rows), the caches untouched."""
+    fn, reason = _dispatch.implementation(op, backend, "cpu")
+    if fn is None:
+        pytest.skip(reason)
+    args, kwargs = decoder_layer_case("small", 2, 3, 4, "fp32", tree=True, embed=False)
+    if op == "cpu_decoder_layers":
+        args = (args[0], *([a] for a in args[1:7]), *args[7:9], args[9][None], args[10][None], *args[11:])
+        kwargs = {k: v for k, v in kwargs.items() if k in ("num_heads", "eps")}
+    caches = args[-4].clone(), args[-3].clone()
+    with pytest.raises(ValueError, match=r"eps: expected a number >= 0"):
+        fn(*args, **{**kwargs, "eps": eps})
+    assert torch.equal(args[-4], caches[0]) and torch.equal(args[-3], caches[1])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
 @pytest.mark.parametrize("name", ["embed", "embed_norm", "slot_offset", "tree_mask"])
 def test_bad_eagle3_input_names_the_argument(name, backend):
     fn, reason = _dispatch.implementation("cpu_decoder_layer", backend, "cpu")

@@ -169,6 +169,9 @@ BAD_INPUTS = {  # id -> (the name the error must carry, how the arguments are sp
     "mask-slots": ("tree_mask", lambda a, kw: kw.__setitem__("slot_offset", 0)),
     # Scalars of the wrong Python type: the C++ op's schema used to raise a RuntimeError (or to convert them).
     "eps-str": ("eps", lambda a, kw: kw.__setitem__("eps", "x")),
+    # A negative or NaN eps gave NaN rows without an error.
+    "eps-negative": ("eps", lambda a, kw: kw.__setitem__("eps", -1.0)),
+    "eps-nan": ("eps", lambda a, kw: kw.__setitem__("eps", float("nan"))),
     "eps-float32": ("eps", lambda a, kw: kw.__setitem__("eps", np.float32(1e-5))),
     "slot-offset-float": ("slot_offset", lambda a, kw: kw.__setitem__("slot_offset", 0.0)),
     "num-heads-numpy": ("num_heads", lambda a, kw: kw.__setitem__("num_heads", np.int64(kw["num_heads"]))),

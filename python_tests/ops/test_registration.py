@@ -264,6 +264,64 @@ def test_wrong_scalar_type_raises_the_reference_value_error(op, name, position, 
             assert torch.equal(before, after)
 
 
+def _tensor_arguments():
+    """(op, name, position or None) of every Tensor argument (optional or not) small_inputs gives a tensor."""
+    for op in OPS:
+        args, kwargs = small_inputs(op)
+        for position, arg in enumerate(getattr(torch.ops.eagle_kernels, op).default._schema.arguments):
+            if str(arg.type) not in ("Tensor", "Optional[Tensor]"):
+                continue
+            value = kwargs.get(arg.name) if arg.kwarg_only else args[position]
+            if isinstance(value, torch.Tensor):
+                yield pytest.param(op, arg.name, None if arg.kwarg_only else position, id=f"{op}-{arg.name}")
+
+
+@pytest.mark.parametrize("op,name,position", list(_tensor_arguments()))
+def test_number_for_a_tensor_raises_the_reference_value_error(op, name, position):
+    """A Python number where a tensor goes (``temperature=0.7``) is the reference's ValueError through the public op,
+    word for word: the native kernels' schema used to refuse it with a RuntimeError."""
+    args, kwargs = small_inputs(op)
+    args = list(args)
+    if position is None:
+        kwargs[name] = 0.7
+    else:
+        args[position] = 0.7
+    with pytest.raises(ValueError) as want:
+        getattr(eagle_kernels.reference, op)(*args, **kwargs)
+    with pytest.raises(ValueError) as got:
+        getattr(eagle_kernels, op)(*args, **kwargs)
+    assert str(got.value) == str(want.value)
+    assert name in str(want.value)
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_meta_tensors_get_the_fake_shapes(op):
+    """Meta tensors (shapes, no data) through the public op give the real outputs' shapes and dtypes (the fake
+    kernel's) instead of reaching a backend that reads data."""
+    args, kwargs = small_inputs(op)
+
+    def to_meta(a):
+        if isinstance(a, list):
+            return [to_meta(t) for t in a]
+        return a.to("meta") if isinstance(a, torch.Tensor) else a
+
+    real = getattr(eagle_kernels, op)(*args, **kwargs)
+    meta = getattr(eagle_kernels, op)(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()})
+    assert type(meta) is type(real)
+    real, meta = flat_tensors(real), flat_tensors(meta)
+    assert [(tuple(t.shape), t.dtype) for t in real] == [(tuple(t.shape), t.dtype) for t in meta]
+    assert all(t.device.type == "meta" for t in meta)
+
+
+@pytest.mark.parametrize("op", OPS, ids=OPS)
+def test_first_argument_not_a_tensor_names_it(op):
+    """A list where the op's first tensor goes is a ValueError naming that argument, not an AttributeError."""
+    args, kwargs = small_inputs(op)
+    first = getattr(torch.ops.eagle_kernels, op).default._schema.arguments[0].name
+    with pytest.raises(ValueError, match=rf"^{first}: expected a torch.Tensor"):
+        getattr(eagle_kernels, op)(args[0].tolist(), *args[1:], **kwargs)
+
+
 def test_result_types_are_named_tuples():
     assert eagle_kernels.Tree._fields == ("tokens", "parents", "depths", "mask")
     assert eagle_kernels.DraftCandidates._fields == ("tokens", "scores", "frontier", "logprobs")
