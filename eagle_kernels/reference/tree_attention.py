@@ -58,6 +58,8 @@ def tree_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, *, block_
                              tree_visibility(tree_mask, b, N, q.device)], dim=1)  # [N, T]
         logits = torch.einsum("nhd,thd->hnt", q[b].to(dtype), keys) * scale
         logits = logits.masked_fill(~visible[None], float("-inf"))
-        weights = torch.softmax(logits, dim=-1)
+        # A node that sees nothing (an empty prefix, no bit of its row set: outside the contract) gets a zero row,
+        # as the kernels' empty sums give, rather than softmax's NaN over no entries.
+        weights = torch.softmax(logits, dim=-1).masked_fill(~visible.any(dim=1)[None, :, None], 0.0)
         out[b] = torch.einsum("hnt,thd->nhd", weights, vals).to(q.dtype)
     return out

@@ -100,6 +100,23 @@ def test_representative(backend, op_impl, case):
     check(op_impl("tree_attention"), 2, N, prefix, heads, D, dtype, page, causal, seed=N + prefix)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_node_that_sees_nothing_gets_zeros(backend, op_impl, dtype):
+    """A node with an empty prefix and no bit of its row (outside the contract) gets a zero row on every backend (the
+    reference gave softmax's NaN over no entries, the kernels zeros); the other nodes as a valid mask gives them."""
+    fn = op_impl("tree_attention")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 4, 8, generator=g).to(DTYPES[dtype])
+    k, v = (torch.randn(2, 5, 2, 8, generator=g).to(DTYPES[dtype]) for _ in range(2))
+    seqlens = torch.tensor([0, 2], dtype=torch.int32)
+    mask = torch.tensor([[[0], [3], [5]], [[0], [3], [5]]], dtype=torch.int64)  # node 0 of each request: no bit
+    out = fn(q, k, v, seqlens, mask)
+    assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0]))
+    want = reference.tree_attention(q.double(), k.double(), v.double(), seqlens, mask)
+    assert not want.isnan().any()
+    torch.testing.assert_close(out.double(), want, **TOL[DTYPES[dtype]])
+
+
 @pytest.mark.parametrize("splits", [2, 5], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("prefix", [0, 300], ids=lambda p: f"prefix{p}")
 def test_triton_split_kv(backend, prefix, splits):
