@@ -79,6 +79,17 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)  # transformers 5 / 4
 
 
+def _thread_count(text: str) -> int:
+    """--threads: an int >= 0 (0: torch's default), refused by the parser otherwise (one line, status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0 (0: torch's default), got {text!r}")
+    return value
+
+
 def _common(parser):
     parser.add_argument("--head", default="eagle3",
                         help="eagle3 / eagle1 (the shipped trained heads), a head folder, untrained-eagle1 / "
@@ -111,7 +122,7 @@ def _common(parser):
     parser.add_argument("--kv-cache-dtype", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the K/V caches (default: --dtype); bfloat16 / float16 with float32 compute "
                              "halve the bytes attention reads per token (llama.cpp's default cache is F16)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=_thread_count, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sync-every", type=int,
                         help="host reads of the done flags, every N steps (default: 1 on CPU, 4 on GPU)")
 
@@ -280,7 +291,7 @@ def main(argv=None) -> None:
     train.add_argument("--eval-every", type=int)
     train.add_argument("--seed", type=int)
     train.add_argument("--autocast", choices=["bf16"], help="training forward in bfloat16 (fp32 weights and loss)")
-    train.add_argument("--threads", type=int, default=0)
+    train.add_argument("--threads", type=_thread_count, default=0)
     distill = commands.add_parser("distill", help="self-distillation data: the target continues corpus prompts and "
                                                   "its features are cached while it generates")
     distill.add_argument("--out", required=True, help="feature-cache folder (resumable)")
@@ -294,7 +305,7 @@ def main(argv=None) -> None:
     distill.add_argument("--held-out", action="store_true", help="prompts from the held-out split (evaluation)")
     distill.add_argument("--exclude-caches", default="",
                          help="chat: comma-separated earlier caches whose instructions this one skips")
-    distill.add_argument("--threads", type=int, default=0)
+    distill.add_argument("--threads", type=_thread_count, default=0)
     args = parser.parse_args(argv)
     command = {"generate": cmd_generate, "demo": cmd_demo, "train": cmd_train, "distill": cmd_distill}[args.command]
     try:

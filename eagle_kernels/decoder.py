@@ -344,8 +344,19 @@ class SpeculativeDecoder:
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig | None = None,
                  sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None,
                  graphs: StepGraphs | None = None, sampled_drafts: bool = True):
+        if not isinstance(target, LlamaModel):
+            raise ValueError(f"target: expected a LlamaModel, got {type(target).__name__}")
+        if head is not None and not isinstance(head, EagleHead):
+            raise ValueError(f"head: expected an EagleHead or None, got {type(head).__name__}")
+        if tree is not None and not isinstance(tree, TreeConfig):
+            raise ValueError(f"tree: expected a TreeConfig or None, got {type(tree).__name__}")
+        if sync_every is not None and (not isinstance(sync_every, int) or isinstance(sync_every, bool)):
+            raise ValueError(f"sync_every: expected an int or None, got {sync_every!r}")
         if head is not None:
             head.config.check_fits(target.config)
+            if tree is not None and tree.top_k > head.config.draft_vocab_size:
+                raise ValueError(f"tree: top_k {tree.top_k} exceeds the head's draft vocabulary of "
+                                 f"{head.config.draft_vocab_size} tokens (the children drafted per node)")
         self.target = target
         self.head = head
         self._check_head()
@@ -459,6 +470,8 @@ class SpeculativeDecoder:
         eos_token_id = check_token("eos_token_id", eos_token_id, vocab)
         check_context(prompts, max_new_tokens, self.target.config.max_position_embeddings, allow_beyond_context)
         temperature, top_k, top_p, seed = check_sampling(len(prompts), temperature, top_k, top_p, seed)
+        if on_sync is not None and not callable(on_sync):
+            raise ValueError(f"on_sync: expected a callable or None, got {type(on_sync).__name__}")
         self._check_head()
         tree = self._call_tree(len(prompts), temperature)
         if speculative and self.head is None and not tree.lookup:
@@ -539,6 +552,8 @@ class SpeculativeDecoder:
         int
             Steps captured by this call.
         """
+        if not isinstance(batch_sizes, (list, tuple, range)):
+            raise ValueError(f"batch_sizes: expected a sequence of ints, got {batch_sizes!r}")
         sizes = sorted({check_count("batch_sizes", b, minimum=1) for b in batch_sizes})
         if not sizes:
             raise ValueError("batch_sizes: expected at least one batch size, got none")

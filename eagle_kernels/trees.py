@@ -98,6 +98,10 @@ class TreeConfig:
         return max(self.depth, self.lookup)
 
     def __post_init__(self):
+        for name in ("depth", "top_k", "num_nodes", "lookup", "lookup_ngram", "frontier"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"tree: {name}: expected an int, got {value!r}")
         if self.depth < 1 or self.top_k < 1 or self.num_nodes < 1:
             raise ValueError(f"tree: expected depth, top_k, num_nodes >= 1, got {self}")
         if self.lookup < 0 or self.lookup_ngram < 1:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from eagle_kernels import SpeculativeDecoder, TreeConfig, default_tree
 from eagle_kernels.models import LlamaModel, smollm2
 from eagle_kernels.models.eagle_head import EagleHead
+from eagle_kernels.trees import sampled_tree
 from helpers import TREES, repeat_head, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -584,3 +585,50 @@ def test_warmup_temperature_is_checked(target, temperature, match):
     with pytest.raises(ValueError, match=f"^{match}"):
         decoder.warmup(batch_sizes=(1,), max_len=8, temperature=temperature)
     assert decoder.captures == 0
+
+
+@pytest.mark.parametrize("kind,top_k", [("eagle3", 61), ("eagle1", V + 1)])
+@pytest.mark.parametrize("sampled", [False, True], ids=["tree", "sampled-tree"])
+def test_tree_wider_than_the_heads_vocabulary_is_refused_at_construction(target, kind, top_k, sampled):
+    """A tree drafting more children a node than the head's draft vocabulary holds is refused when the decoder is
+    made, naming the tree (it failed inside the first drafting step, after the prefill, naming draft_expand)."""
+    head = EagleHead.random(target, kind, 60) if kind == "eagle3" else EagleHead.random(target, kind)
+    tree = sampled_tree(1, top_k) if sampled else TreeConfig(1, top_k, 2)
+    with pytest.raises(ValueError, match=rf"^tree: top_k {top_k} exceeds the head's draft vocabulary"):
+        SpeculativeDecoder(target, head, tree)
+    widest = head.config.draft_vocab_size
+    SpeculativeDecoder(target, head, sampled_tree(1, widest) if sampled else TreeConfig(1, widest, 2))
+
+
+@pytest.mark.parametrize("field,value", [("depth", 2.0), ("top_k", "2"), ("num_nodes", None), ("lookup", True),
+                                         ("frontier", 1.5)])
+def test_tree_fields_must_be_ints(field, value):
+    """A float, str, None or bool tree size is a ValueError naming the field (a float depth was accepted and failed
+    inside the first step)."""
+    with pytest.raises(ValueError, match=rf"^tree: {field}: expected an int"):
+        TreeConfig(**{"depth": 2, "top_k": 2, "num_nodes": 3, field: value})
+
+
+@pytest.mark.parametrize("arguments,match", [
+    (lambda t, h: (t, h, (2, 2, 3)), r"^tree: expected a TreeConfig or None, got tuple"),
+    (lambda t, h: (t, "eagle3"), r"^head: expected an EagleHead or None, got str"),
+    (lambda t, h: ("model", h), r"^target: expected a LlamaModel, got str"),
+    (lambda t, h: (t, h, None, "2"), r"^sync_every: expected an int or None, got '2'"),
+], ids=["tree-tuple", "head-str", "target-str", "sync-every-str"])
+def test_constructor_arguments_are_named(target, arguments, match):
+    head = EagleHead.random(target, "eagle3", 60)
+    with pytest.raises(ValueError, match=match):
+        SpeculativeDecoder(*arguments(target, head))
+
+
+def test_on_sync_must_be_callable_before_any_model_pass(decoders, monkeypatch):
+    """A non-callable on_sync is named before the prefill (it failed with Python's own TypeError after two passes)."""
+    decoder = decoders[0]
+    monkeypatch.setattr(decoder.target, "forward", refuse_model_pass)
+    with pytest.raises(ValueError, match=r"^on_sync: expected a callable or None, got int"):
+        decoder.generate([[1, 2, 3]], 4, on_sync=3)
+
+
+def test_warmup_batch_sizes_must_be_a_sequence(target):
+    with pytest.raises(ValueError, match=r"^batch_sizes: expected a sequence of ints, got 2"):
+        SpeculativeDecoder(target, None, TreeConfig(1, 1, 1, lookup=3, lookup_ngram=2)).warmup(2, max_len=10)
