@@ -1,6 +1,6 @@
 """Compile audit: every Triton kernel compiled for an H200 (sm_90) exactly as the JIT would.
 
-    python bench/compile_audit.py [--grid ci|full] [--arch 90] [--json | --from-json FILE]
+    python bench/compile_audit.py [--grid ci|full] [--arch 90] [--jobs N] [--json | --from-json FILE]
 
 Run it without ``TRITON_INTERPRET``. The launchers are driven on CPU tensors with a modeled
 H200 standing in for the device (``torch.cuda.get_device_properties`` answers 132 SMs and the
@@ -872,23 +872,45 @@ def _compile_with_ptxas_log(source, target, options):
     return compiled, out.getvalue()
 
 
-def audit(grid: str = "ci", arch: int = 90, progress: bool = False) -> list[Audit]:
-    """Compile every distinct specialisation the launchers make over ``grid``."""
+# The distinct launches of an audit and its target, read by the forked compile workers (audit(jobs > 1)).
+_TO_COMPILE: list = []
+
+
+def _compile_one(index: int) -> Audit:
+    launch, target = _TO_COMPILE[index]
+    try:
+        return compile_launch(launch, target)
+    except Exception as error:  # a compile error is a finding: report it with its launch
+        raise RuntimeError(f"{launch.kernel.fn.__name__} ({launch.case}) does not compile: {error}") from error
+
+
+def audit(grid: str = "ci", arch: int = 90, progress: bool = False, jobs: int = 1) -> list[Audit]:
+    """Compile every distinct specialisation the launchers make over ``grid``; ``jobs`` > 1 compiles them in that
+    many forked processes (each compile is one thread: Triton's passes, then ptxas), the results in the same order."""
     target = GPUTarget("cuda", arch, 32)
-    results: dict[str, Audit] = {}
+    firsts: dict[str, Launch] = {}
+    cases: dict[str, list[str]] = {}
     for launch in record(grid):
         key = specialisation_key(launch, target)
-        if key in results:
-            results[key].cases.append(launch.case)
-            continue
-        try:
-            results[key] = compile_launch(launch, target)
-        except Exception as error:  # a compile error is a finding: report it with its launch
-            raise RuntimeError(f"{launch.kernel.fn.__name__} ({launch.case}) does not compile: {error}") from error
+        firsts.setdefault(key, launch)
+        cases.setdefault(key, []).append(launch.case)
+    _TO_COMPILE[:] = [(launch, target) for launch in firsts.values()]
+    try:
+        if jobs > 1:
+            import concurrent.futures
+            import multiprocessing
+
+            with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = list(pool.map(_compile_one, range(len(_TO_COMPILE))))
+        else:
+            results = [_compile_one(i) for i in range(len(_TO_COMPILE))]
+    finally:
+        _TO_COMPILE.clear()
+    for r, key in zip(results, firsts):
+        r.cases = cases[key]
         if progress:
-            r = results[key]
-            print(f"  {r.kernel} {r.registers} regs {r.shared_dynamic} B smem ({launch.case})", file=sys.stderr)
-    return list(results.values())
+            print(f"  {r.kernel} {r.registers} regs {r.shared_dynamic} B smem ({r.cases[0]})", file=sys.stderr)
+    return results
 
 
 def markdown(rows: list[dict]) -> str:
@@ -921,12 +943,13 @@ def main() -> None:
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--json", action="store_true", help="one JSON line per configuration")
     parser.add_argument("--from-json", help="print the table of a --json output instead of compiling")
+    parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes (default 1)")
     args = parser.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
             print(markdown([json.loads(line) for line in f if line.startswith("{")]))
         return
-    results = audit(args.grid, args.arch, progress=not args.json)
+    results = audit(args.grid, args.arch, progress=not args.json, jobs=args.jobs)
     if args.json:
         for r in results:
             print(json.dumps(r.row()), flush=True)

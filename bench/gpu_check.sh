@@ -368,7 +368,8 @@ export OUT MODEL_PARTS CPU_TAU
 run_stage real_weights 90 "$OUT/real_weights.log" bash -c real_weights
 
 # ------------------------------------------------------------------ 9. compile audit
-run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci
+# One compile a process, as many processes as cores (the ci grid is about 450 CPU-seconds, one compile at a time).
+run_stage compile_audit 60 "$OUT/compile_audit.log" "$PY" bench/compile_audit.py --grid ci --jobs "$(nproc)"
 
 # ------------------------------------------------------------------ 10. per-op benchmarks
 if timeout 60 "$PY" -c "import pytest_benchmark" >/dev/null 2>&1; then
