@@ -3,6 +3,8 @@ and the packed weight layout (``cpu_linear_pack`` / ``cpu_linear_unpack``)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _checks
@@ -84,7 +86,7 @@ def cpu_linear(x, weight):
         x_q = (q.double() * d.double()[..., None]).reshape(x.shape)
         d, m, qw = _split_rows(_unpack_quant(weight))
         w = d.double()[..., None] * qw.double() + (0.0 if m is None else m.double()[..., None])  # exact
-        return torch.nn.functional.linear(x_q, w.reshape(w.shape[0], -1)).to(torch.float32)
+        return torch.nn.functional.linear(x_q, w.reshape(w.shape[0], w.shape[1] * w.shape[2])).to(torch.float32)
     if weight.dim() in (4, 5):  # packed (bf16 pairs: 5-D)
         weight = cpu_linear_unpack(weight)
     return torch.nn.functional.linear(x.double(), weight.double()).to(torch.float32)
@@ -148,7 +150,7 @@ def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
         if not torch.isfinite(d16).all():
             raise ValueError("weight: a Q8_0 block's scale overflows fp16 (|w| above 65504 * 127)")
         rows = torch.cat([_fp16_bytes(d), q.to(torch.int8).view(torch.uint8)], dim=-1)
-        return rows.reshape(N, -1).view(torch.int8)
+        return rows.reshape(N, rows.shape[1] * rows.shape[2]).view(torch.int8)  # explicit: N may be 0
     lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
     d = (hi - lo) / 15
     inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
@@ -156,7 +158,8 @@ def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     if not (torch.isfinite(d.to(torch.float16)).all() and torch.isfinite(lo.to(torch.float16)).all()):
         raise ValueError("weight: a Q4_1 block's scale or minimum overflows fp16 (|w| above 65504)")
     qs = q[..., :16] | (q[..., 16:] << 4)
-    return torch.cat([_fp16_bytes(d), _fp16_bytes(lo), qs], dim=-1).reshape(N, -1)
+    rows = torch.cat([_fp16_bytes(d), _fp16_bytes(lo), qs], dim=-1)
+    return rows.reshape(N, rows.shape[1] * rows.shape[2])
 
 
 def _describe(t) -> str:
@@ -167,8 +170,8 @@ def _describe(t) -> str:
 
 def _split_rows(blocks: torch.Tensor):
     """Block rows -> (d [N, nb] fp32, m [N, nb] fp32 or None, q [N, nb, 32] int64 in element order)."""
-    N = blocks.shape[0]
-    r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
+    N, size = blocks.shape[0], ROW_BLOCK_BYTES[blocks.dtype]
+    r = blocks.contiguous().view(torch.uint8).reshape(N, blocks.shape[1] // size, size)
     d = r[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
     if blocks.dtype == torch.int8:
         return d, None, r[..., 2:].contiguous().view(torch.int8).long()
@@ -186,7 +189,7 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
         w = d[..., None] * q.float()
     else:
         w = (d[..., None].double() * q.double() + m[..., None].double()).float()  # exact in fp64, one rounding
-    return w.reshape(blocks.shape[0], -1)
+    return w.reshape(blocks.shape[0], w.shape[1] * w.shape[2])
 
 
 def _pack_quant(blocks: torch.Tensor) -> torch.Tensor:
@@ -196,8 +199,8 @@ def _pack_quant(blocks: torch.Tensor) -> torch.Tensor:
     chunks of int8; Q4_1: 4 chunks, the low nibble for k = 4 t + r and the high nibble for k = 16 + 4 t + r, GGML's
     own pairing)."""
     N = blocks.shape[0]
-    G, half = N // PACK_WIDTH, PACK_WIDTH // 2
-    r = blocks.contiguous().view(torch.uint8).reshape(N, -1, ROW_BLOCK_BYTES[blocks.dtype])
+    G, half, size = N // PACK_WIDTH, PACK_WIDTH // 2, ROW_BLOCK_BYTES[blocks.dtype]
+    r = blocks.contiguous().view(torch.uint8).reshape(N, blocks.shape[1] // size, size)
     nb = r.shape[1]
 
     def by_column(part):  # [N, nb, P] -> [G, 2, nb, 16 * P]: column j's P bytes at j * P
@@ -219,7 +222,7 @@ def _unpack_quant(packed: torch.Tensor) -> torch.Tensor:
     """The block rows of a packed quantized weight, 4-D or 5-D (the inverse of :func:`_pack_quant`)."""
     G, _, nb = packed.shape[:3]
     half, N = PACK_WIDTH // 2, G * PACK_WIDTH
-    p = packed.contiguous().view(torch.uint8).reshape(G, 2, nb, -1)
+    p = packed.contiguous().view(torch.uint8).reshape(G, 2, nb, math.prod(packed.shape[3:]))
 
     def from_column(part, P):
         return part.reshape(G, 2, nb, half, P).permute(0, 1, 3, 2, 4).reshape(N, nb, P)
@@ -233,7 +236,7 @@ def _unpack_quant(packed: torch.Tensor) -> torch.Tensor:
     else:
         rows = torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), from_chunks(p[..., 64:])],
                          dim=-1)
-    return rows.reshape(N, -1).view(packed.dtype)
+    return rows.reshape(N, rows.shape[1] * rows.shape[2]).view(packed.dtype)
 
 
 # ------------------------------------------------------------------------- fp32 activations
@@ -289,6 +292,6 @@ def pack_int8_activations(blocks: torch.Tensor) -> torch.Tensor:
     Returns int8 [N / 32, 2, K / 32, 17, 32] (Q8_0) or uint8 [N / 32, 2, K / 32, 10, 32] (Q4_1)."""
     _checks.check_cpu_linear_pack(blocks, "int8")
     packed = _pack_quant(blocks)
-    return packed.reshape(*packed.shape[:3], -1, DOT_LINE_BYTES)
+    return packed.reshape(*packed.shape[:3], packed.shape[3] // DOT_LINE_BYTES, DOT_LINE_BYTES)
 
 

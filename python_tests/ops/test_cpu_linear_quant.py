@@ -271,3 +271,19 @@ def test_decoder_layer_takes_quantized_weights():
     with pytest.raises(ValueError, match=r"\bo_weight\b"):
         fn(x, input_norm, q[0], q[2], post_norm, *q[2:], *rest, **kwargs)
 
+
+
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_zero_row_weights(fmt, activations):
+    """A weight of no output rows quantizes, packs, unpacks and multiplies to empty outputs on every backend, as a
+    float one does (a reshape of 0 elements raised a RuntimeError)."""
+    blocks = quantize(torch.randn(0, 64), fmt)
+    assert blocks.shape == (0, 2 * {"q8_0": 34, "q4_1": 20}[fmt]) and dequantize(blocks).shape == (0, 64)
+    packed = eagle_kernels.cpu_linear_pack(blocks, activations)
+    assert packed.shape[0] == 0 and torch.equal(cpu_linear_unpack(packed), blocks)
+    x = torch.randn(3, 64)
+    for backend in ("reference", "cpp"):
+        fn, _ = _dispatch.implementation("cpu_linear", backend, "cpu")
+        if fn is not None:
+            assert fn(x, packed).shape == (3, 0)
