@@ -536,6 +536,12 @@ def _check_linear_weight(name, weight, rows, cols, layout, device):
         _fail(name, "a dense last dim (stride 1)", f"strides {tuple(weight.stride())}")
 
 
+def check_eps(eps) -> None:
+    """The eps of a norm: a number >= 0 (a negative or NaN one gives NaN rows)."""
+    if not isinstance(eps, (float, int)) or not eps >= 0:
+        _fail("eps", "a number >= 0", eps if isinstance(eps, (float, int)) else type(eps).__name__)
+
+
 def _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight, cos, sin, k_cache,
                  v_cache, cache_seqlens, tree_mask, num_heads, eps, embed, embed_norm, slot_offset, suffix=""):
     """One layer's arguments (k_cache [B, S, Hkv, D]); ``suffix`` follows the names of the per-layer tensors
@@ -576,8 +582,7 @@ def _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
     slots = slot_offset + N
     if tree_mask is not None:
         check_tensor("tree_mask", tree_mask, dtype=torch.int64, shape=(B, slots, mask_words(slots)), device=device)
-    if not isinstance(eps, (float, int)) or not eps >= 0:  # a negative or NaN eps gives NaN rows
-        _fail("eps", "a number >= 0", eps if isinstance(eps, (float, int)) else type(eps).__name__)
+    check_eps(eps)
 
 
 def _check_row_counts(row_counts, x, k_cache, cache_seqlens, slots, values):

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import _fail, check_tensor, values_checked
+from ._checks import _fail, check_eps, check_tensor, values_checked
 
 HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _check_eps(eps) -> None:
-    if not isinstance(eps, (int, float)) or not eps >= 0:
-        _fail("eps", "a number >= 0", eps)
 
 
 def check_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None, values=True):
@@ -24,7 +19,7 @@ def check_rmsnorm(x, weight, eps, *, embed=None, embed_weight=None, values=True)
         _fail("x", "at least 1 dimension [..., H]", f"shape {tuple(x.shape)}")
     H = x.shape[-1]
     check_tensor("weight", weight, dtype=x.dtype, shape=(H,), device=x.device)
-    _check_eps(eps)
+    check_eps(eps)
     if (embed is None) != (embed_weight is None):
         _fail("embed" if embed is None else "embed_weight", "embed and embed_weight together", "only one of them")
     if embed is not None:
@@ -115,7 +110,7 @@ def check_rmsnorm_linear(x, weight, norm_weight, eps, *, gated=False, add=None, 
         _fail("weight", "an even row count [2I, K] (gated: gate rows, then up rows)", f"shape {tuple(weight.shape)}")
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, dtype=x.dtype, shape=(K,), device=x.device)
-    _check_eps(eps)
+    check_eps(eps)
     if add is not None and gated:
         _fail("add", "None with gated (SwiGLU's output is not added to)", "a tensor")
     _gemm_residual(add, x, weight.shape[0], "add")
@@ -140,7 +135,7 @@ def check_o_proj_mlp(attention, residual, o_weight, norm_weight, gate_up_weight,
         _fail("gate_up_weight", f"shape [2I, {H}] (gate rows, then up rows)", f"shape {tuple(gate_up_weight.shape)}")
     inner = gate_up_weight.shape[0] // 2
     check_tensor("down_weight", down_weight, dtype=dtype, shape=(H, inner), device=device)
-    _check_eps(eps)
+    check_eps(eps)
 
 
 def check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_cache, v_cache, cache_seqlens, *,

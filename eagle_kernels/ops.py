@@ -28,10 +28,9 @@ def draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=None, 
                  depth=0) -> DraftCandidates:
     """One depth of EAGLE-2 expansion, children sampled without replacement for requests with
     ``temperature[b] > 0`` (docs/ops.md §2); see :func:`eagle_kernels.reference.draft_expand`."""
-    # Without temperatures only a depth other than the default is passed on (to be checked).
-    sampling = (dict(temperature=temperature, seed=seed, offset=offset, depth=depth) if temperature is not None
-                else {} if depth == 0 else dict(depth=depth))
-    return _dispatch.run("draft_expand", _device("logits", logits), logits, frontier_scores, top_k, d2t=d2t, **sampling)
+    sampling = {} if temperature is None else dict(temperature=temperature, seed=seed, offset=offset)
+    return _dispatch.run("draft_expand", _device("logits", logits), logits, frontier_scores, top_k, d2t=d2t,
+                         depth=depth, **sampling)
 
 
 def build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_nodes) -> Tree:

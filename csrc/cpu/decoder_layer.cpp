@@ -154,14 +154,14 @@ struct LayerDims {
   const char* op;  // the op whose call these are, named by the cache writes' errors
 };
 
-// Every check of one layer's arguments (same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer).
-// `suffix` follows the names of the per-layer tensors (cpu_decoder_layers: "[3]" for layer 3). The cache capacity
-// (cache_seqlens + slot_offset + N) is checked by write_kv in run_layer, before anything is written.
-// eps of the norms: a number >= 0 (a negative or NaN one gives NaN rows), as _checks._check_layer.
+// eps of the norms: a number >= 0 (a negative or NaN one gives NaN rows), as _checks.check_eps.
 void check_eps(const char* op, double eps) {
   TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps: expected a number >= 0, got ", eps);
 }
 
+// Every check of one layer's arguments (same order and wording as eagle_kernels/_checks.py::check_cpu_decoder_layer).
+// `suffix` follows the names of the per-layer tensors (cpu_decoder_layers: "[3]" for layer 3). The cache capacity
+// (cache_seqlens + slot_offset + N) is checked by write_kv in run_layer, before anything is written.
 LayerDims check_layer(const char* op, const std::string& suffix, const at::Tensor& x_in, const at::Tensor& input_norm,
                       const at::Tensor& qkv_weight, const at::Tensor& o_weight, const at::Tensor& post_norm,
                       const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& cos_in,
