@@ -134,7 +134,10 @@ def _extension_and_cmdclass():
     # counting, and a wheel built with them would SIGILL on older x86_64 CPUs.
     cxx_flags += shlex.split(os.environ.get("EAGLE_KERNELS_CXXFLAGS", ""))
 
-    sources = _rel("csrc/cpu/*.cpp") + ["csrc/torch_bindings.cpp"]
+    # Largest first: ninja starts the compiles in this order, and verify.cpp (about a quarter of the
+    # build's compile time at -O3) started second to last in name order, one core idle at the end.
+    sources = sorted(_rel("csrc/cpu/*.cpp") + ["csrc/torch_bindings.cpp"],
+                     key=lambda path: (-os.path.getsize(os.path.join(ROOT, path)), path))
     include_dirs = [os.path.join(ROOT, "csrc")]
     if with_cuda:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST"):

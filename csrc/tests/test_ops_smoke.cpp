@@ -32,7 +32,9 @@ void test_build_tree_dispatch() {
 }
 
 void test_compact_kv_dispatch() {
-  for (const char* name : {"tree_attention", "draft_expand", "verify", "compact_kv"})
+  // One op of each source file's registrations (the library globs csrc/cpu, as setup.py does).
+  for (const char* name : {"tree_attention", "draft_expand", "verify", "block_verify", "compact_kv", "write_kv",
+                           "cpu_linear", "cpu_decoder_layer", "decoder_commit", "sglang_build_tree", "vllm_chains"})
     EXPECT(c10::Dispatcher::singleton().findSchema({std::string("eagle_kernels::") + name, ""}).has_value());
   at::Tensor k = at::arange(2 * 8 * 1 * 2, at::kFloat).view({2, 8, 1, 2});
   at::Tensor v = -k.clone();
