@@ -32,7 +32,8 @@ void test_build_tree_dispatch() {
 }
 
 void test_compact_kv_dispatch() {
-  // One op of each source file's registrations (the library globs csrc/cpu, as setup.py does).
+  // torch_bindings.cpp's ops and one of each other file that registers some (decoder_commit.cpp, engine_layout.cpp):
+  // the library globs csrc/cpu, as setup.py does.
   for (const char* name : {"tree_attention", "draft_expand", "verify", "block_verify", "compact_kv", "write_kv",
                            "cpu_linear", "cpu_decoder_layer", "decoder_commit", "sglang_build_tree", "vllm_chains"})
     EXPECT(c10::Dispatcher::singleton().findSchema({std::string("eagle_kernels::") + name, ""}).has_value());

@@ -86,7 +86,7 @@ def cpu_linear(x, weight):
         x_q = (q.double() * d.double()[..., None]).reshape(x.shape)
         d, m, qw = _split_rows(_unpack_quant(weight))
         w = d.double()[..., None] * qw.double() + (0.0 if m is None else m.double()[..., None])  # exact
-        return torch.nn.functional.linear(x_q, w.reshape(w.shape[0], w.shape[1] * w.shape[2])).to(torch.float32)
+        return torch.nn.functional.linear(x_q, _flat_rows(w)).to(torch.float32)
     if weight.dim() in (4, 5):  # packed (bf16 pairs: 5-D)
         weight = cpu_linear_unpack(weight)
     return torch.nn.functional.linear(x.double(), weight.double()).to(torch.float32)
@@ -150,7 +150,7 @@ def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
         if not torch.isfinite(d16).all():
             raise ValueError("weight: a Q8_0 block's scale overflows fp16 (|w| above 65504 * 127)")
         rows = torch.cat([_fp16_bytes(d), q.to(torch.int8).view(torch.uint8)], dim=-1)
-        return rows.reshape(N, rows.shape[1] * rows.shape[2]).view(torch.int8)  # explicit: N may be 0
+        return _flat_rows(rows).view(torch.int8)
     lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
     d = (hi - lo) / 15
     inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
@@ -158,8 +158,12 @@ def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     if not (torch.isfinite(d.to(torch.float16)).all() and torch.isfinite(lo.to(torch.float16)).all()):
         raise ValueError("weight: a Q4_1 block's scale or minimum overflows fp16 (|w| above 65504)")
     qs = q[..., :16] | (q[..., 16:] << 4)
-    rows = torch.cat([_fp16_bytes(d), _fp16_bytes(lo), qs], dim=-1)
-    return rows.reshape(N, rows.shape[1] * rows.shape[2])
+    return _flat_rows(torch.cat([_fp16_bytes(d), _fp16_bytes(lo), qs], dim=-1))
+
+
+def _flat_rows(t: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [N, prod(...)], with the width spelled out: ``reshape(N, -1)`` fails for N = 0."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
 
 
 def _describe(t) -> str:
@@ -189,7 +193,7 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
         w = d[..., None] * q.float()
     else:
         w = (d[..., None].double() * q.double() + m[..., None].double()).float()  # exact in fp64, one rounding
-    return w.reshape(blocks.shape[0], w.shape[1] * w.shape[2])
+    return _flat_rows(w)
 
 
 def _pack_quant(blocks: torch.Tensor) -> torch.Tensor:
@@ -236,7 +240,7 @@ def _unpack_quant(packed: torch.Tensor) -> torch.Tensor:
     else:
         rows = torch.cat([from_column(p[..., :32], 2), from_column(p[..., 32:64], 2), from_chunks(p[..., 64:])],
                          dim=-1)
-    return rows.reshape(N, rows.shape[1] * rows.shape[2]).view(packed.dtype)
+    return _flat_rows(rows).view(packed.dtype)
 
 
 # ------------------------------------------------------------------------- fp32 activations

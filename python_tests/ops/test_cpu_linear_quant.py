@@ -272,7 +272,6 @@ def test_decoder_layer_takes_quantized_weights():
         fn(x, input_norm, q[0], q[2], post_norm, *q[2:], *rest, **kwargs)
 
 
-
 @pytest.mark.parametrize("activations", ["fp32", "int8"])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_zero_row_weights(fmt, activations):
