@@ -265,8 +265,9 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
     device = target_logits.device
     check_tensor("tokens", tokens, dtype=torch.int64, shape=(B, N), device=device)
     check_tensor("parents", parents, dtype=torch.int32, shape=(B, N), device=device)
-    if not isinstance(max_depth, int) or max_depth < 0:
-        _fail("max_depth", "an int >= 0", max_depth)
+    # accept_len (int32) holds up to max_depth accepted nodes
+    if not isinstance(max_depth, int) or not 0 <= max_depth <= 2**31 - 1:
+        _fail("max_depth", "an int in [0, 2**31 - 1]", max_depth)
     if N == 0 or V == 0:
         _fail("target_logits", "at least one node and one vocabulary entry", f"shape {tuple(target_logits.shape)}")
     optional = (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),

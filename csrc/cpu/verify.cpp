@@ -713,7 +713,9 @@ VerifyTensors verify_cpu(const at::Tensor& tokens, const at::Tensor& parents, co
   check_dtype(parents, op, "parents", at::kInt);
   check_shape(parents, op, "parents", {B, N}, "[B, N]");
   check_device(parents, op, "parents", dev);
-  TORCH_CHECK_VALUE(max_depth >= 0, "verify: max_depth: expected an int >= 0, got ", max_depth);
+  // accept_len (int32) holds up to max_depth accepted nodes
+  TORCH_CHECK_VALUE(max_depth >= 0 && max_depth <= std::numeric_limits<int32_t>::max(),
+                    "verify: max_depth: expected an int in [0, 2**31 - 1], got ", max_depth);
   TORCH_CHECK_VALUE(N > 0 && V > 0,
                     "verify: target_logits: expected at least one node and one vocabulary entry, got shape ",
                     shape_str(target_logits.sizes()));

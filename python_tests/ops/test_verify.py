@@ -523,6 +523,8 @@ BAD_INPUTS = [
     ("temperature-nan", "temperature", _with(temperature=_set(0, float("nan")))),
     ("top-k-negative", "top_k", _with(top_k=_set(0, -1))),
     ("max-depth-negative", "max_depth", _with(max_depth=lambda d: -1)),
+    ("max-depth-above-int32", "max_depth", _with(max_depth=lambda d: 2**31)),  # before any allocation
+    ("max-depth-huge", "max_depth", _with(max_depth=lambda d: 2**40)),
     ("max-depth-float", "max_depth", _with(max_depth=lambda d: 2.0)),  # not the C++ op schema's RuntimeError
     ("max-depth-tensor", "max_depth", _with(max_depth=lambda d: torch.tensor(2))),  # nor converted by it
 ]
