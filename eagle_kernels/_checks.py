@@ -20,6 +20,11 @@ def _fail(name: str, expected: str, got) -> None:
     raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
+def is_int(value) -> bool:
+    """A Python int and not a bool: ``True`` as a count or a depth is a caller's mistake."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None):
     """Validate one tensor argument. ``dtype`` may be a dtype or a tuple of dtypes; ``shape``
     entries may be ``None`` for "any size"."""
@@ -160,7 +165,7 @@ def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=
     B, M, V = logits.shape
     device = logits.device
     check_tensor("frontier_scores", frontier_scores, dtype=torch.float32, shape=(B, M), device=device)
-    if not isinstance(top_k, int) or not 1 <= top_k <= V:
+    if not is_int(top_k) or not 1 <= top_k <= V:
         _fail("top_k", f"an int in [1, V = {V}]", top_k)
     if M == 0 or V == 0:
         _fail("logits", "at least one frontier node and one vocabulary entry", f"shape {tuple(logits.shape)}")
@@ -171,7 +176,7 @@ def check_draft_expand(logits, frontier_scores, top_k, *, d2t=None, temperature=
         if t is not None:
             check_tensor(name, t, dtype=dtype, shape=(B,), device=device)
     # The Gumbel draws' counter holds depth and the frontier row in 32 bits (docs/ops.md §2).
-    if not isinstance(depth, int) or not 0 <= depth < DRAFT_DEPTH_LIMIT:
+    if not is_int(depth) or not 0 <= depth < DRAFT_DEPTH_LIMIT:
         _fail("depth", f"an int in [0, {DRAFT_DEPTH_LIMIT})", depth)
     if M > DRAFT_ROW_LIMIT:
         _fail("logits", f"at most {DRAFT_ROW_LIMIT} frontier nodes (M)", f"shape {tuple(logits.shape)}")
@@ -197,7 +202,7 @@ def check_build_tree(root_tokens, cand_tokens, cand_scores, cand_parents, num_no
     check_tensor("root_tokens", root_tokens, dtype=torch.int64, shape=(B,), device=device)
     check_tensor("cand_scores", cand_scores, dtype=torch.float32, shape=(B, C), device=device)
     check_tensor("cand_parents", cand_parents, dtype=torch.int32, shape=(B, C), device=device)
-    if not isinstance(num_nodes, int) or num_nodes < 1:
+    if not is_int(num_nodes) or num_nodes < 1:
         _fail("num_nodes", "an int >= 1", num_nodes)
     if num_nodes - 1 > C:
         _fail("num_nodes", f"num_nodes - 1 <= C = {C} candidates in cand_tokens", num_nodes)
@@ -266,7 +271,7 @@ def check_verify(tokens, parents, target_logits, *, max_depth, temperature=None,
     check_tensor("tokens", tokens, dtype=torch.int64, shape=(B, N), device=device)
     check_tensor("parents", parents, dtype=torch.int32, shape=(B, N), device=device)
     # accept_len (int32) holds up to max_depth accepted nodes
-    if not isinstance(max_depth, int) or not 0 <= max_depth <= 2**31 - 1:
+    if not is_int(max_depth) or not 0 <= max_depth <= 2**31 - 1:
         _fail("max_depth", "an int in [0, 2**31 - 1]", max_depth)
     if N == 0 or V == 0:
         _fail("target_logits", "at least one node and one vocabulary entry", f"shape {tuple(target_logits.shape)}")
@@ -327,7 +332,7 @@ def check_coupled_noise(seed, positions, num_tokens, *, d2t=None, values=True):
     check_tensor("positions", positions, dtype=torch.int64, ndim=2, device=device)
     if positions.shape[0] != B:
         _fail("positions", f"shape [B = {B}, W]", f"shape {tuple(positions.shape)}")
-    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or not 1 <= num_tokens <= 1 << 32:
+    if not is_int(num_tokens) or not 1 <= num_tokens <= 1 << 32:
         _fail("num_tokens", "an int in [1, 2^32]", num_tokens)
     if d2t is not None:
         check_tensor("d2t", d2t, dtype=torch.int64, shape=(num_tokens,), device=device)
@@ -553,7 +558,7 @@ def _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
     check_tensor("k_cache", k_cache, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=4, device=device)
     _check_kv_layout(k_cache, v_cache, cache_seqlens, None, B, False, device)
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    if not isinstance(num_heads, int) or num_heads < 1 or Hkv < 1 or num_heads % Hkv:
+    if not is_int(num_heads) or num_heads < 1 or Hkv < 1 or num_heads % Hkv:
         _fail("num_heads", f"a positive multiple of the KV head count {Hkv}", num_heads)
     if D % 2:
         _fail("k_cache", "an even head dim (RoPE)", D)
@@ -578,7 +583,7 @@ def _check_layer(x, input_norm, qkv_weight, o_weight, post_norm, gate_up_weight,
     _check_linear_weight("down_weight" + suffix, down_weight, H, I, "[H, I]", device)
     check_tensor("cos", cos, dtype=torch.float32, shape=(B, N, D), device=device)
     check_tensor("sin", sin, dtype=torch.float32, shape=(B, N, D), device=device)
-    if not isinstance(slot_offset, int) or slot_offset < 0:
+    if not is_int(slot_offset) or slot_offset < 0:
         _fail("slot_offset", "a non-negative int", slot_offset)
     slots = slot_offset + N
     if tree_mask is not None:
@@ -621,7 +626,7 @@ def check_cpu_decoder_layers(x, input_norm, qkv_weight, o_weight, post_norm, gat
             got = f"{len(tensors)} tensors" if isinstance(tensors, (list, tuple)) else type(tensors).__name__
             _fail(name, f"one tensor per layer of k_cache (L = {L})", got)
     for layer in state_layers:
-        if not isinstance(layer, int) or not 0 <= layer < L:
+        if not is_int(layer) or not 0 <= layer < L:
             _fail("state_layers", f"layer indices in [0, L = {L})", layer)
     for layer in range(L):
         _check_layer(x, *(tensors[layer] for tensors in lists), cos, sin, k_cache[layer], v_cache[layer],

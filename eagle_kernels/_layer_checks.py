@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import _fail, check_eps, check_tensor, values_checked
+from ._checks import _fail, check_eps, check_tensor, is_int, values_checked
 
 HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -47,7 +47,7 @@ def check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlen
             _fail(name, "each position's [Hkv, D] rows dense (strides (*, *, D, 1))", f"strides {cache.stride()}")
     if D % 2:
         _fail("k_cache", "an even head dim D (half-split RoPE)", f"shape {tuple(k_cache.shape)}")
-    if not isinstance(num_heads, int) or num_heads < 1 or num_heads % Hkv:
+    if not is_int(num_heads) or num_heads < 1 or num_heads % Hkv:
         _fail("num_heads", f"a positive multiple of the caches' {Hkv} KV heads", num_heads)
     if width != (num_heads + 2 * Hkv) * D:
         _fail("qkv", f"last dim (num_heads + 2 Hkv) * D = {(num_heads + 2 * Hkv) * D}", f"shape {tuple(qkv.shape)}")
@@ -57,7 +57,7 @@ def check_rope_write_kv(qkv, positions, cos, sin, k_cache, v_cache, cache_seqlen
         _fail("cos", f"shape [P, {D // 2}] (D / 2 columns)", f"shape {tuple(cos.shape)}")
     check_tensor("sin", sin, dtype=cos.dtype, shape=tuple(cos.shape), device=device)
     check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, shape=(B,), device=device)
-    if not isinstance(slot_offset, int) or slot_offset < 0:
+    if not is_int(slot_offset) or slot_offset < 0:
         _fail("slot_offset", "an int >= 0", slot_offset)
     if values and values_checked(device) and B and N:
         if bool((positions < 0).any()) or bool((positions >= cos.shape[0]).any()):
@@ -145,7 +145,7 @@ def check_rmsnorm_qkv_rope(x, weight, norm_weight, eps, positions, cos, sin, k_c
         _fail("x", "3 dimensions [B, N, K]", f"shape {tuple(x.shape)}")
     check_tensor("k_cache", k_cache, dtype=HALF_AND_SINGLE, ndim=4, device=x.device)
     Hkv, D = k_cache.shape[2:]
-    if not isinstance(num_heads, int) or num_heads < 1 or (Hkv and num_heads % Hkv):
+    if not is_int(num_heads) or num_heads < 1 or (Hkv and num_heads % Hkv):
         _fail("num_heads", f"a positive multiple of the caches' {Hkv} KV heads", num_heads)
     if weight.shape[0] != (num_heads + 2 * Hkv) * D:
         _fail("weight", f"(num_heads + 2 Hkv) * D = {(num_heads + 2 * Hkv) * D} rows (q, k, v heads)",

@@ -174,6 +174,7 @@ BAD_INPUTS = {  # id -> (the name the error must carry, how the arguments are sp
     "eps-nan": ("eps", lambda a, kw: kw.__setitem__("eps", float("nan"))),
     "eps-float32": ("eps", lambda a, kw: kw.__setitem__("eps", np.float32(1e-5))),
     "slot-offset-float": ("slot_offset", lambda a, kw: kw.__setitem__("slot_offset", 0.0)),
+    "slot-offset-bool": ("slot_offset", lambda a, kw: kw.__setitem__("slot_offset", True)),
     "num-heads-numpy": ("num_heads", lambda a, kw: kw.__setitem__("num_heads", np.int64(kw["num_heads"]))),
 }
 

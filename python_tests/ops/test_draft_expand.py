@@ -252,7 +252,9 @@ def _good():
     ("top_k_float", "top_k"),
     ("top_k_numpy", "top_k"),
     ("top_k_tensor", "top_k"),
+    ("top_k_bool", "top_k"),
     ("depth_float", "depth"),
+    ("depth_bool", "depth"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_input(backend, op_impl, case, name):
     fn = op_impl("draft_expand")
@@ -282,8 +284,12 @@ def test_bad_input(backend, op_impl, case, name):
         top_k = np.int64(4)
     elif case == "top_k_tensor":
         top_k = torch.tensor(4)
+    elif case == "top_k_bool":  # a bool is an int to Python and to the op's schema: True was top-1
+        top_k = True
     elif case == "depth_float":
         sampling = dict(temperature=torch.ones(2), depth=1.5)
+    elif case == "depth_bool":
+        sampling = dict(temperature=torch.ones(2), depth=True)
     with pytest.raises(ValueError, match=name):
         fn(logits, fs, top_k, d2t=d2t, **sampling)
 

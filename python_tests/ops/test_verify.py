@@ -526,6 +526,7 @@ BAD_INPUTS = [
     ("max-depth-above-int32", "max_depth", _with(max_depth=lambda d: 2**31)),  # before any allocation
     ("max-depth-huge", "max_depth", _with(max_depth=lambda d: 2**40)),
     ("max-depth-float", "max_depth", _with(max_depth=lambda d: 2.0)),  # not the C++ op schema's RuntimeError
+    ("max-depth-bool", "max_depth", _with(max_depth=lambda d: True)),  # was a depth of 1
     ("max-depth-tensor", "max_depth", _with(max_depth=lambda d: torch.tensor(2))),  # nor converted by it
 ]
 
