@@ -20,6 +20,8 @@ def speed_up_interpreter(vectorise_reductions: bool) -> None:
     skip_repeated_lang_patching()
     cache_numpy_dtypes()
     skip_unasserted_overflow_checks()
+    convert_bfloat16_by_shifts()
+    reuse_block_shapes()
     if vectorise_reductions:
         vectorise_generic_reductions()
 
@@ -102,6 +104,125 @@ def skip_unasserted_overflow_checks() -> bool:
         return False
     if options.sanitize_overflow:
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+def convert_bfloat16_by_shifts() -> bool:
+    """Make the interpreter's bfloat16 <-> float32 casts (``x.to(tl.float32)`` of a bf16 load, a
+    bf16 store's ``.to(tl.bfloat16)``) bit shifts. Triton 3.9 converts them field by field (sign,
+    exponent, significand; about fifteen numpy passes) for every rounding mode, truncating where no
+    mode is given: a third of an interpreted bf16 GEMM's time (profiled on test_layer_ops.py's
+    o_proj_mlp case over 61 rows). :func:`bfloat16_shift` gives its answer where that is a shift;
+    every other conversion, and inputs with a subnormal, go to the original function. Returns
+    whether the interpreter is one this applies to."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_convert_float", None)
+    if original is None:
+        return False
+    if getattr(original, "shifts_bfloat16", False):
+        return True
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        shifted = bfloat16_shift(input, input_dtype, output_dtype, rounding_mode)
+        return original(input, input_dtype, output_dtype, rounding_mode) if shifted is None else shifted
+
+    convert_float.shifts_bfloat16 = True
+    convert_float.original = original  # (tests compare them)
+    interpreter._convert_float = convert_float
+    return True
+
+
+def bfloat16_shift(input, input_dtype, output_dtype, rounding_mode):
+    """The interpreter's conversion of ``input`` (numpy bits) as a shift, or None where it is not one.
+    For inputs without a subnormal: bf16 -> fp32 is ``bits << 16`` whatever the rounding mode (an
+    upcast has no rounding), and fp32 -> bf16 without a rounding mode is ``bits >> 16`` (truncation;
+    inf and NaN included, a NaN whose payload sits in the low 16 bits becoming inf as it did). On
+    subnormal inputs the interpreter's field arithmetic gives other bits, so those are left to it."""
+    import numpy as np
+
+    data = np.asarray(input)
+    if input_dtype == tl.bfloat16 and output_dtype == tl.float32 and data.dtype.itemsize == 2:
+        bits = data.view(np.uint16)
+        if not np.any(((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)):
+            return bits.astype(np.uint32) << np.uint32(16)
+    elif input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode is None \
+            and data.dtype.itemsize == 4:
+        bits = data.view(np.uint32)
+        if not np.any(((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)):
+            return (bits >> np.uint32(16)).astype(np.uint16)
+    return None
+
+
+# sha256 prefixes of the sources of the two constructors :func:`reuse_block_shapes` stands in for
+# (triton 3.9's ``block_type.__init__`` and ``tensor.__init__``); with others it does nothing.
+_BLOCK_TYPE_INIT, _TENSOR_INIT = "403f4b016ec5c2c3", "d9b043b5c9897657"
+
+
+def _source_digest(fn) -> str | None:
+    import hashlib
+    import inspect
+
+    try:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
+
+
+def reuse_block_shapes() -> bool:
+    """Build each block shape's Triton objects once. Every value an interpreted kernel makes is a
+    ``tl.tensor`` of a ``tl.block_type``, and their constructors rebuild the shape as Triton tuples
+    (one ``tl.tuple`` of ints with its type for the block type, one of ``tl.constexpr`` for the
+    tensor), check it and format the type's name: about a quarter of an interpreted launch's time
+    in kernels of many small operations (profiled on test_verify_topk_rows.py: 12.9 of 80 s in
+    ``block_type`` alone). Now the first block type of an element type and shape is built by
+    Triton's constructor and the next ones take its shape, element count and name; tensors of a
+    shape share one constexpr tuple and element count. The objects are the same values as before,
+    shared (Triton reads shapes; nothing in the interpreter writes to one). Installed only where
+    Triton's two constructors are the ones this stands in for (their source digests above). Returns
+    whether they are installed."""
+    import builtins
+    import math
+
+    core = tl.core
+    block_type, tensor, constexpr = core.block_type, core.tensor, core.constexpr
+    if getattr(block_type.__init__, "reuses_shapes", False):
+        return True
+    if _source_digest(block_type.__init__) != _BLOCK_TYPE_INIT or _source_digest(tensor.__init__) != _TENSOR_INIT:
+        return False
+    build_block_type, build_tensor = block_type.__init__, tensor.__init__
+    block_types: dict = {}  # (element type's name, dims) -> (shape, numel, name) of the first one built
+    tensor_shapes: dict = {}  # dims -> (numel, shape) of a tensor
+
+    def block_type_init(self, element_ty, shape):
+        if type(shape) is list:
+            dims = builtins.tuple(d.value if isinstance(d, constexpr) else d for d in shape)
+            # ints only: a float 2.0 is the key 2 to a dict, and Triton refuses it
+            if all(type(d) is int for d in dims):
+                key = (str(element_ty), dims)
+                known = block_types.get(key)
+                if known is None:
+                    build_block_type(self, element_ty, shape)  # checks the shape, raises as before
+                    block_types[key] = (self.shape, self.numel, self.name)
+                else:
+                    self.element_ty = element_ty
+                    self.shape, self.numel, self.name = known
+                return
+        build_block_type(self, element_ty, shape)
+
+    def tensor_init(self, handle, type):
+        dims = builtins.tuple(type.shape.values) if type.is_block() else ()
+        known = tensor_shapes.get(dims)
+        if known is None:
+            known = tensor_shapes[dims] = (constexpr(math.prod(dims)), core.tuple([constexpr(d) for d in dims]))
+        self.handle = handle
+        self.numel, self.shape = known
+        self.type = type
+        self.dtype = type.scalar
+
+    block_type_init.reuses_shapes = True
+    block_type_init.original, tensor_init.original = build_block_type, build_tensor  # (tests compare them)
+    block_type.__init__, tensor.__init__ = block_type_init, tensor_init
     return True
 
 

@@ -1,7 +1,8 @@
 """The interpreter speed-ups of eagle_kernels/triton/_interpreter.py change no result: reductions
 and scans with user combine functions (NaN-keeping max, xor, an (value, index) pair, a branchy
 combine left to the element loop) and ``tl.sort`` give the same bits vectorised as element by
-element, and helper calls inside a launch still see the interpreted language."""
+element, helper calls inside a launch still see the interpreted language, bf16 <-> fp32 shifts give
+the interpreter's conversion bits, and reused block shapes are the objects Triton builds."""
 
 import os
 
@@ -148,3 +149,94 @@ def test_skipped_overflow_checks_change_no_result():
     want = ((a.long() * b.long() + a.long() - b.long()) * 3) & 0xFFFFFFFF
     want = torch.where(want >= 2**31, want - 2**32, want).to(torch.int32)
     assert torch.equal(skipped, checked) and torch.equal(skipped, want)
+
+
+def _bf16_fp32_patterns(seed: int):
+    """(every bf16 bit pattern, float32 patterns: each exponent with 4,096 random significands a sign,
+    the significands' edges, and NaNs whose payload is only in the bits a truncation drops)."""
+    gen = np.random.default_rng(seed)
+    bf16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    exponents = np.arange(256, dtype=np.uint32)[:, None] << np.uint32(23)
+    random = gen.integers(0, 1 << 23, size=(256, 4096), dtype=np.uint32)
+    edges = np.array([0, 1, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7F0000, 0x7FFFFF], dtype=np.uint32)
+    fields = np.concatenate([random, np.broadcast_to(edges, (256, edges.size))], axis=1)
+    fp32 = (exponents | fields).ravel()
+    fp32 = np.concatenate([fp32, fp32 | np.uint32(0x80000000), np.array([0x7F800001, 0xFF80FFFF], dtype=np.uint32)])
+    return bf16, fp32.view(np.float32)
+
+
+def test_bfloat16_shifts_give_the_interpreters_bits():
+    """bf16 <-> fp32 casts as shifts: the original conversion's bits for every bf16 pattern and for
+    float32 patterns of every exponent (subnormals included: they go to the original), with and
+    without a rounding mode for the upcast, in the input's shape; the shift answers every input
+    without a subnormal, and fp32 -> bf16 with a rounding mode is still the original's."""
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    from eagle_kernels.triton._interpreter import bfloat16_shift
+
+    fast = interpreter._convert_float
+    assert getattr(fast, "shifts_bfloat16", False), "the bfloat16 shifts are not installed"
+    original = fast.original
+    bf16, fp32 = _bf16_fp32_patterns(0)
+    for mode in (None, ir.ROUNDING_MODE.RTNE, ir.ROUNDING_MODE.RTZ):
+        want = original(bf16, tl.bfloat16, tl.float32, mode)
+        assert np.array_equal(fast(bf16, tl.bfloat16, tl.float32, mode), want)
+        assert np.array_equal(fast(bf16.reshape(256, 256), tl.bfloat16, tl.float32, mode), want.reshape(256, 256))
+    assert np.array_equal(fast(fp32, tl.float32, tl.bfloat16, None), original(fp32, tl.float32, tl.bfloat16, None))
+    rtne = ir.ROUNDING_MODE.RTNE
+    assert np.array_equal(fast(fp32, tl.float32, tl.bfloat16, rtne), original(fp32, tl.float32, tl.bfloat16, rtne))
+    assert bfloat16_shift(fp32, tl.float32, tl.bfloat16, rtne) is None
+    # The shift itself answers every input without a subnormal, with the original's bits.
+    bf16_normal = bf16[((bf16 & 0x7F80) != 0) | ((bf16 & 0x7F) == 0)]
+    fp32_normal = fp32[((fp32.view(np.uint32) & 0x7F800000) != 0) | ((fp32.view(np.uint32) & 0x7FFFFF) == 0)]
+    for data, src, dst in ((bf16_normal, tl.bfloat16, tl.float32), (fp32_normal, tl.float32, tl.bfloat16)):
+        shifted = bfloat16_shift(data, src, dst, None)
+        assert shifted is not None and np.array_equal(shifted, original(data, src, dst, None))
+    assert bfloat16_shift(bf16, tl.bfloat16, tl.float32, None) is None  # bf16 holds subnormals: the original's
+
+
+def test_reused_block_shapes_are_tritons():
+    """Block types and tensors built with the reused shapes have the values Triton's constructors
+    give (shape, element count, name; a second build of the same shape, other element types), bad
+    shapes still raise Triton's errors, and an interpreted kernel gives the same bits with Triton's
+    own constructors."""
+    core = tl.core
+    patched_block, patched_tensor = core.block_type.__init__, core.tensor.__init__
+    assert getattr(patched_block, "reuses_shapes", False), "the reused block shapes are not installed"
+
+    def built(init, cls, *args):
+        obj = cls.__new__(cls)
+        init(obj, *args)
+        return obj
+
+    for element in (tl.float32, tl.bfloat16, tl.int1, tl.pointer_type(tl.float16)):
+        for shape in ([16], [4, 32], [tl.constexpr(8), 2], [1, 1, 64]):
+            for _ in range(2):  # the second build reuses the first one's
+                got = built(patched_block, core.block_type, element, shape)
+                want = built(patched_block.original, core.block_type, element, shape)
+                assert (got.element_ty, list(got.shape), got.numel, got.name) == \
+                    (want.element_ty, list(want.shape), want.numel, want.name)
+                assert type(got.shape) is type(want.shape) and got == want
+                t = built(patched_tensor, core.tensor, None, got)
+                u = built(patched_tensor.original, core.tensor, None, want)
+                assert [s.value for s in t.shape] == [s.value for s in u.shape] and t.numel.value == u.numel.value
+                assert (t.type, t.dtype) == (u.type, u.dtype) and type(t.shape) is type(u.shape)
+    scalar = built(patched_tensor, core.tensor, None, tl.float32)
+    assert list(scalar.shape) == [] and scalar.numel.value == 1 and scalar.dtype == tl.float32
+    built(patched_block, core.block_type, tl.float32, [2])  # known shapes equal to bad ones as dict keys
+    built(patched_block, core.block_type, tl.float32, [1])
+    for bad, error in (([3], ValueError), ([], TypeError), ([2048, 1024], ValueError), ([2.0], TypeError)):
+        for _ in range(2):
+            with pytest.raises(error):
+                built(patched_block, core.block_type, tl.float32, bad)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(-4, 5, (8, 16), generator=gen).float() / 4
+    bits = torch.randint(-2**30, 2**30, (8, 16), generator=gen, dtype=torch.int32)
+    reused = run(True, x, bits)
+    core.block_type.__init__, core.tensor.__init__ = patched_block.original, patched_tensor.original
+    try:
+        rebuilt = run(True, x, bits)
+    finally:
+        core.block_type.__init__, core.tensor.__init__ = patched_block, patched_tensor
+    assert np.array_equal(reused.numpy(), rebuilt.numpy(), equal_nan=True)
