@@ -21,7 +21,9 @@ def _fail(name: str, expected: str, got) -> None:
 
 
 def is_int(value) -> bool:
-    """A Python int and not a bool: ``True`` as a count or a depth is a caller's mistake."""
+    """A Python int and not a bool: ``True`` as a count or a depth is a caller's mistake. Stricter than
+    the entry points' ``_inputs._is_int``, which also takes numpy integers: these are the ops' int
+    arguments, which the C++ op schemas take as Python ints only."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -15,6 +15,8 @@ from ._checks import check_verify
 
 
 def _is_int(value) -> bool:
+    """Any integer but a bool (numpy ones too, unlike the ops' ``_checks.is_int``): a count given to the
+    decoder or a loader is turned into a Python int here."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
