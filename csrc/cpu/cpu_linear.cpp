@@ -170,12 +170,14 @@ template <int C, typename W>
 void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64_t ldx, int64_t K, float* out,
                int64_t ldo) {
   __m512 acc01[C], acc23[C];
+  EAGLE_UNROLL
   for (int c = 0; c < C; ++c) acc01[c] = acc23[c] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     pace.step();
     const __m512 w01 = pair8(w[0] + k, w[1] + k);
     const __m512 w23 = pair8(w[2] + k, w[3] + k);
+    EAGLE_UNROLL
     for (int c = 0; c < C; ++c) {
       const __m512 xv = both_halves(_mm256_loadu_ps(x + c * ldx + k));
       acc01[c] = _mm512_fmadd_ps(w01, xv, acc01[c]);
@@ -187,6 +189,7 @@ void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64
     pace.step();
     const __m512 w01 = join(load8_tail(w[0] + k, rem), load8_tail(w[1] + k, rem));
     const __m512 w23 = join(load8_tail(w[2] + k, rem), load8_tail(w[3] + k, rem));
+    EAGLE_UNROLL
     for (int c = 0; c < C; ++c) {
       const __m512 xv = both_halves(load8_tail(x + c * ldx + k, rem));
       acc01[c] = _mm512_fmadd_ps(w01, xv, acc01[c]);
@@ -194,6 +197,7 @@ void pair_tile(const W* const* w, int64_t rows, Pace pace, const float* x, int64
     }
   }
   pace.finish();
+  EAGLE_UNROLL
   for (int c = 0; c < C; ++c) {
     const __m128 sums = hsum4(low_half(acc01[c]), high_half(acc01[c]), low_half(acc23[c]), high_half(acc23[c]));
     float* dst = out + c * ldo;

@@ -36,6 +36,7 @@ namespace linear_impl {
 template <int C>
 EAGLE_TARGET_AVX2 inline void half_step256(__m256 a, __m256 b, const float* x, int64_t ldx, __m256 (&acc_a)[C],
                                            __m256 (&acc_b)[C]) {
+  EAGLE_UNROLL
   for (int c = 0; c < C; ++c) {
     const __m256 xv = _mm256_broadcast_ss(x + c * ldx);
     acc_a[c] = _mm256_fmadd_ps(a, xv, acc_a[c]);
@@ -47,6 +48,7 @@ EAGLE_TARGET_AVX2 inline void half_step256(__m256 a, __m256 b, const float* x, i
 template <int C>
 EAGLE_TARGET_AVX2 inline void store_half256(const __m256 (&acc_a)[C], const __m256 (&acc_b)[C], float* out,
                                             int64_t ldo) {
+  EAGLE_UNROLL
   for (int c = 0; c < C; ++c) {
     _mm256_storeu_ps(out + c * ldo, acc_a[c]);
     _mm256_storeu_ps(out + c * ldo + 8, acc_b[c]);

@@ -123,11 +123,12 @@ EAGLE_TARGET_AVX512 void tile512(const W* w, int64_t K, const float* x, int64_t 
 
 // ------------------------------------------------------------------------------------- AVX2
 // AVX2 tiles take one half of a group: 2 x 6 accumulators + 2 weights + 1 x of 16 registers, each
-// weight vector serving up to 6 FMAs. A fallback more than a fast path: one SmolLM2 forward's
-// linear layers (2 threads, the AVX2 path on an AVX-512 Xeon) took 19.9 / 24.2 / 34.2 / 41.5 ms at
-// 1 / 4 / 8 / 12 rows against 22.2 / 23.3 / 26.4 / 27.8 for the row-major AVX2 kernel (whole
-// groups with 2-row tiles: 18.7 / 28.5 / 40.9 / 52.6), so the model packs weights only for the
-// AVX-512 path.
+// weight vector serving up to 6 FMAs (the loops over C unrolled by EAGLE_UNROLL: rolled, GCC 12 kept
+// the accumulators in memory and stored all 2 C of them every k step, which ran these tiles at about
+// a third of the FMA rate; docs/cpu_kernels.md, "Accumulators kept in registers"). Since then, in
+// cache, 2.4-2.9x the earlier rate at 4-16 rows and about even with the row-major AVX2 kernel's
+// tiles in a whole SmolLM2 forward's linear layers (weights streamed from DRAM; Zen AVX2 VM), so
+// the model still packs weights only for the AVX-512 path.
 constexpr int kMaxRows256 = 6;
 
 // One half (w: [K][16], a contiguous stream) times C rows of x: out[c * ldo + j], j < 16.
@@ -138,6 +139,7 @@ EAGLE_TARGET_AVX2 void tile256(const W* w, int64_t K, const float* x, int64_t ld
   constexpr int64_t ahead = kPrefetchAhead / step_bytes;
   constexpr int64_t steps_per_line = 64 / step_bytes;
   __m256 acc_a[C], acc_b[C];
+  EAGLE_UNROLL
   for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     if (prefetch && k % steps_per_line == 0)
@@ -240,6 +242,7 @@ EAGLE_TARGET_AVX2 void pair_tile256(const Bf16Bits* w, int64_t K, const float* x
                                     bool prefetch) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   __m256 acc_a[C], acc_b[C];
+  EAGLE_UNROLL
   for (int c = 0; c < C; ++c) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
   for (int64_t p = 0; p < K / 2; ++p) {
     if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + (p + kPairPrefetchSteps) * kPairLine), _MM_HINT_T1);

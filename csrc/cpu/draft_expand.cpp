@@ -117,6 +117,7 @@ EAGLE_TARGET_AVX512 core::RowStats<float> scan_row_avx512(const E* row, int64_t 
   for (int64_t v = 0; v < V; v += kBlock) {
     __m512 x[4];
     __mmask16 valid[4];
+    EAGLE_UNROLL
     for (int j = 0; j < 4; ++j) {
       const int64_t left = V - (v + 16 * j);
       valid[j] = left >= 16 ? all : (left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1));
@@ -139,10 +140,12 @@ EAGLE_TARGET_AVX512 core::RowStats<float> scan_row_avx512(const E* row, int64_t 
     if (k == 0) {
       // lse only (large k ranks the ids afterwards)
     } else if (!full) {
+      EAGLE_UNROLL
       for (int j = 0; j < 4; ++j) push_lanes(x[j], valid[j], v + 16 * j, k, top_values, top_ids, count);
       full = count == k;
       if (full) thr = _mm512_set1_ps(top_values[k - 1]);
     } else if (_mm512_cmp_ps_mask(bmax, thr, _CMP_GT_OQ)) {
+      EAGLE_UNROLL
       for (int j = 0; j < 4; ++j) {
         const __mmask16 above = _mm512_cmp_ps_mask(x[j], thr, _CMP_GT_OQ) & valid[j];
         if (above) push_lanes(x[j], above, v + 16 * j, k, top_values, top_ids, count);

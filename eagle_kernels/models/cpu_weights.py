@@ -104,8 +104,9 @@ def _parse_policy(linear_mode: str, layer_mode: str, backend: str, isa: str) -> 
     linear_kernel = (linear_mode != "torch" and ("cpu_linear", "cpu") in _dispatch.NATIVE_KERNELS
                      and backend in ("auto", "cpp"))
     # The packed layout pays on cpu_linear's AVX-512 path only: the AVX2 path of the packed kernel
-    # (tiles of one half of a group x up to 6 rows in 16 registers) measured 1.3-1.5x slower than
-    # the row-major AVX2 kernel at 8-12 rows, so an AVX2 CPU (or an ISA cap) keeps row-major weights.
+    # (tiles of one half of a group x up to 6 rows in 16 registers) measured about even with the
+    # row-major AVX2 kernel over a whole forward's linear layers (1.3-1.5x slower before its tiles
+    # kept their accumulators in registers), so an AVX2 CPU (or an ISA cap) keeps row-major weights.
     # ``isa`` (the variable's value) keys the cache; the level itself is the kernels' own.
     packed = (linear_kernel and linear_mode == "auto"
               and _dispatch.cpu_isa() in ("avx512-ymm", "avx512", "avx512-bf16"))
