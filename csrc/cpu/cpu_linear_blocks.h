@@ -134,16 +134,21 @@ inline bool has_vnni() {
 }
 
 // A quantized kernel's call: x [M, K] (row stride ldx) in the kernel's activation form XB, one block of 32
-// elements at a time (`block512` at AVX-512 levels, null where there are none; `block_scalar` below them), once per
-// call before the weights stream; then the groups of the packed weight over the threads, by the tiles of Q8T (q8) or
-// Q41T: out[m * ldo + n]. Their AVX-512 tiles need VNNI (has_vnni); without it a call runs their AVX2 tiles.
+// elements at a time (`block512` at AVX-512 levels, `block256` at AVX2, either null where there is none;
+// `block_scalar` below them or in place of a null one), once per call before the weights stream; then the groups of the
+// packed weight over the threads, by the tiles of Q8T (q8) or Q41T: out[m * ldo + n]. Their AVX-512 tiles need VNNI
+// (has_vnni); without it a call runs their AVX2 tiles.
 template <typename Q8T, typename Q41T, typename XB>
 void block_linear(const uint8_t* packed, bool q8, int64_t groups, const float* x, int64_t ldx, int64_t M, int64_t K,
                   float* out, int64_t ldo, isa::Level level, void (*block512)(const float*, XB*),
-                  void (*block_scalar)(const float*, XB*)) {
+                  void (*block_scalar)(const float*, XB*), void (*block256)(const float*, XB*) = nullptr) {
   const int64_t nb = K / kBlock;
   std::vector<XB> xb(static_cast<size_t>(M * nb));
-  const auto to_block = block512 != nullptr && level >= isa::Level::kAvx512Ymm ? block512 : block_scalar;
+  auto to_block = block_scalar;
+  if (block512 != nullptr && level >= isa::Level::kAvx512Ymm)
+    to_block = block512;
+  else if (block256 != nullptr && level >= isa::Level::kAvx2)
+    to_block = block256;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b) to_block(x + m * ldx + b * kBlock, xb.data() + m * nb + b);
   const isa::Level tiles = level >= isa::Level::kAvx512Ymm && !has_vnni() ? isa::Level::kAvx2 : level;

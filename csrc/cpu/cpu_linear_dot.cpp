@@ -101,6 +101,39 @@ EAGLE_TARGET_AVX512 void quantize_block512(const float* x, XBlock* out) {
   out->sum = sum;
   out->dsum = d * static_cast<float>(sum);
 }
+
+// The same arithmetic in four 8-lane vectors (the scalar path's before: about 5% of a GGUF speculative step's CPU
+// time on an AVX2 VM).
+EAGLE_TARGET_AVX2 void quantize_block256(const float* x, XBlock* out) {
+  __m256 v[4];
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 amax8 = _mm256_setzero_ps();
+  int bad = 0;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    const __m256 a = _mm256_andnot_ps(sign, v[i]);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // inf or nan
+    amax8 = _mm256_max_ps(amax8, a);
+  }
+  if (bad) return quantize_block_scalar(x, out);
+  const float amax = simd::avx2::reduce_max(amax8);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 idv = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));  // MXCSR's default: to nearest even
+  // |q| <= 127: the saturating packs are exact; they interleave 4-element groups, which the permute puts back in order.
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out->q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+  out->d = d;
+  out->sum = sum;
+  out->dsum = d * static_cast<float>(sum);
+}
 #endif
 
 // ------------------------------------------------------------------------------- scalar path
@@ -178,8 +211,10 @@ EAGLE_TARGET_AVX512_VNNI void block_tile512(F, const uint8_t* w, int64_t nb, con
 // ------------------------------------------------------------------------------------- AVX2
 // One half (16 columns: two vectors of 8 lanes) times C rows. VPMADDUBSW adds pairs of unsigned x signed byte products
 // into int16 with saturation, so the operands stay small enough never to saturate: Q8_0 as |q| by qx with q's sign (|q|
-// <= 128, |qx| <= 127: 2 x 128 x 127 = 32512), Q4_1 as q by qx (2 x 15 x 127); VPMADDWD by ones then adds the pairs of
-// pairs exactly in int32.
+// <= 128, |qx| <= 127: 2 x 128 x 127 = 32512), Q4_1 as q by qx (2 x 15 x 127 = 3810); VPMADDWD by ones then adds the
+// pairs of pairs exactly in int32. Q8_0 does that at every step; Q4_1's int16 pairs take a whole block's 8 steps
+// first (8 x 3810 = 30480 < 2^15, so the int16 adds never wrap) and VPMADDWD once a block: two instructions a step and
+// vector instead of three. Integer sums in another order: the same exact sums, the same bits.
 
 EAGLE_TARGET_AVX2 inline __m256i x4_256(const XBlock& xb, int64_t i) {
   int32_t v;
@@ -187,52 +222,72 @@ EAGLE_TARGET_AVX2 inline __m256i x4_256(const XBlock& xb, int64_t i) {
   return _mm256_set1_epi32(v);
 }
 
-// A vector's products with a step of x, in int32 lanes of 4: Q8_0 as |q| by qx with q's sign, Q4_1 as q by qx.
-template <typename F>
-EAGLE_TARGET_AVX2 inline __m256i dot4_256(__m256i raw, int part, __m256i xv) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (F::kSigned)
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(raw), _mm256_sign_epi8(xv, raw)), ones);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i q = _mm256_and_si256(part == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-}
-
 template <int C, typename F>
 EAGLE_TARGET_AVX2 void block_tile256(F, const uint8_t* w, int64_t nb, const XBlock* x, int64_t ldx, float* out,
                                      int64_t ldo, bool prefetch) {
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[2][C];
-  for (int v = 0; v < 2; ++v)
+  EAGLE_UNROLL
+  for (int v = 0; v < 2; ++v) {
+    EAGLE_UNROLL
     for (int c = 0; c < C; ++c) acc[v][c] = _mm256_setzero_ps();
+  }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = w + b * F::kBytes;
     if (prefetch) prefetch_block<F>(base, kPrefetchAhead);
-    __m256i isum[2][C];
-    for (int v = 0; v < 2; ++v)
+    __m256i isum[2][C];  // Q8_0: int32 sums; Q4_1: int16 pair sums until the block's end
+    EAGLE_UNROLL
+    for (int v = 0; v < 2; ++v) {
+      EAGLE_UNROLL
       for (int c = 0; c < C; ++c) isum[v][c] = _mm256_setzero_si256();
-    for (int64_t t = 0; t < F::kChunks; ++t)
+    }
+    EAGLE_UNROLL
+    for (int t = 0; t < F::kChunks; ++t) {
+      EAGLE_UNROLL
       for (int part = 0; part < F::kParts; ++part) {
-        __m256i raw[2];
-        for (int v = 0; v < 2; ++v)
-          raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + F::kParams + t * 64 + 32 * v));
+        __m256i q[2];
+        EAGLE_UNROLL
+        for (int v = 0; v < 2; ++v) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + F::kParams + t * 64 + 32 * v));
+          if constexpr (F::kSigned)
+            q[v] = raw;
+          else
+            q[v] = _mm256_and_si256(part == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+        }
+        EAGLE_UNROLL
         for (int c = 0; c < C; ++c) {
           const __m256i xv = x4_256(x[c * ldx + b], x_step(t, part));
-          for (int v = 0; v < 2; ++v) isum[v][c] = _mm256_add_epi32(isum[v][c], dot4_256<F>(raw[v], part, xv));
+          EAGLE_UNROLL
+          for (int v = 0; v < 2; ++v) {
+            if constexpr (F::kSigned)
+              isum[v][c] = _mm256_add_epi32(
+                  isum[v][c],
+                  _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q[v]), _mm256_sign_epi8(xv, q[v])), ones));
+            else
+              isum[v][c] = _mm256_add_epi16(isum[v][c], _mm256_maddubs_epi16(q[v], xv));
+          }
         }
       }
+    }
     const __m256 d[2] = {params8(base), params8(base + 16)};
+    EAGLE_UNROLL
     for (int c = 0; c < C; ++c) {
       const XBlock& xb = x[c * ldx + b];
       const __m256 dx = _mm256_set1_ps(xb.d);
+      EAGLE_UNROLL
       for (int v = 0; v < 2; ++v) {
-        acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[v][c]), _mm256_mul_ps(d[v], dx), acc[v][c]);
+        const __m256i sum = F::kSigned ? isum[v][c] : _mm256_madd_epi16(isum[v][c], ones);
+        acc[v][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d[v], dx), acc[v][c]);
         if constexpr (!F::kSigned)
           acc[v][c] = _mm256_fmadd_ps(params8(base + 32 + 16 * v), _mm256_set1_ps(xb.dsum), acc[v][c]);
       }
     }
   }
-  for (int c = 0; c < C; ++c)
+  EAGLE_UNROLL
+  for (int c = 0; c < C; ++c) {
+    EAGLE_UNROLL
     for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + c * ldo + 8 * v, acc[v][c]);
+  }
 }
 #endif  // EAGLE_X86_SIMD
 
@@ -242,11 +297,13 @@ void dot_linear(const uint8_t* packed, QuantFormat format, int64_t groups, const
                 int64_t K, float* out, int64_t ldo, Level level) {
 #if EAGLE_X86_SIMD
   void (*const block512)(const float*, XBlock*) = quantize_block512;
+  void (*const block256)(const float*, XBlock*) = quantize_block256;
 #else
   void (*const block512)(const float*, XBlock*) = nullptr;
+  void (*const block256)(const float*, XBlock*) = nullptr;
 #endif
   block_linear<Q8, Q41, XBlock>(packed, format == QuantFormat::kQ8_0Int8, groups, x, ldx, M, K, out, ldo, level,
-                                block512, quantize_block_scalar);
+                                block512, quantize_block_scalar, block256);
 }
 
 }  // namespace linear_impl

@@ -132,6 +132,25 @@ def test_bits_of_every_isa(fmt, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", QUANT_FORMATS)
+def test_activation_quantizer_of_every_isa(fmt, monkeypatch):
+    """The activations' quantizer has a scalar, an AVX2 and an AVX-512 form: the same bits on blocks where they
+    could part ways: halves that round to even (amax 127 or 127 / 8: dx 1 or 1 / 8, exact), a zero block with
+    -0.0, tiny and huge blocks."""
+    fn = native_cpu_linear()
+    ties = torch.tensor([127.0] + [k + 0.5 for k in range(-15, 15)] + [-0.0])
+    zeros = torch.zeros(32)
+    zeros[::3] = -0.0
+    x = torch.stack([
+        torch.cat([ties, -ties, ties / 8, zeros, ties.flip(0), -ties / 8]),
+        activations(1, 192)[0] * 3,
+        torch.cat([activations(1, 96)[0] * 1e-20, activations(1, 96)[0] * 1e20]),
+    ])
+    w = pack8(quant_blocks(64, 192, fmt))
+    monkeypatch.setenv(ISA_ENV, "scalar")
+    assert_every_isa_gives(fn(x, w), fn, x, w, LINEAR_ISAS, monkeypatch)
+
+
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_rows_are_batch_invariant(fmt, isa, monkeypatch):
     """Each row is quantized alone: a verify pass of 13 rows gives each row what a one-row call gives."""
