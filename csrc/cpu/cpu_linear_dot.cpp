@@ -106,17 +106,8 @@ EAGLE_TARGET_AVX512 void quantize_block512(const float* x, XBlock* out) {
 // time on an AVX2 VM).
 EAGLE_TARGET_AVX2 void quantize_block256(const float* x, XBlock* out) {
   __m256 v[4];
-  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-  __m256 amax8 = _mm256_setzero_ps();
-  int bad = 0;
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    const __m256 a = _mm256_andnot_ps(sign, v[i]);
-    bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // inf or nan
-    amax8 = _mm256_max_ps(amax8, a);
-  }
-  if (bad) return quantize_block_scalar(x, out);
-  const float amax = simd::avx2::reduce_max(amax8);
+  float amax = 0.0f;
+  if (!load_block256(x, v, amax)) return quantize_block_scalar(x, out);
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const __m256 idv = _mm256_set1_ps(id);
