@@ -28,6 +28,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+TIGHT_LOOP_INSTRUCTIONS = 200  # the longest loop checked: a tile's k step (see above)
 _FUNCTION = re.compile(r"^([0-9a-f]+) <(.*)>:$")
 _INSTRUCTION = re.compile(r"^\s+([0-9a-f]+):\s+(.*)$")
 _BRANCH = re.compile(r"^j\w*\s+([0-9a-f]+)\s")
@@ -35,7 +36,6 @@ _BRANCH = re.compile(r"^j\w*\s+([0-9a-f]+)\s")
 _ARITHMETIC = re.compile(r"^v(f\w*madd|f\w*msub|dpbf16ps|pdpbusd|pmaddubsw|pmaddwd)")
 # A frame slot: an offset from %rsp or %rbp with no index register.
 _SLOT = re.compile(r"(-?0x[0-9a-f]+)?\(%(rsp|rbp)\)")
-TIGHT_LOOP_INSTRUCTIONS = 200
 _VECTOR_STORE = re.compile(r"^v\w*mov\w*\s+%[xyz]mm\d+,\s*(-?0x[0-9a-f]+)?\(%(rsp|rbp)\)$")
 
 
@@ -75,6 +75,11 @@ def functions(text: str) -> dict[str, list[tuple[int, str]]]:
     return found
 
 
+def _slot(match) -> str:
+    """A frame slot as offset(%register), the offset 0x0 where the operand has none."""
+    return f"{match.group(1) or '0x0'}(%{match.group(2)})"
+
+
 def arithmetic_loops(name: str, code: list[tuple[int, str]]) -> list[Loop]:
     """The innermost loops of one function among those that contain multiply-adds or dot products."""
     if not code:
@@ -102,18 +107,19 @@ def arithmetic_loops(name: str, code: list[tuple[int, str]]) -> list[Loop]:
         for text in body:
             m = _VECTOR_STORE.match(text)
             if m:
-                stored.append(f"{m.group(1) or '0x0'}(%{m.group(2)})")
+                stored.append(_slot(m))
                 continue
-            read.update(f"{s.group(1) or '0x0'}(%{s.group(2)})" for s in _SLOT.finditer(text))
+            read.update(_slot(s) for s in _SLOT.finditer(text))
         dead = tuple(sorted({slot for slot in stored if slot not in read}))
         loops.append(Loop(name, lo, hi, len(body), arithmetic, dead))
     return loops
 
 
-def audit(text: str) -> list[Loop]:
-    """Every innermost arithmetic loop of a disassembly, in address order."""
-    return sorted((loop for name, code in functions(text).items() for loop in arithmetic_loops(name, code)),
-                  key=lambda loop: loop.start)
+def audit(text: str, max_instructions: int = TIGHT_LOOP_INSTRUCTIONS) -> list[Loop]:
+    """Every innermost arithmetic loop of a disassembly of at most ``max_instructions`` instructions, in address
+    order."""
+    return sorted((loop for name, code in functions(text).items() for loop in arithmetic_loops(name, code)
+                   if loop.instructions <= max_instructions), key=lambda loop: loop.start)
 
 
 def extension_path() -> str:
@@ -124,7 +130,7 @@ def extension_path() -> str:
 
 def main(argv: list[str]) -> int:
     path = argv[0] if argv else extension_path()
-    loops = [loop for loop in audit(disassemble(path)) if loop.instructions <= TIGHT_LOOP_INSTRUCTIONS]
+    loops = audit(disassemble(path))
     dead = [loop for loop in loops if loop.dead_stores]
     print(f"{path}: {len(loops)} innermost loops of at most {TIGHT_LOOP_INSTRUCTIONS} instructions with "
           "multiply-adds or dot products, "

@@ -284,10 +284,8 @@ def isa_available(isa):
 
 
 def skip_unavailable_isa(isa):
-    if isa == "avx2" and not avx2_available():
-        pytest.skip("no AVX2+FMA on this CPU (or in this build)")
-    if isa.startswith("avx512") and not avx512_available():
-        pytest.skip("no AVX-512 on this CPU")
+    if not isa_available(isa):
+        pytest.skip("no AVX2+FMA on this CPU (or in this build)" if isa == "avx2" else "no AVX-512 on this CPU")
 
 
 @functools.cache

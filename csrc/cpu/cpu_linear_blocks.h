@@ -158,7 +158,7 @@ inline bool has_vnni() {
 template <typename Q8T, typename Q41T, typename XB>
 void block_linear(const uint8_t* packed, bool q8, int64_t groups, const float* x, int64_t ldx, int64_t M, int64_t K,
                   float* out, int64_t ldo, isa::Level level, void (*block512)(const float*, XB*),
-                  void (*block_scalar)(const float*, XB*), void (*block256)(const float*, XB*) = nullptr) {
+                  void (*block_scalar)(const float*, XB*), void (*block256)(const float*, XB*)) {
   const int64_t nb = K / kBlock;
   std::vector<XB> xb(static_cast<size_t>(M * nb));
   auto to_block = block_scalar;

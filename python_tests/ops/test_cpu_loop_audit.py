@@ -94,8 +94,7 @@ def test_extension_tile_loops_keep_accumulators_in_registers():
         path = cpu_loop_audit.extension_path()
     except ImportError:
         pytest.skip("the native extension is not built")
-    loops = cpu_loop_audit.audit(cpu_loop_audit.disassemble(path))
-    tight = [loop for loop in loops if loop.instructions <= cpu_loop_audit.TIGHT_LOOP_INSTRUCTIONS]
+    tight = cpu_loop_audit.audit(cpu_loop_audit.disassemble(path))
     # The audit found the kernels' loops (it cannot pass by finding none): the packed kernel's AVX2
     # and AVX-512 tiles and the row-major tiles among them.
     names = " ".join(loop.function for loop in tight)
