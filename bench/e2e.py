@@ -594,7 +594,9 @@ def main(argv=None) -> int:
                             tokenizer.eos_token_id or 0, seed_base=g * batch)))
                 for head, kind, variant, suffix in heads.values():
                     # Default: the device's tree, and at T > 0 also its sampled-draft tree.
-                    defaults = dict.fromkeys(default_tree(device, batch, sampling=temperature > 0, sampled_drafts=s)
+                    int8 = head.target.activations == "int8"
+                    defaults = dict.fromkeys(default_tree(device, batch, sampling=temperature > 0, sampled_drafts=s,
+                                                          int8_activations=int8)
                                              for s in sorted({False, temperature > 0}))
                     chosen = {"fixed": FittedPolicy(),
                               "adaptive-sampling": FittedPolicy(adaptive=True, adaptive_sampling=True),

@@ -58,7 +58,7 @@ def _load(args):
     coupled = getattr(args, "coupled_sampling", False) and target.device.type == "cpu"
     sampled = head is not None and getattr(args, "temperature", 0) > 0 and not coupled and (
         args.depth, args.tree_top_k, args.num_nodes) == (None, None, None)
-    base = default_tree(target.device, sampled_drafts=sampled)
+    base = default_tree(target.device, sampled_drafts=sampled, int8_activations=target.activations == "int8")
     if args.lookup == 0 or args.lookup_trim is False:  # the default's chain flags need a (trimmed) chain
         base = dataclasses.replace(base, lookup_alone=False, lookup_trim=base.lookup_trim and args.lookup != 0)
     tree = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})

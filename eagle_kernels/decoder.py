@@ -54,6 +54,7 @@ from .trees import (  # noqa: F401 -- the tree shapes are the decoder's public n
     CPU_BATCH_SAMPLED_TREE,
     CPU_BATCH_SAMPLING_TREE,
     CPU_BATCH_TREE,
+    CPU_INT8_SAMPLED_TREE,
     CPU_SAMPLED_TREE,
     CPU_TREE,
     SAMPLED_TREE,
@@ -604,7 +605,8 @@ class SpeculativeDecoder:
         samples = _per_request(temperature, batch, torch.float32, "cpu") > 0
         all_sample = self.head is not None and bool(samples.all())
         sampled = self.head is not None and self.sampled_drafts and bool(samples.any())
-        return default_tree(self.target.device, batch, sampling=all_sample, sampled_drafts=sampled)
+        return default_tree(self.target.device, batch, sampling=all_sample, sampled_drafts=sampled,
+                            int8_activations=self.target.activations == "int8")
 
     # ------------------------------------------------------------------ step loops
     def _run_steps(self, state: _State, step, max_steps: int, on_sync) -> None:

@@ -142,10 +142,14 @@ CPU_BATCH_SAMPLING_TREE = TreeConfig(1, 1, 2)
 CPU_SAMPLED_TREE = sampled_tree(3, 1, lookup=8, lookup_ngram=4, lookup_trim=True, lookup_alone=True)
 CPU_BATCH_SAMPLED_TREE = sampled_tree(1, 1, lookup=4, lookup_ngram=4, lookup_trim=True)
 CPU_BATCH_ALL_SAMPLED_TREE = sampled_tree(1, 1)
+# One sampled draft and no chain, for a target with int8 activations at batch 1: each further verify row costs
+# it about a row's integer arithmetic (its one-row pass streams 4-bit blocks, rows beyond two are compute-bound).
+CPU_INT8_SAMPLED_TREE = sampled_tree(1, 1)
 SAMPLED_TREE = sampled_tree(4, 6, 3)
 
 
-def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_drafts: bool = False) -> TreeConfig:
+def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_drafts: bool = False,
+                 int8_activations: bool = False) -> TreeConfig:
     """The tree shape the decoder, CLI and benchmarks use when none is given.
 
     A GPU verifies the 60 nodes of the EAGLE-2 default (``TreeConfig()``) in about the time of
@@ -166,7 +170,15 @@ def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_dr
         Whether every request samples (temperature > 0; CPU batches only).
     sampled_drafts : bool
         Whether some request samples and drafts by sampling: the sampled-draft tree
-        (``TreeConfig.sampled``) of the same verify rows as the tree above.
+        (``TreeConfig.sampled``) of the same verify rows as the tree above; at batch 1 with
+        ``int8_activations``, one sampled draft (``CPU_INT8_SAMPLED_TREE``).
+    int8_activations : bool
+        Whether the target multiplies with int8 activations (``LlamaModel.activations``; CPU
+        only). Its verify rows cost arithmetic from the third on (a 4-row pass of the GGUF
+        SmolLM2 about 1.3x a one-row pass, 8 rows 2x), and at T > 0 the deeper sampled tree
+        ran at 0.60-0.82x plain decoding where one sampled draft ran at 0.98-1.09x
+        (docs/benchmarks.md, "Sampled drafts with int8 activations"). Depends on the weights
+        only, never on the machine, so a seed gives the same tokens everywhere.
 
     Returns
     -------
@@ -174,7 +186,9 @@ def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_dr
     """
     if torch.device(device).type == "cpu":
         if batch_size <= 1:
-            return CPU_SAMPLED_TREE if sampled_drafts else CPU_TREE
+            if sampled_drafts:
+                return CPU_INT8_SAMPLED_TREE if int8_activations else CPU_SAMPLED_TREE
+            return CPU_TREE
         if sampled_drafts:
             return CPU_BATCH_ALL_SAMPLED_TREE if sampling else CPU_BATCH_SAMPLED_TREE
         return CPU_BATCH_SAMPLING_TREE if sampling else CPU_BATCH_TREE

@@ -5,7 +5,7 @@ input; and SmolLM2-135M's own GGUF blocks (skipped without the model package).""
 import pytest
 import torch
 
-from eagle_kernels.decoder import SpeculativeDecoder, TreeConfig
+from eagle_kernels.decoder import CPU_INT8_SAMPLED_TREE, CPU_SAMPLED_TREE, SpeculativeDecoder, TreeConfig, default_tree
 from eagle_kernels.models import smollm2
 from eagle_kernels.models.cpu_weights import quantize_matrices, with_matrices
 from eagle_kernels.models.llama import LlamaConfig, LlamaModel
@@ -77,6 +77,21 @@ def test_greedy_speculative_equals_plain(fmt, activations, isa, monkeypatch):
     plain = decoder.generate(PROMPTS, 12, speculative=False)
     spec = decoder.generate(PROMPTS, 12)
     assert spec.sequences == plain.sequences
+
+
+def test_sampling_calls_of_int8_activations_draft_one_sampled_child():
+    """At T > 0 and batch 1 a target with int8 activations verifies one sampled draft (its verify rows cost
+    arithmetic); fp32 activations over the same blocks keep the deeper sampled tree, greedy calls the default."""
+    int8, _ = quantized_pair("q8_0", "int8")
+    fp32, _ = quantized_pair("q8_0", "fp32")
+    assert default_tree("cpu", sampled_drafts=True, int8_activations=True) == CPU_INT8_SAMPLED_TREE
+    assert default_tree("cuda", sampled_drafts=True, int8_activations=True) == default_tree("cuda", sampled_drafts=True)
+    assert CPU_INT8_SAMPLED_TREE.num_nodes == 2 and not CPU_INT8_SAMPLED_TREE.lookup
+    sampled = SpeculativeDecoder(int8, repeat_head(int8)).generate(PROMPTS[:1], 4, temperature=1.0, seed=3)
+    assert sampled.tree == CPU_INT8_SAMPLED_TREE
+    assert SpeculativeDecoder(int8, repeat_head(int8)).generate(PROMPTS[:1], 4).tree == default_tree("cpu")
+    deeper = SpeculativeDecoder(fp32, repeat_head(fp32)).generate(PROMPTS[:1], 4, temperature=1.0)
+    assert deeper.tree == CPU_SAMPLED_TREE
 
 
 def test_bad_input():
