@@ -138,6 +138,9 @@ class _State:
     pending_tokens: torch.Tensor | None = None
     pending_rows: torch.Tensor | None = None
     pending_count: torch.Tensor | None = None
+    # The target's pass over a step's tree prepared for this call (LlamaModel.cpu_tree_pass; CPU eager steps), else
+    # None: the model's forward.
+    tree_pass: Callable | None = None
 
 
 @dataclass
@@ -503,6 +506,8 @@ class SpeculativeDecoder:
                 self._draft_stats[key] = self.policy.draft_stats(tree, self.head is not None)
             state.draft = self._draft_stats[key]
         step = self._speculative_step if speculative else self._plain_step
+        if speculative and slot is None and not self.policy.capturable:
+            state.tree_pass = self.target.cpu_tree_pass(state.target_cache, self._feature_layers())
         if slot is None:
             self._run_steps(state, step, max_new_tokens, on_sync)
             clock = {}
@@ -941,8 +946,11 @@ class SpeculativeDecoder:
         tree = expansion.tree if expansion is not None else _root_tree(state.root)
         tree, chains = self._graft(state, shape, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
-        out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
-                          feature_layers=head.config.feature_layers if head is not None else ())
+        if state.tree_pass is not None:
+            out = state.tree_pass(tree.tokens, tree.depths, tree.mask, rows)
+        else:
+            out = self.target(tree.tokens, cache, depths=tree.depths, tree_mask=tree.mask, row_counts=rows,
+                              feature_layers=self._feature_layers())
         if shape is not None and shape.block and expansion is not None:
             # A sampled chain (no lookup graft): its node i is draft i, its row i the draft row of draft i + 1.
             result = ops.block_verify(tree.tokens, out.logits, expansion.draft_probs, offset=state.offset,
@@ -967,6 +975,10 @@ class SpeculativeDecoder:
         if draft is not None:
             tokens = int(((result.accept_len.long() + 1) * active).sum())
             draft.record(index, tokens, time.perf_counter() - start)
+
+    def _feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose outputs the head reads (none without a head)."""
+        return tuple(self.head.config.feature_layers) if self.head is not None else ()
 
     def _lookup(self, state: _State, tree: TreeConfig) -> _Lookup | None:
         """Where each request's lookup chain of this step's ``tree`` starts (None without a chain)."""

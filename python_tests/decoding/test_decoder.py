@@ -674,3 +674,74 @@ def test_plain_native_steps_equal_plain_steps(monkeypatch, sampling, sync_every)
         assert len(synced) == len(expect_synced)
         assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(synced, expect_synced))
     assert len(got[1][0].sequences[1]) <= 5 and got[1][0].sequences[1][-1] == want_eos
+
+
+@pytest.mark.parametrize("head_name", ["eagle3-random", "eagle1-repeat"])
+@pytest.mark.parametrize("tree, sampling", [
+    (None, {}),
+    (None, {"temperature": [0.9, 0.0, 1.0], "top_k": 7, "seed": [1, 2, 3]}),
+    (TreeConfig(2, 2, 3, lookup=4, lookup_trim=True), {}),
+    (CPU_BATCH_TREE, {"temperature": 0.8, "seed": 4}),
+], ids=["default-greedy", "default-sampling", "trimmed-chain", "batch-tree-sampling"])
+def test_prepared_tree_passes_equal_forward(head_name, tree, sampling, monkeypatch):
+    """Speculative CPU steps run the target's pass prepared once a call (LlamaModel.cpu_tree_pass): the same
+    tokens, step counts and accepted lengths as through forward, with per-request row counts (chains of
+    different lengths in a batch) and the head's feature layers, and the prepared pass did run."""
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    head = HEADS[head_name](target)
+    prepared = LlamaModel.cpu_tree_pass
+    made = []
+
+    def spy(self, cache, feature_layers=()):
+        made.append(prepared(self, cache, feature_layers))
+        return made[-1]
+
+    def call():
+        decoder = SpeculativeDecoder(target, head, tree)
+        first = {name: value[0] if isinstance(value, list) else value for name, value in sampling.items()}
+        return [decoder.generate(PROMPTS, 10, **sampling), decoder.generate(PROMPTS[:1], 9, **first)]
+
+    monkeypatch.setattr(LlamaModel, "cpu_tree_pass", spy)
+    got = call()
+    assert made and all(call is not None for call in made)
+    monkeypatch.setattr(LlamaModel, "cpu_tree_pass", lambda self, cache, feature_layers=(): None)
+    want = call()
+    for a, b in zip(got, want):
+        assert a.sequences == b.sequences and a.steps == b.steps and a.tau == b.tau
+
+
+def test_prepared_tree_pass_is_forward_bit_for_bit():
+    """cpu_tree_pass(cache, layers)(tokens, depths, mask, row_counts) is forward's result bit for bit (logits,
+    hidden states, the feature layers' states), padding rows aside; past the kernels' row limit it runs forward."""
+    from eagle_kernels.models.cpu_weights import CPU_LINEAR_MAX_ROWS
+
+    target = LlamaModel.from_transformers(tiny_hf_model(torch.float32))
+    gen = torch.Generator().manual_seed(0)
+    cache = target.new_cache(2, 256)
+    target(torch.randint(0, target.config.vocab_size, (2, 9), generator=gen), cache)
+    cache.seqlens.fill_(9)
+    layers = (0, target.config.num_layers - 1)
+    call = target.cpu_tree_pass(cache, layers)
+    assert call is not None
+    tokens = torch.randint(0, target.config.vocab_size, (2, 4), generator=gen)
+    depths = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]], dtype=torch.int32)
+    mask = torch.tensor([[[1], [3], [5], [11]], [[1], [3], [7], [15]]], dtype=torch.int64)
+    rows = torch.tensor([4, 3])
+    got = call(tokens, depths, mask, rows)
+    want = target(tokens, cache, depths=depths, tree_mask=mask, row_counts=rows, feature_layers=layers)
+    for b, n in enumerate(rows.tolist()):
+        assert torch.equal(got.logits[b, :n], want.logits[b, :n]) and torch.equal(got.hidden[b, :n], want.hidden[b, :n])
+        assert all(torch.equal(got.layer_states[i][b, :n], want.layer_states[i][b, :n]) for i in layers)
+    assert sorted(got.layer_states) == sorted(layers)
+    many = CPU_LINEAR_MAX_ROWS // 2 + 1  # 2 x many rows: past the kernels' limit, forward's own path
+    wide = torch.randint(0, target.config.vocab_size, (2, many), generator=gen)
+    chain = torch.arange(many, dtype=torch.int32).expand(2, many).contiguous()
+    words = (many + 63) // 64
+    full = torch.zeros(2, many, words, dtype=torch.int64)  # a chain: node i sees nodes 0 .. i
+    for i in range(many):
+        for w in range(words):
+            bits = min(max(i + 1 - 64 * w, 0), 64)
+            full[:, i, w] = -1 if bits == 64 else (1 << bits) - 1
+    got = call(wide, chain, full, None)
+    want = target(wide, cache, depths=chain, tree_mask=full, feature_layers=layers)
+    assert torch.equal(got.logits, want.logits)
