@@ -267,13 +267,12 @@ class _HeadDraft:
         return ops.coupled_draft_logits(logits, temperature, seed, positions[:, step], d2t=self.head.d2t)
 
 
-def _root_tree(root: torch.Tensor) -> Tree:
-    """The one-node tree of the roots ``root`` int64 [B], which a step without the head's
-    expansion grafts its lookup chain onto."""
-    B, device = root.shape[0], root.device
-    return Tree(root[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=device),
-                torch.zeros(B, 1, dtype=torch.int32, device=device),
-                torch.ones(B, 1, 1, dtype=torch.int64, device=device))
+def _root_tree_parts(batch: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The parents int32 [B, 1], depths int32 [B, 1] and tree mask int64 [B, 1, 1] of a tree of the
+    roots alone, which a step without the head's expansion grafts its lookup chain onto."""
+    return (torch.full((batch, 1), -1, dtype=torch.int32, device=device),
+            torch.zeros(batch, 1, dtype=torch.int32, device=device),
+            torch.ones(batch, 1, 1, dtype=torch.int64, device=device))
 
 
 def _one_node_tree(batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -382,6 +381,7 @@ class SpeculativeDecoder:
         self._capture_warned = False
         self._position_offsets: dict = {}  # (device, depth) -> int64 [depth], 1 .. depth (coupled sampling)
         self._root_trees: dict = {}  # (batch, device) -> _one_node_tree's tensors (read only)
+        self._root_tree_parts: dict = {}  # (batch, device) -> _root_tree_parts' tensors (read only)
         self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree, greedy): the policy's, kept across calls
 
     def _check_head(self) -> None:
@@ -943,7 +943,7 @@ class SpeculativeDecoder:
         drafting = head is not None and shape is not None and not alone
         positions = self._next_positions(cache, shape.depth if drafting else 1)
         expansion = self._expand(state, shape, positions) if drafting else None
-        tree = expansion.tree if expansion is not None else _root_tree(state.root)
+        tree = expansion.tree if expansion is not None else self._root_tree(state.root)
         tree, chains = self._graft(state, shape, tree, lookup)
         rows = policy.row_counts(tree.tokens.shape[1], state.done, chains)
         if state.tree_pass is not None:
@@ -959,13 +959,14 @@ class SpeculativeDecoder:
             result = ops.verify(tree.tokens, tree.parents, out.logits, max_depth=state.max_depth,
                                 offset=state.offset, **state.sampling, **self._draft_rows(expansion, tree),
                                 **self._coupled(None if positions is None else positions[:, 0]))
-        ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
+        if tree.tokens.shape[1] > 1:  # the root alone accepts nothing to move
+            ops.compact_kv(cache.k, cache.v, cache.seqlens, result.accept_nodes, result.accept_len)
         hidden = None
         if defer:
             self._defer_head(state, out, result)
         elif head is not None:
             hidden = self._commit_head(state, out, result, policy.commit_width(result.accept_len))
-        active = ~state.done if draft is not None else None
+        finished = state.done.tolist() if draft is not None else None  # before this step's commit marks any
         # Emit the accepted tokens, advance both caches (the head's unless deferred), the next root (and its head
         # output).
         bookkeeping.commit(state, result.out_tokens, result.accept_len, hidden, None if defer else state.head_cache,
@@ -973,8 +974,17 @@ class SpeculativeDecoder:
         if defer and state.pending_tokens.shape[1] > state.max_depth:
             self._flush_head(state)  # at most max_depth + 1 deferred rows, as a commit's width
         if draft is not None:
-            tokens = int(((result.accept_len.long() + 1) * active).sum())
+            tokens = sum(length + 1 for length, done in zip(result.accept_len.tolist(), finished) if not done)
             draft.record(index, tokens, time.perf_counter() - start)
+
+    def _root_tree(self, root: torch.Tensor) -> Tree:
+        """The one-node tree of the roots ``root`` int64 [B] (a view of them: the tensors around it are kept per
+        batch size and device, read only, as a step's Python runs after the weight stream evicted its data)."""
+        key = (root.shape[0], root.device)
+        parts = self._root_tree_parts.get(key)
+        if parts is None:
+            parts = self._root_tree_parts[key] = _root_tree_parts(*key)
+        return Tree(root[:, None], *parts)
 
     def _feature_layers(self) -> tuple[int, ...]:
         """The target layers whose outputs the head reads (none without a head)."""
@@ -1042,9 +1052,7 @@ class SpeculativeDecoder:
     def _defer_head(self, state: _State, out, result) -> None:
         """Queue a no-draft step's head commit: the pair (emitted token, target feature at the root) of each request,
         counted for the requests still active (before this step's commit marks any done)."""
-        head = self.head
-        root = torch.zeros_like(result.accept_len, dtype=torch.int64)[:, None]  # the step verified the root alone
-        rows = head.feature_rows(out, rows=root)
+        rows = self.head.feature_rows(out)  # the step verified the root alone: one row
         tokens = result.out_tokens[:, :1].clamp(min=0)
         active = (~state.done).to(torch.int32)
         if state.pending_tokens is None:
