@@ -183,8 +183,23 @@ def default_tree(device, batch_size: int = 1, sampling: bool = False, sampled_dr
     Returns
     -------
     TreeConfig
+
+    Raises
+    ------
+    ValueError
+        A device torch does not know, a batch size that is not an int >= 1, or a flag that is not a bool.
     """
-    if torch.device(device).type == "cpu":
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device: expected a torch.device or a device string, got {device!r} ({error})") from None
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    for name, flag in (("sampling", sampling), ("sampled_drafts", sampled_drafts),
+                       ("int8_activations", int8_activations)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}: expected a bool, got {flag!r}")
+    if device_type == "cpu":
         if batch_size <= 1:
             if sampled_drafts:
                 return CPU_INT8_SAMPLED_TREE if int8_activations else CPU_SAMPLED_TREE

@@ -363,6 +363,18 @@ def test_public_names_at_the_package_root():
     assert eagle_kernels.default_tree("cpu") == default_tree("cpu")
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"device": "gpu"}, "device"), ({"device": 3.5}, "device"),
+    ({"batch_size": 0}, "batch_size"), ({"batch_size": 2.0}, "batch_size"), ({"batch_size": True}, "batch_size"),
+    ({"sampling": 1}, "sampling"), ({"sampled_drafts": "yes"}, "sampled_drafts"),
+    ({"int8_activations": None}, "int8_activations"),
+])
+def test_default_tree_rejects_bad_arguments(kwargs, match):
+    arguments = {"device": "cpu"} | kwargs
+    with pytest.raises(ValueError, match=f"^{match}:"):
+        default_tree(**arguments)
+
+
 # ------------------------------------------------------------------ heads and loaders
 def other_target(**changes):
     hf = tiny_hf_model(torch.float32)
