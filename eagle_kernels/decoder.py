@@ -335,18 +335,25 @@ class SpeculativeDecoder:
         accepts them with the draft's probabilities (docs/ops.md §4). Measured with the shipped
         head it gains on code and loses a little on chat against the deterministic trees of the
         same rows (docs/benchmarks.md, "Sampled drafts"). False: the deterministic trees.
+    disable_by_batch_size : int or None
+        A call of more requests than this decodes with plain steps even when it asks for
+        speculation (vLLM's ``disable_by_batch_size``): where a batch's own rows already fill
+        the machine, a speculative step's extra rows cost more than its drafts bring. None
+        (default): never. Measured where it pays: docs/decoding.md ("Batches that decode plain").
 
     Raises
     ------
     ValueError
-        A head on another device or with another compute dtype than the target.
+        A head on another device or with another compute dtype than the target; a
+        ``disable_by_batch_size`` that is not None or an int >= 1.
     """
 
     MIN_CAPACITY = 256
 
     def __init__(self, target: LlamaModel, head: EagleHead | None = None, tree: TreeConfig | None = None,
                  sync_every: int | None = None, cuda_graph: bool = True, policy: StepPolicy | None = None,
-                 graphs: StepGraphs | None = None, sampled_drafts: bool = True):
+                 graphs: StepGraphs | None = None, sampled_drafts: bool = True,
+                 disable_by_batch_size: int | None = None):
         if not isinstance(target, LlamaModel):
             raise ValueError(f"target: expected a LlamaModel, got {type(target).__name__}")
         if head is not None and not isinstance(head, EagleHead):
@@ -355,6 +362,11 @@ class SpeculativeDecoder:
             raise ValueError(f"tree: expected a TreeConfig or None, got {type(tree).__name__}")
         if sync_every is not None and (not isinstance(sync_every, int) or isinstance(sync_every, bool)):
             raise ValueError(f"sync_every: expected an int or None, got {sync_every!r}")
+        if disable_by_batch_size is not None and (
+                not isinstance(disable_by_batch_size, int) or isinstance(disable_by_batch_size, bool)
+                or disable_by_batch_size < 1):
+            raise ValueError(f"disable_by_batch_size: expected None or an int >= 1, got {disable_by_batch_size!r}")
+        self.disable_by_batch_size = disable_by_batch_size
         if head is not None:
             head.config.check_fits(target.config)
             if tree is not None and tree.top_k > head.config.draft_vocab_size:
@@ -482,6 +494,7 @@ class SpeculativeDecoder:
             raise ValueError("head: speculative decoding needs a draft head or a lookup chain "
                              "(TreeConfig.lookup > 0), or speculative=False")
         B = len(prompts)
+        speculative = speculative and not self._decodes_plain(B)
         bucket = self._batch_bucket(B)
         if self._max_len is not None:
             check_capacity(prompts, max_new_tokens, self._max_len)
@@ -580,8 +593,8 @@ class SpeculativeDecoder:
         for mode in modes:
             for size in sizes:
                 tree = self._call_tree(size, temperature)
-                if mode and self.head is None and not tree.lookup:
-                    continue  # nothing drafts: plain steps only
+                if mode and ((self.head is None and not tree.lookup) or self._decodes_plain(size)):
+                    continue  # nothing drafts, or calls of this size decode plain: plain steps only
                 slot = self._slot(size, self._max_len, tree, mode)
                 if slot.replay is not None or slot.eager:
                     continue
@@ -600,6 +613,10 @@ class SpeculativeDecoder:
         self._caches.clear()
         self._draft_stats.clear()
         self._batch_sizes = self._max_len = None
+
+    def _decodes_plain(self, batch: int) -> bool:
+        """Whether a call of ``batch`` requests runs plain steps although it asks for speculation."""
+        return self.disable_by_batch_size is not None and batch > self.disable_by_batch_size
 
     def _call_tree(self, batch: int, temperature) -> TreeConfig:
         """The tree of a call: the decoder's, else the device's default for this call."""

@@ -216,3 +216,26 @@ def test_warmup_arguments(target, head):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert graphed(target, None).warmup(batch_sizes=[1], max_len=20) == 1  # plain only
+
+
+def test_batches_past_disable_by_batch_size_decode_plain(target, head):
+    """Calls of more requests than disable_by_batch_size run plain steps (the plain decoder's tokens, no tree in the
+    result) whether or not they asked for speculation; smaller calls stay speculative; warm-up captures no
+    speculative step for the sizes that decode plain."""
+    decoder = graphed(target, head, disable_by_batch_size=2)
+    reference = eager(target, head)
+    for sampling in ({}, SAMPLING):
+        batch = decoder.generate(PROMPTS, 8, **sampling)
+        same(batch, reference.generate(PROMPTS, 8, speculative=False, **sampling))
+        assert batch.tree is None and all(tau == 1.0 for tau in batch.tau)
+    pair = decoder.generate(PROMPTS[:2], 8)
+    same(pair, reference.generate(PROMPTS[:2], 8))
+    assert pair.tree == TREE
+    fresh = graphed(target, head, disable_by_batch_size=2)
+    fresh.warmup(batch_sizes=(2, 4), max_len=32)
+    assert fresh.captures == 3  # plain at 2 and 4, speculative at 2 only
+    with pytest.raises(ValueError, match="^disable_by_batch_size"):
+        graphed(target, head, disable_by_batch_size=0)
+    for bad in (True, 1.5, "2"):
+        with pytest.raises(ValueError, match="^disable_by_batch_size"):
+            SpeculativeDecoder(target, head, disable_by_batch_size=bad)
