@@ -3,7 +3,9 @@
 ``--change inference_mode``: ``generate`` under ``torch.no_grad()`` (before: the undecorated ``generate``
 called inside it) against ``torch.inference_mode()`` (now). ``--change native_plain``: plain steps through
 ``_plain_step`` (before) against the prepared native calls of ``_native_plain_step`` (now); speculative
-steps are the same code on both sides there.
+steps are the same code on both sides there. ``--change tree_pass``: speculative steps whose target pass goes
+through ``LlamaModel.forward`` (before) against the pass prepared once a call by ``LlamaModel.cpu_tree_pass``
+(now); plain steps are the same code on both sides there.
 
 SmolLM2-135M with the shipped EAGLE-3 head, GGUF weights with int8 activations and bf16 weights, a held-out
 code prompt and a chat prompt, plain and speculative, 64 new tokens; the two sides take turns call by call and
@@ -31,6 +33,7 @@ from eagle_kernels.train import corpus  # noqa: E402
 
 MODES = ("before", "now")
 _NATIVE_PLAIN = SpeculativeDecoder._native_plain_step
+_TREE_PASS = LlamaModel.cpu_tree_pass
 
 
 def call(decoder, prompt, speculative: bool, change: str, mode: str):
@@ -39,15 +42,18 @@ def call(decoder, prompt, speculative: bool, change: str, mode: str):
             return SpeculativeDecoder.generate.__wrapped__(decoder, prompt, 64, speculative=speculative)
     if change == "native_plain":
         SpeculativeDecoder._native_plain_step = _NATIVE_PLAIN if mode == "now" else lambda *args: None
+    if change == "tree_pass":
+        LlamaModel.cpu_tree_pass = _TREE_PASS if mode == "now" else lambda *args: None
     try:
         return decoder.generate(prompt, 64, speculative=speculative)
     finally:
         SpeculativeDecoder._native_plain_step = _NATIVE_PLAIN
+        LlamaModel.cpu_tree_pass = _TREE_PASS
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--change", choices=("inference_mode", "native_plain"), required=True)
+    parser.add_argument("--change", choices=("inference_mode", "native_plain", "tree_pass"), required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
@@ -65,7 +71,8 @@ def main() -> None:
     for weights, model in models.items():
         decoder = SpeculativeDecoder(model, EagleHead.load(shipped.path("eagle3"), model))
         for name, prompt in prompts.items():
-            for speculative in (False, True) if args.change != "native_plain" else (False,):
+            sides = {"native_plain": (False,), "tree_pass": (True,)}.get(args.change, (False, True))
+            for speculative in sides:
                 times = {mode: [] for mode in MODES}
                 for mode in MODES:  # warm: packing, slot shapes
                     call(decoder, prompt, speculative, args.change, mode)
