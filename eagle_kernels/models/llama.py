@@ -421,9 +421,9 @@ class LlamaModel(torch.nn.Module):
         ``forward(tokens, cache, depths=depths, tree_mask=tree_mask, row_counts=row_counts,
         feature_layers=feature_layers)`` bit for bit, with the kernels' arguments gathered once (the weights must
         not change while the call runs). A pass of more rows than the kernels take runs :meth:`forward`. What it
-        saves is the argument gathering's Python, about 0.4 ms of a 6 ms step of the GGUF SmolLM2-135M on two
-        cores (run after the previous pass's weight stream has evicted the interpreter's data). None outside the
-        kernels' regime."""
+        saves is the argument gathering's Python, run after the previous pass's weight stream has evicted the
+        interpreter's data: 0.15-0.19 ms of a 5.5-8 ms step of the GGUF SmolLM2-135M on two cores (medians of
+        steps in one process; docs/decoding.md). None outside the kernels' regime."""
         args = self._cpu_forward_args(cache.seqlens.new_zeros(cache.seqlens.shape[0], 1, dtype=torch.int64), cache)
         if args is None:
             return None
