@@ -267,19 +267,15 @@ class _HeadDraft:
         return ops.coupled_draft_logits(logits, temperature, seed, positions[:, step], d2t=self.head.d2t)
 
 
-def _root_tree_parts(batch: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The parents int32 [B, 1], depths int32 [B, 1] and tree mask int64 [B, 1, 1] of a tree of the
-    roots alone, which a step without the head's expansion grafts its lookup chain onto."""
-    return (torch.full((batch, 1), -1, dtype=torch.int32, device=device),
+def _make_one_node_tree(batch: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree of the root alone: verify's ``tokens`` int64 [B, 1] (plain decoding's next token: the root's own
+    token is not read) and ``parents`` int32 [B, 1], and the ``depths`` int32 [B, 1] and tree ``mask`` int64
+    [B, 1, 1] of a target pass over the roots, which a step without the head's expansion grafts its lookup chain
+    onto."""
+    return (torch.zeros(batch, 1, dtype=torch.int64, device=device),
+            torch.full((batch, 1), -1, dtype=torch.int32, device=device),
             torch.zeros(batch, 1, dtype=torch.int32, device=device),
             torch.ones(batch, 1, 1, dtype=torch.int64, device=device))
-
-
-def _one_node_tree(batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """verify's ``tokens`` int64 [B, 1] and ``parents`` int32 [B, 1] of a tree of the root alone (plain decoding's
-    next token: the root's own token is not read)."""
-    return (torch.zeros(batch, 1, dtype=torch.int64, device=device),
-            torch.full((batch, 1), -1, dtype=torch.int32, device=device))
 
 
 class SpeculativeDecoder:
@@ -392,8 +388,7 @@ class SpeculativeDecoder:
         self._max_len: int | None = None  # set by warmup
         self._capture_warned = False
         self._position_offsets: dict = {}  # (device, depth) -> int64 [depth], 1 .. depth (coupled sampling)
-        self._root_trees: dict = {}  # (batch, device) -> _one_node_tree's tensors (read only)
-        self._root_tree_parts: dict = {}  # (batch, device) -> _root_tree_parts' tensors (read only)
+        self._root_trees: dict = {}  # (batch, device) -> _make_one_node_tree's tensors (read only)
         self._draft_stats: dict[tuple, dict | None] = {}  # by (batch, tree, greedy): the policy's, kept across calls
 
     def _check_head(self) -> None:
@@ -659,7 +654,7 @@ class SpeculativeDecoder:
         if target_pass is None:
             return None
         verify = torch.ops.eagle_kernels.verify
-        tokens, parents = _one_node_tree(state.root.shape[0], state.root.device)
+        tokens, parents, _, _ = self._one_node_tree(state.root.shape[0], state.root.device)
 
         def step(state: _State) -> None:
             out_tokens = verify(tokens, parents, target_pass(), max_depth=0, offset=state.offset,
@@ -900,14 +895,8 @@ class SpeculativeDecoder:
 
     def _sample_root(self, logits, sampling, offset, positions) -> torch.Tensor:
         """Next token from one row of logits [B, 1, V], through verify on a one-node tree; the token
-        sits at sequence position ``positions`` int64 [B] (read by coupled sampling only; None without). The
-        one-node tree is made once per batch size and device (made by the prefill, before any capture): a plain
-        step then launches no fills for it."""
-        key = (logits.shape[0], logits.device)
-        tree = self._root_trees.get(key)
-        if tree is None:
-            tree = self._root_trees[key] = _one_node_tree(*key)
-        tokens, parents = tree
+        sits at sequence position ``positions`` int64 [B] (read by coupled sampling only; None without)."""
+        tokens, parents, _, _ = self._one_node_tree(logits.shape[0], logits.device)
         result = ops.verify(tokens, parents, logits, max_depth=0, offset=offset, **sampling,
                             **self._coupled(positions))
         return result.out_tokens[:, 0]
@@ -994,14 +983,20 @@ class SpeculativeDecoder:
             tokens = sum(length + 1 for length, done in zip(result.accept_len.tolist(), finished) if not done)
             draft.record(index, tokens, time.perf_counter() - start)
 
+    def _one_node_tree(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`_make_one_node_tree`'s tensors, made once per batch size and device (by the prefill or a warm-up step,
+        before any capture) and read only: a step then launches no fills for them, nor runs their Python after
+        the weight stream evicted its data."""
+        key = (batch, device)
+        tree = self._root_trees.get(key)
+        if tree is None:
+            tree = self._root_trees[key] = _make_one_node_tree(batch, device)
+        return tree
+
     def _root_tree(self, root: torch.Tensor) -> Tree:
-        """The one-node tree of the roots ``root`` int64 [B] (a view of them: the tensors around it are kept per
-        batch size and device, read only, as a step's Python runs after the weight stream evicted its data)."""
-        key = (root.shape[0], root.device)
-        parts = self._root_tree_parts.get(key)
-        if parts is None:
-            parts = self._root_tree_parts[key] = _root_tree_parts(*key)
-        return Tree(root[:, None], *parts)
+        """The one-node tree of the roots ``root`` int64 [B]: its tokens a view of them."""
+        _, parents, depths, mask = self._one_node_tree(root.shape[0], root.device)
+        return Tree(root[:, None], parents, depths, mask)
 
     def _feature_layers(self) -> tuple[int, ...]:
         """The target layers whose outputs the head reads (none without a head)."""

@@ -703,7 +703,7 @@ def test_prepared_tree_passes_equal_forward(head_name, tree, sampling, monkeypat
 
     monkeypatch.setattr(LlamaModel, "cpu_tree_pass", spy)
     got = call()
-    assert made and all(call is not None for call in made)
+    assert made and all(prepared_pass is not None for prepared_pass in made)
     monkeypatch.setattr(LlamaModel, "cpu_tree_pass", lambda self, cache, feature_layers=(): None)
     want = call()
     for a, b in zip(got, want):
